@@ -1,0 +1,199 @@
+"""The exception tree of agentcore-rl.
+
+Every exception the library raises on purpose derives from :class:`AgentCoreRLError`, so
+``except AgentCoreRLError`` catches all of them and nothing else::
+
+    AgentCoreRLError
+    ├── ConfigurationError          a constructor or CLI argument is wrong (also ValueError)
+    ├── InvalidPayloadError         an invocation body the server refuses (also ValueError)
+    │   ├── InvalidRolloutConfig    the ``_rollout`` block is missing a field or has a bad one
+    │   └── BucketNotAllowedError   the payload names a bucket outside the allow-list (403)
+    ├── StorageError                an S3 operation failed after its retries
+    ├── InvocationError             invoking the agent failed after retries
+    ├── RolloutError                the agent ran and wrote an error envelope
+    ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
+    └── ClientClosedError           the client was closed while the call was pending
+
+Messages say what happened and what to do about it.
+
+Example::
+
+    try:
+        result = await client.rollout(payload)
+    except RolloutError as exc:
+        print(exc.session_id, exc.envelope["stop_reason"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "AgentCoreRLError",
+    "BucketNotAllowedError",
+    "ClientClosedError",
+    "ConfigurationError",
+    "InvalidPayloadError",
+    "InvalidRolloutConfig",
+    "InvocationError",
+    "RolloutError",
+    "RolloutTimeoutError",
+    "StorageError",
+]
+
+
+class AgentCoreRLError(Exception):
+    """Base class of every error agentcore-rl raises on purpose.
+
+    Example::
+
+        try:
+            ...
+        except AgentCoreRLError as exc:
+            log.error("agentcore-rl failed: %s", exc)
+    """
+
+
+class ConfigurationError(AgentCoreRLError, ValueError):
+    """An argument given to a constructor or to the CLI is invalid.
+
+    Example::
+
+        AsyncRolloutClient(s3_bucket="b", exp_id="e")  # raises: no ARN and no URL
+    """
+
+
+class InvalidPayloadError(AgentCoreRLError, ValueError):
+    """The server refuses an invocation body.
+
+    ``status_code`` is the HTTP status the server answers with (400, 403 or 413) and
+    ``field`` names the offending field where there is one.
+
+    Example::
+
+        raise InvalidPayloadError("body is not a JSON object", status_code=400)
+    """
+
+    def __init__(self, message: str, *, status_code: int = 400, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.field = field
+
+
+class InvalidRolloutConfig(InvalidPayloadError):
+    """The ``_rollout`` block is missing a required field or a field has a bad value.
+
+    Example::
+
+        RolloutConfig.from_dict({"exp_id": "e"})  # raises: input_id is required
+    """
+
+
+class BucketNotAllowedError(InvalidPayloadError):
+    """The payload names an S3 bucket that the server's allow-list does not contain.
+
+    Example::
+
+        AgentCoreRLApp(allowed_buckets=["rollouts"])  # a payload naming "other" gets a 403
+    """
+
+    def __init__(self, bucket: str, allowed: frozenset[str]):
+        super().__init__(
+            f"bucket {bucket!r} is not in this server's allow-list "
+            f"({', '.join(sorted(allowed))}); set AGENTCORE_RL_ALLOWED_BUCKETS to allow it",
+            status_code=403,
+            field="s3_bucket",
+        )
+        self.bucket = bucket
+
+
+class StorageError(AgentCoreRLError):
+    """An S3 operation failed after its retries.
+
+    ``operation``, ``bucket`` and ``key`` say which one; ``code`` is the S3 error code
+    (``NoSuchBucket``, ``SlowDown``...) when S3 answered, else the exception type.
+
+    Example::
+
+        except StorageError as exc:
+            print(exc.operation, exc.code)
+    """
+
+    def __init__(
+        self, message: str, *, operation: str, bucket: str, key: str | None = None, code: str = ""
+    ):
+        super().__init__(message)
+        self.operation = operation
+        self.bucket = bucket
+        self.key = key
+        self.code = code
+
+
+class InvocationError(AgentCoreRLError):
+    """Invoking the agent failed (after retries, where the failure was retryable).
+
+    Example::
+
+        except InvocationError as exc:
+            print(exc.session_id, exc.status_code)
+    """
+
+    def __init__(
+        self, message: str, *, session_id: str | None = None, status_code: int | None = None
+    ):
+        super().__init__(message)
+        self.session_id = session_id
+        self.status_code = status_code
+
+
+class RolloutError(AgentCoreRLError):
+    """The agent ran and reported failure: its result envelope has ``status_code`` >= 400.
+
+    The whole envelope is kept, with the agent's traceback when it sent one.
+
+    Example::
+
+        except RolloutError as exc:
+            print(exc.envelope["stop_reason"], exc.traceback)
+    """
+
+    def __init__(self, envelope: Mapping[str, Any], *, session_id: str | None = None):
+        self.envelope = dict(envelope)
+        self.session_id = session_id or self.envelope.get("session_id")
+        self.status_code = self.envelope.get("status_code")
+        self.error_type = self.envelope.get("error_type")
+        self.traceback = self.envelope.get("traceback")
+        reason = self.envelope.get("stop_reason", "unknown error")
+        super().__init__(
+            f"rollout {self.session_id} failed with status {self.status_code}"
+            f" ({self.error_type or 'error'}): {reason}"
+        )
+
+
+class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
+    """No result arrived within the timeout; the session has been stopped.
+
+    Example::
+
+        except RolloutTimeoutError as exc:
+            print(f"{exc.session_id} gave no result in {exc.timeout} s")
+    """
+
+    def __init__(
+        self, message: str, *, session_id: str | None = None, timeout: float | None = None
+    ):
+        super().__init__(message)
+        self.session_id = session_id
+        self.timeout = timeout
+
+
+class ClientClosedError(AgentCoreRLError):
+    """The client was closed, or is closing, so it takes no new invocations.
+
+    Example::
+
+        await client.aclose()
+        await client.invoke(payload)  # raises ClientClosedError
+    """

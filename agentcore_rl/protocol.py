@@ -1,0 +1,440 @@
+"""The wire contract between the agent server, the trainer's client and S3.
+
+This module is the single source of every header name, route, key layout and envelope
+field: server and client import them from here and never spell them out themselves. It is
+pure (no I/O, no framework imports) so that anything may import it cheaply.
+
+The contract is compatible with the reference toolkit (agentcore-rl-toolkit 0.1.3): a
+``_rollout`` block in the payload, result keys ``{exp_id}/{input_id}/{session_id}.json``,
+and an envelope with ``status_code``, ``stop_reason``, ``input_id``, ``s3_bucket``,
+``result_key`` and ``payload`` beside the handler's own fields.
+
+Example::
+
+    from agentcore_rl.protocol import RolloutConfig, result_key
+
+    cfg = RolloutConfig.from_dict({"exp_id": "e1", "input_id": "q-1", "s3_bucket": "rollouts"})
+    key = result_key(cfg.exp_id, cfg.input_id, "a" * 33)   # "e1/q-1/aaa....json"
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final
+
+from agentcore_rl.errors import InvalidRolloutConfig
+
+# --- HTTP: routes and headers -------------------------------------------------------------
+
+#: Session id header, set by AgentCore Runtime on every call to the container.
+SESSION_ID_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
+#: Request id header (absent when running locally).
+REQUEST_ID_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Request-Id"
+
+INVOCATIONS_PATH: Final = "/invocations"
+PING_PATH: Final = "/ping"
+#: Our own extension (not part of ACR): stop one session's rollout on this server. The
+#: HTTP transport calls it where ACR would call StopRuntimeSession.
+STOP_SESSION_PATH: Final = "/sessions/{session_id}/stop"
+
+#: The container port AgentCore Runtime talks to.
+DEFAULT_PORT: Final = 8080
+
+
+class PingStatus(str, Enum):
+    """What ``GET /ping`` reports. ``HealthyBusy`` keeps ACR from reclaiming the session.
+
+    Example::
+
+        {"status": PingStatus.HEALTHY_BUSY.value, "time_of_last_update": 1767225600}
+    """
+
+    HEALTHY = "Healthy"
+    HEALTHY_BUSY = "HealthyBusy"
+
+
+# --- The _rollout block ---------------------------------------------------------------------
+
+ROLLOUT_FIELD: Final = "_rollout"
+
+#: Field names inside ``_rollout``.
+EXP_ID: Final = "exp_id"
+INPUT_ID: Final = "input_id"
+S3_BUCKET: Final = "s3_bucket"
+BASE_URL: Final = "base_url"
+MODEL_ID: Final = "model_id"
+
+# Key parts become S3 path segments. A conservative alphabet keeps them from escaping the
+# experiment prefix ("/", ".."), from needing URL escaping, and from confusing listings.
+KEY_PART_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@:-]*")
+MAX_KEY_PART_LENGTH: Final = 200
+# ACR's own rule for session ids: 33-256 characters of letters, digits and single hyphens.
+SESSION_ID_PATTERN: Final = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
+ACR_MIN_SESSION_ID_LENGTH: Final = 33
+MAX_SESSION_ID_LENGTH: Final = 256
+# S3's bucket naming rules (general purpose buckets).
+BUCKET_PATTERN: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def validate_key_part(name: str, value: object, *, max_length: int = MAX_KEY_PART_LENGTH) -> str:
+    """Return ``value`` if it is safe as one segment of a result key, else raise.
+
+    Safe means: a non-empty string of at most ``max_length`` characters from
+    ``[A-Za-z0-9._=+@:-]`` that starts with a letter or digit (so no ``/``, no ``..``,
+    no control characters, no spaces).
+
+    Example::
+
+        validate_key_part("input_id", "q-17")      # "q-17"
+        validate_key_part("input_id", "../etc")    # raises InvalidRolloutConfig
+    """
+    if not isinstance(value, str):
+        raise InvalidRolloutConfig(
+            f"{name} must be a string, got {type(value).__name__}", field=name
+        )
+    if not value:
+        raise InvalidRolloutConfig(f"{name} must not be empty", field=name)
+    if len(value) > max_length:
+        raise InvalidRolloutConfig(
+            f"{name} is {len(value)} characters long; the limit is {max_length}", field=name
+        )
+    if KEY_PART_PATTERN.fullmatch(value) is None:
+        bad = next(
+            (c for c in value if not (c.isascii() and (c.isalnum() or c in "._=+@:-"))), None
+        )
+        if bad is not None:
+            reason = f"contains character {bad!r}"
+        else:
+            reason = "must start with a letter or digit"
+        raise InvalidRolloutConfig(
+            f"{name} {_describe(value)} {reason}; use letters, digits and ._=+@:- "
+            "(it becomes part of the S3 key)",
+            field=name,
+        )
+    return value
+
+
+def validate_session_id(value: object, *, name: str = "session id") -> str:
+    """Return ``value`` if it is a session id we can use in a result key, else raise.
+
+    Accepts ACR's alphabet (letters, digits, hyphens; no leading or trailing hyphen), up to
+    256 characters. ACR also requires at least 33 characters; :func:`new_session_id`
+    produces such ids, but a locally supplied shorter id is accepted.
+
+    Example::
+
+        validate_session_id("local-1")    # "local-1"
+        validate_session_id("a/b")        # raises InvalidRolloutConfig
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidRolloutConfig(f"{name} must be a non-empty string", field="session_id")
+    if len(value) > MAX_SESSION_ID_LENGTH:
+        raise InvalidRolloutConfig(
+            f"{name} is {len(value)} characters long; the limit is {MAX_SESSION_ID_LENGTH}",
+            field="session_id",
+        )
+    if SESSION_ID_PATTERN.fullmatch(value) is None:
+        raise InvalidRolloutConfig(
+            f"{name} {_describe(value)} must be letters, digits and hyphens, "
+            "starting and ending with a letter or digit",
+            field="session_id",
+        )
+    return value
+
+
+def is_acr_session_id(value: str) -> bool:
+    """True when ``value`` satisfies AgentCore Runtime's session-id rules (33-256 chars).
+
+    Example::
+
+        is_acr_session_id(new_session_id())   # True
+    """
+    return (
+        ACR_MIN_SESSION_ID_LENGTH <= len(value) <= MAX_SESSION_ID_LENGTH
+        and SESSION_ID_PATTERN.fullmatch(value) is not None
+    )
+
+
+def new_session_id() -> str:
+    """A fresh random session id that satisfies ACR's rules (48 hex characters).
+
+    Example::
+
+        sid = new_session_id()
+    """
+    return secrets.token_hex(24)
+
+
+def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:
+    """Return ``value`` if it is a valid S3 bucket name, else raise.
+
+    Example::
+
+        validate_bucket("my-rollouts")   # "my-rollouts"
+        validate_bucket("My_Bucket")     # raises InvalidRolloutConfig
+    """
+    if not isinstance(value, str):
+        raise InvalidRolloutConfig(
+            f"{name} must be a string, got {type(value).__name__}", field=name
+        )
+    if BUCKET_PATTERN.fullmatch(value) is None or ".." in value:
+        raise InvalidRolloutConfig(
+            f"{name} {_describe(value)} is not a valid S3 bucket name "
+            "(3-63 characters: lowercase letters, digits, dots and hyphens)",
+            field=name,
+        )
+    return value
+
+
+def result_key(exp_id: str, input_id: str, session_id: str) -> str:
+    """The S3 key of one rollout's result: ``{exp_id}/{input_id}/{session_id}.json``.
+
+    Example::
+
+        result_key("exp", "q-1", "s" * 33)   # "exp/q-1/sss...s.json"
+    """
+    return f"{exp_id}/{input_id}/{session_id}.json"
+
+
+def result_prefix(exp_id: str, input_id: str | None = None) -> str:
+    """The shared prefix of all results of an experiment (or of one input in it).
+
+    Example::
+
+        result_prefix("exp")          # "exp/"
+        result_prefix("exp", "q-1")   # "exp/q-1/"
+    """
+    return f"{exp_id}/" if input_id is None else f"{exp_id}/{input_id}/"
+
+
+def parse_result_key(key: str) -> tuple[str, str, str]:
+    """Split a result key into ``(exp_id, input_id, session_id)``; raise if it is not one.
+
+    Example::
+
+        parse_result_key("exp/q-1/abc.json")   # ("exp", "q-1", "abc")
+    """
+    parts = key.split("/")
+    if len(parts) != 3 or not parts[2].endswith(".json"):
+        raise InvalidRolloutConfig(f"{key!r} is not a result key", field="result_key")
+    return parts[0], parts[1], parts[2][: -len(".json")]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """The ``_rollout`` block a trainer adds to every payload.
+
+    ``exp_id``, ``input_id`` and ``s3_bucket`` are required; ``base_url`` and ``model_id``
+    tell the agent where its policy is served; any other key (sampling parameters, a
+    system prompt...) is kept in ``extra`` and passed through untouched.
+
+    Example::
+
+        cfg = RolloutConfig(exp_id="e1", input_id="q-1", s3_bucket="rollouts",
+                            extra={"temperature": 0.7})
+        payload = {"prompt": "2+2?", "_rollout": cfg.to_dict()}
+        RolloutConfig.from_dict(payload["_rollout"]) == cfg   # True
+    """
+
+    exp_id: str
+    input_id: str
+    s3_bucket: str
+    base_url: str | None = None
+    model_id: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_key_part(EXP_ID, self.exp_id)
+        validate_key_part(INPUT_ID, self.input_id)
+        validate_bucket(self.s3_bucket)
+        for name in (BASE_URL, MODEL_ID):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise InvalidRolloutConfig(
+                    f"{name} must be a string when given, got {type(value).__name__}",
+                    field=name,
+                )
+
+    @classmethod
+    def from_dict(cls, block: object) -> RolloutConfig:
+        """Validate a ``_rollout`` block from a payload; raise naming the bad field.
+
+        Example::
+
+            RolloutConfig.from_dict({"exp_id": "e", "input_id": "1", "s3_bucket": "bkt"})
+        """
+        if not isinstance(block, Mapping):
+            raise InvalidRolloutConfig(
+                f"{ROLLOUT_FIELD} must be a JSON object, got {type(block).__name__}",
+                field=ROLLOUT_FIELD,
+            )
+        for name in (EXP_ID, INPUT_ID, S3_BUCKET):
+            if block.get(name) is None:
+                raise InvalidRolloutConfig(
+                    f"{ROLLOUT_FIELD}.{name} is required", field=f"{ROLLOUT_FIELD}.{name}"
+                )
+        known = {EXP_ID, INPUT_ID, S3_BUCKET, BASE_URL, MODEL_ID}
+        return cls(
+            exp_id=block[EXP_ID],
+            input_id=block[INPUT_ID],
+            s3_bucket=block[S3_BUCKET],
+            base_url=block.get(BASE_URL),
+            model_id=block.get(MODEL_ID),
+            extra={k: v for k, v in block.items() if k not in known},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The block as it goes on the wire (``None`` fields left out).
+
+        Example::
+
+            payload["_rollout"] = cfg.to_dict()
+        """
+        out: dict[str, Any] = dict(self.extra)
+        out.update({EXP_ID: self.exp_id, INPUT_ID: self.input_id, S3_BUCKET: self.s3_bucket})
+        if self.base_url is not None:
+            out[BASE_URL] = self.base_url
+        if self.model_id is not None:
+            out[MODEL_ID] = self.model_id
+        return out
+
+    def key_for(self, session_id: str) -> str:
+        """The result key of this rollout in the given session.
+
+        Example::
+
+            cfg.key_for(new_session_id())
+        """
+        return result_key(self.exp_id, self.input_id, session_id)
+
+
+# --- Responses and envelopes ----------------------------------------------------------------
+
+#: Fields of the immediate answer to a rollout invocation.
+STATUS: Final = "status"
+STATUS_PROCESSING: Final = "processing"
+RESULT_KEY: Final = "result_key"
+
+#: Envelope fields the server adds to the handler's result.
+STATUS_CODE: Final = "status_code"
+STOP_REASON: Final = "stop_reason"
+SESSION_ID: Final = "session_id"
+PAYLOAD: Final = "payload"
+STARTED_AT: Final = "started_at"
+FINISHED_AT: Final = "finished_at"
+ERROR_TYPE: Final = "error_type"
+TRACEBACK: Final = "traceback"
+
+DEFAULT_STATUS_CODE: Final = 200
+DEFAULT_STOP_REASON: Final = "end_turn"
+ERROR_STATUS_CODE: Final = 500
+
+#: ``error_type`` values the server writes for its own failure kinds.
+ERROR_HANDLER_RAISED: Final = "handler_exception"
+ERROR_NOT_A_DICT: Final = "invalid_result"
+ERROR_NOT_JSON: Final = "result_not_json_serializable"
+ERROR_CANCELLED: Final = "cancelled"
+
+
+def processing_response(config: RolloutConfig | None, session_id: str) -> dict[str, Any]:
+    """The immediate answer of a rollout entrypoint.
+
+    Example::
+
+        processing_response(cfg, sid)
+        # {"status": "processing", "s3_bucket": "rollouts", "result_key": "e1/q-1/<sid>.json"}
+    """
+    if config is None:
+        return {STATUS: STATUS_PROCESSING}
+    return {
+        STATUS: STATUS_PROCESSING,
+        S3_BUCKET: config.s3_bucket,
+        RESULT_KEY: config.key_for(session_id),
+    }
+
+
+def envelope_metadata(
+    config: RolloutConfig,
+    *,
+    session_id: str,
+    payload: Mapping[str, Any],
+    started_at: float,
+    finished_at: float,
+) -> dict[str, Any]:
+    """The metadata fields every envelope carries (timestamps are epoch seconds).
+
+    Example::
+
+        meta = envelope_metadata(cfg, session_id=sid, payload=p, started_at=t0, finished_at=t1)
+    """
+    return {
+        EXP_ID: config.exp_id,
+        INPUT_ID: config.input_id,
+        S3_BUCKET: config.s3_bucket,
+        RESULT_KEY: config.key_for(session_id),
+        SESSION_ID: session_id,
+        STARTED_AT: started_at,
+        FINISHED_AT: finished_at,
+        PAYLOAD: dict(payload),
+    }
+
+
+def success_envelope(result: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The handler's result plus defaults and metadata (metadata wins over handler keys).
+
+    Example::
+
+        success_envelope({"rewards": [1.0]}, meta)["status_code"]   # 200
+    """
+    envelope: dict[str, Any] = {
+        STATUS_CODE: DEFAULT_STATUS_CODE,
+        STOP_REASON: DEFAULT_STOP_REASON,
+    }
+    envelope.update(result)
+    envelope.update(metadata)
+    return envelope
+
+
+def error_envelope(
+    *,
+    error_type: str,
+    stop_reason: str,
+    metadata: Mapping[str, Any],
+    traceback: str | None = None,
+    status_code: int = ERROR_STATUS_CODE,
+) -> dict[str, Any]:
+    """The envelope written when a rollout fails (``status_code`` 500 by default).
+
+    Example::
+
+        error_envelope(error_type=ERROR_CANCELLED, stop_reason="server shutting down",
+                       metadata=meta)
+    """
+    envelope: dict[str, Any] = {
+        STATUS_CODE: status_code,
+        STOP_REASON: stop_reason,
+        ERROR_TYPE: error_type,
+        TRACEBACK: traceback,
+    }
+    envelope.update(metadata)
+    return envelope
+
+
+def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
+    """True when the envelope reports a failure (``status_code`` >= 400 or not an int).
+
+    Example::
+
+        is_error_envelope({"status_code": 500})   # True
+    """
+    code = envelope.get(STATUS_CODE, DEFAULT_STATUS_CODE)
+    return not isinstance(code, int) or isinstance(code, bool) or code >= 400

@@ -1,0 +1,386 @@
+"""ResultStore: the only door to S3 in agentcore-rl (aioboto3, retried with tenacity).
+
+Server and client both talk to S3 through one :class:`ResultStore` each. It creates its
+aioboto3 client once, on first use, and closes it in :meth:`ResultStore.aclose`. Transient
+failures (throttling, 5xx, dropped connections) are retried with exponential backoff and
+jitter; anything else, or a failure that outlasts the retries, raises
+:class:`~agentcore_rl.errors.StorageError`. botocore's own retries are switched off so
+that one policy, visible here, governs every request.
+
+It counts the requests it sends per operation (``request_counts``) so that benchmarks can
+report S3 requests per rollout.
+
+Example::
+
+    async with ResultStore(endpoint_url="http://127.0.0.1:5000") as store:
+        await store.put_json("rollouts", "exp/q-1/sid.json", {"rewards": [1.0]})
+        data = await store.get_json("rollouts", "exp/q-1/sid.json")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import aioboto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from agentcore_rl.errors import StorageError
+
+__all__ = ["DEFAULT_S3_RETRY", "ResultStore", "S3RetryPolicy", "is_transient_s3_error"]
+
+T = TypeVar("T")
+
+# Error codes S3 (and S3-compatible stores) use for "try again later".
+_TRANSIENT_CODES: Final = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "InternalError",
+        "ServiceUnavailable",
+        "OperationAborted",
+    }
+)
+_MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3RetryPolicy:
+    """How transient S3 failures are retried: ``attempts`` tries in all, with exponential
+    backoff from ``initial`` seconds up to ``maximum``, plus up to ``jitter`` seconds.
+
+    ``sleep`` is injectable so tests need not wait.
+
+    Example::
+
+        ResultStore(retry=S3RetryPolicy(attempts=3, initial=0.05))
+    """
+
+    attempts: int = 5
+    initial: float = 0.2
+    maximum: float = 5.0
+    jitter: float = 0.2
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def __repr__(self) -> str:
+        return (
+            f"S3RetryPolicy(attempts={self.attempts}, initial={self.initial}, "
+            f"maximum={self.maximum}, jitter={self.jitter})"
+        )
+
+
+DEFAULT_S3_RETRY: Final = S3RetryPolicy()
+
+
+def _error_code(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", "")) or type(exc).__name__
+    return type(exc).__name__
+
+
+def _http_status(exc: ClientError) -> int:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return int(status) if isinstance(status, int) else 0
+
+
+def is_transient_s3_error(exc: BaseException) -> bool:
+    """True for failures worth retrying: throttling, 5xx, timeouts, dropped connections.
+
+    Example::
+
+        is_transient_s3_error(ClientError({"Error": {"Code": "SlowDown"}}, "PutObject"))  # True
+    """
+    if isinstance(exc, ClientError):
+        return _error_code(exc) in _TRANSIENT_CODES or _http_status(exc) >= 500
+    return isinstance(exc, BotoConnectionError | HTTPClientError | asyncio.TimeoutError)
+
+
+class ResultStore:
+    """Async access to the S3 objects that carry rollout results.
+
+    ``endpoint_url`` points at a non-AWS S3 (moto, MinIO); by default botocore decides,
+    which honours ``AWS_ENDPOINT_URL_S3``. ``max_pool_connections`` bounds the concurrent
+    HTTP connections to S3, so hundreds of simultaneous writes queue instead of failing.
+
+    Example::
+
+        store = ResultStore(region_name="us-west-2")
+        try:
+            exists = await store.head("rollouts", "exp/q-1/sid.json")
+        finally:
+            await store.aclose()
+    """
+
+    def __init__(
+        self,
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        session: aioboto3.Session | None = None,
+        retry: S3RetryPolicy = DEFAULT_S3_RETRY,
+        max_pool_connections: int = 64,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 30.0,
+    ) -> None:
+        self.endpoint_url = endpoint_url
+        self.region_name = region_name
+        self.retry = retry
+        self.request_counts: Counter[str] = Counter()
+        self._session = session or aioboto3.Session()
+        self._config = Config(
+            max_pool_connections=max_pool_connections,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"total_max_attempts": 1},
+        )
+        self._client: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock: asyncio.Lock | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"ResultStore(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r})"
+
+    @property
+    def total_requests(self) -> int:
+        """All S3 requests sent so far (retries included).
+
+        Example::
+
+            print(store.total_requests / n_rollouts, "S3 requests per rollout")
+        """
+        return sum(self.request_counts.values())
+
+    async def __aenter__(self) -> ResultStore:
+        await self._get_client()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the S3 client. Idempotent; a closed store refuses further requests.
+
+        Example::
+
+            await store.aclose()
+        """
+        self._closed = True
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _get_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        if self._closed:
+            raise RuntimeError("ResultStore is closed")
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            # Another task may have created the client while this one waited for the lock.
+            if self._client is None:
+                stack = contextlib.AsyncExitStack()
+                self._client = await stack.enter_async_context(
+                    self._session.client(
+                        "s3",
+                        endpoint_url=self.endpoint_url,
+                        region_name=self.region_name,
+                        config=self._config,
+                    )
+                )
+                self._stack = stack
+        return self._client
+
+    async def _call(
+        self,
+        operation: str,
+        bucket: str,
+        key: str | None,
+        request: Callable[[Any], Awaitable[T]],
+        *,
+        missing_ok: bool = False,
+    ) -> T | None:
+        """Run one S3 request with the retry policy; map failures to StorageError."""
+        client = await self._get_client()
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self.retry.attempts),
+                wait=wait_exponential(multiplier=self.retry.initial, max=self.retry.maximum)
+                + wait_random(0, self.retry.jitter),
+                retry=retry_if_exception(is_transient_s3_error),
+                sleep=self.retry.sleep,
+                reraise=True,
+            ):
+                with attempt:
+                    self.request_counts[operation] += 1
+                    return await request(client)
+        except ClientError as exc:
+            code = _error_code(exc)
+            if missing_ok and (code in _MISSING_CODES or _http_status(exc) == 404):
+                return None
+            raise StorageError(
+                f"S3 {operation} s3://{bucket}/{key or ''} failed: {code}: {exc}",
+                operation=operation,
+                bucket=bucket,
+                key=key,
+                code=code,
+            ) from exc
+        except (BotoCoreError, asyncio.TimeoutError) as exc:
+            raise StorageError(
+                f"S3 {operation} s3://{bucket}/{key or ''} failed: {type(exc).__name__}: {exc}",
+                operation=operation,
+                bucket=bucket,
+                key=key,
+                code=type(exc).__name__,
+            ) from exc
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def put_bytes(
+        self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json"
+    ) -> None:
+        """Write one object (retried on transient errors).
+
+        Example::
+
+            await store.put_bytes("rollouts", "exp/q-1/sid.json", b"{}")
+        """
+
+        async def request(client: Any) -> None:
+            await client.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+
+        await self._call("PutObject", bucket, key, request)
+
+    async def put_json(self, bucket: str, key: str, obj: Mapping[str, Any]) -> None:
+        """Serialise ``obj`` as JSON and write it. Raises ``TypeError`` for non-JSON values.
+
+        Example::
+
+            await store.put_json("rollouts", "exp/q-1/sid.json", {"rewards": [1.0]})
+        """
+        await self.put_bytes(bucket, key, json.dumps(obj, allow_nan=False).encode())
+
+    async def get_json(self, bucket: str, key: str) -> dict[str, Any] | None:
+        """Read one JSON object; ``None`` when the key does not exist.
+
+        Example::
+
+            envelope = await store.get_json("rollouts", key)
+        """
+
+        async def request(client: Any) -> bytes:
+            response = await client.get_object(Bucket=bucket, Key=key)
+            async with response["Body"] as stream:
+                data: bytes = await stream.read()
+            return data
+
+        body = await self._call("GetObject", bucket, key, request, missing_ok=True)
+        if body is None:
+            return None
+        try:
+            value = json.loads(body)
+        except ValueError as exc:
+            raise StorageError(
+                f"s3://{bucket}/{key} is not valid JSON: {exc}",
+                operation="GetObject",
+                bucket=bucket,
+                key=key,
+                code="InvalidJSON",
+            ) from exc
+        if not isinstance(value, dict):
+            raise StorageError(
+                f"s3://{bucket}/{key} holds JSON {type(value).__name__}, not an object",
+                operation="GetObject",
+                bucket=bucket,
+                key=key,
+                code="InvalidJSON",
+            )
+        return value
+
+    async def head(self, bucket: str, key: str) -> bool:
+        """True when the object exists.
+
+        Example::
+
+            if await store.head("rollouts", key): ...
+        """
+
+        async def request(client: Any) -> bool:
+            await client.head_object(Bucket=bucket, Key=key)
+            return True
+
+        return bool(await self._call("HeadObject", bucket, key, request, missing_ok=True))
+
+    async def list_keys(
+        self, bucket: str, prefix: str, *, start_after: str | None = None
+    ) -> list[str]:
+        """All keys under ``prefix`` (every page; each page counts as one request).
+
+        Example::
+
+            keys = await store.list_keys("rollouts", "exp/")
+        """
+        keys: list[str] = []
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+            if token is not None:
+                params["ContinuationToken"] = token
+            elif start_after is not None:
+                params["StartAfter"] = start_after
+
+            async def request(client: Any, params: dict[str, Any] = params) -> dict[str, Any]:
+                page: dict[str, Any] = await client.list_objects_v2(**params)
+                return page
+
+            page = await self._call("ListObjectsV2", bucket, prefix, request)
+            assert page is not None
+            keys.extend(obj["Key"] for obj in page.get("Contents", ()))
+            if not page.get("IsTruncated"):
+                return keys
+            token = page.get("NextContinuationToken")
+
+    async def ensure_bucket(self, bucket: str) -> None:
+        """Create the bucket if it does not exist yet (for local stacks and tests).
+
+        Example::
+
+            await store.ensure_bucket("rollouts")
+        """
+
+        async def request(client: Any) -> None:
+            params: dict[str, Any] = {"Bucket": bucket}
+            region = client.meta.region_name
+            # us-east-1 is S3's default location and refuses an explicit constraint.
+            if region and region != "us-east-1":
+                params["CreateBucketConfiguration"] = {"LocationConstraint": region}
+            try:
+                await client.create_bucket(**params)
+            except ClientError as exc:
+                if _error_code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                    raise
+
+        await self._call("CreateBucket", bucket, None, request)
