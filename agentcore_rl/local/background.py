@@ -1,0 +1,144 @@
+"""Run an ASGI app under real uvicorn on a loopback port, inside the current event loop.
+
+Used by the local stack, the tests and the benchmarks, so that every part of the toolkit is
+exercised over real HTTP without spawning processes. Signals are left to the caller: the
+embedding program decides what Ctrl-C means, not each embedded server.
+
+Example::
+
+    async with BackgroundServer(app) as server:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            await http.get("/ping")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+__all__ = ["BackgroundServer"]
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn without signal capture: several can share one process and one loop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class BackgroundServer:
+    """uvicorn serving ``app`` on ``host`` (loopback) and a free port, as an asyncio task.
+
+    The socket is bound before uvicorn starts, so ``url`` is known at once and two servers
+    never race for a port. ``aclose()`` asks uvicorn to shut down gracefully (lifespan
+    shutdown included) and forces it after ``shutdown_timeout`` seconds.
+
+    Example::
+
+        server = await BackgroundServer(app, port=0).start()
+        print(server.url)          # http://127.0.0.1:54321
+        await server.aclose()
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        shutdown_timeout: float = 10.0,
+        **uvicorn_options: Any,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.shutdown_timeout = shutdown_timeout
+        self._config = uvicorn.Config(
+            app, host=host, port=port, log_level=log_level, lifespan="auto", **uvicorn_options
+        )
+        self._server = _EmbeddedUvicorn(self._config)
+        self._task: asyncio.Task[None] | None = None
+        self._socket: socket.socket | None = None
+
+    def __repr__(self) -> str:
+        return f"BackgroundServer(host={self.host!r}, port={self.port})"
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (known once started).
+
+        Example::
+
+            httpx.AsyncClient(base_url=server.url)
+        """
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self, *, startup_timeout: float = 10.0) -> BackgroundServer:
+        """Bind, start uvicorn and wait until it accepts connections.
+
+        Example::
+
+            server = await BackgroundServer(app).start()
+        """
+        if self._task is not None:
+            return self
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self._socket = sock
+        self._task = asyncio.create_task(
+            self._server.serve(sockets=[sock]), name=f"uvicorn {self.url}"
+        )
+        # uvicorn has no "started" event; its flag flips within a few loop iterations.
+        deadline = asyncio.get_running_loop().time() + startup_timeout
+        while not self._server.started:
+            if self._task.done():
+                await self._task  # startup failed: surface uvicorn's exception
+                raise RuntimeError(f"uvicorn on {self.url} exited during startup")
+            if asyncio.get_running_loop().time() > deadline:
+                await self.aclose()
+                raise TimeoutError(f"uvicorn on {self.url} did not start in {startup_timeout} s")
+            await asyncio.sleep(0.005)
+        return self
+
+    async def aclose(self) -> None:
+        """Shut down gracefully; idempotent.
+
+        Example::
+
+            await server.aclose()
+        """
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.shutdown_timeout)
+        except asyncio.TimeoutError:
+            self._server.force_exit = True
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        finally:
+            if self._socket is not None:
+                self._socket.close()
+
+    async def __aenter__(self) -> BackgroundServer:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
