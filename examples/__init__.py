@@ -1,0 +1,1 @@
+"""Not a library package: lets mypy and pytest import these files by module path."""
