@@ -1,0 +1,258 @@
+"""TokenBucket: the request-rate limiter shared by invoke and stop calls.
+
+A token bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second.
+Every call to the agent runtime takes one token. Waiters queue by priority, so a stop call
+(low priority) never takes a token an invocation is waiting for. When the runtime answers
+``ThrottlingException`` / 429, :meth:`TokenBucket.on_throttle` cuts the rate
+multiplicatively; it then climbs back linearly over time to the configured rate (AIMD, as
+TCP does), so a burst of throttles does not leave the client slow forever.
+
+Time comes from an injectable ``clock`` and ``sleep``, so tests drive the bucket without
+waiting.
+
+Example::
+
+    bucket = TokenBucket(rate=25, burst=25)
+    await bucket.acquire()                         # an invocation
+    await bucket.acquire(priority=Priority.STOP)   # waits behind every queued invocation
+    if not bucket.try_acquire():                   # non-blocking: a server answering 429
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Final
+
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_BURST",
+    "DEFAULT_RATE",
+    "DEFAULT_RECOVERY",
+    "DEFAULT_THROTTLE_FACTOR",
+    "Priority",
+    "TokenBucket",
+]
+
+#: AgentCore Runtime's published default quota: 25 invocations per second per endpoint.
+DEFAULT_RATE: Final = 25.0
+#: Default burst: one second's worth of tokens at the default rate.
+DEFAULT_BURST: Final = 25.0
+#: On a throttle the rate is multiplied by this factor.
+DEFAULT_THROTTLE_FACTOR: Final = 0.5
+#: After a throttle the rate regains this fraction of the configured rate per second.
+DEFAULT_RECOVERY: Final = 0.05
+#: Throttles closer together than this count as one (many calls in flight see the same one).
+DEFAULT_THROTTLE_COOLDOWN: Final = 1.0
+#: The rate never falls below this fraction of the configured rate.
+DEFAULT_MIN_RATE_FRACTION: Final = 0.02
+
+# Float refills land a hair below 1.0 after sleeping exactly the computed deficit.
+_EPSILON: Final = 1e-9
+
+
+class Priority(IntEnum):
+    """Queue order of waiters: lower values go first.
+
+    Example::
+
+        await bucket.acquire(priority=Priority.STOP)
+    """
+
+    INVOKE = 0
+    STOP = 10
+
+
+@dataclass(order=True)
+class _Waiter:
+    priority: int
+    seq: int
+    wake: asyncio.Event = field(compare=False, default_factory=asyncio.Event)
+
+
+class TokenBucket:
+    """An asyncio token bucket with priorities and multiplicative throttle back-off.
+
+    ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full).
+    ``clock`` returns monotonic seconds; ``sleep`` waits that many seconds. Both default to
+    the real ones; tests pass a fake clock whose sleep advances it.
+
+    Example::
+
+        bucket = TokenBucket(rate=10, burst=5)
+        for _ in range(20):
+            await bucket.acquire()        # 5 at once, then one every 0.1 s
+        bucket.on_throttle()              # now 5 per second, recovering towards 10
+    """
+
+    def __init__(
+        self,
+        rate: float = DEFAULT_RATE,
+        burst: float | None = None,
+        *,
+        throttle_factor: float = DEFAULT_THROTTLE_FACTOR,
+        recovery: float = DEFAULT_RECOVERY,
+        throttle_cooldown: float = DEFAULT_THROTTLE_COOLDOWN,
+        min_rate: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not rate > 0:
+            raise ConfigurationError(f"rate must be > 0 tokens per second, got {rate!r}")
+        burst = rate if burst is None else burst
+        if not burst >= 1:
+            raise ConfigurationError(f"burst must be >= 1 token, got {burst!r}")
+        if not 0 < throttle_factor <= 1:
+            raise ConfigurationError(f"throttle_factor must be in (0, 1], got {throttle_factor}")
+        if recovery < 0 or throttle_cooldown < 0:
+            raise ConfigurationError("recovery and throttle_cooldown must be >= 0")
+        self.max_rate = float(rate)
+        self.burst = float(burst)
+        self.throttle_factor = throttle_factor
+        self.recovery = recovery
+        self.throttle_cooldown = throttle_cooldown
+        self.min_rate = min(
+            self.max_rate,
+            self.max_rate * DEFAULT_MIN_RATE_FRACTION if min_rate is None else min_rate,
+        )
+        if not self.min_rate > 0:
+            raise ConfigurationError(f"min_rate must be > 0, got {min_rate!r}")
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = self.burst
+        self._last = clock()
+        # The rate after the last throttle, and when it happened: the current rate is
+        # computed from these, so recovery needs no timer task.
+        self._throttled_rate = self.max_rate
+        self._throttled_at: float | None = None
+        self._waiters: list[_Waiter] = []
+        self._seq = itertools.count()
+        self.throttles = 0
+
+    def __repr__(self) -> str:
+        return f"TokenBucket(rate={self.rate:g}, max_rate={self.max_rate:g}, burst={self.burst:g})"
+
+    @property
+    def rate(self) -> float:
+        """The current refill rate in tokens per second (lower after a throttle).
+
+        Example::
+
+            bucket.on_throttle(); bucket.rate    # half of max_rate
+        """
+        if self._throttled_at is None:
+            return self.max_rate
+        regained = self.recovery * self.max_rate * (self._clock() - self._throttled_at)
+        rate = self._throttled_rate + regained
+        if rate >= self.max_rate:
+            self._throttled_at = None
+            return self.max_rate
+        return rate
+
+    @property
+    def tokens(self) -> float:
+        """Tokens available now (after refilling).
+
+        Example::
+
+            print(f"{bucket.tokens:.1f} tokens left")
+        """
+        self._refill()
+        return self._tokens
+
+    @property
+    def waiting(self) -> int:
+        """How many ``acquire`` calls are queued.
+
+        Example::
+
+            print(bucket.waiting, "calls wait for a token")
+        """
+        return len(self._waiters)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        elapsed = now - self._last
+        if elapsed > 0:
+            # The rate of the interval's end: exact while unthrottled, a slight
+            # overestimate during recovery, which is the conservative side for nobody.
+            self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
+            self._last = now
+
+    def try_acquire(self) -> bool:
+        """Take a token if one is available now and nobody is queued; never waits.
+
+        Example::
+
+            if not bucket.try_acquire():
+                return JSONResponse({"message": "Rate exceeded"}, status_code=429)
+        """
+        if self._waiters:
+            return False
+        self._refill()
+        if self._tokens >= 1 - _EPSILON:
+            self._tokens -= 1
+            return True
+        return False
+
+    async def acquire(self, priority: int = Priority.INVOKE) -> None:
+        """Wait for a token. Lower ``priority`` values are served first, FIFO within one.
+
+        Cancelling the wait leaves the queue intact for everyone else.
+
+        Example::
+
+            await bucket.acquire()
+        """
+        if self.try_acquire():
+            return
+        waiter = _Waiter(int(priority), next(self._seq))
+        heapq.heappush(self._waiters, waiter)
+        try:
+            while True:
+                if self._waiters[0] is waiter:
+                    self._refill()
+                    if self._tokens >= 1 - _EPSILON:
+                        heapq.heappop(self._waiters)
+                        self._tokens -= 1
+                        return
+                    # Only the head sleeps; if a more urgent waiter arrives meanwhile it
+                    # becomes the head, and this one finds that out when it wakes.
+                    await self._sleep((1 - self._tokens) / self.rate)
+                else:
+                    waiter.wake.clear()
+                    await waiter.wake.wait()
+        except BaseException:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                heapq.heapify(self._waiters)
+            raise
+        finally:
+            if self._waiters:
+                self._waiters[0].wake.set()
+
+    def on_throttle(self) -> None:
+        """The runtime said "too many requests": cut the rate and empty the bucket.
+
+        Throttles within ``throttle_cooldown`` seconds of the last cut are one event.
+
+        Example::
+
+            except ThrottlingError:
+                bucket.on_throttle()
+        """
+        now = self._clock()
+        self.throttles += 1
+        self._refill()
+        self._tokens = min(self._tokens, 0.0)
+        if self._throttled_at is not None and now - self._throttled_at < self.throttle_cooldown:
+            return
+        self._throttled_rate = max(self.min_rate, self.rate * self.throttle_factor)
+        self._throttled_at = now

@@ -1,0 +1,158 @@
+"""TokenBucket: rate, burst, priorities, throttling and recovery, on a virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from agentcore_rl.client.bucket import Priority, TokenBucket
+from agentcore_rl.errors import ConfigurationError
+from tests.client.fakeclock import FakeClock, settle
+
+
+def make(rate: float, burst: float, clock: FakeClock, **kw: float) -> TokenBucket:
+    return TokenBucket(rate, burst, clock=clock, sleep=clock.sleep, **kw)
+
+
+async def test_burst_is_available_at_once_then_rate_applies() -> None:
+    clock = FakeClock()
+    bucket = make(10, 5, clock)
+    for _ in range(5):
+        assert bucket.try_acquire()
+    assert not bucket.try_acquire()
+    clock.advance(0.1)
+    assert bucket.try_acquire()
+    assert not bucket.try_acquire()
+
+
+async def test_acquire_paces_at_the_rate() -> None:
+    clock = FakeClock()
+    bucket = make(4, 2, clock)
+    done: list[float] = []
+
+    async def take(n: int) -> None:
+        for _ in range(n):
+            await bucket.acquire()
+            done.append(clock.now)
+
+    task = asyncio.create_task(take(10))
+    for _ in range(100):  # bounded: each round moves virtual time by 50 ms
+        await settle()
+        if task.done():
+            break
+        clock.advance(0.05)
+    await task
+    start = done[0]
+    assert done[:2] == [start, start]  # the burst
+    # the other 8 follow at 4 per second: the last one 2 s after the burst
+    assert done[-1] - start == pytest.approx(2.0, abs=0.051)
+    gaps = [b - a for a, b in itertools.pairwise(done[1:])]
+    assert all(g == pytest.approx(0.25, abs=0.051) for g in gaps)
+
+
+async def test_burst_never_exceeds_capacity_after_idle() -> None:
+    clock = FakeClock()
+    bucket = make(10, 3, clock)
+    clock.advance(100)
+    assert bucket.tokens == 3
+
+
+async def test_stop_calls_queue_behind_invocations() -> None:
+    clock = FakeClock()
+    bucket = make(1, 1, clock)
+    assert bucket.try_acquire()
+    order: list[str] = []
+
+    async def take(name: str, priority: Priority) -> None:
+        await bucket.acquire(priority=priority)
+        order.append(name)
+
+    stop = asyncio.create_task(take("stop", Priority.STOP))
+    await settle()
+    invoke1 = asyncio.create_task(take("invoke1", Priority.INVOKE))
+    await settle()
+    invoke2 = asyncio.create_task(take("invoke2", Priority.INVOKE))
+    await settle()
+    assert bucket.waiting == 3
+    assert not bucket.try_acquire()  # queued waiters come first
+    for _ in range(3):
+        clock.advance(1)
+        await settle()
+    await asyncio.wait_for(asyncio.gather(stop, invoke1, invoke2), 5)
+    assert order == ["invoke1", "invoke2", "stop"]
+
+
+async def test_cancelled_waiter_leaves_the_queue() -> None:
+    clock = FakeClock()
+    bucket = make(1, 1, clock)
+    assert bucket.try_acquire()
+    first = asyncio.create_task(bucket.acquire())
+    await settle()
+    second = asyncio.create_task(bucket.acquire())
+    await settle()
+    first.cancel()
+    await settle()
+    assert first.cancelled()
+    assert bucket.waiting == 1
+    clock.advance(1)
+    await asyncio.wait_for(second, 5)
+    assert bucket.waiting == 0
+
+
+async def test_throttle_cuts_rate_and_recovers_linearly() -> None:
+    clock = FakeClock()
+    bucket = make(20, 20, clock, recovery=0.1, throttle_cooldown=1.0)
+    assert bucket.rate == 20
+    bucket.on_throttle()
+    assert bucket.rate == 10
+    assert bucket.tokens == 0  # the burst is gone too
+    bucket.on_throttle()  # same burst of 429s: counted, not compounded
+    assert bucket.rate == 10
+    assert bucket.throttles == 2
+    clock.advance(2.0)  # regains 10% of 20 per second
+    assert bucket.rate == pytest.approx(14)
+    bucket.on_throttle()  # a new throttle after the cooldown compounds
+    assert bucket.rate == pytest.approx(7)
+    clock.advance(100)
+    assert bucket.rate == 20
+
+
+async def test_rate_has_a_floor() -> None:
+    clock = FakeClock()
+    bucket = make(10, 1, clock, min_rate=2.0, recovery=0.0)
+    for _ in range(10):
+        bucket.on_throttle()
+        clock.advance(5)
+    assert bucket.rate == 2.0
+
+
+async def test_throttled_rate_paces_waiters() -> None:
+    clock = FakeClock()
+    bucket = make(10, 1, clock, recovery=0.0)
+    bucket.on_throttle()  # 5 per second
+    task = asyncio.create_task(bucket.acquire())
+    await settle()
+    assert clock.slept[-1] == pytest.approx(0.2)
+    clock.advance(0.2)
+    await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"rate": 0}, "rate"),
+        ({"rate": 5, "burst": 0.5}, "burst"),
+        ({"rate": 5, "throttle_factor": 0}, "throttle_factor"),
+        ({"rate": 5, "recovery": -1}, "recovery"),
+    ],
+)
+def test_bad_arguments_are_refused(args: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        TokenBucket(**args)
+
+
+def test_repr() -> None:
+    assert repr(TokenBucket(25, 50)) == "TokenBucket(rate=25, max_rate=25, burst=50)"
