@@ -1,0 +1,173 @@
+"""The end-of-run summary shared by ``agentcore-rl demo`` and ``agentcore-rl eval``.
+
+Outcomes are tallied as they arrive; :meth:`RunSummary.render` prints a small table:
+done / failed / timed out, mean reward, latency p50/p95, throughput and S3 requests per
+rollout.
+
+Example::
+
+    summary = RunSummary()
+    summary.add("done", elapsed=1.2, reward=1.0)
+    summary.add("failed", elapsed=0.4)
+    print(summary.render(wall_seconds=2.0, s3_requests=3))
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+__all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
+
+#: The outcome kinds a rollout can end in, as written to the results file.
+OUTCOMES: Final = ("done", "failed", "timeout")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) with linear interpolation; ``None`` if empty.
+
+    Example::
+
+        percentile([1.0, 2.0, 3.0, 4.0], 50)   # 2.5
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be between 0 and 100, got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def reward_of(result: Any) -> float | None:
+    """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any.
+
+    Example::
+
+        reward_of({"rewards": [1.0]})   # 1.0
+    """
+    if not isinstance(result, dict):
+        return None
+    rewards = result.get("rewards")
+    value = rewards[0] if isinstance(rewards, list) and rewards else result.get("reward")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+@dataclass
+class RunSummary:
+    """Running tallies of a batch: outcome counts, latencies and rewards.
+
+    ``resumed`` counts outcomes that an earlier (interrupted) run had already written, and
+    ``reattached`` those this run collected from rollouts the earlier run left in flight.
+
+    Example::
+
+        summary = RunSummary()
+        summary.add("done", elapsed=3.5, reward=0.0)
+        summary.counts["done"]   # 1
+    """
+
+    counts: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    resumed: int = 0
+    reattached: int = 0
+
+    def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
+        """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``).
+
+        Example::
+
+            summary.add("timeout", elapsed=900.0)
+        """
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
+        self.counts[outcome] += 1
+        if elapsed is not None:
+            self.latencies.append(elapsed)
+        if reward is not None:
+            self.rewards.append(reward)
+
+    @property
+    def total(self) -> int:
+        """Outcomes recorded in this run.
+
+        Example::
+
+            summary.total
+        """
+        return sum(self.counts.values())
+
+    @property
+    def mean_reward(self) -> float | None:
+        """Mean of the rewards seen, ``None`` before the first.
+
+        Example::
+
+            summary.mean_reward
+        """
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    def as_dict(self, *, wall_seconds: float, s3_requests: int | None = None) -> dict[str, Any]:
+        """The summary as plain numbers (for JSON output and tests).
+
+        Example::
+
+            summary.as_dict(wall_seconds=12.0)["throughput"]
+        """
+        total = self.total
+        return {
+            "total": total,
+            "done": self.counts["done"],
+            "failed": self.counts["failed"],
+            "timed_out": self.counts["timeout"],
+            "resumed": self.resumed,
+            "reattached": self.reattached,
+            "mean_reward": self.mean_reward,
+            "latency_p50": percentile(self.latencies, 50),
+            "latency_p95": percentile(self.latencies, 95),
+            "wall_seconds": wall_seconds,
+            "throughput": total / wall_seconds if wall_seconds > 0 else None,
+            "s3_requests_per_rollout": (
+                s3_requests / total if s3_requests is not None and total else None
+            ),
+        }
+
+    def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
+        """A small aligned table for the terminal.
+
+        Example::
+
+            print(summary.render(wall_seconds=12.0, s3_requests=240))
+        """
+        data = self.as_dict(wall_seconds=wall_seconds, s3_requests=s3_requests)
+
+        def num(value: float | None, fmt: str, unit: str = "") -> str:
+            return "-" if value is None else f"{value:{fmt}}{unit}"
+
+        rows = [
+            ("rollouts", f"{data['total']}"),
+            ("  done", f"{data['done']}"),
+            ("  failed", f"{data['failed']}"),
+            ("  timed out", f"{data['timed_out']}"),
+        ]
+        if self.resumed:
+            rows.append(("already in results (resumed)", f"{self.resumed}"))
+        if self.reattached:
+            rows.append(("re-attached in-flight rollouts", f"{self.reattached}"))
+        rows += [
+            ("mean reward", num(data["mean_reward"], ".3f")),
+            ("latency p50", num(data["latency_p50"], ".2f", " s")),
+            ("latency p95", num(data["latency_p95"], ".2f", " s")),
+            ("wall time", num(wall_seconds, ".1f", " s")),
+            ("throughput", num(data["throughput"], ".1f", " rollouts/s")),
+            ("S3 requests per rollout", num(data["s3_requests_per_rollout"], ".2f")),
+        ]
+        width = max(len(label) for label, _ in rows)
+        return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

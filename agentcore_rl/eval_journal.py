@@ -1,0 +1,199 @@
+"""The results file of ``agentcore-rl eval`` and the journal that makes ``--resume`` work.
+
+Two append-only JSONL files, flushed line by line so that a run killed at any moment (even
+with SIGKILL) leaves them readable:
+
+- ``results.jsonl``: one line per outcome (done, failed or timed out), the run's product;
+- ``results.jsonl.journal``: one line per started rollout (input id, session id, bucket,
+  result key), written as soon as the agent has accepted it.
+
+On ``--resume`` an input with a line in the results file is skipped, and an input that
+the journal shows as started but that has no outcome was in flight when the previous run
+died: its result is collected from S3 by its key (re-attached), not run again. A torn last
+line (the process died mid-write) is cut off before appending.
+
+Example::
+
+    journal = EvalJournal.open(Path("results.jsonl"), resume=True)
+    try:
+        journal.record_started(JournalEntry("q-1", sid, "rollouts", key))
+        journal.record_outcome({"input_id": "q-1", "outcome": "done", ...})
+    finally:
+        journal.close()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = ["EvalJournal", "JournalEntry", "journal_path_for"]
+
+
+def journal_path_for(out: Path) -> Path:
+    """Where the journal of a results file lives: next to it, ``.journal`` appended.
+
+    Example::
+
+        journal_path_for(Path("results.jsonl"))   # Path("results.jsonl.journal")
+    """
+    return out.with_name(out.name + ".journal")
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One started rollout: enough to find its result in S3 later.
+
+    Example::
+
+        JournalEntry(input_id="q-1", session_id=sid, s3_bucket="rollouts",
+                     result_key="exp/q-1/" + sid + ".json")
+    """
+
+    input_id: str
+    session_id: str
+    s3_bucket: str
+    result_key: str
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop a last line without its newline: the writer died in the middle of it."""
+    with path.open("rb+") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return
+        data = path.read_bytes()
+        handle.truncate(data.rfind(b"\n") + 1)
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn line, cut off before we append
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+@dataclass
+class EvalJournal:
+    """The open results file and journal of one eval run.
+
+    ``finished`` maps input ids to their outcome lines from earlier runs; ``in_flight``
+    maps input ids to rollouts an earlier run started but never saw finish.
+
+    Example::
+
+        journal = EvalJournal.open(Path("out.jsonl"), resume=False)
+        journal.close()
+    """
+
+    out: Path
+    finished: dict[str, dict[str, Any]] = field(default_factory=dict)
+    in_flight: dict[str, JournalEntry] = field(default_factory=dict)
+    _results: IO[str] | None = None
+    _journal: IO[str] | None = None
+
+    @classmethod
+    def open(cls, out: Path, *, resume: bool) -> EvalJournal:
+        """Open (or create) the files; with ``resume`` read what an earlier run left.
+
+        Without ``resume`` an existing non-empty results file is an error, so that a
+        finished evaluation is never overwritten by accident.
+
+        Example::
+
+            journal = EvalJournal.open(Path("results.jsonl"), resume=True)
+        """
+        journal_path = journal_path_for(out)
+        exists = out.exists() and out.stat().st_size > 0
+        if exists and not resume:
+            raise ConfigurationError(
+                f"{out} already exists; pass --resume to continue that run or choose another --out"
+            )
+        if out.parent and not out.parent.exists():
+            raise ConfigurationError(f"the directory of --out does not exist: {out.parent}")
+        self = cls(out)
+        if resume:
+            for path in (out, journal_path):
+                if path.exists():
+                    _cut_torn_tail(path)
+            if out.exists():
+                for record in _read_lines(out):
+                    input_id = record.get("input_id")
+                    if isinstance(input_id, str):
+                        self.finished[input_id] = record
+            if journal_path.exists():
+                for record in _read_lines(journal_path):
+                    try:
+                        entry = JournalEntry(
+                            str(record["input_id"]),
+                            str(record["session_id"]),
+                            str(record["s3_bucket"]),
+                            str(record["result_key"]),
+                        )
+                    except KeyError:
+                        continue
+                    if entry.input_id not in self.finished:
+                        # The latest start wins: an input re-run after a re-attach failed.
+                        self.in_flight[entry.input_id] = entry
+        else:
+            journal_path.unlink(missing_ok=True)
+        self._results = out.open("a", encoding="utf-8")
+        self._journal = journal_path.open("a", encoding="utf-8")
+        return self
+
+    def record_started(self, entry: JournalEntry) -> None:
+        """Append one started rollout to the journal and flush it.
+
+        Example::
+
+            journal.record_started(JournalEntry("q-1", fut.session_id, fut.s3_bucket,
+                                                fut.result_key))
+        """
+        self._write(self._journal, asdict(entry))
+
+    def record_outcome(self, record: dict[str, Any]) -> None:
+        """Append one outcome line (must carry ``input_id``) and flush it.
+
+        Example::
+
+            journal.record_outcome({"input_id": "q-1", "outcome": "done", "reward": 1.0})
+        """
+        if not isinstance(record.get("input_id"), str):
+            raise ValueError("an outcome record needs a string input_id")
+        self._write(self._results, record)
+        self.finished[record["input_id"]] = record
+        self.in_flight.pop(record["input_id"], None)
+
+    def _write(self, handle: IO[str] | None, record: dict[str, Any]) -> None:
+        if handle is None:
+            raise RuntimeError("the journal is closed")
+        # One write call per line, flushed at once: a kill leaves at most one torn line.
+        handle.write(json.dumps(record, default=str) + "\n")
+        handle.flush()
+
+    def close(self) -> None:
+        """Close both files. Idempotent.
+
+        Example::
+
+            journal.close()
+        """
+        for handle in (self._results, self._journal):
+            if handle is not None:
+                handle.close()
+        self._results = self._journal = None
