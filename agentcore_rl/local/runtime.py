@@ -1,0 +1,622 @@
+"""A local stand-in for AgentCore Runtime's data plane, in front of ordinary agent servers.
+
+:class:`LocalAgentCoreRuntime` is an ASGI app that answers the ``bedrock-agentcore``
+operations a trainer calls, ``InvokeAgentRuntime`` and ``StopRuntimeSession``, on the same
+paths, headers and error shapes as the real service, so the real (aio)botocore client works
+against it unchanged: point ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (or ``endpoint_url``) at
+it. Behind it, each configured runtime ARN maps to one or more agent servers (our
+:class:`~agentcore_rl.server.AgentCoreRLApp` or any server with ``POST /invocations``).
+
+What it emulates: session affinity (a session id sticks to one agent server until it is
+stopped, as a session sticks to its microVM), ACR's session-id rules (400
+``ValidationException``), unknown runtimes (404 ``ResourceNotFoundException``), agent
+failures (424 ``RuntimeClientError``), a per-runtime TPS quota shared by invoke and stop
+(429 ``ThrottlingException``), the payload size limit. What it does not: SigV4 checks
+(any credentials work), microVM isolation, idle-session reclamation, qualifiers (accepted
+and ignored), streaming over HTTP/2, quotas other than TPS.
+
+Example::
+
+    runtime = LocalAgentCoreRuntime({DEFAULT_AGENT_RUNTIME_ARN: ["http://127.0.0.1:8080"]})
+    async with BackgroundServer(runtime) as server:
+        client = session.create_client("bedrock-agentcore", region_name="us-west-2",
+                                       endpoint_url=server.url)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from agentcore_rl.client.bucket import TokenBucket
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.local.runtime_wire import (
+    AWS_REQUEST_ID_HEADER,
+    INTERNAL,
+    INVOKE_OPERATION,
+    NOT_FOUND,
+    REASON_CANNOT_PARSE,
+    RUNTIME_CLIENT_ERROR,
+    STOP_OPERATION,
+    THROTTLING,
+    UNKNOWN_OPERATION,
+    VALIDATION,
+    acr_error,
+    parse_runtime_path,
+    validate_runtime_arn,
+)
+from agentcore_rl.protocol import (
+    INVOCATIONS_PATH,
+    REQUEST_ID_HEADER,
+    SESSION_ID_HEADER,
+    STOP_SESSION_PATH,
+    is_acr_session_id,
+    new_session_id,
+)
+
+__all__ = [
+    "DEFAULT_AGENT_RUNTIME_ARN",
+    "DEFAULT_LOCAL_RUNTIME_PORT",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_RUNTIME_TIMEOUT",
+    "DEFAULT_TPS",
+    "LocalAgentCoreRuntime",
+    "run_local_runtime",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The ARN a local runtime answers to unless told otherwise (its region is the client's).
+DEFAULT_AGENT_RUNTIME_ARN: Final = (
+    "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/local-agent"
+)
+#: Where ``run_local_runtime`` listens by default (agents conventionally use 8080).
+DEFAULT_LOCAL_RUNTIME_PORT: Final = 8081
+#: ACR's published default: 25 invocations per second per endpoint.
+DEFAULT_TPS: Final = 25.0
+#: ACR's payload limit.
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 100_000_000
+#: Forwarding timeouts; the read timeout is ACR's 15-minute limit on a synchronous request.
+DEFAULT_RUNTIME_TIMEOUT: Final = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)
+
+# A StopRuntimeSession body holds only a client token.
+_MAX_STOP_BODY_BYTES: Final = 64 * 1024
+# Completed stops remembered by client token, so that botocore's retry of a stop whose
+# answer was lost gets the same 200 instead of "session not found".
+_STOP_TOKEN_MEMORY: Final = 4096
+_MAX_AGENT_MESSAGE: Final = 1000
+# Request headers passed through to the agent besides the session and request ids.
+_FORWARDED_HEADERS: Final = (
+    "content-type",
+    "accept",
+    "x-amzn-bedrock-agentcore-runtime-user-id",
+    "x-amzn-trace-id",
+    "traceparent",
+    "tracestate",
+    "baggage",
+)
+_ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+class _Runtime:
+    """One runtime ARN: its agent servers, its TPS bucket and its session affinity."""
+
+    def __init__(self, arn: str, agent_urls: Sequence[str], bucket: TokenBucket | None):
+        self.arn = arn
+        self.agent_urls = tuple(agent_urls)
+        self.bucket = bucket
+        self.sessions: dict[str, int] = {}
+        self.load = [0] * len(self.agent_urls)
+        self._cursor = 0
+        self.stop_tokens: OrderedDict[str, None] = OrderedDict()
+
+    def bind(self, session_id: str) -> tuple[int, bool]:
+        """The agent index of a session, binding a new one; and whether it is new."""
+        index = self.sessions.get(session_id)
+        if index is not None:
+            return index, False
+        # Fewest live sessions wins; ties go round-robin so equal agents take turns.
+        least = min(self.load)
+        n = len(self.agent_urls)
+        index = next(i for i in ((self._cursor + s) % n for s in range(n)) if self.load[i] == least)
+        self._cursor = (index + 1) % n
+        self.sessions[session_id] = index
+        self.load[index] += 1
+        return index, True
+
+    def release(self, session_id: str) -> None:
+        index = self.sessions.pop(session_id, None)
+        if index is not None:
+            self.load[index] -= 1
+
+    def remember_stop(self, token: str) -> None:
+        self.stop_tokens[token] = None
+        if len(self.stop_tokens) > _STOP_TOKEN_MEMORY:
+            self.stop_tokens.popitem(last=False)
+
+
+class _ProxiedResponse(Response):
+    """Streams the agent's response body through, closing it whatever happens."""
+
+    def __init__(self, upstream: httpx.Response, headers: Mapping[str, str]) -> None:
+        super().__init__(status_code=200, headers=headers)
+        self.upstream = upstream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.upstream.aiter_raw():
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.upstream.aclose()
+
+
+def _agent_message(status: int, body: bytes) -> str:
+    """The agent's own error text: ``error``/``message`` from a JSON body, else the text."""
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        for name in ("error", "message", "detail"):
+            if isinstance(data.get(name), str):
+                text = data[name]
+                break
+    text = text[:_MAX_AGENT_MESSAGE] or f"HTTP {status} with an empty body"
+    return text
+
+
+def _agent_field(body: bytes) -> str | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    field = data.get("field") if isinstance(data, dict) else None
+    return field if isinstance(field, str) else None
+
+
+class LocalAgentCoreRuntime:
+    """The ACR data plane (``InvokeAgentRuntime``, ``StopRuntimeSession``) as an ASGI app.
+
+    ``runtimes`` maps each runtime ARN this stand-in answers to the base URLs of its agent
+    servers. Each session id is bound to one of them on first sight (the one with the
+    fewest live sessions, ties in turn) and stays there until ``StopRuntimeSession``.
+    ``tps`` caps each runtime's requests per second, invoke and stop together, with a
+    burst of ``burst`` (default: one second's worth); ``None`` switches the limit off.
+    ``clock`` drives the limit (tests inject one). ``timeout`` bounds each forwarded call.
+
+    One ``httpx.AsyncClient`` forwards every call; it is closed by the ASGI lifespan
+    shutdown or by :meth:`aclose`.
+
+    Example::
+
+        runtime = LocalAgentCoreRuntime(
+            {"arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo":
+                ["http://127.0.0.1:8080", "http://127.0.0.1:8082"]},
+            tps=25,
+        )
+        async with BackgroundServer(runtime) as server:
+            os.environ["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"] = server.url
+    """
+
+    def __init__(
+        self,
+        runtimes: Mapping[str, Sequence[str]],
+        *,
+        tps: float | None = DEFAULT_TPS,
+        burst: float | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_RUNTIME_TIMEOUT,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        max_connections: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not runtimes:
+            raise ConfigurationError("a local runtime needs at least one runtime ARN")
+        if max_payload_bytes < 1:
+            raise ConfigurationError(f"max_payload_bytes must be >= 1, got {max_payload_bytes}")
+        self._runtimes: dict[str, _Runtime] = {}
+        for arn, urls in runtimes.items():
+            validate_runtime_arn(arn)
+            if isinstance(urls, str) or not urls:
+                raise ConfigurationError(f"runtime {arn} needs a non-empty list of agent URLs")
+            clean = []
+            for url in urls:
+                if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                    raise ConfigurationError(
+                        f"agent URL {url!r} of runtime {arn} must start with http:// or https://"
+                    )
+                clean.append(url.rstrip("/"))
+            bucket = None if tps is None else TokenBucket(tps, burst, clock=clock)
+            self._runtimes[arn] = _Runtime(arn, clean, bucket)
+        self.tps = tps
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.max_payload_bytes = max_payload_bytes
+        self.max_connections = max_connections
+        #: Outcomes so far: the operation name on success, else the error code.
+        self.counts: Counter[str] = Counter()
+        self._http: httpx.AsyncClient | None = None
+        self._app = Starlette(
+            routes=[Route("/{path:path}", self._dispatch, methods=_ALL_METHODS)],
+            lifespan=self._lifespan,
+        )
+
+    def __repr__(self) -> str:
+        return f"LocalAgentCoreRuntime(arns={self.arns!r}, tps={self.tps!r})"
+
+    @property
+    def arns(self) -> list[str]:
+        """The runtime ARNs this stand-in answers to.
+
+        Example::
+
+            arn = runtime.arns[0]
+        """
+        return list(self._runtimes)
+
+    def agent_urls(self, arn: str) -> tuple[str, ...]:
+        """The agent servers behind one runtime ARN.
+
+        Example::
+
+            runtime.agent_urls(DEFAULT_AGENT_RUNTIME_ARN)   # ("http://127.0.0.1:8080",)
+        """
+        return self._runtimes[arn].agent_urls
+
+    def session_agent(self, arn: str, session_id: str) -> str | None:
+        """The agent URL a live session is bound to; ``None`` if unknown or stopped.
+
+        Example::
+
+            runtime.session_agent(arn, sid)   # "http://127.0.0.1:8080"
+        """
+        runtime = self._runtimes[arn]
+        index = runtime.sessions.get(session_id)
+        return None if index is None else runtime.agent_urls[index]
+
+    def live_sessions(self, arn: str) -> int:
+        """How many sessions of a runtime are bound to an agent (invoked, not stopped).
+
+        Example::
+
+            print(runtime.live_sessions(arn), "sessions live")
+        """
+        return len(self._runtimes[arn].sessions)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    async def aclose(self) -> None:
+        """Close the forwarding HTTP client. Idempotent.
+
+        Example::
+
+            await runtime.aclose()
+        """
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.aclose()
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            # trust_env=False: a developer's HTTP(S)_PROXY must not capture loopback agents.
+            self._http = httpx.AsyncClient(
+                timeout=self.timeout,
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=self.max_connections,
+                ),
+                trust_env=False,
+            )
+        return self._http
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    async def _dispatch(self, request: Request) -> Response:
+        request_id = str(uuid.uuid4())
+        try:
+            response = await self._route(request, request_id)
+        except Exception:
+            logger.exception("local AgentCore Runtime failed on %s", request.url.path)
+            response = acr_error(
+                INTERNAL, "the local runtime failed; see its log", request_id=request_id
+            )
+        error = response.headers.get("x-amzn-errortype")
+        if error is not None:
+            self.counts[error] += 1
+        return response
+
+    async def _route(self, request: Request, request_id: str) -> Response:
+        raw_path = request.scope.get("raw_path") or request.scope["path"].encode()
+        parsed = parse_runtime_path(raw_path)
+        operation = parsed[1] if parsed is not None else None
+        if (
+            parsed is None
+            or request.method != "POST"
+            or operation not in (INVOKE_OPERATION, STOP_OPERATION)
+        ):
+            return acr_error(
+                UNKNOWN_OPERATION,
+                f"{request.method} {request.url.path} is not an operation of this runtime; "
+                "use POST /runtimes/{arn}/invocations or /runtimes/{arn}/stopruntimesession",
+                request_id=request_id,
+            )
+        arn = parsed[0]
+        runtime = self._runtimes.get(arn)
+        if runtime is None:
+            return acr_error(
+                NOT_FOUND,
+                f"no agent runtime {arn}; this local runtime serves {', '.join(self._runtimes)}",
+                request_id=request_id,
+            )
+        if runtime.bucket is not None and not runtime.bucket.try_acquire():
+            return acr_error(
+                THROTTLING,
+                f"Rate exceeded: runtime {arn} allows {self.tps:g} requests per second",
+                request_id=request_id,
+            )
+        if operation == INVOKE_OPERATION:
+            return await self._invoke(request, runtime, request_id)
+        return await self._stop(request, runtime, request_id)
+
+    # --- InvokeAgentRuntime --------------------------------------------------------------------
+
+    async def _invoke(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
+        session_id = request.headers.get(SESSION_ID_HEADER)
+        if session_id is None:
+            # botocore always sends one (an idempotency token); a raw HTTP caller may not.
+            session_id = new_session_id()
+        elif not is_acr_session_id(session_id):
+            return _bad_session_id(session_id, request_id)
+        payload = await self._read_body(request, self.max_payload_bytes, request_id)
+        if isinstance(payload, Response):
+            return payload
+        if not payload:
+            return acr_error(
+                VALIDATION, "payload must not be empty", request_id=request_id, field="payload"
+            )
+        index, is_new = runtime.bind(session_id)
+        url = runtime.agent_urls[index]
+        headers = {
+            name: value
+            for name in _FORWARDED_HEADERS
+            if (value := request.headers.get(name)) is not None
+        }
+        # identity: the body is passed through byte for byte, Content-Length included.
+        headers.update(
+            {
+                SESSION_ID_HEADER: session_id,
+                REQUEST_ID_HEADER: request_id,
+                "accept-encoding": "identity",
+            }
+        )
+        http = self._client()
+        try:
+            upstream = await http.send(
+                http.build_request(
+                    "POST", url + INVOCATIONS_PATH, content=payload, headers=headers
+                ),
+                stream=True,
+            )
+        except httpx.HTTPError as exc:
+            if is_new:
+                runtime.release(session_id)
+            return _unreachable(url, exc, request_id, session_id)
+        if not 200 <= upstream.status_code < 300:
+            try:
+                body = await upstream.aread()
+            except httpx.HTTPError:
+                body = b""
+            finally:
+                await upstream.aclose()
+            # A session no agent accepted holds no affinity: nothing runs there to stop.
+            if is_new:
+                runtime.release(session_id)
+            return _agent_failure(url, upstream.status_code, body, request_id, session_id)
+        self.counts["InvokeAgentRuntime"] += 1
+        out_headers = {
+            SESSION_ID_HEADER: session_id,
+            AWS_REQUEST_ID_HEADER: request_id,
+            "content-type": upstream.headers.get("content-type", "application/json"),
+        }
+        if "content-length" in upstream.headers:
+            out_headers["content-length"] = upstream.headers["content-length"]
+        return _ProxiedResponse(upstream, out_headers)
+
+    async def _read_body(self, request: Request, limit: int, request_id: str) -> bytes | Response:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return _too_large(int(declared), limit, request_id)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return _too_large(size, limit, request_id)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # --- StopRuntimeSession --------------------------------------------------------------------
+
+    async def _stop(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
+        session_id = request.headers.get(SESSION_ID_HEADER)
+        if session_id is None:
+            return acr_error(
+                VALIDATION,
+                f"runtimeSessionId is required (header {SESSION_ID_HEADER})",
+                request_id=request_id,
+                field="runtimeSessionId",
+            )
+        if not is_acr_session_id(session_id):
+            return _bad_session_id(session_id, request_id)
+        body = await self._read_body(request, _MAX_STOP_BODY_BYTES, request_id)
+        if isinstance(body, Response):
+            return body
+        valid, token = _client_token(body)
+        if not valid:
+            return acr_error(
+                VALIDATION,
+                "the StopRuntimeSession body must be a JSON object with a string clientToken",
+                request_id=request_id,
+                reason=REASON_CANNOT_PARSE,
+            )
+        stopped = JSONResponse(
+            {}, headers={SESSION_ID_HEADER: session_id, AWS_REQUEST_ID_HEADER: request_id}
+        )
+        if token is not None and token in runtime.stop_tokens:
+            self.counts["StopRuntimeSession"] += 1
+            return stopped
+        index = runtime.sessions.get(session_id)
+        if index is None:
+            return acr_error(
+                NOT_FOUND,
+                f"session {session_id} is not live on runtime {runtime.arn} "
+                "(never invoked, or already stopped)",
+                request_id=request_id,
+            )
+        url = runtime.agent_urls[index]
+        try:
+            answer = await self._client().post(
+                url + STOP_SESSION_PATH.format(session_id=session_id),
+                headers={SESSION_ID_HEADER: session_id, REQUEST_ID_HEADER: request_id},
+            )
+        except httpx.HTTPError as exc:
+            return _unreachable(url, exc, request_id, session_id)
+        # 404/405: an agent without our stop extension; like ACR ending the microVM, the
+        # session is over for the runtime either way.
+        if not (200 <= answer.status_code < 300 or answer.status_code in (404, 405)):
+            message = _agent_message(answer.status_code, answer.content)
+            return acr_error(
+                RUNTIME_CLIENT_ERROR,
+                f"the agent at {url} failed to stop session {session_id} "
+                f"(HTTP {answer.status_code}): {message}",
+                request_id=request_id,
+                headers={SESSION_ID_HEADER: session_id},
+            )
+        runtime.release(session_id)
+        if token is not None:
+            runtime.remember_stop(token)
+        self.counts["StopRuntimeSession"] += 1
+        return stopped
+
+
+def _client_token(body: bytes) -> tuple[bool, str | None]:
+    """``(valid, clientToken)`` of a stop body; an empty body is valid and has no token."""
+    if not body.strip():
+        return True, None
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return False, None
+    token = data.get("clientToken") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not (token is None or isinstance(token, str)):
+        return False, None
+    return True, token
+
+
+def _bad_session_id(session_id: str, request_id: str) -> Response:
+    return acr_error(
+        VALIDATION,
+        f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it must "
+        "be 33-256 letters, digits and single hyphens, starting and ending with a letter or digit",
+        request_id=request_id,
+        field="runtimeSessionId",
+    )
+
+
+def _too_large(size: int, limit: int, request_id: str) -> Response:
+    return acr_error(
+        VALIDATION,
+        f"payload of {size} bytes exceeds the limit of {limit} bytes",
+        request_id=request_id,
+        field="payload",
+    )
+
+
+def _unreachable(url: str, exc: httpx.HTTPError, request_id: str, session_id: str) -> Response:
+    logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
+    what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
+    return acr_error(
+        RUNTIME_CLIENT_ERROR,
+        f"the agent at {url} {what} ({type(exc).__name__}: {exc})",
+        request_id=request_id,
+        headers={SESSION_ID_HEADER: session_id},
+    )
+
+
+def _agent_failure(
+    url: str, status: int, body: bytes, request_id: str, session_id: str
+) -> Response:
+    """Map an agent's error answer to the error ACR's caller gets.
+
+    A 4xx means the agent refused this request (a bad payload, a bucket outside its
+    allow-list): the caller's fault, so ``ValidationException`` with the agent's message.
+    A 429 stays a throttle. Anything else means the agent failed: ``RuntimeClientError``.
+    """
+    message = _agent_message(status, body)
+    headers = {SESSION_ID_HEADER: session_id}
+    if status == 429:
+        code = THROTTLING
+    elif 400 <= status < 500:
+        return acr_error(
+            VALIDATION,
+            f"the agent rejected the request (HTTP {status}): {message}",
+            request_id=request_id,
+            field=_agent_field(body) or "payload",
+            headers=headers,
+        )
+    else:
+        code = RUNTIME_CLIENT_ERROR
+    return acr_error(
+        code,
+        f"Received error ({status}) from the agent at {url}: {message}",
+        request_id=request_id,
+        headers=headers,
+    )
+
+
+def run_local_runtime(
+    agent_urls: Sequence[str],
+    *,
+    arn: str = DEFAULT_AGENT_RUNTIME_ARN,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_LOCAL_RUNTIME_PORT,
+    tps: float | None = DEFAULT_TPS,
+    burst: float | None = None,
+    timeout: httpx.Timeout | float = DEFAULT_RUNTIME_TIMEOUT,
+    log_level: str = "info",
+) -> None:
+    """Serve a local runtime for one ARN in front of ``agent_urls`` until Ctrl-C (blocking).
+
+    Clients then use ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{host}:{port}`` and the ARN
+    (its region, us-west-2 by default, is the client's region).
+
+    Example::
+
+        run_local_runtime(["http://127.0.0.1:8080"], port=8081, tps=25)
+    """
+    runtime = LocalAgentCoreRuntime({arn: agent_urls}, tps=tps, burst=burst, timeout=timeout)
+    uvicorn.run(runtime, host=host, port=port, log_level=log_level)
