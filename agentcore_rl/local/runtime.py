@@ -25,14 +25,13 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Final
 
 import httpx
 import uvicorn
@@ -56,7 +55,13 @@ from agentcore_rl.local.runtime_wire import (
     UNKNOWN_OPERATION,
     VALIDATION,
     acr_error,
+    agent_failure,
+    agent_message,
+    agent_unreachable,
+    bad_session_id,
+    parse_client_token,
     parse_runtime_path,
+    payload_too_large,
     validate_runtime_arn,
 )
 from agentcore_rl.protocol import (
@@ -98,7 +103,6 @@ _MAX_STOP_BODY_BYTES: Final = 64 * 1024
 # Completed stops remembered by client token, so that botocore's retry of a stop whose
 # answer was lost gets the same 200 instead of "session not found".
 _STOP_TOKEN_MEMORY: Final = 4096
-_MAX_AGENT_MESSAGE: Final = 1000
 # Request headers passed through to the agent besides the session and request ids.
 _FORWARDED_HEADERS: Final = (
     "content-type",
@@ -165,31 +169,6 @@ class _ProxiedResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await self.upstream.aclose()
-
-
-def _agent_message(status: int, body: bytes) -> str:
-    """The agent's own error text: ``error``/``message`` from a JSON body, else the text."""
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        for name in ("error", "message", "detail"):
-            if isinstance(data.get(name), str):
-                text = data[name]
-                break
-    text = text[:_MAX_AGENT_MESSAGE] or f"HTTP {status} with an empty body"
-    return text
-
-
-def _agent_field(body: bytes) -> str | None:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    field = data.get("field") if isinstance(data, dict) else None
-    return field if isinstance(field, str) else None
 
 
 class LocalAgentCoreRuntime:
@@ -390,7 +369,7 @@ class LocalAgentCoreRuntime:
             # botocore always sends one (an idempotency token); a raw HTTP caller may not.
             session_id = new_session_id()
         elif not is_acr_session_id(session_id):
-            return _bad_session_id(session_id, request_id)
+            return bad_session_id(session_id, request_id)
         payload = await self._read_body(request, self.max_payload_bytes, request_id)
         if isinstance(payload, Response):
             return payload
@@ -424,7 +403,8 @@ class LocalAgentCoreRuntime:
         except httpx.HTTPError as exc:
             if is_new:
                 runtime.release(session_id)
-            return _unreachable(url, exc, request_id, session_id)
+            logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
+            return agent_unreachable(url, exc, request_id, session_id)
         if not 200 <= upstream.status_code < 300:
             try:
                 body = await upstream.aread()
@@ -435,7 +415,7 @@ class LocalAgentCoreRuntime:
             # A session no agent accepted holds no affinity: nothing runs there to stop.
             if is_new:
                 runtime.release(session_id)
-            return _agent_failure(url, upstream.status_code, body, request_id, session_id)
+            return agent_failure(url, upstream.status_code, body, request_id, session_id)
         self.counts["InvokeAgentRuntime"] += 1
         out_headers = {
             SESSION_ID_HEADER: session_id,
@@ -449,13 +429,13 @@ class LocalAgentCoreRuntime:
     async def _read_body(self, request: Request, limit: int, request_id: str) -> bytes | Response:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return _too_large(int(declared), limit, request_id)
+            return payload_too_large(int(declared), limit, request_id)
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                return _too_large(size, limit, request_id)
+                return payload_too_large(size, limit, request_id)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -471,11 +451,11 @@ class LocalAgentCoreRuntime:
                 field="runtimeSessionId",
             )
         if not is_acr_session_id(session_id):
-            return _bad_session_id(session_id, request_id)
+            return bad_session_id(session_id, request_id)
         body = await self._read_body(request, _MAX_STOP_BODY_BYTES, request_id)
         if isinstance(body, Response):
             return body
-        valid, token = _client_token(body)
+        valid, token = parse_client_token(body)
         if not valid:
             return acr_error(
                 VALIDATION,
@@ -504,11 +484,12 @@ class LocalAgentCoreRuntime:
                 headers={SESSION_ID_HEADER: session_id, REQUEST_ID_HEADER: request_id},
             )
         except httpx.HTTPError as exc:
-            return _unreachable(url, exc, request_id, session_id)
+            logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
+            return agent_unreachable(url, exc, request_id, session_id)
         # 404/405: an agent without our stop extension; like ACR ending the microVM, the
         # session is over for the runtime either way.
         if not (200 <= answer.status_code < 300 or answer.status_code in (404, 405)):
-            message = _agent_message(answer.status_code, answer.content)
+            message = agent_message(answer.status_code, answer.content)
             return acr_error(
                 RUNTIME_CLIENT_ERROR,
                 f"the agent at {url} failed to stop session {session_id} "
@@ -521,81 +502,6 @@ class LocalAgentCoreRuntime:
             runtime.remember_stop(token)
         self.counts["StopRuntimeSession"] += 1
         return stopped
-
-
-def _client_token(body: bytes) -> tuple[bool, str | None]:
-    """``(valid, clientToken)`` of a stop body; an empty body is valid and has no token."""
-    if not body.strip():
-        return True, None
-    try:
-        data: Any = json.loads(body)
-    except ValueError:
-        return False, None
-    token = data.get("clientToken") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or not (token is None or isinstance(token, str)):
-        return False, None
-    return True, token
-
-
-def _bad_session_id(session_id: str, request_id: str) -> Response:
-    return acr_error(
-        VALIDATION,
-        f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it must "
-        "be 33-256 letters, digits and single hyphens, starting and ending with a letter or digit",
-        request_id=request_id,
-        field="runtimeSessionId",
-    )
-
-
-def _too_large(size: int, limit: int, request_id: str) -> Response:
-    return acr_error(
-        VALIDATION,
-        f"payload of {size} bytes exceeds the limit of {limit} bytes",
-        request_id=request_id,
-        field="payload",
-    )
-
-
-def _unreachable(url: str, exc: httpx.HTTPError, request_id: str, session_id: str) -> Response:
-    logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
-    what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
-    return acr_error(
-        RUNTIME_CLIENT_ERROR,
-        f"the agent at {url} {what} ({type(exc).__name__}: {exc})",
-        request_id=request_id,
-        headers={SESSION_ID_HEADER: session_id},
-    )
-
-
-def _agent_failure(
-    url: str, status: int, body: bytes, request_id: str, session_id: str
-) -> Response:
-    """Map an agent's error answer to the error ACR's caller gets.
-
-    A 4xx means the agent refused this request (a bad payload, a bucket outside its
-    allow-list): the caller's fault, so ``ValidationException`` with the agent's message.
-    A 429 stays a throttle. Anything else means the agent failed: ``RuntimeClientError``.
-    """
-    message = _agent_message(status, body)
-    headers = {SESSION_ID_HEADER: session_id}
-    if status == 429:
-        code = THROTTLING
-    elif 400 <= status < 500:
-        return acr_error(
-            VALIDATION,
-            f"the agent rejected the request (HTTP {status}): {message}",
-            request_id=request_id,
-            field=_agent_field(body) or "payload",
-            headers=headers,
-        )
-    else:
-        code = RUNTIME_CLIENT_ERROR
-    return acr_error(
-        code,
-        f"Received error ({status}) from the agent at {url}: {message}",
-        request_id=request_id,
-        headers=headers,
-    )
 
 
 def run_local_runtime(

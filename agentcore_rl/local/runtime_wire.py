@@ -6,6 +6,9 @@ status of the modelled error, the error code in the ``x-amzn-ErrorType`` header 
 parser prefers over the body), and a JSON body carrying ``message`` plus the error's other
 modelled members (``reason`` and ``fieldList`` for ``ValidationException``).
 
+It also maps what an agent server answers (its error statuses, an unreachable agent) to
+the error the runtime's caller gets.
+
 Example::
 
     from agentcore_rl.local.runtime_wire import VALIDATION, acr_error
@@ -17,14 +20,17 @@ Example::
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import unquote
 
-from starlette.responses import JSONResponse
+import httpx
+from starlette.responses import JSONResponse, Response
 
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.protocol import SESSION_ID_HEADER
 
 __all__ = [
     "ACCESS_DENIED",
@@ -42,8 +48,15 @@ __all__ = [
     "UNKNOWN_OPERATION",
     "VALIDATION",
     "acr_error",
+    "agent_failure",
+    "agent_field",
+    "agent_message",
+    "agent_unreachable",
     "arn_region",
+    "bad_session_id",
+    "parse_client_token",
     "parse_runtime_path",
+    "payload_too_large",
     "validate_runtime_arn",
 ]
 
@@ -80,6 +93,8 @@ ERROR_STATUS: Final[Mapping[str, int]] = {
 # ValidationException.reason values (ValidationExceptionReason in the service model).
 REASON_CANNOT_PARSE: Final = "CannotParse"
 REASON_FIELD_VALIDATION_FAILED: Final = "FieldValidationFailed"
+
+_MAX_AGENT_MESSAGE: Final = 1000
 
 # arn:<partition>:bedrock-agentcore:<region>:<account>:runtime/<runtime id>
 _ARN_PATTERN: Final = re.compile(
@@ -164,3 +179,138 @@ def acr_error(
     if headers:
         all_headers.update(headers)
     return JSONResponse(body, status_code=ERROR_STATUS[code], headers=all_headers)
+
+
+def agent_message(status: int, body: bytes) -> str:
+    """The agent's own error text: ``error``/``message`` from a JSON body, else the text.
+
+    Example::
+
+        agent_message(400, b'{"error": "prompt must be a string"}')  # "prompt must be ..."
+    """
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        for name in ("error", "message", "detail"):
+            if isinstance(data.get(name), str):
+                text = data[name]
+                break
+    text = text[:_MAX_AGENT_MESSAGE] or f"HTTP {status} with an empty body"
+    return text
+
+
+def agent_field(body: bytes) -> str | None:
+    """The ``field`` an agent's JSON error names, if any.
+
+    Example::
+
+        agent_field(b'{"error": "...", "field": "prompt"}')   # "prompt"
+    """
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    field = data.get("field") if isinstance(data, dict) else None
+    return field if isinstance(field, str) else None
+
+
+def parse_client_token(body: bytes) -> tuple[bool, str | None]:
+    """``(valid, clientToken)`` of a stop body; an empty body is valid and has no token.
+
+    Example::
+
+        parse_client_token(b'{"clientToken": "t"}')   # (True, "t")
+    """
+    if not body.strip():
+        return True, None
+    try:
+        data: Any = json.loads(body)
+    except ValueError:
+        return False, None
+    token = data.get("clientToken") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not (token is None or isinstance(token, str)):
+        return False, None
+    return True, token
+
+
+def bad_session_id(session_id: str, request_id: str) -> Response:
+    """``ValidationException`` for a session id outside ACR's rules.
+
+    Example::
+
+        bad_session_id("short", request_id=rid)   # 400
+    """
+    return acr_error(
+        VALIDATION,
+        f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it must "
+        "be 33-256 letters, digits and single hyphens, starting and ending with a letter or digit",
+        request_id=request_id,
+        field="runtimeSessionId",
+    )
+
+
+def payload_too_large(size: int, limit: int, request_id: str) -> Response:
+    """``ValidationException`` for a payload over the size limit.
+
+    Example::
+
+        payload_too_large(101, 100, request_id=rid)   # 400
+    """
+    return acr_error(
+        VALIDATION,
+        f"payload of {size} bytes exceeds the limit of {limit} bytes",
+        request_id=request_id,
+        field="payload",
+    )
+
+
+def agent_unreachable(url: str, exc: httpx.HTTPError, request_id: str, session_id: str) -> Response:
+    """``RuntimeClientError`` for an agent that could not be reached or timed out.
+
+    Example::
+
+        agent_unreachable(url, exc, request_id=rid, session_id=sid)   # 424
+    """
+    what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
+    return acr_error(
+        RUNTIME_CLIENT_ERROR,
+        f"the agent at {url} {what} ({type(exc).__name__}: {exc})",
+        request_id=request_id,
+        headers={SESSION_ID_HEADER: session_id},
+    )
+
+
+def agent_failure(url: str, status: int, body: bytes, request_id: str, session_id: str) -> Response:
+    """Map an agent's error answer to the error ACR's caller gets.
+
+    A 4xx means the agent refused this request (a bad payload, a bucket outside its
+    allow-list): the caller's fault, so ``ValidationException`` with the agent's message.
+    A 429 stays a throttle. Anything else means the agent failed: ``RuntimeClientError``.
+
+    Example::
+
+        agent_failure(url, 500, b"boom", request_id=rid, session_id=sid)   # 424
+    """
+    message = agent_message(status, body)
+    headers = {SESSION_ID_HEADER: session_id}
+    if status == 429:
+        code = THROTTLING
+    elif 400 <= status < 500:
+        return acr_error(
+            VALIDATION,
+            f"the agent rejected the request (HTTP {status}): {message}",
+            request_id=request_id,
+            field=agent_field(body) or "payload",
+            headers=headers,
+        )
+    else:
+        code = RUNTIME_CLIENT_ERROR
+    return acr_error(
+        code,
+        f"Received error ({status}) from the agent at {url}: {message}",
+        request_id=request_id,
+        headers=headers,
+    )
