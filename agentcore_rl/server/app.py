@@ -1,0 +1,481 @@
+"""AgentCoreRLApp: an ASGI server that runs an agent as fire-and-forget rollouts.
+
+Swap ``BedrockAgentCoreApp`` for :class:`AgentCoreRLApp` and ``@app.entrypoint`` for
+``@app.rollout_entrypoint``: each invocation is answered at once with where its result
+will appear, the handler runs in an owned background task, and its result (or what went
+wrong) is written to S3 as a JSON envelope.
+
+Example::
+
+    from agentcore_rl import AgentCoreRLApp
+
+    app = AgentCoreRLApp()
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict, context) -> dict:
+        return {"rewards": [1.0]}
+
+    if __name__ == "__main__":
+        app.run()        # uvicorn on port 8080
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agentcore_rl import protocol
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.health import HealthTracker
+from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.parsing import (
+    allowed_buckets_from,
+    parse_payload,
+    parse_rollout,
+    read_body,
+    session_id_from,
+)
+from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT, RolloutRunner, ShutdownReport
+from agentcore_rl.server.spool import (
+    DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
+    DEFAULT_SPOOL_RETRY_INTERVAL,
+    Spool,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_SYNC_WORKERS",
+    "DEFAULT_SHUTDOWN_GRACE",
+    "DEFAULT_STOP_WAIT",
+    "HOST_ENV",
+    "SPOOL_DIR_ENV",
+    "AgentCoreRLApp",
+    "default_host",
+]
+
+logger = logging.getLogger("agentcore_rl.server")
+
+F = TypeVar("F", bound=Handler)
+
+#: ACR accepts payloads up to 100 MB; so does the server unless told otherwise.
+DEFAULT_MAX_BODY_BYTES: Final = 100 * 1024 * 1024
+#: Seconds running rollouts get to finish at shutdown before they are cancelled.
+DEFAULT_SHUTDOWN_GRACE: Final = 20.0
+#: Worker threads for sync handlers (more than anyio's default of 40, since rollout
+#: handlers mostly wait on a model server).
+DEFAULT_MAX_SYNC_WORKERS: Final = 64
+#: Seconds a stop request waits for the stopped rollouts' envelopes to be written.
+DEFAULT_STOP_WAIT: Final = 5.0
+
+#: Directory for envelopes S3 refused (default: a fresh temporary directory per app).
+SPOOL_DIR_ENV: Final = "AGENTCORE_RL_SPOOL_DIR"
+#: Interface :meth:`AgentCoreRLApp.run` listens on when no host is passed.
+HOST_ENV: Final = "AGENTCORE_RL_HOST"
+
+_STOP_REASON: Final = "cancelled: the session was stopped"
+
+
+def default_host() -> str:
+    """``$AGENTCORE_RL_HOST``, else ``0.0.0.0`` inside a container, else ``127.0.0.1``.
+
+    A container is recognised by ``DOCKER_CONTAINER`` in the environment (AWS's AgentCore
+    starter Dockerfiles set it), ``/.dockerenv`` or ``/run/.containerenv``. Outside one,
+    the server only listens on loopback so a laptop does not expose the agent.
+
+    Example::
+
+        uvicorn.run(app, host=default_host(), port=8080)
+    """
+    host = os.environ.get(HOST_ENV, "").strip()
+    if host:
+        return host
+    in_container = bool(os.environ.get("DOCKER_CONTAINER")) or any(
+        Path(p).exists() for p in ("/.dockerenv", "/run/.containerenv")
+    )
+    return "0.0.0.0" if in_container else "127.0.0.1"
+
+
+def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field}, status_code=status_code)
+
+
+class AgentCoreRLApp(Starlette):
+    """The agent server: ``POST /invocations``, ``GET /ping``, ``POST /sessions/{id}/stop``.
+
+    Register one handler with :meth:`rollout_entrypoint` (fire and forget; the result goes
+    to S3) or :meth:`entrypoint` (plain request/response). Handlers may be async or sync
+    (sync ones run in up to ``max_sync_workers`` threads) and take ``(payload)`` or
+    ``(payload, context)``.
+
+    ``store`` is the S3 door (default: a ``ResultStore()`` that honours
+    ``AWS_ENDPOINT_URL_S3``; its client is created on first write). ``allowed_buckets``
+    (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated) limits which buckets a
+    payload may name. Bodies over ``max_body_bytes`` get 413. At shutdown running
+    rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
+    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
+    are retried every ``spool_retry_interval`` seconds, backing off. ``clock`` (epoch
+    seconds) stamps envelopes and ``/ping``.
+
+    It is an ordinary Starlette app: add routes or middleware, or mount it in another app
+    (then close it from the parent's lifespan: ``async with agent_app: yield``).
+
+    Example::
+
+        app = AgentCoreRLApp(allowed_buckets=["rollouts"], shutdown_grace=60)
+
+        @app.rollout_entrypoint
+        def solve(payload: dict) -> dict:       # sync works too
+            return {"rewards": [float(payload["answer"] == "4")]}
+    """
+
+    def __init__(
+        self,
+        *,
+        store: ResultStore | None = None,
+        allowed_buckets: Iterable[str] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        spool_dir: Path | str | None = None,
+        spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
+        spool_max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
+        max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS,
+        stop_wait: float = DEFAULT_STOP_WAIT,
+        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
+        clock: Callable[[], float] = time.time,
+        debug: bool = False,
+    ) -> None:
+        if max_body_bytes <= 0:
+            raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
+        if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
+            raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
+        if max_sync_workers < 1:
+            raise ConfigurationError(f"max_sync_workers must be >= 1, got {max_sync_workers}")
+        if not 0 < spool_retry_interval <= spool_max_retry_interval:
+            raise ConfigurationError(
+                "need 0 < spool_retry_interval <= spool_max_retry_interval, got "
+                f"{spool_retry_interval} and {spool_max_retry_interval}"
+            )
+        super().__init__(
+            debug=debug,
+            routes=[
+                Route(protocol.INVOCATIONS_PATH, self._invocations, methods=["POST"]),
+                Route(protocol.PING_PATH, self._ping, methods=["GET"]),
+                Route(protocol.STOP_SESSION_PATH, self._stop_session, methods=["POST"]),
+            ],
+            lifespan=self._lifespan,
+        )
+        self.allowed_buckets = allowed_buckets_from(allowed_buckets)
+        self.max_body_bytes = max_body_bytes
+        self.shutdown_grace = shutdown_grace
+        self.max_sync_workers = max_sync_workers
+        self.stop_wait = stop_wait
+        self.cancel_timeout = cancel_timeout
+        self._owns_store = store is None
+        self.store = store if store is not None else ResultStore()
+        if spool_dir is None and os.environ.get(SPOOL_DIR_ENV):
+            spool_dir = os.environ[SPOOL_DIR_ENV]
+        self.spool = Spool(
+            self.store,
+            directory=Path(spool_dir) if spool_dir is not None else None,
+            retry_interval=spool_retry_interval,
+            max_retry_interval=spool_max_retry_interval,
+            on_change=self._refresh_health,
+        )
+        self.health = HealthTracker(clock=clock)
+        self.runner = RolloutRunner(spool=self.spool, clock=clock, on_change=self._refresh_health)
+        self._spec: HandlerSpec | None = None
+        self._rollout_mode = False
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._started = False
+        self._closing = False
+        self._closed = False
+        self._close_lock = asyncio.Lock()
+        self.last_shutdown: ShutdownReport | None = None
+
+    def __repr__(self) -> str:
+        handler = self._spec.name if self._spec is not None else None
+        kind = "rollout_entrypoint" if self._rollout_mode else "entrypoint"
+        return (
+            f"AgentCoreRLApp({kind}={handler!r}, active={self.runner.active}, "
+            f"spooled={self.spool.pending}, closing={self._closing})"
+        )
+
+    # --- registration -----------------------------------------------------------------
+
+    def _register(self, func: Handler, *, rollout: bool) -> None:
+        if self._spec is not None:
+            raise ConfigurationError(
+                f"this app already has an entrypoint ({self._spec.name}); an app serves one"
+            )
+        self._spec = HandlerSpec.inspect(func)
+        self._rollout_mode = rollout
+
+    def entrypoint(self, func: F) -> F:
+        """Register a plain request/response handler (as with AWS's ``BedrockAgentCoreApp``).
+
+        Its return value is the response body (JSON; a Starlette ``Response`` is passed
+        through). If it raises, the answer is ``500 {"error": "<message>"}``.
+
+        Example::
+
+            @app.entrypoint
+            def echo(payload: dict) -> dict:
+                return payload
+        """
+        self._register(func, rollout=False)
+        return func
+
+    def rollout_entrypoint(self, func: F) -> F:
+        """Register a fire-and-forget rollout handler whose result is written to S3.
+
+        The invocation is answered at once with ``{"status": "processing", "s3_bucket",
+        "result_key"}``; the handler's dict becomes the envelope at
+        ``s3://{s3_bucket}/{exp_id}/{input_id}/{session_id}.json``.
+
+        Example::
+
+            @app.rollout_entrypoint
+            async def solve(payload: dict, context: RequestContext) -> dict:
+                return {"rewards": [1.0]}
+        """
+        self._register(func, rollout=True)
+        return func
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        """True once shutdown has begun (new invocations get 503).
+
+        Example::
+
+            assert not app.closing
+        """
+        return self._closing
+
+    def _refresh_health(self) -> None:
+        self.health.set_busy(self.runner.active > 0 or self.spool.pending > 0)
+
+    def _get_limiter(self) -> anyio.CapacityLimiter:
+        # Created on first use so the app can be built before any event loop runs.
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.max_sync_workers)
+        return self._limiter
+
+    async def startup(self) -> None:
+        """Adopt envelopes a previous server left in the spool directory. Idempotent.
+
+        Called by the lifespan, by ``async with app``, and by the first invocation when
+        the app is mounted somewhere that does not run its lifespan.
+
+        Example::
+
+            await app.startup()
+        """
+        if self._started:
+            return
+        self._started = True
+        await self.spool.recover()
+
+    async def aclose(self) -> ShutdownReport:
+        """Shut down gracefully; idempotent (later calls wait for the first and return its
+        report).
+
+        Stops taking invocations (503), gives running rollouts ``shutdown_grace`` seconds,
+        cancels the rest (writing their "cancelled" envelopes), retries the spool once
+        more, and closes the S3 client if the app created it.
+
+        Example::
+
+            report = await app.aclose()
+            print(report.cancelled, "rollouts were cancelled")
+        """
+        self._closing = True
+        async with self._close_lock:
+            if self.last_shutdown is not None:
+                return self.last_shutdown
+            active = self.runner.active
+            if active:
+                logger.info(
+                    "shutting down: waiting up to %.3g s for %d running rollout(s)",
+                    self.shutdown_grace,
+                    active,
+                )
+            report = await self.runner.shutdown(
+                self.shutdown_grace, cancel_timeout=self.cancel_timeout
+            )
+            if report.cancelled:
+                logger.warning(
+                    "cancelled %d rollout(s) still running after the %.3g s grace period; "
+                    "their 'cancelled' envelopes were written",
+                    report.cancelled,
+                    self.shutdown_grace,
+                )
+            await self.spool.aclose()
+            if self._owns_store:
+                await self.store.aclose()
+            self._closed = True
+            self.last_shutdown = report
+            logger.info(
+                "agent server shut down: %d rollout(s) finished during the grace period, "
+                "%d cancelled, %d envelope(s) left in the spool",
+                report.finished,
+                report.cancelled,
+                self.spool.pending,
+            )
+            return report
+
+    async def __aenter__(self) -> AgentCoreRLApp:
+        await self.startup()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        async with self:
+            yield
+
+    def run(
+        self, host: str | None = None, port: int = protocol.DEFAULT_PORT, **options: Any
+    ) -> None:
+        """Serve with uvicorn (blocking). SIGTERM or Ctrl-C shuts down gracefully.
+
+        ``host`` defaults to :func:`default_host`: loopback on a workstation, ``0.0.0.0``
+        in a container (AgentCore Runtime must reach port 8080 from outside). Other
+        keyword arguments go to ``uvicorn.run``.
+
+        Example::
+
+            app.run(host="0.0.0.0", port=8080)
+        """
+        chosen = host or default_host()
+        if not logging.getLogger().handlers:
+            logging.basicConfig(
+                level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+            )
+        logger.info("agent server listening on http://%s:%d", chosen, port)
+        uvicorn.run(self, host=chosen, port=port, **options)
+
+    # --- routes -----------------------------------------------------------------------
+
+    async def _ping(self, request: Request) -> Response:
+        return JSONResponse(self.health.snapshot())
+
+    def _shutting_down(self) -> JSONResponse:
+        return _error_response(
+            "the agent server is shutting down and takes no new invocations; retry on "
+            "another instance",
+            503,
+        )
+
+    async def _invocations(self, request: Request) -> Response:
+        if self._closing:
+            return self._shutting_down()
+        spec = self._spec
+        if spec is None:
+            return _error_response(
+                "no entrypoint is registered: decorate a function with @app.rollout_entrypoint "
+                "or @app.entrypoint",
+                500,
+            )
+        await self.startup()
+        try:
+            body = await read_body(request, limit=self.max_body_bytes)
+            payload = parse_payload(body)
+            session_id = session_id_from(request.headers)
+            config = (
+                parse_rollout(payload, allowed_buckets=self.allowed_buckets)
+                if self._rollout_mode
+                else None
+            )
+        except InvalidPayloadError as exc:
+            logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
+            return _error_response(exc.message, exc.status_code, exc.field)
+        context = RequestContext(
+            session_id=session_id,
+            request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
+            headers=dict(request.headers),
+            rollout=config,
+        )
+        if self._rollout_mode:
+            return self._accept_rollout(spec, payload, context)
+        return await self._call_plain(spec, payload, context)
+
+    def _accept_rollout(
+        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
+    ) -> Response:
+        # No await between this check and runner.start: shutdown cannot slip in between.
+        if self._closing:
+            return self._shutting_down()
+        config = context.rollout
+        if config is None:
+            logger.warning(
+                "rollout invocation in session %s has no %s block: the handler runs, but its "
+                "result has nowhere to go and will only be logged",
+                context.session_id,
+                protocol.ROLLOUT_FIELD,
+            )
+        else:
+            key = config.key_for(context.session_id)
+            if self.runner.find(config.s3_bucket, key) is not None:
+                # A retried invocation (same session, same result key): one rollout only.
+                logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
+                return JSONResponse(protocol.processing_response(config, context.session_id))
+        self.runner.start(spec, payload, context, limiter=self._get_limiter())
+        return JSONResponse(protocol.processing_response(config, context.session_id))
+
+    async def _call_plain(
+        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
+    ) -> Response:
+        try:
+            result = await call_handler(spec, payload, context, limiter=self._get_limiter())
+        except Exception as exc:
+            logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
+            return _error_response(str(exc) or type(exc).__name__, 500)
+        if isinstance(result, Response):
+            return result
+        try:
+            return JSONResponse(result)
+        except (TypeError, ValueError) as exc:
+            logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
+            return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
+
+    async def _stop_session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            protocol.validate_session_id(session_id, name="session id in the path")
+        except InvalidPayloadError as exc:
+            return _error_response(exc.message, 400, exc.field)
+        stopped = self.runner.stop_session(session_id, _STOP_REASON)
+        if stopped:
+            logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
+            if not await self.runner.wait(stopped, within=self.stop_wait):
+                logger.warning(
+                    "session %s: rollout(s) still finishing %.3g s after the stop request",
+                    session_id,
+                    self.stop_wait,
+                )
+        return JSONResponse({"session_id": session_id, "stopped": bool(stopped)})

@@ -1,0 +1,45 @@
+"""RequestContext: what a handler learns about the invocation besides its payload.
+
+Example::
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict, context: RequestContext) -> dict:
+        log.info("session %s, policy at %s", context.session_id, context.rollout.base_url)
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from agentcore_rl.protocol import RolloutConfig
+
+__all__ = ["RequestContext"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestContext:
+    """The invocation's session id, request id, HTTP headers and parsed ``_rollout`` block.
+
+    ``session_id`` is the AgentCore Runtime session header, or a fresh id when the caller
+    sent none. ``request_id`` is ``None`` when the caller sent no request id header.
+    ``headers`` has lower-case names. ``rollout`` is the validated ``_rollout`` block of a
+    rollout invocation (``None`` for plain entrypoints and payloads without one).
+
+    Example::
+
+        def handler(payload: dict, context: RequestContext) -> dict:
+            return {"session": context.session_id, "ua": context.headers.get("user-agent")}
+    """
+
+    session_id: str
+    request_id: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    rollout: RolloutConfig | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestContext(session_id={self.session_id!r}, request_id={self.request_id!r}, "
+            f"rollout={self.rollout!r})"
+        )

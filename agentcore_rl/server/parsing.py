@@ -1,0 +1,168 @@
+"""Reading and checking an invocation: body size, JSON, session id, ``_rollout``, bucket.
+
+Every refusal is an :class:`~agentcore_rl.errors.InvalidPayloadError` carrying the HTTP
+status (400, 403 or 413) and, where there is one, the offending field; the server turns
+it into ``{"error": <message>, "field": <field>}``.
+
+Example::
+
+    body = await read_body(request, limit=1 << 20)
+    payload = parse_payload(body)
+    config = parse_rollout(payload, allowed_buckets=frozenset({"rollouts"}))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from starlette.requests import Request
+
+from agentcore_rl import protocol
+from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
+
+__all__ = [
+    "ALLOWED_BUCKETS_ENV",
+    "allowed_buckets_from",
+    "parse_payload",
+    "parse_rollout",
+    "read_body",
+    "session_id_from",
+]
+
+#: Comma-separated bucket names; when set (and no allow-list is passed to the app), a
+#: payload naming any other bucket is refused with 403.
+ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
+
+
+def _too_large(limit: int, detail: str) -> InvalidPayloadError:
+    return InvalidPayloadError(
+        f"request body {detail}; the limit is {limit} bytes (max_body_bytes)", status_code=413
+    )
+
+
+async def read_body(request: Request, *, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes with 413.
+
+    A declared ``Content-Length`` over the limit is refused before reading anything; the
+    limit is also enforced while the body streams in, since chunked bodies declare none.
+
+    Example::
+
+        body = await read_body(request, limit=10 * 1024 * 1024)
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise InvalidPayloadError(
+                f"Content-Length header {declared!r} is not a number", field="content-length"
+            ) from None
+        if size > limit:
+            raise _too_large(limit, f"is {size} bytes")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise _too_large(limit, f"exceeds {received - len(chunk)} + {len(chunk)} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_payload(body: bytes) -> dict[str, Any]:
+    """Parse the body as a JSON object (NaN and Infinity refused) or raise 400.
+
+    Example::
+
+        parse_payload(b'{"prompt": "2+2?"}')   # {"prompt": "2+2?"}
+        parse_payload(b"[1, 2]")               # raises: not a JSON object
+    """
+    try:
+        payload = json.loads(body, parse_constant=_reject_constant)
+    except ValueError as exc:
+        # UnicodeDecodeError is a ValueError too.
+        raise InvalidPayloadError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidPayloadError(
+            f"request body must be a JSON object, got a JSON {_json_kind(payload)}"
+        )
+    return payload
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+def session_id_from(headers: Mapping[str, str]) -> str:
+    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable.
+
+    Example::
+
+        session_id_from({})   # a fresh 48-character id
+    """
+    value = headers.get(protocol.SESSION_ID_HEADER.lower())
+    if value is None:
+        return protocol.new_session_id()
+    return protocol.validate_session_id(value, name=f"{protocol.SESSION_ID_HEADER} header")
+
+
+def allowed_buckets_from(
+    allowed: Iterable[str] | None, environ: Mapping[str, str] = os.environ
+) -> frozenset[str] | None:
+    """The bucket allow-list: the argument, else the environment variable, else ``None``.
+
+    Example::
+
+        allowed_buckets_from(["rollouts"])            # frozenset({"rollouts"})
+        allowed_buckets_from(None, {})                # None: any bucket
+    """
+    if allowed is None:
+        raw = environ.get(ALLOWED_BUCKETS_ENV, "")
+        names = [part.strip() for part in raw.split(",") if part.strip()]
+        if not names:
+            return None
+        allowed = names
+    elif isinstance(allowed, str):
+        # A lone string would otherwise be taken as a set of one-letter buckets.
+        allowed = [allowed]
+    buckets = frozenset(protocol.validate_bucket(b, name="allowed bucket") for b in allowed)
+    return buckets
+
+
+def parse_rollout(
+    payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
+) -> protocol.RolloutConfig | None:
+    """The validated ``_rollout`` block (``None`` if absent); 400 if bad, 403 if not allowed.
+
+    Example::
+
+        cfg = parse_rollout(payload, allowed_buckets=None)
+    """
+    if protocol.ROLLOUT_FIELD not in payload:
+        return None
+    try:
+        config = protocol.RolloutConfig.from_dict(payload[protocol.ROLLOUT_FIELD])
+    except InvalidRolloutConfig as exc:
+        # Name the field by its full path in the payload, whichever check caught it.
+        if exc.field and not exc.field.startswith(protocol.ROLLOUT_FIELD):
+            exc.field = f"{protocol.ROLLOUT_FIELD}.{exc.field}"
+        raise
+    if allowed_buckets is not None and config.s3_bucket not in allowed_buckets:
+        raise BucketNotAllowedError(config.s3_bucket, allowed_buckets)
+    return config

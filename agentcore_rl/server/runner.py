@@ -1,0 +1,409 @@
+"""RolloutRunner: the owned background tasks that run rollout handlers to one outcome each.
+
+Each accepted rollout becomes a :class:`RolloutJob` whose task calls the handler, turns
+the outcome into an envelope and hands it to the :class:`~agentcore_rl.server.spool.Spool`
+(S3, else local disk). Tasks are kept in a set until they finish, indexed by session id
+(so ``/sessions/{id}/stop`` can cancel them) and by result key (so a retried invocation
+does not start a second copy).
+
+Example::
+
+    runner = RolloutRunner(spool=spool, clock=time.time)
+    job = runner.start(spec, payload, context, limiter=limiter)
+    runner.stop_session(context.session_id, reason="stopped by request")
+    report = await runner.shutdown(grace=20.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+
+from agentcore_rl import protocol
+from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.envelopes import error_envelope_bytes, outcome_envelope
+from agentcore_rl.server.invoke import HandlerSpec, call_handler
+from agentcore_rl.server.spool import Spool
+
+__all__ = ["RolloutJob", "RolloutRunner", "ShutdownReport"]
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_REASON: Final = "cancelled: the agent server is shutting down"
+DEFAULT_CANCEL_TIMEOUT: Final = 5.0
+
+
+@dataclass(eq=False)
+class RolloutJob:
+    """One accepted rollout: its inputs, its task and how far it got.
+
+    Example::
+
+        job = runner.start(spec, payload, ctx, limiter=limiter)
+        job.result_key    # "exp/q-1/<session>.json", or None without a _rollout block
+    """
+
+    context: RequestContext
+    payload: dict[str, Any]
+    started_at: float
+    task: asyncio.Task[None] | None = None
+    cancel_reason: str | None = None
+    started: bool = False
+    handler_done: bool = False
+    # Set once an envelope is claimed for delivery, so no job is ever written twice.
+    body: bytes | None = None
+    delivered: bool = False
+    _done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def session_id(self) -> str:
+        """The session this rollout runs in.
+
+        Example::
+
+            job.session_id
+        """
+        return self.context.session_id
+
+    @property
+    def result_key(self) -> str | None:
+        """Where the envelope goes (``None`` when the payload had no ``_rollout`` block).
+
+        Example::
+
+            job.result_key
+        """
+        config = self.context.rollout
+        return None if config is None else config.key_for(self.session_id)
+
+    def cancel(self, reason: str) -> bool:
+        """Ask the handler to stop; True if it was still running.
+
+        Example::
+
+            job.cancel("stopped by request")
+        """
+        if self.handler_done:
+            return False
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+            # A task that has not started yet checks cancel_reason on its first step;
+            # cancelling it before then would kill it before it can write its envelope.
+            if self.started and self.task is not None:
+                self.task.cancel(reason)
+        return True
+
+
+@dataclass(frozen=True)
+class ShutdownReport:
+    """What :meth:`RolloutRunner.shutdown` did.
+
+    Example::
+
+        report = await runner.shutdown(grace=20)
+        print(report.finished, report.cancelled)
+    """
+
+    finished: int
+    cancelled: int
+    stuck: int
+
+
+class RolloutRunner:
+    """Runs rollout handlers as owned tasks and delivers one envelope per rollout.
+
+    ``on_change`` is called whenever the number of running rollouts changes (the server
+    turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
+
+    Example::
+
+        runner = RolloutRunner(spool=spool, clock=time.time, on_change=update_ping)
+    """
+
+    def __init__(
+        self,
+        *,
+        spool: Spool,
+        clock: Callable[[], float],
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._spool = spool
+        self._clock = clock
+        self._on_change = on_change
+        self._jobs: set[RolloutJob] = set()
+        self._by_session: dict[str, set[RolloutJob]] = {}
+        self._by_key: dict[tuple[str, str], RolloutJob] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RolloutRunner(active={len(self._jobs)}, closed={self._closed})"
+
+    @property
+    def active(self) -> int:
+        """Rollouts accepted and not yet delivered.
+
+        Example::
+
+            busy = runner.active > 0
+        """
+        return len(self._jobs)
+
+    @property
+    def jobs(self) -> frozenset[RolloutJob]:
+        """A snapshot of the running rollouts.
+
+        Example::
+
+            [job.session_id for job in runner.jobs]
+        """
+        return frozenset(self._jobs)
+
+    def find(self, bucket: str, key: str) -> RolloutJob | None:
+        """The running rollout that will write ``s3://bucket/key``, if any.
+
+        Example::
+
+            if runner.find(cfg.s3_bucket, cfg.key_for(sid)) is not None: ...
+        """
+        return self._by_key.get((bucket, key))
+
+    def start(
+        self,
+        spec: HandlerSpec,
+        payload: dict[str, Any],
+        context: RequestContext,
+        *,
+        limiter: anyio.CapacityLimiter,
+    ) -> RolloutJob:
+        """Schedule the handler in an owned task and return its job.
+
+        Example::
+
+            job = runner.start(spec, payload, ctx, limiter=limiter)
+        """
+        if self._closed:
+            raise RuntimeError("the rollout runner is shut down")
+        job = RolloutJob(context=context, payload=payload, started_at=self._clock())
+        job.task = asyncio.create_task(
+            self._run(job, spec, limiter), name=f"rollout {context.session_id}"
+        )
+        self._jobs.add(job)
+        self._by_session.setdefault(job.session_id, set()).add(job)
+        config = context.rollout
+        if config is not None:
+            self._by_key[(config.s3_bucket, config.key_for(job.session_id))] = job
+        self._changed()
+        return job
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    def _forget(self, job: RolloutJob) -> None:
+        self._jobs.discard(job)
+        session_jobs = self._by_session.get(job.session_id)
+        if session_jobs is not None:
+            session_jobs.discard(job)
+            if not session_jobs:
+                del self._by_session[job.session_id]
+        config = job.context.rollout
+        if config is not None:
+            key = (config.s3_bucket, config.key_for(job.session_id))
+            if self._by_key.get(key) is job:
+                del self._by_key[key]
+        job._done.set()
+        self._changed()
+
+    def _metadata(self, job: RolloutJob) -> dict[str, Any] | None:
+        config = job.context.rollout
+        if config is None:
+            return None
+        return protocol.envelope_metadata(
+            config,
+            session_id=job.session_id,
+            payload=job.payload,
+            started_at=job.started_at,
+            finished_at=self._clock(),
+        )
+
+    def _cancelled_body(self, job: RolloutJob, reason: str) -> bytes | None:
+        metadata = self._metadata(job)
+        if metadata is None:
+            return None
+        return error_envelope_bytes(metadata, error_type=protocol.ERROR_CANCELLED, reason=reason)
+
+    async def _run(
+        self, job: RolloutJob, spec: HandlerSpec, limiter: anyio.CapacityLimiter
+    ) -> None:
+        job.started = True
+        foreign_cancel: asyncio.CancelledError | None = None
+        body: bytes | None = None
+        error_type: str | None = None
+        reason = ""
+        try:
+            try:
+                if job.cancel_reason is not None:
+                    raise asyncio.CancelledError(job.cancel_reason)
+                result = await call_handler(spec, job.payload, job.context, limiter=limiter)
+            except asyncio.CancelledError as exc:
+                if job.cancel_reason is None:
+                    # Not our stop: the event loop itself is going away. Record it, then
+                    # let the cancellation proceed.
+                    foreign_cancel = exc
+                    job.cancel_reason = "cancelled: the event loop is shutting down"
+                error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
+                body = self._cancelled_body(job, reason)
+            except Exception as exc:
+                error_type = protocol.ERROR_HANDLER_RAISED
+                reason = str(exc) or type(exc).__name__
+                tb = traceback.format_exc()
+                metadata = self._metadata(job)
+                if metadata is not None:
+                    body = error_envelope_bytes(
+                        metadata, error_type=error_type, reason=reason, traceback=tb
+                    )
+                logger.error(
+                    "rollout handler %s raised in session %s: %s\n%s",
+                    spec.name,
+                    job.session_id,
+                    reason,
+                    tb,
+                )
+            else:
+                metadata = self._metadata(job)
+                if metadata is not None:
+                    body, error_type = outcome_envelope(metadata, result)
+                    if error_type is not None:
+                        reason = f"handler result rejected ({error_type})"
+                elif not isinstance(result, dict):
+                    error_type = protocol.ERROR_NOT_A_DICT
+                    reason = f"handler returned {type(result).__name__}, expected a dict"
+            job.handler_done = True
+            await self._deliver(job, body, error_type, reason)
+        finally:
+            self._forget(job)
+        if foreign_cancel is not None:
+            raise foreign_cancel
+
+    async def _deliver(
+        self, job: RolloutJob, body: bytes | None, error_type: str | None, reason: str
+    ) -> None:
+        if job.body is not None or job.delivered:
+            return  # the shutdown path already took care of this job
+        elapsed = self._clock() - job.started_at
+        config = job.context.rollout
+        if config is None or body is None:
+            job.delivered = True
+            logger.warning(
+                "rollout in session %s ended (%s) after %.1f s, but its payload had no %s "
+                "block, so the result was not written anywhere",
+                job.session_id,
+                f"{error_type}: {reason}" if error_type else "success",
+                elapsed,
+                protocol.ROLLOUT_FIELD,
+            )
+            return
+        job.body = body
+        key = config.key_for(job.session_id)
+        await self._spool.deliver(config.s3_bucket, key, body)
+        job.delivered = True
+        if error_type is None:
+            logger.info(
+                "rollout %s finished in %.1f s -> s3://%s/%s",
+                job.session_id,
+                elapsed,
+                config.s3_bucket,
+                key,
+            )
+        else:
+            logger.warning(
+                "rollout %s failed after %.1f s (%s: %s) -> s3://%s/%s",
+                job.session_id,
+                elapsed,
+                error_type,
+                reason,
+                config.s3_bucket,
+                key,
+            )
+
+    def stop_session(self, session_id: str, reason: str) -> list[RolloutJob]:
+        """Cancel every running rollout of a session; return those that were still running.
+
+        Their "cancelled" envelopes are written by their own tasks.
+
+        Example::
+
+            stopped = runner.stop_session(sid, "stopped by request")
+        """
+        jobs = list(self._by_session.get(session_id, ()))
+        return [job for job in jobs if job.cancel(reason)]
+
+    @staticmethod
+    async def wait(jobs: Iterable[RolloutJob], within: float) -> bool:
+        """Wait until the jobs have delivered their envelopes; False on timeout.
+
+        Example::
+
+            await runner.wait(stopped, within=5)
+        """
+        waits = [asyncio.ensure_future(job._done.wait()) for job in jobs]
+        if not waits:
+            return True
+        _, pending = await asyncio.wait(waits, timeout=within)
+        for waiter in pending:
+            waiter.cancel()
+        return not pending
+
+    async def shutdown(
+        self, grace: float, *, cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT
+    ) -> ShutdownReport:
+        """Refuse new rollouts, give running ones ``grace`` seconds, then cancel the rest.
+
+        Cancelled rollouts write their "cancelled" envelopes. A job that does not finish
+        within ``cancel_timeout`` after being cancelled (a handler that swallows
+        cancellation, an S3 write that hangs) has its envelope spooled instead.
+
+        Example::
+
+            report = await runner.shutdown(grace=20.0)
+        """
+        self._closed = True
+        before = len(self._jobs)
+        if self._jobs and grace > 0:
+            await self.wait(self._jobs, within=grace)
+        finished = before - len(self._jobs)
+        cancelled = [job for job in list(self._jobs) if job.cancel(SHUTDOWN_REASON)]
+        if self._jobs and not await self.wait(self._jobs, within=cancel_timeout):
+            stuck = list(self._jobs)
+            for job in stuck:
+                await self._spool_stuck(job)
+            logger.error(
+                "%d rollout task(s) did not end within %.3g s of being cancelled; their "
+                "envelopes were spooled",
+                len(stuck),
+                cancel_timeout,
+            )
+            return ShutdownReport(finished=finished, cancelled=len(cancelled), stuck=len(stuck))
+        return ShutdownReport(finished=finished, cancelled=len(cancelled), stuck=0)
+
+    async def _spool_stuck(self, job: RolloutJob) -> None:
+        if job.task is not None:
+            job.task.cancel()
+        if job.delivered:
+            return
+        body = job.body
+        if body is None:
+            body = self._cancelled_body(
+                job, "cancelled: the agent server shut down and the handler did not stop"
+            )
+        job.body = body if body is not None else b""
+        job.delivered = True
+        config = job.context.rollout
+        if config is not None and body is not None:
+            await self._spool.add(config.s3_bucket, config.key_for(job.session_id), body)

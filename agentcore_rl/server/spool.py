@@ -1,0 +1,355 @@
+"""Spool: envelopes that could not be written to S3 wait on local disk and are retried.
+
+When a write to S3 still fails after :class:`~agentcore_rl.s3.ResultStore`'s own retries
+(the bucket is missing, credentials expired, S3 is down for minutes), the envelope is
+written to a file in the spool directory instead of being dropped. A background task
+retries the spooled files with exponential backoff until they are delivered, and the
+server makes one more attempt at shutdown. Files that still cannot be delivered stay on
+disk; a server started later with the same ``spool_dir`` picks them up.
+
+Example::
+
+    spool = Spool(store, directory=Path("/var/spool/agent"))
+    await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
+    await spool.drain()     # one delivery attempt now; returns how many remain
+    await spool.aclose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio.to_thread
+
+from agentcore_rl.s3 import ResultStore
+
+__all__ = ["DEFAULT_SPOOL_MAX_RETRY_INTERVAL", "DEFAULT_SPOOL_RETRY_INTERVAL", "Spool"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SPOOL_RETRY_INTERVAL: Final = 5.0
+DEFAULT_SPOOL_MAX_RETRY_INTERVAL: Final = 300.0
+
+_SUFFIX: Final = ".json"
+
+
+@dataclass(frozen=True)
+class _Record:
+    bucket: str
+    key: str
+    body: bytes
+
+
+def _write_file(directory: Path, name: str, data: bytes) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    # The rename makes the file appear complete or not at all, also across a crash.
+    tmp.replace(path)
+    return path
+
+
+def _read_record(path: Path) -> _Record:
+    doc = json.loads(path.read_bytes())
+    if not isinstance(doc, dict) or not all(
+        isinstance(doc.get(k), str) for k in ("bucket", "key", "body")
+    ):
+        raise ValueError("not a spool record (needs string bucket, key and body)")
+    return _Record(doc["bucket"], doc["key"], doc["body"].encode())
+
+
+def _quarantine(path: Path) -> Path:
+    target = path.with_suffix(".bad")
+    path.replace(target)
+    return target
+
+
+class Spool:
+    """Envelopes waiting on local disk for S3, retried in an owned background task.
+
+    ``directory`` defaults to a fresh temporary directory (created on first use); give a
+    persistent one so a restarted server delivers what its predecessor could not.
+    ``retry_interval`` is the first wait before a retry; it doubles after each failed pass
+    up to ``max_retry_interval`` and resets after a success. ``on_change`` is called when
+    the number of pending files changes (the server reports ``HealthyBusy`` meanwhile).
+
+    Example::
+
+        async with Spool(store, retry_interval=1.0) as spool:
+            await spool.add(bucket, key, body)
+            await asyncio.wait_for(spool.wait_drained(), 60)
+    """
+
+    def __init__(
+        self,
+        store: ResultStore,
+        *,
+        directory: Path | None = None,
+        retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
+        max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        if retry_interval <= 0 or max_retry_interval < retry_interval:
+            raise ValueError("need 0 < retry_interval <= max_retry_interval")
+        self._store = store
+        self._directory = directory
+        self.retry_interval = retry_interval
+        self.max_retry_interval = max_retry_interval
+        self._on_change = on_change
+        self._entries: set[Path] = set()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Spool(directory={str(self._directory)!r}, pending={len(self._entries)})"
+
+    @property
+    def directory(self) -> Path:
+        """The spool directory (a temporary one is created on first access if none was given).
+
+        Example::
+
+            print("undelivered envelopes are kept in", spool.directory)
+        """
+        if self._directory is None:
+            self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
+        return self._directory
+
+    @property
+    def pending(self) -> int:
+        """How many envelopes wait for delivery.
+
+        Example::
+
+            busy = spool.pending > 0
+        """
+        return len(self._entries)
+
+    def _changed(self) -> None:
+        if self._entries:
+            self._drained.clear()
+        else:
+            self._drained.set()
+        if self._on_change is not None:
+            self._on_change()
+
+    def _ensure_retrying(self) -> None:
+        if self._closed or not self._entries:
+            return
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._retry_loop(), name="agentcore-rl spool retry")
+
+    async def add(self, bucket: str, key: str, body: bytes) -> Path | None:
+        """Keep one envelope for later delivery; return its file (``None`` if even that failed).
+
+        If the disk write fails too, the envelope is logged in full at CRITICAL level, the
+        last place it can go.
+
+        Example::
+
+            await spool.add("rollouts", key, json.dumps(envelope).encode())
+        """
+        record = json.dumps({"bucket": bucket, "key": key, "body": body.decode()}).encode()
+        name = f"{time.time_ns():020d}-{secrets.token_hex(4)}{_SUFFIX}"
+        try:
+            path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+        except OSError as exc:
+            logger.critical(
+                "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
+                "not lost: %s",
+                bucket,
+                key,
+                exc,
+                body.decode(),
+            )
+            return None
+        self._entries.add(path)
+        self._changed()
+        logger.error(
+            "SPOOLED result for s3://%s/%s to %s; %d envelope(s) now wait for S3 and are "
+            "retried every %.3g s or more",
+            bucket,
+            key,
+            path,
+            len(self._entries),
+            self.retry_interval,
+        )
+        self._ensure_retrying()
+        return path
+
+    async def deliver(self, bucket: str, key: str, body: bytes) -> bool:
+        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled.
+
+        Example::
+
+            await spool.deliver("rollouts", key, body)
+        """
+        try:
+            await self._store.put_bytes(bucket, key, body)
+        except Exception as exc:
+            logger.error("writing the result to s3://%s/%s failed: %s", bucket, key, exc)
+            await self.add(bucket, key, body)
+            return False
+        return True
+
+    async def recover(self) -> int:
+        """Adopt envelope files a previous server left in the directory; return how many.
+
+        Example::
+
+            await spool.recover()   # at startup
+        """
+        if self._directory is None or not self._directory.is_dir():
+            return 0
+
+        def scan(directory: Path) -> list[Path]:
+            return sorted(directory.glob(f"*{_SUFFIX}"))
+
+        found = [p for p in await anyio.to_thread.run_sync(scan, self._directory)]
+        new = [p for p in found if p not in self._entries]
+        if new:
+            self._entries.update(new)
+            self._changed()
+            logger.warning(
+                "found %d undelivered envelope(s) in spool %s; delivering them",
+                len(new),
+                self._directory,
+            )
+            self._ensure_retrying()
+        return len(new)
+
+    def kick(self) -> None:
+        """Make the background task retry now instead of waiting out its backoff.
+
+        Example::
+
+            spool.kick()   # e.g. after fixing the bucket
+        """
+        self._wake.set()
+
+    async def wait_drained(self) -> None:
+        """Wait until nothing is pending (returns at once when the spool is empty).
+
+        Example::
+
+            await asyncio.wait_for(spool.wait_drained(), 30)
+        """
+        await self._drained.wait()
+
+    async def drain(self) -> int:
+        """Try to deliver every pending envelope once; return how many remain.
+
+        After a failure, the rest of that bucket's files wait for the next pass, so an
+        unreachable bucket costs one request per pass, not one per file.
+
+        Example::
+
+            remaining = await spool.drain()
+        """
+        async with self._lock:
+            failed_buckets: set[str] = set()
+            for path in sorted(self._entries):
+                try:
+                    record = await anyio.to_thread.run_sync(_read_record, path)
+                except (OSError, ValueError) as exc:
+                    await self._set_aside(path, exc)
+                    continue
+                if record.bucket in failed_buckets:
+                    continue
+                try:
+                    await self._store.put_bytes(record.bucket, record.key, record.body)
+                except Exception as exc:
+                    failed_buckets.add(record.bucket)
+                    logger.warning(
+                        "spooled result for s3://%s/%s still cannot be written: %s",
+                        record.bucket,
+                        record.key,
+                        exc,
+                    )
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    await anyio.to_thread.run_sync(path.unlink)
+                self._entries.discard(path)
+                self._changed()
+                logger.warning(
+                    "delivered spooled result s3://%s/%s; %d still pending",
+                    record.bucket,
+                    record.key,
+                    len(self._entries),
+                )
+            return len(self._entries)
+
+    async def _set_aside(self, path: Path, exc: Exception) -> None:
+        try:
+            target = await anyio.to_thread.run_sync(_quarantine, path)
+        except OSError:
+            target = path
+        self._entries.discard(path)
+        self._changed()
+        logger.error(
+            "spool file %s is unreadable (%s); left at %s for inspection", path, exc, target
+        )
+
+    async def _retry_loop(self) -> None:
+        delay = self.retry_interval
+        while self._entries and not self._closed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            self._wake.clear()
+            before = len(self._entries)
+            remaining = await self.drain()
+            if remaining < before:
+                delay = self.retry_interval
+            else:
+                delay = min(delay * 2, self.max_retry_interval)
+
+    async def aclose(self, *, final_drain: bool = True) -> int:
+        """Stop retrying in the background, try once more, and return how many remain.
+
+        Idempotent. What remains stays on disk and is logged loudly.
+
+        Example::
+
+            left = await spool.aclose()
+        """
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        remaining = await self.drain() if final_drain and self._entries else len(self._entries)
+        if remaining:
+            logger.critical(
+                "%d result envelope(s) could not be written to S3 and remain in %s; start a "
+                "server with spool_dir=%s (or AGENTCORE_RL_SPOOL_DIR) to deliver them",
+                remaining,
+                self.directory,
+                self.directory,
+            )
+        return remaining
+
+    async def __aenter__(self) -> Spool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,59 @@
+"""Shared pieces of the server tests: a fake clock, payload builders, a served app."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from agentcore_rl import protocol
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.server import AgentCoreRLApp
+
+SESSION = "session-" + "a" * 40
+
+
+class FakeClock:
+    """Epoch seconds that move only when a test says so."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def rollout_payload(bucket: str, *, exp_id: str = "exp", input_id: str = "q-1", **extra: Any):
+    return {
+        "prompt": "2+2?",
+        **extra,
+        protocol.ROLLOUT_FIELD: {
+            protocol.EXP_ID: exp_id,
+            protocol.INPUT_ID: input_id,
+            protocol.S3_BUCKET: bucket,
+        },
+    }
+
+
+def session_headers(session_id: str = SESSION) -> dict[str, str]:
+    return {protocol.SESSION_ID_HEADER: session_id}
+
+
+async def settle(app: AgentCoreRLApp, within: float = 5.0) -> None:
+    """Wait until every accepted rollout has delivered its envelope."""
+    assert await app.runner.wait(app.runner.jobs, within=within), "rollouts did not finish"
+
+
+@contextlib.asynccontextmanager
+async def served(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The app under real uvicorn on loopback, with an HTTP client pointed at it."""
+    async with (
+        BackgroundServer(app) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=10) as http,
+    ):
+        yield http
