@@ -5,7 +5,8 @@ with SIGKILL) leaves them readable:
 
 - ``results.jsonl``: one line per outcome (done, failed or timed out), the run's product;
 - ``results.jsonl.journal``: one line per started rollout (input id, session id, bucket,
-  result key), written as soon as the agent has accepted it.
+  result key, start time), written as soon as the agent has accepted it, and one line per
+  rollout this run stopped itself (Ctrl-C), which a resumed run starts again.
 
 On ``--resume`` an input with a line in the results file is skipped, and an input that
 the journal shows as started but that has no outcome was in flight when the previous run
@@ -28,11 +29,15 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Final
 
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["EvalJournal", "JournalEntry", "journal_path_for"]
+
+_EVENT: Final = "event"
+_STARTED: Final = "started"
+_ABANDONED: Final = "abandoned"
 
 
 def journal_path_for(out: Path) -> Path:
@@ -49,16 +54,19 @@ def journal_path_for(out: Path) -> Path:
 class JournalEntry:
     """One started rollout: enough to find its result in S3 later.
 
+    ``started_at`` (epoch seconds) lets a resumed run keep the original deadline.
+
     Example::
 
         JournalEntry(input_id="q-1", session_id=sid, s3_bucket="rollouts",
-                     result_key="exp/q-1/" + sid + ".json")
+                     result_key="exp/q-1/" + sid + ".json", started_at=time.time())
     """
 
     input_id: str
     session_id: str
     s3_bucket: str
     result_key: str
+    started_at: float = 0.0
 
 
 def _cut_torn_tail(path: Path) -> None:
@@ -138,23 +146,32 @@ class EvalJournal:
                         self.finished[input_id] = record
             if journal_path.exists():
                 for record in _read_lines(journal_path):
-                    try:
-                        entry = JournalEntry(
-                            str(record["input_id"]),
-                            str(record["session_id"]),
-                            str(record["s3_bucket"]),
-                            str(record["result_key"]),
-                        )
-                    except KeyError:
-                        continue
-                    if entry.input_id not in self.finished:
-                        # The latest start wins: an input re-run after a re-attach failed.
-                        self.in_flight[entry.input_id] = entry
+                    self._replay(record)
         else:
             journal_path.unlink(missing_ok=True)
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path.open("a", encoding="utf-8")
         return self
+
+    def _replay(self, record: dict[str, Any]) -> None:
+        input_id = record.get("input_id")
+        if not isinstance(input_id, str) or input_id in self.finished:
+            return
+        if record.get(_EVENT) == _ABANDONED:
+            self.in_flight.pop(input_id, None)
+            return
+        try:
+            entry = JournalEntry(
+                input_id,
+                str(record["session_id"]),
+                str(record["s3_bucket"]),
+                str(record["result_key"]),
+                float(record.get("started_at", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return
+        # The latest start wins: an input run again after its earlier session was stopped.
+        self.in_flight[input_id] = entry
 
     def record_started(self, entry: JournalEntry) -> None:
         """Append one started rollout to the journal and flush it.
@@ -164,7 +181,17 @@ class EvalJournal:
             journal.record_started(JournalEntry("q-1", fut.session_id, fut.s3_bucket,
                                                 fut.result_key))
         """
-        self._write(self._journal, asdict(entry))
+        self._write(self._journal, {_EVENT: _STARTED, **asdict(entry)})
+
+    def record_abandoned(self, input_id: str) -> None:
+        """Note that a started rollout was stopped by this run (Ctrl-C): a resumed run
+        starts it again rather than waiting for a result that will not come.
+
+        Example::
+
+            journal.record_abandoned("q-1")
+        """
+        self._write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
 
     def record_outcome(self, record: dict[str, Any]) -> None:
         """Append one outcome line (must carry ``input_id``) and flush it.
