@@ -1,0 +1,336 @@
+"""LocalStack: a whole AgentCore-style deployment on one machine, inside one event loop.
+
+It starts, in order: S3 (moto's server on loopback, unless an endpoint or a bucket is
+configured), the result bucket, the scripted stand-in policy (unless ``policy_base_url``
+points at a real OpenAI-compatible server), N agent servers for your ASGI app and the
+local AgentCore Runtime in front of them. On exit (also on cancellation, e.g. Ctrl-C) it
+stops them in reverse order and restores the environment.
+
+The agents and the trainer reach the parts through the standard AWS environment
+variables the stack sets for its lifetime, exactly as they would reach real AWS:
+``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (the local runtime), ``AWS_ENDPOINT_URL_S3`` and,
+with embedded S3, fake credentials and the ARN's region. The environment is process-wide,
+so run one stack per process at a time.
+
+Example::
+
+    async with LocalStack("examples.math_agent.agent:app", agents=2) as stack:
+        client = session.create_client("bedrock-agentcore", region_name=stack.region)
+        await client.invoke_agent_runtime(agentRuntimeArn=stack.agent_runtime_arn, ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Final
+
+from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.local.embedded_s3 import EmbeddedS3
+from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.runtime import (
+    DEFAULT_AGENT_RUNTIME_ARN,
+    DEFAULT_TPS,
+    LocalAgentCoreRuntime,
+)
+from agentcore_rl.local.runtime_wire import arn_region
+from agentcore_rl.protocol import validate_bucket
+from agentcore_rl.s3 import ResultStore
+
+__all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app"]
+
+#: The bucket the stack creates in embedded S3 unless told otherwise.
+DEFAULT_LOCAL_BUCKET: Final = "agentcore-rl-local"
+#: Credentials for embedded S3: moto accepts any, and fake ones can never reach AWS.
+_FAKE_CREDENTIALS: Final = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+
+
+def _find_module(target: str) -> tuple[str, str, importlib.machinery.ModuleSpec]:
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"app {target!r} must look like 'package.module:attribute'")
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for app {target!r}: {exc}"
+        ) from exc
+    if spec is None or spec.loader is None:
+        raise ConfigurationError(
+            f"no module {module_name!r} for app {target!r} (is its directory on sys.path?)"
+        )
+    return module_name, attribute, spec
+
+
+def load_app(target: str) -> Any:
+    """A FRESH instance of the ASGI app named by ``"package.module:attribute"``.
+
+    The module is executed anew on every call (its dependencies are imported once, as
+    usual), so each agent server gets its own app, as each AgentCore Runtime session gets
+    its own container. ``sys.modules`` is left as it was.
+
+    Example::
+
+        app = load_app("examples.math_agent.agent:app")
+    """
+    module_name, attribute, spec = _find_module(target)
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Registered while it runs: dataclasses and friends look their module up by name.
+    previous = sys.modules.get(module_name)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if previous is None:
+            sys.modules.pop(module_name, None)
+        else:
+            sys.modules[module_name] = previous
+    value: Any = module
+    for name in attribute.split("."):
+        try:
+            value = getattr(value, name)
+        except AttributeError:
+            raise ConfigurationError(
+                f"module {module_name!r} has no attribute {attribute!r} (app {target!r})"
+            ) from None
+    return value
+
+
+class _Environment:
+    """Set environment variables now; put the previous values back on ``restore()``."""
+
+    def __init__(self) -> None:
+        self._saved: dict[str, str | None] = {}
+
+    def set(self, name: str, value: str | None) -> None:
+        self._saved.setdefault(name, os.environ.get(name))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+    def restore(self) -> None:
+        saved, self._saved = self._saved, {}
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class LocalStack:
+    """Embedded S3, a stand-in policy, N agent servers and the local runtime, in-process.
+
+    ``app`` is the agent: an ASGI app object (served as is by every agent server), or a
+    ``"module:attribute"`` string (imported afresh for each agent server, which keeps them
+    as independent as separate containers), or ``None`` with ``app_factory`` (called once
+    per agent server).
+
+    S3: by default moto's server is embedded and ``bucket`` (default
+    ``agentcore-rl-local``) is created in it. With ``s3_endpoint_url`` (MinIO, a shared
+    moto...) that endpoint is used and the bucket is created there. With only ``bucket``,
+    real S3 is used with your own credentials and the bucket must exist.
+
+    Policy: the scripted stand-in (``policy``, default ``ScriptedPolicy()``) is served
+    unless ``policy_base_url`` names an OpenAI-compatible server (then ``policy_model``
+    names its model).
+
+    Example::
+
+        async with LocalStack("examples.math_agent.agent:app", agents=2, tps=25) as stack:
+            print(stack.runtime_endpoint_url, stack.agent_runtime_arn, stack.bucket)
+    """
+
+    def __init__(
+        self,
+        app: Any = None,
+        *,
+        app_factory: Callable[[], Any] | None = None,
+        agents: int = 2,
+        bucket: str | None = None,
+        s3_endpoint_url: str | None = None,
+        policy: ScriptedPolicy | None = None,
+        policy_base_url: str | None = None,
+        policy_model: str | None = None,
+        agent_runtime_arn: str = DEFAULT_AGENT_RUNTIME_ARN,
+        tps: float | None = DEFAULT_TPS,
+        burst: float | None = None,
+        host: str = "127.0.0.1",
+        shutdown_timeout: float = 10.0,
+    ) -> None:
+        if (app is None) == (app_factory is None):
+            raise ConfigurationError("give the agent as exactly one of app or app_factory")
+        if agents < 1:
+            raise ConfigurationError(f"agents must be >= 1, got {agents}")
+        if policy is not None and policy_base_url is not None:
+            raise ConfigurationError("give policy or policy_base_url, not both")
+        self.region = arn_region(agent_runtime_arn)
+        self.embedded_s3 = s3_endpoint_url is None and bucket is None
+        try:
+            self.bucket = validate_bucket(bucket or DEFAULT_LOCAL_BUCKET, name="bucket")
+        except InvalidRolloutConfig as exc:
+            raise ConfigurationError(exc.message) from None
+        self.agent_runtime_arn = agent_runtime_arn
+        self.agents = agents
+        self.tps = tps
+        self.burst = burst
+        self.host = host
+        self.shutdown_timeout = shutdown_timeout
+        self.policy = policy
+        self.policy_model = policy_model
+        self.runtime: LocalAgentCoreRuntime | None = None
+        self.s3_endpoint_url = s3_endpoint_url
+        self.policy_base_url = policy_base_url
+        self.agent_urls: list[str] = []
+        self.runtime_endpoint_url: str | None = None
+        self._make_app = self._app_maker(app, app_factory)
+        self._external_policy = policy_base_url is not None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalStack(agents={self.agents}, bucket={self.bucket!r}, "
+            f"runtime={self.runtime_endpoint_url!r}, s3={self.s3_endpoint_url!r})"
+        )
+
+    @staticmethod
+    def _app_maker(app: Any, app_factory: Callable[[], Any] | None) -> Callable[[], Any]:
+        if app_factory is not None:
+            return app_factory
+        if isinstance(app, str):
+            target = app
+            _find_module(target)  # a typo fails here, not half-way through start()
+            return lambda: load_app(target)
+        if not callable(app):
+            raise ConfigurationError(f"app must be an ASGI app or 'module:attribute', got {app!r}")
+        return lambda: app
+
+    @property
+    def environment(self) -> Mapping[str, str]:
+        """The AWS variables a separate process needs to use this stack (e.g. a trainer).
+
+        Example::
+
+            subprocess.run(cmd, env={**os.environ, **stack.environment})
+        """
+        env = {"AWS_DEFAULT_REGION": self.region}
+        if self.runtime_endpoint_url is not None:
+            env["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"] = self.runtime_endpoint_url
+        if self.s3_endpoint_url is not None:
+            env["AWS_ENDPOINT_URL_S3"] = self.s3_endpoint_url
+        if self.embedded_s3:
+            env.update(_FAKE_CREDENTIALS)
+        return env
+
+    async def start(self) -> LocalStack:
+        """Start every part (no-op when running). On failure, what started is stopped.
+
+        Example::
+
+            stack = await LocalStack(app).start()
+        """
+        if self._stack is not None:
+            return self
+        stack = contextlib.AsyncExitStack()
+        self._stack = stack
+        try:
+            await self._start_parts(stack)
+        except BaseException:
+            # Also on cancellation: nothing started may outlive a failed start.
+            await self.aclose()
+            raise
+        return self
+
+    async def _start_parts(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.embedded_s3:
+            # Blocking, but short, and nothing else runs on the loop before the stack is up.
+            s3 = EmbeddedS3(host=self.host).start()
+            stack.callback(s3.stop)
+            self.s3_endpoint_url = s3.endpoint_url
+
+        env = _Environment()
+        stack.callback(env.restore)
+        if self.embedded_s3:
+            for name, value in _FAKE_CREDENTIALS.items():
+                env.set(name, value)
+            env.set("AWS_SESSION_TOKEN", None)
+            env.set("AWS_DEFAULT_REGION", self.region)
+        if self.s3_endpoint_url is not None:
+            env.set("AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
+            # Real S3 buckets are the user's to create; local ones are ours.
+            async with ResultStore(
+                endpoint_url=self.s3_endpoint_url, region_name=self.region
+            ) as store:
+                await store.ensure_bucket(self.bucket)
+
+        if not self._external_policy:
+            if self.policy is None:
+                self.policy = ScriptedPolicy()
+            policy_server = await stack.enter_async_context(
+                BackgroundServer(
+                    self.policy, host=self.host, shutdown_timeout=self.shutdown_timeout
+                )
+            )
+            self.policy_base_url = policy_server.url + "/v1"
+            self.policy_model = self.policy.model
+
+        agents = [
+            BackgroundServer(
+                self._make_app(), host=self.host, shutdown_timeout=self.shutdown_timeout
+            )
+            for _ in range(self.agents)
+        ]
+        stack.push_async_callback(self._close_all, agents)
+        for agent in agents:
+            await agent.start()
+        self.agent_urls = [agent.url for agent in agents]
+
+        self.runtime = LocalAgentCoreRuntime(
+            {self.agent_runtime_arn: self.agent_urls}, tps=self.tps, burst=self.burst
+        )
+        stack.push_async_callback(self.runtime.aclose)
+        runtime_server = await stack.enter_async_context(
+            BackgroundServer(self.runtime, host=self.host, shutdown_timeout=self.shutdown_timeout)
+        )
+        self.runtime_endpoint_url = runtime_server.url
+        env.set("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
+
+    @staticmethod
+    async def _close_all(servers: list[BackgroundServer]) -> None:
+        # Together: each agent may wait its shutdown grace for running rollouts.
+        results = await asyncio.gather(
+            *(server.aclose() for server in servers), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def aclose(self) -> None:
+        """Stop everything in reverse order and restore the environment. Idempotent.
+
+        Example::
+
+            await stack.aclose()
+        """
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> LocalStack:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
