@@ -7,6 +7,7 @@ peer, served by real uvicorn like every other part.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -28,6 +29,9 @@ from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.local.runtime_wire import arn_region, parse_runtime_path
 from agentcore_rl.protocol import REQUEST_ID_HEADER, SESSION_ID_HEADER, new_session_id
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import AgentCoreRLApp, RequestContext
+from tests.conftest import FAST_RETRY
 
 ARN = DEFAULT_AGENT_RUNTIME_ARN
 OTHER_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/other-agent"
@@ -411,3 +415,64 @@ def test_parse_runtime_path() -> None:
 def test_bad_configuration_is_refused(runtimes: Any, words: str) -> None:
     with pytest.raises(ConfigurationError, match=words):
         LocalAgentCoreRuntime(runtimes)
+
+
+# --- with the real agent server (AgentCoreRLApp) writing to moto ----------------------------
+
+
+def blocking_agent(store: ResultStore, started: asyncio.Event) -> AgentCoreRLApp:
+    """A real agent server whose rollouts run until stopped."""
+    app = AgentCoreRLApp(store=store)
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        started.set()
+        await asyncio.Event().wait()
+        return {"rewards": [1.0]}
+
+    return app
+
+
+async def test_stop_runtime_session_cancels_the_real_agents_rollout(
+    s3_endpoint: str, store: ResultStore, bucket: str
+) -> None:
+    started = asyncio.Event()
+    sid = new_session_id()
+    rollout = {"exp_id": "stop", "input_id": "q-1", "s3_bucket": bucket}
+    async with (
+        ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY) as agent_store,
+        BackgroundServer(blocking_agent(agent_store, started)) as agent,
+    ):
+        runtime = LocalAgentCoreRuntime({ARN: [agent.url]}, tps=None)
+        async with serve_runtime(runtime) as client:
+            answer = await invoke(client, sid, {"_rollout": rollout})
+            assert answer["body"]["status"] == "processing"
+            await asyncio.wait_for(started.wait(), 5)
+            await client.stop_runtime_session(agentRuntimeArn=ARN, runtimeSessionId=sid)
+            # The agent answers the stop once the cancelled envelope is delivered.
+            envelope = await store.get_json(bucket, answer["body"]["result_key"])
+    assert envelope is not None
+    assert envelope["error_type"] == "cancelled"
+    assert envelope["session_id"] == sid
+    assert envelope["status_code"] >= 400
+
+
+async def test_real_agent_rejecting_a_bad_rollout_block_is_a_validation_error(
+    s3_endpoint: str, bucket: str
+) -> None:
+    async with (
+        ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY) as agent_store,
+        BackgroundServer(blocking_agent(agent_store, asyncio.Event())) as agent,
+    ):
+        runtime = LocalAgentCoreRuntime({ARN: [agent.url]}, tps=None)
+        async with serve_runtime(runtime) as client:
+            with pytest.raises(ClientError) as exc_info:
+                await invoke(
+                    client,
+                    new_session_id(),
+                    {"_rollout": {"exp_id": "../x", "input_id": "q", "s3_bucket": bucket}},
+                )
+    code, status, message = error_of(exc_info)
+    assert (code, status) == ("ValidationException", 400)
+    assert "exp_id" in message
+    assert runtime.live_sessions(ARN) == 0
