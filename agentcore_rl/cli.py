@@ -1,0 +1,362 @@
+"""``agentcore-rl``: run the demo, evaluate a dataset, serve an agent, run a local runtime.
+
+Commands::
+
+    agentcore-rl demo            the whole stack on this machine, 200 math problems
+    agentcore-rl eval DATA.jsonl (--agent-runtime-arn ARN | --agent-url URL...) \\
+        --s3-bucket B --exp-id E [--resume ...]
+    agentcore-rl serve module:app [--host --port]
+    agentcore-rl local-runtime --agent-url URL [--agent-url URL...] [--port --tps --arn]
+
+Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, demo);
+2 usage error (bad argument, bad data file); 3 a service is unreachable or refuses us
+(S3, agent, runtime, a port in use); 4 an unexpected internal error; 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM). Errors are one line on stderr, never a traceback
+(set ``AGENTCORE_RL_DEBUG=1`` to see one).
+
+Example::
+
+    from agentcore_rl.cli import main
+
+    exit_code = main(["eval", "problems.jsonl", "--agent-url", "http://127.0.0.1:8080",
+                      "--s3-bucket", "rollouts", "--exp-id", "eval-1"])
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NoReturn
+
+from agentcore_rl.cli_common import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    PROG,
+    Unreachable,
+)
+from agentcore_rl.errors import (
+    ConfigurationError,
+    InvalidPayloadError,
+    InvocationError,
+    StorageError,
+)
+
+__all__ = ["build_parser", "main"]
+
+_DEBUG_ENV: Final = "AGENTCORE_RL_DEBUG"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one clear line (plus a pointer to --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
+    return value
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text) < 10:
+        raise argparse.ArgumentTypeError(f"expected an http(s):// URL, got {text!r}")
+    return text.rstrip("/")
+
+
+def _tps(text: str) -> float | None:
+    """Transactions per second; 0 means no limit."""
+    value = _non_negative_float(text)
+    return None if value == 0 else value
+
+
+def _add_eval_parser(commands: Any) -> None:
+    from agentcore_rl.cli_commands import cmd_eval
+
+    parser = commands.add_parser(
+        "eval",
+        help="evaluate a JSONL dataset against an agent (AgentCore Runtime or HTTP)",
+        description=(
+            "Run every input of DATA (one JSON object per line, sent as the payload; its "
+            "'input_id' or 'id' field names it) through the agent, with a progress bar, and "
+            "write one line per outcome to --out. Re-running with --resume continues an "
+            "interrupted run: finished inputs are skipped and rollouts that were in flight "
+            "are collected from S3 instead of being run again."
+        ),
+        epilog=(
+            "exit codes: 0 all done, 1 some failed or timed out, 2 usage error, "
+            "3 S3 or agent unreachable, 130 interrupted"
+        ),
+    )
+    parser.add_argument("data", metavar="DATA.jsonl", help="inputs, one JSON object per line")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--agent-runtime-arn", metavar="ARN", help="AgentCore runtime ARN")
+    target.add_argument(
+        "--agent-url",
+        metavar="URL",
+        action="append",
+        type=_url,
+        help="agent server URL (HTTP transport); repeat to spread sessions over several",
+    )
+    parser.add_argument("--s3-bucket", required=True, help="bucket the agent writes results to")
+    parser.add_argument("--exp-id", required=True, help="experiment id (the S3 key prefix)")
+    parser.add_argument(
+        "--out",
+        metavar="FILE",
+        help="results file (JSONL; default results-<exp-id>.jsonl); its journal is FILE.journal",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out")
+    parser.add_argument(
+        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
+    )
+    parser.add_argument(
+        "--tps",
+        type=_tps,
+        default=25.0,
+        help="invoke+stop calls per second (default 25, ACR's quota; 0 = no limit)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=900.0,
+        help="seconds one rollout may take (default 900)",
+    )
+    parser.add_argument("--base-url", type=_url, help="policy URL put in every _rollout block")
+    parser.add_argument("--model-id", help="model id put in every _rollout block")
+    parser.add_argument(
+        "--param",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="extra _rollout field (VALUE parsed as JSON if it can be), e.g. temperature=0.7",
+    )
+    parser.add_argument("--limit", type=_positive_int, help="only the first N inputs")
+    parser.add_argument(
+        "--s3-endpoint-url", type=_url, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3)"
+    )
+    parser.add_argument(
+        "--endpoint-url",
+        type=_url,
+        help="AgentCore endpoint (default: AWS_ENDPOINT_URL_BEDROCK_AGENTCORE or AWS's own)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=cmd_eval)
+
+
+def _add_demo_parser(commands: Any) -> None:
+    from agentcore_rl.cli_commands import cmd_demo
+
+    parser = commands.add_parser(
+        "demo",
+        help="run the whole stack on this machine: 200 math problems through the ACR path",
+        description=(
+            "Start embedded S3, a scripted stand-in policy (not a language model), the "
+            "math example agent on two servers and a local AgentCore Runtime, then run the "
+            "problems through AsyncRolloutClient over the ACR transport and print a summary. "
+            "Everything runs in this process and stops on exit or Ctrl-C."
+        ),
+    )
+    parser.add_argument(
+        "--n", type=_positive_int, default=200, help="problems to run (default 200)"
+    )
+    parser.add_argument(
+        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
+    )
+    parser.add_argument(
+        "--accuracy",
+        type=_fraction,
+        default=0.8,
+        help="how often the stand-in policy answers right (0-1, default 0.8)",
+    )
+    parser.add_argument(
+        "--latency",
+        type=_non_negative_float,
+        default=0.05,
+        help="seconds the stand-in policy takes per request (default 0.05)",
+    )
+    parser.add_argument(
+        "--tps",
+        type=_tps,
+        default=100.0,
+        help="local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
+    )
+    parser.add_argument(
+        "--base-url",
+        type=_url,
+        help="use this OpenAI-compatible server (e.g. vLLM at http://host:8000/v1) "
+        "instead of the stand-in policy",
+    )
+    parser.add_argument("--model-id", help="model id for --base-url")
+    parser.add_argument("--out", metavar="FILE", help="results file (default: a temp dir)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=cmd_demo)
+
+
+def _add_serve_parser(commands: Any) -> None:
+    from agentcore_rl.cli_commands import cmd_serve
+
+    parser = commands.add_parser(
+        "serve",
+        help="serve an agent app (module:app) with uvicorn",
+        description=(
+            "Serve an ASGI app, typically an AgentCoreRLApp, e.g. "
+            "'agentcore-rl serve examples.math_agent.agent:app'. The current directory is "
+            "importable. The default host is 127.0.0.1 (this machine only); in a container "
+            "use --host 0.0.0.0 so that AgentCore Runtime can reach port 8080."
+        ),
+    )
+    parser.add_argument("target", metavar="module:app", help="where the app object lives")
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8080, help="port (default 8080)")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default info)",
+    )
+    parser.set_defaults(handler=cmd_serve)
+
+
+def _add_local_runtime_parser(commands: Any) -> None:
+    from agentcore_rl.cli_commands import cmd_local_runtime
+
+    parser = commands.add_parser(
+        "local-runtime",
+        help="serve a local AgentCore Runtime stand-in in front of agent servers",
+        description=(
+            "Answer the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession) for one "
+            "runtime ARN and forward each session to one of the agent servers. Point clients "
+            "at it with AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://HOST:PORT."
+        ),
+    )
+    parser.add_argument(
+        "--agent-url",
+        metavar="URL",
+        action="append",
+        type=_url,
+        required=True,
+        help="agent server URL; repeat for several",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8081, help="port (default 8081)")
+    parser.add_argument(
+        "--tps", type=_tps, default=25.0, help="invoke+stop quota per second (default 25)"
+    )
+    parser.add_argument("--arn", help="the runtime ARN it answers to (default: a local one)")
+    parser.set_defaults(handler=cmd_local_runtime)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``agentcore-rl`` argument parser.
+
+    Example::
+
+        args = build_parser().parse_args(["serve", "examples.math_agent.agent:app"])
+    """
+    parser = _Parser(
+        prog=PROG,
+        description="Train and evaluate LLM agents with RL while they run as HTTP services.",
+        epilog=(
+            "exit codes: 0 ok, 1 some rollouts failed, 2 usage error, 3 service unreachable, "
+            "4 internal error, 130 interrupted"
+        ),
+    )
+    from agentcore_rl import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    _add_demo_parser(commands)
+    _add_eval_parser(commands)
+    _add_serve_parser(commands)
+    _add_local_runtime_parser(commands)
+    return parser
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit code.
+
+    Example::
+
+        raise SystemExit(main(["demo", "--n", "20"]))
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version or a usage error: argparse printed it
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ConfigurationError, InvalidPayloadError) as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except (Unreachable, StorageError, InvocationError) as exc:
+        return _fail(str(exc), EXIT_UNAVAILABLE)
+    except Exception as exc:  # a bug: say so in one line unless asked for the traceback
+        if os.environ.get(_DEBUG_ENV):
+            raise
+        return _fail(
+            f"unexpected {type(exc).__name__}: {exc} (set {_DEBUG_ENV}=1 for the traceback)",
+            EXIT_INTERNAL,
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

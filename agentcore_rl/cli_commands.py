@@ -1,0 +1,288 @@
+"""The ``agentcore-rl`` commands: each takes parsed arguments and returns an exit code.
+
+Errors are raised (``ConfigurationError`` -> exit 2, ``Unreachable`` -> exit 3) and turned
+into one line on stderr by :func:`agentcore_rl.cli.main`.
+
+Example::
+
+    from agentcore_rl.cli import build_parser
+    from agentcore_rl.cli_commands import cmd_eval
+
+    code = cmd_eval(build_parser().parse_args(["eval", "in.jsonl", "--agent-url", url,
+                                               "--s3-bucket", "b", "--exp-id", "e"]))
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, Unreachable, run_async
+from agentcore_rl.cli_eval import EvalOptions, EvalRun, run_eval
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = [
+    "cmd_demo",
+    "cmd_eval",
+    "cmd_local_runtime",
+    "cmd_serve",
+    "import_app",
+    "print_run",
+]
+
+
+def _cwd_importable() -> None:
+    """Like ``python -m`` and uvicorn: modules in the current directory can be imported."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def import_app(target: str) -> Any:
+    """The object named by ``"package.module:attribute"`` (the current directory is
+    importable); ``ConfigurationError`` with a clear message otherwise.
+
+    Example::
+
+        app = import_app("examples.math_agent.agent:app")
+    """
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"{target!r} must look like 'package.module:app'")
+    _cwd_importable()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r}: {exc} (run from the directory that contains it)"
+        ) from None
+    except Exception as exc:  # the user's module failed while importing
+        raise ConfigurationError(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    value: Any = module
+    for name in attribute.split("."):
+        if not hasattr(value, name):
+            raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
+        value = getattr(value, name)
+    if not callable(value):
+        raise ConfigurationError(f"{target} is not an ASGI app (got {type(value).__name__})")
+    return value
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise Unreachable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _serve_asgi(app: Any, host: str, port: int, log_level: str) -> int:
+    import uvicorn
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=getattr(logging, log_level.upper(), logging.INFO),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    sock = _bind(host, port)
+    try:
+        # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
+        # shutdown (rollouts get their grace period) and returns.
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C.
+
+    Example::
+
+        agentcore-rl serve examples.math_agent.agent:app --port 8080
+    """
+    app = import_app(args.target)
+    print(f"{PROG}: serving {args.target} on http://{args.host}:{args.port}", file=sys.stderr)
+    return _serve_asgi(app, args.host, args.port, args.log_level)
+
+
+def cmd_local_runtime(args: argparse.Namespace) -> int:
+    """``agentcore-rl local-runtime --agent-url URL``: the ACR data plane on this machine.
+
+    Example::
+
+        agentcore-rl local-runtime --agent-url http://127.0.0.1:8080 --port 8081
+    """
+    from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
+    from agentcore_rl.local.runtime_wire import validate_runtime_arn
+
+    arn = validate_runtime_arn(args.arn or DEFAULT_AGENT_RUNTIME_ARN)
+    runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
+    print(
+        f"{PROG}: local AgentCore Runtime for {arn}\n"
+        f"  agents: {', '.join(args.agent_url)}\n"
+        f"  use it: export AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{args.host}:{args.port}",
+        file=sys.stderr,
+    )
+    return _serve_asgi(runtime, args.host, args.port, "info")
+
+
+def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"--param {pair!r} must look like KEY=VALUE")
+        try:
+            params[key.strip()] = json.loads(text)
+        except ValueError:
+            params[key.strip()] = text
+    return params
+
+
+async def _check_agents(urls: list[str]) -> None:
+    """Each agent answers ``GET /ping``, or Unreachable names the one that does not."""
+    from agentcore_rl.protocol import PING_PATH
+
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        for url in urls:
+            try:
+                response = await http.get(url + PING_PATH)
+            except httpx.HTTPError as exc:
+                raise Unreachable(
+                    f"cannot reach the agent at {url}: {type(exc).__name__}: {exc}"
+                ) from None
+            if response.status_code >= 500:
+                raise Unreachable(f"the agent at {url} is unhealthy: HTTP {response.status_code}")
+
+
+async def _check_runtime_endpoint(endpoint: str | None) -> None:
+    """A local (non-AWS) runtime endpoint must at least accept connections."""
+    if not endpoint:
+        return
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        try:
+            await http.get(endpoint)
+        except httpx.HTTPError as exc:
+            raise Unreachable(
+                f"cannot reach the AgentCore endpoint {endpoint}: {type(exc).__name__}: {exc}"
+            ) from None
+
+
+def print_run(run: EvalRun, out: Path, *, title: str) -> None:
+    """The summary table and where the results are.
+
+    Example::
+
+        print_run(run, Path("results.jsonl"), title="eval")
+    """
+    print(f"\n{title}")
+    print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
+    print(f"results: {out.resolve()}")
+
+
+def _exit_code(run: EvalRun) -> int:
+    counts = run.summary.counts
+    return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed.
+
+    Example::
+
+        agentcore-rl eval problems.jsonl --agent-url http://127.0.0.1:8080 \\
+            --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
+    """
+    out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    options = EvalOptions(
+        data=Path(args.data),
+        out=out,
+        s3_bucket=args.s3_bucket,
+        exp_id=args.exp_id,
+        agent_runtime_arn=args.agent_runtime_arn,
+        agent_urls=tuple(args.agent_url or ()),
+        concurrency=args.concurrency,
+        tps=args.tps,
+        timeout=args.timeout,
+        base_url=args.base_url,
+        model_id=args.model_id,
+        resume=args.resume,
+        limit=args.limit,
+        s3_endpoint_url=args.s3_endpoint_url,
+        runtime_endpoint_url=args.endpoint_url,
+        rollout_extra=_parse_params(args.param),
+    )
+    if options.agent_runtime_arn is not None:
+        from agentcore_rl.local.runtime_wire import validate_runtime_arn
+
+        validate_runtime_arn(options.agent_runtime_arn)
+
+    async def work() -> int:
+        if options.agent_urls:
+            await _check_agents(list(options.agent_urls))
+        else:
+            endpoint = options.runtime_endpoint_url or os.environ.get(
+                "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"
+            )
+            await _check_runtime_endpoint(endpoint)
+        try:
+            run = await run_eval(options, progress=not args.no_progress)
+        except asyncio.CancelledError:
+            print(
+                f"{PROG}: stopped; finished outcomes are in {out}. Continue with the same "
+                "command and --resume",
+                file=sys.stderr,
+            )
+            raise
+        print_run(run, out, title=f"eval {options.exp_id}")
+        return _exit_code(run)
+
+    return run_async(work)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli_demo`).
+
+    Example::
+
+        agentcore-rl demo --n 50
+    """
+    from agentcore_rl.cli_demo import DemoOptions, run_demo
+
+    _cwd_importable()
+    options = DemoOptions(
+        n=args.n,
+        concurrency=args.concurrency,
+        accuracy=args.accuracy,
+        latency=args.latency,
+        tps=args.tps,
+        base_url=args.base_url,
+        model_id=args.model_id,
+        out=Path(args.out) if args.out else None,
+        progress=not args.no_progress,
+    )
+
+    async def work() -> int:
+        run, out = await run_demo(options)
+        print_run(run, out, title="demo summary")
+        return _exit_code(run)
+
+    return run_async(work)

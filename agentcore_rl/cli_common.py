@@ -1,0 +1,107 @@
+"""What the ``agentcore-rl`` commands share: exit codes, the "unreachable" error and an
+event-loop runner that turns Ctrl-C into a clean shutdown.
+
+Example::
+
+    from agentcore_rl.cli_common import run_async
+
+    exit_code = run_async(lambda: run_demo(options))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+__all__ = [
+    "EXIT_FAILURES",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_TERMINATED",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "PROG",
+    "Unreachable",
+    "run_async",
+]
+
+PROG: Final = "agentcore-rl"
+
+EXIT_OK: Final = 0
+#: Some rollouts failed or timed out (the run itself completed).
+EXIT_FAILURES: Final = 1
+#: A bad argument or a bad data file.
+EXIT_USAGE: Final = 2
+#: A service is unreachable or refuses us (S3, agent, runtime), or a port is taken.
+EXIT_UNAVAILABLE: Final = 3
+#: A bug: an exception nobody expected.
+EXIT_INTERNAL: Final = 4
+EXIT_INTERRUPTED: Final = 130
+EXIT_TERMINATED: Final = 143
+
+
+class Unreachable(Exception):
+    """A service a command needs cannot be reached or refuses us (exit code 3).
+
+    Example::
+
+        raise Unreachable("cannot reach the agent at http://127.0.0.1:8080: refused")
+    """
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def run_async(work: Callable[[], Awaitable[int]]) -> int:
+    """Run ``work`` on a fresh event loop; Ctrl-C/SIGTERM cancel it so that every
+    ``async with`` unwinds (servers stop, sessions are stopped), then 130/143 is returned.
+    A second Ctrl-C interrupts at once.
+
+    Example::
+
+        run_async(lambda: run_demo(options))
+    """
+    received: list[int] = []
+
+    async def supervised() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_signal(signum: int) -> None:
+            received.append(signum)
+            # Back to the default handlers: a second signal interrupts at once.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            print(f"\n{PROG}: interrupted; shutting down cleanly...", file=sys.stderr)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await work()
+        except asyncio.CancelledError:
+            if received:
+                raise _Interrupted(received[0]) from None
+            raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.remove_signal_handler(sig)
+
+    try:
+        code = asyncio.run(supervised())
+    except _Interrupted as exc:
+        return EXIT_TERMINATED if exc.signum == signal.SIGTERM else EXIT_INTERRUPTED
+    if received:  # the work swallowed the cancellation but a signal did arrive
+        return EXIT_TERMINATED if received[0] == signal.SIGTERM else EXIT_INTERRUPTED
+    return code

@@ -1,0 +1,138 @@
+"""``agentcore-rl demo``: every part of the toolkit on one machine, in one process.
+
+Embedded S3 (moto), the scripted stand-in policy (NOT a language model: a pattern-based
+script that solves the example's word problems, right ``accuracy`` of the time), the math
+example agent on two agent servers, and the local AgentCore Runtime in front of them. The
+problems go through :class:`~agentcore_rl.client.AsyncRolloutClient` over the ACR
+transport, i.e. the real aiobotocore ``bedrock-agentcore`` client, reaching the local
+runtime through ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, exactly as it would reach AWS.
+
+Example::
+
+    run, results_path = await run_demo(DemoOptions(n=50))
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from agentcore_rl.cli_common import PROG
+from agentcore_rl.cli_eval import EvalOptions, EvalRun, run_eval
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = ["DEMO_AGENT", "DemoOptions", "run_demo"]
+
+#: The agent the demo serves (importable from the repository root).
+DEMO_AGENT: Final = "examples.math_agent.agent:app"
+_AGENT_SERVERS: Final = 2
+# Generous: a rollout of the stand-in takes well under a second.
+_ROLLOUT_TIMEOUT: Final = 120.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """The demo's knobs (see ``agentcore-rl demo --help``).
+
+    Example::
+
+        DemoOptions(n=200, concurrency=32, accuracy=0.8)
+    """
+
+    n: int = 200
+    concurrency: int = 32
+    accuracy: float = 0.8
+    latency: float = 0.05
+    tps: float | None = 100.0
+    base_url: str | None = None
+    model_id: str | None = None
+    out: Path | None = None
+    progress: bool = True
+
+
+def _dataset(n: int, workdir: Path) -> Path:
+    """The shipped problems when there are enough, else ``n`` freshly generated ones."""
+    try:
+        from examples.math_agent.dataset import DEFAULT_DATA_PATH, generate
+    except ImportError:
+        raise ConfigurationError(
+            "the demo runs the example in examples/math_agent: run it from the repository "
+            "root (where `make demo` runs it)"
+        ) from None
+    with DEFAULT_DATA_PATH.open(encoding="utf-8") as shipped:
+        available = sum(1 for line in shipped if line.strip())
+    if n <= available:
+        return DEFAULT_DATA_PATH
+    import json
+
+    path = workdir / "problems.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in generate(n, seed=0)), encoding="utf-8")
+    return path
+
+
+async def run_demo(options: DemoOptions) -> tuple[EvalRun, Path]:
+    """Start the local stack, run the problems, stop everything; return the run and the
+    results file.
+
+    Example::
+
+        run, out = await run_demo(DemoOptions(n=20, latency=0.0))
+    """
+    from agentcore_rl.local.policy import ScriptedPolicy
+    from agentcore_rl.local.stack import LocalStack
+
+    workdir = Path(tempfile.mkdtemp(prefix="agentcore-rl-demo-"))
+    out = options.out or workdir / "results.jsonl"
+    data = _dataset(options.n, workdir)
+    policy = (
+        None
+        if options.base_url
+        else ScriptedPolicy(accuracy=options.accuracy, latency=options.latency, seed=0)
+    )
+    if policy is not None:
+        which = f"the scripted stand-in policy (not a language model; accuracy {options.accuracy})"
+    else:
+        which = f"the policy at {options.base_url}"
+    print(
+        f"{PROG} demo: starting embedded S3, {which}, {_AGENT_SERVERS} math agent servers "
+        "and a local AgentCore Runtime...",
+        file=sys.stderr,
+    )
+    stack = LocalStack(
+        DEMO_AGENT,
+        agents=_AGENT_SERVERS,
+        policy=policy,
+        policy_base_url=options.base_url,
+        policy_model=options.model_id,
+        tps=options.tps,
+    )
+    async with stack:
+        print(
+            f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
+            f"{stack.policy_base_url} | agents {' '.join(stack.agent_urls)}\n"
+            f"  AgentCore Runtime {stack.runtime_endpoint_url} ({stack.agent_runtime_arn})\n"
+            f"  running {options.n} problems, {options.concurrency} at a time, over the ACR "
+            "transport...",
+            file=sys.stderr,
+        )
+        eval_options = EvalOptions(
+            data=data,
+            out=out,
+            s3_bucket=stack.bucket,
+            exp_id=time.strftime("demo-%Y%m%d-%H%M%S"),
+            agent_runtime_arn=stack.agent_runtime_arn,
+            concurrency=options.concurrency,
+            tps=options.tps,
+            timeout=_ROLLOUT_TIMEOUT,
+            base_url=stack.policy_base_url,
+            model_id=stack.policy_model,
+            limit=options.n,
+            s3_endpoint_url=stack.s3_endpoint_url,
+            runtime_endpoint_url=stack.runtime_endpoint_url,
+        )
+        run = await run_eval(eval_options, progress=options.progress)
+    return run, out
