@@ -2,11 +2,32 @@
 
 Example::
 
-    from agentcore_rl.client import TokenBucket
+    from agentcore_rl.client import AsyncRolloutClient
 
-    bucket = TokenBucket(rate=25, burst=25)
+    async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
+                                  exp_id="e1") as client:
+        result = await client.rollout({"prompt": "2+2?"})
 """
 
+from agentcore_rl.client.batch import BatchItem, run_batch
 from agentcore_rl.client.bucket import Priority, TokenBucket
+from agentcore_rl.client.client import AsyncRolloutClient
+from agentcore_rl.client.config import RetryConfig
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.sync import RolloutClient
+from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
 
-__all__ = ["Priority", "TokenBucket"]
+__all__ = [
+    "AsyncRolloutClient",
+    "BatchItem",
+    "ClientStats",
+    "CompletionWatcher",
+    "Priority",
+    "RetryConfig",
+    "RolloutClient",
+    "RolloutFuture",
+    "TokenBucket",
+    "WatcherConfig",
+    "run_batch",
+]

@@ -1,0 +1,553 @@
+"""AsyncRolloutClient: start rollouts on agents and get asyncio futures for their results.
+
+Example::
+
+    async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
+                                  exp_id="step-17", max_concurrent_sessions=256) as client:
+        fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1", temperature=1.0)
+        result = await fut
+        async for item in client.run_batch(payloads, timeout=900):
+            print(item.index, item.success)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from agentcore_rl import protocol
+from agentcore_rl.client.batch import BatchItem, run_batch
+from agentcore_rl.client.bucket import Priority, TokenBucket
+from agentcore_rl.client.config import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_MAX_CONCURRENT_SESSIONS,
+    DEFAULT_RETRY,
+    DEFAULT_STOP_WORKERS,
+    DEFAULT_TIMEOUT,
+    RetryConfig,
+)
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.retry import with_retries
+from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client.transports.acr import AcrTransport
+from agentcore_rl.client.transports.base import Transport
+from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
+from agentcore_rl.errors import (
+    ClientClosedError,
+    ConfigurationError,
+    InvalidPayloadError,
+    InvalidRolloutConfig,
+    InvocationError,
+    RolloutError,
+    RolloutTimeoutError,
+    StorageError,
+)
+from agentcore_rl.s3 import ResultStore
+
+__all__ = ["AsyncRolloutClient"]
+
+logger = logging.getLogger(__name__)
+
+_OWN_FIELDS = frozenset({protocol.EXP_ID, protocol.S3_BUCKET, protocol.BASE_URL, protocol.MODEL_ID})
+
+
+_OUTCOME_COUNTERS: dict[type[BaseException] | type[None], str] = {
+    type(None): "results",
+    RolloutError: "rollout_errors",
+    RolloutTimeoutError: "timeouts",
+    StorageError: "storage_errors",
+    ClientClosedError: "closed",
+}
+
+
+def _fresh_input_id() -> str:
+    # Microseconds since the epoch: unique enough (keys also hold the session id) and
+    # time-ordered, so the watcher's LIST from the oldest pending key skips older results.
+    return str(time.time_ns() // 1000)
+
+
+class AsyncRolloutClient:
+    """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
+
+    Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN, endpoint from
+    ``endpoint_url`` or ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``) and ``agent_url`` (one URL
+    or a list; sessions are spread across them). ``s3_bucket`` and ``exp_id`` locate the
+    results; ``base_url``, ``model_id`` and any extra keyword go into every payload's
+    ``_rollout`` block (per-call keywords override them).
+
+    ``max_concurrent_sessions`` rollouts run at once: a slot is held from ``invoke`` until
+    the outcome. Invocations and stop calls share one token bucket (``tps_limit`` per
+    second, ``burst``); stops wait behind invocations. ``timeout`` (seconds from
+    acceptance, ``None`` for none) applies to every rollout unless a call gives its own.
+    ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
+    call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
+    reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
+
+    Example::
+
+        async with AsyncRolloutClient(
+            agent_runtime_arn="arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math",
+            s3_bucket="my-rollouts", exp_id="grpo-step-17", tps_limit=25,
+            base_url="http://gateway:9000/v1", model_id="qwen3", temperature=0.7,
+        ) as client:
+            results = await asyncio.gather(*(client.rollout(p) for p in payloads),
+                                           return_exceptions=True)
+    """
+
+    def __init__(
+        self,
+        *,
+        agent_runtime_arn: str | None = None,
+        agent_url: str | Sequence[str] | None = None,
+        s3_bucket: str,
+        exp_id: str,
+        max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
+        tps_limit: float = 25.0,
+        burst: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        base_url: str | None = None,
+        model_id: str | None = None,
+        endpoint_url: str | None = None,
+        qualifier: str | None = None,
+        s3_endpoint_url: str | None = None,
+        store: ResultStore | None = None,
+        retry: RetryConfig = DEFAULT_RETRY,
+        watcher: WatcherConfig = DEFAULT_WATCHER,
+        token_bucket: TokenBucket | None = None,
+        stop_finished_sessions: bool | None = None,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        stop_workers: int = DEFAULT_STOP_WORKERS,
+        **rollout_extra: Any,
+    ) -> None:
+        if (agent_runtime_arn is None) == (agent_url is None):
+            raise ConfigurationError(
+                "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
+                "(agent servers over HTTP)"
+            )
+        if not isinstance(max_concurrent_sessions, int) or max_concurrent_sessions < 1:
+            raise ConfigurationError(
+                f"max_concurrent_sessions must be an int >= 1, got {max_concurrent_sessions!r}"
+            )
+        if timeout is not None and not timeout > 0:
+            raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        try:
+            self.defaults = protocol.RolloutConfig(
+                exp_id=exp_id,
+                input_id="placeholder",
+                s3_bucket=s3_bucket,
+                base_url=base_url,
+                model_id=model_id,
+                extra=dict(rollout_extra),
+            )
+        except InvalidRolloutConfig as exc:
+            raise ConfigurationError(str(exc)) from exc
+        self.exp_id = exp_id
+        self.s3_bucket = s3_bucket
+        self.max_concurrent_sessions = max_concurrent_sessions
+        self.timeout = timeout
+        self.retry = retry
+        self.close_timeout = close_timeout
+        connections = min(max_concurrent_sessions, 256)
+        self.transport: Transport
+        if agent_runtime_arn is not None:
+            self.transport = AcrTransport(
+                agent_runtime_arn,
+                endpoint_url=endpoint_url,
+                qualifier=qualifier,
+                max_connections=connections,
+            )
+        else:
+            assert agent_url is not None
+            self.transport = HttpTransport(agent_url, max_connections=connections)
+        self.stop_finished_sessions = (
+            self.transport.stop_after_result
+            if stop_finished_sessions is None
+            else stop_finished_sessions
+        )
+        self._owns_store = store is None
+        self.store = store or ResultStore(endpoint_url=s3_endpoint_url)
+        self.bucket = token_bucket or TokenBucket(tps_limit, burst)
+        self._counters: Counter[str] = Counter()
+        self._slots = asyncio.Semaphore(max_concurrent_sessions)
+        self._watcher = CompletionWatcher(self.store, watcher)
+        self._stopper = SessionStopper(
+            self.transport, self.bucket, retry, self._counters, workers=stop_workers
+        )
+        self._live: dict[str, RolloutFuture] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._busy_tasks: set[asyncio.Task[Any]] = set()
+        self._closed_by_us: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        self._close_done: asyncio.Event | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncRolloutClient(transport={self.transport!r}, exp_id={self.exp_id!r}, "
+            f"s3_bucket={self.s3_bucket!r}, in_flight={len(self._live)})"
+        )
+
+    # --- public API ----------------------------------------------------------------------
+
+    @property
+    def stats(self) -> ClientStats:
+        """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests).
+
+        Example::
+
+            print(client.stats.as_dict())
+        """
+        c = self._counters
+        return ClientStats(
+            invocations=c["invocations"],
+            retries=c["retries"],
+            throttles=c["throttles"],
+            stops=c["stops"],
+            stop_failures=c["stop_failures"],
+            results=c["results"],
+            rollout_errors=c["rollout_errors"],
+            timeouts=c["timeouts"],
+            invocation_errors=c["invocation_errors"],
+            storage_errors=c["storage_errors"],
+            cancelled=c["cancelled"],
+            closed=c["closed"],
+            in_flight=len(self._live),
+            s3_requests=dict(self.store.request_counts),
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Accepted rollouts without an outcome yet.
+
+        Example::
+
+            print(client.in_flight)
+        """
+        return len(self._live)
+
+    async def invoke(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        input_id: str | None = None,
+        timeout: float | None = None,
+        **overrides: Any,
+    ) -> RolloutFuture:
+        """Start one rollout; return its future once the agent has accepted it.
+
+        Waits for a concurrency slot, then a token. ``_rollout`` is the client's defaults,
+        then the payload's own ``_rollout`` keys, then ``input_id`` and ``overrides``.
+        ``input_id`` defaults to a fresh time-ordered id. ``timeout`` (seconds from
+        acceptance; ``math.inf`` for none) overrides the client's. Raises
+        ``InvalidPayloadError`` for a bad payload or override, ``InvocationError`` when the
+        agent refused or could not be reached, ``ClientClosedError`` after ``aclose``.
+
+        Example::
+
+            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1", temperature=1.0)
+            result = await fut
+        """
+        body, config = self.prepare(payload, input_id=input_id, overrides=overrides)
+        await self.admit()
+        return await self.start(body, config, timeout=timeout)
+
+    async def rollout(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        input_id: str | None = None,
+        timeout: float | None = None,
+        **overrides: Any,
+    ) -> dict[str, Any]:
+        """``invoke`` and wait for the outcome: the result dict, or its exception.
+
+        Example::
+
+            result = await client.rollout({"prompt": "2+2?"}, timeout=600)
+        """
+        fut = await self.invoke(payload, input_id=input_id, timeout=timeout, **overrides)
+        return await fut
+
+    def run_batch(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        timeout: float | None = None,
+        **overrides: Any,
+    ) -> AsyncGenerator[BatchItem, None]:
+        """Run many rollouts; iterate over :class:`BatchItem` in completion order.
+
+        Never raises for one rollout (its item carries the error). The default
+        ``input_id`` is the payload's index, zero-padded to 6 digits (``"000017"``),
+        unless the payload's ``_rollout`` or ``overrides`` name one. Leaving the loop early
+        stops every live session the batch started (at once with ``aclosing``, else when
+        the dropped generator is finalized, which CPython does immediately).
+
+        Example::
+
+            async for item in client.run_batch(payloads, timeout=900):
+                print(item.index, item.success, item.error)
+        """
+        self._check_open()
+        return run_batch(self, payloads, timeout=timeout, overrides=overrides)
+
+    async def aclose(self) -> None:
+        """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
+        sessions (waiting up to ``close_timeout`` seconds), release everything. Idempotent.
+
+        Example::
+
+            await client.aclose()
+        """
+        if self._close_done is not None:
+            await self._close_done.wait()
+            return
+        self._close_done = asyncio.Event()
+        self._closed = True
+        try:
+            for task in list(self._busy_tasks):
+                self._closed_by_us.add(task)
+                task.cancel()
+            error = ClientClosedError("the client was closed before this rollout finished")
+            for fut in list(self._live.values()):
+                fut._settle(None, error)
+            # Done callbacks (which queue the stop calls) run on the next loop iteration.
+            await asyncio.sleep(0)
+            left = await self._stopper.drain(self.close_timeout)
+            if left:
+                logger.warning(
+                    "%d session(s) not stopped within %s s of closing", left, self.close_timeout
+                )
+        finally:
+            await self._stopper.aclose()
+            await self._watcher.aclose()
+            await self.transport.aclose()
+            if self._owns_store:
+                await self.store.aclose()
+            self._close_done.set()
+
+    async def __aenter__(self) -> AsyncRolloutClient:
+        self._check_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- the steps of an invocation (used by invoke and by Batch) ------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the client is closed; create a new one")
+
+    def prepare(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        input_id: str | None,
+        overrides: Mapping[str, Any],
+        default_input_id: str | None = None,
+    ) -> tuple[dict[str, Any], protocol.RolloutConfig]:
+        """Build the body and its validated ``_rollout`` block (no I/O).
+
+        Example::
+
+            body, config = client.prepare({"prompt": "hi"}, input_id="q-1", overrides={})
+        """
+        if not isinstance(payload, Mapping):
+            raise InvalidPayloadError(
+                f"a payload must be a JSON object (a dict), got {type(payload).__name__}"
+            )
+        own = payload.get(protocol.ROLLOUT_FIELD) or {}
+        if not isinstance(own, Mapping):
+            raise InvalidRolloutConfig(
+                f"payload {protocol.ROLLOUT_FIELD} must be a dict, got {type(own).__name__}",
+                field=protocol.ROLLOUT_FIELD,
+            )
+        block = self.defaults.to_dict()
+        block.pop(protocol.INPUT_ID)
+        block.update(own)
+        block.update(overrides)
+        if input_id is not None:
+            block[protocol.INPUT_ID] = input_id
+        elif block.get(protocol.INPUT_ID) is None:
+            block[protocol.INPUT_ID] = default_input_id or _fresh_input_id()
+        config = protocol.RolloutConfig.from_dict(block)
+        body = dict(payload)
+        body[protocol.ROLLOUT_FIELD] = config.to_dict()
+        return body, config
+
+    async def admit(self) -> None:
+        """Wait for a concurrency slot, then a token (the caller then owns the slot).
+
+        Example::
+
+            await client.admit(); fut = await client.start(body, config)
+        """
+        self._check_open()
+        task = asyncio.current_task()
+        assert task is not None
+        self._busy_tasks.add(task)
+        has_slot = False
+        try:
+            await self._slots.acquire()
+            has_slot = True
+            await self.bucket.acquire(Priority.INVOKE)
+        except asyncio.CancelledError:
+            if has_slot:
+                self._slots.release()
+            self._raise_if_closed_by_us(task)
+            raise
+        finally:
+            self._busy_tasks.discard(task)
+        if self._closed:
+            self._slots.release()
+            raise ClientClosedError("the client was closed while this invocation waited")
+
+    def _raise_if_closed_by_us(self, task: asyncio.Task[Any]) -> None:
+        if task in self._closed_by_us:
+            self._closed_by_us.discard(task)
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:  # Python >= 3.11: undo our cancel() for the caller
+                uncancel()
+            raise ClientClosedError("the client was closed while this invocation waited")
+
+    async def start(
+        self,
+        body: dict[str, Any],
+        config: protocol.RolloutConfig,
+        *,
+        timeout: float | None = None,
+        index: int | None = None,
+    ) -> RolloutFuture:
+        """Send an admitted invocation (with retries) and start watching for its result.
+
+        Example::
+
+            fut = await client.start(body, config, timeout=600)
+        """
+        session_id = protocol.new_session_id()
+        fut = RolloutFuture(
+            session_id=session_id,
+            input_id=config.input_id,
+            s3_bucket=config.s3_bucket,
+            result_key=config.key_for(session_id),
+            index=index,
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self._busy_tasks.add(task)
+        try:
+            answer = await with_retries(
+                functools.partial(self._send, session_id, body),
+                retry=self.retry,
+                bucket=self.bucket,
+                counters=self._counters,
+                what=f"invoking session {session_id}",
+            )
+            self._check_answer(answer, fut)
+        except BaseException as exc:
+            self._slots.release()
+            self._counters["invocation_errors"] += 1
+            # The agent may have started the rollout unless it clearly refused it.
+            status = getattr(exc, "status_code", None)
+            if not isinstance(exc, InvocationError) or status is None or status >= 500:
+                self._stopper.schedule(session_id)
+            if isinstance(exc, asyncio.CancelledError):
+                self._raise_if_closed_by_us(task)
+            raise
+        finally:
+            self._busy_tasks.discard(task)
+        self._live[session_id] = fut
+        fut.add_done_callback(self._on_done)
+        self._watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived, fut))
+        limit = self.timeout if timeout is None else timeout
+        if limit is not None and math.isfinite(limit):
+            loop = asyncio.get_running_loop()
+            self._timers[session_id] = loop.call_later(limit, self._expire, fut, limit)
+        return fut
+
+    async def _send(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._counters["invocations"] += 1
+        return await self.transport.invoke(session_id, body)
+
+    def _check_answer(self, answer: dict[str, Any], fut: RolloutFuture) -> None:
+        if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
+            raise InvocationError(
+                f"the agent answered {str(answer)[:200]} instead of "
+                f'{{"{protocol.STATUS}": "{protocol.STATUS_PROCESSING}", ...}}: is its handler '
+                "a rollout entrypoint (@app.rollout_entrypoint)?",
+                session_id=fut.session_id,
+            )
+        key = answer.get(protocol.RESULT_KEY)
+        bucket = answer.get(protocol.S3_BUCKET)
+        if (key, bucket) != (fut.result_key, fut.s3_bucket):
+            # The agent decides where it writes; follow it, but say so.
+            logger.warning(
+                "agent writes session %s to s3://%s/%s, not s3://%s/%s",
+                fut.session_id,
+                bucket,
+                key,
+                fut.s3_bucket,
+                fut.result_key,
+            )
+            if isinstance(key, str) and isinstance(bucket, str):
+                fut.result_key, fut.s3_bucket = key, bucket
+
+    # --- outcomes ------------------------------------------------------------------------
+
+    def _arrived(
+        self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            fut._settle(None, error)
+        elif envelope is not None and protocol.is_error_envelope(envelope):
+            fut._settle(None, RolloutError(envelope, session_id=fut.session_id))
+        else:
+            fut._settle(envelope, None)
+
+    def _expire(self, fut: RolloutFuture, limit: float) -> None:
+        fut._settle(
+            None,
+            RolloutTimeoutError(
+                f"rollout {fut.session_id} (input {fut.input_id}) gave no result within "
+                f"{limit:g} s; its session is being stopped",
+                session_id=fut.session_id,
+                timeout=limit,
+            ),
+        )
+
+    def _on_done(self, fut: RolloutFuture) -> None:
+        """Every outcome passes here once: free the slot, tidy up, maybe stop the session."""
+        sid = fut.session_id
+        self._live.pop(sid, None)
+        timer = self._timers.pop(sid, None)
+        if timer is not None:
+            timer.cancel()
+        self._watcher.untrack(fut.s3_bucket, fut.result_key)
+        self._slots.release()
+        if fut.cancelled():
+            self._counters["cancelled"] += 1
+            stop = True
+        else:
+            exc = fut.exception()
+            kind = _OUTCOME_COUNTERS.get(type(exc), "storage_errors")
+            self._counters[kind] += 1
+            finished = exc is None or isinstance(exc, RolloutError)
+            stop = self.stop_finished_sessions or not finished
+        if fut.resolved_at is None:
+            fut.resolved_at = time.time()
+        if stop:
+            self._stopper.schedule(sid)

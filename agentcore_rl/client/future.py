@@ -1,0 +1,89 @@
+"""RolloutFuture: an asyncio.Future for one rollout's outcome, with its coordinates.
+
+Example::
+
+    fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1")
+    print(fut.session_id, fut.result_key)
+    result = await fut            # or asyncio.gather / wait / as_completed / wait_for
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+__all__ = ["RolloutFuture"]
+
+
+class RolloutFuture(asyncio.Future[dict[str, Any]]):
+    """The outcome of one accepted rollout: a result dict, or an exception.
+
+    Besides being a plain :class:`asyncio.Future` it carries where the result will appear
+    (``s3_bucket``, ``result_key``) and which session runs it (``session_id``).
+    ``invoked_at`` and ``resolved_at`` are epoch seconds (``resolved_at`` is ``None``
+    until the outcome is known). Cancelling it stops the session on the agent side.
+
+    Example::
+
+        fut = await client.invoke(payload)
+        try:
+            result = await asyncio.wait_for(fut, 60)   # a timeout cancels and stops it
+        except asyncio.TimeoutError:
+            print("gave up on", fut.session_id)
+    """
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        input_id: str,
+        s3_bucket: str,
+        result_key: str,
+        index: int | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(loop=loop or asyncio.get_running_loop())
+        self.session_id = session_id
+        self.input_id = input_id
+        self.s3_bucket = s3_bucket
+        self.result_key = result_key
+        self.index = index
+        self.invoked_at = time.time()
+        self.resolved_at: float | None = None
+
+    def __repr__(self) -> str:
+        if self.cancelled():
+            state = "cancelled"
+        elif not self.done():
+            state = "pending"
+        elif self.exception() is not None:
+            state = f"failed: {type(self.exception()).__name__}"
+        else:
+            state = "finished"
+        return (
+            f"<RolloutFuture {state} session_id={self.session_id!r} result_key={self.result_key!r}>"
+        )
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the invocation to the outcome (or to now while pending).
+
+        Example::
+
+            print(f"took {fut.elapsed:.1f} s")
+        """
+        end = self.resolved_at if self.resolved_at is not None else time.time()
+        return end - self.invoked_at
+
+    def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> bool:
+        """Resolve once; later outcomes (a result after a timeout...) are dropped."""
+        if self.done():
+            return False
+        self.resolved_at = time.time()
+        if error is not None:
+            self.set_exception(error)
+        else:
+            assert result is not None
+            self.set_result(result)
+        return True

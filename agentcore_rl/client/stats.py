@@ -1,0 +1,67 @@
+"""ClientStats: what a rollout client has done so far, for logs and benchmarks.
+
+Example::
+
+    print(client.stats.s3_requests / client.stats.results, "S3 requests per result")
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ClientStats"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientStats:
+    """A snapshot of a client's counters.
+
+    ``invocations`` counts every invocation request sent (retries included), ``retries``
+    the repeated ones, ``throttles`` the 429 / ThrottlingException answers; ``stops`` the
+    stop calls that completed and ``stop_failures`` those given up. Outcomes: ``results``,
+    ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
+    ``cancelled``, ``closed``. ``in_flight``: accepted rollouts without an outcome yet.
+    ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
+
+    Example::
+
+        stats = client.stats
+        print(stats.results, stats.in_flight, stats.s3_total)
+    """
+
+    invocations: int = 0
+    retries: int = 0
+    throttles: int = 0
+    stops: int = 0
+    stop_failures: int = 0
+    results: int = 0
+    rollout_errors: int = 0
+    timeouts: int = 0
+    invocation_errors: int = 0
+    storage_errors: int = 0
+    cancelled: int = 0
+    closed: int = 0
+    in_flight: int = 0
+    s3_requests: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def s3_total(self) -> int:
+        """All S3 requests.
+
+        Example::
+
+            client.stats.s3_total
+        """
+        return sum(self.s3_requests.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-ready), with ``s3_total``.
+
+        Example::
+
+            json.dumps(client.stats.as_dict())
+        """
+        out = asdict(self)
+        out["s3_total"] = self.s3_total
+        return out

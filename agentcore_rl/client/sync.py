@@ -1,0 +1,192 @@
+"""RolloutClient: the synchronous facade over AsyncRolloutClient.
+
+The async client runs on a private event-loop thread (an anyio blocking portal, as
+Starlette's TestClient does); every method here forwards to it and waits. No logic of its
+own: behaviour, errors and defaults are the async client's.
+
+Example::
+
+    with RolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
+                       exp_id="eval-1") as client:
+        result = client.rollout({"prompt": "2+2?"})
+        for item in client.run_batch(payloads, timeout=600):
+            print(item.index, item.success)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import functools
+from collections.abc import Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from agentcore_rl.client.batch import BatchItem
+from agentcore_rl.client.client import AsyncRolloutClient
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.stats import ClientStats
+
+__all__ = ["RolloutClient"]
+
+
+async def _create(kwargs: dict[str, Any]) -> AsyncRolloutClient:
+    # Built inside the loop thread: its primitives belong to that loop.
+    return AsyncRolloutClient(**kwargs)
+
+
+async def _outcome(fut: RolloutFuture) -> dict[str, Any]:
+    # Cancelling the concurrent future cancels this task, and with it ``fut``.
+    return await fut
+
+
+class RolloutClient:
+    """:class:`AsyncRolloutClient` for synchronous code: same constructor and methods.
+
+    ``invoke`` returns a :class:`concurrent.futures.Future` (with ``session_id``,
+    ``input_id``, ``s3_bucket`` and ``result_key`` attributes; ``cancel()`` stops the
+    session); ``rollout`` returns the result dict; ``run_batch`` is a plain iterator.
+    Use it as a context manager or call ``close()``.
+
+    Example::
+
+        client = RolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
+                               exp_id="eval-1", max_concurrent_sessions=32)
+        try:
+            futures = [client.invoke(p) for p in payloads]
+            results = [f.result(timeout=900) for f in futures]
+        finally:
+            client.close()
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._stack = contextlib.ExitStack()
+        self._portal: BlockingPortal = self._stack.enter_context(start_blocking_portal())
+        try:
+            self._client: AsyncRolloutClient = self._portal.call(_create, kwargs)
+        except BaseException:
+            self._stack.close()
+            raise
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RolloutClient({self._client!r})"
+
+    @property
+    def async_client(self) -> AsyncRolloutClient:
+        """The async client underneath (use it only through this object's portal).
+
+        Example::
+
+            client.async_client.exp_id
+        """
+        return self._client
+
+    @property
+    def stats(self) -> ClientStats:
+        """See :attr:`AsyncRolloutClient.stats`.
+
+        Example::
+
+            print(client.stats.as_dict())
+        """
+        return self._client.stats
+
+    def invoke(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        input_id: str | None = None,
+        timeout: float | None = None,
+        **overrides: Any,
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """Start a rollout (blocks until accepted); return a future for its outcome.
+
+        Example::
+
+            fut = client.invoke({"prompt": "2+2?"}, input_id="q-1")
+            print(fut.session_id, fut.result(timeout=600))
+        """
+        call = functools.partial(
+            self._client.invoke, payload, input_id=input_id, timeout=timeout, **overrides
+        )
+        rollout_future: RolloutFuture = self._portal.call(call)
+        fut = self._portal.start_task_soon(_outcome, rollout_future)
+        for name in ("session_id", "input_id", "s3_bucket", "result_key"):
+            setattr(fut, name, getattr(rollout_future, name))
+        return fut
+
+    def rollout(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        input_id: str | None = None,
+        timeout: float | None = None,
+        **overrides: Any,
+    ) -> dict[str, Any]:
+        """Run one rollout and return its result dict (or raise its error).
+
+        Example::
+
+            result = client.rollout({"prompt": "2+2?"}, timeout=600)
+        """
+        call = functools.partial(
+            self._client.rollout, payload, input_id=input_id, timeout=timeout, **overrides
+        )
+        result: dict[str, Any] = self._portal.call(call)
+        return result
+
+    def run_batch(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        timeout: float | None = None,
+        **overrides: Any,
+    ) -> Iterator[BatchItem]:
+        """Yield a :class:`BatchItem` per payload in completion order; leaving the loop
+        early stops the sessions still running.
+
+        Example::
+
+            for item in client.run_batch(payloads, timeout=600):
+                print(item.index, item.success)
+        """
+        batch = self._client.run_batch(payloads, timeout=timeout, **overrides)
+        try:
+            while True:
+                try:
+                    item: BatchItem = self._portal.call(batch.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if not self._closed:
+                self._portal.call(batch.aclose)
+
+    def close(self) -> None:
+        """Close the async client (stopping live sessions) and its thread. Idempotent.
+
+        Example::
+
+            client.close()
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._portal.call(self._client.aclose)
+        finally:
+            self._stack.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,230 @@
+"""ACR transport: AgentCore Runtime's data plane through aiobotocore.
+
+``InvokeAgentRuntime`` carries the payload (the response body streams back and is read
+whole: a rollout entrypoint answers with a small "processing" object);
+``StopRuntimeSession`` frees the session's microVM. The region comes from the ARN; the
+endpoint from ``endpoint_url`` or, as botocore does by itself,
+``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (how the local runtime stand-in is reached).
+botocore's own retries are off: the client's retry policy governs.
+
+Example::
+
+    transport = AcrTransport("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
+    answer = await transport.invoke(new_session_id(), payload)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from aiobotocore.session import AioSession, get_session
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, ReadTimeoutError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from agentcore_rl.client.transports.base import RetryableError
+from agentcore_rl.errors import ConfigurationError, InvocationError
+
+__all__ = ["AcrTransport", "parse_runtime_arn"]
+
+#: The botocore service name of AgentCore's data plane.
+SERVICE_NAME: Final = "bedrock-agentcore"
+
+_ARN: Final = re.compile(
+    r"arn:(?P<partition>aws[a-z-]*):bedrock-agentcore:(?P<region>[a-z0-9-]+):"
+    r"(?P<account>\d{12}):runtime/(?P<name>[A-Za-z0-9][A-Za-z0-9_-]*)"
+)
+# Error codes (x-amzn-ErrorType) worth another try with the same session id.
+_THROTTLED: Final = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
+_RETRYABLE: Final = frozenset(
+    {"InternalServerException", "RetryableConflictException", "ConflictException"}
+)
+
+
+def parse_runtime_arn(arn: str) -> str:
+    """Validate an agent runtime ARN and return its region.
+
+    Example::
+
+        parse_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
+        # "us-west-2"
+    """
+    match = _ARN.fullmatch(arn) if isinstance(arn, str) else None
+    if match is None:
+        raise ConfigurationError(
+            f"agent_runtime_arn {arn!r} is not an AgentCore runtime ARN like "
+            "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/my_agent"
+        )
+    return match["region"]
+
+
+def _classify(exc: ClientError, session_id: str) -> InvocationError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    message = str(error.get("Message", "")) or str(exc)
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = status if isinstance(status, int) else None
+    text = f"{code or 'error'} (HTTP {status}): {message}"
+    if code in _THROTTLED or status == 429:
+        return RetryableError(text, session_id=session_id, status_code=status, throttled=True)
+    # RuntimeClientError (424) is how ACR reports an agent container answering 5xx, e.g. a
+    # server that is shutting down: worth retrying like any 5xx.
+    if code in _RETRYABLE or code == "RuntimeClientError" or (status or 0) >= 500:
+        return RetryableError(text, session_id=session_id, status_code=status)
+    return InvocationError(text, session_id=session_id, status_code=status)
+
+
+class AcrTransport:
+    """Invoke and stop sessions of one AgentCore runtime.
+
+    Example::
+
+        transport = AcrTransport(arn, endpoint_url="http://127.0.0.1:9000")
+        try:
+            await transport.invoke(sid, payload)
+        finally:
+            await transport.aclose()
+    """
+
+    name = "acr"
+    #: A finished session keeps its microVM (and a slot of the active-session quota) until
+    #: it is stopped or idles out, so it is worth a stop call.
+    stop_after_result = True
+
+    def __init__(
+        self,
+        agent_runtime_arn: str,
+        *,
+        endpoint_url: str | None = None,
+        qualifier: str | None = None,
+        session: AioSession | None = None,
+        timeout: float = 60.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.agent_runtime_arn = agent_runtime_arn
+        self.region = parse_runtime_arn(agent_runtime_arn)
+        self.endpoint_url = endpoint_url
+        self.qualifier = qualifier
+        self._session = session or get_session()
+        self._config = Config(
+            retries={"total_max_attempts": 1},
+            max_pool_connections=max_connections,
+            connect_timeout=timeout,
+            read_timeout=timeout,
+        )
+        self._client: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"AcrTransport(agent_runtime_arn={self.agent_runtime_arn!r})"
+
+    async def _get_client(self) -> Any:
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._closed:
+                raise InvocationError("the ACR transport is closed")
+            if self._client is None:
+                stack = contextlib.AsyncExitStack()
+                self._client = await stack.enter_async_context(
+                    self._session.create_client(
+                        SERVICE_NAME,
+                        region_name=self.region,
+                        endpoint_url=self.endpoint_url,
+                        config=self._config,
+                    )
+                )
+                self._stack = stack
+        return self._client
+
+    def _common(self, session_id: str) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "agentRuntimeArn": self.agent_runtime_arn,
+            "runtimeSessionId": session_id,
+        }
+        if self.qualifier is not None:
+            params["qualifier"] = self.qualifier
+        return params
+
+    async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
+        client = await self._get_client()
+        try:
+            response = await getattr(client, operation)(**params)
+            if "response" in response:
+                # The body streams; a rollout entrypoint's answer is small, read it whole.
+                async with response["response"] as stream:
+                    response["body"] = await stream.read()
+            return response
+        except ClientError as exc:
+            raise _classify(exc, session_id) from exc
+        except (BotoConnectionError, HTTPClientError, ReadTimeoutError, OSError) as exc:
+            raise RetryableError(
+                f"{operation}: {type(exc).__name__}: {exc}", session_id=session_id
+            ) from exc
+        except BotoCoreError as exc:
+            raise InvocationError(
+                f"{operation}: {type(exc).__name__}: {exc}", session_id=session_id
+            ) from exc
+
+    async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """``InvokeAgentRuntime`` with the payload as JSON; return the agent's JSON answer.
+
+        Example::
+
+            await transport.invoke(sid, {"prompt": "hi", "_rollout": block})
+        """
+        params = self._common(session_id)
+        params.update(
+            payload=json.dumps(payload).encode(),
+            contentType="application/json",
+            accept="application/json",
+        )
+        response = await self._call(session_id, "invoke_agent_runtime", params)
+        raw = response.get("body", b"")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise InvocationError(
+                f"InvokeAgentRuntime answered with a body that is not JSON: {raw[:200]!r}",
+                session_id=session_id,
+            ) from exc
+        if not isinstance(body, dict):
+            raise InvocationError(
+                f"InvokeAgentRuntime answered JSON {type(body).__name__}, expected an object",
+                session_id=session_id,
+            )
+        return body
+
+    async def stop(self, session_id: str) -> bool:
+        """``StopRuntimeSession``; False when ACR no longer knows the session.
+
+        Example::
+
+            await transport.stop(fut.session_id)
+        """
+        try:
+            await self._call(session_id, "stop_runtime_session", self._common(session_id))
+        except InvocationError as exc:
+            if exc.status_code == 404:
+                return False
+            raise
+        return True
+
+    async def aclose(self) -> None:
+        """Close the aiobotocore client. Idempotent.
+
+        Example::
+
+            await transport.aclose()
+        """
+        self._closed = True
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()

@@ -1,0 +1,175 @@
+"""HTTP transport: httpx straight to one or more agent servers.
+
+For local runs and self-hosted fleets. Each session id maps to one URL by a stable hash,
+so a retried invocation and the stop call reach the server that runs the session.
+
+Example::
+
+    transport = HttpTransport(["http://10.0.0.5:8080", "http://10.0.0.6:8080"])
+    answer = await transport.invoke(new_session_id(), payload)
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+
+from agentcore_rl.client.transports.base import RetryableError
+from agentcore_rl.errors import ConfigurationError, InvocationError
+from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
+
+__all__ = ["DEFAULT_HTTP_TIMEOUT", "HttpTransport", "error_message"]
+
+#: Seconds for connect/read/write of one call (invocations answer at once: "processing").
+DEFAULT_HTTP_TIMEOUT: Final = 60.0
+
+
+def error_message(response: httpx.Response) -> str:
+    """The server's own words for a failed call: its JSON ``error``/``message`` or text.
+
+    Example::
+
+        error_message(response)   # "HTTP 400: _rollout.s3_bucket is required"
+    """
+    detail: Any = None
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, Mapping):
+        detail = body.get("error") or body.get("message") or body.get("Message")
+        field = body.get("field")
+        if detail and field:
+            detail = f"{detail} (field {field})"
+    if not detail:
+        detail = response.text[:500] or response.reason_phrase
+    return f"HTTP {response.status_code}: {detail}"
+
+
+def _check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigurationError(
+            f"agent_url {url!r} is not an http(s) URL like http://127.0.0.1:8080"
+        )
+    return url.rstrip("/")
+
+
+class HttpTransport:
+    """Invocations as ``POST {url}/invocations`` with the session header; stops as
+    ``POST {url}/sessions/{session_id}/stop`` (an AgentCoreRLApp extension).
+
+    Example::
+
+        transport = HttpTransport("http://127.0.0.1:8080", max_connections=512)
+    """
+
+    name = "http"
+    #: A finished rollout on our server holds nothing; stopping it would be a no-op call.
+    stop_after_result = False
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        timeout: float = DEFAULT_HTTP_TIMEOUT,
+        max_connections: int = 256,
+    ) -> None:
+        url_list = [urls] if isinstance(urls, str) else list(urls)
+        if not url_list:
+            raise ConfigurationError("agent_url needs at least one URL")
+        self.urls = [_check_url(u) for u in url_list]
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return f"HttpTransport(urls={self.urls!r})"
+
+    def url_for(self, session_id: str) -> str:
+        """The server that runs ``session_id`` (stable: same id, same server).
+
+        Example::
+
+            transport.url_for(fut.session_id)
+        """
+        return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
+
+    async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.post(url, **kwargs)
+        except httpx.TransportError as exc:  # connect/read errors and timeouts
+            raise RetryableError(
+                f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
+            ) from exc
+        status = response.status_code
+        if status == 429 or status >= 500:
+            raise RetryableError(
+                error_message(response),
+                session_id=session_id,
+                status_code=status,
+                throttled=status == 429,
+            )
+        if status >= 400:
+            raise InvocationError(
+                f"{url}: {error_message(response)}", session_id=session_id, status_code=status
+            )
+        return response
+
+    async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """POST the payload; return the JSON answer (``{"status": "processing", ...}``).
+
+        Example::
+
+            await transport.invoke(sid, {"prompt": "hi", "_rollout": block})
+        """
+        url = self.url_for(session_id) + INVOCATIONS_PATH
+        response = await self._post(
+            session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
+        )
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise InvocationError(
+                f"{url} answered HTTP {response.status_code} with a body that is not JSON: "
+                f"{response.text[:200]!r}",
+                session_id=session_id,
+                status_code=response.status_code,
+            ) from exc
+        if not isinstance(body, dict):
+            raise InvocationError(
+                f"{url} answered JSON {type(body).__name__}, expected an object",
+                session_id=session_id,
+                status_code=response.status_code,
+            )
+        return body
+
+    async def stop(self, session_id: str) -> bool:
+        """Cancel the session's rollout on its server; True when one was running.
+
+        Example::
+
+            await transport.stop(fut.session_id)
+        """
+        path = STOP_SESSION_PATH.format(session_id=session_id)
+        response = await self._post(session_id, self.url_for(session_id) + path)
+        try:
+            return bool(response.json().get("stopped", False))
+        except (ValueError, AttributeError):
+            return False
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent.
+
+        Example::
+
+            await transport.aclose()
+        """
+        await self._http.aclose()

@@ -1,0 +1,365 @@
+"""The completion watcher: one task per client that finds every pending result in S3.
+
+Pending keys are grouped by experiment prefix (``{exp_id}/``). Each round, for each group,
+the watcher picks the cheapest way to learn which of its keys exist:
+
+- LIST the prefix from the smallest pending key onwards (S3 lists in key order, so the
+  results of finished experiments' earlier inputs are skipped with ``StartAfter``), one
+  request per 1,000 keys; or
+- GET each pending key directly: a miss costs one request, like a HEAD, and a hit brings
+  the result with it, saving the HEAD + GET pair.
+
+The choice uses the keys the watcher has already seen under the prefix (remembered, never
+re-fetched): a few stragglers far before a dense block of pending keys are probed one by
+one while the block is listed. A round that finds nothing lengthens the pause before the
+next one (up to ``max_interval``, which bounds the detection delay); a round that finds
+something resets it.
+
+S3 errors never end the task: a failing group is retried with exponential backoff, and
+only when the failure persists for ``error_threshold`` polls in a row are its pending
+futures failed, with a :class:`~agentcore_rl.errors.StorageError` that says what broke.
+
+Example::
+
+    watcher = CompletionWatcher(store)
+    watcher.track("rollouts", "exp/q-1/sid.json", lambda envelope, error: print(envelope))
+    ...
+    await watcher.aclose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agentcore_rl.errors import StorageError
+from agentcore_rl.s3 import ResultStore
+
+__all__ = [
+    "DEFAULT_MAX_INTERVAL",
+    "DEFAULT_MIN_INTERVAL",
+    "CompletionWatcher",
+    "WatcherConfig",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Pause between rounds while results keep arriving.
+DEFAULT_MIN_INTERVAL: Final = 0.25
+#: Longest pause between rounds when nothing changes: bounds the detection delay.
+DEFAULT_MAX_INTERVAL: Final = 0.8
+#: Failed polls of one group in a row before its futures fail.
+DEFAULT_ERROR_THRESHOLD: Final = 3
+#: Keys per LIST page (S3's maximum and default).
+LIST_PAGE_SIZE: Final = 1000
+
+#: ``callback(envelope, None)`` when the result arrived, ``callback(None, error)`` on failure.
+Callback = Callable[[dict[str, Any] | None, BaseException | None], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatcherConfig:
+    """How the completion watcher paces itself and copes with S3 errors.
+
+    ``min_interval``..``max_interval``: pause between rounds, growing by ``backoff`` per
+    round that found nothing. ``error_threshold``: failed polls in a row (each already
+    retried by the ResultStore) before the affected futures fail; between them the group
+    waits ``error_backoff`` seconds, doubling up to ``error_backoff_max``.
+    ``max_parallel``: concurrent GETs per round. ``clock``/``sleep`` are injectable.
+
+    Example::
+
+        AsyncRolloutClient(..., watcher=WatcherConfig(max_interval=0.5, error_threshold=5))
+    """
+
+    min_interval: float = DEFAULT_MIN_INTERVAL
+    max_interval: float = DEFAULT_MAX_INTERVAL
+    backoff: float = 1.5
+    error_threshold: int = DEFAULT_ERROR_THRESHOLD
+    error_backoff: float = 0.5
+    error_backoff_max: float = 10.0
+    max_parallel: int = 32
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def __post_init__(self) -> None:
+        from agentcore_rl.errors import ConfigurationError
+
+        if not 0 < self.min_interval <= self.max_interval:
+            raise ConfigurationError("WatcherConfig needs 0 < min_interval <= max_interval")
+        if self.error_threshold < 1 or self.max_parallel < 1:
+            raise ConfigurationError("error_threshold and max_parallel must be >= 1")
+
+    def __repr__(self) -> str:
+        return (
+            f"WatcherConfig(min_interval={self.min_interval}, max_interval={self.max_interval}, "
+            f"error_threshold={self.error_threshold}, max_parallel={self.max_parallel})"
+        )
+
+
+DEFAULT_WATCHER: Final = WatcherConfig()
+
+
+@dataclass(eq=False)
+class _Group:
+    """The pending keys of one (bucket, prefix) and what the watcher knows about it."""
+
+    bucket: str
+    prefix: str
+    pending: dict[str, Callback] = field(default_factory=dict)
+    known: list[str] = field(default_factory=list)  # sorted keys seen in listings
+    known_set: set[str] = field(default_factory=set)
+    failures: int = 0
+    retry_at: float = 0.0
+    key_failures: dict[str, int] = field(default_factory=dict)
+
+    def remember(self, key: str) -> None:
+        if key not in self.known_set:
+            self.known_set.add(key)
+            bisect.insort(self.known, key)
+
+    def plan(self) -> tuple[list[str], str | None]:
+        """Split the pending keys into (keys to GET one by one, key to list from).
+
+        Cost of probing the ``i`` smallest keys and listing the rest: ``i`` GETs plus one
+        LIST page per 1,000 keys at or after the first listed key (remembered keys plus
+        pending ones). A few split points on a doubling scale are enough.
+        """
+        keys = sorted(self.pending)
+        n = len(keys)
+        best_i, best_cost = n, float(n)  # ties go to probing: a hit costs one request
+        i = 0
+        while i < n:
+            after = len(self.known) - bisect.bisect_left(self.known, keys[i])
+            cost = i + math.ceil((after + n - i) / LIST_PAGE_SIZE)
+            if cost < best_cost:
+                best_i, best_cost = i, cost
+            i = 1 if i == 0 else i * 2
+        if not self.prefix:  # no shared prefix: a LIST would walk the whole bucket
+            best_i = n
+        return keys[:best_i], (keys[best_i] if best_i < n else None)
+
+
+def _just_before(key: str) -> str:
+    """A string that sorts immediately before ``key`` (S3's StartAfter is exclusive)."""
+    last = key[-1]
+    return key[:-1] + chr(ord(last) - 1) if ord(last) > 0 else key[:-1]
+
+
+def _prefix_of(key: str) -> str:
+    head, sep, _ = key.partition("/")
+    return head + sep if sep else ""
+
+
+class CompletionWatcher:
+    """Watches S3 for the results of all pending rollouts of one client, in one task.
+
+    Example::
+
+        watcher = CompletionWatcher(store, WatcherConfig(min_interval=0.1))
+        watcher.track(bucket, key, on_outcome)
+        watcher.untrack(bucket, key)      # e.g. the caller cancelled
+        await watcher.aclose()
+    """
+
+    def __init__(self, store: ResultStore, config: WatcherConfig = DEFAULT_WATCHER) -> None:
+        self.store = store
+        self.config = config
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.rounds = 0
+        self.lists = 0
+        self.probes = 0
+        self.found = 0
+
+    def __repr__(self) -> str:
+        return f"CompletionWatcher(pending={self.pending}, groups={len(self._groups)})"
+
+    @property
+    def pending(self) -> int:
+        """How many keys are being watched.
+
+        Example::
+
+            print(watcher.pending, "results outstanding")
+        """
+        return sum(len(g.pending) for g in self._groups.values())
+
+    def track(self, bucket: str, key: str, callback: Callback) -> None:
+        """Watch ``s3://bucket/key``; call ``callback`` once with the envelope or an error.
+
+        Example::
+
+            watcher.track("rollouts", fut.result_key, on_outcome)
+        """
+        if self._closed:
+            raise RuntimeError("the completion watcher is closed")
+        gid = (bucket, _prefix_of(key))
+        group = self._groups.get(gid)
+        if group is None:
+            group = self._groups[gid] = _Group(bucket, gid[1])
+        group.pending[key] = callback
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="agentcore-rl completion watcher")
+        self._wakeup.set()
+
+    def untrack(self, bucket: str, key: str) -> None:
+        """Stop watching a key (no callback). Unknown keys are ignored.
+
+        Example::
+
+            watcher.untrack(fut.s3_bucket, fut.result_key)
+        """
+        group = self._groups.get((bucket, _prefix_of(key)))
+        if group is not None:
+            group.pending.pop(key, None)
+            group.key_failures.pop(key, None)
+
+    async def aclose(self) -> None:
+        """Stop the task; pending callbacks are not called. Idempotent.
+
+        Example::
+
+            await watcher.aclose()
+        """
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- the task ---------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        cfg = self.config
+        interval = cfg.min_interval
+        while True:
+            if not any(g.pending for g in self._groups.values()):
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                interval = cfg.min_interval
+            # Results take at least a moment: sleeping first saves a useless first poll.
+            await cfg.sleep(interval)
+            try:
+                found = await self._round()
+            except Exception as exc:  # a bug, not S3: fail loudly rather than hang futures
+                logger.exception("completion watcher round failed")
+                self._fail_all(exc)
+                found = 0
+            interval = cfg.min_interval if found else min(cfg.max_interval, interval * cfg.backoff)
+
+    async def _round(self) -> int:
+        self.rounds += 1
+        now = self.config.clock()
+        due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
+        limit = asyncio.Semaphore(self.config.max_parallel)
+        counts = await asyncio.gather(*(self._poll(g, limit) for g in due))
+        return sum(counts)
+
+    async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> int:
+        probe, list_from = group.plan()
+        candidates = list(probe)
+        if list_from is not None:
+            self.lists += 1
+            try:
+                keys = await self.store.list_keys(
+                    group.bucket, group.prefix, start_after=_just_before(list_from)
+                )
+            except StorageError as exc:
+                self._group_failed(group, exc)
+                keys = []
+            else:
+                group.failures = 0
+            for key in keys:
+                group.remember(key)
+                if key in group.pending:
+                    candidates.append(key)
+        self.probes += len(probe)
+        fetched = await asyncio.gather(*(self._fetch(group, k, limit) for k in candidates))
+        return sum(fetched)
+
+    async def _fetch(self, group: _Group, key: str, limit: asyncio.Semaphore) -> int:
+        async with limit:
+            if key not in group.pending:  # untracked meanwhile
+                return 0
+            try:
+                envelope = await self.store.get_json(group.bucket, key)
+            except StorageError as exc:
+                count = group.key_failures.get(key, 0) + 1
+                group.key_failures[key] = count
+                if count >= self.config.error_threshold or exc.code == "InvalidJSON":
+                    self._deliver(group, key, None, self._persistent(exc, count))
+                return 0
+        group.key_failures.pop(key, None)
+        if envelope is None:
+            return 0
+        group.remember(key)
+        self.found += 1
+        self._deliver(group, key, envelope, None)
+        return 1
+
+    def _persistent(self, exc: StorageError, count: int) -> StorageError:
+        where = f"s3://{exc.bucket}/{exc.key or ''}"
+        error = StorageError(
+            f"watching {where} failed {count} times in a row ({exc.code}): {exc}; "
+            "check the bucket, the credentials and the S3 endpoint",
+            operation=exc.operation,
+            bucket=exc.bucket,
+            key=exc.key,
+            code=exc.code,
+        )
+        error.__cause__ = exc
+        return error
+
+    def _group_failed(self, group: _Group, exc: StorageError) -> None:
+        cfg = self.config
+        group.failures += 1
+        delay = min(cfg.error_backoff_max, cfg.error_backoff * 2 ** (group.failures - 1))
+        group.retry_at = cfg.clock() + delay
+        logger.warning(
+            "listing s3://%s/%s failed (%d in a row): %s",
+            group.bucket,
+            group.prefix,
+            group.failures,
+            exc,
+        )
+        if group.failures >= cfg.error_threshold:
+            error = self._persistent(exc, group.failures)
+            for key in list(group.pending):
+                self._deliver(group, key, None, error)
+            group.failures = 0
+            group.retry_at = 0.0
+
+    def _deliver(
+        self, group: _Group, key: str, envelope: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
+        callback = group.pending.pop(key, None)
+        group.key_failures.pop(key, None)
+        if callback is None:
+            return
+        try:
+            callback(envelope, error)
+        except Exception:
+            logger.exception("completion callback for s3://%s/%s failed", group.bucket, key)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for group in self._groups.values():
+            for key in list(group.pending):
+                error = StorageError(
+                    f"the completion watcher failed: {type(exc).__name__}: {exc}",
+                    operation="watch",
+                    bucket=group.bucket,
+                    key=key,
+                    code=type(exc).__name__,
+                )
+                self._deliver(group, key, None, error)

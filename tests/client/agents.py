@@ -1,0 +1,79 @@
+"""Test agents: a real AgentCoreRLApp whose handler does what each payload asks, and a
+recorder of what the agent side saw (sessions, _rollout blocks, concurrency, stops)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import AgentCoreRLApp, RequestContext
+
+
+@dataclass
+class Recorder:
+    """What the agents did. Lives on the agent server's event loop."""
+
+    sessions: list[str] = field(default_factory=list)
+    rollout_blocks: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
+    running: int = 0
+    max_running: int = 0
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _touch(self) -> None:
+        self._changed.set()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Wait (bounded) until ``predicate()`` holds; re-checked on every agent event."""
+
+        async def loop() -> None:
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(loop(), timeout)
+
+    def open_gate(self) -> None:
+        self.gate.set()
+
+
+def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> AgentCoreRLApp:
+    """An agent server; ``payload["mode"]`` picks the behaviour:
+
+    ok (default): return rewards at once; gate: wait until the test opens the gate;
+    hang: never finish; raise: raise ValueError; envelope: return status_code 422.
+    """
+    app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0, **app_options)
+
+    @app.rollout_entrypoint
+    async def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        recorder.sessions.append(context.session_id)
+        recorder.rollout_blocks.append(dict(payload["_rollout"]))
+        recorder.running += 1
+        recorder.max_running = max(recorder.max_running, recorder.running)
+        recorder._touch()
+        try:
+            mode = payload.get("mode", "ok")
+            if mode == "gate":
+                await recorder.gate.wait()
+            elif mode == "hang":
+                await asyncio.Event().wait()
+            elif mode == "raise":
+                raise ValueError(f"agent failed on {payload.get('n')}")
+            elif mode == "envelope":
+                return {"status_code": 422, "stop_reason": "answer unparseable"}
+            return {"rewards": [1.0], "n": payload.get("n")}
+        except asyncio.CancelledError:
+            recorder.cancelled.add(context.session_id)
+            raise
+        finally:
+            recorder.running -= 1
+            recorder.finished.add(context.session_id)
+            recorder._touch()
+
+    return app

@@ -1,0 +1,69 @@
+"""Fixtures for client tests: a real agent server on loopback (uvicorn) writing to moto."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from agentcore_rl.client import AsyncRolloutClient, RetryConfig, WatcherConfig
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.s3 import ResultStore
+from tests.client.agents import Recorder, make_agent
+from tests.conftest import FAST_RETRY
+
+
+async def no_sleep(_: float) -> None:
+    """Retries go round at once in tests."""
+
+
+#: Quick polling and quick retries: tests check behaviour, not pacing.
+FAST_WATCH = WatcherConfig(min_interval=0.01, max_interval=0.05, error_backoff=0.01)
+QUICK_RETRY = RetryConfig(attempts=3, initial=0.0, maximum=0.0, jitter=0.0, sleep=no_sleep)
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def agent_url(s3_endpoint: str, recorder: Recorder) -> AsyncIterator[str]:
+    """A real agent server (AgentCoreRLApp under uvicorn) on a loopback port."""
+    agent_store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
+    app = make_agent(agent_store, recorder)
+    async with BackgroundServer(app) as server:
+        yield server.url
+    await agent_store.aclose()
+
+
+ClientFactory = Callable[..., AsyncRolloutClient]
+
+
+@pytest.fixture
+async def make_client(
+    agent_url: str, bucket: str, s3_endpoint: str
+) -> AsyncIterator[ClientFactory]:
+    """Build clients on the test agent and bucket; all are closed after the test."""
+    clients: list[AsyncRolloutClient] = []
+
+    def factory(**options: Any) -> AsyncRolloutClient:
+        settings: dict[str, Any] = {
+            "agent_url": agent_url,
+            "s3_bucket": bucket,
+            "exp_id": "exp",
+            "tps_limit": 1000.0,
+            "s3_endpoint_url": s3_endpoint,
+            "watcher": FAST_WATCH,
+            "retry": QUICK_RETRY,
+            "close_timeout": 5.0,
+        }
+        settings.update(options)
+        client = AsyncRolloutClient(**settings)
+        clients.append(client)
+        return client
+
+    yield factory
+    for client in clients:
+        await client.aclose()
