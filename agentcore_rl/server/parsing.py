@@ -164,5 +164,7 @@ def parse_rollout(
             exc.field = f"{protocol.ROLLOUT_FIELD}.{exc.field}"
         raise
     if allowed_buckets is not None and config.s3_bucket not in allowed_buckets:
-        raise BucketNotAllowedError(config.s3_bucket, allowed_buckets)
+        refusal = BucketNotAllowedError(config.s3_bucket, allowed_buckets)
+        refusal.field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
+        raise refusal
     return config

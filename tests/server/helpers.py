@@ -28,7 +28,9 @@ class FakeClock:
         self.now += seconds
 
 
-def rollout_payload(bucket: str, *, exp_id: str = "exp", input_id: str = "q-1", **extra: Any):
+def rollout_payload(
+    bucket: str, *, exp_id: str = "exp", input_id: str = "q-1", **extra: Any
+) -> dict[str, Any]:
     return {
         "prompt": "2+2?",
         **extra,

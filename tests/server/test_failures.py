@@ -1,0 +1,152 @@
+"""Every failure kind of a rollout writes an error envelope the trainer can read."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from agentcore_rl import protocol
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import AgentCoreRLApp
+
+from .helpers import SESSION, rollout_payload, served, session_headers, settle
+
+KEY = f"exp/q-1/{SESSION}.json"
+
+
+async def run_one(store: ResultStore, bucket: str, handler: Any) -> dict[str, Any]:
+    app = AgentCoreRLApp(store=store)
+    app.rollout_entrypoint(handler)
+    async with served(app) as http:
+        payload = rollout_payload(bucket)
+        response = await http.post("/invocations", json=payload, headers=session_headers())
+        assert response.status_code == 200
+        assert response.json()["result_key"] == KEY
+        await settle(app)
+    envelope = await store.get_json(bucket, KEY)
+    assert envelope is not None
+    assert envelope[protocol.STATUS_CODE] == 500
+    assert envelope[protocol.RESULT_KEY] == KEY
+    assert envelope[protocol.SESSION_ID] == SESSION
+    assert envelope[protocol.S3_BUCKET] == bucket
+    assert envelope[protocol.PAYLOAD] == payload
+    assert protocol.is_error_envelope(envelope)
+    return envelope
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_handler_raised(store: ResultStore, bucket: str, kind: str) -> None:
+    def boom(payload: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("model server unreachable")
+
+    async def aboom(payload: dict[str, Any]) -> dict[str, Any]:
+        boom(payload)
+        return {}
+
+    envelope = await run_one(store, bucket, aboom if kind == "async" else boom)
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_HANDLER_RAISED
+    assert envelope[protocol.STOP_REASON] == "model server unreachable"
+    assert "ValueError: model server unreachable" in envelope[protocol.TRACEBACK]
+    assert "rewards" not in envelope
+
+
+async def test_handler_returned_non_dict(store: ResultStore, bucket: str) -> None:
+    async def solve(payload: dict[str, Any]) -> list[float]:
+        return [1.0]
+
+    envelope = await run_one(store, bucket, solve)
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_NOT_A_DICT
+    assert envelope[protocol.STOP_REASON] == "handler returned list, expected a dict"
+
+
+@pytest.mark.parametrize(
+    ("result", "fragment"),
+    [
+        ({"rewards": [float("nan")]}, "Out of range float values are not JSON compliant"),
+        ({"rewards": [float("inf")]}, "Out of range float values"),
+        ({"tokens": {1, 2}}, "Object of type set is not JSON serializable"),
+        ({"obj": object()}, "Object of type object is not JSON serializable"),
+    ],
+)
+async def test_handler_result_not_json(
+    store: ResultStore, bucket: str, result: dict[str, Any], fragment: str
+) -> None:
+    def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        return result
+
+    envelope = await run_one(store, bucket, solve)
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_NOT_JSON
+    assert envelope[protocol.STOP_REASON].startswith("handler result is not JSON-serialisable")
+    assert fragment in envelope[protocol.STOP_REASON]
+
+
+async def test_handler_spoiled_its_payload(store: ResultStore, bucket: str) -> None:
+    # The envelope carries the payload; a handler that put a non-JSON value into it must
+    # still get an envelope written.
+    def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        payload["scratch"] = {1, 2}
+        return {"rewards": [1.0]}
+
+    app = AgentCoreRLApp(store=store)
+    app.rollout_entrypoint(solve)
+    async with served(app) as http:
+        response = await http.post(
+            "/invocations", json=rollout_payload(bucket), headers=session_headers()
+        )
+        assert response.status_code == 200
+        await settle(app)
+    envelope = await store.get_json(bucket, KEY)
+    assert envelope is not None
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_NOT_JSON
+    assert "unserialisable_payload" in envelope[protocol.PAYLOAD]
+
+
+async def test_without_rollout_block_runs_and_logs(
+    store: ResultStore, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = AgentCoreRLApp(store=store)
+    ran = asyncio.Event()
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        ran.set()
+        return {"rewards": [1.0]}
+
+    caplog.set_level(logging.WARNING, logger="agentcore_rl.server")
+    async with served(app) as http:
+        response = await http.post("/invocations", json={"prompt": "hi"}, headers=session_headers())
+        assert response.status_code == 200
+        assert response.json() == {"status": "processing"}
+        await asyncio.wait_for(ran.wait(), 5)
+        await settle(app)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("has no _rollout block" in m and SESSION in m for m in messages)
+    assert any("was not written anywhere" in m for m in messages)
+    assert await store.list_keys(bucket, "") == []
+
+
+async def test_retried_invocation_runs_once(store: ResultStore, bucket: str) -> None:
+    app = AgentCoreRLApp(store=store)
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        calls.append(payload["prompt"])
+        await release.wait()
+        return {"rewards": [1.0]}
+
+    async with served(app) as http:
+        payload = rollout_payload(bucket)
+        first = await http.post("/invocations", json=payload, headers=session_headers())
+        again = await http.post("/invocations", json=payload, headers=session_headers())
+        assert first.status_code == again.status_code == 200
+        assert first.json() == again.json()
+        assert app.runner.active == 1
+        release.set()
+        await settle(app)
+    assert calls == ["2+2?"]
+    assert await store.list_keys(bucket, "") == [KEY]

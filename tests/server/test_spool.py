@@ -1,0 +1,135 @@
+"""S3 writes: transient errors retried; lasting failures spooled to disk, then delivered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from agentcore_rl import protocol
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import AgentCoreRLApp
+
+from ..conftest import FAST_RETRY
+from .flaky_s3 import FlakyS3
+from .helpers import SESSION, rollout_payload, served, session_headers, settle
+
+KEY = f"exp/q-1/{SESSION}.json"
+
+
+def spool_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.json"))
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
+
+
+def fresh_bucket() -> str:
+    return f"late-{uuid.uuid4().hex[:12]}"
+
+
+async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"rewards": [1.0]}
+
+
+async def test_transient_s3_errors_are_retried(s3_endpoint: str, bucket: str) -> None:
+    flaky = FlakyS3(s3_endpoint, fail_puts=2)
+    async with BackgroundServer(flaky) as front:
+        store = ResultStore(endpoint_url=front.url, retry=FAST_RETRY)  # 3 attempts
+        app = AgentCoreRLApp(store=store)
+        app.rollout_entrypoint(solve)
+        async with served(app) as http:
+            response = await http.post(
+                "/invocations", json=rollout_payload(bucket), headers=session_headers()
+            )
+            assert response.status_code == 200
+            await settle(app)
+            assert app.spool.pending == 0
+            assert flaky.failed == 2
+            assert store.request_counts["PutObject"] == 3
+            envelope = await store.get_json(bucket, KEY)
+        await store.aclose()
+    await flaky.aclose()
+    assert envelope is not None
+    assert envelope["rewards"] == [1.0]
+
+
+async def test_spooled_then_delivered_when_bucket_appears(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    bucket = fresh_bucket()  # not created yet: every write fails with NoSuchBucket
+    app = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=0.02)
+    app.rollout_entrypoint(solve)
+    async with served(app) as http:
+        response = await http.post(
+            "/invocations", json=rollout_payload(bucket), headers=session_headers()
+        )
+        assert response.status_code == 200
+        await settle(app)
+        assert app.spool.pending == 1
+        (spooled,) = spool_files(tmp_path)
+        record = read_record(spooled)
+        assert (record["bucket"], record["key"]) == (bucket, KEY)
+        assert json.loads(record["body"])["rewards"] == [1.0]
+        # Undelivered results keep the session alive.
+        assert (await http.get("/ping")).json()["status"] == "HealthyBusy"
+
+        await store.ensure_bucket(bucket)
+        await asyncio.wait_for(app.spool.wait_drained(), 5)
+        envelope = await store.get_json(bucket, KEY)
+        assert envelope is not None
+        assert envelope[protocol.STATUS_CODE] == 200
+        assert spool_files(tmp_path) == []
+        assert (await http.get("/ping")).json()["status"] == "Healthy"
+
+
+async def test_spool_survives_a_restart(store: ResultStore, tmp_path: Path) -> None:
+    bucket = fresh_bucket()
+    first = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=60)
+    first.rollout_entrypoint(solve)
+    async with served(first) as http:
+        response = await http.post(
+            "/invocations", json=rollout_payload(bucket), headers=session_headers()
+        )
+        assert response.status_code == 200
+        await settle(first)
+    # The shutdown tried once more, failed, and left the envelope on disk.
+    assert first.spool.pending == 1
+    assert len(spool_files(tmp_path)) == 1
+
+    await store.ensure_bucket(bucket)
+    second = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=0.02)
+    async with second:
+        assert second.spool.pending == 1
+        await asyncio.wait_for(second.spool.wait_drained(), 5)
+    assert await store.head(bucket, KEY)
+    assert spool_files(tmp_path) == []
+
+
+async def test_shutdown_drains_spool(store: ResultStore, tmp_path: Path) -> None:
+    bucket = fresh_bucket()
+    app = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=60)
+    app.rollout_entrypoint(solve)
+    async with served(app) as http:
+        response = await http.post(
+            "/invocations", json=rollout_payload(bucket), headers=session_headers()
+        )
+        assert response.status_code == 200
+        await settle(app)
+        assert app.spool.pending == 1
+        await store.ensure_bucket(bucket)  # the retry task waits 60 s; shutdown must not
+    assert app.spool.pending == 0
+    assert await store.head(bucket, KEY)
+
+
+async def test_unreadable_spool_file_is_set_aside(store: ResultStore, tmp_path: Path) -> None:
+    (tmp_path / "00000000000000000001-bad.json").write_text("{not json")
+    app = AgentCoreRLApp(store=store, spool_dir=tmp_path)
+    async with app:
+        assert await app.spool.drain() == 0
+    assert (tmp_path / "00000000000000000001-bad.bad").exists()
