@@ -1,0 +1,207 @@
+"""``agentcore-rl eval`` end to end on the local stack: the math agent on real agent servers,
+the stand-in policy, moto S3, and the local AgentCore Runtime for the ACR transport.
+
+The CLI runs in-process (``main`` in a worker thread, so that the stack keeps serving on the
+test's event loop) or as a subprocess where it must be killed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentcore_rl.cli import main
+from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.protocol import result_prefix
+from agentcore_rl.s3 import ResultStore
+from tests.conftest import FAST_RETRY
+
+REPO = Path(__file__).resolve().parents[2]
+_buckets = itertools.count()
+
+
+class Gate:
+    """The policy's injected "latency": lets ``free`` requests through, then holds every
+    other request until ``opened`` is set (no real waiting anywhere)."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.opened = asyncio.Event()
+
+    async def sleep(self, _: float) -> None:
+        if self.free > 0:
+            self.free -= 1
+            return
+        await self.opened.wait()
+
+
+def _write_problems(path: Path, n: int) -> list[str]:
+    from examples.math_agent.dataset import generate
+
+    problems = generate(n, seed=5)
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    return [p["id"] for p in problems]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+async def _stack(s3_endpoint: str, policy: ScriptedPolicy) -> AsyncIterator[LocalStack]:
+    stack = LocalStack(
+        "examples.math_agent.agent:app",
+        agents=2,
+        s3_endpoint_url=s3_endpoint,
+        bucket=f"cli-eval-{next(_buckets)}",
+        policy=policy,
+        tps=None,
+    )
+    async with stack:
+        yield stack
+
+
+@pytest.fixture
+async def stack(s3_endpoint: str) -> AsyncIterator[LocalStack]:
+    async for value in _stack(s3_endpoint, ScriptedPolicy(accuracy=0.5, seed=1)):
+        yield value
+
+
+def _common(stack: LocalStack, data: Path, out: Path, exp_id: str) -> list[str]:
+    assert stack.s3_endpoint_url is not None
+    return [
+        "eval",
+        str(data),
+        "--s3-bucket",
+        stack.bucket,
+        "--exp-id",
+        exp_id,
+        "--out",
+        str(out),
+        "--base-url",
+        str(stack.policy_base_url),
+        "--model-id",
+        str(stack.policy_model),
+        "--s3-endpoint-url",
+        stack.s3_endpoint_url,
+        "--timeout",
+        "30",
+        "--tps",
+        "0",
+        "--no-progress",
+    ]
+
+
+@pytest.mark.parametrize("transport", ["http", "acr"])
+async def test_eval_runs_every_input_once(
+    stack: LocalStack, tmp_path: Path, transport: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids = _write_problems(tmp_path / "in.jsonl", 8)
+    out = tmp_path / "results.jsonl"
+    argv = _common(stack, tmp_path / "in.jsonl", out, f"e2e-{transport}")
+    if transport == "http":
+        for url in stack.agent_urls:
+            argv += ["--agent-url", url]
+    else:
+        assert stack.runtime_endpoint_url is not None
+        argv += ["--agent-runtime-arn", stack.agent_runtime_arn]
+        argv += ["--endpoint-url", stack.runtime_endpoint_url]
+
+    code = await asyncio.to_thread(main, argv)
+
+    records = _lines(out)
+    assert sorted(r["input_id"] for r in records) == sorted(ids)
+    assert {r["outcome"] for r in records} == {"done"}
+    assert code == 0
+    rewards = [r["reward"] for r in records]
+    assert set(rewards) <= {0.0, 1.0}
+    assert 0.0 in rewards  # accuracy 0.5: the rewards vary
+    assert 1.0 in rewards
+    assert all(r["result"]["status_code"] == 200 for r in records)
+    printed = capsys.readouterr().out
+    assert "mean reward" in printed
+    assert str(out.resolve()) in printed
+
+
+async def test_resume_after_sigkill_collects_every_outcome_exactly_once(
+    s3_endpoint: str, tmp_path: Path
+) -> None:
+    # Two rollouts (two policy requests each) go through; the third blocks at the policy.
+    gate = Gate(free=4)
+    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
+    n = 6
+    async for stack in _stack(s3_endpoint, policy):
+        ids = _write_problems(tmp_path / "in.jsonl", n)
+        out = tmp_path / "results.jsonl"
+        journal = tmp_path / "results.jsonl.journal"
+        argv = _common(stack, tmp_path / "in.jsonl", out, "resume")
+        argv += ["--agent-url", stack.agent_urls[0], "--concurrency", "1"]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentcore_rl.cli",
+            *argv,
+            cwd=REPO,
+            env=dict(os.environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            # Bounded wait for the killed run to reach the state under test.
+            for _ in range(400):
+                if len(_lines(out)) == 2 and len(_lines(journal)) == 3:
+                    break
+                assert process.returncode is None, "the eval exited before it was killed"
+                await asyncio.sleep(0.025)
+            else:
+                pytest.fail("the eval did not get two outcomes and a third rollout in flight")
+        finally:
+            process.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(process.wait(), 10)
+        in_flight = _lines(journal)[-1]["input_id"]
+        assert in_flight not in {r["input_id"] for r in _lines(out)}
+
+        gate.opened.set()  # the orphaned rollout now finishes and writes its result
+        code = await asyncio.to_thread(main, [*argv, "--resume"])
+
+        records = _lines(out)
+        assert code == 0
+        assert sorted(r["input_id"] for r in records) == sorted(ids)  # each exactly once
+        assert {r["outcome"] for r in records} == {"done"}
+        reattached = [r["input_id"] for r in records if r["reattached"]]
+        assert reattached == [in_flight]
+        # Re-attached, not re-run: the agent ran that input once.
+        store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
+        async with store:
+            keys = await store.list_keys(stack.bucket, result_prefix("resume", in_flight))
+        assert len(keys) == 1
+        assert policy.requests == 2 * n
+
+
+async def test_resume_skips_finished_inputs(stack: LocalStack, tmp_path: Path) -> None:
+    _write_problems(tmp_path / "in.jsonl", 4)
+    out = tmp_path / "results.jsonl"
+    argv = [*_common(stack, tmp_path / "in.jsonl", out, "skip"), "--agent-url"]
+    argv.append(stack.agent_urls[0])
+    assert await asyncio.to_thread(main, argv) == 0
+    before = out.read_text()
+    requests = stack.policy.requests if stack.policy else 0
+
+    assert await asyncio.to_thread(main, [*argv, "--resume"]) == 0
+    assert out.read_text() == before
+    assert stack.policy is not None
+    assert stack.policy.requests == requests
+    # Without --resume an existing results file is refused, not overwritten.
+    assert await asyncio.to_thread(main, argv) == 2
+    assert out.read_text() == before
