@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, Unreachable, run_async
-from agentcore_rl.cli_eval import EvalOptions, EvalRun, run_eval
+from agentcore_rl.cli_eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = [
@@ -234,6 +234,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from agentcore_rl.local.runtime_wire import validate_runtime_arn
 
         validate_runtime_arn(options.agent_runtime_arn)
+    # A bad data file is a usage error: report it before touching the network.
+    inputs = load_inputs(options.data, limit=options.limit)
 
     async def work() -> int:
         if options.agent_urls:
@@ -244,7 +246,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
             await _check_runtime_endpoint(endpoint)
         try:
-            run = await run_eval(options, progress=not args.no_progress)
+            run = await run_eval(options, progress=not args.no_progress, inputs=inputs)
         except asyncio.CancelledError:
             print(
                 f"{PROG}: stopped; finished outcomes are in {out}. Continue with the same "

@@ -264,7 +264,9 @@ async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None
         ) from None
 
 
-async def run_eval(options: EvalOptions, *, progress: bool = True) -> EvalRun:
+async def run_eval(
+    options: EvalOptions, *, progress: bool = True, inputs: Sequence[EvalInput] | None = None
+) -> EvalRun:
     """Run (or resume) an evaluation; every input ends in exactly one results line.
 
     Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned, so
@@ -275,8 +277,11 @@ async def run_eval(options: EvalOptions, *, progress: bool = True) -> EvalRun:
 
         run = await run_eval(options)
         run.summary.counts["done"]
+
+    ``inputs`` (from :func:`load_inputs`) saves reading ``options.data`` again.
     """
-    inputs = load_inputs(options.data, limit=options.limit)
+    if inputs is None:
+        inputs = load_inputs(options.data, limit=options.limit)
     by_id = {item.input_id: item for item in inputs}
     journal = EvalJournal.open(options.out, resume=options.resume)
     summary = RunSummary()
