@@ -1,0 +1,123 @@
+"""The pieces behind ``eval``: the results file and journal, re-attaching by result key,
+and the summary's arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentcore_rl.cli_reattach import await_existing_results
+from agentcore_rl.cli_summary import RunSummary, percentile, reward_of
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.eval_journal import EvalJournal, JournalEntry, journal_path_for
+from agentcore_rl.s3 import ResultStore
+
+
+def _entry(input_id: str, session: str = "s1") -> JournalEntry:
+    return JournalEntry(input_id, session, "bkt", f"e/{input_id}/{session}.json", 100.0)
+
+
+def test_journal_replays_outcomes_and_in_flight_rollouts(tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    journal = EvalJournal.open(out, resume=False)
+    journal.record_started(_entry("a"))
+    journal.record_started(_entry("b"))
+    journal.record_started(_entry("c"))
+    journal.record_outcome({"input_id": "a", "outcome": "done"})
+    journal.record_abandoned("c")  # stopped by Ctrl-C: run again, do not wait for it
+    journal.close()
+    journal.close()  # idempotent
+
+    resumed = EvalJournal.open(out, resume=True)
+    try:
+        assert set(resumed.finished) == {"a"}
+        assert resumed.in_flight == {"b": _entry("b")}
+    finally:
+        resumed.close()
+
+
+def test_a_torn_last_line_is_cut_before_appending(tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    out.write_text('{"input_id": "a", "outcome": "done"}\n{"input_id": "b", "outc')
+    journal_path_for(out).write_text(json.dumps({"event": "started", **vars(_entry("b"))}))
+    journal = EvalJournal.open(out, resume=True)
+    try:
+        assert set(journal.finished) == {"a"}
+        assert journal.in_flight == {}  # the journal line had no newline: torn, dropped
+        journal.record_outcome({"input_id": "b", "outcome": "failed"})
+    finally:
+        journal.close()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["input_id"] for line in lines] == ["a", "b"]
+
+
+def test_an_existing_results_file_needs_resume(tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    out.write_text('{"input_id": "a"}\n')
+    with pytest.raises(ConfigurationError, match="pass --resume"):
+        EvalJournal.open(out, resume=False)
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        EvalJournal.open(tmp_path / "nowhere" / "r.jsonl", resume=False)
+
+
+async def test_reattach_yields_results_as_they_appear_and_gives_up_at_deadlines(
+    store: ResultStore, bucket: str
+) -> None:
+    entries = [
+        JournalEntry("a", "s1", bucket, "e/a/s1.json"),
+        JournalEntry("b", "s2", bucket, "e/b/s2.json"),
+        JournalEntry("c", "s3", bucket, "e/c/s3.json"),
+    ]
+    await store.put_json(bucket, "e/a/s1.json", {"rewards": [1.0]})
+    now = [0.0]
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+        if len(sleeps) == 1:  # b's result lands while the helper waits
+            await store.put_json(bucket, "e/b/s2.json", {"rewards": [0.0]})
+
+    seen = [
+        (entry.input_id, envelope)
+        async for entry, envelope in await_existing_results(
+            store, entries, {"a": 0.0, "b": 10.0, "c": 1.0}, clock=lambda: now[0], sleep=sleep
+        )
+    ]
+    assert seen == [("a", {"rewards": [1.0]}), ("b", {"rewards": [0.0]}), ("c", None)]
+    assert len(sleeps) <= 10
+
+
+def test_percentile_and_reward_of() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)
+    assert reward_of({"rewards": [0.5, 1.0]}) == 0.5
+    assert reward_of({"reward": 1}) == 1.0
+    assert reward_of({"rewards": [True]}) is None
+    assert reward_of({"rewards": []}) is None
+    assert reward_of(None) is None
+
+
+def test_summary_table() -> None:
+    summary = RunSummary()
+    summary.add("done", elapsed=1.0, reward=1.0)
+    summary.add("done", elapsed=3.0, reward=0.0)
+    summary.add("timeout", elapsed=5.0)
+    summary.reattached = 1
+    data = summary.as_dict(wall_seconds=2.0, s3_requests=6)
+    assert data["total"] == 3
+    assert data["mean_reward"] == 0.5
+    assert data["latency_p50"] == 3.0
+    assert data["throughput"] == 1.5
+    assert data["s3_requests_per_rollout"] == 2.0
+    table = summary.render(wall_seconds=2.0, s3_requests=6)
+    rows = {line[:32].strip(): line[32:].strip() for line in table.splitlines()}
+    assert rows["timed out"] == "1"
+    assert rows["re-attached in-flight rollouts"] == "1"
+    assert rows["latency p95"] == "4.80 s"
+    with pytest.raises(ValueError, match="unknown outcome"):
+        summary.add("maybe", elapsed=None)
