@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
@@ -59,6 +60,7 @@ from agentcore_rl.server.spool import (
 )
 
 __all__ = [
+    "DEFAULT_GIL_SWITCH_INTERVAL",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_SYNC_WORKERS",
     "DEFAULT_SHUTDOWN_GRACE",
@@ -82,6 +84,11 @@ DEFAULT_SHUTDOWN_GRACE: Final = 20.0
 DEFAULT_MAX_SYNC_WORKERS: Final = 64
 #: Seconds a stop request waits for the stopped rollouts' envelopes to be written.
 DEFAULT_STOP_WAIT: Final = 5.0
+
+#: Seconds between GIL hand-offs set at startup. Python's default (5 ms) lets two threads
+#: that burn CPU hold the event loop off the GIL long enough that /ping answers take
+#: 100+ ms; 1 ms keeps them near 10 ms (see benchmarks/server.py).
+DEFAULT_GIL_SWITCH_INTERVAL: Final = 0.001
 
 #: Directory for envelopes S3 refused (default: a fresh temporary directory per app).
 SPOOL_DIR_ENV: Final = "AGENTCORE_RL_SPOOL_DIR"
@@ -129,7 +136,9 @@ class AgentCoreRLApp(Starlette):
     payload may name. Bodies over ``max_body_bytes`` get 413. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
     to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
-    are retried every ``spool_retry_interval`` seconds, backing off. ``clock`` (epoch
+    are retried every ``spool_retry_interval`` seconds, backing off. At startup the
+    interpreter's GIL switch interval is lowered to ``gil_switch_interval`` (``None``:
+    leave it) so ``/ping`` stays fast while sync handlers burn CPU. ``clock`` (epoch
     seconds) stamps envelopes and ``/ping``.
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
@@ -157,6 +166,7 @@ class AgentCoreRLApp(Starlette):
         max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS,
         stop_wait: float = DEFAULT_STOP_WAIT,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
+        gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL,
         clock: Callable[[], float] = time.time,
         debug: bool = False,
     ) -> None:
@@ -164,6 +174,10 @@ class AgentCoreRLApp(Starlette):
             raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
         if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
             raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
+        if gil_switch_interval is not None and gil_switch_interval <= 0:
+            raise ConfigurationError(
+                f"gil_switch_interval must be positive or None, got {gil_switch_interval}"
+            )
         if max_sync_workers < 1:
             raise ConfigurationError(f"max_sync_workers must be >= 1, got {max_sync_workers}")
         if not 0 < spool_retry_interval <= spool_max_retry_interval:
@@ -186,6 +200,7 @@ class AgentCoreRLApp(Starlette):
         self.max_sync_workers = max_sync_workers
         self.stop_wait = stop_wait
         self.cancel_timeout = cancel_timeout
+        self.gil_switch_interval = gil_switch_interval
         self._owns_store = store is None
         self.store = store if store is not None else ResultStore()
         if spool_dir is None and os.environ.get(SPOOL_DIR_ENV):
@@ -291,6 +306,12 @@ class AgentCoreRLApp(Starlette):
         if self._started:
             return
         self._started = True
+        wanted = self.gil_switch_interval
+        if wanted is not None and sys.getswitchinterval() > wanted:
+            # Process-wide, but so is the GIL: the thread that answers /ping must get it
+            # back quickly even while sync handlers compute. Only ever lowered.
+            sys.setswitchinterval(wanted)
+            logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
         await self.spool.recover()
 
     async def aclose(self) -> ShutdownReport:

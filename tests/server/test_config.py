@@ -1,0 +1,112 @@
+"""Construction and registration: bad arguments are refused with a clear message."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import AgentCoreRLApp, RequestContext
+from agentcore_rl.server.app import default_host
+from agentcore_rl.server.invoke import HandlerSpec
+
+
+@pytest.fixture
+def switch_interval() -> Iterator[None]:
+    before = sys.getswitchinterval()
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"max_body_bytes": 0}, "max_body_bytes must be positive"),
+        ({"shutdown_grace": -1}, "must be >= 0"),
+        ({"max_sync_workers": 0}, "max_sync_workers must be >= 1"),
+        ({"spool_retry_interval": 0}, "spool_retry_interval"),
+        ({"gil_switch_interval": 0}, "gil_switch_interval must be positive"),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ConfigurationError, match=fragment):
+        AgentCoreRLApp(**kwargs)
+
+
+def test_bad_allowed_bucket() -> None:
+    with pytest.raises(InvalidPayloadError, match="allowed bucket 'Not_A_Bucket'"):
+        AgentCoreRLApp(allowed_buckets=["Not_A_Bucket"])
+
+
+def test_allowed_buckets_as_one_string() -> None:
+    assert AgentCoreRLApp(allowed_buckets="rollouts").allowed_buckets == frozenset({"rollouts"})
+
+
+def test_one_entrypoint_per_app() -> None:
+    app = AgentCoreRLApp()
+    app.rollout_entrypoint(lambda payload: {})
+    with pytest.raises(ConfigurationError, match="already has an entrypoint"):
+        app.entrypoint(lambda payload: {})
+
+
+def test_handler_signatures() -> None:
+    def no_args() -> dict[str, Any]:
+        return {}
+
+    def with_option(payload: dict[str, Any], retries: int = 3) -> dict[str, Any]:
+        return {}
+
+    def with_context_default(payload: dict[str, Any], context: Any = None) -> dict[str, Any]:
+        return {}
+
+    class Agent:
+        async def __call__(self, payload: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+            return {}
+
+    with pytest.raises(ConfigurationError, match="must take the payload"):
+        HandlerSpec.inspect(no_args)
+    with pytest.raises(ConfigurationError, match="must be callable"):
+        HandlerSpec.inspect(42)  # type: ignore[arg-type]
+    assert not HandlerSpec.inspect(with_option).takes_context
+    assert HandlerSpec.inspect(with_context_default).takes_context
+    agent = HandlerSpec.inspect(Agent())
+    assert (agent.is_async, agent.takes_context) == (True, True)
+
+
+async def test_startup_lowers_gil_switch_interval(switch_interval: None) -> None:
+    sys.setswitchinterval(0.005)
+    async with AgentCoreRLApp(gil_switch_interval=0.002):
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    sys.setswitchinterval(0.0005)
+    async with AgentCoreRLApp(gil_switch_interval=0.002):
+        assert sys.getswitchinterval() == pytest.approx(0.0005)  # never raised
+    async with AgentCoreRLApp(gil_switch_interval=None):
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+
+
+def test_default_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DOCKER_CONTAINER", raising=False)
+    monkeypatch.setenv("AGENTCORE_RL_HOST", "10.1.2.3")
+    assert default_host() == "10.1.2.3"
+    monkeypatch.delenv("AGENTCORE_RL_HOST")
+    monkeypatch.setenv("DOCKER_CONTAINER", "1")
+    assert default_host() == "0.0.0.0"
+
+
+def test_repr_and_context_repr(s3_endpoint: str) -> None:
+    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint))
+
+    @app.rollout_entrypoint
+    def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    assert "rollout_entrypoint=" in repr(app)
+    assert "solve" in repr(app)
+    ctx = RequestContext(session_id="s-1", headers={"authorization": "secret"})
+    assert "secret" not in repr(ctx)
