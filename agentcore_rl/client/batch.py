@@ -201,12 +201,14 @@ async def run_batch(
             item = await run.queue.get()
             if item is _FED:
                 fed = True
-                if run.feeder.done() and not run.feeder.cancelled():
-                    error = run.feeder.exception()
-                    if error is not None:
-                        raise error
                 continue
             yielded += 1
             yield item
+        # The feeder stopped early (the client closed): every started rollout has had its
+        # item; now say why the rest never started.
+        if run.feeder.done() and not run.feeder.cancelled():
+            error = run.feeder.exception()
+            if error is not None:
+                raise error
     finally:
         await run.cleanup()

@@ -336,6 +336,9 @@ class AsyncRolloutClient:
 
     async def __aenter__(self) -> AsyncRolloutClient:
         self._check_open()
+        # Create the S3 client now rather than in the first watcher round, so the first
+        # results are not detected late (short timeouts would fire first).
+        await self.store.__aenter__()
         return self
 
     async def __aexit__(

@@ -69,6 +69,12 @@ class RolloutClient:
         except BaseException:
             self._stack.close()
             raise
+        try:
+            self._portal.call(self._client.__aenter__)
+        except BaseException:
+            self._portal.call(self._client.aclose)
+            self._stack.close()
+            raise
         self._closed = False
 
     def __repr__(self) -> str:

@@ -72,7 +72,10 @@ class WatcherConfig:
     round that found nothing. ``error_threshold``: failed polls in a row (each already
     retried by the ResultStore) before the affected futures fail; between them the group
     waits ``error_backoff`` seconds, doubling up to ``error_backoff_max``.
-    ``max_parallel``: concurrent GETs per round. ``clock``/``sleep`` are injectable.
+    ``max_parallel``: concurrent GETs per round. A group whose keys are probed one by one
+    is still listed every ``verify_interval`` seconds, because a GET cannot tell a deleted
+    bucket from a result not written yet (both are a 404). ``clock``/``sleep`` are
+    injectable.
 
     Example::
 
@@ -86,6 +89,7 @@ class WatcherConfig:
     error_backoff: float = 0.5
     error_backoff_max: float = 10.0
     max_parallel: int = 32
+    verify_interval: float = 10.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
@@ -118,6 +122,7 @@ class _Group:
     known_set: set[str] = field(default_factory=set)
     failures: int = 0
     retry_at: float = 0.0
+    listed_at: float | None = None
     key_failures: dict[str, int] = field(default_factory=dict)
 
     def remember(self, key: str) -> None:
@@ -268,8 +273,18 @@ class CompletionWatcher:
 
     async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> int:
         probe, list_from = group.plan()
+        now = self.config.clock()
+        if group.listed_at is None:
+            group.listed_at = now
+        if (
+            list_from is None
+            and group.prefix
+            and now - group.listed_at >= self.config.verify_interval
+        ):
+            probe, list_from = [], probe[0]
         candidates = list(probe)
         if list_from is not None:
+            group.listed_at = now
             self.lists += 1
             try:
                 keys = await self.store.list_keys(

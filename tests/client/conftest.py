@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,10 +30,11 @@ def recorder() -> Recorder:
 
 
 @pytest.fixture
-async def agent_url(s3_endpoint: str, recorder: Recorder) -> AsyncIterator[str]:
+async def agent_url(s3_endpoint: str, recorder: Recorder, tmp_path: Path) -> AsyncIterator[str]:
     """A real agent server (AgentCoreRLApp under uvicorn) on a loopback port."""
     agent_store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
-    app = make_agent(agent_store, recorder)
+    await agent_store.__aenter__()  # connect now: the first result is not written late
+    app = make_agent(agent_store, recorder, spool_dir=tmp_path / "spool")
     async with BackgroundServer(app) as server:
         yield server.url
     await agent_store.aclose()
@@ -43,9 +45,10 @@ ClientFactory = Callable[..., AsyncRolloutClient]
 
 @pytest.fixture
 async def make_client(
-    agent_url: str, bucket: str, s3_endpoint: str
+    agent_url: str, bucket: str, store: ResultStore
 ) -> AsyncIterator[ClientFactory]:
-    """Build clients on the test agent and bucket; all are closed after the test."""
+    """Build clients on the test agent and bucket; all are closed after the test. They
+    share the test's (already connected) ResultStore, so the first poll is not late."""
     clients: list[AsyncRolloutClient] = []
 
     def factory(**options: Any) -> AsyncRolloutClient:
@@ -54,7 +57,7 @@ async def make_client(
             "s3_bucket": bucket,
             "exp_id": "exp",
             "tps_limit": 1000.0,
-            "s3_endpoint_url": s3_endpoint,
+            "store": store,
             "watcher": FAST_WATCH,
             "retry": QUICK_RETRY,
             "close_timeout": 5.0,

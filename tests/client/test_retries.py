@@ -1,0 +1,103 @@
+"""Retries reuse the session id; throttling slows the token bucket. A small Starlette app
+in front of the real agent server fails chosen attempts and records the session ids."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agentcore_rl.client import RetryConfig
+from agentcore_rl.errors import InvocationError
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER
+from tests.client.agents import Recorder
+from tests.client.conftest import ClientFactory
+
+
+@dataclass
+class FlakyProxy:
+    """Answers the first ``len(failures)`` invocations with those statuses, then forwards."""
+
+    upstream: str
+    failures: list[int] = field(default_factory=list)
+    seen: list[str] = field(default_factory=list)
+
+    def app(self, http: httpx.AsyncClient) -> Starlette:
+
+        async def invocations(request: Request) -> Response:
+            self.seen.append(request.headers[SESSION_ID_HEADER])
+            if self.failures:
+                status = self.failures.pop(0)
+                return JSONResponse({"error": f"injected {status}"}, status_code=status)
+            upstream = await http.post(
+                INVOCATIONS_PATH, content=await request.body(), headers=dict(request.headers)
+            )
+            return Response(upstream.content, upstream.status_code, upstream.headers)
+
+        return Starlette(routes=[Route(INVOCATIONS_PATH, invocations, methods=["POST"])])
+
+
+@pytest.fixture
+async def proxy(agent_url: str) -> AsyncIterator[tuple[FlakyProxy, str]]:
+    flaky = FlakyProxy(agent_url)
+    async with (
+        httpx.AsyncClient(base_url=agent_url) as http,
+        BackgroundServer(flaky.app(http)) as server,
+    ):
+        yield flaky, server.url
+
+
+async def test_retry_after_503_reuses_the_session_id(
+    make_client: ClientFactory, proxy: tuple[FlakyProxy, str], recorder: Recorder
+) -> None:
+    flaky, url = proxy
+    flaky.failures = [503, 502]
+    client = make_client(agent_url=url)
+    fut = await client.invoke({"n": 1})
+    assert flaky.seen == [fut.session_id] * 3
+    assert recorder.sessions == [fut.session_id]  # one rollout
+    assert (await asyncio.wait_for(fut, 10))["n"] == 1
+    assert (client.stats.invocations, client.stats.retries) == (3, 2)
+
+
+async def test_throttling_slows_the_bucket_and_backs_off(
+    make_client: ClientFactory, proxy: tuple[FlakyProxy, str]
+) -> None:
+    flaky, url = proxy
+    flaky.failures = [429, 429]
+    delays: list[float] = []
+
+    async def record(delay: float) -> None:
+        delays.append(delay)
+
+    retry = RetryConfig(attempts=4, initial=0.5, maximum=10.0, jitter=0.0, sleep=record)
+    client = make_client(agent_url=url, retry=retry, tps_limit=100.0)
+    fut = await client.invoke({"n": 2})
+    assert len(set(flaky.seen)) == 1
+    assert client.stats.throttles == 2
+    assert client.bucket.rate < 100.0  # cut, recovering over time
+    assert delays == sorted(delays)
+    assert delays[0] > 0
+    assert len(delays) == 2
+    await asyncio.wait_for(fut, 10)
+
+
+async def test_retries_are_bounded(
+    make_client: ClientFactory, proxy: tuple[FlakyProxy, str], recorder: Recorder
+) -> None:
+    flaky, url = proxy
+    flaky.failures = [500] * 10
+    client = make_client(agent_url=url)
+    with pytest.raises(InvocationError, match=r"after 3 attempts.*injected 500") as info:
+        await client.invoke({"n": 1})
+    assert info.value.status_code == 500
+    assert len(flaky.seen) == 3
+    assert recorder.sessions == []

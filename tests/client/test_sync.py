@@ -1,0 +1,165 @@
+"""RolloutClient, the sync facade, passes the async client's scenarios. The agent server
+runs on its own event-loop thread; the client on its private one."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from agentcore_rl.client import RolloutClient
+from agentcore_rl.errors import (
+    ClientClosedError,
+    ConfigurationError,
+    InvocationError,
+    RolloutError,
+    RolloutTimeoutError,
+)
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.s3 import ResultStore
+from tests.client.agents import Recorder, make_agent
+from tests.client.conftest import FAST_WATCH, QUICK_RETRY
+from tests.conftest import FAST_RETRY
+
+_numbers = itertools.count()
+
+
+@dataclass
+class Agent:
+    portal: BlockingPortal
+    recorder: Recorder
+    url: str
+
+    def wait_for(self, predicate: Callable[[], bool]) -> None:
+        self.portal.call(self.recorder.wait_for, predicate)
+
+
+@pytest.fixture
+def agent(s3_endpoint: str, tmp_path: Path) -> Iterator[Agent]:
+    with start_blocking_portal() as portal:
+        recorder = Recorder()
+        store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
+        portal.call(store.__aenter__)  # connect now: the first result is not written late
+        server = BackgroundServer(make_agent(store, recorder, spool_dir=tmp_path / "spool"))
+        portal.call(server.start)
+        try:
+            yield Agent(portal, recorder, server.url)
+        finally:
+            portal.call(server.aclose)
+            portal.call(store.aclose)
+
+
+@pytest.fixture
+def sync_bucket(s3_endpoint: str) -> str:
+    name = f"sync-bucket-{next(_numbers)}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def client(agent: Agent, sync_bucket: str, s3_endpoint: str) -> Iterator[RolloutClient]:
+    with make(agent, sync_bucket, s3_endpoint) as rollout_client:
+        yield rollout_client
+
+
+def make(agent: Agent, bucket: str, s3_endpoint: str, **options: Any) -> RolloutClient:
+    settings: dict[str, Any] = {
+        "agent_url": agent.url,
+        "s3_bucket": bucket,
+        "exp_id": "exp",
+        "tps_limit": 1000.0,
+        "s3_endpoint_url": s3_endpoint,
+        "watcher": FAST_WATCH,
+        "retry": QUICK_RETRY,
+        "close_timeout": 5.0,
+    }
+    settings.update(options)
+    return RolloutClient(**settings)
+
+
+def test_rollout_returns_the_result_with_overrides(client: RolloutClient, agent: Agent) -> None:
+    result = client.rollout({"n": 1}, input_id="q-1", temperature=0.2)
+    assert result["n"] == 1
+    assert agent.recorder.rollout_blocks[0]["temperature"] == 0.2
+    assert agent.recorder.rollout_blocks[0]["input_id"] == "q-1"
+
+
+def test_invoke_returns_a_concurrent_future(client: RolloutClient) -> None:
+    futs = [client.invoke({"n": n}) for n in range(3)]
+    assert all(isinstance(f, concurrent.futures.Future) for f in futs)
+    assert len({f.session_id for f in futs}) == 3  # type: ignore[attr-defined]
+    done = [f.result() for f in concurrent.futures.as_completed(futs, timeout=10)]
+    assert sorted(r["n"] for r in done) == [0, 1, 2]
+    assert futs[0].result(timeout=10)["n"] == 0
+
+
+def test_error_outcomes(client: RolloutClient, agent: Agent) -> None:
+    with pytest.raises(RolloutError, match="agent failed"):
+        client.rollout({"mode": "raise"})
+    with pytest.raises(RolloutError, match="answer unparseable"):
+        client.rollout({"mode": "envelope"})
+    fut = client.invoke({"mode": "hang"}, timeout=0.05)
+    with pytest.raises(RolloutTimeoutError):
+        fut.result(timeout=10)
+    agent.wait_for(lambda: fut.session_id in agent.recorder.cancelled)  # type: ignore[attr-defined]
+
+
+def test_unreachable_agent_is_an_invocation_error(
+    agent: Agent, sync_bucket: str, s3_endpoint: str
+) -> None:
+    with (
+        make(agent, sync_bucket, s3_endpoint, agent_url="http://127.0.0.1:9") as client,
+        pytest.raises(InvocationError, match="after 3 attempts"),
+    ):
+        client.invoke({})
+
+
+def test_cancel_stops_the_session(client: RolloutClient, agent: Agent) -> None:
+    fut = client.invoke({"mode": "hang"})
+    sid = fut.session_id  # type: ignore[attr-defined]
+    agent.wait_for(lambda: sid in agent.recorder.sessions)
+    assert fut.cancel()
+    agent.wait_for(lambda: sid in agent.recorder.cancelled)
+
+
+def test_run_batch_is_a_plain_iterator(client: RolloutClient) -> None:
+    items = list(client.run_batch([{"n": 0}, {"mode": "raise"}, {"mode": "hang"}], timeout=0.2))
+    by_index = {item.index: item for item in items}
+    assert sorted(by_index) == [0, 1, 2]
+    assert by_index[0].success
+    assert isinstance(by_index[1].error, RolloutError)
+    assert isinstance(by_index[2].error, RolloutTimeoutError)
+
+
+def test_early_break_stops_live_sessions(agent: Agent, sync_bucket: str, s3_endpoint: str) -> None:
+    with make(agent, sync_bucket, s3_endpoint, max_concurrent_sessions=3) as client:
+        for item in client.run_batch([{"n": 0}] + [{"mode": "hang"}] * 5):
+            assert item.success
+            agent.wait_for(lambda: agent.recorder.running == 3)
+            break
+        hanging = set(agent.recorder.sessions[1:])
+        agent.wait_for(lambda: agent.recorder.cancelled == hanging)
+        assert client.stats.in_flight == 0
+        assert agent.recorder.max_running == 3
+
+
+def test_close_is_idempotent_and_final(agent: Agent, sync_bucket: str, s3_endpoint: str) -> None:
+    client = make(agent, sync_bucket, s3_endpoint)
+    fut = client.invoke({"mode": "hang"})
+    client.close()
+    with pytest.raises(ClientClosedError):
+        fut.result(timeout=5)
+    client.close()
+    assert agent.recorder.cancelled == set(agent.recorder.sessions)
+
+
+def test_bad_arguments_raise_in_the_callers_thread() -> None:
+    with pytest.raises(ConfigurationError, match="exactly one of"):
+        RolloutClient(s3_bucket="bkt", exp_id="e")

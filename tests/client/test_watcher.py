@@ -1,0 +1,202 @@
+"""The completion watcher against moto: LIST vs GET, and real S3 faults (a deleted bucket,
+a dead endpoint) that fail only the affected keys and never the watcher."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig, _Group
+from agentcore_rl.errors import StorageError
+from agentcore_rl.s3 import ResultStore
+from tests.client.agents import Recorder
+from tests.client.conftest import ClientFactory
+from tests.conftest import FAST_RETRY
+
+FAST = WatcherConfig(min_interval=0.01, max_interval=0.02, error_backoff=0.01, error_threshold=2)
+
+
+class Outcomes:
+    """Collects watcher callbacks; ``wait(n)`` waits (bounded) for n of them."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, tuple[dict[str, Any] | None, BaseException | None]] = {}
+        self._event = asyncio.Event()
+
+    def callback(self, key: str) -> Any:
+        def record(envelope: dict[str, Any] | None, error: BaseException | None) -> None:
+            self.items[key] = (envelope, error)
+            self._event.set()
+
+        return record
+
+    async def wait(self, n: int) -> None:
+        async def loop() -> None:
+            while len(self.items) < n:
+                self._event.clear()
+                await self._event.wait()
+
+        await asyncio.wait_for(loop(), 10)
+
+
+@pytest.fixture
+def s3(s3_endpoint: str) -> Any:
+    return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture
+def warnings_seen() -> Iterator[asyncio.Event]:
+    """Set when the watcher logs a failed poll."""
+    event = asyncio.Event()
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            event.set()
+
+    handler = Handler(logging.WARNING)
+    logger = logging.getLogger("agentcore_rl.client.watcher")
+    logger.addHandler(handler)
+    try:
+        yield event
+    finally:
+        logger.removeHandler(handler)
+
+
+async def test_single_key_is_probed_with_get(store: ResultStore, bucket: str) -> None:
+    watcher = CompletionWatcher(store, FAST)
+    outcomes = Outcomes()
+    watcher.track(bucket, "exp/q-1/s1.json", outcomes.callback("s1"))
+    await store.put_json(bucket, "exp/q-1/s1.json", {"rewards": [1]})
+    await outcomes.wait(1)
+    assert outcomes.items["s1"] == ({"rewards": [1]}, None)
+    assert store.request_counts["ListObjectsV2"] == 0
+    assert watcher.pending == 0
+    await watcher.aclose()
+    await watcher.aclose()
+
+
+async def test_many_keys_are_listed(store: ResultStore, bucket: str) -> None:
+    watcher = CompletionWatcher(store, FAST)
+    outcomes = Outcomes()
+    keys = [f"exp/{i:06d}/s{i}.json" for i in range(6)]
+    for key in keys:
+        watcher.track(bucket, key, outcomes.callback(key))
+    await store.put_json(bucket, "exp/000002/nobody-waits.json", {"orphan": True})
+    for key in keys:
+        await store.put_json(bucket, key, {"key": key})
+    await outcomes.wait(6)
+    assert all(outcomes.items[k] == ({"key": k}, None) for k in keys)
+    assert store.request_counts["ListObjectsV2"] >= 1
+    assert store.request_counts["GetObject"] == 6  # no probes: the listing found them
+    await watcher.aclose()
+
+
+def test_plan_probes_stragglers_and_lists_the_dense_block() -> None:
+    group = _Group("bkt", "exp/")
+    for i in range(5000):
+        group.remember(f"exp/{i:06d}/done.json")
+    straggler = "exp/000010/live.json"
+    block = [f"exp/{i:06d}/live.json" for i in range(4990, 5100)]
+    for key in [straggler, *block]:
+        group.pending[key] = lambda envelope, error: None
+    probe, list_from = group.plan()
+    assert probe == [straggler]
+    assert list_from == block[0]
+    # few pending keys among many finished ones: GET each
+    group.pending = {straggler: lambda envelope, error: None}
+    assert group.plan() == ([straggler], None)
+
+
+async def test_deleted_bucket_fails_only_its_keys(
+    store: ResultStore, bucket: str, s3: Any, s3_endpoint: str
+) -> None:
+    watcher = CompletionWatcher(store, FAST)
+    outcomes = Outcomes()
+    doomed = "doomed-bucket"
+    s3.create_bucket(Bucket=doomed)
+    watcher.track(doomed, "exp/000001/a.json", outcomes.callback("a"))
+    watcher.track(doomed, "exp/000002/b.json", outcomes.callback("b"))
+    watcher.track(bucket, "exp/000003/c.json", outcomes.callback("c"))
+    s3.delete_bucket(Bucket=doomed)
+    await outcomes.wait(2)
+    for name in ("a", "b"):
+        envelope, error = outcomes.items[name]
+        assert envelope is None
+        assert isinstance(error, StorageError)
+        assert error.code == "NoSuchBucket"
+        assert "failed 2 times in a row" in str(error)
+    # the watcher lives on: the other bucket's key still arrives
+    await store.put_json(bucket, "exp/000003/c.json", {"ok": 1})
+    await outcomes.wait(3)
+    assert outcomes.items["c"] == ({"ok": 1}, None)
+    await watcher.aclose()
+
+
+async def test_dead_endpoint_fails_the_keys_not_the_watcher() -> None:
+    dead = ResultStore(endpoint_url="http://127.0.0.1:9", retry=FAST_RETRY)
+    watcher = CompletionWatcher(dead, FAST)
+    outcomes = Outcomes()
+    watcher.track("bkt", "exp/000001/a.json", outcomes.callback("a"))
+    await outcomes.wait(1)
+    _envelope, error = outcomes.items["a"]
+    assert isinstance(error, StorageError)
+    assert "S3 endpoint" in str(error)
+    watcher.track("bkt", "exp/000002/b.json", outcomes.callback("b"))  # still serving
+    await outcomes.wait(2)
+    await watcher.aclose()
+    await dead.aclose()
+
+
+async def test_transient_fault_recovers_without_failing(
+    store: ResultStore, s3: Any, warnings_seen: asyncio.Event
+) -> None:
+    patient = WatcherConfig(
+        min_interval=0.01,
+        max_interval=0.02,
+        error_backoff=0.01,
+        error_backoff_max=0.02,
+        error_threshold=1000,
+    )
+    watcher = CompletionWatcher(store, patient)
+    outcomes = Outcomes()
+    name = "flaky-bucket"
+    keys = [f"exp/{i:06d}/s.json" for i in range(3)]
+    for key in keys:
+        watcher.track(name, key, outcomes.callback(key))  # the bucket does not exist yet
+    await asyncio.wait_for(warnings_seen.wait(), 10)
+    s3.create_bucket(Bucket=name)
+    for key in keys:
+        await store.put_json(name, key, {"key": key})
+    await outcomes.wait(3)
+    assert all(error is None for _, error in outcomes.items.values())
+    await watcher.aclose()
+
+
+async def test_client_future_fails_with_storage_error_then_client_goes_on(
+    make_client: ClientFactory, s3: Any, recorder: Recorder
+) -> None:
+    s3.create_bucket(Bucket="short-lived")
+    # one pending key is probed with GET, which sees a deleted bucket as "not yet": the
+    # periodic verifying LIST is what notices
+    client = make_client(
+        watcher=WatcherConfig(
+            min_interval=0.01,
+            max_interval=0.02,
+            error_backoff=0.01,
+            error_threshold=2,
+            verify_interval=0.05,
+        )
+    )
+    fut = await client.invoke({"mode": "gate"}, s3_bucket="short-lived")
+    s3.delete_bucket(Bucket="short-lived")
+    with pytest.raises(StorageError, match="NoSuchBucket"):
+        await asyncio.wait_for(fut, 10)
+    await recorder.wait_for(lambda: fut.session_id in recorder.cancelled)  # stopped
+    recorder.open_gate()
+    assert (await asyncio.wait_for(client.rollout({"n": 4}), 10))["n"] == 4
+    assert client.stats.storage_errors == 1
