@@ -343,6 +343,8 @@ ERROR_HANDLER_RAISED: Final = "handler_exception"
 ERROR_NOT_A_DICT: Final = "invalid_result"
 ERROR_NOT_JSON: Final = "result_not_json_serializable"
 ERROR_CANCELLED: Final = "cancelled"
+#: The handler refused its payload (raised InvalidPayloadError); ``status_code`` is 4xx.
+ERROR_INVALID_PAYLOAD: Final = "invalid_payload"
 
 
 def processing_response(config: RolloutConfig | None, session_id: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import sys
@@ -74,6 +75,7 @@ __all__ = [
 logger = logging.getLogger("agentcore_rl.server")
 
 F = TypeVar("F", bound=Handler)
+V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
 
 #: ACR accepts payloads up to 100 MB; so does the server unless told otherwise.
 DEFAULT_MAX_BODY_BYTES: Final = 100 * 1024 * 1024
@@ -216,6 +218,7 @@ class AgentCoreRLApp(Starlette):
         self.runner = RolloutRunner(spool=self.spool, clock=clock, on_change=self._refresh_health)
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
+        self._validator: Callable[[dict[str, Any]], Any] | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._started = False
         self._closing = False
@@ -270,6 +273,29 @@ class AgentCoreRLApp(Starlette):
                 return {"rewards": [1.0]}
         """
         self._register(func, rollout=True)
+        return func
+
+    def payload_validator(self, func: V) -> V:
+        """Register a check that runs on every invocation before it is accepted.
+
+        It gets the parsed payload (``_rollout`` already validated) and raises
+        :class:`~agentcore_rl.errors.InvalidPayloadError` to refuse it: the caller gets
+        that error's status (400 by default) and field at once, instead of a rollout
+        that fails later in the background. It runs on the event loop, so it must be
+        quick (no I/O); it may be ``async``. Any other exception answers 500.
+
+        Example::
+
+            @app.payload_validator
+            def check(payload: dict) -> None:
+                if not isinstance(payload.get("prompt"), str):
+                    raise InvalidPayloadError("prompt must be a string", field="prompt")
+        """
+        if self._validator is not None:
+            raise ConfigurationError("this app already has a payload validator")
+        if not callable(func):
+            raise ConfigurationError(f"a validator must be callable, got {type(func).__name__}")
+        self._validator = func
         return func
 
     # --- lifecycle --------------------------------------------------------------------
@@ -432,9 +458,16 @@ class AgentCoreRLApp(Starlette):
                 if self._rollout_mode
                 else None
             )
+            if self._validator is not None:
+                checked = self._validator(payload)
+                if inspect.isawaitable(checked):
+                    await checked
         except InvalidPayloadError as exc:
             logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
             return _error_response(exc.message, exc.status_code, exc.field)
+        except Exception as exc:
+            logger.exception("the payload validator raised")
+            return _error_response(f"payload validator failed: {exc}", 500)
         context = RequestContext(
             session_id=session_id,
             request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
@@ -473,6 +506,10 @@ class AgentCoreRLApp(Starlette):
     ) -> Response:
         try:
             result = await call_handler(spec, payload, context, limiter=self._get_limiter())
+        except InvalidPayloadError as exc:
+            # The handler refused its input: that is the caller's error, not a crash.
+            logger.warning("entrypoint %s refused its payload: %s", spec.name, exc.message)
+            return _error_response(exc.message, exc.status_code, exc.field)
         except Exception as exc:
             logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
             return _error_response(str(exc) or type(exc).__name__, 500)

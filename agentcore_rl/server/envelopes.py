@@ -32,7 +32,12 @@ def dumps_strict(obj: Any) -> bytes:
 
 
 def error_envelope_bytes(
-    metadata: Mapping[str, Any], *, error_type: str, reason: str, traceback: str | None = None
+    metadata: Mapping[str, Any],
+    *,
+    error_type: str,
+    reason: str,
+    traceback: str | None = None,
+    status_code: int = protocol.ERROR_STATUS_CODE,
 ) -> bytes:
     """Serialise an error envelope; never fails.
 
@@ -44,7 +49,11 @@ def error_envelope_bytes(
         error_envelope_bytes(meta, error_type=ERROR_HANDLER_RAISED, reason="boom")
     """
     envelope = protocol.error_envelope(
-        error_type=error_type, stop_reason=reason, metadata=metadata, traceback=traceback
+        error_type=error_type,
+        stop_reason=reason,
+        metadata=metadata,
+        traceback=traceback,
+        status_code=status_code,
     )
     try:
         return dumps_strict(envelope)

@@ -26,6 +26,7 @@ from typing import Any, Final
 import anyio
 
 from agentcore_rl import protocol
+from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.envelopes import error_envelope_bytes, outcome_envelope
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
@@ -259,6 +260,14 @@ class RolloutRunner:
                     job.cancel_reason = "cancelled: the event loop is shutting down"
                 error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
                 body = self._cancelled_body(job, reason)
+            except InvalidPayloadError as exc:
+                # The handler refused its input: the caller's error, reported as such.
+                error_type, reason = protocol.ERROR_INVALID_PAYLOAD, exc.message
+                metadata = self._metadata(job)
+                if metadata is not None:
+                    body = error_envelope_bytes(
+                        metadata, error_type=error_type, reason=reason, status_code=exc.status_code
+                    )
             except Exception as exc:
                 error_type = protocol.ERROR_HANDLER_RAISED
                 reason = str(exc) or type(exc).__name__

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from agentcore_rl import protocol
+from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
@@ -247,3 +248,50 @@ async def test_no_entrypoint_registered(store: ResultStore) -> None:
 
 async def test_wrong_method(http: httpx.AsyncClient) -> None:
     assert (await http.get("/invocations")).status_code == 405
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_payload_validator(s3_endpoint: str, kind: str) -> None:
+    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint))
+    calls: list[dict[str, Any]] = []
+
+    def check(payload: dict[str, Any]) -> None:
+        if payload.get("crash"):
+            raise RuntimeError("validator bug")
+        if not isinstance(payload.get("prompt"), str):
+            raise InvalidPayloadError("prompt must be a string", field="prompt")
+
+    async def acheck(payload: dict[str, Any]) -> None:
+        check(payload)
+
+    app.payload_validator(check if kind == "sync" else acheck)
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        calls.append(payload)
+        return {}
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
+        refused = await http.post("/invocations", json={"prompt": 3})
+        await expect(refused, 400, "prompt must be a string", field="prompt")
+        crashed = await http.post("/invocations", json={"prompt": "x", "crash": True})
+        await expect(crashed, 500, "payload validator failed: validator bug")
+        accepted = await http.post("/invocations", json={"prompt": "x"})
+        assert accepted.status_code == 200
+    await app.aclose()
+    assert calls == [{"prompt": "x"}]
+
+
+async def test_plain_entrypoint_refusing_payload(s3_endpoint: str) -> None:
+    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint))
+
+    @app.entrypoint
+    def echo(payload: dict[str, Any]) -> dict[str, Any]:
+        raise InvalidPayloadError("too many items", status_code=413, field="items")
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
+        response = await http.post("/invocations", json={"items": []})
+    await expect(response, 413, "too many items", field="items")
+    await app.aclose()

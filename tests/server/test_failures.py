@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl import protocol
+from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
@@ -150,3 +151,22 @@ async def test_retried_invocation_runs_once(store: ResultStore, bucket: str) -> 
         await settle(app)
     assert calls == ["2+2?"]
     assert await store.list_keys(bucket, "") == [KEY]
+
+
+async def test_handler_refusing_its_payload(store: ResultStore, bucket: str) -> None:
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        raise InvalidPayloadError("answer must be a string", field="answer")
+
+    app = AgentCoreRLApp(store=store)
+    app.rollout_entrypoint(solve)
+    async with served(app) as http:
+        response = await http.post(
+            "/invocations", json=rollout_payload(bucket), headers=session_headers()
+        )
+        assert response.status_code == 200
+        await settle(app)
+    envelope = await store.get_json(bucket, KEY)
+    assert envelope is not None
+    assert envelope[protocol.STATUS_CODE] == 400
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_INVALID_PAYLOAD
+    assert envelope[protocol.STOP_REASON] == "answer must be a string"
