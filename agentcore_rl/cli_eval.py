@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -222,6 +223,16 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
     )
 
 
+def _bar_shape() -> dict[str, int]:
+    """tqdm's own size detection, unless the terminal reports a zero size (a pty nobody
+    sized, as under ``script`` or some CI runners): then tqdm would draw nothing."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {} if size.columns > 0 and size.lines > 0 else {"ncols": 100, "nrows": 24}
+
+
 class _Progress:
     """A tqdm bar (when stderr is a terminal) that also feeds the summary."""
 
@@ -229,7 +240,11 @@ class _Progress:
         from tqdm import tqdm
 
         self.bar = tqdm(
-            total=total, initial=initial, unit="rollout", disable=not enabled, dynamic_ncols=True
+            total=total,
+            initial=initial,
+            unit="rollout",
+            disable=not enabled,
+            **_bar_shape(),
         )
 
     def update(self, summary: RunSummary) -> None:
