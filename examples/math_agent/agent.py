@@ -8,7 +8,8 @@ Run it::
 
     agentcore-rl serve examples.math_agent.agent:app --port 8080
 
-A payload is ``{"prompt": "<problem>", "answer": "<ground truth>", "_rollout": {...}}``;
+A payload is ``{"prompt": "<problem>", "answer": "<ground truth>", "_rollout": {...}}``
+(anything else is refused with a 400 before the rollout starts);
 ``_rollout.base_url`` and ``_rollout.model_id`` say where the policy is served (any
 OpenAI-compatible server: vLLM, SGLang, or the offline stand-in). Sampling parameters in
 ``_rollout`` (``temperature``, ``top_p``, ``max_tokens``, ``seed``) are passed through.
@@ -68,8 +69,13 @@ class Task:
     sampling: Mapping[str, Any]
 
 
+@app.payload_validator
 def validate_payload(payload: Mapping[str, Any]) -> Task:
     """Check the payload before anything is sent to the model; raise a clear 400 if bad.
+
+    Registered as the app's payload validator, so a bad payload is refused with a 400
+    (naming the field) before the rollout is accepted; the entrypoint calls it again to
+    get the typed task.
 
     ``prompt`` and ``answer`` must be strings; the policy's address comes from
     ``_rollout.base_url`` (or the ``OPENAI_BASE_URL`` environment variable) and the model

@@ -24,6 +24,7 @@ from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
 __all__ = ["answer", "app"]
 
 app = AgentCoreRLApp()
+app.payload_validator(validate_payload)  # bad payloads get a 400, never reach the model
 
 
 @app.entrypoint  # agent.py: @app.rollout_entrypoint

@@ -60,6 +60,7 @@ async def _stack(store: ResultStore, bucket: str, accuracy: float) -> AsyncItera
     # server, and the module-level one belongs to whoever serves the module.
     app = AgentCoreRLApp(store=store)
     app.rollout_entrypoint(agent.solve)
+    app.payload_validator(agent.validate_payload)
     async with (
         BackgroundServer(policy) as policy_server,
         BackgroundServer(app) as server,
@@ -109,21 +110,39 @@ async def test_a_wrong_policy_earns_nothing(wrong_stack: Stack) -> None:
 
 
 @pytest.mark.parametrize(
-    ("fields", "message"),
+    ("fields", "field", "message"),
     [
-        ({"prompt": 42}, "prompt must be a string, got int"),
-        ({"answer": 14}, "answer must be a string, got int"),
-        ({"answer": None}, "answer must be a string, got nothing"),
-        ({"prompt": ["a"]}, "prompt must be a string, got list"),
-        ({"prompt": "   "}, "prompt must not be empty"),
+        ({"prompt": 42}, "prompt", "prompt must be a string, got int"),
+        ({"answer": 14}, "answer", "answer must be a string, got int"),
+        ({"answer": None}, "answer", "answer must be a string, got nothing"),
+        ({"prompt": ["a"]}, "prompt", "prompt must be a string, got list"),
+        ({"prompt": "   "}, "prompt", "prompt must not be empty"),
     ],
 )
-async def test_bad_payloads_never_reach_the_model(
-    stack: Stack, fields: dict[str, Any], message: str
+async def test_bad_payloads_get_a_400_and_never_reach_the_model(
+    stack: Stack, fields: dict[str, Any], field: str, message: str
 ) -> None:
-    _, envelope = await stack.rollout(stack.payload(**fields))
-    assert envelope["status_code"] >= 400
-    assert message in envelope["stop_reason"]
+    response = await stack.http.post(
+        "/invocations",
+        json=stack.payload(**fields),
+        headers={SESSION_ID_HEADER: new_session_id()},
+    )
+    assert response.status_code == 400
+    assert response.json() == {"error": message, "field": field}
+    assert stack.app.runner.active == 0
+    assert stack.policy.requests == 0
+    assert await stack.store.list_keys(stack.bucket, "math/") == []
+
+
+async def test_a_payload_without_a_policy_address_is_refused(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    payload = stack.payload()
+    del payload["_rollout"]["base_url"]
+    response = await stack.http.post("/invocations", json=payload)
+    assert response.status_code == 400
+    assert "_rollout.base_url is required" in response.json()["error"]
     assert stack.policy.requests == 0
 
 
