@@ -92,7 +92,7 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve_asgi(app: Any, host: str, port: int, log_level: str) -> int:
+def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> int:
     import uvicorn
 
     if not logging.getLogger().handlers:
@@ -101,6 +101,7 @@ def _serve_asgi(app: Any, host: str, port: int, log_level: str) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
     sock = _bind(host, port)
+    print(banner, file=sys.stderr)
     try:
         # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
         # shutdown (rollouts get their grace period) and returns.
@@ -119,8 +120,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         agentcore-rl serve examples.math_agent.agent:app --port 8080
     """
     app = import_app(args.target)
-    print(f"{PROG}: serving {args.target} on http://{args.host}:{args.port}", file=sys.stderr)
-    return _serve_asgi(app, args.host, args.port, args.log_level)
+    banner = f"{PROG}: serving {args.target} on http://{args.host}:{args.port}"
+    return _serve_asgi(app, args.host, args.port, args.log_level, banner)
 
 
 def cmd_local_runtime(args: argparse.Namespace) -> int:
@@ -135,13 +136,12 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
     arn = validate_runtime_arn(args.arn or DEFAULT_AGENT_RUNTIME_ARN)
     runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
-    print(
+    banner = (
         f"{PROG}: local AgentCore Runtime for {arn}\n"
         f"  agents: {', '.join(args.agent_url)}\n"
-        f"  use it: export AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{args.host}:{args.port}",
-        file=sys.stderr,
+        f"  use it: export AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{args.host}:{args.port}"
     )
-    return _serve_asgi(runtime, args.host, args.port, "info")
+    return _serve_asgi(runtime, args.host, args.port, "info", banner)
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:

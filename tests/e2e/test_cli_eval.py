@@ -205,3 +205,61 @@ async def test_resume_skips_finished_inputs(stack: LocalStack, tmp_path: Path) -
     # Without --resume an existing results file is refused, not overwritten.
     assert await asyncio.to_thread(main, argv) == 2
     assert out.read_text() == before
+
+
+async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
+    s3_endpoint: str, tmp_path: Path
+) -> None:
+    gate = Gate(free=2)  # one rollout goes through; the second blocks at the policy
+    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
+    n = 3
+    async for stack in _stack(s3_endpoint, policy):
+        ids = _write_problems(tmp_path / "in.jsonl", n)
+        out = tmp_path / "results.jsonl"
+        journal = tmp_path / "results.jsonl.journal"
+        argv = _common(stack, tmp_path / "in.jsonl", out, "ctrl-c")
+        argv += ["--agent-url", stack.agent_urls[0], "--concurrency", "1"]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentcore_rl.cli",
+            *argv,
+            cwd=REPO,
+            env=dict(os.environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            for _ in range(400):
+                if len(_lines(out)) == 1 and len(_lines(journal)) == 2:
+                    break
+                assert process.returncode is None, "the eval exited before Ctrl-C"
+                await asyncio.sleep(0.025)
+            else:
+                pytest.fail("the eval did not get one outcome and a second rollout in flight")
+            process.send_signal(signal.SIGINT)
+            assert process.stderr is not None
+            err = (await asyncio.wait_for(process.stderr.read(), 30)).decode()
+            code = await asyncio.wait_for(process.wait(), 30)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert code == 130, err
+        assert "Traceback" not in err
+        assert "--resume" in err
+        stopped = _lines(journal)[-1]
+        assert stopped == {"event": "abandoned", "input_id": stopped["input_id"]}
+
+        gate.opened.set()
+        assert await asyncio.to_thread(main, [*argv, "--resume"]) == 0
+        records = _lines(out)
+        assert sorted(r["input_id"] for r in records) == sorted(ids)
+        assert {r["outcome"] for r in records} == {"done"}
+        assert not any(r["reattached"] for r in records)  # stopped ones run again
+        # The stopped session left its "cancelled" envelope; the re-run wrote a second key.
+        store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
+        async with store:
+            keys = await store.list_keys(stack.bucket, result_prefix("ctrl-c", stopped["input_id"]))
+            envelopes = [await store.get_json(stack.bucket, key) for key in keys]
+        assert sorted(e["status_code"] for e in envelopes if e) == [200, 500]
