@@ -41,7 +41,7 @@ import httpx
 from agentcore_rl import protocol
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.app import DEFAULT_GIL_SWITCH_INTERVAL
+from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
 BUCKET = "bench-rollouts"
 # Embedded S3 accepts any credentials; fixed fake ones keep real ones out of the picture.

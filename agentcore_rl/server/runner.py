@@ -40,6 +40,15 @@ SHUTDOWN_REASON: Final = "cancelled: the agent server is shutting down"
 DEFAULT_CANCEL_TIMEOUT: Final = 5.0
 
 
+def _uncancel() -> None:
+    """Forget a cancellation this task asked for and has handled (Python 3.11+ counts
+    them, and timeouts inside the envelope write would otherwise misread the count)."""
+    task = asyncio.current_task()
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
 @dataclass(eq=False)
 class RolloutJob:
     """One accepted rollout: its inputs, its task and how far it got.
@@ -258,6 +267,8 @@ class RolloutRunner:
                     # let the cancellation proceed.
                     foreign_cancel = exc
                     job.cancel_reason = "cancelled: the event loop is shutting down"
+                else:
+                    _uncancel()
                 error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
                 body = self._cancelled_body(job, reason)
             except InvalidPayloadError as exc:

@@ -11,8 +11,8 @@ import pytest
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
-from agentcore_rl.server.app import default_host
 from agentcore_rl.server.invoke import HandlerSpec
+from agentcore_rl.server.settings import default_host
 
 
 @pytest.fixture
