@@ -32,7 +32,6 @@ from agentcore_rl.cli_reattach import await_existing_results
 from agentcore_rl.cli_summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.errors import (
-    AgentCoreRLError,
     ConfigurationError,
     InvalidRolloutConfig,
     RolloutError,
@@ -434,7 +433,7 @@ class _Engine:
         t0 = time.monotonic()
         try:
             future = await self.client.invoke(item.payload, input_id=item.input_id)
-        except AgentCoreRLError as exc:
+        except Exception as exc:  # one input failing must not end the run
             # The invocation itself failed (after the client's retries): nothing started.
             elapsed = time.monotonic() - t0
             self._record(_outcome_record(item.input_id, "failed", None, elapsed, error=exc))
@@ -450,7 +449,7 @@ class _Engine:
             raise
         except RolloutTimeoutError as exc:
             record = _outcome_record(item.input_id, "timeout", entry, future.elapsed, error=exc)
-        except AgentCoreRLError as exc:
+        except Exception as exc:  # RolloutError, StorageError or a surprise
             record = _outcome_record(item.input_id, "failed", entry, future.elapsed, error=exc)
         else:
             record = _outcome_record(item.input_id, "done", entry, future.elapsed, result=result)
