@@ -21,7 +21,12 @@ from typing import Any, Final
 from starlette.requests import Request
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
+from agentcore_rl.errors import (
+    BucketNotAllowedError,
+    ConfigurationError,
+    InvalidPayloadError,
+    InvalidRolloutConfig,
+)
 
 __all__ = [
     "ALLOWED_BUCKETS_ENV",
@@ -127,22 +132,27 @@ def allowed_buckets_from(
 ) -> frozenset[str] | None:
     """The bucket allow-list: the argument, else the environment variable, else ``None``.
 
+    A name that is not a valid bucket raises :class:`ConfigurationError`.
+
     Example::
 
         allowed_buckets_from(["rollouts"])            # frozenset({"rollouts"})
         allowed_buckets_from(None, {})                # None: any bucket
     """
+    source = "allowed_buckets"
     if allowed is None:
         raw = environ.get(ALLOWED_BUCKETS_ENV, "")
         names = [part.strip() for part in raw.split(",") if part.strip()]
         if not names:
             return None
-        allowed = names
+        allowed, source = names, ALLOWED_BUCKETS_ENV
     elif isinstance(allowed, str):
         # A lone string would otherwise be taken as a set of one-letter buckets.
         allowed = [allowed]
-    buckets = frozenset(protocol.validate_bucket(b, name="allowed bucket") for b in allowed)
-    return buckets
+    try:
+        return frozenset(protocol.validate_bucket(b, name="allowed bucket") for b in allowed)
+    except InvalidPayloadError as exc:
+        raise ConfigurationError(f"{source}: {exc.message}") from None
 
 
 def parse_rollout(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from agentcore_rl.server.invoke import HandlerSpec
@@ -39,9 +39,12 @@ def test_bad_arguments(kwargs: dict[str, Any], fragment: str) -> None:
         AgentCoreRLApp(**kwargs)
 
 
-def test_bad_allowed_bucket() -> None:
-    with pytest.raises(InvalidPayloadError, match="allowed bucket 'Not_A_Bucket'"):
+def test_bad_allowed_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="allowed_buckets: allowed bucket 'Not_A_"):
         AgentCoreRLApp(allowed_buckets=["Not_A_Bucket"])
+    monkeypatch.setenv("AGENTCORE_RL_ALLOWED_BUCKETS", "ok-bucket,Bad_One")
+    with pytest.raises(ConfigurationError, match="AGENTCORE_RL_ALLOWED_BUCKETS: allowed bucket"):
+        AgentCoreRLApp()
 
 
 def test_allowed_buckets_as_one_string() -> None:
