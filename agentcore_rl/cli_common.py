@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -63,7 +64,7 @@ class _Interrupted(Exception):
 def run_async(work: Callable[[], Awaitable[int]]) -> int:
     """Run ``work`` on a fresh event loop; Ctrl-C/SIGTERM cancel it so that every
     ``async with`` unwinds (servers stop, sessions are stopped), then 130/143 is returned.
-    A second Ctrl-C interrupts at once.
+    A second Ctrl-C exits at once (``os._exit``), without waiting for the clean shutdown.
 
     Example::
 
@@ -78,10 +79,18 @@ def run_async(work: Callable[[], Awaitable[int]]) -> int:
 
         def on_signal(signum: int) -> None:
             received.append(signum)
-            # Back to the default handlers: a second signal interrupts at once.
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            print(f"\n{PROG}: interrupted; shutting down cleanly...", file=sys.stderr)
+            if len(received) > 1:
+                # Asked twice: stop now. Files were flushed line by line and every server
+                # runs in this process, so nothing is left behind (like a SIGKILL, which
+                # `eval --resume` recovers from).
+                print(f"\n{PROG}: interrupted again; exiting at once", file=sys.stderr)
+                sys.stderr.flush()
+                os._exit(_exit_code(signum))
+            print(
+                f"\n{PROG}: interrupted; shutting down cleanly "
+                "(press Ctrl-C again to exit at once)...",
+                file=sys.stderr,
+            )
             task.cancel()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -101,7 +110,11 @@ def run_async(work: Callable[[], Awaitable[int]]) -> int:
     try:
         code = asyncio.run(supervised())
     except _Interrupted as exc:
-        return EXIT_TERMINATED if exc.signum == signal.SIGTERM else EXIT_INTERRUPTED
+        return _exit_code(exc.signum)
     if received:  # the work swallowed the cancellation but a signal did arrive
-        return EXIT_TERMINATED if received[0] == signal.SIGTERM else EXIT_INTERRUPTED
+        return _exit_code(received[0])
     return code
+
+
+def _exit_code(signum: int) -> int:
+    return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from typing import Final
 from agentcore_rl.cli_common import PROG
 from agentcore_rl.cli_eval import EvalOptions, EvalRun, run_eval
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "run_demo"]
 
@@ -83,7 +85,6 @@ async def run_demo(options: DemoOptions) -> tuple[EvalRun, Path]:
         run, out = await run_demo(DemoOptions(n=20, latency=0.0))
     """
     from agentcore_rl.local.policy import ScriptedPolicy
-    from agentcore_rl.local.stack import LocalStack
 
     workdir = Path(tempfile.mkdtemp(prefix="agentcore-rl-demo-"))
     out = options.out or workdir / "results.jsonl"
@@ -110,29 +111,40 @@ async def run_demo(options: DemoOptions) -> tuple[EvalRun, Path]:
         policy_model=options.model_id,
         tps=options.tps,
     )
-    async with stack:
-        print(
-            f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
-            f"{stack.policy_base_url} | agents {' '.join(stack.agent_urls)}\n"
-            f"  AgentCore Runtime {stack.runtime_endpoint_url} ({stack.agent_runtime_arn})\n"
-            f"  running {options.n} problems, {options.concurrency} at a time, over the ACR "
-            "transport...",
-            file=sys.stderr,
-        )
-        eval_options = EvalOptions(
-            data=data,
-            out=out,
-            s3_bucket=stack.bucket,
-            exp_id=time.strftime("demo-%Y%m%d-%H%M%S"),
-            agent_runtime_arn=stack.agent_runtime_arn,
-            concurrency=options.concurrency,
-            tps=options.tps,
-            timeout=_ROLLOUT_TIMEOUT,
-            base_url=stack.policy_base_url,
-            model_id=stack.policy_model,
-            limit=options.n,
-            s3_endpoint_url=stack.s3_endpoint_url,
-            runtime_endpoint_url=stack.runtime_endpoint_url,
-        )
-        run = await run_eval(eval_options, progress=options.progress)
-    return run, out
+    # The agents log each cancelled or failed rollout; the summary reports them instead.
+    server_log = logging.getLogger("agentcore_rl.server")
+    previous_level = server_log.level
+    server_log.setLevel(logging.ERROR)
+    try:
+        async with stack:
+            return await _run(stack, options, data, out), out
+    finally:
+        server_log.setLevel(previous_level)
+
+
+async def _run(stack: LocalStack, options: DemoOptions, data: Path, out: Path) -> EvalRun:
+    """The problems through the running stack, over the ACR transport."""
+    print(
+        f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
+        f"{stack.policy_base_url} | agents {' '.join(stack.agent_urls)}\n"
+        f"  AgentCore Runtime {stack.runtime_endpoint_url} ({stack.agent_runtime_arn})\n"
+        f"  running {options.n} problems, {options.concurrency} at a time, over the ACR "
+        "transport...",
+        file=sys.stderr,
+    )
+    eval_options = EvalOptions(
+        data=data,
+        out=out,
+        s3_bucket=stack.bucket,
+        exp_id=time.strftime("demo-%Y%m%d-%H%M%S"),
+        agent_runtime_arn=stack.agent_runtime_arn,
+        concurrency=options.concurrency,
+        tps=options.tps,
+        timeout=_ROLLOUT_TIMEOUT,
+        base_url=stack.policy_base_url,
+        model_id=stack.policy_model,
+        limit=options.n,
+        s3_endpoint_url=stack.s3_endpoint_url,
+        runtime_endpoint_url=stack.runtime_endpoint_url,
+    )
+    return await run_eval(eval_options, progress=options.progress)
