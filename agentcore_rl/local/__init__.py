@@ -1,14 +1,23 @@
-"""What makes one machine a whole stack: embedded S3, a local AgentCore Runtime stand-in and
-a scripted policy server for demos and tests.
+"""What makes one machine a whole stack: embedded S3, a local AgentCore Runtime stand-in, a
+scripted policy server for demos and tests, and :class:`LocalStack` tying them together.
 
 Example::
 
-    from agentcore_rl.local import EmbeddedS3
+    from agentcore_rl.local import LocalStack
 
-    with EmbeddedS3() as s3:
-        print(s3.endpoint_url)
+    async with LocalStack("examples.math_agent.agent:app") as stack:
+        print(stack.agent_runtime_arn, stack.runtime_endpoint_url)
 """
 
+from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
+from agentcore_rl.local.runtime import LocalAgentCoreRuntime, run_local_runtime
+from agentcore_rl.local.stack import LocalStack
 
-__all__ = ["EmbeddedS3"]
+__all__ = [
+    "BackgroundServer",
+    "EmbeddedS3",
+    "LocalAgentCoreRuntime",
+    "LocalStack",
+    "run_local_runtime",
+]
