@@ -29,6 +29,7 @@ import httpx
 
 from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, Unreachable, run_async
 from agentcore_rl.cli_eval import EvalOptions, EvalRun, load_inputs, run_eval
+from agentcore_rl.cli_summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = [
@@ -245,12 +246,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"
             )
             await _check_runtime_endpoint(endpoint)
+        run = EvalRun(RunSummary())
         try:
-            run = await run_eval(options, progress=not args.no_progress, inputs=inputs)
+            await run_eval(options, progress=not args.no_progress, inputs=inputs, run=run)
         except asyncio.CancelledError:
+            print_run(run, out, title=f"eval {options.exp_id} (interrupted)")
             print(
-                f"{PROG}: stopped; finished outcomes are in {out}. Continue with the same "
-                "command and --resume",
+                f"{PROG}: stopped; continue with the same command and --resume",
                 file=sys.stderr,
             )
             raise
@@ -283,8 +285,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
     async def work() -> int:
-        run, out = await run_demo(options)
-        print_run(run, out, title="demo summary")
+        run = EvalRun(RunSummary())
+        try:
+            await run_demo(options, run=run)
+        except asyncio.CancelledError:
+            if run.out is not None:
+                print_run(run, run.out, title="demo summary (interrupted)")
+            raise
+        assert run.out is not None
+        print_run(run, run.out, title="demo summary")
         return _exit_code(run)
 
     return run_async(work)

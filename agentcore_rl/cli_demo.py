@@ -9,7 +9,8 @@ runtime through ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, exactly as it would reac
 
 Example::
 
-    run, results_path = await run_demo(DemoOptions(n=50))
+    run = await run_demo(DemoOptions(n=50))
+    print(run.summary.counts, run.out)
 """
 
 from __future__ import annotations
@@ -76,13 +77,13 @@ def _dataset(n: int, workdir: Path) -> Path:
     return path
 
 
-async def run_demo(options: DemoOptions) -> tuple[EvalRun, Path]:
-    """Start the local stack, run the problems, stop everything; return the run and the
-    results file.
+async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
+    """Start the local stack, run the problems, stop everything; return the run
+    (``run.out`` is the results file). ``run``, when given, is filled in as the run goes.
 
     Example::
 
-        run, out = await run_demo(DemoOptions(n=20, latency=0.0))
+        run = await run_demo(DemoOptions(n=20, latency=0.0))
     """
     from agentcore_rl.local.policy import ScriptedPolicy
 
@@ -117,12 +118,14 @@ async def run_demo(options: DemoOptions) -> tuple[EvalRun, Path]:
     server_log.setLevel(logging.ERROR)
     try:
         async with stack:
-            return await _run(stack, options, data, out), out
+            return await _run(stack, options, data, out, run)
     finally:
         server_log.setLevel(previous_level)
 
 
-async def _run(stack: LocalStack, options: DemoOptions, data: Path, out: Path) -> EvalRun:
+async def _run(
+    stack: LocalStack, options: DemoOptions, data: Path, out: Path, run: EvalRun | None
+) -> EvalRun:
     """The problems through the running stack, over the ACR transport."""
     print(
         f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
@@ -147,4 +150,4 @@ async def _run(stack: LocalStack, options: DemoOptions, data: Path, out: Path) -
         s3_endpoint_url=stack.s3_endpoint_url,
         runtime_endpoint_url=stack.runtime_endpoint_url,
     )
-    return await run_eval(eval_options, progress=options.progress)
+    return await run_eval(eval_options, progress=options.progress, run=run)

@@ -159,7 +159,8 @@ class EvalOptions:
 
 @dataclass
 class EvalRun:
-    """What a finished (or interrupted) run reports: the summary and S3 request count.
+    """What a finished (or interrupted) run reports: the summary, S3 request count and
+    where the results file is.
 
     Example::
 
@@ -171,6 +172,7 @@ class EvalRun:
     wall_seconds: float = 0.0
     s3_requests: int = 0
     interrupted: bool = False
+    out: Path | None = None
 
 
 def _outcome_record(
@@ -279,7 +281,11 @@ async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None
 
 
 async def run_eval(
-    options: EvalOptions, *, progress: bool = True, inputs: Sequence[EvalInput] | None = None
+    options: EvalOptions,
+    *,
+    progress: bool = True,
+    inputs: Sequence[EvalInput] | None = None,
+    run: EvalRun | None = None,
 ) -> EvalRun:
     """Run (or resume) an evaluation; every input ends in exactly one results line.
 
@@ -292,14 +298,18 @@ async def run_eval(
         run = await run_eval(options)
         run.summary.counts["done"]
 
-    ``inputs`` (from :func:`load_inputs`) saves reading ``options.data`` again.
+    ``inputs`` (from :func:`load_inputs`) saves reading ``options.data`` again. ``run``,
+    when given, is filled in as the run goes, so a caller still has the partial figures
+    after a cancellation.
     """
     if inputs is None:
         inputs = load_inputs(options.data, limit=options.limit)
     by_id = {item.input_id: item for item in inputs}
     journal = EvalJournal.open(options.out, resume=options.resume)
-    summary = RunSummary()
-    run = EvalRun(summary)
+    if run is None:
+        run = EvalRun(RunSummary())
+    summary = run.summary
+    run.out = options.out
     started = time.monotonic()
     bar: _Progress | None = None
     try:

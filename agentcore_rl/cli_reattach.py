@@ -15,13 +15,17 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from agentcore_rl.errors import StorageError
 from agentcore_rl.eval_journal import JournalEntry
 from agentcore_rl.s3 import ResultStore
 
 __all__ = ["await_existing_results"]
+
+logger = logging.getLogger(__name__)
 
 
 async def await_existing_results(
@@ -37,8 +41,9 @@ async def await_existing_results(
     """Yield ``(entry, envelope)`` as each result appears, or ``(entry, None)`` once its
     deadline (in ``clock`` time, keyed by input id) has passed without one.
 
-    Each key is read at least once, even when its deadline is already over. S3 errors
-    propagate as :class:`~agentcore_rl.errors.StorageError` (after the store's retries).
+    Each key is read at least once, even when its deadline is already over. An S3 error
+    (:class:`~agentcore_rl.errors.StorageError`, after the store's retries) is logged and
+    the key asked again next round, until its deadline.
 
     Example::
 
@@ -52,10 +57,16 @@ async def await_existing_results(
     while pending:
         batch = list(pending.values())
         envelopes = await asyncio.gather(
-            *(store.get_json(entry.s3_bucket, entry.result_key) for entry in batch)
+            *(store.get_json(entry.s3_bucket, entry.result_key) for entry in batch),
+            return_exceptions=True,
         )
         for entry, envelope in zip(batch, envelopes, strict=True):
-            if envelope is not None:
+            if isinstance(envelope, StorageError):
+                # Transient or not, the deadline bounds how long we keep asking.
+                logger.warning("re-attaching %s: %s", entry.result_key, envelope)
+            elif isinstance(envelope, BaseException):
+                raise envelope
+            elif envelope is not None:
                 del pending[entry.input_id]
                 yield entry, envelope
         current = now()

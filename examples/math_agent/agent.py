@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from openai import AsyncOpenAI
+import httpx
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.protocol import BASE_URL, MODEL_ID, ROLLOUT_FIELD
@@ -37,7 +38,7 @@ from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
 from examples.math_agent.reward import RewardFunction
 
-__all__ = ["MAX_TURNS", "Task", "app", "solve", "validate_payload"]
+__all__ = ["MAX_TURNS", "Task", "app", "http_client", "solve", "validate_payload"]
 
 SYSTEM_PROMPT: Final = (
     "You solve arithmetic word problems. Use the calculator tool for every computation, "
@@ -50,6 +51,21 @@ _MAX_PROMPT_CHARS: Final = 20_000
 
 app = AgentCoreRLApp()
 reward_fn = RewardFunction()
+
+# Building a TLS context reads the CA bundle (about 20 ms of CPU); sharing one keeps the
+# per-rollout model client cheap.
+_TLS_CONTEXT: Final = httpx.create_ssl_context()
+
+
+def http_client() -> DefaultAsyncHttpxClient:
+    """A fresh HTTP client for one rollout's model client (closed with it), on the shared
+    TLS context, with the OpenAI SDK's default timeouts and limits.
+
+    Example::
+
+        AsyncOpenAI(base_url=url, api_key="EMPTY", http_client=http_client())
+    """
+    return DefaultAsyncHttpxClient(verify=_TLS_CONTEXT)
 
 
 @dataclass(frozen=True)
@@ -129,7 +145,9 @@ async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, A
     turns = tool_calls = prompt_tokens = completion_tokens = 0
     final = ""
     # One client per rollout, closed with it: base_url may differ between rollouts.
-    async with AsyncOpenAI(base_url=task.base_url, api_key="EMPTY") as llm:
+    async with AsyncOpenAI(
+        base_url=task.base_url, api_key="EMPTY", http_client=http_client()
+    ) as llm:
         while turns < MAX_TURNS:
             turns += 1
             reply = await llm.chat.completions.create(

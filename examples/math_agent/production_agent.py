@@ -18,7 +18,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from agentcore_rl.server import AgentCoreRLApp
-from examples.math_agent.agent import MAX_TURNS, SYSTEM_PROMPT, validate_payload
+from examples.math_agent.agent import MAX_TURNS, SYSTEM_PROMPT, http_client, validate_payload
 from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
 
 __all__ = ["answer", "app"]
@@ -40,7 +40,9 @@ async def answer(payload: dict[str, Any]) -> dict[str, Any]:
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task.prompt},
     ]
-    async with AsyncOpenAI(base_url=task.base_url, api_key="EMPTY") as llm:
+    async with AsyncOpenAI(
+        base_url=task.base_url, api_key="EMPTY", http_client=http_client()
+    ) as llm:
         for _ in range(MAX_TURNS):
             reply = await llm.chat.completions.create(
                 model=task.model_id, messages=messages, tools=[CALCULATOR_TOOL]

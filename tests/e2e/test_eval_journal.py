@@ -121,3 +121,19 @@ def test_summary_table() -> None:
     assert rows["latency p95"] == "4.80 s"
     with pytest.raises(ValueError, match="unknown outcome"):
         summary.add("maybe", elapsed=None)
+
+
+async def test_reattach_survives_s3_errors_until_the_deadline(store: ResultStore) -> None:
+    entry = JournalEntry("a", "s1", "no-such-bucket-here", "e/a/s1.json")
+    now = [0.0]
+
+    async def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    seen = [
+        (e.input_id, envelope)
+        async for e, envelope in await_existing_results(
+            store, [entry], {"a": 3.0}, clock=lambda: now[0], sleep=sleep
+        )
+    ]
+    assert seen == [("a", None)]
