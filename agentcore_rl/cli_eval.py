@@ -305,26 +305,27 @@ async def run_eval(
     if inputs is None:
         inputs = load_inputs(options.data, limit=options.limit)
     by_id = {item.input_id: item for item in inputs}
-    journal = EvalJournal.open(options.out, resume=options.resume)
     if run is None:
         run = EvalRun(RunSummary())
     summary = run.summary
     run.out = options.out
     started = time.monotonic()
-    bar: _Progress | None = None
-    try:
-        summary.resumed = sum(1 for i in by_id if i in journal.finished)
-        in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
-        fresh = [
-            item
-            for item in inputs
-            if item.input_id not in journal.finished and item.input_id not in journal.in_flight
-        ]
-        side_store = ResultStore(
-            endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
-        )
-        async with side_store:
-            await preflight_s3(side_store, options.s3_bucket, options.s3_endpoint_url)
+    side_store = ResultStore(
+        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
+    )
+    async with side_store:
+        # Before the results file is touched: a run that cannot start leaves nothing behind.
+        await preflight_s3(side_store, options.s3_bucket, options.s3_endpoint_url)
+        journal = EvalJournal.open(options.out, resume=options.resume)
+        bar: _Progress | None = None
+        try:
+            summary.resumed = sum(1 for i in by_id if i in journal.finished)
+            in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
+            fresh = [
+                item
+                for item in inputs
+                if item.input_id not in journal.finished and item.input_id not in journal.in_flight
+            ]
             bar = _Progress(len(inputs), summary.resumed, progress)
             client = _make_client(options)
             async with client:
@@ -336,11 +337,11 @@ async def run_eval(
                     raise
                 finally:
                     run.s3_requests = side_store.total_requests + client.stats.s3_total
-    finally:
-        if bar is not None:
-            bar.close()
-        journal.close()
-        run.wall_seconds = time.monotonic() - started
+        finally:
+            if bar is not None:
+                bar.close()
+            journal.close()
+            run.wall_seconds = time.monotonic() - started
     return run
 
 
