@@ -7,6 +7,7 @@ test's event loop) or as a subprocess where it must be killed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -59,6 +60,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
+@contextlib.asynccontextmanager
 async def _stack(s3_endpoint: str, policy: ScriptedPolicy) -> AsyncIterator[LocalStack]:
     stack = LocalStack(
         "examples.math_agent.agent:app",
@@ -74,7 +76,7 @@ async def _stack(s3_endpoint: str, policy: ScriptedPolicy) -> AsyncIterator[Loca
 
 @pytest.fixture
 async def stack(s3_endpoint: str) -> AsyncIterator[LocalStack]:
-    async for value in _stack(s3_endpoint, ScriptedPolicy(accuracy=0.5, seed=1)):
+    async with _stack(s3_endpoint, ScriptedPolicy(accuracy=0.5, seed=1)) as value:
         yield value
 
 
@@ -141,7 +143,7 @@ async def test_resume_after_sigkill_collects_every_outcome_exactly_once(
     gate = Gate(free=4)
     policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
     n = 6
-    async for stack in _stack(s3_endpoint, policy):
+    async with _stack(s3_endpoint, policy) as stack:
         ids = _write_problems(tmp_path / "in.jsonl", n)
         out = tmp_path / "results.jsonl"
         journal = tmp_path / "results.jsonl.journal"
@@ -213,7 +215,7 @@ async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
     gate = Gate(free=2)  # one rollout goes through; the second blocks at the policy
     policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
     n = 3
-    async for stack in _stack(s3_endpoint, policy):
+    async with _stack(s3_endpoint, policy) as stack:
         ids = _write_problems(tmp_path / "in.jsonl", n)
         out = tmp_path / "results.jsonl"
         journal = tmp_path / "results.jsonl.journal"

@@ -3,6 +3,7 @@ scripted policy through the OpenAI SDK and writing its result to moto S3."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,7 @@ class Stack:
         return response, envelope
 
 
+@contextlib.asynccontextmanager
 async def _stack(store: ResultStore, bucket: str, accuracy: float) -> AsyncIterator[Stack]:
     policy = ScriptedPolicy(accuracy=accuracy)
     # A fresh app per test around the example's own handler: an app is closed with its
@@ -73,7 +75,7 @@ async def _stack(store: ResultStore, bucket: str, accuracy: float) -> AsyncItera
 async def stack(s3_endpoint: str, bucket: str) -> AsyncIterator[Stack]:
     store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
     try:
-        async for value in _stack(store, bucket, accuracy=1.0):
+        async with _stack(store, bucket, accuracy=1.0) as value:
             yield value
     finally:
         await store.aclose()
@@ -83,7 +85,7 @@ async def stack(s3_endpoint: str, bucket: str) -> AsyncIterator[Stack]:
 async def wrong_stack(s3_endpoint: str, bucket: str) -> AsyncIterator[Stack]:
     store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
     try:
-        async for value in _stack(store, bucket, accuracy=0.0):
+        async with _stack(store, bucket, accuracy=0.0) as value:
             yield value
     finally:
         await store.aclose()
