@@ -164,3 +164,23 @@ async def test_ctrl_c_during_the_demo_exits_130_cleanly(tmp_path: Path) -> None:
     assert code == 130, text
     assert "Traceback" not in text
     assert "shutting down cleanly" in text
+
+
+async def test_demo_base_url_uses_another_policy_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentcore_rl.local.background import BackgroundServer
+    from agentcore_rl.local.policy import ScriptedPolicy
+
+    # Any OpenAI-compatible server: here a second stand-in that is always right.
+    policy = ScriptedPolicy(accuracy=1.0, model="other-model")
+    out = tmp_path / "demo.jsonl"
+    async with BackgroundServer(policy) as server:
+        argv = ["demo", "--n", "4", "--no-progress", "--out", str(out)]
+        argv += ["--base-url", server.url + "/v1", "--model-id", "other-model"]
+        code = await asyncio.to_thread(main, argv)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"the policy at {server.url}/v1" in captured.err
+    assert policy.requests == 8  # two turns per problem, all served by this policy
+    assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0] * 4
