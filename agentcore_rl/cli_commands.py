@@ -146,15 +146,34 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
+    import inspect
+
+    from agentcore_rl import protocol
+    from agentcore_rl.client import AsyncRolloutClient
+
+    # Names the client would take as its own settings, and the block's own fields (which
+    # have options of their own), cannot be passed through as extra _rollout fields.
+    reserved = set(inspect.signature(AsyncRolloutClient).parameters) | {
+        protocol.EXP_ID,
+        protocol.INPUT_ID,
+        protocol.S3_BUCKET,
+    }
+    reserved.discard("rollout_extra")
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key.isidentifier():
             raise ConfigurationError(f"--param {pair!r} must look like KEY=VALUE")
+        if key in reserved:
+            raise ConfigurationError(
+                f"--param {key}=... is not a free _rollout field; use the command's own "
+                "option for it (see --help)"
+            )
         try:
-            params[key.strip()] = json.loads(text)
+            params[key] = json.loads(text)
         except ValueError:
-            params[key.strip()] = text
+            params[key] = text
     return params
 
 

@@ -112,6 +112,7 @@ async def test_eval_runs_every_input_once(
     ids = _write_problems(tmp_path / "in.jsonl", 8)
     out = tmp_path / "results.jsonl"
     argv = _common(stack, tmp_path / "in.jsonl", out, f"e2e-{transport}")
+    argv += ["--param", "temperature=0.5", "--param", "system_tag=eval"]
     if transport == "http":
         for url in stack.agent_urls:
             argv += ["--agent-url", url]
@@ -131,6 +132,8 @@ async def test_eval_runs_every_input_once(
     assert 0.0 in rewards  # accuracy 0.5: the rewards vary
     assert 1.0 in rewards
     assert all(r["result"]["status_code"] == 200 for r in records)
+    rollout = records[0]["result"]["payload"]["_rollout"]
+    assert (rollout["temperature"], rollout["system_tag"]) == (0.5, "eval")
     printed = capsys.readouterr().out
     assert "mean reward" in printed
     assert str(out.resolve()) in printed
