@@ -335,8 +335,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(main(["demo", "--n", "20"]))
     """
     parser = build_parser()
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if not arguments:  # a bare `agentcore-rl`: show what there is to run
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(arguments)
     except SystemExit as exc:  # --help, --version or a usage error: argparse printed it
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler

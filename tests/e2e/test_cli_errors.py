@@ -42,7 +42,6 @@ def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "the following arguments are required: COMMAND"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["eval", "in.jsonl", "--s3-bucket", "b", "--exp-id", "e"], "one of the arguments"),
         (["eval", "x", "--agent-url", "nope", "--s3-bucket", "b", "--exp-id", "e"], "URL"),
@@ -59,6 +58,13 @@ def test_bad_arguments_exit_2_with_one_clear_line(
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_no_command_shows_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run([], capsys)
+    assert code == 2
+    assert "local-runtime" in err
+    assert "usage: agentcore-rl" in err
 
 
 def test_bad_values_found_after_parsing_exit_2(
