@@ -38,7 +38,15 @@ from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
 from examples.math_agent.reward import RewardFunction
 
-__all__ = ["MAX_TURNS", "Task", "app", "http_client", "solve", "validate_payload"]
+__all__ = [
+    "MAX_TURNS",
+    "SYSTEM_PROMPT",
+    "Task",
+    "app",
+    "http_client",
+    "solve",
+    "validate_payload",
+]
 
 SYSTEM_PROMPT: Final = (
     "You solve arithmetic word problems. Use the calculator tool for every computation, "
@@ -86,14 +94,15 @@ class Task:
 
 
 @app.payload_validator
-def validate_payload(payload: Mapping[str, Any]) -> Task:
+def validate_payload(payload: Mapping[str, Any], *, require_answer: bool = True) -> Task:
     """Check the payload before anything is sent to the model; raise a clear 400 if bad.
 
     Registered as the app's payload validator, so a bad payload is refused with a 400
     (naming the field) before the rollout is accepted; the entrypoint calls it again to
     get the typed task.
 
-    ``prompt`` and ``answer`` must be strings; the policy's address comes from
+    ``prompt`` and ``answer`` (unless ``require_answer`` is false, as in production, where
+    there is no ground truth) must be non-empty strings; the policy's address comes from
     ``_rollout.base_url`` (or the ``OPENAI_BASE_URL`` environment variable) and the model
     from ``_rollout.model_id`` (or ``OPENAI_MODEL``).
 
@@ -101,14 +110,14 @@ def validate_payload(payload: Mapping[str, Any]) -> Task:
 
         validate_payload({"prompt": 3, "answer": "3"})   # raises InvalidPayloadError
     """
-    for name in ("prompt", "answer"):
+    for name in ("prompt", "answer") if require_answer else ("prompt",):
         value = payload.get(name)
         if not isinstance(value, str):
             got = "nothing" if value is None else type(value).__name__
             raise InvalidPayloadError(f"{name} must be a string, got {got}", field=name)
         if not value.strip():
             raise InvalidPayloadError(f"{name} must not be empty", field=name)
-    prompt, answer = payload["prompt"], payload["answer"]
+    prompt, answer = payload["prompt"], payload.get("answer", "")
     if len(prompt) > _MAX_PROMPT_CHARS:
         raise InvalidPayloadError(
             f"prompt is {len(prompt)} characters long; the limit is {_MAX_PROMPT_CHARS}",

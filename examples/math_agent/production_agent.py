@@ -7,12 +7,14 @@ the result to S3 for the trainer.
 
 Example::
 
-    agentcore-rl serve examples.math_agent.production_agent:app --port 8080
-    curl -s localhost:8080/invocations -d '{"prompt": "What is 6 * 7?", "answer": "42"}'
+    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_MODEL=qwen3-8b \\
+        agentcore-rl serve examples.math_agent.production_agent:app --port 8080
+    curl -s localhost:8080/invocations -d '{"prompt": "What is 6 * 7?"}'
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from openai import AsyncOpenAI
@@ -24,7 +26,9 @@ from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
 __all__ = ["answer", "app"]
 
 app = AgentCoreRLApp()
-app.payload_validator(validate_payload)  # bad payloads get a 400, never reach the model
+# In production there is no ground truth: only the prompt is required. Bad payloads get a
+# 400 and never reach the model.
+app.payload_validator(functools.partial(validate_payload, require_answer=False))
 
 
 @app.entrypoint  # agent.py: @app.rollout_entrypoint
@@ -33,9 +37,9 @@ async def answer(payload: dict[str, Any]) -> dict[str, Any]:
 
     Example::
 
-        await answer({"prompt": "What is 6 * 7?", "answer": "42"})   # {"answer": "..."}
+        await answer({"prompt": "What is 6 * 7?"})   # {"answer": "The answer is 42."}
     """
-    task = validate_payload(payload)
+    task = validate_payload(payload, require_answer=False)
     messages: list[Any] = [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": task.prompt},

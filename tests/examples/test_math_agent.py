@@ -161,3 +161,21 @@ def test_validate_payload_reads_the_policy_address_from_rollout() -> None:
         "m",
         {"temperature": 0.5},
     )
+
+
+async def test_the_production_agent_answers_directly(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from examples.math_agent import production_agent
+
+    monkeypatch.setenv("OPENAI_BASE_URL", stack.policy_url)
+    app = AgentCoreRLApp(store=stack.store)
+    app.entrypoint(production_agent.answer)
+    app.payload_validator(lambda payload: agent.validate_payload(payload, require_answer=False))
+    async with BackgroundServer(app) as server, httpx.AsyncClient(base_url=server.url) as http:
+        response = await http.post("/invocations", json={"prompt": PROBLEM})
+        assert response.status_code == 200
+        assert response.json() == {"answer": "The answer is 14."}
+        refused = await http.post("/invocations", json={"question": PROBLEM})
+        assert refused.status_code == 400
+        assert refused.json()["field"] == "prompt"
