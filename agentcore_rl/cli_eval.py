@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -42,6 +43,8 @@ from agentcore_rl.eval_journal import EvalJournal, JournalEntry
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
 
 __all__ = ["EvalInput", "EvalOptions", "EvalRun", "load_inputs", "run_eval"]
+
+logger = logging.getLogger(__name__)
 
 #: A quick retry policy for the preflight check and re-attaching: fail fast when S3 is
 #: unreachable instead of backing off for tens of seconds.
@@ -421,6 +424,7 @@ class _Engine:
                 record = _outcome_record(
                     entry.input_id, "timeout", entry, elapsed, error=error, reattached=True
                 )
+                await self._stop_orphan(entry.session_id)
             elif protocol.is_error_envelope(envelope):
                 error = RolloutError(envelope, session_id=entry.session_id)
                 record = _outcome_record(
@@ -432,6 +436,17 @@ class _Engine:
                 )
             self.summary.reattached += 1
             self._record(record)
+
+    async def _stop_orphan(self, session_id: str) -> None:
+        """Stop a timed-out session an earlier run started, as the client stops its own.
+
+        The client's stop queue only knows sessions it invoked, so this goes through its
+        transport directly; a failure is logged, not fatal (the outcome is already known).
+        """
+        try:
+            await self.client.transport.stop(session_id)
+        except Exception as exc:  # the outcome stands; the session may linger
+            logger.warning("could not stop timed-out session %s: %s", session_id, exc)
 
     async def _worker(self) -> None:
         while True:

@@ -268,3 +268,31 @@ async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
             keys = await store.list_keys(stack.bucket, result_prefix("ctrl-c", stopped["input_id"]))
             envelopes = [await store.get_json(stack.bucket, key) for key in keys]
         assert sorted(e["status_code"] for e in envelopes if e) == [200, 500]
+
+
+async def test_resume_gives_up_on_an_orphan_past_its_deadline(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    ids = _write_problems(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "results.jsonl"
+    # An earlier run started ids[0] long ago and died; its result never appeared.
+    orphan = {
+        "event": "started",
+        "input_id": ids[0],
+        "session_id": "a" * 40,
+        "s3_bucket": stack.bucket,
+        "result_key": f"orphan/{ids[0]}/{'a' * 40}.json",
+        "started_at": 0.0,
+    }
+    (tmp_path / "results.jsonl.journal").write_text(json.dumps(orphan) + "\n")
+    argv = [*_common(stack, tmp_path / "in.jsonl", out, "orphan"), "--resume"]
+    argv += ["--agent-url", stack.agent_urls[0]]
+
+    assert await asyncio.to_thread(main, argv) == 1  # a rollout timed out
+
+    records = {r["input_id"]: r for r in _lines(out)}
+    assert sorted(records) == sorted(ids)
+    assert records[ids[0]]["outcome"] == "timeout"
+    assert records[ids[0]]["reattached"] is True
+    assert "re-attached after a restart" in records[ids[0]]["error"]
+    assert {records[i]["outcome"] for i in ids[1:]} == {"done"}
