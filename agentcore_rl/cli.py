@@ -36,7 +36,6 @@ from agentcore_rl.cli_common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     PROG,
-    Unreachable,
 )
 from agentcore_rl.errors import (
     ConfigurationError,
@@ -351,7 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ConfigurationError, InvalidPayloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)
-    except (Unreachable, StorageError, InvocationError) as exc:
+    except (StorageError, InvocationError, OSError) as exc:
+        # S3, the agent or the runtime cannot be reached or refuse us; a port is taken.
         return _fail(str(exc), EXIT_UNAVAILABLE)
     except Exception as exc:  # a bug: say so in one line unless asked for the traceback
         if os.environ.get(_DEBUG_ENV):

@@ -1,7 +1,8 @@
 """The ``agentcore-rl`` commands: each takes parsed arguments and returns an exit code.
 
-Errors are raised (``ConfigurationError`` -> exit 2, ``Unreachable`` -> exit 3) and turned
-into one line on stderr by :func:`agentcore_rl.cli.main`.
+Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``
+or ``OSError`` for an unreachable service or a taken port -> exit 3) and turned into one
+line on stderr by :func:`agentcore_rl.cli.main`.
 
 Example::
 
@@ -27,10 +28,10 @@ from typing import Any
 
 import httpx
 
-from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, Unreachable, run_async
+from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 from agentcore_rl.cli_eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.cli_summary import RunSummary
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = [
     "cmd_demo",
@@ -89,7 +90,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise Unreachable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
 
 
@@ -178,7 +179,7 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 async def _check_agents(urls: list[str]) -> None:
-    """Each agent answers ``GET /ping``, or Unreachable names the one that does not."""
+    """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
     from agentcore_rl.protocol import PING_PATH
 
     async with httpx.AsyncClient(timeout=5.0) as http:
@@ -186,11 +187,14 @@ async def _check_agents(urls: list[str]) -> None:
             try:
                 response = await http.get(url + PING_PATH)
             except httpx.HTTPError as exc:
-                raise Unreachable(
+                raise InvocationError(
                     f"cannot reach the agent at {url}: {type(exc).__name__}: {exc}"
                 ) from None
             if response.status_code >= 500:
-                raise Unreachable(f"the agent at {url} is unhealthy: HTTP {response.status_code}")
+                raise InvocationError(
+                    f"the agent at {url} is unhealthy: HTTP {response.status_code}",
+                    status_code=response.status_code,
+                )
 
 
 async def _check_runtime_endpoint(endpoint: str | None) -> None:
@@ -201,7 +205,7 @@ async def _check_runtime_endpoint(endpoint: str | None) -> None:
         try:
             await http.get(endpoint)
         except httpx.HTTPError as exc:
-            raise Unreachable(
+            raise InvocationError(
                 f"cannot reach the AgentCore endpoint {endpoint}: {type(exc).__name__}: {exc}"
             ) from None
 

@@ -1,5 +1,5 @@
-"""What the ``agentcore-rl`` commands share: exit codes, the "unreachable" error and an
-event-loop runner that turns Ctrl-C into a clean shutdown.
+"""What the ``agentcore-rl`` commands share: exit codes and an event-loop runner that turns
+Ctrl-C into a clean shutdown.
 
 Example::
 
@@ -27,7 +27,6 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "PROG",
-    "Unreachable",
     "run_async",
 ]
 
@@ -44,15 +43,6 @@ EXIT_UNAVAILABLE: Final = 3
 EXIT_INTERNAL: Final = 4
 EXIT_INTERRUPTED: Final = 130
 EXIT_TERMINATED: Final = 143
-
-
-class Unreachable(Exception):
-    """A service a command needs cannot be reached or refuses us (exit code 3).
-
-    Example::
-
-        raise Unreachable("cannot reach the agent at http://127.0.0.1:8080: refused")
-    """
 
 
 class _Interrupted(Exception):

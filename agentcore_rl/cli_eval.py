@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl import protocol
-from agentcore_rl.cli_common import Unreachable
 from agentcore_rl.cli_reattach import await_existing_results
 from agentcore_rl.cli_summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient
@@ -267,7 +266,7 @@ class _Progress:
 async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None = None) -> None:
     """Prove the bucket is reachable and readable before starting anything.
 
-    Raises :class:`~agentcore_rl.cli_common.Unreachable` naming the bucket and endpoint.
+    Raises :class:`~agentcore_rl.errors.StorageError` naming the bucket and endpoint.
 
     Example::
 
@@ -278,9 +277,12 @@ async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None
     except StorageError as exc:
         where = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
         cause = exc.__cause__ if exc.__cause__ is not None else exc
-        raise Unreachable(
-            f"cannot use S3 bucket {bucket!r} at {where}: {exc.code}: {cause}"
-        ) from None
+        raise StorageError(
+            f"cannot use S3 bucket {bucket!r} at {where}: {exc.code}: {cause}",
+            operation=exc.operation,
+            bucket=bucket,
+            code=exc.code,
+        ) from exc
 
 
 async def run_eval(
