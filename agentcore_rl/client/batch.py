@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,8 @@ class BatchItem:
     ``success`` is True when ``result`` holds the result dict; otherwise ``error`` holds
     the exception (``RolloutError``, ``RolloutTimeoutError``, ``InvocationError``,
     ``StorageError``, ``InvalidPayloadError``...). ``elapsed`` is seconds from the
-    invocation to the outcome. ``session_id`` and ``result_key`` are ``None`` when the
-    payload never reached an agent.
+    invocation to the outcome; ``resolved_at`` the epoch time the outcome was known.
+    ``session_id`` and ``result_key`` are ``None`` when the payload never reached an agent.
 
     Example::
 
@@ -52,6 +53,7 @@ class BatchItem:
     session_id: str | None
     input_id: str | None
     result_key: str | None = None
+    resolved_at: float | None = None
 
     def __repr__(self) -> str:
         outcome = "ok" if self.success else f"{type(self.error).__name__}: {self.error}"
@@ -82,10 +84,12 @@ class BatchItem:
             session_id=fut.session_id,
             input_id=fut.input_id,
             result_key=fut.result_key,
+            resolved_at=fut.resolved_at,
         )
 
 
 _FED = object()  # the feeder's end-of-input marker in the queue
+_MAX_SENDING = 64
 
 
 class _BatchRun:
@@ -109,6 +113,8 @@ class _BatchRun:
         self.senders: set[asyncio.Task[None]] = set()
         self.feeder: asyncio.Task[None] | None = None
         self.started = 0
+        # Invocations being sent at once: the rest wait in the feeder, not as tasks.
+        self.sending = asyncio.Semaphore(_MAX_SENDING)
 
     async def cleanup(self) -> None:
         tasks = [t for t in (self.feeder, *self.senders) if t is not None]
@@ -130,6 +136,7 @@ class _BatchRun:
                 elapsed=0.0,
                 session_id=getattr(error, "session_id", None),
                 input_id=input_id,
+                resolved_at=time.time(),
             )
         )
 
@@ -148,7 +155,12 @@ class _BatchRun:
                     self.started += 1
                     self.put_error(index, exc, None)
                     continue
-                await client.admit()
+                await self.sending.acquire()
+                try:
+                    await client.admit()
+                except BaseException:
+                    self.sending.release()
+                    raise
                 self.started += 1
                 task = asyncio.create_task(self.send(index, body, config))
                 self.senders.add(task)
@@ -162,6 +174,8 @@ class _BatchRun:
         except Exception as exc:  # InvocationError, ClientClosedError: this item's outcome
             self.put_error(index, exc, config.input_id)
             return
+        finally:
+            self.sending.release()
         self.live[index] = fut
         fut.add_done_callback(self.finished)
 

@@ -39,7 +39,7 @@ from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import Transport
-from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
 from agentcore_rl.errors import (
     ClientClosedError,
@@ -156,7 +156,7 @@ class AsyncRolloutClient:
         self.timeout = timeout
         self.retry = retry
         self.close_timeout = close_timeout
-        connections = min(max_concurrent_sessions, 256)
+        connections = min(max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
         self.transport: Transport
         if agent_runtime_arn is not None:
             self.transport = AcrTransport(

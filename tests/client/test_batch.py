@@ -79,9 +79,10 @@ async def test_early_break_stops_every_live_session(
     async with contextlib.aclosing(client.run_batch(payloads)) as batch:
         async for item in batch:
             assert item.success
+            first = item.session_id
             await recorder.wait_for(lambda: recorder.running == 4)
             break
-    started = set(recorder.sessions[1:])
+    started = set(recorder.sessions) - {first}
     assert len(started) == 4
     await recorder.wait_for(lambda: recorder.cancelled == started)
     assert client.in_flight == 0
@@ -93,10 +94,11 @@ async def test_dropping_the_iterator_after_break_also_stops_sessions(
 ) -> None:
     client = make_client(max_concurrent_sessions=3)
     payloads = [{"n": 0}] + [{"mode": "hang"} for _ in range(5)]
-    async for _item in client.run_batch(payloads):
+    async for item in client.run_batch(payloads):
+        first = item.session_id
         await recorder.wait_for(lambda: recorder.running == 3)
         break
-    hanging = set(recorder.sessions[1:])
+    hanging = set(recorder.sessions) - {first}
     await recorder.wait_for(lambda: recorder.cancelled == hanging)
 
 

@@ -142,9 +142,10 @@ def test_early_break_stops_live_sessions(agent: Agent, sync_bucket: str, s3_endp
     with make(agent, sync_bucket, s3_endpoint, max_concurrent_sessions=3) as client:
         for item in client.run_batch([{"n": 0}] + [{"mode": "hang"}] * 5):
             assert item.success
+            first = item.session_id
             agent.wait_for(lambda: agent.recorder.running == 3)
             break
-        hanging = set(agent.recorder.sessions[1:])
+        hanging = set(agent.recorder.sessions) - {first}
         agent.wait_for(lambda: agent.recorder.cancelled == hanging)
         assert client.stats.in_flight == 0
         assert agent.recorder.max_running == 3

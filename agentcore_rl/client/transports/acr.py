@@ -104,7 +104,7 @@ class AcrTransport:
         qualifier: str | None = None,
         session: AioSession | None = None,
         timeout: float = 60.0,
-        max_connections: int = 256,
+        max_connections: int = 64,
     ) -> None:
         self.agent_runtime_arn = agent_runtime_arn
         self.region = parse_runtime_arn(agent_runtime_arn)
@@ -117,6 +117,7 @@ class AcrTransport:
             connect_timeout=timeout,
             read_timeout=timeout,
         )
+        self._limit = asyncio.Semaphore(max_connections)  # queue here, not in the pool
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock = asyncio.Lock()
@@ -156,11 +157,12 @@ class AcrTransport:
     async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
         client = await self._get_client()
         try:
-            response = await getattr(client, operation)(**params)
-            if "response" in response:
-                # The body streams; a rollout entrypoint's answer is small, read it whole.
-                async with response["response"] as stream:
-                    response["body"] = await stream.read()
+            async with self._limit:
+                response = await getattr(client, operation)(**params)
+                if "response" in response:
+                    # The body streams; a rollout entrypoint's answer is small: read it all.
+                    async with response["response"] as stream:
+                        response["body"] = await stream.read()
             return response
         except ClientError as exc:
             raise _classify(exc, session_id) from exc

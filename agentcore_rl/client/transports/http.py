@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -22,8 +23,10 @@ from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import ConfigurationError, InvocationError
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
 
-__all__ = ["DEFAULT_HTTP_TIMEOUT", "HttpTransport", "error_message"]
+__all__ = ["DEFAULT_HTTP_TIMEOUT", "DEFAULT_MAX_CONNECTIONS", "HttpTransport", "error_message"]
 
+#: Requests in flight at once (an invocation is answered at once, so few are needed).
+DEFAULT_MAX_CONNECTIONS: Final = 16
 #: Seconds for connect/read/write of one call (invocations answer at once: "processing").
 DEFAULT_HTTP_TIMEOUT: Final = 60.0
 
@@ -77,12 +80,15 @@ class HttpTransport:
         urls: str | Sequence[str],
         *,
         timeout: float = DEFAULT_HTTP_TIMEOUT,
-        max_connections: int = 256,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise ConfigurationError("agent_url needs at least one URL")
         self.urls = [_check_url(u) for u in url_list]
+        # httpcore's pool rescans its queue on every release: thousands of queued requests
+        # cost quadratic CPU. Queue here instead, in an O(1) semaphore.
+        self._limit = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout),
             limits=httpx.Limits(
@@ -104,7 +110,8 @@ class HttpTransport:
 
     async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = await self._http.post(url, **kwargs)
+            async with self._limit:
+                response = await self._http.post(url, **kwargs)
         except httpx.TransportError as exc:  # connect/read errors and timeouts
             raise RetryableError(
                 f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
