@@ -248,6 +248,13 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any]) -> dict[s
         cpu = cpu_seconds() - cpu0
         stats = client.stats
         stops_count = client.stop_finished_sessions
+        watcher = client._watcher
+        watch = {
+            "rounds": watcher.rounds,
+            "lists": watcher.lists,
+            "listed_keys": watcher.listed_keys,
+            "probes": watcher.probes,
+        }
     ideal = ideal_wall(durations, args.concurrency, args.tps, args.tps, stops_count)
     n = args.rollouts
     return {
@@ -268,6 +275,7 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any]) -> dict[s
             "max": round(max(detection, default=float("nan")), 3),
             "mean": round(statistics.fmean(detection), 3) if detection else None,
         },
+        "watcher": watch,
         "invocations": stats.invocations,
         "retries": stats.retries,
         "throttles": stats.throttles,

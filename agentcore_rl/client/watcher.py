@@ -52,7 +52,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Pause between rounds while results keep arriving.
-DEFAULT_MIN_INTERVAL: Final = 0.25
+DEFAULT_MIN_INTERVAL: Final = 0.4
 #: Longest pause between rounds when nothing changes: bounds the detection delay.
 DEFAULT_MAX_INTERVAL: Final = 0.8
 #: Failed polls of one group in a row before its futures fail.
@@ -183,6 +183,7 @@ class CompletionWatcher:
         self._closed = False
         self.rounds = 0
         self.lists = 0
+        self.listed_keys = 0
         self.probes = 0
         self.found = 0
 
@@ -295,6 +296,7 @@ class CompletionWatcher:
                 keys = []
             else:
                 group.failures = 0
+            self.listed_keys += len(keys)
             for key in keys:
                 group.remember(key)
                 if key in group.pending:
