@@ -59,6 +59,9 @@ DEFAULT_MAX_INTERVAL: Final = 0.8
 DEFAULT_ERROR_THRESHOLD: Final = 3
 #: Keys per LIST page (S3's maximum and default).
 LIST_PAGE_SIZE: Final = 1000
+#: Client CPU of parsing one listed key, in requests: a GET costs about as much as 50 keys
+#: of a listing, so re-listing hundreds of finished keys for one straggler is not free.
+LISTED_KEY_COST: Final = 0.02
 
 #: ``callback(envelope, None)`` when the result arrived, ``callback(None, error)`` on failure.
 Callback = Callable[[dict[str, Any] | None, BaseException | None], None]
@@ -135,7 +138,8 @@ class _Group:
 
         Cost of probing the ``i`` smallest keys and listing the rest: ``i`` GETs plus one
         LIST page per 1,000 keys at or after the first listed key (remembered keys plus
-        pending ones). A few split points on a doubling scale are enough.
+        pending ones), plus the CPU of parsing the remembered keys it lists again. A few
+        split points on a doubling scale are enough.
         """
         keys = sorted(self.pending)
         n = len(keys)
@@ -143,7 +147,8 @@ class _Group:
         i = 0
         while i < n:
             after = len(self.known) - bisect.bisect_left(self.known, keys[i])
-            cost = i + math.ceil((after + n - i) / LIST_PAGE_SIZE)
+            pages = math.ceil((after + n - i) / LIST_PAGE_SIZE)
+            cost = i + pages + LISTED_KEY_COST * after
             if cost < best_cost:
                 best_i, best_cost = i, cost
             i = 1 if i == 0 else i * 2
