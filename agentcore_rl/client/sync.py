@@ -37,6 +37,11 @@ async def _create(kwargs: dict[str, Any]) -> AsyncRolloutClient:
     return AsyncRolloutClient(**kwargs)
 
 
+async def _stats(client: AsyncRolloutClient) -> ClientStats:
+    # Read on the loop thread: the counters change there.
+    return client.stats
+
+
 async def _outcome(fut: RolloutFuture) -> dict[str, Any]:
     # Cancelling the concurrent future cancels this task, and with it ``fut``.
     return await fut
@@ -98,7 +103,7 @@ class RolloutClient:
 
             print(client.stats.as_dict())
         """
-        return self._client.stats
+        return self._portal.call(_stats, self._client)
 
     def invoke(
         self,
