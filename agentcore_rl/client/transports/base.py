@@ -64,13 +64,28 @@ class Transport(Protocol):
     stop_after_result: bool
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one invocation; return the JSON object the agent answered."""
+        """Send one invocation; return the JSON object the agent answered.
+
+        Example::
+
+            answer = await transport.invoke(sid, payload)   # {"status": "processing", ...}
+        """
         ...
 
     async def stop(self, session_id: str) -> bool:
-        """Stop the session; True when something was running."""
+        """Stop the session; True when something was running.
+
+        Example::
+
+            await transport.stop(sid)
+        """
         ...
 
     async def aclose(self) -> None:
-        """Release connections. Idempotent."""
+        """Release connections. Idempotent.
+
+        Example::
+
+            await transport.aclose()
+        """
         ...
