@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -210,6 +211,9 @@ class AsyncRolloutClient:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._busy_tasks: set[asyncio.Task[Any]] = set()
         self._closed_by_us: set[asyncio.Task[Any]] = set()
+        self._sending = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._closed = False
         self._close_done: asyncio.Event | None = None
 
@@ -340,6 +344,9 @@ class AsyncRolloutClient:
             for task in list(self._busy_tasks):
                 self._closed_by_us.add(task)
                 task.cancel()
+            # Invocations on the wire unwind first: each queues the stop of its session.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.close_timeout)
             error = ClientClosedError("the client was closed before this rollout finished")
             for fut in list(self._live.values()):
                 fut._settle(None, error)
@@ -476,6 +483,8 @@ class AsyncRolloutClient:
         task = asyncio.current_task()
         assert task is not None
         self._busy_tasks.add(task)
+        self._sending += 1
+        self._idle.clear()
         try:
             answer = await with_retries(
                 functools.partial(self._send, session_id, body),
@@ -487,7 +496,8 @@ class AsyncRolloutClient:
             self._check_answer(answer, fut)
         except BaseException as exc:
             self._slots.release()
-            self._counters["invocation_errors"] += 1
+            if isinstance(exc, InvocationError):
+                self._counters["invocation_errors"] += 1
             # The agent may have started the rollout unless it clearly refused it.
             status = getattr(exc, "status_code", None)
             if not isinstance(exc, InvocationError) or status is None or status >= 500:
@@ -497,8 +507,14 @@ class AsyncRolloutClient:
             raise
         finally:
             self._busy_tasks.discard(task)
+            self._sending -= 1
+            if not self._sending:
+                self._idle.set()
         self._live[session_id] = fut
         fut.add_done_callback(self._on_done)
+        if self._closed:  # closed while the answer was on its way: end it like the others
+            fut._settle(None, ClientClosedError("the client was closed while starting this"))
+            return fut
         self._watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived, fut))
         limit = self.timeout if timeout is None else timeout
         if limit is not None and math.isfinite(limit):
