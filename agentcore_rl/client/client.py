@@ -23,9 +23,6 @@ from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import aioboto3
-from aiobotocore.session import get_session
-
 from agentcore_rl import protocol
 from agentcore_rl.client.batch import BatchItem, run_batch
 from agentcore_rl.client.bucket import Priority, TokenBucket
@@ -38,17 +35,22 @@ from agentcore_rl.client.config import (
     RetryConfig,
 )
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.payload import build_invocation
 from agentcore_rl.client.retry import with_retries
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import Transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
-from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
+from agentcore_rl.client.watcher import (
+    DEFAULT_WATCHER,
+    CompletionWatcher,
+    WatcherConfig,
+    lean_s3_session,
+)
 from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
-    InvalidPayloadError,
     InvalidRolloutConfig,
     InvocationError,
     RolloutError,
@@ -71,33 +73,6 @@ _OUTCOME_COUNTERS: dict[type[BaseException] | type[None], str] = {
     StorageError: "storage_errors",
     ClientClosedError: "closed",
 }
-
-
-def lean_s3_session() -> aioboto3.Session:
-    """An aioboto3 session whose responses keep timestamps as strings.
-
-    botocore parses every ``LastModified`` of a listing into a datetime, which is more
-    than half the CPU cost of a 1,000-key LIST page; the watcher needs only the keys.
-
-    Example::
-
-        ResultStore(session=lean_s3_session())
-    """
-    core = get_session()
-    core.get_component("response_parser_factory").set_parser_defaults(
-        timestamp_parser=_keep_timestamp
-    )
-    return aioboto3.Session(botocore_session=core)
-
-
-def _keep_timestamp(value: str) -> str:
-    return value
-
-
-def _fresh_input_id() -> str:
-    # Microseconds since the epoch: unique enough (keys also hold the session id) and
-    # time-ordered, so the watcher's LIST from the oldest pending key skips older results.
-    return str(time.time_ns() // 1000)
 
 
 class AsyncRolloutClient:
@@ -400,28 +375,13 @@ class AsyncRolloutClient:
 
             body, config = client.prepare({"prompt": "hi"}, input_id="q-1", overrides={})
         """
-        if not isinstance(payload, Mapping):
-            raise InvalidPayloadError(
-                f"a payload must be a JSON object (a dict), got {type(payload).__name__}"
-            )
-        own = payload.get(protocol.ROLLOUT_FIELD) or {}
-        if not isinstance(own, Mapping):
-            raise InvalidRolloutConfig(
-                f"payload {protocol.ROLLOUT_FIELD} must be a dict, got {type(own).__name__}",
-                field=protocol.ROLLOUT_FIELD,
-            )
-        block = self.defaults.to_dict()
-        block.pop(protocol.INPUT_ID)
-        block.update(own)
-        block.update(overrides)
-        if input_id is not None:
-            block[protocol.INPUT_ID] = input_id
-        elif block.get(protocol.INPUT_ID) is None:
-            block[protocol.INPUT_ID] = default_input_id or _fresh_input_id()
-        config = protocol.RolloutConfig.from_dict(block)
-        body = dict(payload)
-        body[protocol.ROLLOUT_FIELD] = config.to_dict()
-        return body, config
+        return build_invocation(
+            self.defaults,
+            payload,
+            input_id=input_id,
+            overrides=overrides,
+            default_input_id=default_input_id,
+        )
 
     async def admit(self) -> None:
         """Wait for a concurrency slot, then a token (the caller then owns the slot).

@@ -39,6 +39,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import aioboto3
+from aiobotocore.session import get_session
+
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
 
@@ -47,6 +50,7 @@ __all__ = [
     "DEFAULT_MIN_INTERVAL",
     "CompletionWatcher",
     "WatcherConfig",
+    "lean_s3_session",
 ]
 
 logger = logging.getLogger(__name__)
@@ -385,3 +389,24 @@ class CompletionWatcher:
                     code=type(exc).__name__,
                 )
                 self._deliver(group, key, None, error)
+
+
+def lean_s3_session() -> aioboto3.Session:
+    """An aioboto3 session whose responses keep timestamps as strings.
+
+    botocore parses every ``LastModified`` of a listing into a datetime, which is more
+    than half the CPU cost of a 1,000-key LIST page; the watcher needs only the keys.
+
+    Example::
+
+        ResultStore(session=lean_s3_session())
+    """
+    core = get_session()
+    core.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=_keep_timestamp
+    )
+    return aioboto3.Session(botocore_session=core)
+
+
+def _keep_timestamp(value: str) -> str:
+    return value

@@ -1,0 +1,74 @@
+"""Building an invocation body: the payload plus its validated ``_rollout`` block.
+
+Example::
+
+    body, config = build_invocation(defaults, {"prompt": "2+2?"}, input_id="q-1",
+                                    overrides={"temperature": 1.0})
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from agentcore_rl import protocol
+from agentcore_rl.errors import InvalidPayloadError, InvalidRolloutConfig
+
+__all__ = ["build_invocation", "fresh_input_id"]
+
+
+def fresh_input_id() -> str:
+    """A default input id: microseconds since the epoch.
+
+    Unique enough (result keys also hold the session id) and time-ordered, so the
+    watcher's LIST from the oldest pending key skips older results.
+
+    Example::
+
+        fresh_input_id()   # "1767225600123456"
+    """
+    return str(time.time_ns() // 1000)
+
+
+def build_invocation(
+    defaults: protocol.RolloutConfig,
+    payload: Mapping[str, Any],
+    *,
+    input_id: str | None,
+    overrides: Mapping[str, Any],
+    default_input_id: str | None = None,
+) -> tuple[dict[str, Any], protocol.RolloutConfig]:
+    """The body to send and its ``_rollout`` config (no I/O; raises on bad input).
+
+    ``_rollout`` = ``defaults`` (its ``input_id`` ignored), then the payload's own
+    ``_rollout`` keys, then ``overrides``, then ``input_id``; without any input id,
+    ``default_input_id`` or a :func:`fresh_input_id`.
+
+    Example::
+
+        body, config = build_invocation(defaults, {"prompt": "hi"}, input_id=None,
+                                        overrides={}, default_input_id="000017")
+    """
+    if not isinstance(payload, Mapping):
+        raise InvalidPayloadError(
+            f"a payload must be a JSON object (a dict), got {type(payload).__name__}"
+        )
+    own = payload.get(protocol.ROLLOUT_FIELD) or {}
+    if not isinstance(own, Mapping):
+        raise InvalidRolloutConfig(
+            f"payload {protocol.ROLLOUT_FIELD} must be a dict, got {type(own).__name__}",
+            field=protocol.ROLLOUT_FIELD,
+        )
+    block = defaults.to_dict()
+    block.pop(protocol.INPUT_ID)
+    block.update(own)
+    block.update(overrides)
+    if input_id is not None:
+        block[protocol.INPUT_ID] = input_id
+    elif block.get(protocol.INPUT_ID) is None:
+        block[protocol.INPUT_ID] = default_input_id or fresh_input_id()
+    config = protocol.RolloutConfig.from_dict(block)
+    body = dict(payload)
+    body[protocol.ROLLOUT_FIELD] = config.to_dict()
+    return body, config
