@@ -6,11 +6,29 @@ of rollouts and returns asyncio futures; :class:`RolloutClient` is its synchrono
 
 Example::
 
-    from agentcore_rl import RolloutConfig
+    from agentcore_rl import AgentCoreRLApp, AsyncRolloutClient
 
-    cfg = RolloutConfig(exp_id="e1", input_id="q-1", s3_bucket="rollouts")
+    app = AgentCoreRLApp()                      # in the agent's container
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict) -> dict:
+        return {"rewards": [1.0]}
+
+    async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080",   # in the trainer
+                                  s3_bucket="rollouts", exp_id="e1") as client:
+        result = await client.rollout({"prompt": "2+2?"})
 """
 
+from agentcore_rl.client import (
+    AsyncRolloutClient,
+    BatchItem,
+    ClientStats,
+    RetryConfig,
+    RolloutClient,
+    RolloutFuture,
+    TokenBucket,
+    WatcherConfig,
+)
 from agentcore_rl.errors import (
     AgentCoreRLError,
     BucketNotAllowedError,
@@ -25,22 +43,33 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.protocol import PingStatus, RolloutConfig
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
+from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentCoreRLApp",
     "AgentCoreRLError",
+    "AsyncRolloutClient",
+    "BatchItem",
     "BucketNotAllowedError",
     "ClientClosedError",
+    "ClientStats",
     "ConfigurationError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
     "PingStatus",
+    "RequestContext",
     "ResultStore",
+    "RetryConfig",
+    "RolloutClient",
     "RolloutConfig",
     "RolloutError",
+    "RolloutFuture",
     "RolloutTimeoutError",
     "S3RetryPolicy",
     "StorageError",
+    "TokenBucket",
+    "WatcherConfig",
 ]

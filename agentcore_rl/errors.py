@@ -102,7 +102,8 @@ class BucketNotAllowedError(InvalidPayloadError):
     def __init__(self, bucket: str, allowed: frozenset[str]):
         super().__init__(
             f"bucket {bucket!r} is not in this server's allow-list "
-            f"({', '.join(sorted(allowed))}); set AGENTCORE_RL_ALLOWED_BUCKETS to allow it",
+            f"({', '.join(sorted(allowed))}); ask the agent's operator to add it "
+            "(AgentCoreRLApp(allowed_buckets=...) or AGENTCORE_RL_ALLOWED_BUCKETS)",
             status_code=403,
             field="s3_bucket",
         )

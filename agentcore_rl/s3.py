@@ -59,6 +59,9 @@ _TRANSIENT_CODES: Final = frozenset(
         "OperationAborted",
     }
 )
+# "The key is not there (yet)". NoSuchBucket is deliberately absent: a missing bucket is a
+# fault to report, not a result still to come. HEAD answers carry no body, so a HEAD on a
+# missing bucket is a bare 404 too and cannot be told apart (see ResultStore.head).
 _MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
@@ -240,7 +243,7 @@ class ResultStore:
                     return await request(client)
         except ClientError as exc:
             code = _error_code(exc)
-            if missing_ok and (code in _MISSING_CODES or _http_status(exc) == 404):
+            if missing_ok and code in _MISSING_CODES:
                 return None
             raise StorageError(
                 f"S3 {operation} s3://{bucket}/{key or ''} failed: {code}: {exc}",
@@ -286,6 +289,8 @@ class ResultStore:
     async def get_json(self, bucket: str, key: str) -> dict[str, Any] | None:
         """Read one JSON object; ``None`` when the key does not exist.
 
+        A missing bucket is not a missing key: it raises ``StorageError`` (``NoSuchBucket``).
+
         Example::
 
             envelope = await store.get_json("rollouts", key)
@@ -322,6 +327,9 @@ class ResultStore:
 
     async def head(self, bucket: str, key: str) -> bool:
         """True when the object exists.
+
+        S3 answers HEAD without a body, so a missing bucket also reads as ``False`` here;
+        :meth:`get_json` and :meth:`list_keys` report it as ``NoSuchBucket``.
 
         Example::
 

@@ -11,6 +11,7 @@ Example::
 
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
+from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.runtime import LocalAgentCoreRuntime, run_local_runtime
 from agentcore_rl.local.stack import LocalStack
 
@@ -19,5 +20,6 @@ __all__ = [
     "EmbeddedS3",
     "LocalAgentCoreRuntime",
     "LocalStack",
+    "ScriptedPolicy",
     "run_local_runtime",
 ]

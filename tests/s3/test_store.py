@@ -77,3 +77,10 @@ def test_transient_classification() -> None:
     assert not is_transient_s3_error(client_error("NoSuchBucket", 404))
     assert is_transient_s3_error(EndpointConnectionError(endpoint_url="http://x"))
     assert not is_transient_s3_error(ValueError())
+
+
+async def test_missing_bucket_on_get_is_an_error_not_a_missing_key(store: ResultStore) -> None:
+    # A result "not written yet" and a bucket that is gone must not look alike to a reader.
+    with pytest.raises(StorageError, match="NoSuchBucket"):
+        await store.get_json("no-such-bucket-here", "exp/q-1/s.json")
+    assert not await store.head("no-such-bucket-here", "exp/q-1/s.json")
