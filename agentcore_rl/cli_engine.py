@@ -1,8 +1,9 @@
-"""The worker pool behind ``agentcore-rl eval``: invoke, journal, await, record.
+"""The worker pool behind ``agentcore-rl eval``: journal, invoke, await, record.
 
-``concurrency`` workers take inputs from a queue, invoke each through the client, journal
-the started rollout, await its outcome and write exactly one results line for it. Beside
-them, rollouts an earlier run left in flight are re-attached by result key.
+``concurrency`` workers take inputs from a queue, journal each rollout's session id and
+result key, invoke it through the client with that session id, await its outcome and
+write exactly one results line for it. Beside them, rollouts an earlier run left in
+flight are resumed by session id and result key (see docs/cli.md).
 
 Example::
 
@@ -24,8 +25,8 @@ from agentcore_rl import protocol
 from agentcore_rl.cli_eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli_reattach import await_existing_results
 from agentcore_rl.cli_summary import RunSummary, reward_of
-from agentcore_rl.client import AsyncRolloutClient
-from agentcore_rl.errors import RolloutError, RolloutTimeoutError
+from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
+from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
 from agentcore_rl.eval_journal import EvalJournal, JournalEntry
 from agentcore_rl.s3 import ResultStore
 
@@ -178,7 +179,7 @@ class EvalEngine:
         tasks = set(workers)
         try:
             if in_flight:
-                await self._reattach(in_flight, by_id)
+                await self._resume_all(in_flight, by_id)
             for _ in workers:
                 self.queue.put_nowait(None)
             await asyncio.gather(*workers)
@@ -187,43 +188,131 @@ class EvalEngine:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _reattach(self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]) -> None:
-        loop = asyncio.get_running_loop()
-        wall_now, loop_now = time.time(), loop.time()
-        deadlines = {
-            e.input_id: loop_now + (e.started_at + self.options.timeout - wall_now) for e in entries
-        }
-        async for entry, envelope in await_existing_results(self.store, entries, deadlines):
+    async def _resume_all(
+        self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]
+    ) -> None:
+        tasks = [
+            asyncio.create_task(self._resume_one(e, by_id[e.input_id]), name=f"resume {e.input_id}")
+            for e in entries
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
+        """Finish a rollout an earlier run journaled as started but never saw end.
+
+        Its invocation may or may not have reached the agent (the journal line is written
+        before the call). Within its deadline it is invoked again with the same session id
+        and result key, which the agent runs once: a running rollout is not started twice
+        (see docs/cli.md). Otherwise its result key is watched until the deadline.
+        """
+        remaining = entry.started_at + self.options.timeout - time.time()
+        found: dict[str, Any] | None = None
+        future: RolloutFuture | None = None
+        if remaining > 0:
+            found, future = await self._reinvoke(entry, item, remaining)
+        try:
+            if future is not None:
+                try:
+                    found = await future
+                except RolloutError as exc:
+                    found = exc.envelope
+                except RolloutTimeoutError:
+                    found = None
+            elif found is None:
+                found = await self._await_existing(entry, remaining)
+        except asyncio.CancelledError:
+            if future is not None:  # the client stops its session: run it again next time
+                self.journal.record_abandoned(entry.input_id)
+            raise
+        except Exception as exc:  # StorageError or a surprise: this input's outcome
             elapsed = time.time() - entry.started_at
-            if (
-                envelope is not None
-                and envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED
-            ):
-                # The previous run stopped it on its way out: run it again.
-                self.queue.put_nowait(by_id[entry.input_id])
-                continue
-            if envelope is None:
-                error: BaseException = RolloutTimeoutError(
-                    f"no result for session {entry.session_id} within {self.options.timeout} s "
-                    "(re-attached after a restart)",
-                    session_id=entry.session_id,
-                    timeout=self.options.timeout,
-                )
-                record = outcome_record(
-                    entry.input_id, "timeout", entry, elapsed, error=error, reattached=True
-                )
-                await self._stop_orphan(entry.session_id)
-            elif protocol.is_error_envelope(envelope):
-                error = RolloutError(envelope, session_id=entry.session_id)
-                record = outcome_record(
-                    entry.input_id, "failed", entry, elapsed, error=error, reattached=True
-                )
-            else:
-                record = outcome_record(
-                    entry.input_id, "done", entry, elapsed, result=envelope, reattached=True
-                )
             self.summary.reattached += 1
-            self._record(record)
+            self._record(
+                outcome_record(entry.input_id, "failed", entry, elapsed, error=exc, reattached=True)
+            )
+            return
+        self._record_resumed(entry, item, found)
+
+    async def _reinvoke(
+        self, entry: JournalEntry, item: EvalInput, remaining: float
+    ) -> tuple[dict[str, Any] | None, RolloutFuture | None]:
+        """``(result, None)`` when the result is already there, ``(None, future)`` when
+        re-invoked, ``(None, None)`` when it cannot be (the caller watches the key)."""
+        try:
+            body, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
+        except Exception:
+            return None, None
+        if (config.s3_bucket, config.key_for(entry.session_id)) != (
+            entry.s3_bucket,
+            entry.result_key,
+        ):
+            # Another --exp-id or bucket than the first run: same session, other key, and
+            # the agent would run it again. Only wait for the journaled key.
+            return None, None
+        await self.client.admit()
+        # Checked with the slot held, right before sending: a rollout that finished while
+        # we waited is read, not run again.
+        try:
+            found = await self.store.get_json(entry.s3_bucket, entry.result_key)
+        except BaseException as exc:
+            self.client.release()
+            if isinstance(exc, StorageError):
+                return None, None
+            raise
+        if found is not None:
+            self.client.release()
+            return found, None
+        try:
+            future = await self.client.start(
+                body, config, timeout=remaining, session_id=entry.session_id
+            )
+        except Exception as exc:  # the agent may still run it: watch its key instead
+            logger.warning("re-invoking %s failed: %s", entry.input_id, exc)
+            return None, None
+        return None, future
+
+    async def _await_existing(self, entry: JournalEntry, remaining: float) -> dict[str, Any] | None:
+        deadline = {entry.input_id: asyncio.get_running_loop().time() + remaining}
+        async for _, envelope in await_existing_results(self.store, [entry], deadline):
+            if envelope is None:
+                await self._stop_orphan(entry.session_id)
+            return envelope
+        return None
+
+    def _record_resumed(
+        self, entry: JournalEntry, item: EvalInput, envelope: dict[str, Any] | None
+    ) -> None:
+        elapsed = time.time() - entry.started_at
+        if envelope is not None and envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED:
+            # The previous run stopped it on its way out: run it again.
+            self.queue.put_nowait(item)
+            return
+        if envelope is None:
+            error: BaseException = RolloutTimeoutError(
+                f"no result for session {entry.session_id} within {self.options.timeout} s "
+                "(re-attached after a restart)",
+                session_id=entry.session_id,
+                timeout=self.options.timeout,
+            )
+            record = outcome_record(
+                entry.input_id, "timeout", entry, elapsed, error=error, reattached=True
+            )
+        elif protocol.is_error_envelope(envelope):
+            error = RolloutError(envelope, session_id=entry.session_id)
+            record = outcome_record(
+                entry.input_id, "failed", entry, elapsed, error=error, reattached=True
+            )
+        else:
+            record = outcome_record(
+                entry.input_id, "done", entry, elapsed, result=envelope, reattached=True
+            )
+        self.summary.reattached += 1
+        self._record(record)
 
     async def _stop_orphan(self, session_id: str) -> None:
         """Stop a timed-out session an earlier run started, as the client stops its own.
@@ -246,16 +335,36 @@ class EvalEngine:
     async def _run_one(self, item: EvalInput) -> None:
         t0 = time.monotonic()
         try:
-            future = await self.client.invoke(item.payload, input_id=item.input_id)
+            _, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
+        except Exception as exc:  # a bad payload: nothing starts
+            elapsed = time.monotonic() - t0
+            self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))
+            return
+        # Journaled before the call: whatever happens next, a resumed run knows the session
+        # and result key, and never starts a second rollout for this input.
+        session_id = protocol.new_session_id()
+        entry = JournalEntry(
+            item.input_id, session_id, config.s3_bucket, config.key_for(session_id), time.time()
+        )
+        self.journal.record_started(entry)
+        try:
+            future = await self.client.invoke(
+                item.payload, input_id=item.input_id, session_id=session_id
+            )
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(item.input_id)  # the client stops the session
+            raise
         except Exception as exc:  # one input failing must not end the run
             # The invocation itself failed (after the client's retries): nothing started.
             elapsed = time.monotonic() - t0
             self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))
             return
-        entry = JournalEntry(
-            item.input_id, future.session_id, future.s3_bucket, future.result_key, time.time()
-        )
-        self.journal.record_started(entry)
+        if (future.s3_bucket, future.result_key) != (entry.s3_bucket, entry.result_key):
+            # The agent chose another place for the result: journal where it really goes.
+            entry = JournalEntry(
+                item.input_id, session_id, future.s3_bucket, future.result_key, entry.started_at
+            )
+            self.journal.record_started(entry)
         try:
             result = await future
         except asyncio.CancelledError:

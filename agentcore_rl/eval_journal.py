@@ -5,13 +5,15 @@ with SIGKILL) leaves them readable:
 
 - ``results.jsonl``: one line per outcome (done, failed or timed out), the run's product;
 - ``results.jsonl.journal``: one line per started rollout (input id, session id, bucket,
-  result key, start time), written as soon as the agent has accepted it, and one line per
+  result key, start time), written just *before* its invocation is sent, and one line per
   rollout this run stopped itself (Ctrl-C), which a resumed run starts again.
 
 On ``--resume`` an input with a line in the results file is skipped, and an input that
 the journal shows as started but that has no outcome was in flight when the previous run
-died: its result is collected from S3 by its key (re-attached), not run again. A torn last
-line (the process died mid-write) is cut off before appending.
+died: it is resumed by its session id and result key (its result collected from S3, or
+the invocation sent again with the same session id, which an agent still running it does
+not start twice), never started under a new session. A torn last line (the process died
+mid-write) is cut off before appending.
 
 Example::
 

@@ -183,6 +183,7 @@ class AsyncRolloutClient:
             self.transport, self.bucket, retry, self._counters, workers=stop_workers
         )
         self._live: dict[str, RolloutFuture] = {}
+        self._reserved: set[str] = set()  # session ids on their way into _live
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._busy_tasks: set[asyncio.Task[Any]] = set()
         self._closed_by_us: set[asyncio.Task[Any]] = set()
@@ -241,6 +242,7 @@ class AsyncRolloutClient:
         payload: Mapping[str, Any],
         *,
         input_id: str | None = None,
+        session_id: str | None = None,
         timeout: float | None = None,
         **overrides: Any,
     ) -> RolloutFuture:
@@ -248,25 +250,37 @@ class AsyncRolloutClient:
 
         Waits for a concurrency slot, then a token. ``_rollout`` is the client's defaults,
         then the payload's own ``_rollout`` keys, then ``input_id`` and ``overrides``.
-        ``input_id`` defaults to a fresh time-ordered id. ``timeout`` (seconds from
-        acceptance; ``math.inf`` for none) overrides the client's. Raises
-        ``InvalidPayloadError`` for a bad payload or override, ``InvocationError`` when the
-        agent refused or could not be reached, ``ClientClosedError`` after ``aclose``.
+        ``input_id`` defaults to a fresh time-ordered id. ``session_id`` defaults to a fresh
+        :func:`~agentcore_rl.protocol.new_session_id`; choose one to know the result key
+        before the call (``config.key_for(session_id)``) or to retry an invocation the
+        agent may already run (it runs one rollout per session and result key). It must
+        be letters, digits and hyphens, 33-256 characters on AgentCore Runtime, and not
+        belong to a pending rollout of this client. ``timeout`` (seconds from acceptance;
+        ``math.inf`` for none) overrides the client's. Raises ``InvalidPayloadError``
+        (``InvalidRolloutConfig``) for a bad payload, override or session id,
+        ``ConfigurationError`` for a session id already pending here, ``InvocationError``
+        when the agent refused or could not be reached, ``ClientClosedError`` after
+        ``aclose``.
 
         Example::
 
             fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1", temperature=1.0)
             result = await fut
+            sid = protocol.new_session_id()          # journal it first, then:
+            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-2", session_id=sid)
         """
         body, config = self.prepare(payload, input_id=input_id, overrides=overrides)
+        if session_id is not None:
+            self.check_session_id(session_id)
         await self.admit()
-        return await self.start(body, config, timeout=timeout)
+        return await self.start(body, config, timeout=timeout, session_id=session_id)
 
     async def rollout(
         self,
         payload: Mapping[str, Any],
         *,
         input_id: str | None = None,
+        session_id: str | None = None,
         timeout: float | None = None,
         **overrides: Any,
     ) -> dict[str, Any]:
@@ -276,7 +290,9 @@ class AsyncRolloutClient:
 
             result = await client.rollout({"prompt": "2+2?"}, timeout=600)
         """
-        fut = await self.invoke(payload, input_id=input_id, timeout=timeout, **overrides)
+        fut = await self.invoke(
+            payload, input_id=input_id, session_id=session_id, timeout=timeout, **overrides
+        )
         return await fut
 
     def run_batch(
@@ -361,6 +377,32 @@ class AsyncRolloutClient:
         if self._closed:
             raise ClientClosedError("the client is closed; create a new one")
 
+    def check_session_id(self, session_id: object) -> str:
+        """Return ``session_id`` if this client can use it for a new rollout, else raise.
+
+        ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
+        33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
+        of this client already uses it.
+
+        Example::
+
+            client.check_session_id(protocol.new_session_id())
+        """
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if isinstance(self.transport, AcrTransport) and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self._live or sid in self._reserved:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
+
     def prepare(
         self,
         payload: Mapping[str, Any],
@@ -410,6 +452,18 @@ class AsyncRolloutClient:
             self._slots.release()
             raise ClientClosedError("the client was closed while this invocation waited")
 
+    def release(self) -> None:
+        """Give back the slot of an :meth:`admit` that will not be followed by
+        :meth:`start` (e.g. the caller found the result already there).
+
+        Example::
+
+            await client.admit()
+            if await store.get_json(bucket, key) is not None:
+                client.release()
+        """
+        self._slots.release()
+
     def _raise_if_closed_by_us(self, task: asyncio.Task[Any]) -> None:
         if task in self._closed_by_us:
             self._closed_by_us.discard(task)
@@ -425,14 +479,25 @@ class AsyncRolloutClient:
         *,
         timeout: float | None = None,
         index: int | None = None,
+        session_id: str | None = None,
     ) -> RolloutFuture:
         """Send an admitted invocation (with retries) and start watching for its result.
+
+        ``session_id`` as in :meth:`invoke` (checked again here; the slot is given back
+        when it is refused).
 
         Example::
 
             fut = await client.start(body, config, timeout=600)
         """
-        session_id = protocol.new_session_id()
+        if session_id is None:
+            session_id = protocol.new_session_id()
+        else:
+            try:
+                self.check_session_id(session_id)
+            except BaseException:
+                self._slots.release()
+                raise
         fut = RolloutFuture(
             session_id=session_id,
             input_id=config.input_id,
@@ -443,6 +508,7 @@ class AsyncRolloutClient:
         task = asyncio.current_task()
         assert task is not None
         self._busy_tasks.add(task)
+        self._reserved.add(session_id)
         self._sending += 1
         self._idle.clear()
         try:
@@ -467,6 +533,7 @@ class AsyncRolloutClient:
             raise
         finally:
             self._busy_tasks.discard(task)
+            self._reserved.discard(session_id)
             self._sending -= 1
             if not self._sending:
                 self._idle.set()

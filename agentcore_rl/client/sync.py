@@ -110,10 +110,13 @@ class RolloutClient:
         payload: Mapping[str, Any],
         *,
         input_id: str | None = None,
+        session_id: str | None = None,
         timeout: float | None = None,
         **overrides: Any,
     ) -> concurrent.futures.Future[dict[str, Any]]:
         """Start a rollout (blocks until accepted); return a future for its outcome.
+
+        ``session_id``: see :meth:`AsyncRolloutClient.invoke`.
 
         Example::
 
@@ -121,9 +124,18 @@ class RolloutClient:
             print(fut.session_id, fut.result(timeout=600))
         """
         call = functools.partial(
-            self._client.invoke, payload, input_id=input_id, timeout=timeout, **overrides
+            self._client.invoke,
+            payload,
+            input_id=input_id,
+            session_id=session_id,
+            timeout=timeout,
+            **overrides,
         )
-        rollout_future: RolloutFuture = self._portal.call(call)
+        return self._outcome_future(self._portal.call(call))
+
+    def _outcome_future(
+        self, rollout_future: RolloutFuture
+    ) -> concurrent.futures.Future[dict[str, Any]]:
         fut = self._portal.start_task_soon(_outcome, rollout_future)
         for name in ("session_id", "input_id", "s3_bucket", "result_key"):
             setattr(fut, name, getattr(rollout_future, name))
@@ -134,6 +146,7 @@ class RolloutClient:
         payload: Mapping[str, Any],
         *,
         input_id: str | None = None,
+        session_id: str | None = None,
         timeout: float | None = None,
         **overrides: Any,
     ) -> dict[str, Any]:
@@ -144,7 +157,12 @@ class RolloutClient:
             result = client.rollout({"prompt": "2+2?"}, timeout=600)
         """
         call = functools.partial(
-            self._client.rollout, payload, input_id=input_id, timeout=timeout, **overrides
+            self._client.rollout,
+            payload,
+            input_id=input_id,
+            session_id=session_id,
+            timeout=timeout,
+            **overrides,
         )
         result: dict[str, Any] = self._portal.call(call)
         return result

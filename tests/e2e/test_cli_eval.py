@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,32 @@ async def test_resume_gives_up_on_an_orphan_past_its_deadline(
     assert records[ids[0]]["reattached"] is True
     assert "re-attached after a restart" in records[ids[0]]["error"]
     assert {records[i]["outcome"] for i in ids[1:]} == {"done"}
+
+
+async def test_resume_invokes_a_journaled_rollout_again_with_its_session_id(
+    stack: LocalStack, tmp_path: Path
+) -> None:
+    ids = _write_problems(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "results.jsonl"
+    # An earlier run journaled ids[0] and died before its invocation reached the agent.
+    sid = "b" * 48
+    started = {
+        "event": "started",
+        "input_id": ids[0],
+        "session_id": sid,
+        "s3_bucket": stack.bucket,
+        "result_key": f"again/{ids[0]}/{sid}.json",
+        "started_at": time.time(),
+    }
+    (tmp_path / "results.jsonl.journal").write_text(json.dumps(started) + "\n")
+    argv = [*_common(stack, tmp_path / "in.jsonl", out, "again"), "--resume"]
+    argv += ["--agent-url", stack.agent_urls[0]]
+
+    assert await asyncio.to_thread(main, argv) == 0
+
+    records = {r["input_id"]: r for r in _lines(out)}
+    assert sorted(records) == sorted(ids)
+    assert {r["outcome"] for r in records.values()} == {"done"}
+    assert (records[ids[0]]["session_id"], records[ids[0]]["reattached"]) == (sid, True)
+    assert records[ids[0]]["result_key"] == started["result_key"]
+    assert records[ids[0]]["result"]["session_id"] == sid
