@@ -23,7 +23,6 @@ from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.cli_eval_config import EvalInput, EvalOptions
-from agentcore_rl.cli_reattach import await_existing_results
 from agentcore_rl.cli_summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
@@ -207,123 +206,109 @@ class EvalEngine:
 
         Its invocation may or may not have reached the agent (the journal line is written
         before the call). Within its deadline it is invoked again with the same session id
-        and result key, which the agent runs once: a running rollout is not started twice
-        (see docs/cli.md). Otherwise its result key is watched until the deadline.
+        and result key, which an agent still running it does not start twice (see
+        docs/cli.md); otherwise the client follows its result key (``attach``) until the
+        deadline, and stops the session if it passes.
         """
         remaining = entry.started_at + self.options.timeout - time.time()
-        found: dict[str, Any] | None = None
-        future: RolloutFuture | None = None
-        if remaining > 0:
-            found, future = await self._reinvoke(entry, item, remaining)
         try:
-            if future is not None:
-                try:
-                    found = await future
-                except RolloutError as exc:
-                    found = exc.envelope
-                except RolloutTimeoutError:
-                    found = None
-            elif found is None:
-                found = await self._await_existing(entry, remaining)
-        except asyncio.CancelledError:
-            if future is not None:  # the client stops its session: run it again next time
-                self.journal.record_abandoned(entry.input_id)
-            raise
-        except Exception as exc:  # StorageError or a surprise: this input's outcome
-            elapsed = time.time() - entry.started_at
-            self.summary.reattached += 1
-            self._record(
-                outcome_record(entry.input_id, "failed", entry, elapsed, error=exc, reattached=True)
-            )
+            future = await self._reinvoke(entry, item, remaining) if remaining > 0 else None
+            if future is None:
+                future = await self.client.attach(
+                    session_id=entry.session_id,
+                    result_key=entry.result_key,
+                    input_id=entry.input_id,
+                    s3_bucket=entry.s3_bucket,
+                    timeout=self.options.timeout,
+                    started_at=entry.started_at,
+                )
+        except Exception as exc:  # a journal line the client refuses, or closing
+            self._record_resumed(entry, "failed", error=exc)
             return
-        self._record_resumed(entry, item, found)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(entry.input_id)  # the client stops the session
+            raise
+        except RolloutError as exc:
+            if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED:
+                # The previous run stopped it on its way out: run it again.
+                self.queue.put_nowait(item)
+                return
+            self._record_resumed(entry, "failed", error=exc)
+        except RolloutTimeoutError as exc:
+            error = RolloutTimeoutError(
+                f"{exc} (re-attached after a restart)",
+                session_id=entry.session_id,
+                timeout=self.options.timeout,
+            )
+            self._record_resumed(entry, "timeout", error=error)
+        except Exception as exc:  # StorageError or a surprise
+            self._record_resumed(entry, "failed", error=exc)
+        else:
+            self._record_resumed(entry, "done", result=result)
 
     async def _reinvoke(
         self, entry: JournalEntry, item: EvalInput, remaining: float
-    ) -> tuple[dict[str, Any] | None, RolloutFuture | None]:
-        """``(result, None)`` when the result is already there, ``(None, future)`` when
-        re-invoked, ``(None, None)`` when it cannot be (the caller watches the key)."""
+    ) -> RolloutFuture | None:
+        """Invoke a journaled rollout again with its session id; ``None`` when it must
+        not be (its result is there, or the key would differ) or the call failed."""
         try:
             body, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception:
-            return None, None
+            return None
         if (config.s3_bucket, config.key_for(entry.session_id)) != (
             entry.s3_bucket,
             entry.result_key,
         ):
             # Another --exp-id or bucket than the first run: same session, other key, and
-            # the agent would run it again. Only wait for the journaled key.
-            return None, None
+            # the agent would run it again. Only follow the journaled key.
+            return None
         await self.client.admit()
         # Checked with the slot held, right before sending: a rollout that finished while
-        # we waited is read, not run again.
+        # we waited is read (by attach), not run again.
         try:
             found = await self.store.get_json(entry.s3_bucket, entry.result_key)
         except BaseException as exc:
             self.client.release()
             if isinstance(exc, StorageError):
-                return None, None
+                return None
             raise
         if found is not None:
             self.client.release()
-            return found, None
+            return None
         try:
-            future = await self.client.start(
+            return await self.client.start(
                 body, config, timeout=remaining, session_id=entry.session_id
             )
-        except Exception as exc:  # the agent may still run it: watch its key instead
-            logger.warning("re-invoking %s failed: %s", entry.input_id, exc)
-            return None, None
-        return None, future
-
-    async def _await_existing(self, entry: JournalEntry, remaining: float) -> dict[str, Any] | None:
-        deadline = {entry.input_id: asyncio.get_running_loop().time() + remaining}
-        async for _, envelope in await_existing_results(self.store, [entry], deadline):
-            if envelope is None:
-                await self._stop_orphan(entry.session_id)
-            return envelope
-        return None
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(entry.input_id)  # the client stops the session
+            raise
+        except Exception as exc:  # the agent may still run it: follow its key instead
+            logger.warning("invoking %s again failed: %s", entry.input_id, exc)
+            return None
 
     def _record_resumed(
-        self, entry: JournalEntry, item: EvalInput, envelope: dict[str, Any] | None
+        self,
+        entry: JournalEntry,
+        outcome: str,
+        *,
+        result: dict[str, Any] | None = None,
+        error: BaseException | None = None,
     ) -> None:
         elapsed = time.time() - entry.started_at
-        if envelope is not None and envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED:
-            # The previous run stopped it on its way out: run it again.
-            self.queue.put_nowait(item)
-            return
-        if envelope is None:
-            error: BaseException = RolloutTimeoutError(
-                f"no result for session {entry.session_id} within {self.options.timeout} s "
-                "(re-attached after a restart)",
-                session_id=entry.session_id,
-                timeout=self.options.timeout,
-            )
-            record = outcome_record(
-                entry.input_id, "timeout", entry, elapsed, error=error, reattached=True
-            )
-        elif protocol.is_error_envelope(envelope):
-            error = RolloutError(envelope, session_id=entry.session_id)
-            record = outcome_record(
-                entry.input_id, "failed", entry, elapsed, error=error, reattached=True
-            )
-        else:
-            record = outcome_record(
-                entry.input_id, "done", entry, elapsed, result=envelope, reattached=True
-            )
         self.summary.reattached += 1
-        self._record(record)
-
-    async def _stop_orphan(self, session_id: str) -> None:
-        """Stop a timed-out session an earlier run started, as the client stops its own.
-
-        The client's stop queue only knows sessions it invoked, so this goes through its
-        transport directly; a failure is logged, not fatal (the outcome is already known).
-        """
-        try:
-            await self.client.transport.stop(session_id)
-        except Exception as exc:  # the outcome stands; the session may linger
-            logger.warning("could not stop timed-out session %s: %s", session_id, exc)
+        self._record(
+            outcome_record(
+                entry.input_id,
+                outcome,
+                entry,
+                elapsed,
+                result=result,
+                error=error,
+                reattached=True,
+            )
+        )
 
     async def _worker(self) -> None:
         while True:

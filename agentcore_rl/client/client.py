@@ -84,9 +84,9 @@ class AsyncRolloutClient:
     results; ``base_url``, ``model_id`` and any extra keyword go into every payload's
     ``_rollout`` block (per-call keywords override them).
 
-    ``max_concurrent_sessions`` rollouts run at once: a slot is held from ``invoke`` until
-    the outcome. Invocations and stop calls share one token bucket (``tps_limit`` per
-    second, ``burst``); stops wait behind invocations. ``timeout`` (seconds from
+    ``max_concurrent_sessions`` rollouts run at once: a slot is held from ``invoke`` (or
+    ``attach``) until the outcome. Invocations and stop calls share one token bucket
+    (``tps_limit`` per second, ``burst``); stops wait behind invocations. ``timeout`` (seconds from
     acceptance, ``None`` for none) applies to every rollout unless a call gives its own.
     ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
     call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
@@ -432,6 +432,9 @@ class AsyncRolloutClient:
 
             await client.admit(); fut = await client.start(body, config)
         """
+        await self._acquire(token=True)
+
+    async def _acquire(self, *, token: bool) -> None:
         self._check_open()
         task = asyncio.current_task()
         assert task is not None
@@ -440,7 +443,8 @@ class AsyncRolloutClient:
         try:
             await self._slots.acquire()
             has_slot = True
-            await self.bucket.acquire(Priority.INVOKE)
+            if token:
+                await self.bucket.acquire(Priority.INVOKE)
         except asyncio.CancelledError:
             if has_slot:
                 self._slots.release()
@@ -537,17 +541,106 @@ class AsyncRolloutClient:
             self._sending -= 1
             if not self._sending:
                 self._idle.set()
-        self._live[session_id] = fut
+        self._follow(fut, self.timeout if timeout is None else timeout, elapsed=0.0)
+        return fut
+
+    def _follow(
+        self,
+        fut: RolloutFuture,
+        limit: float | None,
+        *,
+        elapsed: float,
+        found: dict[str, Any] | None = None,
+    ) -> None:
+        """Own a rollout (and its slot) until its outcome: watch its key, arm its timer."""
+        self._live[fut.session_id] = fut
         fut.add_done_callback(self._on_done)
         if self._closed:  # closed while the answer was on its way: end it like the others
             fut._settle(None, ClientClosedError("the client was closed while starting this"))
-            return fut
+            return
+        if found is not None:
+            self._arrived(fut, found, None)
+            return
         self._watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived, fut))
-        limit = self.timeout if timeout is None else timeout
         if limit is not None and math.isfinite(limit):
+            if limit - elapsed <= 0:
+                self._expire(fut, limit)
+                return
             loop = asyncio.get_running_loop()
-            self._timers[session_id] = loop.call_later(limit, self._expire, fut, limit)
+            self._timers[fut.session_id] = loop.call_later(
+                limit - elapsed, self._expire, fut, limit
+            )
+
+    async def attach(
+        self,
+        *,
+        session_id: str,
+        result_key: str,
+        input_id: str | None = None,
+        s3_bucket: str | None = None,
+        timeout: float | None = None,
+        started_at: float | None = None,
+    ) -> RolloutFuture:
+        """Follow a rollout that is already running (started by another client or an
+        earlier process): return a future for the result at ``s3://s3_bucket/result_key``.
+
+        Nothing is sent to the agent. The outcome, timeout and stop semantics are those of
+        an invoked rollout: the result dict or ``RolloutError``; ``RolloutTimeoutError``
+        ``timeout`` seconds (default: the client's) after ``started_at`` (epoch seconds,
+        default now), then the session is stopped; cancelling the future or closing the
+        client stops the session too. An attached rollout holds a concurrency slot until
+        its outcome, like an invoked one (it does run on an agent), so ``attach`` first
+        waits for a slot, but not for a token: it makes no call to the agent. The key is
+        read at once: a result already there (even past the deadline) resolves the
+        future before it is returned; then the client's completion watcher takes over.
+        ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
+
+        Example::
+
+            fut = await client.attach(session_id=entry.session_id,
+                                      result_key=entry.result_key,
+                                      timeout=900, started_at=entry.started_at)
+            result = await fut
+        """
+        self._check_open()
+        sid = self.check_session_id(session_id)
+        bucket = protocol.validate_bucket(
+            self.s3_bucket if s3_bucket is None else s3_bucket, name="s3_bucket"
+        )
+        if not isinstance(result_key, str) or not result_key:
+            raise InvalidRolloutConfig(
+                f"result_key must be a non-empty string, got {result_key!r}", field="result_key"
+            )
+        if input_id is None:
+            try:
+                input_id = protocol.parse_result_key(result_key)[1]
+            except InvalidRolloutConfig:
+                input_id = sid  # a key outside the usual layout: the session names it
+        self._reserved.add(sid)
+        try:
+            await self._acquire(token=False)
+            try:
+                found = await self._peek(bucket, result_key)
+            except BaseException:
+                self._slots.release()
+                raise
+        finally:
+            self._reserved.discard(sid)
+        fut = RolloutFuture(
+            session_id=sid, input_id=input_id, s3_bucket=bucket, result_key=result_key
+        )
+        if started_at is not None:
+            fut.invoked_at = started_at
+        limit = self.timeout if timeout is None else timeout
+        self._follow(fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found)
         return fut
+
+    async def _peek(self, bucket: str, key: str) -> dict[str, Any] | None:
+        try:
+            return await self.store.get_json(bucket, key)
+        except StorageError as exc:  # the watcher retries, and says so if it persists
+            logger.warning("reading s3://%s/%s failed: %s", bucket, key, exc)
+            return None
 
     async def _send(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
         self._counters["invocations"] += 1

@@ -50,7 +50,7 @@ async def _outcome(fut: RolloutFuture) -> dict[str, Any]:
 class RolloutClient:
     """:class:`AsyncRolloutClient` for synchronous code: same constructor and methods.
 
-    ``invoke`` returns a :class:`concurrent.futures.Future` (with ``session_id``,
+    ``invoke`` and ``attach`` return a :class:`concurrent.futures.Future` (with ``session_id``,
     ``input_id``, ``s3_bucket`` and ``result_key`` attributes; ``cancel()`` stops the
     session); ``rollout`` returns the result dict; ``run_batch`` is a plain iterator.
     Use it as a context manager or call ``close()``.
@@ -130,6 +130,35 @@ class RolloutClient:
             session_id=session_id,
             timeout=timeout,
             **overrides,
+        )
+        return self._outcome_future(self._portal.call(call))
+
+    def attach(
+        self,
+        *,
+        session_id: str,
+        result_key: str,
+        input_id: str | None = None,
+        s3_bucket: str | None = None,
+        timeout: float | None = None,
+        started_at: float | None = None,
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        """Follow a rollout already running (see :meth:`AsyncRolloutClient.attach`);
+        return a future for its outcome.
+
+        Example::
+
+            fut = client.attach(session_id=sid, result_key=key, timeout=900)
+            print(fut.result(timeout=900))
+        """
+        call = functools.partial(
+            self._client.attach,
+            session_id=session_id,
+            result_key=result_key,
+            input_id=input_id,
+            s3_bucket=s3_bucket,
+            timeout=timeout,
+            started_at=started_at,
         )
         return self._outcome_future(self._portal.call(call))
 

@@ -164,3 +164,18 @@ def test_close_is_idempotent_and_final(agent: Agent, sync_bucket: str, s3_endpoi
 def test_bad_arguments_raise_in_the_callers_thread() -> None:
     with pytest.raises(ConfigurationError, match="exactly one of"):
         RolloutClient(s3_bucket="bkt", exp_id="e")
+
+
+def test_attach_follows_a_rollout_started_elsewhere(
+    agent: Agent, sync_bucket: str, s3_endpoint: str
+) -> None:
+    with (
+        make(agent, sync_bucket, s3_endpoint) as starter,
+        make(agent, sync_bucket, s3_endpoint) as follower,
+    ):
+        started = starter.invoke({"mode": "gate", "n": 4}, session_id="sync-started-1")
+        fut = follower.attach(session_id="sync-started-1", result_key=started.result_key)  # type: ignore[attr-defined]
+        assert fut.session_id == "sync-started-1"  # type: ignore[attr-defined]
+        agent.portal.call(agent.recorder.open_gate)
+        assert fut.result(timeout=10)["n"] == 4
+        assert started.result(timeout=10)["n"] == 4

@@ -1,5 +1,5 @@
-"""The pieces behind ``eval``: the results file and journal, re-attaching by result key,
-and the summary's arithmetic."""
+"""The pieces behind ``eval``: the results file and journal (re-attaching is tested with
+``AsyncRolloutClient.attach`` in tests/client/test_attach.py), and the summary's arithmetic."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rl.cli_reattach import await_existing_results
 from agentcore_rl.cli_summary import RunSummary, percentile, reward_of
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.eval_journal import EvalJournal, JournalEntry, journal_path_for
-from agentcore_rl.s3 import ResultStore
 
 
 def _entry(input_id: str, session: str = "s1") -> JournalEntry:
@@ -62,34 +60,6 @@ def test_an_existing_results_file_needs_resume(tmp_path: Path) -> None:
         EvalJournal.open(tmp_path / "nowhere" / "r.jsonl", resume=False)
 
 
-async def test_reattach_yields_results_as_they_appear_and_gives_up_at_deadlines(
-    store: ResultStore, bucket: str
-) -> None:
-    entries = [
-        JournalEntry("a", "s1", bucket, "e/a/s1.json"),
-        JournalEntry("b", "s2", bucket, "e/b/s2.json"),
-        JournalEntry("c", "s3", bucket, "e/c/s3.json"),
-    ]
-    await store.put_json(bucket, "e/a/s1.json", {"rewards": [1.0]})
-    now = [0.0]
-    sleeps: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        sleeps.append(seconds)
-        now[0] += seconds
-        if len(sleeps) == 1:  # b's result lands while the helper waits
-            await store.put_json(bucket, "e/b/s2.json", {"rewards": [0.0]})
-
-    seen = [
-        (entry.input_id, envelope)
-        async for entry, envelope in await_existing_results(
-            store, entries, {"a": 0.0, "b": 10.0, "c": 1.0}, clock=lambda: now[0], sleep=sleep
-        )
-    ]
-    assert seen == [("a", {"rewards": [1.0]}), ("b", {"rewards": [0.0]}), ("c", None)]
-    assert len(sleeps) <= 10
-
-
 def test_percentile_and_reward_of() -> None:
     assert percentile([], 50) is None
     assert percentile([3.0], 95) == 3.0
@@ -121,19 +91,3 @@ def test_summary_table() -> None:
     assert rows["latency p95"] == "4.80 s"
     with pytest.raises(ValueError, match="unknown outcome"):
         summary.add("maybe", elapsed=None)
-
-
-async def test_reattach_survives_s3_errors_until_the_deadline(store: ResultStore) -> None:
-    entry = JournalEntry("a", "s1", "no-such-bucket-here", "e/a/s1.json")
-    now = [0.0]
-
-    async def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    seen = [
-        (e.input_id, envelope)
-        async for e, envelope in await_existing_results(
-            store, [entry], {"a": 3.0}, clock=lambda: now[0], sleep=sleep
-        )
-    ]
-    assert seen == [("a", None)]
