@@ -24,9 +24,9 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
-from agentcore_rl.errors import InvalidRolloutConfig
+from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
 # --- HTTP: routes and headers -------------------------------------------------------------
 
@@ -172,6 +172,49 @@ def new_session_id() -> str:
         sid = new_session_id()
     """
     return secrets.token_hex(24)
+
+
+#: ``arn:<partition>:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>``
+RUNTIME_ARN_PATTERN: Final = re.compile(
+    r"arn:(?P<partition>aws[a-z-]*):bedrock-agentcore:(?P<region>[a-z]{2}(-[a-z0-9]+)+):"
+    r"(?P<account>\d{12}):runtime/(?P<runtime_id>[A-Za-z0-9][A-Za-z0-9_-]{0,99})"
+)
+
+
+class RuntimeArn(NamedTuple):
+    """The fields of an AgentCore Runtime ARN (see :func:`parse_runtime_arn`).
+
+    Example::
+
+        parse_runtime_arn(arn).region   # "us-west-2"
+    """
+
+    partition: str
+    region: str
+    account: str
+    runtime_id: str
+
+
+def parse_runtime_arn(arn: object) -> RuntimeArn:
+    """Split an AgentCore Runtime ARN into its fields, or raise ``ConfigurationError``.
+
+    The client takes its region from it; the local runtime stand-in checks the ARNs it
+    serves with it.
+
+    Example::
+
+        parse_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
+        # RuntimeArn(partition="aws", region="us-west-2", account="123456789012",
+        #            runtime_id="math")
+        parse_runtime_arn("arn:aws:s3:::bucket")   # raises ConfigurationError
+    """
+    match = RUNTIME_ARN_PATTERN.fullmatch(arn) if isinstance(arn, str) else None
+    if match is None:
+        raise ConfigurationError(
+            f"{repr(arn)[:300]} is not an AgentCore Runtime ARN; expected "
+            "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>"
+        )
+    return RuntimeArn(match["partition"], match["region"], match["account"], match["runtime_id"])
 
 
 def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:

@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import unquote
@@ -29,8 +28,7 @@ from urllib.parse import unquote
 import httpx
 from starlette.responses import JSONResponse, Response
 
-from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.protocol import SESSION_ID_HEADER
+from agentcore_rl.protocol import SESSION_ID_HEADER, parse_runtime_arn
 
 __all__ = [
     "ACCESS_DENIED",
@@ -96,12 +94,6 @@ REASON_FIELD_VALIDATION_FAILED: Final = "FieldValidationFailed"
 
 _MAX_AGENT_MESSAGE: Final = 1000
 
-# arn:<partition>:bedrock-agentcore:<region>:<account>:runtime/<runtime id>
-_ARN_PATTERN: Final = re.compile(
-    r"arn:(?P<partition>aws[a-z-]*):bedrock-agentcore:(?P<region>[a-z]{2}(-[a-z0-9]+)+):"
-    r"(?P<account>\d{12}):runtime/(?P<name>[A-Za-z0-9][A-Za-z0-9_-]{0,99})"
-)
-
 
 def validate_runtime_arn(arn: object) -> str:
     """Return ``arn`` if it is an AgentCore Runtime ARN, else raise ``ConfigurationError``.
@@ -110,11 +102,8 @@ def validate_runtime_arn(arn: object) -> str:
 
         validate_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo")
     """
-    if not isinstance(arn, str) or _ARN_PATTERN.fullmatch(arn) is None:
-        raise ConfigurationError(
-            f"{arn!r} is not an AgentCore Runtime ARN; expected "
-            "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>"
-        )
+    parse_runtime_arn(arn)
+    assert isinstance(arn, str)
     return arn
 
 
@@ -125,9 +114,7 @@ def arn_region(arn: str) -> str:
 
         arn_region("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo")  # us-west-2
     """
-    match = _ARN_PATTERN.fullmatch(validate_runtime_arn(arn))
-    assert match is not None
-    return match["region"]
+    return parse_runtime_arn(arn).region
 
 
 def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agentcore_rl import protocol
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.client.transports.acr import parse_runtime_arn
 from agentcore_rl.errors import ConfigurationError, InvocationError, RolloutError
@@ -115,6 +116,16 @@ async def test_throttling_is_retried_with_the_same_session(
 
 def test_runtime_arn_is_checked() -> None:
     assert parse_runtime_arn(DEFAULT_AGENT_RUNTIME_ARN) == "us-west-2"
+    arn = "arn:aws-cn:bedrock-agentcore:cn-north-1:123456789012:runtime/math_agent-x1"
+    assert protocol.parse_runtime_arn(arn) == (
+        "aws-cn",
+        "cn-north-1",
+        "123456789012",
+        "math_agent-x1",
+    )
+    for wrong in ("arn:aws:bedrock-agentcore:US-west-2:123456789012:runtime/x", None):
+        with pytest.raises(ConfigurationError, match="not an AgentCore Runtime ARN; expected"):
+            protocol.parse_runtime_arn(wrong)
     for bad in ("arn:aws:s3:::bucket", "arn:aws:bedrock-agentcore:us-west-2:123:runtime/x", ""):
         with pytest.raises(ConfigurationError, match="not an AgentCore runtime ARN"):
             AsyncRolloutClient(agent_runtime_arn=bad, s3_bucket="bkt", exp_id="e")

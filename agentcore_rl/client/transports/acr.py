@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -27,6 +26,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from agentcore_rl import protocol
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
@@ -35,10 +35,6 @@ __all__ = ["AcrTransport", "parse_runtime_arn"]
 #: The botocore service name of AgentCore's data plane.
 SERVICE_NAME: Final = "bedrock-agentcore"
 
-_ARN: Final = re.compile(
-    r"arn:(?P<partition>aws[a-z-]*):bedrock-agentcore:(?P<region>[a-z0-9-]+):"
-    r"(?P<account>\d{12}):runtime/(?P<name>[A-Za-z0-9][A-Za-z0-9_-]*)"
-)
 # Error codes (x-amzn-ErrorType) worth another try with the same session id.
 _THROTTLED: Final = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
 _RETRYABLE: Final = frozenset(
@@ -47,20 +43,21 @@ _RETRYABLE: Final = frozenset(
 
 
 def parse_runtime_arn(arn: str) -> str:
-    """Validate an agent runtime ARN and return its region.
+    """Validate an agent runtime ARN and return its region (the rules are
+    :func:`agentcore_rl.protocol.parse_runtime_arn`'s; the message names the argument).
 
     Example::
 
         parse_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
         # "us-west-2"
     """
-    match = _ARN.fullmatch(arn) if isinstance(arn, str) else None
-    if match is None:
+    try:
+        return protocol.parse_runtime_arn(arn).region
+    except ConfigurationError:
         raise ConfigurationError(
             f"agent_runtime_arn {arn!r} is not an AgentCore runtime ARN like "
             "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/my_agent"
-        )
-    return match["region"]
+        ) from None
 
 
 def _classify(exc: ClientError, session_id: str) -> InvocationError:
