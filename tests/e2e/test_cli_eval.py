@@ -38,12 +38,14 @@ class Gate:
 
     def __init__(self, free: int) -> None:
         self.free = free
+        self.held = 0  # requests waiting at the gate: proof that a rollout reached the agent
         self.opened = asyncio.Event()
 
     async def sleep(self, _: float) -> None:
         if self.free > 0:
             self.free -= 1
             return
+        self.held += 1
         await self.opened.wait()
 
 
@@ -166,7 +168,8 @@ async def test_resume_after_sigkill_collects_every_outcome_exactly_once(
         try:
             # Bounded wait for the killed run to reach the state under test.
             for _ in range(400):
-                if len(_lines(out)) == 2 and len(_lines(journal)) == 3:
+                # The journal line comes before the invoke; the gate proves the agent runs it.
+                if len(_lines(out)) == 2 and len(_lines(journal)) == 3 and gate.held:
                     break
                 assert process.returncode is None, "the eval exited before it was killed"
                 await asyncio.sleep(0.025)
@@ -237,7 +240,7 @@ async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
         )
         try:
             for _ in range(400):
-                if len(_lines(out)) == 1 and len(_lines(journal)) == 2:
+                if len(_lines(out)) == 1 and len(_lines(journal)) == 2 and gate.held:
                     break
                 assert process.returncode is None, "the eval exited before Ctrl-C"
                 await asyncio.sleep(0.025)
