@@ -13,10 +13,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
@@ -24,8 +21,10 @@ from types import TracebackType
 from typing import Any
 
 from agentcore_rl import protocol
+from agentcore_rl.client.admission import Admission
+from agentcore_rl.client.attach import AttachTarget, peek_result
 from agentcore_rl.client.batch import BatchItem, run_batch
-from agentcore_rl.client.bucket import Priority, TokenBucket
+from agentcore_rl.client.bucket import TokenBucket
 from agentcore_rl.client.config import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_CONCURRENT_SESSIONS,
@@ -34,9 +33,11 @@ from agentcore_rl.client.config import (
     DEFAULT_TIMEOUT,
     RetryConfig,
 )
+from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.payload import build_invocation
-from agentcore_rl.client.retry import with_retries
+from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.transports.acr import AcrTransport
@@ -53,26 +54,12 @@ from agentcore_rl.errors import (
     ConfigurationError,
     InvalidRolloutConfig,
     InvocationError,
-    RolloutError,
-    RolloutTimeoutError,
-    StorageError,
 )
 from agentcore_rl.s3 import ResultStore
 
 __all__ = ["AsyncRolloutClient"]
 
 logger = logging.getLogger(__name__)
-
-_OWN_FIELDS = frozenset({protocol.EXP_ID, protocol.S3_BUCKET, protocol.BASE_URL, protocol.MODEL_ID})
-
-
-_OUTCOME_COUNTERS: dict[type[BaseException] | type[None], str] = {
-    type(None): "results",
-    RolloutError: "rollout_errors",
-    RolloutTimeoutError: "timeouts",
-    StorageError: "storage_errors",
-    ClientClosedError: "closed",
-}
 
 
 class AsyncRolloutClient:
@@ -168,38 +155,51 @@ class AsyncRolloutClient:
         else:
             assert agent_url is not None
             self.transport = HttpTransport(agent_url, max_connections=connections)
-        self.stop_finished_sessions = (
-            self.transport.stop_after_result
-            if stop_finished_sessions is None
-            else stop_finished_sessions
-        )
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=s3_endpoint_url, session=lean_s3_session())
         self.bucket = token_bucket or TokenBucket(tps_limit, burst)
         self._counters: Counter[str] = Counter()
-        self._slots = asyncio.Semaphore(max_concurrent_sessions)
+        self._admission = Admission(max_concurrent_sessions, self.bucket)
+        self._sessions = PendingSessions(acr=isinstance(self.transport, AcrTransport))
         self._watcher = CompletionWatcher(self.store, watcher)
         self._stopper = SessionStopper(
             self.transport, self.bucket, retry, self._counters, workers=stop_workers
         )
-        self._live: dict[str, RolloutFuture] = {}
-        self._reserved: set[str] = set()  # session ids on their way into _live
-        self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._busy_tasks: set[asyncio.Task[Any]] = set()
-        self._closed_by_us: set[asyncio.Task[Any]] = set()
-        self._sending = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed = False
+        self._follower = OutcomeFollower(
+            sessions=self._sessions,
+            admission=self._admission,
+            watcher=self._watcher,
+            stopper=self._stopper,
+            counters=self._counters,
+            stop_finished_sessions=(
+                self.transport.stop_after_result
+                if stop_finished_sessions is None
+                else stop_finished_sessions
+            ),
+        )
         self._close_done: asyncio.Event | None = None
 
     def __repr__(self) -> str:
         return (
             f"AsyncRolloutClient(transport={self.transport!r}, exp_id={self.exp_id!r}, "
-            f"s3_bucket={self.s3_bucket!r}, in_flight={len(self._live)})"
+            f"s3_bucket={self.s3_bucket!r}, in_flight={self.in_flight})"
         )
 
     # --- public API ----------------------------------------------------------------------
+
+    @property
+    def stop_finished_sessions(self) -> bool:
+        """Whether a stop call follows every result too (not only timeouts, cancels...).
+
+        Example::
+
+            client.stop_finished_sessions = False   # an HTTP agent frees finished sessions
+        """
+        return self._follower.stop_finished_sessions
+
+    @stop_finished_sessions.setter
+    def stop_finished_sessions(self, value: bool) -> None:
+        self._follower.stop_finished_sessions = value
 
     @property
     def stats(self) -> ClientStats:
@@ -223,7 +223,7 @@ class AsyncRolloutClient:
             storage_errors=c["storage_errors"],
             cancelled=c["cancelled"],
             closed=c["closed"],
-            in_flight=len(self._live),
+            in_flight=self.in_flight,
             s3_requests=dict(self.store.request_counts),
         )
 
@@ -235,7 +235,7 @@ class AsyncRolloutClient:
 
             print(client.in_flight)
         """
-        return len(self._live)
+        return len(self._sessions.live)
 
     async def invoke(
         self,
@@ -315,7 +315,7 @@ class AsyncRolloutClient:
             async for item in client.run_batch(payloads, timeout=900):
                 print(item.index, item.success, item.error)
         """
-        self._check_open()
+        self._admission.check_open()
         return run_batch(self, payloads, timeout=timeout, overrides=overrides)
 
     async def aclose(self) -> None:
@@ -330,17 +330,13 @@ class AsyncRolloutClient:
             await self._close_done.wait()
             return
         self._close_done = asyncio.Event()
-        self._closed = True
+        self._admission.close()
         try:
-            for task in list(self._busy_tasks):
-                self._closed_by_us.add(task)
-                task.cancel()
             # Invocations on the wire unwind first: each queues the stop of its session.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), self.close_timeout)
-            error = ClientClosedError("the client was closed before this rollout finished")
-            for fut in list(self._live.values()):
-                fut._settle(None, error)
+            await self._admission.wait_idle(self.close_timeout)
+            self._follower.settle_all(
+                ClientClosedError("the client was closed before this rollout finished")
+            )
             # Done callbacks (which queue the stop calls) run on the next loop iteration.
             await asyncio.sleep(0)
             left = await self._stopper.drain(self.close_timeout)
@@ -357,7 +353,7 @@ class AsyncRolloutClient:
             self._close_done.set()
 
     async def __aenter__(self) -> AsyncRolloutClient:
-        self._check_open()
+        self._admission.check_open()
         # Create the S3 client now rather than in the first watcher round, so the first
         # results are not detected late (short timeouts would fire first).
         await self.store.__aenter__()
@@ -371,11 +367,7 @@ class AsyncRolloutClient:
     ) -> None:
         await self.aclose()
 
-    # --- the steps of an invocation (used by invoke and by Batch) ------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosedError("the client is closed; create a new one")
+    # --- the steps of an invocation (used by invoke, Batch and the eval engine) ----------
 
     def check_session_id(self, session_id: object) -> str:
         """Return ``session_id`` if this client can use it for a new rollout, else raise.
@@ -388,20 +380,7 @@ class AsyncRolloutClient:
 
             client.check_session_id(protocol.new_session_id())
         """
-        sid = protocol.validate_session_id(session_id, name="session_id")
-        if isinstance(self.transport, AcrTransport) and not protocol.is_acr_session_id(sid):
-            raise InvalidRolloutConfig(
-                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
-                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
-                "(protocol.new_session_id() makes one)",
-                field="session_id",
-            )
-        if sid in self._live or sid in self._reserved:
-            raise ConfigurationError(
-                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
-                "yet; wait for it (or cancel it) before reusing the id"
-            )
-        return sid
+        return self._sessions.check(session_id)
 
     def prepare(
         self,
@@ -432,29 +411,7 @@ class AsyncRolloutClient:
 
             await client.admit(); fut = await client.start(body, config)
         """
-        await self._acquire(token=True)
-
-    async def _acquire(self, *, token: bool) -> None:
-        self._check_open()
-        task = asyncio.current_task()
-        assert task is not None
-        self._busy_tasks.add(task)
-        has_slot = False
-        try:
-            await self._slots.acquire()
-            has_slot = True
-            if token:
-                await self.bucket.acquire(Priority.INVOKE)
-        except asyncio.CancelledError:
-            if has_slot:
-                self._slots.release()
-            self._raise_if_closed_by_us(task)
-            raise
-        finally:
-            self._busy_tasks.discard(task)
-        if self._closed:
-            self._slots.release()
-            raise ClientClosedError("the client was closed while this invocation waited")
+        await self._admission.acquire(token=True)
 
     def release(self) -> None:
         """Give back the slot of an :meth:`admit` that will not be followed by
@@ -466,15 +423,7 @@ class AsyncRolloutClient:
             if await store.get_json(bucket, key) is not None:
                 client.release()
         """
-        self._slots.release()
-
-    def _raise_if_closed_by_us(self, task: asyncio.Task[Any]) -> None:
-        if task in self._closed_by_us:
-            self._closed_by_us.discard(task)
-            uncancel = getattr(task, "uncancel", None)
-            if uncancel is not None:  # Python >= 3.11: undo our cancel() for the caller
-                uncancel()
-            raise ClientClosedError("the client was closed while this invocation waited")
+        self._admission.release()
 
     async def start(
         self,
@@ -500,7 +449,7 @@ class AsyncRolloutClient:
             try:
                 self.check_session_id(session_id)
             except BaseException:
-                self._slots.release()
+                self._admission.release()
                 raise
         fut = RolloutFuture(
             session_id=session_id,
@@ -509,67 +458,27 @@ class AsyncRolloutClient:
             result_key=config.key_for(session_id),
             index=index,
         )
-        task = asyncio.current_task()
-        assert task is not None
-        self._busy_tasks.add(task)
-        self._reserved.add(session_id)
-        self._sending += 1
-        self._idle.clear()
-        try:
-            answer = await with_retries(
-                functools.partial(self._send, session_id, body),
-                retry=self.retry,
-                bucket=self.bucket,
-                counters=self._counters,
-                what=f"invoking session {session_id}",
-            )
-            self._check_answer(answer, fut)
-        except BaseException as exc:
-            self._slots.release()
-            if isinstance(exc, InvocationError):
-                self._counters["invocation_errors"] += 1
-            # The agent may have started the rollout unless it clearly refused it.
-            status = getattr(exc, "status_code", None)
-            if not isinstance(exc, InvocationError) or status is None or status >= 500:
-                self._stopper.schedule(session_id)
-            if isinstance(exc, asyncio.CancelledError):
-                self._raise_if_closed_by_us(task)
-            raise
-        finally:
-            self._busy_tasks.discard(task)
-            self._reserved.discard(session_id)
-            self._sending -= 1
-            if not self._sending:
-                self._idle.set()
-        self._follow(fut, self.timeout if timeout is None else timeout, elapsed=0.0)
+        with self._admission.sending() as task, self._sessions.reserving(session_id):
+            try:
+                await send_invocation(
+                    self.transport,
+                    fut,
+                    body,
+                    retry=self.retry,
+                    bucket=self.bucket,
+                    counters=self._counters,
+                )
+            except BaseException as exc:
+                self._admission.release()
+                if isinstance(exc, InvocationError):
+                    self._counters["invocation_errors"] += 1
+                if may_have_started(exc):
+                    self._stopper.schedule(session_id)
+                if isinstance(exc, asyncio.CancelledError):
+                    self._admission.raise_if_closed_by_us(task)
+                raise
+        self._follower.follow(fut, self.timeout if timeout is None else timeout, elapsed=0.0)
         return fut
-
-    def _follow(
-        self,
-        fut: RolloutFuture,
-        limit: float | None,
-        *,
-        elapsed: float,
-        found: dict[str, Any] | None = None,
-    ) -> None:
-        """Own a rollout (and its slot) until its outcome: watch its key, arm its timer."""
-        self._live[fut.session_id] = fut
-        fut.add_done_callback(self._on_done)
-        if self._closed:  # closed while the answer was on its way: end it like the others
-            fut._settle(None, ClientClosedError("the client was closed while starting this"))
-            return
-        if found is not None:
-            self._arrived(fut, found, None)
-            return
-        self._watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived, fut))
-        if limit is not None and math.isfinite(limit):
-            if limit - elapsed <= 0:
-                self._expire(fut, limit)
-                return
-            loop = asyncio.get_running_loop()
-            self._timers[fut.session_id] = loop.call_later(
-                limit - elapsed, self._expire, fut, limit
-            )
 
     async def attach(
         self,
@@ -602,115 +511,24 @@ class AsyncRolloutClient:
                                       timeout=900, started_at=entry.started_at)
             result = await fut
         """
-        self._check_open()
-        sid = self.check_session_id(session_id)
-        bucket = protocol.validate_bucket(
-            self.s3_bucket if s3_bucket is None else s3_bucket, name="s3_bucket"
+        self._admission.check_open()
+        target = AttachTarget.resolve(
+            session_id=session_id,
+            result_key=result_key,
+            input_id=input_id,
+            s3_bucket=self.s3_bucket if s3_bucket is None else s3_bucket,
+            check_session_id=self.check_session_id,
         )
-        if not isinstance(result_key, str) or not result_key:
-            raise InvalidRolloutConfig(
-                f"result_key must be a non-empty string, got {result_key!r}", field="result_key"
-            )
-        if input_id is None:
+        with self._sessions.reserving(target.session_id):
+            await self._admission.acquire(token=False)
             try:
-                input_id = protocol.parse_result_key(result_key)[1]
-            except InvalidRolloutConfig:
-                input_id = sid  # a key outside the usual layout: the session names it
-        self._reserved.add(sid)
-        try:
-            await self._acquire(token=False)
-            try:
-                found = await self._peek(bucket, result_key)
+                found = await peek_result(self.store, target.s3_bucket, target.result_key)
             except BaseException:
-                self._slots.release()
+                self._admission.release()
                 raise
-        finally:
-            self._reserved.discard(sid)
-        fut = RolloutFuture(
-            session_id=sid, input_id=input_id, s3_bucket=bucket, result_key=result_key
-        )
-        if started_at is not None:
-            fut.invoked_at = started_at
+        fut = target.future(started_at=started_at)
         limit = self.timeout if timeout is None else timeout
-        self._follow(fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found)
-        return fut
-
-    async def _peek(self, bucket: str, key: str) -> dict[str, Any] | None:
-        try:
-            return await self.store.get_json(bucket, key)
-        except StorageError as exc:  # the watcher retries, and says so if it persists
-            logger.warning("reading s3://%s/%s failed: %s", bucket, key, exc)
-            return None
-
-    async def _send(self, session_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._counters["invocations"] += 1
-        return await self.transport.invoke(session_id, body)
-
-    def _check_answer(self, answer: dict[str, Any], fut: RolloutFuture) -> None:
-        if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
-            raise InvocationError(
-                f"the agent answered {str(answer)[:200]} instead of "
-                f'{{"{protocol.STATUS}": "{protocol.STATUS_PROCESSING}", ...}}: is its handler '
-                "a rollout entrypoint (@app.rollout_entrypoint)?",
-                session_id=fut.session_id,
-            )
-        key = answer.get(protocol.RESULT_KEY)
-        bucket = answer.get(protocol.S3_BUCKET)
-        if (key, bucket) != (fut.result_key, fut.s3_bucket):
-            # The agent decides where it writes; follow it, but say so.
-            logger.warning(
-                "agent writes session %s to s3://%s/%s, not s3://%s/%s",
-                fut.session_id,
-                bucket,
-                key,
-                fut.s3_bucket,
-                fut.result_key,
-            )
-            if isinstance(key, str) and isinstance(bucket, str):
-                fut.result_key, fut.s3_bucket = key, bucket
-
-    # --- outcomes ------------------------------------------------------------------------
-
-    def _arrived(
-        self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
-    ) -> None:
-        if error is not None:
-            fut._settle(None, error)
-        elif envelope is not None and protocol.is_error_envelope(envelope):
-            fut._settle(None, RolloutError(envelope, session_id=fut.session_id))
-        else:
-            fut._settle(envelope, None)
-
-    def _expire(self, fut: RolloutFuture, limit: float) -> None:
-        fut._settle(
-            None,
-            RolloutTimeoutError(
-                f"rollout {fut.session_id} (input {fut.input_id}) gave no result within "
-                f"{limit:g} s; its session is being stopped",
-                session_id=fut.session_id,
-                timeout=limit,
-            ),
+        self._follower.follow(
+            fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found
         )
-
-    def _on_done(self, fut: RolloutFuture) -> None:
-        """Every outcome passes here once: free the slot, tidy up, maybe stop the session."""
-        sid = fut.session_id
-        self._live.pop(sid, None)
-        timer = self._timers.pop(sid, None)
-        if timer is not None:
-            timer.cancel()
-        self._watcher.untrack(fut.s3_bucket, fut.result_key)
-        self._slots.release()
-        if fut.cancelled():
-            self._counters["cancelled"] += 1
-            stop = True
-        else:
-            exc = fut.exception()
-            kind = _OUTCOME_COUNTERS.get(type(exc), "storage_errors")
-            self._counters[kind] += 1
-            finished = exc is None or isinstance(exc, RolloutError)
-            stop = self.stop_finished_sessions or not finished
-        if fut.resolved_at is None:
-            fut.resolved_at = time.time()
-        if stop:
-            self._stopper.schedule(sid)
+        return fut

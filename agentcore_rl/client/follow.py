@@ -1,0 +1,169 @@
+"""Following accepted rollouts to their outcome: the result key, the deadline, the cleanup.
+
+Each accepted (or attached) rollout is followed by the client's completion watcher and, when
+it has a finite timeout, by a loop timer. The first of the result, an error envelope, an S3
+failure, the timeout, a cancel or the client's close settles its future; the future's done
+callback then frees its slot and, when the session may still run (or the client stops
+finished sessions), queues a stop call. So every accepted rollout ends in exactly one
+outcome, and nothing else needs to clean up after it.
+
+Example::
+
+    follower = OutcomeFollower(sessions=sessions, admission=admission, watcher=watcher,
+                               stopper=stopper, counters=counters, stop_finished_sessions=True)
+    follower.follow(fut, 600.0, elapsed=0.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections import Counter
+from typing import Any
+
+from agentcore_rl import protocol
+from agentcore_rl.client.admission import Admission
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.sessions import PendingSessions
+from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client.watcher import CompletionWatcher
+from agentcore_rl.errors import (
+    ClientClosedError,
+    RolloutError,
+    RolloutTimeoutError,
+    StorageError,
+)
+
+__all__ = ["OutcomeFollower"]
+
+_OUTCOME_COUNTERS: dict[type[BaseException] | type[None], str] = {
+    type(None): "results",
+    RolloutError: "rollout_errors",
+    RolloutTimeoutError: "timeouts",
+    StorageError: "storage_errors",
+    ClientClosedError: "closed",
+}
+
+
+class OutcomeFollower:
+    """Owns each followed rollout (and its slot) until its outcome.
+
+    Followed futures live in ``sessions.live``; outcomes are counted in ``counters``
+    (``results``, ``rollout_errors``, ``timeouts``, ``storage_errors``, ``closed``,
+    ``cancelled``).
+
+    Example::
+
+        follower.follow(fut, limit=900.0, elapsed=120.0)   # 780 s left
+    """
+
+    def __init__(
+        self,
+        *,
+        sessions: PendingSessions,
+        admission: Admission,
+        watcher: CompletionWatcher,
+        stopper: SessionStopper,
+        counters: Counter[str],
+        stop_finished_sessions: bool,
+    ) -> None:
+        self.sessions = sessions
+        self.admission = admission
+        self.watcher = watcher
+        self.stopper = stopper
+        self.counters = counters
+        self.stop_finished_sessions = stop_finished_sessions
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def __repr__(self) -> str:
+        return f"OutcomeFollower(live={len(self.sessions.live)}, timers={len(self._timers)})"
+
+    def follow(
+        self,
+        fut: RolloutFuture,
+        limit: float | None,
+        *,
+        elapsed: float,
+        found: dict[str, Any] | None = None,
+    ) -> None:
+        """Own ``fut`` (and the slot its caller holds) until its outcome: watch its key
+        and arm its timer (``limit`` seconds, ``elapsed`` of them already gone; ``None``
+        or ``math.inf`` for none). ``found`` is a result envelope already read.
+
+        Example::
+
+            follower.follow(fut, 600.0, elapsed=0.0)
+        """
+        self.sessions.live[fut.session_id] = fut
+        fut.add_done_callback(self._on_done)
+        if self.admission.closed:  # closed while the answer was on its way: end it too
+            fut._settle(None, ClientClosedError("the client was closed while starting this"))
+            return
+        if found is not None:
+            self._arrived(fut, found, None)
+            return
+        self.watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived, fut))
+        if limit is not None and math.isfinite(limit):
+            if limit - elapsed <= 0:
+                self._expire(fut, limit)
+                return
+            loop = asyncio.get_running_loop()
+            self._timers[fut.session_id] = loop.call_later(
+                limit - elapsed, self._expire, fut, limit
+            )
+
+    def settle_all(self, error: BaseException) -> None:
+        """End every followed rollout with ``error`` (their done callbacks stop them).
+
+        Example::
+
+            follower.settle_all(ClientClosedError("closed"))
+        """
+        for fut in list(self.sessions.live.values()):
+            fut._settle(None, error)
+
+    def _arrived(
+        self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            fut._settle(None, error)
+        elif envelope is not None and protocol.is_error_envelope(envelope):
+            fut._settle(None, RolloutError(envelope, session_id=fut.session_id))
+        else:
+            fut._settle(envelope, None)
+
+    def _expire(self, fut: RolloutFuture, limit: float) -> None:
+        fut._settle(
+            None,
+            RolloutTimeoutError(
+                f"rollout {fut.session_id} (input {fut.input_id}) gave no result within "
+                f"{limit:g} s; its session is being stopped",
+                session_id=fut.session_id,
+                timeout=limit,
+            ),
+        )
+
+    def _on_done(self, fut: RolloutFuture) -> None:
+        """Every outcome passes here once: free the slot, tidy up, maybe stop the session."""
+        sid = fut.session_id
+        self.sessions.live.pop(sid, None)
+        timer = self._timers.pop(sid, None)
+        if timer is not None:
+            timer.cancel()
+        self.watcher.untrack(fut.s3_bucket, fut.result_key)
+        self.admission.release()
+        if fut.cancelled():
+            self.counters["cancelled"] += 1
+            stop = True
+        else:
+            exc = fut.exception()
+            kind = _OUTCOME_COUNTERS.get(type(exc), "storage_errors")
+            self.counters[kind] += 1
+            finished = exc is None or isinstance(exc, RolloutError)
+            stop = self.stop_finished_sessions or not finished
+        if fut.resolved_at is None:
+            fut.resolved_at = time.time()
+        if stop:
+            self.stopper.schedule(sid)

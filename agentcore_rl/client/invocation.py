@@ -1,0 +1,106 @@
+"""Sending one invocation: retries, the agent's answer, and whether a failure left a session.
+
+Example::
+
+    try:
+        await send_invocation(transport, fut, body, retry=retry, bucket=bucket,
+                              counters=counters)
+    except BaseException as exc:
+        if may_have_started(exc):
+            stopper.schedule(fut.session_id)
+        raise
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from agentcore_rl import protocol
+from agentcore_rl.client.bucket import TokenBucket
+from agentcore_rl.client.config import RetryConfig
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.retry import with_retries
+from agentcore_rl.client.transports.base import Transport
+from agentcore_rl.errors import InvocationError
+
+__all__ = ["check_answer", "may_have_started", "send_invocation"]
+
+logger = logging.getLogger(__name__)
+
+
+async def send_invocation(
+    transport: Transport,
+    fut: RolloutFuture,
+    body: Mapping[str, Any],
+    *,
+    retry: RetryConfig,
+    bucket: TokenBucket,
+    counters: Counter[str],
+) -> None:
+    """Send ``body`` for ``fut``'s session (with retries, each paced by ``bucket``) and
+    check the answer (see :func:`check_answer`). Counts ``invocations`` and retries.
+
+    Example::
+
+        await send_invocation(transport, fut, body, retry=RetryConfig(), bucket=bucket,
+                              counters=counters)
+    """
+
+    async def send() -> dict[str, Any]:
+        counters["invocations"] += 1
+        return await transport.invoke(fut.session_id, body)
+
+    answer = await with_retries(
+        send,
+        retry=retry,
+        bucket=bucket,
+        counters=counters,
+        what=f"invoking session {fut.session_id}",
+    )
+    check_answer(answer, fut)
+
+
+def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
+    """Raise ``InvocationError`` unless the agent accepted the rollout; point ``fut`` at
+    the bucket and key the agent says it writes to (with a warning when they differ).
+
+    Example::
+
+        check_answer({"status": "processing", "result_key": key, "s3_bucket": b}, fut)
+    """
+    if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
+        raise InvocationError(
+            f"the agent answered {str(answer)[:200]} instead of "
+            f'{{"{protocol.STATUS}": "{protocol.STATUS_PROCESSING}", ...}}: is its handler '
+            "a rollout entrypoint (@app.rollout_entrypoint)?",
+            session_id=fut.session_id,
+        )
+    key = answer.get(protocol.RESULT_KEY)
+    bucket = answer.get(protocol.S3_BUCKET)
+    if (key, bucket) != (fut.result_key, fut.s3_bucket):
+        # The agent decides where it writes; follow it, but say so.
+        logger.warning(
+            "agent writes session %s to s3://%s/%s, not s3://%s/%s",
+            fut.session_id,
+            bucket,
+            key,
+            fut.s3_bucket,
+            fut.result_key,
+        )
+        if isinstance(key, str) and isinstance(bucket, str):
+            fut.result_key, fut.s3_bucket = key, bucket
+
+
+def may_have_started(exc: BaseException) -> bool:
+    """Whether the agent may run the session despite ``exc``: yes unless it clearly refused
+    (an ``InvocationError`` with a status below 500).
+
+    Example::
+
+        may_have_started(InvocationError("bad payload", status_code=400))   # False
+    """
+    status = getattr(exc, "status_code", None)
+    return not isinstance(exc, InvocationError) or status is None or status >= 500
