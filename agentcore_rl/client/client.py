@@ -209,22 +209,8 @@ class AsyncRolloutClient:
 
             print(client.stats.as_dict())
         """
-        c = self._counters
-        return ClientStats(
-            invocations=c["invocations"],
-            retries=c["retries"],
-            throttles=c["throttles"],
-            stops=c["stops"],
-            stop_failures=c["stop_failures"],
-            results=c["results"],
-            rollout_errors=c["rollout_errors"],
-            timeouts=c["timeouts"],
-            invocation_errors=c["invocation_errors"],
-            storage_errors=c["storage_errors"],
-            cancelled=c["cancelled"],
-            closed=c["closed"],
-            in_flight=self.in_flight,
-            s3_requests=dict(self.store.request_counts),
+        return ClientStats.from_counters(
+            self._counters, in_flight=self.in_flight, s3_requests=self.store.request_counts
         )
 
     @property

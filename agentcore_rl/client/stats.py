@@ -7,7 +7,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = ["ClientStats"]
@@ -44,6 +45,23 @@ class ClientStats:
     closed: int = 0
     in_flight: int = 0
     s3_requests: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_counters(
+        cls, counters: Mapping[str, int], *, in_flight: int, s3_requests: Mapping[str, int]
+    ) -> ClientStats:
+        """A snapshot from a client's counters (a missing counter is 0).
+
+        Example::
+
+            ClientStats.from_counters(Counter(results=3), in_flight=1, s3_requests={})
+        """
+        counted: dict[str, Any] = {
+            f.name: counters.get(f.name, 0)
+            for f in fields(cls)
+            if f.name not in ("in_flight", "s3_requests")
+        }
+        return cls(**counted, in_flight=in_flight, s3_requests=dict(s3_requests))
 
     @property
     def s3_total(self) -> int:

@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, Rea
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from agentcore_rl import protocol
-from agentcore_rl.client.transports.base import RetryableError
+from agentcore_rl.client.transports.base import RetryableError, json_object_answer
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = ["AcrTransport", "parse_runtime_arn"]
@@ -187,19 +187,7 @@ class AcrTransport:
         )
         response = await self._call(session_id, "invoke_agent_runtime", params)
         raw = response.get("body", b"")
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise InvocationError(
-                f"InvokeAgentRuntime answered with a body that is not JSON: {raw[:200]!r}",
-                session_id=session_id,
-            ) from exc
-        if not isinstance(body, dict):
-            raise InvocationError(
-                f"InvokeAgentRuntime answered JSON {type(body).__name__}, expected an object",
-                session_id=session_id,
-            )
-        return body
+        return json_object_answer(raw, source="InvokeAgentRuntime", session_id=session_id)
 
     async def stop(self, session_id: str) -> bool:
         """``StopRuntimeSession``; False when ACR no longer knows the session.

@@ -18,12 +18,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from agentcore_rl.errors import InvocationError
 
-__all__ = ["RetryableError", "Transport"]
+__all__ = ["RetryableError", "Transport", "json_object_answer"]
 
 
 class RetryableError(InvocationError):
@@ -47,6 +48,41 @@ class RetryableError(InvocationError):
     ) -> None:
         super().__init__(message, session_id=session_id, status_code=status_code)
         self.throttled = throttled
+
+
+def json_object_answer(
+    raw: bytes,
+    *,
+    source: str,
+    session_id: str,
+    status_code: int | None = None,
+    excerpt: Callable[[], object] | None = None,
+) -> dict[str, Any]:
+    """Parse an agent's answer, which must be a JSON object; else raise ``InvocationError``
+    naming ``source`` (and ``status_code``) and showing ``excerpt()`` (default: the first
+    200 bytes).
+
+    Example::
+
+        body = json_object_answer(raw, source="InvokeAgentRuntime", session_id=sid)
+    """
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        status = "" if status_code is None else f" HTTP {status_code}"
+        shown = raw[:200] if excerpt is None else excerpt()
+        raise InvocationError(
+            f"{source} answered{status} with a body that is not JSON: {shown!r}",
+            session_id=session_id,
+            status_code=status_code,
+        ) from exc
+    if not isinstance(body, dict):
+        raise InvocationError(
+            f"{source} answered JSON {type(body).__name__}, expected an object",
+            session_id=session_id,
+            status_code=status_code,
+        )
+    return body
 
 
 class Transport(Protocol):

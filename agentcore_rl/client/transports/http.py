@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agentcore_rl.client.transports.base import RetryableError
+from agentcore_rl.client.transports.base import RetryableError, json_object_answer
 from agentcore_rl.errors import ConfigurationError, InvocationError
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
 
@@ -141,22 +141,13 @@ class HttpTransport:
         response = await self._post(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
         )
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise InvocationError(
-                f"{url} answered HTTP {response.status_code} with a body that is not JSON: "
-                f"{response.text[:200]!r}",
-                session_id=session_id,
-                status_code=response.status_code,
-            ) from exc
-        if not isinstance(body, dict):
-            raise InvocationError(
-                f"{url} answered JSON {type(body).__name__}, expected an object",
-                session_id=session_id,
-                status_code=response.status_code,
-            )
-        return body
+        return json_object_answer(
+            response.content,
+            source=url,
+            session_id=session_id,
+            status_code=response.status_code,
+            excerpt=lambda: response.text[:200],
+        )
 
     async def stop(self, session_id: str) -> bool:
         """Cancel the session's rollout on its server; True when one was running.
