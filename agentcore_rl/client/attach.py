@@ -60,7 +60,7 @@ class AttachTarget:
         Example::
 
             target = AttachTarget.resolve(session_id=sid, result_key=key, input_id=None,
-                                          s3_bucket="rollouts", check_session_id=str)
+                                          s3_bucket="rollouts", check_session_id=sessions.check)
         """
         sid = check_session_id(session_id)
         bucket = protocol.validate_bucket(s3_bucket, name="s3_bucket")
