@@ -148,11 +148,17 @@ class ResultStore:
         self.retry = retry
         self.request_counts: Counter[str] = Counter()
         self._session = session or aioboto3.Session()
+        # botocore's per-request extras cost CPU on every one of thousands of small requests:
+        # parameters are already validated by protocol.py, and result envelopes are small
+        # JSON that S3 does not require checksums for, so both are switched off.
         self._config = Config(
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             retries={"total_max_attempts": 1},
+            parameter_validation=False,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         )
         self._client: Any = None
         self._stack: contextlib.AsyncExitStack | None = None

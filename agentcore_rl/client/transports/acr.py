@@ -110,6 +110,9 @@ class AcrTransport:
         self._session = session or get_session()
         self._config = Config(
             retries={"total_max_attempts": 1},
+            # Session ids, ARNs and payloads are validated before they get here; botocore's
+            # second check costs CPU on every invoke and stop.
+            parameter_validation=False,
             max_pool_connections=max_connections,
             connect_timeout=timeout,
             read_timeout=timeout,
