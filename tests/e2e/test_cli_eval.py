@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,32 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+async def _spawn_eval(argv: list[str], *, stderr: int) -> asyncio.subprocess.Process:
+    """The CLI in a process of its own, so the test can kill it or send it a signal."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentcore_rl.cli",
+        *argv,
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
+
+
+async def _wait_until(
+    process: asyncio.subprocess.Process, reached: Callable[[], bool], state: str
+) -> None:
+    """Bounded wait (10 s) for the running eval to reach the state under test."""
+    for _ in range(400):
+        if reached():
+            return
+        assert process.returncode is None, f"the eval exited before it reached: {state}"
+        await asyncio.sleep(0.025)
+    pytest.fail(f"the eval did not reach: {state}")
 
 
 @contextlib.asynccontextmanager
@@ -155,26 +181,14 @@ async def test_resume_after_sigkill_collects_every_outcome_exactly_once(
         journal = tmp_path / "results.jsonl.journal"
         argv = _common(stack, tmp_path / "in.jsonl", out, "resume")
         argv += ["--agent-url", stack.agent_urls[0], "--concurrency", "1"]
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agentcore_rl.cli",
-            *argv,
-            cwd=REPO,
-            env=dict(os.environ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = await _spawn_eval(argv, stderr=subprocess.DEVNULL)
         try:
-            # Bounded wait for the killed run to reach the state under test.
-            for _ in range(400):
-                # The journal line comes before the invoke; the gate proves the agent runs it.
-                if len(_lines(out)) == 2 and len(_lines(journal)) == 3 and gate.held:
-                    break
-                assert process.returncode is None, "the eval exited before it was killed"
-                await asyncio.sleep(0.025)
-            else:
-                pytest.fail("the eval did not get two outcomes and a third rollout in flight")
+            # The journal line comes before the invoke; the gate proves the agent runs it.
+            await _wait_until(
+                process,
+                lambda: len(_lines(out)) == 2 and len(_lines(journal)) == 3 and gate.held > 0,
+                "two outcomes and a third rollout running on the agent",
+            )
         finally:
             process.send_signal(signal.SIGKILL)
             await asyncio.wait_for(process.wait(), 10)
@@ -228,24 +242,13 @@ async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
         journal = tmp_path / "results.jsonl.journal"
         argv = _common(stack, tmp_path / "in.jsonl", out, "ctrl-c")
         argv += ["--agent-url", stack.agent_urls[0], "--concurrency", "1"]
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agentcore_rl.cli",
-            *argv,
-            cwd=REPO,
-            env=dict(os.environ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        process = await _spawn_eval(argv, stderr=subprocess.PIPE)
         try:
-            for _ in range(400):
-                if len(_lines(out)) == 1 and len(_lines(journal)) == 2 and gate.held:
-                    break
-                assert process.returncode is None, "the eval exited before Ctrl-C"
-                await asyncio.sleep(0.025)
-            else:
-                pytest.fail("the eval did not get one outcome and a second rollout in flight")
+            await _wait_until(
+                process,
+                lambda: len(_lines(out)) == 1 and len(_lines(journal)) == 2 and gate.held > 0,
+                "one outcome and a second rollout running on the agent",
+            )
             process.send_signal(signal.SIGINT)
             assert process.stderr is not None
             err = (await asyncio.wait_for(process.stderr.read(), 30)).decode()
