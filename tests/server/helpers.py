@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -10,6 +11,7 @@ import httpx
 
 from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
 SESSION = "session-" + "a" * 40
@@ -59,3 +61,50 @@ async def served(app: Any) -> AsyncIterator[httpx.AsyncClient]:
         httpx.AsyncClient(base_url=server.url, timeout=10) as http,
     ):
         yield http
+
+
+def rollout_app(store: ResultStore, handler: Any, **options: Any) -> AgentCoreRLApp:
+    """An app on ``store`` (with ``options``) whose rollout entrypoint is ``handler``."""
+    app = AgentCoreRLApp(store=store, **options)
+    app.rollout_entrypoint(handler)
+    return app
+
+
+async def accept(http: httpx.AsyncClient, bucket: str, **payload: Any) -> httpx.Response:
+    """POST one rollout for ``bucket`` in the test session; assert it was accepted."""
+    response = await http.post(
+        "/invocations", json=rollout_payload(bucket, **payload), headers=session_headers()
+    )
+    assert response.status_code == 200
+    return response
+
+
+async def run_to_end(app: AgentCoreRLApp, bucket: str) -> httpx.Response:
+    """Serve ``app``, have it accept one rollout, wait for it to finish, then shut down."""
+    async with served(app) as http:
+        response = await accept(http, bucket)
+        await settle(app)
+    return response
+
+
+async def read_envelope(store: ResultStore, bucket: str, key: str) -> dict[str, Any]:
+    """The envelope stored at ``key``; asserts there is one."""
+    envelope = await store.get_json(bucket, key)
+    assert envelope is not None
+    return envelope
+
+
+class HeldRollout:
+    """A rollout handler that says when it has started and returns only when released."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def solve(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.entered.set()
+        await self.release.wait()
+        return {"rewards": [1.0]}
+
+    async def wait_entered(self) -> None:
+        await asyncio.wait_for(self.entered.wait(), 5)

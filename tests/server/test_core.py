@@ -12,7 +12,19 @@ from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
-from .helpers import SESSION, FakeClock, rollout_payload, served, session_headers, settle
+from .helpers import (
+    SESSION,
+    FakeClock,
+    HeldRollout,
+    accept,
+    read_envelope,
+    rollout_app,
+    rollout_payload,
+    run_to_end,
+    served,
+    session_headers,
+    settle,
+)
 
 
 async def test_rollout_writes_envelope(store: ResultStore, bucket: str) -> None:
@@ -46,20 +58,11 @@ async def test_rollout_writes_envelope(store: ResultStore, bucket: str) -> None:
 
 
 async def test_handler_may_set_status_code_and_stop_reason(store: ResultStore, bucket: str) -> None:
-    app = AgentCoreRLApp(store=store)
-
-    @app.rollout_entrypoint
     def solve(payload: dict[str, Any]) -> dict[str, Any]:
         return {"rewards": [0.0], "status_code": 206, "stop_reason": "max_turns"}
 
-    async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
-        await settle(app)
-    envelope = await store.get_json(bucket, f"exp/q-1/{SESSION}.json")
-    assert envelope is not None
+    await run_to_end(rollout_app(store, solve), bucket)
+    envelope = await read_envelope(store, bucket, f"exp/q-1/{SESSION}.json")
     assert (envelope["status_code"], envelope["stop_reason"]) == (206, "max_turns")
 
 
@@ -84,26 +87,16 @@ async def test_fresh_session_id_without_header(store: ResultStore, bucket: str) 
 
 async def test_ping_transitions_with_changing_time(store: ResultStore, bucket: str) -> None:
     clock = FakeClock()
-    app = AgentCoreRLApp(store=store, clock=clock)
-    entered = asyncio.Event()
-    release = asyncio.Event()
-
-    @app.rollout_entrypoint
-    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
-        entered.set()
-        await release.wait()
-        return {"rewards": [1.0]}
+    held = HeldRollout()
+    app = rollout_app(store, held.solve, clock=clock)
 
     async with served(app) as http:
         first = (await http.get("/ping")).json()
         assert first == {"status": "Healthy", "time_of_last_update": int(clock.now)}
 
         clock.advance(10)
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
-        await asyncio.wait_for(entered.wait(), 5)
+        await accept(http, bucket)
+        await held.wait_entered()
         busy = (await http.get("/ping")).json()
         assert busy == {"status": "HealthyBusy", "time_of_last_update": int(clock.now)}
         assert busy["time_of_last_update"] != first["time_of_last_update"]
@@ -111,7 +104,7 @@ async def test_ping_transitions_with_changing_time(store: ResultStore, bucket: s
         clock.advance(10)
         assert (await http.get("/ping")).json() == busy  # no change, no new time
 
-        release.set()
+        held.release.set()
         await settle(app)
         idle = (await http.get("/ping")).json()
         assert idle == {"status": "Healthy", "time_of_last_update": int(clock.now)}
@@ -184,10 +177,7 @@ async def test_stop_session_cancels_and_writes_envelope(store: ResultStore, buck
         raise AssertionError("unreachable")
 
     async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
+        await accept(http, bucket)
         await asyncio.wait_for(entered.wait(), 5)
         stop = await http.post(f"/sessions/{SESSION}/stop")
         assert stop.status_code == 200
@@ -216,10 +206,7 @@ async def test_stop_blocking_sync_handler(store: ResultStore, bucket: str) -> No
 
     try:
         async with served(app) as http:
-            response = await http.post(
-                "/invocations", json=rollout_payload(bucket), headers=session_headers()
-            )
-            assert response.status_code == 200
+            await accept(http, bucket)
             assert await asyncio.to_thread(entered.wait, 5)
             stop = await http.post(f"/sessions/{SESSION}/stop")
             assert stop.json() == {"session_id": SESSION, "stopped": True}

@@ -13,27 +13,29 @@ from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
-from .helpers import SESSION, rollout_payload, served, session_headers, settle
+from .helpers import (
+    SESSION,
+    read_envelope,
+    rollout_app,
+    rollout_payload,
+    run_to_end,
+    served,
+    session_headers,
+    settle,
+)
 
 KEY = f"exp/q-1/{SESSION}.json"
 
 
 async def run_one(store: ResultStore, bucket: str, handler: Any) -> dict[str, Any]:
-    app = AgentCoreRLApp(store=store)
-    app.rollout_entrypoint(handler)
-    async with served(app) as http:
-        payload = rollout_payload(bucket)
-        response = await http.post("/invocations", json=payload, headers=session_headers())
-        assert response.status_code == 200
-        assert response.json()["result_key"] == KEY
-        await settle(app)
-    envelope = await store.get_json(bucket, KEY)
-    assert envelope is not None
+    response = await run_to_end(rollout_app(store, handler), bucket)
+    assert response.json()["result_key"] == KEY
+    envelope = await read_envelope(store, bucket, KEY)
     assert envelope[protocol.STATUS_CODE] == 500
     assert envelope[protocol.RESULT_KEY] == KEY
     assert envelope[protocol.SESSION_ID] == SESSION
     assert envelope[protocol.S3_BUCKET] == bucket
-    assert envelope[protocol.PAYLOAD] == payload
+    assert envelope[protocol.PAYLOAD] == rollout_payload(bucket)
     assert protocol.is_error_envelope(envelope)
     return envelope
 
@@ -91,16 +93,8 @@ async def test_handler_spoiled_its_payload(store: ResultStore, bucket: str) -> N
         payload["scratch"] = {1, 2}
         return {"rewards": [1.0]}
 
-    app = AgentCoreRLApp(store=store)
-    app.rollout_entrypoint(solve)
-    async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
-        await settle(app)
-    envelope = await store.get_json(bucket, KEY)
-    assert envelope is not None
+    await run_to_end(rollout_app(store, solve), bucket)
+    envelope = await read_envelope(store, bucket, KEY)
     assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_NOT_JSON
     assert "unserialisable_payload" in envelope[protocol.PAYLOAD]
 
@@ -157,16 +151,8 @@ async def test_handler_refusing_its_payload(store: ResultStore, bucket: str) -> 
     async def solve(payload: dict[str, Any]) -> dict[str, Any]:
         raise InvalidPayloadError("answer must be a string", field="answer")
 
-    app = AgentCoreRLApp(store=store)
-    app.rollout_entrypoint(solve)
-    async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
-        await settle(app)
-    envelope = await store.get_json(bucket, KEY)
-    assert envelope is not None
+    await run_to_end(rollout_app(store, solve), bucket)
+    envelope = await read_envelope(store, bucket, KEY)
     assert envelope[protocol.STATUS_CODE] == 400
     assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_INVALID_PAYLOAD
     assert envelope[protocol.STOP_REASON] == "answer must be a string"

@@ -14,7 +14,16 @@ from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
-from .helpers import SESSION, rollout_payload, served, session_headers
+from .helpers import (
+    SESSION,
+    HeldRollout,
+    accept,
+    read_envelope,
+    rollout_app,
+    rollout_payload,
+    served,
+    session_headers,
+)
 
 KEY = f"exp/q-1/{SESSION}.json"
 
@@ -28,22 +37,12 @@ async def wait_closing(app: AgentCoreRLApp) -> None:
 
 
 async def test_running_rollout_finishes_within_grace(store: ResultStore, bucket: str) -> None:
-    app = AgentCoreRLApp(store=store, shutdown_grace=30)
-    entered = asyncio.Event()
-    release = asyncio.Event()
-
-    @app.rollout_entrypoint
-    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
-        entered.set()
-        await release.wait()
-        return {"rewards": [1.0]}
+    held = HeldRollout()
+    app = rollout_app(store, held.solve, shutdown_grace=30)
 
     async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
-        await asyncio.wait_for(entered.wait(), 5)
+        await accept(http, bucket)
+        await held.wait_entered()
         closing = asyncio.create_task(app.aclose())
         await wait_closing(app)
         refused = await http.post(
@@ -52,11 +51,10 @@ async def test_running_rollout_finishes_within_grace(store: ResultStore, bucket:
         assert refused.status_code == 503
         assert "shutting down" in refused.json()["error"]
         assert not closing.done()
-        release.set()
+        held.release.set()
         report = await asyncio.wait_for(closing, 5)
     assert (report.finished, report.cancelled, report.stuck) == (1, 0, 0)
-    envelope = await store.get_json(bucket, KEY)
-    assert envelope is not None
+    envelope = await read_envelope(store, bucket, KEY)
     assert envelope["rewards"] == [1.0]
     assert await store.list_keys(bucket, "") == [KEY]
 
@@ -84,10 +82,7 @@ async def test_lifespan_shutdown_cancels_after_grace(
     try:
         # Leaving the block runs uvicorn's lifespan shutdown, as SIGTERM does.
         async with served(app) as http:
-            response = await http.post(
-                "/invocations", json=rollout_payload(bucket), headers=session_headers()
-            )
-            assert response.status_code == 200
+            await accept(http, bucket)
             assert await asyncio.to_thread(entered.wait, 5)
             assert (await http.get("/ping")).json()["status"] == "HealthyBusy"
     finally:
@@ -119,15 +114,11 @@ async def test_handler_that_ignores_cancellation(store: ResultStore, bucket: str
         return {"rewards": [1.0]}
 
     async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
+        await accept(http, bucket)
         await asyncio.wait_for(entered.wait(), 5)
     assert app.last_shutdown is not None
     assert app.last_shutdown.stuck == 1
-    envelope = await store.get_json(bucket, KEY)
-    assert envelope is not None
+    envelope = await read_envelope(store, bucket, KEY)
     assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_CANCELLED
     assert "did not stop" in envelope[protocol.STOP_REASON]
 

@@ -15,7 +15,15 @@ from agentcore_rl.server import AgentCoreRLApp
 
 from ..conftest import FAST_RETRY
 from .flaky_s3 import FlakyS3
-from .helpers import SESSION, rollout_payload, served, session_headers, settle
+from .helpers import (
+    SESSION,
+    accept,
+    read_envelope,
+    rollout_app,
+    run_to_end,
+    served,
+    settle,
+)
 
 KEY = f"exp/q-1/{SESSION}.json"
 
@@ -41,13 +49,9 @@ async def test_transient_s3_errors_are_retried(s3_endpoint: str, bucket: str) ->
     flaky = FlakyS3(s3_endpoint, fail_puts=2)
     async with BackgroundServer(flaky) as front:
         store = ResultStore(endpoint_url=front.url, retry=FAST_RETRY)  # 3 attempts
-        app = AgentCoreRLApp(store=store)
-        app.rollout_entrypoint(solve)
+        app = rollout_app(store, solve)
         async with served(app) as http:
-            response = await http.post(
-                "/invocations", json=rollout_payload(bucket), headers=session_headers()
-            )
-            assert response.status_code == 200
+            await accept(http, bucket)
             await settle(app)
             assert app.spool.pending == 0
             assert flaky.failed == 2
@@ -63,13 +67,9 @@ async def test_spooled_then_delivered_when_bucket_appears(
     store: ResultStore, tmp_path: Path
 ) -> None:
     bucket = fresh_bucket()  # not created yet: every write fails with NoSuchBucket
-    app = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=0.02)
-    app.rollout_entrypoint(solve)
+    app = rollout_app(store, solve, spool_dir=tmp_path, spool_retry_interval=0.02)
     async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
+        await accept(http, bucket)
         await settle(app)
         assert app.spool.pending == 1
         (spooled,) = spool_files(tmp_path)
@@ -81,8 +81,7 @@ async def test_spooled_then_delivered_when_bucket_appears(
 
         await store.ensure_bucket(bucket)
         await asyncio.wait_for(app.spool.wait_drained(), 5)
-        envelope = await store.get_json(bucket, KEY)
-        assert envelope is not None
+        envelope = await read_envelope(store, bucket, KEY)
         assert envelope[protocol.STATUS_CODE] == 200
         assert spool_files(tmp_path) == []
         assert (await http.get("/ping")).json()["status"] == "Healthy"
@@ -90,14 +89,8 @@ async def test_spooled_then_delivered_when_bucket_appears(
 
 async def test_spool_survives_a_restart(store: ResultStore, tmp_path: Path) -> None:
     bucket = fresh_bucket()
-    first = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=60)
-    first.rollout_entrypoint(solve)
-    async with served(first) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
-        await settle(first)
+    first = rollout_app(store, solve, spool_dir=tmp_path, spool_retry_interval=60)
+    await run_to_end(first, bucket)
     # The shutdown tried once more, failed, and left the envelope on disk.
     assert first.spool.pending == 1
     assert len(spool_files(tmp_path)) == 1
@@ -113,13 +106,9 @@ async def test_spool_survives_a_restart(store: ResultStore, tmp_path: Path) -> N
 
 async def test_shutdown_drains_spool(store: ResultStore, tmp_path: Path) -> None:
     bucket = fresh_bucket()
-    app = AgentCoreRLApp(store=store, spool_dir=tmp_path, spool_retry_interval=60)
-    app.rollout_entrypoint(solve)
+    app = rollout_app(store, solve, spool_dir=tmp_path, spool_retry_interval=60)
     async with served(app) as http:
-        response = await http.post(
-            "/invocations", json=rollout_payload(bucket), headers=session_headers()
-        )
-        assert response.status_code == 200
+        await accept(http, bucket)
         await settle(app)
         assert app.spool.pending == 1
         await store.ensure_bucket(bucket)  # the retry task waits 60 s; shutdown must not
