@@ -96,6 +96,27 @@ def _tps(text: str) -> float | None:
     return None if value == 0 else value
 
 
+def _add_run_options(
+    parser: argparse.ArgumentParser,
+    *,
+    tps_default: float,
+    tps_help: str,
+    base_url_help: str,
+    model_id_help: str,
+    out_help: str,
+) -> None:
+    """The options ``eval`` and ``demo`` share; only the defaults and help that differ
+    between the two are passed in."""
+    parser.add_argument(
+        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
+    )
+    parser.add_argument("--tps", type=_tps, default=tps_default, help=tps_help)
+    parser.add_argument("--base-url", type=_url, help=base_url_help)
+    parser.add_argument("--model-id", help=model_id_help)
+    parser.add_argument("--out", metavar="FILE", help=out_help)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def _add_eval_parser(commands: Any) -> None:
     from agentcore_rl.cli_commands import cmd_eval
 
@@ -126,29 +147,22 @@ def _add_eval_parser(commands: Any) -> None:
     )
     parser.add_argument("--s3-bucket", required=True, help="bucket the agent writes results to")
     parser.add_argument("--exp-id", required=True, help="experiment id (the S3 key prefix)")
-    parser.add_argument(
-        "--out",
-        metavar="FILE",
-        help="results file (JSONL; default results-<exp-id>.jsonl); its journal is FILE.journal",
+    _add_run_options(
+        parser,
+        tps_default=25.0,
+        tps_help="invoke+stop calls per second (default 25, ACR's quota; 0 = no limit)",
+        base_url_help="policy URL put in every _rollout block",
+        model_id_help="model id put in every _rollout block",
+        out_help="results file (JSONL; default results-<exp-id>.jsonl); "
+        "its journal is FILE.journal",
     )
     parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out")
-    parser.add_argument(
-        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
-    )
-    parser.add_argument(
-        "--tps",
-        type=_tps,
-        default=25.0,
-        help="invoke+stop calls per second (default 25, ACR's quota; 0 = no limit)",
-    )
     parser.add_argument(
         "--timeout",
         type=_positive_float,
         default=900.0,
         help="seconds one rollout may take (default 900)",
     )
-    parser.add_argument("--base-url", type=_url, help="policy URL put in every _rollout block")
-    parser.add_argument("--model-id", help="model id put in every _rollout block")
     parser.add_argument(
         "--param",
         metavar="KEY=VALUE",
@@ -165,7 +179,6 @@ def _add_eval_parser(commands: Any) -> None:
         type=_url,
         help="AgentCore endpoint (default: AWS_ENDPOINT_URL_BEDROCK_AGENTCORE or AWS's own)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=cmd_eval)
 
 
@@ -185,8 +198,14 @@ def _add_demo_parser(commands: Any) -> None:
     parser.add_argument(
         "--n", type=_positive_int, default=200, help="problems to run (default 200)"
     )
-    parser.add_argument(
-        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
+    _add_run_options(
+        parser,
+        tps_default=100.0,
+        tps_help="local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
+        base_url_help="use this OpenAI-compatible server (e.g. vLLM at http://host:8000/v1) "
+        "instead of the stand-in policy",
+        model_id_help="model id for --base-url",
+        out_help="results file (default: a temp dir)",
     )
     parser.add_argument(
         "--accuracy",
@@ -200,21 +219,6 @@ def _add_demo_parser(commands: Any) -> None:
         default=0.05,
         help="seconds the stand-in policy takes per request (default 0.05)",
     )
-    parser.add_argument(
-        "--tps",
-        type=_tps,
-        default=100.0,
-        help="local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
-    )
-    parser.add_argument(
-        "--base-url",
-        type=_url,
-        help="use this OpenAI-compatible server (e.g. vLLM at http://host:8000/v1) "
-        "instead of the stand-in policy",
-    )
-    parser.add_argument("--model-id", help="model id for --base-url")
-    parser.add_argument("--out", metavar="FILE", help="results file (default: a temp dir)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=cmd_demo)
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +228,37 @@ def _exit_code(run: EvalRun) -> int:
     return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
 
 
+async def _run_and_report(
+    execute: Callable[[EvalRun], Awaitable[object]],
+    *,
+    title: str,
+    out: Path | None = None,
+    on_interrupt: str | None = None,
+) -> int:
+    """Run ``execute`` on a fresh :class:`EvalRun`, print its summary (also when
+    interrupted, then re-raise) and return the exit code. The summary names ``out``, or
+    the file the run reports (``run.out``) when ``out`` is None.
+
+    Example::
+
+        code = await _run_and_report(lambda run: run_demo(options, run=run), title="demo")
+    """
+    run = EvalRun(RunSummary())
+    try:
+        await execute(run)
+    except asyncio.CancelledError:
+        where = out if out is not None else run.out
+        if where is not None:
+            print_run(run, where, title=f"{title} (interrupted)")
+        if on_interrupt is not None:
+            print(f"{PROG}: {on_interrupt}", file=sys.stderr)
+        raise
+    where = out if out is not None else run.out
+    assert where is not None
+    print_run(run, where, title=title)
+    return _exit_code(run)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed.
 
@@ -269,18 +301,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"
             )
             await _check_runtime_endpoint(endpoint)
-        run = EvalRun(RunSummary())
-        try:
-            await run_eval(options, progress=not args.no_progress, inputs=inputs, run=run)
-        except asyncio.CancelledError:
-            print_run(run, out, title=f"eval {options.exp_id} (interrupted)")
-            print(
-                f"{PROG}: stopped; continue with the same command and --resume",
-                file=sys.stderr,
-            )
-            raise
-        print_run(run, out, title=f"eval {options.exp_id}")
-        return _exit_code(run)
+        return await _run_and_report(
+            lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
+            title=f"eval {options.exp_id}",
+            out=out,
+            on_interrupt="stopped; continue with the same command and --resume",
+        )
 
     return run_async(work)
 
@@ -307,16 +333,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
 
-    async def work() -> int:
-        run = EvalRun(RunSummary())
-        try:
-            await run_demo(options, run=run)
-        except asyncio.CancelledError:
-            if run.out is not None:
-                print_run(run, run.out, title="demo summary (interrupted)")
-            raise
-        assert run.out is not None
-        print_run(run, run.out, title="demo summary")
-        return _exit_code(run)
-
-    return run_async(work)
+    return run_async(
+        lambda: _run_and_report(lambda run: run_demo(options, run=run), title="demo summary")
+    )
