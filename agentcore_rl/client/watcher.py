@@ -79,10 +79,9 @@ class WatcherConfig:
     round that found nothing. ``error_threshold``: failed polls in a row (each already
     retried by the ResultStore) before the affected futures fail; between them the group
     waits ``error_backoff`` seconds, doubling up to ``error_backoff_max``.
-    ``max_parallel``: concurrent GETs per round. A group whose keys are probed one by one
-    is still listed every ``verify_interval`` seconds, because a GET cannot tell a deleted
-    bucket from a result not written yet (both are a 404). ``clock``/``sleep`` are
-    injectable.
+    ``max_parallel``: concurrent GETs per round. A GET tells a missing key (not written
+    yet) from a missing bucket (``NoSuchBucket``, a failure), so probing by GET alone
+    notices a deleted bucket. ``clock``/``sleep`` are injectable.
 
     Example::
 
@@ -96,7 +95,6 @@ class WatcherConfig:
     error_backoff: float = 0.5
     error_backoff_max: float = 10.0
     max_parallel: int = 32
-    verify_interval: float = 10.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
@@ -129,7 +127,6 @@ class _Group:
     known_set: set[str] = field(default_factory=set)
     failures: int = 0
     retry_at: float = 0.0
-    listed_at: float | None = None
     key_failures: dict[str, int] = field(default_factory=dict)
 
     def remember(self, key: str) -> None:
@@ -283,18 +280,8 @@ class CompletionWatcher:
 
     async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> int:
         probe, list_from = group.plan()
-        now = self.config.clock()
-        if group.listed_at is None:
-            group.listed_at = now
-        if (
-            list_from is None
-            and group.prefix
-            and now - group.listed_at >= self.config.verify_interval
-        ):
-            probe, list_from = [], probe[0]
         candidates = list(probe)
         if list_from is not None:
-            group.listed_at = now
             self.lists += 1
             try:
                 keys = await self.store.list_keys(

@@ -181,15 +181,13 @@ async def test_client_future_fails_with_storage_error_then_client_goes_on(
     make_client: ClientFactory, s3: Any, recorder: Recorder
 ) -> None:
     s3.create_bucket(Bucket="short-lived")
-    # one pending key is probed with GET, which sees a deleted bucket as "not yet": the
-    # periodic verifying LIST is what notices
+    # one pending key is probed with GET, which reports the deleted bucket as NoSuchBucket
     client = make_client(
         watcher=WatcherConfig(
             min_interval=0.01,
             max_interval=0.02,
             error_backoff=0.01,
             error_threshold=2,
-            verify_interval=0.05,
         )
     )
     fut = await client.invoke({"mode": "gate"}, s3_bucket="short-lived")
