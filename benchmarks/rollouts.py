@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentcore_rl.cli_summary import percentile
+
 BUCKET = "bench-rollouts"
 # The stack is local: fixed fake credentials keep real ones out of the picture.
 LOCAL_AWS_ENV = {
@@ -199,11 +201,8 @@ def current_rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def client_options(args: argparse.Namespace, info: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -270,8 +269,8 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any]) -> dict[s
         "s3_requests": stats.s3_requests,
         "s3_requests_per_rollout": round(stats.s3_total / n, 3),
         "detection_latency_s": {
-            "p50": round(percentile(detection, 0.5), 3),
-            "p95": round(percentile(detection, 0.95), 3),
+            "p50": _rounded(percentile(detection, 50)),
+            "p95": _rounded(percentile(detection, 95)),
             "max": round(max(detection, default=float("nan")), 3),
             "mean": round(statistics.fmean(detection), 3) if detection else None,
         },

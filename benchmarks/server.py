@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from agentcore_rl import protocol
+from agentcore_rl.cli_summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
@@ -135,8 +136,10 @@ def summary(samples_s: list[float]) -> dict[str, float]:
     if not ms:
         return {}
 
-    def pct(p: float) -> float:
-        return round(ms[min(len(ms) - 1, int(p / 100 * len(ms)))], 2)
+    def pct(q: float) -> float:
+        value = percentile(ms, q)
+        assert value is not None  # ms is not empty
+        return round(value, 2)
 
     return {
         "n": len(ms),
