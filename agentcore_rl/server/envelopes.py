@@ -6,8 +6,8 @@ non-dict, returned something JSON cannot hold, or was cancelled).
 
 Example::
 
-    body = outcome_envelope(meta, result={"rewards": [1.0]})
-    body = outcome_envelope(meta, error_type=ERROR_CANCELLED, reason="stopped by request")
+    body, error_type = outcome_envelope(meta, {"rewards": [1.0]})   # error_type is None
+    body = error_envelope_bytes(meta, error_type=ERROR_CANCELLED, reason="stopped by request")
 """
 
 from __future__ import annotations
