@@ -7,7 +7,7 @@ flight are resumed by session id and result key (see docs/cli.md).
 
 Example::
 
-    engine = EvalEngine(options, client, journal, summary, Progress(10, 0, True), store)
+    engine = EvalEngine(options, client, journal, summary, Progress(10, 0, True))
     await engine.run(fresh_inputs, in_flight_entries, inputs_by_id)
 """
 
@@ -27,7 +27,6 @@ from agentcore_rl.cli_summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
 from agentcore_rl.eval_journal import EvalJournal, JournalEntry
-from agentcore_rl.s3 import ResultStore
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
 
@@ -131,7 +130,7 @@ class EvalEngine:
 
     Example::
 
-        engine = EvalEngine(options, client, journal, summary, bar, store)
+        engine = EvalEngine(options, client, journal, summary, bar)
         await engine.run(fresh, in_flight, by_id)
     """
 
@@ -142,14 +141,12 @@ class EvalEngine:
         journal: EvalJournal,
         summary: RunSummary,
         bar: Progress,
-        store: ResultStore,
     ) -> None:
         self.options = options
         self.client = client
         self.journal = journal
         self.summary = summary
         self.bar = bar
-        self.store = store
         self.queue: asyncio.Queue[EvalInput | None] = asyncio.Queue()
 
     def _record(self, record: dict[str, Any]) -> None:
@@ -268,7 +265,7 @@ class EvalEngine:
         # Checked with the slot held, right before sending: a rollout that finished while
         # we waited is read (by attach), not run again.
         try:
-            found = await self.store.get_json(entry.s3_bucket, entry.result_key)
+            found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
         except BaseException as exc:
             self.client.release()
             if isinstance(exc, StorageError):

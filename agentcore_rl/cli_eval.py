@@ -121,36 +121,36 @@ async def run_eval(
     summary = run.summary
     run.out = options.out
     started = time.monotonic()
-    side_store = ResultStore(
+    preflight_store = ResultStore(
         endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
     )
-    async with side_store:
-        # Before the results file is touched: a run that cannot start leaves nothing behind.
-        await preflight_s3(side_store, options.s3_bucket, options.s3_endpoint_url)
-        journal = EvalJournal.open(options.out, resume=options.resume)
-        bar: Progress | None = None
-        try:
-            summary.resumed = sum(1 for i in by_id if i in journal.finished)
-            in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
-            fresh = [
-                item
-                for item in inputs
-                if item.input_id not in journal.finished and item.input_id not in journal.in_flight
-            ]
-            bar = Progress(len(inputs), summary.resumed, progress)
-            client = _make_client(options)
-            async with client:
-                engine = EvalEngine(options, client, journal, summary, bar, side_store)
-                try:
-                    await engine.run(fresh, in_flight, by_id)
-                except asyncio.CancelledError:
-                    run.interrupted = True
-                    raise
-                finally:
-                    run.s3_requests = side_store.total_requests + client.stats.s3_total
-        finally:
-            if bar is not None:
-                bar.close()
-            journal.close()
-            run.wall_seconds = time.monotonic() - started
+    # Before the results file is touched: a run that cannot start leaves nothing behind.
+    async with preflight_store:
+        await preflight_s3(preflight_store, options.s3_bucket, options.s3_endpoint_url)
+    journal = EvalJournal.open(options.out, resume=options.resume)
+    bar: Progress | None = None
+    try:
+        summary.resumed = sum(1 for i in by_id if i in journal.finished)
+        in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
+        fresh = [
+            item
+            for item in inputs
+            if item.input_id not in journal.finished and item.input_id not in journal.in_flight
+        ]
+        bar = Progress(len(inputs), summary.resumed, progress)
+        client = _make_client(options)
+        async with client:
+            engine = EvalEngine(options, client, journal, summary, bar)
+            try:
+                await engine.run(fresh, in_flight, by_id)
+            except asyncio.CancelledError:
+                run.interrupted = True
+                raise
+            finally:
+                run.s3_requests = preflight_store.total_requests + client.stats.s3_total
+    finally:
+        if bar is not None:
+            bar.close()
+        journal.close()
+        run.wall_seconds = time.monotonic() - started
     return run
