@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -82,8 +83,27 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _OutOfRange(ValueError):
+    """A JSON number too large for a float: Python would read it as infinity."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        # Accepted, it would turn the handler's good result into an envelope JSON cannot
+        # hold (result_not_json_serializable) long after the caller got its 200.
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise _OutOfRange(
+            f"number {shown} in the request body is out of range for a 64-bit float "
+            "(it would become infinity)"
+        )
+    return value
+
+
 def parse_payload(body: bytes) -> dict[str, Any]:
-    """Parse the body as a JSON object (NaN and Infinity refused) or raise 400.
+    """Parse the body as a JSON object or raise 400.
+
+    Refused: NaN and Infinity, and numbers out of a float's range (``1e400``).
 
     Example::
 
@@ -91,7 +111,9 @@ def parse_payload(body: bytes) -> dict[str, Any]:
         parse_payload(b"[1, 2]")               # raises: not a JSON object
     """
     try:
-        payload = json.loads(body, parse_constant=_reject_constant)
+        payload = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    except _OutOfRange as exc:
+        raise InvalidPayloadError(str(exc)) from None
     except ValueError as exc:
         # UnicodeDecodeError is a ValueError too.
         raise InvalidPayloadError(f"request body is not valid JSON: {exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -295,3 +296,32 @@ async def test_plain_entrypoint_refusing_payload(s3_endpoint: str) -> None:
         response = await http.post("/invocations", json={"items": []})
     await expect(response, 413, "too many items", field="items")
     await app.aclose()
+
+
+@pytest.mark.parametrize(
+    ("number", "shown"),
+    [
+        ("1e400", "number 1e400"),
+        ("-1E+400", "number -1E+400"),
+        ("1" + "0" * 400 + ".5", "number 100000"),  # no exponent, still beyond a double
+    ],
+)
+async def test_number_out_of_float_range(
+    http: httpx.AsyncClient, bucket: str, calls: list[Any], number: str, shown: str
+) -> None:
+    # Anywhere in the payload, however deep: Python would read it as infinity, and the
+    # handler's good result would become a result_not_json_serializable envelope later.
+    body = json.dumps(rollout_payload(bucket, data={"rows": [[1.5, "PLACEHOLDER"]]}))
+    body = body.replace('"PLACEHOLDER"', number)
+    response = await http.post("/invocations", content=body.encode())
+    await expect(response, 400, shown, "out of range for a 64-bit float")
+    assert calls == []
+
+
+async def test_large_finite_numbers_accepted(http: httpx.AsyncClient) -> None:
+    # No _rollout block: the fixture's store is never closed, so nothing may reach S3.
+    body = '{"prompt": [1e308, -2.5e-320, 1e400000]}'
+    # 1e400000 is refused; the finite extremes alone are fine.
+    await expect(await http.post("/invocations", content=body.encode()), 400, "1e400000")
+    body = body.replace(", 1e400000", "")
+    assert (await http.post("/invocations", content=body.encode())).status_code == 200
