@@ -36,7 +36,7 @@ from typing import Any, Final, TypeVar
 import anyio
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -47,6 +47,7 @@ from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
 from agentcore_rl.server.parsing import (
+    DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
     parse_payload,
     parse_rollout,
@@ -94,7 +95,8 @@ class AgentCoreRLApp(Starlette):
     ``store`` is the S3 door (default: a ``ResultStore()`` that honours
     ``AWS_ENDPOINT_URL_S3``; its client is created on first write). ``allowed_buckets``
     (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated) limits which buckets a
-    payload may name. Bodies over ``max_body_bytes`` get 413. At shutdown running
+    payload may name. Bodies over ``max_body_bytes`` get 413, nesting deeper than
+    ``max_json_depth`` 400. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
     to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
     are retried every ``spool_retry_interval`` seconds, backing off. At startup the
@@ -120,6 +122,7 @@ class AgentCoreRLApp(Starlette):
         store: ResultStore | None = None,
         allowed_buckets: Iterable[str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         spool_dir: Path | str | None = None,
         spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
@@ -133,6 +136,8 @@ class AgentCoreRLApp(Starlette):
     ) -> None:
         if max_body_bytes <= 0:
             raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
+        if max_json_depth < 1:
+            raise ConfigurationError(f"max_json_depth must be >= 1, got {max_json_depth}")
         if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
             raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
         if gil_switch_interval is not None and gil_switch_interval <= 0:
@@ -157,6 +162,7 @@ class AgentCoreRLApp(Starlette):
         )
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
         self.shutdown_grace = shutdown_grace
         self.max_sync_workers = max_sync_workers
         self.stop_wait = stop_wait
@@ -410,7 +416,7 @@ class AgentCoreRLApp(Starlette):
         await self.startup()
         try:
             body = await read_body(request, limit=self.max_body_bytes)
-            payload = parse_payload(body)
+            payload = parse_payload(body, max_depth=self.max_json_depth)
             session_id = session_id_from(request.headers)
             config = (
                 parse_rollout(payload, allowed_buckets=self.allowed_buckets)
@@ -424,6 +430,11 @@ class AgentCoreRLApp(Starlette):
         except InvalidPayloadError as exc:
             logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
             return _error_response(exc.message, exc.status_code, exc.field)
+        except ClientDisconnect:
+            # The caller went away mid-body: nothing was accepted and nobody reads an
+            # answer. Routine on a busy network, so no traceback.
+            logger.info("a client disconnected before sending the whole invocation body")
+            return Response(status_code=400)
         except Exception as exc:
             logger.exception("the payload validator raised")
             return _error_response(f"payload validator failed: {exc}", 500)

@@ -31,6 +31,7 @@ from agentcore_rl.errors import (
 
 __all__ = [
     "ALLOWED_BUCKETS_ENV",
+    "DEFAULT_MAX_JSON_DEPTH",
     "allowed_buckets_from",
     "parse_payload",
     "parse_rollout",
@@ -41,6 +42,11 @@ __all__ = [
 #: Comma-separated bucket names; when set (and no allow-list is passed to the app), a
 #: payload naming any other bucket is refused with 403.
 ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
+
+#: Deepest nesting of objects and arrays a payload may have. Real payloads nest a few
+#: levels; far deeper ones only exhaust the recursion of whatever walks them later
+#: (json.dumps of the envelope, the handler's own code).
+DEFAULT_MAX_JSON_DEPTH: Final = 100
 
 
 def _too_large(limit: int, detail: str) -> InvalidPayloadError:
@@ -100,10 +106,31 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def parse_payload(body: bytes) -> dict[str, Any]:
+def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    # Iterative, so the check itself cannot exhaust the recursion limit.
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _too_deep(limit: int) -> InvalidPayloadError:
+    return InvalidPayloadError(
+        f"request body nests objects/arrays deeper than {limit} levels (max_json_depth)"
+    )
+
+
+def parse_payload(body: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
     """Parse the body as a JSON object or raise 400.
 
-    Refused: NaN and Infinity, and numbers out of a float's range (``1e400``).
+    Refused: NaN and Infinity, numbers out of a float's range (``1e400``), and nesting
+    deeper than ``max_depth`` objects/arrays.
 
     Example::
 
@@ -114,6 +141,8 @@ def parse_payload(body: bytes) -> dict[str, Any]:
         payload = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
     except _OutOfRange as exc:
         raise InvalidPayloadError(str(exc)) from None
+    except RecursionError:
+        raise _too_deep(max_depth) from None
     except ValueError as exc:
         # UnicodeDecodeError is a ValueError too.
         raise InvalidPayloadError(f"request body is not valid JSON: {exc}") from None
@@ -121,6 +150,10 @@ def parse_payload(body: bytes) -> dict[str, Any]:
         raise InvalidPayloadError(
             f"request body must be a JSON object, got a JSON {_json_kind(payload)}"
         )
+    # Depth cannot exceed the number of opening brackets; counting them is a C loop over
+    # the bytes, so ordinary payloads skip the walk.
+    if body.count(b"{") + body.count(b"[") > max_depth and _deeper_than(payload, max_depth):
+        raise _too_deep(max_depth)
     return payload
 
 
