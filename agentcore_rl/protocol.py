@@ -41,6 +41,10 @@ PING_PATH: Final = "/ping"
 #: HTTP transport calls it where ACR would call StopRuntimeSession.
 STOP_SESSION_PATH: Final = "/sessions/{session_id}/stop"
 
+#: Our own extension: ``GET`` answers whether this server runs, has finished or does not
+#: know a session (see :func:`session_status`).
+SESSION_STATUS_PATH: Final = "/sessions/{session_id}"
+
 #: The container port AgentCore Runtime talks to.
 DEFAULT_PORT: Final = 8080
 
@@ -472,6 +476,65 @@ def error_envelope(
     }
     envelope.update(metadata)
     return envelope
+
+
+# --- Control requests and session status -------------------------------------------------
+
+#: A payload holding this (reserved) top-level key is a control request to the agent
+#: server itself, answered at once without running the handler; over AgentCore Runtime it
+#: is the only way to reach the process that holds a session. Its value is
+#: ``{"op": <operation>}``; a payload with this key and anything else is refused (400).
+CONTROL_FIELD: Final = "_agentcore_rl_control"
+CONTROL_OP: Final = "op"
+#: The one operation: the answer is :func:`session_status` for the invocation's session.
+CONTROL_OP_STATUS: Final = "status"
+CONTROL_OPS: Final = frozenset({CONTROL_OP_STATUS})
+
+#: Fields of a session status answer.
+SESSION_STATE: Final = "state"
+RESULT_KEYS: Final = "result_keys"
+
+
+class SessionState(str, Enum):
+    """What an agent server knows about a session.
+
+    ``unknown`` from a server that should hold the session means it lost it (the process
+    restarted, or the request reached another instance): the rollout will not finish.
+
+    Example::
+
+        SessionState(answer["state"]) is SessionState.RUNNING
+    """
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    UNKNOWN = "unknown"
+
+
+def status_request() -> dict[str, Any]:
+    """The payload of a status control request (send it with the session's id header).
+
+    Example::
+
+        await transport.invoke(session_id, status_request())
+    """
+    return {CONTROL_FIELD: {CONTROL_OP: CONTROL_OP_STATUS}}
+
+
+def session_status(
+    session_id: str, state: SessionState, result_keys: list[str] | None = None
+) -> dict[str, Any]:
+    """The answer to a status request: ``{"session_id", "state", "result_keys"}``.
+
+    Example::
+
+        session_status(sid, SessionState.FINISHED, ["e1/q-1/<sid>.json"])
+    """
+    return {
+        SESSION_ID: session_id,
+        SESSION_STATE: state.value,
+        RESULT_KEYS: list(result_keys or []),
+    }
 
 
 def is_error_envelope(envelope: Mapping[str, Any]) -> bool:

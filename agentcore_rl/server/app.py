@@ -44,17 +44,28 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.finished import (
+    DEFAULT_FINISHED_MAX_ENTRIES,
+    DEFAULT_FINISHED_TTL,
+    FinishedRollouts,
+)
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
 from agentcore_rl.server.parsing import (
     DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
+    control_op,
     parse_payload,
     parse_rollout,
     read_body,
     session_id_from,
 )
-from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT, RolloutRunner, ShutdownReport
+from agentcore_rl.server.runner import (
+    DEFAULT_CANCEL_TIMEOUT,
+    RolloutJob,
+    RolloutRunner,
+    ShutdownReport,
+)
 from agentcore_rl.server.settings import (
     DEFAULT_GIL_SWITCH_INTERVAL,
     DEFAULT_MAX_BODY_BYTES,
@@ -104,6 +115,12 @@ class AgentCoreRLApp(Starlette):
     leave it) so ``/ping`` stays fast while sync handlers burn CPU. ``clock`` (epoch
     seconds) stamps envelopes and ``/ping``.
 
+    A repeated invocation (same session id and result key) never runs the handler twice:
+    while it runs, or for ``finished_ttl`` seconds after it finished (at most
+    ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
+    process, ``check_existing_results`` has each rollout HEAD its key before the handler
+    starts, and an envelope already there wins.
+
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then close it from the parent's lifespan: ``async with agent_app: yield``).
 
@@ -131,6 +148,9 @@ class AgentCoreRLApp(Starlette):
         stop_wait: float = DEFAULT_STOP_WAIT,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL,
+        finished_ttl: float = DEFAULT_FINISHED_TTL,
+        finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
+        check_existing_results: bool = True,
         clock: Callable[[], float] = time.time,
         debug: bool = False,
     ) -> None:
@@ -157,6 +177,7 @@ class AgentCoreRLApp(Starlette):
                 Route(protocol.INVOCATIONS_PATH, self._invocations, methods=["POST"]),
                 Route(protocol.PING_PATH, self._ping, methods=["GET"]),
                 Route(protocol.STOP_SESSION_PATH, self._stop_session, methods=["POST"]),
+                Route(protocol.SESSION_STATUS_PATH, self._session_status, methods=["GET"]),
             ],
             lifespan=self._lifespan,
         )
@@ -180,7 +201,19 @@ class AgentCoreRLApp(Starlette):
             on_change=self._refresh_health,
         )
         self.health = HealthTracker(clock=clock)
-        self.runner = RolloutRunner(spool=self.spool, clock=clock, on_change=self._refresh_health)
+        try:
+            self.finished = FinishedRollouts(
+                ttl=finished_ttl, max_entries=finished_max_entries, clock=clock
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"finished_ttl / finished_max_entries: {exc}") from None
+        self.runner = RolloutRunner(
+            spool=self.spool,
+            clock=clock,
+            on_change=self._refresh_health,
+            on_finished=self._remember_finished,
+            exists=self.store.head if check_existing_results else None,
+        )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -304,6 +337,32 @@ class AgentCoreRLApp(Starlette):
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
         await self.spool.recover()
+        for bucket, key in self.spool.pending_keys:
+            # A predecessor's spooled rollout is finished: a re-invoke must not rerun it.
+            with contextlib.suppress(InvalidPayloadError):
+                self.finished.remember(bucket, key, session_id=protocol.parse_result_key(key)[2])
+
+    def _remember_finished(self, job: RolloutJob) -> None:
+        key = job.result_key
+        config = job.context.rollout
+        if key is not None and config is not None:
+            self.finished.remember(config.s3_bucket, key, session_id=job.session_id)
+
+    def session_state(self, session_id: str) -> dict[str, Any]:
+        """What this server knows of a session: the ``/sessions/{id}`` answer.
+
+        Example::
+
+            app.session_state(sid)["state"]   # "running", "finished" or "unknown"
+        """
+        running = [job.result_key for job in self.runner.for_session(session_id)]
+        if running:
+            keys = sorted(key for key in running if key is not None)
+            return protocol.session_status(session_id, protocol.SessionState.RUNNING, keys)
+        finished = self.finished.keys_of_session(session_id)
+        if finished:
+            return protocol.session_status(session_id, protocol.SessionState.FINISHED, finished)
+        return protocol.session_status(session_id, protocol.SessionState.UNKNOWN)
 
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
@@ -418,6 +477,9 @@ class AgentCoreRLApp(Starlette):
             body = await read_body(request, limit=self.max_body_bytes)
             payload = parse_payload(body, max_depth=self.max_json_depth)
             session_id = session_id_from(request.headers)
+            if control_op(payload) == protocol.CONTROL_OP_STATUS:
+                # Answered at once, handler untouched: the client's liveness probe.
+                return JSONResponse(self.session_state(session_id))
             config = (
                 parse_rollout(payload, allowed_buckets=self.allowed_buckets)
                 if self._rollout_mode
@@ -468,6 +530,13 @@ class AgentCoreRLApp(Starlette):
                 # A retried invocation (same session, same result key): one rollout only.
                 logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
                 return JSONResponse(protocol.processing_response(config, context.session_id))
+            if self.finished.contains(config.s3_bucket, key) or self.spool.holds(
+                config.s3_bucket, key
+            ):
+                # Its answer was lost, or a resume re-sent it: the envelope is written (or
+                # spooled); running it again would rewrite a key the client may have read.
+                logger.info("rollout for s3://%s/%s has already finished", config.s3_bucket, key)
+                return JSONResponse(protocol.processing_response(config, context.session_id))
         self.runner.start(spec, payload, context, limiter=self._get_limiter())
         return JSONResponse(protocol.processing_response(config, context.session_id))
 
@@ -490,6 +559,14 @@ class AgentCoreRLApp(Starlette):
         except (TypeError, ValueError) as exc:
             logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
             return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
+
+    async def _session_status(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            protocol.validate_session_id(session_id, name="session id in the path")
+        except InvalidPayloadError as exc:
+            return _error_response(exc.message, 400, exc.field)
+        return JSONResponse(self.session_state(session_id))
 
     async def _stop_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

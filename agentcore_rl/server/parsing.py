@@ -33,6 +33,7 @@ __all__ = [
     "ALLOWED_BUCKETS_ENV",
     "DEFAULT_MAX_JSON_DEPTH",
     "allowed_buckets_from",
+    "control_op",
     "parse_payload",
     "parse_rollout",
     "read_body",
@@ -233,3 +234,33 @@ def parse_rollout(
         refusal.field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
         raise refusal
     return config
+
+
+def control_op(payload: Mapping[str, Any]) -> str | None:
+    """The operation of a control request (``None`` for an ordinary payload); 400 if bad.
+
+    Example::
+
+        control_op({"_agentcore_rl_control": {"op": "status"}})   # "status"
+        control_op({"prompt": "2+2?"})                          # None
+    """
+    if protocol.CONTROL_FIELD not in payload:
+        return None
+    field = protocol.CONTROL_FIELD
+    block = payload[field]
+    if len(payload) != 1:
+        raise InvalidPayloadError(
+            f"a control request holds only {field}; this payload also has other keys",
+            field=field,
+        )
+    if not isinstance(block, dict) or set(block) != {protocol.CONTROL_OP}:
+        raise InvalidPayloadError(
+            f'{field} must be {{"{protocol.CONTROL_OP}": <operation>}}', field=field
+        )
+    op = block[protocol.CONTROL_OP]
+    if op not in protocol.CONTROL_OPS:
+        raise InvalidPayloadError(
+            f"unknown control operation {op!r}; known: {sorted(protocol.CONTROL_OPS)}",
+            field=f"{field}.{protocol.CONTROL_OP}",
+        )
+    return str(op)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -65,6 +65,8 @@ class RolloutJob:
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
     started: bool = False
+    # True while the job asks S3 whether an earlier run already wrote its envelope.
+    checking: bool = False
     handler_done: bool = False
     # Set once an envelope is claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
@@ -130,6 +132,10 @@ class RolloutRunner:
 
     ``on_change`` is called whenever the number of running rollouts changes (the server
     turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
+    ``on_finished`` is called with each job whose envelope was delivered or spooled.
+    ``exists`` (``ResultStore.head``), when given, is asked before the handler runs: if
+    the result key already holds an envelope (an earlier run's, before a restart), that
+    envelope wins and the handler does not run.
 
     Example::
 
@@ -142,10 +148,14 @@ class RolloutRunner:
         spool: Spool,
         clock: Callable[[], float],
         on_change: Callable[[], None] | None = None,
+        on_finished: Callable[[RolloutJob], None] | None = None,
+        exists: Callable[[str, str], Awaitable[bool]] | None = None,
     ) -> None:
         self._spool = spool
         self._clock = clock
         self._on_change = on_change
+        self._on_finished = on_finished
+        self._exists = exists
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
         self._by_key: dict[tuple[str, str], RolloutJob] = {}
@@ -183,6 +193,15 @@ class RolloutRunner:
         """
         return self._by_key.get((bucket, key))
 
+    def for_session(self, session_id: str) -> frozenset[RolloutJob]:
+        """The session's running rollouts (empty if none).
+
+        Example::
+
+            running = bool(runner.for_session(sid))
+        """
+        return frozenset(self._by_session.get(session_id, ()))
+
     def start(
         self,
         spec: HandlerSpec,
@@ -216,6 +235,9 @@ class RolloutRunner:
             self._on_change()
 
     def _forget(self, job: RolloutJob) -> None:
+        # Remembered before the key leaves _by_key, so a retry never sees neither.
+        if job.delivered and self._on_finished is not None:
+            self._on_finished(job)
         self._jobs.discard(job)
         session_jobs = self._by_session.get(job.session_id)
         if session_jobs is not None:
@@ -260,6 +282,8 @@ class RolloutRunner:
             try:
                 if job.cancel_reason is not None:
                     raise asyncio.CancelledError(job.cancel_reason)
+                if await self._already_written(job):
+                    return
                 result = await call_handler(spec, job.payload, job.context, limiter=limiter)
             except asyncio.CancelledError as exc:
                 if job.cancel_reason is None:
@@ -269,6 +293,10 @@ class RolloutRunner:
                     job.cancel_reason = "cancelled: the event loop is shutting down"
                 else:
                     _uncancel()
+                if job.checking and await self._already_written(job):
+                    # Stopped while asking S3: an existing envelope still wins over a
+                    # "cancelled" one.
+                    return
                 error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
                 body = self._cancelled_body(job, reason)
             except InvalidPayloadError as exc:
@@ -308,8 +336,37 @@ class RolloutRunner:
             await self._deliver(job, body, error_type, reason)
         finally:
             self._forget(job)
-        if foreign_cancel is not None:
-            raise foreign_cancel
+            if foreign_cancel is not None:
+                raise foreign_cancel
+
+    async def _already_written(self, job: RolloutJob) -> bool:
+        """Whether the job's key already holds an envelope; if so the job is done."""
+        config = job.context.rollout
+        if self._exists is None or config is None:
+            return False
+        key = config.key_for(job.session_id)
+        # Left set if the check is cancelled, so the stop path knows to check again.
+        job.checking = True
+        try:
+            found = await self._exists(config.s3_bucket, key)
+        except Exception as exc:
+            # Running twice beats never running: S3 trouble does not block the rollout.
+            logger.warning(
+                "could not check s3://%s/%s before running: %s", config.s3_bucket, key, exc
+            )
+            found = False
+        job.checking = False
+        if found:
+            logger.info(
+                "s3://%s/%s already holds this rollout's envelope (an earlier run's); "
+                "not running it again",
+                config.s3_bucket,
+                key,
+            )
+            job.handler_done = True
+            job.body = b""
+            job.delivered = True
+        return found
 
     async def _deliver(
         self, job: RolloutJob, body: bytes | None, error_type: str | None, reason: str
