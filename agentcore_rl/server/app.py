@@ -74,6 +74,7 @@ from agentcore_rl.server.settings import (
     DEFAULT_STOP_WAIT,
     SPOOL_DIR_ENV,
     default_host,
+    default_spool_dir,
 )
 from agentcore_rl.server.spool import (
     DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
@@ -109,7 +110,8 @@ class AgentCoreRLApp(Starlette):
     payload may name. Bodies over ``max_body_bytes`` get 413, nesting deeper than
     ``max_json_depth`` 400. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
-    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
+    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
+    directory across restarts, see :func:`default_spool_dir`; drained at startup) and
     are retried every ``spool_retry_interval`` seconds, backing off. At startup the
     interpreter's GIL switch interval is lowered to ``gil_switch_interval`` (``None``:
     leave it) so ``/ping`` stays fast while sync handlers burn CPU. ``clock`` (epoch
@@ -195,7 +197,7 @@ class AgentCoreRLApp(Starlette):
             spool_dir = os.environ[SPOOL_DIR_ENV]
         self.spool = Spool(
             self.store,
-            directory=Path(spool_dir) if spool_dir is not None else None,
+            directory=Path(spool_dir) if spool_dir is not None else default_spool_dir(),
             retry_interval=spool_retry_interval,
             max_retry_interval=spool_max_retry_interval,
             on_change=self._refresh_health,
@@ -336,7 +338,8 @@ class AgentCoreRLApp(Starlette):
             # back quickly even while sync handlers compute. Only ever lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
-        await self.spool.recover()
+        if await self.spool.recover():
+            self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
         for bucket, key in self.spool.pending_keys:
             # A predecessor's spooled rollout is finished: a re-invoke must not rerun it.
             with contextlib.suppress(InvalidPayloadError):
