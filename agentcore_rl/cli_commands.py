@@ -98,6 +98,8 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> int:
     import uvicorn
 
+    from agentcore_rl.server.limits import prepare_process, serve_options
+
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=getattr(logging, log_level.upper(), logging.INFO),
@@ -107,8 +109,10 @@ def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> 
     print(banner, file=sys.stderr)
     try:
         # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
-        # shutdown (rollouts get their grace period) and returns.
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        # shutdown (rollouts get their grace period) and returns. Limits as app.run().
+        prepare_process()
+        options = serve_options({"log_level": log_level})
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         server.run(sockets=[sock])
     finally:
         sock.close()

@@ -51,6 +51,7 @@ from agentcore_rl.server.finished import (
 )
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.parsing import (
     DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
@@ -439,7 +440,9 @@ class AgentCoreRLApp(Starlette):
 
         ``host`` defaults to :func:`default_host`: loopback on a workstation, ``0.0.0.0``
         in a container (AgentCore Runtime must reach port 8080 from outside). Other
-        keyword arguments go to ``uvicorn.run``.
+        keyword arguments go to ``uvicorn.run``, plus ``max_connections`` and
+        ``first_request_timeout`` (see :func:`~agentcore_rl.server.limits.serve_options`):
+        it serves with those limits and raises the process's open-file limit.
 
         Example::
 
@@ -451,7 +454,8 @@ class AgentCoreRLApp(Starlette):
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
             )
         logger.info("agent server listening on http://%s:%d", chosen, port)
-        uvicorn.run(self, host=chosen, port=port, **options)
+        prepare_process()  # this process is ours: more open files, quieter EMFILE
+        uvicorn.run(self, host=chosen, port=port, **serve_options(options))
 
     # --- routes -----------------------------------------------------------------------
 
