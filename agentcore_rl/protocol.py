@@ -437,6 +437,27 @@ def envelope_metadata(
     }
 
 
+#: Fields of the stand-in an envelope carries instead of a large payload (the server's
+#: ``envelope_payload_max_bytes``): the SHA-256 and size of the request body as received.
+PAYLOAD_SHA256: Final = "payload_sha256"
+PAYLOAD_BYTES: Final = "payload_bytes"
+
+
+def payload_digest(sha256_hex: str, size: int, rollout: object = None) -> dict[str, Any]:
+    """What an envelope's ``payload`` holds when the payload itself was too large to copy.
+
+    The ``_rollout`` block is kept, so the envelope still says what it answers.
+
+    Example::
+
+        payload_digest(hashlib.sha256(body).hexdigest(), len(body), payload.get("_rollout"))
+    """
+    digest: dict[str, Any] = {PAYLOAD_SHA256: sha256_hex, PAYLOAD_BYTES: size}
+    if rollout is not None:
+        digest[ROLLOUT_FIELD] = rollout
+    return digest
+
+
 def success_envelope(result: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The handler's result plus defaults and metadata (metadata wins over handler keys).
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import inspect
 import logging
 import os
@@ -43,6 +44,7 @@ from starlette.routing import Route
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.finished import (
     DEFAULT_FINISHED_MAX_ENTRIES,
@@ -109,7 +111,10 @@ class AgentCoreRLApp(Starlette):
     ``AWS_ENDPOINT_URL_S3``; its client is created on first write). ``allowed_buckets``
     (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated) limits which buckets a
     payload may name. Bodies over ``max_body_bytes`` get 413, nesting deeper than
-    ``max_json_depth`` 400. At shutdown running
+    ``max_json_depth`` 400; once the bodies being received hold ``max_inflight_body_bytes``
+    together, more get 503 with ``Retry-After``. A body over
+    ``envelope_payload_max_bytes`` (default ``None``: never) is stored in its envelope as
+    its SHA-256 and size instead of a copy of the payload. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
     to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
     directory across restarts, see :func:`default_spool_dir`; drained at startup) and
@@ -143,6 +148,8 @@ class AgentCoreRLApp(Starlette):
         allowed_buckets: Iterable[str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        envelope_payload_max_bytes: int | None = None,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         spool_dir: Path | str | None = None,
         spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
@@ -161,6 +168,13 @@ class AgentCoreRLApp(Starlette):
             raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
         if max_json_depth < 1:
             raise ConfigurationError(f"max_json_depth must be >= 1, got {max_json_depth}")
+        if max_inflight_body_bytes < max_body_bytes:
+            raise ConfigurationError(
+                f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be at least "
+                f"max_body_bytes ({max_body_bytes}), or the largest body would never fit"
+            )
+        if envelope_payload_max_bytes is not None and envelope_payload_max_bytes < 0:
+            raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
         if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
             raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
         if gil_switch_interval is not None and gil_switch_interval <= 0:
@@ -187,6 +201,8 @@ class AgentCoreRLApp(Starlette):
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
+        self.body_budget = BodyBudget(max_inflight_body_bytes)
+        self.envelope_payload_max_bytes = envelope_payload_max_bytes
         self.shutdown_grace = shutdown_grace
         self.max_sync_workers = max_sync_workers
         self.stop_wait = stop_wait
@@ -481,8 +497,13 @@ class AgentCoreRLApp(Starlette):
             )
         await self.startup()
         try:
-            body = await read_body(request, limit=self.max_body_bytes)
-            payload = parse_payload(body, max_depth=self.max_json_depth)
+            body = await read_body(request, limit=self.max_body_bytes, budget=self.body_budget)
+            try:
+                payload = parse_payload(body, max_depth=self.max_json_depth)
+                envelope_payload = self._envelope_payload(body, payload)
+            finally:
+                self.body_budget.release(len(body))
+                del body  # the raw bytes are not needed past parsing
             session_id = session_id_from(request.headers)
             if control_op(payload) == protocol.CONTROL_OP_STATUS:
                 # Answered at once, handler untouched: the client's liveness probe.
@@ -498,7 +519,10 @@ class AgentCoreRLApp(Starlette):
                     await checked
         except InvalidPayloadError as exc:
             logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
-            return _error_response(exc.message, exc.status_code, exc.field)
+            refusal = _error_response(exc.message, exc.status_code, exc.field)
+            if exc.status_code == 503:
+                refusal.headers["Retry-After"] = "1"
+            return refusal
         except ClientDisconnect:
             # The caller went away mid-body: nothing was accepted and nobody reads an
             # answer. Routine on a busy network, so no traceback.
@@ -514,11 +538,23 @@ class AgentCoreRLApp(Starlette):
             rollout=config,
         )
         if self._rollout_mode:
-            return self._accept_rollout(spec, payload, context)
+            return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
 
+    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
+        cap = self.envelope_payload_max_bytes
+        if cap is None or len(body) <= cap or not self._rollout_mode:
+            return None
+        return protocol.payload_digest(
+            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
+        )
+
     def _accept_rollout(
-        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
+        self,
+        spec: HandlerSpec,
+        payload: dict[str, Any],
+        context: RequestContext,
+        envelope_payload: dict[str, Any] | None = None,
     ) -> Response:
         # No await between this check and runner.start: shutdown cannot slip in between.
         if self._closing:
@@ -544,7 +580,13 @@ class AgentCoreRLApp(Starlette):
                 # spooled); running it again would rewrite a key the client may have read.
                 logger.info("rollout for s3://%s/%s has already finished", config.s3_bucket, key)
                 return JSONResponse(protocol.processing_response(config, context.session_id))
-        self.runner.start(spec, payload, context, limiter=self._get_limiter())
+        self.runner.start(
+            spec,
+            payload,
+            context,
+            limiter=self._get_limiter(),
+            envelope_payload=envelope_payload,
+        )
         return JSONResponse(protocol.processing_response(config, context.session_id))
 
     async def _call_plain(

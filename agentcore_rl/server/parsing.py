@@ -28,6 +28,7 @@ from agentcore_rl.errors import (
     InvalidPayloadError,
     InvalidRolloutConfig,
 )
+from agentcore_rl.server.budget import BodyBudget
 
 __all__ = [
     "ALLOWED_BUCKETS_ENV",
@@ -56,11 +57,23 @@ def _too_large(limit: int, detail: str) -> InvalidPayloadError:
     )
 
 
-async def read_body(request: Request, *, limit: int) -> bytes:
+def _over_budget(budget: BodyBudget) -> InvalidPayloadError:
+    return InvalidPayloadError(
+        f"the server holds {budget.in_flight} bytes of request bodies and this one does not "
+        f"fit its budget of {budget.limit} bytes (max_inflight_body_bytes); retry shortly",
+        status_code=503,
+    )
+
+
+async def read_body(request: Request, *, limit: int, budget: BodyBudget | None = None) -> bytearray:
     """The request body, refusing more than ``limit`` bytes with 413.
 
     A declared ``Content-Length`` over the limit is refused before reading anything; the
     limit is also enforced while the body streams in, since chunked bodies declare none.
+    With a ``budget``, the body's bytes are reserved from it (the declared length up
+    front, else chunk by chunk) and a body that does not fit gets 503; the caller
+    releases ``len(body)`` once done with it. The chunks are appended to one buffer, so
+    the body is not held twice (chunk list plus joined copy).
 
     Example::
 
@@ -76,14 +89,31 @@ async def read_body(request: Request, *, limit: int) -> bytes:
             ) from None
         if size > limit:
             raise _too_large(limit, f"is {size} bytes")
-    chunks: list[bytes] = []
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise _too_large(limit, f"exceeds {received - len(chunk)} + {len(chunk)} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    else:
+        size = None
+    reserved = 0
+    if budget is not None and size is not None:
+        if not budget.try_reserve(size):
+            raise _over_budget(budget)
+        reserved = size
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            if len(body) + len(chunk) > limit:
+                raise _too_large(limit, f"exceeds {len(body)} + {len(chunk)} bytes")
+            if budget is not None and len(body) + len(chunk) > reserved:
+                extra = len(body) + len(chunk) - reserved
+                if not budget.try_reserve(extra):
+                    raise _over_budget(budget)
+                reserved += extra
+            body += chunk
+    except BaseException:
+        if budget is not None:
+            budget.release(reserved)
+        raise
+    if budget is not None and reserved > len(body):
+        budget.release(reserved - len(body))  # shorter than declared
+    return body
 
 
 def _reject_constant(name: str) -> Any:
@@ -127,7 +157,9 @@ def _too_deep(limit: int) -> InvalidPayloadError:
     )
 
 
-def parse_payload(body: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, Any]:
+def parse_payload(
+    body: bytes | bytearray, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> dict[str, Any]:
     """Parse the body as a JSON object or raise 400.
 
     Refused: NaN and Infinity, numbers out of a float's range (``1e400``), and nesting

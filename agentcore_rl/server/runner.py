@@ -64,6 +64,8 @@ class RolloutJob:
     started_at: float
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
+    # What the envelope's "payload" field holds instead of the payload (a digest), if set.
+    envelope_payload: dict[str, Any] | None = None
     started: bool = False
     # True while the job asks S3 whether an earlier run already wrote its envelope.
     checking: bool = False
@@ -209,8 +211,11 @@ class RolloutRunner:
         context: RequestContext,
         *,
         limiter: anyio.CapacityLimiter,
+        envelope_payload: dict[str, Any] | None = None,
     ) -> RolloutJob:
         """Schedule the handler in an owned task and return its job.
+
+        ``envelope_payload`` replaces the payload in the envelope (a digest of a large one).
 
         Example::
 
@@ -218,7 +223,12 @@ class RolloutRunner:
         """
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
-        job = RolloutJob(context=context, payload=payload, started_at=self._clock())
+        job = RolloutJob(
+            context=context,
+            payload=payload,
+            started_at=self._clock(),
+            envelope_payload=envelope_payload,
+        )
         job.task = asyncio.create_task(
             self._run(job, spec, limiter), name=f"rollout {context.session_id}"
         )
@@ -259,7 +269,7 @@ class RolloutRunner:
         return protocol.envelope_metadata(
             config,
             session_id=job.session_id,
-            payload=job.payload,
+            payload=job.payload if job.envelope_payload is None else job.envelope_payload,
             started_at=job.started_at,
             finished_at=self._clock(),
         )
