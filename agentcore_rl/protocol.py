@@ -71,6 +71,10 @@ INPUT_ID: Final = "input_id"
 S3_BUCKET: Final = "s3_bucket"
 BASE_URL: Final = "base_url"
 MODEL_ID: Final = "model_id"
+#: Set to ``true`` by a client sending an invocation again (its answer was lost, or a
+#: resume re-sends it): the server then checks S3 for an earlier run's envelope before
+#: running it. Kept in ``RolloutConfig.extra``.
+REPEAT: Final = "repeat"
 
 # Key parts become S3 path segments. A conservative alphabet keeps them from escaping the
 # experiment prefix ("/", ".."), from needing URL escaping, and from confusing listings.

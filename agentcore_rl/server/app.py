@@ -126,8 +126,9 @@ class AgentCoreRLApp(Starlette):
     A repeated invocation (same session id and result key) never runs the handler twice:
     while it runs, or for ``finished_ttl`` seconds after it finished (at most
     ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
-    process, ``check_existing_results`` has each rollout HEAD its key before the handler
-    starts, and an envelope already there wins.
+    process, the rollout HEADs its key before the handler starts and an envelope already
+    there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing_results``
+    ``"repeats"``, the default), for all (``"always"``), or never (``"never"``).
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then close it from the parent's lifespan: ``async with agent_app: yield``).
@@ -160,7 +161,7 @@ class AgentCoreRLApp(Starlette):
         gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL,
         finished_ttl: float = DEFAULT_FINISHED_TTL,
         finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
-        check_existing_results: bool = True,
+        check_existing_results: str = "repeats",
         clock: Callable[[], float] = time.time,
         debug: bool = False,
     ) -> None:
@@ -201,6 +202,12 @@ class AgentCoreRLApp(Starlette):
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.max_body_bytes = max_body_bytes
         self.max_json_depth = max_json_depth
+        if check_existing_results not in ("always", "repeats", "never"):
+            raise ConfigurationError(
+                "check_existing_results must be 'always', 'repeats' or 'never', got "
+                f"{check_existing_results!r}"
+            )
+        self.check_existing_results = check_existing_results
         self.body_budget = BodyBudget(max_inflight_body_bytes)
         self.envelope_payload_max_bytes = envelope_payload_max_bytes
         self.shutdown_grace = shutdown_grace
@@ -231,7 +238,7 @@ class AgentCoreRLApp(Starlette):
             clock=clock,
             on_change=self._refresh_health,
             on_finished=self._remember_finished,
-            exists=self.store.head if check_existing_results else None,
+            exists=self.store.head if check_existing_results != "never" else None,
         )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
@@ -541,6 +548,13 @@ class AgentCoreRLApp(Starlette):
             return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
 
+    def _should_check_existing(self, config: protocol.RolloutConfig | None) -> bool:
+        # "repeats": only invocations the client marks as sent again can have an earlier
+        # run; a first send has a fresh session id. Saves one HEAD per rollout.
+        if self.check_existing_results == "repeats":
+            return config is not None and config.extra.get(protocol.REPEAT) is True
+        return self.check_existing_results == "always"
+
     def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
         cap = self.envelope_payload_max_bytes
         if cap is None or len(body) <= cap or not self._rollout_mode:
@@ -586,6 +600,7 @@ class AgentCoreRLApp(Starlette):
             context,
             limiter=self._get_limiter(),
             envelope_payload=envelope_payload,
+            check_existing=self._should_check_existing(config),
         )
         return JSONResponse(protocol.processing_response(config, context.session_id))
 

@@ -66,6 +66,8 @@ class RolloutJob:
     cancel_reason: str | None = None
     # What the envelope's "payload" field holds instead of the payload (a digest), if set.
     envelope_payload: dict[str, Any] | None = None
+    # Whether to ask S3 for an earlier run's envelope before running (see ``exists``).
+    check_existing: bool = True
     started: bool = False
     # True while the job asks S3 whether an earlier run already wrote its envelope.
     checking: bool = False
@@ -212,6 +214,7 @@ class RolloutRunner:
         *,
         limiter: anyio.CapacityLimiter,
         envelope_payload: dict[str, Any] | None = None,
+        check_existing: bool = True,
     ) -> RolloutJob:
         """Schedule the handler in an owned task and return its job.
 
@@ -228,6 +231,7 @@ class RolloutRunner:
             payload=payload,
             started_at=self._clock(),
             envelope_payload=envelope_payload,
+            check_existing=check_existing,
         )
         job.task = asyncio.create_task(
             self._run(job, spec, limiter), name=f"rollout {context.session_id}"
@@ -352,7 +356,7 @@ class RolloutRunner:
     async def _already_written(self, job: RolloutJob) -> bool:
         """Whether the job's key already holds an envelope; if so the job is done."""
         config = job.context.rollout
-        if self._exists is None or config is None:
+        if self._exists is None or config is None or not job.check_existing:
             return False
         key = config.key_for(job.session_id)
         # Left set if the check is cancelled, so the stop path knows to check again.

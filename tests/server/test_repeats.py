@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from agentcore_rl import protocol
@@ -15,7 +16,17 @@ from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 from agentcore_rl.server.finished import FinishedRollouts
 
-from .helpers import SESSION, FakeClock, accept, read_envelope, rollout_app, served, settle
+from .helpers import (
+    SESSION,
+    FakeClock,
+    accept,
+    read_envelope,
+    rollout_app,
+    rollout_payload,
+    served,
+    session_headers,
+    settle,
+)
 
 KEY = f"exp/q-1/{SESSION}.json"
 
@@ -48,6 +59,15 @@ async def test_repeat_after_finish_is_not_run_again(store: ResultStore, bucket: 
     assert store.request_counts.get("HeadObject", 0) == heads
 
 
+async def resend(http: httpx.AsyncClient, bucket: str, *, marked: bool = True) -> None:
+    """Send the test session's rollout again, marked as a repeat as the client does."""
+    body = rollout_payload(bucket)
+    if marked:
+        body[protocol.ROLLOUT_FIELD][protocol.REPEAT] = True
+    response = await http.post("/invocations", json=body, headers=session_headers())
+    assert response.status_code == 200, response.text
+
+
 async def test_forgotten_repeat_existing_envelope_wins(store: ResultStore, bucket: str) -> None:
     clock = FakeClock()
     handler = Counting()
@@ -58,7 +78,7 @@ async def test_forgotten_repeat_existing_envelope_wins(store: ResultStore, bucke
         written = await read_envelope(store, bucket, KEY)
         clock.advance(61)  # past the memory: S3 decides
         assert app.session_state(SESSION)["state"] == "unknown"
-        await accept(http, bucket)
+        await resend(http, bucket)
         await settle(app)
     assert handler.runs == 1
     assert await read_envelope(store, bucket, KEY) == written
@@ -71,22 +91,37 @@ async def test_restarted_server_does_not_rerun(store: ResultStore, bucket: str) 
     # A new process (a new app) gets the resume's re-invoke of the same session.
     app = rollout_app(store, second.solve)
     async with served(app) as http:
-        await accept(http, bucket)
+        await resend(http, bucket)
         await settle(app)
     assert (first.runs, second.runs) == (1, 0)
     assert (await read_envelope(store, bucket, KEY))["run"] == 1
 
 
-async def test_check_can_be_turned_off(store: ResultStore, bucket: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "marked", "runs", "heads"),
+    [
+        ("repeats", False, 2, 0),  # an unmarked first send costs no HEAD
+        ("always", False, 1, 1),
+        ("never", True, 2, 0),
+    ],
+)
+async def test_check_modes(
+    store: ResultStore, bucket: str, mode: str, marked: bool, runs: int, heads: int
+) -> None:
     handler = Counting()
     async with served(rollout_app(store, handler.solve)) as http:
         await accept(http, bucket)
-    app = rollout_app(store, handler.solve, check_existing_results=False)
+    app = rollout_app(store, handler.solve, check_existing_results=mode)
     async with served(app) as http:
-        await accept(http, bucket)
+        await resend(http, bucket, marked=marked)
         await settle(app)
-    assert handler.runs == 2
-    assert "HeadObject" not in store.request_counts or store.request_counts["HeadObject"] == 1
+    assert handler.runs == runs
+    assert store.request_counts.get("HeadObject", 0) == heads
+
+
+def test_check_mode_is_checked(store: ResultStore) -> None:
+    with pytest.raises(ConfigurationError, match="check_existing_results"):
+        AgentCoreRLApp(store=store, check_existing_results="sometimes")
 
 
 async def test_spooled_rollout_counts_as_finished(
