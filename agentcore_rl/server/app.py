@@ -95,6 +95,12 @@ V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
 _STOP_REASON: Final = "cancelled: the session was stopped"
 
 
+def _header_dict(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    # As dict(request.headers) (first value of a repeated name wins), without Starlette's
+    # linear lookup per name: a visible share of an accept's cost.
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(raw)}
+
+
 def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status_code=status_code)
 
@@ -541,7 +547,7 @@ class AgentCoreRLApp(Starlette):
         context = RequestContext(
             session_id=session_id,
             request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
-            headers=dict(request.headers),
+            headers=_header_dict(request.scope["headers"]),
             rollout=config,
         )
         if self._rollout_mode:
