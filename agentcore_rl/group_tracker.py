@@ -231,8 +231,14 @@ class _Group:
         return sum(a.outcome is MemberOutcome.SUCCEEDED for a in self.kept())
 
     def oldest_version(self) -> int:
-        # A member started before any version was set counts as version 0.
-        return min((a.policy_version or 0) for a in self.attempts)
+        """The oldest version among the attempts that are, or may still be, in the group.
+
+        Discarded attempts (retried, redundant) no longer count: a group whose old
+        members were all replaced by retries under a newer policy is not stale. A member
+        started before any version was set counts as version 0.
+        """
+        live = [a for a in self.attempts if a.active] + self.kept()
+        return min((a.policy_version or 0) for a in live or self.attempts)
 
 
 # --- The tracker ----------------------------------------------------------------------------
@@ -422,8 +428,9 @@ class GroupTracker:
         self._version = version
 
     def advance_policy(self, version: int, *, max_staleness: int) -> list[Action]:
-        """Move to ``version`` and drop every open group started under a version older than
-        ``version - max_staleness`` (a member started before any version counts as 0).
+        """Move to ``version`` and drop every open group with a member older than
+        ``version - max_staleness`` (running or kept members count, discarded attempts do
+        not; a member started before any version counts as 0).
 
         Example::
 

@@ -270,7 +270,7 @@ class GroupMember:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupStats:
-    """Figures of one group (rewards over the kept members).
+    """Figures of one group: counts, and rewards over the kept members (population std).
 
     Example::
 

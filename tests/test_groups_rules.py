@@ -391,6 +391,18 @@ def test_stale_uses_the_oldest_member() -> None:
     assert error.policy_version == 4
 
 
+def test_members_replaced_by_retries_no_longer_count_for_staleness() -> None:
+    tracker = GroupTracker(exp_id="e1", policy_version=1)
+    sids = open_group(tracker, n=2, retry=2)
+    tracker.set_policy_version(5)
+    retries = [starts(tracker.failed(sid, "boom"))[0] for sid in sids]
+    assert {r.policy_version for r in retries} == {5}
+    assert tracker.advance_policy(6, max_staleness=1) == []
+    tracker.succeeded(retries[0].session_id, 1.0)
+    group = ready(tracker.succeeded(retries[1].session_id, 0.0))
+    assert (group.stats.policy_version_min, group.stats.policy_version_max) == (5, 5)
+
+
 def test_unversioned_groups_count_as_version_zero() -> None:
     tracker = GroupTracker(exp_id="e1")
     open_group(tracker, n=2)
