@@ -6,8 +6,8 @@ line on stderr by :func:`agentcore_rl.cli.main`.
 
 Example::
 
-    from agentcore_rl.cli import build_parser
-    from agentcore_rl.cli_commands import cmd_eval
+    from agentcore_rl.cli.main import build_parser
+    from agentcore_rl.cli.commands import cmd_eval
 
     code = cmd_eval(build_parser().parse_args(["eval", "in.jsonl", "--agent-url", url,
                                                "--s3-bucket", "b", "--exp-id", "e"]))
@@ -29,9 +29,9 @@ from typing import Any
 
 import httpx
 
-from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, run_async
-from agentcore_rl.cli_eval import EvalOptions, EvalRun, load_inputs, run_eval
-from agentcore_rl.cli_summary import RunSummary
+from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
+from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = [
@@ -312,13 +312,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli_demo`).
+    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`).
 
     Example::
 
         agentcore-rl demo --n 50
     """
-    from agentcore_rl.cli_demo import DemoOptions, run_demo
+    from agentcore_rl.cli.demo import DemoOptions, run_demo
 
     _cwd_importable()
     options = DemoOptions(

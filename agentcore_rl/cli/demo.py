@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from agentcore_rl.cli_common import PROG
-from agentcore_rl.cli_eval import EvalOptions, EvalRun, run_eval
+from agentcore_rl.cli.common import PROG
+from agentcore_rl.cli.eval import EvalOptions, EvalRun, run_eval
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.stack import LocalStack
 

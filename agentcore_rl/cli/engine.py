@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.cli_eval_config import EvalInput, EvalOptions
-from agentcore_rl.cli_summary import RunSummary, reward_of
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
+from agentcore_rl.cli.journal import EvalJournal, JournalEntry
+from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
-from agentcore_rl.eval_journal import EvalJournal, JournalEntry
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.cli_summary import RunSummary
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
 __all__ = ["EvalInput", "EvalOptions", "EvalRun", "iter_lines", "load_inputs"]

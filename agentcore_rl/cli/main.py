@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn, TypeVar
 
-from agentcore_rl.cli_common import (
+from agentcore_rl.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_UNAVAILABLE,
@@ -118,7 +118,7 @@ def _add_run_options(
 
 
 def _add_eval_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_eval
+    from agentcore_rl.cli.commands import cmd_eval
 
     parser = commands.add_parser(
         "eval",
@@ -183,7 +183,7 @@ def _add_eval_parser(commands: Any) -> None:
 
 
 def _add_demo_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_demo
+    from agentcore_rl.cli.commands import cmd_demo
 
     parser = commands.add_parser(
         "demo",
@@ -223,7 +223,7 @@ def _add_demo_parser(commands: Any) -> None:
 
 
 def _add_serve_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_serve
+    from agentcore_rl.cli.commands import cmd_serve
 
     parser = commands.add_parser(
         "serve",
@@ -248,7 +248,7 @@ def _add_serve_parser(commands: Any) -> None:
 
 
 def _add_local_runtime_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_local_runtime
+    from agentcore_rl.cli.commands import cmd_local_runtime
 
     parser = commands.add_parser(
         "local-runtime",
@@ -342,7 +342,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"unexpected {type(exc).__name__}: {exc} (set {_DEBUG_ENV}=1 for the traceback)",
             EXIT_INTERNAL,
         )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
