@@ -122,7 +122,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         agentcore-rl serve examples.math_agent.agent:app --port 8080
     """
+    from agentcore_rl.server import AgentCoreRLApp
+
     app = import_app(args.target)
+    if isinstance(app, AgentCoreRLApp):
+        app.tune_process()  # the app owns this process: process-wide settings are its call
     banner = f"{PROG}: serving {args.target} on http://{args.host}:{args.port}"
     return _serve_asgi(app, args.host, args.port, args.log_level, banner)
 
