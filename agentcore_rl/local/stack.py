@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.machinery
 import importlib.util
@@ -305,13 +304,18 @@ class LocalStack:
 
     @staticmethod
     async def _close_all(servers: list[BackgroundServer]) -> None:
-        # Together: each agent may wait its shutdown grace for running rollouts.
-        results = await asyncio.gather(
-            *(server.aclose() for server in servers), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        # Together: each agent may wait its shutdown grace for running rollouts, so all are
+        # told first; then each is waited for (the slowest sets the time, not the sum).
+        for server in servers:
+            server.request_exit()
+        failures: list[BaseException] = []
+        for server in servers:
+            try:
+                await server.aclose()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
     async def aclose(self) -> None:
         """Stop everything in reverse order and restore the environment. Idempotent.
