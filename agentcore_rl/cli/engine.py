@@ -14,12 +14,16 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
@@ -64,6 +68,20 @@ def outcome_record(
         "error_type": None if error is None else type(error).__name__,
         "result": result,
     }
+
+
+@contextlib.asynccontextmanager
+async def _task_group() -> AsyncIterator[TaskGroup]:
+    """An anyio task group that raises a lone failure as itself, as ``asyncio.gather`` did,
+    not wrapped in an ExceptionGroup: the CLI maps exception types to exit codes."""
+    try:
+        async with anyio.create_task_group() as tasks:
+            yield tasks
+    except Exception as exc:
+        inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+        if len(inner) == 1 and isinstance(inner[0], Exception):
+            raise inner[0] from exc
+        raise
 
 
 def _bar_shape() -> dict[str, int]:
@@ -168,35 +186,22 @@ class EvalEngine:
         """
         for item in fresh:
             self.queue.put_nowait(item)
-        workers = [
-            asyncio.create_task(self._worker(), name=f"eval worker {n}")
-            for n in range(self.options.concurrency)
-        ]
-        tasks = set(workers)
-        try:
+        async with _task_group() as workers:
+            for n in range(self.options.concurrency):
+                workers.start_soon(self._worker, name=f"eval worker {n}")
             if in_flight:
                 await self._resume_all(in_flight, by_id)
-            for _ in workers:
+            for _ in range(self.options.concurrency):
                 self.queue.put_nowait(None)
-            await asyncio.gather(*workers)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _resume_all(
         self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]
     ) -> None:
-        tasks = [
-            asyncio.create_task(self._resume_one(e, by_id[e.input_id]), name=f"resume {e.input_id}")
-            for e in entries
-        ]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async with _task_group() as resumes:
+            for entry in entries:
+                resumes.start_soon(
+                    self._resume_one, entry, by_id[entry.input_id], name=f"resume {entry.input_id}"
+                )
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled as started but never saw end.
