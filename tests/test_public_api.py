@@ -53,3 +53,13 @@ def test_the_trainer_side_does_not_import_the_servers_dependencies() -> None:
 
 def test_the_version_is_the_distributions() -> None:
     assert importlib.metadata.version("agentcore-rl") == agentcore_rl.__version__
+
+
+def test_serve_needs_only_the_server_extra() -> None:
+    # The agent container runs `agentcore-rl serve` with `agentcore-rl[server]` installed.
+    loaded = _imported_after(
+        "from agentcore_rl.cli import build_parser; from agentcore_rl.cli.commands import "
+        "cmd_serve; from agentcore_rl import AgentCoreRLApp; build_parser()"
+    )
+    # (httpx may be loaded: aiobotocore uses it when it is installed.)
+    assert not loaded & {"tqdm", "openai", "moto", "agentcore_rl.client"}

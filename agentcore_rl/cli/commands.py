@@ -27,10 +27,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from agentcore_rl import protocol
 from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
-from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
+
+# Light modules only at the top: `serve` must run with just the `server` extra.
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
@@ -139,9 +140,9 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
         agentcore-rl local-runtime --agent-url http://127.0.0.1:8080 --port 8081
     """
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
-    from agentcore_rl.local.runtime_wire import validate_runtime_arn
 
-    arn = validate_runtime_arn(args.arn or DEFAULT_AGENT_RUNTIME_ARN)
+    arn = args.arn or DEFAULT_AGENT_RUNTIME_ARN
+    protocol.parse_runtime_arn(arn)  # a bad --arn is a usage error, before anything starts
     runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
     banner = (
         f"{PROG}: local AgentCore Runtime for {arn}\n"
@@ -185,6 +186,8 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 async def _check_agents(urls: list[str]) -> None:
     """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
+    import httpx
+
     from agentcore_rl.protocol import PING_PATH
 
     async with httpx.AsyncClient(timeout=5.0) as http:
@@ -204,6 +207,8 @@ async def _check_agents(urls: list[str]) -> None:
 
 async def _check_runtime_endpoint(endpoint: str | None) -> None:
     """A local (non-AWS) runtime endpoint must at least accept connections."""
+    import httpx
+
     if not endpoint:
         return
     async with httpx.AsyncClient(timeout=5.0) as http:
@@ -272,6 +277,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
     """
     out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    from agentcore_rl.cli.eval import run_eval
+
     options = EvalOptions(
         data=Path(args.data),
         out=out,
@@ -291,9 +298,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rollout_extra=_parse_params(args.param),
     )
     if options.agent_runtime_arn is not None:
-        from agentcore_rl.local.runtime_wire import validate_runtime_arn
-
-        validate_runtime_arn(options.agent_runtime_arn)
+        protocol.parse_runtime_arn(options.agent_runtime_arn)
     # A bad data file is a usage error: report it before touching the network.
     inputs = load_inputs(options.data, limit=options.limit)
 

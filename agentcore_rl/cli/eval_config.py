@@ -107,7 +107,7 @@ class EvalOptions:
     agent_runtime_arn: str | None = None
     agent_urls: Sequence[str] = ()
     concurrency: int = 32
-    tps: float | None = 25.0
+    tps: float | None = protocol.DEFAULT_TPS
     timeout: float = 900.0
     base_url: str | None = None
     model_id: str | None = None

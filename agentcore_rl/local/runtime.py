@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl import protocol
 from agentcore_rl.client.bucket import TokenBucket
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.runtime_wire import (
@@ -62,7 +63,6 @@ from agentcore_rl.local.runtime_wire import (
     parse_client_token,
     parse_runtime_path,
     payload_too_large,
-    validate_runtime_arn,
 )
 from agentcore_rl.protocol import (
     INVOCATIONS_PATH,
@@ -71,6 +71,7 @@ from agentcore_rl.protocol import (
     STOP_SESSION_PATH,
     is_acr_session_id,
     new_session_id,
+    parse_runtime_arn,
 )
 
 __all__ = [
@@ -91,8 +92,8 @@ DEFAULT_AGENT_RUNTIME_ARN: Final = (
 )
 #: Where ``run_local_runtime`` listens by default (agents conventionally use 8080).
 DEFAULT_LOCAL_RUNTIME_PORT: Final = 8081
-#: ACR's published default: 25 invocations per second per endpoint.
-DEFAULT_TPS: Final = 25.0
+#: ACR's published default quota (see :data:`agentcore_rl.protocol.DEFAULT_TPS`).
+DEFAULT_TPS: Final = protocol.DEFAULT_TPS
 #: ACR's payload limit.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 100_000_000
 #: Forwarding timeouts; the read timeout is ACR's 15-minute limit on a synchronous request.
@@ -212,7 +213,7 @@ class LocalAgentCoreRuntime:
             raise ConfigurationError(f"max_payload_bytes must be >= 1, got {max_payload_bytes}")
         self._runtimes: dict[str, _Runtime] = {}
         for arn, urls in runtimes.items():
-            validate_runtime_arn(arn)
+            parse_runtime_arn(arn)
             if isinstance(urls, str) or not urls:
                 raise ConfigurationError(f"runtime {arn} needs a non-empty list of agent URLs")
             clean = []

@@ -28,7 +28,7 @@ from urllib.parse import unquote
 import httpx
 from starlette.responses import JSONResponse, Response
 
-from agentcore_rl.protocol import SESSION_ID_HEADER, parse_runtime_arn
+from agentcore_rl.protocol import SESSION_ID_HEADER
 
 __all__ = [
     "ACCESS_DENIED",
@@ -50,12 +50,10 @@ __all__ = [
     "agent_field",
     "agent_message",
     "agent_unreachable",
-    "arn_region",
     "bad_session_id",
     "parse_client_token",
     "parse_runtime_path",
     "payload_too_large",
-    "validate_runtime_arn",
 ]
 
 #: Header botocore's REST-JSON parser reads the error code from.
@@ -93,28 +91,6 @@ REASON_CANNOT_PARSE: Final = "CannotParse"
 REASON_FIELD_VALIDATION_FAILED: Final = "FieldValidationFailed"
 
 _MAX_AGENT_MESSAGE: Final = 1000
-
-
-def validate_runtime_arn(arn: object) -> str:
-    """Return ``arn`` if it is an AgentCore Runtime ARN, else raise ``ConfigurationError``.
-
-    Example::
-
-        validate_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo")
-    """
-    parse_runtime_arn(arn)
-    assert isinstance(arn, str)
-    return arn
-
-
-def arn_region(arn: str) -> str:
-    """The region field of an AgentCore Runtime ARN (the client must use this region).
-
-    Example::
-
-        arn_region("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo")  # us-west-2
-    """
-    return parse_runtime_arn(arn).region
 
 
 def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:

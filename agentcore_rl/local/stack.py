@@ -39,8 +39,7 @@ from agentcore_rl.local.runtime import (
     DEFAULT_TPS,
     LocalAgentCoreRuntime,
 )
-from agentcore_rl.local.runtime_wire import arn_region
-from agentcore_rl.protocol import validate_bucket
+from agentcore_rl.protocol import parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
 
 __all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app"]
@@ -171,7 +170,7 @@ class LocalStack:
             raise ConfigurationError(f"agents must be >= 1, got {agents}")
         if policy is not None and policy_base_url is not None:
             raise ConfigurationError("give policy or policy_base_url, not both")
-        self.region = arn_region(agent_runtime_arn)
+        self.region = parse_runtime_arn(agent_runtime_arn).region
         self.embedded_s3 = s3_endpoint_url is None and bucket is None
         try:
             self.bucket = validate_bucket(bucket or DEFAULT_LOCAL_BUCKET, name="bucket")

@@ -27,8 +27,13 @@ from starlette.routing import Route
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
-from agentcore_rl.local.runtime_wire import arn_region, parse_runtime_path
-from agentcore_rl.protocol import REQUEST_ID_HEADER, SESSION_ID_HEADER, new_session_id
+from agentcore_rl.local.runtime_wire import parse_runtime_path
+from agentcore_rl.protocol import (
+    REQUEST_ID_HEADER,
+    SESSION_ID_HEADER,
+    new_session_id,
+    parse_runtime_arn,
+)
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from tests.conftest import FAST_RETRY
@@ -97,7 +102,7 @@ async def serve_runtime(
         client = await stack.enter_async_context(
             get_session().create_client(
                 "bedrock-agentcore",
-                region_name=arn_region(ARN),
+                region_name=parse_runtime_arn(ARN).region,
                 endpoint_url=server.url,
                 config=config,
             )
