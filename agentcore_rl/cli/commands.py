@@ -117,12 +117,7 @@ def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C.
-
-    Example::
-
-        agentcore-rl serve examples.math_agent.agent:app --port 8080
-    """
+    """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C."""
     from agentcore_rl.server import AgentCoreRLApp
 
     app = import_app(args.target)
@@ -221,12 +216,7 @@ async def _check_runtime_endpoint(endpoint: str | None) -> None:
 
 
 def print_run(run: EvalRun, out: Path, *, title: str) -> None:
-    """The summary table and where the results are.
-
-    Example::
-
-        print_run(run, Path("results.jsonl"), title="eval")
-    """
+    """The summary table and where the results are."""
     print(f"\n{title}")
     print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
     print(f"results: {out.resolve()}")
@@ -247,10 +237,6 @@ async def _run_and_report(
     """Run ``execute`` on a fresh :class:`EvalRun`, print its summary (also when
     interrupted, then re-raise) and return the exit code. The summary names ``out``, or
     the file the run reports (``run.out``) when ``out`` is None.
-
-    Example::
-
-        code = await _run_and_report(lambda run: run_demo(options, run=run), title="demo")
     """
     run = EvalRun(RunSummary())
     try:

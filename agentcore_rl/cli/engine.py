@@ -116,12 +116,7 @@ class Progress:
         )
 
     def update(self, summary: RunSummary) -> None:
-        """Count one more outcome; refresh the failure count and mean reward.
-
-        Example::
-
-            bar.update(summary)
-        """
+        """Count one more outcome; refresh the failure count and mean reward."""
         self.bar.update(1)
         mean = summary.mean_reward
         self.bar.set_postfix(
@@ -131,12 +126,7 @@ class Progress:
         )
 
     def close(self) -> None:
-        """Finish the bar. Idempotent.
-
-        Example::
-
-            bar.close()
-        """
+        """Finish the bar. Idempotent."""
         self.bar.close()
 
 

@@ -152,12 +152,7 @@ class EvalRun:
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a results file (for scripts and tests).
-
-    Example::
-
-        done = sum(r["outcome"] == "done" for r in iter_lines(Path("results.jsonl")))
-    """
+    """The JSON objects of a results file (for scripts and tests)."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             with contextlib.suppress(ValueError):

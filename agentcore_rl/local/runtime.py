@@ -242,53 +242,28 @@ class LocalAgentCoreRuntime:
 
     @property
     def arns(self) -> list[str]:
-        """The runtime ARNs this stand-in answers to.
-
-        Example::
-
-            arn = runtime.arns[0]
-        """
+        """The runtime ARNs this stand-in answers to."""
         return list(self._runtimes)
 
     def agent_urls(self, arn: str) -> tuple[str, ...]:
-        """The agent servers behind one runtime ARN.
-
-        Example::
-
-            runtime.agent_urls(DEFAULT_AGENT_RUNTIME_ARN)   # ("http://127.0.0.1:8080",)
-        """
+        """The agent servers behind one runtime ARN."""
         return self._runtimes[arn].agent_urls
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
-        """The agent URL a live session is bound to; ``None`` if unknown or stopped.
-
-        Example::
-
-            runtime.session_agent(arn, sid)   # "http://127.0.0.1:8080"
-        """
+        """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
         runtime = self._runtimes[arn]
         index = runtime.sessions.get(session_id)
         return None if index is None else runtime.agent_urls[index]
 
     def live_sessions(self, arn: str) -> int:
-        """How many sessions of a runtime are bound to an agent (invoked, not stopped).
-
-        Example::
-
-            print(runtime.live_sessions(arn), "sessions live")
-        """
+        """How many sessions of a runtime are bound to an agent (invoked, not stopped)."""
         return len(self._runtimes[arn].sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
 
     async def aclose(self) -> None:
-        """Close the forwarding HTTP client. Idempotent.
-
-        Example::
-
-            await runtime.aclose()
-        """
+        """Close the forwarding HTTP client. Idempotent."""
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()

@@ -213,12 +213,7 @@ class LocalStack:
 
     @property
     def environment(self) -> Mapping[str, str]:
-        """The AWS variables a separate process needs to use this stack (e.g. a trainer).
-
-        Example::
-
-            subprocess.run(cmd, env={**os.environ, **stack.environment})
-        """
+        """The AWS variables a separate process needs to use this stack (e.g. a trainer)."""
         env = {"AWS_DEFAULT_REGION": self.region}
         if self.runtime_endpoint_url is not None:
             env["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"] = self.runtime_endpoint_url
@@ -317,12 +312,7 @@ class LocalStack:
             raise failures[0]
 
     async def aclose(self) -> None:
-        """Stop everything in reverse order and restore the environment. Idempotent.
-
-        Example::
-
-            await stack.aclose()
-        """
+        """Stop everything in reverse order and restore the environment. Idempotent."""
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()

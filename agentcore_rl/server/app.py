@@ -216,12 +216,6 @@ class AgentCoreRLApp(Starlette):
 
         Its return value is the response body (JSON; a Starlette ``Response`` is passed
         through). If it raises, the answer is ``500 {"error": "<message>"}``.
-
-        Example::
-
-            @app.entrypoint
-            def echo(payload: dict) -> dict:
-                return payload
         """
         self._register(func, rollout=False)
         return func
@@ -286,10 +280,6 @@ class AgentCoreRLApp(Starlette):
 
         Called by the lifespan, by ``async with app``, and by the first invocation when
         the app is mounted somewhere that does not run its lifespan.
-
-        Example::
-
-            await app.startup()
         """
         if self._started:
             return

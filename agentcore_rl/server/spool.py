@@ -131,12 +131,7 @@ class Spool:
 
     @property
     def directory(self) -> Path:
-        """The spool directory (a temporary one is created on first access if none was given).
-
-        Example::
-
-            print("undelivered envelopes are kept in", spool.directory)
-        """
+        """The spool directory (a temporary one is created on first access if none was given)."""
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
         return self._directory
@@ -205,12 +200,7 @@ class Spool:
         return path
 
     async def deliver(self, bucket: str, key: str, body: bytes) -> bool:
-        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled.
-
-        Example::
-
-            await spool.deliver("rollouts", key, body)
-        """
+        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled."""
         try:
             await self._store.put_bytes(bucket, key, body)
         except Exception as exc:
@@ -246,21 +236,11 @@ class Spool:
         return len(new)
 
     def kick(self) -> None:
-        """Make the background task retry now instead of waiting out its backoff.
-
-        Example::
-
-            spool.kick()   # e.g. after fixing the bucket
-        """
+        """Make the background task retry now instead of waiting out its backoff."""
         self._wake.set()
 
     async def wait_drained(self) -> None:
-        """Wait until nothing is pending (returns at once when the spool is empty).
-
-        Example::
-
-            await asyncio.wait_for(spool.wait_drained(), 30)
-        """
+        """Wait until nothing is pending (returns at once when the spool is empty)."""
         await self._drained.wait()
 
     async def drain(self) -> int:
