@@ -102,13 +102,7 @@ def _operation(sentence: str) -> tuple[str, int | None] | None:
 
 
 def solve_word_problem(text: str) -> str | None:
-    """Turn a problem into an arithmetic expression, or ``None`` when it is not understood.
-
-    Example::
-
-        solve_word_problem("Leo has 4 boxes. The number of boxes triples.")   # "4 * 3"
-        solve_word_problem("What is 2 + 3 * 4?")                              # "2 + 3 * 4"
-    """
+    """Turn a problem into an arithmetic expression, or ``None`` when it is not understood."""
     explicit = _EXPRESSION_RE.search(text)
     if explicit is not None:
         return " ".join(explicit.group(0).split())
@@ -159,10 +153,6 @@ def evaluate_arithmetic(expression: str) -> int | float:
     """Evaluate ``+ - * /`` and parentheses over numbers exactly (never ``eval``).
 
     Returns an ``int`` when the result is whole. Raises ``ValueError`` for anything else.
-
-    Example::
-
-        evaluate_arithmetic("(12 + 6) / 3")   # 6
     """
     if len(expression) > 200:
         raise ValueError("expression is too long")
@@ -175,12 +165,7 @@ def evaluate_arithmetic(expression: str) -> int | float:
 
 
 def format_number(value: int | float) -> str:
-    """A number as a person would write it: ``6`` rather than ``6.0``.
-
-    Example::
-
-        format_number(6.0)   # "6"
-    """
+    """A number as a person would write it: ``6`` rather than ``6.0``."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value) if isinstance(value, int) else f"{value:.6g}"
@@ -191,10 +176,6 @@ def fake_token_ids(text: str) -> list[int]:
 
     The same text always gives the same ids (a stable hash, not Python's salted ``hash``),
     so token-capture code can be tested end to end without a real tokenizer.
-
-    Example::
-
-        fake_token_ids("The answer is 4.")   # e.g. [18231, 7012, ...], 8 ids
     """
     ids = []
     for piece in _TOKEN_RE.findall(text):

@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl import protocol
 from agentcore_rl.client.bucket import TokenBucket
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.runtime_wire import (
@@ -62,7 +63,6 @@ from agentcore_rl.local.runtime_wire import (
     parse_client_token,
     parse_runtime_path,
     payload_too_large,
-    validate_runtime_arn,
 )
 from agentcore_rl.protocol import (
     INVOCATIONS_PATH,
@@ -71,6 +71,7 @@ from agentcore_rl.protocol import (
     STOP_SESSION_PATH,
     is_acr_session_id,
     new_session_id,
+    parse_runtime_arn,
 )
 
 __all__ = [
@@ -91,8 +92,8 @@ DEFAULT_AGENT_RUNTIME_ARN: Final = (
 )
 #: Where ``run_local_runtime`` listens by default (agents conventionally use 8080).
 DEFAULT_LOCAL_RUNTIME_PORT: Final = 8081
-#: ACR's published default: 25 invocations per second per endpoint.
-DEFAULT_TPS: Final = 25.0
+#: ACR's published default quota (see :data:`agentcore_rl.protocol.DEFAULT_TPS`).
+DEFAULT_TPS: Final = protocol.DEFAULT_TPS
 #: ACR's payload limit.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 100_000_000
 #: Forwarding timeouts; the read timeout is ACR's 15-minute limit on a synchronous request.
@@ -212,7 +213,7 @@ class LocalAgentCoreRuntime:
             raise ConfigurationError(f"max_payload_bytes must be >= 1, got {max_payload_bytes}")
         self._runtimes: dict[str, _Runtime] = {}
         for arn, urls in runtimes.items():
-            validate_runtime_arn(arn)
+            parse_runtime_arn(arn)
             if isinstance(urls, str) or not urls:
                 raise ConfigurationError(f"runtime {arn} needs a non-empty list of agent URLs")
             clean = []
@@ -241,53 +242,28 @@ class LocalAgentCoreRuntime:
 
     @property
     def arns(self) -> list[str]:
-        """The runtime ARNs this stand-in answers to.
-
-        Example::
-
-            arn = runtime.arns[0]
-        """
+        """The runtime ARNs this stand-in answers to."""
         return list(self._runtimes)
 
     def agent_urls(self, arn: str) -> tuple[str, ...]:
-        """The agent servers behind one runtime ARN.
-
-        Example::
-
-            runtime.agent_urls(DEFAULT_AGENT_RUNTIME_ARN)   # ("http://127.0.0.1:8080",)
-        """
+        """The agent servers behind one runtime ARN."""
         return self._runtimes[arn].agent_urls
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
-        """The agent URL a live session is bound to; ``None`` if unknown or stopped.
-
-        Example::
-
-            runtime.session_agent(arn, sid)   # "http://127.0.0.1:8080"
-        """
+        """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
         runtime = self._runtimes[arn]
         index = runtime.sessions.get(session_id)
         return None if index is None else runtime.agent_urls[index]
 
     def live_sessions(self, arn: str) -> int:
-        """How many sessions of a runtime are bound to an agent (invoked, not stopped).
-
-        Example::
-
-            print(runtime.live_sessions(arn), "sessions live")
-        """
+        """How many sessions of a runtime are bound to an agent (invoked, not stopped)."""
         return len(self._runtimes[arn].sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
 
     async def aclose(self) -> None:
-        """Close the forwarding HTTP client. Idempotent.
-
-        Example::
-
-            await runtime.aclose()
-        """
+        """Close the forwarding HTTP client. Idempotent."""
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()

@@ -3,7 +3,8 @@
 Swap ``BedrockAgentCoreApp`` for :class:`AgentCoreRLApp` and ``@app.entrypoint`` for
 ``@app.rollout_entrypoint``: each invocation is answered at once with where its result
 will appear, the handler runs in an owned background task, and its result (or what went
-wrong) is written to S3 as a JSON envelope.
+wrong) is written to S3 as a JSON envelope. The app's lifespan (or ``async with app``)
+owns one task group: every rollout and the spool's retry task run in it.
 
 Example::
 
@@ -35,7 +36,9 @@ from typing import Any, Final, TypeVar
 
 import anyio
 import uvicorn
+from anyio.abc import TaskGroup
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -97,13 +100,16 @@ class AgentCoreRLApp(Starlette):
     payload may name. Bodies over ``max_body_bytes`` get 413. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
     to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
-    are retried every ``spool_retry_interval`` seconds, backing off. At startup the
-    interpreter's GIL switch interval is lowered to ``gil_switch_interval`` (``None``:
-    leave it) so ``/ping`` stays fast while sync handlers burn CPU. ``clock`` (epoch
-    seconds) stamps envelopes and ``/ping``.
+    are retried every ``spool_retry_interval`` seconds, backing off. When the app owns
+    the process (:meth:`run`, ``agentcore-rl serve``) the interpreter's GIL switch
+    interval is lowered to ``gil_switch_interval`` (``None``: leave it) so ``/ping`` stays
+    fast while sync handlers burn CPU; mounted in another app, it leaves the process
+    alone. ``clock`` (epoch seconds) stamps envelopes and ``/ping``.
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
-    (then close it from the parent's lifespan: ``async with agent_app: yield``).
+    (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
+    where no lifespan reaches it, each rollout runs as its invocation's background task
+    and the spool is retried only at ``aclose()``).
 
     Example::
 
@@ -181,8 +187,10 @@ class AgentCoreRLApp(Starlette):
         self._limiter: anyio.CapacityLimiter | None = None
         self._started = False
         self._closing = False
-        self._closed = False
         self._close_lock = asyncio.Lock()
+        # The task group of `async with app` (the lifespan's), owning every rollout task.
+        self._owner: contextlib.AsyncExitStack | None = None
+        self._tasks: TaskGroup | None = None
         self.last_shutdown: ShutdownReport | None = None
 
     def __repr__(self) -> str:
@@ -208,12 +216,6 @@ class AgentCoreRLApp(Starlette):
 
         Its return value is the response body (JSON; a Starlette ``Response`` is passed
         through). If it raises, the answer is ``500 {"error": "<message>"}``.
-
-        Example::
-
-            @app.entrypoint
-            def echo(payload: dict) -> dict:
-                return payload
         """
         self._register(func, rollout=False)
         return func
@@ -261,12 +263,7 @@ class AgentCoreRLApp(Starlette):
 
     @property
     def closing(self) -> bool:
-        """True once shutdown has begun (new invocations get 503).
-
-        Example::
-
-            assert not app.closing
-        """
+        """True once shutdown has begun (new invocations get 503)."""
         return self._closing
 
     def _refresh_health(self) -> None:
@@ -283,21 +280,28 @@ class AgentCoreRLApp(Starlette):
 
         Called by the lifespan, by ``async with app``, and by the first invocation when
         the app is mounted somewhere that does not run its lifespan.
-
-        Example::
-
-            await app.startup()
         """
         if self._started:
             return
         self._started = True
+        await self.spool.recover()
+
+    def tune_process(self) -> None:
+        """Process-wide settings for an app that owns its process: lower the GIL switch
+        interval to ``gil_switch_interval``. :meth:`run` and ``agentcore-rl serve`` call
+        it; an app mounted in someone else's never does.
+
+        Example::
+
+            app.tune_process()
+            uvicorn.run(app, port=8080)
+        """
         wanted = self.gil_switch_interval
         if wanted is not None and sys.getswitchinterval() > wanted:
             # Process-wide, but so is the GIL: the thread that answers /ping must get it
             # back quickly even while sync handlers compute. Only ever lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
-        await self.spool.recover()
 
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
@@ -336,7 +340,6 @@ class AgentCoreRLApp(Starlette):
             await self.spool.aclose()
             if self._owns_store:
                 await self.store.aclose()
-            self._closed = True
             self.last_shutdown = report
             logger.info(
                 "agent server shut down: %d rollout(s) finished during the grace period, "
@@ -348,7 +351,18 @@ class AgentCoreRLApp(Starlette):
             return report
 
     async def __aenter__(self) -> AgentCoreRLApp:
-        await self.startup()
+        if self._owner is not None:
+            raise RuntimeError("this AgentCoreRLApp is already entered")
+        owner = contextlib.AsyncExitStack()
+        self._tasks = await owner.enter_async_context(anyio.create_task_group())
+        self._owner = owner
+        self.runner.attach(self._tasks)
+        self.spool.attach(self._tasks)
+        try:
+            await self.startup()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(
@@ -357,7 +371,18 @@ class AgentCoreRLApp(Starlette):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        owner, tasks = self._owner, self._tasks
+        try:
+            await self.aclose()
+        finally:
+            self.runner.attach(None)
+            self.spool.attach(None)
+            self._owner = self._tasks = None
+            if owner is not None and tasks is not None:
+                # aclose() waited for every rollout and cancelled the late ones once; what
+                # still runs (a handler ignoring cancellation) is cancelled for good here.
+                tasks.cancel_scope.cancel()
+                await owner.aclose()
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -378,6 +403,7 @@ class AgentCoreRLApp(Starlette):
             app.run(host="0.0.0.0", port=8080)
         """
         chosen = host or default_host()
+        self.tune_process()
         if not logging.getLogger().handlers:
             logging.basicConfig(
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -457,8 +483,13 @@ class AgentCoreRLApp(Starlette):
                 # A retried invocation (same session, same result key): one rollout only.
                 logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
                 return JSONResponse(protocol.processing_response(config, context.session_id))
-        self.runner.start(spec, payload, context, limiter=self._get_limiter())
-        return JSONResponse(protocol.processing_response(config, context.session_id))
+        job = self.runner.start(spec, payload, context, limiter=self._get_limiter())
+        # Mounted where no lifespan runs there is no task group: the rollout runs after
+        # the answer, in the request's own task, which the ASGI server owns.
+        background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
+        return JSONResponse(
+            protocol.processing_response(config, context.session_id), background=background
+        )
 
     async def _call_plain(
         self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext

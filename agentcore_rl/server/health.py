@@ -47,21 +47,11 @@ class HealthTracker:
 
     @property
     def status(self) -> PingStatus:
-        """The current status.
-
-        Example::
-
-            if health.status is PingStatus.HEALTHY_BUSY: ...
-        """
+        """The current status."""
         return self._status
 
     def set_busy(self, busy: bool) -> None:
-        """Report whether work is in progress; a change of status is timestamped.
-
-        Example::
-
-            health.set_busy(runner.active > 0)
-        """
+        """Report whether work is in progress; a change of status is timestamped."""
         status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY
         if status is not self._status:
             self._status = status
@@ -69,10 +59,5 @@ class HealthTracker:
             logger.debug("ping status is now %s", status.value)
 
     def snapshot(self) -> dict[str, Any]:
-        """The ``/ping`` body.
-
-        Example::
-
-            JSONResponse(health.snapshot())
-        """
+        """The ``/ping`` body."""
         return {"status": self._status.value, "time_of_last_update": self._last_update}

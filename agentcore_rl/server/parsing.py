@@ -53,10 +53,6 @@ async def read_body(request: Request, *, limit: int) -> bytes:
 
     A declared ``Content-Length`` over the limit is refused before reading anything; the
     limit is also enforced while the body streams in, since chunked bodies declare none.
-
-    Example::
-
-        body = await read_body(request, limit=10 * 1024 * 1024)
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -83,13 +79,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_payload(body: bytes) -> dict[str, Any]:
-    """Parse the body as a JSON object (NaN and Infinity refused) or raise 400.
-
-    Example::
-
-        parse_payload(b'{"prompt": "2+2?"}')   # {"prompt": "2+2?"}
-        parse_payload(b"[1, 2]")               # raises: not a JSON object
-    """
+    """Parse the body as a JSON object (NaN and Infinity refused) or raise 400."""
     try:
         payload = json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:
@@ -115,12 +105,7 @@ def _json_kind(value: object) -> str:
 
 
 def session_id_from(headers: Mapping[str, str]) -> str:
-    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable.
-
-    Example::
-
-        session_id_from({})   # a fresh 48-character id
-    """
+    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable."""
     value = headers.get(protocol.SESSION_ID_HEADER.lower())
     if value is None:
         return protocol.new_session_id()
@@ -133,11 +118,6 @@ def allowed_buckets_from(
     """The bucket allow-list: the argument, else the environment variable, else ``None``.
 
     A name that is not a valid bucket raises :class:`ConfigurationError`.
-
-    Example::
-
-        allowed_buckets_from(["rollouts"])            # frozenset({"rollouts"})
-        allowed_buckets_from(None, {})                # None: any bucket
     """
     source = "allowed_buckets"
     if allowed is None:
@@ -158,12 +138,7 @@ def allowed_buckets_from(
 def parse_rollout(
     payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
 ) -> protocol.RolloutConfig | None:
-    """The validated ``_rollout`` block (``None`` if absent); 400 if bad, 403 if not allowed.
-
-    Example::
-
-        cfg = parse_rollout(payload, allowed_buckets=None)
-    """
+    """The validated ``_rollout`` block (``None`` if absent); 400 if bad, 403 if not allowed."""
     if protocol.ROLLOUT_FIELD not in payload:
         return None
     try:

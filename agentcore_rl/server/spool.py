@@ -2,17 +2,17 @@
 
 When a write to S3 still fails after :class:`~agentcore_rl.s3.ResultStore`'s own retries
 (the bucket is missing, credentials expired, S3 is down for minutes), the envelope is
-written to a file in the spool directory instead of being dropped. A background task
+written to a file in the spool directory instead of being dropped. A retry task, in the
+task group of whoever owns the spool (the app's lifespan, or ``async with spool``),
 retries the spooled files with exponential backoff until they are delivered, and the
 server makes one more attempt at shutdown. Files that still cannot be delivered stay on
 disk; a server started later with the same ``spool_dir`` picks them up.
 
 Example::
 
-    spool = Spool(store, directory=Path("/var/spool/agent"))
-    await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
-    await spool.drain()     # one delivery attempt now; returns how many remain
-    await spool.aclose()
+    async with Spool(store, directory=Path("/var/spool/agent")) as spool:
+        await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
+        await spool.drain()     # one delivery attempt now; returns how many remain
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from agentcore_rl.s3 import ResultStore
 
@@ -80,13 +82,16 @@ def _quarantine(path: Path) -> Path:
 
 
 class Spool:
-    """Envelopes waiting on local disk for S3, retried in an owned background task.
+    """Envelopes waiting on local disk for S3, retried by a task in its owner's task group.
 
     ``directory`` defaults to a fresh temporary directory (created on first use); give a
     persistent one so a restarted server delivers what its predecessor could not.
     ``retry_interval`` is the first wait before a retry; it doubles after each failed pass
     up to ``max_retry_interval`` and resets after a success. ``on_change`` is called when
     the number of pending files changes (the server reports ``HealthyBusy`` meanwhile).
+    ``async with spool`` gives it a task group of its own; an owner that has one (the app)
+    lends it with :meth:`attach` instead. Without either, retries happen at :meth:`drain`
+    and :meth:`aclose` only.
 
     Example::
 
@@ -116,7 +121,9 @@ class Spool:
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: TaskGroup | None = None
+        self._retrying: anyio.CancelScope | None = None
+        self._own_tasks: contextlib.AsyncExitStack | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -124,25 +131,21 @@ class Spool:
 
     @property
     def directory(self) -> Path:
-        """The spool directory (a temporary one is created on first access if none was given).
-
-        Example::
-
-            print("undelivered envelopes are kept in", spool.directory)
-        """
+        """The spool directory (a temporary one is created on first access if none was given)."""
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
         return self._directory
 
     @property
     def pending(self) -> int:
-        """How many envelopes wait for delivery.
-
-        Example::
-
-            busy = spool.pending > 0
-        """
+        """How many envelopes wait for delivery."""
         return len(self._entries)
+
+    def attach(self, tasks: TaskGroup | None) -> None:
+        """Run the retry task in ``tasks`` (the owner's task group, which must outlive the
+        spool's use); ``None`` detaches."""
+        self._tasks = tasks
+        self._ensure_retrying()
 
     def _changed(self) -> None:
         if self._entries:
@@ -153,10 +156,10 @@ class Spool:
             self._on_change()
 
     def _ensure_retrying(self) -> None:
-        if self._closed or not self._entries:
+        if self._closed or not self._entries or self._tasks is None or self._retrying:
             return
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._retry_loop(), name="agentcore-rl spool retry")
+        self._retrying = anyio.CancelScope()
+        self._tasks.start_soon(self._retry_loop, self._retrying, name="agentcore-rl spool retry")
 
     async def add(self, bucket: str, key: str, body: bytes) -> Path | None:
         """Keep one envelope for later delivery; return its file (``None`` if even that failed).
@@ -197,12 +200,7 @@ class Spool:
         return path
 
     async def deliver(self, bucket: str, key: str, body: bytes) -> bool:
-        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled.
-
-        Example::
-
-            await spool.deliver("rollouts", key, body)
-        """
+        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled."""
         try:
             await self._store.put_bytes(bucket, key, body)
         except Exception as exc:
@@ -238,21 +236,11 @@ class Spool:
         return len(new)
 
     def kick(self) -> None:
-        """Make the background task retry now instead of waiting out its backoff.
-
-        Example::
-
-            spool.kick()   # e.g. after fixing the bucket
-        """
+        """Make the background task retry now instead of waiting out its backoff."""
         self._wake.set()
 
     async def wait_drained(self) -> None:
-        """Wait until nothing is pending (returns at once when the spool is empty).
-
-        Example::
-
-            await asyncio.wait_for(spool.wait_drained(), 30)
-        """
+        """Wait until nothing is pending (returns at once when the spool is empty)."""
         await self._drained.wait()
 
     async def drain(self) -> int:
@@ -309,18 +297,23 @@ class Spool:
             "spool file %s is unreadable (%s); left at %s for inspection", path, exc, target
         )
 
-    async def _retry_loop(self) -> None:
-        delay = self.retry_interval
-        while self._entries and not self._closed:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
-            self._wake.clear()
-            before = len(self._entries)
-            remaining = await self.drain()
-            if remaining < before:
+    async def _retry_loop(self, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
                 delay = self.retry_interval
-            else:
-                delay = min(delay * 2, self.max_retry_interval)
+                while self._entries and not self._closed:
+                    with anyio.move_on_after(delay):
+                        await self._wake.wait()
+                    self._wake.clear()
+                    before = len(self._entries)
+                    remaining = await self.drain()
+                    if remaining < before:
+                        delay = self.retry_interval
+                    else:
+                        delay = min(delay * 2, self.max_retry_interval)
+        finally:
+            if self._retrying is scope:
+                self._retrying = None
 
     async def aclose(self, *, final_drain: bool = True) -> int:
         """Stop retrying in the background, try once more, and return how many remain.
@@ -332,11 +325,8 @@ class Spool:
             left = await spool.aclose()
         """
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._retrying is not None:
+            self._retrying.cancel()  # its task ends in its owner's task group
         remaining = await self.drain() if final_drain and self._entries else len(self._entries)
         if remaining:
             logger.critical(
@@ -349,7 +339,15 @@ class Spool:
         return remaining
 
     async def __aenter__(self) -> Spool:
+        self._own_tasks = contextlib.AsyncExitStack()
+        self.attach(await self._own_tasks.enter_async_context(anyio.create_task_group()))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        own, self._own_tasks = self._own_tasks, None
+        try:
+            await self.aclose()
+        finally:
+            if own is not None:
+                self.attach(None)
+                await own.aclose()

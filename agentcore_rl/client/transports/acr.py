@@ -21,8 +21,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
@@ -108,7 +108,7 @@ class AcrTransport:
         self.endpoint_url = endpoint_url
         self.qualifier = qualifier
         self._session = session or get_session()
-        self._config = Config(
+        self._config = AioConfig(
             retries={"total_max_attempts": 1},
             # Session ids, ARNs and payloads are validated before they get here; botocore's
             # second check costs CPU on every invoke and stop.

@@ -14,19 +14,23 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
+from anyio.abc import TaskGroup
+
 from agentcore_rl import protocol
-from agentcore_rl.cli_eval_config import EvalInput, EvalOptions
-from agentcore_rl.cli_summary import RunSummary, reward_of
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
+from agentcore_rl.cli.journal import EvalJournal, JournalEntry
+from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
-from agentcore_rl.eval_journal import EvalJournal, JournalEntry
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
 
@@ -66,6 +70,20 @@ def outcome_record(
     }
 
 
+@contextlib.asynccontextmanager
+async def _task_group() -> AsyncIterator[TaskGroup]:
+    """An anyio task group that raises a lone failure as itself, as ``asyncio.gather`` did,
+    not wrapped in an ExceptionGroup: the CLI maps exception types to exit codes."""
+    try:
+        async with anyio.create_task_group() as tasks:
+            yield tasks
+    except Exception as exc:
+        inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+        if len(inner) == 1 and isinstance(inner[0], Exception):
+            raise inner[0] from exc
+        raise
+
+
 def _bar_shape() -> dict[str, int]:
     """tqdm's own size detection, unless the terminal reports a zero size (a pty nobody
     sized, as under ``script`` or some CI runners): then tqdm would draw nothing."""
@@ -98,12 +116,7 @@ class Progress:
         )
 
     def update(self, summary: RunSummary) -> None:
-        """Count one more outcome; refresh the failure count and mean reward.
-
-        Example::
-
-            bar.update(summary)
-        """
+        """Count one more outcome; refresh the failure count and mean reward."""
         self.bar.update(1)
         mean = summary.mean_reward
         self.bar.set_postfix(
@@ -113,12 +126,7 @@ class Progress:
         )
 
     def close(self) -> None:
-        """Finish the bar. Idempotent.
-
-        Example::
-
-            bar.close()
-        """
+        """Finish the bar. Idempotent."""
         self.bar.close()
 
 
@@ -168,35 +176,22 @@ class EvalEngine:
         """
         for item in fresh:
             self.queue.put_nowait(item)
-        workers = [
-            asyncio.create_task(self._worker(), name=f"eval worker {n}")
-            for n in range(self.options.concurrency)
-        ]
-        tasks = set(workers)
-        try:
+        async with _task_group() as workers:
+            for n in range(self.options.concurrency):
+                workers.start_soon(self._worker, name=f"eval worker {n}")
             if in_flight:
                 await self._resume_all(in_flight, by_id)
-            for _ in workers:
+            for _ in range(self.options.concurrency):
                 self.queue.put_nowait(None)
-            await asyncio.gather(*workers)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _resume_all(
         self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]
     ) -> None:
-        tasks = [
-            asyncio.create_task(self._resume_one(e, by_id[e.input_id]), name=f"resume {e.input_id}")
-            for e in entries
-        ]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async with _task_group() as resumes:
+            for entry in entries:
+                resumes.start_soon(
+                    self._resume_one, entry, by_id[entry.input_id], name=f"resume {entry.input_id}"
+                )
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled as started but never saw end.
