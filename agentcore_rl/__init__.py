@@ -42,8 +42,11 @@ from agentcore_rl.errors import (
     StorageError,
 )
 from agentcore_rl.protocol import PingStatus, RolloutConfig
+from agentcore_rl.ratelimit import RateLimiter
+from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
+from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 __version__ = "0.1.0"
 
@@ -59,16 +62,20 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
+    "LocalSessionLimiter",
     "PingStatus",
+    "RateLimiter",
     "RequestContext",
     "ResultStore",
     "RetryConfig",
+    "RetryPolicy",
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
     "RolloutFuture",
     "RolloutTimeoutError",
     "S3RetryPolicy",
+    "SessionLimiter",
     "StorageError",
     "TokenBucket",
     "WatcherConfig",

@@ -483,3 +483,9 @@ def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
     """
     code = envelope.get(STATUS_CODE, DEFAULT_STATUS_CODE)
     return not isinstance(code, int) or isinstance(code, bool) or code >= 400
+
+
+# --- defaults shared by the client, the CLI and the local runtime -------------------------
+
+#: AgentCore Runtime's default quota: invocations (and stop calls) per second per endpoint.
+DEFAULT_TPS: Final = 25.0

@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.client.bucket import TokenBucket
+from agentcore_rl.ratelimit import TokenBucket
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.runtime_wire import (
     AWS_REQUEST_ID_HEADER,
