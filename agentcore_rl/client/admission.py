@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-import anyio
-
 from agentcore_rl.errors import ClientClosedError
 from agentcore_rl.ratelimit import Priority, RateLimiter
 from agentcore_rl.sessionlimit import SessionLimiter
@@ -59,8 +57,7 @@ class Admission:
 
     async def acquire(self, *, token: bool) -> None:
         """Wait for a slot, then (if ``token``) an invocation token; the caller owns the slot."""
-        if self.closed:
-            raise ClientClosedError("the client is closed; create a new one")
+        self._check_open()
         task = asyncio.current_task()
         assert task is not None
         self._busy_tasks.add(task)
@@ -84,6 +81,10 @@ class Admission:
         if self.closed:
             self.sessions.release()
             raise ClientClosedError(_CLOSED_WHILE_WAITING)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClientClosedError("the client is closed; create a new one")
 
     def release(self) -> None:
         """Give back one slot."""
@@ -122,7 +123,6 @@ class Admission:
             self._closed_by_us.add(task)
             task.cancel()
 
-    async def wait_idle(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds until no invocation is being sent."""
-        with anyio.move_on_after(timeout):
-            await self._idle.wait()
+    async def wait_idle(self) -> None:
+        """Wait until no invocation is being sent (the caller bounds the wait)."""
+        await self._idle.wait()

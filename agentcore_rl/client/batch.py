@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -32,7 +33,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.errors import ClientClosedError, InvalidPayloadError
+from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.protocol import RolloutConfig
 
 __all__ = ["BatchItem", "BatchRun", "Fed", "Launcher"]
@@ -115,7 +116,7 @@ class Launcher(Protocol):
         body: dict[str, Any],
         config: RolloutConfig,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         index: int | None = None,
         session_id: str | None = None,
     ) -> RolloutFuture: ...
@@ -187,9 +188,7 @@ class BatchRun:
         else:
             self._put(Fed(started, error))
 
-    async def _feed_one(
-        self, senders: TaskGroup, index: int, payload: Mapping[str, Any]
-    ) -> None:
+    async def _feed_one(self, senders: TaskGroup, index: int, payload: Mapping[str, Any]) -> None:
         try:
             body, config = self.launcher._prepare(
                 payload,
@@ -233,6 +232,11 @@ class BatchRun:
         finally:
             if admitted:
                 self.sending.release()
+        if self.scope.cancel_called:
+            # Abandoned while the answer was on its way (anyio delivers the cancellation
+            # at this task's next wait, which never comes): end it here, which stops it.
+            fut.cancel()
+            return
         self.live[index] = fut
         fut.add_done_callback(self._finished)
 
@@ -257,7 +261,5 @@ class BatchRun:
 
     def _put(self, item: BatchItem | Fed) -> None:
         # The stream is unbounded; once the loop has gone, nobody wants the item.
-        try:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             self.send.send_nowait(item)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass

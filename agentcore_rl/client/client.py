@@ -177,7 +177,9 @@ class AsyncRolloutClient:
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=s3_endpoint_url, session=lean_s3_session())
-        self.rate_limiter: RateLimiter = rate_limiter or token_bucket or TokenBucket(tps_limit, burst)
+        self.rate_limiter: RateLimiter = (
+            rate_limiter or token_bucket or TokenBucket(tps_limit, burst)
+        )
         self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
             max_concurrent_sessions
         )
@@ -251,7 +253,7 @@ class AsyncRolloutClient:
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         **overrides: Any,
     ) -> RolloutFuture:
         """Start one rollout; return its future once the agent has accepted it.
@@ -289,7 +291,7 @@ class AsyncRolloutClient:
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         **overrides: Any,
     ) -> dict[str, Any]:
         """``invoke`` and wait for the outcome: the result dict, or its exception.
@@ -348,13 +350,13 @@ class AsyncRolloutClient:
             # One deadline for both waits: close_timeout bounds the whole close.
             with anyio.move_on_after(self.close_timeout) as waiting:
                 # Invocations on the wire unwind first: each queues the stop of its session.
-                await self._admission.wait_idle(math.inf)
+                await self._admission.wait_idle()
                 self._follower.settle_all(
                     ClientClosedError("the client was closed before this rollout finished")
                 )
                 # Done callbacks (which queue the stop calls) run on the next loop iteration.
                 await asyncio.sleep(0)
-                await self._stopper.drain(math.inf)
+                await self._stopper.drain()
             if waiting.cancelled_caught:
                 self._follower.settle_all(
                     ClientClosedError("the client was closed before this rollout finished")
@@ -366,6 +368,7 @@ class AsyncRolloutClient:
                 )
         finally:
             await self._service.aclose()
+            self._stopper.close()
             await self.transport.aclose()
             if self._owns_store:
                 await self.store.aclose()
@@ -474,7 +477,7 @@ class AsyncRolloutClient:
         body: dict[str, Any],
         config: protocol.RolloutConfig,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         index: int | None = None,
         session_id: str | None = None,
     ) -> RolloutFuture:
@@ -516,7 +519,7 @@ class AsyncRolloutClient:
     async def _batch(
         self,
         payloads: Iterable[Mapping[str, Any]],
-        timeout: float | None,
+        timeout: float | None,  # noqa: ASYNC109 (the rollout's deadline)
         overrides: Mapping[str, Any],
     ) -> AsyncGenerator[BatchItem, None]:
         """The loop of :meth:`run_batch`: start a :class:`BatchRun` in the client's task
@@ -564,7 +567,7 @@ class AsyncRolloutClient:
         result_key: str,
         input_id: str | None = None,
         s3_bucket: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         started_at: float | None = None,
     ) -> RolloutFuture:
         """Follow a rollout that is already running (started by another client or an

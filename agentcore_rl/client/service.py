@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -119,13 +119,17 @@ class Service:
             self._workers = None
             self._ended.set()
 
-    def start_soon(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str) -> None:
+    def start_soon(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
+    ) -> None:
         """Run ``func(*args)`` in the service's task group."""
         if self._workers is None:
             raise RuntimeError(f"{self.name}: the service is not running")
         self._workers.start_soon(func, *args, name=name)
 
-    async def start(self, func: Callable[..., Awaitable[Any]], *args: Any, name: str) -> Any:
+    async def start(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
+    ) -> Any:
         """Run ``func(*args, task_status=...)`` in the task group; return what it reports
         through ``task_status.started()``."""
         if self._workers is None:

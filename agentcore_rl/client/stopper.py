@@ -10,7 +10,8 @@ Example::
     stopper = SessionStopper(transport, bucket, RetryPolicy(), counters)
     service.start_soon(stopper.run, name="session stopper")
     stopper.schedule(fut.session_id)
-    await stopper.drain(timeout=30)
+    with anyio.move_on_after(30):
+        await stopper.drain()
 """
 
 from __future__ import annotations
@@ -90,11 +91,17 @@ class SessionStopper:
                 for n in range(self.workers):
                     tg.start_soon(self._work, self._receive, name=f"session stopper {n}")
         finally:
-            self._send.close()
-            if self._unfinished:
-                logger.warning(
-                    "%d session(s) were not stopped before the client closed", self._unfinished
-                )
+            self.close()
+
+    def close(self) -> None:
+        """Refuse new stops and drop the queued ones (with a warning). Idempotent."""
+        if self._unfinished:
+            logger.warning(
+                "%d session(s) were not stopped before the client closed", self._unfinished
+            )
+            self._unfinished = 0
+        self._send.close()
+        self._receive.close()
 
     async def _work(self, receive: MemoryObjectReceiveStream[str]) -> None:
         async for session_id in receive:
@@ -122,8 +129,6 @@ class SessionStopper:
         else:
             self.counters.stops += 1
 
-    async def drain(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for the queued stops; return how many are left."""
-        with anyio.move_on_after(timeout):
-            await self._idle.wait()
-        return self._unfinished
+    async def drain(self) -> None:
+        """Wait until every scheduled stop has finished (the caller bounds the wait)."""
+        await self._idle.wait()

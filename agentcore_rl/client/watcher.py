@@ -194,9 +194,13 @@ class CompletionWatcher:
         self.config = config
         self._groups: dict[tuple[str, str], _Group] = {}
         self._wakeup = asyncio.Event()
-        self._service = None if run_by_owner else Service(
-            "agentcore-rl completion watcher",
-            setup=lambda service: service.start_soon(self.run, name="completion watcher"),
+        self._service = (
+            None
+            if run_by_owner
+            else Service(
+                "agentcore-rl completion watcher",
+                setup=lambda service: service.start_soon(self.run, name="completion watcher"),
+            )
         )
         self._opened = False
         self._closed = False

@@ -41,7 +41,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.ratelimit import TokenBucket
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.runtime_wire import (
     AWS_REQUEST_ID_HEADER,
@@ -72,6 +71,7 @@ from agentcore_rl.protocol import (
     is_acr_session_id,
     new_session_id,
 )
+from agentcore_rl.ratelimit import TokenBucket
 
 __all__ = [
     "DEFAULT_AGENT_RUNTIME_ARN",
