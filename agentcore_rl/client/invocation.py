@@ -59,12 +59,7 @@ async def send_invocation(
 
 def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
     """Raise ``InvocationError`` unless the agent accepted the rollout; point ``fut`` at
-    the bucket and key the agent says it writes to (with a warning when they differ).
-
-    Example::
-
-        check_answer({"status": "processing", "result_key": key, "s3_bucket": b}, fut)
-    """
+    the bucket and key the agent says it writes to (with a warning when they differ)."""
     if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
         raise InvocationError(
             f"the agent answered {str(answer)[:200]} instead of "
@@ -90,11 +85,6 @@ def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
 
 def may_have_started(exc: BaseException) -> bool:
     """Whether the agent may run the session despite ``exc``: yes unless it clearly refused
-    (an ``InvocationError`` with a status below 500).
-
-    Example::
-
-        may_have_started(InvocationError("bad payload", status_code=400))   # False
-    """
+    (an ``InvocationError`` with a status below 500)."""
     status = getattr(exc, "status_code", None)
     return not isinstance(exc, InvocationError) or status is None or status >= 500

@@ -275,12 +275,7 @@ class RolloutClient:
                 self._portal.call(batch.aclose)
 
     def close(self) -> None:
-        """Close the async client (stopping live sessions) and its thread. Idempotent.
-
-        Example::
-
-            client.close()
-        """
+        """Close the async client (stopping live sessions) and its thread. Idempotent."""
         if self._closed:
             return
         self._closed = True

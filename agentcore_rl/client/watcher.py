@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final
 
+import anyio
+
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
@@ -291,10 +293,13 @@ class CompletionWatcher:
         now = self.config.clock()
         due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
         limit = asyncio.Semaphore(self.config.max_parallel)
-        counts = await asyncio.gather(*(self._poll(g, limit) for g in due))
-        return sum(counts)
+        found = self.found
+        async with anyio.create_task_group() as polls:
+            for group in due:
+                polls.start_soon(self._poll, group, limit)
+        return self.found - found
 
-    async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> int:
+    async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> None:
         probe, list_from = group.plan()
         candidates = list(probe)
         if list_from is not None:
@@ -314,13 +319,14 @@ class CompletionWatcher:
                 if key in group.pending:
                     candidates.append(key)
         self.probes += len(probe)
-        fetched = await asyncio.gather(*(self._fetch(group, k, limit) for k in candidates))
-        return sum(fetched)
+        async with anyio.create_task_group() as fetches:
+            for key in candidates:
+                fetches.start_soon(self._fetch, group, key, limit)
 
-    async def _fetch(self, group: _Group, key: str, limit: asyncio.Semaphore) -> int:
+    async def _fetch(self, group: _Group, key: str, limit: asyncio.Semaphore) -> None:
         async with limit:
             if key not in group.pending:  # untracked meanwhile
-                return 0
+                return
             try:
                 envelope = await self.store.get_json(group.bucket, key)
             except StorageError as exc:
@@ -328,14 +334,13 @@ class CompletionWatcher:
                 group.key_failures[key] = count
                 if count >= self.config.error_threshold or exc.code == "InvalidJSON":
                     self._deliver(group, key, None, self._persistent(exc, count))
-                return 0
+                return
         group.key_failures.pop(key, None)
         if envelope is None:
-            return 0
+            return
         group.remember(key)
         self.found += 1
         self._deliver(group, key, envelope, None)
-        return 1
 
     def _persistent(self, exc: StorageError, count: int) -> StorageError:
         where = f"s3://{exc.bucket}/{exc.key or ''}"
