@@ -75,12 +75,13 @@ class Service:
         tb: TracebackType | None,
     ) -> bool | None:
         outer, self._outer = self._outer, None
+        suppress: bool | None = None
         try:
             await self.aclose()
         finally:
             if outer is not None:  # the task that entered it exits it
                 suppress = await outer.__aexit__(exc_type, exc, tb)
-        return suppress if outer is not None else None
+        return suppress
 
     def open_hosted(self) -> None:
         """Open without ``async with``: a host task owns the task group until ``aclose``.
