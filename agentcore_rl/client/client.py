@@ -367,12 +367,16 @@ class AsyncRolloutClient:
                     self.close_timeout,
                 )
         finally:
-            await self._service.aclose()
-            self._stopper.close()
-            await self.transport.aclose()
-            if self._owns_store:
-                await self.store.aclose()
-            self._closed.set()
+            try:
+                # Shielded: a close that was itself cancelled still ends the work it owns.
+                with anyio.CancelScope(shield=True):
+                    await self._service.aclose()
+                    self._stopper.close()
+                    await self.transport.aclose()
+                    if self._owns_store:
+                        await self.store.aclose()
+            finally:
+                self._closed.set()
 
     async def __aenter__(self) -> AsyncRolloutClient:
         self._check_not_closed()
