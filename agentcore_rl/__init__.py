@@ -50,8 +50,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         StorageError,
     )
     from agentcore_rl.protocol import PingStatus, RolloutConfig
+    from agentcore_rl.ratelimit import RateLimiter
+    from agentcore_rl.retry import RetryPolicy
     from agentcore_rl.s3 import ResultStore, S3RetryPolicy
     from agentcore_rl.server import AgentCoreRLApp, RequestContext
+    from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that the
 # agent container (the `server` extra) never imports the client's dependencies, nor the
@@ -68,16 +71,20 @@ _LAZY: dict[str, str] = {
     "InvalidPayloadError": "agentcore_rl.errors",
     "InvalidRolloutConfig": "agentcore_rl.errors",
     "InvocationError": "agentcore_rl.errors",
+    "LocalSessionLimiter": "agentcore_rl.sessionlimit",
     "PingStatus": "agentcore_rl.protocol",
+    "RateLimiter": "agentcore_rl.ratelimit",
     "RequestContext": "agentcore_rl.server",
     "ResultStore": "agentcore_rl.s3",
     "RetryConfig": "agentcore_rl.client",
+    "RetryPolicy": "agentcore_rl.retry",
     "RolloutClient": "agentcore_rl.client",
     "RolloutConfig": "agentcore_rl.protocol",
     "RolloutError": "agentcore_rl.errors",
     "RolloutFuture": "agentcore_rl.client",
     "RolloutTimeoutError": "agentcore_rl.errors",
     "S3RetryPolicy": "agentcore_rl.s3",
+    "SessionLimiter": "agentcore_rl.sessionlimit",
     "StorageError": "agentcore_rl.errors",
     "TokenBucket": "agentcore_rl.client",
     "WatcherConfig": "agentcore_rl.client",
@@ -109,16 +116,20 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
+    "LocalSessionLimiter",
     "PingStatus",
+    "RateLimiter",
     "RequestContext",
     "ResultStore",
     "RetryConfig",
+    "RetryPolicy",
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
     "RolloutFuture",
     "RolloutTimeoutError",
     "S3RetryPolicy",
+    "SessionLimiter",
     "StorageError",
     "TokenBucket",
     "WatcherConfig",

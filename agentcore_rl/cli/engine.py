@@ -246,7 +246,7 @@ class EvalEngine:
         """Invoke a journaled rollout again with its session id; ``None`` when it must
         not be (its result is there, or the key would differ) or the call failed."""
         try:
-            body, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
+            body, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception:
             return None
         if (config.s3_bucket, config.key_for(entry.session_id)) != (
@@ -256,29 +256,25 @@ class EvalEngine:
             # Another --exp-id or bucket than the first run: same session, other key, and
             # the agent would run it again. Only follow the journaled key.
             return None
-        await self.client.admit()
-        # Checked with the slot held, right before sending: a rollout that finished while
-        # we waited is read (by attach), not run again.
-        try:
-            found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
-        except BaseException as exc:
-            self.client.release()
-            if isinstance(exc, StorageError):
+        async with self.client._slot() as slot:
+            # Checked with the slot held, right before sending: a rollout that finished
+            # while we waited is read (by attach), not run again.
+            try:
+                found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
+            except StorageError:
                 return None
-            raise
-        if found is not None:
-            self.client.release()
-            return None
-        try:
-            return await self.client.start(
-                body, config, timeout=remaining, session_id=entry.session_id
-            )
-        except asyncio.CancelledError:
-            self.journal.record_abandoned(entry.input_id)  # the client stops the session
-            raise
-        except Exception as exc:  # the agent may still run it: follow its key instead
-            logger.warning("invoking %s again failed: %s", entry.input_id, exc)
-            return None
+            if found is not None:
+                return None
+            try:
+                return await self.client._launch(
+                    slot, body, config, timeout=remaining, session_id=entry.session_id
+                )
+            except asyncio.CancelledError:
+                self.journal.record_abandoned(entry.input_id)  # the client stops the session
+                raise
+            except Exception as exc:  # the agent may still run it: follow its key instead
+                logger.warning("invoking %s again failed: %s", entry.input_id, exc)
+                return None
 
     def _record_resumed(
         self,
@@ -312,7 +308,7 @@ class EvalEngine:
     async def _run_one(self, item: EvalInput) -> None:
         t0 = time.monotonic()
         try:
-            _, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
+            _, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception as exc:  # a bad payload: nothing starts
             elapsed = time.monotonic() - t0
             self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))

@@ -42,7 +42,6 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl import protocol
-from agentcore_rl.client.bucket import TokenBucket
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.runtime_wire import (
     AWS_REQUEST_ID_HEADER,
@@ -73,6 +72,7 @@ from agentcore_rl.protocol import (
     new_session_id,
     parse_runtime_arn,
 )
+from agentcore_rl.ratelimit import TokenBucket
 
 __all__ = [
     "DEFAULT_AGENT_RUNTIME_ARN",

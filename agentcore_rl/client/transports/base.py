@@ -60,12 +60,7 @@ def json_object_answer(
 ) -> dict[str, Any]:
     """Parse an agent's answer, which must be a JSON object; else raise ``InvocationError``
     naming ``source`` (and ``status_code``) and showing ``excerpt()`` (default: the first
-    200 bytes).
-
-    Example::
-
-        body = json_object_answer(raw, source="InvokeAgentRuntime", session_id=sid)
-    """
+    200 bytes)."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -100,28 +95,13 @@ class Transport(Protocol):
     stop_after_result: bool
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one invocation; return the JSON object the agent answered.
-
-        Example::
-
-            answer = await transport.invoke(sid, payload)   # {"status": "processing", ...}
-        """
+        """Send one invocation; return the JSON object the agent answered."""
         ...
 
     async def stop(self, session_id: str) -> bool:
-        """Stop the session; True when something was running.
-
-        Example::
-
-            await transport.stop(sid)
-        """
+        """Stop the session; True when something was running."""
         ...
 
     async def aclose(self) -> None:
-        """Release connections. Idempotent.
-
-        Example::
-
-            await transport.aclose()
-        """
+        """Release connections. Idempotent."""
         ...

@@ -32,12 +32,7 @@ DEFAULT_HTTP_TIMEOUT: Final = 60.0
 
 
 def error_message(response: httpx.Response) -> str:
-    """The server's own words for a failed call: its JSON ``error``/``message`` or text.
-
-    Example::
-
-        error_message(response)   # "HTTP 400: _rollout.s3_bucket is required"
-    """
+    """The server's own words for a failed call: its JSON ``error``/``message`` or text."""
     detail: Any = None
     try:
         body = response.json()
@@ -100,12 +95,7 @@ class HttpTransport:
         return f"HttpTransport(urls={self.urls!r})"
 
     def url_for(self, session_id: str) -> str:
-        """The server that runs ``session_id`` (stable: same id, same server).
-
-        Example::
-
-            transport.url_for(fut.session_id)
-        """
+        """The server that runs ``session_id`` (stable: same id, same server)."""
         return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
 
     async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
@@ -131,12 +121,7 @@ class HttpTransport:
         return response
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """POST the payload; return the JSON answer (``{"status": "processing", ...}``).
-
-        Example::
-
-            await transport.invoke(sid, {"prompt": "hi", "_rollout": block})
-        """
+        """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
         url = self.url_for(session_id) + INVOCATIONS_PATH
         response = await self._post(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
@@ -150,12 +135,7 @@ class HttpTransport:
         )
 
     async def stop(self, session_id: str) -> bool:
-        """Cancel the session's rollout on its server; True when one was running.
-
-        Example::
-
-            await transport.stop(fut.session_id)
-        """
+        """Cancel the session's rollout on its server; True when one was running."""
         path = STOP_SESSION_PATH.format(session_id=session_id)
         response = await self._post(session_id, self.url_for(session_id) + path)
         try:
@@ -164,10 +144,5 @@ class HttpTransport:
             return False
 
     async def aclose(self) -> None:
-        """Close the connection pool. Idempotent.
-
-        Example::
-
-            await transport.aclose()
-        """
+        """Close the connection pool. Idempotent."""
         await self._http.aclose()
