@@ -22,7 +22,7 @@ from collections import Counter
 from agentcore_rl.client.bucket import Priority, TokenBucket
 from agentcore_rl.client.config import DEFAULT_STOP_WORKERS, RetryConfig
 from agentcore_rl.client.retry import with_retries
-from agentcore_rl.client.transports.base import Transport
+from agentcore_rl.client.transports.base import StopUnsupportedError, Transport
 
 __all__ = ["SessionStopper"]
 
@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 class SessionStopper:
     """A queue of sessions to stop and the worker tasks that stop them.
 
-    ``counters`` gets ``stops``, ``stop_failures`` (and the retry counters).
+    ``counters`` gets ``stops``, ``stops_unsupported``, ``stop_failures`` (and the retry
+    counters).
 
     Example::
 
@@ -102,6 +103,8 @@ class SessionStopper:
                     priority=Priority.STOP,
                 )
                 self.counters["stops"] += 1
+            except StopUnsupportedError:
+                self.counters["stops_unsupported"] += 1  # the transport said so once, at INFO
             except Exception as exc:
                 self.counters["stop_failures"] += 1
                 logger.warning("could not stop session %s: %s", session_id, exc)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import anyio
 import anyio.to_thread
 
 from agentcore_rl.s3 import ResultStore
@@ -42,6 +43,8 @@ DEFAULT_SPOOL_RETRY_INTERVAL: Final = 5.0
 DEFAULT_SPOOL_MAX_RETRY_INTERVAL: Final = 300.0
 
 _SUFFIX: Final = ".json"
+# Seconds a write interrupted by cancellation gets to finish before its envelope is spooled.
+_CANCELLED_WRITE_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -206,10 +209,39 @@ class Spool:
         try:
             await self._store.put_bytes(bucket, key, body)
         except Exception as exc:
-            logger.error("writing the result to s3://%s/%s failed: %s", bucket, key, exc)
+            logger.error(
+                "writing the result to s3://%s/%s failed (%s: %s); spooling it",
+                bucket,
+                key,
+                type(exc).__name__,
+                exc,
+            )
             await self.add(bucket, key, body)
             return False
+        except BaseException:
+            # Cancelled mid-write (shutdown, or the event loop itself closing): the envelope
+            # exists and delivering it is all that is left, so finish that, then let the
+            # cancellation go on.
+            with anyio.CancelScope(shield=True):
+                await self._finish_cancelled_write(bucket, key, body)
+            raise
         return True
+
+    async def _finish_cancelled_write(self, bucket: str, key: str, body: bytes) -> None:
+        failure = f"did not finish within {_CANCELLED_WRITE_TIMEOUT:.3g} s"
+        with anyio.move_on_after(_CANCELLED_WRITE_TIMEOUT):
+            try:
+                await self._store.put_bytes(bucket, key, body)
+                return
+            except Exception as exc:
+                failure = f"failed ({type(exc).__name__}: {exc})"
+        logger.error(
+            "writing the result to s3://%s/%s after a cancellation %s; spooling it",
+            bucket,
+            key,
+            failure,
+        )
+        await self.add(bucket, key, body)
 
     async def recover(self) -> int:
         """Adopt envelope files a previous server left in the directory; return how many.
