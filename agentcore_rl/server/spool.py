@@ -76,6 +76,17 @@ def _read_record(path: Path) -> _Record:
     return _Record(doc["bucket"], doc["key"], doc["body"].encode())
 
 
+def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
+    logger.critical(
+        "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
+        "not lost: %s",
+        bucket,
+        key,
+        exc,
+        body.decode(),
+    )
+
+
 def _quarantine(path: Path) -> Path:
     target = path.with_suffix(".bad")
     path.replace(target)
@@ -174,16 +185,24 @@ class Spool:
         record = json.dumps({"bucket": bucket, "key": key, "body": body.decode()}).encode()
         name = f"{time.time_ns():020d}-{secrets.token_hex(4)}{_SUFFIX}"
         try:
-            path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+            try:
+                path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    raise
+                # Cancelled while the thread writes (the event loop is shutting down): write
+                # here instead, so the envelope is kept; the same name replaces the file if
+                # the thread got there too. No retry task is started on a closing loop.
+                try:
+                    self._entries.add(_write_file(self.directory, name, record))
+                except OSError as disk_error:
+                    _log_lost(bucket, key, disk_error, body)
+                    raise exc from None
+                self._changed()
+                logger.error("SPOOLED result for s3://%s/%s during cancellation", bucket, key)
+                raise
         except OSError as exc:
-            logger.critical(
-                "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
-                "not lost: %s",
-                bucket,
-                key,
-                exc,
-                body.decode(),
-            )
+            _log_lost(bucket, key, exc, body)
             return None
         self._entries.add(path)
         self._changed()
