@@ -55,7 +55,7 @@ async def test_handlers_main_calls_the_handler_however_it_is_written() -> None:
 
 def test_an_entrypoint_can_start_the_server_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(app_module.uvicorn, "run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(kw))
     app = AgentCoreRLApp()
 
     @app.entrypoint
@@ -86,7 +86,7 @@ def test_run_takes_port_then_host_like_the_sdk(
     host: str,
 ) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(app_module.uvicorn, "run", lambda app, **kw: calls.append(kw))
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(kw))
     monkeypatch.setattr(app_module, "default_host", lambda: "127.0.0.1")
     AgentCoreRLApp().run(*args, **kwargs)
     assert (calls[0]["port"], calls[0]["host"]) == (port, host)
@@ -164,7 +164,7 @@ async def test_tracked_async_tasks_keep_the_server_busy(store: ResultStore) -> N
 def test_async_task_refuses_sync_functions() -> None:
     app = AgentCoreRLApp()
     with pytest.raises(ConfigurationError, match="async functions"):
-        app.async_task(lambda: None)
+        app.async_task(lambda: None)  # type: ignore[type-var]
 
 
 # --- the request context ---------------------------------------------------------------------
