@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.client.bucket import TokenBucket
 from agentcore_rl.client.config import RetryConfig
@@ -56,7 +57,7 @@ class SdkLikeAgent:
 async def agent_url() -> AsyncIterator[tuple[SdkLikeAgent, str]]:
     agent = SdkLikeAgent()
 
-    async def counting(scope, receive, send):  # type: ignore[no-untyped-def]
+    async def counting(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/sessions/"):
             agent.requests["stop"] += 1
         await agent.app(scope, receive, send)
