@@ -282,3 +282,46 @@ async def test_a_partial_set_of_s3_fields_is_a_400_naming_the_missing_one(
     assert body["field"] == f"_rollout.{missing}"
     assert f"_rollout.{missing} is required" in body["error"]
     assert ran == []
+
+
+# --- the saved envelope, as the reference toolkit's tests check it (on moto, not a mock) -------
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"rewards": [1.0]},
+        {"metrics": {"accuracy": 0.95}, "summary": "All passed"},
+        {"rollout_data": [{"tokens": [10, 20, 30]}], "rewards": [1.0, 0.5], "agent": "v2"},
+    ],
+)
+async def test_any_result_dict_is_saved_with_the_reference_metadata(
+    store: ResultStore, bucket: str, result: dict[str, Any]
+) -> None:
+    app = AgentCoreRLApp(store=store)
+
+    @app.rollout_entrypoint
+    def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        return dict(result)
+
+    payload = {
+        "prompt": "test",
+        "_rollout": {"exp_id": "exp-001", "input_id": "input-001", "s3_bucket": bucket},
+    }
+    async with served(app) as http:
+        response = await http.post("/invocations", json=payload, headers=session_headers())
+        assert response.json() == {
+            "status": "processing",
+            "s3_bucket": bucket,
+            "result_key": f"exp-001/input-001/{SESSION}.json",
+        }
+        await settle(app)
+    envelope = await store.get_json(bucket, f"exp-001/input-001/{SESSION}.json")
+    assert envelope is not None
+    assert {k: envelope[k] for k in result} == result
+    assert envelope["status_code"] == 200
+    assert envelope["stop_reason"] == "end_turn"
+    assert envelope["input_id"] == "input-001"
+    assert envelope["s3_bucket"] == bucket
+    assert envelope["result_key"] == f"exp-001/input-001/{SESSION}.json"
+    assert envelope["payload"] == payload
