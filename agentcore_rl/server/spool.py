@@ -54,10 +54,10 @@ class _Record:
     body: bytes
 
 
-def _write_file(directory: Path, name: str, data: bytes) -> Path:
+def _write_file(directory: Path, name: str, data: bytes, tmp_suffix: str = ".tmp") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(tmp_suffix)
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -194,7 +194,8 @@ class Spool:
                 # here instead, so the envelope is kept; the same name replaces the file if
                 # the thread got there too. No retry task is started on a closing loop.
                 try:
-                    self._entries.add(_write_file(self.directory, name, record))
+                    # Its own temporary file: the thread may still be writing the other.
+                    self._entries.add(_write_file(self.directory, name, record, ".tmp-final"))
                 except OSError as disk_error:
                     _log_lost(bucket, key, disk_error, body)
                     raise exc from None

@@ -81,8 +81,14 @@ def test_every_envelope_is_written_when_each_request_runs_on_a_new_loop(
     for n, key in enumerate(keys):
         envelope = _read(s3_endpoint, bucket, key)
         assert envelope is not None, f"envelope {n} was lost"
-        assert envelope["status_code"] == 200
-        assert envelope["rewards"] == [float(n)]
+        if envelope["status_code"] == 200:
+            assert envelope["rewards"] == [float(n)]
+        else:
+            # A sync handler's thread may still run when TestClient closes the request's
+            # loop: the rollout is then cancelled, and says so in its envelope.
+            assert sync_handler
+            assert envelope["error_type"] == "cancelled"
+            assert "event loop is shutting down" in envelope["stop_reason"]
     assert app.spool.pending == 0
     assert _unclosed(caplog.records, caught) == []
 
