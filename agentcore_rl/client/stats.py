@@ -24,6 +24,7 @@ class ClientCounters:
     throttles: int = 0
     stops: int = 0
     stop_failures: int = 0
+    stops_unsupported: int = 0
     results: int = 0
     rollout_errors: int = 0
     timeouts: int = 0
@@ -39,7 +40,8 @@ class ClientStats:
 
     ``invocations`` counts every invocation request sent (retries included), ``retries``
     the repeated ones, ``throttles`` the 429 / ThrottlingException answers; ``stops`` the
-    stop calls that completed and ``stop_failures`` those given up. Outcomes: ``results``,
+    stop calls that completed, ``stop_failures`` those given up and ``stops_unsupported``
+    those an agent server without a stop route could not take. Outcomes: ``results``,
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
     ``cancelled``, ``closed``. ``in_flight``: accepted rollouts without an outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
@@ -55,6 +57,7 @@ class ClientStats:
     throttles: int = 0
     stops: int = 0
     stop_failures: int = 0
+    stops_unsupported: int = 0
     results: int = 0
     rollout_errors: int = 0
     timeouts: int = 0

@@ -27,7 +27,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from agentcore_rl.client.config import DEFAULT_STOP_WORKERS
 from agentcore_rl.client.retry import with_retries
 from agentcore_rl.client.stats import ClientCounters
-from agentcore_rl.client.transports.base import Transport
+from agentcore_rl.client.transports.base import StopUnsupportedError, Transport
 from agentcore_rl.ratelimit import Priority, RateLimiter
 from agentcore_rl.retry import RetryPolicy
 
@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 class SessionStopper:
     """A stream of sessions to stop and the workers that stop them.
 
-    ``counters`` gets ``stops``, ``stop_failures`` (and the retry counters).
+    ``counters`` gets ``stops``, ``stops_unsupported``, ``stop_failures`` (and the retry
+    counters).
 
     Example::
 
@@ -123,6 +124,8 @@ class SessionStopper:
                 what=f"stopping session {session_id}",
                 priority=Priority.STOP,
             )
+        except StopUnsupportedError:
+            self.counters.stops_unsupported += 1  # the transport said so once, at INFO
         except Exception as exc:
             self.counters.stop_failures += 1
             logger.warning("could not stop session %s: %s", session_id, exc)

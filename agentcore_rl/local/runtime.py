@@ -231,6 +231,8 @@ class LocalAgentCoreRuntime:
         self.max_connections = max_connections
         #: Outcomes so far: the operation name on success, else the error code.
         self.counts: Counter[str] = Counter()
+        # Agent URLs that answered 404/405 to a stop (no stop route): not asked again.
+        self._stop_unsupported: set[str] = set()
         self._http: httpx.AsyncClient | None = None
         self._app = Starlette(
             routes=[Route("/{path:path}", self._dispatch, methods=_ALL_METHODS)],
@@ -454,6 +456,8 @@ class LocalAgentCoreRuntime:
                 request_id=request_id,
             )
         url = runtime.agent_urls[index]
+        if url in self._stop_unsupported:
+            return self._stopped_without_agent(runtime, session_id, token, stopped)
         try:
             answer = await self._client().post(
                 url + STOP_SESSION_PATH.format(session_id=session_id),
@@ -464,7 +468,16 @@ class LocalAgentCoreRuntime:
             return agent_unreachable(url, exc, request_id, session_id)
         # 404/405: an agent without our stop extension; like ACR ending the microVM, the
         # session is over for the runtime either way.
-        if not (200 <= answer.status_code < 300 or answer.status_code in (404, 405)):
+        if answer.status_code in (404, 405):
+            self._stop_unsupported.add(url)
+            logger.info(
+                "the agent at %s has no stop route (HTTP %d): its sessions are released "
+                "without stopping their rollouts; counted as AgentStopUnsupported",
+                url,
+                answer.status_code,
+            )
+            return self._stopped_without_agent(runtime, session_id, token, stopped)
+        if not 200 <= answer.status_code < 300:
             message = agent_message(answer.status_code, answer.content)
             return acr_error(
                 RUNTIME_CLIENT_ERROR,
@@ -473,6 +486,17 @@ class LocalAgentCoreRuntime:
                 request_id=request_id,
                 headers={SESSION_ID_HEADER: session_id},
             )
+        return self._finish_stop(runtime, session_id, token, stopped)
+
+    def _stopped_without_agent(
+        self, runtime: _Runtime, session_id: str, token: str | None, stopped: Response
+    ) -> Response:
+        self.counts["AgentStopUnsupported"] += 1
+        return self._finish_stop(runtime, session_id, token, stopped)
+
+    def _finish_stop(
+        self, runtime: _Runtime, session_id: str, token: str | None, stopped: Response
+    ) -> Response:
         runtime.release(session_id)
         if token is not None:
             runtime.remember_stop(token)

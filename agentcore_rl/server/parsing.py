@@ -41,6 +41,9 @@ __all__ = [
 #: payload naming any other bucket is refused with 403.
 ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
 
+# The fields that say where a result is saved: all of them, or none (run without saving).
+_S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
+
 
 def _too_large(limit: int, detail: str) -> InvalidPayloadError:
     return InvalidPayloadError(
@@ -138,11 +141,30 @@ def allowed_buckets_from(
 def parse_rollout(
     payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
 ) -> protocol.RolloutConfig | None:
-    """The validated ``_rollout`` block (``None`` if absent); 400 if bad, 403 if not allowed."""
+    """The validated ``_rollout`` block; 400 if bad, 403 if the bucket is not allowed.
+
+    ``None`` when there is no block or it names none of ``exp_id``, ``input_id`` and
+    ``s3_bucket`` (the rollout then runs without saving); naming only some is a 400.
+    """
     if protocol.ROLLOUT_FIELD not in payload:
         return None
+    block = payload[protocol.ROLLOUT_FIELD]
+    if isinstance(block, Mapping):
+        given = [name for name in _S3_FIELDS if block.get(name) is not None]
+        if not given:
+            # The reference toolkit's rule: without any S3 field the rollout runs but its
+            # result is not saved (e.g. only base_url/model_id while trying an agent).
+            return None
+        if len(given) < len(_S3_FIELDS):
+            missing = next(name for name in _S3_FIELDS if name not in given)
+            raise InvalidRolloutConfig(
+                f"{protocol.ROLLOUT_FIELD}.{missing} is required: give all of "
+                f"{', '.join(_S3_FIELDS)} to save the result to S3, or none of them to run "
+                "without saving",
+                field=f"{protocol.ROLLOUT_FIELD}.{missing}",
+            )
     try:
-        config = protocol.RolloutConfig.from_dict(payload[protocol.ROLLOUT_FIELD])
+        config = protocol.RolloutConfig.from_dict(block)
     except InvalidRolloutConfig as exc:
         # Name the field by its full path in the payload, whichever check caught it.
         if exc.field and not exc.field.startswith(protocol.ROLLOUT_FIELD):

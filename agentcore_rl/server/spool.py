@@ -44,6 +44,8 @@ DEFAULT_SPOOL_RETRY_INTERVAL: Final = 5.0
 DEFAULT_SPOOL_MAX_RETRY_INTERVAL: Final = 300.0
 
 _SUFFIX: Final = ".json"
+# Seconds a write interrupted by cancellation gets to finish before its envelope is spooled.
+_CANCELLED_WRITE_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,10 @@ class _Record:
     body: bytes
 
 
-def _write_file(directory: Path, name: str, data: bytes) -> Path:
+def _write_file(directory: Path, name: str, data: bytes, tmp_suffix: str = ".tmp") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(tmp_suffix)
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -73,6 +75,17 @@ def _read_record(path: Path) -> _Record:
     ):
         raise ValueError("not a spool record (needs string bucket, key and body)")
     return _Record(doc["bucket"], doc["key"], doc["body"].encode())
+
+
+def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
+    logger.critical(
+        "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
+        "not lost: %s",
+        bucket,
+        key,
+        exc,
+        body.decode(),
+    )
 
 
 def _quarantine(path: Path) -> Path:
@@ -174,16 +187,25 @@ class Spool:
         record = json.dumps({"bucket": bucket, "key": key, "body": body.decode()}).encode()
         name = f"{time.time_ns():020d}-{secrets.token_hex(4)}{_SUFFIX}"
         try:
-            path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+            try:
+                path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    raise
+                # Cancelled while the thread writes (the event loop is shutting down): write
+                # here instead, so the envelope is kept; the same name replaces the file if
+                # the thread got there too. No retry task is started on a closing loop.
+                try:
+                    # Its own temporary file: the thread may still be writing the other.
+                    self._entries.add(_write_file(self.directory, name, record, ".tmp-final"))
+                except OSError as disk_error:
+                    _log_lost(bucket, key, disk_error, body)
+                    raise exc from None
+                self._changed()
+                logger.error("SPOOLED result for s3://%s/%s during cancellation", bucket, key)
+                raise
         except OSError as exc:
-            logger.critical(
-                "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
-                "not lost: %s",
-                bucket,
-                key,
-                exc,
-                body.decode(),
-            )
+            _log_lost(bucket, key, exc, body)
             return None
         self._entries.add(path)
         self._changed()
@@ -204,10 +226,39 @@ class Spool:
         try:
             await self._store.put_bytes(bucket, key, body)
         except Exception as exc:
-            logger.error("writing the result to s3://%s/%s failed: %s", bucket, key, exc)
+            logger.error(
+                "writing the result to s3://%s/%s failed (%s: %s); spooling it",
+                bucket,
+                key,
+                type(exc).__name__,
+                exc,
+            )
             await self.add(bucket, key, body)
             return False
+        except BaseException:
+            # Cancelled mid-write (shutdown, or the event loop itself closing): the envelope
+            # exists and delivering it is all that is left, so finish that, then let the
+            # cancellation go on.
+            with anyio.CancelScope(shield=True):
+                await self._finish_cancelled_write(bucket, key, body)
+            raise
         return True
+
+    async def _finish_cancelled_write(self, bucket: str, key: str, body: bytes) -> None:
+        failure = f"did not finish within {_CANCELLED_WRITE_TIMEOUT:.3g} s"
+        with anyio.move_on_after(_CANCELLED_WRITE_TIMEOUT):
+            try:
+                await self._store.put_bytes(bucket, key, body)
+                return
+            except Exception as exc:
+                failure = f"failed ({type(exc).__name__}: {exc})"
+        logger.error(
+            "writing the result to s3://%s/%s after a cancellation %s; spooling it",
+            bucket,
+            key,
+            failure,
+        )
+        await self.add(bucket, key, body)
 
     async def recover(self) -> int:
         """Adopt envelope files a previous server left in the directory; return how many.

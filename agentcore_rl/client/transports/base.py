@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from agentcore_rl.errors import InvocationError
 
-__all__ = ["RetryableError", "Transport", "json_object_answer"]
+__all__ = ["RetryableError", "StopUnsupportedError", "Transport", "json_object_answer"]
 
 
 class RetryableError(InvocationError):
@@ -48,6 +48,16 @@ class RetryableError(InvocationError):
     ) -> None:
         super().__init__(message, session_id=session_id, status_code=status_code)
         self.throttled = throttled
+
+
+class StopUnsupportedError(InvocationError):
+    """The agent server has no stop route (an app without our stop extension answers 404):
+    not a failure, so it is counted apart (``stops_unsupported``) and not retried.
+
+    Example::
+
+        raise StopUnsupportedError("no stop route at http://h:8080", session_id=sid)
+    """
 
 
 def json_object_answer(
