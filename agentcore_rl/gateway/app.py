@@ -417,16 +417,19 @@ class RolloutGateway:
         message = await receive()
         if message["type"] != "lifespan.startup":
             return
-        try:
-            await self.__aenter__()
-        except Exception as exc:
-            await send({"type": "lifespan.startup.failed", "message": repr(exc)})
-            return
+        owner = not self.running  # entered already (``async with gateway``): theirs to close
+        if owner:
+            try:
+                await self.__aenter__()
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                return
         await send({"type": "lifespan.startup.complete"})
         try:
             message = await receive()  # lifespan.shutdown
         finally:
-            await self.__aexit__(None, None, None)
+            if owner:
+                await self.__aexit__(None, None, None)
         await send({"type": "lifespan.shutdown.complete"})
 
     @staticmethod
