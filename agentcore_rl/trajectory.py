@@ -26,19 +26,12 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 __all__ = ["NO_VERSION", "Segment", "Trajectory", "build_trajectory"]
 
 #: The policy version of tokens the policy did not generate (prompt, tool results).
 NO_VERSION: Final = -1
-
-
-class _Completion(Protocol):
-    @property
-    def token_ids(self) -> array[int]: ...
-    @property
-    def logprobs(self) -> array[float]: ...
 
 
 class _Record(Protocol):
@@ -58,6 +51,7 @@ class _Record(Protocol):
     def policy_version_start(self) -> int | None: ...
 
 
+@runtime_checkable
 class _Trace(Protocol):
     @property
     def session_id(self) -> str: ...
@@ -159,9 +153,7 @@ class Trajectory:
 
 
 def _is_retry(record: _Record, previous: _Record) -> bool:
-    return (
-        record.prompt_ids == previous.prompt_ids and record.request_body == previous.request_body
-    )
+    return record.prompt_ids == previous.prompt_ids and record.request_body == previous.request_body
 
 
 def build_trajectory(
@@ -181,12 +173,13 @@ def build_trajectory(
 
         build_trajectory(trace, reward=1.0, metrics={"turns": 3})
     """
-    if hasattr(trace, "records"):
-        records: list[Any] = list(trace.records)  # type: ignore[union-attr]
-        session_id = session_id if session_id is not None else trace.session_id  # type: ignore[union-attr]
-        input_id = input_id if input_id is not None else trace.input_id  # type: ignore[union-attr]
+    records: list[Any]
+    if isinstance(trace, _Trace):
+        records = list(trace.records)
+        session_id = session_id if session_id is not None else trace.session_id
+        input_id = input_id if input_id is not None else trace.input_id
     else:
-        records = list(trace)  # type: ignore[arg-type]
+        records = list(trace)
     records.sort(key=lambda r: r.index)
 
     failed = 0

@@ -66,9 +66,7 @@ async def chat(
 ) -> tuple[dict[str, Any], str | None]:
     """One chat call as an agent makes it -> (assistant message as a dict, finish reason)."""
     if not stream:
-        reply = await llm.chat.completions.create(
-            model="policy", messages=messages, **options
-        )
+        reply = await llm.chat.completions.create(model="policy", messages=messages, **options)
         choice = reply.choices[0]
         return choice.message.model_dump(exclude_none=True), choice.finish_reason
     content: list[str] = []
@@ -119,10 +117,10 @@ def eval_plain(expression: str) -> int | float:
     return evaluate_arithmetic(expression)
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Bounded wait for a condition another task makes true."""
-    with anyio.fail_after(timeout):
-        while not condition():
+async def wait_until(condition: Callable[[], bool], limit: float = 5.0) -> None:
+    """Bounded wait for a condition another task (or uvicorn) makes true."""
+    with anyio.fail_after(limit):
+        while not condition():  # noqa: ASYNC110 - the state lives in parts with no events
             await anyio.sleep(0.005)
 
 

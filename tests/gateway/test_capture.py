@@ -36,7 +36,9 @@ async def test_tool_calling_rollout_is_one_segment_with_the_served_tokens(
 
     _captured_equals_served(trace, stack.policy.answers)
     assert [r.index for r in trace.records] == [0, 1]
-    assert all(r.exp_id == "e1" and r.input_id == "q1" and r.stream == stream for r in trace.records)
+    assert all(
+        r.exp_id == "e1" and r.input_id == "q1" and r.stream == stream for r in trace.records
+    )
     assert trace.records[0].completions[0].finish_reason == "tool_calls"
     assert trace.records[1].messages == messages[:-1]
     assert trace.records[1].tools == [CALCULATOR]
@@ -65,9 +67,7 @@ async def test_the_agent_gets_a_plain_openai_answer(stream: bool) -> None:
         assert '"logprob"' not in response.text
         assert "The answer" in response.text or "The" in response.text
 
-        asked = await http.post(
-            "/sessions/s1/v1/chat/completions", json={**body, "logprobs": True}
-        )
+        asked = await http.post("/sessions/s1/v1/chat/completions", json={**body, "logprobs": True})
         assert asked.json()["choices"][0]["logprobs"]["content"][0]["logprob"] <= 0
         assert "token_ids" not in asked.text
         trace = await stack.gateway.finish_session("s1")
