@@ -68,6 +68,11 @@ class Segment:
     ``loss_mask`` is 1 for tokens the policy generated, 0 for prompt/tool tokens;
     ``logprobs`` and ``policy_versions`` are the sampler's values for generated tokens
     (0.0 and ``NO_VERSION`` elsewhere). ``calls`` lists the call indices merged into it.
+
+    Example::
+
+        for segment in trajectory.segments:
+            batch.add(segment.token_ids, segment.loss_mask, segment.logprobs)
     """
 
     token_ids: array[int] = field(default_factory=lambda: array("i"))

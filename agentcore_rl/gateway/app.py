@@ -484,13 +484,10 @@ class RolloutGateway:
         key = "messages" if endpoint == CHAT else "prompt"
         if key not in body:
             raise _Refuse(400, f"request body has no {key!r}", "invalid_request")
-        session = self._sessions.get(sid)
-        if session is None:
-            if self.require_open:
-                raise _Refuse(
-                    404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
-                )
-            session = self._sessions[sid] = Session(sid)
+        if self.require_open and sid not in self._sessions:
+            raise _Refuse(
+                404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
+            )
         try:
             version = await self.gate.enter()
         except Rejected as rejected:
@@ -501,6 +498,9 @@ class RolloutGateway:
                 [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
             ) from None
         try:
+            session = self._sessions.get(sid)
+            if session is None:  # opened by its first call (after the gate: a 429 opens none)
+                session = self._sessions[sid] = Session(sid)
             await self._call(send, session, endpoint, raw, body, version)
         finally:
             self.gate.exit()

@@ -16,7 +16,13 @@ __all__ = ["GatewayError", "TraceLostError"]
 
 
 class GatewayError(AgentCoreRLError):
-    """The rollout gateway was misused or could not do its job (the message says which)."""
+    """The rollout gateway was misused or could not do its job (the message says which).
+
+    Example::
+
+        except GatewayError as exc:
+            log.error("gateway: %s", exc)
+    """
 
 
 class TraceLostError(GatewayError):

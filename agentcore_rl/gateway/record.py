@@ -56,7 +56,13 @@ def logprob_array(values: Any = ()) -> array[float]:
 
 @dataclass(slots=True)
 class Completion:
-    """One choice of a call: completion token ids, their logprobs, the finish reason."""
+    """One choice of a call: completion token ids, their logprobs, the finish reason.
+
+    Example::
+
+        completion = record.completions[0]
+        list(zip(completion.token_ids, completion.logprobs))
+    """
 
     index: int = 0
     token_ids: array[int] = field(default_factory=ids_array)
@@ -276,5 +282,10 @@ def load_trace(blob: bytes) -> SessionTrace:
 
 
 def trace_key(exp_id: str | None, input_id: str | None, session_id: str) -> str:
-    """The S3 key of a trace beside its envelope: ``{exp_id}/{input_id}/{sid}.trace.json.gz``."""
+    """The S3 key of a trace beside its envelope: ``{exp_id}/{input_id}/{sid}.trace.json.gz``.
+
+    Example::
+
+        trace_key("e1", "q7", "sid-1")   # "e1/q7/sid-1.trace.json.gz"
+    """
     return f"{exp_id or '_'}/{input_id or '_'}/{session_id}.trace.json.gz"

@@ -27,7 +27,14 @@ __all__ = ["DirectorySink", "Session", "TraceSink"]
 
 
 class TraceSink(Protocol):
-    """Where traces of expired sessions are persisted (a directory, S3, ...)."""
+    """Where traces of expired sessions are persisted (a directory, S3, ...).
+
+    Example::
+
+        class S3Sink:
+            async def save(self, trace): await store.put(key_of(trace), dump_trace(trace))
+            async def load(self, session_id): ...
+    """
 
     async def save(self, trace: SessionTrace) -> None:
         """Persist ``trace`` durably (raise if that is impossible)."""

@@ -165,3 +165,16 @@ async def test_models_route_and_sticky_upstreams() -> None:
     async with several:
         picks = {str(several._client_for("sess-a").base_url) for _ in range(5)}
     assert len(picks) == 1
+
+
+async def test_every_choice_of_a_multi_choice_call_is_captured() -> None:
+    async with served() as stack:
+        async with stack.llm("s8") as llm:
+            reply = await llm.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "What is 3 + 3?"}], n=2
+            )
+        assert len(reply.choices) == 2
+        trace = await stack.gateway.finish_session("s8")
+    _captured_equals_served(trace, stack.policy.answers)
+    assert [c.index for c in trace.records[0].completions] == [0, 1]
+    assert build_trajectory(trace, choice=1).segments[0].calls == [0]
