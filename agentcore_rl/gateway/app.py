@@ -668,9 +668,25 @@ class RolloutGateway:
                 )
                 await _respond(send, response.status_code, content)
                 return
-            started = False
-            pending = b""
-            take = self.backend.take_chunk
+            await self._relay(send, response, endpoint, capture, keep_logprobs, commit, client)
+        finally:
+            await response.aclose()
+
+    async def _relay(
+        self,
+        send: Send,
+        response: httpx.Response,
+        endpoint: str,
+        capture: Capture,
+        keep_logprobs: bool,
+        commit: Callable[..., None],
+        client: httpx.AsyncClient,
+    ) -> None:
+        """Forward the upstream's SSE events as they arrive, capturing and stripping each."""
+        started = False
+        pending = b""
+        take = self.backend.take_chunk
+        try:
             async for piece in response.aiter_raw():
                 pending += piece
                 cut = pending.rfind(b"\n\n")
@@ -712,11 +728,20 @@ class RolloutGateway:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
                     )
+        except (httpx.HTTPError, ValueError) as exc:
+            if isinstance(exc, httpx.HTTPError):
+                message = self._down_message(client, exc)
+            else:
+                message = f"upstream sent an invalid stream event: {exc}"
             if not started:
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            await self._end_stream(send, [pending] if pending else [], capture, commit)
-        finally:
-            await response.aclose()
+                raise _Refuse(502, message, "upstream_unavailable") from None
+            commit(502, message)  # the headers are out: end the stream with an error event
+            tail = b"data: " + _error_body(502, message, "upstream_unavailable") + b"\n\n"
+            await send({"type": "http.response.body", "body": tail})
+            return
+        if not started:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await self._end_stream(send, [pending] if pending else [], capture, commit)
 
     async def _end_stream(
         self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,51 @@ def test_constructor_refuses_bad_options() -> None:
         RolloutGateway("vllm:8000")
     with pytest.raises(ValueError, match="unknown backend"):
         RolloutGateway("http://h/v1", backend="tgi")
+
+
+def _broken_upstream(tail: str) -> Any:
+    """A vLLM-shaped server that sends its first chunk, then ``tail`` or a dropped connection."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    first = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"index": 0, "delta": {"content": "Hi"}, "token_ids": [5]}],
+    }
+
+    async def chat(request: Request) -> StreamingResponse:
+        async def events() -> Any:
+            yield "data: " + json.dumps(first) + "\n\n"
+            if tail == "drop":
+                raise RuntimeError("the upstream died mid-stream")
+            yield tail
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.mark.parametrize(
+    ("tail", "words"),
+    [("data: {broken\n\n", "invalid stream event"), ("drop", "upstream http://127.0.0.1")],
+)
+async def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_a_failed_record(
+    tail: str, words: str
+) -> None:
+    async with BackgroundServer(_broken_upstream(tail)) as upstream:
+        gateway = RolloutGateway(upstream.url + "/v1")
+        async with BackgroundServer(gateway) as server, httpx.AsyncClient() as http:
+            response = await http.post(
+                f"{server.url}/sessions/b1/v1/chat/completions", json={**BODY, "stream": True}
+            )
+            trace = await gateway.finish_session("b1")
+    assert response.status_code == 200  # the headers were out before the break
+    assert '"content": "Hi"' in response.text or '"content":"Hi"' in response.text
+    assert words in response.text
+    assert "[DONE]" not in response.text
+    assert [r.status for r in trace.records] == [502]
+    assert words in (trace.records[0].error or "")
