@@ -319,7 +319,7 @@ class RolloutGateway:
         """
         session = self._sessions.get(session_id)
         if session is None:
-            if self.sink is not None:
+            if self.sink is not None and _SESSION_ID_RE.fullmatch(session_id):
                 saved = await self.sink.load(session_id)
                 if saved is not None:
                     return saved

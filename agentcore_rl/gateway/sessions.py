@@ -60,6 +60,8 @@ class DirectorySink:
         return f"DirectorySink({str(self.root)!r})"
 
     def _path(self, session_id: str) -> Path:
+        if not session_id or "/" in session_id or session_id.startswith("."):
+            raise ValueError(f"not a session id: {session_id!r}")  # never a path outside root
         return self.root / f"{session_id}.trace.json.gz"
 
     async def save(self, trace: SessionTrace) -> None:
