@@ -66,6 +66,8 @@ _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
+# One encoder for every call: json.dumps with options builds a new encoder each time.
+_dumps: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class _Refuse(Exception):
@@ -192,6 +194,7 @@ class RolloutGateway:
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         self._clients: list[httpx.AsyncClient] = []
+        self._names: dict[httpx.AsyncClient, str] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         from agentcore_rl.gateway.admin import admin_app  # the admin routes use this class
@@ -216,6 +219,7 @@ class RolloutGateway:
                 )
                 for url in self.upstreams
             ]
+            self._names = {c: str(c.base_url) for c in self._clients}
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
@@ -553,7 +557,7 @@ class RolloutGateway:
             overrides=overrides,
             started_at=self._wall(),
             stream=stream,
-            upstream=str(client.base_url),
+            upstream=self._names[client],
         )
         capture = Capture()
         committed = False
@@ -581,7 +585,7 @@ class RolloutGateway:
             session.call_ended(record, self._clock())
 
         try:
-            payload = json.dumps(upstream_body, separators=(",", ":")).encode()
+            payload = _dumps(upstream_body).encode()
             if stream and self.backend.streams:
                 await self._stream(send, client, endpoint, payload, capture, keep_logprobs, commit)
             else:
@@ -641,7 +645,7 @@ class RolloutGateway:
                 {"type": "http.response.body", "body": synthesize_sse(data, endpoint, usage)}
             )
             return
-        out = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+        out = _dumps(data).encode()
         await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
         await send({"type": "http.response.body", "body": out})
 
@@ -704,10 +708,7 @@ class RolloutGateway:
                     if event.startswith(b"data:"):
                         data = json.loads(event[5:])
                         take(data, capture, keep_logprobs, endpoint)
-                        event = (
-                            b"data: "
-                            + json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-                        )
+                        event = b"data: " + _dumps(data).encode()
                     out.append(event + b"\n\n")
                 if not started:
                     if capture.prompt_ids is None and not done and capture.choices:
