@@ -4,9 +4,9 @@ Runs a fast vLLM-shaped upstream (precomputed answers of ``--tokens`` tokens wit
 logprobs, one SSE event per token when streaming) and the gateway (``python -m
 agentcore_rl.gateway``) as separate processes on 127.0.0.1, and drives multi-turn agent
 sessions from here, each with its own httpx client, every prompt extending the previous turn.
-For each mode (``serial``: one call at a time; ``nonstream`` / ``stream``: ``--sessions``
-sessions at once) it runs the same workload direct and through the gateway and prints one
-JSON document:
+For each mode (``serial`` / ``serial_stream``: one call at a time; ``nonstream`` /
+``stream``: ``--sessions`` sessions at once) it runs the same workload direct and through the
+gateway and prints one JSON document:
 
 - ``added_ms``: gateway minus direct latency, p50 and p99 (and time to first byte when
   streaming), from separate runs;
@@ -279,14 +279,14 @@ async def run_phase(
     url: str, mode: str, sids: list[str], a: argparse.Namespace, *, direct: bool
 ) -> tuple[Phase, float]:
     ph = Phase()
-    stream = mode == "stream"
+    stream = mode in ("stream", "serial_stream")
 
     async def one(i: int, sid: str) -> None:
         base = f"{url}/v1/" if direct else f"{url}/sessions/{sid}/v1/"
         await session(base, {}, sid, i, a, ph, stream=stream, direct=direct)
 
     t0 = time.perf_counter()
-    if mode == "serial":
+    if mode.startswith("serial"):
         for i, sid in enumerate(sids):
             await one(i, sid)
     else:
@@ -299,6 +299,7 @@ async def check_capture(gw_url: str, sids: list[str], a: argparse.Namespace) -> 
     answers = [Answer(k, a.tokens) for k in range(a.variants)]
     expected = matched = 0
     fetch: list[float] = []
+    errors: list[str] = []
     async with httpx.AsyncClient(base_url=gw_url, headers={"x-admin-token": ADMIN}) as http:
         for sid in sids:
             t0 = time.perf_counter()
@@ -307,6 +308,9 @@ async def check_capture(gw_url: str, sids: list[str], a: argparse.Namespace) -> 
             records = r.json().get("records", []) if r.status_code == 200 else []
             expected += a.turns
             for rec in records:
+                if rec["error"]:
+                    errors.append(f"{sid} call {rec['index']}: {rec['error']}"[:300])
+                    continue
                 messages = rec["request"]["messages"]
                 served = answers[answer_index(messages, a.variants)]
                 (completion,) = rec["completions"]
@@ -320,6 +324,8 @@ async def check_capture(gw_url: str, sids: list[str], a: argparse.Namespace) -> 
         "matched": matched,
         "ok": matched == expected,
         "finish_ms_p50": round(1000 * (percentile(fetch, 50) or 0), 3),
+        "failed_records": len(errors),
+        "failure_samples": errors[:3],
     }
 
 
@@ -371,7 +377,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         await check_capture(gw_url, warm, a)
         rss0, calls, all_sids = rss_mb(gw.pid), 0, []
         for mode in a.modes.split(","):
-            n = a.serial_sessions if mode == "serial" else a.sessions
+            n = a.serial_sessions if mode.startswith("serial") else a.sessions
             direct_ph, direct_wall = await run_phase(
                 up_url, mode, [f"d-{mode}-{i}" for i in range(n)], a, direct=True
             )
@@ -391,7 +397,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
                 },
                 "gw_cpu_ms_per_call": round(cpu * 1000 / max(1, g["calls"]), 3),
             }
-            if mode == "stream":
+            if mode in ("stream", "serial_stream"):
                 entry["added_ms"]["ttfb_p50"] = diff(g.get("ttfb_p50_ms"), d.get("ttfb_p50_ms"))
             result["modes"][mode] = entry
         rss1 = rss_mb(gw.pid)
@@ -413,7 +419,7 @@ def cli() -> argparse.Namespace:
     p.add_argument("--variants", type=int, default=64)
     p.add_argument("--system-words", type=int, default=500)
     p.add_argument("--user-words", type=int, default=100)
-    p.add_argument("--modes", default="serial,nonstream,stream")
+    p.add_argument("--modes", default="serial,serial_stream,nonstream,stream")
     p.add_argument("--serve-upstream", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args()
 
