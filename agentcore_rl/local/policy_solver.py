@@ -37,6 +37,7 @@ __all__ = [
     "VOCAB_SIZE",
     "evaluate_arithmetic",
     "fake_token_ids",
+    "fake_tokens",
     "format_number",
     "solve_word_problem",
 ]
@@ -171,15 +172,20 @@ def format_number(value: int | float) -> str:
     return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
-def fake_token_ids(text: str) -> list[int]:
-    """Deterministic stand-in token ids: one id per word, punctuation mark or space run.
+def fake_tokens(text: str) -> list[tuple[str, int]]:
+    """The stand-in tokenizer: (piece, id) per word, punctuation mark or space run.
 
     The same text always gives the same ids (a stable hash, not Python's salted ``hash``),
     so token-capture code can be tested end to end without a real tokenizer.
     """
-    ids = []
+    span = VOCAB_SIZE - _FIRST_ORDINARY_ID
+    out = []
     for piece in _TOKEN_RE.findall(text):
         digest = hashlib.blake2b(piece.encode(), digest_size=4).digest()
-        span = VOCAB_SIZE - _FIRST_ORDINARY_ID
-        ids.append(_FIRST_ORDINARY_ID + int.from_bytes(digest, "big") % span)
-    return ids
+        out.append((piece, _FIRST_ORDINARY_ID + int.from_bytes(digest, "big") % span))
+    return out
+
+
+def fake_token_ids(text: str) -> list[int]:
+    """Deterministic stand-in token ids of ``text`` (the ids of :func:`fake_tokens`)."""
+    return [token_id for _, token_id in fake_tokens(text)]
