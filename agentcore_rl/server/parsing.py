@@ -50,6 +50,9 @@ ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
 #: (json.dumps of the envelope, the handler's own code).
 DEFAULT_MAX_JSON_DEPTH: Final = 100
 
+# The fields that say where a result is saved: all of them, or none (run without saving).
+_S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
+
 
 def _too_large(limit: int, detail: str) -> InvalidPayloadError:
     return InvalidPayloadError(
@@ -74,10 +77,6 @@ async def read_body(request: Request, *, limit: int, budget: BodyBudget | None =
     front, else chunk by chunk) and a body that does not fit gets 503; the caller
     releases ``len(body)`` once done with it. The chunks are appended to one buffer, so
     the body is not held twice (chunk list plus joined copy).
-
-    Example::
-
-        body = await read_body(request, limit=10 * 1024 * 1024)
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -169,11 +168,6 @@ def parse_payload(
 
     Refused: NaN and Infinity, numbers out of a float's range (``1e400``), and nesting
     deeper than ``max_depth`` objects/arrays.
-
-    Example::
-
-        parse_payload(b'{"prompt": "2+2?"}')   # {"prompt": "2+2?"}
-        parse_payload(b"[1, 2]")               # raises: not a JSON object
     """
     try:
         payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
@@ -208,12 +202,7 @@ def _json_kind(value: object) -> str:
 
 
 def session_id_from(headers: Mapping[str, str]) -> str:
-    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable.
-
-    Example::
-
-        session_id_from({})   # a fresh 48-character id
-    """
+    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable."""
     value = headers.get(protocol.SESSION_ID_HEADER.lower())
     if value is None:
         return protocol.new_session_id()
@@ -226,11 +215,6 @@ def allowed_buckets_from(
     """The bucket allow-list: the argument, else the environment variable, else ``None``.
 
     A name that is not a valid bucket raises :class:`ConfigurationError`.
-
-    Example::
-
-        allowed_buckets_from(["rollouts"])            # frozenset({"rollouts"})
-        allowed_buckets_from(None, {})                # None: any bucket
     """
     source = "allowed_buckets"
     if allowed is None:
@@ -251,16 +235,30 @@ def allowed_buckets_from(
 def parse_rollout(
     payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
 ) -> protocol.RolloutConfig | None:
-    """The validated ``_rollout`` block (``None`` if absent); 400 if bad, 403 if not allowed.
+    """The validated ``_rollout`` block; 400 if bad, 403 if the bucket is not allowed.
 
-    Example::
-
-        cfg = parse_rollout(payload, allowed_buckets=None)
+    ``None`` when there is no block or it names none of ``exp_id``, ``input_id`` and
+    ``s3_bucket`` (the rollout then runs without saving); naming only some is a 400.
     """
     if protocol.ROLLOUT_FIELD not in payload:
         return None
+    block = payload[protocol.ROLLOUT_FIELD]
+    if isinstance(block, Mapping):
+        given = [name for name in _S3_FIELDS if block.get(name) is not None]
+        if not given:
+            # The reference toolkit's rule: without any S3 field the rollout runs but its
+            # result is not saved (e.g. only base_url/model_id while trying an agent).
+            return None
+        if len(given) < len(_S3_FIELDS):
+            missing = next(name for name in _S3_FIELDS if name not in given)
+            raise InvalidRolloutConfig(
+                f"{protocol.ROLLOUT_FIELD}.{missing} is required: give all of "
+                f"{', '.join(_S3_FIELDS)} to save the result to S3, or none of them to run "
+                "without saving",
+                field=f"{protocol.ROLLOUT_FIELD}.{missing}",
+            )
     try:
-        config = protocol.RolloutConfig.from_dict(payload[protocol.ROLLOUT_FIELD])
+        config = protocol.RolloutConfig.from_dict(block)
     except InvalidRolloutConfig as exc:
         # Name the field by its full path in the payload, whichever check caught it.
         if exc.field and not exc.field.startswith(protocol.ROLLOUT_FIELD):
@@ -274,13 +272,7 @@ def parse_rollout(
 
 
 def control_op(payload: Mapping[str, Any]) -> str | None:
-    """The operation of a control request (``None`` for an ordinary payload); 400 if bad.
-
-    Example::
-
-        control_op({"_agentcore_rl_control": {"op": "status"}})   # "status"
-        control_op({"prompt": "2+2?"})                          # None
-    """
+    """The operation of a control request (``None`` for an ordinary payload); 400 if bad."""
     if protocol.CONTROL_FIELD not in payload:
         return None
     field = protocol.CONTROL_FIELD

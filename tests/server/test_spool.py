@@ -17,6 +17,7 @@ from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 from agentcore_rl.server.settings import default_spool_dir
+from agentcore_rl.server.spool import Spool
 
 from ..conftest import FAST_RETRY
 from .flaky_s3 import FlakyS3
@@ -162,3 +163,18 @@ def test_default_spool_dir_falls_back_to_tmp(
     assert default_spool_dir({"XDG_STATE_HOME": str(tmp_path / "s")}) == (
         tmp_path / "s" / "agentcore-rl" / "spool"
     )
+
+
+async def test_a_spool_of_its_own_retries_in_its_own_task_group(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    bucket = fresh_bucket()
+    before = asyncio.all_tasks()
+    async with Spool(store, directory=tmp_path, retry_interval=0.02) as spool:
+        assert not await spool.deliver(bucket, KEY, b'{"status_code": 200}')
+        assert spool.pending == 1
+        await store.ensure_bucket(bucket)
+        spool.kick()
+        await asyncio.wait_for(spool.wait_drained(), 5)
+    assert asyncio.all_tasks() <= before
+    assert await store.head(bucket, KEY)
