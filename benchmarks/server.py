@@ -128,7 +128,10 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     app = build_app(args.handler, args.workers, args.switch_interval or None, args.check_existing)
-    prepare_process()  # served as app.run() serves: with its connection limits
+    # Served as app.run() serves: the GIL switch interval (--switch-interval) and the
+    # connection limits.
+    app.tune_process()
+    prepare_process()
     uvicorn.run(app, host="127.0.0.1", port=args.port, **serve_options({"log_level": "warning"}))
 
 
