@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from agentcore_rl.groups import result_reward
+
 __all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
 
 #: The outcome kinds a rollout can end in, as written to the results file.
@@ -45,13 +47,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def reward_of(result: Any) -> float | None:
     """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
-    if not isinstance(result, dict):
-        return None
-    rewards = result.get("rewards")
-    value = rewards[0] if isinstance(rewards, list) and rewards else result.get("reward")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return result_reward(result)
 
 
 @dataclass
