@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from agentcore_rl.cli.group_summary import GroupTally
 from agentcore_rl.groups import result_reward
 
 __all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
@@ -69,6 +70,8 @@ class RunSummary:
     rewards: list[float] = field(default_factory=list)
     resumed: int = 0
     reattached: int = 0
+    #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
+    groups: GroupTally | None = None
 
     def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
         """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``)."""
@@ -113,6 +116,7 @@ class RunSummary:
             "s3_requests_per_rollout": (
                 s3_requests / total if s3_requests is not None and total else None
             ),
+            "groups": None if self.groups is None else self.groups.as_dict(),
         }
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
@@ -145,5 +149,7 @@ class RunSummary:
             ("throughput", num(data["throughput"], ".1f", " rollouts/s")),
             ("S3 requests per rollout", num(data["s3_requests_per_rollout"], ".2f")),
         ]
+        if self.groups is not None:
+            rows.append((f"groups of {self.groups.size}", self.groups.line()))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
