@@ -356,6 +356,7 @@ class AsyncRolloutClient:
         min_members: int = 2,
         redundancy: int = 0,
         filter_uniform: bool = False,
+        member_seed: int | None = None,
         **overrides: Any,
     ) -> GroupFuture:
         """Start a GRPO group of ``n`` rollouts of ``payload``; return its future once its
@@ -370,7 +371,9 @@ class AsyncRolloutClient:
         are all equal. The future ends in a :class:`~agentcore_rl.groups.RolloutGroup`, a
         ``GroupDroppedError`` (``StaleGroupError`` after :meth:`advance_policy`) or
         ``ClientClosedError``; cancelling it stops the members. ``timeout`` and
-        ``overrides`` are as in :meth:`invoke`, for each member.
+        ``overrides`` are as in :meth:`invoke`, for each member. ``member_seed`` gives each
+        attempt its own ``_rollout.seed`` (``member_seed + attempt * (n + redundancy) +
+        index``): a seed shared by every member would make them sample alike.
 
         Example::
 
@@ -387,7 +390,12 @@ class AsyncRolloutClient:
             filter_uniform=filter_uniform,
         )
         return await self._groups.open(
-            payload, rules=rules, input_id=input_id, timeout=timeout, overrides=overrides
+            payload,
+            rules=rules,
+            input_id=input_id,
+            timeout=timeout,
+            overrides=overrides,
+            member_seed=member_seed,
         )
 
     def run_groups(
@@ -401,6 +409,7 @@ class AsyncRolloutClient:
         min_members: int = 2,
         redundancy: int = 0,
         filter_uniform: bool = False,
+        member_seed: int | None = None,
         **overrides: Any,
     ) -> AsyncGenerator[RolloutGroup, None]:
         """Run a group per payload (rules as in :meth:`invoke_group`); yield the whole
@@ -425,7 +434,12 @@ class AsyncRolloutClient:
             min_members=min_members,
             filter_uniform=filter_uniform,
         )
-        options = {"rules": rules, "timeout": timeout, "overrides": overrides}
+        options = {
+            "rules": rules,
+            "timeout": timeout,
+            "overrides": overrides,
+            "member_seed": member_seed,
+        }
         return self._run_groups(payloads, options)
 
     async def _run_groups(

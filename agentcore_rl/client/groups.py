@@ -72,6 +72,8 @@ logger = logging.getLogger(__name__)
 
 #: The ``_rollout`` key a member's policy version is stamped under.
 POLICY_VERSION_KEY = "policy_version"
+#: The ``_rollout`` key of the sampling seed (passed to the policy by agents that do).
+SEED_KEY = "seed"
 
 EndKind = Literal["succeeded", "failed", "timed_out"]
 
@@ -211,6 +213,7 @@ class _Run:
     timeout: float | None
     future: GroupFuture
     journal: MemberJournal | None
+    member_seed: int | None = None
     members: dict[str, _Member] = field(default_factory=dict)
     resumed: dict[str, MemberStart] = field(default_factory=dict)
 
@@ -260,6 +263,7 @@ class GroupRunner:
         default_input_id: str | None = None,
         journal: MemberJournal | None = None,
         resume: ResumedGroup | None = None,
+        member_seed: int | None = None,
     ) -> GroupFuture:
         """Open a group and return its future once its first members are admitted.
 
@@ -282,6 +286,7 @@ class GroupRunner:
             timeout=timeout,
             future=fut,
             journal=journal,
+            member_seed=member_seed,
         )
         self._runs[run.input_id] = run
         fut.add_done_callback(self._group_done)
@@ -352,6 +357,10 @@ class GroupRunner:
             overrides = dict(run.overrides)
             if action.policy_version is not None:
                 overrides[POLICY_VERSION_KEY] = action.policy_version
+            if run.member_seed is not None:
+                # One seed per attempt: members (and retries) sample differently.
+                starts = run.future.rules.starts
+                overrides[SEED_KEY] = run.member_seed + action.attempt * starts + action.index
             try:
                 body, config = self.host._prepare(
                     run.payload, input_id=run.input_id, overrides=overrides

@@ -298,6 +298,7 @@ class RolloutClient:
         min_members: int = 2,
         redundancy: int = 0,
         filter_uniform: bool = False,
+        member_seed: int | None = None,
         **overrides: Any,
     ) -> concurrent.futures.Future[RolloutGroup]:
         """Start a group (blocks until its members are admitted); return a future for the
@@ -320,6 +321,7 @@ class RolloutClient:
             min_members=min_members,
             redundancy=redundancy,
             filter_uniform=filter_uniform,
+            member_seed=member_seed,
             **overrides,
         )
         group_future: GroupFuture = self._portal.call(call)
@@ -339,6 +341,7 @@ class RolloutClient:
         min_members: int = 2,
         redundancy: int = 0,
         filter_uniform: bool = False,
+        member_seed: int | None = None,
         **overrides: Any,
     ) -> Iterator[RolloutGroup]:
         """Yield whole groups in completion order (see :meth:`AsyncRolloutClient.run_groups`);
@@ -358,6 +361,7 @@ class RolloutClient:
             min_members=min_members,
             redundancy=redundancy,
             filter_uniform=filter_uniform,
+            member_seed=member_seed,
             **overrides,
         )
         try:

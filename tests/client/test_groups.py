@@ -38,7 +38,7 @@ async def test_a_group_holds_n_members_with_rewards_and_versions(
     client = make_client()
     client.set_policy_version(3)
     fut = await client.invoke_group(
-        member(rewards=[1.0, 0.0]), n=4, input_id="q-17", temperature=1.0
+        member(rewards=[1.0, 0.0]), n=4, input_id="q-17", temperature=1.0, member_seed=10
     )
     assert isinstance(fut, GroupFuture)
     group = await bounded(fut)
@@ -52,6 +52,7 @@ async def test_a_group_holds_n_members_with_rewards_and_versions(
     assert all(b["policy_version"] == 3 for b in recorder.rollout_blocks)
     assert all(b["temperature"] == 1.0 for b in recorder.rollout_blocks)
     assert all(b["input_id"] == "q-17" for b in recorder.rollout_blocks)
+    assert sorted(b["seed"] for b in recorder.rollout_blocks) == [10, 11, 12, 13]
     assert client.group_stats.groups_ready == 1
     with pytest.raises(ConfigurationError, match="already had a group"):
         await client.invoke_group(member(), n=2, input_id="q-17")
