@@ -17,7 +17,13 @@ from agentcore_rl.errors import (
     GroupDroppedError,
     StaleGroupError,
 )
-from agentcore_rl.groups import DropReason, MemberOutcome, RolloutGroup, parse_member_session_id
+from agentcore_rl.groups import (
+    DropReason,
+    MemberOutcome,
+    RolloutGroup,
+    group_digest,
+    parse_member_session_id,
+)
 from tests.client.agents import Recorder
 from tests.client.conftest import ClientFactory
 
@@ -200,3 +206,20 @@ async def test_closing_the_client_ends_open_groups(
         await bounded(fut)
     with pytest.raises(ClientClosedError):
         await client.invoke_group(member(), n=2)
+
+
+async def test_leaving_run_groups_early_stops_the_groups_still_running(
+    make_client: ClientFactory, recorder: Recorder
+) -> None:
+    client = make_client()
+    payloads = [member(), member(hang=[0, 1])]
+    async with contextlib.aclosing(client.run_groups(payloads, n=2)) as groups:
+        async for group in groups:
+            assert group.input_id == "000000"
+            await recorder.wait_for(lambda: len(recorder.sessions) == 4)
+            break
+    digest = group_digest("exp", "000001")
+    hung = {sid for sid in recorder.sessions if digest in sid}
+    assert len(hung) == 2
+    await recorder.wait_for(lambda: hung <= recorder.cancelled)
+    assert client.group_stats.groups_dropped == {"cancelled": 1}
