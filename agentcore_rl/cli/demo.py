@@ -6,7 +6,7 @@ example agent on two agent servers, and the local AgentCore Runtime in front of 
 problems go through :class:`~agentcore_rl.client.AsyncRolloutClient` over the ACR
 transport, i.e. the real aiobotocore ``bedrock-agentcore`` client, reaching the local
 runtime through ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, exactly as it would reach AWS.
-Then the first 6 problems run again as GRPO groups of 4 (all at once), for one line of
+Then (up to) the first 6 problems run again as GRPO groups of 4 (all at once), for one line of
 group statistics (pass@1, pass@4, reward spread) in the summary.
 
 Example::
@@ -184,7 +184,8 @@ async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRu
     from agentcore_rl.cli.group_summary import GroupTally
     from agentcore_rl.client import AsyncRolloutClient
 
-    inputs = load_inputs(eval_options.data, limit=_GROUPS)
+    # At most as many problems as the run had (demo --n 4 stays small).
+    inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
     tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)
     async with AsyncRolloutClient(
         agent_runtime_arn=stack.agent_runtime_arn,
