@@ -15,6 +15,8 @@ default rules (retry once, then drop the member, at least 2 kept), once per
   same token bucket (rate ``--tps``, burst one second's worth) and concurrency (retries
   queue ahead of members not started yet, as in the client; stop calls are not paced);
 - ``first_group_s`` (and its ideal): time to the first complete group;
+- ``group_detection_lag_s``: from the last kept member's result being written (the agent's
+  ``finished_at``) to the group being yielded;
 - ``client_cpu_ms_per_member``: user+system CPU of this process per member attempt started.
 
 Target: every group resolved by its rule; wall <= 1.1 x ideal.
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentcore_rl.cli.summary import percentile
 from benchmarks.rollouts import LOCAL_AWS_ENV, cpu_seconds, stop_stack
 
 BUCKET = "bench-groups"
@@ -250,9 +253,15 @@ async def run_groups(
         cpu0, t0 = cpu_seconds(), time.time()
         first: float | None = None
         complete = 0
-        async for _group in client.run_groups(payloads, n=args.n, redundancy=redundancy):
+        lags: list[float] = []
+        async for group in client.run_groups(payloads, n=args.n, redundancy=redundancy):
             complete += 1
-            first = time.time() - t0 if first is None else first
+            now = time.time()
+            first = now - t0 if first is None else first
+            # The last kept member's result written (agent clock) -> the group yielded.
+            finished = [float(m.result["finished_at"]) for m in group.members if m.result]
+            if finished:
+                lags.append(now - max(finished))
         wall = time.time() - t0
         cpu = cpu_seconds() - cpu0
         counters = client.group_stats
@@ -283,6 +292,10 @@ async def run_groups(
         "wall_over_ideal": round(wall / best["wall_s"], 3) if best["wall_s"] else None,
         "first_group_s": None if first is None else round(first, 2),
         "ideal_first_group_s": best["first_group_s"] and round(best["first_group_s"], 2),
+        "group_detection_lag_s": {
+            "p50": None if not lags else round(percentile(lags, 50) or 0.0, 3),
+            "p95": None if not lags else round(percentile(lags, 95) or 0.0, 3),
+        },
         "client_cpu_s": round(cpu, 3),
         "client_cpu_ms_per_member": round(cpu / max(1, started) * 1000, 3),
         "invocations": stats.invocations,
