@@ -1,0 +1,162 @@
+"""LimitsActor: the shared limits' state as an async Ray actor (a thin shell over the ledgers).
+
+Every method answers at once or long-polls up to ``max_wait`` seconds for a grant, so a
+process waiting for tokens costs one call per grant, not one per poll. The class is plain
+Python: ``shared_limits`` wraps it with ``ray.remote``; tests may call it in-process.
+
+Example::
+
+    actor = LimitsActor(LimitsConfig(tps=25, sessions=500), restarted=False)
+    grant = await actor.lease_tokens(want=10, priority=Priority.INVOKE, max_wait=2.0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import anyio
+
+from agentcore_rl.distributed.config import LimitsConfig
+from agentcore_rl.distributed.ledger import SlotLedger, TokenGrant, TokenLedger
+
+__all__ = ["LimitsActor"]
+
+
+def _was_restarted() -> bool:
+    """Whether Ray is running this actor again after its process died."""
+    import ray  # only inside a Ray actor
+
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+class LimitsActor:
+    """One cluster-wide token bucket and session budget (see :mod:`.ledger`).
+
+    ``restarted`` (default: asked from Ray) starts both ledgers conservatively: no grant
+    until every lease of the previous incarnation has lapsed or been reported again.
+
+    Example::
+
+        handle = ray.remote(LimitsActor).options(name="acr-math", lifetime="detached",
+                                                  max_restarts=-1).remote(config)
+    """
+
+    def __init__(
+        self,
+        config: LimitsConfig,
+        *,
+        restarted: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.restarted = _was_restarted() if restarted is None else restarted
+        self._clock = clock
+        now = clock()
+        self.tokens = TokenLedger(config, now, restarted=self.restarted)
+        self.slots = SlotLedger(config, now, restarted=self.restarted)
+        self._changed: asyncio.Event | None = None
+        self.calls = 0
+
+    def __repr__(self) -> str:
+        return f"LimitsActor(tps={self.config.tps:g}, sessions={self.config.sessions})"
+
+    def _notify(self) -> None:
+        # Waiters hold the event they saw; a fresh one is for the next change.
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def _wait_for_change(self, seconds: float) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        changed = self._changed
+        with anyio.move_on_after(seconds):
+            await changed.wait()
+
+    async def lease_tokens(self, want: int, priority: int, max_wait: float) -> TokenGrant:
+        """Lease up to ``want`` tokens at ``priority``; an empty grant after ``max_wait``."""
+        self.calls += 1
+        ticket = self.tokens.enqueue(want, priority)
+        self._notify()  # a more urgent request may have become the head
+        deadline = self._clock() + max_wait
+        try:
+            while True:
+                now = self._clock()
+                grant = self.tokens.grant(ticket, now)
+                if grant is not None:
+                    return grant
+                left = deadline - now
+                if left <= 0:
+                    return TokenGrant(0, 0.0)
+                delay = self.tokens.delay(ticket, now)
+                await self._wait_for_change(left if delay is None else min(left, delay))
+        finally:
+            self.tokens.withdraw(ticket)
+            self._notify()
+
+    async def return_tokens(self, count: int, ttl_left: float) -> None:
+        """Take back ``count`` unspent tokens valid for ``ttl_left`` more seconds."""
+        self.calls += 1
+        self.tokens.give_back(count, ttl_left, self._clock())
+        self._notify()
+
+    async def report_throttle(self, count: int = 1) -> None:
+        """``count`` calls were throttled somewhere in the cluster: slow everyone down."""
+        self.calls += 1
+        now = self._clock()
+        for _ in range(max(1, count)):
+            self.tokens.on_throttle(now)
+
+    async def lease_slots(
+        self, holder: str, held: int, want: int, max_wait: float
+    ) -> tuple[int, int]:
+        """``holder`` holds ``held`` slots and wants ``want`` more: (granted, excess to
+        give back). Waits up to ``max_wait`` for a grant."""
+        self.calls += 1
+        self.slots.report(holder, held, self._clock())
+        ticket = self.slots.enqueue(holder, want)
+        deadline = self._clock() + max_wait
+        try:
+            while True:
+                now = self._clock()
+                granted = self.slots.grant(ticket, now)
+                if granted:
+                    return granted, 0
+                left = deadline - now
+                if left <= 0:
+                    return 0, self.slots.excess(holder, now)
+                delay = self.slots.delay(ticket, now)
+                await self._wait_for_change(left if delay is None else min(left, delay))
+        finally:
+            self.slots.withdraw(ticket)
+            self._notify()
+
+    async def renew(self, holder: str, held: int) -> int:
+        """``holder`` is alive and holds ``held`` slots; return how many to give back."""
+        self.calls += 1
+        now = self._clock()
+        before = self.slots.holding(holder)
+        self.slots.report(holder, held, now)
+        if held < before:
+            self._notify()
+        return self.slots.excess(holder, now)
+
+    async def status(self) -> dict[str, Any]:
+        """The configuration and a snapshot of the state (for checks and benchmarks)."""
+        now = self._clock()
+        return {
+            "config": asdict(self.config),
+            "restarted": self.restarted,
+            "rate": self.tokens.rate(now),
+            "throttles": self.tokens.throttles,
+            "token_grants": self.tokens.grants,
+            "tokens_granted": self.tokens.granted,
+            "slots_held": self.slots.held(now),
+            "slot_waiting": self.slots.waiting,
+            "expired_holders": self.slots.expired_holders,
+            "calls": self.calls,
+        }

@@ -1,0 +1,274 @@
+"""SharedRateLimiter: one process's view of the cluster's token bucket.
+
+Tokens are leased from the shared actor in batches and kept in a local stock, each batch
+with its expiry; local waiters take them by priority (stop calls after invocations). One
+lease call per priority class is in flight at a time, sized to the local waiters, so a
+busy process pays one actor call per batch, never one per call. Throttles are reported
+to the actor (the cluster's rate drops) and empty the local stock. Leftover tokens are
+given back when nobody here waits for them.
+
+The loops run in :meth:`SharedRateLimiter.run`, owned by :class:`~.limits.SharedLimits`.
+
+Example::
+
+    async with shared_limits("acr-math", tps=25, sessions=500) as limits:
+        await limits.rate.acquire()                    # satisfies the RateLimiter protocol
+        await limits.rate.acquire(Priority.STOP)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from agentcore_rl.client.bucket import Priority
+from agentcore_rl.distributed.backend import (
+    BackendUnavailable,
+    LimitsBackend,
+    Outage,
+    SharedLimitsUnavailableError,
+)
+from agentcore_rl.distributed.config import LimitsConfig
+
+__all__ = ["SharedRateLimiter"]
+
+# Lease requests long-poll the actor at most this long, so an abandoned request is short.
+_MAX_WAIT = 2.0
+
+
+def _priority_class(priority: int) -> int:
+    """Lease requests come in two classes: invocations, and stop calls (and below)."""
+    return Priority.INVOKE if priority < Priority.STOP else Priority.STOP
+
+
+@dataclass(order=True)
+class _Waiter:
+    priority: int
+    seq: int
+    # Resolves with the expiry of the token handed over.
+    granted: asyncio.Future[float] = field(compare=False)
+
+
+class SharedRateLimiter:
+    """Paces this process's calls within the cluster's shared rate (``RateLimiter`` shape).
+
+    ``backend`` is the shared actor; ``clock`` is monotonic seconds in this process.
+    Waiters fail with ``SharedLimitsUnavailableError`` after the actor has been
+    unreachable for ``unavailable_timeout`` seconds.
+
+    Example::
+
+        limiter = SharedRateLimiter(backend, config)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(limiter.run)
+            await limiter.acquire()
+    """
+
+    def __init__(
+        self,
+        backend: LimitsBackend,
+        config: LimitsConfig,
+        *,
+        unavailable_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self._backend = backend
+        self._clock = clock
+        self._unavailable_timeout = unavailable_timeout
+        self._stock: list[tuple[float, int]] = []  # (expires_at, count), soonest first
+        self._waiters: list[_Waiter] = []
+        self._seq = itertools.count()
+        self._demand: dict[int, asyncio.Event] = {
+            cls: asyncio.Event() for cls in (Priority.INVOKE, Priority.STOP)
+        }
+        self._throttle_reported = asyncio.Event()
+        self._throttles_pending = 0
+        self.running = False
+        #: leases, tokens_leased, tokens_expired, tokens_returned, returns, throttles...
+        self.stats: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"SharedRateLimiter(stock={self.stock}, waiting={len(self._waiters)})"
+
+    @property
+    def stock(self) -> int:
+        """Unexpired leased tokens held here."""
+        self._expire(self._clock())
+        return sum(n for _, n in self._stock)
+
+    @property
+    def actor_calls(self) -> int:
+        """Calls this limiter made to the shared actor."""
+        return self.stats["leases"] + self.stats["returns"] + self.stats["throttle_reports"]
+
+    def _expire(self, now: float) -> None:
+        while self._stock and self._stock[0][0] <= now:
+            self.stats["tokens_expired"] += heapq.heappop(self._stock)[1]
+
+    def _take(self, now: float) -> float | None:
+        self._expire(now)
+        if not self._stock:
+            return None
+        expires, count = self._stock[0]
+        if count > 1:
+            heapq.heapreplace(self._stock, (expires, count - 1))
+        else:
+            heapq.heappop(self._stock)
+        return expires
+
+    def _dispatch(self) -> None:
+        now = self._clock()
+        while self._waiters:
+            if self._waiters[0].granted.done():  # failed by an outage; already gone
+                heapq.heappop(self._waiters)
+                continue
+            expires = self._take(now)
+            if expires is None:
+                return
+            heapq.heappop(self._waiters).granted.set_result(expires)
+
+    async def acquire(self, priority: int = Priority.INVOKE) -> None:
+        """Wait for a token; lower ``priority`` values first, FIFO within one.
+
+        Example::
+
+            await limiter.acquire(Priority.STOP)
+        """
+        if not self.running:
+            raise RuntimeError("enter the SharedLimits (async with) before acquiring")
+        if not self._waiters and self._take(self._clock()) is not None:
+            return
+        waiter = _Waiter(int(priority), next(self._seq), asyncio.get_running_loop().create_future())
+        heapq.heappush(self._waiters, waiter)
+        self._demand[_priority_class(waiter.priority)].set()
+        try:
+            await waiter.granted
+        except BaseException:
+            if waiter.granted.done() and not waiter.granted.cancelled():
+                if waiter.granted.exception() is None:
+                    # Handed a token as we were cancelled: it is the next waiter's.
+                    heapq.heappush(self._stock, (waiter.granted.result(), 1))
+                    self._dispatch()
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+                heapq.heapify(self._waiters)
+            raise
+
+    def on_throttle(self) -> None:
+        """A call here was throttled: drop the local stock and tell the cluster.
+
+        Example::
+
+            except ThrottlingError:
+                limiter.on_throttle()
+        """
+        self.stats["throttles"] += 1
+        self.stats["tokens_dropped"] += sum(n for _, n in self._stock)
+        self._stock.clear()
+        self._throttles_pending += 1
+        self._throttle_reported.set()
+
+    def on_success(self) -> None:
+        """Nothing to do: the shared rate recovers with time."""
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the lease loops until cancelled (the owner's task group cancels it)."""
+        self.running = True
+        try:
+            async with anyio.create_task_group() as tg:
+                for cls in self._demand:
+                    tg.start_soon(self._lease_loop, cls)
+                tg.start_soon(self._report_loop)
+                task_status.started()
+        finally:
+            self.running = False
+            self._fail_waiters(RuntimeError("the shared limits were closed"))
+
+    def _wanted(self, cls: int) -> int:
+        return sum(
+            1 for w in self._waiters if _priority_class(w.priority) == cls and not w.granted.done()
+        )
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        for waiter in self._waiters:
+            if not waiter.granted.done():
+                waiter.granted.set_exception(error)
+        self._waiters.clear()
+
+    async def _lease_loop(self, cls: int) -> None:
+        demand = self._demand[cls]
+        outage = Outage(self._unavailable_timeout, clock=self._clock)
+        while True:
+            await demand.wait()
+            want = self._wanted(cls)
+            if not want:
+                demand.clear()
+                continue
+            sent = self._clock()
+            try:
+                grant = await self._backend.lease_tokens(
+                    min(want, self.config.max_token_batch), cls, _MAX_WAIT
+                )
+            except BackendUnavailable as exc:
+                if await outage.failed(exc):
+                    self._fail_waiters(
+                        SharedLimitsUnavailableError(
+                            f"the shared limits' actor has been unreachable for over "
+                            f"{self._unavailable_timeout:g} s: {exc}"
+                        )
+                    )
+                continue
+            outage.ok()
+            self.stats["leases"] += 1
+            if grant.count:
+                # Expiry counted from before the call: the actor's clock started later.
+                heapq.heappush(self._stock, (sent + grant.ttl, grant.count))
+                self.stats["tokens_leased"] += grant.count
+                self._dispatch()
+            if not self._waiters:
+                await self._give_back()
+
+    async def _give_back(self) -> None:
+        now = self._clock()
+        self._expire(now)
+        if not self._stock:
+            return
+        count = sum(n for _, n in self._stock)
+        ttl_left = self._stock[0][0] - now
+        self._stock.clear()
+        self.stats["returns"] += 1
+        self.stats["tokens_returned"] += count
+        with contextlib.suppress(BackendUnavailable):  # else they lapse within ttl_left
+            await self._backend.return_tokens(count, ttl_left)
+
+    async def _report_loop(self) -> None:
+        outage = Outage(self._unavailable_timeout, clock=self._clock)
+        while True:
+            await self._throttle_reported.wait()
+            self._throttle_reported.clear()
+            count, self._throttles_pending = self._throttles_pending, 0
+            try:
+                await self._backend.report_throttle(count)
+            except BackendUnavailable as exc:
+                self._throttles_pending += count
+                self._throttle_reported.set()
+                await outage.failed(exc)
+                continue
+            outage.ok()
+            self.stats["throttle_reports"] += 1
+
+    async def aclose(self) -> None:
+        """Give back the leftover tokens (the owner calls this after stopping :meth:`run`)."""
+        await self._give_back()
