@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -30,7 +31,10 @@ def _was_restarted() -> bool:
     """Whether Ray is running this actor again after its process died."""
     import ray  # only inside a Ray actor
 
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    with warnings.catch_warnings():
+        # Ray's own property reads a deprecated one internally (Ray 2.5x).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 class LimitsActor:
@@ -144,6 +148,12 @@ class LimitsActor:
         if held < before:
             self._notify()
         return self.slots.excess(holder, now)
+
+    async def leave(self, holder: str, held: int) -> None:
+        """``holder`` is closing and still uses ``held`` slots (they lapse unless 0)."""
+        self.calls += 1
+        self.slots.leave(holder, held, self._clock())
+        self._notify()
 
     async def status(self) -> dict[str, Any]:
         """The configuration and a snapshot of the state (for checks and benchmarks)."""

@@ -74,6 +74,9 @@ class LimitsBackend(Protocol):
     async def renew(self, holder: str, held: int) -> int:
         """Renew (or shrink) a holding; return the excess to give back."""
 
+    async def leave(self, holder: str, held: int) -> None:
+        """A holder closes, still using ``held`` slots."""
+
     async def status(self) -> dict[str, Any]:
         """A snapshot of the shared state."""
 

@@ -245,6 +245,12 @@ class SlotLedger:
         """Forget a request."""
         self._queue = [entry for entry in self._queue if entry[0] != ticket]
 
+    def leave(self, holder: str, held: int, now: float) -> None:
+        """``holder`` is closing: drop its pending requests (a grant still on its way
+        would go to nobody) and keep only the ``held`` slots still in use."""
+        self._queue = [entry for entry in self._queue if entry[1] != holder]
+        self.report(holder, held, now)
+
     def grant(self, ticket: int, now: float) -> int:
         """Slots granted to the head request ``ticket`` now (0: not yet)."""
         if not self._queue or self._queue[0][0] != ticket or now < self._recovering_until:

@@ -95,6 +95,10 @@ class RayBackend:
         """Renew a holding."""
         return int(await self._call("renew", holder, held))
 
+    async def leave(self, holder: str, held: int) -> None:
+        """A holder closes."""
+        await self._call("leave", holder, held)
+
     async def status(self) -> dict[str, Any]:
         """A snapshot of the shared state."""
         status: dict[str, Any] = await self._call("status")

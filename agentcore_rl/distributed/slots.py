@@ -198,7 +198,8 @@ class SharedSessionLimiter:
         waiting = sum(1 for w in self._waiters if not w.done())
         sent = now
         if waiting:
-            want = min(waiting, self.config.max_slot_batch)
+            # A few more than asked for: the next rollouts then start without a call.
+            want = min(waiting + self.config.spare_slots // 2, self.config.max_slot_batch)
             granted, excess = await self._backend.lease_slots(
                 self.holder, self.held, want, max_wait
             )
@@ -232,4 +233,4 @@ class SharedSessionLimiter:
         self.stats["slots_returned"] += self.free
         self.free = 0
         with contextlib.suppress(BackendUnavailable):  # else the holding lapses after slot_ttl
-            await self._backend.renew(self.holder, self.in_use)
+            await self._backend.leave(self.holder, self.in_use)

@@ -32,6 +32,7 @@ def test_a_grant_is_a_batch_from_the_head_request() -> None:
     # 5 left: the next head waits for a batch (min(want, 12 = 0.5 s at 25/s)).
     assert ledger.grant(second, now=0.0) is None
     delay = ledger.delay(second, now=0.0)
+    assert delay is not None
     assert delay == pytest.approx(5 / 25)
     assert ledger.grant(second, now=delay) == TokenGrant(10, CONFIG.token_ttl)
 
@@ -153,3 +154,14 @@ def test_after_a_restart_slots_wait_for_holders_to_report() -> None:
     again = slots.enqueue("new", want=1)
     assert slots.grant(again, now=6.0) == 0
     assert slots.held(6.0) == 13
+
+
+def test_a_leaving_holder_gets_no_late_grant() -> None:
+    slots = SlotLedger(CONFIG, now=0.0)
+    blocker = slots.enqueue("a", want=10)
+    assert slots.grant(blocker, now=0.0) == 10
+    pending = slots.enqueue("b", want=4)  # b's long-poll is on its way when b closes
+    slots.leave("b", held=0, now=1.0)
+    slots.report("a", held=0, now=1.0)
+    assert slots.grant(pending, now=1.0) == 0
+    assert slots.held(1.0) == 0
