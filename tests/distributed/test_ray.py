@@ -122,3 +122,28 @@ async def test_different_settings_under_one_name_are_refused(cluster: None) -> N
         with pytest.raises(ConfigurationError, match="other settings"):
             async with shared_limits(name, tps=50, sessions=8, slot_ttl=3.0):
                 pass
+
+
+def test_the_cluster_stays_within_the_quota_across_an_actor_restart(cluster: None) -> None:
+    from tests.distributed.cluster import CallCounter, Worker
+
+    name, rollouts = _name(), 20
+    counter = CallCounter.remote()  # type: ignore[attr-defined]
+    workers = [Worker.remote() for _ in range(4)]  # type: ignore[attr-defined]
+    runs = [
+        w.run.remote(name, SETTINGS, counter, rollouts, (0.2, 0.6), seed)
+        for seed, w in enumerate(workers)
+    ]
+    deadline = time.monotonic() + 60
+    while sum(ray.get([w.progress.remote() for w in workers])) < 10:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    # The actor's process dies; Ray starts it again, and it starts conservatively.
+    ray.kill(ray.get_actor(name, namespace=DEFAULT_NAMESPACE), no_restart=False)
+
+    results = ray.get(runs, timeout=150)
+    seen = ray.get(counter.report.remote())
+    assert [r["done"] for r in results] == [rollouts] * 4
+    assert violations(seen["calls"], rate=TPS, burst=TPS) == 0
+    assert seen["max_live"] <= SETTINGS["sessions"]
+    assert _status(name)["restarted"] is True
