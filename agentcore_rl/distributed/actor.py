@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable
@@ -86,13 +87,14 @@ class LimitsActor:
         self.calls += 1
         ticket = self.tokens.enqueue(want, priority)
         self._notify()  # a more urgent request may have become the head
-        deadline = self._clock() + max_wait
+        arrived = self._clock()
+        deadline = arrived + max_wait
         try:
             while True:
                 now = self._clock()
                 grant = self.tokens.grant(ticket, now)
                 if grant is not None:
-                    return grant
+                    return dataclasses.replace(grant, waited=now - arrived)
                 left = deadline - now
                 if left <= 0:
                     return TokenGrant(0, 0.0)

@@ -29,7 +29,8 @@ _EPSILON = 1e-9
 
 @dataclass(frozen=True)
 class TokenGrant:
-    """``count`` tokens, each valid for one call within ``ttl`` seconds of the grant.
+    """``count`` tokens, each valid for one call within ``ttl`` seconds of the grant;
+    ``waited``: how long the request waited at the actor before the grant.
 
     Example::
 
@@ -38,6 +39,7 @@ class TokenGrant:
 
     count: int
     ttl: float
+    waited: float = 0.0
 
 
 class TokenLedger:

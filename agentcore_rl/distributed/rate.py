@@ -233,8 +233,9 @@ class SharedRateLimiter:
             outage.ok()
             self.stats["leases"] += 1
             if grant.count:
-                # Expiry counted from before the call: the actor's clock started later.
-                heapq.heappush(self._stock, (sent + grant.ttl, grant.count))
+                # The grant happened after sent + waited (the request's trip there is not
+                # counted): an expiry that errs early, whatever the clocks of the hosts.
+                heapq.heappush(self._stock, (sent + grant.waited + grant.ttl, grant.count))
                 self.stats["tokens_leased"] += grant.count
                 self._dispatch()
             if not self._waiters:
