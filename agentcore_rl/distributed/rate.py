@@ -91,6 +91,7 @@ class SharedRateLimiter:
         self._demand: dict[int, asyncio.Event] = {
             cls: asyncio.Event() for cls in (Priority.INVOKE, Priority.STOP)
         }
+        self._in_flight: dict[int, int] = dict.fromkeys(self._demand, 0)
         self._throttle_reported = asyncio.Event()
         self._throttles_pending = 0
         self.running = False
@@ -197,9 +198,17 @@ class SharedRateLimiter:
             self._fail_waiters(RuntimeError("the shared limits were closed"))
 
     def _wanted(self, cls: int) -> int:
-        return sum(
-            1 for w in self._waiters if _priority_class(w.priority) == cls and not w.granted.done()
+        """Tokens class ``cls`` should ask for: its waiters and the more urgent ones (the
+        stock and the more urgent classes' requests on their way serve those first)."""
+        if not any(
+            _priority_class(w.priority) == cls and not w.granted.done() for w in self._waiters
+        ):
+            return 0
+        ahead = sum(
+            1 for w in self._waiters if _priority_class(w.priority) <= cls and not w.granted.done()
         )
+        coming = sum(n for c, n in self._in_flight.items() if c < cls)
+        return ahead - self.stock - coming
 
     def _fail_waiters(self, error: BaseException) -> None:
         for waiter in self._waiters:
@@ -213,14 +222,14 @@ class SharedRateLimiter:
         while True:
             await demand.wait()
             want = self._wanted(cls)
-            if not want:
+            if want <= 0:
                 demand.clear()
                 continue
             sent = self._clock()
+            want = min(want, self.config.max_token_batch)
+            self._in_flight[cls] = want
             try:
-                grant = await self._backend.lease_tokens(
-                    min(want, self.config.max_token_batch), cls, _MAX_WAIT
-                )
+                grant = await self._backend.lease_tokens(want, cls, _MAX_WAIT)
             except BackendUnavailable as exc:
                 if await outage.failed(exc):
                     self._fail_waiters(
@@ -230,6 +239,8 @@ class SharedRateLimiter:
                         )
                     )
                 continue
+            finally:
+                self._in_flight[cls] = 0
             outage.ok()
             self.stats["leases"] += 1
             if grant.count:
@@ -238,7 +249,10 @@ class SharedRateLimiter:
                 heapq.heappush(self._stock, (sent + grant.waited + grant.ttl, grant.count))
                 self.stats["tokens_leased"] += grant.count
                 self._dispatch()
-            if not self._waiters:
+            if self._waiters:
+                for event in self._demand.values():  # a less urgent class may be short now
+                    event.set()
+            else:
                 await self._give_back()
 
     async def _give_back(self) -> None:
