@@ -59,6 +59,9 @@ class RayBackend:
     async def _call(self, method: str, *args: Any) -> Any:
         import ray.exceptions
 
+        # A restarting actor; older Rays raise RayActorError for it.
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ray.exceptions.RayActorError)
+
         try:
             return await getattr(self._handle, method).remote(*args)
         except ray.exceptions.ActorDiedError as exc:
@@ -68,7 +71,7 @@ class RayBackend:
             except Exception as again:
                 raise BackendUnavailable(f"{exc}; recreating failed: {again}") from exc
             raise BackendUnavailable(str(exc)) from exc
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+        except (ray.exceptions.RayActorError, unavailable) as exc:
             raise BackendUnavailable(str(exc)) from exc
 
     async def lease_tokens(self, want: int, priority: int, max_wait: float) -> TokenGrant:
