@@ -2,10 +2,11 @@
 
 Tokens are leased from the shared actor in batches and kept in a local stock, each batch
 with its expiry; local waiters take them by priority (stop calls after invocations). One
-lease call per priority class is in flight at a time, sized to the local waiters, so a
-busy process pays one actor call per batch, never one per call. Throttles are reported
-to the actor (the cluster's rate drops) and empty the local stock. Leftover tokens are
-given back when nobody here waits for them.
+lease call per priority class is in flight at a time, sized to the local waiters or to
+the class's recent pace over a token's life (whichever is more), so a busy process pays
+one actor call per batch, never one per call. Throttles are reported to the actor (the
+cluster's rate drops) and empty the local stock. Leftover tokens lapse, or are given back
+when the limits close.
 
 The loops run in :meth:`SharedRateLimiter.run`, owned by :class:`~.limits.SharedLimits`.
 
@@ -22,8 +23,9 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +45,8 @@ __all__ = ["SharedRateLimiter"]
 
 # Lease requests long-poll the actor at most this long, so an abandoned request is short.
 _MAX_WAIT = 2.0
+# The window over which a class's pace (tokens taken per second) is measured.
+_PACE_WINDOW = 1.0
 
 
 def _priority_class(priority: int) -> int:
@@ -92,10 +96,12 @@ class SharedRateLimiter:
             cls: asyncio.Event() for cls in (Priority.INVOKE, Priority.STOP)
         }
         self._in_flight: dict[int, int] = dict.fromkeys(self._demand, 0)
+        # When tokens were taken, per class, over the last second: the demand estimate.
+        self._taken: dict[int, deque[float]] = {cls: deque() for cls in self._demand}
         self._throttle_reported = asyncio.Event()
         self._throttles_pending = 0
         self.running = False
-        #: leases, tokens_leased, tokens_expired, tokens_returned, returns, throttles...
+        #: leases (empty_leases, by priority), tokens_leased, tokens_expired, returns...
         self.stats: Counter[str] = Counter()
 
     def __repr__(self) -> str:
@@ -136,7 +142,9 @@ class SharedRateLimiter:
             expires = self._take(now)
             if expires is None:
                 return
-            heapq.heappop(self._waiters).granted.set_result(expires)
+            waiter = heapq.heappop(self._waiters)
+            self._taken[_priority_class(waiter.priority)].append(now)
+            waiter.granted.set_result(expires)
 
     async def acquire(self, priority: int = Priority.INVOKE) -> None:
         """Wait for a token; lower ``priority`` values first, FIFO within one.
@@ -147,7 +155,9 @@ class SharedRateLimiter:
         """
         if not self.running:
             raise RuntimeError("enter the SharedLimits (async with) before acquiring")
-        if not self._waiters and self._take(self._clock()) is not None:
+        now = self._clock()
+        if not self._waiters and self._take(now) is not None:
+            self._taken[_priority_class(priority)].append(now)
             return
         waiter = _Waiter(int(priority), next(self._seq), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiters, waiter)
@@ -208,7 +218,20 @@ class SharedRateLimiter:
             1 for w in self._waiters if _priority_class(w.priority) <= cls and not w.granted.done()
         )
         coming = sum(n for c, n in self._in_flight.items() if c < cls)
-        return ahead - self.stock - coming
+        return max(ahead - self.stock - coming, self._prefetch(cls))
+
+    def _prefetch(self, cls: int) -> int:
+        """Tokens this class will likely take within a token's life, at its recent pace.
+
+        A caller that takes tokens one by one (the batch feeder does) never has more than
+        one waiter; asking for its pace instead makes the leases batches. The pace is
+        measured over the last second, so it follows what the cluster grants: a process
+        given little asks for little. Unused ones lapse within ``token_ttl``.
+        """
+        taken, now = self._taken[cls], self._clock()
+        while taken and taken[0] <= now - _PACE_WINDOW:
+            taken.popleft()
+        return math.ceil(len(taken) / _PACE_WINDOW * self.config.token_ttl)
 
     def _fail_waiters(self, error: BaseException) -> None:
         for waiter in self._waiters:
@@ -243,7 +266,10 @@ class SharedRateLimiter:
                 self._in_flight[cls] = 0
             outage.ok()
             self.stats["leases"] += 1
-            if grant.count:
+            self.stats[f"leases_priority_{cls}"] += 1
+            if not grant.count:
+                self.stats["empty_leases"] += 1
+            else:
                 # The grant happened after sent + waited (the request's trip there is not
                 # counted): an expiry that errs early, whatever the clocks of the hosts.
                 heapq.heappush(self._stock, (sent + grant.waited + grant.ttl, grant.count))
@@ -252,8 +278,6 @@ class SharedRateLimiter:
             if self._waiters:
                 for event in self._demand.values():  # a less urgent class may be short now
                     event.set()
-            else:
-                await self._give_back()
 
     async def _give_back(self) -> None:
         now = self._clock()
