@@ -2,11 +2,11 @@
 
 Tokens are leased from the shared actor in batches and kept in a local stock, each batch
 with its expiry; local waiters take them by priority (stop calls after invocations). One
-lease call per priority class is in flight at a time, sized to the local waiters or to
-the class's recent pace over a token's life (whichever is more), so a busy process pays
-one actor call per batch, never one per call. Throttles are reported to the actor (the
-cluster's rate drops) and empty the local stock. Leftover tokens lapse, or are given back
-when the limits close.
+lease call per priority class is in flight at a time, sized to the local waiters or to a
+batch that doubles while every leased token gets spent and halves when some lapse
+(whichever is more), so a busy process pays one actor call per batch, never one per
+call. Throttles are reported to the actor (the cluster's rate drops) and empty the local
+stock. Leftover tokens lapse, or are given back when the limits close.
 
 The loops run in :meth:`SharedRateLimiter.run`, owned by :class:`~.limits.SharedLimits`.
 
@@ -23,9 +23,8 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import math
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,8 +44,6 @@ __all__ = ["SharedRateLimiter"]
 
 # Lease requests long-poll the actor at most this long, so an abandoned request is short.
 _MAX_WAIT = 2.0
-# The window over which a class's pace (tokens taken per second) is measured.
-_PACE_WINDOW = 1.0
 
 
 def _priority_class(priority: int) -> int:
@@ -89,15 +86,17 @@ class SharedRateLimiter:
         self._backend = backend
         self._clock = clock
         self._unavailable_timeout = unavailable_timeout
-        self._stock: list[tuple[float, int]] = []  # (expires_at, count), soonest first
+        # (expires_at, count, class that leased them), soonest first
+        self._stock: list[tuple[float, int, int]] = []
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._demand: dict[int, asyncio.Event] = {
             cls: asyncio.Event() for cls in (Priority.INVOKE, Priority.STOP)
         }
         self._in_flight: dict[int, int] = dict.fromkeys(self._demand, 0)
-        # When tokens were taken, per class, over the last second: the demand estimate.
-        self._taken: dict[int, deque[float]] = {cls: deque() for cls in self._demand}
+        # Per class: the lease batch size, and tokens of its leases that lapsed unused.
+        self._batch: dict[int, int] = dict.fromkeys(self._demand, 1)
+        self._lapsed: dict[int, int] = dict.fromkeys(self._demand, 0)
         self._throttle_reported = asyncio.Event()
         self._throttles_pending = 0
         self.running = False
@@ -111,7 +110,7 @@ class SharedRateLimiter:
     def stock(self) -> int:
         """Unexpired leased tokens held here."""
         self._expire(self._clock())
-        return sum(n for _, n in self._stock)
+        return sum(n for _, n, _ in self._stock)
 
     @property
     def actor_calls(self) -> int:
@@ -120,15 +119,17 @@ class SharedRateLimiter:
 
     def _expire(self, now: float) -> None:
         while self._stock and self._stock[0][0] <= now:
-            self.stats["tokens_expired"] += heapq.heappop(self._stock)[1]
+            _, count, cls = heapq.heappop(self._stock)
+            self.stats["tokens_expired"] += count
+            self._lapsed[cls] += count
 
     def _take(self, now: float) -> float | None:
         self._expire(now)
         if not self._stock:
             return None
-        expires, count = self._stock[0]
+        expires, count, cls = self._stock[0]
         if count > 1:
-            heapq.heapreplace(self._stock, (expires, count - 1))
+            heapq.heapreplace(self._stock, (expires, count - 1, cls))
         else:
             heapq.heappop(self._stock)
         return expires
@@ -142,9 +143,7 @@ class SharedRateLimiter:
             expires = self._take(now)
             if expires is None:
                 return
-            waiter = heapq.heappop(self._waiters)
-            self._taken[_priority_class(waiter.priority)].append(now)
-            waiter.granted.set_result(expires)
+            heapq.heappop(self._waiters).granted.set_result(expires)
 
     async def acquire(self, priority: int = Priority.INVOKE) -> None:
         """Wait for a token; lower ``priority`` values first, FIFO within one.
@@ -155,9 +154,7 @@ class SharedRateLimiter:
         """
         if not self.running:
             raise RuntimeError("enter the SharedLimits (async with) before acquiring")
-        now = self._clock()
-        if not self._waiters and self._take(now) is not None:
-            self._taken[_priority_class(priority)].append(now)
+        if not self._waiters and self._take(self._clock()) is not None:
             return
         waiter = _Waiter(int(priority), next(self._seq), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiters, waiter)
@@ -168,7 +165,7 @@ class SharedRateLimiter:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 if waiter.granted.exception() is None:
                     # Handed a token as we were cancelled: it is the next waiter's.
-                    heapq.heappush(self._stock, (waiter.granted.result(), 1))
+                    heapq.heappush(self._stock, (waiter.granted.result(), 1, Priority.STOP))
                     self._dispatch()
             elif waiter in self._waiters:
                 self._waiters.remove(waiter)
@@ -184,7 +181,7 @@ class SharedRateLimiter:
                 limiter.on_throttle()
         """
         self.stats["throttles"] += 1
-        self.stats["tokens_dropped"] += sum(n for _, n in self._stock)
+        self.stats["tokens_dropped"] += sum(n for _, n, _ in self._stock)
         self._stock.clear()
         self._throttles_pending += 1
         self._throttle_reported.set()
@@ -218,20 +215,21 @@ class SharedRateLimiter:
             1 for w in self._waiters if _priority_class(w.priority) <= cls and not w.granted.done()
         )
         coming = sum(n for c, n in self._in_flight.items() if c < cls)
-        return max(ahead - self.stock - coming, self._prefetch(cls))
+        return max(ahead - self.stock - coming, self._next_batch(cls))
 
-    def _prefetch(self, cls: int) -> int:
-        """Tokens this class will likely take within a token's life, at its recent pace.
+    def _next_batch(self, cls: int) -> int:
+        """The batch size for class ``cls``'s next lease, adapted like a TCP window.
 
         A caller that takes tokens one by one (the batch feeder does) never has more than
-        one waiter; asking for its pace instead makes the leases batches. The pace is
-        measured over the last second, so it follows what the cluster grants: a process
-        given little asks for little. Unused ones lapse within ``token_ttl``.
+        one waiter, so waiters alone would make every lease one token. If every token of
+        the last leases was spent, ask for twice as many; if some lapsed unused, half.
         """
-        taken, now = self._taken[cls], self._clock()
-        while taken and taken[0] <= now - _PACE_WINDOW:
-            taken.popleft()
-        return math.ceil(len(taken) / _PACE_WINDOW * self.config.token_ttl)
+        if self._lapsed[cls]:
+            self._batch[cls] = max(1, self._batch[cls] // 2)
+        else:
+            self._batch[cls] = min(self.config.max_token_batch, self._batch[cls] * 2)
+        self._lapsed[cls] = 0
+        return self._batch[cls]
 
     def _fail_waiters(self, error: BaseException) -> None:
         for waiter in self._waiters:
@@ -272,7 +270,7 @@ class SharedRateLimiter:
             else:
                 # The grant happened after sent + waited (the request's trip there is not
                 # counted): an expiry that errs early, whatever the clocks of the hosts.
-                heapq.heappush(self._stock, (sent + grant.waited + grant.ttl, grant.count))
+                heapq.heappush(self._stock, (sent + grant.waited + grant.ttl, grant.count, cls))
                 self.stats["tokens_leased"] += grant.count
                 self._dispatch()
             if self._waiters:
@@ -284,7 +282,7 @@ class SharedRateLimiter:
         self._expire(now)
         if not self._stock:
             return
-        count = sum(n for _, n in self._stock)
+        count = sum(n for _, n, _ in self._stock)
         ttl_left = self._stock[0][0] - now
         self._stock.clear()
         self.stats["returns"] += 1
