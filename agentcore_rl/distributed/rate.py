@@ -123,15 +123,30 @@ class SharedRateLimiter:
             self.stats["tokens_expired"] += count
             self._lapsed[cls] += count
 
-    def _take(self, now: float) -> float | None:
+    def _take(self, now: float, priority: int = Priority.INVOKE) -> float | None:
+        """Take the soonest-expiring token ``priority`` may use; its expiry, or None.
+
+        Tokens leased for invocations serve a stop call only in the last half of their
+        life: a caller that takes tokens one by one (the batch feeder) is not waiting
+        between two takes, and stops must not take what its next invocation needs.
+        """
         self._expire(now)
-        if not self._stock:
+        cls = _priority_class(priority)
+        usable = [
+            i
+            for i, (expires, _, leased_for) in enumerate(self._stock)
+            if leased_for >= cls or expires - now < self.config.token_ttl / 2
+        ]
+        if not usable:
             return None
-        expires, count, cls = self._stock[0]
+        i = min(usable, key=lambda j: self._stock[j][0])
+        expires, count, leased_for = self._stock[i]
         if count > 1:
-            heapq.heapreplace(self._stock, (expires, count - 1, cls))
+            self._stock[i] = (expires, count - 1, leased_for)
         else:
-            heapq.heappop(self._stock)
+            self._stock[i] = self._stock[-1]
+            self._stock.pop()
+            heapq.heapify(self._stock)
         return expires
 
     def _dispatch(self) -> None:
@@ -140,7 +155,7 @@ class SharedRateLimiter:
             if self._waiters[0].granted.done():  # failed by an outage; already gone
                 heapq.heappop(self._waiters)
                 continue
-            expires = self._take(now)
+            expires = self._take(now, self._waiters[0].priority)
             if expires is None:
                 return
             heapq.heappop(self._waiters).granted.set_result(expires)
@@ -154,7 +169,7 @@ class SharedRateLimiter:
         """
         if not self.running:
             raise RuntimeError("enter the SharedLimits (async with) before acquiring")
-        if not self._waiters and self._take(self._clock()) is not None:
+        if not self._waiters and self._take(self._clock(), priority) is not None:
             return
         waiter = _Waiter(int(priority), next(self._seq), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiters, waiter)
