@@ -25,7 +25,7 @@ import heapq
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -81,10 +81,12 @@ class SharedRateLimiter:
         *,
         unavailable_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self.config = config
         self._backend = backend
         self._clock = clock
+        self._sleep = sleep
         self._unavailable_timeout = unavailable_timeout
         # (expires_at, count, class that leased them), soonest first
         self._stock: list[tuple[float, int, int]] = []
@@ -98,6 +100,7 @@ class SharedRateLimiter:
         self._batch: dict[int, int] = dict.fromkeys(self._demand, 1)
         self._lapsed: dict[int, int] = dict.fromkeys(self._demand, 0)
         self._throttle_reported = asyncio.Event()
+        self._reserved = asyncio.Event()
         self._throttles_pending = 0
         self.running = False
         #: leases (empty_leases, by priority), tokens_leased, tokens_expired, returns...
@@ -157,6 +160,8 @@ class SharedRateLimiter:
                 continue
             expires = self._take(now, self._waiters[0].priority)
             if expires is None:
+                if self._stock:  # kept for invocations: usable by stops at half-life
+                    self._reserved.set()
                 return
             heapq.heappop(self._waiters).granted.set_result(expires)
 
@@ -214,6 +219,7 @@ class SharedRateLimiter:
                 for cls in self._demand:
                     tg.start_soon(self._lease_loop, cls)
                 tg.start_soon(self._report_loop)
+                tg.start_soon(self._half_life_loop)
                 task_status.started()
         finally:
             self.running = False
@@ -304,6 +310,21 @@ class SharedRateLimiter:
         self.stats["tokens_returned"] += count
         with contextlib.suppress(BackendUnavailable):  # else they lapse within ttl_left
             await self._backend.return_tokens(count, ttl_left)
+
+    async def _half_life_loop(self) -> None:
+        """Hand stops the invocation tokens no invocation took in the first half of their
+        life (without this they would lapse unused)."""
+        while True:
+            await self._reserved.wait()
+            self._reserved.clear()
+            usable_at = [
+                expires - self.config.token_ttl / 2
+                for expires, _, leased_for in self._stock
+                if leased_for < Priority.STOP
+            ]
+            if usable_at:
+                await self._sleep(max(0.0, min(usable_at) - self._clock()))
+                self._dispatch()
 
     async def _report_loop(self) -> None:
         outage = Outage(self._unavailable_timeout, clock=self._clock)
