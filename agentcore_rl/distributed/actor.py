@@ -85,7 +85,7 @@ class LimitsActor:
     async def lease_tokens(self, want: int, priority: int, max_wait: float) -> TokenGrant:
         """Lease up to ``want`` tokens at ``priority``; an empty grant after ``max_wait``."""
         self.calls += 1
-        ticket = self.tokens.enqueue(want, priority)
+        ticket = self.tokens.enqueue(want, priority, self._clock())
         self._notify()  # a more urgent request may have become the head
         arrived = self._clock()
         deadline = arrived + max_wait

@@ -70,6 +70,9 @@ class TokenLedger:
         self._queue: list[tuple[int, int]] = []  # (priority, ticket)
         self._wants: dict[int, int] = {}
         self._tickets = itertools.count()
+        # When an invocation last asked: stop calls wait until invocations have been quiet
+        # for a batch window (a process asks again a round trip after each grant).
+        self._invoked_at = -math.inf
         self.throttles = 0
         self.granted = 0
         self.grants = 0
@@ -103,11 +106,13 @@ class TokenLedger:
         """How many lease requests are queued."""
         return len(self._queue)
 
-    def enqueue(self, want: int, priority: int = Priority.INVOKE) -> int:
+    def enqueue(self, want: int, priority: int = Priority.INVOKE, now: float = 0.0) -> int:
         """Queue a request for up to ``want`` tokens; return its ticket."""
         ticket = next(self._tickets)
         heapq.heappush(self._queue, (int(priority), ticket))
         self._wants[ticket] = max(1, want)
+        if priority < Priority.STOP:
+            self._invoked_at = max(self._invoked_at, now)
         return ticket
 
     def withdraw(self, ticket: int) -> None:
@@ -116,12 +121,20 @@ class TokenLedger:
             self._queue = [entry for entry in self._queue if entry[1] != ticket]
             heapq.heapify(self._queue)
 
+    def _stops_held(self, now: float) -> float:
+        """Seconds stop calls still wait for invocations to go quiet (0: they may go)."""
+        if self._queue[0][0] < Priority.STOP:
+            return 0.0
+        return max(0.0, self._invoked_at + self.config.batch_window - now)
+
     def _need(self, ticket: int, now: float) -> int:
         return min(self._wants[ticket], self.config.batch_target(self.rate(now)))
 
     def grant(self, ticket: int, now: float) -> TokenGrant | None:
         """Grant the request ``ticket`` if it is at the head and enough tokens are there."""
         if ticket not in self._wants or self._queue[0][1] != ticket or now < self._hold_until:
+            return None
+        if self._stops_held(now) > 0:
             return None
         self._refill(now)
         if self._available() < self._need(ticket, now):
@@ -148,6 +161,9 @@ class TokenLedger:
             return None
         if now < self._hold_until:
             return self._hold_until - now
+        held = self._stops_held(now)
+        if held > 0:
+            return held
         self._refill(now)
         have = self._level + sum(n for _, n in self._returned)
         return max(0.0, (self._need(ticket, now) - have) / self.rate(now))

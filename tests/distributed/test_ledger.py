@@ -41,12 +41,15 @@ def test_invocations_are_served_before_stop_calls_across_processes() -> None:
     ledger = TokenLedger(CONFIG, now=0.0)
     drain = ledger.enqueue(want=15)
     assert ledger.grant(drain, now=0.0) is not None
-    stop = ledger.enqueue(want=5, priority=Priority.STOP)
-    invoke = ledger.enqueue(want=5, priority=Priority.INVOKE)
-    assert ledger.delay(stop, now=0.0) is None
+    stop = ledger.enqueue(want=5, priority=Priority.STOP, now=0.0)
+    invoke = ledger.enqueue(want=5, priority=Priority.INVOKE, now=0.9)
+    assert ledger.delay(stop, now=0.9) is None
     assert ledger.grant(stop, now=1.0) is None
     assert ledger.grant(invoke, now=1.0) == TokenGrant(5, CONFIG.token_ttl)
-    assert ledger.grant(stop, now=1.0) == TokenGrant(5, CONFIG.token_ttl)
+    # Stops wait until invocations have been quiet for a batch window.
+    assert ledger.grant(stop, now=1.0) is None
+    assert ledger.delay(stop, now=1.0) == pytest.approx(0.4)
+    assert ledger.grant(stop, now=1.4) == TokenGrant(5, CONFIG.token_ttl)
 
 
 def test_returned_tokens_keep_their_expiry() -> None:
@@ -105,7 +108,7 @@ def test_calls_from_leased_tokens_conform_to_the_quota(seed: int) -> None:
         for i, ticket in enumerate(tickets):
             if ticket is None:
                 if busy:
-                    tickets[i] = ledger.enqueue(rng.randint(1, 16), rng.choice([0, 10]))
+                    tickets[i] = ledger.enqueue(rng.randint(1, 16), rng.choice([0, 10]), now)
                 continue
             grant = ledger.grant(ticket, now)
             if grant is None:
