@@ -483,3 +483,12 @@ def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
     """
     code = envelope.get(STATUS_CODE, DEFAULT_STATUS_CODE)
     return not isinstance(code, int) or isinstance(code, bool) or code >= 400
+
+
+# --- Defaults ----------------------------------------------------------------------------
+# Shared by more than one side (client, CLI, local runtime); one place to change them.
+
+#: AgentCore Runtime's published default quota: invoke + stop calls per second per
+#: endpoint. The client's token bucket, ``agentcore-rl eval --tps`` and the local runtime
+#: stand-in all start from it.
+DEFAULT_TPS: Final = 25.0

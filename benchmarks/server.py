@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from agentcore_rl import protocol
-from agentcore_rl.cli_summary import percentile
+from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL

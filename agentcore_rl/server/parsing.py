@@ -41,6 +41,9 @@ __all__ = [
 #: payload naming any other bucket is refused with 403.
 ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
 
+# The fields that say where a result is saved: all of them, or none (run without saving).
+_S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
+
 
 def _too_large(limit: int, detail: str) -> InvalidPayloadError:
     return InvalidPayloadError(
@@ -53,10 +56,6 @@ async def read_body(request: Request, *, limit: int) -> bytes:
 
     A declared ``Content-Length`` over the limit is refused before reading anything; the
     limit is also enforced while the body streams in, since chunked bodies declare none.
-
-    Example::
-
-        body = await read_body(request, limit=10 * 1024 * 1024)
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -83,13 +82,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_payload(body: bytes) -> dict[str, Any]:
-    """Parse the body as a JSON object (NaN and Infinity refused) or raise 400.
-
-    Example::
-
-        parse_payload(b'{"prompt": "2+2?"}')   # {"prompt": "2+2?"}
-        parse_payload(b"[1, 2]")               # raises: not a JSON object
-    """
+    """Parse the body as a JSON object (NaN and Infinity refused) or raise 400."""
     try:
         payload = json.loads(body, parse_constant=_reject_constant)
     except ValueError as exc:
@@ -115,12 +108,7 @@ def _json_kind(value: object) -> str:
 
 
 def session_id_from(headers: Mapping[str, str]) -> str:
-    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable.
-
-    Example::
-
-        session_id_from({})   # a fresh 48-character id
-    """
+    """The session id from the ACR header, or a fresh one; raise 400 if it is unusable."""
     value = headers.get(protocol.SESSION_ID_HEADER.lower())
     if value is None:
         return protocol.new_session_id()
@@ -133,11 +121,6 @@ def allowed_buckets_from(
     """The bucket allow-list: the argument, else the environment variable, else ``None``.
 
     A name that is not a valid bucket raises :class:`ConfigurationError`.
-
-    Example::
-
-        allowed_buckets_from(["rollouts"])            # frozenset({"rollouts"})
-        allowed_buckets_from(None, {})                # None: any bucket
     """
     source = "allowed_buckets"
     if allowed is None:
@@ -158,16 +141,30 @@ def allowed_buckets_from(
 def parse_rollout(
     payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
 ) -> protocol.RolloutConfig | None:
-    """The validated ``_rollout`` block (``None`` if absent); 400 if bad, 403 if not allowed.
+    """The validated ``_rollout`` block; 400 if bad, 403 if the bucket is not allowed.
 
-    Example::
-
-        cfg = parse_rollout(payload, allowed_buckets=None)
+    ``None`` when there is no block or it names none of ``exp_id``, ``input_id`` and
+    ``s3_bucket`` (the rollout then runs without saving); naming only some is a 400.
     """
     if protocol.ROLLOUT_FIELD not in payload:
         return None
+    block = payload[protocol.ROLLOUT_FIELD]
+    if isinstance(block, Mapping):
+        given = [name for name in _S3_FIELDS if block.get(name) is not None]
+        if not given:
+            # The reference toolkit's rule: without any S3 field the rollout runs but its
+            # result is not saved (e.g. only base_url/model_id while trying an agent).
+            return None
+        if len(given) < len(_S3_FIELDS):
+            missing = next(name for name in _S3_FIELDS if name not in given)
+            raise InvalidRolloutConfig(
+                f"{protocol.ROLLOUT_FIELD}.{missing} is required: give all of "
+                f"{', '.join(_S3_FIELDS)} to save the result to S3, or none of them to run "
+                "without saving",
+                field=f"{protocol.ROLLOUT_FIELD}.{missing}",
+            )
     try:
-        config = protocol.RolloutConfig.from_dict(payload[protocol.ROLLOUT_FIELD])
+        config = protocol.RolloutConfig.from_dict(block)
     except InvalidRolloutConfig as exc:
         # Name the field by its full path in the payload, whichever check caught it.
         if exc.field and not exc.field.startswith(protocol.ROLLOUT_FIELD):

@@ -1,17 +1,21 @@
-"""RolloutRunner: the owned background tasks that run rollout handlers to one outcome each.
+"""RolloutRunner: the tasks that run rollout handlers to one outcome each.
 
 Each accepted rollout becomes a :class:`RolloutJob` whose task calls the handler, turns
 the outcome into an envelope and hands it to the :class:`~agentcore_rl.server.spool.Spool`
-(S3, else local disk). Tasks are kept in a set until they finish, indexed by session id
-(so ``/sessions/{id}/stop`` can cancel them) and by result key (so a retried invocation
-does not start a second copy).
+(S3, else local disk). The tasks belong to the task group the app's lifespan gives the
+runner (:meth:`RolloutRunner.attach`); without one (an app mounted where no lifespan runs)
+the caller runs the job itself (:meth:`RolloutRunner.run`, e.g. as the response's
+background task). Jobs are indexed by session id (so ``/sessions/{id}/stop`` can cancel
+them) and by result key (so a retried invocation does not start a second copy).
 
 Example::
 
-    runner = RolloutRunner(spool=spool, clock=time.time)
-    job = runner.start(spec, payload, context, limiter=limiter)
-    runner.stop_session(context.session_id, reason="stopped by request")
-    report = await runner.shutdown(grace=20.0)
+    async with anyio.create_task_group() as tasks:
+        runner = RolloutRunner(spool=spool, clock=time.time)
+        runner.attach(tasks)
+        job = runner.start(spec, payload, context, limiter=limiter)
+        runner.stop_session(context.session_id, reason="stopped by request")
+        report = await runner.shutdown(grace=20.0)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
+from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
@@ -62,7 +67,12 @@ class RolloutJob:
     context: RequestContext
     payload: dict[str, Any]
     started_at: float
-    task: asyncio.Task[None] | None = None
+    spec: HandlerSpec
+    limiter: anyio.CapacityLimiter
+    # The task running the handler, set when it starts. Stopping a rollout cancels this
+    # task once, as asyncio does (not a level-triggered scope): a handler may catch the
+    # cancellation and still await its own cleanup.
+    task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
     started: bool = False
     handler_done: bool = False
@@ -73,32 +83,17 @@ class RolloutJob:
 
     @property
     def session_id(self) -> str:
-        """The session this rollout runs in.
-
-        Example::
-
-            job.session_id
-        """
+        """The session this rollout runs in."""
         return self.context.session_id
 
     @property
     def result_key(self) -> str | None:
-        """Where the envelope goes (``None`` when the payload had no ``_rollout`` block).
-
-        Example::
-
-            job.result_key
-        """
+        """Where the envelope goes (``None`` when the payload had no ``_rollout`` block)."""
         config = self.context.rollout
         return None if config is None else config.key_for(self.session_id)
 
     def cancel(self, reason: str) -> bool:
-        """Ask the handler to stop; True if it was still running.
-
-        Example::
-
-            job.cancel("stopped by request")
-        """
+        """Ask the handler to stop; True if it was still running."""
         if self.handler_done:
             return False
         if self.cancel_reason is None:
@@ -149,6 +144,7 @@ class RolloutRunner:
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
         self._by_key: dict[tuple[str, str], RolloutJob] = {}
+        self._tasks: TaskGroup | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -156,31 +152,26 @@ class RolloutRunner:
 
     @property
     def active(self) -> int:
-        """Rollouts accepted and not yet delivered.
-
-        Example::
-
-            busy = runner.active > 0
-        """
+        """Rollouts accepted and not yet delivered."""
         return len(self._jobs)
 
     @property
     def jobs(self) -> frozenset[RolloutJob]:
-        """A snapshot of the running rollouts.
-
-        Example::
-
-            [job.session_id for job in runner.jobs]
-        """
+        """A snapshot of the running rollouts."""
         return frozenset(self._jobs)
 
+    @property
+    def owns_tasks(self) -> bool:
+        """True when :meth:`start` runs jobs in the attached task group."""
+        return self._tasks is not None
+
+    def attach(self, tasks: TaskGroup | None) -> None:
+        """Run the jobs :meth:`start` accepts from now on in ``tasks`` (the owner's task
+        group, which must outlive them); ``None`` detaches."""
+        self._tasks = tasks
+
     def find(self, bucket: str, key: str) -> RolloutJob | None:
-        """The running rollout that will write ``s3://bucket/key``, if any.
-
-        Example::
-
-            if runner.find(cfg.s3_bucket, cfg.key_for(sid)) is not None: ...
-        """
+        """The running rollout that will write ``s3://bucket/key``, if any."""
         return self._by_key.get((bucket, key))
 
     def start(
@@ -191,7 +182,8 @@ class RolloutRunner:
         *,
         limiter: anyio.CapacityLimiter,
     ) -> RolloutJob:
-        """Schedule the handler in an owned task and return its job.
+        """Accept a rollout and return its job; with a task group attached, its handler
+        starts there at once, else the caller must ``await runner.run(job)``.
 
         Example::
 
@@ -199,10 +191,11 @@ class RolloutRunner:
         """
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
-        job = RolloutJob(context=context, payload=payload, started_at=self._clock())
-        job.task = asyncio.create_task(
-            self._run(job, spec, limiter), name=f"rollout {context.session_id}"
+        job = RolloutJob(
+            context=context, payload=payload, started_at=self._clock(), spec=spec, limiter=limiter
         )
+        if self._tasks is not None:
+            self._tasks.start_soon(self.run, job, name=f"rollout {context.session_id}")
         self._jobs.add(job)
         self._by_session.setdefault(job.session_id, set()).add(job)
         config = context.rollout
@@ -248,9 +241,11 @@ class RolloutRunner:
             return None
         return error_envelope_bytes(metadata, error_type=protocol.ERROR_CANCELLED, reason=reason)
 
-    async def _run(
-        self, job: RolloutJob, spec: HandlerSpec, limiter: anyio.CapacityLimiter
-    ) -> None:
+    async def run(self, job: RolloutJob) -> None:
+        """Run a job :meth:`start` accepted to its one envelope (what the attached task
+        group does for each job)."""
+        spec, limiter = job.spec, job.limiter
+        job.task = asyncio.current_task()
         job.started = True
         foreign_cancel: asyncio.CancelledError | None = None
         body: bytes | None = None
@@ -305,7 +300,10 @@ class RolloutRunner:
                     error_type = protocol.ERROR_NOT_A_DICT
                     reason = f"handler returned {type(result).__name__}, expected a dict"
             job.handler_done = True
-            await self._deliver(job, body, error_type, reason)
+            # Shielded: the one envelope of an accepted rollout is written even when the
+            # owner's task group is being cancelled (the store's retries bound the wait).
+            with anyio.CancelScope(shield=True):
+                await self._deliver(job, body, error_type, reason)
         finally:
             self._forget(job)
         if foreign_cancel is not None:
@@ -354,31 +352,18 @@ class RolloutRunner:
 
     def stop_session(self, session_id: str, reason: str) -> list[RolloutJob]:
         """Cancel every running rollout of a session; return those that were still running.
-
-        Their "cancelled" envelopes are written by their own tasks.
-
-        Example::
-
-            stopped = runner.stop_session(sid, "stopped by request")
-        """
+        Their "cancelled" envelopes are written by their own tasks."""
         jobs = list(self._by_session.get(session_id, ()))
         return [job for job in jobs if job.cancel(reason)]
 
     @staticmethod
     async def wait(jobs: Iterable[RolloutJob], within: float) -> bool:
-        """Wait until the jobs have delivered their envelopes; False on timeout.
-
-        Example::
-
-            await runner.wait(stopped, within=5)
-        """
-        waits = [asyncio.ensure_future(job._done.wait()) for job in jobs]
-        if not waits:
+        """Wait until the jobs have delivered their envelopes; False on timeout."""
+        with anyio.move_on_after(within):
+            for job in list(jobs):
+                await job._done.wait()
             return True
-        _, pending = await asyncio.wait(waits, timeout=within)
-        for waiter in pending:
-            waiter.cancel()
-        return not pending
+        return False
 
     async def shutdown(
         self, grace: float, *, cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT

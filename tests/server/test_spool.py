@@ -12,6 +12,7 @@ from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.spool import Spool
 
 from ..conftest import FAST_RETRY
 from .flaky_s3 import FlakyS3
@@ -122,3 +123,18 @@ async def test_unreadable_spool_file_is_set_aside(store: ResultStore, tmp_path: 
     async with app:
         assert await app.spool.drain() == 0
     assert (tmp_path / "00000000000000000001-bad.bad").exists()
+
+
+async def test_a_spool_of_its_own_retries_in_its_own_task_group(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    bucket = fresh_bucket()
+    before = asyncio.all_tasks()
+    async with Spool(store, directory=tmp_path, retry_interval=0.02) as spool:
+        assert not await spool.deliver(bucket, KEY, b'{"status_code": 200}')
+        assert spool.pending == 1
+        await store.ensure_bucket(bucket)
+        spool.kick()
+        await asyncio.wait_for(spool.wait_drained(), 5)
+    assert asyncio.all_tasks() <= before
+    assert await store.head(bucket, KEY)
