@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         InvocationError,
         RolloutError,
         RolloutTimeoutError,
+        SharedLimitsUnavailableError,
         StorageError,
     )
     from agentcore_rl.protocol import PingStatus, RolloutConfig
@@ -85,6 +86,7 @@ _LAZY: dict[str, str] = {
     "RolloutTimeoutError": "agentcore_rl.errors",
     "S3RetryPolicy": "agentcore_rl.s3",
     "SessionLimiter": "agentcore_rl.sessionlimit",
+    "SharedLimitsUnavailableError": "agentcore_rl.errors",
     "StorageError": "agentcore_rl.errors",
     "TokenBucket": "agentcore_rl.client",
     "WatcherConfig": "agentcore_rl.client",
@@ -130,6 +132,7 @@ __all__ = [
     "RolloutTimeoutError",
     "S3RetryPolicy",
     "SessionLimiter",
+    "SharedLimitsUnavailableError",
     "StorageError",
     "TokenBucket",
     "WatcherConfig",

@@ -12,7 +12,8 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     ├── InvocationError             invoking the agent failed after retries
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
-    └── ClientClosedError           the client was closed while the call was pending
+    ├── ClientClosedError           the client was closed while the call was pending
+    └── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
 
 Messages say what happened and what to do about it.
 
@@ -39,6 +40,7 @@ __all__ = [
     "InvocationError",
     "RolloutError",
     "RolloutTimeoutError",
+    "SharedLimitsUnavailableError",
     "StorageError",
 ]
 
@@ -197,4 +199,17 @@ class ClientClosedError(AgentCoreRLError):
 
         await client.aclose()
         await client.invoke(payload)  # raises ClientClosedError
+    """
+
+
+class SharedLimitsUnavailableError(AgentCoreRLError):
+    """The shared limits' actor (``agentcore_rl.distributed``) could not be reached for
+    longer than the client waits.
+
+    Example::
+
+        try:
+            await limits.rate.acquire()
+        except SharedLimitsUnavailableError:
+            ...   # the actor is gone: check `ray list actors`, recreate it
     """

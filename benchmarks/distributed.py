@@ -16,9 +16,6 @@ clients), wall time against the ideal schedule for the shared quota (every durat
 latency), actor calls per invocation, failures. Targets (shared): 0 throttles, wall <= 1.1
 x ideal, <= 0.2 actor calls per invocation.
 
-Until the rollout client takes ``session_limiter=``, the shared mode passes the shared
-rate limiter as ``token_bucket`` and gives each process ``sessions / workers`` slots.
-
 Example::
 
     python benchmarks/distributed.py                       # 4 x 250 rollouts (~3 min)
@@ -29,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import os
 import random
@@ -72,7 +68,6 @@ async def drive(
         "exp_id": f"dist-{mode}-{uuid.uuid4().hex[:8]}",
         "timeout": max(durations, default=1.0) * 4 + 120,
     }
-    accepts = inspect.signature(AsyncRolloutClient).parameters
     failures: dict[str, int] = {}
 
     timings: dict[str, float] = {}
@@ -99,20 +94,18 @@ async def drive(
         async with shared_limits(
             options["name"], tps=options["tps"], sessions=options["sessions"]
         ) as limits:
-            if "session_limiter" in accepts:  # the restructured client
-                client_options.update(rate_limiter=limits.rate, session_limiter=limits.sessions)
-            else:
-                client_options.update(
-                    token_bucket=limits.rate,
-                    max_concurrent_sessions=max(1, options["sessions"] // options["workers"]),
-                )
-            client = AsyncRolloutClient(**client_options)
+            client = AsyncRolloutClient(
+                **client_options, rate_limiter=limits.rate, session_limiter=limits.sessions
+            )
             async with client:
                 wall = await run(client)
             closed = time.monotonic()
             stats = client.stats
             actor_calls = limits.actor_calls
-            rate_stats = dict(limits.rate.stats)
+            rate_stats = {
+                "rate": dict(limits.rate.stats),
+                "sessions": dict(limits.sessions.stats),
+            }
         timings["limits_close_s"] = time.monotonic() - closed
     return {
         "wall_s": wall,

@@ -1,13 +1,14 @@
 """LimitsActor: the shared limits' state as an async Ray actor (a thin shell over the ledgers).
 
-Every method answers at once or long-polls up to ``max_wait`` seconds for a grant, so a
-process waiting for tokens costs one call per grant, not one per poll. The class is plain
+Rate calls answer at once (a share, possibly none, and when to ask again); slot leases
+long-poll up to ``max_wait`` seconds for a grant, so a process waiting for slots costs one
+call per grant, not one per poll. The class is plain
 Python: ``shared_limits`` wraps it with ``ray.remote``; tests may call it in-process.
 
 Example::
 
     actor = LimitsActor(LimitsConfig(tps=25, sessions=500), restarted=False)
-    grant = await actor.lease_tokens(want=10, priority=Priority.INVOKE, max_wait=2.0)
+    lease = await actor.lease_rate("worker-1", 0.0, 0.0, Demand(invoke=25.0))
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import anyio
 
 from agentcore_rl.distributed.config import LimitsConfig
-from agentcore_rl.distributed.ledger import SlotLedger, TokenGrant, TokenLedger
+from agentcore_rl.distributed.ledger import Demand, RateLease, RateLedger, SlotLedger
 
 __all__ = ["LimitsActor"]
 
@@ -61,7 +62,7 @@ class LimitsActor:
         self.restarted = _was_restarted() if restarted is None else restarted
         self._clock = clock
         now = clock()
-        self.tokens = TokenLedger(config, now, restarted=self.restarted)
+        self.rates = RateLedger(config, now, restarted=self.restarted)
         self.slots = SlotLedger(config, now, restarted=self.restarted)
         self._changed: asyncio.Event | None = None
         self.calls = 0
@@ -82,40 +83,42 @@ class LimitsActor:
         with anyio.move_on_after(seconds):
             await changed.wait()
 
-    async def lease_tokens(self, want: int, priority: int, max_wait: float) -> TokenGrant:
-        """Lease up to ``want`` tokens at ``priority``; an empty grant after ``max_wait``."""
+    async def lease_rate(
+        self,
+        holder: str,
+        held: float,
+        held_for: float,
+        demand: Demand,
+        throttles: int = 0,
+        max_wait: float = 0.0,
+        seq: int = 0,
+    ) -> RateLease:
+        """``holder`` uses ``held`` calls/s for ``held_for`` more seconds and could use
+        ``demand``; it saw ``throttles`` throttle answers since its last call. Its share,
+        as soon as that differs from ``held`` or after ``max_wait`` seconds (the call is
+        also the renewal). ``seq`` numbers the holder's requests: one it abandoned for a
+        newer one ends without effect."""
         self.calls += 1
-        ticket = self.tokens.enqueue(want, priority, self._clock())
-        self._notify()  # a more urgent request may have become the head
-        arrived = self._clock()
-        deadline = arrived + max_wait
-        try:
-            while True:
-                now = self._clock()
-                grant = self.tokens.grant(ticket, now)
-                if grant is not None:
-                    return dataclasses.replace(grant, waited=now - arrived)
-                left = deadline - now
-                if left <= 0:
-                    return TokenGrant(0, 0.0)
-                delay = self.tokens.delay(ticket, now)
-                await self._wait_for_change(left if delay is None else min(left, delay))
-        finally:
-            self.tokens.withdraw(ticket)
-            self._notify()
+        start = self._clock()
+        for _ in range(max(0, throttles)):
+            self.rates.on_throttle(start)
+        self._notify()  # an abandoned request of this holder's must end
+        while True:
+            now = self._clock()
+            if self.rates.superseded(holder, seq):
+                return RateLease(0.0, 0.0, 0.0, 0.0)
+            lease = self.rates.lease(holder, held, held_for - (now - start), demand, now, seq)
+            left = start + max_wait - now
+            if abs(lease.rate - held) > 1e-6 or left <= 0:
+                self._notify()  # a share lowered or given back may be someone's room
+                return dataclasses.replace(lease, waited=now - start)
+            await self._wait_for_change(left)
 
-    async def return_tokens(self, count: int, ttl_left: float) -> None:
-        """Take back ``count`` unspent tokens valid for ``ttl_left`` more seconds."""
+    async def leave_rate(self, holder: str) -> None:
+        """``holder`` makes no more calls: its share is free."""
         self.calls += 1
-        self.tokens.give_back(count, ttl_left, self._clock())
+        self.rates.leave(holder, self._clock())
         self._notify()
-
-    async def report_throttle(self, count: int = 1) -> None:
-        """``count`` calls were throttled somewhere in the cluster: slow everyone down."""
-        self.calls += 1
-        now = self._clock()
-        for _ in range(max(1, count)):
-            self.tokens.on_throttle(now)
 
     async def lease_slots(
         self, holder: str, held: int, want: int, max_wait: float
@@ -163,10 +166,12 @@ class LimitsActor:
         return {
             "config": asdict(self.config),
             "restarted": self.restarted,
-            "rate": self.tokens.rate(now),
-            "throttles": self.tokens.throttles,
-            "token_grants": self.tokens.grants,
-            "tokens_granted": self.tokens.granted,
+            "rate": self.rates.rate(now),
+            "rate_committed": self.rates.committed(now),
+            "rate_holders": self.rates.holders,
+            "rate_grants": self.rates.grants,
+            "rate_lapsed": self.rates.lapsed,
+            "throttles": self.rates.throttles,
             "slots_held": self.slots.held(now),
             "slot_waiting": self.slots.waiting,
             "expired_holders": self.slots.expired_holders,

@@ -7,7 +7,7 @@ actor through Ray and turns Ray's failures into :class:`BackendUnavailable`.
 Example::
 
     backend: LimitsBackend = LimitsActor(config, restarted=False)
-    grant = await backend.lease_tokens(8, Priority.INVOKE, 2.0)
+    lease = await backend.lease_rate("worker-1", 0.0, 0.0, Demand(invoke=25.0))
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import anyio
 
-from agentcore_rl.distributed.ledger import TokenGrant
-from agentcore_rl.errors import AgentCoreRLError
+from agentcore_rl.distributed.ledger import Demand, RateLease
+from agentcore_rl.errors import SharedLimitsUnavailableError
 
 __all__ = [
     "BackendUnavailable",
@@ -31,18 +31,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-class SharedLimitsUnavailableError(AgentCoreRLError):
-    """The shared limits' actor could not be reached for longer than the client waits.
-
-    Example::
-
-        try:
-            await limits.rate.acquire()
-        except SharedLimitsUnavailableError:
-            ...   # the actor is gone: check `ray list actors`, recreate it
-    """
 
 
 class BackendUnavailable(Exception):
@@ -57,14 +45,20 @@ class LimitsBackend(Protocol):
         granted, excess = await backend.lease_slots("worker-1", held=4, want=8, max_wait=2)
     """
 
-    async def lease_tokens(self, want: int, priority: int, max_wait: float) -> TokenGrant:
-        """Lease up to ``want`` tokens; an empty grant after ``max_wait`` seconds."""
+    async def lease_rate(
+        self,
+        holder: str,
+        held: float,
+        held_for: float,
+        demand: Demand,
+        throttles: int = 0,
+        max_wait: float = 0.0,
+        seq: int = 0,
+    ) -> RateLease:
+        """Renew (or ask for) a share of the rate, reporting throttles seen."""
 
-    async def return_tokens(self, count: int, ttl_left: float) -> None:
-        """Give back unspent tokens."""
-
-    async def report_throttle(self, count: int = 1) -> None:
-        """Report throttle answers."""
+    async def leave_rate(self, holder: str) -> None:
+        """A holder makes no more calls."""
 
     async def lease_slots(
         self, holder: str, held: int, want: int, max_wait: float

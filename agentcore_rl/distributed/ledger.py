@@ -1,86 +1,155 @@
 """The leasing logic of the shared limits, pure: no Ray, no asyncio, time passed in.
 
-:class:`TokenLedger` leases call tokens in batches that expire; :class:`SlotLedger` leases
-session slots to holders that must renew. The Ray actor is a thin shell that waits on
-these; tests drive them with plain numbers for ``now``.
+:class:`RateLedger` leases *shares of the rate* (a process may make ``r`` calls per
+second for the next lease period); :class:`SlotLedger` leases session slots to holders
+that must renew. The Ray actor is a thin shell over these; tests drive them with plain
+numbers for ``now``.
 
 Example::
 
-    tokens = TokenLedger(LimitsConfig(tps=25, sessions=500), now=0.0)
-    ticket = tokens.enqueue(want=10, priority=Priority.INVOKE)
-    grant = tokens.grant(ticket, now=0.5)     # TokenGrant(count=10, ttl=0.4) or None
+    rates = RateLedger(LimitsConfig(tps=25, sessions=500), now=0.0)
+    lease = rates.lease("worker-1", held=0.0, held_for=0.0, demand=Demand(invoke=25), now=0.0)
+    lease.rate        # 25.0: alone, it gets the whole quota
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from dataclasses import dataclass
 
-from agentcore_rl.client.bucket import Priority
 from agentcore_rl.distributed.config import LimitsConfig
 
-__all__ = ["SlotLedger", "TokenGrant", "TokenLedger"]
+__all__ = ["Demand", "RateLease", "RateLedger", "SlotLedger"]
 
-# Float refills land a hair below a whole token after waiting exactly the deficit.
-_EPSILON = 1e-9
+# A process asking for nothing more than it holds is told to renew at half its lease;
+# one refused room asks again when some may have freed, but not more often than this.
+_MIN_RENEW = 0.1
+# Rates below this (calls per second) are no share at all.
+_TINY = 1e-6
 
 
 @dataclass(frozen=True)
-class TokenGrant:
-    """``count`` tokens, each valid for one call within ``ttl`` seconds of the grant;
-    ``waited``: how long the request waited at the actor before the grant.
+class Demand:
+    """Calls per second a process could use, by class: invocations, then stop calls.
+    A class with callers waiting for tokens asks for the whole quota.
 
     Example::
 
-        TokenGrant(count=8, ttl=0.4)
+        Demand(invoke=25.0, stop=1.5)
     """
 
-    count: int
-    ttl: float
+    invoke: float = 0.0
+    stop: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """Both classes together."""
+        return self.invoke + self.stop
+
+
+@dataclass(frozen=True)
+class RateLease:
+    """A share: ``rate`` calls per second with a local burst of ``burst`` tokens, for
+    ``period`` seconds counted from when the request was sent; ask again in ``renew_in``.
+
+    Example::
+
+        RateLease(rate=6.25, burst=5.0, period=4.0, renew_in=2.0)
+    """
+
+    rate: float
+    burst: float
+    period: float
+    renew_in: float
+    #: Less than the holder's fair part: room may free up soon.
+    refused: bool = False
+    #: Tokens the local bucket starts with (the quota's unused burst, once).
+    initial: float = 0.0
+    #: Another holder has invocations waiting: stop calls here must wait.
+    others_invoking: bool = False
+    #: Seconds the request waited at the actor before this answer (the period starts
+    #: then, for the holder too: its clock adds this to when it sent the request).
     waited: float = 0.0
 
 
-class TokenLedger:
-    """The cluster's token bucket, leased out by priority (lower first, then FIFO).
+@dataclass
+class _Share:
+    demand: Demand
+    rate: float = 0.0
+    until: float = -math.inf
+    # A higher rate granted before a lower one: the holder may use it until it has heard
+    # the lower one (it says so in its next request) or until that lease ends.
+    old_rate: float = 0.0
+    old_until: float = -math.inf
+    # The holder's latest request: an earlier one still waiting is answered to nobody.
+    seq: int = -1
 
-    A grant goes to the head request only, once the bucket holds what it asked for or a
-    batch (:meth:`LimitsConfig.batch_target`), so grants are few and large. Returned tokens
-    keep the expiry they were leased with, so a token is spent within ``token_ttl`` of
-    leaving the bucket whoever spends it. After an actor restart (``restarted``) nothing
-    is granted until every earlier lease has expired, the bucket starts empty and the rate
-    starts as just after a throttle: the old incarnation's state is unknown.
+    def committed(self, now: float) -> float:
+        """The most the holder may be using at ``now``."""
+        current = self.rate if self.until > now else 0.0
+        return max(current, self.old_rate if self.old_until > now else 0.0)
+
+    def held_to(self, held: float) -> None:
+        """The holder says it uses at most ``held``: what it has heard binds it."""
+        self.rate = min(self.rate, held)
+        self.old_rate = min(self.old_rate, held)
+
+
+def water_fill(capacity: float, demands: dict[str, float]) -> dict[str, float]:
+    """Max-min fair split of ``capacity``: nobody gets more than its demand, and what
+    the modest ones leave is split evenly among the others."""
+    shares: dict[str, float] = {}
+    left = max(0.0, capacity)
+    ordered = sorted(demands.items(), key=lambda item: item[1])
+    for i, (name, want) in enumerate(ordered):
+        give = min(max(0.0, want), left / (len(ordered) - i))
+        shares[name] = give
+        left -= give
+    return shares
+
+
+class RateLedger:
+    """The cluster's rate, leased out as shares that sum to at most the current rate.
+
+    Each request names its holder, the rate it uses right now (``held``, lower than its
+    last grant once it has heard a lower one or given some back) and for how much longer
+    (``held_for``), and its :class:`Demand`. The ledger splits the current rate max-min
+    fairly by demand, invocations before stop calls, and answers the holder's part of
+    it: at once when that is less than it holds (the higher rate stays counted until the
+    holder reports it has heard, or its lease ends), and as far as the others' shares
+    leave room when it is more. A holder that stops renewing loses its share when its
+    lease ends. The shares' local bursts also sum to at most
+    :attr:`LimitsConfig.local_burst_budget`, so the cluster's calls conform to the
+    quota's token bucket.
+
+    After an actor restart (``restarted``) the ledger does not know the shares the
+    previous incarnation granted: for one lease period nobody gets more than it reports
+    holding, and by then every unreported share has lapsed.
 
     Example::
 
-        ledger = TokenLedger(config, now=clock())
-        ledger.on_throttle(now=clock())           # any process saw a 429: halve the rate
+        ledger = RateLedger(config, now=clock())
+        ledger.on_throttle(now=clock())        # any process saw a 429: shares shrink
     """
 
     def __init__(self, config: LimitsConfig, now: float, *, restarted: bool = False) -> None:
         self.config = config
-        self._level = 0.0 if restarted else config.capacity
-        self._last = now
-        self._hold_until = now + config.token_ttl if restarted else now
+        self._hold_until = now + config.lease_period if restarted else now
         self._throttled_rate = config.tps
         self._throttled_at: float | None = None
-        # Returned tokens: [expires_at, count], soonest expiry first.
-        self._returned: list[tuple[float, int]] = []
-        self._queue: list[tuple[int, int]] = []  # (priority, ticket)
-        self._wants: dict[int, int] = {}
-        self._tickets = itertools.count()
-        # When an invocation last asked: stop calls wait until invocations have been quiet
-        # for a batch window (a process asks again a round trip after each grant).
-        self._invoked_at = -math.inf
+        self._shares: dict[str, _Share] = {}
+        # Holders that left, and when: a request of theirs still waiting is stale.
+        self._left: dict[str, float] = {}
+        # The runtime's bucket is full before the cluster's first call: the first full
+        # grant may start with that burst. Not after a restart (the state is unknown).
+        self._initial_burst = 0.0 if restarted else config.local_burst_budget
         self.throttles = 0
-        self.granted = 0
         self.grants = 0
-        if restarted:
-            self._cut(now)
+        self.lapsed = 0
 
     def rate(self, now: float) -> float:
-        """The current refill rate (lower after a throttle, recovering linearly)."""
+        """The current shared rate (lower after a throttle, recovering linearly)."""
         if self._throttled_at is None:
             return self.config.tps
         regained = self.config.recovery * self.config.tps * (now - self._throttled_at)
@@ -90,105 +159,135 @@ class TokenLedger:
             return self.config.tps
         return rate
 
-    def _refill(self, now: float) -> None:
-        elapsed = now - self._last
-        if elapsed > 0:
-            self._level = min(self.config.capacity, self._level + elapsed * self.rate(now))
-            self._last = now
-        while self._returned and self._returned[0][0] <= now:
-            heapq.heappop(self._returned)
+    def committed(self, now: float) -> float:
+        """The sum of the shares in force."""
+        self._sweep(now)
+        return sum(share.committed(now) for share in self._shares.values())
 
-    def _available(self) -> int:
-        return math.floor(self._level + _EPSILON) + sum(n for _, n in self._returned)
+    def holding(self, holder: str, now: float) -> float:
+        """The share ``holder`` may be using at ``now``."""
+        share = self._shares.get(holder)
+        return 0.0 if share is None else share.committed(now)
 
     @property
-    def waiting(self) -> int:
-        """How many lease requests are queued."""
-        return len(self._queue)
+    def holders(self) -> int:
+        """Holders the ledger knows of (with or without a share)."""
+        return len(self._shares)
 
-    def enqueue(self, want: int, priority: int = Priority.INVOKE, now: float = 0.0) -> int:
-        """Queue a request for up to ``want`` tokens; return its ticket."""
-        ticket = next(self._tickets)
-        heapq.heappush(self._queue, (int(priority), ticket))
-        self._wants[ticket] = max(1, want)
-        if priority < Priority.STOP:
-            self._invoked_at = max(self._invoked_at, now)
-        return ticket
+    def _sweep(self, now: float) -> None:
+        for name, share in list(self._shares.items()):
+            if share.until <= now and share.old_until <= now:
+                if share.rate > _TINY:
+                    self.lapsed += 1  # it held a share and stopped renewing
+                del self._shares[name]
 
-    def withdraw(self, ticket: int) -> None:
-        """Forget a request (granted, timed out or abandoned)."""
-        if self._wants.pop(ticket, None) is not None:
-            self._queue = [entry for entry in self._queue if entry[1] != ticket]
-            heapq.heapify(self._queue)
+    def _targets(self, now: float) -> dict[str, float]:
+        cap = self.config.tps
+        invoke = water_fill(
+            self.rate(now), {h: min(s.demand.invoke, cap) for h, s in self._shares.items()}
+        )
+        left = self.rate(now) - sum(invoke.values())
+        stop = water_fill(left, {h: min(s.demand.stop, cap) for h, s in self._shares.items()})
+        return {h: invoke[h] + stop[h] for h in self._shares}
 
-    def _stops_held(self, now: float) -> float:
-        """Seconds stop calls still wait for invocations to go quiet (0: they may go)."""
-        if self._queue[0][0] < Priority.STOP:
-            return 0.0
-        return max(0.0, self._invoked_at + self.config.batch_window - now)
+    def superseded(self, holder: str, seq: int) -> bool:
+        """Whether ``holder`` sent a request after its request ``seq`` (which it then
+        abandoned: its answer must change nothing)."""
+        if holder in self._left:
+            return True
+        share = self._shares.get(holder)
+        return share is not None and share.seq > seq
 
-    def _need(self, ticket: int, now: float) -> int:
-        return min(self._wants[ticket], self.config.batch_target(self.rate(now)))
-
-    def grant(self, ticket: int, now: float) -> TokenGrant | None:
-        """Grant the request ``ticket`` if it is at the head and enough tokens are there."""
-        if ticket not in self._wants or self._queue[0][1] != ticket or now < self._hold_until:
-            return None
-        if self._stops_held(now) > 0:
-            return None
-        self._refill(now)
-        if self._available() < self._need(ticket, now):
-            return None
-        count = min(self._wants[ticket], self.config.max_token_batch, self._available())
-        ttl = self.config.token_ttl
-        taken = 0
-        while taken < count and self._returned:
-            expires, n = heapq.heappop(self._returned)
-            use = min(n, count - taken)
-            taken += use
-            ttl = min(ttl, expires - now)
-            if n > use:
-                heapq.heappush(self._returned, (expires, n - use))
-        self._level -= count - taken
-        self.withdraw(ticket)
-        self.granted += count
+    def lease(
+        self, holder: str, held: float, held_for: float, demand: Demand, now: float, seq: int = 0
+    ) -> RateLease:
+        """Answer ``holder``'s request number ``seq`` (see the class docstring)."""
+        self._sweep(now)
+        config = self.config
+        share = self._shares.get(holder)
+        if share is None:
+            share = self._shares[holder] = _Share(demand)
+            if held > _TINY and held_for > 0 and now < self._hold_until:
+                # Granted by an earlier incarnation of the actor: in force, so counted.
+                # (Otherwise a share the ledger forgot has lapsed at the holder too: it
+                # ends there no later than here.)
+                share.rate, share.until = held, now + held_for
+        else:
+            share.held_to(max(0.0, held))
+        share.demand = demand
+        share.seq = max(share.seq, seq)
+        current = share.committed(now)
+        target = self._targets(now)[holder]
+        others = [s.committed(now) for h, s in self._shares.items() if h != holder]
+        if target <= current or now < self._hold_until:
+            new = min(target, current)
+        else:
+            room = self.rate(now) - sum(others)
+            others_burst = sum(config.local_burst(r) for r in others)
+            if others_burst + config.local_burst(_TINY * 2) > config.local_burst_budget + 1e-9:
+                burst_room = 0.0
+            else:
+                burst_room = (config.local_burst_budget - others_burst) / config.burst_seconds
+            new = max(current, min(target, room, burst_room))
+        if new < _TINY:
+            new = 0.0
+        if new < current:
+            share.old_rate = current
+            share.old_until = max(share.until, share.old_until)
+        else:
+            share.old_rate, share.old_until = 0.0, -math.inf
+        share.rate, share.until = new, now + config.lease_period
         self.grants += 1
-        return TokenGrant(count, ttl)
+        half = config.lease_period / 2
+        renew_in = half
+        if new < target - _TINY:
+            # Refused room: ask again when someone's higher rate ends (or the hold does).
+            ends = [s.old_until for h, s in self._shares.items() if h != holder]
+            ends += [s.until for h, s in self._shares.items() if h != holder and s.rate > 0]
+            ends.append(self._hold_until)
+            later = [end - now for end in ends if end > now]
+            renew_in = min([half, *later])
+        refused = new < target - _TINY
+        initial = 0.0
+        if new > 0 and not refused and self._initial_burst > 0:
+            initial = min(self._initial_burst, config.local_burst(new))
+            self._initial_burst = 0.0
+        others_invoking = any(
+            s.demand.invoke >= config.tps - _TINY for h, s in self._shares.items() if h != holder
+        )
+        return RateLease(
+            new,
+            config.local_burst(new),
+            config.lease_period,
+            max(_MIN_RENEW, renew_in),
+            refused=refused,
+            initial=initial,
+            others_invoking=others_invoking,
+        )
 
-    def delay(self, ticket: int, now: float) -> float | None:
-        """Seconds until ``ticket`` could be granted; ``None``: not before the queue moves."""
-        if ticket not in self._wants or self._queue[0][1] != ticket:
-            return None
-        if now < self._hold_until:
-            return self._hold_until - now
-        held = self._stops_held(now)
-        if held > 0:
-            return held
-        self._refill(now)
-        have = self._level + sum(n for _, n in self._returned)
-        return max(0.0, (self._need(ticket, now) - have) / self.rate(now))
+    def leave(self, holder: str, now: float) -> None:
+        """``holder`` has stopped making calls: its share is free at once."""
+        self._shares.pop(holder, None)
+        self._left[holder] = now
+        # A request waits at most a lease period: older departures can be forgotten.
+        horizon = now - 2 * self.config.lease_period
+        for name, when in list(self._left.items()):
+            if when < horizon:
+                del self._left[name]
 
-    def give_back(self, count: int, ttl_left: float, now: float) -> None:
-        """Take back ``count`` unspent tokens that stay valid ``ttl_left`` more seconds."""
-        if count > 0 and ttl_left > 0:
-            heapq.heappush(self._returned, (now + ttl_left, count))
-
-    def _cut(self, now: float) -> None:
+    def on_throttle(self, now: float) -> None:
+        """A process was answered "too many requests": cut the shared rate (the shares
+        follow as their holders renew)."""
+        self.throttles += 1
+        if (
+            self._throttled_at is not None
+            and now - self._throttled_at < self.config.throttle_cooldown
+        ):
+            return
         self._throttled_rate = max(
             self.config.floor_rate, self.rate(now) * self.config.throttle_factor
         )
         self._throttled_at = now
-
-    def on_throttle(self, now: float) -> None:
-        """A process was answered "too many requests": cut the rate, empty the bucket."""
-        self.throttles += 1
-        self._refill(now)
-        self._level = min(self._level, 0.0)
-        self._returned.clear()
-        last = self._throttled_at
-        if last is not None and now - last < self.config.throttle_cooldown:
-            return
-        self._cut(now)
 
 
 @dataclass

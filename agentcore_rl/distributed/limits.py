@@ -27,7 +27,7 @@ import anyio.abc
 from agentcore_rl.distributed.actor import LimitsActor
 from agentcore_rl.distributed.backend import BackendUnavailable, LimitsBackend
 from agentcore_rl.distributed.config import LimitsConfig
-from agentcore_rl.distributed.ledger import TokenGrant
+from agentcore_rl.distributed.ledger import Demand, RateLease
 from agentcore_rl.distributed.rate import SharedRateLimiter
 from agentcore_rl.distributed.slots import SharedSessionLimiter
 from agentcore_rl.errors import ConfigurationError
@@ -74,18 +74,25 @@ class RayBackend:
         except (ray.exceptions.RayActorError, unavailable) as exc:
             raise BackendUnavailable(str(exc)) from exc
 
-    async def lease_tokens(self, want: int, priority: int, max_wait: float) -> TokenGrant:
-        """Lease up to ``want`` tokens."""
-        grant: TokenGrant = await self._call("lease_tokens", want, priority, max_wait)
-        return grant
+    async def lease_rate(
+        self,
+        holder: str,
+        held: float,
+        held_for: float,
+        demand: Demand,
+        throttles: int = 0,
+        max_wait: float = 0.0,
+        seq: int = 0,
+    ) -> RateLease:
+        """Renew (or ask for) a share of the rate."""
+        lease: RateLease = await self._call(
+            "lease_rate", holder, held, held_for, demand, throttles, max_wait, seq
+        )
+        return lease
 
-    async def return_tokens(self, count: int, ttl_left: float) -> None:
-        """Give back unspent tokens."""
-        await self._call("return_tokens", count, ttl_left)
-
-    async def report_throttle(self, count: int = 1) -> None:
-        """Report throttle answers."""
-        await self._call("report_throttle", count)
+    async def leave_rate(self, holder: str) -> None:
+        """A holder makes no more calls."""
+        await self._call("leave_rate", holder)
 
     async def lease_slots(
         self, holder: str, held: int, want: int, max_wait: float

@@ -1,12 +1,21 @@
-"""SharedRateLimiter: one process's view of the cluster's token bucket.
+"""SharedRateLimiter: one process's share of the cluster's rate, spent by a local bucket.
 
-Tokens are leased from the shared actor in batches and kept in a local stock, each batch
-with its expiry; local waiters take them by priority (stop calls after invocations). One
-lease call per priority class is in flight at a time, sized to the local waiters or to a
-batch that doubles while every leased token gets spent and halves when some lapse
-(whichever is more), so a busy process pays one actor call per batch, never one per
-call. Throttles are reported to the actor (the cluster's rate drops) and empty the local
-stock. Leftover tokens lapse, or are given back when the limits close.
+The process leases a share of the shared rate (``r`` calls per second for the next lease
+period) and makes its own tokens at ``r`` with a local token bucket, so no call waits for
+the actor and no token expires unused: a share only lapses when its process stops
+renewing. It renews at half the lease period, reporting what it uses and what it could
+use (its :class:`~.ledger.Demand`: a class with callers starved of tokens asks for the
+whole quota, others for their recent use plus a quarter); the actor rebalances the
+shares by demand at each renewal. Use it does not need goes back at the next renewal.
+
+Priorities: invocations before stop calls, and a stop call waits until invocations have
+been quiet for :data:`STOP_QUIET` seconds (the batch feeder takes tokens one by one,
+sending between two; stops must not take the token its next invocation needs). Across
+the cluster the actor serves invocation demand before stop demand.
+
+A throttle answer cuts this process's share at once (multiplicatively, throttles within
+the cooldown are one) and is reported to the actor right away, which cuts the shared rate
+so every share shrinks as it is renewed.
 
 The loops run in :meth:`SharedRateLimiter.run`, owned by :class:`~.limits.SharedLimits`.
 
@@ -23,15 +32,17 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import math
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import anyio
 import anyio.abc
 
-from agentcore_rl.client.bucket import Priority
 from agentcore_rl.distributed.backend import (
     BackendUnavailable,
     LimitsBackend,
@@ -39,15 +50,24 @@ from agentcore_rl.distributed.backend import (
     SharedLimitsUnavailableError,
 )
 from agentcore_rl.distributed.config import LimitsConfig
+from agentcore_rl.distributed.ledger import Demand, RateLease
+from agentcore_rl.ratelimit import Priority
 
-__all__ = ["SharedRateLimiter"]
+__all__ = ["STOP_QUIET", "SharedRateLimiter"]
 
-# Lease requests long-poll the actor at most this long, so an abandoned request is short.
-_MAX_WAIT = 2.0
+#: A stop call waits until no invocation asked for a token for this many seconds.
+STOP_QUIET: Final = 0.5
+# A class whose callers were starved of tokens this recently is backlogged: it asks for
+# the whole quota.
+_BACKLOG_WINDOW: Final = 1.0
+# Demand headroom over recent use, so a growing process gets a growing share.
+_HEADROOM: Final = 1.25
+# Float refills land a hair below a whole token after waiting exactly the deficit.
+_EPSILON: Final = 1e-9
 
 
 def _priority_class(priority: int) -> int:
-    """Lease requests come in two classes: invocations, and stop calls (and below)."""
+    """Two classes: invocations, and stop calls (and anything less urgent)."""
     return Priority.INVOKE if priority < Priority.STOP else Priority.STOP
 
 
@@ -55,16 +75,17 @@ def _priority_class(priority: int) -> int:
 class _Waiter:
     priority: int
     seq: int
-    # Resolves with the expiry of the token handed over.
-    granted: asyncio.Future[float] = field(compare=False)
+    granted: asyncio.Future[None] = field(compare=False)
 
 
 class SharedRateLimiter:
-    """Paces this process's calls within the cluster's shared rate (``RateLimiter`` shape).
+    """Paces this process's calls within its share of the cluster's rate
+    (``RateLimiter`` shape).
 
-    ``backend`` is the shared actor; ``clock`` is monotonic seconds in this process.
-    Waiters fail with ``SharedLimitsUnavailableError`` after the actor has been
-    unreachable for ``unavailable_timeout`` seconds.
+    ``backend`` is the shared actor; ``holder`` names this process to it (default: a
+    fresh uuid); ``clock`` is monotonic seconds in this process. Waiters fail with
+    ``SharedLimitsUnavailableError`` after the actor has been unreachable for
+    ``unavailable_timeout`` seconds (the share lapses at its lease's end before that).
 
     Example::
 
@@ -79,91 +100,116 @@ class SharedRateLimiter:
         backend: LimitsBackend,
         config: LimitsConfig,
         *,
+        holder: str | None = None,
         unavailable_timeout: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self.config = config
+        self.holder = holder or f"rate-{uuid.uuid4().hex}"
         self._backend = backend
         self._clock = clock
-        self._sleep = sleep
         self._unavailable_timeout = unavailable_timeout
-        # (expires_at, count, class that leased them), soonest first
-        self._stock: list[tuple[float, int, int]] = []
+        now = clock()
+        # The local bucket: the share, its burst, its tokens, until when it holds.
+        self.share = 0.0
+        self._burst = 0.0
+        self._level = 0.0
+        self._until = -math.inf
+        self._last = now
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
-        self._demand: dict[int, asyncio.Event] = {
-            cls: asyncio.Event() for cls in (Priority.INVOKE, Priority.STOP)
-        }
-        self._in_flight: dict[int, int] = dict.fromkeys(self._demand, 0)
-        # Per class: the lease batch size, and tokens of its leases that lapsed unused.
-        self._batch: dict[int, int] = dict.fromkeys(self._demand, 1)
-        self._lapsed: dict[int, int] = dict.fromkeys(self._demand, 0)
-        self._throttle_reported = asyncio.Event()
-        self._reserved = asyncio.Event()
+        self._changed = asyncio.Event()  # wakes the pacer
+        self._renew = asyncio.Event()  # wakes the lease loop
+        self._requests = itertools.count()
+        self._active_since = now
+        self._invoked_at = -math.inf
+        classes = (int(Priority.INVOKE), int(Priority.STOP))
+        self._starved_at: dict[int, float] = dict.fromkeys(classes, -math.inf)
+        # When tokens were taken lately, by class: recent use is demand.
+        self._used: dict[int, deque[float]] = {cls: deque() for cls in classes}
+        self._throttled_at = -math.inf
         self._throttles_pending = 0
+        # From the last lease: another process has invocations waiting (stops wait too).
+        self._others_invoking = False
+        # Whether the last request said this process's invocations were backlogged.
+        self._reported_backlog = False
         self.running = False
-        #: leases (empty_leases, by priority), tokens_leased, tokens_expired, returns...
+        #: leases, empty_leases, lapses, throttles, tokens_invoke, tokens_stop...
         self.stats: Counter[str] = Counter()
 
     def __repr__(self) -> str:
-        return f"SharedRateLimiter(stock={self.stock}, waiting={len(self._waiters)})"
-
-    @property
-    def stock(self) -> int:
-        """Unexpired leased tokens held here."""
-        self._expire(self._clock())
-        return sum(n for _, n, _ in self._stock)
+        return f"SharedRateLimiter(share={self.share:g}, waiting={len(self._waiters)})"
 
     @property
     def actor_calls(self) -> int:
         """Calls this limiter made to the shared actor."""
-        return self.stats["leases"] + self.stats["returns"] + self.stats["throttle_reports"]
+        return self.stats["leases"] + self.stats["leaves"]
 
-    def _expire(self, now: float) -> None:
-        while self._stock and self._stock[0][0] <= now:
-            _, count, cls = heapq.heappop(self._stock)
-            self.stats["tokens_expired"] += count
-            self._lapsed[cls] += count
+    @property
+    def tokens(self) -> float:
+        """Tokens in the local bucket now."""
+        self._refill(self._clock())
+        return self._level
 
-    def _take(self, now: float, priority: int = Priority.INVOKE) -> float | None:
-        """Take the soonest-expiring token ``priority`` may use; its expiry, or None.
+    # --- the local bucket ----------------------------------------------------------------
 
-        Tokens leased for invocations serve a stop call only in the last half of their
-        life: a caller that takes tokens one by one (the batch feeder) is not waiting
-        between two takes, and stops must not take what its next invocation needs.
-        """
-        self._expire(now)
+    def _refill(self, now: float) -> None:
+        if now >= self._until:
+            if self.share > 0:
+                self.stats["lapses"] += 1
+            self.share = self._burst = self._level = 0.0
+        elif now > self._last:
+            self._level = min(self._burst, self._level + (now - self._last) * self.share)
+        self._last = now
+
+    def _set_share(self, rate: float, burst: float, until: float) -> None:
+        self.share, self._burst, self._until = rate, burst, until
+        self._level = min(self._level, burst)
+
+    def _may_take(self, priority: int, now: float) -> bool:
+        if self._level < 1 - _EPSILON:
+            return False
+        if priority < Priority.STOP:
+            return True
+        return not self._others_invoking and now - self._invoked_at >= STOP_QUIET
+
+    def _backlogged(self, cls: int, now: float) -> bool:
+        return now - self._starved_at[cls] < _BACKLOG_WINDOW
+
+    def _take(self, priority: int, now: float) -> None:
+        self._level -= 1
         cls = _priority_class(priority)
-        usable = [
-            i
-            for i, (expires, _, leased_for) in enumerate(self._stock)
-            if leased_for >= cls or expires - now < self.config.token_ttl / 2
-        ]
-        if not usable:
-            return None
-        i = min(usable, key=lambda j: self._stock[j][0])
-        expires, count, leased_for = self._stock[i]
-        if count > 1:
-            self._stock[i] = (expires, count - 1, leased_for)
-        else:
-            self._stock[i] = self._stock[-1]
-            self._stock.pop()
-            heapq.heapify(self._stock)
-        return expires
+        self._used[cls].append(now)
+        self.stats["tokens_invoke" if cls == Priority.INVOKE else "tokens_stop"] += 1
 
-    def _dispatch(self) -> None:
-        now = self._clock()
+    def _dispatch(self, now: float) -> None:
+        self._refill(now)
         while self._waiters:
-            if self._waiters[0].granted.done():  # failed by an outage; already gone
+            head = self._waiters[0]
+            if head.granted.done():  # failed by an outage, or cancelled
                 heapq.heappop(self._waiters)
                 continue
-            expires = self._take(now, self._waiters[0].priority)
-            if expires is None:
-                if self._stock:  # kept for invocations: usable by stops at half-life
-                    self._reserved.set()
+            if not self._may_take(head.priority, now):
+                cls = _priority_class(head.priority)
+                self._starved_at[cls] = now
+                if cls == Priority.INVOKE and not self._reported_backlog:
+                    self._renew.set()  # the actor must hear of it: others may hold room
                 return
-            heapq.heappop(self._waiters).granted.set_result(expires)
+            heapq.heappop(self._waiters)
+            self._take(head.priority, now)
+            head.granted.set_result(None)
+
+    def _next_wake(self, now: float) -> float | None:
+        """Seconds until the head waiter could be served without news; None: only news
+        (a waiter, a lease) can change that."""
+        pending = [w for w in self._waiters if not w.granted.done()]
+        if not pending or self.share <= 0:
+            return None
+        head = min(pending)
+        delay = max(0.0, (1 - self._level) / self.share)
+        if head.priority >= Priority.STOP:
+            delay = max(delay, self._invoked_at + STOP_QUIET - now)
+        return min(delay, max(0.0, self._until - now))
 
     async def acquire(self, priority: int = Priority.INVOKE) -> None:
         """Wait for a token; lower ``priority`` values first, FIFO within one.
@@ -174,83 +220,187 @@ class SharedRateLimiter:
         """
         if not self.running:
             raise RuntimeError("enter the SharedLimits (async with) before acquiring")
-        if not self._waiters and self._take(self._clock(), priority) is not None:
-            return
+        now = self._clock()
+        if priority < Priority.STOP:
+            self._invoked_at = now
+        if not self._waiters:
+            self._refill(now)
+            if self._may_take(priority, now):
+                self._take(priority, now)
+                return
         waiter = _Waiter(int(priority), next(self._seq), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiters, waiter)
-        self._demand[_priority_class(waiter.priority)].set()
+        if self.share <= 0:  # no share (yet, or any more): ask for one now
+            self._renew.set()
+        self._changed.set()
         try:
             await waiter.granted
         except BaseException:
             if waiter.granted.done() and not waiter.granted.cancelled():
                 if waiter.granted.exception() is None:
                     # Handed a token as we were cancelled: it is the next waiter's.
-                    heapq.heappush(self._stock, (waiter.granted.result(), 1, Priority.STOP))
-                    self._dispatch()
+                    self._level = min(self._burst, self._level + 1)
+                    self._changed.set()
             elif waiter in self._waiters:
                 self._waiters.remove(waiter)
                 heapq.heapify(self._waiters)
             raise
 
     def on_throttle(self) -> None:
-        """A call here was throttled: drop the local stock and tell the cluster.
+        """A call here was throttled: cut this share and empty the bucket at once, and
+        tell the cluster (every share shrinks).
 
         Example::
 
             except ThrottlingError:
                 limiter.on_throttle()
         """
+        now = self._clock()
         self.stats["throttles"] += 1
-        self.stats["tokens_dropped"] += sum(n for _, n, _ in self._stock)
-        self._stock.clear()
+        self._refill(now)
+        self._level = 0.0
+        if now - self._throttled_at >= self.config.throttle_cooldown:
+            self._throttled_at = now
+            rate = self.share * self.config.throttle_factor
+            self._set_share(rate, self.config.local_burst(rate), self._until)
         self._throttles_pending += 1
-        self._throttle_reported.set()
+        self._renew.set()
 
     def on_success(self) -> None:
         """Nothing to do: the shared rate recovers with time."""
 
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Run the lease loops until cancelled (the owner's task group cancels it)."""
-        self.running = True
+    # --- leasing -----------------------------------------------------------------------------
+
+    def _demand(self, now: float) -> Demand:
+        """What this process could use: all of it for a backlogged class; nothing for
+        invocations quiet for :data:`STOP_QUIET` (a finished batch); else the use of the
+        last half lease plus headroom."""
+        window = self.config.lease_period / 2
+        # Use is measured over the time there was a share, at most half a lease.
+        span = max(0.1, min(window, now - self._active_since))
+        wants: dict[int, float] = {}
+        for cls, used in self._used.items():
+            while used and used[0] <= now - window:
+                used.popleft()
+            if self._backlogged(cls, now):
+                wants[cls] = self.config.tps
+            elif cls == Priority.INVOKE and now - self._invoked_at >= STOP_QUIET:
+                wants[cls] = 0.0
+            else:
+                wants[cls] = min(self.config.tps, len(used) / span * _HEADROOM)
+        return Demand(invoke=wants[Priority.INVOKE], stop=wants[Priority.STOP])
+
+    def _wants_lease(self) -> bool:
+        return self.share > 0 or any(not w.granted.done() for w in self._waiters)
+
+    def _news(self, now: float) -> bool:
+        """Whether the actor's view of this process is out of date in a way that matters
+        now: throttles to report, or invocations that started or stopped waiting."""
+        backlogged = self._backlogged(Priority.INVOKE, now)
+        return bool(self._throttles_pending) or backlogged != self._reported_backlog
+
+    async def _lease_once(self, outage: Outage) -> None:
+        now = self._clock()
+        self._dispatch(now)  # marks starvation up to now
+        demand = self._demand(now)
+        if demand.total < self.share:
+            # Give back what is not used: we stop using it before asking, so the actor
+            # can hand it out the moment it reads this request.
+            rate = demand.total
+            self._set_share(rate, self.config.local_burst(rate), self._until)
+        self._reported_backlog = demand.invoke >= self.config.tps
+        held_for = max(0.0, self._until - now) if self.share > 0 else 0.0
+        # The call waits at the actor until the share changes, and is the renewal: it
+        # comes back in time to renew the share held (with a margin for the answer).
+        margin = self.config.lease_period / 4
+        max_wait = max(0.0, held_for - margin) if self.share > 0 else 3 * margin
+        throttles, self._throttles_pending = self._throttles_pending, 0
         try:
-            async with anyio.create_task_group() as tg:
-                for cls in self._demand:
-                    tg.start_soon(self._lease_loop, cls)
-                tg.start_soon(self._report_loop)
-                tg.start_soon(self._half_life_loop)
-                task_status.started()
-        finally:
-            self.running = False
-            self._fail_waiters(RuntimeError("the shared limits were closed"))
-
-    def _wanted(self, cls: int) -> int:
-        """Tokens class ``cls`` should ask for: its waiters and the more urgent ones (the
-        stock and the more urgent classes' requests on their way serve those first)."""
-        if not any(
-            _priority_class(w.priority) == cls and not w.granted.done() for w in self._waiters
-        ):
-            return 0
-        ahead = sum(
-            1 for w in self._waiters if _priority_class(w.priority) <= cls and not w.granted.done()
-        )
-        coming = sum(n for c, n in self._in_flight.items() if c < cls)
-        return max(ahead - self.stock - coming, self._next_batch(cls))
-
-    def _next_batch(self, cls: int) -> int:
-        """The batch size for class ``cls``'s next lease, adapted like a TCP window.
-
-        A caller that takes tokens one by one (the batch feeder does) never has more than
-        one waiter, so waiters alone would make every lease one token. If every token of
-        the last leases was spent, ask for twice as many; if some lapsed unused, half.
-        """
-        if self._lapsed[cls]:
-            self._batch[cls] = max(1, self._batch[cls] // 2)
+            lease: RateLease = await self._backend.lease_rate(
+                self.holder, self.share, held_for, demand, throttles, max_wait, next(self._requests)
+            )
+        except BackendUnavailable as exc:
+            self._throttles_pending += throttles
+            if await outage.failed(exc):
+                self._fail_waiters(
+                    SharedLimitsUnavailableError(
+                        f"the shared limits' actor has been unreachable for over "
+                        f"{self._unavailable_timeout:g} s: {exc}"
+                    )
+                )
+            return
+        except BaseException:  # interrupted by news: the next request reports them too
+            self._throttles_pending += throttles
+            raise
+        outage.ok()
+        self.stats["leases"] += 1
+        if throttles:
+            self.stats["throttle_reports"] += 1
+        got = self._clock()
+        self._refill(got)
+        self._others_invoking = lease.others_invoking
+        if lease.rate > 0:
+            # Counted from the sending plus the wait the actor measured: it ends no
+            # later than the actor's (the request's trip there is not counted),
+            # whatever the clocks of the two hosts.
+            if self.share <= 0:
+                self._active_since = got
+            self._set_share(lease.rate, lease.burst, now + lease.waited + lease.period)
+            self._level = min(self._burst, self._level + lease.initial)
         else:
-            self._batch[cls] = min(self.config.max_token_batch, self._batch[cls] * 2)
-        self._lapsed[cls] = 0
-        return self._batch[cls]
+            self.stats["empty_leases"] += 1
+            self._set_share(0.0, 0.0, -math.inf)
+            self._level = 0.0
+        self._changed.set()
+
+    async def _interrupt_on_news(self, scope: anyio.CancelScope) -> None:
+        """Cancel the waiting lease call when there is news for the actor."""
+        while True:
+            now = self._clock()
+            if self._news(now):
+                scope.cancel()
+                return
+            self._renew.clear()
+            wake = None
+            if self._reported_backlog:  # when the backlog here would end
+                wake = self._starved_at[Priority.INVOKE] + _BACKLOG_WINDOW - now
+            with anyio.move_on_after(math.inf if wake is None else max(0.0, wake)):
+                await self._renew.wait()
+
+    async def _lease_loop(self) -> None:
+        """Keep one lease call waiting at the actor while there is a share to renew or
+        callers waiting; interrupt and resend it when there is news."""
+        outage = Outage(self._unavailable_timeout, clock=self._clock)
+        while True:
+            now = self._clock()
+            if self._wants_lease() or self._news(now):
+                async with anyio.create_task_group() as tg:
+
+                    async def call() -> None:
+                        await self._lease_once(outage)
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(call)
+                    tg.start_soon(self._interrupt_on_news, tg.cancel_scope)
+                continue
+            self._renew.clear()
+            wake = None
+            if self._reported_backlog:
+                wake = self._starved_at[Priority.INVOKE] + _BACKLOG_WINDOW - now
+            with anyio.move_on_after(math.inf if wake is None else max(0.0, wake)):
+                await self._renew.wait()  # nothing held, nobody waiting: no calls
+
+    async def _pace(self) -> None:
+        while True:
+            self._changed.clear()
+            now = self._clock()
+            self._dispatch(now)
+            delay = self._next_wake(now)
+            if delay is None:
+                await self._changed.wait()
+            else:
+                with anyio.move_on_after(delay):
+                    await self._changed.wait()
 
     def _fail_waiters(self, error: BaseException) -> None:
         for waiter in self._waiters:
@@ -258,90 +408,24 @@ class SharedRateLimiter:
                 waiter.granted.set_exception(error)
         self._waiters.clear()
 
-    async def _lease_loop(self, cls: int) -> None:
-        demand = self._demand[cls]
-        outage = Outage(self._unavailable_timeout, clock=self._clock)
-        while True:
-            await demand.wait()
-            want = self._wanted(cls)
-            if want <= 0:
-                demand.clear()
-                continue
-            sent = self._clock()
-            want = min(want, self.config.max_token_batch)
-            self._in_flight[cls] = want
-            try:
-                grant = await self._backend.lease_tokens(want, cls, _MAX_WAIT)
-            except BackendUnavailable as exc:
-                if await outage.failed(exc):
-                    self._fail_waiters(
-                        SharedLimitsUnavailableError(
-                            f"the shared limits' actor has been unreachable for over "
-                            f"{self._unavailable_timeout:g} s: {exc}"
-                        )
-                    )
-                continue
-            finally:
-                self._in_flight[cls] = 0
-            outage.ok()
-            self.stats["leases"] += 1
-            self.stats[f"leases_priority_{cls}"] += 1
-            if not grant.count:
-                self.stats["empty_leases"] += 1
-            else:
-                # The grant happened after sent + waited (the request's trip there is not
-                # counted): an expiry that errs early, whatever the clocks of the hosts.
-                heapq.heappush(self._stock, (sent + grant.waited + grant.ttl, grant.count, cls))
-                self.stats["tokens_leased"] += grant.count
-                self._dispatch()
-            if self._waiters:
-                for event in self._demand.values():  # a less urgent class may be short now
-                    event.set()
-
-    async def _give_back(self) -> None:
-        now = self._clock()
-        self._expire(now)
-        if not self._stock:
-            return
-        count = sum(n for _, n, _ in self._stock)
-        ttl_left = self._stock[0][0] - now
-        self._stock.clear()
-        self.stats["returns"] += 1
-        self.stats["tokens_returned"] += count
-        with contextlib.suppress(BackendUnavailable):  # else they lapse within ttl_left
-            await self._backend.return_tokens(count, ttl_left)
-
-    async def _half_life_loop(self) -> None:
-        """Hand stops the invocation tokens no invocation took in the first half of their
-        life (without this they would lapse unused)."""
-        while True:
-            await self._reserved.wait()
-            self._reserved.clear()
-            usable_at = [
-                expires - self.config.token_ttl / 2
-                for expires, _, leased_for in self._stock
-                if leased_for < Priority.STOP
-            ]
-            if usable_at:
-                await self._sleep(max(0.0, min(usable_at) - self._clock()))
-                self._dispatch()
-
-    async def _report_loop(self) -> None:
-        outage = Outage(self._unavailable_timeout, clock=self._clock)
-        while True:
-            await self._throttle_reported.wait()
-            self._throttle_reported.clear()
-            count, self._throttles_pending = self._throttles_pending, 0
-            try:
-                await self._backend.report_throttle(count)
-            except BackendUnavailable as exc:
-                self._throttles_pending += count
-                self._throttle_reported.set()
-                await outage.failed(exc)
-                continue
-            outage.ok()
-            self.stats["throttle_reports"] += 1
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run the lease and pacing loops until cancelled (the owner's task group does)."""
+        self.running = True
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._lease_loop)
+                tg.start_soon(self._pace)
+                task_status.started()
+        finally:
+            self.running = False
+            self._fail_waiters(RuntimeError("the shared limits were closed"))
 
     async def aclose(self) -> None:
-        """Give back the leftover tokens (the owner calls this after stopping :meth:`run`)."""
-        await self._give_back()
+        """Free the share at once (the owner calls this after stopping :meth:`run`)."""
+        self._set_share(0.0, 0.0, -math.inf)
+        self._level = 0.0
+        self.stats["leaves"] += 1
+        with contextlib.suppress(BackendUnavailable):  # else it lapses at its lease's end
+            await self._backend.leave_rate(self.holder)

@@ -134,10 +134,10 @@ class SharedSessionLimiter:
             return
         if self._hand_over():
             return
+        # Kept here even beyond the spare ones until the next renewal (which gives the
+        # surplus back): a batch's next rollouts reuse them without a call.
         self.in_use -= 1
         self.free += 1
-        if self.free > self.config.spare_slots:
-            self._wake.set()
 
     def _hand_over(self) -> bool:
         """Give a slot already in use here to the next waiter; False if none waits."""
@@ -198,8 +198,10 @@ class SharedSessionLimiter:
         waiting = sum(1 for w in self._waiters if not w.done())
         sent = now
         if waiting:
-            # A few more than asked for: the next rollouts then start without a call.
-            want = min(waiting + self.config.spare_slots // 2, self.config.max_slot_batch)
+            # More than asked for, growing with use (a batch soon wants as many again):
+            # the next rollouts then start without a call.
+            extra = max(self.config.spare_slots // 2, self.in_use)
+            want = min(waiting + extra, self.config.max_slot_batch)
             granted, excess = await self._backend.lease_slots(
                 self.holder, self.held, want, max_wait
             )

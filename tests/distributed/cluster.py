@@ -1,95 +1,133 @@
-"""Ray actors for the distributed tests: a call counter (the runtime's view) and workers.
+"""What the Ray tests run: the stack (S3, agents, one local AgentCore Runtime) in the
+test's event loop, and trainer workers as Ray actors, each with its own rollout client.
 
-A worker drives rollouts the way the rollout client does, through the two protocols only:
-a session slot, an invocation token, the rollout, a stop-call token (low priority), the
-slot back. Imported by Ray's worker processes (the test puts the repository on their
-PYTHONPATH), so it holds no test functions.
+Imported by Ray's worker processes (the test puts the repository on their PYTHONPATH),
+so it holds no test functions.
 """
 
 from __future__ import annotations
 
-import random
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import ray
+from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.client.bucket import Priority
+from agentcore_rl.client import AsyncRolloutClient, WatcherConfig
 from agentcore_rl.distributed import shared_limits
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import AgentCoreRLApp
+
+ARN = DEFAULT_AGENT_RUNTIME_ARN
+FAST_WATCH = WatcherConfig(min_interval=0.05, max_interval=0.2)
 
 
-@ray.remote(num_cpus=0)
-class CallCounter:
-    """What the runtime would see: call times and live sessions."""
+@dataclass
+class Agents:
+    """What the agents saw: rollouts running at once (sessions the runtime holds for a
+    running rollout), at most."""
 
-    def __init__(self) -> None:
-        self.calls: list[float] = []
-        self.live = 0
-        self.max_live = 0
+    running: int = 0
+    max_running: int = 0
 
-    def call(self, at: float) -> None:
-        self.calls.append(at)
 
-    def opened(self) -> None:
-        self.live += 1
-        self.max_live = max(self.max_live, self.live)
+@dataclass
+class Stack:
+    """The runtime's side: its URL and its own counters; call arrival times."""
 
-    def closed(self) -> None:
-        self.live -= 1
+    runtime: LocalAgentCoreRuntime
+    url: str
+    s3: str
+    bucket: str
+    agents: Agents
+    arrivals: list[float] = field(default_factory=list)
 
-    def report(self) -> dict[str, Any]:
-        return {"calls": list(self.calls), "live": self.live, "max_live": self.max_live}
+    def endpoint(self) -> dict[str, str]:
+        return {"endpoint_url": self.url, "s3_endpoint_url": self.s3, "s3_bucket": self.bucket}
+
+
+class _Arrivals:
+    """An ASGI wrapper noting when each call reaches the runtime."""
+
+    def __init__(self, app: LocalAgentCoreRuntime, times: list[float]) -> None:
+        self.app, self.times = app, times
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            self.times.append(time.monotonic())
+        await self.app(scope, receive, send)
+
+
+@asynccontextmanager
+async def serve_stack(s3: str, bucket: str, tps: float) -> AsyncIterator[Stack]:
+    """Two sleeping agents behind one local runtime that answers 429 beyond ``tps``."""
+    agents = Agents()
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(ResultStore(endpoint_url=s3))
+        urls = []
+        for _ in range(2):
+            app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+
+            @app.rollout_entrypoint
+            async def sleeper(payload: dict[str, Any]) -> dict[str, Any]:
+                agents.running += 1
+                agents.max_running = max(agents.max_running, agents.running)
+                try:
+                    await asyncio.sleep(float(payload["sleep"]))
+                finally:
+                    agents.running -= 1
+                return {"rewards": [1.0]}
+
+            server = await stack.enter_async_context(BackgroundServer(app))
+            urls.append(server.url)
+        runtime = LocalAgentCoreRuntime({ARN: urls}, tps=tps)
+        arrivals: list[float] = []
+        server = await stack.enter_async_context(
+            BackgroundServer(_Arrivals(runtime, arrivals))  # type: ignore[arg-type]
+        )
+        yield Stack(runtime, server.url, s3, bucket, agents, arrivals)
 
 
 @ray.remote(num_cpus=0)
 class Worker:
-    """One trainer process with its own view of the shared limits."""
+    """One trainer process: its own client on the shared limits."""
 
     def __init__(self) -> None:
-        self.started = 0
+        self.client: AsyncRolloutClient | None = None
+
+    def ready(self) -> bool:
+        return True
 
     def progress(self) -> int:
-        return self.started
+        return 0 if self.client is None else self.client.stats.invocations
 
     async def run(
-        self,
-        name: str,
-        settings: dict[str, Any],
-        counter: Any,
-        rollouts: int,
-        hold: tuple[float, float],
-        seed: int,
+        self, name: str, settings: dict[str, Any], endpoint: dict[str, str], sleeps: list[float]
     ) -> dict[str, Any]:
-        rng = random.Random(seed)
-        done = 0
-
-        async def rollout(limits: Any) -> None:
-            nonlocal done
-            await limits.sessions.acquire()
-            try:
-                await limits.rate.acquire(Priority.INVOKE)
-                # Stamped here: CLOCK_MONOTONIC is one clock for every process on a host.
-                await counter.call.remote(time.monotonic())
-                await counter.opened.remote()
-                self.started += 1
-                await anyio.sleep(rng.uniform(*hold))
-                await limits.rate.acquire(Priority.STOP)
-                await counter.call.remote(time.monotonic())
-                # Acknowledged before the slot goes back, so no other worker's session can
-                # be counted as opened before this one is counted as closed.
-                await counter.closed.remote()
-            finally:
-                limits.sessions.release()
-            done += 1
-
+        ok = 0
         async with shared_limits(name, **settings) as limits:
-            async with anyio.create_task_group() as tg:
-                for _ in range(rollouts):
-                    tg.start_soon(rollout, limits)
+            async with AsyncRolloutClient(
+                agent_runtime_arn=ARN,
+                exp_id=f"{name}-{id(self)}",
+                rate_limiter=limits.rate,
+                session_limiter=limits.sessions,
+                watcher=FAST_WATCH,
+                close_timeout=30.0,
+                **endpoint,
+            ) as client:
+                self.client = client
+                async for item in client.run_batch([{"sleep": s} for s in sleeps]):
+                    ok += item.success
             return {
-                "done": done,
+                "ok": ok,
+                "throttles": client.stats.throttles,
+                "invocations": client.stats.invocations,
+                "stops": client.stats.stops,
                 "actor_calls": limits.actor_calls,
-                "rate": dict(limits.rate.stats),
-                "sessions": dict(limits.sessions.stats),
             }

@@ -6,125 +6,179 @@ import random
 
 import pytest
 
-from agentcore_rl.client.bucket import Priority
 from agentcore_rl.distributed.config import LimitsConfig
-from agentcore_rl.distributed.ledger import SlotLedger, TokenGrant, TokenLedger
+from agentcore_rl.distributed.ledger import (
+    Demand,
+    RateLease,
+    RateLedger,
+    SlotLedger,
+    water_fill,
+)
 from agentcore_rl.errors import ConfigurationError
 from tests.distributed.conformance import violations
 
 CONFIG = LimitsConfig(tps=25, sessions=10, slot_ttl=6.0)
+ALL = Demand(invoke=25.0)
 
 
-def test_capacity_leaves_room_for_tokens_in_flight() -> None:
-    assert CONFIG.capacity == pytest.approx(25 - 25 * 0.4)
-    with pytest.raises(ConfigurationError, match="token_ttl"):
-        LimitsConfig(tps=25, sessions=1, token_ttl=1.0)
+def test_local_bursts_leave_room_for_latency() -> None:
+    assert CONFIG.local_burst_budget == pytest.approx(25 - 25 * 0.2)
+    assert CONFIG.local_burst(5.0) == pytest.approx(4.0)
+    assert CONFIG.local_burst(0.5) == 1.0  # a bucket must hold a whole token
+    with pytest.raises(ConfigurationError, match="latency_margin"):
+        LimitsConfig(tps=25, sessions=1, latency_margin=1.0)
     with pytest.raises(ConfigurationError, match="sessions"):
         LimitsConfig(tps=25, sessions=0)
 
 
-def test_a_grant_is_a_batch_from_the_head_request() -> None:
-    ledger = TokenLedger(CONFIG, now=0.0)
-    first = ledger.enqueue(want=10)
-    second = ledger.enqueue(want=10)
-    assert ledger.grant(second, now=0.0) is None  # not the head
-    assert ledger.grant(first, now=0.0) == TokenGrant(10, CONFIG.token_ttl)
-    # 5 left: the next head waits for a batch (min(want, 12 = 0.5 s at 25/s)).
-    assert ledger.grant(second, now=0.0) is None
-    delay = ledger.delay(second, now=0.0)
-    assert delay is not None
-    assert delay == pytest.approx(5 / 25)
-    assert ledger.grant(second, now=delay) == TokenGrant(10, CONFIG.token_ttl)
+def test_water_fill_is_max_min_fair() -> None:
+    assert water_fill(25, {"a": 25, "b": 25}) == {"a": 12.5, "b": 12.5}
+    assert water_fill(25, {"a": 2, "b": 25, "c": 25}) == {"a": 2, "b": 11.5, "c": 11.5}
+    assert water_fill(25, {}) == {}
 
 
-def test_invocations_are_served_before_stop_calls_across_processes() -> None:
-    ledger = TokenLedger(CONFIG, now=0.0)
-    drain = ledger.enqueue(want=15)
-    assert ledger.grant(drain, now=0.0) is not None
-    stop = ledger.enqueue(want=5, priority=Priority.STOP, now=0.0)
-    invoke = ledger.enqueue(want=5, priority=Priority.INVOKE, now=0.9)
-    assert ledger.delay(stop, now=0.9) is None
-    assert ledger.grant(stop, now=1.0) is None
-    assert ledger.grant(invoke, now=1.0) == TokenGrant(5, CONFIG.token_ttl)
-    # Stops wait until invocations have been quiet for a batch window.
-    assert ledger.grant(stop, now=1.0) is None
-    assert ledger.delay(stop, now=1.0) == pytest.approx(0.4)
-    assert ledger.grant(stop, now=1.4) == TokenGrant(5, CONFIG.token_ttl)
+def test_a_lone_process_gets_the_whole_rate_then_shares_it() -> None:
+    ledger = RateLedger(CONFIG, now=0.0)
+    a = ledger.lease("a", held=0, held_for=0, demand=ALL, now=0.0)
+    assert (a.rate, a.burst, a.renew_in) == (25, pytest.approx(20), CONFIG.lease_period / 2)
+    b = ledger.lease("b", held=0, held_for=0, demand=ALL, now=0.5)
+    assert b.rate == 0  # a holds it all until it hears that it holds less
+    assert b.renew_in < CONFIG.lease_period
+    a = ledger.lease("a", held=25, held_for=3.5, demand=ALL, now=2.0)
+    assert a.rate == 12.5
+    assert ledger.committed(2.0) == 25  # the 25 stays counted until a says it heard
+    assert ledger.lease("b", held=0, held_for=0, demand=ALL, now=2.1).rate == 0
+    ledger.lease("a", held=12.5, held_for=3.9, demand=ALL, now=2.2)
+    assert ledger.lease("b", held=0, held_for=0, demand=ALL, now=2.3).rate == 12.5
+    assert ledger.committed(2.3) == 25
 
 
-def test_returned_tokens_keep_their_expiry() -> None:
-    ledger = TokenLedger(CONFIG, now=0.0)
-    ticket = ledger.enqueue(want=15)
-    assert ledger.grant(ticket, now=0.0) == TokenGrant(15, 0.4)
-    ledger.give_back(4, ttl_left=0.1, now=0.3)
-    ticket = ledger.enqueue(want=4)
-    grant = ledger.grant(ticket, now=0.35)
-    assert grant is not None
-    assert grant.count == 4
-    assert grant.ttl == pytest.approx(0.05)  # still due at 0.4, whoever holds them
-    ledger.give_back(3, ttl_left=0.1, now=1.0)
-    ticket = ledger.enqueue(want=3)
-    assert ledger.delay(ticket, now=1.2) == pytest.approx(3 / 25 - 0.0, abs=0.3)
-    grant = ledger.grant(ticket, now=1.2)
-    assert grant is None or grant.ttl == pytest.approx(0.4)  # expired ones are gone
+def test_a_higher_rate_not_acknowledged_ends_with_its_lease() -> None:
+    ledger = RateLedger(CONFIG, now=0.0)
+    ledger.lease("a", held=0, held_for=0, demand=ALL, now=0.0)
+    ledger.lease("b", held=0, held_for=0, demand=ALL, now=0.1)
+    assert ledger.lease("a", held=25, held_for=2, demand=ALL, now=2.0).rate == 12.5
+    # a never calls again (its answer was lost, then it died): its 25 held until 4.0.
+    assert ledger.lease("b", held=0, held_for=0, demand=ALL, now=3.9).rate == 0
+    assert ledger.lease("b", held=0, held_for=0, demand=ALL, now=4.0).rate == 12.5
 
 
-def test_a_throttle_anywhere_halves_the_shared_rate_then_it_recovers() -> None:
-    ledger = TokenLedger(CONFIG, now=0.0)
+def test_unused_rate_given_back_is_free_at_once() -> None:
+    ledger = RateLedger(CONFIG, now=0.0)
+    ledger.lease("a", held=0, held_for=0, demand=ALL, now=0.0)
+    assert ledger.lease("b", held=0, held_for=0, demand=ALL, now=0.1).rate == 0
+    # a's work dried up: it drops to what it uses before it asks.
+    assert ledger.lease("a", held=3, held_for=3, demand=Demand(invoke=3), now=1.0).rate == 3
+    assert ledger.lease("b", held=0, held_for=0, demand=ALL, now=1.1).rate == 22
+
+
+def test_invocations_get_the_rate_before_stop_calls_across_processes() -> None:
+    ledger = RateLedger(CONFIG, now=0.0)
+    stops = ledger.lease("s", held=0, held_for=0, demand=Demand(stop=25), now=0.0)
+    assert stops.rate == 25  # nobody else wants any
+    ledger.lease("i", held=0, held_for=0, demand=ALL, now=0.5)
+    assert ledger.lease("s", held=25, held_for=3.5, demand=Demand(stop=25), now=2.0).rate == 0
+    ledger.lease("s", held=0, held_for=0, demand=Demand(stop=25), now=2.1)
+    assert ledger.lease("i", held=0, held_for=0, demand=ALL, now=2.2).rate == 25
+    # Invocations that need only part of the rate leave the rest to stop calls.
+    ledger.lease("i", held=10, held_for=4, demand=Demand(invoke=10), now=3.0)  # dropped first
+    assert ledger.lease("s", held=0, held_for=0, demand=Demand(stop=25), now=3.1).rate == 15
+
+
+def test_a_silent_holder_s_share_lapses_at_its_lease_end() -> None:
+    ledger = RateLedger(CONFIG, now=0.0)
+    ledger.lease("dead", held=0, held_for=0, demand=ALL, now=0.0)
+    assert ledger.lease("live", held=0, held_for=0, demand=ALL, now=1.0).rate == 0
+    assert ledger.lease("live", held=0, held_for=0, demand=ALL, now=4.0).rate == 25
+    assert ledger.lapsed == 1
+    ledger.leave("live", now=4.0)
+    assert ledger.superseded("live", seq=99)  # a request of its still waiting is stale
+    assert ledger.committed(4.0) == 0
+    assert ledger.lapsed == 1  # leaving is not lapsing
+
+
+def test_a_throttle_anywhere_shrinks_every_share_then_the_rate_recovers() -> None:
+    ledger = RateLedger(CONFIG, now=0.0)
     ledger.on_throttle(now=10.0)
     assert ledger.rate(10.0) == pytest.approx(12.5)
     ledger.on_throttle(now=10.5)  # the same event, seen by another call
     assert ledger.rate(10.5) == pytest.approx(12.5 + 0.05 * 25 * 0.5)
-    ledger.on_throttle(now=12.0)
-    assert ledger.rate(12.0) < 12.5
+    assert ledger.lease("a", held=0, held_for=0, demand=ALL, now=10.5).rate < 13.2
     assert ledger.rate(100.0) == 25
-    assert ledger.throttles == 3
+    assert ledger.throttles == 2
 
 
-def test_after_a_restart_nothing_is_granted_until_old_leases_lapsed() -> None:
-    ledger = TokenLedger(CONFIG, now=50.0, restarted=True)
-    ticket = ledger.enqueue(want=5)
-    assert ledger.grant(ticket, now=50.0) is None
-    assert ledger.delay(ticket, now=50.0) == pytest.approx(CONFIG.token_ttl)
-    assert ledger.rate(50.0) == pytest.approx(12.5)  # starts as after a throttle
-    assert ledger.grant(ticket, now=50.3) is None
-    assert ledger.grant(ticket, now=50.0 + CONFIG.token_ttl + 5 / 12.5 + 0.01) is not None
+def test_after_a_restart_nobody_grows_until_old_shares_lapsed() -> None:
+    ledger = RateLedger(CONFIG, now=50.0, restarted=True)
+    # A process still holding 10/s from the previous incarnation keeps it, counted.
+    assert ledger.lease("old", held=10, held_for=3, demand=ALL, now=50.1).rate == 10
+    new = ledger.lease("new", held=0, held_for=0, demand=ALL, now=50.2)
+    assert new.rate == 0
+    assert new.renew_in <= CONFIG.lease_period
+    assert ledger.committed(50.2) == 10
+    later = 50.0 + CONFIG.lease_period
+    assert ledger.lease("new", held=0, held_for=0, demand=ALL, now=later).rate == 12.5
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_calls_from_leased_tokens_conform_to_the_quota(seed: int) -> None:
-    """Processes that pause (so the runtime's bucket fills up) then lease greedily, spend
-    each grant at once at a random point of its life (right before expiry is the worst
-    case), give some back, see throttles: the calls never exceed a tps/burst token
-    bucket, the runtime's own limiter."""
+class _Process:
+    """A process as the limiter behaves, reduced: a local bucket at its share, renewals
+    at half the lease (answers arrive a few ticks late), random demand, greedy spending
+    (the worst case for the quota)."""
+
+    def __init__(self, name: str, rng: random.Random) -> None:
+        self.name, self.rng = name, rng
+        self.share = self.burst = self.level = 0.0
+        self.until = -1.0
+        self.renew_at = 0.0
+        self.pending: tuple[float, float, RateLease] | None = None  # (arrives, sent, lease)
+        self.busy = True
+
+    def tick(self, ledger: RateLedger, now: float, step: float, calls: list[float]) -> None:
+        if now >= self.until:
+            self.share = self.burst = self.level = 0.0
+        else:
+            self.level = min(self.burst, self.level + self.share * step)
+        if self.pending is not None and self.pending[0] <= now:
+            _, sent, lease = self.pending
+            self.pending = None
+            self.share, self.burst, self.until = lease.rate, lease.burst, sent + lease.period
+            self.level = min(self.level, self.burst)
+            self.renew_at = now + lease.renew_in
+        if self.pending is None and now >= self.renew_at:
+            if self.rng.random() < 0.1:
+                self.busy = not self.busy
+            demand = Demand(invoke=25.0) if self.busy else Demand(stop=self.rng.uniform(0, 5))
+            if demand.total < self.share:  # gives back what it does not use
+                self.share = demand.total
+                self.burst = CONFIG.local_burst(self.share)
+                self.level = min(self.level, self.burst)
+            held_for = max(0.0, self.until - now)
+            lease = ledger.lease(self.name, self.share, held_for, demand, now)
+            self.pending = (now + self.rng.choice([0, 1, 3]) * step, now, lease)
+        while self.level >= 1:
+            self.level -= 1
+            calls.append(now)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_calls_made_from_shares_conform_to_the_quota(seed: int) -> None:
+    """Processes with shifting demand, late answers, a dead one and throttles: their
+    calls never exceed the runtime's tps/burst token bucket."""
     rng = random.Random(seed)
-    ledger = TokenLedger(CONFIG, now=0.0)
+    ledger = RateLedger(CONFIG, now=0.0)
+    processes = [_Process(f"p{i}", rng) for i in range(4)]
     calls: list[float] = []
-    tickets: list[int | None] = [None] * 4
-    step = 0.005
-    for tick in range(6000):  # 30 s
+    step = 0.01
+    for tick in range(3000):  # 30 s
         now = tick * step
-        busy = (now % 3.0) < 1.8  # then 1.2 s of silence
-        for i, ticket in enumerate(tickets):
-            if ticket is None:
-                if busy:
-                    tickets[i] = ledger.enqueue(rng.randint(1, 16), rng.choice([0, 10]), now)
-                continue
-            grant = ledger.grant(ticket, now)
-            if grant is None:
-                continue
-            tickets[i] = None
-            spend = grant.count
-            if rng.random() < 0.2 and grant.count > 1:  # give some back, half-way
-                back = rng.randint(1, grant.count - 1)
-                ledger.give_back(back, grant.ttl / 2, now + grant.ttl / 2)
-                spend -= back
-            spent_at = now + rng.choice([0.0, rng.uniform(0, grant.ttl), grant.ttl * 0.999])
-            calls.extend([spent_at] * spend)
-        if tick in (2000, 2100, 4000):  # throttles at 10 s, 10.5 s and 20 s
+        for process in processes:
+            if process.name == "p3" and now > 12.0:
+                continue  # died at 12 s
+            process.tick(ledger, now, step, calls)
+        if tick in (1000, 1050, 2000):
             ledger.on_throttle(now)
-    assert len(calls) > 25 * 30 * 0.4
-    assert violations(calls, rate=25, burst=25) == 0
+    assert len(calls) > 25 * 30 * 0.5
+    assert violations(calls, rate=25, burst=CONFIG.local_burst_budget) == 0
 
 
 def test_slots_never_exceed_the_budget_and_dead_holders_lapse() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from agentcore_rl.client.bucket import Priority
 from agentcore_rl.distributed import LimitsActor, LimitsConfig, SharedLimits
+from agentcore_rl.ratelimit import Priority
 from tests.client.fakeclock import settle
 
 CONFIG = LimitsConfig(tps=25, sessions=3, slot_ttl=6.0)
@@ -17,7 +17,7 @@ def _limits() -> SharedLimits:
     return SharedLimits(LimitsActor(CONFIG, restarted=False), CONFIG, name="in-process")
 
 
-async def test_waiting_callers_are_served_by_one_batched_lease() -> None:
+async def test_waiting_callers_are_served_from_one_lease_invocations_first() -> None:
     async with _limits() as limits, anyio.create_task_group() as tg:
         got: list[int] = []
 
@@ -27,10 +27,21 @@ async def test_waiting_callers_are_served_by_one_batched_lease() -> None:
 
         for i in range(10):
             tg.start_soon(call, Priority.STOP if i < 3 else Priority.INVOKE)
-    assert sorted(got) == [Priority.INVOKE] * 7 + [Priority.STOP] * 3
-    assert limits.rate.stats["tokens_leased"] == 10
-    # One lease per priority class at most, not one per call.
-    assert limits.rate.stats["leases"] <= 2
+        await settle()
+        assert limits.rate.share == CONFIG.tps  # alone: the whole quota
+    assert got == [Priority.INVOKE] * 7 + [Priority.STOP] * 3
+    assert (limits.rate.stats["tokens_invoke"], limits.rate.stats["tokens_stop"]) == (7, 3)
+    # One lease (a share of the rate), not one call per token.
+    assert limits.rate.stats["leases"] == 1
+
+
+async def test_closing_frees_the_share_at_once() -> None:
+    actor = LimitsActor(CONFIG, restarted=False)
+    async with SharedLimits(actor, CONFIG) as limits:
+        await limits.rate.acquire()
+        assert actor.rates.committed(0.0) > 0 or actor.rates.holders == 1
+    assert actor.rates.holders == 0
+    assert (await actor.status())["rate_committed"] == 0
 
 
 async def test_released_slots_serve_the_next_rollout_here_without_a_call() -> None:
