@@ -242,7 +242,7 @@ def shared_limits(
     """The cluster-wide limits called ``name`` (created on first use): ``tps`` calls per
     second and ``sessions`` live sessions, shared by every process that asks by name.
 
-    ``tuning`` sets the other :class:`LimitsConfig` fields (``burst``, ``token_ttl``,
+    ``tuning`` sets the other :class:`LimitsConfig` fields (``burst``, ``lease_period``,
     ``slot_ttl``...); every process must ask with the same settings. Needs Ray
     initialised (``pip install 'agentcore-rl[ray]'``).
 

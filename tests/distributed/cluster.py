@@ -88,9 +88,7 @@ async def serve_stack(s3: str, bucket: str, tps: float) -> AsyncIterator[Stack]:
             urls.append(server.url)
         runtime = LocalAgentCoreRuntime({ARN: urls}, tps=tps)
         arrivals: list[float] = []
-        server = await stack.enter_async_context(
-            BackgroundServer(_Arrivals(runtime, arrivals))  # type: ignore[arg-type]
-        )
+        server = await stack.enter_async_context(BackgroundServer(_Arrivals(runtime, arrivals)))
         yield Stack(runtime, server.url, s3, bucket, agents, arrivals)
 
 
@@ -119,7 +117,9 @@ class Worker:
                 session_limiter=limits.sessions,
                 watcher=FAST_WATCH,
                 close_timeout=30.0,
-                **endpoint,
+                endpoint_url=endpoint["endpoint_url"],
+                s3_endpoint_url=endpoint["s3_endpoint_url"],
+                s3_bucket=endpoint["s3_bucket"],
             ) as client:
                 self.client = client
                 async for item in client.run_batch([{"sleep": s} for s in sleeps]):
