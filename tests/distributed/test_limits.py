@@ -83,3 +83,37 @@ async def test_closing_gives_the_slots_back() -> None:
         limits.sessions.release()
         assert actor.slots.held(0.0) >= 2
     assert (await actor.status())["slots_held"] == 1  # one still in use: it lapses later
+
+
+async def test_a_throttle_interrupts_the_waiting_renewal_and_shrinks_the_share() -> None:
+    actor = LimitsActor(CONFIG, restarted=False)
+    async with SharedLimits(actor, CONFIG) as limits:
+        await limits.rate.acquire()
+        await settle()
+        assert limits.rate.share == CONFIG.tps
+        calls = actor.calls
+        limits.rate.on_throttle()
+        assert limits.rate.share == CONFIG.tps / 2  # at once, before the actor hears
+        await settle(50)
+        assert actor.rates.throttles == 1
+        assert actor.rates.rate(actor._clock()) < CONFIG.tps
+        assert actor.calls > calls  # reported at once, not at the next renewal
+        assert limits.rate.share < CONFIG.tps * 0.6  # the cut rate, recovering
+
+
+async def test_a_newcomer_gets_a_share_before_the_holder_s_renewal_is_due() -> None:
+    actor = LimitsActor(CONFIG, restarted=False)
+    other = SharedLimits(actor, CONFIG)
+    async with SharedLimits(actor, CONFIG) as limits, other:
+        await limits.rate.acquire()
+        await settle()
+        assert actor.rates.committed(actor._clock()) == CONFIG.tps
+        # Another process wants to invoke: the holder's waiting renewal returns at once
+        # with a smaller share, and the holder confirms it, which frees the room.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other.rate.acquire)
+            for _ in range(500):  # 5 s at most
+                if other.rate.share > 0:
+                    break
+                await anyio.sleep(0.01)
+        assert limits.rate.share + other.rate.share <= CONFIG.tps
