@@ -18,8 +18,11 @@ x ideal, <= 0.2 actor calls per invocation.
 
 Example::
 
-    python benchmarks/distributed.py                       # 4 x 250 rollouts (~3 min)
-    python benchmarks/distributed.py --rollouts 20 --max-sleep 2 --modes shared
+    python benchmarks/distributed.py                       # 4 x 250 rollouts, both modes
+    python benchmarks/distributed.py --rollouts 60 --modes shared   # a quick look
+
+Fixed costs (workers starting a little apart, the first share's burst, the last
+rollouts' tail) weigh more in short runs: the targets are for the full size.
 """
 
 from __future__ import annotations
