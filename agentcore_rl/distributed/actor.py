@@ -112,7 +112,8 @@ class LimitsActor:
             if abs(lease.rate - held) > 1e-6 or left <= 0:
                 self._notify()  # a share lowered or given back may be someone's room
                 return dataclasses.replace(lease, waited=now - start)
-            await self._wait_for_change(left)
+            # Room may also come without a call (a share lapsing, the restart hold ending).
+            await self._wait_for_change(min(left, lease.renew_in) if lease.refused else left)
 
     async def leave_rate(self, holder: str) -> None:
         """``holder`` makes no more calls: its share is free."""

@@ -51,7 +51,8 @@ class Demand:
 @dataclass(frozen=True)
 class RateLease:
     """A share: ``rate`` calls per second with a local burst of ``burst`` tokens, for
-    ``period`` seconds counted from when the request was sent; ask again in ``renew_in``.
+    ``period`` seconds counted from when the request was sent; ``renew_in``: when to look
+    again (sooner when refused: when some room may free up without a call).
 
     Example::
 
