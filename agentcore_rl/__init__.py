@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         InvocationError,
         RolloutError,
         RolloutTimeoutError,
+        SharedLimitsUnavailableError,
         StaleGroupError,
         StorageError,
     )
@@ -97,6 +98,7 @@ _LAZY: dict[str, str] = {
     "RolloutTimeoutError": "agentcore_rl.errors",
     "S3RetryPolicy": "agentcore_rl.s3",
     "SessionLimiter": "agentcore_rl.sessionlimit",
+    "SharedLimitsUnavailableError": "agentcore_rl.errors",
     "StaleGroupError": "agentcore_rl.errors",
     "StorageError": "agentcore_rl.errors",
     "TokenBucket": "agentcore_rl.client",
@@ -150,6 +152,7 @@ __all__ = [
     "RolloutTimeoutError",
     "S3RetryPolicy",
     "SessionLimiter",
+    "SharedLimitsUnavailableError",
     "StaleGroupError",
     "StorageError",
     "TokenBucket",

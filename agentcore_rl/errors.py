@@ -13,8 +13,9 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
     ├── ClientClosedError           the client was closed while the call was pending
-    └── GroupDroppedError           a GRPO group was dropped by its rules (``reason``)
-        └── StaleGroupError         ... because its policy version grew too old
+    ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``)
+    │   └── StaleGroupError         ... because its policy version grew too old
+    └── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
 
 Messages say what happened and what to do about it.
 
@@ -45,6 +46,7 @@ __all__ = [
     "InvocationError",
     "RolloutError",
     "RolloutTimeoutError",
+    "SharedLimitsUnavailableError",
     "StaleGroupError",
     "StorageError",
 ]
@@ -252,3 +254,16 @@ class StaleGroupError(GroupDroppedError):
             f"started under policy version {policy_version}, older than "
             f"{current} - {max_staleness} allowed",
         )
+
+
+class SharedLimitsUnavailableError(AgentCoreRLError):
+    """The shared limits' actor (``agentcore_rl.distributed``) could not be reached for
+    longer than the client waits.
+
+    Example::
+
+        try:
+            await limits.rate.acquire()
+        except SharedLimitsUnavailableError:
+            ...   # the actor is gone: check `ray list actors`, recreate it
+    """
