@@ -234,6 +234,7 @@ class RolloutGateway:
                     timeout=self._timeout,
                     headers=self._headers,
                     skip_auto_headers=("User-Agent",),
+                    read_bufsize=2**14,
                 )
             )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
