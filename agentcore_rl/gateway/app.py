@@ -228,9 +228,15 @@ class RolloutGateway:
             raise RuntimeError("the gateway is already running")
         stack = contextlib.AsyncExitStack()
         try:
+            # Idle upstream connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s
+            # keep-alive closes them under a request. 16 KiB read buffers: aiohttp stops
+            # reading a stream about 32 KiB ahead of the agent, so a fast upstream cannot
+            # park whole answers in the gateway's memory (64 streams held ~200 KB each).
             self._http = await stack.enter_async_context(
                 aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=self._max_connections),
+                    connector=aiohttp.TCPConnector(
+                        limit=self._max_connections, keepalive_timeout=4.0
+                    ),
                     timeout=self._timeout,
                     headers=self._headers,
                     skip_auto_headers=("User-Agent",),
