@@ -30,6 +30,7 @@ from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry
 from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
+from agentcore_rl.client.invocation import as_repeat
 from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
@@ -266,8 +267,9 @@ class EvalEngine:
             if found is not None:
                 return None
             try:
+                # The earlier run may have reached the agent: a repeat is checked, not rerun.
                 return await self.client._launch(
-                    slot, body, config, timeout=remaining, session_id=entry.session_id
+                    slot, as_repeat(body), config, timeout=remaining, session_id=entry.session_id
                 )
             except asyncio.CancelledError:
                 self.journal.record_abandoned(entry.input_id)  # the client stops the session

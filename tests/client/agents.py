@@ -46,7 +46,9 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     """An agent server; ``payload["mode"]`` picks the behaviour:
 
     ok (default): return rewards at once; gate: wait until the test opens the gate;
-    hang: never finish; raise: raise ValueError; envelope: return status_code 422.
+    hang: never finish; raise: raise ValueError; envelope: return status_code 422;
+    shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
+    cancelled by a server shutting down.
     """
     app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0, **app_options)
 
@@ -67,6 +69,14 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                 raise ValueError(f"agent failed on {payload.get('n')}")
             elif mode == "envelope":
                 return {"status_code": 422, "stop_reason": "answer unparseable"}
+            elif mode == "shutdown" and recorder.sessions.count(context.session_id) == 1:
+                if len(recorder.sessions) <= payload.get("shutdowns", 1):
+                    # What a server cancelling on SIGTERM writes: a retryable outcome.
+                    return {
+                        "status_code": 503,
+                        "error_type": "cancelled",
+                        "stop_reason": "cancelled: the agent server is shutting down",
+                    }
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)

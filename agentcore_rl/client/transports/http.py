@@ -20,10 +20,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from agentcore_rl import protocol
 from agentcore_rl.client.transports.base import (
     RetryableError,
     StopUnsupportedError,
     json_object_answer,
+    session_state,
 )
 from agentcore_rl.errors import ConfigurationError, InvocationError
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
@@ -168,6 +170,24 @@ class HttpTransport:
             return bool(response.json().get("stopped", False))
         except (ValueError, AttributeError):
             return False
+
+    async def status(self, session_id: str) -> protocol.SessionState:
+        """``GET {url}/sessions/{id}`` on the session's server: running, finished or
+        unknown (a restarted server). Raises ``RetryableError`` when it cannot answer."""
+        url = self.url_for(session_id) + protocol.SESSION_STATUS_PATH.format(session_id=session_id)
+        try:
+            async with self._limit:
+                response = await self._http.get(url, headers={SESSION_ID_HEADER: session_id})
+        except httpx.TransportError as exc:
+            raise RetryableError(f"{url}: {type(exc).__name__}", session_id=session_id) from exc
+        if response.status_code != 200:
+            raise RetryableError(
+                f"{url}: {error_message(response)}",
+                session_id=session_id,
+                status_code=response.status_code,
+            )
+        answer = json_object_answer(response.content, source=url, session_id=session_id)
+        return session_state(answer, source=url, session_id=session_id)
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
