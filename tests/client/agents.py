@@ -69,14 +69,13 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                 raise ValueError(f"agent failed on {payload.get('n')}")
             elif mode == "envelope":
                 return {"status_code": 422, "stop_reason": "answer unparseable"}
-            elif mode == "shutdown" and recorder.sessions.count(context.session_id) == 1:
-                if len(recorder.sessions) <= payload.get("shutdowns", 1):
-                    # What a server cancelling on SIGTERM writes: a retryable outcome.
-                    return {
-                        "status_code": 503,
-                        "error_type": "cancelled",
-                        "stop_reason": "cancelled: the agent server is shutting down",
-                    }
+            elif mode == "shutdown" and len(recorder.sessions) <= payload.get("shutdowns", 1):
+                # What a server cancelling on SIGTERM writes: a retryable outcome.
+                return {
+                    "status_code": 503,
+                    "error_type": "cancelled",
+                    "stop_reason": "cancelled: the agent server is shutting down",
+                }
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)

@@ -124,3 +124,18 @@ async def test_a_retry_after_a_lost_answer_is_marked_repeat_and_runs_once(
     assert (await asyncio.wait_for(fut, 10))["n"] == 5
     assert [body["_rollout"].get("repeat") for body in flaky.bodies] == [None, True]
     assert recorder.sessions == [fut.session_id]  # the handler ran once
+
+
+async def test_new_sessions_avoid_a_dead_url(
+    make_client: ClientFactory, agent_url: str, recorder: Recorder
+) -> None:
+    # Issue 9 item 4: one of two URLs dead. The first session sent there fails over to a
+    # new session; later sessions are not pinned to the dead URL while it cools down.
+    dead = "http://127.0.0.1:9"
+    client = make_client(agent_url=[dead, agent_url], retry_rollouts=1)
+    futures = [await client.invoke({"n": n}) for n in range(20)]
+    results = await asyncio.wait_for(asyncio.gather(*futures), 20)
+    assert [r["n"] for r in results] == list(range(20))
+    assert client.stats.invocation_errors == 0
+    assert client.stats.rollout_retries <= 1
+    assert len(recorder.sessions) == 20

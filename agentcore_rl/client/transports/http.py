@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -38,6 +40,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONNECTIONS: Final = 16
 #: Seconds for connect/read/write of one call (invocations answer at once: "processing").
 DEFAULT_HTTP_TIMEOUT: Final = 60.0
+#: Seconds a server that refused a connection gets no new session.
+DEFAULT_COOLDOWN: Final = 10.0
+#: Sessions whose server is remembered (older ones fall back to the hash of their id).
+MAX_PINNED_SESSIONS: Final = 200_000
 
 
 def error_message(response: httpx.Response) -> str:
@@ -68,7 +74,10 @@ def _check_url(url: str) -> str:
 
 class HttpTransport:
     """Invocations as ``POST {url}/invocations`` with the session header; stops as
-    ``POST {url}/sessions/{session_id}/stop`` (an AgentCoreRLApp extension).
+    ``POST {url}/sessions/{session_id}/stop`` and status as ``GET {url}/sessions/{id}``
+    (AgentCoreRLApp extensions). A new session goes to a server chosen by its id among
+    those that have not refused a connection in the last ``cooldown`` seconds, and stays
+    there.
 
     Example::
 
@@ -85,11 +94,19 @@ class HttpTransport:
         *,
         timeout: float = DEFAULT_HTTP_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        cooldown: float = DEFAULT_COOLDOWN,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise ConfigurationError("agent_url needs at least one URL")
         self.urls = [_check_url(u) for u in url_list]
+        # Failover: a server that refused a connection gets no new session for
+        # ``cooldown`` seconds; every session stays on the server it started on.
+        self.cooldown = cooldown
+        self._clock = clock
+        self._unhealthy: dict[str, float] = {}  # url -> clock time it may be used again
+        self._pins: OrderedDict[str, str] = OrderedDict()  # session id -> its server
         # Agent servers that answered 404 to a stop (no stop route): not asked again.
         self._stop_unsupported: set[str] = set()
         # httpcore's pool rescans its queue on every release: thousands of queued requests
@@ -107,13 +124,42 @@ class HttpTransport:
 
     def url_for(self, session_id: str) -> str:
         """The server that runs ``session_id`` (stable: same id, same server)."""
+        pinned = self._pins.get(session_id)
+        if pinned is not None:
+            return pinned
         return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
+
+    @property
+    def unhealthy(self) -> list[str]:
+        """Servers new sessions avoid now (they refused a connection lately)."""
+        now = self._clock()
+        return [url for url, until in self._unhealthy.items() if until > now]
+
+    def _assign(self, session_id: str) -> str:
+        """The server of ``session_id``: its own if it has one, else a healthy one."""
+        pinned = self._pins.get(session_id)
+        if pinned is not None:
+            return pinned
+        avoid = set(self.unhealthy) if self._unhealthy else set()
+        healthy = [url for url in self.urls if url not in avoid] or self.urls
+        url = healthy[zlib.crc32(session_id.encode()) % len(healthy)]
+        self._pins[session_id] = url
+        if len(self._pins) > MAX_PINNED_SESSIONS:
+            self._pins.popitem(last=False)
+        return url
 
     async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
         try:
             async with self._limit:
                 response = await self._http.post(url, **kwargs)
-        except httpx.TransportError as exc:  # connect/read errors and timeouts
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            base = next((u for u in self.urls if url.startswith(u)), None)
+            if base is not None and len(self.urls) > 1:
+                self._unhealthy[base] = self._clock() + self.cooldown
+            raise RetryableError(
+                f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
+            ) from exc
+        except httpx.TransportError as exc:  # read errors and timeouts
             raise RetryableError(
                 f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
             ) from exc
@@ -133,7 +179,7 @@ class HttpTransport:
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
-        url = self.url_for(session_id) + INVOCATIONS_PATH
+        url = self._assign(session_id) + INVOCATIONS_PATH
         response = await self._post(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
         )
