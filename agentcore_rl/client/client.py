@@ -29,6 +29,7 @@ from agentcore_rl.client.admission import Admission, Slot
 from agentcore_rl.client.attach import AttachTarget, peek_result
 from agentcore_rl.client.batch import BatchItem, BatchRun, Fed
 from agentcore_rl.client.config import (
+    CLOSE_STOP_WORKERS,
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_CONCURRENT_SESSIONS,
     DEFAULT_RETRY,
@@ -259,6 +260,7 @@ class AsyncRolloutClient:
     def stats(self) -> ClientStats:
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
         outages = self._watcher.outages
+        self._counters.unstopped = len(self._stopper.unstopped)
         return ClientStats.from_counters(
             self._counters,
             in_flight=self.in_flight,
@@ -360,8 +362,11 @@ class AsyncRolloutClient:
 
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
-        sessions (all within ``close_timeout`` seconds), end the client's background work
-        and release everything. Idempotent; a closed client cannot be used again.
+        sessions (all within ``close_timeout`` seconds, as fast as the rate limiter
+        allows), end the client's background work and release everything. Sessions not
+        stopped in time are not waited for: :attr:`unstopped_sessions` lists them (and
+        ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
+        again.
 
         Example::
 
@@ -382,15 +387,13 @@ class AsyncRolloutClient:
                 )
                 # Done callbacks (which queue the stop calls) run on the next loop iteration.
                 await asyncio.sleep(0)
-                await self._stopper.drain()
+                async with anyio.create_task_group() as burst:
+                    burst.start_soon(self._stopper.burst, CLOSE_STOP_WORKERS)
+                    await self._stopper.drain()
+                    burst.cancel_scope.cancel()
             if waiting.cancelled_caught:
                 self._follower.settle_all(
                     ClientClosedError("the client was closed before this rollout finished")
-                )
-                logger.warning(
-                    "%d session(s) not stopped within %s s of closing",
-                    self._stopper.queued,
-                    self.close_timeout,
                 )
         finally:
             try:
@@ -398,11 +401,30 @@ class AsyncRolloutClient:
                 with anyio.CancelScope(shield=True):
                     await self._service.aclose()
                     self._stopper.close()
+                    self._report_unstopped()
                     await self.transport.aclose()
                     if self._owns_store:
                         await self.store.aclose()
             finally:
                 self._closed.set()
+
+    @property
+    def unstopped_sessions(self) -> list[str]:
+        """Session ids this client meant to stop and could not (the stop failed, or
+        ``aclose`` ran out of ``close_timeout``): they may still run on their agents."""
+        return list(self._stopper.unstopped)
+
+    def _report_unstopped(self) -> None:
+        unstopped = self._stopper.unstopped
+        self._counters.unstopped = len(unstopped)
+        if unstopped:
+            logger.warning(
+                "%d session(s) could not be stopped (within %s s of closing, or their stop "
+                "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
+                len(unstopped),
+                self.close_timeout,
+                ", ".join(unstopped[:3]),
+            )
 
     async def __aenter__(self) -> AsyncRolloutClient:
         self._check_not_closed()

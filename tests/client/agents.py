@@ -47,6 +47,7 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
 
     ok (default): return rewards at once; gate: wait until the test opens the gate;
     hang: never finish; raise: raise ValueError; envelope: return status_code 422;
+    stubborn: like gate, and a cancel waits for the gate too;
     shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
     cancelled by a server shutting down.
     """
@@ -61,7 +62,7 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
         recorder._touch()
         try:
             mode = payload.get("mode", "ok")
-            if mode == "gate":
+            if mode in ("gate", "stubborn"):
                 await recorder.gate.wait()
             elif mode == "hang":
                 await asyncio.Event().wait()
@@ -79,6 +80,8 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)
+            if payload.get("mode") == "stubborn":  # slow to cancel: waits for the gate
+                await recorder.gate.wait()
             raise
         finally:
             recorder.running -= 1

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONNECTIONS: Final = 16
 #: Seconds for connect/read/write of one call (invocations answer at once: "processing").
 DEFAULT_HTTP_TIMEOUT: Final = 60.0
+#: Seconds a stop call waits for its answer; a stop delivered without one counts as done
+#: (the server cancels on receipt and only then waits for the rollout to end).
+DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
 #: Seconds a server that refused a connection gets no new session.
 DEFAULT_COOLDOWN: Final = 10.0
 #: Sessions whose server is remembered (older ones fall back to the hash of their id).
@@ -95,6 +98,7 @@ class HttpTransport:
         timeout: float = DEFAULT_HTTP_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         cooldown: float = DEFAULT_COOLDOWN,
+        stop_answer_timeout: float = DEFAULT_STOP_ANSWER_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
@@ -104,6 +108,8 @@ class HttpTransport:
         # Failover: a server that refused a connection gets no new session for
         # ``cooldown`` seconds; every session stays on the server it started on.
         self.cooldown = cooldown
+        self.timeout = timeout
+        self.stop_answer_timeout = stop_answer_timeout
         self._clock = clock
         self._unhealthy: dict[str, float] = {}  # url -> clock time it may be used again
         self._pins: OrderedDict[str, str] = OrderedDict()  # session id -> its server
@@ -198,7 +204,17 @@ class HttpTransport:
             raise StopUnsupportedError(f"{url} has no stop route", session_id=session_id)
         path = STOP_SESSION_PATH.format(session_id=session_id)
         try:
-            response = await self._post(session_id, url + path)
+            # The server cancels the rollout on receipt, then waits (its stop_wait) for the
+            # envelope: the client does not wait for that answer beyond stop_answer_timeout.
+            response = await self._post(
+                session_id,
+                url + path,
+                timeout=httpx.Timeout(self.timeout, read=self.stop_answer_timeout),
+            )
+        except RetryableError as exc:
+            if isinstance(exc.__cause__, httpx.ReadTimeout):
+                return True  # delivered: the agent is cancelling it
+            raise
         except InvocationError as exc:
             if exc.status_code not in (404, 405):
                 raise
