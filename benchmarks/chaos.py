@@ -151,8 +151,10 @@ class Agents:
         self.env = env
         self.ports = [free_port() for _ in range(count)]
         self.procs: list[asyncio.subprocess.Process | None] = [None] * count
+        self._stopping = False
         self.kills: list[tuple[float, int]] = []  # (time, pid) of SIGKILLs
         self.killed_pids: set[int] = set()
+        self.sigterms = 0
 
     @property
     def urls(self) -> list[str]:
@@ -178,10 +180,13 @@ class Agents:
         if sig == signal.SIGKILL:
             self.kills.append((time.time(), proc.pid))
             self.killed_pids.add(proc.pid)
+        elif not self._stopping:
+            self.sigterms += 1
         proc.send_signal(sig)
         await asyncio.wait_for(proc.wait(), 60)
 
     async def stop_all(self) -> None:
+        self._stopping = True
         for i in range(len(self.procs)):
             await self.kill(i, signal.SIGTERM)
 
@@ -329,6 +334,7 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
     return {
         "inputs": args.inputs,
         "agent_crashes": len(agents.kills),
+        "agent_sigterms": agents.sigterms,
         "inputs_lost": sum(1 for i in expected if i not in by_input),
         "inputs_with_two_results_lines": sum(1 for r in by_input.values() if len(r) > 1),
         "duplicate_runs_without_crash": duplicates,
@@ -337,6 +343,12 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
         "permanent_failures_from_transient_faults": sum(
             1 for line in lines if line["outcome"] != "done"
         ),
+        "failure_examples": [
+            f"{line['input_id']} {line['error_type']} attempts={line.get('attempts')}: "
+            f"{str(line['error'])[:240]}"
+            for line in lines
+            if line["outcome"] != "done"
+        ][:5],
         "crash_detection_s": {
             "p50": percentile(latencies, 50),
             "max": max(latencies) if latencies else None,

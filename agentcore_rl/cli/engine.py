@@ -32,7 +32,7 @@ from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.invocation import as_repeat
 from agentcore_rl.client.outcomes import is_retryable
-from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
+from agentcore_rl.errors import InvocationError, RolloutError, RolloutTimeoutError, StorageError
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
 
@@ -230,11 +230,21 @@ class EvalEngine:
             self.journal.record_abandoned(entry.input_id)  # the client stops the session
             raise
         except RolloutError as exc:
-            if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED:
-                # The previous run stopped it on its way out: run it again.
+            if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or (
+                is_retryable(exc)
+            ):
+                # The previous run stopped it on its way out, or a server shutdown did:
+                # run it again.
+                self.journal.record_abandoned(entry.input_id)
                 self.queue.put_nowait(item)
                 return
             self._record_resumed(entry, "failed", error=exc)
+        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
+            if not is_retryable(exc):
+                self._record_resumed(entry, "failed", error=exc)
+                return
+            self.journal.record_abandoned(entry.input_id)
+            self.queue.put_nowait(item)  # a fresh run, with its own attempts
         except RolloutTimeoutError as exc:
             error = RolloutTimeoutError(
                 f"{exc} (re-attached after a restart)",
