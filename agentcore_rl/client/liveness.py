@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 #: Seconds a session is pending before its first probe.
 DEFAULT_PROBE_AFTER: Final = 10.0
 #: Seconds between two probes of one session.
-DEFAULT_PROBE_INTERVAL: Final = 10.0
+DEFAULT_PROBE_INTERVAL: Final = 5.0
 #: Probes per second at most, whatever the number of sessions in flight.
 DEFAULT_PROBE_RATE: Final = 2.0
 
