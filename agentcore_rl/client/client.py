@@ -643,25 +643,31 @@ class AsyncRolloutClient:
     async def _resend(self, fut: RolloutFuture, body: dict[str, Any], limit: float | None) -> None:
         """Send a retried rollout's invocation in its new session, then follow it again."""
         try:
-            await self.rate_limiter.acquire(Priority.INVOKE)
-            await self._watcher.wait_reachable(fut.s3_bucket)
-            if fut.done():
-                return
-            await send_invocation(
-                self.transport,
-                fut,
-                body,
-                retry=self.retry,
-                limiter=self.rate_limiter,
-                counters=self._counters,
-            )
-        except Exception as exc:
-            if may_have_started(exc):
-                self._stopper.schedule(fut.session_id)
+            with self._admission.sending() as task:
+                try:
+                    await self.rate_limiter.acquire(Priority.INVOKE)
+                    await self._watcher.wait_reachable(fut.s3_bucket)
+                    if fut.done():
+                        return
+                    await send_invocation(
+                        self.transport,
+                        fut,
+                        body,
+                        retry=self.retry,
+                        limiter=self.rate_limiter,
+                        counters=self._counters,
+                    )
+                except BaseException as exc:
+                    if may_have_started(exc):
+                        self._stopper.schedule(fut.session_id)
+                    if isinstance(exc, asyncio.CancelledError):
+                        self._admission.raise_if_closed_by_us(task)
+                    raise
+        except Exception as exc:  # ClientClosedError too: the rollout ends with it
             self._sessions.live.pop(fut.session_id, None)
             self._follower.fail(fut, exc)
             return
-        if fut.done():  # closed or cancelled while sending: the session may run
+        if fut.done():  # cancelled while sending: the session may run
             self._stopper.schedule(fut.session_id)
             return
         self._follower.follow(fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at))
