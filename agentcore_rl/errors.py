@@ -13,7 +13,10 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     │   └── AgentLostError          the agent no longer knows a pending session (it crashed)
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
-    └── ClientClosedError           the client was closed while the call was pending
+    ├── ClientClosedError           the client was closed while the call was pending
+    ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``)
+    │   └── StaleGroupError         ... because its policy version grew too old
+    └── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
 
 Messages say what happened and what to do about it.
 
@@ -28,7 +31,10 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentcore_rl.groups import DropReason, RolloutGroup
 
 __all__ = [
     "AgentCoreRLError",
@@ -36,11 +42,14 @@ __all__ = [
     "BucketNotAllowedError",
     "ClientClosedError",
     "ConfigurationError",
+    "GroupDroppedError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
     "RolloutError",
     "RolloutTimeoutError",
+    "SharedLimitsUnavailableError",
+    "StaleGroupError",
     "StorageError",
 ]
 
@@ -216,3 +225,63 @@ class AgentLostError(InvocationError):
     def __init__(self, message: str, *, session_id: str | None = None, attempts: int = 1):
         super().__init__(message, session_id=session_id)
         self.attempts = attempts
+
+
+class GroupDroppedError(AgentCoreRLError):
+    """A group was dropped by its rules; ``reason`` says which, ``group`` what had finished.
+
+    Example::
+
+        try:
+            g = await group
+        except GroupDroppedError as exc:
+            print(exc.input_id, exc.reason.value, len(exc.group.members))
+    """
+
+    def __init__(self, group: RolloutGroup, reason: DropReason, detail: str = "") -> None:
+        self.group = group
+        self.input_id = group.input_id
+        self.reason = reason
+        text = f"group {group.input_id!r} dropped ({reason.value})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class StaleGroupError(GroupDroppedError):
+    """A group started under a policy version too old for the trainer was stopped.
+
+    ``policy_version`` is the oldest version among its members, ``current`` the version
+    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
+
+    Example::
+
+        except StaleGroupError as exc:
+            print(exc.policy_version, "<", exc.current - exc.max_staleness)
+    """
+
+    def __init__(
+        self, group: RolloutGroup, *, policy_version: int, current: int, max_staleness: int
+    ) -> None:
+        from agentcore_rl.groups import DropReason  # groups imports this module
+
+        self.policy_version = policy_version
+        self.current = current
+        self.max_staleness = max_staleness
+        super().__init__(
+            group,
+            DropReason.STALE,
+            f"started under policy version {policy_version}, older than "
+            f"{current} - {max_staleness} allowed",
+        )
+
+
+class SharedLimitsUnavailableError(AgentCoreRLError):
+    """The shared limits' actor (``agentcore_rl.distributed``) could not be reached for
+    longer than the client waits.
+
+    Example::
+
+        try:
+            await limits.rate.acquire()
+        except SharedLimitsUnavailableError:
+            ...   # the actor is gone: check `ray list actors`, recreate it
+    """

@@ -286,6 +286,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         s3_endpoint_url=args.s3_endpoint_url,
         runtime_endpoint_url=args.endpoint_url,
         rollout_extra=_parse_params(args.param),
+        group_size=args.group_size,
+        redundancy=args.redundancy,
     )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)

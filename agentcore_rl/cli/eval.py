@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from agentcore_rl.cli.engine import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.group_eval import GroupEvalEngine
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.client import AsyncRolloutClient
@@ -143,9 +144,13 @@ async def run_eval(
             async with client:
                 for session_id in journal.unstopped:  # left running by the previous run
                     client._stopper.schedule(session_id)
-                engine = EvalEngine(options, client, journal, summary, bar)
                 try:
-                    await engine.run(fresh, in_flight, by_id)
+                    if options.group_size is not None:
+                        groups = GroupEvalEngine(options, client, journal, summary, bar)
+                        await groups.run(inputs)
+                    else:
+                        engine = EvalEngine(options, client, journal, summary, bar)
+                        await engine.run(fresh, in_flight, by_id)
                 except asyncio.CancelledError:
                     run.interrupted = True
                     raise

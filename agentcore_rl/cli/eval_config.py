@@ -116,6 +116,10 @@ class EvalOptions:
     s3_endpoint_url: str | None = None
     runtime_endpoint_url: str | None = None
     rollout_extra: dict[str, Any] = field(default_factory=dict)
+    #: Run each input as a GRPO group of this many members (``None``: one rollout each).
+    group_size: int | None = None
+    #: Extra members per group, stopped once ``group_size`` have succeeded.
+    redundancy: int = 0
 
     def __post_init__(self) -> None:
         if (self.agent_runtime_arn is None) == (not self.agent_urls):
@@ -131,6 +135,10 @@ class EvalOptions:
             raise ConfigurationError(f"--tps must be > 0, got {self.tps}")
         if self.timeout <= 0:
             raise ConfigurationError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if self.group_size is not None and self.group_size < 1:
+            raise ConfigurationError(f"--group-size must be >= 1, got {self.group_size}")
+        if self.redundancy < 0 or (self.redundancy and self.group_size is None):
+            raise ConfigurationError("--redundancy must be >= 0 and needs --group-size")
 
 
 @dataclass

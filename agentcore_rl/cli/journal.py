@@ -127,6 +127,9 @@ class EvalJournal:
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
     unstopped: list[str] = field(default_factory=list)
     retrying: set[str] = field(default_factory=set)
+    #: Every journal line an earlier run wrote, in order (group members are journaled as
+    #: events of their own, read by :mod:`agentcore_rl.cli.group_eval`).
+    events: list[dict[str, Any]] = field(default_factory=list)
     _results: IO[str] | None = None
     _journal: IO[str] | None = None
 
@@ -167,6 +170,7 @@ class EvalJournal:
                         del self.finished[input_id]
             if journal_path.exists():
                 for record in _read_lines(journal_path):
+                    self.events.append(record)
                     self._replay(record)
         else:
             journal_path.unlink(missing_ok=True)
@@ -187,6 +191,8 @@ class EvalJournal:
         input_id = record.get("input_id")
         if not isinstance(input_id, str) or input_id in self.finished:
             return
+        if record.get(_EVENT) not in (None, _STARTED, _ABANDONED):
+            return  # another kind of line (a group member's)
         if record.get(_EVENT) == _ABANDONED:
             self.in_flight.pop(input_id, None)
             return
@@ -217,6 +223,12 @@ class EvalJournal:
         """Note sessions the client could not stop when it closed: ``--resume`` stops them."""
         if session_ids:
             self._write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
+
+    def record_event(self, record: dict[str, Any]) -> None:
+        """Append one journal line of another kind (it must carry ``event``) and flush it."""
+        if not isinstance(record.get(_EVENT), str) or record[_EVENT] in (_STARTED, _ABANDONED):
+            raise ValueError("an event record needs its own string 'event'")
+        self._write(self._journal, record)
 
     def record_outcome(self, record: dict[str, Any]) -> None:
         """Append one outcome line (must carry ``input_id``) and flush it."""

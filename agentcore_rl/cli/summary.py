@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from agentcore_rl.cli.group_summary import GroupTally
+from agentcore_rl.groups import result_reward
+
 __all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
 
 #: The outcome kinds a rollout can end in, as written to the results file.
@@ -45,13 +48,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def reward_of(result: Any) -> float | None:
     """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
-    if not isinstance(result, dict):
-        return None
-    rewards = result.get("rewards")
-    value = rewards[0] if isinstance(rewards, list) and rewards else result.get("reward")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return result_reward(result)
 
 
 @dataclass
@@ -75,6 +72,8 @@ class RunSummary:
     resumed: int = 0
     reattached: int = 0
     retried: int = 0
+    #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
+    groups: GroupTally | None = None
 
     def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
         """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``)."""
@@ -120,6 +119,7 @@ class RunSummary:
             "s3_requests_per_rollout": (
                 s3_requests / total if s3_requests is not None and total else None
             ),
+            "groups": None if self.groups is None else self.groups.as_dict(),
         }
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
@@ -152,5 +152,7 @@ class RunSummary:
             ("throughput", num(data["throughput"], ".1f", " rollouts/s")),
             ("S3 requests per rollout", num(data["s3_requests_per_rollout"], ".2f")),
         ]
+        if self.groups is not None:
+            rows.append((f"groups of {self.groups.size}", self.groups.line()))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

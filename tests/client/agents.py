@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentcore_rl.groups import parse_member_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
@@ -47,6 +48,10 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
 
     ok (default): return rewards at once; gate: wait until the test opens the gate;
     hang: never finish; raise: raise ValueError; envelope: return status_code 422;
+    group: a GRPO member (its index and attempt read from the session id) that raises when
+    its index is in ``fail``, never finishes when in ``hang``, waits for the gate when in
+    ``gate`` (each only for attempts below ``bad_attempts``, default all), and otherwise
+    returns ``rewards[index % len(rewards)]`` (default 1.0).
     stubborn: like gate, and a cancel waits for the gate too;
     shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
     cancelled by a server shutting down.
@@ -77,6 +82,8 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                     "error_type": "cancelled",
                     "stop_reason": "cancelled: the agent server is shutting down",
                 }
+            elif mode == "group":
+                return await _member(payload, context.session_id, recorder)
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)
@@ -89,3 +96,17 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
             recorder._touch()
 
     return app
+
+
+async def _member(payload: dict[str, Any], session_id: str, recorder: Recorder) -> dict[str, Any]:
+    key = parse_member_session_id(session_id)
+    assert key is not None, f"not a member session: {session_id}"
+    bad = key.attempt < payload.get("bad_attempts", 1_000)
+    if bad and key.index in payload.get("fail", ()):
+        raise ValueError(f"member {key.index} failed")
+    if bad and key.index in payload.get("hang", ()):
+        await asyncio.Event().wait()
+    if bad and key.index in payload.get("gate", ()):
+        await recorder.gate.wait()
+    rewards = payload.get("rewards") or [1.0]
+    return {"rewards": [rewards[key.index % len(rewards)]]}
