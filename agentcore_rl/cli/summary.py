@@ -56,7 +56,8 @@ class RunSummary:
     """Running tallies of a batch: outcome counts, latencies and rewards.
 
     ``resumed`` counts outcomes that an earlier (interrupted) run had already written, and
-    ``reattached`` those this run collected from rollouts the earlier run left in flight.
+    ``reattached`` those this run collected from rollouts the earlier run left in flight;
+    ``retried`` counts inputs run again in a new session after a retryable failure.
 
     Example::
 
@@ -70,6 +71,7 @@ class RunSummary:
     rewards: list[float] = field(default_factory=list)
     resumed: int = 0
     reattached: int = 0
+    retried: int = 0
     #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
     groups: GroupTally | None = None
 
@@ -108,6 +110,7 @@ class RunSummary:
             "timed_out": self.counts["timeout"],
             "resumed": self.resumed,
             "reattached": self.reattached,
+            "retried": self.retried,
             "mean_reward": self.mean_reward,
             "latency_p50": percentile(self.latencies, 50),
             "latency_p95": percentile(self.latencies, 95),

@@ -22,7 +22,9 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
     Besides being a plain :class:`asyncio.Future` it carries where the result will appear
     (``s3_bucket``, ``result_key``) and which session runs it (``session_id``).
     ``invoked_at`` and ``resolved_at`` are epoch seconds (``resolved_at`` is ``None``
-    until the outcome is known). Cancelling it stops the session on the agent side.
+    until the outcome is known). ``attempts``: the sessions it ran in (a retryable
+    outcome, such as a crashed agent, runs it again in a new session; ``session_id`` and
+    ``result_key`` then name the new one). Cancelling it stops the session on the agent side.
 
     Example::
 
@@ -51,6 +53,13 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         self.index = index
         self.invoked_at = time.time()
         self.resolved_at: float | None = None
+        #: Sessions this rollout ran in (1 + retries with a new session after a
+        #: retryable outcome); ``previous_sessions`` are the ones given up.
+        self.attempts = 1
+        self.previous_sessions: list[str] = []
+        # Set by the client when it may run the rollout again: (body, config, timeout).
+        self._resend: tuple[Any, Any, float | None] | None = None
+        self._followed = False
 
     def __repr__(self) -> str:
         if self.cancelled():
