@@ -244,4 +244,6 @@ class LeanS3:
             params["MaxKeys"] = max_keys
         page = await self._client.list_objects_v2(**params)
         keys = [item["Key"] for item in page.get("Contents", ())]
-        return ListPage(keys, page.get("NextContinuationToken") if page.get("IsTruncated") else None)
+        return ListPage(
+            keys, page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        )

@@ -85,9 +85,7 @@ async def test_list_pages_follow_the_continuation_token(
         seen += page.keys
         if page.next_token is None:
             break
-        page = await lean_s3.list_objects_v2(
-            s3_bucket, "exp/", token=page.next_token, max_keys=3
-        )
+        page = await lean_s3.list_objects_v2(s3_bucket, "exp/", token=page.next_token, max_keys=3)
     assert seen == keys
 
 
