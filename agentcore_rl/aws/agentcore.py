@@ -78,7 +78,7 @@ class LeanAgentCore:
         cls, client: Any, agent_runtime_arn: str, *, qualifier: str | None = None
     ) -> LeanAgentCore:
         """A lean runtime client on ``client``'s settings; ``LeanUnsupported`` if the
-        client goes through a proxy or signs with something other than SigV4.
+        client signs with something other than SigV4.
 
         Example::
 
@@ -102,7 +102,7 @@ class LeanAgentCore:
         elif request_signer.signature_version != "v4":
             raise LeanUnsupported(f"signature version {request_signer.signature_version!r}")
         signer = LeanSigner(request_signer._credentials, signing_name=name, region=region)
-        http = LeanHttp.from_client(client, [endpoint.url])
+        http = LeanHttp.from_client(client)
         return cls(
             client,
             http,
@@ -113,7 +113,8 @@ class LeanAgentCore:
         )
 
     async def aclose(self) -> None:
-        """Close the connection pool (not the generic client). Idempotent.
+        """Release what the runtime client holds (the pool is the generic client's).
+        Idempotent.
 
         Example::
 
@@ -123,8 +124,7 @@ class LeanAgentCore:
 
     async def _post(self, operation: str, url: str, headers: dict[str, str], body: bytes) -> bytes:
         signed = await self._signer.sign("POST", url, headers, body)
-        all_headers = [*signed, *self._http.base_headers().items()]
-        status, response_headers, answer = await self._http.send("POST", url, all_headers, body)
+        status, response_headers, answer = await self._http.send("POST", url, signed, body)
         if status >= 300:
             await self._http.raise_error(self._client, operation, status, response_headers, answer)
         return answer

@@ -3,9 +3,9 @@
 Built from a generic aiobotocore S3 client, it resolves each bucket's endpoint and auth
 scheme once through that client's endpoint ruleset (so ``endpoint_url``,
 ``AWS_ENDPOINT_URL_S3``, path or virtual-host addressing, FIPS/dual-stack settings all
-apply), signs with botocore's ``S3SigV4Auth`` and sends through one httpx pool. Answers
-are read minimally: GetObject is its body; ListObjectsV2 is its keys and continuation
-token. Error answers raise the exceptions the generic client raises (``NoSuchKey``,
+apply), signs with botocore's ``S3SigV4Auth`` and sends through the client's own connection
+pool. Answers are read minimally: GetObject is its body; ListObjectsV2 is its keys and
+continuation token. Error answers raise the exceptions the generic client raises (``NoSuchKey``,
 ``NoSuchBucket``, ``SlowDown``... with the same ``response``).
 
 What the lean path does not reproduce it hands to the generic client, per bucket: an auth
@@ -121,16 +121,16 @@ class LeanS3:
 
     @classmethod
     async def create(cls, client: Any) -> LeanS3:
-        """A lean reader on ``client``'s settings; ``LeanUnsupported`` if it uses a proxy.
+        """A lean reader on ``client``'s settings.
 
         Example::
 
             reader = await LeanS3.create(client)
         """
-        return cls(client, LeanHttp.from_client(client, [client.meta.endpoint_url]))
+        return cls(client, LeanHttp.from_client(client))
 
     async def aclose(self) -> None:
-        """Close the connection pool (not the generic client). Idempotent.
+        """Release what the reader holds (the pool is the generic client's). Idempotent.
 
         Example::
 
@@ -167,8 +167,7 @@ class LeanS3:
         route = await self._route(bucket)
         assert route.signer is not None
         signed = await route.signer.sign("GET", url, {}, b"")
-        headers = [*signed, *self._http.base_headers().items()]
-        status, response_headers, body = await self._http.send("GET", url, headers, b"")
+        status, response_headers, body = await self._http.send("GET", url, signed, b"")
         if status >= 300:
             try:
                 await self._http.raise_error(
