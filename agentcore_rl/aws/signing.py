@@ -4,8 +4,8 @@ The canonical request, string to sign and ``Authorization`` header are botocore'
 (:class:`botocore.auth.SigV4Auth`, or :class:`~botocore.auth.S3SigV4Auth` for S3). What is
 saved per request is what botocore recomputes although it does not change: the signer
 object (rebuilt only when the frozen credentials change), the derived signing key (four
-HMACs, fixed per secret key and day) and the request preparation botocore runs only to
-read back a body that is already bytes.
+HMACs, fixed per secret key and day), the second selection of the headers to sign, and
+the request preparation botocore runs only to read back a body that is already bytes.
 
 Credentials come from the generic client's credential object, so the chain, expiry and
 refresh are botocore's: ``get_frozen_credentials()`` refreshes before expiry.
@@ -67,6 +67,15 @@ class _CachedKeyMixin:
                 keys.clear()
             keys[day] = key
         return key
+
+    def headers_to_sign(self, request: Any) -> Any:
+        """botocore's selection, computed once per request: ``add_auth`` asks twice (for
+        the canonical request and for the Authorization header) with no change between."""
+        selected = request.context.get("lean_headers_to_sign")
+        if selected is None:
+            selected = super().headers_to_sign(request)  # type: ignore[misc]
+            request.context["lean_headers_to_sign"] = selected
+        return selected
 
     def signature(self, string_to_sign: str, request: Any) -> str:
         """botocore's signature, with the derived key reused within a day."""
