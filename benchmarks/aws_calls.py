@@ -5,7 +5,9 @@ of it, so the CPU measured here is the calling side's alone. For each operation
 (GetObject hit and miss, a ListObjectsV2 page, InvokeAgentRuntime, StopRuntimeSession)
 each path makes ``--calls`` signed requests with ``--concurrency`` in flight; the paths
 alternate ``--rounds`` times and the best round counts (the machine may be shared).
-Prints one JSON document: CPU microseconds per call for each path and their ratio.
+Prints one JSON document: CPU microseconds per call for each path and their ratio, and
+for two operations the transport floor (one pre-signed request resent through the same
+HTTP session), which no request path can go below.
 
 Example::
 
@@ -177,6 +179,44 @@ async def measure(call: Call, calls: int, concurrency: int) -> tuple[float, floa
     return cpu / calls * 1e6, wall / calls * 1e6
 
 
+async def transport_floor(s3: Any, acr: Any, args: argparse.Namespace) -> dict[str, float]:
+    """CPU per call of resending one already-signed request through the same HTTP session:
+    what any request path pays for the connection, the loop and the kernel."""
+    from agentcore_rl.aws import LeanAgentCore, LeanS3
+    from agentcore_rl.aws.http import LeanHttp, join_url
+
+    floor: dict[str, float] = {}
+    runtime = await LeanAgentCore.create(acr, ARN)
+    signed = await runtime._signer.sign(
+        "POST",
+        runtime.invoke_url,
+        {"X-Amzn-Bedrock-AgentCore-Runtime-Session-Id": "floor-session-" + "0" * 30},
+        b'{"prompt": "hi"}',
+    )
+    http = LeanHttp.from_client(acr)
+
+    async def invoke(i: int) -> Any:
+        return await http.send("POST", runtime.invoke_url, signed, b'{"prompt": "hi"}')
+
+    reader = await LeanS3.create(s3)
+    route = await reader._route(BUCKET)
+    assert route.signer is not None
+    url = join_url(route.base_url, "/exp/00000.json")
+    signed_get = await route.signer.sign("GET", url, {}, b"")
+    s3_http = LeanHttp.from_client(s3)
+
+    async def get(i: int) -> Any:
+        return await s3_http.send("GET", url, signed_get, b"")
+
+    for name, call in (("InvokeAgentRuntime", invoke), ("GetObject", get)):
+        await measure(call, args.concurrency, args.concurrency)
+        rounds = [
+            (await measure(call, args.calls, args.concurrency))[0] for _ in range(args.rounds)
+        ]
+        floor[name] = round(min(rounds), 1)
+    return floor
+
+
 def _keep_timestamp(value: str) -> str:
     return value
 
@@ -220,7 +260,8 @@ async def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
                     previous = best[path].get(op)
                     if previous is None or cpu < previous[0]:
                         best[path][op] = [cpu, wall]
-    table = {}
+        floor = await transport_floor(s3, acr, args)
+    table: dict[str, Any] = {}
     for op in paths["generic"]:
         generic, lean = best["generic"][op], best["lean"][op]
         table[op] = {
@@ -230,6 +271,8 @@ async def run(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
             "generic_wall_us": round(generic[1], 1),
             "lean_wall_us": round(lean[1], 1),
         }
+        if op in floor:
+            table[op]["transport_floor_cpu_us"] = floor[op]
     return table
 
 
