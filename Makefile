@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest wheel-demo bench clean
 
 # The stamp re-installs when pyproject.toml changes, so a pull never leaves a stale venv.
 $(STAMP): pyproject.toml
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/agentcore-rl demo
 
-test: lint typecheck pytest
+test: lint typecheck pytest wheel-demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -27,6 +27,18 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	$(BIN)/pytest
+
+# What a user gets from PyPI: build the wheel, install it with the `local` extra into a fresh
+# venv in a temp dir and run the demo from there, away from this checkout (so nothing is
+# imported from it). WHEEL_DEMO_N problems keep it short.
+WHEEL_DEMO_N ?= 20
+wheel-demo: $(STAMP)
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && set -e && \
+	echo "wheel-demo: building the wheel and installing it in $$tmp/venv" && \
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir "$$tmp/dist" . && \
+	$(PYTHON) -m venv "$$tmp/venv" && \
+	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local]" && \
+	cd "$$tmp" && "$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/server.py

@@ -19,33 +19,90 @@ Example::
         result = await client.rollout({"prompt": "2+2?"})
 """
 
-from agentcore_rl.client import (
-    AsyncRolloutClient,
-    BatchItem,
-    ClientStats,
-    RetryConfig,
-    RolloutClient,
-    RolloutFuture,
-    TokenBucket,
-    WatcherConfig,
-)
-from agentcore_rl.errors import (
-    AgentCoreRLError,
-    BucketNotAllowedError,
-    ClientClosedError,
-    ConfigurationError,
-    InvalidPayloadError,
-    InvalidRolloutConfig,
-    InvocationError,
-    RolloutError,
-    RolloutTimeoutError,
-    StorageError,
-)
-from agentcore_rl.protocol import PingStatus, RolloutConfig
-from agentcore_rl.s3 import ResultStore, S3RetryPolicy
-from agentcore_rl.server import AgentCoreRLApp, RequestContext
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
+    from agentcore_rl.client import (
+        AsyncRolloutClient,
+        BatchItem,
+        ClientStats,
+        RetryConfig,
+        RolloutClient,
+        RolloutFuture,
+        TokenBucket,
+        WatcherConfig,
+    )
+    from agentcore_rl.errors import (
+        AgentCoreRLError,
+        BucketNotAllowedError,
+        ClientClosedError,
+        ConfigurationError,
+        InvalidPayloadError,
+        InvalidRolloutConfig,
+        InvocationError,
+        RolloutError,
+        RolloutTimeoutError,
+        StorageError,
+    )
+    from agentcore_rl.protocol import PingStatus, RolloutConfig
+    from agentcore_rl.ratelimit import RateLimiter
+    from agentcore_rl.retry import RetryPolicy
+    from agentcore_rl.s3 import ResultStore, S3RetryPolicy
+    from agentcore_rl.server import AgentCoreRLApp, RequestContext
+    from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
+
+# Public name -> the module that defines it. Imported on first use (PEP 562), so that the
+# agent container (the `server` extra) never imports the client's dependencies, nor the
+# trainer (the `client` extra) the server's.
+_LAZY: dict[str, str] = {
+    "AgentCoreRLApp": "agentcore_rl.server",
+    "AgentCoreRLError": "agentcore_rl.errors",
+    "AsyncRolloutClient": "agentcore_rl.client",
+    "BatchItem": "agentcore_rl.client",
+    "BucketNotAllowedError": "agentcore_rl.errors",
+    "ClientClosedError": "agentcore_rl.errors",
+    "ClientStats": "agentcore_rl.client",
+    "ConfigurationError": "agentcore_rl.errors",
+    "InvalidPayloadError": "agentcore_rl.errors",
+    "InvalidRolloutConfig": "agentcore_rl.errors",
+    "InvocationError": "agentcore_rl.errors",
+    "LocalSessionLimiter": "agentcore_rl.sessionlimit",
+    "PingStatus": "agentcore_rl.protocol",
+    "RateLimiter": "agentcore_rl.ratelimit",
+    "RequestContext": "agentcore_rl.server",
+    "ResultStore": "agentcore_rl.s3",
+    "RetryConfig": "agentcore_rl.client",
+    "RetryPolicy": "agentcore_rl.retry",
+    "RolloutClient": "agentcore_rl.client",
+    "RolloutConfig": "agentcore_rl.protocol",
+    "RolloutError": "agentcore_rl.errors",
+    "RolloutFuture": "agentcore_rl.client",
+    "RolloutTimeoutError": "agentcore_rl.errors",
+    "S3RetryPolicy": "agentcore_rl.s3",
+    "SessionLimiter": "agentcore_rl.sessionlimit",
+    "StorageError": "agentcore_rl.errors",
+    "TokenBucket": "agentcore_rl.client",
+    "WatcherConfig": "agentcore_rl.client",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentcore_rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AgentCoreRLApp",
@@ -59,16 +116,20 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
+    "LocalSessionLimiter",
     "PingStatus",
+    "RateLimiter",
     "RequestContext",
     "ResultStore",
     "RetryConfig",
+    "RetryPolicy",
     "RolloutClient",
     "RolloutConfig",
     "RolloutError",
     "RolloutFuture",
     "RolloutTimeoutError",
     "S3RetryPolicy",
+    "SessionLimiter",
     "StorageError",
     "TokenBucket",
     "WatcherConfig",

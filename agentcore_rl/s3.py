@@ -1,7 +1,9 @@
 """ResultStore: the only door to S3 in agentcore-rl (aioboto3, retried with tenacity).
 
-Server and client both talk to S3 through one :class:`ResultStore` each. It creates its
-aioboto3 client once, on first use, and closes it in :meth:`ResultStore.aclose`. Transient
+Server and client both talk to S3 through one :class:`ResultStore` each. It creates an
+aioboto3 client on first use in each event loop (an aiohttp session belongs to the loop
+that made it) and closes it in :meth:`ResultStore.aclose`, or when that loop shuts down,
+whichever comes first. Transient
 failures (throttling, 5xx, dropped connections) are retried with exponential backoff and
 jitter; anything else, or a failure that outlasts the retries, raises
 :class:`~agentcore_rl.errors.StorageError`. botocore's own retries are switched off so
@@ -20,31 +22,38 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import aioboto3
+from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import retry_if_exception
 
 from agentcore_rl.errors import StorageError
+from agentcore_rl.retry import RetryPolicy
 
-__all__ = ["DEFAULT_S3_RETRY", "ResultStore", "S3RetryPolicy", "is_transient_s3_error"]
+__all__ = [
+    "DEFAULT_S3_RETRY",
+    "ResultStore",
+    "S3RetryPolicy",
+    "is_transient_s3_error",
+    "lean_s3_session",
+]
 
 T = TypeVar("T")
+
+# Seconds to wait for a client on another (running) event loop to close.
+_CLOSE_TIMEOUT: Final = 10.0
+
+logger = logging.getLogger(__name__)
 
 # Error codes S3 (and S3-compatible stores) use for "try again later".
 _TRANSIENT_CODES: Final = frozenset(
@@ -65,32 +74,11 @@ _TRANSIENT_CODES: Final = frozenset(
 _MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
-@dataclass(frozen=True, kw_only=True)
-class S3RetryPolicy:
-    """How transient S3 failures are retried: ``attempts`` tries in all, with exponential
-    backoff from ``initial`` seconds up to ``maximum``, plus up to ``jitter`` seconds.
+#: The retry policy type of S3 requests (the one of :mod:`agentcore_rl.retry`).
+S3RetryPolicy = RetryPolicy
 
-    ``sleep`` is injectable so tests need not wait.
-
-    Example::
-
-        ResultStore(retry=S3RetryPolicy(attempts=3, initial=0.05))
-    """
-
-    attempts: int = 5
-    initial: float = 0.2
-    maximum: float = 5.0
-    jitter: float = 0.2
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-
-    def __repr__(self) -> str:
-        return (
-            f"S3RetryPolicy(attempts={self.attempts}, initial={self.initial}, "
-            f"maximum={self.maximum}, jitter={self.jitter})"
-        )
-
-
-DEFAULT_S3_RETRY: Final = S3RetryPolicy()
+#: Transient S3 failures: 5 tries, backoff 0.2 s doubling up to 5 s, plus up to 0.2 s.
+DEFAULT_S3_RETRY: Final = RetryPolicy(attempts=5, initial=0.2, maximum=5.0, jitter=0.2)
 
 
 def _error_code(exc: BaseException) -> str:
@@ -116,6 +104,25 @@ def is_transient_s3_error(exc: BaseException) -> bool:
     return isinstance(exc, BotoConnectionError | HTTPClientError | asyncio.TimeoutError)
 
 
+async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
+    """Enter the client's context and stay suspended until closed (see ResultStore)."""
+    async with context as client:
+        yield client
+
+
+@dataclass
+class _LoopClient:
+    client: Any
+    holder: AsyncGenerator[Any, None]
+
+    async def aclose(self) -> None:
+        try:
+            await self.holder.aclose()
+        except Exception as exc:
+            # Closing is best effort: the connections go with the process either way.
+            logger.warning("closing an S3 client failed: %s: %s", type(exc).__name__, exc)
+
+
 class ResultStore:
     """Async access to the S3 objects that carry rollout results.
 
@@ -138,7 +145,7 @@ class ResultStore:
         endpoint_url: str | None = None,
         region_name: str | None = None,
         session: aioboto3.Session | None = None,
-        retry: S3RetryPolicy = DEFAULT_S3_RETRY,
+        retry: RetryPolicy = DEFAULT_S3_RETRY,
         max_pool_connections: int = 64,
         connect_timeout: float = 10.0,
         read_timeout: float = 30.0,
@@ -160,9 +167,12 @@ class ResultStore:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        self._client: Any = None
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._lock: asyncio.Lock | None = None
+        # One client per event loop, each held open by a suspended async generator: asyncio
+        # closes a loop's generators when it shuts the loop down (asyncio.run, anyio.run and
+        # uvicorn all do), so a client is closed on its own loop even when nobody calls
+        # aclose(), e.g. an app served by Starlette's TestClient without ``with``.
+        self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
+        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -191,29 +201,50 @@ class ResultStore:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the S3 client. Idempotent; a closed store refuses further requests.
+        """Close the S3 clients. Idempotent; a closed store refuses further requests.
+
+        The current event loop's client is closed here; one made on another loop that is
+        still running is closed on that loop; one whose loop has stopped was closed when
+        the loop shut down.
 
         Example::
 
             await store.aclose()
         """
         self._closed = True
-        stack, self._stack, self._client = self._stack, None, None
-        if stack is not None:
-            await stack.aclose()
+        current = asyncio.get_running_loop()
+        entries, self._clients = self._clients, {}
+        self._locks.clear()
+        for loop, entry in entries.items():
+            if loop is current:
+                await entry.aclose()
+            elif loop.is_running() and not loop.is_closed():
+                closing = asyncio.run_coroutine_threadsafe(entry.aclose(), loop)
+                try:
+                    await asyncio.wait_for(asyncio.wrap_future(closing), _CLOSE_TIMEOUT)
+                except asyncio.TimeoutError:
+                    logger.warning("an S3 client on another event loop did not close in time")
+
+    def _forget_stopped_loops(self) -> None:
+        # A closed loop has closed its generators, and with them its client.
+        for loop in [loop for loop in self._clients if loop.is_closed()]:
+            del self._clients[loop]
+            self._locks.pop(loop, None)
 
     async def _get_client(self) -> Any:
-        if self._client is not None:
-            return self._client
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(loop)
+        if entry is not None:
+            return entry.client
         if self._closed:
             raise RuntimeError("ResultStore is closed")
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        self._forget_stopped_loops()
+        lock = self._locks.setdefault(loop, asyncio.Lock())
+        async with lock:
             # Another task may have created the client while this one waited for the lock.
-            if self._client is None:
-                stack = contextlib.AsyncExitStack()
-                self._client = await stack.enter_async_context(
+            entry = self._clients.get(loop)
+            if entry is None:
+                holder = _hold_client(
                     self._session.client(
                         "s3",
                         endpoint_url=self.endpoint_url,
@@ -221,8 +252,9 @@ class ResultStore:
                         config=self._config,
                     )
                 )
-                self._stack = stack
-        return self._client
+                entry = _LoopClient(await holder.__anext__(), holder)
+                self._clients[loop] = entry
+        return entry.client
 
     async def _call(
         self,
@@ -236,14 +268,7 @@ class ResultStore:
         """Run one S3 request with the retry policy; map failures to StorageError."""
         client = await self._get_client()
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.retry.attempts),
-                wait=wait_exponential(multiplier=self.retry.initial, max=self.retry.maximum)
-                + wait_random(0, self.retry.jitter),
-                retry=retry_if_exception(is_transient_s3_error),
-                sleep=self.retry.sleep,
-                reraise=True,
-            ):
+            async for attempt in self.retry.retrying(retry_if_exception(is_transient_s3_error)):
                 with attempt:
                     self.request_counts[operation] += 1
                     return await request(client)
@@ -398,3 +423,21 @@ class ResultStore:
                     raise
 
         await self._call("CreateBucket", bucket, None, request)
+
+
+def lean_s3_session() -> aioboto3.Session:
+    """An aioboto3 session whose responses keep timestamps as strings.
+
+    botocore parses every ``LastModified`` of a listing into a datetime, which is more
+    than half the CPU cost of a 1,000-key LIST page; the client's completion watcher
+    needs only the keys, so the client's store uses this session.
+    """
+    core = get_session()
+    core.get_component("response_parser_factory").set_parser_defaults(
+        timestamp_parser=_keep_timestamp
+    )
+    return aioboto3.Session(botocore_session=core)
+
+
+def _keep_timestamp(value: str) -> str:
+    return value

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentcore_rl.cli_summary import percentile
+from agentcore_rl.cli.summary import percentile
 
 BUCKET = "bench-rollouts"
 # The stack is local: fixed fake credentials keep real ones out of the picture.

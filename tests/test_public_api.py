@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
+import subprocess
+import sys
 
 import agentcore_rl
 
@@ -25,3 +28,38 @@ def test_no_public_name_is_left_out_of_all() -> None:
         if not name.startswith("_") and (inspect.isclass(obj) or inspect.isfunction(obj))
     }
     assert public <= set(agentcore_rl.__all__)
+
+
+def _imported_after(statement: str) -> set[str]:
+    """Every module a fresh interpreter has loaded after ``statement``."""
+    code = f"import sys\n{statement}\nprint(' '.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return set(done.stdout.split())
+
+
+def test_the_agent_side_does_not_import_the_clients_dependencies() -> None:
+    loaded = _imported_after("from agentcore_rl import AgentCoreRLApp")
+    assert "starlette" in loaded
+    assert not loaded & {"tqdm", "agentcore_rl.client", "agentcore_rl.cli"}
+
+
+def test_the_trainer_side_does_not_import_the_servers_dependencies() -> None:
+    loaded = _imported_after("from agentcore_rl import AsyncRolloutClient")
+    assert "httpx" in loaded
+    assert not loaded & {"starlette", "uvicorn", "tqdm", "agentcore_rl.server"}
+
+
+def test_the_version_is_the_distributions() -> None:
+    assert importlib.metadata.version("agentcore-rl") == agentcore_rl.__version__
+
+
+def test_serve_needs_only_the_server_extra() -> None:
+    # The agent container runs `agentcore-rl serve` with `agentcore-rl[server]` installed.
+    loaded = _imported_after(
+        "from agentcore_rl.cli import build_parser; from agentcore_rl.cli.commands import "
+        "cmd_serve; from agentcore_rl import AgentCoreRLApp; build_parser()"
+    )
+    # (httpx may be loaded: aiobotocore uses it when it is installed.)
+    assert not loaded & {"tqdm", "openai", "moto", "agentcore_rl.client"}

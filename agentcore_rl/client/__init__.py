@@ -9,24 +9,31 @@ Example::
         result = await client.rollout({"prompt": "2+2?"})
 """
 
-from agentcore_rl.client.batch import BatchItem, run_batch
-from agentcore_rl.client.bucket import Priority, TokenBucket
-from agentcore_rl.client.client import AsyncRolloutClient
+from agentcore_rl.client.batch import BatchItem
+from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
 from agentcore_rl.client.config import RetryConfig
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.sync import RolloutClient
 from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
+from agentcore_rl.ratelimit import Priority, RateLimiter, TokenBucket
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 __all__ = [
     "AsyncRolloutClient",
     "BatchItem",
+    "ClientState",
     "ClientStats",
     "CompletionWatcher",
+    "LocalSessionLimiter",
     "Priority",
+    "RateLimiter",
     "RetryConfig",
+    "RetryPolicy",
     "RolloutClient",
     "RolloutFuture",
+    "SessionLimiter",
     "TokenBucket",
     "WatcherConfig",
     "run_batch",

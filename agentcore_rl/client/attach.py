@@ -55,13 +55,7 @@ class AttachTarget:
         check_session_id: Callable[[object], str],
     ) -> AttachTarget:
         """Check the coordinates (``InvalidRolloutConfig`` names a bad one; the session id
-        goes through ``check_session_id``); ``input_id`` defaults to the one in the key.
-
-        Example::
-
-            target = AttachTarget.resolve(session_id=sid, result_key=key, input_id=None,
-                                          s3_bucket="rollouts", check_session_id=sessions.check)
-        """
+        goes through ``check_session_id``); ``input_id`` defaults to the one in the key."""
         sid = check_session_id(session_id)
         bucket = protocol.validate_bucket(s3_bucket, name="s3_bucket")
         if not isinstance(result_key, str) or not result_key:
@@ -77,12 +71,7 @@ class AttachTarget:
 
     def future(self, *, started_at: float | None) -> RolloutFuture:
         """A pending future for this rollout, started at ``started_at`` (epoch seconds;
-        default now).
-
-        Example::
-
-            fut = target.future(started_at=time.time() - 60)
-        """
+        default now)."""
         fut = RolloutFuture(
             session_id=self.session_id,
             input_id=self.input_id,
@@ -96,12 +85,7 @@ class AttachTarget:
 
 async def peek_result(store: ResultStore, bucket: str, key: str) -> dict[str, Any] | None:
     """Read the result envelope at ``s3://bucket/key``, or ``None`` (absent, or S3 failed:
-    the completion watcher retries, and says so if the failure persists).
-
-    Example::
-
-        found = await peek_result(store, "rollouts", "exp/q-1/sid.json")
-    """
+    the completion watcher retries, and says so if the failure persists)."""
     try:
         return await store.get_json(bucket, key)
     except StorageError as exc:

@@ -1,13 +1,20 @@
-"""run_batch: many rollouts, one BatchItem each, in completion order.
+"""The work of ``run_batch``: many rollouts, one BatchItem each, in completion order.
+
+A :class:`BatchRun` runs in the client's task group, never in the caller's generator:
+a feeder walks the payloads, waiting for a slot and a token for each, and hands each
+admitted payload to a short sender task (in the run's own task group); the outcomes
+arrive through the futures' done callbacks. Every item goes into a memory object stream,
+which is all the ``async for`` loop reads. So a loop that is left, dropped or simply
+abandoned strands nothing: the run ends when the loop closes the stream (its sessions are
+then stopped) or when the client closes.
 
 Example::
 
-    async with contextlib.aclosing(client.run_batch(payloads, timeout=900)) as batch:
-        async for item in batch:
-            if item.success:
-                rewards.append(item.result["rewards"])
-            else:
-                print(item.index, item.error)
+    async for item in client.run_batch(payloads, timeout=900):
+        if item.success:
+            rewards.append(item.result["rewards"])
+        else:
+            print(item.index, item.error)
 """
 
 from __future__ import annotations
@@ -15,18 +22,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final, Protocol
 
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+
+from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.protocol import RolloutConfig
 
-if TYPE_CHECKING:
-    from agentcore_rl.client.client import AsyncRolloutClient
-
-__all__ = ["BatchItem", "run_batch"]
+__all__ = ["BatchItem", "BatchRun", "Fed", "Launcher"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,12 +74,7 @@ class BatchItem:
 
     @classmethod
     def from_future(cls, fut: RolloutFuture) -> BatchItem:
-        """The item of a resolved (or cancelled) rollout future.
-
-        Example::
-
-            BatchItem.from_future(fut)
-        """
+        """The item of a resolved (or cancelled) rollout future."""
         error: BaseException | None
         if fut.cancelled():
             error = asyncio.CancelledError(f"rollout {fut.session_id} was cancelled")
@@ -88,46 +93,160 @@ class BatchItem:
         )
 
 
-_FED = object()  # the feeder's end-of-input marker in the queue
-_MAX_SENDING = 64
+_MAX_SENDING: Final = 64
 
 
-class _BatchRun:
-    """The moving parts of one batch. It holds no reference to the generator that drives
-    it, so a caller who breaks out of ``async for`` drops the generator at once and
-    asyncio's async-generator finalizer closes it, which stops the live sessions."""
+class Launcher(Protocol):
+    """What a batch needs from the client: build, admit and send one rollout."""
+
+    def _prepare(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        input_id: str | None,
+        overrides: Mapping[str, Any],
+        default_input_id: str | None = None,
+    ) -> tuple[dict[str, Any], RolloutConfig]: ...
+
+    def _slot(self, *, token: bool = True) -> AbstractAsyncContextManager[Slot]: ...
+
+    async def _launch(
+        self,
+        slot: Slot,
+        body: dict[str, Any],
+        config: RolloutConfig,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
+        index: int | None = None,
+        session_id: str | None = None,
+    ) -> RolloutFuture: ...
+
+
+@dataclass(frozen=True)
+class Fed:
+    """The feeder's last message: every payload was started (``error`` None), or why the
+    rest never started (e.g. ``ClientClosedError``)."""
+
+    started: int
+    error: BaseException | None
+
+
+class BatchRun:
+    """One batch, run in the client's task group; items go to ``send``."""
 
     def __init__(
         self,
-        client: AsyncRolloutClient,
+        launcher: Launcher,
         payloads: Iterable[Mapping[str, Any]],
         timeout: float | None,
         overrides: Mapping[str, Any],
+        send: MemoryObjectSendStream[BatchItem | Fed],
     ) -> None:
-        self.client = client
+        self.launcher = launcher
         self.payloads = payloads
         self.timeout = timeout
         self.overrides = dict(overrides)
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.send = send
         self.live: dict[int, RolloutFuture] = {}
-        self.senders: set[asyncio.Task[None]] = set()
-        self.feeder: asyncio.Task[None] | None = None
-        self.started = 0
+        self.scope = anyio.CancelScope()
         # Invocations being sent at once: the rest wait in the feeder, not as tasks.
-        self.sending = asyncio.Semaphore(_MAX_SENDING)
+        self.sending = anyio.Semaphore(_MAX_SENDING)
 
-    async def cleanup(self) -> None:
-        tasks = [t for t in (self.feeder, *self.senders) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+    def __repr__(self) -> str:
+        return f"BatchRun(live={len(self.live)}, cancelled={self.scope.cancel_called})"
+
+    def abandon(self) -> None:
+        """The loop is gone: stop feeding and sending, and end the live rollouts (their
+        done callbacks stop the sessions)."""
+        self.scope.cancel()
+        self.send.close()
         for fut in list(self.live.values()):
-            fut.cancel()  # the client's done callback stops the session
+            fut.cancel()
 
-    def put_error(self, index: int, error: BaseException, input_id: str | None) -> None:
-        self.queue.put_nowait(
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Feed every payload, then end; the futures deliver the rest of the items.
+
+        Cancelled (the loop left, or the client's task group closing) it closes the
+        stream, so a loop still reading it ends instead of waiting."""
+        started = 0
+        error: BaseException | None = None
+        try:
+            with self.scope:
+                task_status.started()
+                async with anyio.create_task_group() as senders:
+                    try:
+                        for index, payload in enumerate(self.payloads):
+                            await self._feed_one(senders, index, payload)
+                            started += 1
+                    except Exception as exc:  # closing, or the payloads' iterator failing
+                        error = exc  # the senders already started finish their work
+        except BaseException:
+            self.send.close()
+            raise
+        if self.scope.cancelled_caught:
+            self.send.close()
+        else:
+            self._put(Fed(started, error))
+
+    async def _feed_one(self, senders: TaskGroup, index: int, payload: Mapping[str, Any]) -> None:
+        try:
+            body, config = self.launcher._prepare(
+                payload,
+                input_id=None,
+                overrides=self.overrides,
+                default_input_id=f"{index:06d}",
+            )
+        except InvalidPayloadError as exc:
+            self._put_error(index, exc, None)
+            return
+        await self.sending.acquire()
+        try:
+            await senders.start(self._send_one, index, body, config, name=f"batch sender {index}")
+        except BaseException:
+            self.sending.release()  # not admitted: the sender never took it over
+            raise
+
+    async def _send_one(
+        self,
+        index: int,
+        body: dict[str, Any],
+        config: RolloutConfig,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Admitted here (the feeder waits for that through ``task_status``; a failure to
+        admit, such as the client closing, is raised to the feeder), then sent."""
+        admitted = False
+        try:
+            async with self.launcher._slot() as slot:
+                admitted = True
+                task_status.started()
+                fut = await self.launcher._launch(
+                    slot, body, config, timeout=self.timeout, index=index
+                )
+        except Exception as exc:  # InvocationError, ClientClosedError: this item's outcome
+            if not admitted:
+                raise
+            self._put_error(index, exc, config.input_id)
+            return
+        finally:
+            if admitted:
+                self.sending.release()
+        if self.scope.cancel_called:
+            # Abandoned while the answer was on its way (anyio delivers the cancellation
+            # at this task's next wait, which never comes): end it here, which stops it.
+            fut.cancel()
+            return
+        self.live[index] = fut
+        fut.add_done_callback(self._finished)
+
+    def _finished(self, fut: RolloutFuture) -> None:
+        if fut.index is not None:
+            self.live.pop(fut.index, None)
+        self._put(BatchItem.from_future(fut))
+
+    def _put_error(self, index: int, error: BaseException, input_id: str | None) -> None:
+        self._put(
             BatchItem(
                 index=index,
                 success=False,
@@ -140,89 +259,7 @@ class _BatchRun:
             )
         )
 
-    async def feed(self) -> None:
-        client = self.client
-        try:
-            for index, payload in enumerate(self.payloads):
-                try:
-                    body, config = client.prepare(
-                        payload,
-                        input_id=None,
-                        overrides=self.overrides,
-                        default_input_id=f"{index:06d}",
-                    )
-                except InvalidPayloadError as exc:
-                    self.started += 1
-                    self.put_error(index, exc, None)
-                    continue
-                await self.sending.acquire()
-                try:
-                    await client.admit()
-                except BaseException:
-                    self.sending.release()
-                    raise
-                self.started += 1
-                task = asyncio.create_task(self.send(index, body, config))
-                self.senders.add(task)
-                task.add_done_callback(self.senders.discard)
-        finally:
-            self.queue.put_nowait(_FED)
-
-    async def send(self, index: int, body: dict[str, Any], config: RolloutConfig) -> None:
-        try:
-            fut = await self.client.start(body, config, timeout=self.timeout, index=index)
-        except Exception as exc:  # InvocationError, ClientClosedError: this item's outcome
-            self.put_error(index, exc, config.input_id)
-            return
-        finally:
-            self.sending.release()
-        self.live[index] = fut
-        fut.add_done_callback(self.finished)
-
-    def finished(self, fut: RolloutFuture) -> None:
-        if fut.index is not None:
-            self.live.pop(fut.index, None)
-        self.queue.put_nowait(BatchItem.from_future(fut))
-
-
-async def run_batch(
-    client: AsyncRolloutClient,
-    payloads: Iterable[Mapping[str, Any]],
-    *,
-    timeout: float | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> AsyncGenerator[BatchItem, None]:
-    """Run ``payloads`` on ``client``; yield a :class:`BatchItem` per payload as each ends.
-
-    One feeder task walks the payloads, waiting for a slot and a token for each, and hands
-    each admitted payload to a short task that sends it; outcomes arrive through the
-    futures' done callbacks. Never raises for one rollout; raises ``ClientClosedError`` if
-    the client closes meanwhile. Closing the generator (``aclose``, ``aclosing``, or a
-    ``break`` that drops it) cancels what still runs, which stops those sessions.
-
-    Example::
-
-        async with contextlib.aclosing(run_batch(client, payloads, timeout=600)) as items:
-            async for item in items:
-                print(item.index, item.success)
-    """
-    run = _BatchRun(client, payloads, timeout, overrides or {})
-    run.feeder = asyncio.create_task(run.feed(), name="agentcore-rl batch feeder")
-    yielded = 0
-    fed = False
-    try:
-        while not (fed and yielded == run.started):
-            item = await run.queue.get()
-            if item is _FED:
-                fed = True
-                continue
-            yielded += 1
-            yield item
-        # The feeder stopped early (the client closed): every started rollout has had its
-        # item; now say why the rest never started.
-        if run.feeder.done() and not run.feeder.cancelled():
-            error = run.feeder.exception()
-            if error is not None:
-                raise error
-    finally:
-        await run.cleanup()
+    def _put(self, item: BatchItem | Fed) -> None:
+        # The stream is unbounded; once the loop has gone, nobody wants the item.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self.send.send_nowait(item)

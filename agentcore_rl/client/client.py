@@ -13,53 +13,63 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import logging
+import math
 import time
-from collections import Counter
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+import anyio
+
 from agentcore_rl import protocol
-from agentcore_rl.client.admission import Admission
+from agentcore_rl.client.admission import Admission, Slot
 from agentcore_rl.client.attach import AttachTarget, peek_result
-from agentcore_rl.client.batch import BatchItem, run_batch
-from agentcore_rl.client.bucket import TokenBucket
+from agentcore_rl.client.batch import BatchItem, BatchRun, Fed
 from agentcore_rl.client.config import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_CONCURRENT_SESSIONS,
     DEFAULT_RETRY,
     DEFAULT_STOP_WORKERS,
     DEFAULT_TIMEOUT,
-    RetryConfig,
 )
 from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.payload import build_invocation
+from agentcore_rl.client.service import Service
 from agentcore_rl.client.sessions import PendingSessions
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.stats import ClientCounters, ClientStats
 from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import Transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
-from agentcore_rl.client.watcher import (
-    DEFAULT_WATCHER,
-    CompletionWatcher,
-    WatcherConfig,
-    lean_s3_session,
-)
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
 from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
     InvalidRolloutConfig,
     InvocationError,
 )
-from agentcore_rl.s3 import ResultStore
+from agentcore_rl.ratelimit import RateLimiter, TokenBucket
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore, lean_s3_session
+from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
-__all__ = ["AsyncRolloutClient"]
+__all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
 
 logger = logging.getLogger(__name__)
+
+
+class ClientState(enum.Enum):
+    """Where a client is in its life: not opened yet, open (entered with ``async with``,
+    or opened by its first rollout), or closed for good."""
+
+    UNOPENED = 1
+    OPENED = 2
+    CLOSED = 3
 
 
 class AsyncRolloutClient:
@@ -73,11 +83,17 @@ class AsyncRolloutClient:
 
     ``max_concurrent_sessions`` rollouts run at once: a slot is held from ``invoke`` (or
     ``attach``) until the outcome. Invocations and stop calls share one token bucket
-    (``tps_limit`` per second, ``burst``); stops wait behind invocations. ``timeout`` (seconds from
+    (``tps_limit`` per second, ``burst``); stops wait behind invocations. ``rate_limiter``
+    (a :class:`~agentcore_rl.ratelimit.RateLimiter`; ``token_bucket`` is its older name)
+    and ``session_limiter`` (a :class:`~agentcore_rl.sessionlimit.SessionLimiter`) replace
+    the local ones, e.g. with limits shared by a cluster of clients. ``timeout`` (seconds from
     acceptance, ``None`` for none) applies to every rollout unless a call gives its own.
     ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
     call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
     reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
+
+    Background work (the S3 watcher, stop calls, batches) belongs to the client's task
+    group: entered by ``async with``, else opened by the first rollout; ``aclose`` ends it.
 
     Example::
 
@@ -98,7 +114,7 @@ class AsyncRolloutClient:
         s3_bucket: str,
         exp_id: str,
         max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
-        tps_limit: float = 25.0,
+        tps_limit: float = protocol.DEFAULT_TPS,
         burst: float | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         base_url: str | None = None,
@@ -107,8 +123,10 @@ class AsyncRolloutClient:
         qualifier: str | None = None,
         s3_endpoint_url: str | None = None,
         store: ResultStore | None = None,
-        retry: RetryConfig = DEFAULT_RETRY,
+        retry: RetryPolicy = DEFAULT_RETRY,
         watcher: WatcherConfig = DEFAULT_WATCHER,
+        rate_limiter: RateLimiter | None = None,
+        session_limiter: SessionLimiter | None = None,
         token_bucket: TokenBucket | None = None,
         stop_finished_sessions: bool | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
@@ -126,6 +144,8 @@ class AsyncRolloutClient:
             )
         if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if rate_limiter is not None and token_bucket is not None:
+            raise ConfigurationError("give rate_limiter or token_bucket (its older name), not both")
         try:
             self.defaults = protocol.RolloutConfig(
                 exp_id=exp_id,
@@ -157,13 +177,22 @@ class AsyncRolloutClient:
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=s3_endpoint_url, session=lean_s3_session())
-        self.bucket = token_bucket or TokenBucket(tps_limit, burst)
-        self._counters: Counter[str] = Counter()
-        self._admission = Admission(max_concurrent_sessions, self.bucket)
+        self.rate_limiter: RateLimiter = (
+            rate_limiter or token_bucket or TokenBucket(tps_limit, burst)
+        )
+        self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
+            max_concurrent_sessions
+        )
+        self._state = ClientState.UNOPENED
+        self._depth = 0  # nested ``async with`` blocks; the outermost one owns the service
+        self._entered = False
+        self._closed = asyncio.Event()
+        self._counters = ClientCounters()
+        self._admission = Admission(self.session_limiter, self.rate_limiter)
         self._sessions = PendingSessions(acr=isinstance(self.transport, AcrTransport))
-        self._watcher = CompletionWatcher(self.store, watcher)
+        self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
         self._stopper = SessionStopper(
-            self.transport, self.bucket, retry, self._counters, workers=stop_workers
+            self.transport, self.rate_limiter, retry, self._counters, workers=stop_workers
         )
         self._follower = OutcomeFollower(
             sessions=self._sessions,
@@ -177,24 +206,29 @@ class AsyncRolloutClient:
                 else stop_finished_sessions
             ),
         )
-        self._close_done: asyncio.Event | None = None
+        self._service = Service("agentcore-rl client", setup=self._start_workers)
 
     def __repr__(self) -> str:
         return (
             f"AsyncRolloutClient(transport={self.transport!r}, exp_id={self.exp_id!r}, "
-            f"s3_bucket={self.s3_bucket!r}, in_flight={self.in_flight})"
+            f"s3_bucket={self.s3_bucket!r}, state={self._state.name}, in_flight={self.in_flight})"
         )
 
     # --- public API ----------------------------------------------------------------------
 
     @property
+    def bucket(self) -> RateLimiter:
+        """The rate limiter (a :class:`TokenBucket` unless ``rate_limiter`` was given)."""
+        return self.rate_limiter
+
+    @property
+    def state(self) -> ClientState:
+        """Where the client is in its life (see :class:`ClientState`)."""
+        return self._state
+
+    @property
     def stop_finished_sessions(self) -> bool:
-        """Whether a stop call follows every result too (not only timeouts, cancels...).
-
-        Example::
-
-            client.stop_finished_sessions = False   # an HTTP agent frees finished sessions
-        """
+        """Whether a stop call follows every result too (not only timeouts, cancels...)."""
         return self._follower.stop_finished_sessions
 
     @stop_finished_sessions.setter
@@ -203,24 +237,14 @@ class AsyncRolloutClient:
 
     @property
     def stats(self) -> ClientStats:
-        """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests).
-
-        Example::
-
-            print(client.stats.as_dict())
-        """
+        """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
         return ClientStats.from_counters(
             self._counters, in_flight=self.in_flight, s3_requests=self.store.request_counts
         )
 
     @property
     def in_flight(self) -> int:
-        """Accepted rollouts without an outcome yet.
-
-        Example::
-
-            print(client.in_flight)
-        """
+        """Accepted rollouts without an outcome yet."""
         return len(self._sessions.live)
 
     async def invoke(
@@ -229,7 +253,7 @@ class AsyncRolloutClient:
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         **overrides: Any,
     ) -> RolloutFuture:
         """Start one rollout; return its future once the agent has accepted it.
@@ -255,11 +279,11 @@ class AsyncRolloutClient:
             sid = protocol.new_session_id()          # journal it first, then:
             fut = await client.invoke({"prompt": "2+2?"}, input_id="q-2", session_id=sid)
         """
-        body, config = self.prepare(payload, input_id=input_id, overrides=overrides)
+        body, config = self._prepare(payload, input_id=input_id, overrides=overrides)
         if session_id is not None:
             self.check_session_id(session_id)
-        await self.admit()
-        return await self.start(body, config, timeout=timeout, session_id=session_id)
+        async with self._slot() as slot:
+            return await self._launch(slot, body, config, timeout=timeout, session_id=session_id)
 
     async def rollout(
         self,
@@ -267,7 +291,7 @@ class AsyncRolloutClient:
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         **overrides: Any,
     ) -> dict[str, Any]:
         """``invoke`` and wait for the outcome: the result dict, or its exception.
@@ -292,57 +316,83 @@ class AsyncRolloutClient:
 
         Never raises for one rollout (its item carries the error). The default
         ``input_id`` is the payload's index, zero-padded to 6 digits (``"000017"``),
-        unless the payload's ``_rollout`` or ``overrides`` name one. Leaving the loop early
+        unless the payload's ``_rollout`` or ``overrides`` name one. The work runs in the
+        client's task group and the loop only reads its items: leaving the loop early
         stops every live session the batch started (at once with ``aclosing``, else when
-        the dropped generator is finalized, which CPython does immediately).
+        the dropped generator is finalized, which CPython does immediately); a loop
+        abandoned without either leaves its rollouts to run until ``aclose``. Raises
+        ``ClientClosedError`` (after the items of the rollouts already started) when the
+        client closes meanwhile.
 
         Example::
 
             async for item in client.run_batch(payloads, timeout=900):
                 print(item.index, item.success, item.error)
         """
-        self._admission.check_open()
-        return run_batch(self, payloads, timeout=timeout, overrides=overrides)
+        self._check_not_closed()
+        return self._batch(payloads, timeout, overrides)
 
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
-        sessions (waiting up to ``close_timeout`` seconds), release everything. Idempotent.
+        sessions (all within ``close_timeout`` seconds), end the client's background work
+        and release everything. Idempotent; a closed client cannot be used again.
 
         Example::
 
             await client.aclose()
         """
-        if self._close_done is not None:
-            await self._close_done.wait()
+        if self._state is ClientState.CLOSED:
+            await self._closed.wait()
             return
-        self._close_done = asyncio.Event()
+        self._state = ClientState.CLOSED
         self._admission.close()
         try:
-            # Invocations on the wire unwind first: each queues the stop of its session.
-            await self._admission.wait_idle(self.close_timeout)
-            self._follower.settle_all(
-                ClientClosedError("the client was closed before this rollout finished")
-            )
-            # Done callbacks (which queue the stop calls) run on the next loop iteration.
-            await asyncio.sleep(0)
-            left = await self._stopper.drain(self.close_timeout)
-            if left:
+            # One deadline for both waits: close_timeout bounds the whole close.
+            with anyio.move_on_after(self.close_timeout) as waiting:
+                # Invocations on the wire unwind first: each queues the stop of its session.
+                await self._admission.wait_idle()
+                self._follower.settle_all(
+                    ClientClosedError("the client was closed before this rollout finished")
+                )
+                # Done callbacks (which queue the stop calls) run on the next loop iteration.
+                await asyncio.sleep(0)
+                await self._stopper.drain()
+            if waiting.cancelled_caught:
+                self._follower.settle_all(
+                    ClientClosedError("the client was closed before this rollout finished")
+                )
                 logger.warning(
-                    "%d session(s) not stopped within %s s of closing", left, self.close_timeout
+                    "%d session(s) not stopped within %s s of closing",
+                    self._stopper.queued,
+                    self.close_timeout,
                 )
         finally:
-            await self._stopper.aclose()
-            await self._watcher.aclose()
-            await self.transport.aclose()
-            if self._owns_store:
-                await self.store.aclose()
-            self._close_done.set()
+            try:
+                # Shielded: a close that was itself cancelled still ends the work it owns.
+                with anyio.CancelScope(shield=True):
+                    await self._service.aclose()
+                    self._stopper.close()
+                    await self.transport.aclose()
+                    if self._owns_store:
+                        await self.store.aclose()
+            finally:
+                self._closed.set()
 
     async def __aenter__(self) -> AsyncRolloutClient:
-        self._admission.check_open()
-        # Create the S3 client now rather than in the first watcher round, so the first
-        # results are not detected late (short timeouts would fire first).
-        await self.store.__aenter__()
+        self._check_not_closed()
+        self._depth += 1
+        if self._state is ClientState.UNOPENED:
+            self._state = ClientState.OPENED
+            try:
+                await self._service.__aenter__()
+                self._entered = True
+                # Create the S3 client now rather than in the first watcher round, so the
+                # first results are not detected late (short timeouts would fire first).
+                await self.store.__aenter__()
+            except BaseException:
+                self._depth -= 1
+                await self._exit_service(None, None, None)
+                raise
         return self
 
     async def __aexit__(
@@ -350,25 +400,65 @@ class AsyncRolloutClient:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    ) -> bool | None:
+        self._depth -= 1
+        if self._depth:
+            await self.aclose()
+            return None
+        return await self._exit_service(exc_type, exc, tb)
 
-    # --- the steps of an invocation (used by invoke, Batch and the eval engine) ----------
+    async def _exit_service(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Close, then leave the task group this task entered (anyio: the same task)."""
+        suppress: bool | None = None
+        try:
+            await self.aclose()
+        finally:
+            if self._entered:
+                self._entered = False
+                suppress = await self._service.__aexit__(exc_type, exc, tb)
+        return suppress
 
-    def check_session_id(self, session_id: object) -> str:
-        """Return ``session_id`` if this client can use it for a new rollout, else raise.
+    # --- lifecycle and admission (private: used by invoke, attach, batches, the eval CLI) --
 
-        ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
-        33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
-        of this client already uses it.
+    def _check_not_closed(self) -> None:
+        if self._state is ClientState.CLOSED:
+            raise ClientClosedError("the client is closed; create a new one")
 
-        Example::
+    async def _ensure_open(self) -> None:
+        """Open the client's task group if ``async with`` has not: the first rollout of a
+        client used without it opens one, hosted until ``aclose``."""
+        self._check_not_closed()
+        if self._state is ClientState.UNOPENED:
+            self._state = ClientState.OPENED
+            self._service.open_hosted()
+        await self._service.wait_ready()
 
-            client.check_session_id(protocol.new_session_id())
+    def _start_workers(self, service: Service) -> None:
+        service.start_soon(self._watcher.run, name="completion watcher")
+        service.start_soon(self._stopper.run, name="session stopper")
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, *, token: bool = True) -> AsyncIterator[Slot]:
+        """Hold a concurrency slot (and, if ``token``, an invocation token) for the block.
+
+        A rollout handed to the follower (``_launch``, or ``slot.handed_over``) keeps the
+        slot until its outcome; otherwise leaving the block gives it back.
         """
-        return self._sessions.check(session_id)
+        await self._ensure_open()
+        await self._admission.acquire(token=token)
+        slot = Slot()
+        try:
+            yield slot
+        finally:
+            if not slot.handed_over:
+                self._admission.release()
 
-    def prepare(
+    def _prepare(
         self,
         payload: Mapping[str, Any],
         *,
@@ -376,12 +466,7 @@ class AsyncRolloutClient:
         overrides: Mapping[str, Any],
         default_input_id: str | None = None,
     ) -> tuple[dict[str, Any], protocol.RolloutConfig]:
-        """Build the body and its validated ``_rollout`` block (no I/O).
-
-        Example::
-
-            body, config = client.prepare({"prompt": "hi"}, input_id="q-1", overrides={})
-        """
+        """Build the body and its validated ``_rollout`` block (no I/O)."""
         return build_invocation(
             self.defaults,
             payload,
@@ -390,53 +475,22 @@ class AsyncRolloutClient:
             default_input_id=default_input_id,
         )
 
-    async def admit(self) -> None:
-        """Wait for a concurrency slot, then a token (the caller then owns the slot).
-
-        Example::
-
-            await client.admit(); fut = await client.start(body, config)
-        """
-        await self._admission.acquire(token=True)
-
-    def release(self) -> None:
-        """Give back the slot of an :meth:`admit` that will not be followed by
-        :meth:`start` (e.g. the caller found the result already there).
-
-        Example::
-
-            await client.admit()
-            if await store.get_json(bucket, key) is not None:
-                client.release()
-        """
-        self._admission.release()
-
-    async def start(
+    async def _launch(
         self,
+        slot: Slot,
         body: dict[str, Any],
         config: protocol.RolloutConfig,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         index: int | None = None,
         session_id: str | None = None,
     ) -> RolloutFuture:
-        """Send an admitted invocation (with retries) and start watching for its result.
-
-        ``session_id`` as in :meth:`invoke` (checked again here; the slot is given back
-        when it is refused).
-
-        Example::
-
-            fut = await client.start(body, config, timeout=600)
-        """
+        """Send an admitted invocation (with retries); on acceptance hand its ``slot`` to
+        the follower, which watches for the result. ``session_id`` as in :meth:`invoke`."""
         if session_id is None:
             session_id = protocol.new_session_id()
         else:
-            try:
-                self.check_session_id(session_id)
-            except BaseException:
-                self._admission.release()
-                raise
+            self.check_session_id(session_id)
         fut = RolloutFuture(
             session_id=session_id,
             input_id=config.input_id,
@@ -451,20 +505,64 @@ class AsyncRolloutClient:
                     fut,
                     body,
                     retry=self.retry,
-                    bucket=self.bucket,
+                    limiter=self.rate_limiter,
                     counters=self._counters,
                 )
             except BaseException as exc:
-                self._admission.release()
                 if isinstance(exc, InvocationError):
-                    self._counters["invocation_errors"] += 1
+                    self._counters.invocation_errors += 1
                 if may_have_started(exc):
                     self._stopper.schedule(session_id)
                 if isinstance(exc, asyncio.CancelledError):
                     self._admission.raise_if_closed_by_us(task)
                 raise
+        slot.handed_over = True
         self._follower.follow(fut, self.timeout if timeout is None else timeout, elapsed=0.0)
         return fut
+
+    async def _batch(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        timeout: float | None,  # noqa: ASYNC109 (the rollout's deadline)
+        overrides: Mapping[str, Any],
+    ) -> AsyncGenerator[BatchItem, None]:
+        """The loop of :meth:`run_batch`: start a :class:`BatchRun` in the client's task
+        group and read its items; whatever ends the loop ends the run."""
+        await self._ensure_open()
+        send, receive = anyio.create_memory_object_stream[BatchItem | Fed](math.inf)
+        run = BatchRun(self, payloads, timeout, overrides, send)
+        with receive:
+            try:
+                await self._service.start(run.run, name="batch")
+                yielded = 0
+                fed: Fed | None = None
+                while fed is None or yielded < fed.started:
+                    try:
+                        item = await receive.receive()
+                    except anyio.EndOfStream:
+                        raise ClientClosedError("the client was closed during this batch") from None
+                    if isinstance(item, Fed):
+                        fed = item
+                        continue
+                    yielded += 1
+                    yield item
+                if fed.error is not None:
+                    raise fed.error
+            finally:
+                run.abandon()
+
+    def check_session_id(self, session_id: object) -> str:
+        """Return ``session_id`` if this client can use it for a new rollout, else raise.
+
+        ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
+        33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
+        of this client already uses it.
+
+        Example::
+
+            client.check_session_id(protocol.new_session_id())
+        """
+        return self._sessions.check(session_id)
 
     async def attach(
         self,
@@ -473,7 +571,7 @@ class AsyncRolloutClient:
         result_key: str,
         input_id: str | None = None,
         s3_bucket: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         started_at: float | None = None,
     ) -> RolloutFuture:
         """Follow a rollout that is already running (started by another client or an
@@ -497,7 +595,7 @@ class AsyncRolloutClient:
                                       timeout=900, started_at=entry.started_at)
             result = await fut
         """
-        self._admission.check_open()
+        self._check_not_closed()
         target = AttachTarget.resolve(
             session_id=session_id,
             result_key=result_key,
@@ -506,15 +604,30 @@ class AsyncRolloutClient:
             check_session_id=self.check_session_id,
         )
         with self._sessions.reserving(target.session_id):
-            await self._admission.acquire(token=False)
-            try:
+            async with self._slot(token=False) as slot:
                 found = await peek_result(self.store, target.s3_bucket, target.result_key)
-            except BaseException:
-                self._admission.release()
-                raise
+                slot.handed_over = True  # to the follower, below (no await in between)
         fut = target.future(started_at=started_at)
         limit = self.timeout if timeout is None else timeout
         self._follower.follow(
             fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found
         )
         return fut
+
+
+def run_batch(
+    client: AsyncRolloutClient,
+    payloads: Iterable[Mapping[str, Any]],
+    *,
+    timeout: float | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AsyncGenerator[BatchItem, None]:
+    """``client.run_batch(payloads, timeout=timeout, **overrides)``.
+
+    Example::
+
+        async with contextlib.aclosing(run_batch(client, payloads, timeout=600)) as items:
+            async for item in items:
+                print(item.index, item.success)
+    """
+    return client.run_batch(payloads, timeout=timeout, **dict(overrides or {}))

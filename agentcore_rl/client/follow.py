@@ -4,7 +4,8 @@ Each accepted (or attached) rollout is followed by the client's completion watch
 it has a finite timeout, by a loop timer. The first of the result, an error envelope, an S3
 failure, the timeout, a cancel or the client's close settles its future; the future's done
 callback then frees its slot and, when the session may still run (or the client stops
-finished sessions), queues a stop call. So every accepted rollout ends in exactly one
+finished sessions), sends its session id to the stop workers (a memory object stream, so
+nothing is scheduled from the callback). So every accepted rollout ends in exactly one
 outcome, and nothing else needs to clean up after it.
 
 Example::
@@ -20,31 +21,35 @@ import asyncio
 import functools
 import math
 import time
-from collections import Counter
 from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.client.admission import Admission
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.sessions import PendingSessions
+from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.watcher import CompletionWatcher
 from agentcore_rl.errors import (
     ClientClosedError,
     RolloutError,
     RolloutTimeoutError,
-    StorageError,
 )
 
 __all__ = ["OutcomeFollower"]
 
-_OUTCOME_COUNTERS: dict[type[BaseException] | type[None], str] = {
-    type(None): "results",
-    RolloutError: "rollout_errors",
-    RolloutTimeoutError: "timeouts",
-    StorageError: "storage_errors",
-    ClientClosedError: "closed",
-}
+
+def _count_outcome(counters: ClientCounters, exc: BaseException | None) -> None:
+    if exc is None:
+        counters.results += 1
+    elif type(exc) is RolloutError:
+        counters.rollout_errors += 1
+    elif type(exc) is RolloutTimeoutError:
+        counters.timeouts += 1
+    elif type(exc) is ClientClosedError:
+        counters.closed += 1
+    else:  # StorageError, or anything unexpected that settled the future
+        counters.storage_errors += 1
 
 
 class OutcomeFollower:
@@ -53,10 +58,6 @@ class OutcomeFollower:
     Followed futures live in ``sessions.live``; outcomes are counted in ``counters``
     (``results``, ``rollout_errors``, ``timeouts``, ``storage_errors``, ``closed``,
     ``cancelled``).
-
-    Example::
-
-        follower.follow(fut, limit=900.0, elapsed=120.0)   # 780 s left
     """
 
     def __init__(
@@ -66,7 +67,7 @@ class OutcomeFollower:
         admission: Admission,
         watcher: CompletionWatcher,
         stopper: SessionStopper,
-        counters: Counter[str],
+        counters: ClientCounters,
         stop_finished_sessions: bool,
     ) -> None:
         self.sessions = sessions
@@ -90,12 +91,7 @@ class OutcomeFollower:
     ) -> None:
         """Own ``fut`` (and the slot its caller holds) until its outcome: watch its key
         and arm its timer (``limit`` seconds, ``elapsed`` of them already gone; ``None``
-        or ``math.inf`` for none). ``found`` is a result envelope already read.
-
-        Example::
-
-            follower.follow(fut, 600.0, elapsed=0.0)
-        """
+        or ``math.inf`` for none). ``found`` is a result envelope already read."""
         self.sessions.live[fut.session_id] = fut
         fut.add_done_callback(self._on_done)
         if self.admission.closed:  # closed while the answer was on its way: end it too
@@ -115,12 +111,7 @@ class OutcomeFollower:
             )
 
     def settle_all(self, error: BaseException) -> None:
-        """End every followed rollout with ``error`` (their done callbacks stop them).
-
-        Example::
-
-            follower.settle_all(ClientClosedError("closed"))
-        """
+        """End every followed rollout with ``error`` (their done callbacks stop them)."""
         for fut in list(self.sessions.live.values()):
             fut._settle(None, error)
 
@@ -155,12 +146,11 @@ class OutcomeFollower:
         self.watcher.untrack(fut.s3_bucket, fut.result_key)
         self.admission.release()
         if fut.cancelled():
-            self.counters["cancelled"] += 1
+            self.counters.cancelled += 1
             stop = True
         else:
             exc = fut.exception()
-            kind = _OUTCOME_COUNTERS.get(type(exc), "storage_errors")
-            self.counters[kind] += 1
+            _count_outcome(self.counters, exc)
             finished = exc is None or isinstance(exc, RolloutError)
             stop = self.stop_finished_sessions or not finished
         if fut.resolved_at is None:

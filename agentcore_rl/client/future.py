@@ -67,12 +67,7 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
 
     @property
     def elapsed(self) -> float:
-        """Seconds from the invocation to the outcome (or to now while pending).
-
-        Example::
-
-            print(f"took {fut.elapsed:.1f} s")
-        """
+        """Seconds from the invocation to the outcome (or to now while pending)."""
         end = self.resolved_at if self.resolved_at is not None else time.time()
         return end - self.invoked_at
 

@@ -3,7 +3,7 @@
 Example::
 
     try:
-        await send_invocation(transport, fut, body, retry=retry, bucket=bucket,
+        await send_invocation(transport, fut, body, retry=retry, limiter=limiter,
                               counters=counters)
     except BaseException as exc:
         if may_have_started(exc):
@@ -14,17 +14,17 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.client.bucket import TokenBucket
-from agentcore_rl.client.config import RetryConfig
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.retry import with_retries
+from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.transports.base import Transport
 from agentcore_rl.errors import InvocationError
+from agentcore_rl.ratelimit import RateLimiter
+from agentcore_rl.retry import RetryPolicy
 
 __all__ = ["check_answer", "may_have_started", "send_invocation"]
 
@@ -36,27 +36,21 @@ async def send_invocation(
     fut: RolloutFuture,
     body: Mapping[str, Any],
     *,
-    retry: RetryConfig,
-    bucket: TokenBucket,
-    counters: Counter[str],
+    retry: RetryPolicy,
+    limiter: RateLimiter,
+    counters: ClientCounters,
 ) -> None:
-    """Send ``body`` for ``fut``'s session (with retries, each paced by ``bucket``) and
-    check the answer (see :func:`check_answer`). Counts ``invocations`` and retries.
-
-    Example::
-
-        await send_invocation(transport, fut, body, retry=RetryConfig(), bucket=bucket,
-                              counters=counters)
-    """
+    """Send ``body`` for ``fut``'s session (with retries, each paced by ``limiter``) and
+    check the answer (see :func:`check_answer`). Counts ``invocations`` and retries."""
 
     async def send() -> dict[str, Any]:
-        counters["invocations"] += 1
+        counters.invocations += 1
         return await transport.invoke(fut.session_id, body)
 
     answer = await with_retries(
         send,
         retry=retry,
-        bucket=bucket,
+        limiter=limiter,
         counters=counters,
         what=f"invoking session {fut.session_id}",
     )
@@ -65,12 +59,7 @@ async def send_invocation(
 
 def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
     """Raise ``InvocationError`` unless the agent accepted the rollout; point ``fut`` at
-    the bucket and key the agent says it writes to (with a warning when they differ).
-
-    Example::
-
-        check_answer({"status": "processing", "result_key": key, "s3_bucket": b}, fut)
-    """
+    the bucket and key the agent says it writes to (with a warning when they differ)."""
     if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
         raise InvocationError(
             f"the agent answered {str(answer)[:200]} instead of "
@@ -96,11 +85,6 @@ def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
 
 def may_have_started(exc: BaseException) -> bool:
     """Whether the agent may run the session despite ``exc``: yes unless it clearly refused
-    (an ``InvocationError`` with a status below 500).
-
-    Example::
-
-        may_have_started(InvocationError("bad payload", status_code=400))   # False
-    """
+    (an ``InvocationError`` with a status below 500)."""
     status = getattr(exc, "status_code", None)
     return not isinstance(exc, InvocationError) or status is None or status >= 500

@@ -22,12 +22,7 @@ def fresh_input_id() -> str:
     """A default input id: microseconds since the epoch.
 
     Unique enough (result keys also hold the session id) and time-ordered, so the
-    watcher's LIST from the oldest pending key skips older results.
-
-    Example::
-
-        fresh_input_id()   # "1767225600123456"
-    """
+    watcher's LIST from the oldest pending key skips older results."""
     return str(time.time_ns() // 1000)
 
 

@@ -1,29 +1,23 @@
-"""Retrying one call to the agent runtime, paced by the token bucket.
+"""Retrying one call to the agent runtime, paced by the rate limiter.
 
 Example::
 
-    answer = await with_retries(lambda: transport.invoke(sid, body), retry=RetryConfig(),
-                                bucket=bucket, counters=counters, what=f"invoking {sid}")
+    answer = await with_retries(lambda: transport.invoke(sid, body), retry=RetryPolicy(),
+                                limiter=bucket, counters=counters, what=f"invoking {sid}")
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import retry_if_exception_type
 
-from agentcore_rl.client.bucket import Priority, TokenBucket
-from agentcore_rl.client.config import RetryConfig
+from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import InvocationError
+from agentcore_rl.ratelimit import Priority, RateLimiter
+from agentcore_rl.retry import RetryPolicy
 
 __all__ = ["with_retries"]
 
@@ -33,44 +27,35 @@ T = TypeVar("T")
 async def with_retries(
     call: Callable[[], Awaitable[T]],
     *,
-    retry: RetryConfig,
-    bucket: TokenBucket,
-    counters: Counter[str],
+    retry: RetryPolicy,
+    limiter: RateLimiter,
+    counters: ClientCounters,
     what: str,
     priority: int = Priority.INVOKE,
 ) -> T:
     """Run ``call``; on :class:`RetryableError` wait, take a token and try again.
 
-    The caller has taken the first attempt's token. A throttle answer also slows the
-    bucket down. When the attempts run out, raise ``InvocationError`` naming ``what``.
-
-    Example::
-
-        await with_retries(lambda: transport.stop(sid), retry=cfg, bucket=bucket,
-                           counters=counters, what=f"stopping {sid}", priority=Priority.STOP)
+    The caller has taken the first attempt's token. A throttle answer is reported to the
+    limiter (which slows down), and so is the final success. When the attempts run out,
+    raise ``InvocationError`` naming ``what``.
     """
     attempts = 0
     try:
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(retry.attempts),
-            wait=wait_exponential(multiplier=retry.initial, max=retry.maximum)
-            + wait_random(0, retry.jitter),
-            retry=retry_if_exception_type(RetryableError),
-            sleep=retry.sleep,
-            reraise=True,
-        ):
+        async for attempt in retry.retrying(retry_if_exception_type(RetryableError)):
             with attempt:
                 attempts += 1
                 if attempts > 1:
-                    counters["retries"] += 1
-                    await bucket.acquire(priority)
+                    counters.retries += 1
+                    await limiter.acquire(priority)
                 try:
-                    return await call()
+                    answer = await call()
                 except RetryableError as exc:
                     if exc.throttled:
-                        counters["throttles"] += 1
-                        bucket.on_throttle()
+                        counters.throttles += 1
+                        limiter.on_throttle()
                     raise
+                limiter.on_success()
+                return answer
     except RetryableError as exc:
         raise InvocationError(
             f"{what} failed after {attempts} attempt{'s' if attempts > 1 else ''}: {exc}",

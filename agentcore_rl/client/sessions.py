@@ -26,12 +26,7 @@ __all__ = ["PendingSessions", "check_session_id_format"]
 
 def check_session_id_format(session_id: object, *, acr: bool) -> str:
     """Return ``session_id`` if it is a valid session id (for AgentCore Runtime when
-    ``acr``: 33-256 letters, digits and hyphens), else raise ``InvalidRolloutConfig``.
-
-    Example::
-
-        sid = check_session_id_format(protocol.new_session_id(), acr=True)
-    """
+    ``acr``: 33-256 letters, digits and hyphens), else raise ``InvalidRolloutConfig``."""
     sid = protocol.validate_session_id(session_id, name="session_id")
     if acr and not protocol.is_acr_session_id(sid):
         raise InvalidRolloutConfig(
@@ -65,12 +60,7 @@ class PendingSessions:
         """Return ``session_id`` if a new rollout may use it, else raise.
 
         ``InvalidRolloutConfig`` for an invalid id (see :func:`check_session_id_format`),
-        ``ConfigurationError`` when a pending rollout already holds it.
-
-        Example::
-
-            sid = sessions.check(protocol.new_session_id())
-        """
+        ``ConfigurationError`` when a pending rollout already holds it."""
         sid = check_session_id_format(session_id, acr=self.acr)
         if sid in self.live or sid in self.reserved:
             raise ConfigurationError(
@@ -81,13 +71,7 @@ class PendingSessions:
 
     @contextlib.contextmanager
     def reserving(self, session_id: str) -> Iterator[None]:
-        """Hold ``session_id`` (so :meth:`check` refuses it) for the ``with`` block.
-
-        Example::
-
-            with sessions.reserving(sid):
-                await send(sid)
-        """
+        """Hold ``session_id`` (so :meth:`check` refuses it) for the ``with`` block."""
         self.reserved.add(session_id)
         try:
             yield

@@ -2,7 +2,8 @@
 
 Example::
 
-    print(client.stats.s3_requests / client.stats.results, "S3 requests per result")
+    stats = client.stats
+    print(stats.s3_total / max(1, stats.results), "S3 requests per result")
 """
 
 from __future__ import annotations
@@ -11,7 +12,26 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["ClientStats"]
+__all__ = ["ClientCounters", "ClientStats"]
+
+
+@dataclass(slots=True)
+class ClientCounters:
+    """The live counters of one client, written by its parts (see :class:`ClientStats`)."""
+
+    invocations: int = 0
+    retries: int = 0
+    throttles: int = 0
+    stops: int = 0
+    stop_failures: int = 0
+    stops_unsupported: int = 0
+    results: int = 0
+    rollout_errors: int = 0
+    timeouts: int = 0
+    invocation_errors: int = 0
+    storage_errors: int = 0
+    cancelled: int = 0
+    closed: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +40,8 @@ class ClientStats:
 
     ``invocations`` counts every invocation request sent (retries included), ``retries``
     the repeated ones, ``throttles`` the 429 / ThrottlingException answers; ``stops`` the
-    stop calls that completed and ``stop_failures`` those given up. Outcomes: ``results``,
+    stop calls that completed, ``stop_failures`` those given up and ``stops_unsupported``
+    those an agent server without a stop route could not take. Outcomes: ``results``,
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
     ``cancelled``, ``closed``. ``in_flight``: accepted rollouts without an outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
@@ -36,6 +57,7 @@ class ClientStats:
     throttles: int = 0
     stops: int = 0
     stop_failures: int = 0
+    stops_unsupported: int = 0
     results: int = 0
     rollout_errors: int = 0
     timeouts: int = 0
@@ -48,16 +70,16 @@ class ClientStats:
 
     @classmethod
     def from_counters(
-        cls, counters: Mapping[str, int], *, in_flight: int, s3_requests: Mapping[str, int]
+        cls,
+        counters: ClientCounters | Mapping[str, int],
+        *,
+        in_flight: int,
+        s3_requests: Mapping[str, int],
     ) -> ClientStats:
-        """A snapshot from a client's counters (a missing counter is 0).
-
-        Example::
-
-            ClientStats.from_counters(Counter(results=3), in_flight=1, s3_requests={})
-        """
+        """A snapshot from a client's counters (from a mapping, a missing counter is 0)."""
+        values = asdict(counters) if isinstance(counters, ClientCounters) else counters
         counted: dict[str, Any] = {
-            f.name: counters.get(f.name, 0)
+            f.name: values.get(f.name, 0)
             for f in fields(cls)
             if f.name not in ("in_flight", "s3_requests")
         }
@@ -65,21 +87,11 @@ class ClientStats:
 
     @property
     def s3_total(self) -> int:
-        """All S3 requests.
-
-        Example::
-
-            client.stats.s3_total
-        """
+        """All S3 requests."""
         return sum(self.s3_requests.values())
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready), with ``s3_total``.
-
-        Example::
-
-            json.dumps(client.stats.as_dict())
-        """
+        """Plain dict (JSON-ready), with ``s3_total``."""
         out = asdict(self)
         out["s3_total"] = self.s3_total
         return out

@@ -1,28 +1,35 @@
 """SessionStopper: stop calls in the background, behind every queued invocation.
 
 Stopping a session never delays a result: the outcome is delivered first and the session id
-goes into a queue that a few worker tasks drain, each taking a low-priority token first.
+goes into a memory object stream (``schedule`` never blocks, so future callbacks may call
+it) that a few workers drain, each taking a low-priority token first. The workers run in
+the client's service (:meth:`SessionStopper.run`) and end when it is cancelled.
 
 Example::
 
-    stopper = SessionStopper(transport, bucket, RetryConfig(), counters)
+    stopper = SessionStopper(transport, bucket, RetryPolicy(), counters)
+    service.start_soon(stopper.run, name="session stopper")
     stopper.schedule(fut.session_id)
-    await stopper.drain(timeout=30)
-    await stopper.aclose()
+    with anyio.move_on_after(30):
+        await stopper.drain()
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-from collections import Counter
+import math
 
-from agentcore_rl.client.bucket import Priority, TokenBucket
-from agentcore_rl.client.config import DEFAULT_STOP_WORKERS, RetryConfig
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from agentcore_rl.client.config import DEFAULT_STOP_WORKERS
 from agentcore_rl.client.retry import with_retries
-from agentcore_rl.client.transports.base import Transport
+from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.transports.base import StopUnsupportedError, Transport
+from agentcore_rl.ratelimit import Priority, RateLimiter
+from agentcore_rl.retry import RetryPolicy
 
 __all__ = ["SessionStopper"]
 
@@ -30,9 +37,10 @@ logger = logging.getLogger(__name__)
 
 
 class SessionStopper:
-    """A queue of sessions to stop and the worker tasks that stop them.
+    """A stream of sessions to stop and the workers that stop them.
 
-    ``counters`` gets ``stops``, ``stop_failures`` (and the retry counters).
+    ``counters`` gets ``stops``, ``stops_unsupported``, ``stop_failures`` (and the retry
+    counters).
 
     Example::
 
@@ -42,98 +50,88 @@ class SessionStopper:
     def __init__(
         self,
         transport: Transport,
-        bucket: TokenBucket,
-        retry: RetryConfig,
-        counters: Counter[str],
+        limiter: RateLimiter,
+        retry: RetryPolicy,
+        counters: ClientCounters,
         *,
         workers: int = DEFAULT_STOP_WORKERS,
     ) -> None:
         self.transport = transport
-        self.bucket = bucket
+        self.limiter = limiter
         self.retry = retry
         self.counters = counters
         self.workers = workers
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._active = 0
-        self._closed = False
+        self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
+        self._unfinished = 0  # scheduled and not finished (queued or in progress)
+        self._idle = asyncio.Event()  # asyncio's: clearable, and made before the loop runs
+        self._idle.set()
 
     def __repr__(self) -> str:
-        return f"SessionStopper(queued={self._queue.qsize()}, workers={len(self._tasks)})"
+        return f"SessionStopper(queued={self.queued}, workers={self.workers})"
 
     @property
     def queued(self) -> int:
-        """Stop calls not finished yet (queued or in progress).
-
-        Example::
-
-            print(stopper.queued)
-        """
-        return self._queue.qsize() + self._active
+        """Stop calls not finished yet (queued or in progress)."""
+        return self._unfinished
 
     def schedule(self, session_id: str) -> None:
-        """Queue a stop call for ``session_id``; never blocks.
-
-        Example::
-
-            stopper.schedule(fut.session_id)
-        """
-        if self._closed:
+        """Queue a stop call for ``session_id``; never blocks."""
+        try:
+            self._send.send_nowait(session_id)
+        except anyio.ClosedResourceError:
             logger.warning("session %s not stopped: the client is closed", session_id)
             return
-        self._queue.put_nowait(session_id)
-        while len(self._tasks) < self.workers:
-            task = asyncio.create_task(self._work(), name="agentcore-rl session stopper")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._unfinished += 1
+        self._idle.clear()
 
-    async def _work(self) -> None:
-        while True:
-            session_id = await self._queue.get()
-            self._active += 1
+    async def run(self) -> None:
+        """Stop the scheduled sessions, ``workers`` at a time, until cancelled; then
+        refuse new ones (queued stops are dropped, with a warning)."""
+        try:
+            async with anyio.create_task_group() as tg:
+                for n in range(self.workers):
+                    tg.start_soon(self._work, self._receive, name=f"session stopper {n}")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Refuse new stops and drop the queued ones (with a warning). Idempotent."""
+        if self._unfinished:
+            logger.warning(
+                "%d session(s) were not stopped before the client closed", self._unfinished
+            )
+            self._unfinished = 0
+        self._send.close()
+        self._receive.close()
+
+    async def _work(self, receive: MemoryObjectReceiveStream[str]) -> None:
+        async for session_id in receive:
             try:
-                await self.bucket.acquire(Priority.STOP)
-                await with_retries(
-                    functools.partial(self.transport.stop, session_id),
-                    retry=self.retry,
-                    bucket=self.bucket,
-                    counters=self.counters,
-                    what=f"stopping session {session_id}",
-                    priority=Priority.STOP,
-                )
-                self.counters["stops"] += 1
-            except Exception as exc:
-                self.counters["stop_failures"] += 1
-                logger.warning("could not stop session %s: %s", session_id, exc)
+                await self._stop(session_id)
             finally:
-                self._active -= 1
-                self._queue.task_done()
+                self._unfinished -= 1
+                if not self._unfinished:
+                    self._idle.set()
 
-    async def drain(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for queued stops; return how many are left.
+    async def _stop(self, session_id: str) -> None:
+        try:
+            await self.limiter.acquire(Priority.STOP)
+            await with_retries(
+                functools.partial(self.transport.stop, session_id),
+                retry=self.retry,
+                limiter=self.limiter,
+                counters=self.counters,
+                what=f"stopping session {session_id}",
+                priority=Priority.STOP,
+            )
+        except StopUnsupportedError:
+            self.counters.stops_unsupported += 1  # the transport said so once, at INFO
+        except Exception as exc:
+            self.counters.stop_failures += 1
+            logger.warning("could not stop session %s: %s", session_id, exc)
+        else:
+            self.counters.stops += 1
 
-        Example::
-
-            left = await stopper.drain(30)
-        """
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._queue.join(), timeout)
-        return self._queue.qsize() + self._active
-
-    async def aclose(self) -> None:
-        """Cancel the workers (queued stops are dropped, with a warning). Idempotent.
-
-        Example::
-
-            await stopper.aclose()
-        """
-        self._closed = True
-        left = self.queued
-        if left:
-            logger.warning("%d session(s) were not stopped before the client closed", left)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def drain(self) -> None:
+        """Wait until every scheduled stop has finished (the caller bounds the wait)."""
+        await self._idle.wait()

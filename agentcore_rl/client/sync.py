@@ -18,7 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,13 +26,26 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.client import AsyncRolloutClient
+from agentcore_rl.client.config import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_MAX_CONCURRENT_SESSIONS,
+    DEFAULT_RETRY,
+    DEFAULT_STOP_WORKERS,
+    DEFAULT_TIMEOUT,
+)
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
+from agentcore_rl.protocol import DEFAULT_TPS
+from agentcore_rl.ratelimit import RateLimiter, TokenBucket
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore
+from agentcore_rl.sessionlimit import SessionLimiter
 
 __all__ = ["RolloutClient"]
 
 
-async def _create(kwargs: dict[str, Any]) -> AsyncRolloutClient:
+async def _create(**kwargs: Any) -> AsyncRolloutClient:
     # Built inside the loop thread: its primitives belong to that loop.
     return AsyncRolloutClient(**kwargs)
 
@@ -66,18 +79,66 @@ class RolloutClient:
             client.close()
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        agent_runtime_arn: str | None = None,
+        agent_url: str | Sequence[str] | None = None,
+        s3_bucket: str,
+        exp_id: str,
+        max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
+        tps_limit: float = DEFAULT_TPS,
+        burst: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        base_url: str | None = None,
+        model_id: str | None = None,
+        endpoint_url: str | None = None,
+        qualifier: str | None = None,
+        s3_endpoint_url: str | None = None,
+        store: ResultStore | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        watcher: WatcherConfig = DEFAULT_WATCHER,
+        rate_limiter: RateLimiter | None = None,
+        session_limiter: SessionLimiter | None = None,
+        token_bucket: TokenBucket | None = None,
+        stop_finished_sessions: bool | None = None,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        stop_workers: int = DEFAULT_STOP_WORKERS,
+        **rollout_extra: Any,
+    ) -> None:
+        create = functools.partial(
+            _create,
+            agent_runtime_arn=agent_runtime_arn,
+            agent_url=agent_url,
+            s3_bucket=s3_bucket,
+            exp_id=exp_id,
+            max_concurrent_sessions=max_concurrent_sessions,
+            tps_limit=tps_limit,
+            burst=burst,
+            timeout=timeout,
+            base_url=base_url,
+            model_id=model_id,
+            endpoint_url=endpoint_url,
+            qualifier=qualifier,
+            s3_endpoint_url=s3_endpoint_url,
+            store=store,
+            retry=retry,
+            watcher=watcher,
+            rate_limiter=rate_limiter,
+            session_limiter=session_limiter,
+            token_bucket=token_bucket,
+            stop_finished_sessions=stop_finished_sessions,
+            close_timeout=close_timeout,
+            stop_workers=stop_workers,
+            **rollout_extra,
+        )
         self._stack = contextlib.ExitStack()
         self._portal: BlockingPortal = self._stack.enter_context(start_blocking_portal())
         try:
-            self._client: AsyncRolloutClient = self._portal.call(_create, kwargs)
+            self._client: AsyncRolloutClient = self._portal.call(create)
+            # Entered and exited by one task of the portal, as anyio's task groups require.
+            self._stack.enter_context(self._portal.wrap_async_context_manager(self._client))
         except BaseException:
-            self._stack.close()
-            raise
-        try:
-            self._portal.call(self._client.__aenter__)
-        except BaseException:
-            self._portal.call(self._client.aclose)
             self._stack.close()
             raise
         self._closed = False
@@ -87,22 +148,12 @@ class RolloutClient:
 
     @property
     def async_client(self) -> AsyncRolloutClient:
-        """The async client underneath (use it only through this object's portal).
-
-        Example::
-
-            client.async_client.exp_id
-        """
+        """The async client underneath (use it only through this object's portal)."""
         return self._client
 
     @property
     def stats(self) -> ClientStats:
-        """See :attr:`AsyncRolloutClient.stats`.
-
-        Example::
-
-            print(client.stats.as_dict())
-        """
+        """See :attr:`AsyncRolloutClient.stats`."""
         return self._portal.call(_stats, self._client)
 
     def invoke(
@@ -224,19 +275,11 @@ class RolloutClient:
                 self._portal.call(batch.aclose)
 
     def close(self) -> None:
-        """Close the async client (stopping live sessions) and its thread. Idempotent.
-
-        Example::
-
-            client.close()
-        """
+        """Close the async client (stopping live sessions) and its thread. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self._portal.call(self._client.aclose)
-        finally:
-            self._stack.close()
+        self._stack.close()  # leaves the client's ``async with`` (aclose), then the portal
 
     def __enter__(self) -> RolloutClient:
         return self

@@ -19,29 +19,31 @@ S3 errors never end the task: a failing group is retried with exponential backof
 only when the failure persists for ``error_threshold`` polls in a row are its pending
 futures failed, with a :class:`~agentcore_rl.errors.StorageError` that says what broke.
 
+The rollout client runs :meth:`CompletionWatcher.run` in its own task group; a watcher
+used on its own owns one (``async with``, or opened by the first ``track``).
+
 Example::
 
-    watcher = CompletionWatcher(store)
-    watcher.track("rollouts", "exp/q-1/sid.json", lambda envelope, error: print(envelope))
-    ...
-    await watcher.aclose()
+    async with CompletionWatcher(store) as watcher:
+        watcher.track("rollouts", "exp/q-1/sid.json", lambda envelope, error: print(envelope))
+        ...
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Final
 
-import aioboto3
-from aiobotocore.session import get_session
+import anyio
 
+from agentcore_rl.client.service import Service
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
 
@@ -50,7 +52,6 @@ __all__ = [
     "DEFAULT_MIN_INTERVAL",
     "CompletionWatcher",
     "WatcherConfig",
-    "lean_s3_session",
 ]
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,10 @@ def _prefix_of(key: str) -> str:
 class CompletionWatcher:
     """Watches S3 for the results of all pending rollouts of one client, in one task.
 
+    ``run_by_owner``: the owner runs :meth:`run` in its task group (as the client does);
+    otherwise the watcher runs it in its own (``async with``, or from the first ``track``
+    until ``aclose``).
+
     Example::
 
         watcher = CompletionWatcher(store, WatcherConfig(min_interval=0.1))
@@ -180,12 +185,26 @@ class CompletionWatcher:
         await watcher.aclose()
     """
 
-    def __init__(self, store: ResultStore, config: WatcherConfig = DEFAULT_WATCHER) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        config: WatcherConfig = DEFAULT_WATCHER,
+        *,
+        run_by_owner: bool = False,
+    ) -> None:
         self.store = store
         self.config = config
         self._groups: dict[tuple[str, str], _Group] = {}
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._service = (
+            None
+            if run_by_owner
+            else Service(
+                "agentcore-rl completion watcher",
+                setup=lambda service: service.start_soon(self.run, name="completion watcher"),
+            )
+        )
+        self._opened = False
         self._closed = False
         self.rounds = 0
         self.lists = 0
@@ -198,61 +217,60 @@ class CompletionWatcher:
 
     @property
     def pending(self) -> int:
-        """How many keys are being watched.
-
-        Example::
-
-            print(watcher.pending, "results outstanding")
-        """
+        """How many keys are being watched."""
         return sum(len(g.pending) for g in self._groups.values())
 
     def track(self, bucket: str, key: str, callback: Callback) -> None:
-        """Watch ``s3://bucket/key``; call ``callback`` once with the envelope or an error.
-
-        Example::
-
-            watcher.track("rollouts", fut.result_key, on_outcome)
-        """
+        """Watch ``s3://bucket/key``; call ``callback`` once with the envelope or an error."""
         if self._closed:
             raise RuntimeError("the completion watcher is closed")
+        if self._service is not None and not self._opened:
+            self._opened = True
+            self._service.open_hosted()
         gid = (bucket, _prefix_of(key))
         group = self._groups.get(gid)
         if group is None:
             group = self._groups[gid] = _Group(bucket, gid[1])
         group.pending[key] = callback
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="agentcore-rl completion watcher")
         self._wakeup.set()
 
     def untrack(self, bucket: str, key: str) -> None:
-        """Stop watching a key (no callback). Unknown keys are ignored.
-
-        Example::
-
-            watcher.untrack(fut.s3_bucket, fut.result_key)
-        """
+        """Stop watching a key (no callback). Unknown keys are ignored."""
         group = self._groups.get((bucket, _prefix_of(key)))
         if group is not None:
             group.pending.pop(key, None)
             group.key_failures.pop(key, None)
 
-    async def aclose(self) -> None:
-        """Stop the task; pending callbacks are not called. Idempotent.
+    async def __aenter__(self) -> CompletionWatcher:
+        if self._service is None:
+            raise RuntimeError("this watcher is run by its owner (run_by_owner=True)")
+        if self._closed or self._opened:
+            raise RuntimeError("a completion watcher can be opened only once")
+        self._opened = True
+        await self._service.__aenter__()
+        return self
 
-        Example::
-
-            await watcher.aclose()
-        """
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._service is not None:
+            await self._service.__aexit__(exc_type, exc, tb)
+
+    async def aclose(self) -> None:
+        """Stop watching (its own task, if it runs one); pending callbacks are not called.
+        Idempotent."""
+        self._closed = True
+        if self._service is not None:
+            await self._service.aclose()
 
     # --- the task ---------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Watch until cancelled (run by the watcher's owner, in its task group)."""
         cfg = self.config
         interval = cfg.min_interval
         while True:
@@ -275,10 +293,13 @@ class CompletionWatcher:
         now = self.config.clock()
         due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
         limit = asyncio.Semaphore(self.config.max_parallel)
-        counts = await asyncio.gather(*(self._poll(g, limit) for g in due))
-        return sum(counts)
+        found = self.found
+        async with anyio.create_task_group() as polls:
+            for group in due:
+                polls.start_soon(self._poll, group, limit)
+        return self.found - found
 
-    async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> int:
+    async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> None:
         probe, list_from = group.plan()
         candidates = list(probe)
         if list_from is not None:
@@ -298,13 +319,14 @@ class CompletionWatcher:
                 if key in group.pending:
                     candidates.append(key)
         self.probes += len(probe)
-        fetched = await asyncio.gather(*(self._fetch(group, k, limit) for k in candidates))
-        return sum(fetched)
+        async with anyio.create_task_group() as fetches:
+            for key in candidates:
+                fetches.start_soon(self._fetch, group, key, limit)
 
-    async def _fetch(self, group: _Group, key: str, limit: asyncio.Semaphore) -> int:
+    async def _fetch(self, group: _Group, key: str, limit: asyncio.Semaphore) -> None:
         async with limit:
             if key not in group.pending:  # untracked meanwhile
-                return 0
+                return
             try:
                 envelope = await self.store.get_json(group.bucket, key)
             except StorageError as exc:
@@ -312,14 +334,13 @@ class CompletionWatcher:
                 group.key_failures[key] = count
                 if count >= self.config.error_threshold or exc.code == "InvalidJSON":
                     self._deliver(group, key, None, self._persistent(exc, count))
-                return 0
+                return
         group.key_failures.pop(key, None)
         if envelope is None:
-            return 0
+            return
         group.remember(key)
         self.found += 1
         self._deliver(group, key, envelope, None)
-        return 1
 
     def _persistent(self, exc: StorageError, count: int) -> StorageError:
         where = f"s3://{exc.bucket}/{exc.key or ''}"
@@ -376,24 +397,3 @@ class CompletionWatcher:
                     code=type(exc).__name__,
                 )
                 self._deliver(group, key, None, error)
-
-
-def lean_s3_session() -> aioboto3.Session:
-    """An aioboto3 session whose responses keep timestamps as strings.
-
-    botocore parses every ``LastModified`` of a listing into a datetime, which is more
-    than half the CPU cost of a 1,000-key LIST page; the watcher needs only the keys.
-
-    Example::
-
-        ResultStore(session=lean_s3_session())
-    """
-    core = get_session()
-    core.get_component("response_parser_factory").set_parser_defaults(
-        timestamp_parser=_keep_timestamp
-    )
-    return aioboto3.Session(botocore_session=core)
-
-
-def _keep_timestamp(value: str) -> str:
-    return value

@@ -4,6 +4,10 @@ Used by the local stack, the tests and the benchmarks, so that every part of the
 exercised over real HTTP without spawning processes. Signals are left to the caller: the
 embedding program decides what Ctrl-C means, not each embedded server.
 
+Its one task (uvicorn's ``serve``) is owned by the server object and always awaited by
+``aclose()``, not by a task group: test fixtures (pytest-asyncio) enter a server in one
+task and leave it in another, which an anyio task group forbids.
+
 Example::
 
     async with BackgroundServer(app) as server:
@@ -37,8 +41,10 @@ class BackgroundServer:
     """uvicorn serving ``app`` on ``host`` (loopback) and a free port, as an asyncio task.
 
     The socket is bound before uvicorn starts, so ``url`` is known at once and two servers
-    never race for a port. ``aclose()`` asks uvicorn to shut down gracefully (lifespan
-    shutdown included) and forces it after ``shutdown_timeout`` seconds.
+    never race for a port. ``aclose()`` asks uvicorn to shut down gracefully and, after
+    ``shutdown_timeout`` seconds, to stop waiting for open connections (uvicorn's
+    ``force_exit``, which also skips a lifespan shutdown not yet begun; one under way is
+    waited for, never interrupted).
 
     Example::
 
@@ -72,21 +78,16 @@ class BackgroundServer:
 
     @property
     def url(self) -> str:
-        """``http://host:port`` (known once started).
-
-        Example::
-
-            httpx.AsyncClient(base_url=server.url)
-        """
+        """``http://host:port`` (known once started)."""
         return f"http://{self.host}:{self.port}"
 
+    def request_exit(self) -> None:
+        """Ask uvicorn to shut down without waiting for it (``aclose()`` waits); lets an
+        owner of several servers stop them together."""
+        self._server.should_exit = True
+
     async def start(self, *, startup_timeout: float = 10.0) -> BackgroundServer:
-        """Bind, start uvicorn and wait until it accepts connections.
-
-        Example::
-
-            server = await BackgroundServer(app).start()
-        """
+        """Bind, start uvicorn and wait until it accepts connections."""
         if self._task is not None:
             return self
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -111,23 +112,18 @@ class BackgroundServer:
         return self
 
     async def aclose(self) -> None:
-        """Shut down gracefully; idempotent.
-
-        Example::
-
-            await server.aclose()
-        """
+        """Shut down gracefully and wait until uvicorn has returned; idempotent."""
         task, self._task = self._task, None
         if task is None:
             return
-        self._server.should_exit = True
+        self.request_exit()
         try:
-            await asyncio.wait_for(asyncio.shield(task), self.shutdown_timeout)
-        except asyncio.TimeoutError:
-            self._server.force_exit = True
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            done, _ = await asyncio.wait({task}, timeout=self.shutdown_timeout)
+            if not done:
+                # Connections still open: uvicorn stops waiting for them and returns (a
+                # lifespan shutdown under way, bounded by the app's grace, is finished).
+                self._server.force_exit = True
+            await task
         finally:
             if self._socket is not None:
                 self._socket.close()

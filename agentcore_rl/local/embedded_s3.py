@@ -47,12 +47,7 @@ class EmbeddedS3:
 
     @property
     def endpoint_url(self) -> str:
-        """``http://host:port`` of the running server.
-
-        Example::
-
-            ResultStore(endpoint_url=s3.endpoint_url)
-        """
+        """``http://host:port`` of the running server."""
         if self._server is None:
             raise RuntimeError("EmbeddedS3 is not running; call start() first")
         return f"http://{self.host}:{self.port}"
@@ -81,12 +76,7 @@ class EmbeddedS3:
         return self
 
     def stop(self) -> None:
-        """Stop the server. Idempotent.
-
-        Example::
-
-            s3.stop()
-        """
+        """Stop the server. Idempotent."""
         server, self._server = self._server, None
         if server is not None:
             server.stop()

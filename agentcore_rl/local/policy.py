@@ -1,11 +1,21 @@
-"""A scripted OpenAI-compatible chat-completions server: a STAND-IN for vLLM/SGLang.
+"""A scripted OpenAI-compatible server: a STAND-IN for vLLM/SGLang.
 
 No language model is available offline, so demos and tests talk to this instead. It speaks
-enough of the OpenAI chat-completions API for the OpenAI SDK and for agents written against
-vLLM: ``POST /v1/chat/completions`` (tool calls in the OpenAI ``tools``/``tool_calls``
-format, ``finish_reason`` ``"tool_calls"``), ``GET /v1/models``, vLLM-style
-``prompt_token_ids`` on the response and ``token_ids`` on each choice (fake, deterministic
-ids; see :func:`~agentcore_rl.local.policy_solver.fake_token_ids`) and ``usage``.
+enough of the OpenAI API for the OpenAI SDK and for agents written against vLLM:
+``POST /v1/chat/completions`` (tool calls in the OpenAI ``tools``/``tool_calls`` format,
+``finish_reason`` ``"tool_calls"``), ``POST /v1/completions``, both streaming (SSE) or not,
+``GET /v1/models``, and vLLM's (>= 0.10.2) capture fields: ``prompt_token_ids`` (chat: on
+the response; completions: on each choice) and ``token_ids`` on each choice or streamed
+chunk, and ``logprobs`` when asked (``logprobs.content[j].logprob`` for chat,
+``logprobs.token_logprobs`` for completions). ``token_ids="always"`` (the default) sends the
+ids even unasked; ``"requested"`` only for ``return_token_ids: true``, as vLLM does;
+``"never"`` plays a server that cannot.
+
+Its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`) works like a chat
+template with special tokens: each message is ``<role> text <end>`` and the prompt ends with
+``<assistant>``; an assistant message renders exactly as the completion that produced it.
+So a multi-turn conversation's prompts extend each other token for token, as they do with
+a real model, and logprobs are a deterministic function of the tokens.
 
 How it "answers": it reads the first user message with a small pattern-based solver
 (:mod:`agentcore_rl.local.policy_solver`). When tools are offered, the first turn calls the
@@ -35,19 +45,19 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
-    fake_token_ids,
+    fake_tokens,
     format_number,
     solve_word_problem,
 )
@@ -59,6 +69,13 @@ DEFAULT_POLICY_MODEL: Final = "scripted-policy"
 #: Marks every response, so nobody mistakes the stand-in for a real model.
 _FINGERPRINT: Final = "agentcore-rl-scripted-stand-in"
 _MAX_CHOICES: Final = 16
+# The fake chat template's special tokens (ids below 100 are reserved by the tokenizer).
+_ROLE_IDS: Final = {"system": 1, "user": 2, "assistant": 3, "tool": 4, "developer": 1}
+_OTHER_ROLE_ID: Final = 5
+_TOOLS_ID: Final = 6
+_END_ID: Final = 7
+
+TokenIdsMode = Literal["always", "requested", "never"]
 
 
 class _BadRequest(Exception):
@@ -97,15 +114,41 @@ def _text_of(message: Mapping[str, Any]) -> str:
     return ""
 
 
-def _render_prompt(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> str:
-    """A fake chat template, so prompt token ids depend on the whole conversation."""
-    parts = [f"<|{m.get('role')}|>{_text_of(m)}" for m in messages]
-    for message in messages:
-        for call in message.get("tool_calls") or ():
-            parts.append(json.dumps(call, sort_keys=True))
+def _assistant_text(message: Mapping[str, Any]) -> str:
+    """What an assistant turn "generated": its text, then each tool call as tagged JSON."""
+    parts = [_text_of(message)]
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {} if isinstance(call, Mapping) else {}
+        payload = {"name": function.get("name"), "arguments": function.get("arguments")}
+        parts.append("<tool_call>" + json.dumps(payload, sort_keys=True) + "</tool_call>")
+    return "".join(parts)
+
+
+def _prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> list[int]:
+    """A fake chat template: ``<tools>..<end>``, ``<role> text <end>`` per message, ``<assistant>``.
+
+    An assistant message renders as ``<assistant>`` + the tokens of the completion that
+    produced it, so each turn's prompt extends the previous prompt + completion.
+    """
+    ids: list[int] = []
     if tools:
-        parts.insert(0, "<|tools|>" + json.dumps(list(tools), sort_keys=True))
-    return "".join(parts) + "<|assistant|>"
+        ids.append(_TOOLS_ID)
+        ids.extend(i for _, i in fake_tokens(json.dumps(list(tools), sort_keys=True)))
+        ids.append(_END_ID)
+    for message in messages:
+        role = message.get("role")
+        ids.append(_ROLE_IDS.get(str(role), _OTHER_ROLE_ID))
+        text = _assistant_text(message) if role == "assistant" else _text_of(message)
+        ids.extend(i for _, i in fake_tokens(text))
+        ids.append(_END_ID)
+    ids.append(_ROLE_IDS["assistant"])
+    return ids
+
+
+def _logprob(seed: int, index: int, position: int, token_id: int) -> float:
+    """A deterministic logprob in (-5, 0] for one sampled token."""
+    digest = hashlib.blake2b(f"{seed}:{index}:{position}:{token_id}".encode(), digest_size=4)
+    return -round(int.from_bytes(digest.digest(), "big") % 100_000 / 20_000, 6)
 
 
 def _tool_argument_name(tool: Mapping[str, Any]) -> str:
@@ -122,8 +165,10 @@ class ScriptedPolicy:
 
     ``accuracy`` (0..1) is how often it answers correctly; ``seed`` makes the run
     reproducible; ``latency`` seconds are waited per request so that a demo looks like real
-    work (``sleep`` is injectable). ``requests`` counts the chat-completion requests
-    received, bad ones included.
+    work (``sleep`` is injectable). ``token_ids``: ``"always"``, ``"requested"`` (vLLM's
+    ``return_token_ids``) or ``"never"``. ``requests`` counts the completion requests
+    received, bad ones included; ``answers`` keeps the last ``keep_answers`` answers
+    (``(prompt_ids, [(token_ids, logprobs) per choice])``) so tests can compare captures.
 
     Example::
 
@@ -139,21 +184,29 @@ class ScriptedPolicy:
         seed: int = 0,
         latency: float = 0.0,
         model: str = DEFAULT_POLICY_MODEL,
+        token_ids: TokenIdsMode = "always",
+        keep_answers: int = 0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"accuracy must be between 0 and 1, got {accuracy}")
         if latency < 0:
             raise ValueError(f"latency must be >= 0 seconds, got {latency}")
+        if token_ids not in ("always", "requested", "never"):
+            raise ValueError(f"token_ids must be always, requested or never, got {token_ids!r}")
         self.accuracy = accuracy
         self.seed = seed
         self.latency = latency
         self.model = model
+        self.token_ids = token_ids
+        self.keep_answers = keep_answers
+        self.answers: list[tuple[list[int], list[tuple[list[int], list[float]]]]] = []
         self.requests = 0
         self._sleep = sleep
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
             ]
@@ -181,19 +234,44 @@ class ScriptedPolicy:
             }
         )
 
-    async def _chat_completions(self, request: Request) -> JSONResponse:
+    async def _chat_completions(self, request: Request) -> Response:
+        return await self._serve(request, self.complete, "chat.completion.chunk")
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._serve(request, self.complete_text, "text_completion")
+
+    async def _serve(
+        self, request: Request, answer: Callable[[object], dict[str, Any]], chunk_object: str
+    ) -> Response:
         self.requests += 1
         try:
             body = await request.json()
         except ValueError:
             return _error(_BadRequest("request body is not valid JSON"))
         try:
-            response = self.complete(body)
+            response = answer(body)
         except _BadRequest as exc:
             return _error(exc)
         if self.latency:
             await self._sleep(self.latency)
-        return JSONResponse(response)
+        if not body.get("stream"):
+            return JSONResponse(response)
+        options = body.get("stream_options")
+        usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        return StreamingResponse(
+            _sse(response, chunk_object, usage), media_type="text/event-stream"
+        )
+
+    def _wants_ids(self, body: Mapping[str, Any]) -> bool:
+        if self.token_ids == "requested":
+            return bool(body.get("return_token_ids"))
+        return self.token_ids == "always"
+
+    def _remember(self, prompt_ids: list[int], choices: list[dict[str, Any]]) -> None:
+        if self.keep_answers:
+            taken = [(c["_ids"], c["_logprobs"]) for c in choices]
+            self.answers.append((prompt_ids, taken))
+            del self.answers[: -self.keep_answers]
 
     def complete(self, body: object) -> dict[str, Any]:
         """Answer one chat-completions request body (what the HTTP route serves).
@@ -210,23 +288,64 @@ class ScriptedPolicy:
             raise _BadRequest("messages must be a non-empty list", "messages")
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
             raise _BadRequest("every message must be an object with a string role", "messages")
-        if body.get("stream"):
-            raise _BadRequest("the scripted stand-in policy does not stream", "stream")
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise _BadRequest("tools must be a list", "tools")
-        n = body.get("n", 1) or 1
-        if not isinstance(n, int) or not 1 <= n <= _MAX_CHOICES:
-            raise _BadRequest(f"n must be an integer from 1 to {_MAX_CHOICES}", "n")
+        n = _choices_wanted(body)
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
 
-        prompt_ids = fake_token_ids(_render_prompt(messages, tools))
-        choices = [self._choice(i, messages, tools, body.get("seed")) for i in range(n)]
-        completion_tokens = sum(len(c["token_ids"]) for c in choices)
+        prompt_ids = _prompt_ids(messages, tools)
+        choices = [
+            self._finish(i, self._choice(i, messages, tools, body.get("seed")), body, chat=True)
+            for i in range(n)
+        ]
+        self._remember(prompt_ids, choices)
+        response = self._envelope(body, "chat.completion", model, prompt_ids, choices)
+        if self._wants_ids(body):
+            response["prompt_token_ids"] = prompt_ids
+        return response
+
+    def complete_text(self, body: object) -> dict[str, Any]:
+        """Answer one ``/v1/completions`` request body (a string ``prompt``).
+
+        Example::
+
+            ScriptedPolicy().complete_text({"model": "m", "prompt": "What is 2 + 2?"})
+        """
+        if not isinstance(body, Mapping):
+            raise _BadRequest("request body must be a JSON object")
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise _BadRequest("prompt must be a non-empty string", "prompt")
+        n = _choices_wanted(body)
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model
+        prompt_ids = [i for _, i in fake_tokens(prompt)]
+        user = {"role": "user", "content": prompt}
+        choices = []
+        for i in range(n):
+            said = self._choice(i, [user], [], body.get("seed"))
+            choice = self._finish(i, said, body, chat=False)
+            if self._wants_ids(body):
+                choice["prompt_token_ids"] = prompt_ids
+            choices.append(choice)
+        self._remember(prompt_ids, choices)
+        return self._envelope(body, "text_completion", model, prompt_ids, choices)
+
+    def _envelope(
+        self,
+        body: Mapping[str, Any],
+        kind: str,
+        model: Any,
+        prompt_ids: list[int],
+        choices: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        completion_tokens = sum(len(c.pop("_ids")) for c in choices)
+        for choice in choices:
+            choice.pop("_logprobs")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode())
         return {
-            "id": "chatcmpl-" + digest.hexdigest()[:24],
-            "object": "chat.completion",
+            "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + digest.hexdigest()[:24],
+            "object": kind,
             "created": int(time.time()),
             "model": model,
             "system_fingerprint": _FINGERPRINT,
@@ -236,12 +355,52 @@ class ScriptedPolicy:
                 "completion_tokens": completion_tokens,
                 "total_tokens": len(prompt_ids) + completion_tokens,
             },
-            "prompt_token_ids": prompt_ids,
         }
+
+    def _finish(
+        self, index: int, said: tuple[dict[str, Any], str], body: Mapping[str, Any], chat: bool
+    ) -> dict[str, Any]:
+        """A choice with its token ids and (when asked) logprobs, chat or completions shaped."""
+        message, finish = said
+        tokens = fake_tokens(_assistant_text(message))
+        ids = [i for _, i in tokens]
+        logprobs = [_logprob(self.seed, index, pos, i) for pos, i in enumerate(ids)]
+        choice: dict[str, Any] = {"index": index}
+        if chat:
+            choice["message"] = message
+        else:
+            choice["text"] = _assistant_text(message)
+        choice["finish_reason"] = finish
+        wanted = body.get("logprobs")
+        if chat and wanted:
+            choice["logprobs"] = {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                    for (t, _), lp in zip(tokens, logprobs, strict=True)
+                ]
+            }
+        elif not chat and wanted is not None and wanted is not False:
+            offsets, at = [], 0
+            for t, _ in tokens:
+                offsets.append(at)
+                at += len(t)
+            choice["logprobs"] = {
+                "tokens": [t for t, _ in tokens],
+                "token_logprobs": logprobs,
+                "top_logprobs": None,
+                "text_offset": offsets,
+            }
+        else:
+            choice["logprobs"] = None
+        if self._wants_ids(body):
+            choice["token_ids"] = ids
+        choice["_ids"] = ids
+        choice["_logprobs"] = logprobs
+        return choice
 
     def _choice(
         self, index: int, messages: list[Any], tools: list[Any], request_seed: object
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], str]:
         problem = next((_text_of(m) for m in messages if m.get("role") == "user"), "")
         draw = _Draw.roll(f"{self.seed}\x00{request_seed}\x00{index}\x00{problem}", self.accuracy)
         expression = solve_word_problem(problem)
@@ -252,10 +411,10 @@ class ScriptedPolicy:
             # The tool answered: report its (last) number, or slip when copying it.
             value = _last_number(_text_of(last))
             if value is None:
-                return _say(index, "I could not read the tool's result.")
-            return _say(index, self._answer_text(value, draw))
+                return _say("I could not read the tool's result.")
+            return _say(self._answer_text(value, draw))
         if expression is None:
-            return _say(index, "I am not sure how to solve this problem.")
+            return _say("I am not sure how to solve this problem.")
         value = evaluate_arithmetic(expression)
         if function_tools and (draw.correct or not draw.skip_tool):
             tool = function_tools[0]
@@ -273,14 +432,21 @@ class ScriptedPolicy:
                     }
                 ],
             }
-            return _choice(index, message, "tool_calls", name + arguments)
-        return _say(index, self._answer_text(value, draw))
+            return message, "tool_calls"
+        return _say(self._answer_text(value, draw))
 
     @staticmethod
     def _answer_text(value: int | float, draw: _Draw) -> str:
         if not draw.correct:
             value = value + draw.slip
         return f"The answer is {format_number(value)}."
+
+
+def _choices_wanted(body: Mapping[str, Any]) -> int:
+    n = body.get("n", 1) or 1
+    if not isinstance(n, int) or not 1 <= n <= _MAX_CHOICES:
+        raise _BadRequest(f"n must be an integer from 1 to {_MAX_CHOICES}", "n")
+    return n
 
 
 def _last_number(text: str) -> int | float | None:
@@ -291,18 +457,67 @@ def _last_number(text: str) -> int | float | None:
     return int(number) if number.is_integer() else number
 
 
-def _choice(index: int, message: dict[str, Any], finish: str, text: str) -> dict[str, Any]:
-    return {
-        "index": index,
-        "message": message,
-        "finish_reason": finish,
-        "logprobs": None,
-        "token_ids": fake_token_ids(text),
-    }
+def _say(text: str) -> tuple[dict[str, Any], str]:
+    return {"role": "assistant", "content": text}, "stop"
 
 
-def _say(index: int, text: str) -> dict[str, Any]:
-    return _choice(index, {"role": "assistant", "content": text}, "stop", text)
+async def _sse(response: dict[str, Any], kind: str, usage: bool) -> AsyncIterator[str]:
+    """A whole answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per
+    token (its text, ``token_ids`` and logprobs), the finish reason on the last, usage, DONE."""
+    head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
+    head["object"] = kind
+    chat = kind == "chat.completion.chunk"
+
+    def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+        return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
+
+    for choice in response["choices"]:
+        text = _assistant_text(choice["message"]) if chat else choice["text"]
+        pieces = [piece for piece, _ in fake_tokens(text)]
+        index = choice["index"]
+        ids = choice.get("token_ids")
+        logprobs = choice.get("logprobs")
+        if chat:
+            extra = {}
+            if "prompt_token_ids" in response and index == 0:
+                extra["prompt_token_ids"] = response["prompt_token_ids"]
+            role = {"index": index, "delta": {"role": "assistant", "content": ""}}
+            yield event([{**role, "logprobs": None, "finish_reason": None}], **extra)
+            calls = choice["message"].get("tool_calls")
+            if calls:  # a tool call streams as one delta carrying all its tokens
+                delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+                out = {"index": index, "delta": delta, "logprobs": logprobs}
+                if ids is not None:
+                    out["token_ids"] = ids
+                yield event([{**out, "finish_reason": choice["finish_reason"]}])
+                continue
+        for pos, piece in enumerate(pieces):
+            last = pos == len(pieces) - 1
+            out = {"index": index}
+            if chat:
+                out["delta"] = {"content": piece}
+                if logprobs:
+                    out["logprobs"] = {"content": logprobs["content"][pos : pos + 1]}
+                else:
+                    out["logprobs"] = None
+            else:
+                out["text"] = piece
+                if logprobs:
+                    out["logprobs"] = {
+                        k: v[pos : pos + 1] if isinstance(v, list) else v
+                        for k, v in logprobs.items()
+                    }
+                else:
+                    out["logprobs"] = None
+                if pos == 0 and "prompt_token_ids" in choice:
+                    out["prompt_token_ids"] = choice["prompt_token_ids"]
+            out["finish_reason"] = choice["finish_reason"] if last else None
+            if ids is not None:
+                out["token_ids"] = ids[pos : pos + 1]
+            yield event([out])
+    if usage:
+        yield event([], usage=response["usage"])
+    yield "data: [DONE]\n\n"
 
 
 def _error(exc: _BadRequest) -> JSONResponse:

@@ -37,6 +37,7 @@ __all__ = [
     "VOCAB_SIZE",
     "evaluate_arithmetic",
     "fake_token_ids",
+    "fake_tokens",
     "format_number",
     "solve_word_problem",
 ]
@@ -102,13 +103,7 @@ def _operation(sentence: str) -> tuple[str, int | None] | None:
 
 
 def solve_word_problem(text: str) -> str | None:
-    """Turn a problem into an arithmetic expression, or ``None`` when it is not understood.
-
-    Example::
-
-        solve_word_problem("Leo has 4 boxes. The number of boxes triples.")   # "4 * 3"
-        solve_word_problem("What is 2 + 3 * 4?")                              # "2 + 3 * 4"
-    """
+    """Turn a problem into an arithmetic expression, or ``None`` when it is not understood."""
     explicit = _EXPRESSION_RE.search(text)
     if explicit is not None:
         return " ".join(explicit.group(0).split())
@@ -159,10 +154,6 @@ def evaluate_arithmetic(expression: str) -> int | float:
     """Evaluate ``+ - * /`` and parentheses over numbers exactly (never ``eval``).
 
     Returns an ``int`` when the result is whole. Raises ``ValueError`` for anything else.
-
-    Example::
-
-        evaluate_arithmetic("(12 + 6) / 3")   # 6
     """
     if len(expression) > 200:
         raise ValueError("expression is too long")
@@ -175,30 +166,26 @@ def evaluate_arithmetic(expression: str) -> int | float:
 
 
 def format_number(value: int | float) -> str:
-    """A number as a person would write it: ``6`` rather than ``6.0``.
-
-    Example::
-
-        format_number(6.0)   # "6"
-    """
+    """A number as a person would write it: ``6`` rather than ``6.0``."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value) if isinstance(value, int) else f"{value:.6g}"
 
 
-def fake_token_ids(text: str) -> list[int]:
-    """Deterministic stand-in token ids: one id per word, punctuation mark or space run.
+def fake_tokens(text: str) -> list[tuple[str, int]]:
+    """The stand-in tokenizer: (piece, id) per word, punctuation mark or space run.
 
     The same text always gives the same ids (a stable hash, not Python's salted ``hash``),
     so token-capture code can be tested end to end without a real tokenizer.
-
-    Example::
-
-        fake_token_ids("The answer is 4.")   # e.g. [18231, 7012, ...], 8 ids
     """
-    ids = []
+    span = VOCAB_SIZE - _FIRST_ORDINARY_ID
+    out = []
     for piece in _TOKEN_RE.findall(text):
         digest = hashlib.blake2b(piece.encode(), digest_size=4).digest()
-        span = VOCAB_SIZE - _FIRST_ORDINARY_ID
-        ids.append(_FIRST_ORDINARY_ID + int.from_bytes(digest, "big") % span)
-    return ids
+        out.append((piece, _FIRST_ORDINARY_ID + int.from_bytes(digest, "big") % span))
+    return out
+
+
+def fake_token_ids(text: str) -> list[int]:
+    """Deterministic stand-in token ids of ``text`` (the ids of :func:`fake_tokens`)."""
+    return [token_id for _, token_id in fake_tokens(text)]

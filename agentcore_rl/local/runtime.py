@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.client.bucket import TokenBucket
+from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.runtime_wire import (
     AWS_REQUEST_ID_HEADER,
@@ -62,7 +62,6 @@ from agentcore_rl.local.runtime_wire import (
     parse_client_token,
     parse_runtime_path,
     payload_too_large,
-    validate_runtime_arn,
 )
 from agentcore_rl.protocol import (
     INVOCATIONS_PATH,
@@ -71,7 +70,9 @@ from agentcore_rl.protocol import (
     STOP_SESSION_PATH,
     is_acr_session_id,
     new_session_id,
+    parse_runtime_arn,
 )
+from agentcore_rl.ratelimit import TokenBucket
 
 __all__ = [
     "DEFAULT_AGENT_RUNTIME_ARN",
@@ -91,8 +92,8 @@ DEFAULT_AGENT_RUNTIME_ARN: Final = (
 )
 #: Where ``run_local_runtime`` listens by default (agents conventionally use 8080).
 DEFAULT_LOCAL_RUNTIME_PORT: Final = 8081
-#: ACR's published default: 25 invocations per second per endpoint.
-DEFAULT_TPS: Final = 25.0
+#: ACR's published default quota (see :data:`agentcore_rl.protocol.DEFAULT_TPS`).
+DEFAULT_TPS: Final = protocol.DEFAULT_TPS
 #: ACR's payload limit.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 100_000_000
 #: Forwarding timeouts; the read timeout is ACR's 15-minute limit on a synchronous request.
@@ -212,7 +213,7 @@ class LocalAgentCoreRuntime:
             raise ConfigurationError(f"max_payload_bytes must be >= 1, got {max_payload_bytes}")
         self._runtimes: dict[str, _Runtime] = {}
         for arn, urls in runtimes.items():
-            validate_runtime_arn(arn)
+            parse_runtime_arn(arn)
             if isinstance(urls, str) or not urls:
                 raise ConfigurationError(f"runtime {arn} needs a non-empty list of agent URLs")
             clean = []
@@ -230,6 +231,8 @@ class LocalAgentCoreRuntime:
         self.max_connections = max_connections
         #: Outcomes so far: the operation name on success, else the error code.
         self.counts: Counter[str] = Counter()
+        # Agent URLs that answered 404/405 to a stop (no stop route): not asked again.
+        self._stop_unsupported: set[str] = set()
         self._http: httpx.AsyncClient | None = None
         self._app = Starlette(
             routes=[Route("/{path:path}", self._dispatch, methods=_ALL_METHODS)],
@@ -241,53 +244,28 @@ class LocalAgentCoreRuntime:
 
     @property
     def arns(self) -> list[str]:
-        """The runtime ARNs this stand-in answers to.
-
-        Example::
-
-            arn = runtime.arns[0]
-        """
+        """The runtime ARNs this stand-in answers to."""
         return list(self._runtimes)
 
     def agent_urls(self, arn: str) -> tuple[str, ...]:
-        """The agent servers behind one runtime ARN.
-
-        Example::
-
-            runtime.agent_urls(DEFAULT_AGENT_RUNTIME_ARN)   # ("http://127.0.0.1:8080",)
-        """
+        """The agent servers behind one runtime ARN."""
         return self._runtimes[arn].agent_urls
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
-        """The agent URL a live session is bound to; ``None`` if unknown or stopped.
-
-        Example::
-
-            runtime.session_agent(arn, sid)   # "http://127.0.0.1:8080"
-        """
+        """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
         runtime = self._runtimes[arn]
         index = runtime.sessions.get(session_id)
         return None if index is None else runtime.agent_urls[index]
 
     def live_sessions(self, arn: str) -> int:
-        """How many sessions of a runtime are bound to an agent (invoked, not stopped).
-
-        Example::
-
-            print(runtime.live_sessions(arn), "sessions live")
-        """
+        """How many sessions of a runtime are bound to an agent (invoked, not stopped)."""
         return len(self._runtimes[arn].sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)
 
     async def aclose(self) -> None:
-        """Close the forwarding HTTP client. Idempotent.
-
-        Example::
-
-            await runtime.aclose()
-        """
+        """Close the forwarding HTTP client. Idempotent."""
         http, self._http = self._http, None
         if http is not None:
             await http.aclose()
@@ -478,6 +456,8 @@ class LocalAgentCoreRuntime:
                 request_id=request_id,
             )
         url = runtime.agent_urls[index]
+        if url in self._stop_unsupported:
+            return self._stopped_without_agent(runtime, session_id, token, stopped)
         try:
             answer = await self._client().post(
                 url + STOP_SESSION_PATH.format(session_id=session_id),
@@ -488,7 +468,16 @@ class LocalAgentCoreRuntime:
             return agent_unreachable(url, exc, request_id, session_id)
         # 404/405: an agent without our stop extension; like ACR ending the microVM, the
         # session is over for the runtime either way.
-        if not (200 <= answer.status_code < 300 or answer.status_code in (404, 405)):
+        if answer.status_code in (404, 405):
+            self._stop_unsupported.add(url)
+            logger.info(
+                "the agent at %s has no stop route (HTTP %d): its sessions are released "
+                "without stopping their rollouts; counted as AgentStopUnsupported",
+                url,
+                answer.status_code,
+            )
+            return self._stopped_without_agent(runtime, session_id, token, stopped)
+        if not 200 <= answer.status_code < 300:
             message = agent_message(answer.status_code, answer.content)
             return acr_error(
                 RUNTIME_CLIENT_ERROR,
@@ -497,6 +486,17 @@ class LocalAgentCoreRuntime:
                 request_id=request_id,
                 headers={SESSION_ID_HEADER: session_id},
             )
+        return self._finish_stop(runtime, session_id, token, stopped)
+
+    def _stopped_without_agent(
+        self, runtime: _Runtime, session_id: str, token: str | None, stopped: Response
+    ) -> Response:
+        self.counts["AgentStopUnsupported"] += 1
+        return self._finish_stop(runtime, session_id, token, stopped)
+
+    def _finish_stop(
+        self, runtime: _Runtime, session_id: str, token: str | None, stopped: Response
+    ) -> Response:
         runtime.release(session_id)
         if token is not None:
             runtime.remember_stop(token)

@@ -28,7 +28,7 @@ from urllib.parse import unquote
 import httpx
 from starlette.responses import JSONResponse, Response
 
-from agentcore_rl.protocol import SESSION_ID_HEADER, parse_runtime_arn
+from agentcore_rl.protocol import SESSION_ID_HEADER
 
 __all__ = [
     "ACCESS_DENIED",
@@ -50,12 +50,10 @@ __all__ = [
     "agent_field",
     "agent_message",
     "agent_unreachable",
-    "arn_region",
     "bad_session_id",
     "parse_client_token",
     "parse_runtime_path",
     "payload_too_large",
-    "validate_runtime_arn",
 ]
 
 #: Header botocore's REST-JSON parser reads the error code from.
@@ -95,28 +93,6 @@ REASON_FIELD_VALIDATION_FAILED: Final = "FieldValidationFailed"
 _MAX_AGENT_MESSAGE: Final = 1000
 
 
-def validate_runtime_arn(arn: object) -> str:
-    """Return ``arn`` if it is an AgentCore Runtime ARN, else raise ``ConfigurationError``.
-
-    Example::
-
-        validate_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo")
-    """
-    parse_runtime_arn(arn)
-    assert isinstance(arn, str)
-    return arn
-
-
-def arn_region(arn: str) -> str:
-    """The region field of an AgentCore Runtime ARN (the client must use this region).
-
-    Example::
-
-        arn_region("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/demo")  # us-west-2
-    """
-    return parse_runtime_arn(arn).region
-
-
 def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:
     """Split a raw request path ``/runtimes/{arn}/{operation}`` into ``(arn, operation)``.
 
@@ -124,11 +100,6 @@ def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:
     raw, undecoded path is split first and the ARN decoded afterwards. A client that sends
     the ARN unencoded still works: everything between ``runtimes`` and the last segment is
     the ARN. ``None`` when the path has no such shape.
-
-    Example::
-
-        parse_runtime_path(b"/runtimes/arn%3Aaws%3A...%3Aruntime%2Fdemo/invocations")
-        # ("arn:aws:...:runtime/demo", "invocations")
     """
     parts = raw_path.split(b"/")
     if len(parts) < 4 or parts[0] or parts[1] != b"runtimes":
@@ -152,10 +123,6 @@ def acr_error(
     """An error response exactly as botocore parses it into ``ClientError``.
 
     ``reason`` and ``field`` fill ``ValidationException``'s ``reason`` and ``fieldList``.
-
-    Example::
-
-        acr_error(THROTTLING, "Rate exceeded", request_id=rid)   # 429
     """
     body: dict[str, Any] = {"message": message}
     if code == VALIDATION:
@@ -169,12 +136,7 @@ def acr_error(
 
 
 def agent_message(status: int, body: bytes) -> str:
-    """The agent's own error text: ``error``/``message`` from a JSON body, else the text.
-
-    Example::
-
-        agent_message(400, b'{"error": "prompt must be a string"}')  # "prompt must be ..."
-    """
+    """The agent's own error text: ``error``/``message`` from a JSON body, else the text."""
     text = body.decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
@@ -190,12 +152,7 @@ def agent_message(status: int, body: bytes) -> str:
 
 
 def agent_field(body: bytes) -> str | None:
-    """The ``field`` an agent's JSON error names, if any.
-
-    Example::
-
-        agent_field(b'{"error": "...", "field": "prompt"}')   # "prompt"
-    """
+    """The ``field`` an agent's JSON error names, if any."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -205,12 +162,7 @@ def agent_field(body: bytes) -> str | None:
 
 
 def parse_client_token(body: bytes) -> tuple[bool, str | None]:
-    """``(valid, clientToken)`` of a stop body; an empty body is valid and has no token.
-
-    Example::
-
-        parse_client_token(b'{"clientToken": "t"}')   # (True, "t")
-    """
+    """``(valid, clientToken)`` of a stop body; an empty body is valid and has no token."""
     if not body.strip():
         return True, None
     try:
@@ -224,12 +176,7 @@ def parse_client_token(body: bytes) -> tuple[bool, str | None]:
 
 
 def bad_session_id(session_id: str, request_id: str) -> Response:
-    """``ValidationException`` for a session id outside ACR's rules.
-
-    Example::
-
-        bad_session_id("short", request_id=rid)   # 400
-    """
+    """``ValidationException`` for a session id outside ACR's rules."""
     return acr_error(
         VALIDATION,
         f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it must "
@@ -240,12 +187,7 @@ def bad_session_id(session_id: str, request_id: str) -> Response:
 
 
 def payload_too_large(size: int, limit: int, request_id: str) -> Response:
-    """``ValidationException`` for a payload over the size limit.
-
-    Example::
-
-        payload_too_large(101, 100, request_id=rid)   # 400
-    """
+    """``ValidationException`` for a payload over the size limit."""
     return acr_error(
         VALIDATION,
         f"payload of {size} bytes exceeds the limit of {limit} bytes",
@@ -255,12 +197,7 @@ def payload_too_large(size: int, limit: int, request_id: str) -> Response:
 
 
 def agent_unreachable(url: str, exc: httpx.HTTPError, request_id: str, session_id: str) -> Response:
-    """``RuntimeClientError`` for an agent that could not be reached or timed out.
-
-    Example::
-
-        agent_unreachable(url, exc, request_id=rid, session_id=sid)   # 424
-    """
+    """``RuntimeClientError`` for an agent that could not be reached or timed out."""
     what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
     return acr_error(
         RUNTIME_CLIENT_ERROR,
@@ -276,10 +213,6 @@ def agent_failure(url: str, status: int, body: bytes, request_id: str, session_i
     A 4xx means the agent refused this request (a bad payload, a bucket outside its
     allow-list): the caller's fault, so ``ValidationException`` with the agent's message.
     A 429 stays a throttle. Anything else means the agent failed: ``RuntimeClientError``.
-
-    Example::
-
-        agent_failure(url, 500, b"boom", request_id=rid, session_id=sid)   # 424
     """
     message = agent_message(status, body)
     headers = {SESSION_ID_HEADER: session_id}

@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.machinery
 import importlib.util
@@ -40,8 +39,7 @@ from agentcore_rl.local.runtime import (
     DEFAULT_TPS,
     LocalAgentCoreRuntime,
 )
-from agentcore_rl.local.runtime_wire import arn_region
-from agentcore_rl.protocol import validate_bucket
+from agentcore_rl.protocol import parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
 
 __all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app"]
@@ -172,7 +170,7 @@ class LocalStack:
             raise ConfigurationError(f"agents must be >= 1, got {agents}")
         if policy is not None and policy_base_url is not None:
             raise ConfigurationError("give policy or policy_base_url, not both")
-        self.region = arn_region(agent_runtime_arn)
+        self.region = parse_runtime_arn(agent_runtime_arn).region
         self.embedded_s3 = s3_endpoint_url is None and bucket is None
         try:
             self.bucket = validate_bucket(bucket or DEFAULT_LOCAL_BUCKET, name="bucket")
@@ -215,12 +213,7 @@ class LocalStack:
 
     @property
     def environment(self) -> Mapping[str, str]:
-        """The AWS variables a separate process needs to use this stack (e.g. a trainer).
-
-        Example::
-
-            subprocess.run(cmd, env={**os.environ, **stack.environment})
-        """
+        """The AWS variables a separate process needs to use this stack (e.g. a trainer)."""
         env = {"AWS_DEFAULT_REGION": self.region}
         if self.runtime_endpoint_url is not None:
             env["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"] = self.runtime_endpoint_url
@@ -305,21 +298,21 @@ class LocalStack:
 
     @staticmethod
     async def _close_all(servers: list[BackgroundServer]) -> None:
-        # Together: each agent may wait its shutdown grace for running rollouts.
-        results = await asyncio.gather(
-            *(server.aclose() for server in servers), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        # Together: each agent may wait its shutdown grace for running rollouts, so all are
+        # told first; then each is waited for (the slowest sets the time, not the sum).
+        for server in servers:
+            server.request_exit()
+        failures: list[BaseException] = []
+        for server in servers:
+            try:
+                await server.aclose()
+            except Exception as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
     async def aclose(self) -> None:
-        """Stop everything in reverse order and restore the environment. Idempotent.
-
-        Example::
-
-            await stack.aclose()
-        """
+        """Stop everything in reverse order and restore the environment. Idempotent."""
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()

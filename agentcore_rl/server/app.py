@@ -3,7 +3,8 @@
 Swap ``BedrockAgentCoreApp`` for :class:`AgentCoreRLApp` and ``@app.entrypoint`` for
 ``@app.rollout_entrypoint``: each invocation is answered at once with where its result
 will appear, the handler runs in an owned background task, and its result (or what went
-wrong) is written to S3 as a JSON envelope.
+wrong) is written to S3 as a JSON envelope. The app's lifespan (or ``async with app``)
+owns one task group: every rollout and the spool's retry task run in it.
 
 Example::
 
@@ -23,37 +24,58 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import inspect
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import anyio
 import uvicorn
+from anyio.abc import TaskGroup
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Lifespan
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
 from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.health import HealthTracker
+from agentcore_rl.server.finished import (
+    DEFAULT_FINISHED_MAX_ENTRIES,
+    DEFAULT_FINISHED_TTL,
+    FinishedRollouts,
+)
+from agentcore_rl.server.health import HealthTracker, PingHandler
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.parsing import (
+    DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
+    control_op,
     parse_payload,
     parse_rollout,
     read_body,
     session_id_from,
 )
-from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT, RolloutRunner, ShutdownReport
+from agentcore_rl.server.runner import (
+    DEFAULT_CANCEL_TIMEOUT,
+    RolloutJob,
+    RolloutRunner,
+    ShutdownReport,
+)
 from agentcore_rl.server.settings import (
     DEFAULT_GIL_SWITCH_INTERVAL,
     DEFAULT_MAX_BODY_BYTES,
@@ -62,6 +84,7 @@ from agentcore_rl.server.settings import (
     DEFAULT_STOP_WAIT,
     SPOOL_DIR_ENV,
     default_host,
+    default_spool_dir,
 )
 from agentcore_rl.server.spool import (
     DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
@@ -75,8 +98,16 @@ logger = logging.getLogger("agentcore_rl.server")
 
 F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
+P = TypeVar("P", bound=PingHandler)
+A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 
 _STOP_REASON: Final = "cancelled: the session was stopped"
+
+
+def _run_with(
+    app: AgentCoreRLApp, port: int = protocol.DEFAULT_PORT, host: str | None = None
+) -> None:
+    app.run(port, host)
 
 
 def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
@@ -94,16 +125,36 @@ class AgentCoreRLApp(Starlette):
     ``store`` is the S3 door (default: a ``ResultStore()`` that honours
     ``AWS_ENDPOINT_URL_S3``; its client is created on first write). ``allowed_buckets``
     (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated) limits which buckets a
-    payload may name. Bodies over ``max_body_bytes`` get 413. At shutdown running
+    payload may name. Bodies over ``max_body_bytes`` get 413, nesting deeper than
+    ``max_json_depth`` 400; once the bodies being received hold ``max_inflight_body_bytes``
+    together, more get 503 with ``Retry-After``. A body over
+    ``envelope_payload_max_bytes`` (default ``None``: never) is stored in its envelope as
+    its SHA-256 and size instead of a copy of the payload. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
-    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
-    are retried every ``spool_retry_interval`` seconds, backing off. At startup the
-    interpreter's GIL switch interval is lowered to ``gil_switch_interval`` (``None``:
-    leave it) so ``/ping`` stays fast while sync handlers burn CPU. ``clock`` (epoch
-    seconds) stamps envelopes and ``/ping``.
+    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
+    directory across restarts, see :func:`default_spool_dir`; drained at startup) and
+    are retried every ``spool_retry_interval`` seconds, backing off. When the app owns
+    the process (:meth:`run`, ``agentcore-rl serve``) the interpreter's GIL switch
+    interval is lowered to ``gil_switch_interval`` (``None``: leave it) so ``/ping`` stays
+    fast while sync handlers burn CPU; mounted in another app, it leaves the process
+    alone. ``clock`` (epoch seconds) stamps envelopes and ``/ping``.
+
+    A repeated invocation (same session id and result key) never runs the handler twice:
+    while it runs, or for ``finished_ttl`` seconds after it finished (at most
+    ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
+    process, the rollout HEADs its key before the handler starts and an envelope already
+    there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing_results``
+    ``"repeats"``, the default), for all (``"always"``), or never (``"never"``).
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
-    (then close it from the parent's lifespan: ``async with agent_app: yield``).
+    (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
+    where no lifespan reaches it, each rollout runs as its invocation's background task
+    and the spool is retried only at ``aclose()``).
+    ``lifespan`` (run inside the app's own) and ``middleware`` are passed on as with
+    AWS's ``BedrockAgentCoreApp``, whose public surface it keeps: ``handlers``,
+    ``@app.ping``, ``@app.async_task``, ``add_async_task``/``complete_async_task``,
+    ``force_ping_status``/``clear_forced_ping_status``, ``get_current_ping_status`` and
+    ``run(port, host)`` (docs/server.md lists what is left out and why).
 
     Example::
 
@@ -120,6 +171,9 @@ class AgentCoreRLApp(Starlette):
         store: ResultStore | None = None,
         allowed_buckets: Iterable[str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        envelope_payload_max_bytes: int | None = None,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         spool_dir: Path | str | None = None,
         spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
@@ -128,11 +182,25 @@ class AgentCoreRLApp(Starlette):
         stop_wait: float = DEFAULT_STOP_WAIT,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL,
+        finished_ttl: float = DEFAULT_FINISHED_TTL,
+        finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
+        check_existing_results: str = "repeats",
         clock: Callable[[], float] = time.time,
         debug: bool = False,
+        lifespan: Lifespan[Any] | None = None,
+        middleware: Sequence[Middleware] | None = None,
     ) -> None:
         if max_body_bytes <= 0:
             raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
+        if max_json_depth < 1:
+            raise ConfigurationError(f"max_json_depth must be >= 1, got {max_json_depth}")
+        if max_inflight_body_bytes < max_body_bytes:
+            raise ConfigurationError(
+                f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be at least "
+                f"max_body_bytes ({max_body_bytes}), or the largest body would never fit"
+            )
+        if envelope_payload_max_bytes is not None and envelope_payload_max_bytes < 0:
+            raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
         if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
             raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
         if gil_switch_interval is not None and gil_switch_interval <= 0:
@@ -152,11 +220,28 @@ class AgentCoreRLApp(Starlette):
                 Route(protocol.INVOCATIONS_PATH, self._invocations, methods=["POST"]),
                 Route(protocol.PING_PATH, self._ping, methods=["GET"]),
                 Route(protocol.STOP_SESSION_PATH, self._stop_session, methods=["POST"]),
+                Route(protocol.SESSION_STATUS_PATH, self._session_status, methods=["GET"]),
             ],
             lifespan=self._lifespan,
+            middleware=middleware,
         )
+        self._user_lifespan = lifespan
+        #: The registered entrypoint under ``"main"`` as a ``(payload, context)`` coroutine
+        #: function named after it (as in ``BedrockAgentCoreApp``); for inspection and for
+        #: calling the handler directly, not a way to replace it.
+        self.handlers: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
+        if check_existing_results not in ("always", "repeats", "never"):
+            raise ConfigurationError(
+                "check_existing_results must be 'always', 'repeats' or 'never', got "
+                f"{check_existing_results!r}"
+            )
+        self.check_existing_results = check_existing_results
+        self.body_budget = BodyBudget(max_inflight_body_bytes)
+        self.envelope_payload_max_bytes = envelope_payload_max_bytes
         self.shutdown_grace = shutdown_grace
         self.max_sync_workers = max_sync_workers
         self.stop_wait = stop_wait
@@ -168,21 +253,35 @@ class AgentCoreRLApp(Starlette):
             spool_dir = os.environ[SPOOL_DIR_ENV]
         self.spool = Spool(
             self.store,
-            directory=Path(spool_dir) if spool_dir is not None else None,
+            directory=Path(spool_dir) if spool_dir is not None else default_spool_dir(),
             retry_interval=spool_retry_interval,
             max_retry_interval=spool_max_retry_interval,
             on_change=self._refresh_health,
         )
         self.health = HealthTracker(clock=clock)
-        self.runner = RolloutRunner(spool=self.spool, clock=clock, on_change=self._refresh_health)
+        try:
+            self.finished = FinishedRollouts(
+                ttl=finished_ttl, max_entries=finished_max_entries, clock=clock
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"finished_ttl / finished_max_entries: {exc}") from None
+        self.runner = RolloutRunner(
+            spool=self.spool,
+            clock=clock,
+            on_change=self._refresh_health,
+            on_finished=self._remember_finished,
+            exists=self.store.head if check_existing_results != "never" else None,
+        )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
         self._limiter: anyio.CapacityLimiter | None = None
         self._started = False
         self._closing = False
-        self._closed = False
         self._close_lock = asyncio.Lock()
+        # The task group of `async with app` (the lifespan's), owning every rollout task.
+        self._owner: contextlib.AsyncExitStack | None = None
+        self._tasks: TaskGroup | None = None
         self.last_shutdown: ShutdownReport | None = None
 
     def __repr__(self) -> str:
@@ -202,18 +301,29 @@ class AgentCoreRLApp(Starlette):
             )
         self._spec = HandlerSpec.inspect(func)
         self._rollout_mode = rollout
+        self.handlers["main"] = self._main_handler(self._spec)
+        # BedrockAgentCoreApp lets ``@app.entrypoint`` functions start the server themselves.
+        with contextlib.suppress(AttributeError, TypeError):
+            func.run = functools.partial(_run_with, self)  # type: ignore[attr-defined]
+
+    def _main_handler(self, spec: HandlerSpec) -> Callable[..., Awaitable[Any]]:
+        async def main(payload: dict[str, Any], context: Any = None) -> Any:
+            if context is None:
+                context = RequestContext(session_id=protocol.new_session_id())
+            return await call_handler(spec, payload, context, limiter=self._get_limiter())
+
+        # Named after the handler but without __wrapped__, so that inspect.signature
+        # reports (payload, context) like the SDK's wrapper does.
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            with contextlib.suppress(AttributeError):
+                setattr(main, name, getattr(spec.func, name))
+        return main
 
     def entrypoint(self, func: F) -> F:
         """Register a plain request/response handler (as with AWS's ``BedrockAgentCoreApp``).
 
         Its return value is the response body (JSON; a Starlette ``Response`` is passed
         through). If it raises, the answer is ``500 {"error": "<message>"}``.
-
-        Example::
-
-            @app.entrypoint
-            def echo(payload: dict) -> dict:
-                return payload
         """
         self._register(func, rollout=False)
         return func
@@ -257,16 +367,108 @@ class AgentCoreRLApp(Starlette):
         self._validator = func
         return func
 
+    # --- BedrockAgentCoreApp's health API -------------------------------------------------
+
+    def ping(self, func: P) -> P:
+        """Register a custom ``/ping`` status: a function returning a ``PingStatus`` (ours or
+        AWS's) or its string value. It is asked at every ping unless a status is forced;
+        if it raises, the automatic status is reported.
+
+        Example::
+
+            @app.ping
+            def status() -> PingStatus:
+                return PingStatus.HEALTHY_BUSY if indexing else PingStatus.HEALTHY
+        """
+        if not callable(func):
+            raise ConfigurationError(f"a ping handler must be callable, got {type(func).__name__}")
+        self.health.ping_handler = func
+        return func
+
+    def async_task(self, func: A) -> A:
+        """Decorate an async function so that ``/ping`` says ``HealthyBusy`` while it runs.
+
+        Example::
+
+            @app.async_task
+            async def reindex() -> None:
+                ...
+        """
+        if not inspect.iscoroutinefunction(func):
+            raise ConfigurationError("@app.async_task can only decorate async functions")
+
+        @functools.wraps(func)
+        async def tracked(*args: Any, **kwargs: Any) -> Any:
+            task_id = self.add_async_task(func.__name__)
+            try:
+                return await func(*args, **kwargs)
+            finally:
+                self.complete_async_task(task_id)
+
+        return tracked  # type: ignore[return-value]
+
+    def add_async_task(self, name: str, metadata: Mapping[str, Any] | None = None) -> int:
+        """Track background work the app does not run itself; ``HealthyBusy`` until it
+        completes. Returns the id for :meth:`complete_async_task`. Thread-safe.
+
+        Example::
+
+            task_id = app.add_async_task("indexing", {"file": "data.csv"})
+            ...
+            app.complete_async_task(task_id)
+        """
+        return self.health.add_task(name, metadata)
+
+    def complete_async_task(self, task_id: int) -> bool:
+        """Stop tracking a task from :meth:`add_async_task`; False for an unknown id.
+
+        Example::
+
+            app.complete_async_task(task_id)
+        """
+        return self.health.complete_task(task_id)
+
+    def get_async_task_info(self) -> dict[str, Any]:
+        """The tracked tasks: ``{"active_count": n, "running_jobs": [{"name", "duration"}]}``.
+
+        Example::
+
+            app.get_async_task_info()["active_count"]
+        """
+        return self.health.task_info()
+
+    def force_ping_status(self, status: PingStatus | str) -> None:
+        """Report ``status`` on ``/ping`` whatever else holds, until cleared.
+
+        Example::
+
+            app.force_ping_status(PingStatus.HEALTHY_BUSY)
+        """
+        self.health.force(status)
+
+    def clear_forced_ping_status(self) -> None:
+        """Go back to the custom or automatic ``/ping`` status.
+
+        Example::
+
+            app.clear_forced_ping_status()
+        """
+        self.health.force(None)
+
+    def get_current_ping_status(self) -> PingStatus:
+        """What ``/ping`` reports now: forced, else the custom handler's, else automatic.
+
+        Example::
+
+            assert app.get_current_ping_status() is PingStatus.HEALTHY
+        """
+        return self.health.status
+
     # --- lifecycle --------------------------------------------------------------------
 
     @property
     def closing(self) -> bool:
-        """True once shutdown has begun (new invocations get 503).
-
-        Example::
-
-            assert not app.closing
-        """
+        """True once shutdown has begun (new invocations get 503)."""
         return self._closing
 
     def _refresh_health(self) -> None:
@@ -279,25 +481,60 @@ class AgentCoreRLApp(Starlette):
         return self._limiter
 
     async def startup(self) -> None:
-        """Adopt envelopes a previous server left in the spool directory. Idempotent.
+        """Adopt envelopes a previous server left in the spool directory, retry them at
+        once and remember their rollouts as finished. Idempotent.
 
         Called by the lifespan, by ``async with app``, and by the first invocation when
         the app is mounted somewhere that does not run its lifespan.
-
-        Example::
-
-            await app.startup()
         """
         if self._started:
             return
         self._started = True
+        if await self.spool.recover():
+            self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
+        for bucket, key in self.spool.pending_keys:
+            # A predecessor's spooled rollout is finished: a re-invoke must not rerun it.
+            with contextlib.suppress(InvalidPayloadError):
+                self.finished.remember(bucket, key, session_id=protocol.parse_result_key(key)[2])
+
+    def tune_process(self) -> None:
+        """Process-wide settings for an app that owns its process: lower the GIL switch
+        interval to ``gil_switch_interval``. :meth:`run` and ``agentcore-rl serve`` call
+        it; an app mounted in someone else's never does.
+
+        Example::
+
+            app.tune_process()
+            uvicorn.run(app, port=8080)
+        """
         wanted = self.gil_switch_interval
         if wanted is not None and sys.getswitchinterval() > wanted:
             # Process-wide, but so is the GIL: the thread that answers /ping must get it
             # back quickly even while sync handlers compute. Only ever lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
-        await self.spool.recover()
+
+    def _remember_finished(self, job: RolloutJob) -> None:
+        key = job.result_key
+        config = job.context.rollout
+        if key is not None and config is not None:
+            self.finished.remember(config.s3_bucket, key, session_id=job.session_id)
+
+    def session_state(self, session_id: str) -> dict[str, Any]:
+        """What this server knows of a session: the ``/sessions/{id}`` answer.
+
+        Example::
+
+            app.session_state(sid)["state"]   # "running", "finished" or "unknown"
+        """
+        running = [job.result_key for job in self.runner.for_session(session_id)]
+        if running:
+            keys = sorted(key for key in running if key is not None)
+            return protocol.session_status(session_id, protocol.SessionState.RUNNING, keys)
+        finished = self.finished.keys_of_session(session_id)
+        if finished:
+            return protocol.session_status(session_id, protocol.SessionState.FINISHED, finished)
+        return protocol.session_status(session_id, protocol.SessionState.UNKNOWN)
 
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
@@ -336,7 +573,6 @@ class AgentCoreRLApp(Starlette):
             await self.spool.aclose()
             if self._owns_store:
                 await self.store.aclose()
-            self._closed = True
             self.last_shutdown = report
             logger.info(
                 "agent server shut down: %d rollout(s) finished during the grace period, "
@@ -348,7 +584,18 @@ class AgentCoreRLApp(Starlette):
             return report
 
     async def __aenter__(self) -> AgentCoreRLApp:
-        await self.startup()
+        if self._owner is not None:
+            raise RuntimeError("this AgentCoreRLApp is already entered")
+        owner = contextlib.AsyncExitStack()
+        self._tasks = await owner.enter_async_context(anyio.create_task_group())
+        self._owner = owner
+        self.runner.attach(self._tasks)
+        self.spool.attach(self._tasks)
+        try:
+            await self.startup()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
         return self
 
     async def __aexit__(
@@ -357,33 +604,53 @@ class AgentCoreRLApp(Starlette):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        owner, tasks = self._owner, self._tasks
+        try:
+            await self.aclose()
+        finally:
+            self.runner.attach(None)
+            self.spool.attach(None)
+            self._owner = self._tasks = None
+            if owner is not None and tasks is not None:
+                # aclose() waited for every rollout and cancelled the late ones once; what
+                # still runs (a handler ignoring cancellation) is cancelled for good here.
+                tasks.cancel_scope.cancel()
+                await owner.aclose()
 
     @contextlib.asynccontextmanager
-    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[Any]:
         async with self:
-            yield
+            if self._user_lifespan is None:
+                yield None
+            else:
+                async with self._user_lifespan(app) as state:
+                    yield state
 
     def run(
-        self, host: str | None = None, port: int = protocol.DEFAULT_PORT, **options: Any
+        self, port: int = protocol.DEFAULT_PORT, host: str | None = None, **options: Any
     ) -> None:
         """Serve with uvicorn (blocking). SIGTERM or Ctrl-C shuts down gracefully.
 
+        The positional order is ``BedrockAgentCoreApp``'s: ``app.run(8081)`` is a port.
         ``host`` defaults to :func:`default_host`: loopback on a workstation, ``0.0.0.0``
         in a container (AgentCore Runtime must reach port 8080 from outside). Other
-        keyword arguments go to ``uvicorn.run``.
+        keyword arguments go to ``uvicorn.run``, plus ``max_connections`` and
+        ``first_request_timeout`` (see :func:`~agentcore_rl.server.limits.serve_options`):
+        it serves with those limits and raises the process's open-file limit.
 
         Example::
 
-            app.run(host="0.0.0.0", port=8080)
+            app.run(8080, "0.0.0.0")
         """
         chosen = host or default_host()
+        self.tune_process()
         if not logging.getLogger().handlers:
             logging.basicConfig(
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
             )
         logger.info("agent server listening on http://%s:%d", chosen, port)
-        uvicorn.run(self, host=chosen, port=port, **options)
+        prepare_process()  # this process is ours: more open files, quieter EMFILE
+        uvicorn.run(self, host=chosen, port=port, **serve_options(options))
 
     # --- routes -----------------------------------------------------------------------
 
@@ -409,9 +676,17 @@ class AgentCoreRLApp(Starlette):
             )
         await self.startup()
         try:
-            body = await read_body(request, limit=self.max_body_bytes)
-            payload = parse_payload(body)
+            body = await read_body(request, limit=self.max_body_bytes, budget=self.body_budget)
+            try:
+                payload = parse_payload(body, max_depth=self.max_json_depth)
+                envelope_payload = self._envelope_payload(body, payload)
+            finally:
+                self.body_budget.release(len(body))
+                del body  # the raw bytes are not needed past parsing
             session_id = session_id_from(request.headers)
+            if control_op(payload) == protocol.CONTROL_OP_STATUS:
+                # Answered at once, handler untouched: the client's liveness probe.
+                return JSONResponse(self.session_state(session_id))
             config = (
                 parse_rollout(payload, allowed_buckets=self.allowed_buckets)
                 if self._rollout_mode
@@ -423,22 +698,50 @@ class AgentCoreRLApp(Starlette):
                     await checked
         except InvalidPayloadError as exc:
             logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
-            return _error_response(exc.message, exc.status_code, exc.field)
+            refusal = _error_response(exc.message, exc.status_code, exc.field)
+            if exc.status_code == 503:
+                refusal.headers["Retry-After"] = "1"
+            return refusal
+        except ClientDisconnect:
+            # The caller went away mid-body: nothing was accepted and nobody reads an
+            # answer. Routine on a busy network, so no traceback.
+            logger.info("a client disconnected before sending the whole invocation body")
+            return Response(status_code=400)
         except Exception as exc:
             logger.exception("the payload validator raised")
             return _error_response(f"payload validator failed: {exc}", 500)
         context = RequestContext(
             session_id=session_id,
             request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
-            headers=dict(request.headers),
+            headers=request.headers,
             rollout=config,
+            request=request,
         )
         if self._rollout_mode:
-            return self._accept_rollout(spec, payload, context)
+            return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
 
+    def _should_check_existing(self, config: protocol.RolloutConfig | None) -> bool:
+        # "repeats": only invocations the client marks as sent again can have an earlier
+        # run; a first send has a fresh session id. Saves one HEAD per rollout.
+        if self.check_existing_results == "repeats":
+            return config is not None and config.extra.get(protocol.REPEAT) is True
+        return self.check_existing_results == "always"
+
+    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
+        cap = self.envelope_payload_max_bytes
+        if cap is None or len(body) <= cap or not self._rollout_mode:
+            return None
+        return protocol.payload_digest(
+            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
+        )
+
     def _accept_rollout(
-        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
+        self,
+        spec: HandlerSpec,
+        payload: dict[str, Any],
+        context: RequestContext,
+        envelope_payload: dict[str, Any] | None = None,
     ) -> Response:
         # No await between this check and runner.start: shutdown cannot slip in between.
         if self._closing:
@@ -446,8 +749,8 @@ class AgentCoreRLApp(Starlette):
         config = context.rollout
         if config is None:
             logger.warning(
-                "rollout invocation in session %s has no %s block: the handler runs, but its "
-                "result has nowhere to go and will only be logged",
+                "rollout invocation in session %s names no S3 location (%s.exp_id, input_id, "
+                "s3_bucket): the handler runs without saving its result, which is only logged",
                 context.session_id,
                 protocol.ROLLOUT_FIELD,
             )
@@ -457,8 +760,27 @@ class AgentCoreRLApp(Starlette):
                 # A retried invocation (same session, same result key): one rollout only.
                 logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
                 return JSONResponse(protocol.processing_response(config, context.session_id))
-        self.runner.start(spec, payload, context, limiter=self._get_limiter())
-        return JSONResponse(protocol.processing_response(config, context.session_id))
+            if self.finished.contains(config.s3_bucket, key) or self.spool.holds(
+                config.s3_bucket, key
+            ):
+                # Its answer was lost, or a resume re-sent it: the envelope is written (or
+                # spooled); running it again would rewrite a key the client may have read.
+                logger.info("rollout for s3://%s/%s has already finished", config.s3_bucket, key)
+                return JSONResponse(protocol.processing_response(config, context.session_id))
+        job = self.runner.start(
+            spec,
+            payload,
+            context,
+            limiter=self._get_limiter(),
+            envelope_payload=envelope_payload,
+            check_existing=self._should_check_existing(config),
+        )
+        # Mounted where no lifespan runs there is no task group: the rollout runs after
+        # the answer, in the request's own task, which the ASGI server owns.
+        background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
+        return JSONResponse(
+            protocol.processing_response(config, context.session_id), background=background
+        )
 
     async def _call_plain(
         self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
@@ -479,6 +801,14 @@ class AgentCoreRLApp(Starlette):
         except (TypeError, ValueError) as exc:
             logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
             return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
+
+    async def _session_status(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            protocol.validate_session_id(session_id, name="session id in the path")
+        except InvalidPayloadError as exc:
+            return _error_response(exc.message, 400, exc.field)
+        return JSONResponse(self.session_state(session_id))
 
     async def _stop_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

@@ -22,12 +22,7 @@ __all__ = ["dumps_strict", "error_envelope_bytes", "outcome_envelope"]
 
 
 def dumps_strict(obj: Any) -> bytes:
-    """JSON as S3 will hold it: NaN and infinities refused, since readers choke on them.
-
-    Example::
-
-        dumps_strict({"a": 1})   # b'{"a": 1}'
-    """
+    """JSON as S3 will hold it: NaN and infinities refused, since readers choke on them."""
     return json.dumps(obj, allow_nan=False).encode()
 
 
@@ -43,10 +38,6 @@ def error_envelope_bytes(
 
     The payload in the metadata came from JSON, but a handler may have put anything into
     it since, so if it no longer serialises it is replaced by its ``repr``.
-
-    Example::
-
-        error_envelope_bytes(meta, error_type=ERROR_HANDLER_RAISED, reason="boom")
     """
     envelope = protocol.error_envelope(
         error_type=error_type,
@@ -63,12 +54,7 @@ def error_envelope_bytes(
 
 
 def outcome_envelope(metadata: Mapping[str, Any], result: object) -> tuple[bytes, str | None]:
-    """The envelope for a handler that returned ``result``: ``(body, error_type or None)``.
-
-    Example::
-
-        body, error_type = outcome_envelope(meta, {"rewards": [1.0]})   # error_type None
-    """
+    """The envelope for a handler that returned ``result``: ``(body, error_type or None)``."""
     if not isinstance(result, Mapping):
         return (
             error_envelope_bytes(

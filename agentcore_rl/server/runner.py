@@ -1,17 +1,21 @@
-"""RolloutRunner: the owned background tasks that run rollout handlers to one outcome each.
+"""RolloutRunner: the tasks that run rollout handlers to one outcome each.
 
 Each accepted rollout becomes a :class:`RolloutJob` whose task calls the handler, turns
 the outcome into an envelope and hands it to the :class:`~agentcore_rl.server.spool.Spool`
-(S3, else local disk). Tasks are kept in a set until they finish, indexed by session id
-(so ``/sessions/{id}/stop`` can cancel them) and by result key (so a retried invocation
-does not start a second copy).
+(S3, else local disk). The tasks belong to the task group the app's lifespan gives the
+runner (:meth:`RolloutRunner.attach`); without one (an app mounted where no lifespan runs)
+the caller runs the job itself (:meth:`RolloutRunner.run`, e.g. as the response's
+background task). Jobs are indexed by session id (so ``/sessions/{id}/stop`` can cancel
+them) and by result key (so a retried invocation does not start a second copy).
 
 Example::
 
-    runner = RolloutRunner(spool=spool, clock=time.time)
-    job = runner.start(spec, payload, context, limiter=limiter)
-    runner.stop_session(context.session_id, reason="stopped by request")
-    report = await runner.shutdown(grace=20.0)
+    async with anyio.create_task_group() as tasks:
+        runner = RolloutRunner(spool=spool, clock=time.time)
+        runner.attach(tasks)
+        job = runner.start(spec, payload, context, limiter=limiter)
+        runner.stop_session(context.session_id, reason="stopped by request")
+        report = await runner.shutdown(grace=20.0)
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
+from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
@@ -62,9 +67,20 @@ class RolloutJob:
     context: RequestContext
     payload: dict[str, Any]
     started_at: float
-    task: asyncio.Task[None] | None = None
+    spec: HandlerSpec
+    limiter: anyio.CapacityLimiter
+    # The task running the handler, set when it starts. Stopping a rollout cancels this
+    # task once, as asyncio does (not a level-triggered scope): a handler may catch the
+    # cancellation and still await its own cleanup.
+    task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
+    # What the envelope's "payload" field holds instead of the payload (a digest), if set.
+    envelope_payload: dict[str, Any] | None = None
+    # Whether to ask S3 for an earlier run's envelope before running (see ``exists``).
+    check_existing: bool = True
     started: bool = False
+    # True while the job asks S3 whether an earlier run already wrote its envelope.
+    checking: bool = False
     handler_done: bool = False
     # Set once an envelope is claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
@@ -73,32 +89,17 @@ class RolloutJob:
 
     @property
     def session_id(self) -> str:
-        """The session this rollout runs in.
-
-        Example::
-
-            job.session_id
-        """
+        """The session this rollout runs in."""
         return self.context.session_id
 
     @property
     def result_key(self) -> str | None:
-        """Where the envelope goes (``None`` when the payload had no ``_rollout`` block).
-
-        Example::
-
-            job.result_key
-        """
+        """Where the envelope goes (``None`` when the payload had no ``_rollout`` block)."""
         config = self.context.rollout
         return None if config is None else config.key_for(self.session_id)
 
     def cancel(self, reason: str) -> bool:
-        """Ask the handler to stop; True if it was still running.
-
-        Example::
-
-            job.cancel("stopped by request")
-        """
+        """Ask the handler to stop; True if it was still running."""
         if self.handler_done:
             return False
         if self.cancel_reason is None:
@@ -130,6 +131,10 @@ class RolloutRunner:
 
     ``on_change`` is called whenever the number of running rollouts changes (the server
     turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
+    ``on_finished`` is called with each job whose envelope was delivered or spooled.
+    ``exists`` (``ResultStore.head``), when given, is asked before the handler runs: if
+    the result key already holds an envelope (an earlier run's, before a restart), that
+    envelope wins and the handler does not run.
 
     Example::
 
@@ -142,13 +147,18 @@ class RolloutRunner:
         spool: Spool,
         clock: Callable[[], float],
         on_change: Callable[[], None] | None = None,
+        on_finished: Callable[[RolloutJob], None] | None = None,
+        exists: Callable[[str, str], Awaitable[bool]] | None = None,
     ) -> None:
         self._spool = spool
         self._clock = clock
         self._on_change = on_change
+        self._on_finished = on_finished
+        self._exists = exists
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
         self._by_key: dict[tuple[str, str], RolloutJob] = {}
+        self._tasks: TaskGroup | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -156,32 +166,31 @@ class RolloutRunner:
 
     @property
     def active(self) -> int:
-        """Rollouts accepted and not yet delivered.
-
-        Example::
-
-            busy = runner.active > 0
-        """
+        """Rollouts accepted and not yet delivered."""
         return len(self._jobs)
 
     @property
     def jobs(self) -> frozenset[RolloutJob]:
-        """A snapshot of the running rollouts.
-
-        Example::
-
-            [job.session_id for job in runner.jobs]
-        """
+        """A snapshot of the running rollouts."""
         return frozenset(self._jobs)
 
+    @property
+    def owns_tasks(self) -> bool:
+        """True when :meth:`start` runs jobs in the attached task group."""
+        return self._tasks is not None
+
+    def attach(self, tasks: TaskGroup | None) -> None:
+        """Run the jobs :meth:`start` accepts from now on in ``tasks`` (the owner's task
+        group, which must outlive them); ``None`` detaches."""
+        self._tasks = tasks
+
     def find(self, bucket: str, key: str) -> RolloutJob | None:
-        """The running rollout that will write ``s3://bucket/key``, if any.
-
-        Example::
-
-            if runner.find(cfg.s3_bucket, cfg.key_for(sid)) is not None: ...
-        """
+        """The running rollout that will write ``s3://bucket/key``, if any."""
         return self._by_key.get((bucket, key))
+
+    def for_session(self, session_id: str) -> frozenset[RolloutJob]:
+        """The session's running rollouts (empty if none)."""
+        return frozenset(self._by_session.get(session_id, ()))
 
     def start(
         self,
@@ -190,8 +199,13 @@ class RolloutRunner:
         context: RequestContext,
         *,
         limiter: anyio.CapacityLimiter,
+        envelope_payload: dict[str, Any] | None = None,
+        check_existing: bool = True,
     ) -> RolloutJob:
-        """Schedule the handler in an owned task and return its job.
+        """Accept a rollout and return its job; with a task group attached, its handler
+        starts there at once, else the caller must ``await runner.run(job)``.
+
+        ``envelope_payload`` replaces the payload in the envelope (a digest of a large one).
 
         Example::
 
@@ -199,10 +213,17 @@ class RolloutRunner:
         """
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
-        job = RolloutJob(context=context, payload=payload, started_at=self._clock())
-        job.task = asyncio.create_task(
-            self._run(job, spec, limiter), name=f"rollout {context.session_id}"
+        job = RolloutJob(
+            context=context,
+            payload=payload,
+            started_at=self._clock(),
+            spec=spec,
+            limiter=limiter,
+            envelope_payload=envelope_payload,
+            check_existing=check_existing,
         )
+        if self._tasks is not None:
+            self._tasks.start_soon(self.run, job, name=f"rollout {context.session_id}")
         self._jobs.add(job)
         self._by_session.setdefault(job.session_id, set()).add(job)
         config = context.rollout
@@ -216,6 +237,9 @@ class RolloutRunner:
             self._on_change()
 
     def _forget(self, job: RolloutJob) -> None:
+        # Remembered before the key leaves _by_key, so a retry never sees neither.
+        if job.delivered and self._on_finished is not None:
+            self._on_finished(job)
         self._jobs.discard(job)
         session_jobs = self._by_session.get(job.session_id)
         if session_jobs is not None:
@@ -237,7 +261,7 @@ class RolloutRunner:
         return protocol.envelope_metadata(
             config,
             session_id=job.session_id,
-            payload=job.payload,
+            payload=job.payload if job.envelope_payload is None else job.envelope_payload,
             started_at=job.started_at,
             finished_at=self._clock(),
         )
@@ -248,9 +272,11 @@ class RolloutRunner:
             return None
         return error_envelope_bytes(metadata, error_type=protocol.ERROR_CANCELLED, reason=reason)
 
-    async def _run(
-        self, job: RolloutJob, spec: HandlerSpec, limiter: anyio.CapacityLimiter
-    ) -> None:
+    async def run(self, job: RolloutJob) -> None:
+        """Run a job :meth:`start` accepted to its one envelope (what the attached task
+        group does for each job)."""
+        spec, limiter = job.spec, job.limiter
+        job.task = asyncio.current_task()
         job.started = True
         foreign_cancel: asyncio.CancelledError | None = None
         body: bytes | None = None
@@ -260,6 +286,8 @@ class RolloutRunner:
             try:
                 if job.cancel_reason is not None:
                     raise asyncio.CancelledError(job.cancel_reason)
+                if await self._already_written(job):
+                    return
                 result = await call_handler(spec, job.payload, job.context, limiter=limiter)
             except asyncio.CancelledError as exc:
                 if job.cancel_reason is None:
@@ -269,6 +297,14 @@ class RolloutRunner:
                     job.cancel_reason = "cancelled: the event loop is shutting down"
                 else:
                     _uncancel()
+                if job.checking:
+                    # Stopped while asking S3: an existing envelope still wins over a
+                    # "cancelled" one. Shielded like the delivery below: the owner's task
+                    # group may be the one cancelling.
+                    with anyio.CancelScope(shield=True):
+                        found = await self._already_written(job)
+                    if found:
+                        return
                 error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
                 body = self._cancelled_body(job, reason)
             except InvalidPayloadError as exc:
@@ -305,11 +341,43 @@ class RolloutRunner:
                     error_type = protocol.ERROR_NOT_A_DICT
                     reason = f"handler returned {type(result).__name__}, expected a dict"
             job.handler_done = True
-            await self._deliver(job, body, error_type, reason)
+            # Shielded: the one envelope of an accepted rollout is written even when the
+            # owner's task group is being cancelled (the store's retries bound the wait).
+            with anyio.CancelScope(shield=True):
+                await self._deliver(job, body, error_type, reason)
         finally:
             self._forget(job)
-        if foreign_cancel is not None:
-            raise foreign_cancel
+            if foreign_cancel is not None:
+                raise foreign_cancel
+
+    async def _already_written(self, job: RolloutJob) -> bool:
+        """Whether the job's key already holds an envelope; if so the job is done."""
+        config = job.context.rollout
+        if self._exists is None or config is None or not job.check_existing:
+            return False
+        key = config.key_for(job.session_id)
+        # Left set if the check is cancelled, so the stop path knows to check again.
+        job.checking = True
+        try:
+            found = await self._exists(config.s3_bucket, key)
+        except Exception as exc:
+            # Running twice beats never running: S3 trouble does not block the rollout.
+            logger.warning(
+                "could not check s3://%s/%s before running: %s", config.s3_bucket, key, exc
+            )
+            found = False
+        job.checking = False
+        if found:
+            logger.info(
+                "s3://%s/%s already holds this rollout's envelope (an earlier run's); "
+                "not running it again",
+                config.s3_bucket,
+                key,
+            )
+            job.handler_done = True
+            job.body = b""
+            job.delivered = True
+        return found
 
     async def _deliver(
         self, job: RolloutJob, body: bytes | None, error_type: str | None, reason: str
@@ -354,31 +422,18 @@ class RolloutRunner:
 
     def stop_session(self, session_id: str, reason: str) -> list[RolloutJob]:
         """Cancel every running rollout of a session; return those that were still running.
-
-        Their "cancelled" envelopes are written by their own tasks.
-
-        Example::
-
-            stopped = runner.stop_session(sid, "stopped by request")
-        """
+        Their "cancelled" envelopes are written by their own tasks."""
         jobs = list(self._by_session.get(session_id, ()))
         return [job for job in jobs if job.cancel(reason)]
 
     @staticmethod
     async def wait(jobs: Iterable[RolloutJob], within: float) -> bool:
-        """Wait until the jobs have delivered their envelopes; False on timeout.
-
-        Example::
-
-            await runner.wait(stopped, within=5)
-        """
-        waits = [asyncio.ensure_future(job._done.wait()) for job in jobs]
-        if not waits:
+        """Wait until the jobs have delivered their envelopes; False on timeout."""
+        with anyio.move_on_after(within):
+            for job in list(jobs):
+                await job._done.wait()
             return True
-        _, pending = await asyncio.wait(waits, timeout=within)
-        for waiter in pending:
-            waiter.cancel()
-        return not pending
+        return False
 
     async def shutdown(
         self, grace: float, *, cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT

@@ -2,17 +2,17 @@
 
 When a write to S3 still fails after :class:`~agentcore_rl.s3.ResultStore`'s own retries
 (the bucket is missing, credentials expired, S3 is down for minutes), the envelope is
-written to a file in the spool directory instead of being dropped. A background task
+written to a file in the spool directory instead of being dropped. A retry task, in the
+task group of whoever owns the spool (the app's lifespan, or ``async with spool``),
 retries the spooled files with exponential backoff until they are delivered, and the
 server makes one more attempt at shutdown. Files that still cannot be delivered stay on
 disk; a server started later with the same ``spool_dir`` picks them up.
 
 Example::
 
-    spool = Spool(store, directory=Path("/var/spool/agent"))
-    await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
-    await spool.drain()     # one delivery attempt now; returns how many remain
-    await spool.aclose()
+    async with Spool(store, directory=Path("/var/spool/agent")) as spool:
+        await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
+        await spool.drain()     # one delivery attempt now; returns how many remain
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ import os
 import secrets
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from agentcore_rl.s3 import ResultStore
 
@@ -42,6 +45,8 @@ DEFAULT_SPOOL_RETRY_INTERVAL: Final = 5.0
 DEFAULT_SPOOL_MAX_RETRY_INTERVAL: Final = 300.0
 
 _SUFFIX: Final = ".json"
+# Seconds a write interrupted by cancellation gets to finish before its envelope is spooled.
+_CANCELLED_WRITE_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,10 @@ class _Record:
     body: bytes
 
 
-def _write_file(directory: Path, name: str, data: bytes) -> Path:
+def _write_file(directory: Path, name: str, data: bytes, tmp_suffix: str = ".tmp") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(tmp_suffix)
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -73,6 +78,17 @@ def _read_record(path: Path) -> _Record:
     return _Record(doc["bucket"], doc["key"], doc["body"].encode())
 
 
+def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
+    logger.critical(
+        "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
+        "not lost: %s",
+        bucket,
+        key,
+        exc,
+        body.decode(),
+    )
+
+
 def _quarantine(path: Path) -> Path:
     target = path.with_suffix(".bad")
     path.replace(target)
@@ -80,13 +96,16 @@ def _quarantine(path: Path) -> Path:
 
 
 class Spool:
-    """Envelopes waiting on local disk for S3, retried in an owned background task.
+    """Envelopes waiting on local disk for S3, retried by a task in its owner's task group.
 
     ``directory`` defaults to a fresh temporary directory (created on first use); give a
     persistent one so a restarted server delivers what its predecessor could not.
     ``retry_interval`` is the first wait before a retry; it doubles after each failed pass
     up to ``max_retry_interval`` and resets after a success. ``on_change`` is called when
     the number of pending files changes (the server reports ``HealthyBusy`` meanwhile).
+    ``async with spool`` gives it a task group of its own; an owner that has one (the app)
+    lends it with :meth:`attach` instead. Without either, retries happen at :meth:`drain`
+    and :meth:`aclose` only.
 
     Example::
 
@@ -112,11 +131,17 @@ class Spool:
         self.max_retry_interval = max_retry_interval
         self._on_change = on_change
         self._entries: set[Path] = set()
+        # (bucket, key) of each pending file, so a repeated invocation of a spooled
+        # rollout is recognised as finished without reading files.
+        self._keys: dict[Path, tuple[str, str]] = {}
+        self._pairs: Counter[tuple[str, str]] = Counter()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: TaskGroup | None = None
+        self._retrying: anyio.CancelScope | None = None
+        self._own_tasks: contextlib.AsyncExitStack | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -124,25 +149,44 @@ class Spool:
 
     @property
     def directory(self) -> Path:
-        """The spool directory (a temporary one is created on first access if none was given).
-
-        Example::
-
-            print("undelivered envelopes are kept in", spool.directory)
-        """
+        """The spool directory (a temporary one is created on first access if none was given)."""
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
         return self._directory
 
     @property
     def pending(self) -> int:
-        """How many envelopes wait for delivery.
-
-        Example::
-
-            busy = spool.pending > 0
-        """
+        """How many envelopes wait for delivery."""
         return len(self._entries)
+
+    def holds(self, bucket: str, key: str) -> bool:
+        """True when an envelope for ``s3://bucket/key`` waits in the spool."""
+        return self._pairs[(bucket, key)] > 0
+
+    @property
+    def pending_keys(self) -> list[tuple[str, str]]:
+        """``(bucket, key)`` of every pending envelope whose file could be read."""
+        return list(self._keys.values())
+
+    def _track(self, path: Path, bucket: str, key: str) -> None:
+        if path in self._keys:
+            return
+        self._keys[path] = (bucket, key)
+        self._pairs[(bucket, key)] += 1
+
+    def _untrack(self, path: Path) -> None:
+        self._entries.discard(path)
+        pair = self._keys.pop(path, None)
+        if pair is not None:
+            self._pairs[pair] -= 1
+            if self._pairs[pair] <= 0:
+                del self._pairs[pair]
+
+    def attach(self, tasks: TaskGroup | None) -> None:
+        """Run the retry task in ``tasks`` (the owner's task group, which must outlive the
+        spool's use); ``None`` detaches."""
+        self._tasks = tasks
+        self._ensure_retrying()
 
     def _changed(self) -> None:
         if self._entries:
@@ -153,10 +197,10 @@ class Spool:
             self._on_change()
 
     def _ensure_retrying(self) -> None:
-        if self._closed or not self._entries:
+        if self._closed or not self._entries or self._tasks is None or self._retrying:
             return
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._retry_loop(), name="agentcore-rl spool retry")
+        self._retrying = anyio.CancelScope()
+        self._tasks.start_soon(self._retry_loop, self._retrying, name="agentcore-rl spool retry")
 
     async def add(self, bucket: str, key: str, body: bytes) -> Path | None:
         """Keep one envelope for later delivery; return its file (``None`` if even that failed).
@@ -171,18 +215,30 @@ class Spool:
         record = json.dumps({"bucket": bucket, "key": key, "body": body.decode()}).encode()
         name = f"{time.time_ns():020d}-{secrets.token_hex(4)}{_SUFFIX}"
         try:
-            path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+            try:
+                path = await anyio.to_thread.run_sync(_write_file, self.directory, name, record)
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    raise
+                # Cancelled while the thread writes (the event loop is shutting down): write
+                # here instead, so the envelope is kept; the same name replaces the file if
+                # the thread got there too. No retry task is started on a closing loop.
+                try:
+                    # Its own temporary file: the thread may still be writing the other.
+                    kept = _write_file(self.directory, name, record, ".tmp-final")
+                except OSError as disk_error:
+                    _log_lost(bucket, key, disk_error, body)
+                    raise exc from None
+                self._entries.add(kept)
+                self._track(kept, bucket, key)
+                self._changed()
+                logger.error("SPOOLED result for s3://%s/%s during cancellation", bucket, key)
+                raise
         except OSError as exc:
-            logger.critical(
-                "could not spool the result for s3://%s/%s (%s); the envelope follows so it is "
-                "not lost: %s",
-                bucket,
-                key,
-                exc,
-                body.decode(),
-            )
+            _log_lost(bucket, key, exc, body)
             return None
         self._entries.add(path)
+        self._track(path, bucket, key)
         self._changed()
         logger.error(
             "SPOOLED result for s3://%s/%s to %s; %d envelope(s) now wait for S3 and are "
@@ -197,19 +253,43 @@ class Spool:
         return path
 
     async def deliver(self, bucket: str, key: str, body: bytes) -> bool:
-        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled.
-
-        Example::
-
-            await spool.deliver("rollouts", key, body)
-        """
+        """Write to S3; if that fails, spool. True when S3 has it now, False when spooled."""
         try:
             await self._store.put_bytes(bucket, key, body)
         except Exception as exc:
-            logger.error("writing the result to s3://%s/%s failed: %s", bucket, key, exc)
+            logger.error(
+                "writing the result to s3://%s/%s failed (%s: %s); spooling it",
+                bucket,
+                key,
+                type(exc).__name__,
+                exc,
+            )
             await self.add(bucket, key, body)
             return False
+        except BaseException:
+            # Cancelled mid-write (shutdown, or the event loop itself closing): the envelope
+            # exists and delivering it is all that is left, so finish that, then let the
+            # cancellation go on.
+            with anyio.CancelScope(shield=True):
+                await self._finish_cancelled_write(bucket, key, body)
+            raise
         return True
+
+    async def _finish_cancelled_write(self, bucket: str, key: str, body: bytes) -> None:
+        failure = f"did not finish within {_CANCELLED_WRITE_TIMEOUT:.3g} s"
+        with anyio.move_on_after(_CANCELLED_WRITE_TIMEOUT):
+            try:
+                await self._store.put_bytes(bucket, key, body)
+                return
+            except Exception as exc:
+                failure = f"failed ({type(exc).__name__}: {exc})"
+        logger.error(
+            "writing the result to s3://%s/%s after a cancellation %s; spooling it",
+            bucket,
+            key,
+            failure,
+        )
+        await self.add(bucket, key, body)
 
     async def recover(self) -> int:
         """Adopt envelope files a previous server left in the directory; return how many.
@@ -226,6 +306,10 @@ class Spool:
 
         found = [p for p in await anyio.to_thread.run_sync(scan, self._directory)]
         new = [p for p in found if p not in self._entries]
+        for path in new:
+            with contextlib.suppress(OSError, ValueError):  # drain() sets bad files aside
+                record = await anyio.to_thread.run_sync(_read_record, path)
+                self._track(path, record.bucket, record.key)
         if new:
             self._entries.update(new)
             self._changed()
@@ -238,21 +322,11 @@ class Spool:
         return len(new)
 
     def kick(self) -> None:
-        """Make the background task retry now instead of waiting out its backoff.
-
-        Example::
-
-            spool.kick()   # e.g. after fixing the bucket
-        """
+        """Make the background task retry now instead of waiting out its backoff."""
         self._wake.set()
 
     async def wait_drained(self) -> None:
-        """Wait until nothing is pending (returns at once when the spool is empty).
-
-        Example::
-
-            await asyncio.wait_for(spool.wait_drained(), 30)
-        """
+        """Wait until nothing is pending (returns at once when the spool is empty)."""
         await self._drained.wait()
 
     async def drain(self) -> int:
@@ -288,7 +362,7 @@ class Spool:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     await anyio.to_thread.run_sync(path.unlink)
-                self._entries.discard(path)
+                self._untrack(path)
                 self._changed()
                 logger.warning(
                     "delivered spooled result s3://%s/%s; %d still pending",
@@ -303,24 +377,29 @@ class Spool:
             target = await anyio.to_thread.run_sync(_quarantine, path)
         except OSError:
             target = path
-        self._entries.discard(path)
+        self._untrack(path)
         self._changed()
         logger.error(
             "spool file %s is unreadable (%s); left at %s for inspection", path, exc, target
         )
 
-    async def _retry_loop(self) -> None:
-        delay = self.retry_interval
-        while self._entries and not self._closed:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
-            self._wake.clear()
-            before = len(self._entries)
-            remaining = await self.drain()
-            if remaining < before:
+    async def _retry_loop(self, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
                 delay = self.retry_interval
-            else:
-                delay = min(delay * 2, self.max_retry_interval)
+                while self._entries and not self._closed:
+                    with anyio.move_on_after(delay):
+                        await self._wake.wait()
+                    self._wake.clear()
+                    before = len(self._entries)
+                    remaining = await self.drain()
+                    if remaining < before:
+                        delay = self.retry_interval
+                    else:
+                        delay = min(delay * 2, self.max_retry_interval)
+        finally:
+            if self._retrying is scope:
+                self._retrying = None
 
     async def aclose(self, *, final_drain: bool = True) -> int:
         """Stop retrying in the background, try once more, and return how many remain.
@@ -332,11 +411,8 @@ class Spool:
             left = await spool.aclose()
         """
         self._closed = True
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._retrying is not None:
+            self._retrying.cancel()  # its task ends in its owner's task group
         remaining = await self.drain() if final_drain and self._entries else len(self._entries)
         if remaining:
             logger.critical(
@@ -349,7 +425,15 @@ class Spool:
         return remaining
 
     async def __aenter__(self) -> Spool:
+        self._own_tasks = contextlib.AsyncExitStack()
+        self.attach(await self._own_tasks.enter_async_context(anyio.create_task_group()))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+        own, self._own_tasks = self._own_tasks, None
+        try:
+            await self.aclose()
+        finally:
+            if own is not None:
+                self.attach(None)
+                await own.aclose()

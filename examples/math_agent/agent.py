@@ -35,8 +35,9 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.protocol import BASE_URL, MODEL_ID, ROLLOUT_FIELD
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
-from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
-from examples.math_agent.reward import RewardFunction
+
+from .calculator import CALCULATOR_TOOL, calculate
+from .reward import RewardFunction
 
 __all__ = [
     "MAX_TURNS",

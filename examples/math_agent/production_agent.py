@@ -20,8 +20,9 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from agentcore_rl.server import AgentCoreRLApp
-from examples.math_agent.agent import MAX_TURNS, SYSTEM_PROMPT, http_client, validate_payload
-from examples.math_agent.calculator import CALCULATOR_TOOL, calculate
+
+from .agent import MAX_TURNS, SYSTEM_PROMPT, http_client, validate_payload
+from .calculator import CALCULATOR_TOOL, calculate
 
 __all__ = ["answer", "app"]
 

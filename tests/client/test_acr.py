@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl import protocol
-from agentcore_rl.client import AsyncRolloutClient
+from agentcore_rl.client import AsyncRolloutClient, TokenBucket
 from agentcore_rl.client.transports.acr import parse_runtime_arn
 from agentcore_rl.errors import ConfigurationError, InvocationError, RolloutError
 from agentcore_rl.local.background import BackgroundServer
@@ -110,6 +110,7 @@ async def test_throttling_is_retried_with_the_same_session(
         assert client.stats.throttles == 1
         assert client.stats.retries == 1
         assert recorder.sessions == [first.session_id, second.session_id]
+        assert isinstance(client.bucket, TokenBucket)
         assert client.bucket.rate < client.bucket.max_rate
         await client.aclose()
 

@@ -118,3 +118,49 @@ async def test_closing_the_client_ends_the_batch(
     assert recorder.cancelled == set(recorder.sessions)
     with pytest.raises(ClientClosedError):
         client.run_batch([{}])
+
+
+def _new_client_tasks(before: set[asyncio.Task[Any]]) -> set[str]:
+    """Names of the live tasks started since ``before``, but the agent server's own."""
+
+    def code_file(task: asyncio.Task[Any]) -> str:
+        code = getattr(task.get_coro(), "cr_code", None)
+        return "" if code is None else code.co_filename
+
+    server_side = ("/uvicorn/", "/starlette/", "/agentcore_rl/server/")
+    return {
+        task.get_name()
+        for task in asyncio.all_tasks() - before
+        if not task.done() and not any(part in code_file(task) for part in server_side)
+    }
+
+
+async def test_an_abandoned_batch_leaves_no_task_or_session_after_close(
+    make_client: ClientFactory, recorder: Recorder
+) -> None:
+    client = make_client(max_concurrent_sessions=3)
+    before = asyncio.all_tasks()  # the client opens its task group on first use
+    batch = client.run_batch([{"n": 0}] + [{"mode": "hang"} for _ in range(6)])
+    first = await asyncio.wait_for(batch.__anext__(), 10)
+    assert first.success
+    await recorder.wait_for(lambda: recorder.running == 3)
+    # The loop is abandoned here: neither closed nor dropped (``batch`` stays referenced).
+    assert {"batch", "completion watcher", "session stopper 0"} <= _new_client_tasks(before)
+    await client.aclose()
+    started = set(recorder.sessions) - {first.session_id}
+    assert len(started) == 3
+    await recorder.wait_for(lambda: recorder.cancelled == started)
+    assert _new_client_tasks(before) == set()
+    assert client.in_flight == 0
+    # The abandoned loop is not stuck either: the started rollouts' items, then the reason.
+    rest: list[BatchItem] = []
+
+    async def read_on() -> None:
+        async for item in batch:
+            rest.append(item)
+
+    with pytest.raises(ClientClosedError):
+        await asyncio.wait_for(read_on(), 10)
+    assert {item.session_id for item in rest} == started
+    assert all(isinstance(item.error, ClientClosedError) for item in rest)
+    assert len(recorder.sessions) == 4  # nothing started after the close

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentcore_rl.client import RetryConfig
+from agentcore_rl.client import RetryConfig, TokenBucket
 from agentcore_rl.errors import InvocationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER
@@ -83,6 +83,7 @@ async def test_throttling_slows_the_bucket_and_backs_off(
     fut = await client.invoke({"n": 2})
     assert len(set(flaky.seen)) == 1
     assert client.stats.throttles == 2
+    assert isinstance(client.bucket, TokenBucket)
     assert client.bucket.rate < 100.0  # cut, recovering over time
     assert delays == sorted(delays)
     assert delays[0] > 0

@@ -80,6 +80,19 @@ async def test_single_key_is_probed_with_get(store: ResultStore, bucket: str) ->
     await watcher.aclose()
 
 
+async def test_a_watcher_entered_with_async_with_owns_its_task(
+    store: ResultStore, bucket: str
+) -> None:
+    outcomes = Outcomes()
+    async with CompletionWatcher(store, FAST) as watcher:
+        watcher.track(bucket, "exp/q-2/s2.json", outcomes.callback("s2"))
+        await store.put_json(bucket, "exp/q-2/s2.json", {"rewards": [0]})
+        await outcomes.wait(1)
+    assert outcomes.items["s2"] == ({"rewards": [0]}, None)
+    with pytest.raises(RuntimeError, match="closed"):
+        watcher.track(bucket, "exp/q-3/s3.json", outcomes.callback("s3"))
+
+
 async def test_many_keys_are_listed(store: ResultStore, bucket: str) -> None:
     watcher = CompletionWatcher(store, FAST)
     outcomes = Outcomes()

@@ -194,3 +194,12 @@ async def test_demo_base_url_uses_another_policy_server(
     assert f"the policy at {server.url}/v1" in captured.err
     assert policy.requests == 8  # two turns per problem, all served by this policy
     assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0] * 4
+
+
+def test_a_missing_extra_is_named() -> None:
+    from agentcore_rl.cli.main import _missing_extra
+
+    assert _missing_extra(ModuleNotFoundError("no httpx", name="httpx")) == "cli"
+    assert _missing_extra(ModuleNotFoundError("no moto", name="moto.server")) == "local"
+    # A user's own module missing is not ours to explain.
+    assert _missing_extra(ModuleNotFoundError("no mylib", name="mylib")) is None

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rl.cli_summary import RunSummary, percentile, reward_of
+from agentcore_rl.cli.journal import EvalJournal, JournalEntry, journal_path_for
+from agentcore_rl.cli.summary import RunSummary, percentile, reward_of
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.eval_journal import EvalJournal, JournalEntry, journal_path_for
 
 
 def _entry(input_id: str, session: str = "s1") -> JournalEntry:

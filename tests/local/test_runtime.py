@@ -11,13 +11,13 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
 import pytest
+from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.config import Config
 from botocore.exceptions import ClientError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,15 +27,20 @@ from starlette.routing import Route
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
-from agentcore_rl.local.runtime_wire import arn_region, parse_runtime_path
-from agentcore_rl.protocol import REQUEST_ID_HEADER, SESSION_ID_HEADER, new_session_id
+from agentcore_rl.local.runtime_wire import parse_runtime_path
+from agentcore_rl.protocol import (
+    REQUEST_ID_HEADER,
+    SESSION_ID_HEADER,
+    new_session_id,
+    parse_runtime_arn,
+)
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from tests.conftest import FAST_RETRY
 
 ARN = DEFAULT_AGENT_RUNTIME_ARN
 OTHER_ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/other-agent"
-NO_RETRY = Config(retries={"total_max_attempts": 1})
+NO_RETRY = AioConfig(retries={"total_max_attempts": 1})
 
 
 class FakeAgent:
@@ -89,7 +94,7 @@ class FakeClock:
 
 @asynccontextmanager
 async def serve_runtime(
-    runtime: LocalAgentCoreRuntime, *, config: Config = NO_RETRY
+    runtime: LocalAgentCoreRuntime, *, config: AioConfig = NO_RETRY
 ) -> AsyncIterator[Any]:
     """Serve ``runtime`` on loopback and yield a real aiobotocore client pointed at it."""
     async with AsyncExitStack() as stack:
@@ -97,12 +102,11 @@ async def serve_runtime(
         client = await stack.enter_async_context(
             get_session().create_client(
                 "bedrock-agentcore",
-                region_name=arn_region(ARN),
+                region_name=parse_runtime_arn(ARN).region,
                 endpoint_url=server.url,
                 config=config,
             )
         )
-        client.runtime_url = server.url
         yield client
 
 
@@ -241,7 +245,7 @@ async def test_each_runtime_has_its_own_tps_bucket(agents: list[FakeAgent]) -> N
 async def test_invalid_session_ids_are_validation_errors(agents: list[FakeAgent]) -> None:
     runtime = LocalAgentCoreRuntime({ARN: urls(agents)[:1]}, tps=None)
     # botocore itself refuses ids under 33 characters; switch that off to reach the server.
-    lax = Config(retries={"total_max_attempts": 1}, parameter_validation=False)
+    lax = AioConfig(retries={"total_max_attempts": 1}, parameter_validation=False)
     async with serve_runtime(runtime, config=lax) as client:
         for bad in ("short-id", "x" * 257, "-" + "a" * 40, "a_" * 20):
             with pytest.raises(ClientError) as exc_info:
@@ -249,7 +253,9 @@ async def test_invalid_session_ids_are_validation_errors(agents: list[FakeAgent]
             code, status, message = error_of(exc_info)
             assert (code, status) == ("ValidationException", 400)
             assert "runtimeSessionId" in message
-            assert exc_info.value.response["reason"] == "FieldValidationFailed"
+            assert (
+                cast("dict[str, Any]", exc_info.value.response)["reason"] == "FieldValidationFailed"
+            )
             with pytest.raises(ClientError) as exc_info:
                 await client.stop_runtime_session(agentRuntimeArn=ARN, runtimeSessionId=bad)
             assert error_of(exc_info)[0] == "ValidationException"
@@ -328,7 +334,7 @@ async def test_agent_rejection_is_a_validation_error_with_its_message(
         code, status, message = error_of(exc_info)
         assert (code, status) == ("ValidationException", 400)
         assert "prompt must be a string" in message
-        assert exc_info.value.response["fieldList"][0]["name"] == "prompt"
+        assert cast("dict[str, Any]", exc_info.value.response)["fieldList"][0]["name"] == "prompt"
     assert runtime.live_sessions(ARN) == 0
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.config import Config
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.stack import LocalStack, load_app
@@ -24,7 +24,7 @@ from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from agentcore_rl.server.runner import RolloutRunner
 
-NO_RETRY = Config(retries={"total_max_attempts": 1})
+NO_RETRY = AioConfig(retries={"total_max_attempts": 1})
 MATH_AGENT = "examples.math_agent.agent:app"
 
 

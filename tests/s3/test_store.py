@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
@@ -67,9 +69,8 @@ async def test_closed_store_refuses_and_close_is_idempotent(s3_endpoint: str) ->
 
 def test_transient_classification() -> None:
     def client_error(code: str, status: int) -> ClientError:
-        return ClientError(
-            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op"
-        )
+        response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
+        return ClientError(cast("Any", response), "Op")
 
     assert is_transient_s3_error(client_error("SlowDown", 503))
     assert is_transient_s3_error(client_error("Whatever", 500))

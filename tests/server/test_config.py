@@ -6,6 +6,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from agentcore_rl.errors import ConfigurationError
@@ -82,15 +83,26 @@ def test_handler_signatures() -> None:
     assert (agent.is_async, agent.takes_context) == (True, True)
 
 
-async def test_startup_lowers_gil_switch_interval(switch_interval: None) -> None:
+def test_owning_the_process_lowers_gil_switch_interval(switch_interval: None) -> None:
     sys.setswitchinterval(0.005)
-    async with AgentCoreRLApp(gil_switch_interval=0.002):
-        assert sys.getswitchinterval() == pytest.approx(0.002)
+    AgentCoreRLApp(gil_switch_interval=0.002).tune_process()
+    assert sys.getswitchinterval() == pytest.approx(0.002)
     sys.setswitchinterval(0.0005)
-    async with AgentCoreRLApp(gil_switch_interval=0.002):
-        assert sys.getswitchinterval() == pytest.approx(0.0005)  # never raised
-    async with AgentCoreRLApp(gil_switch_interval=None):
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    AgentCoreRLApp(gil_switch_interval=0.002).tune_process()
+    assert sys.getswitchinterval() == pytest.approx(0.0005)  # never raised
+    AgentCoreRLApp(gil_switch_interval=None).tune_process()
+    assert sys.getswitchinterval() == pytest.approx(0.0005)
+
+
+async def test_a_mounted_app_leaves_the_process_alone(switch_interval: None) -> None:
+    # Entered from someone else's lifespan (or served without run()): the process is
+    # not the app's to tune.
+    sys.setswitchinterval(0.005)
+    async with AgentCoreRLApp(gil_switch_interval=0.001) as app:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
+            assert (await http.get("/ping")).status_code == 200
+    assert sys.getswitchinterval() == pytest.approx(0.005)
 
 
 def test_default_host(monkeypatch: pytest.MonkeyPatch) -> None:

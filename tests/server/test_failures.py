@@ -118,7 +118,7 @@ async def test_without_rollout_block_runs_and_logs(
         await asyncio.wait_for(ran.wait(), 5)
         await settle(app)
     messages = [r.getMessage() for r in caplog.records]
-    assert any("has no _rollout block" in m and SESSION in m for m in messages)
+    assert any("names no S3 location" in m and SESSION in m for m in messages)
     assert any("was not written anywhere" in m for m in messages)
     assert await store.list_keys(bucket, "") == []
 

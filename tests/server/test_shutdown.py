@@ -143,3 +143,32 @@ async def test_borrowed_store_stays_open(store: ResultStore, bucket: str) -> Non
     app = AgentCoreRLApp(store=store)
     await app.aclose()
     assert not await store.head(bucket, "nothing-here")
+
+
+async def test_closing_the_app_leaves_no_task_behind(store: ResultStore, bucket: str) -> None:
+    # Every rollout runs in the task group `async with app` opened; closing ends them all,
+    # the one that swallows its first cancellation included.
+    app = AgentCoreRLApp(store=store, shutdown_grace=0, cancel_timeout=0.05)
+    entered = asyncio.Event()
+
+    @app.rollout_entrypoint
+    async def stubborn(payload: dict[str, Any]) -> dict[str, Any]:
+        entered.set()
+        for _ in range(3):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                continue
+        return {"rewards": [1.0]}
+
+    before = asyncio.all_tasks()
+    async with app:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
+            await accept(http, bucket)
+        await asyncio.wait_for(entered.wait(), 5)
+        assert app.runner.active == 1
+    assert asyncio.all_tasks() <= before
+    assert app.runner.active == 0
+    envelope = await read_envelope(store, bucket, KEY)
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_CANCELLED

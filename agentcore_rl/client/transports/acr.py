@@ -21,8 +21,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
@@ -108,7 +108,7 @@ class AcrTransport:
         self.endpoint_url = endpoint_url
         self.qualifier = qualifier
         self._session = session or get_session()
-        self._config = Config(
+        self._config = AioConfig(
             retries={"total_max_attempts": 1},
             # Session ids, ARNs and payloads are validated before they get here; botocore's
             # second check costs CPU on every invoke and stop.
@@ -176,12 +176,7 @@ class AcrTransport:
             ) from exc
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """``InvokeAgentRuntime`` with the payload as JSON; return the agent's JSON answer.
-
-        Example::
-
-            await transport.invoke(sid, {"prompt": "hi", "_rollout": block})
-        """
+        """``InvokeAgentRuntime`` with the payload as JSON; return the agent's JSON answer."""
         params = self._common(session_id)
         params.update(
             payload=json.dumps(payload).encode(),
@@ -193,12 +188,7 @@ class AcrTransport:
         return json_object_answer(raw, source="InvokeAgentRuntime", session_id=session_id)
 
     async def stop(self, session_id: str) -> bool:
-        """``StopRuntimeSession``; False when ACR no longer knows the session.
-
-        Example::
-
-            await transport.stop(fut.session_id)
-        """
+        """``StopRuntimeSession``; False when ACR no longer knows the session."""
         try:
             await self._call(session_id, "stop_runtime_session", self._common(session_id))
         except InvocationError as exc:
@@ -208,12 +198,7 @@ class AcrTransport:
         return True
 
     async def aclose(self) -> None:
-        """Close the aiobotocore client. Idempotent.
-
-        Example::
-
-            await transport.aclose()
-        """
+        """Close the aiobotocore client. Idempotent."""
         self._closed = True
         stack, self._stack, self._client = self._stack, None, None
         if stack is not None:

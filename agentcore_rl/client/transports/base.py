@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from agentcore_rl.errors import InvocationError
 
-__all__ = ["RetryableError", "Transport", "json_object_answer"]
+__all__ = ["RetryableError", "StopUnsupportedError", "Transport", "json_object_answer"]
 
 
 class RetryableError(InvocationError):
@@ -50,6 +50,16 @@ class RetryableError(InvocationError):
         self.throttled = throttled
 
 
+class StopUnsupportedError(InvocationError):
+    """The agent server has no stop route (an app without our stop extension answers 404):
+    not a failure, so it is counted apart (``stops_unsupported``) and not retried.
+
+    Example::
+
+        raise StopUnsupportedError("no stop route at http://h:8080", session_id=sid)
+    """
+
+
 def json_object_answer(
     raw: bytes,
     *,
@@ -60,12 +70,7 @@ def json_object_answer(
 ) -> dict[str, Any]:
     """Parse an agent's answer, which must be a JSON object; else raise ``InvocationError``
     naming ``source`` (and ``status_code``) and showing ``excerpt()`` (default: the first
-    200 bytes).
-
-    Example::
-
-        body = json_object_answer(raw, source="InvokeAgentRuntime", session_id=sid)
-    """
+    200 bytes)."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -100,28 +105,13 @@ class Transport(Protocol):
     stop_after_result: bool
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one invocation; return the JSON object the agent answered.
-
-        Example::
-
-            answer = await transport.invoke(sid, payload)   # {"status": "processing", ...}
-        """
+        """Send one invocation; return the JSON object the agent answered."""
         ...
 
     async def stop(self, session_id: str) -> bool:
-        """Stop the session; True when something was running.
-
-        Example::
-
-            await transport.stop(sid)
-        """
+        """Stop the session; True when something was running."""
         ...
 
     async def aclose(self) -> None:
-        """Release connections. Idempotent.
-
-        Example::
-
-            await transport.aclose()
-        """
+        """Release connections. Idempotent."""
         ...

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -19,11 +20,17 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agentcore_rl.client.transports.base import RetryableError, json_object_answer
+from agentcore_rl.client.transports.base import (
+    RetryableError,
+    StopUnsupportedError,
+    json_object_answer,
+)
 from agentcore_rl.errors import ConfigurationError, InvocationError
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
 
 __all__ = ["DEFAULT_HTTP_TIMEOUT", "DEFAULT_MAX_CONNECTIONS", "HttpTransport", "error_message"]
+
+logger = logging.getLogger(__name__)
 
 #: Requests in flight at once (an invocation is answered at once, so few are needed).
 DEFAULT_MAX_CONNECTIONS: Final = 16
@@ -32,12 +39,7 @@ DEFAULT_HTTP_TIMEOUT: Final = 60.0
 
 
 def error_message(response: httpx.Response) -> str:
-    """The server's own words for a failed call: its JSON ``error``/``message`` or text.
-
-    Example::
-
-        error_message(response)   # "HTTP 400: _rollout.s3_bucket is required"
-    """
+    """The server's own words for a failed call: its JSON ``error``/``message`` or text."""
     detail: Any = None
     try:
         body = response.json()
@@ -86,6 +88,8 @@ class HttpTransport:
         if not url_list:
             raise ConfigurationError("agent_url needs at least one URL")
         self.urls = [_check_url(u) for u in url_list]
+        # Agent servers that answered 404 to a stop (no stop route): not asked again.
+        self._stop_unsupported: set[str] = set()
         # httpcore's pool rescans its queue on every release: thousands of queued requests
         # cost quadratic CPU. Queue here instead, in an O(1) semaphore.
         self._limit = asyncio.Semaphore(max_connections)
@@ -100,12 +104,7 @@ class HttpTransport:
         return f"HttpTransport(urls={self.urls!r})"
 
     def url_for(self, session_id: str) -> str:
-        """The server that runs ``session_id`` (stable: same id, same server).
-
-        Example::
-
-            transport.url_for(fut.session_id)
-        """
+        """The server that runs ``session_id`` (stable: same id, same server)."""
         return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
 
     async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
@@ -131,12 +130,7 @@ class HttpTransport:
         return response
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """POST the payload; return the JSON answer (``{"status": "processing", ...}``).
-
-        Example::
-
-            await transport.invoke(sid, {"prompt": "hi", "_rollout": block})
-        """
+        """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
         url = self.url_for(session_id) + INVOCATIONS_PATH
         response = await self._post(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
@@ -150,24 +144,31 @@ class HttpTransport:
         )
 
     async def stop(self, session_id: str) -> bool:
-        """Cancel the session's rollout on its server; True when one was running.
-
-        Example::
-
-            await transport.stop(fut.session_id)
-        """
+        """Cancel the session's rollout on its server; True when one was running."""
+        url = self.url_for(session_id)
+        if url in self._stop_unsupported:
+            raise StopUnsupportedError(f"{url} has no stop route", session_id=session_id)
         path = STOP_SESSION_PATH.format(session_id=session_id)
-        response = await self._post(session_id, self.url_for(session_id) + path)
+        try:
+            response = await self._post(session_id, url + path)
+        except InvocationError as exc:
+            if exc.status_code not in (404, 405):
+                raise
+            self._stop_unsupported.add(url)
+            logger.info(
+                "the agent server at %s has no stop route (HTTP %d): its rollouts run to "
+                "the end when stopped; counted as stops_unsupported, not as failures",
+                url,
+                exc.status_code,
+            )
+            raise StopUnsupportedError(
+                f"{url} has no stop route", session_id=session_id, status_code=exc.status_code
+            ) from None
         try:
             return bool(response.json().get("stopped", False))
         except (ValueError, AttributeError):
             return False
 
     async def aclose(self) -> None:
-        """Close the connection pool. Idempotent.
-
-        Example::
-
-            await transport.aclose()
-        """
+        """Close the connection pool. Idempotent."""
         await self._http.aclose()

@@ -6,8 +6,8 @@ line on stderr by :func:`agentcore_rl.cli.main`.
 
 Example::
 
-    from agentcore_rl.cli import build_parser
-    from agentcore_rl.cli_commands import cmd_eval
+    from agentcore_rl.cli.main import build_parser
+    from agentcore_rl.cli.commands import cmd_eval
 
     code = cmd_eval(build_parser().parse_args(["eval", "in.jsonl", "--agent-url", url,
                                                "--s3-bucket", "b", "--exp-id", "e"]))
@@ -27,11 +27,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+from agentcore_rl import protocol
+from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
-from agentcore_rl.cli_common import EXIT_FAILURES, EXIT_OK, PROG, run_async
-from agentcore_rl.cli_eval import EvalOptions, EvalRun, load_inputs, run_eval
-from agentcore_rl.cli_summary import RunSummary
+# Light modules only at the top: `serve` must run with just the `server` extra.
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = [
@@ -98,6 +99,8 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> int:
     import uvicorn
 
+    from agentcore_rl.server.limits import prepare_process, serve_options
+
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=getattr(logging, log_level.upper(), logging.INFO),
@@ -107,8 +110,10 @@ def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> 
     print(banner, file=sys.stderr)
     try:
         # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
-        # shutdown (rollouts get their grace period) and returns.
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        # shutdown (rollouts get their grace period) and returns. Limits as app.run().
+        prepare_process()
+        options = serve_options({"log_level": log_level})
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         server.run(sockets=[sock])
     finally:
         sock.close()
@@ -116,13 +121,12 @@ def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C.
+    """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C."""
+    from agentcore_rl.server import AgentCoreRLApp
 
-    Example::
-
-        agentcore-rl serve examples.math_agent.agent:app --port 8080
-    """
     app = import_app(args.target)
+    if isinstance(app, AgentCoreRLApp):
+        app.tune_process()  # the app owns this process: process-wide settings are its call
     banner = f"{PROG}: serving {args.target} on http://{args.host}:{args.port}"
     return _serve_asgi(app, args.host, args.port, args.log_level, banner)
 
@@ -135,9 +139,9 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
         agentcore-rl local-runtime --agent-url http://127.0.0.1:8080 --port 8081
     """
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
-    from agentcore_rl.local.runtime_wire import validate_runtime_arn
 
-    arn = validate_runtime_arn(args.arn or DEFAULT_AGENT_RUNTIME_ARN)
+    arn = args.arn or DEFAULT_AGENT_RUNTIME_ARN
+    protocol.parse_runtime_arn(arn)  # a bad --arn is a usage error, before anything starts
     runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
     banner = (
         f"{PROG}: local AgentCore Runtime for {arn}\n"
@@ -181,6 +185,8 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 async def _check_agents(urls: list[str]) -> None:
     """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
+    import httpx
+
     from agentcore_rl.protocol import PING_PATH
 
     async with httpx.AsyncClient(timeout=5.0) as http:
@@ -200,6 +206,8 @@ async def _check_agents(urls: list[str]) -> None:
 
 async def _check_runtime_endpoint(endpoint: str | None) -> None:
     """A local (non-AWS) runtime endpoint must at least accept connections."""
+    import httpx
+
     if not endpoint:
         return
     async with httpx.AsyncClient(timeout=5.0) as http:
@@ -212,12 +220,7 @@ async def _check_runtime_endpoint(endpoint: str | None) -> None:
 
 
 def print_run(run: EvalRun, out: Path, *, title: str) -> None:
-    """The summary table and where the results are.
-
-    Example::
-
-        print_run(run, Path("results.jsonl"), title="eval")
-    """
+    """The summary table and where the results are."""
     print(f"\n{title}")
     print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
     print(f"results: {out.resolve()}")
@@ -238,10 +241,6 @@ async def _run_and_report(
     """Run ``execute`` on a fresh :class:`EvalRun`, print its summary (also when
     interrupted, then re-raise) and return the exit code. The summary names ``out``, or
     the file the run reports (``run.out``) when ``out`` is None.
-
-    Example::
-
-        code = await _run_and_report(lambda run: run_demo(options, run=run), title="demo")
     """
     run = EvalRun(RunSummary())
     try:
@@ -268,6 +267,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
     """
     out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    from agentcore_rl.cli.eval import run_eval
+
     options = EvalOptions(
         data=Path(args.data),
         out=out,
@@ -287,9 +288,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rollout_extra=_parse_params(args.param),
     )
     if options.agent_runtime_arn is not None:
-        from agentcore_rl.local.runtime_wire import validate_runtime_arn
-
-        validate_runtime_arn(options.agent_runtime_arn)
+        protocol.parse_runtime_arn(options.agent_runtime_arn)
     # A bad data file is a usage error: report it before touching the network.
     inputs = load_inputs(options.data, limit=options.limit)
 
@@ -312,13 +311,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli_demo`).
+    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`).
 
     Example::
 
         agentcore-rl demo --n 50
     """
-    from agentcore_rl.cli_demo import DemoOptions, run_demo
+    from agentcore_rl.cli.demo import DemoOptions, run_demo
 
     _cwd_importable()
     options = DemoOptions(

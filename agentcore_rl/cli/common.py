@@ -3,7 +3,7 @@ Ctrl-C into a clean shutdown.
 
 Example::
 
-    from agentcore_rl.cli_common import run_async
+    from agentcore_rl.cli.common import run_async
 
     exit_code = run_async(lambda: run_demo(options))
 """

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentcore_rl.client.bucket import Priority, TokenBucket
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.ratelimit import Priority, TokenBucket
 from tests.client.fakeclock import FakeClock, settle
 
 

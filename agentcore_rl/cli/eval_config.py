@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.cli_summary import RunSummary
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
 __all__ = ["EvalInput", "EvalOptions", "EvalRun", "iter_lines", "load_inputs"]
@@ -107,7 +107,7 @@ class EvalOptions:
     agent_runtime_arn: str | None = None
     agent_urls: Sequence[str] = ()
     concurrency: int = 32
-    tps: float | None = 25.0
+    tps: float | None = protocol.DEFAULT_TPS
     timeout: float = 900.0
     base_url: str | None = None
     model_id: str | None = None
@@ -152,12 +152,7 @@ class EvalRun:
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a results file (for scripts and tests).
-
-    Example::
-
-        done = sum(r["outcome"] == "done" for r in iter_lines(Path("results.jsonl")))
-    """
+    """The JSON objects of a results file (for scripts and tests)."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             with contextlib.suppress(ValueError):

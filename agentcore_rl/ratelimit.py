@@ -1,4 +1,9 @@
-"""TokenBucket: the request-rate limiter shared by invoke and stop calls.
+"""Rate limiting of calls to the agent runtime: the RateLimiter protocol and TokenBucket.
+
+A :class:`RateLimiter` paces the calls a rollout client makes (invocations and stop calls);
+any object with its three methods can stand in (e.g. one shared by a cluster of clients).
+:class:`TokenBucket` is the local one, used by the client by default and by the local
+runtime to answer 429.
 
 A token bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second.
 Every call to the agent runtime takes one token. Waiters queue by priority, so a stop call
@@ -28,9 +33,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.protocol import DEFAULT_TPS
 
 __all__ = [
     "DEFAULT_BURST",
@@ -38,13 +44,14 @@ __all__ = [
     "DEFAULT_RECOVERY",
     "DEFAULT_THROTTLE_FACTOR",
     "Priority",
+    "RateLimiter",
     "TokenBucket",
 ]
 
-#: AgentCore Runtime's published default quota: 25 invocations per second per endpoint.
-DEFAULT_RATE: Final = 25.0
+#: AgentCore Runtime's published default quota (invocations per second per endpoint).
+DEFAULT_RATE: Final = DEFAULT_TPS
 #: Default burst: one second's worth of tokens at the default rate.
-DEFAULT_BURST: Final = 25.0
+DEFAULT_BURST: Final = DEFAULT_TPS
 #: On a throttle the rate is multiplied by this factor.
 DEFAULT_THROTTLE_FACTOR: Final = 0.5
 #: After a throttle the rate regains this fraction of the configured rate per second.
@@ -68,6 +75,34 @@ class Priority(IntEnum):
 
     INVOKE = 0
     STOP = 10
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    """What a rollout client needs from a rate limiter (``rate_limiter=``).
+
+    ``acquire`` waits for permission to make one call; waiters with a lower ``priority``
+    (:class:`Priority`) go first. ``on_throttle`` reports a throttle answer (429 /
+    ``ThrottlingException``), ``on_success`` a call the runtime accepted.
+
+    Example::
+
+        class SharedLimiter:                       # e.g. backed by a cluster-wide actor
+            async def acquire(self, priority: int = Priority.INVOKE) -> None: ...
+            def on_throttle(self) -> None: ...
+            def on_success(self) -> None: ...
+
+        AsyncRolloutClient(..., rate_limiter=SharedLimiter())
+    """
+
+    async def acquire(self, priority: int = Priority.INVOKE) -> None:
+        """Wait until one call may be made."""
+
+    def on_throttle(self) -> None:
+        """The runtime answered a call with "too many requests"."""
+
+    def on_success(self) -> None:
+        """The runtime accepted a call."""
 
 
 @dataclass(order=True)
@@ -141,12 +176,7 @@ class TokenBucket:
 
     @property
     def rate(self) -> float:
-        """The current refill rate in tokens per second (lower after a throttle).
-
-        Example::
-
-            bucket.on_throttle(); bucket.rate    # half of max_rate
-        """
+        """The current refill rate in tokens per second (lower after a throttle)."""
         if self._throttled_at is None:
             return self.max_rate
         regained = self.recovery * self.max_rate * (self._clock() - self._throttled_at)
@@ -158,23 +188,13 @@ class TokenBucket:
 
     @property
     def tokens(self) -> float:
-        """Tokens available now (after refilling).
-
-        Example::
-
-            print(f"{bucket.tokens:.1f} tokens left")
-        """
+        """Tokens available now (after refilling)."""
         self._refill()
         return self._tokens
 
     @property
     def waiting(self) -> int:
-        """How many ``acquire`` calls are queued.
-
-        Example::
-
-            print(bucket.waiting, "calls wait for a token")
-        """
+        """How many ``acquire`` calls are queued."""
         return len(self._waiters)
 
     def _refill(self) -> None:
@@ -239,15 +259,9 @@ class TokenBucket:
                 self._waiters[0].wake.set()
 
     def on_throttle(self) -> None:
-        """The runtime said "too many requests": cut the rate and empty the bucket.
-
-        Throttles within ``throttle_cooldown`` seconds of the last cut are one event.
-
-        Example::
-
-            except ThrottlingError:
-                bucket.on_throttle()
-        """
+        """The runtime said "too many requests" (429 / ``ThrottlingException``): cut the
+        rate and empty the bucket. Throttles within ``throttle_cooldown`` seconds of the
+        last cut are one event."""
         now = self._clock()
         self.throttles += 1
         self._refill()
@@ -256,3 +270,6 @@ class TokenBucket:
             return
         self._throttled_rate = max(self.min_rate, self.rate * self.throttle_factor)
         self._throttled_at = now
+
+    def on_success(self) -> None:
+        """Nothing to do: the rate recovers with time, not with successes."""

@@ -2,8 +2,8 @@
 :class:`~agentcore_rl.client.AsyncRolloutClient`, record every outcome exactly once, and
 resume an interrupted run.
 
-The inputs and options live in :mod:`agentcore_rl.cli_eval_config`, the worker pool in
-:mod:`agentcore_rl.cli_engine`.
+The inputs and options live in :mod:`agentcore_rl.cli.eval_config`, the worker pool in
+:mod:`agentcore_rl.cli.engine`.
 
 Example::
 
@@ -21,12 +21,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final
 
-from agentcore_rl.cli_engine import EvalEngine, Progress
-from agentcore_rl.cli_eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
-from agentcore_rl.cli_summary import RunSummary
+from agentcore_rl.cli.engine import EvalEngine, Progress
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.journal import EvalJournal
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.errors import StorageError
-from agentcore_rl.eval_journal import EvalJournal
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
 
 __all__ = [

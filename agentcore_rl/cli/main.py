@@ -30,7 +30,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn, TypeVar
 
-from agentcore_rl.cli_common import (
+from agentcore_rl import protocol
+from agentcore_rl.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_UNAVAILABLE,
@@ -118,7 +119,7 @@ def _add_run_options(
 
 
 def _add_eval_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_eval
+    from agentcore_rl.cli.commands import cmd_eval
 
     parser = commands.add_parser(
         "eval",
@@ -149,8 +150,9 @@ def _add_eval_parser(commands: Any) -> None:
     parser.add_argument("--exp-id", required=True, help="experiment id (the S3 key prefix)")
     _add_run_options(
         parser,
-        tps_default=25.0,
-        tps_help="invoke+stop calls per second (default 25, ACR's quota; 0 = no limit)",
+        tps_default=protocol.DEFAULT_TPS,
+        tps_help=f"invoke+stop calls per second (default {protocol.DEFAULT_TPS:g}, ACR's quota; "
+        "0 = no limit)",
         base_url_help="policy URL put in every _rollout block",
         model_id_help="model id put in every _rollout block",
         out_help="results file (JSONL; default results-<exp-id>.jsonl); "
@@ -183,7 +185,7 @@ def _add_eval_parser(commands: Any) -> None:
 
 
 def _add_demo_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_demo
+    from agentcore_rl.cli.commands import cmd_demo
 
     parser = commands.add_parser(
         "demo",
@@ -223,7 +225,7 @@ def _add_demo_parser(commands: Any) -> None:
 
 
 def _add_serve_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_serve
+    from agentcore_rl.cli.commands import cmd_serve
 
     parser = commands.add_parser(
         "serve",
@@ -248,7 +250,7 @@ def _add_serve_parser(commands: Any) -> None:
 
 
 def _add_local_runtime_parser(commands: Any) -> None:
-    from agentcore_rl.cli_commands import cmd_local_runtime
+    from agentcore_rl.cli.commands import cmd_local_runtime
 
     parser = commands.add_parser(
         "local-runtime",
@@ -270,7 +272,10 @@ def _add_local_runtime_parser(commands: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8081, help="port (default 8081)")
     parser.add_argument(
-        "--tps", type=_tps, default=25.0, help="invoke+stop quota per second (default 25)"
+        "--tps",
+        type=_tps,
+        default=protocol.DEFAULT_TPS,
+        help=f"invoke+stop quota per second (default {protocol.DEFAULT_TPS:g})",
     )
     parser.add_argument("--arn", help="the runtime ARN it answers to (default: a local one)")
     parser.set_defaults(handler=cmd_local_runtime)
@@ -308,6 +313,33 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+#: The extra that brings each module the commands import beyond the core install.
+_EXTRA_OF: Final = {
+    "httpx": "cli",
+    "starlette": "cli",
+    "tqdm": "cli",
+    "uvicorn": "cli",
+    "moto": "local",
+    "openai": "local",
+}
+
+
+def _missing_extra(exc: BaseException) -> str | None:
+    """The extra to install when ``exc`` is one of our dependencies missing, else None."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        return None
+    return _EXTRA_OF.get(exc.name.split(".")[0])
+
+
+def _fail_missing(exc: ModuleNotFoundError, extra: str) -> int:
+    module = (exc.name or "").split(".")[0]
+    return _fail(
+        f"this command needs the '{extra}' extra (module {module!r} is not installed): "
+        f"pip install 'agentcore-rl[{extra}]'",
+        EXIT_USAGE,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return the exit code.
 
@@ -315,7 +347,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         raise SystemExit(main(["demo", "--n", "20"]))
     """
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except ModuleNotFoundError as exc:  # installed without the `cli` extra
+        extra = _missing_extra(exc)
+        if extra is None:
+            raise
+        return _fail_missing(exc, extra)
     arguments = sys.argv[1:] if argv is None else list(argv)
     if not arguments:  # a bare `agentcore-rl`: show what there is to run
         parser.print_help(sys.stderr)
@@ -336,13 +374,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # S3, the agent or the runtime cannot be reached or refuse us; a port is taken.
         return _fail(str(exc), EXIT_UNAVAILABLE)
     except Exception as exc:  # a bug: say so in one line unless asked for the traceback
+        extra = _missing_extra(exc)
+        if extra is not None and isinstance(exc, ModuleNotFoundError):
+            return _fail_missing(exc, extra)
         if os.environ.get(_DEBUG_ENV):
             raise
         return _fail(
             f"unexpected {type(exc).__name__}: {exc} (set {_DEBUG_ENV}=1 for the traceback)",
             EXIT_INTERNAL,
         )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,19 +14,23 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
+from anyio.abc import TaskGroup
+
 from agentcore_rl import protocol
-from agentcore_rl.cli_eval_config import EvalInput, EvalOptions
-from agentcore_rl.cli_summary import RunSummary, reward_of
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
+from agentcore_rl.cli.journal import EvalJournal, JournalEntry
+from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
-from agentcore_rl.eval_journal import EvalJournal, JournalEntry
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
 
@@ -66,6 +70,20 @@ def outcome_record(
     }
 
 
+@contextlib.asynccontextmanager
+async def _task_group() -> AsyncIterator[TaskGroup]:
+    """An anyio task group that raises a lone failure as itself, as ``asyncio.gather`` did,
+    not wrapped in an ExceptionGroup: the CLI maps exception types to exit codes."""
+    try:
+        async with anyio.create_task_group() as tasks:
+            yield tasks
+    except Exception as exc:
+        inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+        if len(inner) == 1 and isinstance(inner[0], Exception):
+            raise inner[0] from exc
+        raise
+
+
 def _bar_shape() -> dict[str, int]:
     """tqdm's own size detection, unless the terminal reports a zero size (a pty nobody
     sized, as under ``script`` or some CI runners): then tqdm would draw nothing."""
@@ -98,12 +116,7 @@ class Progress:
         )
 
     def update(self, summary: RunSummary) -> None:
-        """Count one more outcome; refresh the failure count and mean reward.
-
-        Example::
-
-            bar.update(summary)
-        """
+        """Count one more outcome; refresh the failure count and mean reward."""
         self.bar.update(1)
         mean = summary.mean_reward
         self.bar.set_postfix(
@@ -113,12 +126,7 @@ class Progress:
         )
 
     def close(self) -> None:
-        """Finish the bar. Idempotent.
-
-        Example::
-
-            bar.close()
-        """
+        """Finish the bar. Idempotent."""
         self.bar.close()
 
 
@@ -168,35 +176,22 @@ class EvalEngine:
         """
         for item in fresh:
             self.queue.put_nowait(item)
-        workers = [
-            asyncio.create_task(self._worker(), name=f"eval worker {n}")
-            for n in range(self.options.concurrency)
-        ]
-        tasks = set(workers)
-        try:
+        async with _task_group() as workers:
+            for n in range(self.options.concurrency):
+                workers.start_soon(self._worker, name=f"eval worker {n}")
             if in_flight:
                 await self._resume_all(in_flight, by_id)
-            for _ in workers:
+            for _ in range(self.options.concurrency):
                 self.queue.put_nowait(None)
-            await asyncio.gather(*workers)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _resume_all(
         self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]
     ) -> None:
-        tasks = [
-            asyncio.create_task(self._resume_one(e, by_id[e.input_id]), name=f"resume {e.input_id}")
-            for e in entries
-        ]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        async with _task_group() as resumes:
+            for entry in entries:
+                resumes.start_soon(
+                    self._resume_one, entry, by_id[entry.input_id], name=f"resume {entry.input_id}"
+                )
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled as started but never saw end.
@@ -251,7 +246,7 @@ class EvalEngine:
         """Invoke a journaled rollout again with its session id; ``None`` when it must
         not be (its result is there, or the key would differ) or the call failed."""
         try:
-            body, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
+            body, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception:
             return None
         if (config.s3_bucket, config.key_for(entry.session_id)) != (
@@ -261,29 +256,25 @@ class EvalEngine:
             # Another --exp-id or bucket than the first run: same session, other key, and
             # the agent would run it again. Only follow the journaled key.
             return None
-        await self.client.admit()
-        # Checked with the slot held, right before sending: a rollout that finished while
-        # we waited is read (by attach), not run again.
-        try:
-            found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
-        except BaseException as exc:
-            self.client.release()
-            if isinstance(exc, StorageError):
+        async with self.client._slot() as slot:
+            # Checked with the slot held, right before sending: a rollout that finished
+            # while we waited is read (by attach), not run again.
+            try:
+                found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
+            except StorageError:
                 return None
-            raise
-        if found is not None:
-            self.client.release()
-            return None
-        try:
-            return await self.client.start(
-                body, config, timeout=remaining, session_id=entry.session_id
-            )
-        except asyncio.CancelledError:
-            self.journal.record_abandoned(entry.input_id)  # the client stops the session
-            raise
-        except Exception as exc:  # the agent may still run it: follow its key instead
-            logger.warning("invoking %s again failed: %s", entry.input_id, exc)
-            return None
+            if found is not None:
+                return None
+            try:
+                return await self.client._launch(
+                    slot, body, config, timeout=remaining, session_id=entry.session_id
+                )
+            except asyncio.CancelledError:
+                self.journal.record_abandoned(entry.input_id)  # the client stops the session
+                raise
+            except Exception as exc:  # the agent may still run it: follow its key instead
+                logger.warning("invoking %s again failed: %s", entry.input_id, exc)
+                return None
 
     def _record_resumed(
         self,
@@ -317,7 +308,7 @@ class EvalEngine:
     async def _run_one(self, item: EvalInput) -> None:
         t0 = time.monotonic()
         try:
-            _, config = self.client.prepare(item.payload, input_id=item.input_id, overrides={})
+            _, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception as exc:  # a bad payload: nothing starts
             elapsed = time.monotonic() - t0
             self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))

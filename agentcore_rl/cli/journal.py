@@ -43,12 +43,7 @@ _ABANDONED: Final = "abandoned"
 
 
 def journal_path_for(out: Path) -> Path:
-    """Where the journal of a results file lives: next to it, ``.journal`` appended.
-
-    Example::
-
-        journal_path_for(Path("results.jsonl"))   # Path("results.jsonl.journal")
-    """
+    """Where the journal of a results file lives: next to it, ``.journal`` appended."""
     return out.with_name(out.name + ".journal")
 
 
@@ -176,32 +171,17 @@ class EvalJournal:
         self.in_flight[input_id] = entry
 
     def record_started(self, entry: JournalEntry) -> None:
-        """Append one started rollout to the journal and flush it.
-
-        Example::
-
-            journal.record_started(JournalEntry("q-1", fut.session_id, fut.s3_bucket,
-                                                fut.result_key))
-        """
+        """Append one started rollout to the journal and flush it."""
         self._write(self._journal, {_EVENT: _STARTED, **asdict(entry)})
 
     def record_abandoned(self, input_id: str) -> None:
         """Note that a started rollout was stopped by this run (Ctrl-C): a resumed run
         starts it again rather than waiting for a result that will not come.
-
-        Example::
-
-            journal.record_abandoned("q-1")
         """
         self._write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
 
     def record_outcome(self, record: dict[str, Any]) -> None:
-        """Append one outcome line (must carry ``input_id``) and flush it.
-
-        Example::
-
-            journal.record_outcome({"input_id": "q-1", "outcome": "done", "reward": 1.0})
-        """
+        """Append one outcome line (must carry ``input_id``) and flush it."""
         if not isinstance(record.get("input_id"), str):
             raise ValueError("an outcome record needs a string input_id")
         self._write(self._results, record)
@@ -216,12 +196,7 @@ class EvalJournal:
         handle.flush()
 
     def close(self) -> None:
-        """Close both files. Idempotent.
-
-        Example::
-
-            journal.close()
-        """
+        """Close both files. Idempotent."""
         for handle in (self._results, self._journal):
             if handle is not None:
                 handle.close()

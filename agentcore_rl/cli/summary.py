@@ -44,12 +44,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def reward_of(result: Any) -> float | None:
-    """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any.
-
-    Example::
-
-        reward_of({"rewards": [1.0]})   # 1.0
-    """
+    """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
     if not isinstance(result, dict):
         return None
     rewards = result.get("rewards")
@@ -80,12 +75,7 @@ class RunSummary:
     reattached: int = 0
 
     def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
-        """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``).
-
-        Example::
-
-            summary.add("timeout", elapsed=900.0)
-        """
+        """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
         self.counts[outcome] += 1
@@ -96,22 +86,12 @@ class RunSummary:
 
     @property
     def total(self) -> int:
-        """Outcomes recorded in this run.
-
-        Example::
-
-            summary.total
-        """
+        """Outcomes recorded in this run."""
         return sum(self.counts.values())
 
     @property
     def mean_reward(self) -> float | None:
-        """Mean of the rewards seen, ``None`` before the first.
-
-        Example::
-
-            summary.mean_reward
-        """
+        """Mean of the rewards seen, ``None`` before the first."""
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
 
     def as_dict(self, *, wall_seconds: float, s3_requests: int | None = None) -> dict[str, Any]:

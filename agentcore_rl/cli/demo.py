@@ -15,6 +15,9 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
 import logging
 import sys
 import tempfile
@@ -23,15 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from agentcore_rl.cli_common import PROG
-from agentcore_rl.cli_eval import EvalOptions, EvalRun, run_eval
+from agentcore_rl.cli.common import PROG
+from agentcore_rl.cli.eval import EvalOptions, EvalRun, run_eval
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.stack import LocalStack
 
-__all__ = ["DEMO_AGENT", "DemoOptions", "run_demo"]
+__all__ = ["DEMO_AGENT", "DemoOptions", "demo_package", "run_demo"]
 
-#: The agent the demo serves (importable from the repository root).
-DEMO_AGENT: Final = "examples.math_agent.agent:app"
+#: The math example as the wheel ships it (the one copy lives in examples/math_agent).
+_SHIPPED: Final = "agentcore_rl._examples.math_agent"
+#: The same example in a checkout (importable from the repository root).
+_CHECKOUT: Final = "examples.math_agent"
+#: The agent the demo serves, relative to :func:`demo_package`.
+DEMO_AGENT: Final = "agent:app"
 _AGENT_SERVERS: Final = 2
 # Generous: a rollout of the stand-in takes well under a second.
 _ROLLOUT_TIMEOUT: Final = 120.0
@@ -57,23 +64,32 @@ class DemoOptions:
     progress: bool = True
 
 
-def _dataset(n: int, workdir: Path) -> Path:
-    """The shipped problems when there are enough, else ``n`` freshly generated ones."""
-    try:
-        from examples.math_agent.dataset import DEFAULT_DATA_PATH, generate
-    except ImportError:
-        raise ConfigurationError(
-            "the demo runs the example in examples/math_agent: run it from the repository "
-            "root (where `make demo` runs it)"
-        ) from None
-    with DEFAULT_DATA_PATH.open(encoding="utf-8") as shipped:
-        available = sum(1 for line in shipped if line.strip())
-    if n <= available:
-        return DEFAULT_DATA_PATH
-    import json
+def demo_package() -> str:
+    """The package of the demo's math agent: the copy shipped in the wheel, else (in an
+    editable checkout, where the wheel's copy does not exist) ``examples.math_agent``."""
+    for name in (_SHIPPED, _CHECKOUT):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ImportError:  # its parent package is missing
+            continue
+    raise ConfigurationError(
+        f"the demo agent is missing: neither {_SHIPPED} (shipped in the wheel) nor "
+        f"{_CHECKOUT} (a checkout's examples/) can be imported; reinstall agentcore-rl[local]"
+    )
 
+
+def _dataset(package: str, n: int, workdir: Path) -> Path:
+    """The shipped problems when there are enough, else ``n`` freshly generated ones."""
+    dataset = importlib.import_module(f"{package}.dataset")
+    shipped: Path = dataset.DEFAULT_DATA_PATH
+    with shipped.open(encoding="utf-8") as lines:
+        available = sum(1 for line in lines if line.strip())
+    if n <= available:
+        return shipped
     path = workdir / "problems.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in generate(n, seed=0)), encoding="utf-8")
+    problems = dataset.generate(n, seed=0)
+    path.write_text("".join(json.dumps(p) + "\n" for p in problems), encoding="utf-8")
     return path
 
 
@@ -89,7 +105,8 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
 
     workdir = Path(tempfile.mkdtemp(prefix="agentcore-rl-demo-"))
     out = options.out or workdir / "results.jsonl"
-    data = _dataset(options.n, workdir)
+    package = demo_package()
+    data = _dataset(package, options.n, workdir)
     policy = (
         None
         if options.base_url
@@ -105,7 +122,7 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
         file=sys.stderr,
     )
     stack = LocalStack(
-        DEMO_AGENT,
+        f"{package}.{DEMO_AGENT}",
         agents=_AGENT_SERVERS,
         policy=policy,
         policy_base_url=options.base_url,

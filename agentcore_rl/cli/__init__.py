@@ -1,0 +1,17 @@
+"""The ``agentcore-rl`` command line: one module per concern.
+
+``main`` parses and dispatches, ``commands`` holds one function per subcommand,
+``eval``/``eval_config``/``engine``/``journal``/``summary`` are the evaluation run (inputs,
+worker pool, resumable journal, figures), ``demo`` is the whole stack on one machine and
+``common`` the exit codes and the Ctrl-C-aware event-loop runner.
+
+Example::
+
+    from agentcore_rl.cli import main
+
+    exit_code = main(["demo", "--n", "20"])
+"""
+
+from agentcore_rl.cli.main import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,150 @@
+"""Service: the task group that owns an object's background work (watcher, stop workers,
+batch runs), and closing it by cancelling one scope.
+
+anyio wants a task group exited by the task that entered it. An object entered with
+``async with`` opens its service there (:meth:`Service.__aenter__`), so the work belongs
+to the caller's task. An object used without ``async with`` (created in one task, closed
+from another, e.g. a fixture's teardown) opens it lazily with :meth:`Service.open_hosted`:
+one host task enters the task group, and :meth:`Service.aclose` cancels the work and
+joins that task, so it never outlives the object.
+
+Example::
+
+    service = Service("agentcore-rl client", setup=lambda s: s.start_soon(watcher.run, name="w"))
+    async with service:
+        ...
+    # or, without ``async with``: service.open_hosted() ... await service.aclose()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+__all__ = ["Service"]
+
+
+class Service:
+    """One task group that runs ``start_soon``/``start`` work until :meth:`aclose`.
+
+    Example::
+
+        await service.start(batch.run)     # returns once the run has begun
+    """
+
+    def __init__(self, name: str, *, setup: Callable[[Service], None] | None = None) -> None:
+        self.name = name
+        self.setup = setup  # starts the long-lived work once the task group is open
+        self._outer: TaskGroup | None = None  # entered by ``async with``
+        self._host: asyncio.Task[None] | None = None  # or by this task (``open_hosted``)
+        self._workers: TaskGroup | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._ended: anyio.Event | None = None
+        self._ready: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        mode = "entered" if self._outer else "hosted" if self._host else "not open"
+        return f"Service({self.name!r}, {mode}, running={self.running})"
+
+    @property
+    def running(self) -> bool:
+        """Whether work can be started."""
+        return self._workers is not None
+
+    async def __aenter__(self) -> Service:
+        outer = anyio.create_task_group()
+        await outer.__aenter__()
+        self._outer = outer
+        try:
+            await outer.start(self._serve)
+        except BaseException as exc:
+            self._outer = None
+            await outer.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        outer, self._outer = self._outer, None
+        suppress: bool | None = None
+        try:
+            await self.aclose()
+        finally:
+            if outer is not None:  # the task that entered it exits it
+                suppress = await outer.__aexit__(exc_type, exc, tb)
+        return suppress
+
+    def open_hosted(self) -> None:
+        """Open without ``async with``: a host task owns the task group until ``aclose``.
+        Returns at once; :meth:`wait_ready` waits until work can be started."""
+        ready = self._ready = asyncio.get_running_loop().create_future()
+        # The one task not started by a task group: it *is* the owner, and aclose joins it.
+        self._host = asyncio.create_task(self._run_host(ready), name=self.name)
+
+    async def wait_ready(self) -> None:
+        """Wait until a hosted service runs (raise what stopped it from starting)."""
+        if self._ready is not None:
+            await asyncio.shield(self._ready)
+
+    async def _run_host(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with anyio.create_task_group() as outer:
+                await outer.start(self._serve)
+                ready.set_result(None)
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+                ready.exception()  # retrieved here; wait_ready re-raises it
+            raise
+
+    async def _serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._ended = anyio.Event()
+        try:
+            with anyio.CancelScope() as self._scope:
+                async with anyio.create_task_group() as workers:
+                    self._workers = workers
+                    if self.setup is not None:
+                        self.setup(self)
+                    task_status.started()
+                    await anyio.sleep_forever()
+        finally:
+            self._workers = None
+            self._ended.set()
+
+    def start_soon(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
+    ) -> None:
+        """Run ``func(*args)`` in the service's task group."""
+        if self._workers is None:
+            raise RuntimeError(f"{self.name}: the service is not running")
+        self._workers.start_soon(func, *args, name=name)
+
+    async def start(
+        self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
+    ) -> Any:
+        """Run ``func(*args, task_status=...)`` in the task group; return what it reports
+        through ``task_status.started()``."""
+        if self._workers is None:
+            raise RuntimeError(f"{self.name}: the service is not running")
+        return await self._workers.start(func, *args, name=name)
+
+    async def aclose(self) -> None:
+        """Cancel the work and wait until it has ended (and the host task, if any). Idempotent."""
+        if self._ready is not None and not self._ready.done():
+            await asyncio.wait([self._ready])  # a host not running yet: let it start first
+        if self._scope is not None:
+            self._scope.cancel()
+        if self._ended is not None:
+            await self._ended.wait()
+        host, self._host = self._host, None
+        if host is not None:
+            await host

@@ -1,0 +1,762 @@
+"""``RolloutGateway``: an OpenAI-compatible proxy that files every model call under its rollout.
+
+Agents call ``POST {gateway}/sessions/{session_id}/v1/chat/completions`` (or
+``/v1/completions``, streaming or not; ``GET .../v1/models``), or the same routes under
+``/v1/...`` with ``Authorization: Bearer <session_id>``. The gateway forwards each call to
+an inference server (vLLM or SGLang, several replicas: a session sticks to one by hash),
+asks it for token ids and logprobs, strips them from the answer, and commits one
+:class:`CallRecord` before the last byte of the answer reaches the agent.
+
+The trainer's side is in-process (``open_session``, ``finish_session``,
+``set_policy_version``, ``paused``) or the token-protected admin routes
+(:mod:`agentcore_rl.gateway.admin`). The proxy routes are a small hand-written ASGI path
+(no per-request framework objects) because they sit on every model call; the admin routes
+are an ordinary Starlette app.
+
+Example::
+
+    gateway = RolloutGateway("http://127.0.0.1:8000/v1", admin_token="s3cret")
+    async with gateway, BackgroundServer(gateway, port=9000):
+        gateway.open_session("sid-1", exp_id="e1", input_id="q7")
+        ...                                    # the agent calls .../sessions/sid-1/v1/...
+        trace = await gateway.finish_session("sid-1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+import anyio
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from agentcore_rl.gateway.backends import (
+    CHAT,
+    COMPLETIONS,
+    Backend,
+    Capture,
+    backend_named,
+    synthesize_sse,
+)
+from agentcore_rl.gateway.errors import TraceLostError
+from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
+from agentcore_rl.gateway.record import CallRecord, SessionTrace
+from agentcore_rl.gateway.sessions import Session, TraceSink
+
+__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
+
+log = logging.getLogger("agentcore_rl.gateway")
+
+#: Environment variable read for the admin token when none is passed.
+ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
+#: AgentCore Runtime's longest session (8 hours): a session idle this long has ended.
+DEFAULT_SESSION_TTL: Final = 8 * 3600.0
+_SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
+_ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
+_JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_DONE: Final = b"data: [DONE]"
+# One encoder for every call: json.dumps with options builds a new encoder each time.
+_dumps: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class _Refuse(Exception):
+    """Answer the agent with ``status`` and an OpenAI-style JSON error."""
+
+    def __init__(self, status: int, message: str, kind: str, headers: Sequence[Any] = ()):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.headers = list(headers)
+
+
+def _error_body(status: int, message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+async def _respond(send: Send, status: int, body: bytes, headers: Sequence[Any] = ()) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*_JSON_HEADERS, *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class RolloutGateway:
+    """The token-capturing gateway as an ASGI app and an async context manager.
+
+    ``upstreams``: one or more OpenAI base URLs (``http://vllm:8000/v1``); a session sticks
+    to one by hash. ``backend``: ``"vllm"`` or ``"sglang"``. ``model``: pin the model name
+    sent upstream. ``admin_token`` (or env ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) guards the
+    admin routes; without one they answer 403. ``session_ttl``: seconds of idleness after
+    which a session is persisted to ``sink`` and released. ``require_open``: refuse calls
+    for sessions the client did not open (404), instead of opening them implicitly.
+
+    Serving: mount it, or serve it with uvicorn (its lifespan enters it); when mounted in
+    another app, enter it yourself (``async with gateway``). Background work (expiry) runs
+    in the gateway's own task group.
+
+    Example::
+
+        gateway = RolloutGateway(["http://gpu1:8000/v1", "http://gpu2:8000/v1"], model="qwen")
+        async with gateway:
+            gateway.set_policy_version(3)
+            async with gateway.paused():
+                ...                           # swap weights: no call is running
+    """
+
+    def __init__(
+        self,
+        upstreams: str | Sequence[str],
+        *,
+        backend: str = "vllm",
+        model: str | None = None,
+        admin_token: str | None = None,
+        upstream_api_key: str | None = None,
+        session_ttl: float = DEFAULT_SESSION_TTL,
+        sweep_interval: float | None = None,
+        sink: TraceSink | None = None,
+        require_open: bool = False,
+        max_body_bytes: int = 32 * 1024 * 1024,
+        upstream_timeout: float = 600.0,
+        max_connections: int = 1024,
+        finish_wait: float = 30.0,
+        retry_after: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
+        if not urls:
+            raise ValueError("at least one upstream URL is needed")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"upstream must be an http(s) URL, got {url!r}")
+        if session_ttl <= 0:
+            raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
+        self.upstreams = [u.rstrip("/") for u in urls]
+        self.backend: Backend = backend_named(backend)
+        self.model = model
+        self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
+        self.session_ttl = session_ttl
+        self.sweep_interval = sweep_interval or min(60.0, session_ttl / 4)
+        self.sink = sink
+        self.require_open = require_open
+        self.max_body_bytes = max_body_bytes
+        self.finish_wait = finish_wait
+        self.gateway_id = uuid.uuid4().hex
+        self.gate = PolicyGate(retry_after=retry_after)
+        self.stats: dict[str, int] = {
+            "calls": 0,
+            "failed_calls": 0,
+            "sessions_finished": 0,
+            "sessions_expired": 0,
+            "expired_lost": 0,
+            "late_records": 0,
+        }
+        self._clock = clock
+        self._wall = wall_clock
+        self._sessions: dict[str, Session] = {}
+        self._headers = {"content-type": "application/json"}
+        if upstream_api_key:
+            self._headers["authorization"] = f"Bearer {upstream_api_key}"
+        self._timeout = httpx.Timeout(upstream_timeout, connect=10.0)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._clients: list[httpx.AsyncClient] = []
+        self._names: dict[httpx.AsyncClient, str] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        from agentcore_rl.gateway.admin import admin_app  # the admin routes use this class
+
+        self._admin = admin_app(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutGateway(upstreams={self.upstreams!r}, backend={self.backend.name!r}, "
+            f"model={self.model!r})"
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> RolloutGateway:
+        if self._stack is not None:
+            raise RuntimeError("the gateway is already running")
+        stack = contextlib.AsyncExitStack()
+        try:
+            self._clients = [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(base_url=url, timeout=self._timeout, limits=self._limits)
+                )
+                for url in self.upstreams
+            ]
+            self._names = {c: str(c.base_url) for c in self._clients}
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
+            self._tg.start_soon(self._sweep_forever)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+        self._tg = None
+        self._clients = []
+
+    @property
+    def running(self) -> bool:
+        """Whether the gateway is entered (serving calls)."""
+        return self._stack is not None
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await anyio.sleep(self.sweep_interval)
+            await self.expire_idle()
+
+    # ------------------------------------------------------------------ trainer API
+    @property
+    def policy_version(self) -> int:
+        """The version stamped on calls that start now."""
+        return self.gate.version
+
+    def set_policy_version(self, version: int) -> None:
+        """Stamp calls that start from now on with ``version``."""
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise TypeError(f"policy version must be an int, got {version!r}")
+        self.gate.version = version
+
+    @contextlib.asynccontextmanager
+    async def paused(self, mode: PauseMode = "hold") -> AsyncIterator[None]:
+        """Hold (or, ``mode="reject"``, refuse with 429) new calls; enter once none runs.
+
+        Example::
+
+            async with gateway.paused():
+                await trainer.push_weights()
+                gateway.set_policy_version(step)
+        """
+        await self.gate.pause(mode)
+        try:
+            yield
+        finally:
+            self.gate.resume()
+
+    def open_session(
+        self,
+        session_id: str,
+        *,
+        exp_id: str | None = None,
+        input_id: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Register a session before its agent calls (ids for the records, sampling overrides).
+
+        Example::
+
+            gateway.open_session(sid, exp_id="e1", input_id="q7", sampling={"temperature": 1.0})
+        """
+        if not _SESSION_ID_RE.fullmatch(session_id):
+            raise ValueError(f"malformed session id {session_id[:80]!r}")
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = self._sessions[session_id] = Session(session_id, last_seen=self._clock())
+        session.exp_id, session.input_id = exp_id, input_id
+        session.sampling = dict(sampling) if sampling else None
+        session.opened = True
+        for record in session.records:  # calls that raced ahead of the registration
+            record.exp_id, record.input_id = exp_id, input_id
+
+    def peek_session(self, session_id: str) -> SessionTrace:
+        """The records of a live session so far, without finishing it."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise TraceLostError(session_id, "this gateway has no live session by that id")
+        return session.trace(self.gateway_id, complete=False)
+
+    async def finish_session(self, session_id: str) -> SessionTrace:
+        """Release a session and return its trace (waiting, bounded, for calls in flight).
+
+        Raises :class:`TraceLostError` when the gateway has no record of the session (it
+        restarted, or the session expired with no sink to keep it).
+
+        Example::
+
+            trace = await gateway.finish_session(sid)
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            if self.sink is not None and _SESSION_ID_RE.fullmatch(session_id):
+                saved = await self.sink.load(session_id)
+                if saved is not None:
+                    return saved
+            raise TraceLostError(
+                session_id,
+                f"gateway {self.gateway_id} has no record of it (it restarted, the session "
+                "expired, or the agent's calls never reached this gateway)",
+            )
+        if session.in_flight:
+            session.idle = anyio.Event()
+            with anyio.move_on_after(self.finish_wait):
+                await session.idle.wait()
+            if session.in_flight:
+                log.warning(
+                    "session %s finished with %d call(s) still running; their records "
+                    "will be missing",
+                    session_id,
+                    session.in_flight,
+                )
+        self._sessions.pop(session_id, None)
+        self.stats["sessions_finished"] += 1
+        return session.trace(self.gateway_id)
+
+    async def expire_idle(self) -> int:
+        """Persist and release sessions idle for longer than the TTL; -> how many."""
+        now = self._clock()
+        stale = [
+            s
+            for s in self._sessions.values()
+            if s.in_flight == 0 and now - s.last_seen > self.session_ttl
+        ]
+        for session in stale:
+            trace = session.trace(self.gateway_id, complete=False)
+            if self.sink is None:
+                self.stats["expired_lost"] += 1
+                log.warning(
+                    "session %s expired after %.0fs idle with %d record(s) and no sink: "
+                    "its trace is dropped (configure a sink to keep it)",
+                    session.session_id,
+                    self.session_ttl,
+                    len(session.records),
+                )
+            else:
+                try:
+                    await self.sink.save(trace)
+                except Exception:
+                    log.exception("could not persist expired session %s", session.session_id)
+                    continue  # kept in memory; the next sweep tries again
+            self._sessions.pop(session.session_id, None)
+            self.stats["sessions_expired"] += 1
+        return len(stale)
+
+    @property
+    def live_sessions(self) -> int:
+        """Sessions held in memory."""
+        return len(self._sessions)
+
+    @staticmethod
+    def session_base_url(gateway_url: str, session_id: str) -> str:
+        """The OpenAI ``base_url`` an agent uses for ``session_id`` (``.../sessions/{sid}/v1``)."""
+        return f"{gateway_url.rstrip('/')}/sessions/{session_id}/v1"
+
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        path: str = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root) :]
+        try:
+            if path.startswith("/sessions/"):
+                sid, _, rest = path[len("/sessions/") :].partition("/")
+                self._check_session_id(sid)
+                if not rest.startswith("v1/"):
+                    raise _Refuse(404, f"no route {path}", "not_found")
+                await self._openai(scope, receive, send, sid, rest[3:])
+            elif path.startswith("/v1/"):
+                await self._openai(scope, receive, send, self._bearer_session(scope), path[4:])
+            else:
+                await self._admin(scope, receive, send)
+        except _Refuse as refuse:
+            await _respond(
+                send,
+                refuse.status,
+                _error_body(refuse.status, refuse.message, refuse.kind),
+                refuse.headers,
+            )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        message = await receive()
+        if message["type"] != "lifespan.startup":
+            return
+        owner = not self.running  # entered already (``async with gateway``): theirs to close
+        if owner:
+            try:
+                await self.__aenter__()
+            except Exception as exc:
+                await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                return
+        await send({"type": "lifespan.startup.complete"})
+        try:
+            message = await receive()  # lifespan.shutdown
+        finally:
+            if owner:
+                await self.__aexit__(None, None, None)
+        await send({"type": "lifespan.shutdown.complete"})
+
+    @staticmethod
+    def _check_session_id(sid: str) -> None:
+        if not _SESSION_ID_RE.fullmatch(sid):
+            raise _Refuse(
+                400,
+                f"malformed session id {sid[:80]!r}: expected 1-256 characters of letters, "
+                "digits and . _ : - (starting with a letter or digit)",
+                "invalid_session_id",
+            )
+
+    def _bearer_session(self, scope: Scope) -> str:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                header: bytes = value
+                scheme, _, token = header.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and token.strip():
+                    sid = token.strip()
+                    self._check_session_id(sid)
+                    return sid
+        raise _Refuse(
+            401,
+            "no session id: call /sessions/{session_id}/v1/... or send "
+            "'Authorization: Bearer <session id>'",
+            "missing_session_id",
+        )
+
+    async def _openai(
+        self, scope: Scope, receive: Receive, send: Send, sid: str, rest: str
+    ) -> None:
+        if not self.running:
+            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+        method = scope["method"]
+        if rest == "models" and method == "GET":
+            await self._models(send, sid)
+            return
+        endpoint = _ENDPOINTS.get(rest)
+        if endpoint is None:
+            raise _Refuse(
+                404, f"no route /v1/{rest} (chat/completions, completions, models)", "not_found"
+            )
+        if method != "POST":
+            raise _Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
+        raw = await _read_body(receive, self.max_body_bytes)
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise _Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise _Refuse(400, "request body must be a JSON object", "invalid_json")
+        key = "messages" if endpoint == CHAT else "prompt"
+        if key not in body:
+            raise _Refuse(400, f"request body has no {key!r}", "invalid_request")
+        if self.require_open and sid not in self._sessions:
+            raise _Refuse(
+                404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
+            )
+        try:
+            version = await self.gate.enter()
+        except Rejected as rejected:
+            raise _Refuse(
+                429,
+                str(rejected),
+                "paused",
+                [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
+            ) from None
+        try:
+            session = self._sessions.get(sid)
+            if session is None:  # opened by its first call (after the gate: a 429 opens none)
+                session = self._sessions[sid] = Session(sid)
+            await self._call(send, session, endpoint, raw, body, version)
+        finally:
+            self.gate.exit()
+
+    async def _models(self, send: Send, sid: str) -> None:
+        client = self._client_for(sid)
+        try:
+            response = await client.get("models", headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise _Refuse(502, self._down_message(client, exc), "upstream_unavailable") from None
+        await _respond(send, response.status_code, response.content)
+
+    def _client_for(self, sid: str) -> httpx.AsyncClient:
+        clients = self._clients
+        if len(clients) == 1:
+            return clients[0]
+        return clients[zlib.crc32(sid.encode()) % len(clients)]
+
+    @staticmethod
+    def _down_message(client: httpx.AsyncClient, exc: Exception) -> str:
+        return f"upstream {client.base_url} failed: {type(exc).__name__}: {exc}".rstrip(": ")
+
+    async def _call(
+        self,
+        send: Send,
+        session: Session,
+        endpoint: str,
+        raw: bytes,
+        body: dict[str, Any],
+        version: int,
+    ) -> None:
+        start = self._clock()
+        stream = bool(body.get("stream"))
+        overrides: dict[str, Any] | None = None
+        if session.sampling or self.model:
+            overrides = dict(session.sampling or {})
+            if self.model:
+                overrides["model"] = self.model
+            body.update(overrides)
+        upstream_body, keep_logprobs = self.backend.prepare(body, endpoint)
+        client = self._client_for(session.session_id)
+        record = CallRecord(
+            session_id=session.session_id,
+            index=session.call_started(start),
+            endpoint=endpoint,
+            exp_id=session.exp_id,
+            input_id=session.input_id,
+            policy_version_start=version,
+            request_body=raw,
+            overrides=overrides,
+            started_at=self._wall(),
+            stream=stream,
+            upstream=self._names[client],
+        )
+        capture = Capture()
+        committed = False
+
+        def commit(status: int, error: str | None = None) -> None:
+            nonlocal committed
+            committed = True
+            record.status = status
+            record.error = error
+            record.prompt_ids = capture.prompt_ids or record.prompt_ids
+            record.completions = capture.completions()
+            record.usage = capture.usage
+            record.policy_version_end = self.gate.version
+            record.latency_s = self._clock() - start
+            self.stats["calls"] += 1
+            if not record.ok:
+                self.stats["failed_calls"] += 1
+            if self._sessions.get(session.session_id) is not session:
+                self.stats["late_records"] += 1
+                log.warning(
+                    "call %d of session %s ended after the session was finished or expired",
+                    record.index,
+                    session.session_id,
+                )
+            session.call_ended(record, self._clock())
+
+        try:
+            payload = _dumps(upstream_body).encode()
+            if stream and self.backend.streams:
+                await self._stream(send, client, endpoint, payload, capture, keep_logprobs, commit)
+            else:
+                await self._whole(
+                    send, client, endpoint, payload, capture, keep_logprobs, commit, stream, body
+                )
+        except _Refuse as refuse:
+            if not committed:
+                commit(refuse.status, refuse.message)
+            raise
+        except httpx.HTTPError as exc:
+            message = self._down_message(client, exc)
+            if not committed:
+                commit(502, message)
+                raise _Refuse(502, message, "upstream_unavailable") from None
+            raise
+        except BaseException as exc:
+            if not committed:
+                commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
+            raise
+
+    async def _whole(
+        self,
+        send: Send,
+        client: httpx.AsyncClient,
+        endpoint: str,
+        payload: bytes,
+        capture: Capture,
+        keep_logprobs: bool,
+        commit: Callable[..., None],
+        stream: bool,
+        body: Mapping[str, Any],
+    ) -> None:
+        response = await client.post(
+            endpoint_path(endpoint), content=payload, headers=self._headers
+        )
+        content = response.content
+        if response.status_code != 200:
+            text = content[:500].decode("utf-8", "replace")
+            commit(response.status_code, f"upstream answered HTTP {response.status_code}: {text}")
+            await _respond(send, response.status_code, content)
+            return
+        try:
+            data = json.loads(content)
+        except ValueError:
+            raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid") from None
+        self.backend.take_response(data, capture, keep_logprobs, endpoint)
+        missing = capture.missing(self.backend.name)
+        if missing:
+            raise _Refuse(502, missing, "upstream_missing_token_ids")
+        commit(200)
+        if stream:  # the upstream could not stream with capture on: stream the whole answer
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send(
+                {"type": "http.response.body", "body": synthesize_sse(data, endpoint, usage)}
+            )
+            return
+        out = _dumps(data).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
+        await send({"type": "http.response.body", "body": out})
+
+    async def _stream(
+        self,
+        send: Send,
+        client: httpx.AsyncClient,
+        endpoint: str,
+        payload: bytes,
+        capture: Capture,
+        keep_logprobs: bool,
+        commit: Callable[..., None],
+    ) -> None:
+        request = client.build_request(
+            "POST", endpoint_path(endpoint), content=payload, headers=self._headers
+        )
+        response = await client.send(request, stream=True)
+        try:
+            if response.status_code != 200:
+                content = await response.aread()
+                text = content[:500].decode("utf-8", "replace")
+                commit(
+                    response.status_code, f"upstream answered HTTP {response.status_code}: {text}"
+                )
+                await _respond(send, response.status_code, content)
+                return
+            await self._relay(send, response, endpoint, capture, keep_logprobs, commit, client)
+        finally:
+            await response.aclose()
+
+    async def _relay(
+        self,
+        send: Send,
+        response: httpx.Response,
+        endpoint: str,
+        capture: Capture,
+        keep_logprobs: bool,
+        commit: Callable[..., None],
+        client: httpx.AsyncClient,
+    ) -> None:
+        """Forward the upstream's SSE events as they arrive, capturing and stripping each."""
+        started = False
+        pending = b""
+        take = self.backend.take_chunk
+        try:
+            async for piece in response.aiter_raw():
+                pending += piece
+                cut = pending.rfind(b"\n\n")
+                if cut < 0:
+                    continue
+                events, pending = pending[: cut + 2], pending[cut + 2 :]
+                out: list[bytes] = []
+                done = False
+                for event in events.split(b"\n\n"):
+                    if not event:
+                        continue
+                    if event.startswith(_DONE):
+                        done = True
+                        continue
+                    if event.startswith(b"data:"):
+                        data = json.loads(event[5:])
+                        take(data, capture, keep_logprobs, endpoint)
+                        event = b"data: " + _dumps(data).encode()
+                    out.append(event + b"\n\n")
+                if not started:
+                    if capture.prompt_ids is None and not done and capture.choices:
+                        # vLLM sends the prompt ids on the first chunk: refuse before any byte
+                        raise _Refuse(
+                            502,
+                            capture.missing(self.backend.name) or "",
+                            "upstream_missing_token_ids",
+                        )
+                    started = True
+                    await send(
+                        {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                    )
+                if done:
+                    await self._end_stream(send, out, capture, commit)
+                    return
+                if out:
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(out), "more_body": True}
+                    )
+        except (httpx.HTTPError, ValueError) as exc:
+            if isinstance(exc, httpx.HTTPError):
+                message = self._down_message(client, exc)
+            else:
+                message = f"upstream sent an invalid stream event: {exc}"
+            if not started:
+                raise _Refuse(502, message, "upstream_unavailable") from None
+            commit(502, message)  # the headers are out: end the stream with an error event
+            tail = b"data: " + _error_body(502, message, "upstream_unavailable") + b"\n\n"
+            await send({"type": "http.response.body", "body": tail})
+            return
+        if not started:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        await self._end_stream(send, [pending] if pending else [], capture, commit)
+
+    async def _end_stream(
+        self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]
+    ) -> None:
+        missing = capture.missing(self.backend.name)
+        if missing:
+            commit(502, missing)
+            tail = b"data: " + _error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
+        else:
+            commit(200)  # before the last byte: an envelope can never overtake its last record
+            tail = _DONE + b"\n\n"
+        await send({"type": "http.response.body", "body": b"".join(out) + tail})
+
+
+def endpoint_path(endpoint: str) -> str:
+    """The upstream path (relative to its ``/v1`` base URL) of an endpoint."""
+    return "chat/completions" if endpoint == CHAT else "completions"

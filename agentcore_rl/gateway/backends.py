@@ -1,0 +1,250 @@
+"""How each inference server is asked for token ids and logprobs, and how they are read back.
+
+A backend adds its capture flags to the request, then takes the ids and logprobs out of the
+answer (non-streaming, or one SSE chunk at a time) and strips what the agent did not ask
+for, so the agent receives a plain OpenAI answer.
+
+- ``vllm`` (>= 0.10.2): ``return_token_ids: true`` gives ``prompt_token_ids`` (chat: at the
+  root; completions: on each choice) and ``token_ids`` on each choice or streamed chunk;
+  ``logprobs`` gives ``choices[i].logprobs.content[j].logprob`` (chat) or
+  ``choices[i].logprobs.token_logprobs`` (completions).
+- ``sglang``: ``return_prompt_token_ids`` and ``return_meta_info`` give
+  ``choices[i].prompt_token_ids`` and ``choices[i].meta_info.output_token_logprobs``
+  (``[logprob, token_id, text]`` per token). SGLang refuses these flags when streaming, so
+  the gateway asks it without streaming and streams the answer to the agent itself.
+
+Example::
+
+    backend = backend_named("vllm")
+    upstream_body, keep_logprobs = backend.prepare(dict(body), "chat.completions")
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
+
+__all__ = ["Backend", "Capture", "SGLangBackend", "VLLMBackend", "backend_named", "synthesize_sse"]
+
+CHAT: Final = "chat.completions"
+COMPLETIONS: Final = "completions"
+
+
+class Capture:
+    """Token ids and logprobs gathered from one answer (or its stream of chunks)."""
+
+    __slots__ = ("choices", "ids_seen", "prompt_ids", "usage")
+
+    def __init__(self) -> None:
+        self.prompt_ids: array[int] | None = None
+        self.choices: dict[int, Completion] = {}
+        self.ids_seen: set[int] = set()
+        self.usage: dict[str, Any] | None = None
+
+    def choice(self, index: int) -> Completion:
+        """The completion of choice ``index`` (created on first sight)."""
+        found = self.choices.get(index)
+        if found is None:
+            found = self.choices[index] = Completion(index=index)
+        return found
+
+    def completions(self) -> list[Completion]:
+        """The choices in index order."""
+        return [self.choices[i] for i in sorted(self.choices)]
+
+    def missing(self, backend: str) -> str | None:
+        """What the upstream failed to return, in words, or None when nothing is missing."""
+        what = []
+        if self.prompt_ids is None:
+            what.append("prompt token ids")
+        if any(i not in self.ids_seen for i in self.choices):
+            what.append("completion token ids")
+        elif any(len(c.logprobs) != len(c.token_ids) for c in self.choices.values()):
+            what.append("one logprob per completion token")
+        if not what:
+            return None
+        hint = (
+            "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
+            if backend == "vllm"
+            else "does this SGLang accept return_prompt_token_ids and return_meta_info?"
+        )
+        return f"the {backend} upstream returned no {' and no '.join(what)}; {hint}"
+
+
+def _logprob_values(logprobs: Any, endpoint: str) -> list[float] | None:
+    if not isinstance(logprobs, Mapping):
+        return None
+    if endpoint == CHAT:
+        content = logprobs.get("content")
+        if content is None:
+            return None
+        return [float(e["logprob"]) for e in content]
+    values = logprobs.get("token_logprobs")
+    return None if values is None else [float(v) for v in values]
+
+
+class Backend:
+    """The capture protocol of one kind of inference server (see the module doc)."""
+
+    name = "?"
+    #: Whether the upstream can stream while returning token ids.
+    streams = True
+
+    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
+        """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
+        raise NotImplementedError
+
+    def take_response(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        """Read ids and logprobs from a whole answer, stripping the capture fields in place."""
+        raise NotImplementedError
+
+    def take_chunk(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        """Read ids and logprobs from one streamed chunk, stripping the capture fields."""
+        raise NotImplementedError
+
+
+class VLLMBackend(Backend):
+    """vLLM >= 0.10.2 with ``return_token_ids``."""
+
+    name = "vllm"
+
+    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
+        body["return_token_ids"] = True
+        if endpoint == CHAT:
+            keep = bool(body.get("logprobs"))
+            if not keep:
+                body["logprobs"] = True
+        else:
+            keep = body.get("logprobs") is not None
+            if not keep:
+                body["logprobs"] = 0  # the sampled token's logprob only
+        return body, keep
+
+    def take_response(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        root_prompt = data.pop("prompt_token_ids", None)
+        if root_prompt is not None:
+            capture.prompt_ids = ids_array(root_prompt)
+        self._choices(data, capture, keep_logprobs, endpoint)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            capture.usage = usage
+
+    take_chunk = take_response
+
+    @staticmethod
+    def _choices(
+        data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        for ch in data.get("choices") or ():
+            completion = capture.choice(int(ch.get("index", 0)))
+            prompt = ch.pop("prompt_token_ids", None)  # completions: per choice
+            if prompt is not None and capture.prompt_ids is None:
+                capture.prompt_ids = ids_array(prompt)
+            ids = ch.pop("token_ids", None)
+            if ids is not None:
+                capture.ids_seen.add(completion.index)
+                completion.token_ids.extend(ids)
+            values = _logprob_values(ch.get("logprobs"), endpoint)
+            if values:
+                completion.logprobs.extend(values)
+            if not keep_logprobs:
+                ch["logprobs"] = None
+            if ch.get("finish_reason") is not None:
+                completion.finish_reason = ch["finish_reason"]
+
+
+class SGLangBackend(Backend):
+    """SGLang's OpenAI server with ``return_prompt_token_ids`` and ``return_meta_info``."""
+
+    name = "sglang"
+    streams = False
+
+    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
+        body["return_prompt_token_ids"] = True
+        body["return_meta_info"] = True
+        body.pop("stream", None)
+        body.pop("stream_options", None)
+        keep = bool(body.get("logprobs"))
+        if not keep:
+            body["logprobs"] = True if endpoint == CHAT else 0
+        return body, keep
+
+    def take_response(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        root_prompt = data.pop("prompt_token_ids", None)
+        if root_prompt is not None:
+            capture.prompt_ids = ids_array(root_prompt)
+        for ch in data.get("choices") or ():
+            completion = capture.choice(int(ch.get("index", 0)))
+            prompt = ch.pop("prompt_token_ids", None)
+            if prompt is not None and capture.prompt_ids is None:
+                capture.prompt_ids = ids_array(prompt)
+            meta = ch.pop("meta_info", None)
+            entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
+            if entries is not None:
+                capture.ids_seen.add(completion.index)
+                completion.token_ids = ids_array(int(e[1]) for e in entries)
+                completion.logprobs = logprob_array(float(e[0]) for e in entries)
+            if not keep_logprobs:
+                ch["logprobs"] = None
+            completion.finish_reason = ch.get("finish_reason")
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            capture.usage = usage
+
+    def take_chunk(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        raise NotImplementedError("SGLang is asked without streaming")
+
+
+_BACKENDS: Final[dict[str, type[Backend]]] = {"vllm": VLLMBackend, "sglang": SGLangBackend}
+
+
+def backend_named(name: str) -> Backend:
+    """The backend called ``name`` (``vllm`` or ``sglang``)."""
+    try:
+        return _BACKENDS[name]()
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(_BACKENDS)}") from None
+
+
+def synthesize_sse(data: Mapping[str, Any], endpoint: str, include_usage: bool) -> bytes:
+    """A whole (already stripped) answer as an OpenAI SSE stream: one chunk per choice.
+
+    Used when the upstream cannot stream with capture on (SGLang): the agent still gets a
+    valid stream, in one piece.
+    """
+    head = {
+        "id": data.get("id", ""),
+        "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",
+        "created": data.get("created", 0),
+        "model": data.get("model", ""),
+    }
+    parts = []
+    for ch in data.get("choices") or ():
+        if endpoint == CHAT:
+            message = dict(ch.get("message") or {})
+            for i, call in enumerate(message.get("tool_calls") or ()):
+                call.setdefault("index", i)
+            choice = {"index": ch.get("index", 0), "delta": message}
+        else:
+            choice = {"index": ch.get("index", 0), "text": ch.get("text", "")}
+        choice["logprobs"] = ch.get("logprobs")
+        choice["finish_reason"] = ch.get("finish_reason")
+        parts.append({**head, "choices": [choice]})
+    if include_usage and data.get("usage") is not None:
+        parts.append({**head, "choices": [], "usage": data["usage"]})
+    out = b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in parts)
+    return out + b"data: [DONE]\n\n"

@@ -1,0 +1,410 @@
+"""GRPO groups: n rollouts of one input, their rewards, advantages and the rules they follow.
+
+Pure (no I/O): the client runs the members, :class:`~agentcore_rl.group_tracker.GroupTracker`
+decides what happens to them, and this module holds what both share: the group's rules
+(:class:`GroupRules`), its result (:class:`RolloutGroup` of :class:`GroupMember`), why
+something was dropped (:class:`DropReason`), the errors a dropped group ends in, and the
+session ids members run under.
+
+Member session ids are derived from ``(exp_id, input_id, member index, attempt)`` so that a
+new process (``attach()``, ``eval --resume``) finds a half-finished group's sessions again.
+Hence an ``input_id`` names one group per experiment: sample the same prompt again under a
+new ``input_id`` (``"q-17@step3"``) or a new ``exp_id``.
+
+Example::
+
+    rules = GroupRules(n=8, redundancy=1, on_failure="zero", filter_uniform=True)
+    sid = member_session_id("exp-1", "q-17", index=3, attempt=0)   # "grp-<32 hex>-m3-a0"
+    group.rewards, group.advantages("mean_std"), group.stats.policy_version_min
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Final, Literal, get_args
+
+from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
+from agentcore_rl.protocol import validate_key_part
+
+__all__ = [
+    "DropReason",
+    "GroupDroppedError",
+    "GroupMember",
+    "GroupRules",
+    "GroupStats",
+    "MemberKey",
+    "MemberOutcome",
+    "Normalize",
+    "OnFailure",
+    "RolloutGroup",
+    "StaleGroupError",
+    "advantages",
+    "group_digest",
+    "member_session_id",
+    "parse_member_session_id",
+]
+
+OnFailure = Literal["drop_member", "zero", "drop_group"]
+Normalize = Literal["mean", "mean_std"]
+
+#: Added to the standard deviation so a near-uniform group does not blow up (veRL's value).
+ADVANTAGE_EPSILON: Final = 1e-6
+
+
+# --- Outcomes and reasons -------------------------------------------------------------------
+
+
+class MemberOutcome(str, Enum):
+    """How one attempt of a member ended.
+
+    Example::
+
+        [m for m in group.members if m.outcome is MemberOutcome.SUCCEEDED]
+    """
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    #: Stopped before it ended (an extra beyond n, or its group was dropped or cancelled).
+    STOPPED = "stopped"
+
+
+class DropReason(str, Enum):
+    """Why an attempt is not in its group, or why a whole group was dropped.
+
+    Member reasons: ``RETRIED`` (failed, re-run in a fresh session), ``FAILED`` /
+    ``TIMED_OUT`` (left out under ``on_failure="drop_member"``, or covered by a spare),
+    ``REDUNDANT`` (an extra beyond n, stopped). Group reasons: ``FAILED`` / ``TIMED_OUT``
+    (``on_failure="drop_group"``), ``TOO_FEW_MEMBERS``, ``UNIFORM``, ``STALE``, ``CANCELLED``.
+
+    Example::
+
+        counters.groups_dropped[DropReason.UNIFORM]
+    """
+
+    RETRIED = "retried"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    REDUNDANT = "redundant"
+    TOO_FEW_MEMBERS = "too_few_members"
+    UNIFORM = "uniform"
+    STALE = "stale"
+    CANCELLED = "cancelled"
+
+
+# --- Rules ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupRules:
+    """How a group of ``n`` members is run and when it counts as whole.
+
+    ``redundancy`` extra members start with the group; the first ``n`` to succeed are kept
+    and the rest are stopped. A failed or timed-out member is re-run up to ``retry`` times
+    in a fresh session, unless a spare still running covers it. What then remains failed
+    follows ``on_failure``: ``"drop_member"`` (the group resolves with its survivors if at
+    least ``min_members`` - capped at ``n`` - succeed), ``"zero"`` (the member stays with
+    reward 0 and its tokens masked out) or ``"drop_group"``. ``filter_uniform`` drops a
+    group whose rewards are all equal: it carries no learning signal.
+
+    Example::
+
+        GroupRules(n=8, redundancy=2, on_failure="zero", filter_uniform=True)
+    """
+
+    n: int
+    redundancy: int = 0
+    retry: int = 1
+    on_failure: OnFailure = "drop_member"
+    min_members: int = 2
+    filter_uniform: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (("n", 1), ("redundancy", 0), ("retry", 0), ("min_members", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigurationError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.on_failure not in get_args(OnFailure):
+            raise ConfigurationError(
+                f"on_failure must be one of {', '.join(get_args(OnFailure))}, "
+                f"got {self.on_failure!r}"
+            )
+
+    @property
+    def keep_at_least(self) -> int:
+        """Survivors a ``drop_member`` group needs: ``min_members`` capped at ``n``."""
+        return min(self.min_members, self.n)
+
+    @property
+    def starts(self) -> int:
+        """Members started with the group: ``n + redundancy``."""
+        return self.n + self.redundancy
+
+
+# --- Session ids ----------------------------------------------------------------------------
+
+_SESSION_PREFIX: Final = "grp"
+_DIGEST_CHARS: Final = 32
+_MEMBER_SESSION: Final = re.compile(
+    rf"{_SESSION_PREFIX}-(?P<digest>[0-9a-f]{{{_DIGEST_CHARS}}})-m(?P<index>\d+)-a(?P<attempt>\d+)"
+)
+
+
+@dataclass(frozen=True)
+class MemberKey:
+    """What a member session id encodes (see :func:`parse_member_session_id`)."""
+
+    digest: str
+    index: int
+    attempt: int
+
+
+def group_digest(exp_id: str, input_id: str) -> str:
+    """The 32 hex characters naming one group in its members' session ids.
+
+    Example::
+
+        group_digest("exp-1", "q-17") == parse_member_session_id(sid).digest
+    """
+    validate_key_part("exp_id", exp_id)
+    validate_key_part("input_id", input_id)
+    # Key parts never contain "/", so the joined text is unambiguous.
+    return hashlib.sha256(f"{exp_id}/{input_id}".encode()).hexdigest()[:_DIGEST_CHARS]
+
+
+def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -> str:
+    """The session id of one attempt of one member: ``grp-<digest>-m<index>-a<attempt>``.
+
+    Deterministic, so a restarted process finds the same sessions (and result keys), and
+    valid for AgentCore Runtime (letters, digits and hyphens; at least 33 characters).
+    The ids are hashed because ``input_id`` may hold characters session ids may not.
+
+    Example::
+
+        member_session_id("exp-1", "q-17", index=0, attempt=1)   # "grp-…-m0-a1"
+    """
+    for name, value in (("index", index), ("attempt", attempt)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigurationError(f"member {name} must be an integer >= 0, got {value!r}")
+    return f"{_SESSION_PREFIX}-{group_digest(exp_id, input_id)}-m{index}-a{attempt}"
+
+
+def parse_member_session_id(session_id: str) -> MemberKey | None:
+    """``(digest, index, attempt)`` of a member session id, ``None`` for any other id.
+
+    Example::
+
+        parse_member_session_id(member_session_id("e", "q", index=2, attempt=0)).index  # 2
+    """
+    match = _MEMBER_SESSION.fullmatch(session_id)
+    if match is None:
+        return None
+    return MemberKey(match["digest"], int(match["index"]), int(match["attempt"]))
+
+
+# --- Advantages -----------------------------------------------------------------------------
+
+
+def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[float]:
+    """GRPO advantages of one group: reward minus the group mean, divided by its std.
+
+    ``"mean"`` subtracts the mean only (Dr. GRPO); ``"mean_std"`` also divides by the
+    sample standard deviation plus 1e-6, as veRL and TRL do. A group of one gets 0.
+
+    Example::
+
+        advantages([1.0, 0.0, 0.0, 1.0])               # [0.5, -0.5, -0.5, 0.5]
+        advantages([1.0, 0.0], normalize="mean_std")   # [~0.707, ~-0.707]
+    """
+    if normalize not in get_args(Normalize):
+        raise ConfigurationError(
+            f"normalize must be one of {', '.join(get_args(Normalize))}, got {normalize!r}"
+        )
+    values = [float(r) for r in rewards]
+    if not values:
+        return []
+    mean = math.fsum(values) / len(values)
+    centred = [r - mean for r in values]
+    if normalize == "mean" or len(values) < 2:
+        return centred
+    std = math.sqrt(math.fsum(c * c for c in centred) / (len(values) - 1))
+    return [c / (std + ADVANTAGE_EPSILON) for c in centred]
+
+
+# --- Members and groups ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupMember:
+    """One attempt of one member of a group, as it ended.
+
+    ``reward`` is the agent's reward for a success, 0.0 for a member zeroed under
+    ``on_failure="zero"`` (``zeroed`` is then true and its tokens train with mask 0) and
+    ``None`` otherwise. ``trajectory`` is the captured token trajectory when a gateway is
+    configured; ``result`` the agent's result envelope when there was one; ``error`` a
+    one-line description of a failure; ``drop_reason`` why the attempt is not in the group.
+
+    Example::
+
+        for m in group.members:
+            print(m.index, m.session_id, m.reward, m.policy_version)
+    """
+
+    index: int
+    attempt: int
+    session_id: str
+    outcome: MemberOutcome
+    reward: float | None = None
+    policy_version: int | None = None
+    trajectory: Any = None
+    result: Mapping[str, Any] | None = None
+    error: str | None = None
+    zeroed: bool = False
+    drop_reason: DropReason | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupStats:
+    """Figures of one group: counts, and rewards over the kept members (population std).
+
+    Example::
+
+        print(group.stats.reward_mean, group.stats.policy_version_max)
+    """
+
+    n: int
+    size: int
+    succeeded: int
+    zeroed: int
+    retried: int
+    discarded: int
+    reward_mean: float | None
+    reward_std: float | None
+    reward_min: float | None
+    reward_max: float | None
+    policy_version_min: int | None
+    policy_version_max: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutGroup:
+    """The members of one input that count, and every attempt that does not.
+
+    ``members`` are the kept members in index order (at most ``n``; fewer only under
+    ``on_failure="drop_member"``); ``discarded`` holds every other attempt with its
+    ``drop_reason``, so no session goes unaccounted for.
+
+    Example::
+
+        g = await client.invoke_group(payload, n=8, input_id="q-17")
+        g = await g
+        for member, adv in zip(g.members, g.advantages("mean_std")):
+            print(member.session_id, member.reward, adv)
+    """
+
+    exp_id: str
+    input_id: str
+    n: int
+    members: tuple[GroupMember, ...]
+    discarded: tuple[GroupMember, ...] = field(default=())
+
+    @property
+    def rewards(self) -> list[float]:
+        """Rewards of the kept members, in member order (zeroed members count 0.0)."""
+        return [0.0 if m.reward is None else m.reward for m in self.members]
+
+    @property
+    def session_ids(self) -> list[str]:
+        """Session ids of the kept members, in member order."""
+        return [m.session_id for m in self.members]
+
+    def advantages(self, normalize: Normalize = "mean") -> list[float]:
+        """Advantages of the kept members, in member order (see :func:`advantages`).
+
+        Example::
+
+            group.advantages("mean_std")
+        """
+        return advantages(self.rewards, normalize)
+
+    @property
+    def is_uniform(self) -> bool:
+        """True when all kept rewards are equal (no GRPO learning signal)."""
+        return len(set(self.rewards)) <= 1
+
+    @property
+    def stats(self) -> GroupStats:
+        """Counts, reward figures and the min/max policy version of the kept members."""
+        rewards = self.rewards
+        versions = [m.policy_version for m in self.members if m.policy_version is not None]
+        mean = math.fsum(rewards) / len(rewards) if rewards else None
+        std = None
+        if mean is not None:
+            std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
+        return GroupStats(
+            n=self.n,
+            size=len(self.members),
+            succeeded=sum(m.outcome is MemberOutcome.SUCCEEDED for m in self.members),
+            zeroed=sum(m.zeroed for m in self.members),
+            retried=sum(m.drop_reason is DropReason.RETRIED for m in self.discarded),
+            discarded=len(self.discarded),
+            reward_mean=mean,
+            reward_std=std,
+            reward_min=min(rewards) if rewards else None,
+            reward_max=max(rewards) if rewards else None,
+            policy_version_min=min(versions) if versions else None,
+            policy_version_max=max(versions) if versions else None,
+        )
+
+
+# --- Errors ---------------------------------------------------------------------------------
+
+
+class GroupDroppedError(AgentCoreRLError):
+    """A group was dropped by its rules; ``reason`` says which, ``group`` what had finished.
+
+    Example::
+
+        try:
+            g = await group
+        except GroupDroppedError as exc:
+            print(exc.input_id, exc.reason.value, len(exc.group.members))
+    """
+
+    def __init__(self, group: RolloutGroup, reason: DropReason, detail: str = ""):
+        self.group = group
+        self.input_id = group.input_id
+        self.reason = reason
+        text = f"group {group.input_id!r} dropped ({reason.value})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class StaleGroupError(GroupDroppedError):
+    """A group started under a policy version too old for the trainer was stopped.
+
+    ``policy_version`` is the oldest version among its members, ``current`` the version
+    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
+
+    Example::
+
+        except StaleGroupError as exc:
+            print(exc.policy_version, "<", exc.current - exc.max_staleness)
+    """
+
+    def __init__(
+        self, group: RolloutGroup, *, policy_version: int, current: int, max_staleness: int
+    ):
+        self.policy_version = policy_version
+        self.current = current
+        self.max_staleness = max_staleness
+        super().__init__(
+            group,
+            DropReason.STALE,
+            f"started under policy version {policy_version}, older than "
+            f"{current} - {max_staleness} allowed",
+        )

@@ -1,0 +1,232 @@
+"""From a session's captured calls to training sequences (pure Python, no torch).
+
+The rule every serious trainer uses: a call whose prompt token ids start with the
+previous call's prompt + completion (the conversation only grew) extends the same
+segment; its new prompt tokens (tool results, user turns) get loss mask 0 and its
+completion tokens mask 1. Any other call (history truncated, re-templated, a sub-agent)
+starts a new segment. Merges and splits are counted, so a trainer can see when an agent
+breaks the prefix. A call retried with an identical request and prompt (a timeout, a
+429) keeps only its last answer. Failed calls (no tokens) are skipped and counted.
+
+Token ids are the served ones, never re-tokenised text (re-tokenising causes train/
+inference mismatch).
+
+Example::
+
+    from agentcore_rl.trajectory import build_trajectory
+
+    trajectory = build_trajectory(trace, reward=1.0)
+    for segment in trajectory.segments:
+        train_on(segment.token_ids, segment.loss_mask, segment.logprobs)
+    print(trajectory.merges, trajectory.splits)
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, runtime_checkable
+
+__all__ = ["NO_VERSION", "Segment", "Trajectory", "build_trajectory"]
+
+#: The policy version of tokens the policy did not generate (prompt, tool results).
+NO_VERSION: Final = -1
+
+
+class _Record(Protocol):
+    """What a trajectory needs of a call record (``gateway.CallRecord`` has it)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def prompt_ids(self) -> array[int]: ...
+    @property
+    def completions(self) -> list[Any]: ...
+    @property
+    def request_body(self) -> bytes: ...
+    @property
+    def policy_version_start(self) -> int | None: ...
+
+
+@runtime_checkable
+class _Trace(Protocol):
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def input_id(self) -> str | None: ...
+    @property
+    def records(self) -> list[Any]: ...
+
+
+@dataclass(slots=True)
+class Segment:
+    """One training sequence: all four arrays have one entry per token.
+
+    ``loss_mask`` is 1 for tokens the policy generated, 0 for prompt/tool tokens;
+    ``logprobs`` and ``policy_versions`` are the sampler's values for generated tokens
+    (0.0 and ``NO_VERSION`` elsewhere). ``calls`` lists the call indices merged into it.
+
+    Example::
+
+        for segment in trajectory.segments:
+            batch.add(segment.token_ids, segment.loss_mask, segment.logprobs)
+    """
+
+    token_ids: array[int] = field(default_factory=lambda: array("i"))
+    loss_mask: array[int] = field(default_factory=lambda: array("b"))
+    logprobs: array[float] = field(default_factory=lambda: array("d"))
+    policy_versions: array[int] = field(default_factory=lambda: array("i"))
+    calls: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def generated_tokens(self) -> int:
+        """How many tokens have loss mask 1."""
+        return sum(self.loss_mask)
+
+    def _append(self, ids: array[int], generated: bool, logprobs: Any, version: int) -> None:
+        n = len(ids)
+        self.token_ids.extend(ids)
+        self.loss_mask.extend(array("b", [1 if generated else 0]) * n)
+        if generated:
+            self.logprobs.extend(logprobs)
+            self.policy_versions.extend(array("i", [version]) * n)
+        else:
+            self.logprobs.extend(array("d", [0.0]) * n)
+            self.policy_versions.extend(array("i", [NO_VERSION]) * n)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-ready form."""
+        return {
+            "token_ids": self.token_ids.tolist(),
+            "loss_mask": self.loss_mask.tolist(),
+            "logprobs": self.logprobs.tolist(),
+            "policy_versions": self.policy_versions.tolist(),
+            "calls": list(self.calls),
+        }
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """A rollout's training data: its segments, its reward and how they were built.
+
+    Example::
+
+        trajectory = build_trajectory(trace, reward=result["rewards"][-1])
+        trajectory.min_policy_version     # for staleness checks
+    """
+
+    segments: list[Segment]
+    reward: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    session_id: str = ""
+    input_id: str | None = None
+    merges: int = 0
+    splits: int = 0
+    duplicates: int = 0
+    failed_calls: int = 0
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the policy generated (loss mask 1), over all segments."""
+        return sum(s.generated_tokens for s in self.segments)
+
+    @property
+    def min_policy_version(self) -> int | None:
+        """The oldest policy version that generated any token (None without tokens)."""
+        versions = [v for s in self.segments for v in s.policy_versions if v != NO_VERSION]
+        return min(versions) if versions else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-ready form (one trajectory for a person to look at, or JSONL rows)."""
+        return {
+            "session_id": self.session_id,
+            "input_id": self.input_id,
+            "reward": self.reward,
+            "metrics": self.metrics,
+            "merges": self.merges,
+            "splits": self.splits,
+            "duplicates": self.duplicates,
+            "failed_calls": self.failed_calls,
+            "segments": [s.to_json() for s in self.segments],
+        }
+
+
+def _is_retry(record: _Record, previous: _Record) -> bool:
+    return record.prompt_ids == previous.prompt_ids and record.request_body == previous.request_body
+
+
+def build_trajectory(
+    trace: _Trace | Iterable[_Record],
+    *,
+    reward: float | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    session_id: str | None = None,
+    input_id: str | None = None,
+    choice: int = 0,
+) -> Trajectory:
+    """Turn a session's records (or its ``SessionTrace``) into a :class:`Trajectory`.
+
+    ``choice`` picks which choice of a multi-choice (``n`` > 1) call is followed.
+
+    Example::
+
+        build_trajectory(trace, reward=1.0, metrics={"turns": 3})
+    """
+    records: list[Any]
+    if isinstance(trace, _Trace):
+        records = list(trace.records)
+        session_id = session_id if session_id is not None else trace.session_id
+        input_id = input_id if input_id is not None else trace.input_id
+    else:
+        records = list(trace)
+    records.sort(key=lambda r: r.index)
+
+    failed = 0
+    duplicates = 0
+    kept: list[Any] = []
+    for record in records:
+        if not record.ok or len(record.completions) <= choice:
+            failed += 1
+            continue
+        if kept and _is_retry(record, kept[-1]):
+            kept[-1] = record  # the agent went on with the retry's answer
+            duplicates += 1
+            continue
+        kept.append(record)
+
+    segments: list[Segment] = []
+    merges = splits = 0
+    current: Segment | None = None
+    for record in kept:
+        completion = record.completions[choice]
+        prompt: array[int] = record.prompt_ids
+        version = record.policy_version_start
+        version = NO_VERSION if version is None else version
+        if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
+            merges += 1
+            current._append(prompt[len(current.token_ids) :], False, None, version)
+        else:
+            if current is not None:
+                splits += 1
+            current = Segment()
+            segments.append(current)
+            current._append(prompt, False, None, version)
+        current._append(completion.token_ids, True, completion.logprobs, version)
+        current.calls.append(record.index)
+    return Trajectory(
+        segments=segments,
+        reward=reward,
+        metrics=dict(metrics or {}),
+        session_id=session_id or "",
+        input_id=input_id,
+        merges=merges,
+        splits=splits,
+        duplicates=duplicates,
+        failed_calls=failed,
+    )

@@ -1,0 +1,1 @@
+"""The math agent written with Strands Agents (see README.md)."""

@@ -1,0 +1,67 @@
+"""The backends' capture rules on answers shaped like each server's (vLLM, SGLang)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentcore_rl.gateway.backends import Capture, backend_named, synthesize_sse
+
+
+def test_sglang_request_flags_and_answer_capture() -> None:
+    backend = backend_named("sglang")
+    body, keep = backend.prepare({"messages": [], "stream": True}, "chat.completions")
+    assert (keep, body["return_prompt_token_ids"], body["return_meta_info"]) == (False, True, True)
+    assert body["logprobs"] is True
+    assert "stream" not in body
+    answer: dict[str, Any] = {
+        "id": "x",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]},
+                "finish_reason": "stop",
+                "prompt_token_ids": [1, 2, 3],
+                "meta_info": {"output_token_logprobs": [[-0.5, 42, None], [-0.25, 43, None]]},
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+    capture = Capture()
+    backend.take_response(answer, capture, keep, "chat.completions")
+    assert capture.missing("sglang") is None
+    assert capture.prompt_ids is not None
+    assert capture.prompt_ids.tolist() == [1, 2, 3]
+    (completion,) = capture.completions()
+    assert completion.token_ids.tolist() == [42, 43]
+    assert completion.logprobs.tolist() == [-0.5, -0.25]
+    choice = answer["choices"][0]
+    assert "meta_info" not in choice
+    assert "prompt_token_ids" not in choice
+    assert choice["logprobs"] is None
+    events = synthesize_sse(answer, "chat.completions", include_usage=True).split(b"\n\n")
+    assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == "hi"
+    assert events[-2] == b"data: [DONE]"
+
+
+def test_sglang_without_meta_info_names_what_is_missing() -> None:
+    backend = backend_named("sglang")
+    capture = Capture()
+    answer = {"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
+    backend.take_response(answer, capture, False, "chat.completions")
+    message = capture.missing("sglang")
+    assert message is not None
+    assert "no prompt token ids and no completion token ids" in message
+    assert "return_meta_info" in message
+
+
+def test_vllm_keeps_logprobs_the_agent_asked_for() -> None:
+    backend = backend_named("vllm")
+    body, keep = backend.prepare({"prompt": "x", "logprobs": 2}, "completions")
+    assert keep
+    assert body["logprobs"] == 2
+    assert body["return_token_ids"] is True
+    body, keep = backend.prepare({"prompt": "x"}, "completions")
+    assert not keep
+    assert body["logprobs"] == 0

@@ -1,0 +1,119 @@
+"""Weight-sync pauses: held calls, drained in-flight calls, 429 in reject mode, admin routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from agentcore_rl.local.policy import ScriptedPolicy
+from tests.gateway.helpers import ADMIN, Latch, chat, served, wait_until
+
+QUESTION: Any = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+async def _ask(llm: Any, stream: bool) -> None:
+    await chat(llm, QUESTION, stream=stream)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_pause_drains_in_flight_calls_holds_new_ones_then_resumes(stream: bool) -> None:
+    latch = Latch()
+    policy = ScriptedPolicy(
+        accuracy=1.0, token_ids="requested", latency=1.0, sleep=latch.sleep, keep_answers=10
+    )
+    async with served(policy) as stack, anyio.create_task_group() as tg:
+        gateway = stack.gateway
+        llm = stack.llm("p1")
+        llm2 = stack.llm("p2")
+        tg.start_soon(_ask, llm, stream)  # in flight: the policy holds it
+        await wait_until(lambda: latch.waiting == 1)
+
+        inside = anyio.Event()
+        leave = anyio.Event()
+
+        async def trainer() -> None:
+            async with gateway.paused():
+                assert gateway.gate.in_flight == 0
+                gateway.set_policy_version(2)
+                inside.set()
+                await leave.wait()
+
+        tg.start_soon(trainer)
+        await wait_until(lambda: gateway.gate.paused == "hold")
+        assert not inside.is_set()  # the in-flight call has not drained yet
+        tg.start_soon(_ask, llm2, stream)  # held at the gateway
+        latch.release()
+        with anyio.fail_after(5):
+            await inside.wait()
+        assert policy.requests == 1  # the held call never reached the policy
+        leave.set()
+        await wait_until(lambda: policy.requests == 2)
+        await wait_until(lambda: gateway.gate.in_flight == 0)
+        first = await gateway.finish_session("p1")
+        second = await gateway.finish_session("p2")
+        await llm.close()
+        await llm2.close()
+    assert [(r.policy_version_start, r.policy_version_end) for r in first.records] == [(0, 0)]
+    assert [(r.policy_version_start, r.policy_version_end) for r in second.records] == [(2, 2)]
+
+
+async def test_reject_mode_answers_429_with_retry_after() -> None:
+    async with served(retry_after=3.0) as stack, httpx.AsyncClient(base_url=stack.url) as http:
+        body = {"model": "m", "messages": QUESTION}
+        async with stack.gateway.paused("reject"):
+            refused = await http.post("/sessions/r1/v1/chat/completions", json=body)
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "3"
+        assert "paused" in refused.json()["error"]["message"]
+        ok = await http.post("/sessions/r1/v1/chat/completions", json=body)
+        assert ok.status_code == 200
+
+
+async def test_admin_routes_need_the_token_and_drive_versions_and_pauses() -> None:
+    async with served() as stack, httpx.AsyncClient(base_url=stack.url) as http:
+        auth = {"authorization": f"Bearer {ADMIN}"}
+        assert (await http.post("/admin/policy_version", json={"version": 4})).status_code == 401
+        wrong = await http.post("/admin/pause", json={}, headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        # a session id in the bearer slot is not an admin token
+        as_session = await http.get("/admin/stats", headers={"authorization": "Bearer sess-1"})
+        assert as_session.status_code == 401
+
+        set_version = await http.post("/admin/policy_version", json={"version": 4}, headers=auth)
+        assert set_version.json() == {"policy_version": 4}
+        assert (await http.post("/admin/pause", json={"mode": "reject"}, headers=auth)).json()[
+            "paused"
+        ] == "reject"
+        assert (await http.post("/admin/pause", json={}, headers=auth)).status_code == 409
+        body = {"model": "m", "messages": QUESTION}
+        held = await http.post("/sessions/a1/v1/chat/completions", json=body)
+        assert held.status_code == 429
+        await http.post("/admin/resume", headers=auth)
+        opened = await http.post(
+            "/admin/sessions",
+            json={"session_id": "a1", "exp_id": "e", "input_id": "i"},
+            headers={"x-admin-token": ADMIN},
+        )
+        assert opened.status_code == 204
+        assert (await http.post("/sessions/a1/v1/chat/completions", json=body)).status_code == 200
+        peek = await http.get(f"/admin/sessions/a1/trace?token={ADMIN}")
+        assert [r["policy_version_start"] for r in peek.json()["records"]] == [4]
+        finished = await http.post("/admin/sessions/a1/finish?format=json", headers=auth)
+        assert finished.json()["input_id"] == "i"
+        again = await http.post("/admin/sessions/a1/finish", headers=auth)
+        assert again.status_code == 410
+        assert again.json()["error"]["type"] == "trace_lost"
+        stats = await http.get("/admin/stats", headers=auth)
+        assert stats.json()["calls"] == 1  # a refused (429) call is no model call
+
+
+async def test_admin_routes_are_off_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTCORE_RL_GATEWAY_ADMIN_TOKEN", raising=False)
+    async with served(admin_token=None) as stack, httpx.AsyncClient(base_url=stack.url) as http:
+        response = await http.get("/admin/stats")
+        assert response.status_code == 403
+        assert "admin token" in response.json()["error"]["message"]
+        assert (await http.get("/health")).json()["status"] == "ok"
