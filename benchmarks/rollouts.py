@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import heapq
-import inspect
 import json
 import os
 import random
@@ -228,30 +227,19 @@ def client_options(args: argparse.Namespace, info: dict[str, Any], **extra: Any)
 PATHS = ("lean", "generic")
 
 
-def has_lean_switch() -> bool:
-    """Whether this checkout's client takes ``lean=`` (unknown options would otherwise
-    travel silently in every payload as rollout extras)."""
-    from agentcore_rl.client import AsyncRolloutClient
-
-    return "lean" in inspect.signature(AsyncRolloutClient).parameters
-
-
-async def run_rollouts(
-    args: argparse.Namespace, info: dict[str, Any], path: str | None = None
-) -> dict[str, Any]:
+async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str) -> dict[str, Any]:
     from agentcore_rl.client import AsyncRolloutClient
 
     rng = random.Random(args.seed)
     durations = [rng.uniform(args.min_sleep, args.max_sleep) for _ in range(args.rollouts)]
     payloads = [{"sleep": d} for d in durations]
-    extra: dict[str, Any] = {} if path is None else {"lean": path == "lean"}
     options = client_options(
         args,
         info,
-        exp_id=f"bench-{path or 'default'}-{int(time.time())}",
+        exp_id=f"bench-{path}-{int(time.time())}",
         max_concurrent_sessions=args.concurrency,
         tps_limit=args.tps,
-        **extra,
+        lean=path == "lean",
     )
     detection: list[float] = []
     failures: dict[str, int] = {}
@@ -277,7 +265,7 @@ async def run_rollouts(
     ideal = ideal_wall(durations, args.concurrency, args.tps, args.tps, stops_count)
     n = args.rollouts
     return {
-        "path": path or "default",
+        "path": path,
         "rollouts": n,
         "ok": len(detection),
         "failures": failures,
@@ -380,12 +368,6 @@ def run_paths(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     unknown = set(paths) - set(PATHS)
     if unknown:
         raise SystemExit(f"--paths takes {', '.join(PATHS)}; got {sorted(unknown)}")
-    if not has_lean_switch():
-        # A client without the switch has one path only; say so instead of mislabelling it.
-        return {
-            "default": asyncio.run(run_rollouts(args, info)),
-            "note": "this client has no lean= switch: one run, on its only path",
-        }
     results = {path: asyncio.run(run_rollouts(args, info, path)) for path in paths}
     if "lean" in results and "generic" in results:
         results["comparison"] = compare(results["lean"], results["generic"])

@@ -91,6 +91,9 @@ class AsyncRolloutClient:
     ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
     call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
     reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
+    ``lean`` (default) sends the hot AWS calls (invoke, stop, S3 reads) through
+    :mod:`agentcore_rl.aws`, a fraction of botocore's CPU per request with the same
+    settings and errors; ``lean=False`` sends every call through aiobotocore.
 
     Background work (the S3 watcher, stop calls, batches) belongs to the client's task
     group: entered by ``async with``, else opened by the first rollout; ``aclose`` ends it.
@@ -131,6 +134,7 @@ class AsyncRolloutClient:
         stop_finished_sessions: bool | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
+        lean: bool = True,
         **rollout_extra: Any,
     ) -> None:
         if (agent_runtime_arn is None) == (agent_url is None):
@@ -171,12 +175,15 @@ class AsyncRolloutClient:
                 endpoint_url=endpoint_url,
                 qualifier=qualifier,
                 max_connections=connections,
+                lean=lean,
             )
         else:
             assert agent_url is not None
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
-        self.store = store or ResultStore(endpoint_url=s3_endpoint_url, session=lean_s3_session())
+        self.store = store or ResultStore(
+            endpoint_url=s3_endpoint_url, session=lean_s3_session(), lean=lean
+        )
         self.rate_limiter: RateLimiter = (
             rate_limiter or token_bucket or TokenBucket(tps_limit, burst)
         )

@@ -104,6 +104,7 @@ class RolloutClient:
         stop_finished_sessions: bool | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
+        lean: bool = True,
         **rollout_extra: Any,
     ) -> None:
         create = functools.partial(
@@ -130,6 +131,7 @@ class RolloutClient:
             stop_finished_sessions=stop_finished_sessions,
             close_timeout=close_timeout,
             stop_workers=stop_workers,
+            lean=lean,
             **rollout_extra,
         )
         self._stack = contextlib.ExitStack()

@@ -14,8 +14,7 @@ from botocore.exceptions import ClientError
 from agentcore_rl.aws import LeanAgentCore
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import LocalAgentCoreRuntime
-from agentcore_rl.local.runtime_wire import arn_region
-from agentcore_rl.protocol import new_session_id
+from agentcore_rl.protocol import new_session_id, parse_runtime_arn
 from tests.aws.conftest import GENERIC_CONFIG
 from tests.local.test_runtime import ARN, OTHER_ARN, FakeAgent, FakeClock
 
@@ -48,7 +47,7 @@ async def runtime_clients(
         client = await stack.enter_async_context(
             get_session().create_client(
                 "bedrock-agentcore",
-                region_name=arn_region(arn),
+                region_name=parse_runtime_arn(arn).region,
                 endpoint_url=endpoint,
                 config=GENERIC_CONFIG,
             )
