@@ -24,13 +24,27 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NoReturn
 
+import aiohttp
+from aiohttp import http_exceptions
 from botocore.awsrequest import AWSPreparedRequest
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    ProxyConnectionError,
+    ReadTimeoutError,
+    SSLError,
+)
+from yarl import URL
 
-__all__ = ["LeanHttp", "LeanUnsupported", "join_url", "sdk_headers"]
+__all__ = ["LeanHttp", "LeanUnsupported", "join_url", "sdk_headers", "transport_error"]
 
 #: What aiobotocore asks for: bodies are returned exactly as stored, never decoded.
 _IDENTITY: Final = "identity"
@@ -72,6 +86,54 @@ def join_url(endpoint_url: str, path: str) -> str:
     return origin + base_path + path
 
 
+def transport_error(exc: BaseException, url: str, proxy_url: str | None) -> Exception:
+    """The botocore exception aiobotocore raises for an aiohttp failure ``exc`` (so retry
+    decisions keyed on botocore's classes see the same thing on both paths).
+
+    Example::
+
+        raise transport_error(exc, url, None) from exc
+    """
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return SSLError(endpoint_url=url, error=exc)
+    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
+        return ProxyConnectionError(proxy_url=proxy_url or "", error=exc)
+    if isinstance(
+        exc,
+        aiohttp.ServerDisconnectedError
+        | aiohttp.ClientPayloadError
+        | http_exceptions.BadStatusLine,
+    ):
+        return ConnectionClosedError(error=exc, endpoint_url=url)
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        if str(exc).lower().startswith("connect"):
+            return ConnectTimeoutError(endpoint_url=url, error=exc)
+        return ReadTimeoutError(endpoint_url=url, error=exc)
+    if isinstance(exc, aiohttp.ClientConnectionError | socket.gaierror):
+        return EndpointConnectionError(endpoint_url=url, error=exc)
+    if isinstance(exc, asyncio.TimeoutError):
+        return ReadTimeoutError(endpoint_url=url, error=exc)
+    return HTTPClientError(error=exc)
+
+
+def _origin_of(url: str) -> str:
+    """``scheme://host:port`` of ``url``: what proxy settings and connections depend on."""
+    slash = url.find("/", url.find("//") + 2)
+    return url if slash < 0 else url[:slash]
+
+
+class _Origin:
+    """What is fixed per scheme, host and port: the proxy settings and the aiohttp session
+    aiobotocore keeps for that proxy."""
+
+    __slots__ = ("proxy_headers", "proxy_url", "session")
+
+    def __init__(self, proxy_url: str | None, proxy_headers: Any, session: Any) -> None:
+        self.proxy_url = proxy_url
+        self.proxy_headers = proxy_headers or None
+        self.session = session
+
+
 class LeanHttp:
     """Sends signed requests through a generic client's HTTP session.
 
@@ -84,6 +146,13 @@ class LeanHttp:
     def __init__(self, http_session: Any, *, user_agent: str) -> None:
         self.user_agent = user_agent
         self._session = http_session
+        # aiobotocore's aiohttp session (one per proxy) is used directly when there is one:
+        # its send() re-reads the proxy environment, copies the headers into a new
+        # multidict, parses the URL again and wraps the answer, on every request.
+        self._direct = hasattr(http_session, "_get_session") and hasattr(
+            http_session, "_proxy_config"
+        )
+        self._origins: dict[str, _Origin] = {}
 
     def __repr__(self) -> str:
         return f"LeanHttp(user_agent={self.user_agent!r})"
@@ -100,15 +169,27 @@ class LeanHttp:
         user_agent = client._user_agent_creator.to_string()
         return cls(client._endpoint.http_session, user_agent=user_agent)
 
+    async def _origin(self, url: str) -> _Origin:
+        name = _origin_of(url)
+        origin = self._origins.get(name)
+        if origin is None:
+            config = self._session._proxy_config
+            proxy_url = config.proxy_url_for(url)
+            session = await self._session._get_session(proxy_url)
+            origin = _Origin(proxy_url, config.proxy_headers_for(url), session)
+            self._origins[name] = origin
+        return origin
+
     async def send(
         self,
         method: str,
-        url: str,
+        url: str | URL,
         headers: Iterable[tuple[str, str]],
         body: bytes,
     ) -> tuple[int, Mapping[str, str], bytes]:
-        """Send one signed request; return status, headers (lower-cased names) and the
-        whole body, undecoded. Transport failures raise what aiobotocore raises.
+        """Send one signed request; return status, headers (lower-cased names; only for
+        an error answer, else empty) and the whole body, undecoded. Transport failures
+        raise what aiobotocore raises.
 
         Example::
 
@@ -117,11 +198,39 @@ class LeanHttp:
         all_headers = dict(headers)
         all_headers["User-Agent"] = self.user_agent
         all_headers["Accept-Encoding"] = _IDENTITY
-        all_headers.update(sdk_headers())
-        request = AWSPreparedRequest(method, url, all_headers, body, False)
-        response = await self._session.send(request)
-        content: bytes = await response.content
-        return response.status_code, response.headers, content
+        all_headers["amz-sdk-invocation-id"] = str(uuid.uuid4())
+        all_headers["amz-sdk-request"] = "attempt=1"
+        text = str(url)
+        if not self._direct:
+            request = AWSPreparedRequest(method, text, all_headers, body, False)  # type: ignore[arg-type]
+            response = await self._session.send(request)
+            content: bytes = await response.content
+            return response.status_code, response.headers, content
+        origin = self._origins.get(_origin_of(text))
+        if origin is None:
+            origin = await self._origin(text)
+        target = url if isinstance(url, URL) else URL(url, encoded=True)
+        try:
+            async with origin.session.request(
+                method,
+                target,
+                headers=all_headers,
+                data=body or None,
+                proxy=origin.proxy_url,
+                proxy_headers=origin.proxy_headers,
+            ) as response:
+                content = await response.read()
+                status: int = response.status
+                if status < 300:
+                    return status, {}, content
+                found = {
+                    k.decode("utf-8").lower(): v.decode("utf-8") for k, v in response.raw_headers
+                }
+                return status, found, content
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise transport_error(exc, text, origin.proxy_url) from exc
 
     async def aclose(self) -> None:
         """Nothing to release: the pool is the generic client's (closed with it).

@@ -18,31 +18,82 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from botocore.auth import S3SigV4Auth, SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.auth import SIGNED_HEADERS_BLACKLIST, S3SigV4Auth, SigV4Auth, _host_from_url
 from botocore.exceptions import NoCredentialsError
 
-__all__ = ["CachedKeyS3SigV4Auth", "CachedKeySigV4Auth", "LeanSigner", "SignableRequest"]
+__all__ = [
+    "CachedKeyS3SigV4Auth",
+    "CachedKeySigV4Auth",
+    "LeanSigner",
+    "SignableHeaders",
+    "SignableRequest",
+]
 
 #: Signing keys kept per signer: one per day is used; two cover a request made across midnight.
 _KEYS_KEPT: Final = 2
 
 
-class SignableRequest(AWSRequest):  # type: ignore[misc]
-    """An ``AWSRequest`` whose body is already the bytes to send.
+class SignableHeaders:
+    """The part of botocore's ``HTTPHeaders`` that SigV4 signing uses, on a plain dict.
 
-    botocore's ``AWSRequest.body`` prepares the whole request (URL, headers, body) each time
-    the signer reads it; ours is bytes from the start, so it is returned as is.
+    ``HTTPHeaders`` is an ``email.message.Message``: every lookup and assignment goes
+    through the email package's header policy (about 10 sanitising calls per header per
+    request). Names are case-insensitive here as there; botocore deletes a signing header
+    before setting it, so replacing on assignment (instead of appending) is the same.
     """
 
-    @property
-    def body(self) -> bytes:
-        """The request body (bytes, possibly empty)."""
-        data: bytes = self.data or b""
-        return data
+    __slots__ = ("_items",)
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._items = {name.lower(): (name, value) for name, value in headers.items()}
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._items
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name.lower()][1]
+
+    def __setitem__(self, name: str, value: str) -> None:
+        self._items[name.lower()] = (name, value)
+
+    def __delitem__(self, name: str) -> None:
+        self._items.pop(name.lower(), None)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items.values())
+
+    def items(self) -> list[tuple[str, str]]:
+        """All headers, with their names as given."""
+        return list(self._items.values())
+
+
+class _Selected(dict[str, str]):
+    """The headers to sign, by lower-cased name (what ``canonical_headers`` reads)."""
+
+    def get_all(self, name: str) -> list[str]:
+        return [self[name]]
+
+
+class SignableRequest:
+    """What botocore's SigV4 signers read from a request, and nothing more.
+
+    botocore's ``AWSRequest`` prepares the whole request (URL, headers, body) each time the
+    signer reads its ``body``; ours is bytes from the start and its headers a plain dict.
+    """
+
+    __slots__ = ("body", "context", "headers", "method", "params", "selected", "url")
+
+    def __init__(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> None:
+        self.method = method
+        self.url = url
+        self.headers = SignableHeaders(headers)
+        self.body = body
+        self.params: dict[str, str] = {}  # the query is in the URL
+        self.context: dict[str, Any] = {}
+        self.selected: _Selected | None = None
 
 
 class _CachedKeyMixin:
@@ -51,44 +102,60 @@ class _CachedKeyMixin:
     credentials: Any
     _region_name: str
     _service_name: str
-    _keys: dict[str, bytes]
 
     def _signing_key(self, day: str) -> bytes:
-        keys = self.__dict__.setdefault("_keys", {})
-        key: bytes | None = keys.get(day)
+        keys: dict[str, bytes] = self.__dict__.setdefault("_keys", {})
+        key = keys.get(day)
         if key is None:
             # The same four HMACs as botocore's SigV4Auth.signature, in the same order.
-            sign = SigV4Auth._sign
+            sign: Any = SigV4Auth._sign  # type: ignore[attr-defined]
             k_date = sign(self, f"AWS4{self.credentials.secret_key}".encode(), day)
             k_region = sign(self, k_date, self._region_name)
             k_service = sign(self, k_region, self._service_name)
             key = sign(self, k_service, "aws4_request")
+            assert isinstance(key, bytes)
             if len(keys) >= _KEYS_KEPT:
                 keys.clear()
             keys[day] = key
         return key
 
     def headers_to_sign(self, request: Any) -> Any:
-        """botocore's selection, computed once per request: ``add_auth`` asks twice (for
-        the canonical request and for the Authorization header) with no change between."""
-        selected = request.context.get("lean_headers_to_sign")
+        """botocore's selection, computed once per request (``add_auth`` asks twice, for
+        the canonical request and for the Authorization header, with no change between),
+        the host read from the URL once per origin."""
+        if not isinstance(request, SignableRequest):
+            return super().headers_to_sign(request)  # type: ignore[misc]
+        selected = request.selected
         if selected is None:
-            selected = super().headers_to_sign(request)  # type: ignore[misc]
-            request.context["lean_headers_to_sign"] = selected
+            selected = _Selected()
+            for lname, (_, value) in request.headers._items.items():
+                if lname not in SIGNED_HEADERS_BLACKLIST:
+                    selected[lname] = value
+            if "host" not in selected:
+                hosts: dict[str, str] = self.__dict__.setdefault("_hosts", {})
+                url = request.url
+                slash = url.find("/", url.find("//") + 2)
+                origin = url if slash < 0 else url[:slash]
+                host = hosts.get(origin)
+                if host is None:
+                    host = hosts[origin] = _host_from_url(request.url)
+                selected["host"] = host
+            request.selected = selected
         return selected
 
     def signature(self, string_to_sign: str, request: Any) -> str:
         """botocore's signature, with the derived key reused within a day."""
         key = self._signing_key(request.context["timestamp"][0:8])
-        sig: str = SigV4Auth._sign(self, key, string_to_sign, hex=True)
+        sign: Any = SigV4Auth._sign  # type: ignore[attr-defined]
+        sig: str = sign(self, key, string_to_sign, hex=True)
         return sig
 
 
-class CachedKeySigV4Auth(_CachedKeyMixin, SigV4Auth):  # type: ignore[misc]
+class CachedKeySigV4Auth(_CachedKeyMixin, SigV4Auth):
     """botocore's ``SigV4Auth`` with the derived signing key cached per day."""
 
 
-class CachedKeyS3SigV4Auth(_CachedKeyMixin, S3SigV4Auth):  # type: ignore[misc]
+class CachedKeyS3SigV4Auth(_CachedKeyMixin, S3SigV4Auth):
     """botocore's ``S3SigV4Auth`` with the derived signing key cached per day."""
 
 
@@ -139,7 +206,7 @@ class LeanSigner:
 
             headers = await signer.sign("GET", "https://b.s3.amazonaws.com/k", {}, b"")
         """
-        auth = await self._current_auth()
-        request = SignableRequest(method=method, url=url, headers=headers, data=body)
+        auth: Any = await self._current_auth()
+        request = SignableRequest(method, url, headers, body)
         auth.add_auth(request)
-        return list(request.headers.items())
+        return request.headers.items()
