@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 BUCKET = "bench-calls"
@@ -46,7 +46,7 @@ LOCAL_AWS_ENV = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 # The library's generic clients (ResultStore, AcrTransport): one attempt, no extras.
-GENERIC = Config(
+GENERIC = AioConfig(
     retries={"total_max_attempts": 1},
     parameter_validation=False,
     request_checksum_calculation="when_required",

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from botocore.auth import SIGNED_HEADERS_BLACKLIST, S3SigV4Auth, SigV4Auth, _host_from_url
+import botocore.auth
+from botocore.auth import SIGNED_HEADERS_BLACKLIST, S3SigV4Auth, SigV4Auth
 from botocore.exceptions import NoCredentialsError
 
 __all__ = [
@@ -138,7 +139,8 @@ class _CachedKeyMixin:
                 origin = url if slash < 0 else url[:slash]
                 host = hosts.get(origin)
                 if host is None:
-                    host = hosts[origin] = _host_from_url(request.url)
+                    # botocore's own rule (default ports dropped, IPv6 bracketed).
+                    host = hosts[origin] = botocore.auth._host_from_url(request.url)  # type: ignore[attr-defined]
                 selected["host"] = host
             request.selected = selected
         return selected

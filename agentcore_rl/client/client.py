@@ -396,6 +396,8 @@ class AsyncRolloutClient:
                 # Create the S3 client now rather than in the first watcher round, so the
                 # first results are not detected late (short timeouts would fire first).
                 await self.store.__aenter__()
+                if isinstance(self.transport, AcrTransport):
+                    await self.transport.connect()
             except BaseException:
                 self._depth -= 1
                 await self._exit_service(None, None, None)

@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
-from botocore.config import Config
 
 from agentcore_rl.aws import LeanS3
 
 _names = itertools.count()
 
 #: The generic clients' settings in the library: one attempt, no client-side extras.
-GENERIC_CONFIG = Config(
+GENERIC_CONFIG = AioConfig(
     retries={"total_max_attempts": 1},
     parameter_validation=False,
     request_checksum_calculation="when_required",

@@ -74,7 +74,7 @@ async def error_of(call: Any) -> dict[str, Any]:
         await call
     response = exc_info.value.response
     error = dict(response["Error"])
-    error["Message"] = error["Message"].split(" (", 1)[0]  # ids and URLs differ per call
+    error["Message"] = str(error["Message"]).split(" (", 1)[0]  # ids and URLs differ per call
     return {
         "class": type(exc_info.value).__name__,
         "error": error,

@@ -206,7 +206,7 @@ async def test_a_credentials_refresh_reaches_the_lean_signer(
             await lean.get_object("bench-bucket", "k")
             assert "Credential=testing/" in app.take()["headers"]["authorization"]
             # What a refresh does to botocore's credential object: new frozen values.
-            credentials = client._request_signer._credentials
+            credentials = client._request_signer._credentials  # type: ignore[attr-defined]
             credentials.access_key, credentials.secret_key = "rotated", "rotated-secret"
             await lean.get_object("bench-bucket", "k")
             assert "Credential=rotated/" in app.take()["headers"]["authorization"]

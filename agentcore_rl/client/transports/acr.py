@@ -139,6 +139,17 @@ class AcrTransport:
     def __repr__(self) -> str:
         return f"AcrTransport(agent_runtime_arn={self.agent_runtime_arn!r})"
 
+    async def connect(self) -> None:
+        """Create the aiobotocore client (and the lean one) now rather than on the first
+        call, which would otherwise wait for it (loading the service model and the TLS
+        context costs a fifth of a second of CPU).
+
+        Example::
+
+            await transport.connect()
+        """
+        await self._get_client()
+
     async def _get_client(self) -> Any:
         if self._client is not None:
             return self._client
