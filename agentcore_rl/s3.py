@@ -36,7 +36,6 @@ from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from tenacity import retry_if_exception
 
 from agentcore_rl.aws.s3 import LeanS3, ListPage
 from agentcore_rl.errors import StorageError
@@ -281,11 +280,13 @@ class ResultStore:
     ) -> T | None:
         """Run one S3 request with the retry policy; map failures to StorageError."""
         entry = await self._get_entry()
+
+        async def attempt(_: int) -> T:
+            self.request_counts[operation] += 1
+            return await request(entry)
+
         try:
-            async for attempt in self.retry.retrying(retry_if_exception(is_transient_s3_error)):
-                with attempt:
-                    self.request_counts[operation] += 1
-                    return await request(entry)
+            return await self.retry.run(attempt, is_transient_s3_error)
         except ClientError as exc:
             code = _error_code(exc)
             if missing_ok and code in _MISSING_CODES:
@@ -305,7 +306,6 @@ class ResultStore:
                 key=key,
                 code=type(exc).__name__,
             ) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def put_bytes(
         self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json"
