@@ -103,6 +103,7 @@ class LeanAgentCore:
             raise LeanUnsupported(f"signature version {request_signer.signature_version!r}")
         signer = LeanSigner(request_signer._credentials, signing_name=name, region=region)
         http = LeanHttp.from_client(client)
+        await http.warm(endpoint.url)
         return cls(
             client,
             http,

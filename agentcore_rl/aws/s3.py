@@ -127,7 +127,9 @@ class LeanS3:
 
             reader = await LeanS3.create(client)
         """
-        return cls(client, LeanHttp.from_client(client))
+        http = LeanHttp.from_client(client)
+        await http.warm(client.meta.endpoint_url)
+        return cls(client, http)
 
     async def aclose(self) -> None:
         """Release what the reader holds (the pool is the generic client's). Idempotent.
