@@ -9,15 +9,25 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential, wait_random
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 from tenacity.retry import retry_base
 
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["RetryPolicy"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,3 +70,42 @@ class RetryPolicy:
             sleep=self.sleep,
             reraise=True,
         )
+
+    async def run(
+        self,
+        attempt: Callable[[int], Awaitable[T]],
+        retryable: Callable[[BaseException], bool],
+    ) -> T:
+        """``attempt(1)``, then ``attempt(2)``... until one returns, one raises what
+        ``retryable`` refuses, or the attempts run out (the last error is raised), waiting
+        between them as :meth:`retrying` does.
+
+        The first attempt runs without tenacity: building its loop costs about 35 us of
+        CPU, paid on every one of the client's requests although few are retried.
+
+        Example::
+
+            body = await policy.run(lambda n: fetch(), is_transient_s3_error)
+        """
+        try:
+            return await attempt(1)
+        except Exception as exc:
+            if self.attempts == 1 or not retryable(exc):
+                raise
+        # The wait after try 1, then tenacity for tries 2..attempts: its n-th wait
+        # (initial * 2**(n-1)) is the policy's (n+1)-th, hence the doubled multiplier.
+        await self.sleep(min(self.initial, self.maximum) + random.uniform(0, self.jitter))
+        rest = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts - 1),
+            wait=wait_exponential(multiplier=self.initial * 2, max=self.maximum)
+            + wait_random(0, self.jitter),
+            retry=retry_if_exception(retryable),
+            sleep=self.sleep,
+            reraise=True,
+        )
+        number = 1
+        async for state in rest:
+            with state:
+                number += 1
+                return await attempt(number)
+        raise AssertionError("unreachable: tenacity either returns or raises")

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections import Counter
@@ -35,8 +36,8 @@ from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from tenacity import retry_if_exception
 
+from agentcore_rl.aws.s3 import LeanS3, ListPage
 from agentcore_rl.errors import StorageError
 from agentcore_rl.retry import RetryPolicy
 
@@ -114,6 +115,8 @@ async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
 class _LoopClient:
     client: Any
     holder: AsyncGenerator[Any, None]
+    # The lean reader (GetObject, ListObjectsV2) on ``client``'s settings and pool, or None.
+    reader: LeanS3 | None = None
 
     async def aclose(self) -> None:
         try:
@@ -129,6 +132,9 @@ class ResultStore:
     ``endpoint_url`` points at a non-AWS S3 (moto, MinIO); by default botocore decides,
     which honours ``AWS_ENDPOINT_URL_S3``. ``max_pool_connections`` bounds the concurrent
     HTTP connections to S3, so hundreds of simultaneous writes queue instead of failing.
+    ``lean`` (default) reads objects and listings through :class:`~agentcore_rl.aws.LeanS3`
+    (the same credentials, endpoint, pool, errors and retries at a fraction of botocore's
+    CPU per request); ``lean=False`` sends every request through aiobotocore.
 
     Example::
 
@@ -149,10 +155,12 @@ class ResultStore:
         max_pool_connections: int = 64,
         connect_timeout: float = 10.0,
         read_timeout: float = 30.0,
+        lean: bool = True,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region_name = region_name
         self.retry = retry
+        self.lean = lean
         self.request_counts: Counter[str] = Counter()
         self._session = session or aioboto3.Session()
         # botocore's per-request extras cost CPU on every one of thousands of small requests:
@@ -232,10 +240,13 @@ class ResultStore:
             self._locks.pop(loop, None)
 
     async def _get_client(self) -> Any:
+        return (await self._get_entry()).client
+
+    async def _get_entry(self) -> _LoopClient:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is not None:
-            return entry.client
+            return entry
         if self._closed:
             raise RuntimeError("ResultStore is closed")
         self._forget_stopped_loops()
@@ -252,26 +263,30 @@ class ResultStore:
                         config=self._config,
                     )
                 )
-                entry = _LoopClient(await holder.__anext__(), holder)
+                client = await holder.__anext__()
+                reader = await LeanS3.create(client) if self.lean else None
+                entry = _LoopClient(client, holder, reader)
                 self._clients[loop] = entry
-        return entry.client
+        return entry
 
     async def _call(
         self,
         operation: str,
         bucket: str,
         key: str | None,
-        request: Callable[[Any], Awaitable[T]],
+        request: Callable[[_LoopClient], Awaitable[T]],
         *,
         missing_ok: bool = False,
     ) -> T | None:
         """Run one S3 request with the retry policy; map failures to StorageError."""
-        client = await self._get_client()
+        entry = await self._get_entry()
+
+        async def attempt(_: int) -> T:
+            self.request_counts[operation] += 1
+            return await request(entry)
+
         try:
-            async for attempt in self.retry.retrying(retry_if_exception(is_transient_s3_error)):
-                with attempt:
-                    self.request_counts[operation] += 1
-                    return await request(client)
+            return await self.retry.run(attempt, is_transient_s3_error)
         except ClientError as exc:
             code = _error_code(exc)
             if missing_ok and code in _MISSING_CODES:
@@ -291,7 +306,6 @@ class ResultStore:
                 key=key,
                 code=type(exc).__name__,
             ) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def put_bytes(
         self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json"
@@ -303,8 +317,10 @@ class ResultStore:
             await store.put_bytes("rollouts", "exp/q-1/sid.json", b"{}")
         """
 
-        async def request(client: Any) -> None:
-            await client.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
+        async def request(entry: _LoopClient) -> None:
+            await entry.client.put_object(
+                Bucket=bucket, Key=key, Body=body, ContentType=content_type
+            )
 
         await self._call("PutObject", bucket, key, request)
 
@@ -327,8 +343,10 @@ class ResultStore:
             envelope = await store.get_json("rollouts", key)
         """
 
-        async def request(client: Any) -> bytes:
-            response = await client.get_object(Bucket=bucket, Key=key)
+        async def request(entry: _LoopClient) -> bytes:
+            if entry.reader is not None:
+                return await entry.reader.get_object(bucket, key)
+            response = await entry.client.get_object(Bucket=bucket, Key=key)
             async with response["Body"] as stream:
                 data: bytes = await stream.read()
             return data
@@ -367,8 +385,8 @@ class ResultStore:
             if await store.head("rollouts", key): ...
         """
 
-        async def request(client: Any) -> bool:
-            await client.head_object(Bucket=bucket, Key=key)
+        async def request(entry: _LoopClient) -> bool:
+            await entry.client.head_object(Bucket=bucket, Key=key)
             return True
 
         return bool(await self._call("HeadObject", bucket, key, request, missing_ok=True))
@@ -385,22 +403,17 @@ class ResultStore:
         keys: list[str] = []
         token: str | None = None
         while True:
-            params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-            if token is not None:
-                params["ContinuationToken"] = token
-            elif start_after is not None:
-                params["StartAfter"] = start_after
-
-            async def request(client: Any, params: dict[str, Any] = params) -> dict[str, Any]:
-                page: dict[str, Any] = await client.list_objects_v2(**params)
-                return page
-
-            page = await self._call("ListObjectsV2", bucket, prefix, request)
+            page = await self._call(
+                "ListObjectsV2",
+                bucket,
+                prefix,
+                functools.partial(_list_page, bucket, prefix, start_after, token),
+            )
             assert page is not None
-            keys.extend(obj["Key"] for obj in page.get("Contents", ()))
-            if not page.get("IsTruncated"):
+            keys.extend(page.keys)
+            if page.next_token is None:
                 return keys
-            token = page.get("NextContinuationToken")
+            token = page.next_token
 
     async def ensure_bucket(self, bucket: str) -> None:
         """Create the bucket if it does not exist yet (for local stacks and tests).
@@ -410,7 +423,8 @@ class ResultStore:
             await store.ensure_bucket("rollouts")
         """
 
-        async def request(client: Any) -> None:
+        async def request(entry: _LoopClient) -> None:
+            client = entry.client
             params: dict[str, Any] = {"Bucket": bucket}
             region = client.meta.region_name
             # us-east-1 is S3's default location and refuses an explicit constraint.
@@ -423,6 +437,26 @@ class ResultStore:
                     raise
 
         await self._call("CreateBucket", bucket, None, request)
+
+
+async def _list_page(
+    bucket: str, prefix: str, start_after: str | None, token: str | None, entry: _LoopClient
+) -> ListPage:
+    """One ListObjectsV2 page: from ``token`` if given, else after ``start_after``."""
+    if token is not None:
+        start_after = None
+    if entry.reader is not None:
+        return await entry.reader.list_objects_v2(
+            bucket, prefix, start_after=start_after, token=token
+        )
+    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    if token is not None:
+        params["ContinuationToken"] = token
+    elif start_after is not None:
+        params["StartAfter"] = start_after
+    page = await entry.client.list_objects_v2(**params)
+    keys = [obj["Key"] for obj in page.get("Contents", ())]
+    return ListPage(keys, page.get("NextContinuationToken") if page.get("IsTruncated") else None)
 
 
 def lean_s3_session() -> aioboto3.Session:

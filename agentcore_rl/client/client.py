@@ -107,6 +107,9 @@ class AsyncRolloutClient:
     is retryable (a crashed agent, an agent unreachable or restarting, a server shutdown;
     :mod:`agentcore_rl.client.outcomes`); ``liveness`` paces the probes that find crashed
     agents (:class:`~agentcore_rl.client.liveness.LivenessConfig`).
+    ``lean`` (default) sends the hot AWS calls (invoke, stop, S3 reads) through
+    :mod:`agentcore_rl.aws`, a fraction of botocore's CPU per request with the same
+    settings and errors; ``lean=False`` sends every call through aiobotocore.
 
     Background work (the S3 watcher, stop calls, batches) belongs to the client's task
     group: entered by ``async with``, else opened by the first rollout; ``aclose`` ends it.
@@ -149,6 +152,7 @@ class AsyncRolloutClient:
         stop_workers: int = DEFAULT_STOP_WORKERS,
         retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
         liveness: LivenessConfig = DEFAULT_LIVENESS,
+        lean: bool = True,
         **rollout_extra: Any,
     ) -> None:
         if (agent_runtime_arn is None) == (agent_url is None):
@@ -192,12 +196,15 @@ class AsyncRolloutClient:
                 endpoint_url=endpoint_url,
                 qualifier=qualifier,
                 max_connections=connections,
+                lean=lean,
             )
         else:
             assert agent_url is not None
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
-        self.store = store or ResultStore(endpoint_url=s3_endpoint_url, session=lean_s3_session())
+        self.store = store or ResultStore(
+            endpoint_url=s3_endpoint_url, session=lean_s3_session(), lean=lean
+        )
         self.rate_limiter: RateLimiter = (
             rate_limiter or token_bucket or TokenBucket(tps_limit, burst)
         )
@@ -591,6 +598,8 @@ class AsyncRolloutClient:
                 # Create the S3 client now rather than in the first watcher round, so the
                 # first results are not detected late (short timeouts would fire first).
                 await self.store.__aenter__()
+                if isinstance(self.transport, AcrTransport):
+                    await self.transport.connect()
             except BaseException:
                 self._depth -= 1
                 await self._exit_service(None, None, None)

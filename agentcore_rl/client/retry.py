@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import retry_if_exception_type
-
 from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import InvocationError
@@ -40,26 +38,32 @@ async def with_retries(
     raise ``InvocationError`` naming ``what``.
     """
     attempts = 0
+
+    async def attempt(number: int) -> T:
+        nonlocal attempts
+        attempts = number
+        if number > 1:
+            counters.retries += 1
+            await limiter.acquire(priority)
+        try:
+            answer = await call()
+        except RetryableError as exc:
+            if exc.throttled:
+                counters.throttles += 1
+                limiter.on_throttle()
+            raise
+        limiter.on_success()
+        return answer
+
     try:
-        async for attempt in retry.retrying(retry_if_exception_type(RetryableError)):
-            with attempt:
-                attempts += 1
-                if attempts > 1:
-                    counters.retries += 1
-                    await limiter.acquire(priority)
-                try:
-                    answer = await call()
-                except RetryableError as exc:
-                    if exc.throttled:
-                        counters.throttles += 1
-                        limiter.on_throttle()
-                    raise
-                limiter.on_success()
-                return answer
+        return await retry.run(attempt, _is_retryable)
     except RetryableError as exc:
         raise InvocationError(
             f"{what} failed after {attempts} attempt{'s' if attempts > 1 else ''}: {exc}",
             session_id=exc.session_id,
             status_code=exc.status_code,
         ) from exc
-    raise AssertionError("unreachable: tenacity either returns or raises")
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RetryableError)

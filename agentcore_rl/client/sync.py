@@ -116,6 +116,7 @@ class RolloutClient:
         stop_finished_sessions: bool | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
+        lean: bool = True,
         **rollout_extra: Any,
     ) -> None:
         create = functools.partial(
@@ -142,6 +143,7 @@ class RolloutClient:
             stop_finished_sessions=stop_finished_sessions,
             close_timeout=close_timeout,
             stop_workers=stop_workers,
+            lean=lean,
             **rollout_extra,
         )
         self._stack = contextlib.ExitStack()

@@ -144,6 +144,13 @@ async def test_an_abandoned_batch_leaves_no_task_or_session_after_close(
     first = await asyncio.wait_for(batch.__anext__(), 10)
     assert first.success
     await recorder.wait_for(lambda: recorder.running == 3)
+    # The agent runs a handler before its answer reaches the client: wait for the client to
+    # have accepted all three, or a close in between ends the third one while it is still
+    # being sent (an item with no session id, which this test does not look at).
+    for _ in range(500):  # bounded: the answers are on loopback
+        if client.in_flight == 3:
+            break
+        await asyncio.sleep(0.01)
     # The loop is abandoned here: neither closed nor dropped (``batch`` stays referenced).
     assert {"batch", "completion watcher", "session stopper 0"} <= _new_client_tasks(before)
     await client.aclose()
