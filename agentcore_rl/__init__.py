@@ -3,6 +3,9 @@
 Agent side: :class:`AgentCoreRLApp` turns an agent into a fire-and-forget rollout server
 that writes each result to S3. Trainer side: :class:`AsyncRolloutClient` drives thousands
 of rollouts and returns asyncio futures; :class:`RolloutClient` is its synchronous facade.
+Training data: :class:`RolloutGateway` captures every model call's tokens per rollout
+(:class:`SessionTrace`), and :func:`build_trajectory` turns them into loss-masked
+:class:`Trajectory` segments.
 
 Example::
 
@@ -42,19 +45,23 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         BucketNotAllowedError,
         ClientClosedError,
         ConfigurationError,
+        GatewayError,
         InvalidPayloadError,
         InvalidRolloutConfig,
         InvocationError,
         RolloutError,
         RolloutTimeoutError,
         StorageError,
+        TraceLostError,
     )
+    from agentcore_rl.gateway import CallRecord, RolloutGateway, SessionTrace
     from agentcore_rl.protocol import PingStatus, RolloutConfig
     from agentcore_rl.ratelimit import RateLimiter
     from agentcore_rl.retry import RetryPolicy
     from agentcore_rl.s3 import ResultStore, S3RetryPolicy
     from agentcore_rl.server import AgentCoreRLApp, RequestContext
     from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
+    from agentcore_rl.trajectory import Segment, Trajectory, build_trajectory
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that the
 # agent container (the `server` extra) never imports the client's dependencies, nor the
@@ -65,9 +72,11 @@ _LAZY: dict[str, str] = {
     "AsyncRolloutClient": "agentcore_rl.client",
     "BatchItem": "agentcore_rl.client",
     "BucketNotAllowedError": "agentcore_rl.errors",
+    "CallRecord": "agentcore_rl.gateway",
     "ClientClosedError": "agentcore_rl.errors",
     "ClientStats": "agentcore_rl.client",
     "ConfigurationError": "agentcore_rl.errors",
+    "GatewayError": "agentcore_rl.errors",
     "InvalidPayloadError": "agentcore_rl.errors",
     "InvalidRolloutConfig": "agentcore_rl.errors",
     "InvocationError": "agentcore_rl.errors",
@@ -82,12 +91,18 @@ _LAZY: dict[str, str] = {
     "RolloutConfig": "agentcore_rl.protocol",
     "RolloutError": "agentcore_rl.errors",
     "RolloutFuture": "agentcore_rl.client",
+    "RolloutGateway": "agentcore_rl.gateway",
     "RolloutTimeoutError": "agentcore_rl.errors",
     "S3RetryPolicy": "agentcore_rl.s3",
+    "Segment": "agentcore_rl.trajectory",
     "SessionLimiter": "agentcore_rl.sessionlimit",
+    "SessionTrace": "agentcore_rl.gateway",
     "StorageError": "agentcore_rl.errors",
     "TokenBucket": "agentcore_rl.client",
+    "TraceLostError": "agentcore_rl.errors",
+    "Trajectory": "agentcore_rl.trajectory",
     "WatcherConfig": "agentcore_rl.client",
+    "build_trajectory": "agentcore_rl.trajectory",
 }
 
 
@@ -110,9 +125,11 @@ __all__ = [
     "AsyncRolloutClient",
     "BatchItem",
     "BucketNotAllowedError",
+    "CallRecord",
     "ClientClosedError",
     "ClientStats",
     "ConfigurationError",
+    "GatewayError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
@@ -127,10 +144,16 @@ __all__ = [
     "RolloutConfig",
     "RolloutError",
     "RolloutFuture",
+    "RolloutGateway",
     "RolloutTimeoutError",
     "S3RetryPolicy",
+    "Segment",
     "SessionLimiter",
+    "SessionTrace",
     "StorageError",
     "TokenBucket",
+    "TraceLostError",
+    "Trajectory",
     "WatcherConfig",
+    "build_trajectory",
 ]

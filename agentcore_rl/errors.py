@@ -12,7 +12,9 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     ├── InvocationError             invoking the agent failed after retries
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
-    └── ClientClosedError           the client was closed while the call was pending
+    ├── ClientClosedError           the client was closed while the call was pending
+    └── GatewayError                the rollout gateway was misused or could not do its job
+        └── TraceLostError          a rollout's token trace cannot be had (gateway restarted)
 
 Messages say what happened and what to do about it.
 
@@ -34,12 +36,14 @@ __all__ = [
     "BucketNotAllowedError",
     "ClientClosedError",
     "ConfigurationError",
+    "GatewayError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
     "RolloutError",
     "RolloutTimeoutError",
     "StorageError",
+    "TraceLostError",
 ]
 
 
@@ -198,3 +202,37 @@ class ClientClosedError(AgentCoreRLError):
         await client.aclose()
         await client.invoke(payload)  # raises ClientClosedError
     """
+
+
+class GatewayError(AgentCoreRLError):
+    """The rollout gateway was misused or could not do its job (the message says which).
+
+    Example::
+
+        except GatewayError as exc:
+            log.error("gateway: %s", exc)
+    """
+
+
+class TraceLostError(GatewayError):
+    """A session's trace cannot be had: the gateway restarted, or it expired without a sink.
+
+    A rollout whose trace is lost must not end as a success without tokens: with a gateway,
+    the client makes this the rollout's outcome (the agent's result is in ``envelope`` when
+    it had arrived).
+
+    Example::
+
+        try:
+            result = await fut
+        except TraceLostError as exc:
+            print(exc.session_id, exc.reason)
+    """
+
+    def __init__(
+        self, session_id: str, reason: str, *, envelope: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(f"trace of session {session_id!r} is lost: {reason}")
+        self.session_id = session_id
+        self.reason = reason
+        self.envelope = None if envelope is None else dict(envelope)

@@ -25,6 +25,7 @@ from agentcore_rl.cli.engine import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
+from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
@@ -65,6 +66,8 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
         base_url=options.base_url,
         model_id=options.model_id,
         s3_endpoint_url=options.s3_endpoint_url,
+        gateway_url=options.gateway_url,
+        gateway_admin_token=options.gateway_admin_token,
         **kwargs,
     )
 
@@ -128,8 +131,12 @@ async def run_eval(
     async with preflight_store:
         await preflight_s3(preflight_store, options.s3_bucket, options.s3_endpoint_url)
     journal = EvalJournal.open(options.out, resume=options.resume)
+    trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
     try:
+        if options.gateway_url is not None:
+            trajectories = TrajectoryFile.open(options.out, resume=options.resume)
+            run.trajectories = trajectories.path
         summary.resumed = sum(1 for i in by_id if i in journal.finished)
         in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
         fresh = [
@@ -140,8 +147,9 @@ async def run_eval(
         bar = Progress(len(inputs), summary.resumed, progress)
         client = _make_client(options)
         async with client:
-            engine = EvalEngine(options, client, journal, summary, bar)
+            engine = EvalEngine(options, client, journal, summary, bar, trajectories)
             try:
+                await engine.collect_trajectories(journal.finished)  # an earlier run's
                 await engine.run(fresh, in_flight, by_id)
             except asyncio.CancelledError:
                 run.interrupted = True
@@ -152,5 +160,7 @@ async def run_eval(
         if bar is not None:
             bar.close()
         journal.close()
+        if trajectories is not None:
+            trajectories.close()
         run.wall_seconds = time.monotonic() - started
     return run

@@ -18,7 +18,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from agentcore_rl.trajectory import Trajectory
 
 __all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
 
@@ -73,6 +76,13 @@ class RunSummary:
     rewards: list[float] = field(default_factory=list)
     resumed: int = 0
     reattached: int = 0
+    # Through a gateway: trajectories written, tokens captured per rollout, how segments
+    # were built, and done rollouts whose trace could not be found (resume).
+    trajectories: int = 0
+    tokens_captured: list[int] = field(default_factory=list)
+    merges: int = 0
+    splits: int = 0
+    trajectories_missing: int = 0
 
     def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
         """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``)."""
@@ -83,6 +93,13 @@ class RunSummary:
             self.latencies.append(elapsed)
         if reward is not None:
             self.rewards.append(reward)
+
+    def add_trajectory(self, trajectory: Trajectory, tokens_captured: int) -> None:
+        """Count one written trajectory (its captured tokens, merges and splits)."""
+        self.trajectories += 1
+        self.tokens_captured.append(tokens_captured)
+        self.merges += trajectory.merges
+        self.splits += trajectory.splits
 
     @property
     def total(self) -> int:
@@ -117,6 +134,15 @@ class RunSummary:
             "s3_requests_per_rollout": (
                 s3_requests / total if s3_requests is not None and total else None
             ),
+            "trajectories": self.trajectories,
+            "tokens_per_rollout": (
+                sum(self.tokens_captured) / len(self.tokens_captured)
+                if self.tokens_captured
+                else None
+            ),
+            "merges": self.merges,
+            "splits": self.splits,
+            "trajectories_missing": self.trajectories_missing,
         }
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
@@ -149,5 +175,13 @@ class RunSummary:
             ("throughput", num(data["throughput"], ".1f", " rollouts/s")),
             ("S3 requests per rollout", num(data["s3_requests_per_rollout"], ".2f")),
         ]
+        if self.trajectories or self.trajectories_missing:
+            rows += [
+                ("trajectories", f"{self.trajectories}"),
+                ("tokens captured per rollout", num(data["tokens_per_rollout"], ".1f")),
+                ("segment merges / splits", f"{self.merges} / {self.splits}"),
+            ]
+        if self.trajectories_missing:
+            rows.append(("done without a trace in S3", f"{self.trajectories_missing}"))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

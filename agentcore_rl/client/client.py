@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,12 +37,14 @@ from agentcore_rl.client.config import (
 )
 from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.gateway_link import gateway_link
 from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.payload import build_invocation
 from agentcore_rl.client.service import Service
 from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientCounters, ClientStats
 from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import Transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
@@ -52,11 +54,16 @@ from agentcore_rl.errors import (
     ConfigurationError,
     InvalidRolloutConfig,
     InvocationError,
+    TraceLostError,
 )
 from agentcore_rl.ratelimit import RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, lean_s3_session
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.app import RolloutGateway
+    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
 
@@ -91,6 +98,16 @@ class AsyncRolloutClient:
     ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
     call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
     reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
+
+    Token capture: with ``gateway_url`` (a gateway in another process, driven with its
+    admin token: ``gateway_admin_token`` or ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) or
+    ``gateway`` (a :class:`~agentcore_rl.gateway.RolloutGateway` on this event loop, which
+    agents reach at ``gateway_url``), each rollout's session is opened at the gateway
+    before the invocation and its ``_rollout`` gets ``base_url`` = the session's gateway
+    URL and ``api_key`` = its session id. When the result arrives the session is finished,
+    its trace written to S3 beside the result (``...{session_id}.trace.json.gz``) and put
+    on the outcome (``fut.trace``, ``BatchItem.trace``, :meth:`trace_of`); a trace that
+    cannot be had ends the rollout in ``TraceLostError``.
 
     Background work (the S3 watcher, stop calls, batches) belongs to the client's task
     group: entered by ``async with``, else opened by the first rollout; ``aclose`` ends it.
@@ -131,6 +148,9 @@ class AsyncRolloutClient:
         stop_finished_sessions: bool | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
+        gateway_url: str | None = None,
+        gateway: RolloutGateway | None = None,
+        gateway_admin_token: str | None = None,
         **rollout_extra: Any,
     ) -> None:
         if (agent_runtime_arn is None) == (agent_url is None):
@@ -146,6 +166,14 @@ class AsyncRolloutClient:
             raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout!r}")
         if rate_limiter is not None and token_bucket is not None:
             raise ConfigurationError("give rate_limiter or token_bucket (its older name), not both")
+        link = gateway_link(
+            gateway=gateway, gateway_url=gateway_url, admin_token=gateway_admin_token
+        )
+        if link is not None and base_url is not None:
+            raise ConfigurationError(
+                "give base_url or a gateway, not both: through a gateway each rollout's "
+                "base_url is its session's gateway URL (the gateway's --upstream is the policy)"
+            )
         try:
             self.defaults = protocol.RolloutConfig(
                 exp_id=exp_id,
@@ -191,6 +219,7 @@ class AsyncRolloutClient:
         self._admission = Admission(self.session_limiter, self.rate_limiter)
         self._sessions = PendingSessions(acr=isinstance(self.transport, AcrTransport))
         self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
+        self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._stopper = SessionStopper(
             self.transport, self.rate_limiter, retry, self._counters, workers=stop_workers
         )
@@ -205,6 +234,7 @@ class AsyncRolloutClient:
                 if stop_finished_sessions is None
                 else stop_finished_sessions
             ),
+            joiner=self._joiner,
         )
         self._service = Service("agentcore-rl client", setup=self._start_workers)
 
@@ -373,6 +403,8 @@ class AsyncRolloutClient:
                     await self._service.aclose()
                     self._stopper.close()
                     await self.transport.aclose()
+                    if self._joiner is not None:
+                        await self._joiner.link.aclose()
                     if self._owns_store:
                         await self.store.aclose()
             finally:
@@ -441,6 +473,8 @@ class AsyncRolloutClient:
     def _start_workers(self, service: Service) -> None:
         service.start_soon(self._watcher.run, name="completion watcher")
         service.start_soon(self._stopper.run, name="session stopper")
+        if self._joiner is not None:
+            service.start_soon(self._joiner.run, name="trace joiner")
 
     @contextlib.asynccontextmanager
     async def _slot(self, *, token: bool = True) -> AsyncIterator[Slot]:
@@ -500,6 +534,8 @@ class AsyncRolloutClient:
         )
         with self._admission.sending() as task, self._sessions.reserving(session_id):
             try:
+                if self._joiner is not None:
+                    await self._joiner.open(fut, body)  # before the agent can call it
                 await send_invocation(
                     self.transport,
                     fut,
@@ -513,6 +549,8 @@ class AsyncRolloutClient:
                     self._counters.invocation_errors += 1
                 if may_have_started(exc):
                     self._stopper.schedule(session_id)
+                if self._joiner is not None:
+                    self._joiner.forget(fut)
                 if isinstance(exc, asyncio.CancelledError):
                     self._admission.raise_if_closed_by_us(task)
                 raise
@@ -550,6 +588,34 @@ class AsyncRolloutClient:
                     raise fed.error
             finally:
                 run.abandon()
+
+    @property
+    def gateway_url(self) -> str | None:
+        """The URL of the gateway rollouts run through (None without one)."""
+        return None if self._joiner is None else self._joiner.link.url
+
+    def trace_of(self, fut: RolloutFuture) -> SessionTrace:
+        """The token trace of a rollout run through this client's gateway.
+
+        Available once ``fut`` has succeeded (the trace is then also in S3 beside the
+        result, see :meth:`ResultStore.get_trace`). Raises ``ConfigurationError`` when
+        the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
+        the rollout's own error when it failed.
+
+        Example::
+
+            fut = await client.invoke(payload)
+            result = await fut
+            trajectory = build_trajectory(client.trace_of(fut), reward=result["rewards"][0])
+        """
+        if self._joiner is None:
+            raise ConfigurationError(
+                "this client runs no gateway (gateway_url= or gateway=): no traces"
+            )
+        fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
+        if fut.trace is None:
+            raise TraceLostError(fut.session_id, "this client did not collect it")
+        return fut.trace
 
     def check_session_id(self, session_id: object) -> str:
         """Return ``session_id`` if this client can use it for a new rollout, else raise.
@@ -608,6 +674,8 @@ class AsyncRolloutClient:
                 found = await peek_result(self.store, target.s3_bucket, target.result_key)
                 slot.handed_over = True  # to the follower, below (no await in between)
         fut = target.future(started_at=started_at)
+        if self._joiner is not None:
+            self._joiner.attached(fut)  # its trace is collected like an invoked one's
         limit = self.timeout if timeout is None else timeout
         self._follower.follow(
             fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found

@@ -29,6 +29,7 @@ from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.watcher import CompletionWatcher
 from agentcore_rl.errors import (
     ClientClosedError,
@@ -69,6 +70,7 @@ class OutcomeFollower:
         stopper: SessionStopper,
         counters: ClientCounters,
         stop_finished_sessions: bool,
+        joiner: TraceJoiner | None = None,
     ) -> None:
         self.sessions = sessions
         self.admission = admission
@@ -76,6 +78,7 @@ class OutcomeFollower:
         self.stopper = stopper
         self.counters = counters
         self.stop_finished_sessions = stop_finished_sessions
+        self.joiner = joiner  # with a gateway: outcomes wait for their traces
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
     def __repr__(self) -> str:
@@ -118,6 +121,20 @@ class OutcomeFollower:
     def _arrived(
         self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
     ) -> None:
+        joiner = self.joiner
+        if error is None and envelope is not None and joiner is not None and joiner.takes(fut):
+            # The result came in time: the deadline no longer applies while its trace is
+            # fetched from the gateway; the joiner settles the future when it has it.
+            timer = self._timers.pop(fut.session_id, None)
+            if timer is not None:
+                timer.cancel()
+            joiner.finish(fut, envelope, self._resolve)
+            return
+        self._resolve(fut, envelope, error)
+
+    def _resolve(
+        self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
         if error is not None:
             fut._settle(None, error)
         elif envelope is not None and protocol.is_error_envelope(envelope):
@@ -144,6 +161,8 @@ class OutcomeFollower:
         if timer is not None:
             timer.cancel()
         self.watcher.untrack(fut.s3_bucket, fut.result_key)
+        if self.joiner is not None:
+            self.joiner.forget(fut)
         self.admission.release()
         if fut.cancelled():
             self.counters.cancelled += 1

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = ["RolloutFuture"]
 
@@ -23,6 +26,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
     (``s3_bucket``, ``result_key``) and which session runs it (``session_id``).
     ``invoked_at`` and ``resolved_at`` are epoch seconds (``resolved_at`` is ``None``
     until the outcome is known). Cancelling it stops the session on the agent side.
+    ``trace`` is the session's token trace when the client runs rollouts through a
+    gateway (set before a successful outcome; ``None`` otherwise).
 
     Example::
 
@@ -51,6 +56,7 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         self.index = index
         self.invoked_at = time.time()
         self.resolved_at: float | None = None
+        self.trace: SessionTrace | None = None
 
     def __repr__(self) -> str:
         if self.cancelled():
