@@ -404,6 +404,7 @@ class AsyncRolloutClient:
                     self._stopper.close()
                     await self.transport.aclose()
                     if self._joiner is not None:
+                        self._joiner.close()
                         await self._joiner.link.aclose()
                     if self._owns_store:
                         await self.store.aclose()
