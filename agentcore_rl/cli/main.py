@@ -204,8 +204,10 @@ def _add_demo_parser(commands: Any) -> None:
         help="run the whole stack on this machine: 200 math problems through the ACR path",
         description=(
             "Start embedded S3, a scripted stand-in policy (not a language model), the "
-            "math example agent on two servers and a local AgentCore Runtime, then run the "
-            "problems through AsyncRolloutClient over the ACR transport and print a summary. "
+            "math example agent on two servers, a local AgentCore Runtime and the rollout "
+            "gateway (which captures every model call's tokens), then run the problems "
+            "through AsyncRolloutClient over the ACR transport and print a summary, with the "
+            "tokens captured and the trajectories beside the results. "
             "Everything runs in this process and stops on exit or Ctrl-C."
         ),
     )
