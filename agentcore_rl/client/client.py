@@ -117,7 +117,7 @@ class AsyncRolloutClient:
         async with AsyncRolloutClient(
             agent_runtime_arn="arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math",
             s3_bucket="my-rollouts", exp_id="grpo-step-17", tps_limit=25,
-            base_url="http://gateway:9000/v1", model_id="qwen3", temperature=0.7,
+            base_url="http://vllm:8000/v1", model_id="qwen3", temperature=0.7,
         ) as client:
             results = await asyncio.gather(*(client.rollout(p) for p in payloads),
                                            return_exceptions=True)
