@@ -33,6 +33,7 @@ from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.watcher import CompletionWatcher
 from agentcore_rl.errors import (
     ClientClosedError,
+    GatewayError,
     RolloutError,
     RolloutTimeoutError,
 )
@@ -49,6 +50,8 @@ def _count_outcome(counters: ClientCounters, exc: BaseException | None) -> None:
         counters.timeouts += 1
     elif type(exc) is ClientClosedError:
         counters.closed += 1
+    elif isinstance(exc, GatewayError):  # TraceLostError: no success without tokens
+        counters.traces_lost += 1
     else:  # StorageError, or anything unexpected that settled the future
         counters.storage_errors += 1
 

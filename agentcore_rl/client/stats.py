@@ -32,6 +32,7 @@ class ClientCounters:
     storage_errors: int = 0
     cancelled: int = 0
     closed: int = 0
+    traces_lost: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +44,8 @@ class ClientStats:
     stop calls that completed, ``stop_failures`` those given up and ``stops_unsupported``
     those an agent server without a stop route could not take. Outcomes: ``results``,
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
-    ``cancelled``, ``closed``. ``in_flight``: accepted rollouts without an outcome yet.
+    ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
+    but its token trace could not be had). ``in_flight``: accepted rollouts without an outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
 
     Example::
@@ -65,6 +67,7 @@ class ClientStats:
     storage_errors: int = 0
     cancelled: int = 0
     closed: int = 0
+    traces_lost: int = 0
     in_flight: int = 0
     s3_requests: dict[str, int] = field(default_factory=dict)
 

@@ -34,7 +34,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from agentcore_rl import protocol
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.gateway_link import GatewayLink
+from agentcore_rl.client.gateway_link import GatewayLink, session_base_url
 from agentcore_rl.errors import AgentCoreRLError, InvalidRolloutConfig, TraceLostError
 from agentcore_rl.s3 import ResultStore
 
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 #: The ``_rollout`` field carrying the session id as the agent's OpenAI API key.
 API_KEY: Final = "api_key"
-_WORKERS: Final = 16
+_WORKERS: Final = 32
 
 #: How a joined outcome is delivered: ``settle(fut, envelope, error)``.
 Settle = Callable[[RolloutFuture, "dict[str, Any] | None", "BaseException | None"], None]
@@ -90,12 +90,8 @@ class TraceJoiner:
         exp_id = _exp_id_of(fut)
         self._gateway_ids[sid] = await self.link.open(sid, exp_id=exp_id, input_id=fut.input_id)
         block = body[protocol.ROLLOUT_FIELD]
-        block[protocol.BASE_URL] = self.session_url(sid)
+        block[protocol.BASE_URL] = session_base_url(self.link.url, sid)
         block[API_KEY] = sid
-
-    def session_url(self, session_id: str) -> str:
-        """The OpenAI base URL of ``session_id`` at the gateway."""
-        return f"{self.link.url}/sessions/{session_id}/v1"
 
     def attached(self, fut: RolloutFuture) -> None:
         """Own the session of an attached rollout (opened by an earlier process)."""

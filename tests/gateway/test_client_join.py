@@ -193,7 +193,7 @@ async def test_a_gateway_restarted_mid_rollout_ends_it_in_trace_lost(s3_endpoint
         assert caught.value.envelope is not None  # the agent's result is kept on the error
         assert caught.value.envelope["rewards"] == [1.0]
         assert fut.trace is None
-        assert client.stats.results == 0
+        assert (client.stats.results, client.stats.traces_lost) == (0, 1)
         # Nothing was written as if the rollout had its tokens.
         key = trace_key("join", "q-r", fut.session_id)
         assert await rig.store.get_trace(rig.stack.bucket, key) is None
