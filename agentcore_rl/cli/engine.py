@@ -32,7 +32,12 @@ from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.traces import trace_key_of
-from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError
+from agentcore_rl.errors import (
+    RolloutError,
+    RolloutTimeoutError,
+    StorageError,
+    TraceLostError,
+)
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
@@ -59,8 +64,8 @@ def outcome_record(
 
         outcome_record("q-1", "done", entry, 1.9, result={"rewards": [1.0]})["reward"]  # 1.0
     """
-    if isinstance(error, RolloutError):
-        result = error.envelope
+    if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
+        result = error.envelope  # what the agent wrote (for a lost trace: its result)
     return {
         "input_id": input_id,
         "outcome": outcome,
