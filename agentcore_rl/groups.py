@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal, get_args
 
-from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
+from agentcore_rl.errors import ConfigurationError, GroupDroppedError, StaleGroupError
 from agentcore_rl.protocol import validate_key_part
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "group_digest",
     "member_session_id",
     "parse_member_session_id",
+    "result_reward",
 ]
 
 OnFailure = Literal["drop_member", "zero", "drop_group"]
@@ -236,6 +237,23 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
     return [c / (std + ADVANTAGE_EPSILON) for c in centred]
 
 
+def result_reward(result: Any) -> float | None:
+    """The reward of a result dict: the first of ``rewards: [r, ...]``, else ``reward: r``;
+    ``None`` when there is no finite number there.
+
+    Example::
+
+        result_reward({"rewards": [1.0, 0.5]})   # 1.0
+    """
+    if not isinstance(result, Mapping):
+        return None
+    rewards = result.get("rewards")
+    value = rewards[0] if isinstance(rewards, list) and rewards else result.get("reward")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 # --- Members and groups ---------------------------------------------------------------------
 
 
@@ -359,52 +377,4 @@ class RolloutGroup:
             reward_max=max(rewards) if rewards else None,
             policy_version_min=min(versions) if versions else None,
             policy_version_max=max(versions) if versions else None,
-        )
-
-
-# --- Errors ---------------------------------------------------------------------------------
-
-
-class GroupDroppedError(AgentCoreRLError):
-    """A group was dropped by its rules; ``reason`` says which, ``group`` what had finished.
-
-    Example::
-
-        try:
-            g = await group
-        except GroupDroppedError as exc:
-            print(exc.input_id, exc.reason.value, len(exc.group.members))
-    """
-
-    def __init__(self, group: RolloutGroup, reason: DropReason, detail: str = ""):
-        self.group = group
-        self.input_id = group.input_id
-        self.reason = reason
-        text = f"group {group.input_id!r} dropped ({reason.value})"
-        super().__init__(f"{text}: {detail}" if detail else text)
-
-
-class StaleGroupError(GroupDroppedError):
-    """A group started under a policy version too old for the trainer was stopped.
-
-    ``policy_version`` is the oldest version among its members, ``current`` the version
-    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
-
-    Example::
-
-        except StaleGroupError as exc:
-            print(exc.policy_version, "<", exc.current - exc.max_staleness)
-    """
-
-    def __init__(
-        self, group: RolloutGroup, *, policy_version: int, current: int, max_staleness: int
-    ):
-        self.policy_version = policy_version
-        self.current = current
-        self.max_staleness = max_staleness
-        super().__init__(
-            group,
-            DropReason.STALE,
-            f"started under policy version {policy_version}, older than "
-            f"{current} - {max_staleness} allowed",
         )

@@ -41,6 +41,10 @@ PING_PATH: Final = "/ping"
 #: HTTP transport calls it where ACR would call StopRuntimeSession.
 STOP_SESSION_PATH: Final = "/sessions/{session_id}/stop"
 
+#: Our own extension: ``GET`` answers whether this server runs, has finished or does not
+#: know a session (see :func:`session_status`).
+SESSION_STATUS_PATH: Final = "/sessions/{session_id}"
+
 #: The container port AgentCore Runtime talks to.
 DEFAULT_PORT: Final = 8080
 
@@ -67,6 +71,10 @@ INPUT_ID: Final = "input_id"
 S3_BUCKET: Final = "s3_bucket"
 BASE_URL: Final = "base_url"
 MODEL_ID: Final = "model_id"
+#: Set to ``true`` by a client sending an invocation again (its answer was lost, or a
+#: resume re-sends it): the server then checks S3 for an earlier run's envelope before
+#: running it. Kept in ``RolloutConfig.extra``.
+REPEAT: Final = "repeat"
 
 # Key parts become S3 path segments. A conservative alphabet keeps them from escaping the
 # experiment prefix ("/", ".."), from needing URL escaping, and from confusing listings.
@@ -433,6 +441,27 @@ def envelope_metadata(
     }
 
 
+#: Fields of the stand-in an envelope carries instead of a large payload (the server's
+#: ``envelope_payload_max_bytes``): the SHA-256 and size of the request body as received.
+PAYLOAD_SHA256: Final = "payload_sha256"
+PAYLOAD_BYTES: Final = "payload_bytes"
+
+
+def payload_digest(sha256_hex: str, size: int, rollout: object = None) -> dict[str, Any]:
+    """What an envelope's ``payload`` holds when the payload itself was too large to copy.
+
+    The ``_rollout`` block is kept, so the envelope still says what it answers.
+
+    Example::
+
+        payload_digest(hashlib.sha256(body).hexdigest(), len(body), payload.get("_rollout"))
+    """
+    digest: dict[str, Any] = {PAYLOAD_SHA256: sha256_hex, PAYLOAD_BYTES: size}
+    if rollout is not None:
+        digest[ROLLOUT_FIELD] = rollout
+    return digest
+
+
 def success_envelope(result: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The handler's result plus defaults and metadata (metadata wins over handler keys).
 
@@ -472,6 +501,65 @@ def error_envelope(
     }
     envelope.update(metadata)
     return envelope
+
+
+# --- Control requests and session status -------------------------------------------------
+
+#: A payload holding this (reserved) top-level key is a control request to the agent
+#: server itself, answered at once without running the handler; over AgentCore Runtime it
+#: is the only way to reach the process that holds a session. Its value is
+#: ``{"op": <operation>}``; a payload with this key and anything else is refused (400).
+CONTROL_FIELD: Final = "_agentcore_rl_control"
+CONTROL_OP: Final = "op"
+#: The one operation: the answer is :func:`session_status` for the invocation's session.
+CONTROL_OP_STATUS: Final = "status"
+CONTROL_OPS: Final = frozenset({CONTROL_OP_STATUS})
+
+#: Fields of a session status answer.
+SESSION_STATE: Final = "state"
+RESULT_KEYS: Final = "result_keys"
+
+
+class SessionState(str, Enum):
+    """What an agent server knows about a session.
+
+    ``unknown`` from a server that should hold the session means it lost it (the process
+    restarted, or the request reached another instance): the rollout will not finish.
+
+    Example::
+
+        SessionState(answer["state"]) is SessionState.RUNNING
+    """
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    UNKNOWN = "unknown"
+
+
+def status_request() -> dict[str, Any]:
+    """The payload of a status control request (send it with the session's id header).
+
+    Example::
+
+        await transport.invoke(session_id, status_request())
+    """
+    return {CONTROL_FIELD: {CONTROL_OP: CONTROL_OP_STATUS}}
+
+
+def session_status(
+    session_id: str, state: SessionState, result_keys: list[str] | None = None
+) -> dict[str, Any]:
+    """The answer to a status request: ``{"session_id", "state", "result_keys"}``.
+
+    Example::
+
+        session_status(sid, SessionState.FINISHED, ["e1/q-1/<sid>.json"])
+    """
+    return {
+        SESSION_ID: session_id,
+        SESSION_STATE: state.value,
+        RESULT_KEYS: list(result_keys or []),
+    }
 
 
 def is_error_envelope(envelope: Mapping[str, Any]) -> bool:

@@ -5,8 +5,12 @@ in this process) and drives it with httpx from here. Prints one JSON document:
 
 - ``accept``: latency of ``POST /invocations`` (time to the ``processing`` answer) while
   ``--rollouts`` rollouts (async handlers holding until released) are in flight, sent
-  open-loop at ``--rate`` per second (ACR allows 25-100 invocations/s per endpoint); also
-  the throughput and latency of filling the server with ``--ramp-concurrency`` clients.
+  open-loop at ``--rate`` per second (ACR allows 25-100 invocations/s per endpoint); next
+  to it the saturation point: the highest open-loop rate among ``--saturation-rates``
+  (``--saturation-seconds`` each) that the server keeps up with (at least 95% of the
+  offered rate answered, p99 under a second), and the highest whose p99 stays within
+  the 20 ms target; also the throughput and latency of
+  filling the server with ``--ramp-concurrency`` clients.
 - ``ping``: latency of ``GET /ping`` while ``--blocking`` sync handlers block in
   ``threading.Event.wait`` and ``--burners`` more burn CPU.
 
@@ -42,6 +46,7 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
 BUCKET = "bench-rollouts"
@@ -57,7 +62,9 @@ LOCAL_AWS_ENV = {
 # --- the agent (runs in the child process) ---------------------------------------------------
 
 
-def build_app(handler_kind: str, workers: int, switch_interval: float | None) -> Any:
+def build_app(
+    handler_kind: str, workers: int, switch_interval: float | None, check_existing: str
+) -> Any:
     """The benchmarked agent: a rollout handler that holds until /bench/release."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -65,7 +72,10 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
     from agentcore_rl.server import AgentCoreRLApp
 
     app = AgentCoreRLApp(
-        shutdown_grace=5, max_sync_workers=workers, gil_switch_interval=switch_interval
+        shutdown_grace=5,
+        max_sync_workers=workers,
+        gil_switch_interval=switch_interval,
+        check_existing_results=check_existing,
     )
     release_sync = threading.Event()
     release_async: list[asyncio.Event] = []
@@ -117,8 +127,12 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    app = build_app(args.handler, args.workers, args.switch_interval or None)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    app = build_app(args.handler, args.workers, args.switch_interval or None, args.check_existing)
+    # Served as app.run() serves: the GIL switch interval (--switch-interval) and the
+    # connection limits.
+    app.tune_process()
+    prepare_process()
+    uvicorn.run(app, host="127.0.0.1", port=args.port, **serve_options({"log_level": "warning"}))
 
 
 # --- the load generator (this process) -------------------------------------------------------
@@ -153,7 +167,12 @@ def summary(samples_s: list[float]) -> dict[str, float]:
 
 @contextlib.asynccontextmanager
 async def agent_process(
-    handler: str, workers: int, s3_endpoint: str, log_dir: Path, switch_interval: float
+    handler: str,
+    workers: int,
+    s3_endpoint: str,
+    log_dir: Path,
+    switch_interval: float,
+    check_existing: str = "repeats",
 ) -> AsyncIterator[httpx.AsyncClient]:
     port = free_port()
     env = {**os.environ, **LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_S3": s3_endpoint}
@@ -171,6 +190,8 @@ async def agent_process(
             str(port),
             "--switch-interval",
             str(switch_interval),
+            "--check-existing",
+            check_existing,
             stdout=log,
             stderr=log,
             env=env,
@@ -260,8 +281,46 @@ async def open_loop(n: int, rate: float, make: Callable[[int], Awaitable[float]]
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
+ACCEPT_P99_TARGET_MS = 20.0
+
+
+async def saturation(
+    http: httpx.AsyncClient, rates: list[float], seconds: float, first_input: int
+) -> dict[str, Any]:
+    """Step the open-loop rate up until the server falls behind. Returns the last rate it
+    kept up with (>= 95% of the offered rate answered, p99 under a second: no queue
+    building up), the last rate whose p99 met the 20 ms target, and every step."""
+    steps: list[dict[str, Any]] = []
+    kept_up: float | None = None
+    within_target: float | None = None
+    next_input = first_input
+    for rate in rates:
+        n = max(1, int(rate * seconds))
+        base = next_input
+        next_input += n
+        started = time.perf_counter()
+
+        def send(i: int, base: int = base) -> Awaitable[float]:
+            return invoke_timed(http, payload(base + i))
+
+        samples = await open_loop(n, rate, send)
+        achieved = n / (time.perf_counter() - started)
+        latency = summary(samples)
+        ok = achieved >= 0.95 * rate and latency["p99_ms"] < 1000
+        steps.append(
+            {"offered_per_s": rate, "achieved_per_s": round(achieved, 1), "ok": ok, **latency}
+        )
+        if not ok:
+            break
+        kept_up = rate
+        if latency["p99_ms"] <= ACCEPT_P99_TARGET_MS:
+            within_target = rate
+    return {"saturation_per_s": kept_up, "within_target_per_s": within_target, "steps": steps}
+
+
 async def bench_accept(args: argparse.Namespace, s3: str, logs: Path) -> dict[str, Any]:
-    async with agent_process("async", 64, s3, logs, args.switch_interval) as http:
+    check = args.check_existing
+    async with agent_process("async", 64, s3, logs, args.switch_interval, check) as http:
         started = time.perf_counter()
         ramp = await bounded_gather(
             args.rollouts, args.ramp_concurrency, lambda i: invoke_timed(http, payload(i))
@@ -273,12 +332,22 @@ async def bench_accept(args: argparse.Namespace, s3: str, logs: Path) -> dict[st
         )
         in_flight_after = int((await http.get("/bench/stats")).json()["active"])
         ping = (await http.get(protocol.PING_PATH)).json()["status"]
+        rates = [float(r) for r in args.saturation_rates.split(",") if r.strip()]
+        saturated = await saturation(
+            http, rates, args.saturation_seconds, args.rollouts + args.samples
+        )
     return {
         "in_flight_before": in_flight,
         "in_flight_after": in_flight_after,
         "ping_status": ping,
         "rate_per_s": args.rate,
+        "check_existing_results": check,
         "latency": summary(measured),
+        # Next to the latency: the highest rate the server keeps up with, and the highest
+        # at which accept p99 stays within the 20 ms target.
+        "saturation_per_s": saturated["saturation_per_s"],
+        "within_target_per_s": saturated["within_target_per_s"],
+        "saturation_steps": saturated["steps"],
         "ramp": {
             "concurrency": args.ramp_concurrency,
             "throughput_per_s": round(args.rollouts / ramp_seconds, 1),
@@ -355,12 +424,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ramp-concurrency", type=int, default=64, help="client concurrency filling the server"
     )
+    parser.add_argument(
+        "--saturation-rates",
+        default="50,100,150,200,300,400,600",
+        help="open-loop rates (comma-separated, ascending) stepped through to find saturation",
+    )
+    parser.add_argument(
+        "--saturation-seconds", type=float, default=3.0, help="seconds per saturation step"
+    )
     parser.add_argument("--blocking", type=int, default=32, help="sync handlers that block")
     parser.add_argument("--burners", type=int, default=2, help="sync handlers that burn CPU")
     parser.add_argument("--pings", type=int, default=300, help="pings measured")
     parser.add_argument("--ping-interval", type=float, default=0.01)
     parser.add_argument("--max-seconds", type=float, default=120, help="handler safety limit")
     parser.add_argument("--timeout", type=float, default=300, help="bound on the whole run")
+    parser.add_argument(
+        "--check-existing",
+        choices=["always", "repeats", "never"],
+        default="repeats",
+        help="the agent's check_existing_results ('always' costs a HEAD per rollout)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--handler", default="async", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=64, help=argparse.SUPPRESS)

@@ -45,6 +45,7 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "AWS_ROLE_ARN",
         "AWS_WEB_IDENTITY_TOKEN_FILE",
         "AGENTCORE_RL_ALLOWED_BUCKETS",
+        "AGENTCORE_RL_SPOOL_DIR",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -54,6 +55,8 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    # The default spool directory persists across restarts: keep tests out of the real one.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
 
 
 @pytest.fixture

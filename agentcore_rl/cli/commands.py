@@ -102,6 +102,8 @@ def _serve_asgi(
 ) -> int:
     import uvicorn
 
+    from agentcore_rl.server.limits import prepare_process, serve_options
+
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=getattr(logging, log_level.upper(), logging.INFO),
@@ -111,9 +113,10 @@ def _serve_asgi(
     print(banner, file=sys.stderr)
     try:
         # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
-        # shutdown (rollouts get their grace period) and returns.
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **uvicorn_options)
-        server = uvicorn.Server(config)
+        # shutdown (rollouts get their grace period) and returns. Limits as app.run().
+        prepare_process()
+        options = serve_options({"log_level": log_level, **uvicorn_options})
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         server.run(sockets=[sock])
     finally:
         sock.close()
@@ -333,6 +336,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         rollout_extra=_parse_params(args.param),
         gateway_url=args.gateway_url,
         gateway_admin_token=args.gateway_admin_token,
+        group_size=args.group_size,
+        redundancy=args.redundancy,
     )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)

@@ -6,6 +6,8 @@ example agent on two agent servers, and the local AgentCore Runtime in front of 
 problems go through :class:`~agentcore_rl.client.AsyncRolloutClient` over the ACR
 transport, i.e. the real aiobotocore ``bedrock-agentcore`` client, reaching the local
 runtime through ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, exactly as it would reach AWS.
+Then (up to) the first 6 problems run again as GRPO groups of 4 (all at once), for one line of
+group statistics (pass@1, pass@4, reward spread) in the summary.
 
 Unless ``gateway=False``, the agents reach the policy through a
 :class:`~agentcore_rl.gateway.RolloutGateway` served on loopback, which captures every
@@ -33,9 +35,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl.cli.common import PROG
-from agentcore_rl.cli.eval import EvalOptions, EvalRun, run_eval
+from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.cli.eval_config import iter_lines
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, GroupDroppedError
 from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "demo_package", "run_demo"]
@@ -49,6 +51,9 @@ DEMO_AGENT: Final = "agent:app"
 _AGENT_SERVERS: Final = 2
 # Generous: a rollout of the stand-in takes well under a second.
 _ROLLOUT_TIMEOUT: Final = 120.0
+#: The group phase: this many problems, as groups of this size.
+_GROUPS: Final = 6
+_GROUP_SIZE: Final = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,4 +234,42 @@ async def _run(
         s3_endpoint_url=stack.s3_endpoint_url,
         runtime_endpoint_url=stack.runtime_endpoint_url,
     )
-    return await run_eval(eval_options, progress=options.progress, run=run)
+    run = await run_eval(eval_options, progress=options.progress, run=run)
+    await _group_phase(stack, eval_options, run)
+    return run
+
+
+async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRun) -> None:
+    """A few problems again as GRPO groups (all at once: about one rollout's wall time),
+    for the summary's line of group statistics."""
+    from agentcore_rl.cli.group_eval import group_record
+    from agentcore_rl.cli.group_summary import GroupTally
+    from agentcore_rl.client import AsyncRolloutClient
+
+    # At most as many problems as the run had (demo --n 4 stays small).
+    inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
+    tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)
+    async with AsyncRolloutClient(
+        agent_runtime_arn=stack.agent_runtime_arn,
+        endpoint_url=stack.runtime_endpoint_url,
+        s3_bucket=stack.bucket,
+        s3_endpoint_url=stack.s3_endpoint_url,
+        exp_id=f"{eval_options.exp_id}-groups",
+        max_concurrent_sessions=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
+        tps_limit=eval_options.tps or 1e6,
+        timeout=_ROLLOUT_TIMEOUT,
+        base_url=stack.policy_base_url,
+        model_id=stack.policy_model,
+    ) as client:
+        futures = [
+            await client.invoke_group(
+                item.payload, n=_GROUP_SIZE, input_id=item.input_id, member_seed=number * 100
+            )
+            for number, item in enumerate(inputs)
+        ]
+        for fut in futures:
+            try:
+                group, error = await fut, None
+            except GroupDroppedError as exc:
+                group, error = None, exc
+            tally.add_record(group_record(fut.input_id, group, error, 0.0))

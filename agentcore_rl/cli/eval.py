@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from agentcore_rl.cli.engine import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.group_eval import GroupEvalEngine
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.cli.trajectories import TrajectoryFile
@@ -134,7 +135,8 @@ async def run_eval(
     trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
     try:
-        if options.gateway_url is not None:
+        # A group's trajectories go into its training rows (FILE.groups.jsonl) instead.
+        if options.gateway_url is not None and options.group_size is None:
             trajectories = TrajectoryFile.open(options.out, resume=options.resume)
             run.trajectories = trajectories.path
         summary.resumed = sum(1 for i in by_id if i in journal.finished)
@@ -147,10 +149,14 @@ async def run_eval(
         bar = Progress(len(inputs), summary.resumed, progress)
         client = _make_client(options)
         async with client:
-            engine = EvalEngine(options, client, journal, summary, bar, trajectories)
             try:
-                await engine.collect_trajectories(journal.finished)  # an earlier run's
-                await engine.run(fresh, in_flight, by_id)
+                if options.group_size is not None:
+                    groups = GroupEvalEngine(options, client, journal, summary, bar)
+                    await groups.run(inputs)
+                else:
+                    engine = EvalEngine(options, client, journal, summary, bar, trajectories)
+                    await engine.collect_trajectories(journal.finished)  # an earlier run's
+                    await engine.run(fresh, in_flight, by_id)
             except asyncio.CancelledError:
                 run.interrupted = True
                 raise

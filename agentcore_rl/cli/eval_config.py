@@ -119,6 +119,10 @@ class EvalOptions:
     rollout_extra: dict[str, Any] = field(default_factory=dict)
     gateway_url: str | None = None
     gateway_admin_token: str | None = None
+    #: Run each input as a GRPO group of this many members (``None``: one rollout each).
+    group_size: int | None = None
+    #: Extra members per group, stopped once ``group_size`` have succeeded.
+    redundancy: int = 0
 
     def __post_init__(self) -> None:
         if (self.agent_runtime_arn is None) == (not self.agent_urls):
@@ -142,6 +146,10 @@ class EvalOptions:
             )
         if self.gateway_admin_token is not None and self.gateway_url is None:
             raise ConfigurationError("--gateway-admin-token needs --gateway-url")
+        if self.group_size is not None and self.group_size < 1:
+            raise ConfigurationError(f"--group-size must be >= 1, got {self.group_size}")
+        if self.redundancy < 0 or (self.redundancy and self.group_size is None):
+            raise ConfigurationError("--redundancy must be >= 0 and needs --group-size")
 
 
 @dataclass

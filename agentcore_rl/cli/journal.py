@@ -109,6 +109,9 @@ class EvalJournal:
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
+    #: Every journal line an earlier run wrote, in order (group members are journaled as
+    #: events of their own, read by :mod:`agentcore_rl.cli.group_eval`).
+    events: list[dict[str, Any]] = field(default_factory=list)
     _results: IO[str] | None = None
     _journal: IO[str] | None = None
 
@@ -143,6 +146,7 @@ class EvalJournal:
                         self.finished[input_id] = record
             if journal_path.exists():
                 for record in _read_lines(journal_path):
+                    self.events.append(record)
                     self._replay(record)
         else:
             journal_path.unlink(missing_ok=True)
@@ -154,6 +158,8 @@ class EvalJournal:
         input_id = record.get("input_id")
         if not isinstance(input_id, str) or input_id in self.finished:
             return
+        if record.get(_EVENT) not in (None, _STARTED, _ABANDONED):
+            return  # another kind of line (a group member's)
         if record.get(_EVENT) == _ABANDONED:
             self.in_flight.pop(input_id, None)
             return
@@ -179,6 +185,12 @@ class EvalJournal:
         starts it again rather than waiting for a result that will not come.
         """
         self._write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
+
+    def record_event(self, record: dict[str, Any]) -> None:
+        """Append one journal line of another kind (it must carry ``event``) and flush it."""
+        if not isinstance(record.get(_EVENT), str) or record[_EVENT] in (_STARTED, _ABANDONED):
+            raise ValueError("an event record needs its own string 'event'")
+        self._write(self._journal, record)
 
     def record_outcome(self, record: dict[str, Any]) -> None:
         """Append one outcome line (must carry ``input_id``) and flush it."""

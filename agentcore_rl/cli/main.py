@@ -186,6 +186,18 @@ def _add_eval_parser(commands: Any) -> None:
         help="the gateway's admin token (default: env AGENTCORE_RL_GATEWAY_ADMIN_TOKEN)",
     )
     parser.add_argument(
+        "--group-size",
+        type=_positive_int,
+        help="run each input as a GRPO group of N rollouts; the summary shows pass@1 / "
+        "pass@N and group statistics, and FILE.groups.jsonl gets the training rows",
+    )
+    parser.add_argument(
+        "--redundancy",
+        type=int,
+        default=0,
+        help="with --group-size: start N+R members, keep the first N (default 0)",
+    )
+    parser.add_argument(
         "--s3-endpoint-url", type=_url, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3)"
     )
     parser.add_argument(

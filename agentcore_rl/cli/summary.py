@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from agentcore_rl.cli.group_summary import GroupTally
+from agentcore_rl.groups import result_reward
+
 if TYPE_CHECKING:
     from agentcore_rl.trajectory import Trajectory
 
@@ -48,13 +51,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def reward_of(result: Any) -> float | None:
     """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
-    if not isinstance(result, dict):
-        return None
-    rewards = result.get("rewards")
-    value = rewards[0] if isinstance(rewards, list) and rewards else result.get("reward")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return result_reward(result)
 
 
 @dataclass
@@ -83,6 +80,8 @@ class RunSummary:
     merges: int = 0
     splits: int = 0
     trajectories_missing: int = 0
+    #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
+    groups: GroupTally | None = None
 
     def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
         """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``)."""
@@ -143,6 +142,7 @@ class RunSummary:
             "merges": self.merges,
             "splits": self.splits,
             "trajectories_missing": self.trajectories_missing,
+            "groups": None if self.groups is None else self.groups.as_dict(),
         }
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
@@ -183,5 +183,7 @@ class RunSummary:
             ]
         if self.trajectories_missing:
             rows.append(("done without a trace in S3", f"{self.trajectories_missing}"))
+        if self.groups is not None:
+            rows.append((f"groups of {self.groups.size}", self.groups.line()))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

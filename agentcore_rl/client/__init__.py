@@ -13,6 +13,7 @@ from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
 from agentcore_rl.client.config import RetryConfig
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.sync import RolloutClient
 from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
@@ -26,6 +27,7 @@ __all__ = [
     "ClientState",
     "ClientStats",
     "CompletionWatcher",
+    "GroupFuture",
     "LocalSessionLimiter",
     "Priority",
     "RateLimiter",

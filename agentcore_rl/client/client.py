@@ -38,6 +38,13 @@ from agentcore_rl.client.config import (
 from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.gateway_link import gateway_link
+from agentcore_rl.client.groups import (
+    GroupBatch,
+    GroupFuture,
+    GroupItem,
+    GroupRunner,
+    read_groups,
+)
 from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.payload import build_invocation
 from agentcore_rl.client.service import Service
@@ -56,6 +63,8 @@ from agentcore_rl.errors import (
     InvocationError,
     TraceLostError,
 )
+from agentcore_rl.group_tracker import GroupCounters
+from agentcore_rl.groups import GroupRules, OnFailure, RolloutGroup
 from agentcore_rl.ratelimit import RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, lean_s3_session
@@ -237,6 +246,7 @@ class AsyncRolloutClient:
             joiner=self._joiner,
         )
         self._service = Service("agentcore-rl client", setup=self._start_workers)
+        self._groups = GroupRunner(self)
 
     def __repr__(self) -> str:
         return (
@@ -362,6 +372,149 @@ class AsyncRolloutClient:
         self._check_not_closed()
         return self._batch(payloads, timeout, overrides)
 
+    # --- GRPO groups (the work is in client/groups.py) -------------------------------------
+
+    async def invoke_group(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        n: int,
+        input_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
+        retry: int = 1,
+        on_failure: OnFailure = "drop_member",
+        min_members: int = 2,
+        redundancy: int = 0,
+        filter_uniform: bool = False,
+        member_seed: int | None = None,
+        **overrides: Any,
+    ) -> GroupFuture:
+        """Start a GRPO group of ``n`` rollouts of ``payload``; return its future once its
+        members are admitted (``n + redundancy`` slots taken).
+
+        ``input_id`` is the group key (default: a fresh id): member session ids derive
+        from it, so each group of an experiment needs its own. The rules
+        (:class:`~agentcore_rl.groups.GroupRules`): ``retry`` re-runs of a failed or
+        timed-out member in a fresh session; then ``on_failure`` (``"drop_member"`` with at
+        least ``min_members`` kept, ``"zero"`` or ``"drop_group"``); ``redundancy`` extra
+        members whose late ones are stopped; ``filter_uniform`` drops groups whose rewards
+        are all equal. The future ends in a :class:`~agentcore_rl.groups.RolloutGroup`, a
+        ``GroupDroppedError`` (``StaleGroupError`` after :meth:`advance_policy`) or
+        ``ClientClosedError``; cancelling it stops the members. ``timeout`` and
+        ``overrides`` are as in :meth:`invoke`, for each member. ``member_seed`` gives each
+        attempt its own ``_rollout.seed`` (``member_seed + attempt * (n + redundancy) +
+        index``): a seed shared by every member would make them sample alike.
+
+        Example::
+
+            fut = await client.invoke_group(payload, n=8, input_id="q-17", temperature=1.0)
+            group = await fut
+            print(group.rewards, group.advantages("mean_std"))
+        """
+        rules = GroupRules(
+            n=n,
+            redundancy=redundancy,
+            retry=retry,
+            on_failure=on_failure,
+            min_members=min_members,
+            filter_uniform=filter_uniform,
+        )
+        return await self._groups.open(
+            payload,
+            rules=rules,
+            input_id=input_id,
+            timeout=timeout,
+            overrides=overrides,
+            member_seed=member_seed,
+        )
+
+    def run_groups(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        n: int,
+        timeout: float | None = None,
+        retry: int = 1,
+        on_failure: OnFailure = "drop_member",
+        min_members: int = 2,
+        redundancy: int = 0,
+        filter_uniform: bool = False,
+        member_seed: int | None = None,
+        **overrides: Any,
+    ) -> AsyncGenerator[RolloutGroup, None]:
+        """Run a group per payload (rules as in :meth:`invoke_group`); yield the whole
+        groups in completion order.
+
+        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
+        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
+        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
+        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
+
+        Example::
+
+            async for group in client.run_groups(payloads, n=8, timeout=900, redundancy=1):
+                rows.extend(group_rows(group, "mean_std"))
+        """
+        self._check_not_closed()
+        rules = GroupRules(
+            n=n,
+            redundancy=redundancy,
+            retry=retry,
+            on_failure=on_failure,
+            min_members=min_members,
+            filter_uniform=filter_uniform,
+        )
+        options = {
+            "rules": rules,
+            "timeout": timeout,
+            "overrides": overrides,
+            "member_seed": member_seed,
+        }
+        return self._run_groups(payloads, options)
+
+    async def _run_groups(
+        self, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
+    ) -> AsyncGenerator[RolloutGroup, None]:
+        await self._ensure_open()
+        send, receive = anyio.create_memory_object_stream[GroupItem](math.inf)
+        batch = GroupBatch(self._groups, payloads, options, send)
+        await self._service.start(batch.run, name="groups")
+        async with contextlib.aclosing(read_groups(receive, batch)) as groups:
+            async for group in groups:
+                yield group
+
+    def set_policy_version(self, version: int) -> None:
+        """Stamp ``_rollout.policy_version = version`` into every member started from now
+        on (retries included). Versions only move forward.
+
+        Example::
+
+            client.set_policy_version(step)
+        """
+        self._groups.set_policy_version(version)
+
+    def advance_policy(self, version: int, *, max_staleness: int) -> int:
+        """Move to ``version`` and stop every open group with a member started under a
+        version older than ``version - max_staleness``: their futures end in
+        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
+
+        Example::
+
+            stale = client.advance_policy(step + 1, max_staleness=1)
+        """
+        return self._groups.advance_policy(version, max_staleness=max_staleness)
+
+    @property
+    def group_stats(self) -> GroupCounters:
+        """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
+        return self._groups.counters
+
+    async def _start(self, func: Any, *args: Any, name: str) -> Any:
+        return await self._service.start(func, *args, name=name)
+
+    def _stop_session(self, session_id: str) -> None:
+        self._stopper.schedule(session_id)
+
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
         sessions (all within ``close_timeout`` seconds), end the client's background work
@@ -376,6 +529,7 @@ class AsyncRolloutClient:
             return
         self._state = ClientState.CLOSED
         self._admission.close()
+        self._groups.close(ClientClosedError("the client was closed before this group finished"))
         try:
             # One deadline for both waits: close_timeout bounds the whole close.
             with anyio.move_on_after(self.close_timeout) as waiting:
@@ -476,6 +630,7 @@ class AsyncRolloutClient:
         service.start_soon(self._stopper.run, name="session stopper")
         if self._joiner is not None:
             service.start_soon(self._joiner.run, name="trace joiner")
+        service.start_soon(self._groups.run, name="group members")
 
     @contextlib.asynccontextmanager
     async def _slot(self, *, token: bool = True) -> AsyncIterator[Slot]:

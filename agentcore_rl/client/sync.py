@@ -34,8 +34,11 @@ from agentcore_rl.client.config import (
     DEFAULT_TIMEOUT,
 )
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
+from agentcore_rl.group_tracker import GroupCounters
+from agentcore_rl.groups import OnFailure, RolloutGroup
 from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.ratelimit import RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
@@ -66,6 +69,15 @@ async def _trace_of(client: AsyncRolloutClient, fut: RolloutFuture) -> SessionTr
 async def _outcome(fut: RolloutFuture) -> dict[str, Any]:
     # Cancelling the concurrent future cancels this task, and with it ``fut``.
     return await fut
+
+
+async def _group_outcome(fut: GroupFuture) -> RolloutGroup:
+    # As _outcome: cancelling the concurrent future stops the group's members.
+    return await fut
+
+
+async def _group_stats(client: AsyncRolloutClient) -> GroupCounters:
+    return client.group_stats
 
 
 class RolloutClient:
@@ -307,6 +319,110 @@ class RolloutClient:
         finally:
             if not self._closed:
                 self._portal.call(batch.aclose)
+
+    def invoke_group(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        n: int,
+        input_id: str | None = None,
+        timeout: float | None = None,
+        retry: int = 1,
+        on_failure: OnFailure = "drop_member",
+        min_members: int = 2,
+        redundancy: int = 0,
+        filter_uniform: bool = False,
+        member_seed: int | None = None,
+        **overrides: Any,
+    ) -> concurrent.futures.Future[RolloutGroup]:
+        """Start a group (blocks until its members are admitted); return a future for the
+        :class:`~agentcore_rl.groups.RolloutGroup` (see
+        :meth:`AsyncRolloutClient.invoke_group`). It has ``input_id`` and ``session_ids``.
+
+        Example::
+
+            fut = client.invoke_group(payload, n=8, input_id="q-17")
+            print(fut.result(timeout=900).rewards)
+        """
+        call = functools.partial(
+            self._client.invoke_group,
+            payload,
+            n=n,
+            input_id=input_id,
+            timeout=timeout,
+            retry=retry,
+            on_failure=on_failure,
+            min_members=min_members,
+            redundancy=redundancy,
+            filter_uniform=filter_uniform,
+            member_seed=member_seed,
+            **overrides,
+        )
+        group_future: GroupFuture = self._portal.call(call)
+        fut = self._portal.start_task_soon(_group_outcome, group_future)
+        fut.input_id = group_future.input_id  # type: ignore[attr-defined]
+        fut.session_ids = group_future.session_ids  # type: ignore[attr-defined]
+        return fut
+
+    def run_groups(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        n: int,
+        timeout: float | None = None,
+        retry: int = 1,
+        on_failure: OnFailure = "drop_member",
+        min_members: int = 2,
+        redundancy: int = 0,
+        filter_uniform: bool = False,
+        member_seed: int | None = None,
+        **overrides: Any,
+    ) -> Iterator[RolloutGroup]:
+        """Yield whole groups in completion order (see :meth:`AsyncRolloutClient.run_groups`);
+        leaving the loop early stops the groups still running.
+
+        Example::
+
+            for group in client.run_groups(payloads, n=8, timeout=900):
+                print(group.input_id, group.rewards)
+        """
+        groups = self._client.run_groups(
+            payloads,
+            n=n,
+            timeout=timeout,
+            retry=retry,
+            on_failure=on_failure,
+            min_members=min_members,
+            redundancy=redundancy,
+            filter_uniform=filter_uniform,
+            member_seed=member_seed,
+            **overrides,
+        )
+        try:
+            while True:
+                try:
+                    group: RolloutGroup = self._portal.call(groups.__anext__)
+                except StopAsyncIteration:
+                    return
+                yield group
+        finally:
+            if not self._closed:
+                self._portal.call(groups.aclose)
+
+    def set_policy_version(self, version: int) -> None:
+        """See :meth:`AsyncRolloutClient.set_policy_version`."""
+        self._portal.call(self._client.set_policy_version, version)
+
+    def advance_policy(self, version: int, *, max_staleness: int) -> int:
+        """See :meth:`AsyncRolloutClient.advance_policy`; returns the groups stopped."""
+        call = functools.partial(self._client.advance_policy, version, max_staleness=max_staleness)
+        stopped: int = self._portal.call(call)
+        return stopped
+
+    @property
+    def group_stats(self) -> GroupCounters:
+        """See :attr:`AsyncRolloutClient.group_stats`."""
+        return self._portal.call(_group_stats, self._client)
 
     def close(self) -> None:
         """Close the async client (stopping live sessions) and its thread. Idempotent."""

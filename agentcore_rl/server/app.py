@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import inspect
 import logging
 import os
@@ -41,7 +42,7 @@ from anyio.abc import TaskGroup
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan
@@ -50,17 +51,31 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
 from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.finished import (
+    DEFAULT_FINISHED_MAX_ENTRIES,
+    DEFAULT_FINISHED_TTL,
+    FinishedRollouts,
+)
 from agentcore_rl.server.health import HealthTracker, PingHandler
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.parsing import (
+    DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
+    control_op,
     parse_payload,
     parse_rollout,
     read_body,
     session_id_from,
 )
-from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT, RolloutRunner, ShutdownReport
+from agentcore_rl.server.runner import (
+    DEFAULT_CANCEL_TIMEOUT,
+    RolloutJob,
+    RolloutRunner,
+    ShutdownReport,
+)
 from agentcore_rl.server.settings import (
     DEFAULT_GIL_SWITCH_INTERVAL,
     DEFAULT_MAX_BODY_BYTES,
@@ -69,6 +84,7 @@ from agentcore_rl.server.settings import (
     DEFAULT_STOP_WAIT,
     SPOOL_DIR_ENV,
     default_host,
+    default_spool_dir,
 )
 from agentcore_rl.server.spool import (
     DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
@@ -109,14 +125,26 @@ class AgentCoreRLApp(Starlette):
     ``store`` is the S3 door (default: a ``ResultStore()`` that honours
     ``AWS_ENDPOINT_URL_S3``; its client is created on first write). ``allowed_buckets``
     (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated) limits which buckets a
-    payload may name. Bodies over ``max_body_bytes`` get 413. At shutdown running
+    payload may name. Bodies over ``max_body_bytes`` get 413, nesting deeper than
+    ``max_json_depth`` 400; once the bodies being received hold ``max_inflight_body_bytes``
+    together, more get 503 with ``Retry-After``. A body over
+    ``envelope_payload_max_bytes`` (default ``None``: never) is stored in its envelope as
+    its SHA-256 and size instead of a copy of the payload. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
-    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR`` or a temporary directory) and
+    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
+    directory across restarts, see :func:`default_spool_dir`; drained at startup) and
     are retried every ``spool_retry_interval`` seconds, backing off. When the app owns
     the process (:meth:`run`, ``agentcore-rl serve``) the interpreter's GIL switch
     interval is lowered to ``gil_switch_interval`` (``None``: leave it) so ``/ping`` stays
     fast while sync handlers burn CPU; mounted in another app, it leaves the process
     alone. ``clock`` (epoch seconds) stamps envelopes and ``/ping``.
+
+    A repeated invocation (same session id and result key) never runs the handler twice:
+    while it runs, or for ``finished_ttl`` seconds after it finished (at most
+    ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
+    process, the rollout HEADs its key before the handler starts and an envelope already
+    there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing_results``
+    ``"repeats"``, the default), for all (``"always"``), or never (``"never"``).
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
@@ -143,6 +171,9 @@ class AgentCoreRLApp(Starlette):
         store: ResultStore | None = None,
         allowed_buckets: Iterable[str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        envelope_payload_max_bytes: int | None = None,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         spool_dir: Path | str | None = None,
         spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
@@ -151,6 +182,9 @@ class AgentCoreRLApp(Starlette):
         stop_wait: float = DEFAULT_STOP_WAIT,
         cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
         gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL,
+        finished_ttl: float = DEFAULT_FINISHED_TTL,
+        finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
+        check_existing_results: str = "repeats",
         clock: Callable[[], float] = time.time,
         debug: bool = False,
         lifespan: Lifespan[Any] | None = None,
@@ -158,6 +192,15 @@ class AgentCoreRLApp(Starlette):
     ) -> None:
         if max_body_bytes <= 0:
             raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
+        if max_json_depth < 1:
+            raise ConfigurationError(f"max_json_depth must be >= 1, got {max_json_depth}")
+        if max_inflight_body_bytes < max_body_bytes:
+            raise ConfigurationError(
+                f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be at least "
+                f"max_body_bytes ({max_body_bytes}), or the largest body would never fit"
+            )
+        if envelope_payload_max_bytes is not None and envelope_payload_max_bytes < 0:
+            raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
         if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
             raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
         if gil_switch_interval is not None and gil_switch_interval <= 0:
@@ -177,6 +220,7 @@ class AgentCoreRLApp(Starlette):
                 Route(protocol.INVOCATIONS_PATH, self._invocations, methods=["POST"]),
                 Route(protocol.PING_PATH, self._ping, methods=["GET"]),
                 Route(protocol.STOP_SESSION_PATH, self._stop_session, methods=["POST"]),
+                Route(protocol.SESSION_STATUS_PATH, self._session_status, methods=["GET"]),
             ],
             lifespan=self._lifespan,
             middleware=middleware,
@@ -189,6 +233,15 @@ class AgentCoreRLApp(Starlette):
         self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
+        if check_existing_results not in ("always", "repeats", "never"):
+            raise ConfigurationError(
+                "check_existing_results must be 'always', 'repeats' or 'never', got "
+                f"{check_existing_results!r}"
+            )
+        self.check_existing_results = check_existing_results
+        self.body_budget = BodyBudget(max_inflight_body_bytes)
+        self.envelope_payload_max_bytes = envelope_payload_max_bytes
         self.shutdown_grace = shutdown_grace
         self.max_sync_workers = max_sync_workers
         self.stop_wait = stop_wait
@@ -200,13 +253,25 @@ class AgentCoreRLApp(Starlette):
             spool_dir = os.environ[SPOOL_DIR_ENV]
         self.spool = Spool(
             self.store,
-            directory=Path(spool_dir) if spool_dir is not None else None,
+            directory=Path(spool_dir) if spool_dir is not None else default_spool_dir(),
             retry_interval=spool_retry_interval,
             max_retry_interval=spool_max_retry_interval,
             on_change=self._refresh_health,
         )
         self.health = HealthTracker(clock=clock)
-        self.runner = RolloutRunner(spool=self.spool, clock=clock, on_change=self._refresh_health)
+        try:
+            self.finished = FinishedRollouts(
+                ttl=finished_ttl, max_entries=finished_max_entries, clock=clock
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"finished_ttl / finished_max_entries: {exc}") from None
+        self.runner = RolloutRunner(
+            spool=self.spool,
+            clock=clock,
+            on_change=self._refresh_health,
+            on_finished=self._remember_finished,
+            exists=self.store.head if check_existing_results != "never" else None,
+        )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -416,7 +481,8 @@ class AgentCoreRLApp(Starlette):
         return self._limiter
 
     async def startup(self) -> None:
-        """Adopt envelopes a previous server left in the spool directory. Idempotent.
+        """Adopt envelopes a previous server left in the spool directory, retry them at
+        once and remember their rollouts as finished. Idempotent.
 
         Called by the lifespan, by ``async with app``, and by the first invocation when
         the app is mounted somewhere that does not run its lifespan.
@@ -424,7 +490,12 @@ class AgentCoreRLApp(Starlette):
         if self._started:
             return
         self._started = True
-        await self.spool.recover()
+        if await self.spool.recover():
+            self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
+        for bucket, key in self.spool.pending_keys:
+            # A predecessor's spooled rollout is finished: a re-invoke must not rerun it.
+            with contextlib.suppress(InvalidPayloadError):
+                self.finished.remember(bucket, key, session_id=protocol.parse_result_key(key)[2])
 
     def tune_process(self) -> None:
         """Process-wide settings for an app that owns its process: lower the GIL switch
@@ -442,6 +513,28 @@ class AgentCoreRLApp(Starlette):
             # back quickly even while sync handlers compute. Only ever lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
+
+    def _remember_finished(self, job: RolloutJob) -> None:
+        key = job.result_key
+        config = job.context.rollout
+        if key is not None and config is not None:
+            self.finished.remember(config.s3_bucket, key, session_id=job.session_id)
+
+    def session_state(self, session_id: str) -> dict[str, Any]:
+        """What this server knows of a session: the ``/sessions/{id}`` answer.
+
+        Example::
+
+            app.session_state(sid)["state"]   # "running", "finished" or "unknown"
+        """
+        running = [job.result_key for job in self.runner.for_session(session_id)]
+        if running:
+            keys = sorted(key for key in running if key is not None)
+            return protocol.session_status(session_id, protocol.SessionState.RUNNING, keys)
+        finished = self.finished.keys_of_session(session_id)
+        if finished:
+            return protocol.session_status(session_id, protocol.SessionState.FINISHED, finished)
+        return protocol.session_status(session_id, protocol.SessionState.UNKNOWN)
 
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
@@ -541,7 +634,9 @@ class AgentCoreRLApp(Starlette):
         The positional order is ``BedrockAgentCoreApp``'s: ``app.run(8081)`` is a port.
         ``host`` defaults to :func:`default_host`: loopback on a workstation, ``0.0.0.0``
         in a container (AgentCore Runtime must reach port 8080 from outside). Other
-        keyword arguments go to ``uvicorn.run``.
+        keyword arguments go to ``uvicorn.run``, plus ``max_connections`` and
+        ``first_request_timeout`` (see :func:`~agentcore_rl.server.limits.serve_options`):
+        it serves with those limits and raises the process's open-file limit.
 
         Example::
 
@@ -554,7 +649,8 @@ class AgentCoreRLApp(Starlette):
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
             )
         logger.info("agent server listening on http://%s:%d", chosen, port)
-        uvicorn.run(self, host=chosen, port=port, **options)
+        prepare_process()  # this process is ours: more open files, quieter EMFILE
+        uvicorn.run(self, host=chosen, port=port, **serve_options(options))
 
     # --- routes -----------------------------------------------------------------------
 
@@ -580,9 +676,17 @@ class AgentCoreRLApp(Starlette):
             )
         await self.startup()
         try:
-            body = await read_body(request, limit=self.max_body_bytes)
-            payload = parse_payload(body)
+            body = await read_body(request, limit=self.max_body_bytes, budget=self.body_budget)
+            try:
+                payload = parse_payload(body, max_depth=self.max_json_depth)
+                envelope_payload = self._envelope_payload(body, payload)
+            finally:
+                self.body_budget.release(len(body))
+                del body  # the raw bytes are not needed past parsing
             session_id = session_id_from(request.headers)
+            if control_op(payload) == protocol.CONTROL_OP_STATUS:
+                # Answered at once, handler untouched: the client's liveness probe.
+                return JSONResponse(self.session_state(session_id))
             config = (
                 parse_rollout(payload, allowed_buckets=self.allowed_buckets)
                 if self._rollout_mode
@@ -594,7 +698,15 @@ class AgentCoreRLApp(Starlette):
                     await checked
         except InvalidPayloadError as exc:
             logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
-            return _error_response(exc.message, exc.status_code, exc.field)
+            refusal = _error_response(exc.message, exc.status_code, exc.field)
+            if exc.status_code == 503:
+                refusal.headers["Retry-After"] = "1"
+            return refusal
+        except ClientDisconnect:
+            # The caller went away mid-body: nothing was accepted and nobody reads an
+            # answer. Routine on a busy network, so no traceback.
+            logger.info("a client disconnected before sending the whole invocation body")
+            return Response(status_code=400)
         except Exception as exc:
             logger.exception("the payload validator raised")
             return _error_response(f"payload validator failed: {exc}", 500)
@@ -606,11 +718,30 @@ class AgentCoreRLApp(Starlette):
             request=request,
         )
         if self._rollout_mode:
-            return self._accept_rollout(spec, payload, context)
+            return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
 
+    def _should_check_existing(self, config: protocol.RolloutConfig | None) -> bool:
+        # "repeats": only invocations the client marks as sent again can have an earlier
+        # run; a first send has a fresh session id. Saves one HEAD per rollout.
+        if self.check_existing_results == "repeats":
+            return config is not None and config.extra.get(protocol.REPEAT) is True
+        return self.check_existing_results == "always"
+
+    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
+        cap = self.envelope_payload_max_bytes
+        if cap is None or len(body) <= cap or not self._rollout_mode:
+            return None
+        return protocol.payload_digest(
+            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
+        )
+
     def _accept_rollout(
-        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
+        self,
+        spec: HandlerSpec,
+        payload: dict[str, Any],
+        context: RequestContext,
+        envelope_payload: dict[str, Any] | None = None,
     ) -> Response:
         # No await between this check and runner.start: shutdown cannot slip in between.
         if self._closing:
@@ -629,7 +760,21 @@ class AgentCoreRLApp(Starlette):
                 # A retried invocation (same session, same result key): one rollout only.
                 logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
                 return JSONResponse(protocol.processing_response(config, context.session_id))
-        job = self.runner.start(spec, payload, context, limiter=self._get_limiter())
+            if self.finished.contains(config.s3_bucket, key) or self.spool.holds(
+                config.s3_bucket, key
+            ):
+                # Its answer was lost, or a resume re-sent it: the envelope is written (or
+                # spooled); running it again would rewrite a key the client may have read.
+                logger.info("rollout for s3://%s/%s has already finished", config.s3_bucket, key)
+                return JSONResponse(protocol.processing_response(config, context.session_id))
+        job = self.runner.start(
+            spec,
+            payload,
+            context,
+            limiter=self._get_limiter(),
+            envelope_payload=envelope_payload,
+            check_existing=self._should_check_existing(config),
+        )
         # Mounted where no lifespan runs there is no task group: the rollout runs after
         # the answer, in the request's own task, which the ASGI server owns.
         background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
@@ -656,6 +801,14 @@ class AgentCoreRLApp(Starlette):
         except (TypeError, ValueError) as exc:
             logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
             return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
+
+    async def _session_status(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            protocol.validate_session_id(session_id, name="session id in the path")
+        except InvalidPayloadError as exc:
+            return _error_response(exc.message, 400, exc.field)
+        return JSONResponse(self.session_state(session_id))
 
     async def _stop_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -74,7 +74,13 @@ class RolloutJob:
     # cancellation and still await its own cleanup.
     task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
+    # What the envelope's "payload" field holds instead of the payload (a digest), if set.
+    envelope_payload: dict[str, Any] | None = None
+    # Whether to ask S3 for an earlier run's envelope before running (see ``exists``).
+    check_existing: bool = True
     started: bool = False
+    # True while the job asks S3 whether an earlier run already wrote its envelope.
+    checking: bool = False
     handler_done: bool = False
     # Set once an envelope is claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
@@ -125,6 +131,10 @@ class RolloutRunner:
 
     ``on_change`` is called whenever the number of running rollouts changes (the server
     turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
+    ``on_finished`` is called with each job whose envelope was delivered or spooled.
+    ``exists`` (``ResultStore.head``), when given, is asked before the handler runs: if
+    the result key already holds an envelope (an earlier run's, before a restart), that
+    envelope wins and the handler does not run.
 
     Example::
 
@@ -137,10 +147,14 @@ class RolloutRunner:
         spool: Spool,
         clock: Callable[[], float],
         on_change: Callable[[], None] | None = None,
+        on_finished: Callable[[RolloutJob], None] | None = None,
+        exists: Callable[[str, str], Awaitable[bool]] | None = None,
     ) -> None:
         self._spool = spool
         self._clock = clock
         self._on_change = on_change
+        self._on_finished = on_finished
+        self._exists = exists
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
         self._by_key: dict[tuple[str, str], RolloutJob] = {}
@@ -174,6 +188,10 @@ class RolloutRunner:
         """The running rollout that will write ``s3://bucket/key``, if any."""
         return self._by_key.get((bucket, key))
 
+    def for_session(self, session_id: str) -> frozenset[RolloutJob]:
+        """The session's running rollouts (empty if none)."""
+        return frozenset(self._by_session.get(session_id, ()))
+
     def start(
         self,
         spec: HandlerSpec,
@@ -181,9 +199,13 @@ class RolloutRunner:
         context: RequestContext,
         *,
         limiter: anyio.CapacityLimiter,
+        envelope_payload: dict[str, Any] | None = None,
+        check_existing: bool = True,
     ) -> RolloutJob:
         """Accept a rollout and return its job; with a task group attached, its handler
         starts there at once, else the caller must ``await runner.run(job)``.
+
+        ``envelope_payload`` replaces the payload in the envelope (a digest of a large one).
 
         Example::
 
@@ -192,7 +214,13 @@ class RolloutRunner:
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
         job = RolloutJob(
-            context=context, payload=payload, started_at=self._clock(), spec=spec, limiter=limiter
+            context=context,
+            payload=payload,
+            started_at=self._clock(),
+            spec=spec,
+            limiter=limiter,
+            envelope_payload=envelope_payload,
+            check_existing=check_existing,
         )
         if self._tasks is not None:
             self._tasks.start_soon(self.run, job, name=f"rollout {context.session_id}")
@@ -209,6 +237,9 @@ class RolloutRunner:
             self._on_change()
 
     def _forget(self, job: RolloutJob) -> None:
+        # Remembered before the key leaves _by_key, so a retry never sees neither.
+        if job.delivered and self._on_finished is not None:
+            self._on_finished(job)
         self._jobs.discard(job)
         session_jobs = self._by_session.get(job.session_id)
         if session_jobs is not None:
@@ -230,7 +261,7 @@ class RolloutRunner:
         return protocol.envelope_metadata(
             config,
             session_id=job.session_id,
-            payload=job.payload,
+            payload=job.payload if job.envelope_payload is None else job.envelope_payload,
             started_at=job.started_at,
             finished_at=self._clock(),
         )
@@ -255,6 +286,8 @@ class RolloutRunner:
             try:
                 if job.cancel_reason is not None:
                     raise asyncio.CancelledError(job.cancel_reason)
+                if await self._already_written(job):
+                    return
                 result = await call_handler(spec, job.payload, job.context, limiter=limiter)
             except asyncio.CancelledError as exc:
                 if job.cancel_reason is None:
@@ -264,6 +297,14 @@ class RolloutRunner:
                     job.cancel_reason = "cancelled: the event loop is shutting down"
                 else:
                     _uncancel()
+                if job.checking:
+                    # Stopped while asking S3: an existing envelope still wins over a
+                    # "cancelled" one. Shielded like the delivery below: the owner's task
+                    # group may be the one cancelling.
+                    with anyio.CancelScope(shield=True):
+                        found = await self._already_written(job)
+                    if found:
+                        return
                 error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
                 body = self._cancelled_body(job, reason)
             except InvalidPayloadError as exc:
@@ -306,8 +347,37 @@ class RolloutRunner:
                 await self._deliver(job, body, error_type, reason)
         finally:
             self._forget(job)
-        if foreign_cancel is not None:
-            raise foreign_cancel
+            if foreign_cancel is not None:
+                raise foreign_cancel
+
+    async def _already_written(self, job: RolloutJob) -> bool:
+        """Whether the job's key already holds an envelope; if so the job is done."""
+        config = job.context.rollout
+        if self._exists is None or config is None or not job.check_existing:
+            return False
+        key = config.key_for(job.session_id)
+        # Left set if the check is cancelled, so the stop path knows to check again.
+        job.checking = True
+        try:
+            found = await self._exists(config.s3_bucket, key)
+        except Exception as exc:
+            # Running twice beats never running: S3 trouble does not block the rollout.
+            logger.warning(
+                "could not check s3://%s/%s before running: %s", config.s3_bucket, key, exc
+            )
+            found = False
+        job.checking = False
+        if found:
+            logger.info(
+                "s3://%s/%s already holds this rollout's envelope (an earlier run's); "
+                "not running it again",
+                config.s3_bucket,
+                key,
+            )
+            job.handler_done = True
+            job.body = b""
+            job.delivered = True
+        return found
 
     async def _deliver(
         self, job: RolloutJob, body: bytes | None, error_type: str | None, reason: str

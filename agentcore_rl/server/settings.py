@@ -11,6 +11,8 @@ Example::
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -26,6 +28,7 @@ __all__ = [
     "HOST_ENV",
     "SPOOL_DIR_ENV",
     "default_host",
+    "default_spool_dir",
 ]
 
 #: ACR accepts payloads up to 100 MB; so does the server unless told otherwise.
@@ -43,7 +46,7 @@ DEFAULT_STOP_WAIT: Final = 5.0
 #: 100+ ms; 1 ms keeps them near 10 ms (see benchmarks/server.py).
 DEFAULT_GIL_SWITCH_INTERVAL: Final = 0.001
 
-#: Directory for envelopes S3 refused (default: a fresh temporary directory per app).
+#: Directory for envelopes S3 refused (default: :func:`default_spool_dir`).
 SPOOL_DIR_ENV: Final = "AGENTCORE_RL_SPOOL_DIR"
 #: Interface :meth:`AgentCoreRLApp.run` listens on when no host is passed.
 HOST_ENV: Final = "AGENTCORE_RL_HOST"
@@ -67,3 +70,39 @@ def default_host() -> str:
         Path(p).exists() for p in ("/.dockerenv", "/run/.containerenv")
     )
     return "0.0.0.0" if in_container else "127.0.0.1"
+
+
+def _usable(directory: Path) -> bool:
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Another user's directory (a shared /tmp) must not receive our envelopes.
+        return directory.stat().st_uid == os.getuid() and os.access(directory, os.W_OK)
+    except OSError:
+        return False
+
+
+def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """The spool directory used when none is configured: the same one across restarts.
+
+    ``$XDG_STATE_HOME/agentcore-rl/spool`` (``~/.local/state/agentcore-rl/spool`` by the
+    XDG rule: state that should survive a restart but is not worth backing up), else, when
+    the home directory cannot be written (containers running as a user without one),
+    ``<tempdir>/agentcore-rl-spool-<uid>``. Created with mode 0700 if missing.
+
+    Example::
+
+        AgentCoreRLApp(spool_dir=default_spool_dir())   # what the default does
+    """
+    fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
+    state = environ.get("XDG_STATE_HOME", "").strip()
+    try:
+        base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
+    except RuntimeError:  # no home directory at all
+        return fallback
+    preferred = base / "agentcore-rl" / "spool"
+    if _usable(preferred):
+        return preferred
+    if _usable(fallback):
+        return fallback
+    # Neither is writable: the spool reports the failure (and logs the envelope) on use.
+    return preferred

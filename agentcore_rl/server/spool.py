@@ -25,6 +25,7 @@ import os
 import secrets
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,10 @@ class Spool:
         self.max_retry_interval = max_retry_interval
         self._on_change = on_change
         self._entries: set[Path] = set()
+        # (bucket, key) of each pending file, so a repeated invocation of a spooled
+        # rollout is recognised as finished without reading files.
+        self._keys: dict[Path, tuple[str, str]] = {}
+        self._pairs: Counter[tuple[str, str]] = Counter()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
@@ -153,6 +158,29 @@ class Spool:
     def pending(self) -> int:
         """How many envelopes wait for delivery."""
         return len(self._entries)
+
+    def holds(self, bucket: str, key: str) -> bool:
+        """True when an envelope for ``s3://bucket/key`` waits in the spool."""
+        return self._pairs[(bucket, key)] > 0
+
+    @property
+    def pending_keys(self) -> list[tuple[str, str]]:
+        """``(bucket, key)`` of every pending envelope whose file could be read."""
+        return list(self._keys.values())
+
+    def _track(self, path: Path, bucket: str, key: str) -> None:
+        if path in self._keys:
+            return
+        self._keys[path] = (bucket, key)
+        self._pairs[(bucket, key)] += 1
+
+    def _untrack(self, path: Path) -> None:
+        self._entries.discard(path)
+        pair = self._keys.pop(path, None)
+        if pair is not None:
+            self._pairs[pair] -= 1
+            if self._pairs[pair] <= 0:
+                del self._pairs[pair]
 
     def attach(self, tasks: TaskGroup | None) -> None:
         """Run the retry task in ``tasks`` (the owner's task group, which must outlive the
@@ -197,10 +225,12 @@ class Spool:
                 # the thread got there too. No retry task is started on a closing loop.
                 try:
                     # Its own temporary file: the thread may still be writing the other.
-                    self._entries.add(_write_file(self.directory, name, record, ".tmp-final"))
+                    kept = _write_file(self.directory, name, record, ".tmp-final")
                 except OSError as disk_error:
                     _log_lost(bucket, key, disk_error, body)
                     raise exc from None
+                self._entries.add(kept)
+                self._track(kept, bucket, key)
                 self._changed()
                 logger.error("SPOOLED result for s3://%s/%s during cancellation", bucket, key)
                 raise
@@ -208,6 +238,7 @@ class Spool:
             _log_lost(bucket, key, exc, body)
             return None
         self._entries.add(path)
+        self._track(path, bucket, key)
         self._changed()
         logger.error(
             "SPOOLED result for s3://%s/%s to %s; %d envelope(s) now wait for S3 and are "
@@ -275,6 +306,10 @@ class Spool:
 
         found = [p for p in await anyio.to_thread.run_sync(scan, self._directory)]
         new = [p for p in found if p not in self._entries]
+        for path in new:
+            with contextlib.suppress(OSError, ValueError):  # drain() sets bad files aside
+                record = await anyio.to_thread.run_sync(_read_record, path)
+                self._track(path, record.bucket, record.key)
         if new:
             self._entries.update(new)
             self._changed()
@@ -327,7 +362,7 @@ class Spool:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     await anyio.to_thread.run_sync(path.unlink)
-                self._entries.discard(path)
+                self._untrack(path)
                 self._changed()
                 logger.warning(
                     "delivered spooled result s3://%s/%s; %d still pending",
@@ -342,7 +377,7 @@ class Spool:
             target = await anyio.to_thread.run_sync(_quarantine, path)
         except OSError:
             target = path
-        self._entries.discard(path)
+        self._untrack(path)
         self._changed()
         logger.error(
             "spool file %s is unreadable (%s); left at %s for inspection", path, exc, target

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentcore_rl.groups import parse_member_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
@@ -46,7 +47,11 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     """An agent server; ``payload["mode"]`` picks the behaviour:
 
     ok (default): return rewards at once; gate: wait until the test opens the gate;
-    hang: never finish; raise: raise ValueError; envelope: return status_code 422.
+    hang: never finish; raise: raise ValueError; envelope: return status_code 422;
+    group: a GRPO member (its index and attempt read from the session id) that raises when
+    its index is in ``fail``, never finishes when in ``hang``, waits for the gate when in
+    ``gate`` (each only for attempts below ``bad_attempts``, default all), and otherwise
+    returns ``rewards[index % len(rewards)]`` (default 1.0).
     """
     app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0, **app_options)
 
@@ -67,6 +72,8 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                 raise ValueError(f"agent failed on {payload.get('n')}")
             elif mode == "envelope":
                 return {"status_code": 422, "stop_reason": "answer unparseable"}
+            elif mode == "group":
+                return await _member(payload, context.session_id, recorder)
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)
@@ -77,3 +84,17 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
             recorder._touch()
 
     return app
+
+
+async def _member(payload: dict[str, Any], session_id: str, recorder: Recorder) -> dict[str, Any]:
+    key = parse_member_session_id(session_id)
+    assert key is not None, f"not a member session: {session_id}"
+    bad = key.attempt < payload.get("bad_attempts", 1_000)
+    if bad and key.index in payload.get("fail", ()):
+        raise ValueError(f"member {key.index} failed")
+    if bad and key.index in payload.get("hang", ()):
+        await asyncio.Event().wait()
+    if bad and key.index in payload.get("gate", ()):
+        await recorder.gate.wait()
+    rewards = payload.get("rewards") or [1.0]
+    return {"rewards": [rewards[key.index % len(rewards)]]}

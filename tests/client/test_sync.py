@@ -21,6 +21,7 @@ from agentcore_rl.errors import (
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
+    StaleGroupError,
 )
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
@@ -180,3 +181,21 @@ def test_attach_follows_a_rollout_started_elsewhere(
         agent.portal.call(agent.recorder.open_gate)
         assert fut.result(timeout=10)["n"] == 4
         assert started.result(timeout=10)["n"] == 4
+
+
+def test_groups_through_the_sync_facade(client: RolloutClient, agent: Agent) -> None:
+    client.set_policy_version(2)
+    fut = client.invoke_group({"mode": "group", "rewards": [1.0, 0.0]}, n=2, input_id="g-1")
+    group = fut.result(timeout=10)
+    assert group.rewards == [1.0, 0.0]
+    assert group.stats.policy_version_max == 2
+    payloads = [{"mode": "group", "rewards": [1.0]}, {"mode": "group", "rewards": [0.0, 1.0]}]
+    groups = list(client.run_groups(payloads, n=2, filter_uniform=True))
+    assert [g.input_id for g in groups] == ["000001"]
+    stale = client.invoke_group({"mode": "group", "hang": [0, 1]}, n=2, input_id="g-2")
+    assert client.advance_policy(4, max_staleness=1) == 1
+    with pytest.raises(StaleGroupError):
+        stale.result(timeout=10)
+    stats = client.group_stats
+    assert stats.groups_ready == 2
+    assert stats.groups_dropped == {"uniform": 1, "stale": 1}

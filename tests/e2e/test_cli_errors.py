@@ -205,7 +205,9 @@ async def test_demo_base_url_uses_another_policy_server(
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert f"the policy at {server.url}/v1" in captured.err
-    assert policy.requests == 8  # two turns per problem, all served by this policy
+    # Two turns per rollout, all served by this policy: the 4 problems, then the same 4
+    # as groups of 4 (the demo's line of group statistics).
+    assert policy.requests == 2 * 4 + 2 * 4 * 4
     assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0] * 4
 
 

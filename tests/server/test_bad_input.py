@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,6 +13,7 @@ import pytest
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
+from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
@@ -295,3 +299,91 @@ async def test_plain_entrypoint_refusing_payload(s3_endpoint: str) -> None:
         response = await http.post("/invocations", json={"items": []})
     await expect(response, 413, "too many items", field="items")
     await app.aclose()
+
+
+@pytest.mark.parametrize(
+    ("number", "shown"),
+    [
+        ("1e400", "number 1e400"),
+        ("-1E+400", "number -1E+400"),
+        ("1" + "0" * 400 + ".5", "number 100000"),  # no exponent, still beyond a double
+    ],
+)
+async def test_number_out_of_float_range(
+    http: httpx.AsyncClient, bucket: str, calls: list[Any], number: str, shown: str
+) -> None:
+    # Anywhere in the payload, however deep: Python would read it as infinity, and the
+    # handler's good result would become a result_not_json_serializable envelope later.
+    body = json.dumps(rollout_payload(bucket, data={"rows": [[1.5, "PLACEHOLDER"]]}))
+    body = body.replace('"PLACEHOLDER"', number)
+    response = await http.post("/invocations", content=body.encode())
+    await expect(response, 400, shown, "out of range for a 64-bit float")
+    assert calls == []
+
+
+async def test_large_finite_numbers_accepted(http: httpx.AsyncClient) -> None:
+    # No _rollout block: the fixture's store is never closed, so nothing may reach S3.
+    body = '{"prompt": [1e308, -2.5e-320, 1e400000]}'
+    # 1e400000 is refused; the finite extremes alone are fine.
+    await expect(await http.post("/invocations", content=body.encode()), 400, "1e400000")
+    body = body.replace(", 1e400000", "")
+    assert (await http.post("/invocations", content=body.encode())).status_code == 200
+
+
+def nested(depth: int) -> str:
+    """A JSON object whose ``x`` holds arrays nested ``depth`` levels deep in all."""
+    return '{"x": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+
+async def test_nesting_deeper_than_the_limit(s3_endpoint: str) -> None:
+    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint), max_json_depth=5)
+    accepted: list[Any] = []
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        accepted.append(payload)
+        return {}
+
+    async with served(app) as client:
+        ok = await client.post("/invocations", content=nested(5).encode())
+        assert ok.status_code == 200, ok.text
+        deep = await client.post("/invocations", content=nested(6).encode())
+        await expect(deep, 400, "deeper than 5 levels", "max_json_depth")
+        # Deep enough to exhaust Python's recursion in the JSON decoder itself: still 400.
+        abyss = await client.post("/invocations", content=nested(100_000).encode())
+        await expect(abyss, 400, "deeper than 5 levels")
+    assert len(accepted) == 1
+
+
+async def test_default_depth_limit(http: httpx.AsyncClient) -> None:
+    assert (await http.post("/invocations", content=nested(100).encode())).status_code == 200
+    response = await http.post("/invocations", content=nested(101).encode())
+    await expect(response, 400, "deeper than 100 levels")
+
+
+async def test_client_disconnecting_mid_body_is_not_an_error(
+    s3_endpoint: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint))
+
+    @app.rollout_entrypoint
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        raise AssertionError("a body that never arrived must not reach the handler")
+
+    caplog.set_level(logging.DEBUG, logger="agentcore_rl")
+    async with BackgroundServer(app) as server:
+        _reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(
+            b"POST /invocations HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"prompt": "half a bo'
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(500):  # bounded: the server notices the close within a few loops
+            if any("disconnected" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.01)
+    server_records = [r for r in caplog.records if r.name.startswith("agentcore_rl")]
+    assert [r.levelname for r in server_records if "disconnected" in r.getMessage()] == ["INFO"]
+    assert not [r for r in server_records if r.levelno >= logging.WARNING], server_records

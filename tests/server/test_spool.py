@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.settings import default_spool_dir
 from agentcore_rl.server.spool import Spool
 
 from ..conftest import FAST_RETRY
@@ -123,6 +128,41 @@ async def test_unreadable_spool_file_is_set_aside(store: ResultStore, tmp_path: 
     async with app:
         assert await app.spool.drain() == 0
     assert (tmp_path / "00000000000000000001-bad.bad").exists()
+
+
+async def test_default_spool_is_delivered_by_the_next_instance(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    # No spool_dir anywhere: the default must be the same directory for the next process.
+    bucket = fresh_bucket()
+    first = rollout_app(store, solve, spool_retry_interval=60)
+    assert first.spool.directory == tmp_path / "xdg-state" / "agentcore-rl" / "spool"
+    await run_to_end(first, bucket)
+    assert first.spool.pending == 1
+
+    await store.ensure_bucket(bucket)
+    # A long retry interval: only the startup drain can deliver within the wait below.
+    second = AgentCoreRLApp(store=store, spool_retry_interval=60)
+    assert second.spool.directory == first.spool.directory
+    async with second:
+        await asyncio.wait_for(second.spool.wait_drained(), 5)
+    assert (await read_envelope(store, bucket, KEY))[protocol.STATUS_CODE] == 200
+    assert spool_files(second.spool.directory) == []
+
+
+def test_default_spool_dir_falls_back_to_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the state directory would go")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    chosen = default_spool_dir({"XDG_STATE_HOME": str(blocked)})
+    assert chosen == tmp_path / "tmp" / f"agentcore-rl-spool-{os.getuid()}"
+    assert chosen.is_dir()
+    assert default_spool_dir({"XDG_STATE_HOME": str(tmp_path / "s")}) == (
+        tmp_path / "s" / "agentcore-rl" / "spool"
+    )
 
 
 async def test_a_spool_of_its_own_retries_in_its_own_task_group(

@@ -1,0 +1,261 @@
+"""Serving with limits: connection cap, first-request timeout, open files, EMFILE logging.
+
+uvicorn alone keeps a connection that never sends a request open forever, and its
+``limit_concurrency`` answers 503 to every request beyond the cap, ``/ping`` included,
+logging a warning for each. A few thousand slow connections then exhaust the open-file
+limit, ``/ping`` goes dark (AgentCore Runtime kills the session) and asyncio logs
+"Too many open files" with a traceback every second per listening socket. So
+:func:`serve_options` gives uvicorn a protocol that
+
+- closes a connection that has not sent a complete request head within
+  ``first_request_timeout`` seconds (slowloris), and
+- beyond ``max_connections`` closes the oldest connection that has not started a
+  request, so a new one (``/ping``) still gets in; only when every connection is busy
+  with a request is the new one refused,
+
+and :func:`prepare_process` raises the open-file soft limit to the hard limit and lets
+"Too many open files" through to the log once per interval.
+
+Example::
+
+    prepare_process()
+    uvicorn.run(app, host="0.0.0.0", port=8080, **serve_options({}))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+__all__ = [
+    "DEFAULT_FIRST_REQUEST_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "FD_RESERVE",
+    "OpenFilesLogFilter",
+    "guarded_protocol",
+    "prepare_process",
+    "raise_open_file_limit",
+    "serve_options",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a new connection gets to send its first request head. ACR and our client send
+#: at once; only a stalled or hostile peer takes longer.
+DEFAULT_FIRST_REQUEST_TIMEOUT: Final = 10.0
+#: Connections served at once (never more than the open-file limit minus FD_RESERVE).
+DEFAULT_MAX_CONNECTIONS: Final = 4096
+#: File descriptors kept free for everything but client connections: the S3 client's
+#: pool, spool files, log files, worker threads' I/O.
+FD_RESERVE: Final = 128
+#: Seconds between two "Too many open files" log records.
+DEFAULT_EMFILE_LOG_INTERVAL: Final = 60.0
+#: Keep-alive: an idle connection between requests is closed after this many seconds.
+DEFAULT_KEEP_ALIVE: Final = 5.0
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the open-file soft limit to the hard limit; return ``(soft, hard)`` after.
+
+    Only for a process the server owns (``app.run()``, ``agentcore-rl serve``): the soft
+    limit is often 1,024 while the hard one allows far more. No-op where there is no
+    ``resource`` module (Windows).
+
+    Example::
+
+        soft, hard = raise_open_file_limit()
+    """
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return (-1, -1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # An unlimited hard limit cannot be the soft one (the kernel caps it at nr_open).
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return (soft, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:
+        logger.warning("could not raise the open-file limit from %d to %d: %s", soft, wanted, exc)
+        return (soft, hard)
+    logger.info("open-file limit raised from %d to %d", soft, wanted)
+    return (wanted, hard)
+
+
+def _open_file_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _is_out_of_files(record: logging.LogRecord) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return True
+    return "Too many open files" in record.getMessage()
+
+
+class OpenFilesLogFilter(logging.Filter):
+    """Let one "Too many open files" record through per ``interval`` seconds.
+
+    The next one that passes says how many were held back. ``clock`` is monotonic seconds.
+
+    Example::
+
+        logging.getLogger("asyncio").addFilter(OpenFilesLogFilter(interval=60))
+    """
+
+    def __init__(
+        self,
+        interval: float = DEFAULT_EMFILE_LOG_INTERVAL,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.interval = interval
+        self._clock = clock
+        self._last: float | None = None
+        self.suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _is_out_of_files(record):
+            return True
+        now = self._clock()
+        if self._last is not None and now - self._last < self.interval:
+            self.suppressed += 1
+            return False
+        self._last = now
+        if self.suppressed:
+            record.msg = f"{record.msg} ({self.suppressed} like it in the last interval hidden)"
+            self.suppressed = 0
+        # The traceback says nothing new after the first time.
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+def install_open_files_filter(interval: float = DEFAULT_EMFILE_LOG_INTERVAL) -> None:
+    """Rate-limit "Too many open files" on the loggers that report it (asyncio, uvicorn).
+
+    Example::
+
+        install_open_files_filter(60)
+    """
+    for name in ("asyncio", "uvicorn.error"):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, OpenFilesLogFilter) for f in target.filters):
+            target.addFilter(OpenFilesLogFilter(interval))
+
+
+def prepare_process() -> None:
+    """What a process the server owns does before serving: more open files, quieter EMFILE.
+
+    Example::
+
+        prepare_process()
+    """
+    raise_open_file_limit()
+    install_open_files_filter()
+
+
+def guarded_protocol(
+    base: type[asyncio.Protocol], *, max_connections: int, first_request_timeout: float
+) -> type[asyncio.Protocol]:
+    """A subclass of a uvicorn HTTP protocol with the connection guards described above.
+
+    Example::
+
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        http = guarded_protocol(H11Protocol, max_connections=1000, first_request_timeout=10)
+    """
+
+    class Guarded(base):  # type: ignore[valid-type,misc]
+        _born: float
+        _head_timer: asyncio.TimerHandle | None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._born = self.loop.time()
+            self._head_timer = None
+            if len(self.connections) > max_connections and not self._make_room():
+                logger.debug("refused a connection: %d busy connections", max_connections)
+                transport.close()
+                return
+            self._head_timer = self.loop.call_later(first_request_timeout, self._drop_if_idle)
+
+        def _make_room(self) -> bool:
+            idle = [c for c in self.connections if c is not self and c.cycle is None]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c._born)
+            logger.debug("closing the oldest idle connection to admit a new one")
+            oldest.transport.close()
+            oldest._cancel_head_timer()
+            self.connections.discard(oldest)
+            return True
+
+        def _drop_if_idle(self) -> None:
+            self._head_timer = None
+            if self.cycle is None and not self.transport.is_closing():
+                logger.debug("closing a connection that sent no request in time")
+                self.transport.close()
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
+
+
+def _default_protocol() -> type[asyncio.Protocol]:
+    # The same choice as uvicorn's http="auto": httptools when installed, else h11.
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol
+    except ImportError:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+
+
+def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """uvicorn keyword arguments with our limits, for those the caller did not set.
+
+    Understands two options of its own: ``max_connections`` (default 4,096, at most the
+    open-file limit minus :data:`FD_RESERVE`; ``None``: no cap) and
+    ``first_request_timeout`` (default 10 s). An ``http`` protocol the caller passes is
+    used as given, without the guards.
+
+    Example::
+
+        uvicorn.run(app, **serve_options({"port": 8080, "max_connections": 500}))
+    """
+    merged = dict(options)
+    cap = merged.pop("max_connections", DEFAULT_MAX_CONNECTIONS)
+    timeout = merged.pop("first_request_timeout", DEFAULT_FIRST_REQUEST_TIMEOUT)
+    merged.setdefault("timeout_keep_alive", DEFAULT_KEEP_ALIVE)
+    if "http" not in merged:
+        files = _open_file_limit()
+        if cap is None:
+            cap = 1 << 30
+        elif files is not None:
+            cap = max(1, min(cap, files - FD_RESERVE))
+        merged["http"] = guarded_protocol(
+            _default_protocol(), max_connections=cap, first_request_timeout=timeout
+        )
+    return merged
