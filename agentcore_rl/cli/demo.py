@@ -258,7 +258,10 @@ async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRu
         max_concurrent_sessions=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
         tps_limit=eval_options.tps or 1e6,
         timeout=_ROLLOUT_TIMEOUT,
-        base_url=stack.policy_base_url,
+        # Through the run's gateway too, when it has one: members then carry trajectories.
+        base_url=None if eval_options.gateway_url else stack.policy_base_url,
+        gateway_url=eval_options.gateway_url,
+        gateway_admin_token=eval_options.gateway_admin_token,
         model_id=stack.policy_model,
     ) as client:
         futures = [

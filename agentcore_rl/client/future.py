@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trajectory import Trajectory
 
 __all__ = ["RolloutFuture"]
 
@@ -27,7 +28,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
     ``invoked_at`` and ``resolved_at`` are epoch seconds (``resolved_at`` is ``None``
     until the outcome is known). Cancelling it stops the session on the agent side.
     ``trace`` is the session's token trace when the client runs rollouts through a
-    gateway (set before a successful outcome; ``None`` otherwise).
+    gateway (set before a successful outcome; ``None`` otherwise), and ``trajectory`` the
+    training data built from it with the result's reward (what a group member carries).
 
     Example::
 
@@ -57,6 +59,7 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         self.invoked_at = time.time()
         self.resolved_at: float | None = None
         self.trace: SessionTrace | None = None
+        self._trajectory: Trajectory | None = None
 
     def __repr__(self) -> str:
         if self.cancelled():
@@ -76,6 +79,26 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         """Seconds from the invocation to the outcome (or to now while pending)."""
         end = self.resolved_at if self.resolved_at is not None else time.time()
         return end - self.invoked_at
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The trace as a :class:`~agentcore_rl.trajectory.Trajectory` with the result's
+        reward and metrics, once succeeded; ``None`` without a gateway (built once)."""
+        if self._trajectory is not None:
+            return self._trajectory
+        if self.trace is None or not self.done() or self.cancelled() or self.exception():
+            return None
+        from agentcore_rl.groups import result_reward
+        from agentcore_rl.trajectory import build_trajectory
+
+        result = self.result()
+        metrics = result.get("metrics")
+        self._trajectory = build_trajectory(
+            self.trace,
+            reward=result_reward(result),
+            metrics=metrics if isinstance(metrics, dict) else None,
+        )
+        return self._trajectory
 
     def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> bool:
         """Resolve once; later outcomes (a result after a timeout...) are dropped."""

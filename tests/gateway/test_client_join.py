@@ -20,6 +20,7 @@ from agentcore_rl import (
     RolloutClient,
     RolloutGateway,
     TraceLostError,
+    Trajectory,
     build_trajectory,
 )
 from agentcore_rl.client.gateway_link import GATEWAY_TOKEN_ENV, RemoteGateway
@@ -29,6 +30,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.protocol import ROLLOUT_FIELD
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.training import group_rows
 from tests.conftest import FAST_RETRY
 from tests.gateway.helpers import ADMIN, Latch, wait_until
 
@@ -151,6 +153,39 @@ async def test_every_batch_item_carries_its_trace(s3_endpoint: str) -> None:
             assert len(item.trace.records) == 2
             assert item.trace.tokens_captured > 0
         assert rig.gateway.live_sessions == 0
+
+
+async def test_a_group_through_the_gateway_gives_rows_with_token_ids(s3_endpoint: str) -> None:
+    async with _rig(s3_endpoint) as rig:
+        rig.gateway.set_policy_version(3)
+        async with rig.client() as client:
+            client.set_policy_version(3)
+            group = await (await client.invoke_group(PROBLEM, n=3, input_id="g-1"))
+            plain = await client.invoke(PROBLEM, input_id="q-1")
+            await plain
+        assert plain.trajectory is not None
+        assert plain.trace is not None
+        assert plain.trajectory.session_id == plain.session_id
+        assert plain.trajectory.reward == 1.0
+
+    assert len(group.members) == 3
+    for member in group.members:
+        trajectory = member.trajectory
+        assert isinstance(trajectory, Trajectory), member
+        assert trajectory.session_id == member.session_id
+        assert trajectory.reward == member.reward == 1.0
+        assert trajectory.generated_tokens > 0
+    rows = group_rows(group)  # require_tokens: every kept member has its tokens
+    assert len(rows) == 3
+    for row, member in zip(rows, group.members, strict=True):
+        (segment,) = member.trajectory.segments  # the calculator turn merged into the answer
+        assert (row.group_id, row.session_id) == ("g-1", member.session_id)
+        assert row.prompt_ids
+        assert row.response_ids
+        assert [*row.prompt_ids, *row.response_ids] == segment.token_ids.tolist()
+        assert sum(row.loss_mask) == segment.generated_tokens
+        assert len(row.logprobs or ()) == len(row.loss_mask) == len(row.response_ids)
+        assert row.policy_versions == [3]
 
 
 async def test_the_sync_client_gives_traces_too(s3_endpoint: str) -> None:
