@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         BatchItem,
         ClientStats,
         GroupFuture,
+        LivenessConfig,
         RetryConfig,
         RolloutClient,
         RolloutFuture,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     )
     from agentcore_rl.errors import (
         AgentCoreRLError,
+        AgentLostError,
         BucketNotAllowedError,
         ClientClosedError,
         ConfigurationError,
@@ -75,6 +77,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
 _LAZY: dict[str, str] = {
     "AgentCoreRLApp": "agentcore_rl.server",
     "AgentCoreRLError": "agentcore_rl.errors",
+    "AgentLostError": "agentcore_rl.errors",
     "AsyncRolloutClient": "agentcore_rl.client",
     "BatchItem": "agentcore_rl.client",
     "BucketNotAllowedError": "agentcore_rl.errors",
@@ -92,6 +95,7 @@ _LAZY: dict[str, str] = {
     "InvalidPayloadError": "agentcore_rl.errors",
     "InvalidRolloutConfig": "agentcore_rl.errors",
     "InvocationError": "agentcore_rl.errors",
+    "LivenessConfig": "agentcore_rl.client",
     "LocalSessionLimiter": "agentcore_rl.sessionlimit",
     "PingStatus": "agentcore_rl.protocol",
     "RateLimiter": "agentcore_rl.ratelimit",
@@ -137,6 +141,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AgentCoreRLApp",
     "AgentCoreRLError",
+    "AgentLostError",
     "AsyncRolloutClient",
     "BatchItem",
     "BucketNotAllowedError",
@@ -154,6 +159,7 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
+    "LivenessConfig",
     "LocalSessionLimiter",
     "PingStatus",
     "RateLimiter",

@@ -10,6 +10,7 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     │   └── BucketNotAllowedError   the payload names a bucket outside the allow-list (403)
     ├── StorageError                an S3 operation failed after its retries
     ├── InvocationError             invoking the agent failed after retries
+    │   └── AgentLostError          the agent no longer knows a pending session (it crashed)
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
     ├── ClientClosedError           the client was closed while the call was pending
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentCoreRLError",
+    "AgentLostError",
     "BucketNotAllowedError",
     "ClientClosedError",
     "ConfigurationError",
@@ -211,6 +213,22 @@ class ClientClosedError(AgentCoreRLError):
         await client.aclose()
         await client.invoke(payload)  # raises ClientClosedError
     """
+
+
+class AgentLostError(InvocationError):
+    """A pending rollout's agent answered that it does not know the session: the process
+    (or microVM) that ran it crashed or restarted, so no result will come. Retryable: the
+    client runs it again with a new session (``retry_rollouts``) before reporting this.
+
+    Example::
+
+        except AgentLostError as exc:
+            print(exc.session_id, "was lost after", exc.attempts, "attempt(s)")
+    """
+
+    def __init__(self, message: str, *, session_id: str | None = None, attempts: int = 1):
+        super().__init__(message, session_id=session_id)
+        self.attempts = attempts
 
 
 class GroupDroppedError(AgentCoreRLError):

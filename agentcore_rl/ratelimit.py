@@ -74,6 +74,8 @@ class Priority(IntEnum):
     """
 
     INVOKE = 0
+    #: Liveness probes of long-pending sessions: behind invocations, before stops.
+    PROBE = 5
     STOP = 10
 
 

@@ -31,8 +31,11 @@ from agentcore_rl.cli.journal import EvalJournal, JournalEntry
 from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
+from agentcore_rl.client.invocation import as_repeat
+from agentcore_rl.client.outcomes import is_retryable
 from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
+    InvocationError,
     RolloutError,
     RolloutTimeoutError,
     StorageError,
@@ -56,9 +59,12 @@ def outcome_record(
     result: dict[str, Any] | None = None,
     error: BaseException | None = None,
     reattached: bool = False,
+    attempts: int = 1,
 ) -> dict[str, Any]:
     """One results-file line. ``where`` is the started rollout (``None`` when the agent
-    never accepted it); the reward is read from a successful result only.
+    never accepted it); the reward is read from a successful result only. ``retryable``
+    marks a failure worth running again (:func:`~agentcore_rl.client.outcomes.is_retryable`;
+    ``--resume`` does), ``attempts`` the sessions this run tried.
 
     Example::
 
@@ -76,6 +82,8 @@ def outcome_record(
         "reattached": reattached,
         "error": None if error is None else str(error),
         "error_type": None if error is None else type(error).__name__,
+        "retryable": error is not None and is_retryable(error),
+        "attempts": attempts,
         "result": result,
     }
 
@@ -278,11 +286,21 @@ class EvalEngine:
             self.journal.record_abandoned(entry.input_id)  # the client stops the session
             raise
         except RolloutError as exc:
-            if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED:
-                # The previous run stopped it on its way out: run it again.
+            if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or (
+                is_retryable(exc)
+            ):
+                # The previous run stopped it on its way out, or a server shutdown did:
+                # run it again.
+                self.journal.record_abandoned(entry.input_id)
                 self.queue.put_nowait(item)
                 return
             self._record_resumed(entry, "failed", error=exc)
+        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
+            if not is_retryable(exc):
+                self._record_resumed(entry, "failed", error=exc)
+                return
+            self.journal.record_abandoned(entry.input_id)
+            self.queue.put_nowait(item)  # a fresh run, with its own attempts
         except RolloutTimeoutError as exc:
             error = RolloutTimeoutError(
                 f"{exc} (re-attached after a restart)",
@@ -321,8 +339,9 @@ class EvalEngine:
             if found is not None:
                 return None
             try:
+                # The earlier run may have reached the agent: a repeat is checked, not rerun.
                 return await self.client._launch(
-                    slot, body, config, timeout=remaining, session_id=entry.session_id
+                    slot, as_repeat(body), config, timeout=remaining, session_id=entry.session_id
                 )
             except asyncio.CancelledError:
                 self.journal.record_abandoned(entry.input_id)  # the client stops the session
@@ -363,13 +382,35 @@ class EvalEngine:
             await self._run_one(item)
 
     async def _run_one(self, item: EvalInput) -> None:
+        """Run one input; a retryable failure (a crashed or unreachable agent, a server
+        shutdown) runs again under a new journaled session, up to the client's
+        ``retry_rollouts`` times. Only the last attempt's outcome is recorded."""
+        attempts = 1 + self.client.retry_rollouts
+        for attempt in range(1, attempts + 1):
+            attempted = await self._attempt(item)
+            if attempted is None:
+                return
+            record, future = attempted
+            record["attempts"] = attempt
+            if not record["retryable"] or attempt == attempts:
+                self._record(record, future)
+                return
+            logger.warning(
+                "input %s failed retryably (%s); running it again in a new session",
+                item.input_id,
+                record["error_type"],
+            )
+            self.summary.retried += 1
+
+    async def _attempt(self, item: EvalInput) -> tuple[dict[str, Any], RolloutFuture | None] | None:
+        """One session for ``item``: its outcome record and future (the future is ``None``
+        when nothing started; the whole is ``None`` when cancelled)."""
         t0 = time.monotonic()
         try:
             _, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception as exc:  # a bad payload: nothing starts
             elapsed = time.monotonic() - t0
-            self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))
-            return
+            return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
         # Journaled before the call: whatever happens next, a resumed run knows the session
         # and result key, and never starts a second rollout for this input.
         session_id = protocol.new_session_id()
@@ -387,8 +428,7 @@ class EvalEngine:
         except Exception as exc:  # one input failing must not end the run
             # The invocation itself failed (after the client's retries): nothing started.
             elapsed = time.monotonic() - t0
-            self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))
-            return
+            return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
         if (future.s3_bucket, future.result_key) != (entry.s3_bucket, entry.result_key):
             # The agent chose another place for the result: journal where it really goes.
             entry = JournalEntry(
@@ -406,4 +446,4 @@ class EvalEngine:
             record = outcome_record(item.input_id, "failed", entry, future.elapsed, error=exc)
         else:
             record = outcome_record(item.input_id, "done", entry, future.elapsed, result=result)
-        self._record(record, future)
+        return record, future

@@ -148,20 +148,26 @@ async def run_eval(
         ]
         bar = Progress(len(inputs), summary.resumed, progress)
         client = _make_client(options)
-        async with client:
-            try:
-                if options.group_size is not None:
-                    groups = GroupEvalEngine(options, client, journal, summary, bar)
-                    await groups.run(inputs)
-                else:
-                    engine = EvalEngine(options, client, journal, summary, bar, trajectories)
-                    await engine.collect_trajectories(journal.finished)  # an earlier run's
-                    await engine.run(fresh, in_flight, by_id)
-            except asyncio.CancelledError:
-                run.interrupted = True
-                raise
-            finally:
-                run.s3_requests = preflight_store.total_requests + client.stats.s3_total
+        try:
+            async with client:
+                for session_id in journal.unstopped:  # left running by the previous run
+                    client._stopper.schedule(session_id)
+                try:
+                    if options.group_size is not None:
+                        groups = GroupEvalEngine(options, client, journal, summary, bar)
+                        await groups.run(inputs)
+                    else:
+                        engine = EvalEngine(options, client, journal, summary, bar, trajectories)
+                        await engine.collect_trajectories(journal.finished)  # an earlier run's
+                        await engine.run(fresh, in_flight, by_id)
+                except asyncio.CancelledError:
+                    run.interrupted = True
+                    raise
+                finally:
+                    run.s3_requests = preflight_store.total_requests + client.stats.s3_total
+        finally:
+            # What the client could not stop on its way out: --resume stops it.
+            journal.record_unstopped(client.unstopped_sessions)
     finally:
         if bar is not None:
             bar.close()

@@ -8,7 +8,11 @@ with SIGKILL) leaves them readable:
   result key, start time), written just *before* its invocation is sent, and one line per
   rollout this run stopped itself (Ctrl-C), which a resumed run starts again.
 
-On ``--resume`` an input with a line in the results file is skipped, and an input that
+On ``--resume`` an input with a line in the results file is skipped, unless that line is a
+retryable failure (``"retryable": true``: a crashed or unreachable agent, a server shutdown):
+such lines are removed from the results file (rewritten atomically) and the input runs
+again, so every input still has at most one line. Sessions the previous run could not stop
+when it closed (``unstopped`` journal lines) are stopped by the resumed run. An input that
 the journal shows as started but that has no outcome was in flight when the previous run
 died: it is resumed by its session id and result key (its result collected from S3, or
 the invocation sent again with the same session id, which an agent still running it does
@@ -40,6 +44,7 @@ __all__ = ["EvalJournal", "JournalEntry", "journal_path_for"]
 _EVENT: Final = "event"
 _STARTED: Final = "started"
 _ABANDONED: Final = "abandoned"
+_UNSTOPPED: Final = "unstopped"
 
 
 def journal_path_for(out: Path) -> Path:
@@ -80,6 +85,17 @@ def _cut_torn_tail(path: Path) -> None:
         handle.truncate(data.rfind(b"\n") + 1)
 
 
+def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
+    """Replace ``path`` with ``records`` atomically (a kill leaves the old or the new file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, default=str) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
 def _read_lines(path: Path) -> list[dict[str, Any]]:
     records = []
     with path.open(encoding="utf-8") as handle:
@@ -109,6 +125,8 @@ class EvalJournal:
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
+    unstopped: list[str] = field(default_factory=list)
+    retrying: set[str] = field(default_factory=set)
     #: Every journal line an earlier run wrote, in order (group members are journaled as
     #: events of their own, read by :mod:`agentcore_rl.cli.group_eval`).
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -140,10 +158,16 @@ class EvalJournal:
                 if path.exists():
                     _cut_torn_tail(path)
             if out.exists():
-                for record in _read_lines(out):
+                records = _read_lines(out)
+                for record in records:
                     input_id = record.get("input_id")
                     if isinstance(input_id, str):
                         self.finished[input_id] = record
+                self.retrying = {i for i, r in self.finished.items() if r.get("retryable")}
+                if self.retrying:
+                    _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
+                    for input_id in self.retrying:
+                        del self.finished[input_id]
             if journal_path.exists():
                 for record in _read_lines(journal_path):
                     self.events.append(record)
@@ -152,9 +176,18 @@ class EvalJournal:
             journal_path.unlink(missing_ok=True)
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path.open("a", encoding="utf-8")
+        for input_id in sorted(self.retrying):
+            # Its failed session is over: a later resume starts it afresh, never re-attaches.
+            self.in_flight.pop(input_id, None)
+            self.record_abandoned(input_id)
         return self
 
     def _replay(self, record: dict[str, Any]) -> None:
+        if record.get(_EVENT) == _UNSTOPPED:
+            ids = record.get("session_ids")
+            if isinstance(ids, list):
+                self.unstopped.extend(str(sid) for sid in ids)
+            return
         input_id = record.get("input_id")
         if not isinstance(input_id, str) or input_id in self.finished:
             return
@@ -185,6 +218,11 @@ class EvalJournal:
         starts it again rather than waiting for a result that will not come.
         """
         self._write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
+
+    def record_unstopped(self, session_ids: list[str]) -> None:
+        """Note sessions the client could not stop when it closed: ``--resume`` stops them."""
+        if session_ids:
+            self._write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
 
     def record_event(self, record: dict[str, Any]) -> None:
         """Append one journal line of another kind (it must carry ``event``) and flush it."""

@@ -59,7 +59,8 @@ class RunSummary:
     """Running tallies of a batch: outcome counts, latencies and rewards.
 
     ``resumed`` counts outcomes that an earlier (interrupted) run had already written, and
-    ``reattached`` those this run collected from rollouts the earlier run left in flight.
+    ``reattached`` those this run collected from rollouts the earlier run left in flight;
+    ``retried`` counts inputs run again in a new session after a retryable failure.
 
     Example::
 
@@ -73,6 +74,7 @@ class RunSummary:
     rewards: list[float] = field(default_factory=list)
     resumed: int = 0
     reattached: int = 0
+    retried: int = 0
     # Through a gateway: trajectories written, tokens captured per rollout, how segments
     # were built, and done rollouts whose trace could not be found (resume).
     trajectories: int = 0
@@ -125,6 +127,7 @@ class RunSummary:
             "timed_out": self.counts["timeout"],
             "resumed": self.resumed,
             "reattached": self.reattached,
+            "retried": self.retried,
             "mean_reward": self.mean_reward,
             "latency_p50": percentile(self.latencies, 50),
             "latency_p95": percentile(self.latencies, 95),

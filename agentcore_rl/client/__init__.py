@@ -14,6 +14,7 @@ from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batc
 from agentcore_rl.client.config import RetryConfig
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
+from agentcore_rl.client.liveness import LivenessConfig
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.sync import RolloutClient
 from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
@@ -28,6 +29,7 @@ __all__ = [
     "ClientStats",
     "CompletionWatcher",
     "GroupFuture",
+    "LivenessConfig",
     "LocalSessionLimiter",
     "Priority",
     "RateLimiter",

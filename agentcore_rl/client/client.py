@@ -29,6 +29,7 @@ from agentcore_rl.client.admission import Admission, Slot
 from agentcore_rl.client.attach import AttachTarget, peek_result
 from agentcore_rl.client.batch import BatchItem, BatchRun, Fed
 from agentcore_rl.client.config import (
+    CLOSE_STOP_WORKERS,
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_CONCURRENT_SESSIONS,
     DEFAULT_RETRY,
@@ -46,6 +47,8 @@ from agentcore_rl.client.groups import (
     read_groups,
 )
 from agentcore_rl.client.invocation import may_have_started, send_invocation
+from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
+from agentcore_rl.client.outcomes import DEFAULT_RETRY_ROLLOUTS, is_retryable
 from agentcore_rl.client.payload import build_invocation
 from agentcore_rl.client.service import Service
 from agentcore_rl.client.sessions import PendingSessions
@@ -65,7 +68,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, OnFailure, RolloutGroup
-from agentcore_rl.ratelimit import RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import Priority, RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, lean_s3_session
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
@@ -107,6 +110,10 @@ class AsyncRolloutClient:
     ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
     call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
     reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
+    ``retry_rollouts``: extra attempts, each in a new session, for a rollout whose outcome
+    is retryable (a crashed agent, an agent unreachable or restarting, a server shutdown;
+    :mod:`agentcore_rl.client.outcomes`); ``liveness`` paces the probes that find crashed
+    agents (:class:`~agentcore_rl.client.liveness.LivenessConfig`).
 
     Token capture: with ``gateway_url`` (a gateway in another process, driven with its
     admin token: ``gateway_admin_token`` or ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) or
@@ -157,6 +164,8 @@ class AsyncRolloutClient:
         stop_finished_sessions: bool | None = None,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
+        retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
+        liveness: LivenessConfig = DEFAULT_LIVENESS,
         gateway_url: str | None = None,
         gateway: RolloutGateway | None = None,
         gateway_admin_token: str | None = None,
@@ -173,6 +182,8 @@ class AsyncRolloutClient:
             )
         if timeout is not None and not timeout > 0:
             raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        if not isinstance(retry_rollouts, int) or retry_rollouts < 0:
+            raise ConfigurationError(f"retry_rollouts must be an int >= 0, got {retry_rollouts!r}")
         if rate_limiter is not None and token_bucket is not None:
             raise ConfigurationError("give rate_limiter or token_bucket (its older name), not both")
         link = gateway_link(
@@ -199,6 +210,7 @@ class AsyncRolloutClient:
         self.max_concurrent_sessions = max_concurrent_sessions
         self.timeout = timeout
         self.retry = retry
+        self.retry_rollouts = retry_rollouts
         self.close_timeout = close_timeout
         connections = min(max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
         self.transport: Transport
@@ -245,6 +257,15 @@ class AsyncRolloutClient:
             ),
             joiner=self._joiner,
         )
+        self._follower.retry = self._retry_rollout
+        self._prober = LivenessProber(
+            self.transport,
+            self.rate_limiter,
+            self._sessions.live,
+            self._counters,
+            on_lost=self._follower.lost,
+            config=liveness,
+        )
         self._service = Service("agentcore-rl client", setup=self._start_workers)
         self._groups = GroupRunner(self)
 
@@ -278,8 +299,15 @@ class AsyncRolloutClient:
     @property
     def stats(self) -> ClientStats:
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
+        outages = self._watcher.outages
+        self._counters.unstopped = len(self._stopper.unstopped)
         return ClientStats.from_counters(
-            self._counters, in_flight=self.in_flight, s3_requests=self.store.request_counts
+            self._counters,
+            in_flight=self.in_flight,
+            s3_requests=self.store.request_counts,
+            store_unreachable=outages.unreachable,
+            store_outages=outages.outages,
+            degraded_seconds=outages.degraded_seconds,
         )
 
     @property
@@ -517,8 +545,11 @@ class AsyncRolloutClient:
 
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
-        sessions (all within ``close_timeout`` seconds), end the client's background work
-        and release everything. Idempotent; a closed client cannot be used again.
+        sessions (all within ``close_timeout`` seconds, as fast as the rate limiter
+        allows), end the client's background work and release everything. Sessions not
+        stopped in time are not waited for: :attr:`unstopped_sessions` lists them (and
+        ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
+        again.
 
         Example::
 
@@ -540,15 +571,13 @@ class AsyncRolloutClient:
                 )
                 # Done callbacks (which queue the stop calls) run on the next loop iteration.
                 await asyncio.sleep(0)
-                await self._stopper.drain()
+                async with anyio.create_task_group() as burst:
+                    burst.start_soon(self._stopper.burst, CLOSE_STOP_WORKERS)
+                    await self._stopper.drain()
+                    burst.cancel_scope.cancel()
             if waiting.cancelled_caught:
                 self._follower.settle_all(
                     ClientClosedError("the client was closed before this rollout finished")
-                )
-                logger.warning(
-                    "%d session(s) not stopped within %s s of closing",
-                    self._stopper.queued,
-                    self.close_timeout,
                 )
         finally:
             try:
@@ -556,6 +585,7 @@ class AsyncRolloutClient:
                 with anyio.CancelScope(shield=True):
                     await self._service.aclose()
                     self._stopper.close()
+                    self._report_unstopped()
                     await self.transport.aclose()
                     if self._joiner is not None:
                         self._joiner.close()
@@ -564,6 +594,24 @@ class AsyncRolloutClient:
                         await self.store.aclose()
             finally:
                 self._closed.set()
+
+    @property
+    def unstopped_sessions(self) -> list[str]:
+        """Session ids this client meant to stop and could not (the stop failed, or
+        ``aclose`` ran out of ``close_timeout``): they may still run on their agents."""
+        return list(self._stopper.unstopped)
+
+    def _report_unstopped(self) -> None:
+        unstopped = self._stopper.unstopped
+        self._counters.unstopped = len(unstopped)
+        if unstopped:
+            logger.warning(
+                "%d session(s) could not be stopped (within %s s of closing, or their stop "
+                "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
+                len(unstopped),
+                self.close_timeout,
+                ", ".join(unstopped[:3]),
+            )
 
     async def __aenter__(self) -> AsyncRolloutClient:
         self._check_not_closed()
@@ -630,6 +678,7 @@ class AsyncRolloutClient:
         service.start_soon(self._stopper.run, name="session stopper")
         if self._joiner is not None:
             service.start_soon(self._joiner.run, name="trace joiner")
+        service.start_soon(self._prober.run, name="liveness prober")
         service.start_soon(self._groups.run, name="group members")
 
     @contextlib.asynccontextmanager
@@ -676,7 +725,49 @@ class AsyncRolloutClient:
         session_id: str | None = None,
     ) -> RolloutFuture:
         """Send an admitted invocation (with retries); on acceptance hand its ``slot`` to
-        the follower, which watches for the result. ``session_id`` as in :meth:`invoke`."""
+        the follower, which watches for the result. ``session_id`` as in :meth:`invoke`.
+
+        A session id chosen here (``session_id`` None) may be replaced: a retryable
+        failure (the agent unreachable, restarting or throttling past the retries) is
+        tried again in a new session, up to ``retry_rollouts`` times, and so is a retryable
+        outcome after acceptance (see :mod:`agentcore_rl.client.outcomes`). A caller's
+        session id is never replaced (the caller may have journaled it)."""
+        attempt = 1
+        while True:
+            try:
+                return await self._launch_once(
+                    slot,
+                    body,
+                    config,
+                    timeout=timeout,
+                    index=index,
+                    session_id=session_id,
+                    attempt=attempt,
+                )
+            except InvocationError as exc:
+                if session_id is not None or not self._may_retry(exc, attempt):
+                    self._counters.invocation_errors += 1
+                    raise
+                logger.warning("invocation failed, trying a new session: %s", exc)
+                attempt += 1
+                self._counters.rollout_retries += 1
+                await self.rate_limiter.acquire(Priority.INVOKE)
+
+    def _may_retry(self, exc: BaseException, attempt: int) -> bool:
+        return attempt <= self.retry_rollouts and not self._admission.closed and is_retryable(exc)
+
+    async def _launch_once(
+        self,
+        slot: Slot,
+        body: dict[str, Any],
+        config: protocol.RolloutConfig,
+        *,
+        timeout: float | None,  # noqa: ASYNC109 (the rollout's deadline)
+        index: int | None,
+        session_id: str | None,
+        attempt: int,
+    ) -> RolloutFuture:
+        chosen = session_id is None
         if session_id is None:
             session_id = protocol.new_session_id()
         else:
@@ -688,8 +779,12 @@ class AsyncRolloutClient:
             result_key=config.key_for(session_id),
             index=index,
         )
+        fut.attempts = attempt
         with self._admission.sending() as task, self._sessions.reserving(session_id):
             try:
+                # A result store that is down would read no result: hold new rollouts
+                # until it answers (the watcher checks it and logs the outage).
+                await self._watcher.wait_reachable(config.s3_bucket)
                 if self._joiner is not None:
                     await self._joiner.open(fut, body)  # before the agent can call it
                 await send_invocation(
@@ -701,8 +796,6 @@ class AsyncRolloutClient:
                     counters=self._counters,
                 )
             except BaseException as exc:
-                if isinstance(exc, InvocationError):
-                    self._counters.invocation_errors += 1
                 if may_have_started(exc):
                     self._stopper.schedule(session_id)
                 if self._joiner is not None:
@@ -711,8 +804,75 @@ class AsyncRolloutClient:
                     self._admission.raise_if_closed_by_us(task)
                 raise
         slot.handed_over = True
-        self._follower.follow(fut, self.timeout if timeout is None else timeout, elapsed=0.0)
+        limit = self.timeout if timeout is None else timeout
+        if chosen:
+            fut._resend = (body, config, limit)
+        self._follower.follow(fut, limit, elapsed=0.0)
         return fut
+
+    def _retry_rollout(self, fut: RolloutFuture, error: BaseException) -> bool:
+        """The follower's retry policy: run ``fut`` again in a new session when ``error``
+        is retryable, the client chose its session id and attempts remain."""
+        if fut._resend is None or not self._may_retry(error, fut.attempts):
+            return False
+        if not self._service.running:
+            return False
+        body, config, limit = fut._resend
+        self._follower.detach(fut)
+        if self._joiner is not None:
+            self._joiner.forget(fut)  # the given-up session's; the new one opens on resend
+        fut.trace = None  # only the final attempt's trace is the rollout's
+        logger.warning(
+            "rollout %s (input %s) ended retryably (%s); running it again in a new session",
+            fut.session_id,
+            fut.input_id,
+            type(error).__name__,
+        )
+        fut.previous_sessions.append(fut.session_id)
+        fut.session_id = protocol.new_session_id()
+        fut.s3_bucket, fut.result_key = config.s3_bucket, config.key_for(fut.session_id)
+        fut.attempts += 1
+        self._counters.rollout_retries += 1
+        self._sessions.live[fut.session_id] = fut  # settled by a close meanwhile
+        self._service.start_soon(self._resend, fut, body, limit, name="rollout retry")
+        return True
+
+    async def _resend(self, fut: RolloutFuture, body: dict[str, Any], limit: float | None) -> None:
+        """Send a retried rollout's invocation in its new session, then follow it again."""
+        try:
+            with self._admission.sending() as task:
+                try:
+                    await self.rate_limiter.acquire(Priority.INVOKE)
+                    await self._watcher.wait_reachable(fut.s3_bucket)
+                    if fut.done():
+                        return
+                    if self._joiner is not None:
+                        # The new session's own gateway session: its trace is the one kept.
+                        await self._joiner.open(fut, body)
+                    await send_invocation(
+                        self.transport,
+                        fut,
+                        body,
+                        retry=self.retry,
+                        limiter=self.rate_limiter,
+                        counters=self._counters,
+                    )
+                except BaseException as exc:
+                    if may_have_started(exc):
+                        self._stopper.schedule(fut.session_id)
+                    if isinstance(exc, asyncio.CancelledError):
+                        self._admission.raise_if_closed_by_us(task)
+                    raise
+        except Exception as exc:  # ClientClosedError too: the rollout ends with it
+            self._sessions.live.pop(fut.session_id, None)
+            self._follower.fail(fut, exc)
+            return
+        if fut.done():  # cancelled while sending: the session may run
+            self._stopper.schedule(fut.session_id)
+            if self._joiner is not None:
+                self._joiner.forget(fut)  # opened after its outcome's own release
+            return
+        self._follower.follow(fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at))
 
     async def _batch(
         self,

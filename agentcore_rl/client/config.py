@@ -13,6 +13,7 @@ from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.retry import RetryPolicy
 
 __all__ = [
+    "CLOSE_STOP_WORKERS",
     "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_MAX_CONCURRENT_SESSIONS",
     "DEFAULT_RETRY",
@@ -30,6 +31,9 @@ DEFAULT_TIMEOUT: Final = 3600.0
 DEFAULT_CLOSE_TIMEOUT: Final = 30.0
 #: Concurrent stop calls (they also wait for tokens, behind invocations).
 DEFAULT_STOP_WORKERS: Final = 8
+#: Extra concurrent stop calls while closing: a stop call may take as long as the agent
+#: takes to cancel, so closing is paced by the rate limiter, not by a few workers.
+CLOSE_STOP_WORKERS: Final = 128
 
 #: The client's name for :class:`~agentcore_rl.retry.RetryPolicy` (retries of one
 #: invocation or stop call that hit throttling, a 5xx or a dropped connection; each retry

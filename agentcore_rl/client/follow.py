@@ -21,6 +21,7 @@ import asyncio
 import functools
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agentcore_rl import protocol
@@ -32,8 +33,10 @@ from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.watcher import CompletionWatcher
 from agentcore_rl.errors import (
+    AgentLostError,
     ClientClosedError,
     GatewayError,
+    InvocationError,
     RolloutError,
     RolloutTimeoutError,
 )
@@ -52,6 +55,10 @@ def _count_outcome(counters: ClientCounters, exc: BaseException | None) -> None:
         counters.closed += 1
     elif isinstance(exc, GatewayError):  # TraceLostError: no success without tokens
         counters.traces_lost += 1
+    elif isinstance(exc, AgentLostError):
+        pass  # counted as agents_lost by the prober
+    elif isinstance(exc, InvocationError):
+        counters.invocation_errors += 1  # a retry's invocation failed
     else:  # StorageError, or anything unexpected that settled the future
         counters.storage_errors += 1
 
@@ -83,6 +90,9 @@ class OutcomeFollower:
         self.stop_finished_sessions = stop_finished_sessions
         self.joiner = joiner  # with a gateway: outcomes wait for their traces
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        #: ``retry(fut, exc)`` takes over a rollout with a retryable outcome (True) or
+        #: leaves it to end with ``exc`` (False). Set by the client.
+        self.retry: Callable[[RolloutFuture, BaseException], bool] | None = None
 
     def __repr__(self) -> str:
         return f"OutcomeFollower(live={len(self.sessions.live)}, timers={len(self._timers)})"
@@ -99,7 +109,9 @@ class OutcomeFollower:
         and arm its timer (``limit`` seconds, ``elapsed`` of them already gone; ``None``
         or ``math.inf`` for none). ``found`` is a result envelope already read."""
         self.sessions.live[fut.session_id] = fut
-        fut.add_done_callback(self._on_done)
+        if not fut._followed:  # a retried rollout is followed again, with one callback
+            fut._followed = True
+            fut.add_done_callback(self._on_done)
         if self.admission.closed:  # closed while the answer was on its way: end it too
             fut._settle(None, ClientClosedError("the client was closed while starting this"))
             return
@@ -121,6 +133,38 @@ class OutcomeFollower:
         for fut in list(self.sessions.live.values()):
             fut._settle(None, error)
 
+    def fail(self, fut: RolloutFuture, error: BaseException) -> None:
+        """End ``fut`` with ``error``, unless the retry policy runs it again."""
+        if fut.done():
+            return
+        if self.retry is not None and self.retry(fut, error):
+            return
+        fut._settle(None, error)
+
+    def lost(self, fut: RolloutFuture) -> None:
+        """The agent no longer knows ``fut``'s session (a probe said so)."""
+        self.fail(
+            fut,
+            AgentLostError(
+                f"the agent of session {fut.session_id} (input {fut.input_id}) no longer "
+                "knows it: it crashed or restarted, and no result will come",
+                session_id=fut.session_id,
+                attempts=fut.attempts,
+            ),
+        )
+
+    def detach(self, fut: RolloutFuture) -> None:
+        """Stop following ``fut``'s current session (it will run in another one): no
+        callback, timer or key of it remains; its slot stays held."""
+        sid = fut.session_id
+        self.sessions.live.pop(sid, None)
+        timer = self._timers.pop(sid, None)
+        if timer is not None:
+            timer.cancel()
+        self.watcher.untrack(fut.s3_bucket, fut.result_key)
+        if self.stop_finished_sessions:  # e.g. the microVM a probe re-created
+            self.stopper.schedule(sid)
+
     def _arrived(
         self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
     ) -> None:
@@ -141,16 +185,20 @@ class OutcomeFollower:
         if error is not None:
             fut._settle(None, error)
         elif envelope is not None and protocol.is_error_envelope(envelope):
-            fut._settle(None, RolloutError(envelope, session_id=fut.session_id))
+            self.fail(fut, RolloutError(envelope, session_id=fut.session_id))
         else:
             fut._settle(envelope, None)
 
     def _expire(self, fut: RolloutFuture, limit: float) -> None:
+        # An S3 outage is no outcome of its own: the rollout ends at its timeout, and the
+        # message says the result may exist but could not be read.
+        outage = self.watcher.outages.describe(fut.s3_bucket)
+        why = f" ({outage}: the result may be there and unread)" if outage else ""
         fut._settle(
             None,
             RolloutTimeoutError(
                 f"rollout {fut.session_id} (input {fut.input_id}) gave no result within "
-                f"{limit:g} s; its session is being stopped",
+                f"{limit:g} s{why}; its session is being stopped",
                 session_id=fut.session_id,
                 timeout=limit,
             ),

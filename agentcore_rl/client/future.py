@@ -26,10 +26,13 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
     Besides being a plain :class:`asyncio.Future` it carries where the result will appear
     (``s3_bucket``, ``result_key``) and which session runs it (``session_id``).
     ``invoked_at`` and ``resolved_at`` are epoch seconds (``resolved_at`` is ``None``
-    until the outcome is known). Cancelling it stops the session on the agent side.
+    until the outcome is known). ``attempts``: the sessions it ran in (a retryable
+    outcome, such as a crashed agent, runs it again in a new session; ``session_id`` and
+    ``result_key`` then name the new one). Cancelling it stops the session on the agent side.
     ``trace`` is the session's token trace when the client runs rollouts through a
-    gateway (set before a successful outcome; ``None`` otherwise), and ``trajectory`` the
-    training data built from it with the result's reward (what a group member carries).
+    gateway (the final attempt's; set before a successful outcome; ``None`` otherwise), and
+    ``trajectory`` the training data built from it with the result's reward (what a group
+    member carries).
 
     Example::
 
@@ -60,6 +63,13 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         self.resolved_at: float | None = None
         self.trace: SessionTrace | None = None
         self._trajectory: Trajectory | None = None
+        #: Sessions this rollout ran in (1 + retries with a new session after a
+        #: retryable outcome); ``previous_sessions`` are the ones given up.
+        self.attempts = 1
+        self.previous_sessions: list[str] = []
+        # Set by the client when it may run the rollout again: (body, config, timeout).
+        self._resend: tuple[Any, Any, float | None] | None = None
+        self._followed = False
 
     def __repr__(self) -> str:
         if self.cancelled():

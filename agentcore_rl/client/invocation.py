@@ -26,7 +26,7 @@ from agentcore_rl.errors import InvocationError
 from agentcore_rl.ratelimit import RateLimiter
 from agentcore_rl.retry import RetryPolicy
 
-__all__ = ["check_answer", "may_have_started", "send_invocation"]
+__all__ = ["as_repeat", "check_answer", "may_have_started", "send_invocation"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,15 @@ async def send_invocation(
     """Send ``body`` for ``fut``'s session (with retries, each paced by ``limiter``) and
     check the answer (see :func:`check_answer`). Counts ``invocations`` and retries."""
 
+    sent = 0
+
     async def send() -> dict[str, Any]:
+        nonlocal sent
         counters.invocations += 1
-        return await transport.invoke(fut.session_id, body)
+        sent += 1
+        # A retry may follow an answer that was lost after the agent ran the rollout:
+        # marked, the agent checks for an earlier run before running it again.
+        return await transport.invoke(fut.session_id, body if sent == 1 else as_repeat(body))
 
     answer = await with_retries(
         send,
@@ -55,6 +61,15 @@ async def send_invocation(
         what=f"invoking session {fut.session_id}",
     )
     check_answer(answer, fut)
+
+
+def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` with ``_rollout.repeat: true``: a re-send of an invocation that may have
+    run (a retry after a lost answer, a resumed run's re-invoke)."""
+    block = body.get(protocol.ROLLOUT_FIELD)
+    rollout = dict(block) if isinstance(block, Mapping) else {}
+    rollout[protocol.REPEAT] = True
+    return {**body, protocol.ROLLOUT_FIELD: rollout}
 
 
 def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:

@@ -33,6 +33,17 @@ class ClientCounters:
     cancelled: int = 0
     closed: int = 0
     traces_lost: int = 0
+    agents_lost: int = 0
+    rollout_retries: int = 0
+    probes: int = 0
+    probe_failures: int = 0
+    unstopped: int = 0
+
+
+#: ClientStats fields that are states given to ``from_counters``, not counters.
+_STATE = frozenset(
+    {"in_flight", "s3_requests", "store_unreachable", "store_outages", "degraded_seconds"}
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +56,14 @@ class ClientStats:
     those an agent server without a stop route could not take. Outcomes: ``results``,
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
     ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
-    but its token trace could not be had). ``in_flight``: accepted rollouts without an outcome yet.
+    but its token trace could not be had), ``agents_lost`` (a probe found the session unknown to its
+    agent: crashed). ``rollout_retries``: rollouts run again in a new session after a
+    retryable outcome; ``probes`` / ``probe_failures``: liveness probes sent / unanswered;
+    ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
+    ``client.unstopped_sessions``). ``in_flight``: accepted rollouts without an outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
+    ``store_unreachable``: whether the result store is down now (new invocations wait);
+    ``store_outages`` and ``degraded_seconds``: how often and how long it was.
 
     Example::
 
@@ -68,8 +85,16 @@ class ClientStats:
     cancelled: int = 0
     closed: int = 0
     traces_lost: int = 0
+    agents_lost: int = 0
+    rollout_retries: int = 0
+    probes: int = 0
+    probe_failures: int = 0
+    unstopped: int = 0
     in_flight: int = 0
     s3_requests: dict[str, int] = field(default_factory=dict)
+    store_unreachable: bool = False
+    store_outages: int = 0
+    degraded_seconds: float = 0.0
 
     @classmethod
     def from_counters(
@@ -78,15 +103,14 @@ class ClientStats:
         *,
         in_flight: int,
         s3_requests: Mapping[str, int],
+        **state: Any,
     ) -> ClientStats:
         """A snapshot from a client's counters (from a mapping, a missing counter is 0)."""
         values = asdict(counters) if isinstance(counters, ClientCounters) else counters
         counted: dict[str, Any] = {
-            f.name: values.get(f.name, 0)
-            for f in fields(cls)
-            if f.name not in ("in_flight", "s3_requests")
+            f.name: values.get(f.name, 0) for f in fields(cls) if f.name not in _STATE
         }
-        return cls(**counted, in_flight=in_flight, s3_requests=dict(s3_requests))
+        return cls(**counted, in_flight=in_flight, s3_requests=dict(s3_requests), **state)
 
     @property
     def s3_total(self) -> int:

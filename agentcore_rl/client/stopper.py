@@ -63,6 +63,10 @@ class SessionStopper:
         self.workers = workers
         self._send, self._receive = anyio.create_memory_object_stream[str](math.inf)
         self._unfinished = 0  # scheduled and not finished (queued or in progress)
+        self._pending: set[str] = set()  # the session ids of those
+        #: Sessions whose stop failed or never ran before the client closed: they may
+        #: still run on their agents (reported by ``client.unstopped_sessions``).
+        self.unstopped: list[str] = []
         self._idle = asyncio.Event()  # asyncio's: clearable, and made before the loop runs
         self._idle.set()
 
@@ -82,6 +86,7 @@ class SessionStopper:
             logger.warning("session %s not stopped: the client is closed", session_id)
             return
         self._unfinished += 1
+        self._pending.add(session_id)
         self._idle.clear()
 
     async def run(self) -> None:
@@ -95,25 +100,34 @@ class SessionStopper:
             self.close()
 
     def close(self) -> None:
-        """Refuse new stops and drop the queued ones (with a warning). Idempotent."""
-        if self._unfinished:
-            logger.warning(
-                "%d session(s) were not stopped before the client closed", self._unfinished
-            )
-            self._unfinished = 0
+        """Refuse new stops; the queued ones go to ``unstopped``. Idempotent."""
+        if self._pending:
+            self.unstopped.extend(sorted(self._pending))
+            self._pending.clear()
+        self._unfinished = 0
+        self._idle.set()
         self._send.close()
         self._receive.close()
+
+    async def burst(self, workers: int) -> None:
+        """Run ``workers`` extra stop workers until cancelled (a closing client stops its
+        sessions as fast as the rate limiter allows, not ``workers`` at a time)."""
+        async with anyio.create_task_group() as tg:
+            for n in range(workers):
+                tg.start_soon(self._work, self._receive, name=f"closing stopper {n}")
 
     async def _work(self, receive: MemoryObjectReceiveStream[str]) -> None:
         async for session_id in receive:
             try:
-                await self._stop(session_id)
+                if await self._stop(session_id):
+                    self._pending.discard(session_id)
             finally:
-                self._unfinished -= 1
+                self._unfinished = max(0, self._unfinished - 1)  # close() may have zeroed it
                 if not self._unfinished:
                     self._idle.set()
 
-    async def _stop(self, session_id: str) -> None:
+    async def _stop(self, session_id: str) -> bool:
+        """Stop one session; False when it may still run (the stop failed)."""
         try:
             await self.limiter.acquire(Priority.STOP)
             await with_retries(
@@ -128,9 +142,13 @@ class SessionStopper:
             self.counters.stops_unsupported += 1  # the transport said so once, at INFO
         except Exception as exc:
             self.counters.stop_failures += 1
+            self.unstopped.append(session_id)
+            self._pending.discard(session_id)
             logger.warning("could not stop session %s: %s", session_id, exc)
+            return False
         else:
             self.counters.stops += 1
+        return True
 
     async def drain(self) -> None:
         """Wait until every scheduled stop has finished (the caller bounds the wait)."""

@@ -15,9 +15,15 @@ one while the block is listed. A round that finds nothing lengthens the pause be
 next one (up to ``max_interval``, which bounds the detection delay); a round that finds
 something resets it.
 
-S3 errors never end the task: a failing group is retried with exponential backoff, and
-only when the failure persists for ``error_threshold`` polls in a row are its pending
-futures failed, with a :class:`~agentcore_rl.errors.StorageError` that says what broke.
+S3 errors never end the task, and an unreachable store is a degraded state, not an outcome:
+while a bucket's requests fail (connection errors, 5xx, throttling, even ``NoSuchBucket``:
+a bucket re-created minutes later still receives the agents' spooled results) its keys stay
+pending, the watcher backs off (``error_backoff`` doubling to ``error_backoff_max``), checks
+the bucket even when nothing is pending there, and reports the state (:attr:`unreachable`,
+:meth:`wait_reachable`, ``degraded_seconds``), logging once on entering and once on leaving
+it. Each rollout still ends at its own timeout. Only errors no waiting can cure (a result
+that is not JSON at once; access denied or bad credentials after ``error_threshold`` polls
+in a row) fail the affected futures, with a :class:`~agentcore_rl.errors.StorageError`.
 
 The rollout client runs :meth:`CompletionWatcher.run` in its own task group; a watcher
 used on its own owns one (``async with``, or opened by the first ``track``).
@@ -43,6 +49,7 @@ from typing import Any, Final
 
 import anyio
 
+from agentcore_rl.client.outage import StoreOutages
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
@@ -50,6 +57,7 @@ from agentcore_rl.s3 import ResultStore
 __all__ = [
     "DEFAULT_MAX_INTERVAL",
     "DEFAULT_MIN_INTERVAL",
+    "FINAL_CODES",
     "CompletionWatcher",
     "WatcherConfig",
 ]
@@ -64,6 +72,11 @@ DEFAULT_MAX_INTERVAL: Final = 0.8
 DEFAULT_ERROR_THRESHOLD: Final = 3
 #: Keys per LIST page (S3's maximum and default).
 LIST_PAGE_SIZE: Final = 1000
+#: S3 error codes that fail the affected keys (after ``error_threshold`` polls): waiting
+#: does not cure them. Any other failure is an outage, waited out.
+FINAL_CODES: Final = frozenset(
+    {"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+)
 #: Client CPU of parsing one listed key, in requests: a GET costs about as much as 50 keys
 #: of a listing, so re-listing hundreds of finished keys for one straggler is not free.
 LISTED_KEY_COST: Final = 0.02
@@ -77,9 +90,10 @@ class WatcherConfig:
     """How the completion watcher paces itself and copes with S3 errors.
 
     ``min_interval``..``max_interval``: pause between rounds, growing by ``backoff`` per
-    round that found nothing. ``error_threshold``: failed polls in a row (each already
-    retried by the ResultStore) before the affected futures fail; between them the group
-    waits ``error_backoff`` seconds, doubling up to ``error_backoff_max``.
+    round that found nothing. While a bucket is unreachable its polls (each already
+    retried by the ResultStore) wait ``error_backoff`` seconds, doubling up to
+    ``error_backoff_max``. ``error_threshold``: failed polls in a row with an error in
+    :data:`FINAL_CODES` (access denied...) before the affected futures fail.
     ``max_parallel``: concurrent GETs per round. A GET tells a missing key (not written
     yet) from a missing bucket (``NoSuchBucket``, a failure), so probing by GET alone
     notices a deleted bucket. ``clock``/``sleep`` are injectable.
@@ -195,6 +209,7 @@ class CompletionWatcher:
         self.store = store
         self.config = config
         self._groups: dict[tuple[str, str], _Group] = {}
+        self._outages = StoreOutages(config.clock)
         self._wakeup = asyncio.Event()
         self._service = (
             None
@@ -214,6 +229,20 @@ class CompletionWatcher:
 
     def __repr__(self) -> str:
         return f"CompletionWatcher(pending={self.pending}, groups={len(self._groups)})"
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether some bucket's S3 requests are failing (a degraded state, not an outcome)."""
+        return self._outages.unreachable
+
+    @property
+    def outages(self) -> StoreOutages:
+        """The store's reachability: buckets down, outages, degraded seconds."""
+        return self._outages
+
+    async def wait_reachable(self, bucket: str) -> None:
+        """Return once ``bucket`` answers (at once unless the watcher saw it fail)."""
+        await self._outages.wait_reachable(bucket)
 
     @property
     def pending(self) -> int:
@@ -274,14 +303,20 @@ class CompletionWatcher:
         cfg = self.config
         interval = cfg.min_interval
         while True:
-            if not any(g.pending for g in self._groups.values()):
+            if not any(g.pending for g in self._groups.values()) and not self.unreachable:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 interval = cfg.min_interval
             # Results take at least a moment: sleeping first saves a useless first poll.
-            await cfg.sleep(interval)
+            # During an outage the pause backs off instead.
+            await cfg.sleep(
+                self._outages.backoff(cfg.error_backoff, cfg.error_backoff_max)
+                if self.unreachable
+                else interval
+            )
             try:
                 found = await self._round()
+                await self._check_idle_outages()
             except Exception as exc:  # a bug, not S3: fail loudly rather than hang futures
                 logger.exception("completion watcher round failed")
                 self._fail_all(exc)
@@ -313,6 +348,7 @@ class CompletionWatcher:
                 keys = []
             else:
                 group.failures = 0
+                self._outages.succeeded(group.bucket)
             self.listed_keys += len(keys)
             for key in keys:
                 group.remember(key)
@@ -330,12 +366,19 @@ class CompletionWatcher:
             try:
                 envelope = await self.store.get_json(group.bucket, key)
             except StorageError as exc:
+                if exc.code == "InvalidJSON":  # the result itself is broken: an outcome
+                    self._deliver(group, key, None, self._persistent(exc, 1))
+                    return
                 count = group.key_failures.get(key, 0) + 1
                 group.key_failures[key] = count
-                if count >= self.config.error_threshold or exc.code == "InvalidJSON":
-                    self._deliver(group, key, None, self._persistent(exc, count))
+                if exc.code in FINAL_CODES:
+                    if count >= self.config.error_threshold:
+                        self._deliver(group, key, None, self._persistent(exc, count))
+                else:
+                    self._outages.failed(group.bucket, key, exc)
                 return
         group.key_failures.pop(key, None)
+        self._outages.succeeded(group.bucket)
         if envelope is None:
             return
         group.remember(key)
@@ -360,6 +403,10 @@ class CompletionWatcher:
         group.failures += 1
         delay = min(cfg.error_backoff_max, cfg.error_backoff * 2 ** (group.failures - 1))
         group.retry_at = cfg.clock() + delay
+        if exc.code not in FINAL_CODES:
+            # An outage: keep the keys pending (the outage tracker logs it once).
+            self._outages.failed(group.bucket, group.prefix, exc)
+            return
         logger.warning(
             "listing s3://%s/%s failed (%d in a row): %s",
             group.bucket,
@@ -373,6 +420,18 @@ class CompletionWatcher:
                 self._deliver(group, key, None, error)
             group.failures = 0
             group.retry_at = 0.0
+
+    async def _check_idle_outages(self) -> None:
+        """Ask every down bucket with nothing pending whether it is back: new invocations
+        wait for it, so nobody else would."""
+        busy = {g.bucket for g in self._groups.values() if g.pending}
+        for bucket, key in self._outages.probe_targets(busy):
+            try:
+                await self.store.get_json(bucket, key)
+            except StorageError as exc:
+                self._outages.failed(bucket, key, exc)
+            else:
+                self._outages.succeeded(bucket)
 
     def _deliver(
         self, group: _Group, key: str, envelope: dict[str, Any] | None, error: BaseException | None

@@ -11,7 +11,9 @@ The trainer's side is in-process (``open_session``, ``finish_session``,
 ``set_policy_version``, ``paused``) or the token-protected admin routes
 (:mod:`agentcore_rl.gateway.admin`). The proxy routes are a small hand-written ASGI path
 (no per-request framework objects) because they sit on every model call; the admin routes
-are an ordinary Starlette app.
+are an ordinary Starlette app. The upstream client is aiohttp (its C HTTP parser costs a
+third of httpx's CPU per call) and JSON goes through orjson (:mod:`.jsonio`), so the
+gateway runs on asyncio.
 
 Example::
 
@@ -24,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -36,9 +39,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 
+import aiohttp
 import anyio
-import httpx
 from starlette.types import Receive, Scope, Send
+from yarl import URL
 
 from agentcore_rl.gateway.backends import (
     CHAT,
@@ -49,6 +53,7 @@ from agentcore_rl.gateway.backends import (
     synthesize_sse,
 )
 from agentcore_rl.gateway.errors import TraceLostError
+from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
@@ -63,11 +68,11 @@ ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 DEFAULT_SESSION_TTL: Final = 8 * 3600.0
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
-_JSON_HEADERS: Final = [(b"content-type", b"application/json")]
+_JSON_TYPE: Final = (b"content-type", b"application/json")
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
-# One encoder for every call: json.dumps with options builds a new encoder each time.
-_dumps: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# What a failed upstream call raises: aiohttp's errors and its timeouts.
+_UPSTREAM_ERRORS: Final = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class _Refuse(Exception):
@@ -86,14 +91,23 @@ def _error_body(status: int, message: str, kind: str) -> bytes:
 
 
 async def _respond(send: Send, status: int, body: bytes, headers: Sequence[Any] = ()) -> None:
+    # A content-length spares the server its chunked framing (a copy of the body).
+    length = (b"content-length", str(len(body)).encode())
     await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*_JSON_HEADERS, *headers],
-        }
+        {"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, length, *headers]}
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class _Upstream:
+    """One inference server: its base URL and its endpoints, parsed once."""
+
+    __slots__ = ("base", "models", "urls")
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.urls = {CHAT: URL(f"{base}/chat/completions"), COMPLETIONS: URL(f"{base}/completions")}
+        self.models = URL(f"{base}/models")
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -189,12 +203,13 @@ class RolloutGateway:
         self._headers = {"content-type": "application/json"}
         if upstream_api_key:
             self._headers["authorization"] = f"Bearer {upstream_api_key}"
-        self._timeout = httpx.Timeout(upstream_timeout, connect=10.0)
-        self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+        # No total deadline (a long generation is fine); a silent upstream is one that fails.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=10.0, sock_read=upstream_timeout
         )
-        self._clients: list[httpx.AsyncClient] = []
-        self._names: dict[httpx.AsyncClient, str] = {}
+        self._max_connections = max_connections
+        self._upstreams = [_Upstream(u) for u in self.upstreams]
+        self._http: aiohttp.ClientSession | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         from agentcore_rl.gateway.admin import admin_app  # the admin routes use this class
@@ -213,13 +228,21 @@ class RolloutGateway:
             raise RuntimeError("the gateway is already running")
         stack = contextlib.AsyncExitStack()
         try:
-            self._clients = [
-                await stack.enter_async_context(
-                    httpx.AsyncClient(base_url=url, timeout=self._timeout, limits=self._limits)
+            # Idle upstream connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s
+            # keep-alive closes them under a request. 16 KiB read buffers: aiohttp stops
+            # reading a stream about 32 KiB ahead of the agent, so a fast upstream cannot
+            # park whole answers in the gateway's memory (64 streams held ~200 KB each).
+            self._http = await stack.enter_async_context(
+                aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(
+                        limit=self._max_connections, keepalive_timeout=4.0
+                    ),
+                    timeout=self._timeout,
+                    headers=self._headers,
+                    skip_auto_headers=("User-Agent",),
+                    read_bufsize=2**14,
                 )
-                for url in self.upstreams
-            ]
-            self._names = {c: str(c.base_url) for c in self._clients}
+            )
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
@@ -239,7 +262,7 @@ class RolloutGateway:
         if stack is not None:
             await stack.aclose()
         self._tg = None
-        self._clients = []
+        self._http = None
 
     @property
     def running(self) -> bool:
@@ -480,7 +503,7 @@ class RolloutGateway:
             raise _Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
         raw = await _read_body(receive, self.max_body_bytes)
         try:
-            body = json.loads(raw)
+            body = loads(raw)
         except ValueError as exc:
             raise _Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
@@ -510,22 +533,26 @@ class RolloutGateway:
             self.gate.exit()
 
     async def _models(self, send: Send, sid: str) -> None:
-        client = self._client_for(sid)
+        upstream = self._upstream_for(sid)
         try:
-            response = await client.get("models", headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise _Refuse(502, self._down_message(client, exc), "upstream_unavailable") from None
-        await _respond(send, response.status_code, response.content)
+            async with self._session.get(upstream.models) as response:
+                status, content = response.status, await response.read()
+        except _UPSTREAM_ERRORS as exc:
+            raise _Refuse(502, _down_message(upstream, exc), "upstream_unavailable") from None
+        await _respond(send, status, content)
 
-    def _client_for(self, sid: str) -> httpx.AsyncClient:
-        clients = self._clients
-        if len(clients) == 1:
-            return clients[0]
-        return clients[zlib.crc32(sid.encode()) % len(clients)]
+    @property
+    def _session(self) -> aiohttp.ClientSession:
+        http = self._http
+        if http is None:
+            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+        return http
 
-    @staticmethod
-    def _down_message(client: httpx.AsyncClient, exc: Exception) -> str:
-        return f"upstream {client.base_url} failed: {type(exc).__name__}: {exc}".rstrip(": ")
+    def _upstream_for(self, sid: str) -> _Upstream:
+        upstreams = self._upstreams
+        if len(upstreams) == 1:
+            return upstreams[0]
+        return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
 
     async def _call(
         self,
@@ -545,7 +572,7 @@ class RolloutGateway:
                 overrides["model"] = self.model
             body.update(overrides)
         upstream_body, keep_logprobs = self.backend.prepare(body, endpoint)
-        client = self._client_for(session.session_id)
+        upstream = self._upstream_for(session.session_id)
         record = CallRecord(
             session_id=session.session_id,
             index=session.call_started(start),
@@ -557,7 +584,7 @@ class RolloutGateway:
             overrides=overrides,
             started_at=self._wall(),
             stream=stream,
-            upstream=self._names[client],
+            upstream=upstream.base,
         )
         capture = Capture()
         committed = False
@@ -585,19 +612,27 @@ class RolloutGateway:
             session.call_ended(record, self._clock())
 
         try:
-            payload = _dumps(upstream_body).encode()
-            if stream and self.backend.streams:
-                await self._stream(send, client, endpoint, payload, capture, keep_logprobs, commit)
-            else:
-                await self._whole(
-                    send, client, endpoint, payload, capture, keep_logprobs, commit, stream, body
-                )
+            url = upstream.urls[endpoint]
+            async with self._session.post(url, data=dumps(upstream_body)) as response:
+                status = response.status
+                if status == 200 and stream and self.backend.streams:
+                    await self._relay(
+                        send, response.content, upstream, endpoint, capture, keep_logprobs, commit
+                    )
+                    return
+                content = await response.read()
+            if status != 200:
+                text = content[:500].decode("utf-8", "replace")
+                commit(status, f"upstream answered HTTP {status}: {text}")
+                await _respond(send, status, content)
+                return
+            await self._whole(send, content, endpoint, capture, keep_logprobs, commit, stream, body)
         except _Refuse as refuse:
             if not committed:
                 commit(refuse.status, refuse.message)
             raise
-        except httpx.HTTPError as exc:
-            message = self._down_message(client, exc)
+        except _UPSTREAM_ERRORS as exc:
+            message = _down_message(upstream, exc)
             if not committed:
                 commit(502, message)
                 raise _Refuse(502, message, "upstream_unavailable") from None
@@ -610,28 +645,20 @@ class RolloutGateway:
     async def _whole(
         self,
         send: Send,
-        client: httpx.AsyncClient,
+        content: bytes,
         endpoint: str,
-        payload: bytes,
         capture: Capture,
         keep_logprobs: bool,
         commit: Callable[..., None],
         stream: bool,
         body: Mapping[str, Any],
     ) -> None:
-        response = await client.post(
-            endpoint_path(endpoint), content=payload, headers=self._headers
-        )
-        content = response.content
-        if response.status_code != 200:
-            text = content[:500].decode("utf-8", "replace")
-            commit(response.status_code, f"upstream answered HTTP {response.status_code}: {text}")
-            await _respond(send, response.status_code, content)
-            return
         try:
-            data = json.loads(content)
+            data = loads(content)
         except ValueError:
-            raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid") from None
+            data = None
+        if not isinstance(data, dict):
+            raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
         self.backend.take_response(data, capture, keep_logprobs, endpoint)
         missing = capture.missing(self.backend.name)
         if missing:
@@ -645,53 +672,28 @@ class RolloutGateway:
                 {"type": "http.response.body", "body": synthesize_sse(data, endpoint, usage)}
             )
             return
-        out = _dumps(data).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
-        await send({"type": "http.response.body", "body": out})
-
-    async def _stream(
-        self,
-        send: Send,
-        client: httpx.AsyncClient,
-        endpoint: str,
-        payload: bytes,
-        capture: Capture,
-        keep_logprobs: bool,
-        commit: Callable[..., None],
-    ) -> None:
-        request = client.build_request(
-            "POST", endpoint_path(endpoint), content=payload, headers=self._headers
-        )
-        response = await client.send(request, stream=True)
-        try:
-            if response.status_code != 200:
-                content = await response.aread()
-                text = content[:500].decode("utf-8", "replace")
-                commit(
-                    response.status_code, f"upstream answered HTTP {response.status_code}: {text}"
-                )
-                await _respond(send, response.status_code, content)
-                return
-            await self._relay(send, response, endpoint, capture, keep_logprobs, commit, client)
-        finally:
-            await response.aclose()
+        await _respond(send, 200, dumps(data))
 
     async def _relay(
         self,
         send: Send,
-        response: httpx.Response,
+        content: aiohttp.StreamReader,
+        upstream: _Upstream,
         endpoint: str,
         capture: Capture,
         keep_logprobs: bool,
         commit: Callable[..., None],
-        client: httpx.AsyncClient,
     ) -> None:
-        """Forward the upstream's SSE events as they arrive, capturing and stripping each."""
+        """Forward the upstream's SSE events as they arrive, capturing and stripping each.
+
+        Whatever arrived in one read goes out in one write: under load the upstream's
+        one-write-per-event stream coalesces, and so do the gateway's writes.
+        """
         started = False
         pending = b""
         take = self.backend.take_chunk
         try:
-            async for piece in response.aiter_raw():
+            async for piece in content.iter_any():
                 pending += piece
                 cut = pending.rfind(b"\n\n")
                 if cut < 0:
@@ -706,18 +708,20 @@ class RolloutGateway:
                         done = True
                         continue
                     if event.startswith(b"data:"):
-                        data = json.loads(event[5:])
+                        data = loads(event[5:])
                         take(data, capture, keep_logprobs, endpoint)
-                        event = b"data: " + _dumps(data).encode()
-                    out.append(event + b"\n\n")
+                        out.append(b"data: ")
+                        out.append(dumps(data))
+                    else:
+                        out.append(event)
+                    out.append(b"\n\n")
                 if not started:
-                    if capture.prompt_ids is None and not done and capture.choices:
-                        # vLLM sends the prompt ids on the first chunk: refuse before any byte
-                        raise _Refuse(
-                            502,
-                            capture.missing(self.backend.name) or "",
-                            "upstream_missing_token_ids",
-                        )
+                    # vLLM sends the prompt ids on the first chunk: refuse before any byte
+                    # (and when the whole stream came in one read, check all of it)
+                    if done or (capture.prompt_ids is None and capture.choices):
+                        missing = capture.missing(self.backend.name)
+                        if missing:
+                            raise _Refuse(502, missing, "upstream_missing_token_ids")
                     started = True
                     await send(
                         {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
@@ -729,9 +733,9 @@ class RolloutGateway:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
                     )
-        except (httpx.HTTPError, ValueError) as exc:
-            if isinstance(exc, httpx.HTTPError):
-                message = self._down_message(client, exc)
+        except (*_UPSTREAM_ERRORS, ValueError, TypeError, AttributeError) as exc:
+            if isinstance(exc, _UPSTREAM_ERRORS):
+                message = _down_message(upstream, exc)
             else:
                 message = f"upstream sent an invalid stream event: {exc}"
             if not started:
@@ -757,6 +761,5 @@ class RolloutGateway:
         await send({"type": "http.response.body", "body": b"".join(out) + tail})
 
 
-def endpoint_path(endpoint: str) -> str:
-    """The upstream path (relative to its ``/v1`` base URL) of an endpoint."""
-    return "chat/completions" if endpoint == CHAT else "completions"
+def _down_message(upstream: _Upstream, exc: BaseException) -> str:
+    return f"upstream {upstream.base} failed: {type(exc).__name__}: {exc}".rstrip(": ")

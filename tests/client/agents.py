@@ -52,6 +52,9 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     its index is in ``fail``, never finishes when in ``hang``, waits for the gate when in
     ``gate`` (each only for attempts below ``bad_attempts``, default all), and otherwise
     returns ``rewards[index % len(rewards)]`` (default 1.0).
+    stubborn: like gate, and a cancel waits for the gate too;
+    shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
+    cancelled by a server shutting down.
     """
     app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0, **app_options)
 
@@ -64,7 +67,7 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
         recorder._touch()
         try:
             mode = payload.get("mode", "ok")
-            if mode == "gate":
+            if mode in ("gate", "stubborn"):
                 await recorder.gate.wait()
             elif mode == "hang":
                 await asyncio.Event().wait()
@@ -72,11 +75,20 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                 raise ValueError(f"agent failed on {payload.get('n')}")
             elif mode == "envelope":
                 return {"status_code": 422, "stop_reason": "answer unparseable"}
+            elif mode == "shutdown" and len(recorder.sessions) <= payload.get("shutdowns", 1):
+                # What a server cancelling on SIGTERM writes: a retryable outcome.
+                return {
+                    "status_code": 503,
+                    "error_type": "cancelled",
+                    "stop_reason": "cancelled: the agent server is shutting down",
+                }
             elif mode == "group":
                 return await _member(payload, context.session_id, recorder)
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)
+            if payload.get("mode") == "stubborn":  # slow to cancel: waits for the gate
+                await recorder.gate.wait()
             raise
         finally:
             recorder.running -= 1

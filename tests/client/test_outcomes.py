@@ -141,13 +141,24 @@ async def test_refused_invocation_fails_at_once_with_the_servers_message(
 async def test_unreachable_agent_is_retried_then_invocation_error(
     make_client: ClientFactory,
 ) -> None:
-    client = make_client(agent_url="http://127.0.0.1:9")
+    client = make_client(agent_url="http://127.0.0.1:9", retry_rollouts=0)
     with pytest.raises(InvocationError, match="after 3 attempts") as info:
         await client.invoke({"n": 1})
     assert info.value.session_id is not None
     stats = client.stats
     assert (stats.invocations, stats.retries, stats.invocation_errors) == (3, 2, 1)
     assert stats.in_flight == 0
+
+
+async def test_unreachable_agent_is_tried_in_new_sessions_within_retry_rollouts(
+    make_client: ClientFactory,
+) -> None:
+    # Issue 9 item 4: a connection error is retryable; each rollout retry is a new session.
+    client = make_client(agent_url="http://127.0.0.1:9", retry_rollouts=2)
+    with pytest.raises(InvocationError, match="after 3 attempts"):
+        await client.invoke({"n": 1})
+    stats = client.stats
+    assert (stats.invocations, stats.rollout_retries, stats.invocation_errors) == (9, 2, 1)
 
 
 async def test_cancel_releases_the_slot_and_stops_the_session(

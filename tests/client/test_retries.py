@@ -4,8 +4,10 @@ in front of the real agent server fails chosen attempts and records the session 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -29,6 +31,8 @@ class FlakyProxy:
     upstream: str
     failures: list[int] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
+    lose_answers: int = 0  # forward, then answer 502 as if the answer were lost
+    bodies: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self, http: httpx.AsyncClient) -> Starlette:
 
@@ -37,9 +41,13 @@ class FlakyProxy:
             if self.failures:
                 status = self.failures.pop(0)
                 return JSONResponse({"error": f"injected {status}"}, status_code=status)
+            self.bodies.append(json.loads(await request.body()))
             upstream = await http.post(
                 INVOCATIONS_PATH, content=await request.body(), headers=dict(request.headers)
             )
+            if self.lose_answers:
+                self.lose_answers -= 1
+                return JSONResponse({"error": "answer lost"}, status_code=502)
             return Response(upstream.content, upstream.status_code, upstream.headers)
 
         return Starlette(routes=[Route(INVOCATIONS_PATH, invocations, methods=["POST"])])
@@ -96,9 +104,38 @@ async def test_retries_are_bounded(
 ) -> None:
     flaky, url = proxy
     flaky.failures = [500] * 10
-    client = make_client(agent_url=url)
+    client = make_client(agent_url=url, retry_rollouts=0)
     with pytest.raises(InvocationError, match=r"after 3 attempts.*injected 500") as info:
         await client.invoke({"n": 1})
     assert info.value.status_code == 500
     assert len(flaky.seen) == 3
     assert recorder.sessions == []
+
+
+async def test_a_retry_after_a_lost_answer_is_marked_repeat_and_runs_once(
+    make_client: ClientFactory, proxy: tuple[FlakyProxy, str], recorder: Recorder
+) -> None:
+    # Issue 9 item 3: the agent ran the first invocation; its answer was lost. The retry
+    # carries _rollout.repeat, so the agent answers it without running the handler again.
+    flaky, url = proxy
+    flaky.lose_answers = 1
+    client = make_client(agent_url=url)
+    fut = await client.invoke({"n": 5})
+    assert (await asyncio.wait_for(fut, 10))["n"] == 5
+    assert [body["_rollout"].get("repeat") for body in flaky.bodies] == [None, True]
+    assert recorder.sessions == [fut.session_id]  # the handler ran once
+
+
+async def test_new_sessions_avoid_a_dead_url(
+    make_client: ClientFactory, agent_url: str, recorder: Recorder
+) -> None:
+    # Issue 9 item 4: one of two URLs dead. The first session sent there fails over to a
+    # new session; later sessions are not pinned to the dead URL while it cools down.
+    dead = "http://127.0.0.1:9"
+    client = make_client(agent_url=[dead, agent_url], retry_rollouts=1)
+    futures = [await client.invoke({"n": n}) for n in range(20)]
+    results = await asyncio.wait_for(asyncio.gather(*futures), 20)
+    assert [r["n"] for r in results] == list(range(20))
+    assert client.stats.invocation_errors == 0
+    assert client.stats.rollout_retries <= 1
+    assert len(recorder.sessions) == 20

@@ -332,3 +332,21 @@ async def test_resume_invokes_a_journaled_rollout_again_with_its_session_id(
     assert (records[ids[0]]["session_id"], records[ids[0]]["reattached"]) == (sid, True)
     assert records[ids[0]]["result_key"] == started["result_key"]
     assert records[ids[0]]["result"]["session_id"] == sid
+
+
+async def test_resume_runs_a_retryable_failure_again(stack: LocalStack, tmp_path: Path) -> None:
+    # Issue 9 item 4: a line recorded as a retryable failure (here: the agent was lost) is
+    # not final for --resume: the input runs again and keeps exactly one results line.
+    _write_problems(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "results.jsonl"
+    argv = [*_common(stack, tmp_path / "in.jsonl", out, "retryable"), "--agent-url"]
+    argv.append(stack.agent_urls[0])
+    assert await asyncio.to_thread(main, argv) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    lines[0].update(outcome="failed", error_type="AgentLostError", retryable=True, result=None)
+    out.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    assert await asyncio.to_thread(main, [*argv, "--resume"]) == 0
+    after = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(line["input_id"] for line in after) == sorted(x["input_id"] for x in lines)
+    assert all(line["outcome"] == "done" for line in after)

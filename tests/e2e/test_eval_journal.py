@@ -36,6 +36,39 @@ def test_journal_replays_outcomes_and_in_flight_rollouts(tmp_path: Path) -> None
         resumed.close()
 
 
+def test_resume_runs_retryable_failures_again_and_keeps_one_line_per_input(
+    tmp_path: Path,
+) -> None:
+    # Issue 9 item 4: a failure a crash or shutdown caused is not final for --resume.
+    out = tmp_path / "results.jsonl"
+    journal = EvalJournal.open(out, resume=False)
+    for name in ("a", "b", "c"):
+        journal.record_started(_entry(name))
+    journal.record_outcome({"input_id": "a", "outcome": "done", "retryable": False})
+    journal.record_outcome({"input_id": "b", "outcome": "failed", "retryable": True})
+    journal.record_outcome({"input_id": "c", "outcome": "failed", "retryable": False})
+    journal.record_unstopped(["s-left-running"])
+    journal.close()
+
+    resumed = EvalJournal.open(out, resume=True)
+    try:
+        assert set(resumed.finished) == {"a", "c"}
+        assert resumed.retrying == {"b"}
+        assert resumed.in_flight == {}  # b starts afresh, not re-attached to its old session
+        assert resumed.unstopped == ["s-left-running"]
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [line["input_id"] for line in lines] == ["a", "c"]
+        resumed.record_outcome({"input_id": "b", "outcome": "done"})
+    finally:
+        resumed.close()
+    again = EvalJournal.open(out, resume=True)
+    try:
+        assert set(again.finished) == {"a", "b", "c"}
+        assert again.in_flight == {}
+    finally:
+        again.close()
+
+
 def test_a_torn_last_line_is_cut_before_appending(tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     out.write_text('{"input_id": "a", "outcome": "done"}\n{"input_id": "b", "outc')

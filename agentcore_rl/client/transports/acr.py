@@ -27,7 +27,11 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, Rea
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from agentcore_rl import protocol
-from agentcore_rl.client.transports.base import RetryableError, json_object_answer
+from agentcore_rl.client.transports.base import (
+    RetryableError,
+    json_object_answer,
+    session_state,
+)
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = ["AcrTransport", "parse_runtime_arn"]
@@ -186,6 +190,12 @@ class AcrTransport:
         response = await self._call(session_id, "invoke_agent_runtime", params)
         raw = response.get("body", b"")
         return json_object_answer(raw, source="InvokeAgentRuntime", session_id=session_id)
+
+    async def status(self, session_id: str) -> protocol.SessionState:
+        """A status control request on the session (an invocation): a microVM that
+        restarted, or a new one, answers unknown."""
+        answer = await self.invoke(session_id, protocol.status_request())
+        return session_state(answer, source="InvokeAgentRuntime", session_id=session_id)
 
     async def stop(self, session_id: str) -> bool:
         """``StopRuntimeSession``; False when ACR no longer knows the session."""

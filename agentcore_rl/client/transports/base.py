@@ -22,9 +22,16 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from agentcore_rl import protocol
 from agentcore_rl.errors import InvocationError
 
-__all__ = ["RetryableError", "StopUnsupportedError", "Transport", "json_object_answer"]
+__all__ = [
+    "RetryableError",
+    "StopUnsupportedError",
+    "Transport",
+    "json_object_answer",
+    "session_state",
+]
 
 
 class RetryableError(InvocationError):
@@ -115,3 +122,16 @@ class Transport(Protocol):
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
         ...
+
+
+def session_state(
+    answer: Mapping[str, Any], *, source: str, session_id: str
+) -> protocol.SessionState:
+    """The ``state`` of a session status answer; ``InvocationError`` for anything else
+    (an agent server without the status route answers no state)."""
+    try:
+        return protocol.SessionState(answer.get(protocol.SESSION_STATE))
+    except ValueError:
+        raise InvocationError(
+            f"{source} answered {str(answer)[:200]} to a status request", session_id=session_id
+        ) from None

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httpx
 
+from agentcore_rl import protocol
 from agentcore_rl.client.transports.base import (
     RetryableError,
     StopUnsupportedError,
     json_object_answer,
+    session_state,
 )
 from agentcore_rl.errors import ConfigurationError, InvocationError
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
@@ -36,6 +40,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONNECTIONS: Final = 16
 #: Seconds for connect/read/write of one call (invocations answer at once: "processing").
 DEFAULT_HTTP_TIMEOUT: Final = 60.0
+#: Seconds a stop call waits for its answer; a stop delivered without one counts as done
+#: (the server cancels on receipt and only then waits for the rollout to end).
+DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
+#: Seconds a server that refused a connection gets no new session.
+DEFAULT_COOLDOWN: Final = 10.0
+#: Sessions whose server is remembered (older ones fall back to the hash of their id).
+MAX_PINNED_SESSIONS: Final = 200_000
 
 
 def error_message(response: httpx.Response) -> str:
@@ -66,7 +77,10 @@ def _check_url(url: str) -> str:
 
 class HttpTransport:
     """Invocations as ``POST {url}/invocations`` with the session header; stops as
-    ``POST {url}/sessions/{session_id}/stop`` (an AgentCoreRLApp extension).
+    ``POST {url}/sessions/{session_id}/stop`` and status as ``GET {url}/sessions/{id}``
+    (AgentCoreRLApp extensions). A new session goes to a server chosen by its id among
+    those that have not refused a connection in the last ``cooldown`` seconds, and stays
+    there.
 
     Example::
 
@@ -83,11 +97,22 @@ class HttpTransport:
         *,
         timeout: float = DEFAULT_HTTP_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        cooldown: float = DEFAULT_COOLDOWN,
+        stop_answer_timeout: float = DEFAULT_STOP_ANSWER_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise ConfigurationError("agent_url needs at least one URL")
         self.urls = [_check_url(u) for u in url_list]
+        # Failover: a server that refused a connection gets no new session for
+        # ``cooldown`` seconds; every session stays on the server it started on.
+        self.cooldown = cooldown
+        self.timeout = timeout
+        self.stop_answer_timeout = stop_answer_timeout
+        self._clock = clock
+        self._unhealthy: dict[str, float] = {}  # url -> clock time it may be used again
+        self._pins: OrderedDict[str, str] = OrderedDict()  # session id -> its server
         # Agent servers that answered 404 to a stop (no stop route): not asked again.
         self._stop_unsupported: set[str] = set()
         # httpcore's pool rescans its queue on every release: thousands of queued requests
@@ -105,13 +130,42 @@ class HttpTransport:
 
     def url_for(self, session_id: str) -> str:
         """The server that runs ``session_id`` (stable: same id, same server)."""
+        pinned = self._pins.get(session_id)
+        if pinned is not None:
+            return pinned
         return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
+
+    @property
+    def unhealthy(self) -> list[str]:
+        """Servers new sessions avoid now (they refused a connection lately)."""
+        now = self._clock()
+        return [url for url, until in self._unhealthy.items() if until > now]
+
+    def _assign(self, session_id: str) -> str:
+        """The server of ``session_id``: its own if it has one, else a healthy one."""
+        pinned = self._pins.get(session_id)
+        if pinned is not None:
+            return pinned
+        avoid = set(self.unhealthy) if self._unhealthy else set()
+        healthy = [url for url in self.urls if url not in avoid] or self.urls
+        url = healthy[zlib.crc32(session_id.encode()) % len(healthy)]
+        self._pins[session_id] = url
+        if len(self._pins) > MAX_PINNED_SESSIONS:
+            self._pins.popitem(last=False)
+        return url
 
     async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
         try:
             async with self._limit:
                 response = await self._http.post(url, **kwargs)
-        except httpx.TransportError as exc:  # connect/read errors and timeouts
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            base = next((u for u in self.urls if url.startswith(u)), None)
+            if base is not None and len(self.urls) > 1:
+                self._unhealthy[base] = self._clock() + self.cooldown
+            raise RetryableError(
+                f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
+            ) from exc
+        except httpx.TransportError as exc:  # read errors and timeouts
             raise RetryableError(
                 f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
             ) from exc
@@ -131,7 +185,7 @@ class HttpTransport:
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
-        url = self.url_for(session_id) + INVOCATIONS_PATH
+        url = self._assign(session_id) + INVOCATIONS_PATH
         response = await self._post(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
         )
@@ -150,7 +204,17 @@ class HttpTransport:
             raise StopUnsupportedError(f"{url} has no stop route", session_id=session_id)
         path = STOP_SESSION_PATH.format(session_id=session_id)
         try:
-            response = await self._post(session_id, url + path)
+            # The server cancels the rollout on receipt, then waits (its stop_wait) for the
+            # envelope: the client does not wait for that answer beyond stop_answer_timeout.
+            response = await self._post(
+                session_id,
+                url + path,
+                timeout=httpx.Timeout(self.timeout, read=self.stop_answer_timeout),
+            )
+        except RetryableError as exc:
+            if isinstance(exc.__cause__, httpx.ReadTimeout):
+                return True  # delivered: the agent is cancelling it
+            raise
         except InvocationError as exc:
             if exc.status_code not in (404, 405):
                 raise
@@ -168,6 +232,24 @@ class HttpTransport:
             return bool(response.json().get("stopped", False))
         except (ValueError, AttributeError):
             return False
+
+    async def status(self, session_id: str) -> protocol.SessionState:
+        """``GET {url}/sessions/{id}`` on the session's server: running, finished or
+        unknown (a restarted server). Raises ``RetryableError`` when it cannot answer."""
+        url = self.url_for(session_id) + protocol.SESSION_STATUS_PATH.format(session_id=session_id)
+        try:
+            async with self._limit:
+                response = await self._http.get(url, headers={SESSION_ID_HEADER: session_id})
+        except httpx.TransportError as exc:
+            raise RetryableError(f"{url}: {type(exc).__name__}", session_id=session_id) from exc
+        if response.status_code != 200:
+            raise RetryableError(
+                f"{url}: {error_message(response)}",
+                session_id=session_id,
+                status_code=response.status_code,
+            )
+        answer = json_object_answer(response.content, source=url, session_id=session_id)
+        return session_state(answer, source=url, session_id=session_id)
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""

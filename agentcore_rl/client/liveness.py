@@ -1,0 +1,226 @@
+"""Crash detection: ask the agents whether long-pending sessions still run.
+
+A crashed agent writes no result, so without asking, its rollouts end only at their
+timeout, each holding a concurrency slot. The prober asks the session's agent (HTTP:
+``GET /sessions/{id}`` on its server; AgentCore Runtime: a status control request on the
+same session id, which a restarted or new microVM answers ``unknown``). An ``unknown``
+answer ends the rollout at once (the ``on_lost`` callback), and the client retries it with
+a new session by policy (:mod:`agentcore_rl.client.outcomes`).
+
+It must stay cheap at 10,000 sessions in flight, so it probes only sessions pending longer
+than ``probe_after``, each at most every ``probe_interval``, the longest-unprobed first, at
+most ``max_rate`` probes per second, and each probe takes a :attr:`Priority.PROBE` token
+(behind every invocation, before stop calls). On HTTP one lost session makes every older
+session of the same server a suspect, probed next regardless of ``probe_after``: a server
+crash loses all of them. Probe failures (the server is down right now) decide nothing.
+
+Example::
+
+    prober = LivenessProber(transport, limiter, sessions.live, counters, on_lost=follower.lost)
+    service.start_soon(prober.run, name="liveness prober")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final, Protocol, runtime_checkable
+
+import anyio
+
+from agentcore_rl import protocol
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.ratelimit import Priority, RateLimiter
+
+__all__ = ["DEFAULT_LIVENESS", "LivenessConfig", "LivenessProber", "StatusTransport"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a session is pending before its first probe.
+DEFAULT_PROBE_AFTER: Final = 10.0
+#: Seconds between two probes of one session.
+DEFAULT_PROBE_INTERVAL: Final = 5.0
+#: Probes per second at most, whatever the number of sessions in flight.
+DEFAULT_PROBE_RATE: Final = 2.0
+
+
+@runtime_checkable
+class StatusTransport(Protocol):
+    """A transport that can ask an agent about one session (both built-in ones can)."""
+
+    async def status(self, session_id: str) -> protocol.SessionState: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class LivenessConfig:
+    """How the client looks for lost sessions.
+
+    ``probe_after``: seconds pending before a session's first probe; ``probe_interval``:
+    seconds between its probes; ``max_rate``: probes per second at most (the share of the
+    TPS budget crash detection may take); ``tick``: seconds between rounds. ``enabled``
+    False turns probing off. With the defaults a crash is seen within about
+    ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
+    sessions are pending; beyond that, detection slows rather than the probes growing.
+    ``clock``/``sleep`` are injectable.
+
+    Example::
+
+        AsyncRolloutClient(..., liveness=LivenessConfig(probe_after=30, max_rate=1))
+    """
+
+    probe_after: float = DEFAULT_PROBE_AFTER
+    probe_interval: float = DEFAULT_PROBE_INTERVAL
+    max_rate: float = DEFAULT_PROBE_RATE
+    tick: float = 1.0
+    enabled: bool = True
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def __post_init__(self) -> None:
+        if not (self.probe_after >= 0 and self.probe_interval > 0 and self.tick > 0):
+            raise ConfigurationError(
+                "LivenessConfig needs probe_after >= 0, probe_interval > 0 and tick > 0"
+            )
+        if not self.max_rate > 0:
+            raise ConfigurationError(f"max_rate must be > 0, got {self.max_rate!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"LivenessConfig(probe_after={self.probe_after}, probe_interval="
+            f"{self.probe_interval}, max_rate={self.max_rate}, enabled={self.enabled})"
+        )
+
+
+DEFAULT_LIVENESS: Final = LivenessConfig()
+
+
+@dataclass
+class _Seen:
+    first: float
+    probed: float | None = None
+
+
+class LivenessProber:
+    """Probes the long-pending sessions of ``live`` and reports the lost ones.
+
+    ``counters`` gets ``probes``, ``probe_failures`` and ``agents_lost``.
+
+    Example::
+
+        await prober.round()   # one pass (the client runs ``run``)
+    """
+
+    def __init__(
+        self,
+        transport: StatusTransport | object,
+        limiter: RateLimiter,
+        live: Mapping[str, RolloutFuture],
+        counters: ClientCounters,
+        *,
+        on_lost: Callable[[RolloutFuture], None],
+        config: LivenessConfig = DEFAULT_LIVENESS,
+    ) -> None:
+        self.transport = transport
+        self.limiter = limiter
+        self.live = live
+        self.counters = counters
+        self.on_lost = on_lost
+        self.config = config
+        self._seen: dict[str, _Seen] = {}
+        self._credit = 0.0
+        # HTTP: server URL -> clock time a session there was found lost.
+        self._suspects: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"LivenessProber(tracked={len(self._seen)}, config={self.config!r})"
+
+    @property
+    def supported(self) -> bool:
+        """Whether the transport can answer status requests."""
+        return isinstance(self.transport, StatusTransport)
+
+    async def run(self) -> None:
+        """Probe every ``tick`` until cancelled (no-op when disabled or unsupported)."""
+        if not (self.config.enabled and self.supported):
+            return
+        while True:
+            await self.config.sleep(self.config.tick)
+            await self.round()
+
+    def _url(self, session_id: str) -> str | None:
+        url_for = getattr(self.transport, "url_for", None)
+        return str(url_for(session_id)) if callable(url_for) else None
+
+    def due(self) -> list[str]:
+        """The sessions to probe now, most overdue first, within the rate budget."""
+        cfg = self.config
+        now = cfg.clock()
+        for sid in [s for s in self._seen if s not in self.live]:
+            del self._seen[sid]
+        self._credit = min(self._credit + cfg.max_rate * cfg.tick, max(1.0, cfg.max_rate))
+        candidates: list[tuple[int, float, str]] = []
+        for sid, fut in self.live.items():
+            if fut.done():
+                continue
+            seen = self._seen.get(sid)
+            if seen is None:
+                self._seen[sid] = _Seen(first=now)
+                continue
+            suspect_at = self._suspects.get(self._url(sid) or "") if self._suspects else None
+            if (
+                suspect_at is not None
+                and seen.first < suspect_at
+                and (seen.probed is None or seen.probed < suspect_at)
+            ):
+                candidates.append((0, seen.first, sid))  # its server lost a session
+                continue
+            if now - seen.first < cfg.probe_after:
+                continue
+            if seen.probed is not None and now - seen.probed < cfg.probe_interval:
+                continue
+            candidates.append((1, seen.probed if seen.probed is not None else -1.0, sid))
+        budget = int(self._credit)
+        chosen = [sid for _, _, sid in heapq.nsmallest(budget, candidates)]
+        self._credit -= len(chosen)
+        return chosen
+
+    async def round(self) -> None:
+        """Probe the due sessions (concurrently, each behind a PROBE token)."""
+        async with anyio.create_task_group() as probes:
+            for sid in self.due():
+                probes.start_soon(self._probe, sid)
+
+    async def _probe(self, session_id: str) -> None:
+        seen = self._seen.get(session_id)
+        if seen is None:
+            return
+        seen.probed = self.config.clock()
+        await self.limiter.acquire(Priority.PROBE)
+        fut = self.live.get(session_id)
+        if fut is None or fut.done():
+            return
+        self.counters.probes += 1
+        assert isinstance(self.transport, StatusTransport)
+        try:
+            state = await self.transport.status(session_id)
+        except Exception as exc:  # the agent is unreachable now: decides nothing
+            self.counters.probe_failures += 1
+            logger.debug("probing session %s failed: %s", session_id, exc)
+            return
+        if state is not protocol.SessionState.UNKNOWN:
+            return
+        fut = self.live.get(session_id)
+        if fut is None or fut.done():
+            return
+        self.counters.agents_lost += 1
+        url = self._url(session_id)
+        if url is not None:
+            self._suspects[url] = self.config.clock()
+        logger.warning("session %s is unknown to its agent (it crashed or restarted)", session_id)
+        self.on_lost(fut)

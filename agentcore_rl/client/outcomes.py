@@ -1,0 +1,56 @@
+"""Which rollout outcomes are final and which are worth running again with a new session.
+
+A rollout's outcome is *retryable* when it says nothing about the input: the agent lost the
+session (a crash or restart, :class:`~agentcore_rl.errors.AgentLostError`), the agent could
+not be reached or kept failing before it accepted the rollout (connection errors, 5xx, 424
+``RuntimeClientError``, throttling that outlived the retries), or the agent server cancelled
+the rollout because it was shutting down. Running it again with a new session may succeed.
+
+Everything else is *final*: a result, the handler's own error envelope, a payload the
+agent refused (4xx), the user's cancel, the client's close, a timeout (the rollout already
+spent its time budget; ``eval --resume`` re-attaches instead), and a result that is not
+JSON.
+
+Example::
+
+    if is_retryable(exc) and attempts < 1 + retry_rollouts:
+        ...  # run it again with a new session
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from agentcore_rl import protocol
+from agentcore_rl.errors import AgentLostError, InvocationError, RolloutError
+
+__all__ = ["DEFAULT_RETRY_ROLLOUTS", "is_retryable", "is_shutdown_cancel"]
+
+#: Extra attempts (each with a new session) for a rollout whose outcome is retryable.
+DEFAULT_RETRY_ROLLOUTS: Final = 2
+
+#: The ``stop_reason`` words of an envelope written by a server cancelling on shutdown.
+_SHUTDOWN_WORDS: Final = "shutting down"
+
+
+def is_shutdown_cancel(exc: BaseException) -> bool:
+    """Whether ``exc`` is the error envelope of a rollout the agent server cancelled
+    because it was shutting down (not a user's or client's cancel)."""
+    if not isinstance(exc, RolloutError):
+        return False
+    envelope = exc.envelope
+    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _SHUTDOWN_WORDS in str(
+        envelope.get(protocol.STOP_REASON, "")
+    )
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Whether a rollout that ended with ``exc`` is worth running again with a new session
+    (see the module docstring for the rule)."""
+    if isinstance(exc, AgentLostError):
+        return True
+    if isinstance(exc, InvocationError):
+        status = exc.status_code
+        # No status: the agent was not reached (connection refused, reset, timeout).
+        return status is None or status in (424, 429) or status >= 500
+    return is_shutdown_cancel(exc)

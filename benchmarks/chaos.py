@@ -1,0 +1,462 @@
+"""Chaos benchmark (issue 9): rollouts through the local AgentCore Runtime while S3 fails,
+agents crash, one is SIGTERMed, and the eval client is SIGKILLed and resumed.
+
+Everything runs as real processes on loopback. In this process: moto (S3), a proxy in
+front of it that fails ``--s3-fail`` of all requests with ``503 SlowDown`` (agents and
+client both go through it), and the local AgentCore Runtime at ``--tps``. Children:
+``--agents`` agent servers (each sleeps ``--min-sleep``..``--max-sleep`` s per rollout and
+appends start/end/cancel lines to a shared log) and ``agentcore-rl eval``. A chaos task
+SIGKILLs a random agent every ``--crash-every`` s and restarts it 1-2 s later on the same
+port; one agent is SIGTERMed once (its rollouts outlive the 1 s grace). When a fraction
+``--kill-eval-at`` of the inputs has results, eval is SIGKILLed and run again with
+``--resume``. Then an outage case: ``--outage-rollouts`` rollouts through the client
+library over HTTP while the S3 proxy answers every request with 503 for ``--outage`` s.
+
+Prints one JSON document; targets are zero for every count and crash detection <= 30 s:
+
+- ``inputs_lost``: inputs without a results line; ``wrong_outcomes``: ``done`` lines
+  whose result is not the input's;
+- ``duplicate_runs_without_crash``: inputs whose handler completed twice although the
+  process of the first completion was never killed;
+- ``sessions_left_running``: rollouts still running on live agents after everything ended;
+- ``permanent_failures_from_transient_faults``: results lines that are not ``done``
+  (every fault here is transient);
+- ``crash_detection_s`` p50/max: from a SIGKILL to the rollout it lost starting again in
+  a new session (detection + retry; an upper bound of detection);
+- ``outage_wrong_failures``: outage-case rollouts that did not succeed.
+
+Example::
+
+    python benchmarks/chaos.py                     # full size (a few minutes)
+    python benchmarks/chaos.py --inputs 40 --agents 2 --outage-rollouts 20 --outage 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import tempfile
+import textwrap
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from agentcore_rl.cli.summary import percentile
+from agentcore_rl.client import AsyncRolloutClient
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.local.embedded_s3 import EmbeddedS3
+from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
+
+BUCKET = "chaos-rollouts"
+LOCAL_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>injected</Message></Error>"
+)
+
+AGENT = textwrap.dedent(
+    """
+    import asyncio, json, os, random, sys, time
+    from agentcore_rl.server import AgentCoreRLApp
+
+    LOG = os.environ["CHAOS_LOG"]
+    LO, HI = float(os.environ["CHAOS_MIN_SLEEP"]), float(os.environ["CHAOS_MAX_SLEEP"])
+    app = AgentCoreRLApp(shutdown_grace=1.0, cancel_timeout=2.0)
+
+    def log(event, payload, context):
+        line = json.dumps({"ev": event, "input": payload["_rollout"]["input_id"],
+                           "sid": context.session_id, "pid": os.getpid(), "t": time.time()})
+        with open(LOG, "a") as f:
+            f.write(line + "\\n")
+
+    @app.rollout_entrypoint
+    async def solve(payload, context):
+        log("start", payload, context)
+        try:
+            await asyncio.sleep(random.uniform(LO, HI))
+        except asyncio.CancelledError:
+            log("cancel", payload, context)
+            raise
+        log("end", payload, context)
+        return {"rewards": [1.0], "n": payload["n"]}
+
+    if __name__ == "__main__":
+        app.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class FlakyS3:
+    """ASGI proxy to moto failing a fraction of requests (503), or all during an outage."""
+
+    def __init__(self, upstream: str, fail: float, seed: int) -> None:
+        self.fail = fail
+        self.down = False
+        self.failed = 0
+        self.rng = random.Random(seed)
+        self.http = httpx.AsyncClient(base_url=upstream, timeout=30)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        body = await request.body()
+        if self.down or self.rng.random() < self.fail:
+            self.failed += 1
+            response = Response(SLOW_DOWN, status_code=503, media_type="application/xml")
+            await response(scope, receive, send)
+            return
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        upstream = await self.http.request(
+            request.method, path, content=body, headers=dict(request.headers)
+        )
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() != "content-length"}
+        headers.pop("transfer-encoding", None)
+        await Response(upstream.content, upstream.status_code, headers)(scope, receive, send)
+
+
+class Agents:
+    """Agent processes on fixed ports; kill/restart by index; log who was killed when."""
+
+    def __init__(self, count: int, workdir: Path, env: dict[str, str]) -> None:
+        self.script = workdir / "chaos_agent.py"
+        self.script.write_text(AGENT)
+        self.workdir = workdir
+        self.env = env
+        self.ports = [free_port() for _ in range(count)]
+        self.procs: list[asyncio.subprocess.Process | None] = [None] * count
+        self._stopping = False
+        self.kills: list[tuple[float, int]] = []  # (time, pid) of SIGKILLs
+        self.killed_pids: set[int] = set()
+        self.sigterms = 0
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    async def start(self, i: int) -> None:
+        env = {**self.env, "AGENTCORE_RL_SPOOL_DIR": str(self.workdir / f"spool-{i}")}
+        self.procs[i] = await asyncio.create_subprocess_exec(
+            sys.executable, str(self.script), str(self.ports[i]), env=env
+        )
+        async with httpx.AsyncClient() as http:
+            for _ in range(300):  # bounded: 30 s
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get(self.urls[i] + "/ping")).status_code == 200:
+                        return
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"agent {i} did not start")
+
+    async def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[i]
+        if proc is None or proc.returncode is not None:
+            return
+        if sig == signal.SIGKILL:
+            self.kills.append((time.time(), proc.pid))
+            self.killed_pids.add(proc.pid)
+        elif not self._stopping:
+            self.sigterms += 1
+        proc.send_signal(sig)
+        await asyncio.wait_for(proc.wait(), 60)
+
+    async def stop_all(self) -> None:
+        self._stopping = True
+        for i in range(len(self.procs)):
+            await self.kill(i, signal.SIGTERM)
+
+    def alive_pids(self) -> set[int]:
+        return {p.pid for p in self.procs if p is not None and p.returncode is None}
+
+
+async def chaos(agents: Agents, args: argparse.Namespace, rng: random.Random) -> None:
+    """Crash and restart agents until cancelled; SIGTERM one of them once."""
+    rounds = 0
+    while True:
+        await asyncio.sleep(args.crash_every)
+        i = rng.randrange(len(agents.ports))
+        rounds += 1
+        sig = signal.SIGTERM if rounds == 2 else signal.SIGKILL
+        await agents.kill(i, sig)
+        await asyncio.sleep(rng.uniform(1.0, 2.0))
+        await agents.start(i)
+
+
+def results(out: Path) -> list[dict[str, Any]]:
+    if not out.exists():
+        return []
+    lines = []
+    for line in out.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            lines.append(json.loads(line))
+    return lines
+
+
+async def run_eval(argv: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentcore_rl.cli",
+        "eval",
+        *argv,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def chaos_phase(
+    args: argparse.Namespace, workdir: Path, s3_url: str, runtime_url: str, agents: Agents
+) -> dict[str, Any]:
+    data = workdir / "inputs.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": f"q{n:05d}", "n": n}) + "\n" for n in range(args.inputs))
+    )
+    out = workdir / "results.jsonl"
+    env = {
+        **os.environ,
+        **LOCAL_AWS_ENV,
+        "AWS_ENDPOINT_URL_S3": s3_url,
+        "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": runtime_url,
+    }
+    argv = [
+        str(data),
+        "--agent-runtime-arn", DEFAULT_AGENT_RUNTIME_ARN,
+        "--s3-bucket", BUCKET,
+        "--exp-id", "chaos",
+        "--tps", str(args.tps),
+        "--concurrency", str(args.concurrency),
+        "--timeout", str(args.timeout),
+        "--out", str(out),
+        "--no-progress",
+    ]  # fmt: skip
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(chaos, agents, args, rng)
+        proc = await run_eval(argv, env)
+        while proc.returncode is None and len(results(out)) < args.kill_eval_at * args.inputs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 0.5)
+        eval_killed = proc.returncode is None
+        if eval_killed:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        resumed = await run_eval([*argv, "--resume"], env)
+        await asyncio.wait_for(resumed.wait(), args.deadline)
+        tg.cancel_scope.cancel()
+    wall = time.monotonic() - started
+    await asyncio.sleep(args.settle)  # stops in flight land; spooled envelopes drain
+    return {
+        "wall_s": round(wall, 1),
+        "eval_killed": eval_killed,
+        **measure(args, workdir, out, agents),
+    }
+
+
+def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) -> dict[str, Any]:
+    lines = results(out)
+    by_input: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for line in lines:
+        by_input[line["input_id"]].append(line)
+    expected = {f"q{n:05d}": n for n in range(args.inputs)}
+    wrong = 0
+    for input_id, recs in by_input.items():
+        for rec in recs:
+            result = rec.get("result") or {}
+            if rec["outcome"] == "done" and result.get("n") != expected.get(input_id):
+                wrong += 1
+    events = [json.loads(x) for x in (workdir / "runs.log").read_text().splitlines() if x]
+    ends: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    open_runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for ev in events:
+        key = (ev["input"], ev["sid"], ev["pid"])
+        if ev["ev"] == "start":
+            open_runs[key] = ev
+        else:
+            open_runs.pop(key, None)
+            if ev["ev"] == "end":
+                ends[ev["input"]].append(ev)
+    duplicates = sum(
+        1
+        for runs in ends.values()
+        if len(runs) > 1 and any(r["pid"] not in agents.killed_pids for r in runs[:-1])
+    )
+    alive = agents.alive_pids()
+    left_running = sum(1 for (_, _, pid) in open_runs if pid in alive)
+    closed = {(ev["input"], ev["sid"], ev["pid"]) for ev in events if ev["ev"] != "start"}
+    latencies: list[float] = []
+    undetected = 0
+    for killed_at, pid in agents.kills:
+        lost = {
+            ev["input"]
+            for ev in events
+            if ev["pid"] == pid
+            and ev["ev"] == "start"
+            and ev["t"] <= killed_at
+            and (ev["input"], ev["sid"], pid) not in closed
+        }
+        for input_id in lost:
+            again = [
+                e["t"]
+                for e in events
+                if e["ev"] == "start" and e["input"] == input_id and e["t"] > killed_at
+            ]
+            if again:
+                latencies.append(min(again) - killed_at)
+            else:
+                undetected += 1
+    return {
+        "inputs": args.inputs,
+        "agent_crashes": len(agents.kills),
+        "agent_sigterms": agents.sigterms,
+        "inputs_lost": sum(1 for i in expected if i not in by_input),
+        "inputs_with_two_results_lines": sum(1 for r in by_input.values() if len(r) > 1),
+        "duplicate_runs_without_crash": duplicates,
+        "sessions_left_running": left_running,
+        "wrong_outcomes": wrong,
+        "permanent_failures_from_transient_faults": sum(
+            1 for line in lines if line["outcome"] != "done"
+        ),
+        "failure_examples": [
+            f"{line['input_id']} {line['error_type']} attempts={line.get('attempts')}: "
+            f"{str(line['error'])[:240]}"
+            for line in lines
+            if line["outcome"] != "done"
+        ][:5],
+        "crash_detection_s": {
+            "p50": percentile(latencies, 50),
+            "max": max(latencies) if latencies else None,
+            "n": len(latencies),
+            "lost_runs_never_restarted": undetected,
+        },
+    }
+
+
+async def outage_phase(
+    args: argparse.Namespace, proxy: FlakyS3, s3_url: str, agents: Agents
+) -> dict[str, Any]:
+    saved = proxy.fail
+    proxy.fail = 0.0
+    failures = 0
+    async with AsyncRolloutClient(
+        agent_url=agents.urls,
+        s3_bucket=BUCKET,
+        exp_id="outage",
+        s3_endpoint_url=s3_url,
+        tps_limit=100.0,
+        timeout=args.outage + 120.0,
+        max_concurrent_sessions=args.outage_rollouts,
+    ) as client:
+        futures = [
+            await client.invoke({"n": n}, input_id=f"o{n:05d}") for n in range(args.outage_rollouts)
+        ]
+        await asyncio.sleep(0.5)
+        proxy.down = True
+        await asyncio.sleep(args.outage)
+        proxy.down = False
+        for fut, n in zip(futures, range(args.outage_rollouts), strict=True):
+            try:
+                result = await fut
+            except Exception:
+                failures += 1
+            else:
+                failures += result.get("n") != n
+        stats = client.stats
+    proxy.fail = saved
+    return {
+        "rollouts": args.outage_rollouts,
+        "outage_s": args.outage,
+        "outage_wrong_failures": failures,
+        "store_outages_seen": stats.store_outages,
+        "degraded_seconds": round(stats.degraded_seconds, 1),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    moto = EmbeddedS3().start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+            workdir = Path(tmp)
+            os.environ.update(LOCAL_AWS_ENV)
+            import boto3
+
+            boto3.client("s3", endpoint_url=moto.endpoint_url).create_bucket(Bucket=BUCKET)
+            proxy = FlakyS3(moto.endpoint_url, args.s3_fail, args.seed)
+            async with BackgroundServer(proxy) as s3_front:
+                env = {
+                    **os.environ,
+                    **LOCAL_AWS_ENV,
+                    "AWS_ENDPOINT_URL_S3": s3_front.url,
+                    "CHAOS_LOG": str(workdir / "runs.log"),
+                    "CHAOS_MIN_SLEEP": str(args.min_sleep),
+                    "CHAOS_MAX_SLEEP": str(args.max_sleep),
+                    "PYTHONUNBUFFERED": "1",
+                }
+                agents = Agents(args.agents, workdir, env)
+                try:
+                    for i in range(args.agents):
+                        await agents.start(i)
+                    runtime = LocalAgentCoreRuntime(
+                        {DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps
+                    )
+                    async with BackgroundServer(runtime) as acr:
+                        report = await chaos_phase(args, workdir, s3_front.url, acr.url, agents)
+                    report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
+                    report["s3_requests_failed_by_proxy"] = proxy.failed
+                finally:
+                    await agents.stop_all()
+                    await proxy.http.aclose()
+        return report
+    finally:
+        moto.stop()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--inputs", type=int, default=400, help="eval inputs")
+    add("--agents", type=int, default=4, help="agent processes behind the runtime")
+    add("--tps", type=float, default=10.0, help="runtime quota and eval --tps")
+    add("--concurrency", type=int, default=64, help="eval --concurrency")
+    add("--timeout", type=float, default=900.0, help="eval --timeout (s)")
+    add("--min-sleep", type=float, default=2.0, help="shortest rollout (s)")
+    add("--max-sleep", type=float, default=8.0, help="longest rollout (s)")
+    add("--s3-fail", type=float, default=0.10, help="fraction of S3 requests failed")
+    add("--crash-every", type=float, default=6.0, help="seconds between agent crashes")
+    add("--kill-eval-at", type=float, default=0.4, help="fraction done when eval is killed")
+    add("--deadline", type=float, default=1800.0, help="bound on the resumed eval (s)")
+    add("--settle", type=float, default=5.0, help="wait before measuring (s)")
+    add("--outage", type=float, default=20.0, help="S3 outage length (s)")
+    add("--outage-rollouts", type=int, default=100, help="rollouts during the outage")
+    add("--seed", type=int, default=9)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(parse_args())), indent=2))

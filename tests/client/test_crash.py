@@ -1,0 +1,189 @@
+"""Crash detection on real processes: an agent killed with SIGKILL mid-rollout and restarted
+on the same port. A probe finds the session unknown, the rollout ends in AgentLostError
+and, by policy, runs again in a new session; a retryable shutdown envelope does the same."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentcore_rl.client import LivenessConfig
+from agentcore_rl.client.outcomes import is_retryable
+from agentcore_rl.errors import (
+    AgentLostError,
+    ClientClosedError,
+    InvalidPayloadError,
+    InvocationError,
+    RolloutError,
+    RolloutTimeoutError,
+)
+from tests.client.agents import Recorder
+from tests.client.conftest import ClientFactory
+from tests.server.test_sigterm import free_port, read_until
+
+# Generation 1 hangs in its handler (it is about to crash); generation 2 answers at once.
+AGENT = textwrap.dedent(
+    """
+    import sys, threading
+    from agentcore_rl.server import AgentCoreRLApp
+
+    GENERATION = sys.argv[2]
+    app = AgentCoreRLApp(shutdown_grace=0.05)
+
+    @app.rollout_entrypoint
+    def solve(payload):
+        print("entered", GENERATION, flush=True)
+        if GENERATION == "1":
+            threading.Event().wait(60)
+        return {"rewards": [1.0], "generation": GENERATION, "n": payload.get("n")}
+
+    if __name__ == "__main__":
+        app.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="info")
+    """
+)
+
+#: Probe every pending session at once and often: the test checks behaviour, not pacing.
+EAGER = LivenessConfig(probe_after=0.0, probe_interval=0.05, tick=0.05, max_rate=100.0)
+
+
+class Agent:
+    """One agent process on ``port``; ``start(generation)`` after a ``kill`` restarts it."""
+
+    def __init__(self, script: Path, port: int, env: dict[str, str]) -> None:
+        self.script, self.port, self.env = script, port, env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, generation: int) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(self.script),
+            str(self.port),
+            str(generation),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env,
+        )
+        assert self.proc.stderr is not None
+        await asyncio.wait_for(read_until(self.proc.stderr, "Uvicorn running on", self.log), 30)
+
+    async def entered(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        await asyncio.wait_for(read_until(self.proc.stdout, "entered", self.log), 30)
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+            await asyncio.wait_for(self.proc.wait(), 30)
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, s3_endpoint: str) -> AsyncIterator[Agent]:
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL_S3": s3_endpoint,
+        "PYTHONUNBUFFERED": "1",
+        "AGENTCORE_RL_SPOOL_DIR": str(tmp_path / "spool"),
+    }
+    process = Agent(script, free_port(), env)
+    try:
+        yield process
+    finally:
+        await process.kill()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_a_crashed_agent_is_detected_and_the_rollout_runs_again(
+    make_client: ClientFactory, agent: Agent
+) -> None:
+    await agent.start(1)
+    client = make_client(agent_url=agent.url, liveness=EAGER)
+    fut = await client.invoke({"n": 3})
+    first = fut.session_id
+    await agent.entered()
+    await agent.kill()
+    await agent.start(2)  # restarted: it does not know the session
+    result = await asyncio.wait_for(fut, 30)
+    assert result["generation"] == "2"
+    assert result["n"] == 3
+    assert fut.attempts == 2
+    assert fut.previous_sessions == [first]
+    assert fut.session_id != first
+    stats = client.stats
+    assert stats.agents_lost == 1
+    assert stats.rollout_retries == 1
+    assert stats.results == 1
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
+    make_client: ClientFactory, agent: Agent
+) -> None:
+    await agent.start(1)
+    client = make_client(agent_url=agent.url, liveness=EAGER, retry_rollouts=0)
+    fut = await client.invoke({"n": 3})
+    await agent.entered()
+    await agent.kill()
+    await agent.start(2)
+    with pytest.raises(AgentLostError, match="crashed or restarted"):
+        await asyncio.wait_for(fut, 30)
+    assert client.stats.agents_lost == 1
+    assert client.stats.in_flight == 0
+
+
+async def test_a_shutdown_envelope_is_retried_in_a_new_session(
+    make_client: ClientFactory, recorder: Recorder
+) -> None:
+    client = make_client()
+    fut = await client.invoke({"mode": "shutdown", "n": 1})
+    assert (await asyncio.wait_for(fut, 10))["n"] == 1
+    assert fut.attempts == 2
+    assert recorder.sessions == [*fut.previous_sessions, fut.session_id]
+    assert client.stats.rollout_retries == 1
+
+
+async def test_retries_are_bounded_and_counted(
+    make_client: ClientFactory, recorder: Recorder
+) -> None:
+    client = make_client(retry_rollouts=1)
+    fut = await client.invoke({"mode": "shutdown", "shutdowns": 5, "n": 1})
+    with pytest.raises(RolloutError, match="shutting down"):
+        await asyncio.wait_for(fut, 10)
+    assert fut.attempts == 2
+    assert len(recorder.sessions) == 2
+    assert client.stats.rollout_retries == 1
+    assert client.stats.rollout_errors == 1
+
+
+def test_outcome_classification() -> None:
+    shutdown = {
+        "status_code": 503,
+        "error_type": "cancelled",
+        "stop_reason": "server shutting down",
+    }
+    user_cancel = {"status_code": 499, "error_type": "cancelled", "stop_reason": "cancelled"}
+    assert is_retryable(AgentLostError("lost"))
+    assert is_retryable(InvocationError("refused connection"))
+    assert is_retryable(InvocationError("RuntimeClientError", status_code=424))
+    assert is_retryable(InvocationError("throttled", status_code=429))
+    assert is_retryable(RolloutError(shutdown))
+    assert not is_retryable(RolloutError(user_cancel))
+    assert not is_retryable(RolloutError({"status_code": 500, "error_type": "ValueError"}))
+    assert not is_retryable(InvocationError("bad payload", status_code=400))
+    assert not is_retryable(InvalidPayloadError("bad"))
+    assert not is_retryable(RolloutTimeoutError("slow", session_id="s", timeout=1.0))
+    assert not is_retryable(ClientClosedError("closed"))

@@ -1,0 +1,95 @@
+"""The liveness prober's pacing with an injected clock: only long-pending sessions, each
+at most every probe_interval, never more than max_rate per second however many are in
+flight, and a lost session on one HTTP server makes that server's sessions suspects."""
+
+from __future__ import annotations
+
+from agentcore_rl import protocol
+from agentcore_rl.client import LivenessConfig
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.liveness import LivenessProber
+from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.ratelimit import TokenBucket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Transport:
+    """Answers status requests from a table; unknown sessions are lost."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
+        self.lost: set[str] = set()
+        self.asked: list[str] = []
+
+    def url_for(self, session_id: str) -> str:
+        return self.urls[session_id]
+
+    async def status(self, session_id: str) -> protocol.SessionState:
+        self.asked.append(session_id)
+        if session_id in self.lost:
+            return protocol.SessionState.UNKNOWN
+        return protocol.SessionState.RUNNING
+
+
+def _futures(n: int) -> dict[str, RolloutFuture]:
+    return {
+        f"s{i}": RolloutFuture(session_id=f"s{i}", input_id="i", s3_bucket="b", result_key="k")
+        for i in range(n)
+    }
+
+
+async def test_probes_are_capped_and_only_for_long_pending_sessions() -> None:
+    clock = Clock()
+    live = _futures(10_000)
+    transport = Transport({sid: "http://a" for sid in live})
+    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=2, tick=1, clock=clock)
+    prober = LivenessProber(
+        transport, TokenBucket(1000), live, ClientCounters(), on_lost=lambda f: None, config=config
+    )
+    await prober.round()  # first sight: nothing is due
+    clock.now = 5.0
+    await prober.round()
+    assert transport.asked == []  # younger than probe_after
+    for second in range(11, 31):
+        clock.now = float(second)
+        await prober.round()
+    assert len(transport.asked) == 2 * 20  # max_rate per second, not 10,000
+    assert len(set(transport.asked)) == len(transport.asked)  # longest-unprobed first
+
+
+async def test_a_lost_session_makes_its_servers_sessions_suspects() -> None:
+    clock = Clock()
+    live = _futures(6)
+    urls = {sid: ("http://a" if int(sid[1:]) % 2 else "http://b") for sid in live}
+    transport = Transport(urls)
+    transport.lost = {"s1", "s3", "s5"}  # server a restarted
+    lost: list[str] = []
+    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=1, tick=1, clock=clock)
+    prober = LivenessProber(
+        transport,
+        TokenBucket(1000),
+        live,
+        ClientCounters(),
+        on_lost=lambda f: lost.append(f.session_id),
+        config=config,
+    )
+    await prober.round()
+    clock.now = 10.0
+    for _ in range(10):
+        if len(lost) == 3:
+            break
+        await prober.round()
+        for sid in lost:
+            live.pop(sid, None)
+        clock.now += 1.0
+    assert sorted(lost) == ["s1", "s3", "s5"]
+    # after the first loss, server a's sessions went first: none of b's was probed before
+    first = transport.asked.index(lost[0])
+    assert all(urls[sid] == "http://a" for sid in transport.asked[first + 1 : first + 3])
