@@ -62,6 +62,8 @@ def trace_key_of(result_key: str) -> str:
 @dataclass(frozen=True)
 class _Job:
     fut: RolloutFuture
+    # The session the job is for: a retried rollout's ``fut.session_id`` moves on.
+    session_id: str
     envelope: dict[str, Any] | None  # None: only release the session
     settle: Settle | None
 
@@ -103,19 +105,19 @@ class TraceJoiner:
 
     def finish(self, fut: RolloutFuture, envelope: dict[str, Any], settle: Settle) -> None:
         """``fut``'s envelope arrived: fetch and keep its trace, then ``settle`` it."""
-        self._queue(_Job(fut, envelope, settle))
+        self._queue(_Job(fut, fut.session_id, envelope, settle))
 
     def forget(self, fut: RolloutFuture) -> None:
         """``fut`` ended without its trace (timeout, cancel...): release its session."""
         if fut.session_id in self._gateway_ids:
-            self._queue(_Job(fut, None, None))
+            self._queue(_Job(fut, fut.session_id, None, None))
 
     def _queue(self, job: _Job) -> None:
         try:
             self._send.send_nowait(job)
         except anyio.ClosedResourceError:
             # Closing: the client ends the rollout itself; the gateway expires the session.
-            self._gateway_ids.pop(job.fut.session_id, None)
+            self._gateway_ids.pop(job.session_id, None)
 
     async def run(self) -> None:
         """Join outcomes, ``workers`` at a time, until cancelled; then refuse new jobs."""
@@ -134,12 +136,13 @@ class TraceJoiner:
     async def _work(self, receive: MemoryObjectReceiveStream[_Job]) -> None:
         async for job in receive:
             if job.envelope is None or job.settle is None:
-                await self._release(job.fut)
-            else:
+                await self._release(job.session_id)
+            elif job.fut.session_id == job.session_id:  # else retried meanwhile: drop it
                 await self._join(job.fut, job.envelope, job.settle)
+            else:
+                await self._release(job.session_id)
 
-    async def _release(self, fut: RolloutFuture) -> None:
-        sid = fut.session_id
+    async def _release(self, sid: str) -> None:
         if sid not in self._gateway_ids:  # joined meanwhile
             return
         del self._gateway_ids[sid]
@@ -149,29 +152,37 @@ class TraceJoiner:
             logger.debug("releasing gateway session %s: %s", sid, exc)
 
     async def _join(self, fut: RolloutFuture, envelope: dict[str, Any], settle: Settle) -> None:
+        sid, bucket, key = fut.session_id, fut.s3_bucket, fut.result_key
+
+        def deliver(envelope: dict[str, Any] | None, error: BaseException | None) -> None:
+            # A rollout given up meanwhile (a probe's retry, a close) has its outcome.
+            if fut.session_id == sid and not fut.done():
+                settle(fut, envelope, error)
+
         failed = protocol.is_error_envelope(envelope)
         try:
             trace = await self._trace(fut)
         except AgentCoreRLError as exc:
             if failed:  # the rollout's own error is its outcome; the trace is a bonus
-                settle(fut, envelope, None)
+                deliver(envelope, None)
             else:
                 if isinstance(exc, TraceLostError) and exc.envelope is None:
                     exc.envelope = dict(envelope)
-                settle(fut, None, exc)
+                deliver(None, exc)
             return
-        fut.trace = trace
+        if fut.session_id == sid:
+            fut.trace = trace
         if failed:
-            settle(fut, envelope, None)
+            deliver(envelope, None)
             return
         try:
             # Durable before the outcome is known: attach(), eval --resume and offline
             # SFT read it from there.
-            await self.store.put_trace(fut.s3_bucket, trace_key_of(fut.result_key), trace)
+            await self.store.put_trace(bucket, trace_key_of(key), trace)
         except AgentCoreRLError as exc:
-            settle(fut, None, exc)
+            deliver(None, exc)
             return
-        settle(fut, envelope, None)
+        deliver(envelope, None)
 
     async def _trace(self, fut: RolloutFuture) -> SessionTrace:
         """Finish the session at the gateway (or read the trace an earlier process kept)."""
