@@ -181,13 +181,18 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         f"{', '.join(gateway.upstreams)} ({gateway.backend.name}); admin routes {admin}\n"
         f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
     )
-    # Many agents keep connections open between turns; the access log costs CPU per call.
+    # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
+    # httptools, from the gateway extra, when installed), no access log (CPU per call),
+    # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
+    # think time between turns. One process: sessions live in its memory.
     return _serve_asgi(
         gateway,
         args.host,
         args.port,
         args.log_level,
         banner,
+        loop="auto",
+        http="auto",
         access_log=False,
         lifespan="on",
         backlog=4096,
