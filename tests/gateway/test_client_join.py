@@ -70,10 +70,10 @@ class Rig:
     def client(self, **options: Any) -> AsyncRolloutClient:
         assert self.stack.s3_endpoint_url is not None
         options.setdefault("gateway_url", self.url)
+        options.setdefault("agent_url", self.stack.agent_urls)
         if "gateway" not in options:
             options.setdefault("gateway_admin_token", ADMIN)
         return AsyncRolloutClient(
-            agent_url=self.stack.agent_urls,
             s3_bucket=self.stack.bucket,
             exp_id="join",
             s3_endpoint_url=self.stack.s3_endpoint_url,
@@ -310,3 +310,75 @@ async def test_gateway_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ConfigurationError, match="no gateway"):
         without.trace_of(None)  # type: ignore[arg-type]
     await without.aclose()
+
+
+def _shutdown_once_agent(store: ResultStore, sessions: list[str]) -> Any:
+    """An agent that asks the model through its gateway session, then ends its first
+    rollout like a server shutting down (retryable) and answers the next one."""
+    from agentcore_rl.server import AgentCoreRLApp, RequestContext
+
+    app = AgentCoreRLApp(store=store, shutdown_grace=0.0)
+
+    @app.rollout_entrypoint
+    async def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
+        sessions.append(context.session_id)
+        block = payload[ROLLOUT_FIELD]
+        async with AsyncOpenAI(base_url=block["base_url"], api_key=block["api_key"]) as llm:
+            await llm.chat.completions.create(
+                model=block["model_id"],
+                messages=[{"role": "user", "content": f"attempt {len(sessions)}: 2 + 2?"}],
+            )
+        if len(sessions) == 1:
+            return {
+                "status_code": 503,
+                "error_type": "cancelled",
+                "stop_reason": "cancelled: the agent server is shutting down",
+            }
+        return {"rewards": [1.0]}
+
+    return app
+
+
+async def test_a_retried_rollout_runs_in_a_new_gateway_session(s3_endpoint: str) -> None:
+    async with _rig(s3_endpoint) as rig:
+        sessions: list[str] = []
+        agent_store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
+        async with (
+            agent_store,
+            BackgroundServer(_shutdown_once_agent(agent_store, sessions)) as srv,
+        ):
+            async with rig.client(agent_url=srv.url) as client:
+                fut = await client.invoke(PROBLEM, input_id="q-t")
+                result = await fut
+            assert rig.gateway.live_sessions == 0  # the given-up session was released too
+        assert result["rewards"] == [1.0]
+        assert (fut.attempts, client.stats.rollout_retries) == (2, 1)
+        assert sessions == [*fut.previous_sessions, fut.session_id]
+        # The rollout's trace is the final attempt's: its session, its one model call.
+        trace = client.trace_of(fut)
+        assert trace.session_id == fut.session_id
+        assert len(trace.records) == 1
+        assert trace.records[0].ok, trace.records[0].error
+        kept = await rig.store.get_trace(rig.stack.bucket, trace_key("join", "q-t", fut.session_id))
+        assert kept is not None
+        assert dump_trace(kept) == dump_trace(trace)
+        given_up = trace_key("join", "q-t", fut.previous_sessions[0])
+        assert await rig.store.get_trace(rig.stack.bucket, given_up) is None
+
+
+async def test_a_lost_trace_is_final_not_retried(s3_endpoint: str) -> None:
+    latch = Latch()
+    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    async with _rig(s3_endpoint, policy) as rig:
+        async with rig.client(retry_rollouts=2) as client:
+            fut = await client.invoke(PROBLEM, input_id="q-f")
+            await wait_until(lambda: latch.waiting == 1, 15)
+            restarted = RolloutGateway(rig.gateway.upstreams, admin_token=ADMIN)
+            async with restarted:
+                rig.front.gateway = restarted
+                latch.release()
+                with pytest.raises(TraceLostError):
+                    await fut
+        # The agent's result exists: running the input again would make another one.
+        assert (fut.attempts, fut.previous_sessions) == (1, [])
+        assert (client.stats.rollout_retries, client.stats.traces_lost) == (0, 1)
