@@ -3,6 +3,9 @@
 Agent side: :class:`AgentCoreRLApp` turns an agent into a fire-and-forget rollout server
 that writes each result to S3. Trainer side: :class:`AsyncRolloutClient` drives thousands
 of rollouts and returns asyncio futures; :class:`RolloutClient` is its synchronous facade.
+Training data: :class:`RolloutGateway` captures every model call's tokens per rollout
+(:class:`SessionTrace`), and :func:`build_trajectory` turns them into loss-masked
+:class:`Trajectory` segments.
 
 Example::
 
@@ -45,6 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         BucketNotAllowedError,
         ClientClosedError,
         ConfigurationError,
+        GatewayError,
         GroupDroppedError,
         InvalidPayloadError,
         InvalidRolloutConfig,
@@ -54,7 +58,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         SharedLimitsUnavailableError,
         StaleGroupError,
         StorageError,
+        TraceLostError,
     )
+    from agentcore_rl.gateway import CallRecord, RolloutGateway, SessionTrace
     from agentcore_rl.group_tracker import GroupCounters
     from agentcore_rl.groups import DropReason, GroupMember, GroupRules, RolloutGroup
     from agentcore_rl.protocol import PingStatus, RolloutConfig
@@ -63,6 +69,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     from agentcore_rl.s3 import ResultStore, S3RetryPolicy
     from agentcore_rl.server import AgentCoreRLApp, RequestContext
     from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
+    from agentcore_rl.trajectory import Segment, Trajectory, build_trajectory
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that the
 # agent container (the `server` extra) never imports the client's dependencies, nor the
@@ -74,10 +81,12 @@ _LAZY: dict[str, str] = {
     "AsyncRolloutClient": "agentcore_rl.client",
     "BatchItem": "agentcore_rl.client",
     "BucketNotAllowedError": "agentcore_rl.errors",
+    "CallRecord": "agentcore_rl.gateway",
     "ClientClosedError": "agentcore_rl.errors",
     "ClientStats": "agentcore_rl.client",
     "ConfigurationError": "agentcore_rl.errors",
     "DropReason": "agentcore_rl.groups",
+    "GatewayError": "agentcore_rl.errors",
     "GroupCounters": "agentcore_rl.group_tracker",
     "GroupDroppedError": "agentcore_rl.errors",
     "GroupFuture": "agentcore_rl.client",
@@ -98,15 +107,21 @@ _LAZY: dict[str, str] = {
     "RolloutConfig": "agentcore_rl.protocol",
     "RolloutError": "agentcore_rl.errors",
     "RolloutFuture": "agentcore_rl.client",
+    "RolloutGateway": "agentcore_rl.gateway",
     "RolloutGroup": "agentcore_rl.groups",
     "RolloutTimeoutError": "agentcore_rl.errors",
     "S3RetryPolicy": "agentcore_rl.s3",
+    "Segment": "agentcore_rl.trajectory",
     "SessionLimiter": "agentcore_rl.sessionlimit",
+    "SessionTrace": "agentcore_rl.gateway",
     "SharedLimitsUnavailableError": "agentcore_rl.errors",
     "StaleGroupError": "agentcore_rl.errors",
     "StorageError": "agentcore_rl.errors",
     "TokenBucket": "agentcore_rl.client",
+    "TraceLostError": "agentcore_rl.errors",
+    "Trajectory": "agentcore_rl.trajectory",
     "WatcherConfig": "agentcore_rl.client",
+    "build_trajectory": "agentcore_rl.trajectory",
 }
 
 
@@ -130,10 +145,12 @@ __all__ = [
     "AsyncRolloutClient",
     "BatchItem",
     "BucketNotAllowedError",
+    "CallRecord",
     "ClientClosedError",
     "ClientStats",
     "ConfigurationError",
     "DropReason",
+    "GatewayError",
     "GroupCounters",
     "GroupDroppedError",
     "GroupFuture",
@@ -154,13 +171,19 @@ __all__ = [
     "RolloutConfig",
     "RolloutError",
     "RolloutFuture",
+    "RolloutGateway",
     "RolloutGroup",
     "RolloutTimeoutError",
     "S3RetryPolicy",
+    "Segment",
     "SessionLimiter",
+    "SessionTrace",
     "SharedLimitsUnavailableError",
     "StaleGroupError",
     "StorageError",
     "TokenBucket",
+    "TraceLostError",
+    "Trajectory",
     "WatcherConfig",
+    "build_trajectory",
 ]

@@ -16,7 +16,9 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     ├── ClientClosedError           the client was closed while the call was pending
     ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``)
     │   └── StaleGroupError         ... because its policy version grew too old
-    └── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
+    ├── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
+    └── GatewayError                the rollout gateway was misused or could not do its job
+        └── TraceLostError          a rollout's token trace cannot be had (gateway restarted)
 
 Messages say what happened and what to do about it.
 
@@ -42,6 +44,7 @@ __all__ = [
     "BucketNotAllowedError",
     "ClientClosedError",
     "ConfigurationError",
+    "GatewayError",
     "GroupDroppedError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
@@ -51,6 +54,7 @@ __all__ = [
     "SharedLimitsUnavailableError",
     "StaleGroupError",
     "StorageError",
+    "TraceLostError",
 ]
 
 
@@ -285,3 +289,37 @@ class SharedLimitsUnavailableError(AgentCoreRLError):
         except SharedLimitsUnavailableError:
             ...   # the actor is gone: check `ray list actors`, recreate it
     """
+
+
+class GatewayError(AgentCoreRLError):
+    """The rollout gateway was misused or could not do its job (the message says which).
+
+    Example::
+
+        except GatewayError as exc:
+            log.error("gateway: %s", exc)
+    """
+
+
+class TraceLostError(GatewayError):
+    """A session's trace cannot be had: the gateway restarted, or it expired without a sink.
+
+    A rollout whose trace is lost must not end as a success without tokens: with a gateway,
+    the client makes this the rollout's outcome (the agent's result is in ``envelope`` when
+    it had arrived).
+
+    Example::
+
+        try:
+            result = await fut
+        except TraceLostError as exc:
+            print(exc.session_id, exc.reason)
+    """
+
+    def __init__(
+        self, session_id: str, reason: str, *, envelope: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(f"trace of session {session_id!r} is lost: {reason}")
+        self.session_id = session_id
+        self.reason = reason
+        self.envelope = None if envelope is None else dict(envelope)

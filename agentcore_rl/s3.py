@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import aioboto3
 from aiobotocore.session import get_session
@@ -40,6 +40,9 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from agentcore_rl.aws.s3 import LeanS3, ListPage
 from agentcore_rl.errors import StorageError
 from agentcore_rl.retry import RetryPolicy
+
+if TYPE_CHECKING:  # imported when used: the agent's container does not need the gateway
+    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = [
     "DEFAULT_S3_RETRY",
@@ -333,14 +336,12 @@ class ResultStore:
         """
         await self.put_bytes(bucket, key, json.dumps(obj, allow_nan=False).encode())
 
-    async def get_json(self, bucket: str, key: str) -> dict[str, Any] | None:
-        """Read one JSON object; ``None`` when the key does not exist.
-
-        A missing bucket is not a missing key: it raises ``StorageError`` (``NoSuchBucket``).
+    async def get_bytes(self, bucket: str, key: str) -> bytes | None:
+        """Read one object; ``None`` when the key does not exist (a missing bucket raises).
 
         Example::
 
-            envelope = await store.get_json("rollouts", key)
+            blob = await store.get_bytes("rollouts", "exp/q-1/sid.trace.json.gz")
         """
 
         async def request(entry: _LoopClient) -> bytes:
@@ -351,7 +352,18 @@ class ResultStore:
                 data: bytes = await stream.read()
             return data
 
-        body = await self._call("GetObject", bucket, key, request, missing_ok=True)
+        return await self._call("GetObject", bucket, key, request, missing_ok=True)
+
+    async def get_json(self, bucket: str, key: str) -> dict[str, Any] | None:
+        """Read one JSON object; ``None`` when the key does not exist.
+
+        A missing bucket is not a missing key: it raises ``StorageError`` (``NoSuchBucket``).
+
+        Example::
+
+            envelope = await store.get_json("rollouts", key)
+        """
+        body = await self.get_bytes(bucket, key)
         if body is None:
             return None
         try:
@@ -373,6 +385,44 @@ class ResultStore:
                 code="InvalidJSON",
             )
         return value
+
+    async def put_trace(self, bucket: str, key: str, trace: SessionTrace) -> None:
+        """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at ``trace_key(...)``.
+
+        Example::
+
+            await store.put_trace("rollouts", trace_key("e1", "q-1", sid), trace)
+        """
+        from agentcore_rl.gateway.record import dump_trace
+
+        await self.put_bytes(bucket, key, dump_trace(trace), content_type="application/gzip")
+
+    async def get_trace(self, bucket: str, key: str) -> SessionTrace | None:
+        """Read a trace written by :meth:`put_trace`; ``None`` when there is none.
+
+        A rollout run through a gateway has its trace beside its result: for result key
+        ``exp/q-1/sid.json`` it is ``exp/q-1/sid.trace.json.gz`` (see ``trace_key``).
+
+        Example::
+
+            trace = await store.get_trace("rollouts", trace_key("e1", "q-1", sid))
+            trajectory = build_trajectory(trace, reward=1.0)
+        """
+        from agentcore_rl.gateway.record import load_trace
+
+        blob = await self.get_bytes(bucket, key)
+        if blob is None:
+            return None
+        try:
+            return load_trace(blob)
+        except (ValueError, KeyError, OSError, EOFError) as exc:  # gzip raises OSError/EOF
+            raise StorageError(
+                f"s3://{bucket}/{key} is not a readable trace: {type(exc).__name__}: {exc}",
+                operation="GetObject",
+                bucket=bucket,
+                key=key,
+                code="InvalidTrace",
+            ) from exc
 
     async def head(self, bucket: str, key: str) -> bool:
         """True when the object exists.

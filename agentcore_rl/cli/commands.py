@@ -38,6 +38,7 @@ from agentcore_rl.errors import ConfigurationError, InvocationError
 __all__ = [
     "cmd_demo",
     "cmd_eval",
+    "cmd_gateway",
     "cmd_local_runtime",
     "cmd_serve",
     "import_app",
@@ -96,7 +97,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> int:
+def _serve_asgi(
+    app: Any, host: str, port: int, log_level: str, banner: str, **uvicorn_options: Any
+) -> int:
     import uvicorn
 
     from agentcore_rl.server.limits import prepare_process, serve_options
@@ -112,7 +115,7 @@ def _serve_asgi(app: Any, host: str, port: int, log_level: str, banner: str) -> 
         # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
         # shutdown (rollouts get their grace period) and returns. Limits as app.run().
         prepare_process()
-        options = serve_options({"log_level": log_level})
+        options = serve_options({"log_level": log_level, **uvicorn_options})
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         server.run(sockets=[sock])
     finally:
@@ -149,6 +152,52 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
         f"  use it: export AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{args.host}:{args.port}"
     )
     return _serve_asgi(runtime, args.host, args.port, "info", banner)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    """``agentcore-rl gateway --upstream URL``: the rollout gateway until Ctrl-C.
+
+    Example::
+
+        agentcore-rl gateway --upstream http://127.0.0.1:8000/v1 --port 9000 --admin-token T
+    """
+    from agentcore_rl.gateway import DirectorySink, RolloutGateway
+
+    try:
+        gateway = RolloutGateway(
+            args.upstream,
+            backend=args.backend,
+            model=args.model,
+            admin_token=args.admin_token,
+            session_ttl=args.session_ttl,
+            sink=DirectorySink(args.sink_dir) if args.sink_dir else None,
+            require_open=args.require_open,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    admin = "on" if gateway.admin_token else "off (no --admin-token)"
+    banner = (
+        f"{PROG}: rollout gateway on http://{args.host}:{args.port} -> "
+        f"{', '.join(gateway.upstreams)} ({gateway.backend.name}); admin routes {admin}\n"
+        f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
+    )
+    # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
+    # httptools, from the gateway extra, when installed), no access log (CPU per call),
+    # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
+    # think time between turns. One process: sessions live in its memory.
+    return _serve_asgi(
+        gateway,
+        args.host,
+        args.port,
+        args.log_level,
+        banner,
+        loop="auto",
+        http="auto",
+        access_log=False,
+        lifespan="on",
+        backlog=4096,
+        timeout_keep_alive=300,
+    )
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -224,6 +273,10 @@ def print_run(run: EvalRun, out: Path, *, title: str) -> None:
     print(f"\n{title}")
     print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
     print(f"results: {out.resolve()}")
+    if run.trajectories is not None:
+        print(f"trajectories: {run.trajectories.resolve()}")
+    if run.example_trajectory is not None:
+        print(f"one trajectory to look at: {run.example_trajectory.resolve()}")
 
 
 def _exit_code(run: EvalRun) -> int:
@@ -286,6 +339,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         s3_endpoint_url=args.s3_endpoint_url,
         runtime_endpoint_url=args.endpoint_url,
         rollout_extra=_parse_params(args.param),
+        gateway_url=args.gateway_url,
+        gateway_admin_token=args.gateway_admin_token,
         group_size=args.group_size,
         redundancy=args.redundancy,
     )
@@ -332,6 +387,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         model_id=args.model_id,
         out=Path(args.out) if args.out else None,
         progress=not args.no_progress,
+        gateway=not args.no_gateway,
     )
 
     return run_async(

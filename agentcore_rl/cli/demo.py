@@ -9,6 +9,11 @@ runtime through ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, exactly as it would reac
 Then (up to) the first 6 problems run again as GRPO groups of 4 (all at once), for one line of
 group statistics (pass@1, pass@4, reward spread) in the summary.
 
+Unless ``gateway=False``, the agents reach the policy through a
+:class:`~agentcore_rl.gateway.RolloutGateway` served on loopback, which captures every
+call's tokens: the summary adds tokens per rollout and how the trajectories were built,
+the trajectories go beside the results, and one of them is written as readable JSON.
+
 Example::
 
     run = await run_demo(DemoOptions(n=50))
@@ -21,15 +26,17 @@ import importlib
 import importlib.util
 import json
 import logging
+import secrets
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
+from agentcore_rl.cli.eval_config import iter_lines
 from agentcore_rl.errors import ConfigurationError, GroupDroppedError
 from agentcore_rl.local.stack import LocalStack
 
@@ -67,6 +74,7 @@ class DemoOptions:
     model_id: str | None = None
     out: Path | None = None
     progress: bool = True
+    gateway: bool = True
 
 
 def demo_package() -> str:
@@ -140,13 +148,65 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
     server_log.setLevel(logging.ERROR)
     try:
         async with stack:
-            return await _run(stack, options, data, out, run)
+            if not options.gateway:
+                return await _run(stack, options, data, out, run)
+            return await _run_through_gateway(stack, options, data, out, run)
     finally:
         server_log.setLevel(previous_level)
 
 
-async def _run(
+async def _run_through_gateway(
     stack: LocalStack, options: DemoOptions, data: Path, out: Path, run: EvalRun | None
+) -> EvalRun:
+    """The same run with the rollout gateway between the agents and the policy."""
+    from agentcore_rl.gateway import RolloutGateway
+    from agentcore_rl.local.background import BackgroundServer
+
+    assert stack.policy_base_url is not None
+    token = secrets.token_urlsafe(16)
+    gateway = RolloutGateway(stack.policy_base_url, admin_token=token)
+    async with BackgroundServer(gateway, host=stack.host) as server:
+        print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
+        done = await _run(stack, options, data, out, run, gateway=(server.url, token))
+    if done.trajectories is not None:
+        done.example_trajectory = _write_example(done.trajectories, out)
+    return done
+
+
+def _write_example(trajectories: Path, out: Path) -> Path | None:
+    """The first trajectory, with its conversation, as indented JSON for a person to read
+    (token arrays one line each)."""
+    first = next(iter_lines(trajectories), None) if trajectories.exists() else None
+    if first is None:
+        return None
+    conversation: Any = None
+    for record in iter_lines(out):
+        if record.get("session_id") == first.get("session_id"):
+            result = record.get("result")
+            conversation = result.get("messages") if isinstance(result, dict) else None
+            break
+    head = {k: v for k, v in first.items() if k != "segments"}
+    head["conversation"] = conversation
+    text = json.dumps(head, indent=2)
+    segments = ",\n".join(
+        "    {\n"
+        + ",\n".join(f"      {json.dumps(k)}: {json.dumps(v)}" for k, v in seg.items())
+        + "\n    }"
+        for seg in first.get("segments") or ()
+    )
+    path = out.with_name(out.name.removesuffix(".jsonl") + ".trajectory-example.json")
+    path.write_text(text[:-2] + ',\n  "segments": [\n' + segments + "\n  ]\n}\n", encoding="utf-8")
+    return path
+
+
+async def _run(
+    stack: LocalStack,
+    options: DemoOptions,
+    data: Path,
+    out: Path,
+    run: EvalRun | None,
+    *,
+    gateway: tuple[str, str] | None = None,
 ) -> EvalRun:
     """The problems through the running stack, over the ACR transport."""
     print(
@@ -166,8 +226,10 @@ async def _run(
         concurrency=options.concurrency,
         tps=options.tps,
         timeout=_ROLLOUT_TIMEOUT,
-        base_url=stack.policy_base_url,
+        base_url=None if gateway else stack.policy_base_url,
         model_id=stack.policy_model,
+        gateway_url=gateway[0] if gateway else None,
+        gateway_admin_token=gateway[1] if gateway else None,
         limit=options.n,
         s3_endpoint_url=stack.s3_endpoint_url,
         runtime_endpoint_url=stack.runtime_endpoint_url,
@@ -196,7 +258,10 @@ async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRu
         max_concurrent_sessions=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
         tps_limit=eval_options.tps or 1e6,
         timeout=_ROLLOUT_TIMEOUT,
-        base_url=stack.policy_base_url,
+        # Through the run's gateway too, when it has one: members then carry trajectories.
+        base_url=None if eval_options.gateway_url else stack.policy_base_url,
+        gateway_url=eval_options.gateway_url,
+        gateway_admin_token=eval_options.gateway_admin_token,
         model_id=stack.policy_model,
     ) as client:
         futures = [

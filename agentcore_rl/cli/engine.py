@@ -19,8 +19,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.abc import TaskGroup
@@ -29,10 +29,21 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry
 from agentcore_rl.cli.summary import RunSummary, reward_of
+from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.invocation import as_repeat
 from agentcore_rl.client.outcomes import is_retryable
-from agentcore_rl.errors import InvocationError, RolloutError, RolloutTimeoutError, StorageError
+from agentcore_rl.client.traces import trace_key_of
+from agentcore_rl.errors import (
+    InvocationError,
+    RolloutError,
+    RolloutTimeoutError,
+    StorageError,
+    TraceLostError,
+)
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = ["EvalEngine", "Progress", "outcome_record"]
 
@@ -59,8 +70,8 @@ def outcome_record(
 
         outcome_record("q-1", "done", entry, 1.9, result={"rewards": [1.0]})["reward"]  # 1.0
     """
-    if isinstance(error, RolloutError):
-        result = error.envelope
+    if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
+        result = error.envelope  # what the agent wrote (for a lost trace: its result)
     return {
         "input_id": input_id,
         "outcome": outcome,
@@ -156,18 +167,63 @@ class EvalEngine:
         journal: EvalJournal,
         summary: RunSummary,
         bar: Progress,
+        trajectories: TrajectoryFile | None = None,
     ) -> None:
         self.options = options
+        self.trajectories = trajectories  # with a gateway: one line per done rollout
         self.client = client
         self.journal = journal
         self.summary = summary
         self.bar = bar
         self.queue: asyncio.Queue[EvalInput | None] = asyncio.Queue()
 
-    def _record(self, record: dict[str, Any]) -> None:
+    def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
         self.journal.record_outcome(record)
         self.summary.add(record["outcome"], elapsed=record["elapsed"], reward=record["reward"])
+        # After the results line: a run killed in between has --resume read it from S3.
+        if future is not None and future.trace is not None and record["outcome"] == "done":
+            self._write_trajectory(future.trace, record["result"])
         self.bar.update(self.summary)
+
+    def _write_trajectory(self, trace: SessionTrace, result: Any) -> None:
+        from agentcore_rl.trajectory import build_trajectory
+
+        if self.trajectories is None:
+            return
+        metrics = result.get("metrics") if isinstance(result, dict) else None
+        trajectory = build_trajectory(
+            trace,
+            reward=reward_of(result),
+            metrics=metrics if isinstance(metrics, dict) else None,
+        )
+        if self.trajectories.write(trajectory, tokens_captured=trace.tokens_captured):
+            self.summary.add_trajectory(trajectory, trace.tokens_captured)
+
+    async def collect_trajectories(self, finished: Mapping[str, dict[str, Any]]) -> None:
+        """Write the trajectories of done rollouts an earlier run recorded but never wrote
+        (it died in between), from their traces in S3.
+
+        Example::
+
+            await engine.collect_trajectories(journal.finished)
+        """
+        if self.trajectories is None:
+            return
+        for record in list(finished.values()):
+            sid, key = record.get("session_id"), record.get("result_key")
+            if record.get("outcome") != "done" or not isinstance(sid, str):
+                continue
+            if self.trajectories.has(sid) or not isinstance(key, str):
+                continue
+            try:
+                trace = await self.client.store.get_trace(self.options.s3_bucket, trace_key_of(key))
+            except StorageError as exc:
+                logger.warning("reading the trace of %s failed: %s", record["input_id"], exc)
+                trace = None
+            if trace is None:
+                self.summary.trajectories_missing += 1
+                continue
+            self._write_trajectory(trace, record.get("result"))
 
     async def run(
         self,
@@ -255,7 +311,7 @@ class EvalEngine:
         except Exception as exc:  # StorageError or a surprise
             self._record_resumed(entry, "failed", error=exc)
         else:
-            self._record_resumed(entry, "done", result=result)
+            self._record_resumed(entry, "done", result=result, future=future)
 
     async def _reinvoke(
         self, entry: JournalEntry, item: EvalInput, remaining: float
@@ -301,6 +357,7 @@ class EvalEngine:
         *,
         result: dict[str, Any] | None = None,
         error: BaseException | None = None,
+        future: RolloutFuture | None = None,
     ) -> None:
         elapsed = time.time() - entry.started_at
         self.summary.reattached += 1
@@ -313,7 +370,8 @@ class EvalEngine:
                 result=result,
                 error=error,
                 reattached=True,
-            )
+            ),
+            future,
         )
 
     async def _worker(self) -> None:
@@ -329,12 +387,13 @@ class EvalEngine:
         ``retry_rollouts`` times. Only the last attempt's outcome is recorded."""
         attempts = 1 + self.client.retry_rollouts
         for attempt in range(1, attempts + 1):
-            record = await self._attempt(item)
-            if record is None:
+            attempted = await self._attempt(item)
+            if attempted is None:
                 return
+            record, future = attempted
             record["attempts"] = attempt
             if not record["retryable"] or attempt == attempts:
-                self._record(record)
+                self._record(record, future)
                 return
             logger.warning(
                 "input %s failed retryably (%s); running it again in a new session",
@@ -343,14 +402,15 @@ class EvalEngine:
             )
             self.summary.retried += 1
 
-    async def _attempt(self, item: EvalInput) -> dict[str, Any] | None:
-        """One session for ``item``: its outcome record (``None`` when cancelled)."""
+    async def _attempt(self, item: EvalInput) -> tuple[dict[str, Any], RolloutFuture | None] | None:
+        """One session for ``item``: its outcome record and future (the future is ``None``
+        when nothing started; the whole is ``None`` when cancelled)."""
         t0 = time.monotonic()
         try:
             _, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception as exc:  # a bad payload: nothing starts
             elapsed = time.monotonic() - t0
-            return outcome_record(item.input_id, "failed", None, elapsed, error=exc)
+            return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
         # Journaled before the call: whatever happens next, a resumed run knows the session
         # and result key, and never starts a second rollout for this input.
         session_id = protocol.new_session_id()
@@ -368,7 +428,7 @@ class EvalEngine:
         except Exception as exc:  # one input failing must not end the run
             # The invocation itself failed (after the client's retries): nothing started.
             elapsed = time.monotonic() - t0
-            return outcome_record(item.input_id, "failed", None, elapsed, error=exc)
+            return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
         if (future.s3_bucket, future.result_key) != (entry.s3_bucket, entry.result_key):
             # The agent chose another place for the result: journal where it really goes.
             entry = JournalEntry(
@@ -386,4 +446,4 @@ class EvalEngine:
             record = outcome_record(item.input_id, "failed", entry, future.elapsed, error=exc)
         else:
             record = outcome_record(item.input_id, "done", entry, future.elapsed, result=result)
-        return record
+        return record, future

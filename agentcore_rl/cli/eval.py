@@ -26,6 +26,7 @@ from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_i
 from agentcore_rl.cli.group_eval import GroupEvalEngine
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
+from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
@@ -66,6 +67,8 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
         base_url=options.base_url,
         model_id=options.model_id,
         s3_endpoint_url=options.s3_endpoint_url,
+        gateway_url=options.gateway_url,
+        gateway_admin_token=options.gateway_admin_token,
         **kwargs,
     )
 
@@ -129,8 +132,13 @@ async def run_eval(
     async with preflight_store:
         await preflight_s3(preflight_store, options.s3_bucket, options.s3_endpoint_url)
     journal = EvalJournal.open(options.out, resume=options.resume)
+    trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
     try:
+        # A group's trajectories go into its training rows (FILE.groups.jsonl) instead.
+        if options.gateway_url is not None and options.group_size is None:
+            trajectories = TrajectoryFile.open(options.out, resume=options.resume)
+            run.trajectories = trajectories.path
         summary.resumed = sum(1 for i in by_id if i in journal.finished)
         in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
         fresh = [
@@ -149,7 +157,8 @@ async def run_eval(
                         groups = GroupEvalEngine(options, client, journal, summary, bar)
                         await groups.run(inputs)
                     else:
-                        engine = EvalEngine(options, client, journal, summary, bar)
+                        engine = EvalEngine(options, client, journal, summary, bar, trajectories)
+                        await engine.collect_trajectories(journal.finished)  # an earlier run's
                         await engine.run(fresh, in_flight, by_id)
                 except asyncio.CancelledError:
                     run.interrupted = True
@@ -163,5 +172,7 @@ async def run_eval(
         if bar is not None:
             bar.close()
         journal.close()
+        if trajectories is not None:
+            trajectories.close()
         run.wall_seconds = time.monotonic() - started
     return run

@@ -92,7 +92,8 @@ class EvalOptions:
 
     Exactly one of ``agent_runtime_arn`` and ``agent_urls`` is given. ``s3_endpoint_url``
     and ``runtime_endpoint_url`` default to botocore's own resolution (``AWS_ENDPOINT_URL_S3``,
-    ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``).
+    ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``). With ``gateway_url`` every rollout runs through
+    that rollout gateway and its trajectory is written beside ``out``.
 
     Example::
 
@@ -116,6 +117,8 @@ class EvalOptions:
     s3_endpoint_url: str | None = None
     runtime_endpoint_url: str | None = None
     rollout_extra: dict[str, Any] = field(default_factory=dict)
+    gateway_url: str | None = None
+    gateway_admin_token: str | None = None
     #: Run each input as a GRPO group of this many members (``None``: one rollout each).
     group_size: int | None = None
     #: Extra members per group, stopped once ``group_size`` have succeeded.
@@ -135,6 +138,14 @@ class EvalOptions:
             raise ConfigurationError(f"--tps must be > 0, got {self.tps}")
         if self.timeout <= 0:
             raise ConfigurationError(f"--timeout must be > 0 seconds, got {self.timeout}")
+        if self.gateway_url is not None and self.base_url is not None:
+            raise ConfigurationError(
+                "give --gateway-url or --base-url, not both: through the gateway each "
+                "rollout's base_url is its session's gateway URL (the gateway's --upstream "
+                "is the policy)"
+            )
+        if self.gateway_admin_token is not None and self.gateway_url is None:
+            raise ConfigurationError("--gateway-admin-token needs --gateway-url")
         if self.group_size is not None and self.group_size < 1:
             raise ConfigurationError(f"--group-size must be >= 1, got {self.group_size}")
         if self.redundancy < 0 or (self.redundancy and self.group_size is None):
@@ -157,6 +168,8 @@ class EvalRun:
     s3_requests: int = 0
     interrupted: bool = False
     out: Path | None = None
+    trajectories: Path | None = None  # the trajectories file, with a gateway
+    example_trajectory: Path | None = None  # the demo's one trajectory for a person
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:

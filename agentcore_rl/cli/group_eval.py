@@ -18,6 +18,8 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,11 +32,14 @@ from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.client.groups import GroupFuture, MemberEnd, MemberStart, ResumedGroup
-from agentcore_rl.errors import ClientClosedError, GroupDroppedError
+from agentcore_rl.client.traces import trace_key_of
+from agentcore_rl.errors import ClientClosedError, GroupDroppedError, StorageError
 from agentcore_rl.groups import GroupMember, GroupRules, RolloutGroup
 from agentcore_rl.training import group_rows, write_jsonl
 
 __all__ = ["GroupEvalEngine", "group_record", "rows_path_for"]
+
+logger = logging.getLogger(__name__)
 
 _MEMBER_STARTED: Final = "member_started"
 _MEMBER_ENDED: Final = "member_ended"
@@ -200,6 +205,8 @@ class GroupEvalEngine:
         for record in self.journal.finished.values():
             self.tally.add_record(record)
         resumes = resumed_groups(self.journal.events)
+        if self.options.gateway_url is not None:
+            await self._load_trajectories(resumes)
         todo = [item for item in inputs if item.input_id not in self.journal.finished]
         async with _task_group() as waiters:
             for item in todo:
@@ -219,6 +226,26 @@ class GroupEvalEngine:
                     self._record(group_record(item.input_id, None, exc, time.monotonic() - t0))
                     continue
                 waiters.start_soon(self._wait, item, fut, t0, name=f"group {item.input_id}")
+
+    async def _load_trajectories(self, resumes: Mapping[str, ResumedGroup]) -> None:
+        """Members an earlier run saw succeed are replayed, not run again: their tokens
+        come from the traces the client kept in S3 beside their results."""
+        from agentcore_rl.trajectory import build_trajectory
+
+        for group in resumes.values():
+            for number, end in enumerate(group.ended):
+                start = group.started.get(end.session_id)
+                if end.kind != "succeeded" or start is None:
+                    continue
+                key = trace_key_of(start.result_key)
+                try:
+                    trace = await self.client.store.get_trace(start.s3_bucket, key)
+                except StorageError as exc:  # its rows then go without tokens
+                    logger.warning("reading the trace of %s failed: %s", end.session_id, exc)
+                    continue
+                if trace is not None:
+                    trajectory = build_trajectory(trace, reward=end.reward)
+                    group.ended[number] = dataclasses.replace(end, trajectory=trajectory)
 
     async def _wait(self, item: EvalInput, fut: GroupFuture, t0: float) -> None:
         try:

@@ -7,6 +7,7 @@ Commands::
         --s3-bucket B --exp-id E [--resume ...]
     agentcore-rl serve module:app [--host --port]
     agentcore-rl local-runtime --agent-url URL [--agent-url URL...] [--port --tps --arn]
+    agentcore-rl gateway --upstream URL [--upstream URL...] [--model NAME] [--port 9000]
 
 Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, demo);
 2 usage error (bad argument, bad data file); 3 a service is unreachable or refuses us
@@ -174,6 +175,17 @@ def _add_eval_parser(commands: Any) -> None:
     )
     parser.add_argument("--limit", type=_positive_int, help="only the first N inputs")
     parser.add_argument(
+        "--gateway-url",
+        type=_url,
+        help="run every rollout through this rollout gateway (agentcore-rl gateway) and write "
+        "the trajectories beside --out (FILE.trajectories.jsonl); replaces --base-url",
+    )
+    parser.add_argument(
+        "--gateway-admin-token",
+        metavar="T",
+        help="the gateway's admin token (default: env AGENTCORE_RL_GATEWAY_ADMIN_TOKEN)",
+    )
+    parser.add_argument(
         "--group-size",
         type=_positive_int,
         help="run each input as a GRPO group of N rollouts; the summary shows pass@1 / "
@@ -204,8 +216,10 @@ def _add_demo_parser(commands: Any) -> None:
         help="run the whole stack on this machine: 200 math problems through the ACR path",
         description=(
             "Start embedded S3, a scripted stand-in policy (not a language model), the "
-            "math example agent on two servers and a local AgentCore Runtime, then run the "
-            "problems through AsyncRolloutClient over the ACR transport and print a summary. "
+            "math example agent on two servers, a local AgentCore Runtime and the rollout "
+            "gateway (which captures every model call's tokens), then run the problems "
+            "through AsyncRolloutClient over the ACR transport and print a summary, with the "
+            "tokens captured and the trajectories beside the results. "
             "Everything runs in this process and stops on exit or Ctrl-C."
         ),
     )
@@ -232,6 +246,12 @@ def _add_demo_parser(commands: Any) -> None:
         type=_non_negative_float,
         default=0.05,
         help="seconds the stand-in policy takes per request (default 0.05)",
+    )
+    parser.add_argument(
+        "--no-gateway",
+        action="store_true",
+        help="let the agents call the policy directly instead of through the rollout gateway "
+        "(which captures every call's tokens and writes the trajectories)",
     )
     parser.set_defaults(handler=cmd_demo)
 
@@ -293,6 +313,57 @@ def _add_local_runtime_parser(commands: Any) -> None:
     parser.set_defaults(handler=cmd_local_runtime)
 
 
+def _add_gateway_parser(commands: Any) -> None:
+    from agentcore_rl.cli.commands import cmd_gateway
+
+    parser = commands.add_parser(
+        "gateway",
+        help="serve the token-capturing rollout gateway in front of vLLM/SGLang",
+        description=(
+            "An OpenAI-compatible proxy that files every model call (prompt and completion "
+            "token ids, logprobs) under its rollout's session. Agents call "
+            "http://HOST:PORT/sessions/<session id>/v1 (or /v1 with the session id as API "
+            "key); trainers drive it with AsyncRolloutClient(gateway_url=..., "
+            "gateway_admin_token=...). See docs/gateway.md."
+        ),
+    )
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        action="append",
+        type=_url,
+        required=True,
+        help="OpenAI base URL of the inference server (e.g. http://gpu1:8000/v1); repeat for "
+        "replicas (a session sticks to one)",
+    )
+    parser.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument("--model", help="pin this model name on every call")
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=9000, help="port (default 9000)")
+    parser.add_argument(
+        "--admin-token",
+        help="token of the admin routes (default: env AGENTCORE_RL_GATEWAY_ADMIN_TOKEN; "
+        "without one they answer 403)",
+    )
+    parser.add_argument(
+        "--session-ttl",
+        type=_positive_float,
+        default=8 * 3600.0,
+        help="seconds after which an idle session expires (default 28800)",
+    )
+    parser.add_argument("--sink-dir", metavar="DIR", help="persist expired sessions here")
+    parser.add_argument(
+        "--require-open", action="store_true", help="refuse sessions the client did not open"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default warning)",
+    )
+    parser.set_defaults(handler=cmd_gateway)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``agentcore-rl`` argument parser.
 
@@ -317,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval_parser(commands)
     _add_serve_parser(commands)
     _add_local_runtime_parser(commands)
+    _add_gateway_parser(commands)
     return parser
 
 

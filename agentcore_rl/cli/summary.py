@@ -18,10 +18,13 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agentcore_rl.cli.group_summary import GroupTally
 from agentcore_rl.groups import result_reward
+
+if TYPE_CHECKING:
+    from agentcore_rl.trajectory import Trajectory
 
 __all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
 
@@ -72,6 +75,13 @@ class RunSummary:
     resumed: int = 0
     reattached: int = 0
     retried: int = 0
+    # Through a gateway: trajectories written, tokens captured per rollout, how segments
+    # were built, and done rollouts whose trace could not be found (resume).
+    trajectories: int = 0
+    tokens_captured: list[int] = field(default_factory=list)
+    merges: int = 0
+    splits: int = 0
+    trajectories_missing: int = 0
     #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
     groups: GroupTally | None = None
 
@@ -84,6 +94,13 @@ class RunSummary:
             self.latencies.append(elapsed)
         if reward is not None:
             self.rewards.append(reward)
+
+    def add_trajectory(self, trajectory: Trajectory, tokens_captured: int) -> None:
+        """Count one written trajectory (its captured tokens, merges and splits)."""
+        self.trajectories += 1
+        self.tokens_captured.append(tokens_captured)
+        self.merges += trajectory.merges
+        self.splits += trajectory.splits
 
     @property
     def total(self) -> int:
@@ -119,6 +136,15 @@ class RunSummary:
             "s3_requests_per_rollout": (
                 s3_requests / total if s3_requests is not None and total else None
             ),
+            "trajectories": self.trajectories,
+            "tokens_per_rollout": (
+                sum(self.tokens_captured) / len(self.tokens_captured)
+                if self.tokens_captured
+                else None
+            ),
+            "merges": self.merges,
+            "splits": self.splits,
+            "trajectories_missing": self.trajectories_missing,
             "groups": None if self.groups is None else self.groups.as_dict(),
         }
 
@@ -152,6 +178,14 @@ class RunSummary:
             ("throughput", num(data["throughput"], ".1f", " rollouts/s")),
             ("S3 requests per rollout", num(data["s3_requests_per_rollout"], ".2f")),
         ]
+        if self.trajectories or self.trajectories_missing:
+            rows += [
+                ("trajectories", f"{self.trajectories}"),
+                ("tokens captured per rollout", num(data["tokens_per_rollout"], ".1f")),
+                ("segment merges / splits", f"{self.merges} / {self.splits}"),
+            ]
+        if self.trajectories_missing:
+            rows.append(("done without a trace in S3", f"{self.trajectories_missing}"))
         if self.groups is not None:
             rows.append((f"groups of {self.groups.size}", self.groups.line()))
         width = max(len(label) for label, _ in rows)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -35,6 +35,9 @@ from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.protocol import RolloutConfig
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = ["BatchItem", "BatchRun", "Fed", "Launcher"]
 
@@ -48,6 +51,7 @@ class BatchItem:
     ``StorageError``, ``InvalidPayloadError``...). ``elapsed`` is seconds from the
     invocation to the outcome; ``resolved_at`` the epoch time the outcome was known.
     ``session_id`` and ``result_key`` are ``None`` when the payload never reached an agent.
+    ``trace`` is the rollout's token trace when the client runs through a gateway.
 
     Example::
 
@@ -64,6 +68,7 @@ class BatchItem:
     input_id: str | None
     result_key: str | None = None
     resolved_at: float | None = None
+    trace: SessionTrace | None = None
 
     def __repr__(self) -> str:
         outcome = "ok" if self.success else f"{type(self.error).__name__}: {self.error}"
@@ -90,6 +95,7 @@ class BatchItem:
             input_id=fut.input_id,
             result_key=fut.result_key,
             resolved_at=fut.resolved_at,
+            trace=fut.trace,
         )
 
 

@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -38,6 +38,7 @@ from agentcore_rl.client.config import (
 )
 from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.gateway_link import gateway_link
 from agentcore_rl.client.groups import (
     GroupBatch,
     GroupFuture,
@@ -53,6 +54,7 @@ from agentcore_rl.client.service import Service
 from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientCounters, ClientStats
 from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import Transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
@@ -62,6 +64,7 @@ from agentcore_rl.errors import (
     ConfigurationError,
     InvalidRolloutConfig,
     InvocationError,
+    TraceLostError,
 )
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, OnFailure, RolloutGroup
@@ -69,6 +72,10 @@ from agentcore_rl.ratelimit import Priority, RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, lean_s3_session
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.app import RolloutGateway
+    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
 
@@ -111,6 +118,16 @@ class AsyncRolloutClient:
     :mod:`agentcore_rl.aws`, a fraction of botocore's CPU per request with the same
     settings and errors; ``lean=False`` sends every call through aiobotocore.
 
+    Token capture: with ``gateway_url`` (a gateway in another process, driven with its
+    admin token: ``gateway_admin_token`` or ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) or
+    ``gateway`` (a :class:`~agentcore_rl.gateway.RolloutGateway` on this event loop, which
+    agents reach at ``gateway_url``), each rollout's session is opened at the gateway
+    before the invocation and its ``_rollout`` gets ``base_url`` = the session's gateway
+    URL and ``api_key`` = its session id. When the result arrives the session is finished,
+    its trace written to S3 beside the result (``...{session_id}.trace.json.gz``) and put
+    on the outcome (``fut.trace``, ``BatchItem.trace``, :meth:`trace_of`); a trace that
+    cannot be had ends the rollout in ``TraceLostError``.
+
     Background work (the S3 watcher, stop calls, batches) belongs to the client's task
     group: entered by ``async with``, else opened by the first rollout; ``aclose`` ends it.
 
@@ -119,7 +136,7 @@ class AsyncRolloutClient:
         async with AsyncRolloutClient(
             agent_runtime_arn="arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math",
             s3_bucket="my-rollouts", exp_id="grpo-step-17", tps_limit=25,
-            base_url="http://gateway:9000/v1", model_id="qwen3", temperature=0.7,
+            base_url="http://vllm:8000/v1", model_id="qwen3", temperature=0.7,
         ) as client:
             results = await asyncio.gather(*(client.rollout(p) for p in payloads),
                                            return_exceptions=True)
@@ -153,6 +170,9 @@ class AsyncRolloutClient:
         retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
         liveness: LivenessConfig = DEFAULT_LIVENESS,
         lean: bool = True,
+        gateway_url: str | None = None,
+        gateway: RolloutGateway | None = None,
+        gateway_admin_token: str | None = None,
         **rollout_extra: Any,
     ) -> None:
         if (agent_runtime_arn is None) == (agent_url is None):
@@ -170,6 +190,14 @@ class AsyncRolloutClient:
             raise ConfigurationError(f"retry_rollouts must be an int >= 0, got {retry_rollouts!r}")
         if rate_limiter is not None and token_bucket is not None:
             raise ConfigurationError("give rate_limiter or token_bucket (its older name), not both")
+        link = gateway_link(
+            gateway=gateway, gateway_url=gateway_url, admin_token=gateway_admin_token
+        )
+        if link is not None and base_url is not None:
+            raise ConfigurationError(
+                "give base_url or a gateway, not both: through a gateway each rollout's "
+                "base_url is its session's gateway URL (the gateway's --upstream is the policy)"
+            )
         try:
             self.defaults = protocol.RolloutConfig(
                 exp_id=exp_id,
@@ -219,6 +247,7 @@ class AsyncRolloutClient:
         self._admission = Admission(self.session_limiter, self.rate_limiter)
         self._sessions = PendingSessions(acr=isinstance(self.transport, AcrTransport))
         self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
+        self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._stopper = SessionStopper(
             self.transport, self.rate_limiter, retry, self._counters, workers=stop_workers
         )
@@ -233,6 +262,7 @@ class AsyncRolloutClient:
                 if stop_finished_sessions is None
                 else stop_finished_sessions
             ),
+            joiner=self._joiner,
         )
         self._follower.retry = self._retry_rollout
         self._prober = LivenessProber(
@@ -564,6 +594,9 @@ class AsyncRolloutClient:
                     self._stopper.close()
                     self._report_unstopped()
                     await self.transport.aclose()
+                    if self._joiner is not None:
+                        self._joiner.close()
+                        await self._joiner.link.aclose()
                     if self._owns_store:
                         await self.store.aclose()
             finally:
@@ -652,6 +685,8 @@ class AsyncRolloutClient:
     def _start_workers(self, service: Service) -> None:
         service.start_soon(self._watcher.run, name="completion watcher")
         service.start_soon(self._stopper.run, name="session stopper")
+        if self._joiner is not None:
+            service.start_soon(self._joiner.run, name="trace joiner")
         service.start_soon(self._prober.run, name="liveness prober")
         service.start_soon(self._groups.run, name="group members")
 
@@ -759,6 +794,8 @@ class AsyncRolloutClient:
                 # A result store that is down would read no result: hold new rollouts
                 # until it answers (the watcher checks it and logs the outage).
                 await self._watcher.wait_reachable(config.s3_bucket)
+                if self._joiner is not None:
+                    await self._joiner.open(fut, body)  # before the agent can call it
                 await send_invocation(
                     self.transport,
                     fut,
@@ -770,6 +807,8 @@ class AsyncRolloutClient:
             except BaseException as exc:
                 if may_have_started(exc):
                     self._stopper.schedule(session_id)
+                if self._joiner is not None:
+                    self._joiner.forget(fut)
                 if isinstance(exc, asyncio.CancelledError):
                     self._admission.raise_if_closed_by_us(task)
                 raise
@@ -789,6 +828,9 @@ class AsyncRolloutClient:
             return False
         body, config, limit = fut._resend
         self._follower.detach(fut)
+        if self._joiner is not None:
+            self._joiner.forget(fut)  # the given-up session's; the new one opens on resend
+        fut.trace = None  # only the final attempt's trace is the rollout's
         logger.warning(
             "rollout %s (input %s) ended retryably (%s); running it again in a new session",
             fut.session_id,
@@ -813,6 +855,9 @@ class AsyncRolloutClient:
                     await self._watcher.wait_reachable(fut.s3_bucket)
                     if fut.done():
                         return
+                    if self._joiner is not None:
+                        # The new session's own gateway session: its trace is the one kept.
+                        await self._joiner.open(fut, body)
                     await send_invocation(
                         self.transport,
                         fut,
@@ -833,6 +878,8 @@ class AsyncRolloutClient:
             return
         if fut.done():  # cancelled while sending: the session may run
             self._stopper.schedule(fut.session_id)
+            if self._joiner is not None:
+                self._joiner.forget(fut)  # opened after its outcome's own release
             return
         self._follower.follow(fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at))
 
@@ -866,6 +913,34 @@ class AsyncRolloutClient:
                     raise fed.error
             finally:
                 run.abandon()
+
+    @property
+    def gateway_url(self) -> str | None:
+        """The URL of the gateway rollouts run through (None without one)."""
+        return None if self._joiner is None else self._joiner.link.url
+
+    def trace_of(self, fut: RolloutFuture) -> SessionTrace:
+        """The token trace of a rollout run through this client's gateway.
+
+        Available once ``fut`` has succeeded (the trace is then also in S3 beside the
+        result, see :meth:`ResultStore.get_trace`). Raises ``ConfigurationError`` when
+        the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
+        the rollout's own error when it failed.
+
+        Example::
+
+            fut = await client.invoke(payload)
+            result = await fut
+            trajectory = build_trajectory(client.trace_of(fut), reward=result["rewards"][0])
+        """
+        if self._joiner is None:
+            raise ConfigurationError(
+                "this client runs no gateway (gateway_url= or gateway=): no traces"
+            )
+        fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
+        if fut.trace is None:
+            raise TraceLostError(fut.session_id, "this client did not collect it")
+        return fut.trace
 
     def check_session_id(self, session_id: object) -> str:
         """Return ``session_id`` if this client can use it for a new rollout, else raise.
@@ -924,6 +999,8 @@ class AsyncRolloutClient:
                 found = await peek_result(self.store, target.s3_bucket, target.result_key)
                 slot.handed_over = True  # to the follower, below (no await in between)
         fut = target.future(started_at=started_at)
+        if self._joiner is not None:
+            self._joiner.attached(fut)  # its trace is collected like an invoked one's
         limit = self.timeout if timeout is None else timeout
         self._follower.follow(
             fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found

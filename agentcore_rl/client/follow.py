@@ -30,10 +30,12 @@ from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.watcher import CompletionWatcher
 from agentcore_rl.errors import (
     AgentLostError,
     ClientClosedError,
+    GatewayError,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
@@ -51,6 +53,8 @@ def _count_outcome(counters: ClientCounters, exc: BaseException | None) -> None:
         counters.timeouts += 1
     elif type(exc) is ClientClosedError:
         counters.closed += 1
+    elif isinstance(exc, GatewayError):  # TraceLostError: no success without tokens
+        counters.traces_lost += 1
     elif isinstance(exc, AgentLostError):
         pass  # counted as agents_lost by the prober
     elif isinstance(exc, InvocationError):
@@ -76,6 +80,7 @@ class OutcomeFollower:
         stopper: SessionStopper,
         counters: ClientCounters,
         stop_finished_sessions: bool,
+        joiner: TraceJoiner | None = None,
     ) -> None:
         self.sessions = sessions
         self.admission = admission
@@ -83,6 +88,7 @@ class OutcomeFollower:
         self.stopper = stopper
         self.counters = counters
         self.stop_finished_sessions = stop_finished_sessions
+        self.joiner = joiner  # with a gateway: outcomes wait for their traces
         self._timers: dict[str, asyncio.TimerHandle] = {}
         #: ``retry(fut, exc)`` takes over a rollout with a retryable outcome (True) or
         #: leaves it to end with ``exc`` (False). Set by the client.
@@ -162,6 +168,20 @@ class OutcomeFollower:
     def _arrived(
         self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
     ) -> None:
+        joiner = self.joiner
+        if error is None and envelope is not None and joiner is not None and joiner.takes(fut):
+            # The result came in time: the deadline no longer applies while its trace is
+            # fetched from the gateway; the joiner settles the future when it has it.
+            timer = self._timers.pop(fut.session_id, None)
+            if timer is not None:
+                timer.cancel()
+            joiner.finish(fut, envelope, self._resolve)
+            return
+        self._resolve(fut, envelope, error)
+
+    def _resolve(
+        self, fut: RolloutFuture, envelope: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
         if error is not None:
             fut._settle(None, error)
         elif envelope is not None and protocol.is_error_envelope(envelope):
@@ -192,6 +212,8 @@ class OutcomeFollower:
         if timer is not None:
             timer.cancel()
         self.watcher.untrack(fut.s3_bucket, fut.result_key)
+        if self.joiner is not None:
+            self.joiner.forget(fut)
         self.admission.release()
         if fut.cancelled():
             self.counters.cancelled += 1

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trajectory import Trajectory
 
 __all__ = ["RolloutFuture"]
 
@@ -25,6 +29,10 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
     until the outcome is known). ``attempts``: the sessions it ran in (a retryable
     outcome, such as a crashed agent, runs it again in a new session; ``session_id`` and
     ``result_key`` then name the new one). Cancelling it stops the session on the agent side.
+    ``trace`` is the session's token trace when the client runs rollouts through a
+    gateway (the final attempt's; set before a successful outcome; ``None`` otherwise), and
+    ``trajectory`` the training data built from it with the result's reward (what a group
+    member carries).
 
     Example::
 
@@ -53,6 +61,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         self.index = index
         self.invoked_at = time.time()
         self.resolved_at: float | None = None
+        self.trace: SessionTrace | None = None
+        self._trajectory: Trajectory | None = None
         #: Sessions this rollout ran in (1 + retries with a new session after a
         #: retryable outcome); ``previous_sessions`` are the ones given up.
         self.attempts = 1
@@ -79,6 +89,26 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         """Seconds from the invocation to the outcome (or to now while pending)."""
         end = self.resolved_at if self.resolved_at is not None else time.time()
         return end - self.invoked_at
+
+    @property
+    def trajectory(self) -> Trajectory | None:
+        """The trace as a :class:`~agentcore_rl.trajectory.Trajectory` with the result's
+        reward and metrics, once succeeded; ``None`` without a gateway (built once)."""
+        if self._trajectory is not None:
+            return self._trajectory
+        if self.trace is None or not self.done() or self.cancelled() or self.exception():
+            return None
+        from agentcore_rl.groups import result_reward
+        from agentcore_rl.trajectory import build_trajectory
+
+        result = self.result()
+        metrics = result.get("metrics")
+        self._trajectory = build_trajectory(
+            self.trace,
+            reward=result_reward(result),
+            metrics=metrics if isinstance(metrics, dict) else None,
+        )
+        return self._trajectory
 
     def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> bool:
         """Resolve once; later outcomes (a result after a timeout...) are dropped."""

@@ -128,6 +128,8 @@ class MemberEnd:
     reward: float | None = None
     error: str | None = None
     result: Mapping[str, Any] | None = None
+    #: On resume, a succeeded member's trajectory rebuilt from the trace kept in S3.
+    trajectory: Any = None
 
 
 class MemberJournal(Protocol):
@@ -330,7 +332,9 @@ class GroupRunner:
 
     def _feed(self, end: MemberEnd) -> list[Action]:
         if end.kind == "succeeded" and end.reward is not None:
-            return self.tracker.succeeded(end.session_id, end.reward, result=end.result)
+            return self.tracker.succeeded(
+                end.session_id, end.reward, trajectory=end.trajectory, result=end.result
+            )
         if end.kind == "timed_out":
             return self.tracker.timed_out(end.session_id)
         return self.tracker.failed(end.session_id, end.error or "failed", result=end.result)

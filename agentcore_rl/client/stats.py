@@ -32,6 +32,7 @@ class ClientCounters:
     storage_errors: int = 0
     cancelled: int = 0
     closed: int = 0
+    traces_lost: int = 0
     agents_lost: int = 0
     rollout_retries: int = 0
     probes: int = 0
@@ -54,7 +55,8 @@ class ClientStats:
     stop calls that completed, ``stop_failures`` those given up and ``stops_unsupported``
     those an agent server without a stop route could not take. Outcomes: ``results``,
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
-    ``cancelled``, ``closed``, ``agents_lost`` (a probe found the session unknown to its
+    ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
+    but its token trace could not be had), ``agents_lost`` (a probe found the session unknown to its
     agent: crashed). ``rollout_retries``: rollouts run again in a new session after a
     retryable outcome; ``probes`` / ``probe_failures``: liveness probes sent / unanswered;
     ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
@@ -82,6 +84,7 @@ class ClientStats:
     storage_errors: int = 0
     cancelled: int = 0
     closed: int = 0
+    traces_lost: int = 0
     agents_lost: int = 0
     rollout_retries: int = 0
     probes: int = 0

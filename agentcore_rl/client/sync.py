@@ -20,7 +20,7 @@ import contextlib
 import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -45,6 +45,10 @@ from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.sessionlimit import SessionLimiter
 
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.app import RolloutGateway
+    from agentcore_rl.gateway.record import SessionTrace
+
 __all__ = ["RolloutClient"]
 
 
@@ -56,6 +60,10 @@ async def _create(**kwargs: Any) -> AsyncRolloutClient:
 async def _stats(client: AsyncRolloutClient) -> ClientStats:
     # Read on the loop thread: the counters change there.
     return client.stats
+
+
+async def _trace_of(client: AsyncRolloutClient, fut: RolloutFuture) -> SessionTrace:
+    return client.trace_of(fut)
 
 
 async def _outcome(fut: RolloutFuture) -> dict[str, Any]:
@@ -78,7 +86,9 @@ class RolloutClient:
     ``invoke`` and ``attach`` return a :class:`concurrent.futures.Future` (with ``session_id``,
     ``input_id``, ``s3_bucket`` and ``result_key`` attributes; ``cancel()`` stops the
     session); ``rollout`` returns the result dict; ``run_batch`` is a plain iterator.
-    Use it as a context manager or call ``close()``.
+    Use it as a context manager or call ``close()``. Through a gateway, prefer
+    ``gateway_url`` (an in-process ``gateway`` must run on this client's own loop thread);
+    ``trace_of(fut)`` and ``BatchItem.trace`` give the traces.
 
     Example::
 
@@ -117,6 +127,9 @@ class RolloutClient:
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
         lean: bool = True,
+        gateway_url: str | None = None,
+        gateway: RolloutGateway | None = None,
+        gateway_admin_token: str | None = None,
         **rollout_extra: Any,
     ) -> None:
         create = functools.partial(
@@ -144,6 +157,9 @@ class RolloutClient:
             close_timeout=close_timeout,
             stop_workers=stop_workers,
             lean=lean,
+            gateway_url=gateway_url,
+            gateway=gateway,
+            gateway_admin_token=gateway_admin_token,
             **rollout_extra,
         )
         self._stack = contextlib.ExitStack()
@@ -233,7 +249,25 @@ class RolloutClient:
         fut = self._portal.start_task_soon(_outcome, rollout_future)
         for name in ("session_id", "input_id", "s3_bucket", "result_key"):
             setattr(fut, name, getattr(rollout_future, name))
+        fut.rollout_future = rollout_future  # type: ignore[attr-defined]  # for trace_of
         return fut
+
+    def trace_of(self, fut: concurrent.futures.Future[dict[str, Any]]) -> SessionTrace:
+        """The token trace of a finished rollout run through the client's gateway (see
+        :meth:`AsyncRolloutClient.trace_of`).
+
+        Example::
+
+            fut = client.invoke(payload)
+            fut.result(timeout=600)
+            trace = client.trace_of(fut)
+        """
+        rollout_future: RolloutFuture | None = getattr(fut, "rollout_future", None)
+        if rollout_future is None:
+            raise TypeError("trace_of takes a future returned by this client's invoke/attach")
+        fut.result()  # the rollout's own error, if it failed
+        trace: SessionTrace = self._portal.call(_trace_of, self._client, rollout_future)
+        return trace
 
     def rollout(
         self,

@@ -6,7 +6,8 @@ Every ``/admin/...`` route needs the admin token (``Authorization: Bearer <token
 and ``/v1/...``.
 
 - ``GET  /health`` -> ``{"status": "ok", "gateway_id", "policy_version", "paused"}`` (no token)
-- ``POST /admin/sessions`` ``{"session_id", "exp_id", "input_id", "sampling"}`` -> 204
+- ``POST /admin/sessions`` ``{"session_id", "exp_id", "input_id", "sampling"}`` -> 204,
+  with the gateway's id in the ``x-gateway-id`` header
 - ``POST /admin/sessions/{sid}/finish`` -> the trace, gzip JSON (``application/gzip``), or
   JSON with ``?format=json``; 410 ``{"error": {"type": "trace_lost"}}`` when it is lost
 - ``GET  /admin/sessions/{sid}/trace`` -> the live session's records so far (JSON)
@@ -25,7 +26,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,7 +39,10 @@ from agentcore_rl.gateway.record import dump_trace
 if TYPE_CHECKING:
     from agentcore_rl.gateway.app import RolloutGateway
 
-__all__ = ["admin_app"]
+__all__ = ["GATEWAY_ID_HEADER", "admin_app"]
+
+#: The header of ``POST /admin/sessions``'s answer naming the gateway process (its id).
+GATEWAY_ID_HEADER: Final = "x-gateway-id"
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -105,7 +109,8 @@ def admin_app(gateway: RolloutGateway) -> Starlette:
             )
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request")
-        return Response(status_code=204)
+        # Which gateway process holds the session: a client compares it with the trace's.
+        return Response(status_code=204, headers={GATEWAY_ID_HEADER: gateway.gateway_id})
 
     async def finish(request: Request) -> Response:
         sid = request.path_params["sid"]

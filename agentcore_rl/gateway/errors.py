@@ -1,4 +1,4 @@
-"""The gateway's errors (the lead moves them into :mod:`agentcore_rl.errors` when merging).
+"""The gateway's errors, defined in :mod:`agentcore_rl.errors` (re-exported here).
 
 Example::
 
@@ -10,33 +10,6 @@ Example::
 
 from __future__ import annotations
 
-from agentcore_rl.errors import AgentCoreRLError
+from agentcore_rl.errors import GatewayError, TraceLostError
 
 __all__ = ["GatewayError", "TraceLostError"]
-
-
-class GatewayError(AgentCoreRLError):
-    """The rollout gateway was misused or could not do its job (the message says which).
-
-    Example::
-
-        except GatewayError as exc:
-            log.error("gateway: %s", exc)
-    """
-
-
-class TraceLostError(GatewayError):
-    """A session's trace cannot be had: the gateway restarted, or it expired without a sink.
-
-    A rollout whose trace is lost must not end as a success without tokens; the client turns
-    this into the rollout's outcome.
-
-    Example::
-
-        raise TraceLostError("s-1", "the gateway has no record of it (restarted?)")
-    """
-
-    def __init__(self, session_id: str, reason: str) -> None:
-        super().__init__(f"trace of session {session_id!r} is lost: {reason}")
-        self.session_id = session_id
-        self.reason = reason

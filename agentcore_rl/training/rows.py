@@ -282,6 +282,8 @@ def _split(
 def _distinct(versions: Iterable[int | None]) -> list[int]:
     seen: dict[int, None] = {}
     for v in versions:
-        if v is not None:
+        # None, or a negative version (the trajectory's NO_VERSION on prompt tokens), is
+        # no version at all.
+        if v is not None and int(v) >= 0:
             seen.setdefault(int(v), None)
     return list(seen)

@@ -33,7 +33,9 @@ def data(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["eval"], ["serve"], ["local-runtime"]])
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["eval"], ["serve"], ["local-runtime"], ["gateway"]]
+)
 def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*command, "--help"]) == 0
     assert "usage: agentcore-rl" in capsys.readouterr().out
@@ -146,6 +148,17 @@ def test_demo_runs_the_whole_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     assert {line["outcome"] for line in lines} == {"done"}
     assert "S3 requests per rollout" in captured.out
     assert "over the ACR transport" in captured.err
+    # Through the rollout gateway: tokens per rollout, one trajectory per rollout, and one
+    # written out for a person to read.
+    assert "tokens captured per rollout" in captured.out
+    assert "segment merges / splits" in captured.out
+    trajectories = tmp_path / "demo.trajectories.jsonl"
+    assert len(trajectories.read_text().splitlines()) == 12
+    example = tmp_path / "demo.trajectory-example.json"
+    assert f"one trajectory to look at: {example}" in captured.out
+    shown = json.loads(example.read_text())
+    assert shown["conversation"][0]["role"] == "system"
+    assert shown["segments"][0]["token_ids"]
     # The stack put the environment back as it found it.
     assert "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE" not in os.environ
 
