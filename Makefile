@@ -40,9 +40,15 @@ wheel-demo: $(STAMP)
 	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local]" && \
 	cd "$$tmp" && "$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
 
+# Every benchmark at full size (about 20 minutes); each prints JSON. Run on a quiet machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/server.py
-	$(BIN)/python benchmarks/rollouts.py
+	$(BIN)/python benchmarks/rollouts.py --paths lean,generic
+	$(BIN)/python benchmarks/rollouts.py --transport acr --inflight 0 --paths lean,generic
+	$(BIN)/python benchmarks/gateway.py
+	$(BIN)/python -m benchmarks.groups
+	$(BIN)/python benchmarks/distributed.py
+	$(BIN)/python benchmarks/chaos.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
