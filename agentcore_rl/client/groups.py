@@ -30,7 +30,6 @@ import logging
 import math
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -38,7 +37,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from agentcore_rl.client.admission import Slot
+from agentcore_rl.client.batch import Launcher
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import (
     ClientClosedError,
@@ -151,32 +150,10 @@ class ResumedGroup:
 # --- The runner -----------------------------------------------------------------------------
 
 
-class GroupHost(Protocol):
-    """What the runner needs from the client: build, admit, send, attach, stop."""
+class GroupHost(Launcher, Protocol):
+    """What the runner needs from the client: a batch's launcher, plus attach and stop."""
 
     exp_id: str
-
-    def _prepare(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        input_id: str | None,
-        overrides: Mapping[str, Any],
-        default_input_id: str | None = None,
-    ) -> tuple[dict[str, Any], RolloutConfig]: ...
-
-    def _slot(self, *, token: bool = True) -> AbstractAsyncContextManager[Slot]: ...
-
-    async def _launch(
-        self,
-        slot: Slot,
-        body: dict[str, Any],
-        config: RolloutConfig,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        index: int | None = None,
-        session_id: str | None = None,
-    ) -> RolloutFuture: ...
 
     async def _ensure_open(self) -> None: ...
 
