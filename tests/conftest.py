@@ -59,6 +59,18 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
 
 
+def fill_bucket(bucket: str, objects: dict[str, bytes]) -> None:
+    """Put ``objects`` into a bucket of the session's moto server in-process, for tests that
+    need more keys than one LIST page: a thousand PUTs over HTTP cost seconds of the suite's
+    budget, and the reads under test still go through the S3 API."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    for key, body in objects.items():
+        backend.put_object(bucket, key, body)
+
+
 @pytest.fixture
 def s3_endpoint(s3_server: EmbeddedS3) -> str:
     """The moto server's URL, e.g. ``http://127.0.0.1:53211``."""

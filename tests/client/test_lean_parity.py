@@ -15,7 +15,7 @@ from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
 from tests.client.conftest import FAST_WATCH, QUICK_RETRY
-from tests.conftest import FAST_RETRY
+from tests.conftest import FAST_RETRY, fill_bucket
 
 
 @pytest.fixture
@@ -101,8 +101,7 @@ async def test_lean_and_generic_clients_end_rollouts_the_same_way(
 async def test_store_reads_are_the_same_on_both_paths(
     s3_endpoint: str, bucket: str, store: ResultStore
 ) -> None:
-    for i in range(1003):  # more than one LIST page
-        await store.put_bytes(bucket, f"par/{i:05d}.json", b'{"i": %d}' % i)
+    fill_bucket(bucket, {f"par/{i:05d}.json": b'{"i": %d}' % i for i in range(1003)})
     await store.put_bytes(bucket, "par/odd key+&<x>.json", b"{}")
     await store.put_bytes(bucket, "par/list.json", b"[1]")
     for lean in (True, False):

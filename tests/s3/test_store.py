@@ -9,7 +9,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore, is_transient_s3_error
-from tests.conftest import FAST_RETRY
+from tests.conftest import FAST_RETRY, fill_bucket
 
 
 async def test_put_get_head_list(store: ResultStore, bucket: str) -> None:
@@ -27,8 +27,7 @@ async def test_put_get_head_list(store: ResultStore, bucket: str) -> None:
 
 
 async def test_list_follows_pages(store: ResultStore, bucket: str) -> None:
-    for i in range(1005):
-        await store.put_bytes(bucket, f"p/{i:05d}.json", b"{}")
+    fill_bucket(bucket, {f"p/{i:05d}.json": b"{}" for i in range(1005)})
     before = store.request_counts["ListObjectsV2"]
     keys = await store.list_keys(bucket, "p/")
     assert len(keys) == 1005
