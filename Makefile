@@ -25,8 +25,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Most tests wait on loopback servers and child processes, so two workers halve the suite's
+# wall time even on two cores (6.6 -> 3.0 min); one worker per test file keeps each module's
+# fixtures (a Ray cluster, a runtime) in one process. Capped so a big machine does not start
+# dozens of moto servers.
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest --numprocesses auto --maxprocesses 4 --dist loadfile
 
 # What a user gets from PyPI: build the wheel, install it with the `local` extra into a fresh
 # venv in a temp dir and run the demo from there, away from this checkout (so nothing is
