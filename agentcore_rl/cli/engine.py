@@ -32,7 +32,7 @@ from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.invocation import as_repeat
-from agentcore_rl.client.outcomes import is_retryable
+from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
     InvocationError,
@@ -64,7 +64,9 @@ def outcome_record(
     """One results-file line. ``where`` is the started rollout (``None`` when the agent
     never accepted it); the reward is read from a successful result only. ``retryable``
     marks a failure worth running again (:func:`~agentcore_rl.client.outcomes.is_retryable`;
-    ``--resume`` does), ``attempts`` the sessions this run tried.
+    ``--resume`` does), ``agent_lost`` one whose agent process went away under it (on the
+    client's ``retry_lost`` budget), ``attempts`` the sessions this run tried and
+    ``losses`` how many of them were lost with their agent.
 
     Example::
 
@@ -83,7 +85,9 @@ def outcome_record(
         "error": None if error is None else str(error),
         "error_type": None if error is None else type(error).__name__,
         "retryable": error is not None and is_retryable(error),
+        "agent_lost": error is not None and is_agent_loss(error),
         "attempts": attempts,
+        "losses": 0,
         "result": result,
     }
 
@@ -382,17 +386,27 @@ class EvalEngine:
             await self._run_one(item)
 
     async def _run_one(self, item: EvalInput) -> None:
-        """Run one input; a retryable failure (a crashed or unreachable agent, a server
-        shutdown) runs again under a new journaled session, up to the client's
+        """Run one input; a retryable failure runs again under a new journaled session:
+        an agent loss (a crash, a restart, a server shutdown) up to the client's
+        ``retry_lost`` times, any other (an unreachable or failing agent) up to its
         ``retry_rollouts`` times. Only the last attempt's outcome is recorded."""
-        attempts = 1 + self.client.retry_rollouts
-        for attempt in range(1, attempts + 1):
+        losses = others = 0
+        while True:
             attempted = await self._attempt(item)
             if attempted is None:
                 return
             record, future = attempted
-            record["attempts"] = attempt
-            if not record["retryable"] or attempt == attempts:
+            record["attempts"] = 1 + losses + others
+            record["losses"] = losses
+            if record["agent_lost"] and losses < self.client.retry_lost:
+                losses += 1
+            elif (
+                record["retryable"]
+                and not record["agent_lost"]
+                and others < self.client.retry_rollouts
+            ):
+                others += 1
+            else:
                 self._record(record, future)
                 return
             logger.warning(

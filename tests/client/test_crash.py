@@ -1,6 +1,7 @@
 """Crash detection on real processes: an agent killed with SIGKILL mid-rollout and restarted
-on the same port. A probe finds the session unknown, the rollout ends in AgentLostError
-and, by policy, runs again in a new session; a retryable shutdown envelope does the same."""
+on the same port. A probe finds the session unknown (or, with the run ledger, the restarted
+agent writes an ``agent_lost`` envelope), the rollout ends in AgentLostError and, by policy,
+runs again in a new session; a retryable shutdown envelope does the same."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.client import LivenessConfig
-from agentcore_rl.client.outcomes import is_retryable
+from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.errors import (
     AgentLostError,
     ClientClosedError,
@@ -98,6 +99,8 @@ async def agent(tmp_path: Path, s3_endpoint: str) -> AsyncIterator[Agent]:
         "AWS_ENDPOINT_URL_S3": s3_endpoint,
         "PYTHONUNBUFFERED": "1",
         "AGENTCORE_RL_SPOOL_DIR": str(tmp_path / "spool"),
+        # These tests are about probes; the ledger's own test turns it back on.
+        "AGENTCORE_RL_RUN_LEDGER": "0",
     }
     process = Agent(script, free_port(), env)
     try:
@@ -134,7 +137,7 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
     make_client: ClientFactory, agent: Agent
 ) -> None:
     await agent.start(1)
-    client = make_client(agent_url=agent.url, liveness=EAGER, retry_rollouts=0)
+    client = make_client(agent_url=agent.url, liveness=EAGER, retry_lost=0)
     fut = await client.invoke({"n": 3})
     await agent.entered()
     await agent.kill()
@@ -143,6 +146,31 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
         await asyncio.wait_for(fut, 30)
     assert client.stats.agents_lost == 1
     assert client.stats.in_flight == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_a_restarted_agent_reports_its_predecessors_rollout_lost(
+    make_client: ClientFactory, agent: Agent
+) -> None:
+    # No probes at all: only the run ledger in the shared spool directory can tell.
+    agent.env["AGENTCORE_RL_RUN_LEDGER"] = "1"
+    await agent.start(1)
+    client = make_client(agent_url=agent.url, liveness=LivenessConfig(enabled=False))
+    fut = await client.invoke({"n": 3})
+    first = fut.session_id
+    await agent.entered()
+    await agent.kill()
+    await agent.start(2)
+    result = await asyncio.wait_for(fut, 30)
+    assert result["generation"] == "2"
+    assert fut.previous_sessions == [first]
+    assert fut.losses == 1
+    first_key = fut.result_key.replace(fut.session_id, first)
+    lost = await client.store.get_json(fut.s3_bucket, first_key)
+    assert lost is not None
+    assert lost["error_type"] == "agent_lost"
+    stats = client.stats
+    assert (stats.agents_lost, stats.lost_retries, stats.probes) == (1, 1, 0)
 
 
 async def test_a_shutdown_envelope_is_retried_in_a_new_session(
@@ -159,7 +187,7 @@ async def test_a_shutdown_envelope_is_retried_in_a_new_session(
 async def test_retries_are_bounded_and_counted(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(retry_rollouts=1)
+    client = make_client(retry_lost=1)
     fut = await client.invoke({"mode": "shutdown", "shutdowns": 5, "n": 1})
     with pytest.raises(RolloutError, match="shutting down"):
         await asyncio.wait_for(fut, 10)
@@ -167,6 +195,19 @@ async def test_retries_are_bounded_and_counted(
     assert len(recorder.sessions) == 2
     assert client.stats.rollout_retries == 1
     assert client.stats.rollout_errors == 1
+
+
+async def test_agent_losses_have_a_budget_of_their_own(
+    make_client: ClientFactory, recorder: Recorder
+) -> None:
+    # Three shutdowns in a row outlast retry_rollouts=2 (the old shared budget), not
+    # the loss budget.
+    client = make_client(retry_rollouts=0)
+    fut = await client.invoke({"mode": "shutdown", "shutdowns": 3, "n": 1})
+    assert (await asyncio.wait_for(fut, 10))["n"] == 1
+    assert (fut.attempts, fut.losses) == (4, 3)
+    assert len(recorder.sessions) == 4
+    assert client.stats.lost_retries == 3
 
 
 def test_outcome_classification() -> None:
@@ -187,3 +228,6 @@ def test_outcome_classification() -> None:
     assert not is_retryable(InvalidPayloadError("bad"))
     assert not is_retryable(RolloutTimeoutError("slow", session_id="s", timeout=1.0))
     assert not is_retryable(ClientClosedError("closed"))
+    assert is_agent_loss(AgentLostError("lost"))
+    assert is_agent_loss(RolloutError(shutdown))
+    assert not is_agent_loss(InvocationError("RuntimeClientError", status_code=424))
