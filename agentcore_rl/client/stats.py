@@ -38,6 +38,7 @@ class ClientCounters:
     lost_retries: int = 0
     probes: int = 0
     probe_failures: int = 0
+    probes_escalated: int = 0
     unstopped: int = 0
 
 
@@ -61,7 +62,8 @@ class ClientStats:
     to its agent, or its restarted agent wrote an ``agent_lost`` envelope: crashed).
     ``rollout_retries``: rollouts run again in a new session after a retryable outcome,
     ``lost_retries`` those of them after an agent loss (``retry_lost``); ``probes`` /
-    ``probe_failures``: liveness probes sent / unanswered;
+    ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
+    waited ``escalate_after`` behind invocations and then queued among them;
     ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
     ``client.unstopped_sessions``). ``in_flight``: accepted rollouts without an outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
@@ -93,6 +95,7 @@ class ClientStats:
     lost_retries: int = 0
     probes: int = 0
     probe_failures: int = 0
+    probes_escalated: int = 0
     unstopped: int = 0
     in_flight: int = 0
     s3_requests: dict[str, int] = field(default_factory=dict)

@@ -6,6 +6,7 @@ runs again in a new session; a retryable shutdown envelope does the same."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -15,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from agentcore_rl.cli.engine import EvalEngine, Progress
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
+from agentcore_rl.cli.journal import EvalJournal
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.errors import (
@@ -231,3 +236,28 @@ def test_outcome_classification() -> None:
     assert is_agent_loss(AgentLostError("lost"))
     assert is_agent_loss(RolloutError(shutdown))
     assert not is_agent_loss(InvocationError("RuntimeClientError", status_code=424))
+
+
+async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
+    make_client: ClientFactory, recorder: Recorder, agent_url: str, bucket: str, tmp_path: Path
+) -> None:
+    # Three losses in a row (server shutdowns) with retry_rollouts=0: eval's own loop
+    # reruns the input on the loss budget, and the results line says how many were lost.
+    client = make_client(retry_rollouts=0)
+    out = tmp_path / "results.jsonl"
+    options = EvalOptions(
+        data=tmp_path / "in.jsonl", out=out, s3_bucket=bucket, exp_id="exp", agent_urls=[agent_url]
+    )
+    journal = EvalJournal.open(out, resume=False)
+    summary = RunSummary()
+    engine = EvalEngine(options, client, journal, summary, Progress(1, 0, enabled=False))
+    try:
+        item = EvalInput("q-1", {"mode": "shutdown", "shutdowns": 3, "n": 1})
+        await asyncio.wait_for(engine.run([item], [], {"q-1": item}), 20)
+    finally:
+        journal.close()
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["outcome"] == "done"
+    assert (line["attempts"], line["losses"], line["agent_lost"]) == (4, 3, False)
+    assert summary.retried == 3
+    assert len(recorder.sessions) == 4
