@@ -85,8 +85,8 @@ from agentcore_rl.server.settings import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STOP_WAIT,
     SPOOL_DIR_ENV,
+    app_spool_dir,
     default_host,
-    default_spool_dir,
 )
 from agentcore_rl.server.spool import (
     DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
@@ -136,7 +136,8 @@ class AgentCoreRLApp(Starlette):
     its SHA-256 and size instead of a copy of the payload. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
     to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
-    directory across restarts, see :func:`default_spool_dir`; drained at startup) and
+    directory across restarts, see :func:`default_spool_dir`, in a subdirectory named
+    ``app_name`` or ``$AGENTCORE_RL_APP_NAME`` if given; drained at startup) and
     are retried every ``spool_retry_interval`` seconds, backing off. When the app owns
     the process (:meth:`run`, ``agentcore-rl serve``) the interpreter's GIL switch
     interval is lowered to ``gil_switch_interval`` (``None``: leave it) so ``/ping`` stays
@@ -188,6 +189,7 @@ class AgentCoreRLApp(Starlette):
         envelope_payload_max_bytes: int | None = None,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         spool_dir: Path | str | None = None,
+        app_name: str | None = None,
         spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
         spool_max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
         max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS,
@@ -266,7 +268,7 @@ class AgentCoreRLApp(Starlette):
             spool_dir = os.environ[SPOOL_DIR_ENV]
         self.spool = Spool(
             self.store,
-            directory=Path(spool_dir) if spool_dir is not None else default_spool_dir(),
+            directory=Path(spool_dir) if spool_dir is not None else app_spool_dir(app_name),
             retry_interval=spool_retry_interval,
             max_retry_interval=spool_max_retry_interval,
             on_change=self._refresh_health,
