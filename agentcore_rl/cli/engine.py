@@ -284,6 +284,8 @@ class EvalEngine:
         except Exception as exc:  # a journal line the client refuses, or closing
             self._record_resumed(entry, "failed", error=exc)
             return
+        # Set when the input must run again in a fresh session (its own attempts).
+        rerun: BaseException | None = None
         try:
             result = await future
         except asyncio.CancelledError:
@@ -293,18 +295,14 @@ class EvalEngine:
             if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or (
                 is_retryable(exc)
             ):
-                # The previous run stopped it on its way out, or a server shutdown did:
-                # run it again.
-                self.journal.record_abandoned(entry.input_id)
-                self.queue.put_nowait(item)
-                return
-            self._record_resumed(entry, "failed", error=exc)
-        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
-            if not is_retryable(exc):
+                rerun = exc  # the previous run stopped it on its way out, or a shutdown did
+            else:
                 self._record_resumed(entry, "failed", error=exc)
-                return
-            self.journal.record_abandoned(entry.input_id)
-            self.queue.put_nowait(item)  # a fresh run, with its own attempts
+        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
+            if is_retryable(exc):
+                rerun = exc
+            else:
+                self._record_resumed(entry, "failed", error=exc)
         except RolloutTimeoutError as exc:
             error = RolloutTimeoutError(
                 f"{exc} (re-attached after a restart)",
@@ -316,6 +314,11 @@ class EvalEngine:
             self._record_resumed(entry, "failed", error=exc)
         else:
             self._record_resumed(entry, "done", result=result, future=future)
+        if rerun is not None:
+            self.journal.record_abandoned(entry.input_id)
+            # Now, as a worker retries: behind every input still queued, a lost rollout
+            # would wait for the whole queue.
+            await self._run_one(item, losses=int(is_agent_loss(rerun)))
 
     async def _reinvoke(
         self, entry: JournalEntry, item: EvalInput, remaining: float
@@ -385,12 +388,13 @@ class EvalEngine:
                 return
             await self._run_one(item)
 
-    async def _run_one(self, item: EvalInput) -> None:
+    async def _run_one(self, item: EvalInput, *, losses: int = 0) -> None:
         """Run one input; a retryable failure runs again under a new journaled session:
         an agent loss (a crash, a restart, a server shutdown) up to the client's
         ``retry_lost`` times, any other (an unreachable or failing agent) up to its
-        ``retry_rollouts`` times. Only the last attempt's outcome is recorded."""
-        losses = others = 0
+        ``retry_rollouts`` times. Only the last attempt's outcome is recorded. ``losses``:
+        sessions of this input already lost (a resumed run's)."""
+        others = 0
         while True:
             attempted = await self._attempt(item)
             if attempted is None:

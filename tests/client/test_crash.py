@@ -11,9 +11,11 @@ import os
 import signal
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agentcore_rl.cli.engine import EvalEngine, Progress
@@ -30,6 +32,7 @@ from agentcore_rl.errors import (
     RolloutError,
     RolloutTimeoutError,
 )
+from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder
 from tests.client.conftest import ClientFactory
 from tests.server.test_sigterm import free_port, read_until
@@ -261,3 +264,56 @@ async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
     assert (line["attempts"], line["losses"], line["agent_lost"]) == (4, 3, False)
     assert summary.retried == 3
     assert len(recorder.sessions) == 4
+
+
+async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue(
+    make_client: ClientFactory,
+    recorder: Recorder,
+    agent_url: str,
+    bucket: str,
+    store: ResultStore,
+    tmp_path: Path,
+) -> None:
+    # The killed run left q-lost in flight; its agent died and a successor wrote its
+    # agent_lost envelope. One worker, held by the gated q-1: q-lost must run meanwhile,
+    # not after q-1, q-2 and q-3.
+    sid = "f" * 48
+    key = f"exp/q-lost/{sid}.json"
+    lost = {"status_code": 503, "error_type": "agent_lost", "stop_reason": "lost: died"}
+    await store.put_json(bucket, key, lost)
+    out = tmp_path / "results.jsonl"
+    entry = {"event": "started", "input_id": "q-lost", "session_id": sid, "s3_bucket": bucket}
+    entry.update(result_key=key, started_at=time.time())
+    (tmp_path / "results.jsonl.journal").write_text(json.dumps(entry) + "\n")
+    out.write_text("")
+    client = make_client(max_concurrent_sessions=2)
+    options = EvalOptions(
+        data=tmp_path / "in.jsonl",
+        out=out,
+        s3_bucket=bucket,
+        exp_id="exp",
+        agent_urls=[agent_url],
+        concurrency=1,
+        resume=True,
+    )
+    journal = EvalJournal.open(out, resume=True)
+    items = {f"q-{n}": EvalInput(f"q-{n}", {"mode": "gate", "n": n}) for n in (1, 2, 3)}
+    items["q-lost"] = EvalInput("q-lost", {"n": 0})
+    engine = EvalEngine(options, client, journal, RunSummary(), Progress(4, 0, enabled=False))
+    try:
+        fresh = [items[f"q-{n}"] for n in (1, 2, 3)]
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(engine.run, fresh, list(journal.in_flight.values()), items)
+                await recorder.wait_for(lambda: {"q-1", "q-lost"} <= _inputs_seen(recorder))
+                recorder.open_gate()
+    finally:
+        journal.close()
+    lines = {x["input_id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert sorted(lines) == ["q-1", "q-2", "q-3", "q-lost"]
+    assert {line["outcome"] for line in lines.values()} == {"done"}
+    assert lines["q-lost"]["losses"] == 1
+
+
+def _inputs_seen(recorder: Recorder) -> set[str]:
+    return {block["input_id"] for block in recorder.rollout_blocks}
