@@ -282,8 +282,8 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
     lost = {"status_code": 503, "error_type": "agent_lost", "stop_reason": "lost: died"}
     await store.put_json(bucket, key, lost)
     out = tmp_path / "results.jsonl"
-    entry = {"event": "started", "input_id": "q-lost", "session_id": sid, "s3_bucket": bucket}
-    entry.update(result_key=key, started_at=time.time())
+    entry: dict[str, object] = {"event": "started", "input_id": "q-lost", "session_id": sid}
+    entry.update(s3_bucket=bucket, result_key=key, started_at=time.time())
     (tmp_path / "results.jsonl.journal").write_text(json.dumps(entry) + "\n")
     out.write_text("")
     client = make_client(max_concurrent_sessions=2)
