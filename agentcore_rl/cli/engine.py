@@ -35,6 +35,7 @@ from agentcore_rl.client.invocation import as_repeat
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
+    AgentLostError,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
@@ -270,6 +271,14 @@ class EvalEngine:
         deadline, and stops the session if it passes.
         """
         remaining = entry.started_at + self.options.timeout - time.time()
+        # Read first, without a slot: a successor's agent_lost envelope (or a shutdown's
+        # cancelled one) means run it again now; waiting for a slot to read it would add
+        # a whole rollout's wait to its detection.
+        rerun = await self._rerun_cause(entry)
+        if rerun is not None:
+            self.journal.record_abandoned(entry.input_id)
+            await self._run_one(item, losses=int(is_agent_loss(rerun)))
+            return
         try:
             future = await self._reinvoke(entry, item, remaining) if remaining > 0 else None
             if future is None:
@@ -284,8 +293,6 @@ class EvalEngine:
         except Exception as exc:  # a journal line the client refuses, or closing
             self._record_resumed(entry, "failed", error=exc)
             return
-        # Set when the input must run again in a fresh session (its own attempts).
-        rerun: BaseException | None = None
         try:
             result = await future
         except asyncio.CancelledError:
@@ -319,6 +326,26 @@ class EvalEngine:
             # Now, as a worker retries: behind every input still queued, a lost rollout
             # would wait for the whole queue.
             await self._run_one(item, losses=int(is_agent_loss(rerun)))
+
+    async def _rerun_cause(self, entry: JournalEntry) -> BaseException | None:
+        """The retryable outcome already at a journaled rollout's key (an ``agent_lost``
+        envelope, or a ``cancelled`` one), else ``None``."""
+        try:
+            found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
+        except StorageError:
+            return None
+        if found is None or not protocol.is_error_envelope(found):
+            return None
+        if found.get(protocol.ERROR_TYPE) == protocol.ERROR_AGENT_LOST:
+            return AgentLostError(
+                f"the agent process running session {entry.session_id} died",
+                session_id=entry.session_id,
+                envelope=found,
+            )
+        error = RolloutError(found, session_id=entry.session_id)
+        if found.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or is_retryable(error):
+            return error
+        return None
 
     async def _reinvoke(
         self, entry: JournalEntry, item: EvalInput, remaining: float

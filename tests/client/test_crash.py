@@ -266,7 +266,9 @@ async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
     assert len(recorder.sessions) == 4
 
 
+@pytest.mark.parametrize("slots", [1, 2])
 async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue(
+    slots: int,
     make_client: ClientFactory,
     recorder: Recorder,
     agent_url: str,
@@ -276,7 +278,8 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
 ) -> None:
     # The killed run left q-lost in flight; its agent died and a successor wrote its
     # agent_lost envelope. One worker, held by the gated q-1: q-lost must run meanwhile,
-    # not after q-1, q-2 and q-3.
+    # not after q-1, q-2 and q-3; and with the one slot held too, its rerun is decided
+    # (a new session journaled) without waiting for a slot to read the envelope.
     sid = "f" * 48
     key = f"exp/q-lost/{sid}.json"
     lost = {"status_code": 503, "error_type": "agent_lost", "stop_reason": "lost: died"}
@@ -286,7 +289,7 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
     entry.update(s3_bucket=bucket, result_key=key, started_at=time.time())
     (tmp_path / "results.jsonl.journal").write_text(json.dumps(entry) + "\n")
     out.write_text("")
-    client = make_client(max_concurrent_sessions=2)
+    client = make_client(max_concurrent_sessions=slots)
     options = EvalOptions(
         data=tmp_path / "in.jsonl",
         out=out,
@@ -305,7 +308,17 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(engine.run, fresh, list(journal.in_flight.values()), items)
-                await recorder.wait_for(lambda: {"q-1", "q-lost"} <= _inputs_seen(recorder))
+                await recorder.wait_for(lambda: "q-1" in _inputs_seen(recorder))
+                if slots == 1:
+                    journal_file = tmp_path / "results.jsonl.journal"
+                    for _ in range(1000):  # bounded: the new session's line appears
+                        if journal_file.read_text().count('"q-lost", "session_id"') > 1:
+                            break
+                        await anyio.sleep(0.01)
+                    else:
+                        pytest.fail("the lost rollout's rerun waited for a slot")
+                else:
+                    await recorder.wait_for(lambda: "q-lost" in _inputs_seen(recorder))
                 recorder.open_gate()
     finally:
         journal.close()
