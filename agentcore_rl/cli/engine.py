@@ -42,6 +42,7 @@ from agentcore_rl.errors import (
     StorageError,
     TraceLostError,
 )
+from agentcore_rl.ratelimit import Priority
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
@@ -423,7 +424,7 @@ class EvalEngine:
         sessions of this input already lost (a resumed run's)."""
         others = 0
         while True:
-            attempted = await self._attempt(item)
+            attempted = await self._attempt(item, retry=losses + others > 0)
             if attempted is None:
                 return
             record, future = attempted
@@ -447,12 +448,15 @@ class EvalEngine:
             )
             self.summary.retried += 1
 
-    async def _attempt(self, item: EvalInput) -> tuple[dict[str, Any], RolloutFuture | None] | None:
+    async def _attempt(
+        self, item: EvalInput, *, retry: bool = False
+    ) -> tuple[dict[str, Any], RolloutFuture | None] | None:
         """One session for ``item``: its outcome record and future (the future is ``None``
-        when nothing started; the whole is ``None`` when cancelled)."""
+        when nothing started; the whole is ``None`` when cancelled). A ``retry`` takes
+        its token ahead of first invocations (``Priority.RETRY``)."""
         t0 = time.monotonic()
         try:
-            _, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
+            body, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception as exc:  # a bad payload: nothing starts
             elapsed = time.monotonic() - t0
             return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
@@ -463,10 +467,10 @@ class EvalEngine:
             item.input_id, session_id, config.s3_bucket, config.key_for(session_id), time.time()
         )
         self.journal.record_started(entry)
+        priority = Priority.RETRY if retry else Priority.INVOKE
         try:
-            future = await self.client.invoke(
-                item.payload, input_id=item.input_id, session_id=session_id
-            )
+            async with self.client._slot(priority=priority) as slot:
+                future = await self.client._launch(slot, body, config, session_id=session_id)
         except asyncio.CancelledError:
             self.journal.record_abandoned(item.input_id)  # the client stops the session
             raise

@@ -702,14 +702,16 @@ class AsyncRolloutClient:
         service.start_soon(self._groups.run, name="group members")
 
     @contextlib.asynccontextmanager
-    async def _slot(self, *, token: bool = True) -> AsyncIterator[Slot]:
-        """Hold a concurrency slot (and, if ``token``, an invocation token) for the block.
+    async def _slot(
+        self, *, token: bool = True, priority: int = Priority.INVOKE
+    ) -> AsyncIterator[Slot]:
+        """Hold a concurrency slot (and, if ``token``, a token at ``priority``) for the block.
 
         A rollout handed to the follower (``_launch``, or ``slot.handed_over``) keeps the
         slot until its outcome; otherwise leaving the block gives it back.
         """
         await self._ensure_open()
-        await self._admission.acquire(token=token)
+        await self._admission.acquire(token=token, priority=priority)
         slot = Slot()
         try:
             yield slot
@@ -772,7 +774,7 @@ class AsyncRolloutClient:
                 logger.warning("invocation failed, trying a new session: %s", exc)
                 attempt += 1
                 self._counters.rollout_retries += 1
-                await self.rate_limiter.acquire(Priority.INVOKE)
+                await self.rate_limiter.acquire(Priority.RETRY)
 
     def _may_retry(self, exc: BaseException, attempt: int, losses: int = 0) -> bool:
         """Whether a rollout that ended with ``exc`` after ``attempt`` sessions, ``losses``
@@ -872,7 +874,7 @@ class AsyncRolloutClient:
         try:
             with self._admission.sending() as task:
                 try:
-                    await self.rate_limiter.acquire(Priority.INVOKE)
+                    await self.rate_limiter.acquire(Priority.RETRY)
                     await self._watcher.wait_reachable(fut.s3_bucket)
                     if fut.done():
                         return
