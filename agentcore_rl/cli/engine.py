@@ -2,8 +2,8 @@
 
 ``concurrency`` workers take inputs from a queue, journal each rollout's session id and
 result key, invoke it through the client with that session id, await its outcome and
-write exactly one results line for it. Beside them, rollouts an earlier run left in
-flight are resumed by session id and result key (see docs/cli.md).
+write exactly one results line for it. Rollouts an earlier run left in flight come
+first in the queue and are resumed by session id and result key (see docs/cli.md).
 
 Example::
 
@@ -155,10 +155,10 @@ class Progress:
 
 
 class EvalEngine:
-    """The worker pool: ``concurrency`` workers take inputs from a queue; meanwhile the
-    results of rollouts an earlier run left in flight are collected (and the ones that
-    were stopped are queued to run again). Every outcome goes to the journal, the summary
-    and the progress bar.
+    """The worker pool: ``concurrency`` workers take work from a queue: first the rollouts
+    an earlier run left in flight (their results collected; the ones that were stopped or
+    lost run again at once), then the inputs. Every outcome goes to the journal, the
+    summary and the progress bar.
 
     Example::
 
@@ -181,7 +181,11 @@ class EvalEngine:
         self.journal = journal
         self.summary = summary
         self.bar = bar
-        self.queue: asyncio.Queue[EvalInput | None] = asyncio.Queue()
+        # Work for the workers: rollouts an earlier run left in flight (first), inputs,
+        # and one None per worker to end it.
+        self.queue: asyncio.Queue[tuple[JournalEntry, EvalInput] | EvalInput | None] = (
+            asyncio.Queue()
+        )
 
     def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
         self.journal.record_outcome(record)
@@ -243,24 +247,17 @@ class EvalEngine:
 
             await engine.run(fresh, in_flight, {item.input_id: item for item in inputs})
         """
+        # The earlier run's rollouts first: queued behind the fresh inputs, one found lost
+        # would wait for every slot those take (the chaos run's detection tail).
+        for entry in in_flight:
+            self.queue.put_nowait((entry, by_id[entry.input_id]))
         for item in fresh:
             self.queue.put_nowait(item)
+        for _ in range(self.options.concurrency):
+            self.queue.put_nowait(None)
         async with _task_group() as workers:
             for n in range(self.options.concurrency):
                 workers.start_soon(self._worker, name=f"eval worker {n}")
-            if in_flight:
-                await self._resume_all(in_flight, by_id)
-            for _ in range(self.options.concurrency):
-                self.queue.put_nowait(None)
-
-    async def _resume_all(
-        self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]
-    ) -> None:
-        async with _task_group() as resumes:
-            for entry in entries:
-                resumes.start_soon(
-                    self._resume_one, entry, by_id[entry.input_id], name=f"resume {entry.input_id}"
-                )
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled as started but never saw end.
@@ -414,7 +411,10 @@ class EvalEngine:
             item = await self.queue.get()
             if item is None:
                 return
-            await self._run_one(item)
+            if isinstance(item, tuple):
+                await self._resume_one(*item)
+            else:
+                await self._run_one(item)
 
     async def _run_one(self, item: EvalInput, *, losses: int = 0) -> None:
         """Run one input; a retryable failure runs again under a new journaled session:

@@ -277,9 +277,8 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
     tmp_path: Path,
 ) -> None:
     # The killed run left q-lost in flight; its agent died and a successor wrote its
-    # agent_lost envelope. One worker, held by the gated q-1: q-lost must run meanwhile,
-    # not after q-1, q-2 and q-3; and with the one slot held too, its rerun is decided
-    # (a new session journaled) without waiting for a slot to read the envelope.
+    # agent_lost envelope. With one worker it runs again before the queued inputs (the
+    # gated q-1, q-2, q-3), at once, and counts its loss.
     sid = "f" * 48
     key = f"exp/q-lost/{sid}.json"
     lost = {"status_code": 503, "error_type": "agent_lost", "stop_reason": "lost: died"}
@@ -326,6 +325,8 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
     assert sorted(lines) == ["q-1", "q-2", "q-3", "q-lost"]
     assert {line["outcome"] for line in lines.values()} == {"done"}
     assert lines["q-lost"]["losses"] == 1
+    # The earlier run's rollouts go first: the one worker took q-lost before q-1.
+    assert recorder.rollout_blocks[0]["input_id"] == "q-lost"
 
 
 def _inputs_seen(recorder: Recorder) -> set[str]:
