@@ -226,7 +226,13 @@ class RunLedger:
             exc,
         )
         self.enabled = False
-        fd, self._fd = self._fd, None
+        fd, path = self._fd, self._path
+        self._fd = self._path = None
+        # Deleted before its lock goes: a successor must never take a live process's
+        # ledger for a dead one's and report running rollouts lost.
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)

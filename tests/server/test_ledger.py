@@ -124,3 +124,15 @@ def test_the_ledger_can_be_switched_off(tmp_path: Path) -> None:
     app.ledger.open()
     assert app.ledger.path is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failing_ledger_turns_off_and_leaves_nothing_to_take_over(tmp_path: Path) -> None:
+    ledger = RunLedger(tmp_path)
+    ledger.open()
+    assert ledger._fd is not None
+    os.close(ledger._fd)  # the disk write fails from now on
+    ledger.begin("b", "k", session_id="s", exp_id="e", input_id="i", started_at=1.0)
+    assert not ledger.enabled
+    # Not left behind unlocked: a successor would report this live process's rollouts.
+    assert list(tmp_path.iterdir()) == []
+    assert RunLedger(tmp_path).claim_orphans() == []
