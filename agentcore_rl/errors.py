@@ -216,9 +216,11 @@ class ClientClosedError(AgentCoreRLError):
 
 
 class AgentLostError(InvocationError):
-    """A pending rollout's agent answered that it does not know the session: the process
-    (or microVM) that ran it crashed or restarted, so no result will come. Retryable: the
-    client runs it again with a new session (``retry_rollouts``) before reporting this.
+    """The process (or microVM) running a pending rollout crashed or restarted, so no
+    result will come: its agent answered a probe that it does not know the session, or
+    its restarted successor wrote an ``agent_lost`` envelope (kept in ``envelope``).
+    Retryable: the client runs it again with a new session (``retry_lost``) before
+    reporting this.
 
     Example::
 
@@ -226,9 +228,17 @@ class AgentLostError(InvocationError):
             print(exc.session_id, "was lost after", exc.attempts, "attempt(s)")
     """
 
-    def __init__(self, message: str, *, session_id: str | None = None, attempts: int = 1):
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str | None = None,
+        attempts: int = 1,
+        envelope: Mapping[str, Any] | None = None,
+    ):
         super().__init__(message, session_id=session_id)
         self.attempts = attempts
+        self.envelope = None if envelope is None else dict(envelope)
 
 
 class GroupDroppedError(AgentCoreRLError):

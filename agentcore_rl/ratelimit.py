@@ -73,6 +73,9 @@ class Priority(IntEnum):
         await bucket.acquire(priority=Priority.STOP)
     """
 
+    #: A rollout run again after a retryable outcome (a crashed agent): ahead of new
+    #: invocations, since it waited its turn once and its loss is why it waits again.
+    RETRY = -5
     INVOKE = 0
     #: Liveness probes of long-pending sessions: behind invocations, before stops.
     PROBE = 5

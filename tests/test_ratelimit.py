@@ -85,6 +85,27 @@ async def test_stop_calls_queue_behind_invocations() -> None:
     assert order == ["invoke1", "invoke2", "stop"]
 
 
+async def test_a_retry_goes_before_first_invocations_queued_earlier() -> None:
+    clock = FakeClock()
+    bucket = make(1, 1, clock)
+    assert bucket.try_acquire()
+    order: list[str] = []
+
+    async def take(name: str, priority: Priority) -> None:
+        await bucket.acquire(priority=priority)
+        order.append(name)
+
+    invoke = asyncio.create_task(take("invoke", Priority.INVOKE))
+    await settle()
+    retry = asyncio.create_task(take("retry", Priority.RETRY))
+    await settle()
+    for _ in range(2):
+        clock.advance(1)
+        await settle()
+    await asyncio.wait_for(asyncio.gather(invoke, retry), 5)
+    assert order == ["retry", "invoke"]
+
+
 async def test_cancelled_waiter_leaves_the_queue() -> None:
     clock = FakeClock()
     bucket = make(1, 1, clock)

@@ -2,8 +2,8 @@
 
 ``concurrency`` workers take inputs from a queue, journal each rollout's session id and
 result key, invoke it through the client with that session id, await its outcome and
-write exactly one results line for it. Beside them, rollouts an earlier run left in
-flight are resumed by session id and result key (see docs/cli.md).
+write exactly one results line for it. Rollouts an earlier run left in flight come
+first in the queue and are resumed by session id and result key (see docs/cli.md).
 
 Example::
 
@@ -32,15 +32,17 @@ from agentcore_rl.cli.summary import RunSummary, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.invocation import as_repeat
-from agentcore_rl.client.outcomes import is_retryable
+from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
+    AgentLostError,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
     StorageError,
     TraceLostError,
 )
+from agentcore_rl.ratelimit import Priority
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
@@ -64,7 +66,9 @@ def outcome_record(
     """One results-file line. ``where`` is the started rollout (``None`` when the agent
     never accepted it); the reward is read from a successful result only. ``retryable``
     marks a failure worth running again (:func:`~agentcore_rl.client.outcomes.is_retryable`;
-    ``--resume`` does), ``attempts`` the sessions this run tried.
+    ``--resume`` does), ``agent_lost`` one whose agent process went away under it (on the
+    client's ``retry_lost`` budget), ``attempts`` the sessions this run tried and
+    ``losses`` how many of them were lost with their agent.
 
     Example::
 
@@ -83,7 +87,9 @@ def outcome_record(
         "error": None if error is None else str(error),
         "error_type": None if error is None else type(error).__name__,
         "retryable": error is not None and is_retryable(error),
+        "agent_lost": error is not None and is_agent_loss(error),
         "attempts": attempts,
+        "losses": 0,
         "result": result,
     }
 
@@ -149,10 +155,10 @@ class Progress:
 
 
 class EvalEngine:
-    """The worker pool: ``concurrency`` workers take inputs from a queue; meanwhile the
-    results of rollouts an earlier run left in flight are collected (and the ones that
-    were stopped are queued to run again). Every outcome goes to the journal, the summary
-    and the progress bar.
+    """The worker pool: ``concurrency`` workers take work from a queue: first the rollouts
+    an earlier run left in flight (their results collected; the ones that were stopped or
+    lost run again at once), then the inputs. Every outcome goes to the journal, the
+    summary and the progress bar.
 
     Example::
 
@@ -175,7 +181,11 @@ class EvalEngine:
         self.journal = journal
         self.summary = summary
         self.bar = bar
-        self.queue: asyncio.Queue[EvalInput | None] = asyncio.Queue()
+        # Work for the workers: rollouts an earlier run left in flight (first), inputs,
+        # and one None per worker to end it.
+        self.queue: asyncio.Queue[tuple[JournalEntry, EvalInput] | EvalInput | None] = (
+            asyncio.Queue()
+        )
 
     def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
         self.journal.record_outcome(record)
@@ -237,24 +247,17 @@ class EvalEngine:
 
             await engine.run(fresh, in_flight, {item.input_id: item for item in inputs})
         """
+        # The earlier run's rollouts first: queued behind the fresh inputs, one found lost
+        # would wait for every slot those take (the chaos run's detection tail).
+        for entry in in_flight:
+            self.queue.put_nowait((entry, by_id[entry.input_id]))
         for item in fresh:
             self.queue.put_nowait(item)
+        for _ in range(self.options.concurrency):
+            self.queue.put_nowait(None)
         async with _task_group() as workers:
             for n in range(self.options.concurrency):
                 workers.start_soon(self._worker, name=f"eval worker {n}")
-            if in_flight:
-                await self._resume_all(in_flight, by_id)
-            for _ in range(self.options.concurrency):
-                self.queue.put_nowait(None)
-
-    async def _resume_all(
-        self, entries: Sequence[JournalEntry], by_id: dict[str, EvalInput]
-    ) -> None:
-        async with _task_group() as resumes:
-            for entry in entries:
-                resumes.start_soon(
-                    self._resume_one, entry, by_id[entry.input_id], name=f"resume {entry.input_id}"
-                )
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled as started but never saw end.
@@ -266,6 +269,14 @@ class EvalEngine:
         deadline, and stops the session if it passes.
         """
         remaining = entry.started_at + self.options.timeout - time.time()
+        # Read first, without a slot: a successor's agent_lost envelope (or a shutdown's
+        # cancelled one) means run it again now; waiting for a slot to read it would add
+        # a whole rollout's wait to its detection.
+        rerun = await self._rerun_cause(entry)
+        if rerun is not None:
+            self.journal.record_abandoned(entry.input_id)
+            await self._run_one(item, losses=int(is_agent_loss(rerun)))
+            return
         try:
             future = await self._reinvoke(entry, item, remaining) if remaining > 0 else None
             if future is None:
@@ -289,18 +300,14 @@ class EvalEngine:
             if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or (
                 is_retryable(exc)
             ):
-                # The previous run stopped it on its way out, or a server shutdown did:
-                # run it again.
-                self.journal.record_abandoned(entry.input_id)
-                self.queue.put_nowait(item)
-                return
-            self._record_resumed(entry, "failed", error=exc)
-        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
-            if not is_retryable(exc):
+                rerun = exc  # the previous run stopped it on its way out, or a shutdown did
+            else:
                 self._record_resumed(entry, "failed", error=exc)
-                return
-            self.journal.record_abandoned(entry.input_id)
-            self.queue.put_nowait(item)  # a fresh run, with its own attempts
+        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
+            if is_retryable(exc):
+                rerun = exc
+            else:
+                self._record_resumed(entry, "failed", error=exc)
         except RolloutTimeoutError as exc:
             error = RolloutTimeoutError(
                 f"{exc} (re-attached after a restart)",
@@ -312,6 +319,31 @@ class EvalEngine:
             self._record_resumed(entry, "failed", error=exc)
         else:
             self._record_resumed(entry, "done", result=result, future=future)
+        if rerun is not None:
+            self.journal.record_abandoned(entry.input_id)
+            # Now, as a worker retries: behind every input still queued, a lost rollout
+            # would wait for the whole queue.
+            await self._run_one(item, losses=int(is_agent_loss(rerun)))
+
+    async def _rerun_cause(self, entry: JournalEntry) -> BaseException | None:
+        """The retryable outcome already at a journaled rollout's key (an ``agent_lost``
+        envelope, or a ``cancelled`` one), else ``None``."""
+        try:
+            found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
+        except StorageError:
+            return None
+        if found is None or not protocol.is_error_envelope(found):
+            return None
+        if found.get(protocol.ERROR_TYPE) == protocol.ERROR_AGENT_LOST:
+            return AgentLostError(
+                f"the agent process running session {entry.session_id} died",
+                session_id=entry.session_id,
+                envelope=found,
+            )
+        error = RolloutError(found, session_id=entry.session_id)
+        if found.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or is_retryable(error):
+            return error
+        return None
 
     async def _reinvoke(
         self, entry: JournalEntry, item: EvalInput, remaining: float
@@ -379,20 +411,34 @@ class EvalEngine:
             item = await self.queue.get()
             if item is None:
                 return
-            await self._run_one(item)
+            if isinstance(item, tuple):
+                await self._resume_one(*item)
+            else:
+                await self._run_one(item)
 
-    async def _run_one(self, item: EvalInput) -> None:
-        """Run one input; a retryable failure (a crashed or unreachable agent, a server
-        shutdown) runs again under a new journaled session, up to the client's
-        ``retry_rollouts`` times. Only the last attempt's outcome is recorded."""
-        attempts = 1 + self.client.retry_rollouts
-        for attempt in range(1, attempts + 1):
-            attempted = await self._attempt(item)
+    async def _run_one(self, item: EvalInput, *, losses: int = 0) -> None:
+        """Run one input; a retryable failure runs again under a new journaled session:
+        an agent loss (a crash, a restart, a server shutdown) up to the client's
+        ``retry_lost`` times, any other (an unreachable or failing agent) up to its
+        ``retry_rollouts`` times. Only the last attempt's outcome is recorded. ``losses``:
+        sessions of this input already lost (a resumed run's)."""
+        others = 0
+        while True:
+            attempted = await self._attempt(item, retry=losses + others > 0)
             if attempted is None:
                 return
             record, future = attempted
-            record["attempts"] = attempt
-            if not record["retryable"] or attempt == attempts:
+            record["attempts"] = 1 + losses + others
+            record["losses"] = losses
+            if record["agent_lost"] and losses < self.client.retry_lost:
+                losses += 1
+            elif (
+                record["retryable"]
+                and not record["agent_lost"]
+                and others < self.client.retry_rollouts
+            ):
+                others += 1
+            else:
                 self._record(record, future)
                 return
             logger.warning(
@@ -402,12 +448,15 @@ class EvalEngine:
             )
             self.summary.retried += 1
 
-    async def _attempt(self, item: EvalInput) -> tuple[dict[str, Any], RolloutFuture | None] | None:
+    async def _attempt(
+        self, item: EvalInput, *, retry: bool = False
+    ) -> tuple[dict[str, Any], RolloutFuture | None] | None:
         """One session for ``item``: its outcome record and future (the future is ``None``
-        when nothing started; the whole is ``None`` when cancelled)."""
+        when nothing started; the whole is ``None`` when cancelled). A ``retry`` takes
+        its token ahead of first invocations (``Priority.RETRY``)."""
         t0 = time.monotonic()
         try:
-            _, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
+            body, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
         except Exception as exc:  # a bad payload: nothing starts
             elapsed = time.monotonic() - t0
             return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
@@ -418,10 +467,10 @@ class EvalEngine:
             item.input_id, session_id, config.s3_bucket, config.key_for(session_id), time.time()
         )
         self.journal.record_started(entry)
+        priority = Priority.RETRY if retry else Priority.INVOKE
         try:
-            future = await self.client.invoke(
-                item.payload, input_id=item.input_id, session_id=session_id
-            )
+            async with self.client._slot(priority=priority) as slot:
+                future = await self.client._launch(slot, body, config, session_id=session_id)
         except asyncio.CancelledError:
             self.journal.record_abandoned(item.input_id)  # the client stops the session
             raise

@@ -55,8 +55,9 @@ class Admission:
     def __repr__(self) -> str:
         return f"Admission(closed={self.closed}, busy={len(self._busy_tasks)})"
 
-    async def acquire(self, *, token: bool) -> None:
-        """Wait for a slot, then (if ``token``) an invocation token; the caller owns the slot."""
+    async def acquire(self, *, token: bool, priority: int = Priority.INVOKE) -> None:
+        """Wait for a slot, then (if ``token``) a token at ``priority``; the caller owns
+        the slot."""
         self._check_open()
         task = asyncio.current_task()
         assert task is not None
@@ -66,7 +67,7 @@ class Admission:
             await self.sessions.acquire()
             has_slot = True
             if token:
-                await self.rate.acquire(Priority.INVOKE)
+                await self.rate.acquire(priority)
         except asyncio.CancelledError:
             if has_slot:
                 self.sessions.release()

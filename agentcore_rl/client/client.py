@@ -48,7 +48,12 @@ from agentcore_rl.client.groups import (
 )
 from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
-from agentcore_rl.client.outcomes import DEFAULT_RETRY_ROLLOUTS, is_retryable
+from agentcore_rl.client.outcomes import (
+    DEFAULT_RETRY_LOST,
+    DEFAULT_RETRY_ROLLOUTS,
+    is_agent_loss,
+    is_retryable,
+)
 from agentcore_rl.client.payload import build_invocation
 from agentcore_rl.client.service import Service
 from agentcore_rl.client.sessions import PendingSessions
@@ -111,9 +116,11 @@ class AsyncRolloutClient:
     call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
     reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
     ``retry_rollouts``: extra attempts, each in a new session, for a rollout whose outcome
-    is retryable (a crashed agent, an agent unreachable or restarting, a server shutdown;
-    :mod:`agentcore_rl.client.outcomes`); ``liveness`` paces the probes that find crashed
-    agents (:class:`~agentcore_rl.client.liveness.LivenessConfig`).
+    is retryable (an agent unreachable, restarting or throttling past the retries;
+    :mod:`agentcore_rl.client.outcomes`), and ``retry_lost`` more for one whose agent
+    process went away under it (a crash, a restart, a server shutdown), counted apart;
+    ``liveness`` paces the probes that find crashed agents
+    (:class:`~agentcore_rl.client.liveness.LivenessConfig`).
     ``lean`` (default) sends the hot AWS calls (invoke, stop, S3 reads) through
     :mod:`agentcore_rl.aws`, a fraction of botocore's CPU per request with the same
     settings and errors; ``lean=False`` sends every call through aiobotocore.
@@ -168,6 +175,7 @@ class AsyncRolloutClient:
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         stop_workers: int = DEFAULT_STOP_WORKERS,
         retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
+        retry_lost: int = DEFAULT_RETRY_LOST,
         liveness: LivenessConfig = DEFAULT_LIVENESS,
         lean: bool = True,
         gateway_url: str | None = None,
@@ -188,6 +196,8 @@ class AsyncRolloutClient:
             raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout!r}")
         if not isinstance(retry_rollouts, int) or retry_rollouts < 0:
             raise ConfigurationError(f"retry_rollouts must be an int >= 0, got {retry_rollouts!r}")
+        if not isinstance(retry_lost, int) or retry_lost < 0:
+            raise ConfigurationError(f"retry_lost must be an int >= 0, got {retry_lost!r}")
         if rate_limiter is not None and token_bucket is not None:
             raise ConfigurationError("give rate_limiter or token_bucket (its older name), not both")
         link = gateway_link(
@@ -215,6 +225,7 @@ class AsyncRolloutClient:
         self.timeout = timeout
         self.retry = retry
         self.retry_rollouts = retry_rollouts
+        self.retry_lost = retry_lost
         self.close_timeout = close_timeout
         connections = min(max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
         self.transport: Transport
@@ -691,14 +702,16 @@ class AsyncRolloutClient:
         service.start_soon(self._groups.run, name="group members")
 
     @contextlib.asynccontextmanager
-    async def _slot(self, *, token: bool = True) -> AsyncIterator[Slot]:
-        """Hold a concurrency slot (and, if ``token``, an invocation token) for the block.
+    async def _slot(
+        self, *, token: bool = True, priority: int = Priority.INVOKE
+    ) -> AsyncIterator[Slot]:
+        """Hold a concurrency slot (and, if ``token``, a token at ``priority``) for the block.
 
         A rollout handed to the follower (``_launch``, or ``slot.handed_over``) keeps the
         slot until its outcome; otherwise leaving the block gives it back.
         """
         await self._ensure_open()
-        await self._admission.acquire(token=token)
+        await self._admission.acquire(token=token, priority=priority)
         slot = Slot()
         try:
             yield slot
@@ -739,8 +752,9 @@ class AsyncRolloutClient:
         A session id chosen here (``session_id`` None) may be replaced: a retryable
         failure (the agent unreachable, restarting or throttling past the retries) is
         tried again in a new session, up to ``retry_rollouts`` times, and so is a retryable
-        outcome after acceptance (see :mod:`agentcore_rl.client.outcomes`). A caller's
-        session id is never replaced (the caller may have journaled it)."""
+        outcome after acceptance (an agent loss up to ``retry_lost`` times; see
+        :mod:`agentcore_rl.client.outcomes`). A caller's session id is never replaced
+        (the caller may have journaled it)."""
         attempt = 1
         while True:
             try:
@@ -760,10 +774,16 @@ class AsyncRolloutClient:
                 logger.warning("invocation failed, trying a new session: %s", exc)
                 attempt += 1
                 self._counters.rollout_retries += 1
-                await self.rate_limiter.acquire(Priority.INVOKE)
+                await self.rate_limiter.acquire(Priority.RETRY)
 
-    def _may_retry(self, exc: BaseException, attempt: int) -> bool:
-        return attempt <= self.retry_rollouts and not self._admission.closed and is_retryable(exc)
+    def _may_retry(self, exc: BaseException, attempt: int, losses: int = 0) -> bool:
+        """Whether a rollout that ended with ``exc`` after ``attempt`` sessions, ``losses``
+        of them lost with their agent, runs again: each kind has its own budget."""
+        if self._admission.closed or not is_retryable(exc):
+            return False
+        if is_agent_loss(exc):
+            return losses < self.retry_lost
+        return attempt - losses <= self.retry_rollouts
 
     async def _launch_once(
         self,
@@ -822,7 +842,7 @@ class AsyncRolloutClient:
     def _retry_rollout(self, fut: RolloutFuture, error: BaseException) -> bool:
         """The follower's retry policy: run ``fut`` again in a new session when ``error``
         is retryable, the client chose its session id and attempts remain."""
-        if fut._resend is None or not self._may_retry(error, fut.attempts):
+        if fut._resend is None or not self._may_retry(error, fut.attempts, fut.losses):
             return False
         if not self._service.running:
             return False
@@ -841,6 +861,9 @@ class AsyncRolloutClient:
         fut.session_id = protocol.new_session_id()
         fut.s3_bucket, fut.result_key = config.s3_bucket, config.key_for(fut.session_id)
         fut.attempts += 1
+        if is_agent_loss(error):
+            fut.losses += 1
+            self._counters.lost_retries += 1
         self._counters.rollout_retries += 1
         self._sessions.live[fut.session_id] = fut  # settled by a close meanwhile
         self._service.start_soon(self._resend, fut, body, limit, name="rollout retry")
@@ -851,7 +874,7 @@ class AsyncRolloutClient:
         try:
             with self._admission.sending() as task:
                 try:
-                    await self.rate_limiter.acquire(Priority.INVOKE)
+                    await self.rate_limiter.acquire(Priority.RETRY)
                     await self._watcher.wait_reachable(fut.s3_bucket)
                     if fut.done():
                         return

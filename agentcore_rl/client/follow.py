@@ -185,6 +185,21 @@ class OutcomeFollower:
         if error is not None:
             fut._settle(None, error)
         elif envelope is not None and protocol.is_error_envelope(envelope):
+            if envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_AGENT_LOST:
+                # Its agent process died; a successor on the same disk said so.
+                if not fut.done():
+                    self.counters.agents_lost += 1
+                self.fail(
+                    fut,
+                    AgentLostError(
+                        f"the agent process running session {fut.session_id} (input "
+                        f"{fut.input_id}) died: {envelope.get(protocol.STOP_REASON)}",
+                        session_id=fut.session_id,
+                        attempts=fut.attempts,
+                        envelope=envelope,
+                    ),
+                )
+                return
             self.fail(fut, RolloutError(envelope, session_id=fut.session_id))
         else:
             fut._settle(envelope, None)

@@ -66,6 +66,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         #: Sessions this rollout ran in (1 + retries with a new session after a
         #: retryable outcome); ``previous_sessions`` are the ones given up.
         self.attempts = 1
+        #: How many of those sessions its agent lost (crash, restart, shutdown).
+        self.losses = 0
         self.previous_sessions: list[str] = []
         # Set by the client when it may run the rollout again: (body, config, timeout).
         self._resend: tuple[Any, Any, float | None] | None = None

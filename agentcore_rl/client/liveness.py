@@ -8,11 +8,15 @@ answer ends the rollout at once (the ``on_lost`` callback), and the client retri
 a new session by policy (:mod:`agentcore_rl.client.outcomes`).
 
 It must stay cheap at 10,000 sessions in flight, so it probes only sessions pending longer
-than ``probe_after``, each at most every ``probe_interval``, the longest-unprobed first, at
-most ``max_rate`` probes per second, and each probe takes a :attr:`Priority.PROBE` token
-(behind every invocation, before stop calls). On HTTP one lost session makes every older
-session of the same server a suspect, probed next regardless of ``probe_after``: a server
-crash loses all of them. Probe failures (the server is down right now) decide nothing.
+than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first
+(since its last probe, or since it was first seen), at most ``max_rate`` probes per second,
+and each probe takes a :attr:`Priority.PROBE` token (behind every invocation, before stop
+calls). A probe still waiting for its token after ``escalate_after`` seconds takes one at
+invocation priority: a client whose invocations keep the TPS budget busy would otherwise
+never probe, and a lost session holds a concurrency slot those invocations wait for. On
+HTTP one lost session makes every older session of the same server a suspect, probed next
+regardless of ``probe_after``: a server crash loses all of them. Probe failures (the
+server is down right now) decide nothing.
 
 Example::
 
@@ -48,6 +52,8 @@ DEFAULT_PROBE_AFTER: Final = 10.0
 DEFAULT_PROBE_INTERVAL: Final = 5.0
 #: Probes per second at most, whatever the number of sessions in flight.
 DEFAULT_PROBE_RATE: Final = 2.0
+#: Seconds a probe waits behind invocations before it queues among them.
+DEFAULT_ESCALATE_AFTER: Final = 3.0
 
 
 @runtime_checkable
@@ -63,7 +69,9 @@ class LivenessConfig:
 
     ``probe_after``: seconds pending before a session's first probe; ``probe_interval``:
     seconds between its probes; ``max_rate``: probes per second at most (the share of the
-    TPS budget crash detection may take); ``tick``: seconds between rounds. ``enabled``
+    TPS budget crash detection may take); ``escalate_after``: seconds a probe waits behind
+    invocations before it queues among them (``None``: it always waits behind them);
+    ``tick``: seconds between rounds. ``enabled``
     False turns probing off. With the defaults a crash is seen within about
     ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
     sessions are pending; beyond that, detection slows rather than the probes growing.
@@ -77,6 +85,7 @@ class LivenessConfig:
     probe_after: float = DEFAULT_PROBE_AFTER
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     max_rate: float = DEFAULT_PROBE_RATE
+    escalate_after: float | None = DEFAULT_ESCALATE_AFTER
     tick: float = 1.0
     enabled: bool = True
     clock: Callable[[], float] = time.monotonic
@@ -89,6 +98,10 @@ class LivenessConfig:
             )
         if not self.max_rate > 0:
             raise ConfigurationError(f"max_rate must be > 0, got {self.max_rate!r}")
+        if self.escalate_after is not None and not self.escalate_after >= 0:
+            raise ConfigurationError(
+                f"escalate_after must be >= 0 or None, got {self.escalate_after!r}"
+            )
 
     def __repr__(self) -> str:
         return (
@@ -109,7 +122,7 @@ class _Seen:
 class LivenessProber:
     """Probes the long-pending sessions of ``live`` and reports the lost ones.
 
-    ``counters`` gets ``probes``, ``probe_failures`` and ``agents_lost``.
+    ``counters`` gets ``probes``, ``probe_failures``, ``probes_escalated`` and ``agents_lost``.
 
     Example::
 
@@ -184,7 +197,8 @@ class LivenessProber:
                 continue
             if seen.probed is not None and now - seen.probed < cfg.probe_interval:
                 continue
-            candidates.append((1, seen.probed if seen.probed is not None else -1.0, sid))
+            # Oldest unconfirmed first: last answered probe, else first sight.
+            candidates.append((1, seen.probed if seen.probed is not None else seen.first, sid))
         budget = int(self._credit)
         chosen = [sid for _, _, sid in heapq.nsmallest(budget, candidates)]
         self._credit -= len(chosen)
@@ -196,12 +210,24 @@ class LivenessProber:
             for sid in self.due():
                 probes.start_soon(self._probe, sid)
 
+    async def _token(self) -> None:
+        """A PROBE token; after ``escalate_after`` seconds in line, an INVOKE one."""
+        wait = self.config.escalate_after
+        if wait is None:
+            await self.limiter.acquire(Priority.PROBE)
+            return
+        with anyio.move_on_after(wait):
+            await self.limiter.acquire(Priority.PROBE)
+            return
+        self.counters.probes_escalated += 1
+        await self.limiter.acquire(Priority.INVOKE)
+
     async def _probe(self, session_id: str) -> None:
         seen = self._seen.get(session_id)
         if seen is None:
             return
         seen.probed = self.config.clock()
-        await self.limiter.acquire(Priority.PROBE)
+        await self._token()
         fut = self.live.get(session_id)
         if fut is None or fut.done():
             return

@@ -6,6 +6,12 @@ not be reached or kept failing before it accepted the rollout (connection errors
 ``RuntimeClientError``, throttling that outlived the retries), or the agent server cancelled
 the rollout because it was shutting down. Running it again with a new session may succeed.
 
+Among them, *agent losses* (:func:`is_agent_loss`: the agent lost the session, or its
+server shut down under it) say nothing about the input nor about the agent's code: the
+process went away. They have a budget of their own (``retry_lost``, larger than
+``retry_rollouts``), so a rollout unlucky enough to meet three crashes still ends in a
+result, while an agent that keeps failing invocations is given up on sooner.
+
 Everything else is *final*: a result, the handler's own error envelope, a payload the
 agent refused (4xx), the user's cancel, the client's close, a timeout (the rollout already
 spent its time budget; ``eval --resume`` re-attaches instead), and a result that is not
@@ -15,6 +21,8 @@ Example::
 
     if is_retryable(exc) and attempts < 1 + retry_rollouts:
         ...  # run it again with a new session
+    if is_agent_loss(exc) and losses < retry_lost:
+        ...  # the same, counted against the loss budget
 """
 
 from __future__ import annotations
@@ -24,10 +32,20 @@ from typing import Final
 from agentcore_rl import protocol
 from agentcore_rl.errors import AgentLostError, InvocationError, RolloutError
 
-__all__ = ["DEFAULT_RETRY_ROLLOUTS", "is_retryable", "is_shutdown_cancel"]
+__all__ = [
+    "DEFAULT_RETRY_LOST",
+    "DEFAULT_RETRY_ROLLOUTS",
+    "is_agent_loss",
+    "is_retryable",
+    "is_shutdown_cancel",
+]
 
-#: Extra attempts (each with a new session) for a rollout whose outcome is retryable.
+#: Extra attempts (each with a new session) for a rollout whose outcome is retryable and
+#: not an agent loss (the agent unreachable, failing or throttling past the retries).
 DEFAULT_RETRY_ROLLOUTS: Final = 2
+#: Extra attempts for a rollout whose agent process went away under it (crash, restart,
+#: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
+DEFAULT_RETRY_LOST: Final = 5
 
 #: The ``stop_reason`` words of an envelope written by a server cancelling on shutdown.
 _SHUTDOWN_WORDS: Final = "shutting down"
@@ -42,6 +60,13 @@ def is_shutdown_cancel(exc: BaseException) -> bool:
     return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _SHUTDOWN_WORDS in str(
         envelope.get(protocol.STOP_REASON, "")
     )
+
+
+def is_agent_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process running the rollout went away under it (a crash
+    or restart found by a probe or a successor's ``agent_lost`` envelope, or the server's
+    shutdown cancelling it): retryable, on the ``retry_lost`` budget."""
+    return isinstance(exc, AgentLostError) or is_shutdown_cancel(exc)
 
 
 def is_retryable(exc: BaseException) -> bool:

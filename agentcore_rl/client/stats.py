@@ -35,8 +35,10 @@ class ClientCounters:
     traces_lost: int = 0
     agents_lost: int = 0
     rollout_retries: int = 0
+    lost_retries: int = 0
     probes: int = 0
     probe_failures: int = 0
+    probes_escalated: int = 0
     unstopped: int = 0
 
 
@@ -56,9 +58,12 @@ class ClientStats:
     those an agent server without a stop route could not take. Outcomes: ``results``,
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
     ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
-    but its token trace could not be had), ``agents_lost`` (a probe found the session unknown to its
-    agent: crashed). ``rollout_retries``: rollouts run again in a new session after a
-    retryable outcome; ``probes`` / ``probe_failures``: liveness probes sent / unanswered;
+    but its token trace could not be had), ``agents_lost`` (a probe found the session unknown
+    to its agent, or its restarted agent wrote an ``agent_lost`` envelope: crashed).
+    ``rollout_retries``: rollouts run again in a new session after a retryable outcome,
+    ``lost_retries`` those of them after an agent loss (``retry_lost``); ``probes`` /
+    ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
+    waited ``escalate_after`` behind invocations and then queued among them;
     ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
     ``client.unstopped_sessions``). ``in_flight``: accepted rollouts without an outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
@@ -87,8 +92,10 @@ class ClientStats:
     traces_lost: int = 0
     agents_lost: int = 0
     rollout_retries: int = 0
+    lost_retries: int = 0
     probes: int = 0
     probe_failures: int = 0
+    probes_escalated: int = 0
     unstopped: int = 0
     in_flight: int = 0
     s3_requests: dict[str, int] = field(default_factory=dict)

@@ -53,6 +53,7 @@ from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
 from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.envelopes import lost_envelope_bytes
 from agentcore_rl.server.finished import (
     DEFAULT_FINISHED_MAX_ENTRIES,
     DEFAULT_FINISHED_TTL,
@@ -60,6 +61,7 @@ from agentcore_rl.server.finished import (
 )
 from agentcore_rl.server.health import HealthTracker, PingHandler
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.ledger import LedgerEntry, OrphanLedger, RunLedger, ledger_enabled_by_env
 from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.parsing import (
     DEFAULT_MAX_JSON_DEPTH,
@@ -83,8 +85,8 @@ from agentcore_rl.server.settings import (
     DEFAULT_SHUTDOWN_GRACE,
     DEFAULT_STOP_WAIT,
     SPOOL_DIR_ENV,
+    app_spool_dir,
     default_host,
-    default_spool_dir,
 )
 from agentcore_rl.server.spool import (
     DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
@@ -102,6 +104,8 @@ P = TypeVar("P", bound=PingHandler)
 A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 
 _STOP_REASON: Final = "cancelled: the session was stopped"
+# Lost envelopes a successor writes at once (each a HEAD, then a PUT).
+_LOST_WRITERS: Final = 16
 
 
 def _run_with(
@@ -132,7 +136,8 @@ class AgentCoreRLApp(Starlette):
     its SHA-256 and size instead of a copy of the payload. At shutdown running
     rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
     to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
-    directory across restarts, see :func:`default_spool_dir`; drained at startup) and
+    directory across restarts, see :func:`default_spool_dir`, in a subdirectory named
+    ``app_name`` or ``$AGENTCORE_RL_APP_NAME`` if given; drained at startup) and
     are retried every ``spool_retry_interval`` seconds, backing off. When the app owns
     the process (:meth:`run`, ``agentcore-rl serve``) the interpreter's GIL switch
     interval is lowered to ``gil_switch_interval`` (``None``: leave it) so ``/ping`` stays
@@ -145,6 +150,14 @@ class AgentCoreRLApp(Starlette):
     process, the rollout HEADs its key before the handler starts and an envelope already
     there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing_results``
     ``"repeats"``, the default), for all (``"always"``), or never (``"never"``).
+
+    ``run_ledger`` (default: on, unless ``$AGENTCORE_RL_RUN_LEDGER`` is ``0``) keeps this
+    process's running rollouts in a file in the spool directory, locked while it lives
+    (:mod:`agentcore_rl.server.ledger`). At startup a server takes over the ledgers of
+    dead processes on the same directory and writes an ``agent_lost`` envelope (which
+    clients retry in a new session) for each rollout they left unfinished, unless its key
+    holds an envelope already: a restarted agent with the same disk reports its
+    predecessor's crash within a second instead of waiting for the clients' probes.
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
@@ -176,6 +189,7 @@ class AgentCoreRLApp(Starlette):
         envelope_payload_max_bytes: int | None = None,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         spool_dir: Path | str | None = None,
+        app_name: str | None = None,
         spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
         spool_max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
         max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS,
@@ -185,6 +199,7 @@ class AgentCoreRLApp(Starlette):
         finished_ttl: float = DEFAULT_FINISHED_TTL,
         finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
         check_existing_results: str = "repeats",
+        run_ledger: bool | None = None,
         clock: Callable[[], float] = time.time,
         debug: bool = False,
         lifespan: Lifespan[Any] | None = None,
@@ -253,11 +268,20 @@ class AgentCoreRLApp(Starlette):
             spool_dir = os.environ[SPOOL_DIR_ENV]
         self.spool = Spool(
             self.store,
-            directory=Path(spool_dir) if spool_dir is not None else default_spool_dir(),
+            directory=Path(spool_dir) if spool_dir is not None else app_spool_dir(app_name),
             retry_interval=spool_retry_interval,
             max_retry_interval=spool_max_retry_interval,
             on_change=self._refresh_health,
         )
+        self.ledger = RunLedger(
+            self.spool.directory,
+            enabled=ledger_enabled_by_env() if run_ledger is None else run_ledger,
+        )
+        #: Set once the dead predecessors' ledgers found at startup are reported.
+        self.lost_reported = asyncio.Event()
+        # Cancelled at shutdown: the store closes, the ledgers not reported stay for later.
+        self._reporting: anyio.CancelScope | None = None
+        self._clock = clock
         self.health = HealthTracker(clock=clock)
         try:
             self.finished = FinishedRollouts(
@@ -271,6 +295,7 @@ class AgentCoreRLApp(Starlette):
             on_change=self._refresh_health,
             on_finished=self._remember_finished,
             exists=self.store.head if check_existing_results != "never" else None,
+            ledger=self.ledger,
         )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
@@ -496,6 +521,95 @@ class AgentCoreRLApp(Starlette):
             # A predecessor's spooled rollout is finished: a re-invoke must not rerun it.
             with contextlib.suppress(InvalidPayloadError):
                 self.finished.remember(bucket, key, session_id=protocol.parse_result_key(key)[2])
+        # After the spool: a rollout whose envelope waits there is finished, not lost.
+        self.ledger.open()
+        orphans = self.ledger.claim_orphans()
+        self._reporting = anyio.CancelScope()
+        if not orphans:
+            self.lost_reported.set()
+        elif self._tasks is not None:
+            self._tasks.start_soon(self._report_lost, orphans, name="agentcore-rl lost rollouts")
+        else:
+            await self._report_lost(orphans)
+
+    def _settled_here(self, bucket: str, key: str) -> bool:
+        """Whether this process runs, finished or spooled the rollout writing that key."""
+        return (
+            self.runner.find(bucket, key) is not None
+            or self.finished.contains(bucket, key)
+            or self.spool.holds(bucket, key)
+        )
+
+    async def _report_lost(self, orphans: list[OrphanLedger]) -> None:
+        """Write an ``agent_lost`` envelope for each rollout dead processes left running
+        (unless its key holds an envelope already), then delete their ledgers."""
+        limiter = anyio.CapacityLimiter(_LOST_WRITERS)
+        try:
+            assert self._reporting is not None
+            with self._reporting:
+                await self._report_orphans(orphans, limiter)
+        finally:
+            for orphan in orphans:
+                orphan.abandon()  # not reported (shut down first): a later server will
+            self.lost_reported.set()
+
+    async def _report_orphans(
+        self, orphans: list[OrphanLedger], limiter: anyio.CapacityLimiter
+    ) -> None:
+        for orphan in orphans:
+            reported: list[bool] = []
+            async with anyio.create_task_group() as writers:
+                for entry in orphan.entries:
+                    writers.start_soon(self._report_in, limiter, entry, orphan.pid, reported)
+            orphan.release()
+            if orphan.entries:
+                logger.warning(
+                    "agent process %s died with %d rollout(s) running; wrote %d 'agent "
+                    "lost' envelope(s) (the others had an envelope already)",
+                    orphan.pid,
+                    len(orphan.entries),
+                    sum(reported),
+                )
+
+    async def _report_in(
+        self,
+        limiter: anyio.CapacityLimiter,
+        entry: LedgerEntry,
+        pid: int | None,
+        reported: list[bool],
+    ) -> None:
+        async with limiter:
+            reported.append(await self._report_one_lost(entry, pid))
+
+    async def _report_one_lost(self, entry: LedgerEntry, pid: int | None) -> bool:
+        bucket, key = entry.bucket, entry.key
+        if self.allowed_buckets is not None and bucket not in self.allowed_buckets:
+            return False
+        if self._settled_here(bucket, key):
+            return False
+        try:
+            found = await self.store.head(bucket, key)
+        except Exception as exc:
+            # Unknown: write it (spooled if S3 is down). Its writer is dead, so the only
+            # envelope that could be there is one it sent just before dying.
+            logger.warning("could not check s3://%s/%s for an envelope: %s", bucket, key, exc)
+            found = False
+        # Checked again after the wait: a repeat invocation may have started it here.
+        if found or self._settled_here(bucket, key):
+            return False
+        body = lost_envelope_bytes(
+            bucket=bucket,
+            key=key,
+            session_id=entry.session_id,
+            exp_id=entry.exp_id,
+            input_id=entry.input_id,
+            started_at=entry.started_at,
+            finished_at=self._clock(),
+            pid=pid,
+        )
+        await self.spool.deliver(bucket, key, body)
+        self.finished.remember(bucket, key, session_id=entry.session_id)
+        return True
 
     def tune_process(self) -> None:
         """Process-wide settings for an app that owns its process: lower the GIL switch
@@ -560,6 +674,8 @@ class AgentCoreRLApp(Starlette):
                     self.shutdown_grace,
                     active,
                 )
+            if self._reporting is not None:
+                self._reporting.cancel()
             report = await self.runner.shutdown(
                 self.shutdown_grace, cancel_timeout=self.cancel_timeout
             )
@@ -571,6 +687,8 @@ class AgentCoreRLApp(Starlette):
                     self.shutdown_grace,
                 )
             await self.spool.aclose()
+            # Every rollout ended, or its envelope is spooled: nothing for a successor.
+            self.ledger.close()
             if self._owns_store:
                 await self.store.aclose()
             self.last_shutdown = report

@@ -18,7 +18,7 @@ from typing import Any
 
 from agentcore_rl import protocol
 
-__all__ = ["dumps_strict", "error_envelope_bytes", "outcome_envelope"]
+__all__ = ["dumps_strict", "error_envelope_bytes", "lost_envelope_bytes", "outcome_envelope"]
 
 
 def dumps_strict(obj: Any) -> bytes:
@@ -75,3 +75,40 @@ def outcome_envelope(metadata: Mapping[str, Any], result: object) -> tuple[bytes
             ),
             protocol.ERROR_NOT_JSON,
         )
+
+
+def lost_envelope_bytes(
+    *,
+    bucket: str,
+    key: str,
+    session_id: str,
+    exp_id: str,
+    input_id: str,
+    started_at: float,
+    finished_at: float,
+    pid: int | None,
+) -> bytes:
+    """The envelope a successor writes for a rollout whose process died (from its run
+    ledger): ``error_type`` ``agent_lost``, status 503; the payload is not known any more,
+    so it holds the ``_rollout`` block only."""
+    rollout = {protocol.EXP_ID: exp_id, protocol.INPUT_ID: input_id, protocol.S3_BUCKET: bucket}
+    metadata = {
+        protocol.EXP_ID: exp_id,
+        protocol.INPUT_ID: input_id,
+        protocol.S3_BUCKET: bucket,
+        protocol.RESULT_KEY: key,
+        protocol.SESSION_ID: session_id,
+        protocol.STARTED_AT: started_at,
+        protocol.FINISHED_AT: finished_at,
+        protocol.PAYLOAD: {protocol.ROLLOUT_FIELD: rollout},
+    }
+    who = f"(pid {pid}) " if pid is not None else ""
+    return error_envelope_bytes(
+        metadata,
+        error_type=protocol.ERROR_AGENT_LOST,
+        reason=(
+            f"lost: the agent process {who}running this rollout died before it finished; "
+            "its successor found it in the run ledger. Run it again in a new session"
+        ),
+        status_code=protocol.AGENT_LOST_STATUS_CODE,
+    )

@@ -35,6 +35,7 @@ from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.envelopes import error_envelope_bytes, outcome_envelope
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
+from agentcore_rl.server.ledger import RunLedger
 from agentcore_rl.server.spool import Spool
 
 __all__ = ["RolloutJob", "RolloutRunner", "ShutdownReport"]
@@ -85,6 +86,8 @@ class RolloutJob:
     # Set once an envelope is claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
     delivered: bool = False
+    # This rollout's line in the run ledger (``None``: not recorded).
+    ledger_token: int | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
@@ -149,8 +152,10 @@ class RolloutRunner:
         on_change: Callable[[], None] | None = None,
         on_finished: Callable[[RolloutJob], None] | None = None,
         exists: Callable[[str, str], Awaitable[bool]] | None = None,
+        ledger: RunLedger | None = None,
     ) -> None:
         self._spool = spool
+        self._ledger = ledger
         self._clock = clock
         self._on_change = on_change
         self._on_finished = on_finished
@@ -228,7 +233,17 @@ class RolloutRunner:
         self._by_session.setdefault(job.session_id, set()).add(job)
         config = context.rollout
         if config is not None:
-            self._by_key[(config.s3_bucket, config.key_for(job.session_id))] = job
+            key = config.key_for(job.session_id)
+            self._by_key[(config.s3_bucket, key)] = job
+            if self._ledger is not None:
+                job.ledger_token = self._ledger.begin(
+                    config.s3_bucket,
+                    key,
+                    session_id=job.session_id,
+                    exp_id=config.exp_id,
+                    input_id=config.input_id,
+                    started_at=job.started_at,
+                )
         self._changed()
         return job
 
@@ -240,6 +255,8 @@ class RolloutRunner:
         # Remembered before the key leaves _by_key, so a retry never sees neither.
         if job.delivered and self._on_finished is not None:
             self._on_finished(job)
+        if self._ledger is not None:
+            self._ledger.end(job.ledger_token)
         self._jobs.discard(job)
         session_jobs = self._by_session.get(job.session_id)
         if session_jobs is not None:

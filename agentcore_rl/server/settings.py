@@ -11,15 +11,18 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.server.parsing import ALLOWED_BUCKETS_ENV
 
 __all__ = [
     "ALLOWED_BUCKETS_ENV",
+    "APP_NAME_ENV",
     "DEFAULT_GIL_SWITCH_INTERVAL",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_SYNC_WORKERS",
@@ -27,6 +30,7 @@ __all__ = [
     "DEFAULT_STOP_WAIT",
     "HOST_ENV",
     "SPOOL_DIR_ENV",
+    "app_spool_dir",
     "default_host",
     "default_spool_dir",
 ]
@@ -46,8 +50,12 @@ DEFAULT_STOP_WAIT: Final = 5.0
 #: 100+ ms; 1 ms keeps them near 10 ms (see benchmarks/server.py).
 DEFAULT_GIL_SWITCH_INTERVAL: Final = 0.001
 
+_NAME: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
 #: Directory for envelopes S3 refused (default: :func:`default_spool_dir`).
 SPOOL_DIR_ENV: Final = "AGENTCORE_RL_SPOOL_DIR"
+#: A name for the agent: its default spool directory is a subdirectory of that name.
+APP_NAME_ENV: Final = "AGENTCORE_RL_APP_NAME"
 #: Interface :meth:`AgentCoreRLApp.run` listens on when no host is passed.
 HOST_ENV: Final = "AGENTCORE_RL_HOST"
 
@@ -70,6 +78,29 @@ def default_host() -> str:
         Path(p).exists() for p in ("/.dockerenv", "/run/.containerenv")
     )
     return "0.0.0.0" if in_container else "127.0.0.1"
+
+
+def app_spool_dir(name: str | None, environ: Mapping[str, str] = os.environ) -> Path:
+    """The default spool directory of an agent called ``name`` (else ``$AGENTCORE_RL_APP_NAME``):
+    ``default_spool_dir() / name``, so two different agents on one host keep their spools
+    and run ledgers apart while restarts of one agent find each other's; without a name,
+    :func:`default_spool_dir` itself.
+
+    Example::
+
+        app_spool_dir("math-agent")   # ~/.local/state/agentcore-rl/spool/math-agent
+    """
+    name = name if name is not None else environ.get(APP_NAME_ENV, "").strip() or None
+    base = default_spool_dir(environ)
+    if name is None:
+        return base
+    if not _NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"app name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (it names a directory)"
+        )
+    directory = base / name
+    _usable(directory)
+    return directory
 
 
 def _usable(directory: Path) -> bool:

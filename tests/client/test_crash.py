@@ -1,21 +1,29 @@
 """Crash detection on real processes: an agent killed with SIGKILL mid-rollout and restarted
-on the same port. A probe finds the session unknown, the rollout ends in AgentLostError
-and, by policy, runs again in a new session; a retryable shutdown envelope does the same."""
+on the same port. A probe finds the session unknown (or, with the run ledger, the restarted
+agent writes an ``agent_lost`` envelope), the rollout ends in AgentLostError and, by policy,
+runs again in a new session; a retryable shutdown envelope does the same."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+from agentcore_rl.cli.engine import EvalEngine, Progress
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
+from agentcore_rl.cli.journal import EvalJournal
+from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.client import LivenessConfig
-from agentcore_rl.client.outcomes import is_retryable
+from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.errors import (
     AgentLostError,
     ClientClosedError,
@@ -24,6 +32,7 @@ from agentcore_rl.errors import (
     RolloutError,
     RolloutTimeoutError,
 )
+from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder
 from tests.client.conftest import ClientFactory
 from tests.server.test_sigterm import free_port, read_until
@@ -98,6 +107,8 @@ async def agent(tmp_path: Path, s3_endpoint: str) -> AsyncIterator[Agent]:
         "AWS_ENDPOINT_URL_S3": s3_endpoint,
         "PYTHONUNBUFFERED": "1",
         "AGENTCORE_RL_SPOOL_DIR": str(tmp_path / "spool"),
+        # These tests are about probes; the ledger's own test turns it back on.
+        "AGENTCORE_RL_RUN_LEDGER": "0",
     }
     process = Agent(script, free_port(), env)
     try:
@@ -134,7 +145,7 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
     make_client: ClientFactory, agent: Agent
 ) -> None:
     await agent.start(1)
-    client = make_client(agent_url=agent.url, liveness=EAGER, retry_rollouts=0)
+    client = make_client(agent_url=agent.url, liveness=EAGER, retry_lost=0)
     fut = await client.invoke({"n": 3})
     await agent.entered()
     await agent.kill()
@@ -143,6 +154,31 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
         await asyncio.wait_for(fut, 30)
     assert client.stats.agents_lost == 1
     assert client.stats.in_flight == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+async def test_a_restarted_agent_reports_its_predecessors_rollout_lost(
+    make_client: ClientFactory, agent: Agent
+) -> None:
+    # No probes at all: only the run ledger in the shared spool directory can tell.
+    agent.env["AGENTCORE_RL_RUN_LEDGER"] = "1"
+    await agent.start(1)
+    client = make_client(agent_url=agent.url, liveness=LivenessConfig(enabled=False))
+    fut = await client.invoke({"n": 3})
+    first = fut.session_id
+    await agent.entered()
+    await agent.kill()
+    await agent.start(2)
+    result = await asyncio.wait_for(fut, 30)
+    assert result["generation"] == "2"
+    assert fut.previous_sessions == [first]
+    assert fut.losses == 1
+    first_key = fut.result_key.replace(fut.session_id, first)
+    lost = await client.store.get_json(fut.s3_bucket, first_key)
+    assert lost is not None
+    assert lost["error_type"] == "agent_lost"
+    stats = client.stats
+    assert (stats.agents_lost, stats.lost_retries, stats.probes) == (1, 1, 0)
 
 
 async def test_a_shutdown_envelope_is_retried_in_a_new_session(
@@ -159,7 +195,7 @@ async def test_a_shutdown_envelope_is_retried_in_a_new_session(
 async def test_retries_are_bounded_and_counted(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(retry_rollouts=1)
+    client = make_client(retry_lost=1)
     fut = await client.invoke({"mode": "shutdown", "shutdowns": 5, "n": 1})
     with pytest.raises(RolloutError, match="shutting down"):
         await asyncio.wait_for(fut, 10)
@@ -167,6 +203,19 @@ async def test_retries_are_bounded_and_counted(
     assert len(recorder.sessions) == 2
     assert client.stats.rollout_retries == 1
     assert client.stats.rollout_errors == 1
+
+
+async def test_agent_losses_have_a_budget_of_their_own(
+    make_client: ClientFactory, recorder: Recorder
+) -> None:
+    # Three shutdowns in a row outlast retry_rollouts=2 (the old shared budget), not
+    # the loss budget.
+    client = make_client(retry_rollouts=0)
+    fut = await client.invoke({"mode": "shutdown", "shutdowns": 3, "n": 1})
+    assert (await asyncio.wait_for(fut, 10))["n"] == 1
+    assert (fut.attempts, fut.losses) == (4, 3)
+    assert len(recorder.sessions) == 4
+    assert client.stats.lost_retries == 3
 
 
 def test_outcome_classification() -> None:
@@ -187,3 +236,98 @@ def test_outcome_classification() -> None:
     assert not is_retryable(InvalidPayloadError("bad"))
     assert not is_retryable(RolloutTimeoutError("slow", session_id="s", timeout=1.0))
     assert not is_retryable(ClientClosedError("closed"))
+    assert is_agent_loss(AgentLostError("lost"))
+    assert is_agent_loss(RolloutError(shutdown))
+    assert not is_agent_loss(InvocationError("RuntimeClientError", status_code=424))
+
+
+async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
+    make_client: ClientFactory, recorder: Recorder, agent_url: str, bucket: str, tmp_path: Path
+) -> None:
+    # Three losses in a row (server shutdowns) with retry_rollouts=0: eval's own loop
+    # reruns the input on the loss budget, and the results line says how many were lost.
+    client = make_client(retry_rollouts=0)
+    out = tmp_path / "results.jsonl"
+    options = EvalOptions(
+        data=tmp_path / "in.jsonl", out=out, s3_bucket=bucket, exp_id="exp", agent_urls=[agent_url]
+    )
+    journal = EvalJournal.open(out, resume=False)
+    summary = RunSummary()
+    engine = EvalEngine(options, client, journal, summary, Progress(1, 0, enabled=False))
+    try:
+        item = EvalInput("q-1", {"mode": "shutdown", "shutdowns": 3, "n": 1})
+        await asyncio.wait_for(engine.run([item], [], {"q-1": item}), 20)
+    finally:
+        journal.close()
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["outcome"] == "done"
+    assert (line["attempts"], line["losses"], line["agent_lost"]) == (4, 3, False)
+    assert summary.retried == 3
+    assert len(recorder.sessions) == 4
+
+
+@pytest.mark.parametrize("slots", [1, 2])
+async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue(
+    slots: int,
+    make_client: ClientFactory,
+    recorder: Recorder,
+    agent_url: str,
+    bucket: str,
+    store: ResultStore,
+    tmp_path: Path,
+) -> None:
+    # The killed run left q-lost in flight; its agent died and a successor wrote its
+    # agent_lost envelope. With one worker it runs again before the queued inputs (the
+    # gated q-1, q-2, q-3), at once, and counts its loss.
+    sid = "f" * 48
+    key = f"exp/q-lost/{sid}.json"
+    lost = {"status_code": 503, "error_type": "agent_lost", "stop_reason": "lost: died"}
+    await store.put_json(bucket, key, lost)
+    out = tmp_path / "results.jsonl"
+    entry: dict[str, object] = {"event": "started", "input_id": "q-lost", "session_id": sid}
+    entry.update(s3_bucket=bucket, result_key=key, started_at=time.time())
+    (tmp_path / "results.jsonl.journal").write_text(json.dumps(entry) + "\n")
+    out.write_text("")
+    client = make_client(max_concurrent_sessions=slots)
+    options = EvalOptions(
+        data=tmp_path / "in.jsonl",
+        out=out,
+        s3_bucket=bucket,
+        exp_id="exp",
+        agent_urls=[agent_url],
+        concurrency=1,
+        resume=True,
+    )
+    journal = EvalJournal.open(out, resume=True)
+    items = {f"q-{n}": EvalInput(f"q-{n}", {"mode": "gate", "n": n}) for n in (1, 2, 3)}
+    items["q-lost"] = EvalInput("q-lost", {"n": 0})
+    engine = EvalEngine(options, client, journal, RunSummary(), Progress(4, 0, enabled=False))
+    try:
+        fresh = [items[f"q-{n}"] for n in (1, 2, 3)]
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(engine.run, fresh, list(journal.in_flight.values()), items)
+                await recorder.wait_for(lambda: "q-1" in _inputs_seen(recorder))
+                if slots == 1:
+                    journal_file = tmp_path / "results.jsonl.journal"
+                    for _ in range(1000):  # bounded: the new session's line appears
+                        if journal_file.read_text().count('"q-lost", "session_id"') > 1:
+                            break
+                        await anyio.sleep(0.01)
+                    else:
+                        pytest.fail("the lost rollout's rerun waited for a slot")
+                else:
+                    await recorder.wait_for(lambda: "q-lost" in _inputs_seen(recorder))
+                recorder.open_gate()
+    finally:
+        journal.close()
+    lines = {x["input_id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert sorted(lines) == ["q-1", "q-2", "q-3", "q-lost"]
+    assert {line["outcome"] for line in lines.values()} == {"done"}
+    assert lines["q-lost"]["losses"] == 1
+    # The earlier run's rollouts go first: the one worker took q-lost before q-1.
+    assert recorder.rollout_blocks[0]["input_id"] == "q-lost"
+
+
+def _inputs_seen(recorder: Recorder) -> set[str]:
+    return {block["input_id"] for block in recorder.rollout_blocks}

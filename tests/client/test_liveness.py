@@ -1,15 +1,18 @@
 """The liveness prober's pacing with an injected clock: only long-pending sessions, each
 at most every probe_interval, never more than max_rate per second however many are in
-flight, and a lost session on one HTTP server makes that server's sessions suspects."""
+flight, the longest-unconfirmed first, a probe starved by invocations queued among them,
+and a lost session on one HTTP server makes that server's sessions suspects."""
 
 from __future__ import annotations
+
+import asyncio
 
 from agentcore_rl import protocol
 from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.liveness import LivenessProber
 from agentcore_rl.client.stats import ClientCounters
-from agentcore_rl.ratelimit import TokenBucket
+from agentcore_rl.ratelimit import Priority, TokenBucket
 
 
 class Clock:
@@ -62,6 +65,72 @@ async def test_probes_are_capped_and_only_for_long_pending_sessions() -> None:
         await prober.round()
     assert len(transport.asked) == 2 * 20  # max_rate per second, not 10,000
     assert len(set(transport.asked)) == len(transport.asked)  # longest-unprobed first
+
+
+class BusyLimiter:
+    """A TPS budget invocations never leave free: a PROBE token never comes."""
+
+    def __init__(self) -> None:
+        self.granted: list[int] = []
+
+    async def acquire(self, priority: int = Priority.INVOKE) -> None:
+        if priority > Priority.INVOKE:
+            await asyncio.Event().wait()
+        self.granted.append(priority)
+
+    def on_throttle(self) -> None: ...
+
+    def on_success(self) -> None: ...
+
+
+async def test_a_probe_starved_by_invocations_queues_among_them() -> None:
+    clock = Clock()
+    live = _futures(1)
+    transport = Transport({sid: "http://a" for sid in live})
+    transport.lost = {"s0"}
+    lost: list[str] = []
+    limiter = BusyLimiter()
+    counters = ClientCounters()
+    config = LivenessConfig(probe_after=0, escalate_after=0, tick=1, clock=clock)
+    prober = LivenessProber(
+        transport,
+        limiter,
+        live,
+        counters,
+        on_lost=lambda f: lost.append(f.session_id),
+        config=config,
+    )
+    await prober.round()  # first sight
+    clock.now = 1.0
+    await asyncio.wait_for(prober.round(), 5)
+    assert lost == ["s0"]
+    assert limiter.granted == [Priority.INVOKE]
+    assert counters.probes_escalated == 1
+
+
+async def test_the_longest_unconfirmed_session_is_probed_first() -> None:
+    clock = Clock()
+    futures = _futures(3)
+    live: dict[str, RolloutFuture] = {}
+    transport = Transport({sid: "http://a" for sid in futures})
+    config = LivenessConfig(probe_after=10, probe_interval=60, max_rate=1, tick=1, clock=clock)
+    prober = LivenessProber(
+        transport,
+        TokenBucket(1000),
+        live,
+        ClientCounters(),
+        on_lost=lambda f: None,
+        config=config,
+    )
+    for sid in ("s2", "s0", "s1"):  # invoked in this order, a second apart
+        live[sid] = futures[sid]
+        await prober.round()
+        clock.now += 1
+    clock.now = 20.0
+    for _ in range(3):  # one probe a round
+        await prober.round()
+        clock.now += 1
+    assert transport.asked == ["s2", "s0", "s1"]
 
 
 async def test_a_lost_session_makes_its_servers_sessions_suspects() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl import protocol
+from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
@@ -148,6 +149,20 @@ async def test_default_spool_is_delivered_by_the_next_instance(
         await asyncio.wait_for(second.spool.wait_drained(), 5)
     assert (await read_envelope(store, bucket, KEY))[protocol.STATUS_CODE] == 200
     assert spool_files(second.spool.directory) == []
+
+
+def test_named_agents_keep_their_default_spools_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tmp_path / "xdg-state" / "agentcore-rl" / "spool"
+    math = AgentCoreRLApp(app_name="math")
+    assert math.spool.directory == base / "math"
+    assert math.ledger.directory == base / "math"
+    assert AgentCoreRLApp(app_name="code").spool.directory == base / "code"
+    monkeypatch.setenv("AGENTCORE_RL_APP_NAME", "math")
+    assert AgentCoreRLApp().spool.directory == base / "math"  # a restart finds it
+    with pytest.raises(ConfigurationError, match="app name"):
+        AgentCoreRLApp(app_name="../up")
 
 
 def test_default_spool_dir_falls_back_to_tmp(
