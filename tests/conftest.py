@@ -65,7 +65,7 @@ def fill_bucket(bucket: str, objects: dict[str, bytes]) -> None:
     """Put ``objects`` into a bucket of the session's moto server in-process, for tests that
     need more keys than one LIST page: a thousand PUTs over HTTP cost seconds of the suite's
     budget, and the reads under test still go through the S3 API."""
-    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.core.models import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
     backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
