@@ -761,7 +761,7 @@ class RolloutGateway:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
                     )
-        except (*_UPSTREAM_ERRORS, ValueError, TypeError, AttributeError) as exc:
+        except (*_UPSTREAM_ERRORS, ValueError, TypeError, KeyError, AttributeError) as exc:
             if isinstance(exc, _UPSTREAM_ERRORS):
                 message = _down_message(upstream, exc)
             else:

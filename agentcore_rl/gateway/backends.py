@@ -60,7 +60,7 @@ class Capture:
         self.choices: dict[int, Completion] = {}
         self.ids_seen: set[int] = set()
         self.usage: dict[str, Any] | None = None
-        # choice index -> (token id lists, logprob lists: entries for chat, floats else)
+        # choice index -> (token id lists, lists of logprobs or of chat's logprob entries)
         self.parts: dict[int, tuple[list[Any], list[Any]]] = {}
 
     @property
@@ -81,15 +81,10 @@ class Capture:
         return self._prompt_ids
 
     def _join(self) -> None:
-        chat = self.endpoint == CHAT
         for index, (ids, logprobs) in self.parts.items():
             completion = self.choice(index)
             completion.token_ids = ids_array(_flat(completion.token_ids, ids))
-            values = (
-                [float(e["logprob"]) for part in logprobs for e in part]
-                if chat
-                else [float(v) for part in logprobs for v in part]
-            )
+            values = [_logprob(e) for part in logprobs for e in part]
             if completion.logprobs:
                 values = [*completion.logprobs, *values]
             completion.logprobs = logprob_array(values)
@@ -147,6 +142,11 @@ def _flat(done: Any, parts: list[Any]) -> Any:
     return out
 
 
+def _logprob(item: Any) -> float:
+    """One token's logprob: a chat entry's ``logprob`` or a completions float."""
+    return float(item["logprob"]) if isinstance(item, Mapping) else float(item)
+
+
 def _logprob_entries(logprobs: Any, endpoint: str) -> list[Any] | None:
     """The per-token logprob items of a choice (entries for chat, floats for completions)."""
     if not isinstance(logprobs, Mapping):
@@ -202,16 +202,27 @@ class VLLMBackend(Backend):
         root_prompt = data.pop("prompt_token_ids", None)
         if root_prompt is not None:
             capture.set_prompt(root_prompt)
-        self._choices(data, capture, keep_logprobs, endpoint)
+        self._choices(data, capture, keep_logprobs, endpoint, entries=True)
         usage = data.get("usage")
         if isinstance(usage, dict):
             capture.usage = usage
 
-    take_chunk = take_response
+    def take_chunk(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        # A chunk's logprob entries become floats at once: kept to the stream's end, the
+        # entry dicts of 64 concurrent streams cost the gateway about 6 MB.
+        root_prompt = data.pop("prompt_token_ids", None)
+        if root_prompt is not None:
+            capture.set_prompt(root_prompt)
+        self._choices(data, capture, keep_logprobs, endpoint, entries=False)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            capture.usage = usage
 
     @staticmethod
     def _choices(
-        data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+        data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str, entries: bool
     ) -> None:
         for ch in data.get("choices") or ():
             completion = capture.choice(int(ch.get("index", 0)))
@@ -229,9 +240,10 @@ class VLLMBackend(Backend):
                     capture.ids_seen.add(index)
             logprobs = ch.get("logprobs")
             if logprobs:
-                entries = _logprob_entries(logprobs, endpoint)
-                if entries:
-                    parts[1].append(entries)
+                items = _logprob_entries(logprobs, endpoint)
+                if items:
+                    # entries are read after the answer is out (a whole answer) or now
+                    parts[1].append(items if entries else [_logprob(e) for e in items])
             if not keep_logprobs:
                 ch["logprobs"] = None
             if ch.get("finish_reason") is not None:
