@@ -674,7 +674,11 @@ class RolloutGateway:
             data = None
         if not isinstance(data, dict):
             raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
-        self.backend.take_response(data, capture, keep_logprobs, endpoint)
+        try:
+            self.backend.take_response(data, capture, keep_logprobs, endpoint)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            message = f"upstream sent a malformed answer: {exc!r}"
+            raise _Refuse(502, message, "upstream_invalid") from None
         missing = capture.missing(self.backend.name)
         if missing:
             raise _Refuse(502, missing, "upstream_missing_token_ids")

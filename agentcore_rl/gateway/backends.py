@@ -37,12 +37,12 @@ COMPLETIONS: Final = "completions"
 class Capture:
     """Token ids and logprobs gathered from one answer (or its stream of chunks).
 
-    The pieces are kept as the upstream's lists (ids, logprob entries) and turned into
-    one exact-size typed array per choice only when read (:meth:`completions`,
-    :attr:`prompt_ids`): the gateway reads them after the answer's last byte is out, so
-    the conversion is off the agent's path, and a stream's arrays are not regrown event by
-    event (that reallocated them about fifty times per answer and, with 64 concurrent
-    streams, scattered these long-lived arrays among freed blocks).
+    The pieces are gathered in plain lists (ids, logprobs or a whole answer's logprob
+    entries) and turned into one exact-size typed array per choice only when read
+    (:meth:`completions`, :attr:`prompt_ids`): the gateway reads them after the answer's
+    last byte is out, so the conversion is off the agent's path, and a stream's arrays are
+    not regrown event by event (that reallocated them about fifty times per answer and,
+    with 64 concurrent streams, scattered these long-lived arrays among freed blocks).
 
     Example::
 
@@ -60,7 +60,7 @@ class Capture:
         self.choices: dict[int, Completion] = {}
         self.ids_seen: set[int] = set()
         self.usage: dict[str, Any] | None = None
-        # choice index -> (token id lists, lists of logprobs or of chat's logprob entries)
+        # choice index -> (token ids, logprobs or chat's logprob entries), not joined yet
         self.parts: dict[int, tuple[list[Any], list[Any]]] = {}
 
     @property
@@ -83,8 +83,10 @@ class Capture:
     def _join(self) -> None:
         for index, (ids, logprobs) in self.parts.items():
             completion = self.choice(index)
-            completion.token_ids = ids_array(_flat(completion.token_ids, ids))
-            values = [_logprob(e) for part in logprobs for e in part]
+            if completion.token_ids:
+                ids = [*completion.token_ids, *ids]
+            completion.token_ids = ids_array(ids)
+            values = [_logprob(e) for e in logprobs]
             if completion.logprobs:
                 values = [*completion.logprobs, *values]
             completion.logprobs = logprob_array(values)
@@ -129,17 +131,7 @@ class Capture:
         completion = self.choices[index]
         done = len(completion.token_ids if which == 0 else completion.logprobs)
         parts = self.parts.get(index)
-        return done + (sum(len(p) for p in parts[which]) if parts else 0)
-
-
-def _flat(done: Any, parts: list[Any]) -> Any:
-    """``done`` followed by the items of ``parts``, as one list (an array sized once)."""
-    if not done and len(parts) == 1:
-        return parts[0]
-    out = list(done)
-    for part in parts:
-        out.extend(part)
-    return out
+        return done + (len(parts[which]) if parts else 0)
 
 
 def _logprob(item: Any) -> float:
@@ -235,7 +227,7 @@ class VLLMBackend(Backend):
                 parts = capture.parts[index] = ([], [])
             ids = ch.pop("token_ids", None)
             if ids is not None:
-                parts[0].append(ids)
+                parts[0].extend(ids)
                 if index not in capture.ids_seen:
                     capture.ids_seen.add(index)
             logprobs = ch.get("logprobs")
@@ -243,7 +235,7 @@ class VLLMBackend(Backend):
                 items = _logprob_entries(logprobs, endpoint)
                 if items:
                     # entries are read after the answer is out (a whole answer) or now
-                    parts[1].append(items if entries else [_logprob(e) for e in items])
+                    parts[1].extend(items if entries else [_logprob(e) for e in items])
             if not keep_logprobs:
                 ch["logprobs"] = None
             if ch.get("finish_reason") is not None:
