@@ -1,13 +1,17 @@
-"""The gateway's upstream client against small loopback servers: reuse, retry, framing, errors."""
+"""The gateway's upstream client against small loopback servers: reuse, retry, framing, errors;
+and what the gateway makes of answers a real server would not send."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import httpx
 import pytest
 
+from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[bool]]
@@ -132,3 +136,39 @@ async def test_silence_invalid_http_and_a_refused_connection_are_upstream_errors
         await pool.fetch(pool.target("/models", "GET"), None)
     with pytest.raises(ValueError, match="http"):
         UpstreamPool("ftp://127.0.0.1/v1")
+
+
+async def test_a_malformed_or_incomplete_answer_is_a_502_and_a_failed_record() -> None:
+    answers = [
+        {"prompt_token_ids": [1], "choices": [{"index": 0, "token_ids": 7}]},
+        {
+            "prompt_token_ids": [1, 2],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "a b"},
+                    "token_ids": [5, 6],
+                    "logprobs": {"content": [{"token": "a", "logprob": -0.5}]},
+                }
+            ],
+        },
+    ]
+
+    async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(_answer(json.dumps(answers[sum(counts) - 1]).encode()))
+        return True
+
+    async with _server(handler) as (url, counts):
+        gateway = RolloutGateway(url)
+        transport = httpx.ASGITransport(app=gateway)
+        async with gateway, httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            errors = []
+            for _ in answers:
+                response = await http.post("/sessions/s1/v1/chat/completions", json=body)
+                assert response.status_code == 502
+                errors.append(response.json()["error"]["message"])
+            trace = await gateway.finish_session("s1")
+    assert "malformed answer" in errors[0]
+    assert "one logprob per completion token" in errors[1]
+    assert [(r.status, r.error) for r in trace.records] == [(502, e) for e in errors]
