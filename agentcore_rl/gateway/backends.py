@@ -86,7 +86,7 @@ class Capture:
             if completion.token_ids:
                 ids = [*completion.token_ids, *ids]
             completion.token_ids = ids_array(ids)
-            values = [_logprob(e) for e in logprobs]
+            values = _logprobs(logprobs)
             if completion.logprobs:
                 values = [*completion.logprobs, *values]
             completion.logprobs = logprob_array(values)
@@ -134,17 +134,11 @@ class Capture:
         return done + (len(parts[which]) if parts else 0)
 
 
-def _logprob(item: Any) -> float:
-    """One token's logprob: a chat entry's ``logprob`` or a completions float."""
-    return float(item["logprob"]) if isinstance(item, Mapping) else float(item)
-
-
-def _logprob_entries(logprobs: Any, endpoint: str) -> list[Any] | None:
-    """The per-token logprob items of a choice (entries for chat, floats for completions)."""
-    if not isinstance(logprobs, Mapping):
-        return None
-    entries = logprobs.get("content" if endpoint == CHAT else "token_logprobs")
-    return entries if isinstance(entries, list) else None
+def _logprobs(items: list[Any]) -> list[Any]:
+    """Chat's logprob entries as their floats (completions' items are floats already)."""
+    if items and type(items[0]) is dict:  # JSON objects parse to dicts (the hot path)
+        return [float(e["logprob"]) for e in items]
+    return items
 
 
 class Backend:
@@ -216,30 +210,36 @@ class VLLMBackend(Backend):
     def _choices(
         data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str, entries: bool
     ) -> None:
+        # Once per stream event: plain dict operations, no helper calls on the way.
+        key = "content" if endpoint == CHAT else "token_logprobs"
+        every = capture.parts
         for ch in data.get("choices") or ():
-            completion = capture.choice(int(ch.get("index", 0)))
-            prompt = ch.pop("prompt_token_ids", None)  # completions: per choice
-            if prompt is not None:
-                capture.set_prompt(prompt)
-            index = completion.index
-            parts = capture.parts.get(index)
+            index = ch.get("index", 0)
+            if type(index) is not int:
+                index = int(index)
+            parts = every.get(index)
             if parts is None:
-                parts = capture.parts[index] = ([], [])
+                capture.choice(index)
+                parts = every[index] = ([], [])
+            if "prompt_token_ids" in ch:  # completions: per choice
+                prompt = ch.pop("prompt_token_ids")
+                if prompt is not None:
+                    capture.set_prompt(prompt)
             ids = ch.pop("token_ids", None)
             if ids is not None:
                 parts[0].extend(ids)
-                if index not in capture.ids_seen:
-                    capture.ids_seen.add(index)
+                capture.ids_seen.add(index)
             logprobs = ch.get("logprobs")
             if logprobs:
-                items = _logprob_entries(logprobs, endpoint)
+                items = logprobs.get(key) if type(logprobs) is dict else None
                 if items:
-                    # entries are read after the answer is out (a whole answer) or now
-                    parts[1].extend(items if entries else [_logprob(e) for e in items])
+                    # a whole answer's entries are read after it is out; a chunk's now
+                    parts[1].extend(items if entries else _logprobs(items))
             if not keep_logprobs:
                 ch["logprobs"] = None
-            if ch.get("finish_reason") is not None:
-                completion.finish_reason = ch["finish_reason"]
+            finish = ch.get("finish_reason")
+            if finish is not None:
+                capture.choices[index].finish_reason = finish
 
 
 class SGLangBackend(Backend):
