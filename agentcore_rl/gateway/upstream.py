@@ -57,6 +57,7 @@ class _Connection(asyncio.Protocol):
         "_paused",
         "_timer",
         "complete",
+        "dropped",
         "error",
         "idle_since",
         "loop",
@@ -80,6 +81,7 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.error: UpstreamError | None = None
         self.reused = False
+        self.dropped = False  # the server closed it (not a timeout or a parse error)
         self.idle_since = 0.0
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
@@ -183,6 +185,7 @@ class _Connection(asyncio.Protocol):
             self.on_message_complete()  # a body delimited by the connection's end
             return
         reason = f": {exc}" if exc else ""
+        self.dropped = self.error is None and not self.complete  # the drop is the failure
         self._fail(UpstreamError(f"the upstream closed the connection{reason}"))
         self.transport = None
 
@@ -348,17 +351,17 @@ class UpstreamPool:
         await self._slots.acquire()
         try:
             for attempt in (0, 1):
-                conn = await self._acquire()
+                conn = await self._acquire(fresh=attempt == 1)
                 waiter = conn.start(request, streaming)
                 try:
                     await waiter
                 except asyncio.CancelledError:
                     conn.abort()
                     raise
-                if conn.error is None or conn.status or not conn.reused or attempt:
+                if conn.error is None or conn.status or not conn.dropped or not conn.reused:
                     break
                 # A kept-alive connection the server closed just as it was reused: once more,
-                # on a new one (the server read none of the request).
+                # on a new connection (the server answered nothing on the old one).
                 conn.abort()
                 self._release_slotless(conn)
             if conn.error is not None and not conn.status:
@@ -370,9 +373,9 @@ class UpstreamPool:
             raise
         return conn
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, *, fresh: bool = False) -> _Connection:
         loop = asyncio.get_running_loop()
-        idle = self._idle
+        idle = [] if fresh else self._idle
         now = time.monotonic()
         while idle:
             conn = idle.pop()
