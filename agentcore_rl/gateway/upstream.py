@@ -232,7 +232,13 @@ class _Connection(asyncio.Protocol):
 
 
 class UpstreamResponse:
-    """A streamed answer: its status, then its body piece by piece (``async for``)."""
+    """A streamed answer: its status, then its body piece by piece (``async for``).
+
+    Example::
+
+        async with pool.stream(target, body) as response:
+            pieces = [piece async for piece in response] if response.status == 200 else []
+    """
 
     __slots__ = ("_conn", "status")
 
