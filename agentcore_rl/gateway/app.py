@@ -11,9 +11,9 @@ The trainer's side is in-process (``open_session``, ``finish_session``,
 ``set_policy_version``, ``paused``) or the token-protected admin routes
 (:mod:`agentcore_rl.gateway.admin`). The proxy routes are a small hand-written ASGI path
 (no per-request framework objects) because they sit on every model call; the admin routes
-are an ordinary Starlette app. The upstream client is aiohttp (its C HTTP parser costs a
-third of httpx's CPU per call) and JSON goes through orjson (:mod:`.jsonio`), so the
-gateway runs on asyncio.
+are an ordinary Starlette app. The upstream client is a small keep-alive HTTP/1.1 client on
+httptools (:mod:`.upstream`: a quarter of aiohttp's CPU per call) and JSON goes through orjson
+(:mod:`.jsonio`), so the gateway runs on asyncio.
 
 Example::
 
@@ -26,7 +26,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -39,10 +38,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 
-import aiohttp
 import anyio
 from starlette.types import Receive, Scope, Send
-from yarl import URL
 
 from agentcore_rl.gateway.backends import (
     CHAT,
@@ -57,6 +54,7 @@ from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
+from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
 
@@ -71,8 +69,8 @@ _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 _JSON_TYPE: Final = (b"content-type", b"application/json")
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
-# What a failed upstream call raises: aiohttp's errors and its timeouts.
-_UPSTREAM_ERRORS: Final = (aiohttp.ClientError, asyncio.TimeoutError)
+# What a failed upstream call raises.
+_UPSTREAM_ERRORS: Final = (UpstreamError,)
 
 
 class _Refuse(Exception):
@@ -100,14 +98,18 @@ async def _respond(send: Send, status: int, body: bytes, headers: Sequence[Any] 
 
 
 class _Upstream:
-    """One inference server: its base URL and its endpoints, parsed once."""
+    """One inference server: its base URL, its connections and its request heads, built once."""
 
-    __slots__ = ("base", "models", "urls")
+    __slots__ = ("base", "models", "pool", "targets")
 
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.urls = {CHAT: URL(f"{base}/chat/completions"), COMPLETIONS: URL(f"{base}/completions")}
-        self.models = URL(f"{base}/models")
+    def __init__(self, pool: UpstreamPool) -> None:
+        self.base = pool.base
+        self.pool = pool
+        self.targets = {
+            CHAT: pool.target("/chat/completions"),
+            COMPLETIONS: pool.target("/completions"),
+        }
+        self.models = pool.target("/models", "GET")
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:
@@ -203,13 +205,9 @@ class RolloutGateway:
         self._headers = {"content-type": "application/json"}
         if upstream_api_key:
             self._headers["authorization"] = f"Bearer {upstream_api_key}"
-        # No total deadline (a long generation is fine); a silent upstream is one that fails.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=10.0, sock_read=upstream_timeout
-        )
+        self._upstream_timeout = upstream_timeout
         self._max_connections = max_connections
-        self._upstreams = [_Upstream(u) for u in self.upstreams]
-        self._http: aiohttp.ClientSession | None = None
+        self._upstreams: list[_Upstream] = []  # with their connections, while entered
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         from agentcore_rl.gateway.admin import admin_app  # the admin routes use this class
@@ -228,21 +226,24 @@ class RolloutGateway:
             raise RuntimeError("the gateway is already running")
         stack = contextlib.AsyncExitStack()
         try:
-            # Idle upstream connections are dropped after 4 s, before uvicorn's (vLLM's) 5 s
-            # keep-alive closes them under a request. 16 KiB read buffers: aiohttp stops
-            # reading a stream about 32 KiB ahead of the agent, so a fast upstream cannot
-            # park whole answers in the gateway's memory (64 streams held ~200 KB each).
-            self._http = await stack.enter_async_context(
-                aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(
-                        limit=self._max_connections, keepalive_timeout=4.0
-                    ),
-                    timeout=self._timeout,
-                    headers=self._headers,
-                    skip_auto_headers=("User-Agent",),
-                    read_bufsize=2**14,
+            # No total deadline (a long generation is fine): a silent upstream is one that
+            # fails. Idle connections are not reused after 4 s, before uvicorn's (vLLM's) 5 s
+            # keep-alive closes them under a request. A stream's reading pauses 32 KiB ahead
+            # of the agent, so a fast upstream cannot park whole answers in the gateway.
+            self._upstreams = [
+                _Upstream(
+                    UpstreamPool(
+                        url,
+                        headers=self._headers,
+                        max_connections=self._max_connections,
+                        read_timeout=self._upstream_timeout,
+                        idle_timeout=4.0,
+                    )
                 )
-            )
+                for url in self.upstreams
+            ]
+            for upstream in self._upstreams:
+                stack.callback(upstream.pool.close)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
@@ -262,7 +263,7 @@ class RolloutGateway:
         if stack is not None:
             await stack.aclose()
         self._tg = None
-        self._http = None
+        self._upstreams = []
 
     @property
     def running(self) -> bool:
@@ -535,23 +536,17 @@ class RolloutGateway:
     async def _models(self, send: Send, sid: str) -> None:
         upstream = self._upstream_for(sid)
         try:
-            async with self._session.get(upstream.models) as response:
-                status, content = response.status, await response.read()
+            status, content = await upstream.pool.fetch(upstream.models, None)
         except _UPSTREAM_ERRORS as exc:
             raise _Refuse(502, _down_message(upstream, exc), "upstream_unavailable") from None
         await _respond(send, status, content)
-
-    @property
-    def _session(self) -> aiohttp.ClientSession:
-        http = self._http
-        if http is None:
-            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
-        return http
 
     def _upstream_for(self, sid: str) -> _Upstream:
         upstreams = self._upstreams
         if len(upstreams) == 1:
             return upstreams[0]
+        if not upstreams:
+            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
 
     async def _call(
@@ -586,17 +581,16 @@ class RolloutGateway:
             stream=stream,
             upstream=upstream.base,
         )
-        capture = Capture()
+        capture = Capture(endpoint)
         committed = False
 
         def commit(status: int, error: str | None = None) -> None:
+            # Before the answer's last byte: the record is in its session, complete but for
+            # turning the captured lists into arrays (``fill``, after the last byte).
             nonlocal committed
             committed = True
             record.status = status
             record.error = error
-            record.prompt_ids = capture.prompt_ids or record.prompt_ids
-            record.completions = capture.completions()
-            record.usage = capture.usage
             record.policy_version_end = self.gate.version
             record.latency_s = self._clock() - start
             self.stats["calls"] += 1
@@ -609,38 +603,59 @@ class RolloutGateway:
                     record.index,
                     session.session_id,
                 )
+            session.unfilled[record.index] = fill
             session.call_ended(record, self._clock())
 
+        def fill() -> None:
+            session.unfilled.pop(record.index, None)
+            record.usage = capture.usage
+            try:
+                record.prompt_ids = capture.prompt_ids or record.prompt_ids
+                record.completions = capture.completions()
+            except (ValueError, TypeError, OverflowError) as exc:
+                if record.error is None:
+                    self.stats["failed_calls"] += 1
+                    record.error = f"the upstream sent {exc}"
+
         try:
-            url = upstream.urls[endpoint]
-            async with self._session.post(url, data=dumps(upstream_body)) as response:
-                status = response.status
-                if status == 200 and stream and self.backend.streams:
-                    await self._relay(
-                        send, response.content, upstream, endpoint, capture, keep_logprobs, commit
-                    )
+            try:
+                target = upstream.targets[endpoint]
+                if stream and self.backend.streams:
+                    async with upstream.pool.stream(target, dumps(upstream_body)) as response:
+                        status = response.status
+                        if status == 200:
+                            await self._relay(
+                                send, response, upstream, endpoint, capture, keep_logprobs, commit
+                            )
+                            return
+                        content = await response.read()
+                else:  # the whole answer in one wake-up
+                    status, content = await upstream.pool.fetch(target, dumps(upstream_body))
+                if status != 200:
+                    text = content[:500].decode("utf-8", "replace")
+                    commit(status, f"upstream answered HTTP {status}: {text}")
+                    await _respond(send, status, content)
                     return
-                content = await response.read()
-            if status != 200:
-                text = content[:500].decode("utf-8", "replace")
-                commit(status, f"upstream answered HTTP {status}: {text}")
-                await _respond(send, status, content)
-                return
-            await self._whole(send, content, endpoint, capture, keep_logprobs, commit, stream, body)
-        except _Refuse as refuse:
-            if not committed:
-                commit(refuse.status, refuse.message)
-            raise
-        except _UPSTREAM_ERRORS as exc:
-            message = _down_message(upstream, exc)
-            if not committed:
-                commit(502, message)
-                raise _Refuse(502, message, "upstream_unavailable") from None
-            raise
-        except BaseException as exc:
-            if not committed:
-                commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
-            raise
+                await self._whole(
+                    send, content, endpoint, capture, keep_logprobs, commit, stream, body
+                )
+            except _Refuse as refuse:
+                if not committed:
+                    commit(refuse.status, refuse.message)
+                raise
+            except _UPSTREAM_ERRORS as exc:
+                message = _down_message(upstream, exc)
+                if not committed:
+                    commit(502, message)
+                    raise _Refuse(502, message, "upstream_unavailable") from None
+                raise
+            except BaseException as exc:
+                if not committed:
+                    commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
+                raise
+        finally:
+            if committed:
+                fill()  # off the agent's path: its answer is out (or the call failed)
 
     async def _whole(
         self,
@@ -659,7 +674,11 @@ class RolloutGateway:
             data = None
         if not isinstance(data, dict):
             raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
-        self.backend.take_response(data, capture, keep_logprobs, endpoint)
+        try:
+            self.backend.take_response(data, capture, keep_logprobs, endpoint)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            message = f"upstream sent a malformed answer: {exc!r}"
+            raise _Refuse(502, message, "upstream_invalid") from None
         missing = capture.missing(self.backend.name)
         if missing:
             raise _Refuse(502, missing, "upstream_missing_token_ids")
@@ -677,7 +696,7 @@ class RolloutGateway:
     async def _relay(
         self,
         send: Send,
-        content: aiohttp.StreamReader,
+        content: UpstreamResponse,
         upstream: _Upstream,
         endpoint: str,
         capture: Capture,
@@ -686,20 +705,22 @@ class RolloutGateway:
     ) -> None:
         """Forward the upstream's SSE events as they arrive, capturing and stripping each.
 
-        Whatever arrived in one read goes out in one write: under load the upstream's
+        The first event goes out alone, as soon as it is read (time to first byte); after
+        it, whatever arrived in one read goes out in one write: under load the upstream's
         one-write-per-event stream coalesces, and so do the gateway's writes.
         """
         started = False
         pending = b""
+        held: list[bytes] = []  # events before the first chunk (none from vLLM)
         take = self.backend.take_chunk
         try:
-            async for piece in content.iter_any():
+            async for piece in content:
                 pending += piece
                 cut = pending.rfind(b"\n\n")
                 if cut < 0:
                     continue
                 events, pending = pending[: cut + 2], pending[cut + 2 :]
-                out: list[bytes] = []
+                out, held = held, []
                 done = False
                 for event in events.split(b"\n\n"):
                     if not event:
@@ -715,13 +736,24 @@ class RolloutGateway:
                     else:
                         out.append(event)
                     out.append(b"\n\n")
+                    if not started and (capture.has_prompt or capture.choices):
+                        # vLLM sends the prompt ids on the first chunk: refuse before any byte
+                        if not capture.has_prompt:
+                            what = capture.missing(self.backend.name) or "no prompt token ids"
+                            raise _Refuse(502, what, "upstream_missing_token_ids")
+                        started = True
+                        await send(
+                            {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                        )
+                        first, out = b"".join(out), []
+                        await send({"type": "http.response.body", "body": first, "more_body": True})
                 if not started:
-                    # vLLM sends the prompt ids on the first chunk: refuse before any byte
-                    # (and when the whole stream came in one read, check all of it)
-                    if done or (capture.prompt_ids is None and capture.choices):
-                        missing = capture.missing(self.backend.name)
-                        if missing:
-                            raise _Refuse(502, missing, "upstream_missing_token_ids")
+                    if not done:
+                        held = out
+                        continue
+                    missing = capture.missing(self.backend.name)  # a stream without chunks
+                    if missing:
+                        raise _Refuse(502, missing, "upstream_missing_token_ids")
                     started = True
                     await send(
                         {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
@@ -733,7 +765,7 @@ class RolloutGateway:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
                     )
-        except (*_UPSTREAM_ERRORS, ValueError, TypeError, AttributeError) as exc:
+        except (*_UPSTREAM_ERRORS, ValueError, TypeError, KeyError, AttributeError) as exc:
             if isinstance(exc, _UPSTREAM_ERRORS):
                 message = _down_message(upstream, exc)
             else:
@@ -746,7 +778,7 @@ class RolloutGateway:
             return
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        await self._end_stream(send, [pending] if pending else [], capture, commit)
+        await self._end_stream(send, [*held, pending], capture, commit)
 
     async def _end_stream(
         self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]
@@ -762,4 +794,5 @@ class RolloutGateway:
 
 
 def _down_message(upstream: _Upstream, exc: BaseException) -> str:
-    return f"upstream {upstream.base} failed: {type(exc).__name__}: {exc}".rstrip(": ")
+    what = str(exc) if isinstance(exc, UpstreamError) else f"{type(exc).__name__}: {exc}"
+    return f"upstream {upstream.base} failed: {what}".rstrip(": ")

@@ -37,27 +37,59 @@ COMPLETIONS: Final = "completions"
 class Capture:
     """Token ids and logprobs gathered from one answer (or its stream of chunks).
 
-    A stream's pieces are kept as the lists each chunk brought and joined once, into one
-    exact-size array per choice: growing the arrays event by event would reallocate them
-    about fifty times per answer, and scatter these long-lived arrays among freed blocks
-    (with 64 concurrent streams that held the gateway's memory at twice its records).
+    The pieces are gathered in plain lists (ids, logprobs or a whole answer's logprob
+    entries) and turned into one exact-size typed array per choice only when read
+    (:meth:`completions`, :attr:`prompt_ids`): the gateway reads them after the answer's
+    last byte is out, so the conversion is off the agent's path, and a stream's arrays are
+    not regrown event by event (that reallocated them about fifty times per answer and,
+    with 64 concurrent streams, scattered these long-lived arrays among freed blocks).
+
+    Example::
+
+        capture = Capture("chat.completions")
+        backend.take_response(answer, capture, keep_logprobs=False, endpoint=capture.endpoint)
+        capture.missing("vllm") or capture.completions()
     """
 
-    __slots__ = ("choices", "ids_seen", "parts", "prompt_ids", "usage")
+    __slots__ = ("_prompt", "_prompt_ids", "choices", "endpoint", "ids_seen", "parts", "usage")
 
-    def __init__(self) -> None:
-        self.prompt_ids: array[int] | None = None
+    def __init__(self, endpoint: str = CHAT) -> None:
+        self.endpoint = endpoint
+        self._prompt: Any = None  # the prompt ids as the upstream sent them, until read
+        self._prompt_ids: array[int] | None = None
         self.choices: dict[int, Completion] = {}
         self.ids_seen: set[int] = set()
         self.usage: dict[str, Any] | None = None
-        # choice index -> (token id lists, logprob lists) not yet joined
+        # choice index -> (token ids, logprobs or chat's logprob entries), not joined yet
         self.parts: dict[int, tuple[list[Any], list[Any]]] = {}
+
+    @property
+    def has_prompt(self) -> bool:
+        """Whether the prompt ids arrived."""
+        return self._prompt is not None or self._prompt_ids is not None
+
+    def set_prompt(self, ids: Any) -> None:
+        """Keep the first prompt ids seen (an int list)."""
+        if not self.has_prompt:
+            self._prompt = ids
+
+    @property
+    def prompt_ids(self) -> array[int] | None:
+        """The prompt ids as an array (None when none arrived)."""
+        if self._prompt is not None:
+            self._prompt_ids, self._prompt = ids_array(self._prompt), None
+        return self._prompt_ids
 
     def _join(self) -> None:
         for index, (ids, logprobs) in self.parts.items():
             completion = self.choice(index)
-            completion.token_ids = ids_array(_flat(completion.token_ids, ids))
-            completion.logprobs = logprob_array(_flat(completion.logprobs, logprobs))
+            if completion.token_ids:
+                ids = [*completion.token_ids, *ids]
+            completion.token_ids = ids_array(ids)
+            values = _logprobs(logprobs)
+            if completion.logprobs:
+                values = [*completion.logprobs, *values]
+            completion.logprobs = logprob_array(values)
         self.parts.clear()
 
     def choice(self, index: int) -> Completion:
@@ -68,21 +100,22 @@ class Capture:
         return found
 
     def completions(self) -> list[Completion]:
-        """The choices in index order."""
+        """The choices in index order (raises ValueError on malformed ids or logprobs)."""
         if self.parts:
-            self._join()
+            try:
+                self._join()
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                raise ValueError(f"malformed token ids or logprobs: {exc!r}") from None
         return [self.choices[i] for i in sorted(self.choices)]
 
     def missing(self, backend: str) -> str | None:
         """What the upstream failed to return, in words, or None when nothing is missing."""
-        if self.parts:
-            self._join()
         what = []
-        if self.prompt_ids is None:
+        if not self.has_prompt:
             what.append("prompt token ids")
         if any(i not in self.ids_seen for i in self.choices):
             what.append("completion token ids")
-        elif any(len(c.logprobs) != len(c.token_ids) for c in self.choices.values()):
+        elif any(self._count(i, 0) != self._count(i, 1) for i in self.choices):
             what.append("one logprob per completion token")
         if not what:
             return None
@@ -93,27 +126,19 @@ class Capture:
         )
         return f"the {backend} upstream returned no {' and no '.join(what)}; {hint}"
 
-
-def _flat(done: Any, parts: list[Any]) -> Any:
-    """``done`` followed by the items of ``parts``, as one list (an array sized once)."""
-    if not done and len(parts) == 1:
-        return parts[0]
-    out = list(done)
-    for part in parts:
-        out.extend(part)
-    return out
+    def _count(self, index: int, which: int) -> int:
+        """How many ids (``which`` 0) or logprobs (1) choice ``index`` has, joined or not."""
+        completion = self.choices[index]
+        done = len(completion.token_ids if which == 0 else completion.logprobs)
+        parts = self.parts.get(index)
+        return done + (len(parts[which]) if parts else 0)
 
 
-def _logprob_values(logprobs: Any, endpoint: str) -> list[float] | None:
-    if not isinstance(logprobs, Mapping):
-        return None
-    if endpoint == CHAT:
-        content = logprobs.get("content")
-        if content is None:
-            return None
-        return [float(e["logprob"]) for e in content]
-    values = logprobs.get("token_logprobs")
-    return None if values is None else [float(v) for v in values]
+def _logprobs(items: list[Any]) -> list[Any]:
+    """Chat's logprob entries as their floats (completions' items are floats already)."""
+    if items and type(items[0]) is dict:  # JSON objects parse to dicts (the hot path)
+        return [float(e["logprob"]) for e in items]
+    return items
 
 
 class Backend:
@@ -162,41 +187,59 @@ class VLLMBackend(Backend):
     ) -> None:
         root_prompt = data.pop("prompt_token_ids", None)
         if root_prompt is not None:
-            capture.prompt_ids = ids_array(root_prompt)
-        self._choices(data, capture, keep_logprobs, endpoint)
+            capture.set_prompt(root_prompt)
+        self._choices(data, capture, keep_logprobs, endpoint, entries=True)
         usage = data.get("usage")
         if isinstance(usage, dict):
             capture.usage = usage
 
-    take_chunk = take_response
+    def take_chunk(
+        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+    ) -> None:
+        # A chunk's logprob entries become floats at once: kept to the stream's end, the
+        # entry dicts of 64 concurrent streams cost the gateway about 6 MB.
+        root_prompt = data.pop("prompt_token_ids", None)
+        if root_prompt is not None:
+            capture.set_prompt(root_prompt)
+        self._choices(data, capture, keep_logprobs, endpoint, entries=False)
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            capture.usage = usage
 
     @staticmethod
     def _choices(
-        data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+        data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str, entries: bool
     ) -> None:
+        # Once per stream event: plain dict operations, no helper calls on the way.
+        key = "content" if endpoint == CHAT else "token_logprobs"
+        every = capture.parts
         for ch in data.get("choices") or ():
-            completion = capture.choice(int(ch.get("index", 0)))
-            prompt = ch.pop("prompt_token_ids", None)  # completions: per choice
-            if prompt is not None and capture.prompt_ids is None:
-                capture.prompt_ids = ids_array(prompt)
-            index = completion.index
-            parts = capture.parts.get(index)
+            index = ch.get("index", 0)
+            if type(index) is not int:
+                index = int(index)
+            parts = every.get(index)
             if parts is None:
-                parts = capture.parts[index] = ([], [])
+                capture.choice(index)
+                parts = every[index] = ([], [])
+            if "prompt_token_ids" in ch:  # completions: per choice
+                prompt = ch.pop("prompt_token_ids")
+                if prompt is not None:
+                    capture.set_prompt(prompt)
             ids = ch.pop("token_ids", None)
             if ids is not None:
-                parts[0].append(ids)
-                if index not in capture.ids_seen:
-                    capture.ids_seen.add(index)
+                parts[0].extend(ids)
+                capture.ids_seen.add(index)
             logprobs = ch.get("logprobs")
             if logprobs:
-                values = _logprob_values(logprobs, endpoint)
-                if values:
-                    parts[1].append(values)
+                items = logprobs.get(key) if type(logprobs) is dict else None
+                if items:
+                    # a whole answer's entries are read after it is out; a chunk's now
+                    parts[1].extend(items if entries else _logprobs(items))
             if not keep_logprobs:
                 ch["logprobs"] = None
-            if ch.get("finish_reason") is not None:
-                completion.finish_reason = ch["finish_reason"]
+            finish = ch.get("finish_reason")
+            if finish is not None:
+                capture.choices[index].finish_reason = finish
 
 
 class SGLangBackend(Backend):
@@ -220,12 +263,12 @@ class SGLangBackend(Backend):
     ) -> None:
         root_prompt = data.pop("prompt_token_ids", None)
         if root_prompt is not None:
-            capture.prompt_ids = ids_array(root_prompt)
+            capture.set_prompt(root_prompt)
         for ch in data.get("choices") or ():
             completion = capture.choice(int(ch.get("index", 0)))
             prompt = ch.pop("prompt_token_ids", None)
-            if prompt is not None and capture.prompt_ids is None:
-                capture.prompt_ids = ids_array(prompt)
+            if prompt is not None:
+                capture.set_prompt(prompt)
             meta = ch.pop("meta_info", None)
             entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
             if entries is not None:

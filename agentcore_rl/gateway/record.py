@@ -18,8 +18,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import struct
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +48,10 @@ _NOT_SAMPLING: Final = frozenset(
 
 def ids_array(values: Any = ()) -> array[int]:
     """Token ids as a compact int32 array."""
+    if isinstance(values, list) and values:
+        # struct packs a list twice as fast as array's per-item conversion
+        with contextlib.suppress(struct.error):  # not ints: array names the problem
+            return array("i", struct.pack(f"{len(values)}i", *values))
     return array("i", values)
 
 

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -103,6 +104,9 @@ class Session:
     last_seen: float = 0.0
     in_flight: int = 0
     idle: anyio.Event | None = None  # set when in_flight drops to 0 while someone waits
+    # call index -> what turns a committed record's captured lists into its typed arrays
+    # (the call runs it once its answer is out; a reader runs it first if it comes earlier)
+    unfilled: dict[int, Callable[[], None]] = field(default_factory=dict)
 
     def call_started(self, now: float) -> int:
         """Count a call in; -> its index in the session."""
@@ -127,8 +131,15 @@ class Session:
         if self.in_flight == 0 and self.idle is not None:
             self.idle.set()
 
+    def fill(self) -> None:
+        """Finish every committed record's arrays now (before anyone reads them)."""
+        while self.unfilled:
+            _, filler = self.unfilled.popitem()
+            filler()
+
     def trace(self, gateway_id: str, *, complete: bool = True) -> SessionTrace:
         """The records so far as a :class:`SessionTrace` (sharing the record objects)."""
+        self.fill()
         return SessionTrace(
             session_id=self.session_id,
             exp_id=self.exp_id,
