@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NoReturn
 
 import aiohttp
+import botocore.auth
 from aiohttp import http_exceptions
 from botocore.awsrequest import AWSPreparedRequest
 from botocore.exceptions import (
@@ -43,6 +45,8 @@ from botocore.exceptions import (
     SSLError,
 )
 from yarl import URL
+
+from agentcore_rl.aws.wire import WireClosedError, WirePool, WireTimeoutError, pool_settings
 
 __all__ = ["LeanHttp", "LeanUnsupported", "join_url", "sdk_headers", "transport_error"]
 
@@ -94,6 +98,16 @@ def transport_error(exc: BaseException, url: str, proxy_url: str | None) -> Exce
 
         raise transport_error(exc, url, None) from exc
     """
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        return SSLError(endpoint_url=url, error=exc)
+    if isinstance(exc, WireTimeoutError):
+        if exc.connect:
+            return ConnectTimeoutError(endpoint_url=url, error=exc)
+        return ReadTimeoutError(endpoint_url=url, error=exc)
+    if isinstance(exc, WireClosedError):
+        return ConnectionClosedError(error=exc, endpoint_url=url)
+    if isinstance(exc, ConnectionRefusedError | socket.gaierror):
+        return EndpointConnectionError(endpoint_url=url, error=exc)
     if isinstance(exc, aiohttp.ClientSSLError):
         return SSLError(endpoint_url=url, error=exc)
     if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
@@ -123,15 +137,25 @@ def _origin_of(url: str) -> str:
 
 
 class _Origin:
-    """What is fixed per scheme, host and port: the proxy settings and the aiohttp session
-    aiobotocore keeps for that proxy."""
+    """What is fixed per scheme, host and port: the proxy settings, the aiohttp session
+    aiobotocore keeps for that proxy and, without a proxy, the lean connection pool."""
 
-    __slots__ = ("proxy_headers", "proxy_url", "session")
+    __slots__ = ("name", "proxy_headers", "proxy_url", "session", "wire")
 
-    def __init__(self, proxy_url: str | None, proxy_headers: Any, session: Any) -> None:
+    def __init__(self, name: str, proxy_url: str | None, proxy_headers: Any, session: Any) -> None:
+        self.name = name
         self.proxy_url = proxy_url
         self.proxy_headers = proxy_headers or None
         self.session = session
+        self.wire: WirePool | None = None
+        if proxy_url is None:
+            # Proxies (and their TLS settings) stay aiohttp's: everything else goes out
+            # through a pool with the session's size, timeouts and TLS context.
+            host = botocore.auth._host_from_url(name)  # type: ignore[attr-defined]
+            try:
+                self.wire = WirePool(name, **pool_settings(session), host_header=host)
+            except ImportError:  # no httptools (it comes with the `client` extra)
+                self.wire = None
 
 
 class LeanHttp:
@@ -187,7 +211,7 @@ class LeanHttp:
             config = self._session._proxy_config
             proxy_url = config.proxy_url_for(url)
             session = await self._session._get_session(proxy_url)
-            origin = _Origin(proxy_url, config.proxy_headers_for(url), session)
+            origin = _Origin(name, proxy_url, config.proxy_headers_for(url), session)
             self._origins[name] = origin
         return origin
 
@@ -220,6 +244,21 @@ class LeanHttp:
         origin = self._origins.get(_origin_of(text))
         if origin is None:
             origin = await self._origin(text)
+        wire = origin.wire
+        if wire is not None:
+            path = text[len(origin.name) :] or "/"
+            all_headers.pop("Host", None)  # the pool sends the signed host
+            try:
+                code, raw, content = await wire.request(
+                    method, path, list(all_headers.items()), body
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                raise transport_error(exc, text, None) from exc
+            if code < 300:
+                return code, {}, content
+            return code, {k.decode().lower(): v.decode() for k, v in raw}, content
         target = url if isinstance(url, URL) else URL(url, encoded=True)
         try:
             async with origin.session.request(
@@ -244,12 +283,16 @@ class LeanHttp:
             raise transport_error(exc, text, origin.proxy_url) from exc
 
     async def aclose(self) -> None:
-        """Nothing to release: the pool is the generic client's (closed with it).
+        """Close the lean connection pools (the aiohttp ones are the generic client's,
+        closed with it). Idempotent.
 
         Example::
 
             await http.aclose()
         """
+        for origin in self._origins.values():
+            if origin.wire is not None:
+                origin.wire.close()
 
     @staticmethod
     async def raise_error(
