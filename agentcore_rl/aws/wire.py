@@ -39,6 +39,8 @@ __all__ = ["WireClosedError", "WirePool", "WireTimeoutError"]
 
 #: How long an idle connection is kept (aiobotocore's default keep-alive time).
 DEFAULT_KEEPALIVE: Final = 12.0
+#: Seconds between two checks of the requests in flight for the read timeout.
+SWEEP_INTERVAL: Final = 1.0
 
 
 class WireClosedError(ConnectionError):
@@ -68,7 +70,6 @@ class _Connection(asyncio.Protocol):
         "loop",
         "parser",
         "status",
-        "timer",
         "transport",
         "waiter",
     )
@@ -78,7 +79,6 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser: httptools.HttpResponseParser = parser(self)
         self.waiter: asyncio.Future[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
@@ -138,33 +138,16 @@ class _Connection(asyncio.Protocol):
         )
 
     def _complete(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     def _fail(self, exc: BaseException) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def _check_read(self, timeout: float) -> None:
-        """Fail the request when nothing arrived for ``timeout`` seconds (aiohttp's
-        ``sock_read``: the time between reads, not the whole answer's)."""
-        due = self.last_read + timeout
-        if self.loop.time() >= due:
-            self.timer = None
-            self._fail(WireTimeoutError(f"no answer for {timeout} s"))
-            self.close()
-        else:
-            self.timer = self.loop.call_at(due, self._check_read, timeout)
-
-    def start(self, data: bytes, read_timeout: float | None) -> asyncio.Future[None]:
+    def start(self, data: bytes) -> asyncio.Future[None]:
         self.status = 0
         self.headers = []
         self.body = []
@@ -172,18 +155,11 @@ class _Connection(asyncio.Protocol):
         self.waiter = waiter = self.loop.create_future()
         assert self.transport is not None
         self.transport.write(data)
-        if read_timeout is not None:
-            self.last_read = self.loop.time()
-            self.timer = self.loop.call_at(
-                self.last_read + read_timeout, self._check_read, read_timeout
-            )
+        self.last_read = self.loop.time()
         return waiter
 
     def close(self) -> None:
         self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         if self.transport is not None:
             self.transport.close()
 
@@ -236,6 +212,10 @@ class WirePool:
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
+        # Requests in flight, checked for the read timeout once per SWEEP_INTERVAL (a timer
+        # per request would cost more than the request's own work).
+        self._busy: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return f"WirePool({self.origin!r}, open={self._open}, idle={len(self._idle)})"
@@ -260,16 +240,20 @@ class WirePool:
         if body:
             data += body
         conn, reused = await self._acquire()
+        self._busy.add(conn)
+        if self._sweeper is None and self.read_timeout is not None:
+            self._sweeper = conn.loop.call_later(SWEEP_INTERVAL, self._sweep)
         try:
-            await conn.start(data, self.read_timeout)
+            await conn.start(data)
         except WireClosedError:
             self._drop(conn)
             if not reused or conn.got_bytes:
                 raise
             # The server closed an idle connection as the request went out: it never saw it.
             conn, _ = await self._connect_slot()
+            self._busy.add(conn)
             try:
-                await conn.start(data, self.read_timeout)
+                await conn.start(data)
             except BaseException:
                 self._drop(conn)
                 raise
@@ -338,7 +322,22 @@ class WirePool:
             ) from exc
         return conn
 
+    def _sweep(self) -> None:
+        """Fail the requests that got no answer byte for ``read_timeout`` seconds
+        (aiohttp's ``sock_read``: the time between reads, not the whole answer's)."""
+        self._sweeper = None
+        timeout = self.read_timeout
+        if not self._busy or timeout is None:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for conn in [c for c in self._busy if now - c.last_read >= timeout]:
+            conn._fail(WireTimeoutError(f"no answer from {self.origin} for {timeout} s"))
+            conn.close()
+        self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
+
     def _release(self, conn: _Connection) -> None:
+        self._busy.discard(conn)
         if conn.closed or not conn.keep_alive or self._closed:
             self._drop(conn)
             return
@@ -348,6 +347,7 @@ class WirePool:
 
     def _drop(self, conn: _Connection) -> None:
         """Close a connection taken from the pool and free its slot."""
+        self._busy.discard(conn)
         conn.close()
         self._open -= 1
         self._wake()
@@ -369,6 +369,9 @@ class WirePool:
             pool.close()
         """
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
