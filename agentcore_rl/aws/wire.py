@@ -188,6 +188,7 @@ class WirePool:
         keepalive: float = DEFAULT_KEEPALIVE,
         ssl_context: ssl_module.SSLContext | bool | None = None,
         host_header: str | None = None,
+        sweep_interval: float = SWEEP_INTERVAL,
     ) -> None:
         # The `client` extra's parser; without it the lean path stays on aiohttp.
         from httptools import HttpResponseParser
@@ -204,6 +205,7 @@ class WirePool:
         self.connect_timeout = connect_timeout or None
         self.read_timeout = read_timeout or None
         self.keepalive = keepalive
+        self.sweep_interval = sweep_interval
         self._ssl: ssl_module.SSLContext | None = None
         if scheme == "https":
             self._ssl = _ssl_context(ssl_context)
@@ -212,7 +214,7 @@ class WirePool:
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
-        # Requests in flight, checked for the read timeout once per SWEEP_INTERVAL (a timer
+        # Requests in flight, checked for the read timeout once per sweep_interval (a timer
         # per request would cost more than the request's own work).
         self._busy: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -242,7 +244,7 @@ class WirePool:
         conn, reused = await self._acquire()
         self._busy.add(conn)
         if self._sweeper is None and self.read_timeout is not None:
-            self._sweeper = conn.loop.call_later(SWEEP_INTERVAL, self._sweep)
+            self._sweeper = conn.loop.call_later(self.sweep_interval, self._sweep)
         try:
             await conn.start(data)
         except WireClosedError:
@@ -334,7 +336,7 @@ class WirePool:
         for conn in [c for c in self._busy if now - c.last_read >= timeout]:
             conn._fail(WireTimeoutError(f"no answer from {self.origin} for {timeout} s"))
             conn.close()
-        self._sweeper = loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self._sweeper = loop.call_later(self.sweep_interval, self._sweep)
 
     def _release(self, conn: _Connection) -> None:
         self._busy.discard(conn)
