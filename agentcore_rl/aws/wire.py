@@ -28,8 +28,6 @@ import collections
 import ssl as ssl_module
 from typing import TYPE_CHECKING, Any, Final
 
-import anyio
-
 from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -39,6 +37,8 @@ __all__ = ["WireClosedError", "WirePool", "WireTimeoutError"]
 
 #: How long an idle connection is kept (aiobotocore's default keep-alive time).
 DEFAULT_KEEPALIVE: Final = 12.0
+# asyncio.timeout (Python 3.11+); older Pythons use wait_for.
+_timeout: Any = getattr(asyncio, "timeout", None)
 #: Seconds between two checks of the requests in flight for the read timeout.
 SWEEP_INTERVAL: Final = 1.0
 
@@ -309,16 +309,22 @@ class WirePool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        opening = loop.create_connection(
+            lambda: _Connection(loop, self._parser),
+            self.host,
+            self.port,
+            ssl=self._ssl,
+            server_hostname=self.host if self._ssl is not None else None,
+        )
         try:
-            with anyio.fail_after(self.connect_timeout):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(loop, self._parser),
-                    self.host,
-                    self.port,
-                    ssl=self._ssl,
-                    server_hostname=self.host if self._ssl is not None else None,
-                )
-        except TimeoutError as exc:
+            if self.connect_timeout is None:
+                _, conn = await opening
+            elif _timeout is not None:  # Python 3.11+: a timer, not a task or a cancel scope
+                async with _timeout(self.connect_timeout):
+                    _, conn = await opening
+            else:
+                _, conn = await asyncio.wait_for(opening, self.connect_timeout)
+        except (TimeoutError, asyncio.TimeoutError) as exc:
             raise WireTimeoutError(
                 f"connecting to {self.origin} took over {self.connect_timeout} s", connect=True
             ) from exc
