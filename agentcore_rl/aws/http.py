@@ -139,25 +139,25 @@ def _origin_of(url: str) -> str:
 
 
 class _Origin:
-    """What is fixed per scheme, host and port: the proxy settings, the aiohttp session
-    aiobotocore keeps for that proxy and, without a proxy, the lean connection pool."""
+    """What is fixed per scheme, host and port: the proxy settings and either the lean
+    connection pool or (through a proxy, or without httptools) the aiohttp session
+    aiobotocore keeps for that proxy."""
 
     __slots__ = ("name", "proxy_headers", "proxy_url", "session", "wire")
 
-    def __init__(self, name: str, proxy_url: str | None, proxy_headers: Any, session: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        proxy_url: str | None,
+        proxy_headers: Any,
+        session: Any,
+        wire: WirePool | None,
+    ) -> None:
         self.name = name
         self.proxy_url = proxy_url
         self.proxy_headers = proxy_headers or None
         self.session = session
-        self.wire: WirePool | None = None
-        if proxy_url is None:
-            # Proxies (and their TLS settings) stay aiohttp's: everything else goes out
-            # through a pool with the session's size, timeouts and TLS context.
-            host = botocore.auth._host_from_url(name)  # type: ignore[attr-defined]
-            try:
-                self.wire = WirePool(name, **pool_settings(session), host_header=host)
-            except ImportError:  # no httptools (it comes with the `client` extra)
-                self.wire = None
+        self.wire = wire
 
 
 class LeanHttp:
@@ -196,8 +196,9 @@ class LeanHttp:
         return cls(client._endpoint.http_session, user_agent=user_agent)
 
     async def warm(self, url: str) -> None:
-        """Open the aiohttp session for ``url``'s origin now (its TLS context costs tens of
-        milliseconds of CPU), so that the first request does not wait for it.
+        """Set up ``url``'s origin now (for https or a proxy, the aiohttp session, whose
+        TLS context costs tens of milliseconds of CPU), so that the first request does not
+        wait for it.
 
         Example::
 
@@ -212,8 +213,26 @@ class LeanHttp:
         if origin is None:
             config = self._session._proxy_config
             proxy_url = config.proxy_url_for(url)
-            session = await self._session._get_session(proxy_url)
-            origin = _Origin(name, proxy_url, config.proxy_headers_for(url), session)
+            session: Any = None
+            wire: WirePool | None = None
+            if proxy_url is None:
+                # Proxies (and their TLS settings) stay aiohttp's; everything else goes out
+                # through a pool with the session's size, timeouts and TLS context. (For
+                # plain http no aiohttp session is opened: its TLS context costs tens of
+                # milliseconds of CPU and would serve nothing.)
+                ssl_context = None
+                if name.startswith("https:"):
+                    session = await self._session._get_session(None)
+                    ssl_context = getattr(session.connector, "_ssl", None)
+                host = botocore.auth._host_from_url(name)  # type: ignore[attr-defined]
+                try:
+                    settings = pool_settings(self._session, ssl_context)
+                    wire = WirePool(name, **settings, host_header=host)
+                except ImportError:  # no httptools (it comes with the `client` extra)
+                    wire = None
+            if wire is None and session is None:
+                session = await self._session._get_session(proxy_url)
+            origin = _Origin(name, proxy_url, config.proxy_headers_for(url), session, wire)
             self._origins[name] = origin
         return origin
 

@@ -407,24 +407,24 @@ def _ssl_context(setting: ssl_module.SSLContext | bool | None) -> ssl_module.SSL
     return context
 
 
-def pool_settings(session: Any) -> dict[str, Any]:
-    """A :class:`WirePool`'s settings from an aiohttp ``ClientSession`` (aiobotocore's):
-    pool size, connect and read timeouts, keep-alive time and TLS context.
+def pool_settings(http_session: Any, ssl_context: Any = None) -> dict[str, Any]:
+    """A :class:`WirePool`'s settings from aiobotocore's HTTP session (``AIOHTTPSession``):
+    pool size, connect and read timeouts, keep-alive time; ``ssl_context`` is the TLS
+    context of its aiohttp connector (for ``https`` origins).
 
     Example::
 
-        pool = WirePool(origin, **pool_settings(session), host_header=host)
+        pool = WirePool(origin, **pool_settings(client._endpoint.http_session))
     """
-    connector = session.connector
-    timeout = session.timeout
-    ssl_setting = getattr(connector, "_ssl", None)
-    if not isinstance(ssl_setting, ssl_module.SSLContext | bool):
-        ssl_setting = None
-    keepalive = getattr(connector, "_keepalive_timeout", None)
+    timeout = http_session._timeout
+    connector_args = getattr(http_session, "_connector_args", None) or {}
+    keepalive = connector_args.get("keepalive_timeout")
+    if not isinstance(ssl_context, ssl_module.SSLContext | bool):
+        ssl_context = None
     return {
-        "limit": connector.limit or 1024,
+        "limit": http_session._max_pool_connections or 1024,
         "connect_timeout": timeout.sock_connect or timeout.connect,
         "read_timeout": timeout.sock_read,
         "keepalive": keepalive if isinstance(keepalive, int | float) else DEFAULT_KEEPALIVE,
-        "ssl_context": ssl_setting,
+        "ssl_context": ssl_context,
     }
