@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl as ssl_module
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from agentcore_rl.errors import ConfigurationError
 
@@ -91,8 +91,8 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # Not an isinstance check: uvloop's transports do not subclass asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True

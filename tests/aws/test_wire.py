@@ -90,3 +90,21 @@ async def test_a_silent_server_ends_in_a_read_timeout(raw_server: tuple[RawServe
         assert (await pool.request("GET", "/ok", [], b""))[2] == b"ok"
     finally:
         pool.close()
+
+
+def test_the_pool_runs_on_uvloop() -> None:
+    """uvloop's transports are not asyncio's classes (Ray's async actors run on uvloop)."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> list[bytes]:
+        app = RawServer()
+        server = await asyncio.start_server(app.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            pool = WirePool(f"http://127.0.0.1:{port}", limit=1)
+            try:
+                return [(await pool.request("GET", f"/{i}", [], b""))[2] for i in range(2)]
+            finally:
+                pool.close()
+
+    assert uvloop.run(main()) == [b"0", b"1"]
