@@ -108,16 +108,22 @@ def is_transient_s3_error(exc: BaseException) -> bool:
     return isinstance(exc, BotoConnectionError | HTTPClientError | asyncio.TimeoutError)
 
 
-async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
-    """Enter the client's context and stay suspended until closed (see ResultStore)."""
+async def _hold_client(context: Any, lean: bool) -> AsyncGenerator[tuple[Any, LeanS3 | None], None]:
+    """Enter the client's context (and open its lean reader) and stay suspended until
+    closed (see ResultStore); closing closes both, the reader's connections first."""
     async with context as client:
-        yield client
+        reader = await LeanS3.create(client) if lean else None
+        try:
+            yield client, reader
+        finally:
+            if reader is not None:
+                await reader.aclose()
 
 
 @dataclass
 class _LoopClient:
     client: Any
-    holder: AsyncGenerator[Any, None]
+    holder: AsyncGenerator[tuple[Any, LeanS3 | None], None]
     # The lean reader (GetObject, ListObjectsV2) on ``client``'s settings and pool, or None.
     reader: LeanS3 | None = None
 
@@ -264,10 +270,10 @@ class ResultStore:
                         endpoint_url=self.endpoint_url,
                         region_name=self.region_name,
                         config=self._config,
-                    )
+                    ),
+                    self.lean,
                 )
-                client = await holder.__anext__()
-                reader = await LeanS3.create(client) if self.lean else None
+                client, reader = await holder.__anext__()
                 entry = _LoopClient(client, holder, reader)
                 self._clients[loop] = entry
         return entry

@@ -6,8 +6,8 @@ of it, so the CPU measured here is the calling side's alone. For each operation
 each path makes ``--calls`` signed requests with ``--concurrency`` in flight; the paths
 alternate ``--rounds`` times and the best round counts (the machine may be shared).
 Prints one JSON document: CPU microseconds per call for each path and their ratio, and
-for two operations the transport floor (one pre-signed request resent through the same
-HTTP session), which no request path can go below.
+for two operations the transport floor (one pre-signed request resent through the lean
+path's HTTP pool, ``agentcore_rl.aws.wire``): what is left once signing is free.
 
 Example::
 
@@ -180,8 +180,8 @@ async def measure(call: Call, calls: int, concurrency: int) -> tuple[float, floa
 
 
 async def transport_floor(s3: Any, acr: Any, args: argparse.Namespace) -> dict[str, float]:
-    """CPU per call of resending one already-signed request through the same HTTP session:
-    what any request path pays for the connection, the loop and the kernel."""
+    """CPU per call of resending one already-signed request through the lean HTTP pool:
+    what the lean path pays for the connection, the loop and the kernel."""
     from agentcore_rl.aws import LeanAgentCore, LeanS3
     from agentcore_rl.aws.http import LeanHttp, join_url
 

@@ -1,11 +1,15 @@
-"""SigV4 for the lean request path, with botocore's own signer classes.
+"""SigV4 for the lean request path: botocore's algorithm, with what does not change per
+request worked out once.
 
-The canonical request, string to sign and ``Authorization`` header are botocore's
-(:class:`botocore.auth.SigV4Auth`, or :class:`~botocore.auth.S3SigV4Auth` for S3). What is
-saved per request is what botocore recomputes although it does not change: the signer
-object (rebuilt only when the frozen credentials change), the derived signing key (four
-HMACs, fixed per secret key and day), the second selection of the headers to sign, and
-the request preparation botocore runs only to read back a body that is already bytes.
+The canonical request, string to sign and ``Authorization`` header are the ones botocore's
+:class:`~botocore.auth.SigV4Auth` (or :class:`~botocore.auth.S3SigV4Auth` for S3) makes for
+the same request at the same instant (a test checks them against botocore's signer). Kept
+from botocore: its signer object per set of frozen credentials (rebuilt on a refresh), its
+clock and timestamp format, its path normalisation (once per path), its host rule (once
+per origin), its list of unsigned headers and its HMAC key derivation (once per day).
+What is not paid per request any more: botocore's request object and ``HTTPHeaders`` (an
+``email.message.Message``: about ten header-policy calls per header), the body read back
+through the request preparation, the headers selected twice, and the logging calls.
 
 Credentials come from the generic client's credential object, so the chain, expiry and
 refresh are botocore's: ``get_frozen_credentials()`` refreshes before expiry.
@@ -18,83 +22,29 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import hashlib
+import hmac
+from collections.abc import Mapping
 from typing import Any, Final
 
 import botocore.auth
-from botocore.auth import SIGNED_HEADERS_BLACKLIST, S3SigV4Auth, SigV4Auth
+from botocore.auth import SIGNED_HEADERS_BLACKLIST, SIGV4_TIMESTAMP, S3SigV4Auth, SigV4Auth
 from botocore.exceptions import NoCredentialsError
 
-__all__ = [
-    "CachedKeyS3SigV4Auth",
-    "CachedKeySigV4Auth",
-    "LeanSigner",
-    "SignableHeaders",
-    "SignableRequest",
-]
+__all__ = ["CachedKeyS3SigV4Auth", "CachedKeySigV4Auth", "LeanSigner"]
 
 #: Signing keys kept per signer: one per day is used; two cover a request made across midnight.
 _KEYS_KEPT: Final = 2
+#: Canonical paths kept per (non-S3) signer: a runtime has two (cleared when full).
+_PATHS_KEPT: Final = 64
+#: Headers SigV4 never signs (botocore's list).
+_UNSIGNED: Final = tuple(SIGNED_HEADERS_BLACKLIST)
+_EMPTY_SHA256: Final = hashlib.sha256(b"").hexdigest()
 
 
-class SignableHeaders:
-    """The part of botocore's ``HTTPHeaders`` that SigV4 signing uses, on a plain dict.
-
-    ``HTTPHeaders`` is an ``email.message.Message``: every lookup and assignment goes
-    through the email package's header policy (about 10 sanitising calls per header per
-    request). Names are case-insensitive here as there; botocore deletes a signing header
-    before setting it, so replacing on assignment (instead of appending) is the same.
-    """
-
-    __slots__ = ("_items",)
-
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        self._items = {name.lower(): (name, value) for name, value in headers.items()}
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._items
-
-    def __getitem__(self, name: str) -> str:
-        return self._items[name.lower()][1]
-
-    def __setitem__(self, name: str, value: str) -> None:
-        self._items[name.lower()] = (name, value)
-
-    def __delitem__(self, name: str) -> None:
-        self._items.pop(name.lower(), None)
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, _ in self._items.values())
-
-    def items(self) -> list[tuple[str, str]]:
-        """All headers, with their names as given."""
-        return list(self._items.values())
-
-
-class _Selected(dict[str, str]):
-    """The headers to sign, by lower-cased name (what ``canonical_headers`` reads)."""
-
-    def get_all(self, name: str) -> list[str]:
-        return [self[name]]
-
-
-class SignableRequest:
-    """What botocore's SigV4 signers read from a request, and nothing more.
-
-    botocore's ``AWSRequest`` prepares the whole request (URL, headers, body) each time the
-    signer reads its ``body``; ours is bytes from the start and its headers a plain dict.
-    """
-
-    __slots__ = ("body", "context", "headers", "method", "params", "selected", "url")
-
-    def __init__(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> None:
-        self.method = method
-        self.url = url
-        self.headers = SignableHeaders(headers)
-        self.body = body
-        self.params: dict[str, str] = {}  # the query is in the URL
-        self.context: dict[str, Any] = {}
-        self.selected: _Selected | None = None
+def _trim(value: str) -> str:
+    """SigV4's Trimall, as botocore's ``_header_value``."""
+    return " ".join(value.split())
 
 
 class _CachedKeyMixin:
@@ -119,38 +69,6 @@ class _CachedKeyMixin:
                 keys.clear()
             keys[day] = key
         return key
-
-    def headers_to_sign(self, request: Any) -> Any:
-        """botocore's selection, computed once per request (``add_auth`` asks twice, for
-        the canonical request and for the Authorization header, with no change between),
-        the host read from the URL once per origin."""
-        if not isinstance(request, SignableRequest):
-            return super().headers_to_sign(request)  # type: ignore[misc]
-        selected = request.selected
-        if selected is None:
-            selected = _Selected()
-            for lname, (_, value) in request.headers._items.items():
-                if lname not in SIGNED_HEADERS_BLACKLIST:
-                    selected[lname] = value
-            if "host" not in selected:
-                hosts: dict[str, str] = self.__dict__.setdefault("_hosts", {})
-                url = request.url
-                slash = url.find("/", url.find("//") + 2)
-                origin = url if slash < 0 else url[:slash]
-                host = hosts.get(origin)
-                if host is None:
-                    # botocore's own rule (default ports dropped, IPv6 bracketed).
-                    host = hosts[origin] = botocore.auth._host_from_url(request.url)  # type: ignore[attr-defined]
-                selected["host"] = host
-            request.selected = selected
-        return selected
-
-    def signature(self, string_to_sign: str, request: Any) -> str:
-        """botocore's signature, with the derived key reused within a day."""
-        key = self._signing_key(request.context["timestamp"][0:8])
-        sign: Any = SigV4Auth._sign  # type: ignore[attr-defined]
-        sig: str = sign(self, key, string_to_sign, hex=True)
-        return sig
 
 
 class CachedKeySigV4Auth(_CachedKeyMixin, SigV4Auth):
@@ -183,6 +101,9 @@ class LeanSigner:
         self._auth_class: type[SigV4Auth] = CachedKeyS3SigV4Auth if s3 else CachedKeySigV4Auth
         self._frozen: Any = None
         self._auth: SigV4Auth | None = None
+        self._s3 = s3
+        self._paths: dict[str, str] = {}
+        self._hosts: dict[str, str] = {}
 
     def __repr__(self) -> str:
         return f"LeanSigner(signing_name={self.signing_name!r}, region={self.region!r})"
@@ -209,6 +130,73 @@ class LeanSigner:
             headers = await signer.sign("GET", "https://b.s3.amazonaws.com/k", {}, b"")
         """
         auth: Any = await self._current_auth()
-        request = SignableRequest(method, url, headers, body)
-        auth.add_auth(request)
-        return request.headers.items()
+        # botocore's clock (a test freezes it there), botocore's timestamp format.
+        now = botocore.auth.get_current_datetime()  # type: ignore[attr-defined]
+        stamp = now.strftime(SIGV4_TIMESTAMP)
+        day = stamp[0:8]
+        path, query, host = self._split(auth, url)
+        frozen = self._frozen
+        payload = _EMPTY_SHA256 if not body else hashlib.sha256(body).hexdigest()
+        out = list(headers.items())
+        out.append(("X-Amz-Date", stamp))
+        signing = {name.lower(): value for name, value in out}
+        signing["host"] = host
+        if frozen.token:
+            out.append(("X-Amz-Security-Token", frozen.token))
+            signing["x-amz-security-token"] = frozen.token
+        if self._s3:
+            out.append(("X-Amz-Content-SHA256", payload))
+            signing["x-amz-content-sha256"] = payload
+        for name in _UNSIGNED:
+            signing.pop(name, None)
+        names = sorted(signing)
+        signed_headers = ";".join(names)
+        canonical = "\n".join(
+            (
+                method,
+                path,
+                query,
+                "".join(f"{name}:{_trim(signing[name])}\n" for name in names),
+                signed_headers,
+                payload,
+            )
+        )
+        scope = f"{day}/{self.region}/{self.signing_name}/aws4_request"
+        string_to_sign = (
+            f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        )
+        signature = hmac.new(
+            auth._signing_key(day), string_to_sign.encode(), hashlib.sha256
+        ).hexdigest()
+        out.append(
+            (
+                "Authorization",
+                f"AWS4-HMAC-SHA256 Credential={frozen.access_key}/{scope}, "
+                f"SignedHeaders={signed_headers}, Signature={signature}",
+            )
+        )
+        return out
+
+    def _split(self, auth: Any, url: str) -> tuple[str, str, str]:
+        """The canonical path, canonical query and signed host of ``url``."""
+        base, _, query = url.partition("?")
+        slash = base.find("/", base.find("//") + 2)
+        origin, path = (base, "/") if slash < 0 else (base[:slash], base[slash:])
+        host = self._hosts.get(origin)
+        if host is None:
+            # botocore's rule (default ports dropped, IPv6 bracketed), once per origin.
+            host = self._hosts[origin] = botocore.auth._host_from_url(origin)  # type: ignore[attr-defined]
+        if not self._s3:
+            # SigV4 (not S3) normalises and encodes the path again: botocore's own code,
+            # once per path (a runtime has two).
+            canonical = self._paths.get(path)
+            if canonical is None:
+                if len(self._paths) >= _PATHS_KEPT:
+                    self._paths.clear()
+                canonical = self._paths[path] = auth._normalize_url_path(path)
+            path = canonical
+        if query:
+            # botocore's _canonical_query_string_url: pairs sorted by encoded key, then value.
+            pairs = sorted(pair.partition("=")[::2] for pair in query.split("&"))
+            query = "&".join(f"{key}={value}" for key, value in pairs)
+        return path, query, host
