@@ -60,7 +60,21 @@ async def test_burst_never_exceeds_capacity_after_idle() -> None:
     assert bucket.tokens == 3
 
 
-async def test_stop_calls_queue_behind_invocations() -> None:
+@pytest.mark.parametrize(
+    ("queued", "served"),
+    [
+        # Stop calls queue behind invocations queued after them.
+        (
+            [("stop", Priority.STOP), ("invoke1", Priority.INVOKE), ("invoke2", Priority.INVOKE)],
+            ["invoke1", "invoke2", "stop"],
+        ),
+        # A retry goes before first invocations queued earlier.
+        ([("invoke", Priority.INVOKE), ("retry", Priority.RETRY)], ["retry", "invoke"]),
+    ],
+)
+async def test_waiters_are_served_by_priority_then_arrival(
+    queued: list[tuple[str, Priority]], served: list[str]
+) -> None:
     clock = FakeClock()
     bucket = make(1, 1, clock)
     assert bucket.try_acquire()
@@ -70,40 +84,17 @@ async def test_stop_calls_queue_behind_invocations() -> None:
         await bucket.acquire(priority=priority)
         order.append(name)
 
-    stop = asyncio.create_task(take("stop", Priority.STOP))
-    await settle()
-    invoke1 = asyncio.create_task(take("invoke1", Priority.INVOKE))
-    await settle()
-    invoke2 = asyncio.create_task(take("invoke2", Priority.INVOKE))
-    await settle()
-    assert bucket.waiting == 3
+    tasks = []
+    for name, priority in queued:
+        tasks.append(asyncio.create_task(take(name, priority)))
+        await settle()
+    assert bucket.waiting == len(queued)
     assert not bucket.try_acquire()  # queued waiters come first
-    for _ in range(3):
+    for _ in queued:
         clock.advance(1)
         await settle()
-    await asyncio.wait_for(asyncio.gather(stop, invoke1, invoke2), 5)
-    assert order == ["invoke1", "invoke2", "stop"]
-
-
-async def test_a_retry_goes_before_first_invocations_queued_earlier() -> None:
-    clock = FakeClock()
-    bucket = make(1, 1, clock)
-    assert bucket.try_acquire()
-    order: list[str] = []
-
-    async def take(name: str, priority: Priority) -> None:
-        await bucket.acquire(priority=priority)
-        order.append(name)
-
-    invoke = asyncio.create_task(take("invoke", Priority.INVOKE))
-    await settle()
-    retry = asyncio.create_task(take("retry", Priority.RETRY))
-    await settle()
-    for _ in range(2):
-        clock.advance(1)
-        await settle()
-    await asyncio.wait_for(asyncio.gather(invoke, retry), 5)
-    assert order == ["retry", "invoke"]
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert order == served
 
 
 async def test_cancelled_waiter_leaves_the_queue() -> None:
