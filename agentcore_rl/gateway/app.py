@@ -616,6 +616,7 @@ class RolloutGateway:
                 if record.error is None:
                     self.stats["failed_calls"] += 1
                     record.error = f"the upstream sent {exc}"
+            session.arena.keep(record)  # share the conversation it repeats with earlier calls
 
         try:
             try:
