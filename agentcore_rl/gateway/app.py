@@ -748,6 +748,7 @@ class RolloutGateway:
                         )
                         first, out = b"".join(out), []
                         await send({"type": "http.response.body", "body": first, "more_body": True})
+                        capture.pack_prompt()  # after the first byte: not on the agent's path
                 if not started:
                     if not done:
                         held = out

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["Arena", "common_prefix"]
 
 
-def common_prefix(a: memoryview, b: memoryview) -> int:
-    """How many leading items ``a`` and ``b`` (same format) have in common."""
+def common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes ``a`` and ``b`` have in common."""
+    # bytes compare with memcmp; a memoryview compares item by item (~8x slower here)
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case: one turn extends the last
         return n
@@ -89,9 +90,9 @@ class Arena:
             return
         ids = self.ids
         start, end = self._conv
-        # views are released before ids grows (a live export forbids resizing)
-        with memoryview(ids) as view, memoryview(seq) as new:
-            shared = common_prefix(view[start:end], new)
+        with memoryview(ids) as view:  # released before ids grows (an export forbids it)
+            last = view[start:end].tobytes()
+        shared = common_prefix(last, seq.tobytes()) // ids.itemsize
         if shared == len(seq):  # nothing new (an identical retry, or a shorter prompt)
             at = start
         elif shared == end - start and end == len(ids):  # extends the last conversation
@@ -108,8 +109,7 @@ class Arena:
     def _keep_body(self, record: CallRecord) -> None:
         raw = record.request_body
         text = self._text_of(self._body)
-        with memoryview(text) as last, memoryview(raw) as new:
-            shared = common_prefix(last, new)
+        shared = common_prefix(text, raw)
         spans = _cut(self._body, shared)
         if shared < len(raw):
             at = len(self.text)
