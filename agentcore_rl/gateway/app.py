@@ -616,6 +616,7 @@ class RolloutGateway:
                 if record.error is None:
                     self.stats["failed_calls"] += 1
                     record.error = f"the upstream sent {exc}"
+            session.arena.keep(record)  # share the conversation it repeats with earlier calls
 
         try:
             try:
@@ -747,6 +748,7 @@ class RolloutGateway:
                         )
                         first, out = b"".join(out), []
                         await send({"type": "http.response.body", "body": first, "more_body": True})
+                        capture.pack_prompt()  # after the first byte: not on the agent's path
                 if not started:
                     if not done:
                         held = out
