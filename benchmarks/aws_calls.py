@@ -7,7 +7,8 @@ each path makes ``--calls`` signed requests with ``--concurrency`` in flight; th
 alternate ``--rounds`` times and the best round counts (the machine may be shared).
 Prints one JSON document: CPU microseconds per call for each path and their ratio, and
 for two operations the transport floor (one pre-signed request resent through the lean
-path's HTTP pool, ``agentcore_rl.aws.wire``): what is left once signing is free.
+path's HTTP pool, ``agentcore_rl._http1`` through ``agentcore_rl.aws.wire``): what is left
+once signing is free.
 
 Example::
 
