@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
@@ -114,7 +113,9 @@ class Launcher(Protocol):
         default_input_id: str | None = None,
     ) -> tuple[dict[str, Any], RolloutConfig]: ...
 
-    def _slot(self, *, token: bool = True) -> AbstractAsyncContextManager[Slot]: ...
+    async def _admit(self) -> Slot: ...
+
+    def _release_slot(self, slot: Slot) -> None: ...
 
     async def _launch(
         self,
@@ -156,7 +157,7 @@ class BatchRun:
         self.live: dict[int, RolloutFuture] = {}
         self.scope = anyio.CancelScope()
         # Invocations being sent at once: the rest wait in the feeder, not as tasks.
-        self.sending = anyio.Semaphore(_MAX_SENDING)
+        self.sending = anyio.Semaphore(_MAX_SENDING, fast_acquire=True)
 
     def __repr__(self) -> str:
         return f"BatchRun(live={len(self.live)}, cancelled={self.scope.cancel_called})"
@@ -205,39 +206,28 @@ class BatchRun:
         except InvalidPayloadError as exc:
             self._put_error(index, exc, None)
             return
+        # Admitted here, in the feeder (a failure to admit, such as the client closing,
+        # ends the feeding), then sent by a task of its own: no start() handshake.
         await self.sending.acquire()
         try:
-            await senders.start(self._send_one, index, body, config, name=f"batch sender {index}")
+            slot = await self.launcher._admit()
         except BaseException:
-            self.sending.release()  # not admitted: the sender never took it over
+            self.sending.release()
             raise
+        senders.start_soon(self._send_one, index, body, config, slot, name="batch sender")
 
     async def _send_one(
-        self,
-        index: int,
-        body: dict[str, Any],
-        config: RolloutConfig,
-        *,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        self, index: int, body: dict[str, Any], config: RolloutConfig, slot: Slot
     ) -> None:
-        """Admitted here (the feeder waits for that through ``task_status``; a failure to
-        admit, such as the client closing, is raised to the feeder), then sent."""
-        admitted = False
+        """Send an admitted payload; its failure is this item's outcome."""
         try:
-            async with self.launcher._slot() as slot:
-                admitted = True
-                task_status.started()
-                fut = await self.launcher._launch(
-                    slot, body, config, timeout=self.timeout, index=index
-                )
+            fut = await self.launcher._launch(slot, body, config, timeout=self.timeout, index=index)
         except Exception as exc:  # InvocationError, ClientClosedError: this item's outcome
-            if not admitted:
-                raise
             self._put_error(index, exc, config.input_id)
             return
         finally:
-            if admitted:
-                self.sending.release()
+            self.launcher._release_slot(slot)  # unless the follower took it over
+            self.sending.release()
         if self.scope.cancel_called:
             # Abandoned while the answer was on its way (anyio delivers the cancellation
             # at this task's next wait, which never comes): end it here, which stops it.

@@ -701,6 +701,20 @@ class AsyncRolloutClient:
         service.start_soon(self._prober.run, name="liveness prober")
         service.start_soon(self._groups.run, name="group members")
 
+    async def _admit(self) -> Slot:
+        """Take a concurrency slot and an INVOKE token for a rollout that another task will
+        send (a batch's feeder admits, its sender launches): the caller hands the slot to
+        :meth:`_launch` or gives it back with :meth:`_release_slot`."""
+        await self._ensure_open()
+        await self._admission.acquire(token=True)
+        return Slot()
+
+    def _release_slot(self, slot: Slot) -> None:
+        """Give back an admitted slot that no follower took over."""
+        if not slot.handed_over:
+            slot.handed_over = True  # once
+            self._admission.release()
+
     @contextlib.asynccontextmanager
     async def _slot(
         self, *, token: bool = True, priority: int = Priority.INVOKE
@@ -924,7 +938,12 @@ class AsyncRolloutClient:
                 fed: Fed | None = None
                 while fed is None or yielded < fed.started:
                     try:
-                        item = await receive.receive()
+                        # Items already queued are taken without a checkpoint (one loop
+                        # pass per item saved); the loop's caller awaits between items.
+                        try:
+                            item = receive.receive_nowait()
+                        except anyio.WouldBlock:
+                            item = await receive.receive()
                     except anyio.EndOfStream:
                         raise ClientClosedError("the client was closed during this batch") from None
                     if isinstance(item, Fed):

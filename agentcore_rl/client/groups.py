@@ -30,6 +30,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -37,6 +38,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
+from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.batch import Launcher
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import (
@@ -156,6 +158,8 @@ class GroupHost(Launcher, Protocol):
     exp_id: str
 
     async def _ensure_open(self) -> None: ...
+
+    def _slot(self, *, token: bool = True) -> AbstractAsyncContextManager[Slot]: ...
 
     async def _start(self, func: Callable[..., Any], *args: Any, name: str) -> Any: ...
 

@@ -117,7 +117,17 @@ class SessionStopper:
                 tg.start_soon(self._work, self._receive, name=f"closing stopper {n}")
 
     async def _work(self, receive: MemoryObjectReceiveStream[str]) -> None:
-        async for session_id in receive:
+        while True:
+            # A queued id is taken without a checkpoint (the stop call awaits anyway).
+            try:
+                session_id = receive.receive_nowait()
+            except anyio.WouldBlock:
+                try:
+                    session_id = await receive.receive()
+                except anyio.EndOfStream:
+                    return
+            except anyio.EndOfStream:
+                return
             try:
                 if await self._stop(session_id):
                     self._pending.discard(session_id)

@@ -329,9 +329,12 @@ class CompletionWatcher:
         due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
         limit = asyncio.Semaphore(self.config.max_parallel)
         found = self.found
-        async with anyio.create_task_group() as polls:
-            for group in due:
-                polls.start_soon(self._poll, group, limit)
+        if len(due) == 1:  # the usual case (one experiment): no task to spawn
+            await self._poll(due[0], limit)
+        else:
+            async with anyio.create_task_group() as polls:
+                for group in due:
+                    polls.start_soon(self._poll, group, limit)
         return self.found - found
 
     async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> None:
@@ -355,6 +358,9 @@ class CompletionWatcher:
                 if key in group.pending:
                     candidates.append(key)
         self.probes += len(probe)
+        if len(candidates) == 1:
+            await self._fetch(group, candidates[0], limit)
+            return
         async with anyio.create_task_group() as fetches:
             for key in candidates:
                 fetches.start_soon(self._fetch, group, key, limit)
