@@ -597,16 +597,7 @@ class AgentCoreRLApp(Starlette):
         # Checked again after the wait: a repeat invocation may have started it here.
         if found or self._settled_here(bucket, key):
             return False
-        body = lost_envelope_bytes(
-            bucket=bucket,
-            key=key,
-            session_id=entry.session_id,
-            exp_id=entry.exp_id,
-            input_id=entry.input_id,
-            started_at=entry.started_at,
-            finished_at=self._clock(),
-            pid=pid,
-        )
+        body = lost_envelope_bytes(entry, finished_at=self._clock(), pid=pid)
         await self.spool.deliver(bucket, key, body)
         self.finished.remember(bucket, key, session_id=entry.session_id)
         return True

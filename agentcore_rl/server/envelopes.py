@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentcore_rl import protocol
+from agentcore_rl.server.ledger import LedgerEntry
 
 __all__ = ["dumps_strict", "error_envelope_bytes", "lost_envelope_bytes", "outcome_envelope"]
 
@@ -77,28 +78,20 @@ def outcome_envelope(metadata: Mapping[str, Any], result: object) -> tuple[bytes
         )
 
 
-def lost_envelope_bytes(
-    *,
-    bucket: str,
-    key: str,
-    session_id: str,
-    exp_id: str,
-    input_id: str,
-    started_at: float,
-    finished_at: float,
-    pid: int | None,
-) -> bytes:
+def lost_envelope_bytes(entry: LedgerEntry, *, finished_at: float, pid: int | None) -> bytes:
     """The envelope a successor writes for a rollout whose process died (from its run
     ledger): ``error_type`` ``agent_lost``, status 503; the payload is not known any more,
     so it holds the ``_rollout`` block only."""
-    rollout = {protocol.EXP_ID: exp_id, protocol.INPUT_ID: input_id, protocol.S3_BUCKET: bucket}
+    rollout = {
+        protocol.EXP_ID: entry.exp_id,
+        protocol.INPUT_ID: entry.input_id,
+        protocol.S3_BUCKET: entry.bucket,
+    }
     metadata = {
-        protocol.EXP_ID: exp_id,
-        protocol.INPUT_ID: input_id,
-        protocol.S3_BUCKET: bucket,
-        protocol.RESULT_KEY: key,
-        protocol.SESSION_ID: session_id,
-        protocol.STARTED_AT: started_at,
+        **rollout,
+        protocol.RESULT_KEY: entry.key,
+        protocol.SESSION_ID: entry.session_id,
+        protocol.STARTED_AT: entry.started_at,
         protocol.FINISHED_AT: finished_at,
         protocol.PAYLOAD: {protocol.ROLLOUT_FIELD: rollout},
     }
