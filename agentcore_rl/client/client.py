@@ -825,26 +825,10 @@ class AsyncRolloutClient:
         fut.attempts = attempt
         with self._admission.sending() as task, self._sessions.reserving(session_id):
             try:
-                # A result store that is down would read no result: hold new rollouts
-                # until it answers (the watcher checks it and logs the outage).
-                await self._watcher.wait_reachable(config.s3_bucket)
-                if self._joiner is not None:
-                    await self._joiner.open(fut, body)  # before the agent can call it
-                await send_invocation(
-                    self.transport,
-                    fut,
-                    body,
-                    retry=self.retry,
-                    limiter=self.rate_limiter,
-                    counters=self._counters,
-                )
-            except BaseException as exc:
-                if may_have_started(exc):
-                    self._stopper.schedule(session_id)
+                await self._send_in_session(fut, body, task)
+            except BaseException:
                 if self._joiner is not None:
                     self._joiner.forget(fut)
-                if isinstance(exc, asyncio.CancelledError):
-                    self._admission.raise_if_closed_by_us(task)
                 raise
         slot.handed_over = True
         limit = self.timeout if timeout is None else timeout
@@ -852,6 +836,45 @@ class AsyncRolloutClient:
             fut._resend = (body, config, limit)
         self._follower.follow(fut, limit, elapsed=0.0)
         return fut
+
+    async def _send_in_session(
+        self,
+        fut: RolloutFuture,
+        body: dict[str, Any],
+        task: asyncio.Task[Any],
+        *,
+        priority: Priority | None = None,
+    ) -> bool:
+        """Send ``fut``'s invocation in its current session: first a token at ``priority``
+        (a resend; a first send got its token with its slot), then, once the result store
+        answers, its gateway session. False when ``fut`` ended meanwhile (nothing sent).
+        On failure a stop is scheduled when the agent may run the session anyway, and
+        ``close``'s cancellation of ``task`` becomes ``ClientClosedError``."""
+        try:
+            if priority is not None:
+                await self.rate_limiter.acquire(priority)
+            # A result store that is down would read no result: hold rollouts until it
+            # answers (the watcher checks it and logs the outage).
+            await self._watcher.wait_reachable(fut.s3_bucket)
+            if fut.done():
+                return False
+            if self._joiner is not None:
+                await self._joiner.open(fut, body)  # before the agent can call it
+            await send_invocation(
+                self.transport,
+                fut,
+                body,
+                retry=self.retry,
+                limiter=self.rate_limiter,
+                counters=self._counters,
+            )
+        except BaseException as exc:
+            if may_have_started(exc):
+                self._stopper.schedule(fut.session_id)
+            if isinstance(exc, asyncio.CancelledError):
+                self._admission.raise_if_closed_by_us(task)
+            raise
+        return True
 
     def _retry_rollout(self, fut: RolloutFuture, error: BaseException) -> bool:
         """The follower's retry policy: run ``fut`` again in a new session when ``error``
@@ -887,28 +910,9 @@ class AsyncRolloutClient:
         """Send a retried rollout's invocation in its new session, then follow it again."""
         try:
             with self._admission.sending() as task:
-                try:
-                    await self.rate_limiter.acquire(Priority.RETRY)
-                    await self._watcher.wait_reachable(fut.s3_bucket)
-                    if fut.done():
-                        return
-                    if self._joiner is not None:
-                        # The new session's own gateway session: its trace is the one kept.
-                        await self._joiner.open(fut, body)
-                    await send_invocation(
-                        self.transport,
-                        fut,
-                        body,
-                        retry=self.retry,
-                        limiter=self.rate_limiter,
-                        counters=self._counters,
-                    )
-                except BaseException as exc:
-                    if may_have_started(exc):
-                        self._stopper.schedule(fut.session_id)
-                    if isinstance(exc, asyncio.CancelledError):
-                        self._admission.raise_if_closed_by_us(task)
-                    raise
+                # The new session's own gateway session is opened: its trace is the one kept.
+                if not await self._send_in_session(fut, body, task, priority=Priority.RETRY):
+                    return
         except Exception as exc:  # ClientClosedError too: the rollout ends with it
             self._sessions.live.pop(fut.session_id, None)
             self._follower.fail(fut, exc)
