@@ -15,6 +15,15 @@ TCP does), so a burst of throttles does not leave the client slow forever.
 Time comes from an injectable ``clock`` and ``sleep``, so tests drive the bucket without
 waiting.
 
+``tick`` puts the waits on a grid: a waiter that must sleep wakes at the next multiple of
+``tick`` seconds at which a token is there, not at the exact instant, so the waiters of
+one tick (invocations and stops alike) go out together on one wakeup of the process. The
+rate and the burst are kept exactly (tokens accrue by the clock, not by the grid; the grid
+is never coarser than the time the burst takes to fill, so no token is lost to the cap); a
+token comes at most ``tick`` seconds later. Wakeups are what a paced client pays most for when
+idle between calls (measured on a 2-core VM: 70-230 µs of CPU per wakeup from a sleep,
+against about 150 µs for a whole request on a kept connection).
+
 Example::
 
     bucket = TokenBucket(rate=25, burst=25)
@@ -29,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,6 +50,7 @@ from agentcore_rl.protocol import DEFAULT_TPS
 
 __all__ = [
     "DEFAULT_BURST",
+    "DEFAULT_PACE_TICK",
     "DEFAULT_RATE",
     "DEFAULT_RECOVERY",
     "DEFAULT_THROTTLE_FACTOR",
@@ -60,6 +71,9 @@ DEFAULT_RECOVERY: Final = 0.05
 DEFAULT_THROTTLE_COOLDOWN: Final = 1.0
 #: The rate never falls below this fraction of the configured rate.
 DEFAULT_MIN_RATE_FRACTION: Final = 0.02
+
+#: The rollout client's wait grid (``tick``): at 25 TPS, five calls per wakeup.
+DEFAULT_PACE_TICK: Final = 0.2
 
 # Float refills land a hair below 1.0 after sleeping exactly the computed deficit.
 _EPSILON: Final = 1e-9
@@ -122,7 +136,9 @@ class TokenBucket:
 
     ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full).
     ``clock`` returns monotonic seconds; ``sleep`` waits that many seconds. Both default to
-    the real ones; tests pass a fake clock whose sleep advances it.
+    the real ones; tests pass a fake clock whose sleep advances it. ``tick`` (seconds,
+    0 = exact) is the grid waits end on (see the module's text); the rollout client uses
+    :data:`DEFAULT_PACE_TICK`.
 
     Example::
 
@@ -130,6 +146,7 @@ class TokenBucket:
         for _ in range(20):
             await bucket.acquire()        # 5 at once, then one every 0.1 s
         bucket.on_throttle()              # now 5 per second, recovering towards 10
+        paced = TokenBucket(rate=25, tick=0.2)   # waiters go out five at a time
     """
 
     def __init__(
@@ -141,6 +158,7 @@ class TokenBucket:
         recovery: float = DEFAULT_RECOVERY,
         throttle_cooldown: float = DEFAULT_THROTTLE_COOLDOWN,
         min_rate: float | None = None,
+        tick: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -151,6 +169,8 @@ class TokenBucket:
             raise ConfigurationError(f"burst must be >= 1 token, got {burst!r}")
         if not 0 < throttle_factor <= 1:
             raise ConfigurationError(f"throttle_factor must be in (0, 1], got {throttle_factor}")
+        if not tick >= 0:
+            raise ConfigurationError(f"tick must be >= 0 seconds, got {tick!r}")
         if recovery < 0 or throttle_cooldown < 0:
             raise ConfigurationError("recovery and throttle_cooldown must be >= 0")
         self.max_rate = float(rate)
@@ -158,6 +178,7 @@ class TokenBucket:
         self.throttle_factor = throttle_factor
         self.recovery = recovery
         self.throttle_cooldown = throttle_cooldown
+        self.tick = float(tick)
         self.min_rate = min(
             self.max_rate,
             self.max_rate * DEFAULT_MIN_RATE_FRACTION if min_rate is None else min_rate,
@@ -250,7 +271,7 @@ class TokenBucket:
                         return
                     # Only the head sleeps; if a more urgent waiter arrives meanwhile it
                     # becomes the head, and this one finds that out when it wakes.
-                    await self._sleep((1 - self._tokens) / self.rate)
+                    await self._sleep(self._until_token())
                 else:
                     waiter.wake.clear()
                     await waiter.wake.wait()
@@ -262,6 +283,19 @@ class TokenBucket:
         finally:
             if self._waiters:
                 self._waiters[0].wake.set()
+
+    def _until_token(self) -> float:
+        """Seconds until a token is there, rounded up to the ``tick`` grid."""
+        rate = self.rate
+        delay = (1 - self._tokens) / rate
+        # Tokens past the burst are lost: a tick longer than the burst's worth would cut
+        # the rate, so the grid is never coarser than that (burst 1: exact waits).
+        tick = min(self.tick, (self.burst - 1) / rate)
+        if tick > 0:
+            at = self._last + delay  # _last is the clock's now: _refill just ran
+            # Never before the token (a float hair early would cost a whole extra tick).
+            delay = max(delay, math.ceil(at / tick - _EPSILON) * tick - self._last)
+        return delay
 
     def on_throttle(self) -> None:
         """The runtime said "too many requests" (429 / ``ThrottlingException``): cut the

@@ -53,6 +53,53 @@ async def test_acquire_paces_at_the_rate() -> None:
     assert all(g == pytest.approx(0.25, abs=0.051) for g in gaps)
 
 
+async def test_tick_sends_the_waiters_of_one_tick_together_at_the_same_rate() -> None:
+    clock = FakeClock(start=1000.0)
+    bucket = make(25, 25, clock, tick=0.2)
+    for _ in range(25):  # an empty bucket at 1000.0: each of the 20 takes waits
+        assert bucket.try_acquire()
+    done: list[float] = []
+
+    async def take(n: int) -> None:
+        for _ in range(n):
+            await bucket.acquire()
+            done.append(round(clock.now, 6))
+
+    tasks = [asyncio.create_task(take(10)) for _ in range(2)]
+    for _ in range(200):  # bounded: each round moves virtual time by 10 ms
+        await settle()
+        if all(t.done() for t in tasks):
+            break
+        clock.advance(0.01)
+    assert all(t.done() for t in tasks)
+    # Every wait ended on the 0.2 s grid, five tokens each: still 25 per second.
+    ticks = sorted(set(done))
+    assert all(abs(t / 0.2 - round(t / 0.2)) < 1e-6 for t in ticks)
+    assert [done.count(t) for t in ticks] == [5, 5, 5, 5]
+    assert ticks[-1] == pytest.approx(1000.8)
+
+
+async def test_tick_never_costs_tokens_to_a_small_burst() -> None:
+    clock = FakeClock()
+    bucket = make(25, 1, clock, tick=0.2)  # a 0.2 s grid would lose 4 of every 5 tokens
+    assert bucket.try_acquire()
+    done: list[float] = []
+
+    async def take() -> None:
+        for _ in range(5):
+            await bucket.acquire()
+            done.append(clock.now)
+
+    task = asyncio.create_task(take())
+    for _ in range(50):  # bounded: 10 ms per round
+        await settle()
+        if task.done():
+            break
+        clock.advance(0.01)
+    assert task.done()
+    assert done[-1] - 1000.0 == pytest.approx(0.2, abs=0.011)  # 25 per second
+
+
 async def test_burst_never_exceeds_capacity_after_idle() -> None:
     clock = FakeClock()
     bucket = make(10, 3, clock)
@@ -159,6 +206,7 @@ async def test_throttled_rate_paces_waiters() -> None:
         ({"rate": 5, "burst": 0.5}, "burst"),
         ({"rate": 5, "throttle_factor": 0}, "throttle_factor"),
         ({"rate": 5, "recovery": -1}, "recovery"),
+        ({"rate": 5, "tick": -0.1}, "tick"),
     ],
 )
 def test_bad_arguments_are_refused(args: dict[str, Any], match: str) -> None:

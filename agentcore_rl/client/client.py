@@ -73,7 +73,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, OnFailure, RolloutGroup
-from agentcore_rl.ratelimit import Priority, RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, lean_s3_session
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
@@ -245,7 +245,7 @@ class AsyncRolloutClient:
             endpoint_url=s3_endpoint_url, session=lean_s3_session(), lean=lean
         )
         self.rate_limiter: RateLimiter = (
-            rate_limiter or token_bucket or TokenBucket(tps_limit, burst)
+            rate_limiter or token_bucket or TokenBucket(tps_limit, burst, tick=DEFAULT_PACE_TICK)
         )
         self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
             max_concurrent_sessions

@@ -33,6 +33,7 @@ from typing import Any, Final
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
+from agentcore_rl.local.onewrite import OneWriteHttpProtocol
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.runtime import (
     DEFAULT_AGENT_RUNTIME_ARN,
@@ -291,7 +292,12 @@ class LocalStack:
         )
         stack.push_async_callback(self.runtime.aclose)
         runtime_server = await stack.enter_async_context(
-            BackgroundServer(self.runtime, host=self.host, shutdown_timeout=self.shutdown_timeout)
+            BackgroundServer(
+                self.runtime,
+                host=self.host,
+                shutdown_timeout=self.shutdown_timeout,
+                http=OneWriteHttpProtocol,  # answers in one segment, as AWS's front ends
+            )
         )
         self.runtime_endpoint_url = runtime_server.url
         env.set("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
