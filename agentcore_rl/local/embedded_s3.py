@@ -90,14 +90,16 @@ def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
                 if "_" not in name:
                     dashed.setdefault(environ_key_for_header(name), []).append(value)
             for name, value in headers:
+                if "_" not in name:
+                    continue
                 key = environ_key_for_header(name)
-                if "_" in name and key not in dashed:
-                    environ.pop(key, None)
-                    if should_preserve_original_header_name(name):
-                        names.setdefault(key, name)
-                        kept.setdefault(key, []).append(value)
-                elif "_" in name:
+                if key in dashed:
                     environ[key] = ",".join(dashed[key])
+                    continue
+                environ.pop(key, None)
+                if should_preserve_original_header_name(name):
+                    names.setdefault(key, name)
+                    kept.setdefault(key, []).append(value)
             for key, values in kept.items():
                 environ[key] = ",".join(values)
         environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
