@@ -1,7 +1,7 @@
-"""Embedded S3: moto's server on a free loopback port, for demos and tests.
+"""Embedded S3: moto's S3 app on uvicorn on a free loopback port, for demos and tests.
 
-moto is an optional dependency (the ``local`` extra); importing this module without it
-works, starting the server explains how to install it.
+moto and a2wsgi are optional dependencies (the ``local`` extra); importing this module
+without them works, starting the server explains how to install them.
 
 Example::
 
@@ -11,17 +11,111 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.local.background import _EmbeddedUvicorn
 
 __all__ = ["EmbeddedS3"]
 
+_log = logging.getLogger(__name__)
+
+#: Threads running moto's WSGI app. Its handlers are Python holding the GIL, so more
+#: threads add no throughput, only switching; a few let requests that wait on the event
+#: loop (reading a body, handing over a response) overlap with one that computes. Requests
+#: beyond them wait in the pool's queue, none is refused.
+_WORKERS = 8
+#: Idle seconds before the server closes a kept-alive connection: real S3 keeps idle
+#: connections for about 20 s, and well above our clients' 12 s pool keep-alive (aiobotocore's
+#: and agentcore_rl._http1's) it is always the client that retires an idle connection, so
+#: none is reused just as the server closes it.
+_KEEP_ALIVE = 60
+#: Bounds on start() and stop(), in seconds.
+_STARTUP_TIMEOUT = 10.0
+_SHUTDOWN_TIMEOUT = 10.0
+
+_WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class _ThreadedUvicorn(_EmbeddedUvicorn):
+    """uvicorn that reports, to another thread, when its startup is over."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.startup_done = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.startup_done.set()
+
+
+def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
+    """Give moto's app the environ its own server (werkzeug's, with moto's request handler)
+    builds, where a2wsgi's differs in what moto reads: the undecoded request target
+    (``RAW_URI``, which moto matches S3 keys against), chunked bodies, and headers with
+    underscores in their names."""
+    from moto.core.request import (
+        PRESERVED_HEADER_NAMES_ENVIRON_KEY,
+        environ_key_for_header,
+        should_preserve_original_header_name,
+    )
+
+    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        scope = environ["asgi.scope"]
+        target = scope.get("raw_path") or scope["path"].encode()
+        if scope["query_string"]:
+            target += b"?" + scope["query_string"]
+        environ["RAW_URI"] = environ["REQUEST_URI"] = target.decode("latin-1")
+        if "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
+            environ["wsgi.input_terminated"] = True  # read the body to its end, no length
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"]]
+        names: dict[str, str] = {}
+        if any("_" in name for name, _ in headers):
+            # WSGI folds "-" and "_" into one key and a2wsgi joins both spellings' values.
+            # werkzeug drops underscored names, so that one cannot spoof the other; moto puts
+            # back S3 metadata keys (x-amz-meta-my_key) unless a dashed header has the key,
+            # and records their spelling for its Request.headers.
+            dashed: dict[str, list[str]] = {}
+            kept: dict[str, list[str]] = {}
+            for name, value in headers:
+                if "_" not in name:
+                    dashed.setdefault(environ_key_for_header(name), []).append(value)
+            for name, value in headers:
+                if "_" not in name:
+                    continue
+                key = environ_key_for_header(name)
+                if key in dashed:
+                    environ[key] = ",".join(dashed[key])
+                    continue
+                environ.pop(key, None)
+                if should_preserve_original_header_name(name):
+                    names.setdefault(key, name)
+                    kept.setdefault(key, []).append(value)
+            for key, values in kept.items():
+                environ[key] = ",".join(values)
+        environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = names
+        return app(environ, start_response)
+
+    return wrapped
+
 
 class EmbeddedS3:
-    """A real S3 API (moto's threaded server) on ``127.0.0.1`` and a free port.
+    """A real S3 API (moto's) on ``127.0.0.1`` and a free port, with HTTP/1.1 keep-alive.
+
+    moto's own server is werkzeug's development server, which answers every request with
+    ``Connection: close``: each S3 call would open a new TCP connection, and a client would
+    spend CPU on connecting that real S3, which keeps connections alive, never costs. So
+    moto's WSGI app is served by uvicorn (through a2wsgi), in a daemon thread with its own
+    event loop: it works the same from synchronous code and from any event loop.
 
     The server keeps its state in memory and dies with the process. ``stop()`` is
     idempotent. Its own request log is quiet unless ``verbose`` is set.
@@ -39,7 +133,9 @@ class EmbeddedS3:
         self.host = host
         self.port = port
         self.verbose = verbose
-        self._server: Any = None
+        self._server: _ThreadedUvicorn | None = None
+        self._thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         state = "running" if self._server is not None else "stopped"
@@ -62,24 +158,73 @@ class EmbeddedS3:
         if self._server is not None:
             return self
         try:
-            from moto.server import ThreadedMotoServer
+            from a2wsgi import WSGIMiddleware
+            from moto.moto_server.werkzeug_app import (
+                DomainDispatcherApplication,
+                create_backend_app,
+            )
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ConfigurationError(
-                "embedded S3 needs moto: pip install 'agentcore-rl[local]'"
+                "embedded S3 needs moto and a2wsgi: pip install 'agentcore-rl[local]'"
             ) from exc
-        if not self.verbose:
-            logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        server = ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=self.verbose)
-        server.start()
-        self.port = server.get_host_and_port()[1]
-        self._server = server
+        import uvicorn
+
+        # The app moto's ThreadedMotoServer serves: every service, routed by request.
+        # (Typed Any: a2wsgi types environ as a TypedDict of the CGI keys only.)
+        moto_app: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
+        app = WSGIMiddleware(moto_app, workers=_WORKERS)
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            config = uvicorn.Config(
+                app,
+                log_level="info" if self.verbose else "warning",
+                access_log=self.verbose,
+                lifespan="off",
+                timeout_keep_alive=_KEEP_ALIVE,
+                backlog=4096,
+                server_header=False,  # moto names its own server, as werkzeug lets it
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        server = _ThreadedUvicorn(config)
+
+        def serve() -> None:
+            try:
+                asyncio.run(server.serve(sockets=[sock]))
+            finally:
+                sock.close()
+                server.startup_done.set()  # serve() failed before its startup
+
+        thread = threading.Thread(target=serve, name=f"EmbeddedS3 :{self.port}", daemon=True)
+        thread.start()
+        self._server, self._thread, self._executor = server, thread, app.executor
+        if not server.startup_done.wait(_STARTUP_TIMEOUT) or not server.started:
+            self.stop()
+            raise RuntimeError(f"embedded S3 on port {self.port} did not start")
         return self
 
     def stop(self) -> None:
-        """Stop the server. Idempotent."""
+        """Stop the server, waiting a bounded time for requests in flight. Idempotent."""
         server, self._server = self._server, None
-        if server is not None:
-            server.stop()
+        thread, self._thread = self._thread, None
+        executor, self._executor = self._executor, None
+        if server is None or thread is None or executor is None:
+            return
+        server.should_exit = True
+        thread.join(_SHUTDOWN_TIMEOUT)
+        if thread.is_alive():
+            # Connections still busy: uvicorn stops waiting for them.
+            server.force_exit = True
+            thread.join(_SHUTDOWN_TIMEOUT)
+        if thread.is_alive():  # pragma: no cover - a request stuck in moto
+            _log.warning("embedded S3 on port %s did not stop in time", self.port)
+        # a2wsgi never closes its thread pool; idle workers end now, not at exit.
+        executor.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> EmbeddedS3:
         return self.start()

@@ -7,6 +7,7 @@ environment the stack sets, exactly as code written for real AWS would.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import sys
@@ -237,3 +238,39 @@ def test_load_app_makes_a_fresh_app_each_time() -> None:
 def test_bad_configuration_is_refused(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ConfigurationError, match=words):
         LocalStack(**kwargs)
+
+
+# --- the embedded S3 on its own (the session's server, tests/conftest.py) ------------------
+
+
+def test_embedded_s3_keeps_the_connection_alive(s3_endpoint: str) -> None:
+    """Two requests on one connection, both answered, none saying ``Connection: close``:
+    clients reuse connections as with real S3 (werkzeug's dev server closed every one)."""
+    url = httpx.URL(s3_endpoint)
+    assert url.port is not None
+    conn = http.client.HTTPConnection(url.host, url.port, timeout=5)
+    try:
+        sockets = []
+        for _ in range(2):
+            conn.request("GET", "/")  # ListBuckets
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+            assert response.getheader("Connection") is None
+            assert not response.will_close
+            sockets.append(conn.sock)  # http.client drops a socket the server closes
+        assert sockets[0] is not None
+        assert sockets[0] is sockets[1]
+    finally:
+        conn.close()
+
+
+async def test_embedded_s3_keeps_underscores_in_metadata_keys(
+    s3_endpoint: str, bucket: str
+) -> None:
+    # WSGI folds "_" and "-" into one environ key; S3 tells my_key from my-key.
+    metadata = {"foo_bar": "1", "plain-key": "2"}
+    async with get_session().create_client("s3", endpoint_url=s3_endpoint, config=NO_RETRY) as s3:
+        await s3.put_object(Bucket=bucket, Key="meta", Body=b"x", Metadata=metadata)
+        head = await s3.head_object(Bucket=bucket, Key="meta")
+    assert head["Metadata"] == metadata
