@@ -65,7 +65,6 @@ async def serve_stack() -> None:
 
     from agentcore_rl.local.background import BackgroundServer
     from agentcore_rl.local.embedded_s3 import EmbeddedS3
-    from agentcore_rl.local.onewrite import OneWriteHttpProtocol
     from agentcore_rl.local.runtime import LocalAgentCoreRuntime
 
     async def invoke(request: Request) -> JSONResponse:
@@ -88,7 +87,7 @@ async def serve_stack() -> None:
             await client.put_object(Bucket=BUCKET, Key=f"exp/{i:05d}.json", Body=b'{"r": 1}')
     async with BackgroundServer(agent_app, backlog=1024) as agent:
         runtime = LocalAgentCoreRuntime({ARN: [agent.url]}, tps=None, max_connections=256)
-        async with BackgroundServer(runtime, backlog=1024, http=OneWriteHttpProtocol) as server:
+        async with BackgroundServer(runtime, backlog=1024, one_write=True) as server:
             print(json.dumps({"s3": s3.endpoint_url, "runtime": server.url}), flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     s3.stop()

@@ -63,7 +63,6 @@ from agentcore_rl.cli.summary import percentile
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
-from agentcore_rl.local.onewrite import OneWriteHttpProtocol
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
 BUCKET = "chaos-rollouts"
@@ -431,7 +430,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     runtime = LocalAgentCoreRuntime(
                         {DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps
                     )
-                    async with BackgroundServer(runtime, http=OneWriteHttpProtocol) as acr:
+                    async with BackgroundServer(runtime, one_write=True) as acr:
                         report = await chaos_phase(args, workdir, s3_front.url, acr.url, agents)
                     report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
                     report["s3_requests_failed_by_proxy"] = proxy.failed

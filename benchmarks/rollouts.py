@@ -68,7 +68,6 @@ async def serve_stack(agents: int, runtime_tps: float | None, with_runtime: bool
     then run until stdin closes."""
     from agentcore_rl.local.background import BackgroundServer
     from agentcore_rl.local.embedded_s3 import EmbeddedS3
-    from agentcore_rl.local.onewrite import OneWriteHttpProtocol
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
     from agentcore_rl.s3 import ResultStore
     from agentcore_rl.server import AgentCoreRLApp
@@ -92,7 +91,7 @@ async def serve_stack(agents: int, runtime_tps: float | None, with_runtime: bool
         runtime = LocalAgentCoreRuntime(
             {DEFAULT_AGENT_RUNTIME_ARN: info["agents"]}, tps=runtime_tps, max_connections=1024
         )
-        server = await BackgroundServer(runtime, backlog=4096, http=OneWriteHttpProtocol).start()
+        server = await BackgroundServer(runtime, backlog=4096, one_write=True).start()
         servers.append(server)
         info["runtime"] = server.url
         info["arn"] = DEFAULT_AGENT_RUNTIME_ARN

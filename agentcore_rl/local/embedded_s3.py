@@ -22,6 +22,7 @@ from typing import Any
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import _EmbeddedUvicorn
+from agentcore_rl.local.onewrite import HeadWithBody, OneWriteHttpProtocol
 
 __all__ = ["EmbeddedS3"]
 
@@ -172,20 +173,21 @@ class EmbeddedS3:
         # The app moto's ThreadedMotoServer serves: every service, routed by request.
         # (Typed Any: a2wsgi types environ as a TypedDict of the CGI keys only.)
         moto_app: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
-        app = WSGIMiddleware(moto_app, workers=_WORKERS)
+        wsgi = WSGIMiddleware(moto_app, workers=_WORKERS)
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
             config = uvicorn.Config(
-                app,
+                HeadWithBody(wsgi),  # type: ignore[arg-type]  # a2wsgi's narrower ASGI types
                 log_level="info" if self.verbose else "warning",
                 access_log=self.verbose,
                 lifespan="off",
                 timeout_keep_alive=_KEEP_ALIVE,
                 backlog=4096,
                 server_header=False,  # moto names its own server, as werkzeug lets it
+                http=OneWriteHttpProtocol,  # an answer in one segment, as from S3
             )
         except BaseException:
             sock.close()
@@ -202,7 +204,7 @@ class EmbeddedS3:
 
         thread = threading.Thread(target=serve, name=f"EmbeddedS3 :{self.port}", daemon=True)
         thread.start()
-        self._server, self._thread, self._executor = server, thread, app.executor
+        self._server, self._thread, self._executor = server, thread, wsgi.executor
         if not server.startup_done.wait(_STARTUP_TIMEOUT) or not server.started:
             self.stop()
             raise RuntimeError(f"embedded S3 on port {self.port} did not start")

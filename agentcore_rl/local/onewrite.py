@@ -10,13 +10,17 @@ embedded S3) use :data:`OneWriteHttpProtocol` so that what a client pays on loop
 what it would pay against the real service. Agent servers keep uvicorn's own behaviour:
 that is what an agent served by ``app.run()`` does.
 
-The protocol is uvicorn's own (httptools' when installed, else h11's) with its transport
-wrapped: writes made during one loop step are joined and sent at the end of that step,
-before anything else is read, closed or written.
+Two parts, both needed: :data:`OneWriteHttpProtocol` is uvicorn's own protocol
+(httptools' when installed, else h11's) with its transport wrapped, so writes made during
+one loop step are joined and sent at the end of that step, before anything else is
+closed or written; :class:`HeadWithBody` is an ASGI middleware that holds a response's
+head until its first body message, so that both are written in the same step even when
+the app produces them in different ones (a proxied stream, a WSGI app answering from its
+thread pool).
 
 Example::
 
-    config = uvicorn.Config(app, http=OneWriteHttpProtocol)
+    config = uvicorn.Config(HeadWithBody(app), http=OneWriteHttpProtocol)
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-__all__ = ["OneWriteHttpProtocol", "OneWriteTransport"]
+__all__ = ["HeadWithBody", "OneWriteHttpProtocol", "OneWriteTransport"]
 
 
 class OneWriteTransport:
@@ -100,3 +105,37 @@ def _connection_made(self: Any, transport: asyncio.Transport) -> None:
 OneWriteHttpProtocol: type[asyncio.Protocol] = type(
     "OneWriteHttpProtocol", (AutoHTTPProtocol,), {"connection_made": _connection_made}
 )
+
+
+class HeadWithBody:
+    """ASGI middleware: an HTTP response's head is sent with its first body message (one
+    write with :data:`OneWriteHttpProtocol`); other scopes pass through.
+
+    Example::
+
+        app = HeadWithBody(LocalAgentCoreRuntime(targets))
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    def __repr__(self) -> str:
+        return f"HeadWithBody({self.app!r})"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        held: Message | None = None
+
+        async def send_joined(message: Message) -> None:
+            nonlocal held
+            if message["type"] == "http.response.start":
+                held = message
+                return
+            if held is not None:
+                head, held = held, None
+                await send(head)
+            await send(message)
+
+        await self.app(scope, receive, send_joined)

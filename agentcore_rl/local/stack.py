@@ -33,7 +33,6 @@ from typing import Any, Final
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
-from agentcore_rl.local.onewrite import OneWriteHttpProtocol
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.runtime import (
     DEFAULT_AGENT_RUNTIME_ARN,
@@ -296,7 +295,7 @@ class LocalStack:
                 self.runtime,
                 host=self.host,
                 shutdown_timeout=self.shutdown_timeout,
-                http=OneWriteHttpProtocol,  # answers in one segment, as AWS's front ends
+                one_write=True,  # answers in one segment, as AWS's front ends
             )
         )
         self.runtime_endpoint_url = runtime_server.url
