@@ -2,8 +2,9 @@
 
 A :class:`BatchRun` runs in the client's task group, never in the caller's generator:
 a feeder walks the payloads, waiting for a slot and a token for each, and hands each
-admitted payload to a short sender task (in the run's own task group); the outcomes
-arrive through the futures' done callbacks. Every item goes into a memory object stream,
+admitted payload to a sender (long-lived worker tasks in the run's own task group, as many
+as sends are under way at once, at most 64: no task per rollout); the outcomes arrive
+through the futures' done callbacks. Every item goes into a memory object stream,
 which is all the ``async for`` loop reads. So a loop that is left, dropped or simply
 abandoned strands nothing: the run ends when the loop closes the stream (its sessions are
 then stopped) or when the client closes.
@@ -32,6 +33,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.protocol import RolloutConfig
 
@@ -156,8 +158,9 @@ class BatchRun:
         self.send = send
         self.live: dict[int, RolloutFuture] = {}
         self.scope = anyio.CancelScope()
-        # Invocations being sent at once: the rest wait in the feeder, not as tasks.
+        # Invocations being sent at once (so senders at most): the rest wait in the feeder.
         self.sending = anyio.Semaphore(_MAX_SENDING, fast_acquire=True)
+        self.handoff: Handoff[tuple[int, dict[str, Any], RolloutConfig, Slot]] = Handoff()
 
     def __repr__(self) -> str:
         return f"BatchRun(live={len(self.live)}, cancelled={self.scope.cancel_called})"
@@ -186,10 +189,16 @@ class BatchRun:
                             await self._feed_one(senders, index, payload)
                             started += 1
                     except Exception as exc:  # closing, or the payloads' iterator failing
-                        error = exc  # the senders already started finish their work
+                        error = exc  # the payloads already handed over are still sent
+                    finally:
+                        self.handoff.close()  # the senders end once the queue is empty
         except BaseException:
             self.send.close()
             raise
+        finally:
+            for _, _, _, slot in self.handoff.drain():  # cancelled before a sender took it
+                self.launcher._release_slot(slot)
+                self.sending.release()
         if self.scope.cancelled_caught:
             self.send.close()
         else:
@@ -207,14 +216,22 @@ class BatchRun:
             self._put_error(index, exc, None)
             return
         # Admitted here, in the feeder (a failure to admit, such as the client closing,
-        # ends the feeding), then sent by a task of its own: no start() handshake.
+        # ends the feeding), then sent by a sender: a new one only when none is idle.
         await self.sending.acquire()
         try:
             slot = await self.launcher._admit()
         except BaseException:
             self.sending.release()
             raise
-        senders.start_soon(self._send_one, index, body, config, slot, name="batch sender")
+        if not self.handoff.idle:
+            senders.start_soon(self._sender, name="batch sender")
+        self.handoff.put((index, body, config, slot))
+
+    async def _sender(self) -> None:
+        """Send handed-over payloads until the feeding ends and the queue is empty."""
+        handoff = self.handoff
+        while (work := await handoff.get()) is not None:
+            await self._send_one(*work)
 
     async def _send_one(
         self, index: int, body: dict[str, Any], config: RolloutConfig, slot: Slot
