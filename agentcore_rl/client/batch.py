@@ -4,9 +4,9 @@ A :class:`BatchRun` runs in the client's task group, never in the caller's gener
 a feeder walks the payloads, waiting for a slot and a token for each, and hands each
 admitted payload to a sender (long-lived worker tasks in the run's own task group, as many
 as sends are under way at once, at most 64: no task per rollout); the outcomes arrive
-through the futures' done callbacks. Every item goes into a memory object stream,
-which is all the ``async for`` loop reads. So a loop that is left, dropped or simply
-abandoned strands nothing: the run ends when the loop closes the stream (its sessions are
+through the futures' done callbacks. Every item goes into one :class:`Handoff`, which is
+all the ``async for`` loop reads. So a loop that is left, dropped or simply
+abandoned strands nothing: the run ends when the loop closes the handoff (its sessions are
 then stopped) or when the client closes.
 
 Example::
@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from anyio.streams.memory import MemoryObjectSendStream
 
 from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.future import RolloutFuture
@@ -149,7 +147,7 @@ class BatchRun:
         payloads: Iterable[Mapping[str, Any]],
         timeout: float | None,
         overrides: Mapping[str, Any],
-        send: MemoryObjectSendStream[BatchItem | Fed],
+        send: Handoff[BatchItem | Fed],
     ) -> None:
         self.launcher = launcher
         self.payloads = payloads
@@ -273,6 +271,6 @@ class BatchRun:
         )
 
     def _put(self, item: BatchItem | Fed) -> None:
-        # The stream is unbounded; once the loop has gone, nobody wants the item.
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self.send.send_nowait(item)
+        # Unbounded; once the loop has gone (or the run ended), nobody wants the item.
+        if not self.send.closed:
+            self.send.put(item)

@@ -46,6 +46,7 @@ from agentcore_rl.client.groups import (
     GroupRunner,
     read_groups,
 )
+from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
 from agentcore_rl.client.outcomes import (
@@ -933,32 +934,27 @@ class AsyncRolloutClient:
         """The loop of :meth:`run_batch`: start a :class:`BatchRun` in the client's task
         group and read its items; whatever ends the loop ends the run."""
         await self._ensure_open()
-        send, receive = anyio.create_memory_object_stream[BatchItem | Fed](math.inf)
-        run = BatchRun(self, payloads, timeout, overrides, send)
-        with receive:
-            try:
-                await self._service.start(run.run, name="batch")
-                yielded = 0
-                fed: Fed | None = None
-                while fed is None or yielded < fed.started:
-                    try:
-                        # Items already queued are taken without a checkpoint (one loop
-                        # pass per item saved); the loop's caller awaits between items.
-                        try:
-                            item = receive.receive_nowait()
-                        except anyio.WouldBlock:
-                            item = await receive.receive()
-                    except anyio.EndOfStream:
-                        raise ClientClosedError("the client was closed during this batch") from None
-                    if isinstance(item, Fed):
-                        fed = item
-                        continue
-                    yielded += 1
-                    yield item
-                if fed.error is not None:
-                    raise fed.error
-            finally:
-                run.abandon()
+        # Items already queued are taken without a checkpoint, a wait is one plain future:
+        # the loop's caller awaits between items anyway.
+        items: Handoff[BatchItem | Fed] = Handoff()
+        run = BatchRun(self, payloads, timeout, overrides, items)
+        try:
+            await self._service.start(run.run, name="batch")
+            yielded = 0
+            fed: Fed | None = None
+            while fed is None or yielded < fed.started:
+                item = await items.get()
+                if item is None:  # the run ended early: the client closed
+                    raise ClientClosedError("the client was closed during this batch")
+                if isinstance(item, Fed):
+                    fed = item
+                    continue
+                yielded += 1
+                yield item
+            if fed.error is not None:
+                raise fed.error
+        finally:
+            run.abandon()
 
     @property
     def gateway_url(self) -> str | None:

@@ -48,6 +48,11 @@ class Handoff(Generic[T]):
         return f"Handoff(queued={len(self._items)}, idle={self.idle}, closed={self._closed})"
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def idle(self) -> int:
         """Workers waiting in ``get`` now."""
         return sum(1 for waiter in self._waiters if not waiter.done())
