@@ -53,6 +53,11 @@ class Handoff(Generic[T]):
         return self._closed
 
     @property
+    def queued(self) -> int:
+        """Items waiting for a worker."""
+        return len(self._items)
+
+    @property
     def idle(self) -> int:
         """Workers waiting in ``get`` now."""
         return sum(1 for waiter in self._waiters if not waiter.done())

@@ -48,7 +48,9 @@ from types import TracebackType
 from typing import Any, Final
 
 import anyio
+from anyio.abc import TaskGroup
 
+from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.client.outage import StoreOutages
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import StorageError
@@ -184,6 +186,22 @@ def _prefix_of(key: str) -> str:
     return head + sep if sep else ""
 
 
+class _FetchBatch:
+    """The GETs of one poll, handed to the fetchers: done when the last one is."""
+
+    __slots__ = ("done", "error", "left")
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.error: Exception | None = None
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def one_done(self) -> None:
+        self.left -= 1
+        if self.left <= 0 and not self.done.done():
+            self.done.set_result(None)
+
+
 class CompletionWatcher:
     """Watches S3 for the results of all pending rollouts of one client, in one task.
 
@@ -221,6 +239,9 @@ class CompletionWatcher:
         )
         self._opened = False
         self._closed = False
+        self._fetches: Handoff[tuple[_Group, str, _FetchBatch]] = Handoff()
+        self._fetchers = 0
+        self._fetcher_group: TaskGroup | None = None
         self.rounds = 0
         self.lists = 0
         self.listed_keys = 0
@@ -300,6 +321,14 @@ class CompletionWatcher:
 
     async def run(self) -> None:
         """Watch until cancelled (run by the watcher's owner, in its task group)."""
+        # The GETs of a round go to long-lived fetchers (at most ``max_parallel``, started
+        # as rounds need them), not to a task per key; they end with this task.
+        self._fetches, self._fetchers = Handoff(), 0
+        async with anyio.create_task_group() as fetchers:
+            self._fetcher_group = fetchers
+            await self._watch()
+
+    async def _watch(self) -> None:
         cfg = self.config
         interval = cfg.min_interval
         while True:
@@ -327,17 +356,16 @@ class CompletionWatcher:
         self.rounds += 1
         now = self.config.clock()
         due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
-        limit = asyncio.Semaphore(self.config.max_parallel)
         found = self.found
         if len(due) == 1:  # the usual case (one experiment): no task to spawn
-            await self._poll(due[0], limit)
+            await self._poll(due[0])
         else:
             async with anyio.create_task_group() as polls:
                 for group in due:
-                    polls.start_soon(self._poll, group, limit)
+                    polls.start_soon(self._poll, group)
         return self.found - found
 
-    async def _poll(self, group: _Group, limit: asyncio.Semaphore) -> None:
+    async def _poll(self, group: _Group) -> None:
         probe, list_from = group.plan()
         candidates = list(probe)
         if list_from is not None:
@@ -359,30 +387,51 @@ class CompletionWatcher:
                     candidates.append(key)
         self.probes += len(probe)
         if len(candidates) == 1:
-            await self._fetch(group, candidates[0], limit)
+            await self._fetch(group, candidates[0])
             return
-        async with anyio.create_task_group() as fetches:
-            for key in candidates:
-                fetches.start_soon(self._fetch, group, key, limit)
+        if not candidates:
+            return
+        fetchers = self._fetcher_group
+        assert fetchers is not None, "polled outside run()"
+        batch = _FetchBatch(len(candidates))
+        work = self._fetches
+        for key in candidates:
+            work.put((group, key, batch))
+            if work.queued and self._fetchers < self.config.max_parallel:
+                self._fetchers += 1
+                fetchers.start_soon(self._fetcher, name="result fetcher")
+        await batch.done
+        if batch.error is not None:
+            raise batch.error  # a bug, not S3: the round's handler reports it
 
-    async def _fetch(self, group: _Group, key: str, limit: asyncio.Semaphore) -> None:
-        async with limit:
-            if key not in group.pending:  # untracked meanwhile
-                return
+    async def _fetcher(self) -> None:
+        work = self._fetches
+        while (item := await work.get()) is not None:
+            group, key, batch = item
             try:
-                envelope = await self.store.get_json(group.bucket, key)
-            except StorageError as exc:
-                if exc.code == "InvalidJSON":  # the result itself is broken: an outcome
-                    self._deliver(group, key, None, self._persistent(exc, 1))
-                    return
-                count = group.key_failures.get(key, 0) + 1
-                group.key_failures[key] = count
-                if exc.code in FINAL_CODES:
-                    if count >= self.config.error_threshold:
-                        self._deliver(group, key, None, self._persistent(exc, count))
-                else:
-                    self._outages.failed(group.bucket, key, exc)
+                await self._fetch(group, key)
+            except Exception as exc:
+                batch.error = exc
+            finally:
+                batch.one_done()
+
+    async def _fetch(self, group: _Group, key: str) -> None:
+        if key not in group.pending:  # untracked meanwhile
+            return
+        try:
+            envelope = await self.store.get_json(group.bucket, key)
+        except StorageError as exc:
+            if exc.code == "InvalidJSON":  # the result itself is broken: an outcome
+                self._deliver(group, key, None, self._persistent(exc, 1))
                 return
+            count = group.key_failures.get(key, 0) + 1
+            group.key_failures[key] = count
+            if exc.code in FINAL_CODES:
+                if count >= self.config.error_threshold:
+                    self._deliver(group, key, None, self._persistent(exc, count))
+            else:
+                self._outages.failed(group.bucket, key, exc)
+            return
         group.key_failures.pop(key, None)
         self._outages.succeeded(group.bucket)
         if envelope is None:
