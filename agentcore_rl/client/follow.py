@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import math
 import time
@@ -90,6 +91,14 @@ class OutcomeFollower:
         self.stop_finished_sessions = stop_finished_sessions
         self.joiner = joiner  # with a gateway: outcomes wait for their traces
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        # Every rollout holds its callbacks until its outcome: one bound method and one
+        # (empty) context for all of them instead of new ones per rollout, which the
+        # cyclic GC would otherwise promote and walk (a full collection walks botocore's
+        # loaded models too: tens of ms each).
+        self._cb_context = contextvars.Context()
+        self._on_done_cb = self._on_done
+        self._arrived_cb = self._arrived
+        self._expire_cb = self._expire
         #: ``retry(fut, exc)`` takes over a rollout with a retryable outcome (True) or
         #: leaves it to end with ``exc`` (False). Set by the client.
         self.retry: Callable[[RolloutFuture, BaseException], bool] | None = None
@@ -111,21 +120,21 @@ class OutcomeFollower:
         self.sessions.live[fut.session_id] = fut
         if not fut._followed:  # a retried rollout is followed again, with one callback
             fut._followed = True
-            fut.add_done_callback(self._on_done)
+            fut.add_done_callback(self._on_done_cb, context=self._cb_context)
         if self.admission.closed:  # closed while the answer was on its way: end it too
             fut._settle(None, ClientClosedError("the client was closed while starting this"))
             return
         if found is not None:
             self._arrived(fut, found, None)
             return
-        self.watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived, fut))
+        self.watcher.track(fut.s3_bucket, fut.result_key, functools.partial(self._arrived_cb, fut))
         if limit is not None and math.isfinite(limit):
             if limit - elapsed <= 0:
                 self._expire(fut, limit)
                 return
             loop = asyncio.get_running_loop()
             self._timers[fut.session_id] = loop.call_later(
-                limit - elapsed, self._expire, fut, limit
+                limit - elapsed, self._expire_cb, fut, limit, context=self._cb_context
             )
 
     def settle_all(self, error: BaseException) -> None:
