@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import botocore.auth
 from botocore.auth import SIGNED_HEADERS_BLACKLIST, SIGV4_TIMESTAMP, S3SigV4Auth, SigV4Auth
+from botocore.credentials import RefreshableCredentials
 from botocore.exceptions import NoCredentialsError
 
 __all__ = ["CachedKeyS3SigV4Auth", "CachedKeySigV4Auth", "LeanSigner"]
@@ -109,9 +110,21 @@ class LeanSigner:
         return f"LeanSigner(signing_name={self.signing_name!r}, region={self.region!r})"
 
     async def _current_auth(self) -> SigV4Auth:
-        if self._credentials is None:
+        credentials = self._credentials
+        if credentials is None:
             raise NoCredentialsError()
-        frozen = self._credentials.get_frozen_credentials()
+        auth = self._auth
+        if auth is not None and not isinstance(credentials, RefreshableCredentials):
+            # Static keys: the frozen copy stays right while the three values do (checked
+            # each time; no coroutine per request, which aiobotocore's getter is).
+            frozen = self._frozen
+            if (credentials.access_key, credentials.secret_key, credentials.token) == (
+                frozen.access_key,
+                frozen.secret_key,
+                frozen.token,
+            ):
+                return auth
+        frozen = credentials.get_frozen_credentials()
         if not isinstance(frozen, tuple):  # aiobotocore's credentials refresh asynchronously
             frozen = await frozen
         if self._auth is None or frozen != self._frozen:
