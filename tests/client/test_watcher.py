@@ -109,6 +109,48 @@ async def test_many_keys_are_listed(store: ResultStore, bucket: str) -> None:
     await watcher.aclose()
 
 
+class BuggyStore(ResultStore):
+    """The real store, except that reading one key raises what no S3 fault raises (a bug
+    in the watcher's own path): the case its round handler exists for."""
+
+    def __init__(self, bad_key: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bad_key = bad_key
+
+    async def get_json(self, bucket: str, key: str) -> dict[str, Any] | None:
+        if key == self.bad_key:
+            raise ValueError("a bug in the watcher's own path")
+        return await super().get_json(bucket, key)
+
+
+async def test_a_bug_in_one_fetch_ends_the_round_s_keys_and_the_watcher_goes_on(
+    s3_endpoint: str, bucket: str
+) -> None:
+    keys = [f"exp/{i:06d}/s{i}.json" for i in range(4)]
+    store = BuggyStore(keys[1], endpoint_url=s3_endpoint, retry=FAST_RETRY)
+    watcher = CompletionWatcher(store, FAST)
+    try:
+        for key in keys:
+            await store.put_json(bucket, key, {"key": key})
+        outcomes = Outcomes()
+        for key in keys:  # found by one LIST: their GETs go to the fetchers together
+            watcher.track(bucket, key, outcomes.callback(key))
+        await outcomes.wait(4)
+        failed = [k for k in keys if outcomes.items[k][1] is not None]
+        assert keys[1] in failed  # never a hang: the bug is every pending key's outcome
+        error = outcomes.items[keys[1]][1]
+        assert isinstance(error, StorageError)
+        assert "the completion watcher failed: ValueError" in str(error)
+        later = "exp/000009/s9.json"  # the watcher itself still runs
+        await store.put_json(bucket, later, {"key": later})
+        watcher.track(bucket, later, outcomes.callback(later))
+        await outcomes.wait(5)
+        assert outcomes.items[later] == ({"key": later}, None)
+    finally:
+        await watcher.aclose()
+        await store.aclose()
+
+
 def test_plan_probes_stragglers_and_lists_the_dense_block() -> None:
     group = _Group("bkt", "exp/")
     for i in range(5000):
