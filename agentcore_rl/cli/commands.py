@@ -343,6 +343,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         gateway_admin_token=args.gateway_admin_token,
         group_size=args.group_size,
         redundancy=args.redundancy,
+        retry_lost=args.retry_lost,
+        retry_rollouts=args.retry_rollouts,
     )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)

@@ -57,6 +57,10 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
             kwargs["endpoint_url"] = options.runtime_endpoint_url
     else:
         kwargs["agent_url"] = list(options.agent_urls)
+    if options.retry_lost is not None:
+        kwargs["retry_lost"] = options.retry_lost
+    if options.retry_rollouts is not None:
+        kwargs["retry_rollouts"] = options.retry_rollouts
     return AsyncRolloutClient(
         s3_bucket=options.s3_bucket,
         exp_id=options.exp_id,

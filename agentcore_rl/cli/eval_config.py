@@ -123,6 +123,9 @@ class EvalOptions:
     group_size: int | None = None
     #: Extra members per group, stopped once ``group_size`` have succeeded.
     redundancy: int = 0
+    #: The client's retry budgets (``None``: its defaults): agent losses, other failures.
+    retry_lost: int | None = None
+    retry_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         if (self.agent_runtime_arn is None) == (not self.agent_urls):

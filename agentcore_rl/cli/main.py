@@ -83,6 +83,7 @@ _positive_int = _number(int, "a whole number", lambda v: v >= 1, ">= 1")
 _positive_float = _number(float, "a number", lambda v: v > 0, "> 0")
 _fraction = _number(float, "a number", lambda v: 0 <= v <= 1, "between 0 and 1")
 _non_negative_float = _number(float, "a number", lambda v: v >= 0, ">= 0")
+_non_negative_int = _number(int, "a whole number", lambda v: v >= 0, ">= 0")
 _port = _number(int, "a port number", lambda v: 0 <= v <= 65535, "0-65535")
 
 
@@ -174,6 +175,20 @@ def _add_eval_parser(commands: Any) -> None:
         help="extra _rollout field (VALUE parsed as JSON if it can be), e.g. temperature=0.7",
     )
     parser.add_argument("--limit", type=_positive_int, help="only the first N inputs")
+    parser.add_argument(
+        "--retry-lost",
+        type=_non_negative_int,
+        metavar="N",
+        help="run an input again in a new session when its agent crashed or restarted, "
+        "up to N times (default: the client's, 5; 0: record the loss)",
+    )
+    parser.add_argument(
+        "--retry-rollouts",
+        type=_non_negative_int,
+        metavar="N",
+        help="run an input again in a new session when the agent could not be reached or "
+        "kept refusing, up to N times (default: the client's, 2)",
+    )
     parser.add_argument(
         "--gateway-url",
         type=_url,

@@ -50,6 +50,13 @@ def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixtur
         (["demo", "--accuracy", "1.5"], "must be between 0 and 1"),
         (["demo", "--n", "0"], "must be >= 1"),
         (["demo", "--concurrency", "many"], "expected a whole number"),
+        (
+            [
+                *("eval", "x", "--agent-url", "http://127.0.0.1:9", "--s3-bucket", "bbb"),
+                *("--exp-id", "e", "--retry-lost", "-1"),
+            ],
+            "must be >= 0",
+        ),
         (["serve", "app:app", "--port", "70000"], "must be 0-65535"),
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -22,6 +23,9 @@ from typing import Any
 import pytest
 
 from agentcore_rl.cli import main
+from agentcore_rl.cli.eval import _make_client
+from agentcore_rl.cli.eval_config import EvalOptions
+from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.protocol import result_prefix
@@ -350,3 +354,25 @@ async def test_resume_runs_a_retryable_failure_again(stack: LocalStack, tmp_path
     after = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(line["input_id"] for line in after) == sorted(x["input_id"] for x in lines)
     assert all(line["outcome"] == "done" for line in after)
+
+
+async def test_retry_budgets_reach_the_client(tmp_path: Path) -> None:
+    options = EvalOptions(
+        data=tmp_path / "in.jsonl",
+        out=tmp_path / "out.jsonl",
+        s3_bucket="rollouts",
+        exp_id="e1",
+        agent_urls=("http://127.0.0.1:9",),
+        retry_lost=0,
+        retry_rollouts=4,
+    )
+    client = _make_client(options)
+    try:
+        assert (client.retry_lost, client.retry_rollouts) == (0, 4)
+    finally:
+        await client.aclose()
+    default = _make_client(dataclasses.replace(options, retry_lost=None))
+    try:
+        assert default.retry_lost == DEFAULT_RETRY_LOST
+    finally:
+        await default.aclose()
