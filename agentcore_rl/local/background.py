@@ -31,6 +31,20 @@ from agentcore_rl.local.onewrite import HeadWithBody, OneWriteHttpProtocol
 __all__ = ["BackgroundServer"]
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host`` (IPv4 or IPv6) and ``port`` (0: a free one), not yet
+    listening (uvicorn listens on it); closed again if binding fails."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn without signal capture: several can share one process and one loop."""
 
@@ -98,10 +112,7 @@ class BackgroundServer:
         """Bind, start uvicorn and wait until it accepts connections."""
         if self._task is not None:
             return self
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._socket = sock
         self._task = asyncio.create_task(

@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.local.background import _EmbeddedUvicorn
+from agentcore_rl.local.background import _EmbeddedUvicorn, bind_socket
 from agentcore_rl.local.onewrite import HeadWithBody, OneWriteHttpProtocol
 
 __all__ = ["EmbeddedS3"]
@@ -174,11 +174,8 @@ class EmbeddedS3:
         # (Typed Any: a2wsgi types environ as a TypedDict of the CGI keys only.)
         moto_app: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
         wsgi = WSGIMiddleware(moto_app, workers=_WORKERS)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = bind_socket(self.host, self.port)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
             config = uvicorn.Config(
                 HeadWithBody(wsgi),  # type: ignore[arg-type]  # a2wsgi's narrower ASGI types
                 log_level="info" if self.verbose else "warning",
