@@ -225,3 +225,14 @@ def test_a_missing_extra_is_named() -> None:
     assert _missing_extra(ModuleNotFoundError("no moto", name="moto.server")) == "local"
     # A user's own module missing is not ours to explain.
     assert _missing_extra(ModuleNotFoundError("no mylib", name="mylib")) is None
+
+
+def test_eval_help_states_the_client_s_retry_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    # The CLI's parser must not import the client (the agent side shares it), so the help
+    # text writes the defaults out: this keeps them equal to the client's constants.
+    from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
+
+    assert main(["eval", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(default: the client's, {DEFAULT_RETRY_LOST}; 0: record the loss)" in text
+    assert f"(default: the client's, {DEFAULT_RETRY_ROLLOUTS})" in text
