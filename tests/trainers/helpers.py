@@ -4,6 +4,8 @@ the stand-in policy and the token gateway, plus an offline tokenizer."""
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 
 ADMIN = "trainer-tests-admin"
+SPOOL_ENV = "AGENTCORE_RL_SPOOL_DIR"
 
 
 class _Front:
@@ -63,6 +66,23 @@ class Rig:
 async def local_rig(agents: int = 2, latency: float = 0.0) -> AsyncIterator[Rig]:
     policy = ScriptedPolicy(accuracy=1.0, token_ids="requested", latency=latency)
     stack = LocalStack("tests.trainers.agent:app", agents=agents, policy=policy, tps=None)
+    # The agents' spool of undelivered results is this rig's own, not the user's.
+    spool = tempfile.TemporaryDirectory(prefix="agentcore-rl-spool-")
+    previous = os.environ.get(SPOOL_ENV)
+    os.environ[SPOOL_ENV] = spool.name
+    try:
+        async with _serve(stack, policy) as rig:
+            yield rig
+    finally:
+        if previous is None:
+            os.environ.pop(SPOOL_ENV, None)
+        else:
+            os.environ[SPOOL_ENV] = previous
+        spool.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _serve(stack: LocalStack, policy: ScriptedPolicy) -> AsyncIterator[Rig]:
     async with stack:
         assert stack.policy_base_url is not None
         gateway = RolloutGateway(stack.policy_base_url, admin_token=ADMIN)
