@@ -59,7 +59,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     async with local_rig(agents=args.agents) as rig:
-        settings = rig.settings(tps=args.tps, max_concurrent_sessions=total, timeout=120.0, retry=0)
+        settings = rig.settings(tps=args.tps, max_concurrent_sessions=total, timeout=120.0, retry=1)
         entry = OmegaConf.create(
             {"_target_": f"{AgentCoreAgentLoop.__module__}.AgentCoreAgentLoop"}
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentcore_rl.client import AsyncRolloutClient
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
 from agentcore_rl.groups import GroupDroppedError, RolloutGroup
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.trajectory import Trajectory
@@ -162,7 +162,13 @@ async def run_sample(
     session_id = ""
     trajectory: Trajectory | None = None
     for _ in range(retry + 1):
-        fut = await client.invoke(payload, input_id=input_id, **overrides)
+        try:
+            fut = await client.invoke(payload, input_id=input_id, **overrides)
+        except (InvocationError, GatewayError) as exc:
+            # Refused or unreachable (the agent, or the gateway opening the session): a
+            # failed attempt like any other, not the end of the trainer's step.
+            error = f"{type(exc).__name__}: {exc}"
+            continue
         session_id = fut.session_id
         try:
             result = await fut

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,38 @@ async def test_staleness_steps_are_the_gateways_policy_versions(tmp_path: Path) 
     assert (extra["min_global_steps"], extra["max_global_steps"]) == (5, 5)
     # veRL v1's off-policy metric at trainer step 7: (7 - 1) - max_global_steps.
     assert (7 - 1) - np.array([extra["max_global_steps"]], dtype=int)[0] == 1
+
+
+@pytest.fixture
+def local_ray() -> Iterator[None]:
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.usefixtures("local_ray")
+async def test_through_agentcore_runtime_with_limits_shared_on_ray(tmp_path: Path) -> None:
+    async with local_rig() as rig:
+        settings = rig.settings(
+            agent_url=None,
+            agent_runtime_arn=rig.stack.agent_runtime_arn,
+            endpoint_url=rig.stack.runtime_endpoint_url,
+            shared_limits="trainer-test-limits",
+            tps=50.0,
+            max_concurrent_sessions=8,
+        )
+        name = register_from_file(tmp_path, settings)
+        worker = classic_worker(trainer_config())
+        try:
+            data = await worker.generate_sequences(batch_for(PLANS[1:], name))
+        finally:
+            await close_shared_clients()
+    assert list(data.non_tensor_batch["agentcore_reward"]) == [0.0, 0.5, 1.0, 0.0]
+    data.batch["token_level_rewards"] = data.batch["rm_scores"]
+    data = compute_advantage(data, AdvantageEstimator.GRPO, norm_adv_by_std_in_grpo=True)
+    got = first_trained(data.batch["advantages"], data.batch["response_mask"])
+    assert got == pytest.approx(project_advantages([0.0, 0.5, 1.0, 0.0]), abs=1e-5)
