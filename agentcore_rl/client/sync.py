@@ -112,7 +112,7 @@ class RolloutClient:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"RolloutClient({self._client!r})"
+        return f"RolloutClient({getattr(self, '_client', None)!r})"
 
     @property
     def async_client(self) -> AsyncRolloutClient:

@@ -208,7 +208,7 @@ async def test_retries_are_bounded_and_counted(
 async def test_agent_losses_have_a_budget_of_their_own(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    # Three shutdowns in a row outlast retry_rollouts=2 (the old shared budget), not
+    # Three shutdowns in a row outlast two rollout retries (a shared budget would end it), not
     # the loss budget.
     client = make_client(retries=quick_retries(rollouts=0))
     fut = await client.invoke({"mode": "shutdown", "shutdowns": 3, "n": 1})
@@ -244,7 +244,7 @@ def test_outcome_classification() -> None:
 async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
     make_client: ClientFactory, recorder: Recorder, agent_url: str, bucket: str, tmp_path: Path
 ) -> None:
-    # Three losses in a row (server shutdowns) with retry_rollouts=0: eval's own loop
+    # Three losses in a row (server shutdowns) with no rollout retries: eval's own loop
     # reruns the input on the loss budget, and the results line says how many were lost.
     client = make_client(retries=quick_retries(rollouts=0))
     out = tmp_path / "results.jsonl"

@@ -142,7 +142,9 @@ def test_run_batch_is_a_plain_iterator(client: RolloutClient) -> None:
 
 
 def test_early_break_stops_live_sessions(agent: Agent, sync_bucket: str, s3_endpoint: str) -> None:
-    with make(agent, sync_bucket, s3_endpoint, max_concurrent_sessions=3) as client:
+    with make(
+        agent, sync_bucket, s3_endpoint, limits=fast_limits(max_concurrent_sessions=3)
+    ) as client:
         for item in client.run_batch([{"n": 0}] + [{"mode": "hang"}] * 5):
             assert item.success
             first = item.session_id
@@ -204,3 +206,19 @@ def test_groups_through_the_sync_facade(client: RolloutClient, agent: Agent) -> 
     stats = client.group_stats
     assert stats.groups_ready == 2
     assert stats.groups_dropped == {"uniform": 1, "stale": 1}
+
+
+def test_errors_leave_the_sync_facade_as_themselves(
+    agent: Agent, sync_bucket: str, s3_endpoint: str
+) -> None:
+    def use(payload: dict[str, Any]) -> None:
+        with make(agent, sync_bucket, s3_endpoint) as client:
+            client.rollout(payload)
+            raise ValueError("mine")
+
+    with pytest.raises(ValueError, match="mine") as caught:
+        use({"n": 1})
+    assert type(caught.value) is ValueError
+    with pytest.raises(RolloutError) as failed:
+        use({"mode": "raise"})
+    assert type(failed.value) is RolloutError

@@ -20,6 +20,7 @@ from agentcore_rl import (
     ConfigurationError,
     GatewayConfig,
     GroupRules,
+    Retries,
     RolloutClient,
     RolloutGateway,
     Timeouts,
@@ -377,7 +378,7 @@ async def test_a_lost_trace_is_final_not_retried(s3_endpoint: str) -> None:
     latch = Latch()
     policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
     async with _rig(s3_endpoint, policy) as rig:
-        async with rig.client(retry_rollouts=2) as client:
+        async with rig.client(retries=Retries(rollouts=2)) as client:
             fut = await client.invoke(PROBLEM, input_id="q-f")
             await wait_until(lambda: latch.waiting == 1, 15)
             restarted = RolloutGateway(rig.gateway.upstreams, admin_token=ADMIN)
