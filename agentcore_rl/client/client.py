@@ -376,12 +376,7 @@ class AsyncRolloutClient:
         timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         rollout: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``invoke`` and wait for the outcome: the result dict, or its exception.
-
-        Example::
-
-            result = await client.rollout({"prompt": "2+2?"}, timeout=600)
-        """
+        """``invoke`` and wait for the outcome: the result dict, or its exception."""
         fut = await self.invoke(
             payload, input_id=input_id, session_id=session_id, timeout=timeout, rollout=rollout
         )
@@ -497,10 +492,6 @@ class AsyncRolloutClient:
     def set_policy_version(self, version: int) -> None:
         """Stamp ``_rollout.policy_version = version`` into every member started from now
         on (retries included). Versions only move forward.
-
-        Example::
-
-            client.set_policy_version(step)
         """
         self._groups.set_policy_version(version)
 
@@ -508,10 +499,6 @@ class AsyncRolloutClient:
         """Move to ``version`` and stop every open group with a member started under a
         version older than ``version - max_staleness``: their futures end in
         ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
-
-        Example::
-
-            stale = client.advance_policy(step + 1, max_staleness=1)
         """
         return self._groups.advance_policy(version, max_staleness=max_staleness)
 
@@ -533,10 +520,6 @@ class AsyncRolloutClient:
         stopped in time are not waited for: :attr:`unstopped_sessions` lists them (and
         ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
         again.
-
-        Example::
-
-            await client.aclose()
         """
         if self._state is ClientState.CLOSED:
             await self._closed.wait()
@@ -950,10 +933,6 @@ class AsyncRolloutClient:
         ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
         33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
         of this client already uses it.
-
-        Example::
-
-            client.check_session_id(protocol.new_session_id())
         """
         return self._sessions.check(session_id)
 

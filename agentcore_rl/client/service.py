@@ -150,7 +150,10 @@ class Service:
             await self._ended.wait()
         host, self._host = self._host, None
         if host is not None:
-            await host
+            try:
+                await host
+            except BaseExceptionGroup as group:
+                raise unwrap(group) from None
 
 
 async def _leave(outer: TaskGroup) -> None:
