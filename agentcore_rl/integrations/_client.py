@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentcore_rl.client import AsyncRolloutClient
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
-from agentcore_rl.groups import GroupDroppedError, RolloutGroup
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.trajectory import Trajectory
 
@@ -57,23 +57,21 @@ async def open_client(
             )
         )
         limiters = {"rate_limiter": limits.rate, "session_limiter": limits.sessions}
-    extras: dict[str, Any] = {}
+    rollout: dict[str, Any] = {}
     if settings.model_id is not None:
-        extras["model_id"] = settings.model_id
+        rollout["model_id"] = settings.model_id
+    assert settings.gateway_url is not None  # checked by the settings
     client = AsyncRolloutClient(
         agent_runtime_arn=settings.agent_runtime_arn,
         agent_url=settings.agent_url,
         s3_bucket=settings.s3_bucket,
         exp_id=settings.exp_id,
-        max_concurrent_sessions=settings.max_concurrent_sessions,
-        tps_limit=settings.tps,
-        timeout=settings.timeout,
-        endpoint_url=settings.endpoint_url,
-        s3_endpoint_url=settings.s3_endpoint_url,
-        gateway_url=settings.gateway_url,
-        gateway_admin_token=settings.gateway_admin_token,
+        rollout=rollout,
+        limits=Limits(max_concurrent_sessions=settings.max_concurrent_sessions, tps=settings.tps),
+        timeouts=Timeouts(rollout=settings.timeout),
+        aws=AwsConfig(endpoint_url=settings.endpoint_url, s3_endpoint_url=settings.s3_endpoint_url),
+        gateway=GatewayConfig(url=settings.gateway_url, admin_token=settings.gateway_admin_token),
         **limiters,
-        **extras,
     )
     return await stack.enter_async_context(client)
 
@@ -163,7 +161,7 @@ async def run_sample(
     trajectory: Trajectory | None = None
     for _ in range(retry + 1):
         try:
-            fut = await client.invoke(payload, input_id=input_id, **overrides)
+            fut = await client.invoke(payload, input_id=input_id, rollout=overrides)
         except (InvocationError, GatewayError) as exc:
             # Refused or unreachable (the agent, or the gateway opening the session): a
             # failed attempt like any other, not the end of the trainer's step.
@@ -208,15 +206,13 @@ async def run_group(
     ``on_failure="zero"`` keeps a failed member as a zeroed one; ``"drop_group"`` raises
     ``GroupDroppedError`` for the caller's trainer to drop the prompt.
     """
-    group = await client.invoke_group(
-        payload,
+    rules = GroupRules(
         n=n,
-        input_id=input_id,
         retry=settings.retry,
         on_failure=settings.on_failure,
         redundancy=settings.redundancy,
         member_seed=member_seed,
-        **overrides,
     )
+    group = await client.invoke_group(payload, rules=rules, input_id=input_id, rollout=overrides)
     result: RolloutGroup = await group
     return result
