@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import sys
@@ -15,6 +16,7 @@ import pytest
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.group_tracker import GroupReady, GroupTracker, StartMember
 from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.integrations import AgentCoreSettings
 from agentcore_rl.training import (
     InvalidTrajectoryError,
     MissingTrajectoryError,
@@ -440,3 +442,36 @@ def test_fitting_cuts_long_responses_and_masks_rows_with_long_prompts() -> None:
     assert (report.response_tokens_cut, report.prompt_tokens_cut) == (1, 1)
     with pytest.raises(ConfigurationError, match="max_prompt_length"):
         fit_rows(rows, max_prompt_length=0, max_response_length=3)
+
+
+# --- trainer adapters (their behaviour is tested against the trainers in tests/trainers) ----
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [("verl", "verl"), ("skyrl", "skyrl"), ("slime", "slime")],
+)
+def test_an_adapter_without_its_trainer_names_its_extra(
+    module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes the import fail as it does where the trainer is missing.
+    for name in ("verl", "skyrl", "slime"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, f"agentcore_rl.integrations.{module}", raising=False)
+    with pytest.raises(ImportError, match=rf"pip install 'agentcore-rl\[{extra}\]'"):
+        importlib.import_module(f"agentcore_rl.integrations.{module}")
+
+
+def test_adapter_settings_refuse_unknown_keys_and_need_a_gateway() -> None:
+    base = {"agent_url": ["http://127.0.0.1:1"], "s3_bucket": "b", "exp_id": "e"}
+    settings = AgentCoreSettings.from_mapping({**base, "gateway_url": "http://127.0.0.1:2"})
+    assert settings.agent_url == ("http://127.0.0.1:1",)
+    assert settings.on_failure == "zero"
+    with pytest.raises(ConfigurationError, match="did you mean 'gateway_url'"):
+        AgentCoreSettings.from_mapping({**base, "gateway_ur": "http://127.0.0.1:2"})
+    with pytest.raises(ConfigurationError, match="gateway_url is required"):
+        AgentCoreSettings.from_mapping(base)
+    with pytest.raises(ConfigurationError, match="on_failure"):
+        AgentCoreSettings.from_mapping(
+            {**base, "gateway_url": "http://127.0.0.1:2", "on_failure": "drop_member"}
+        )
