@@ -12,12 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from openai import AsyncOpenAI
+import httpx
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from agentcore_rl.protocol import BASE_URL, MODEL_ID, ROLLOUT_FIELD
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
 app = AgentCoreRLApp()
+# Building a TLS context reads the CA bundle (tens of ms of CPU): one for every rollout.
+_TLS = httpx.create_ssl_context()
 
 
 def plan_of(payload: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +38,9 @@ async def run(payload: dict[str, Any], context: RequestContext) -> dict[str, Any
     block = payload[ROLLOUT_FIELD]
     if plan.get("sleep"):
         await anyio.sleep(float(plan["sleep"]))
-    async with AsyncOpenAI(base_url=block[BASE_URL], api_key="EMPTY") as llm:
+    async with AsyncOpenAI(
+        base_url=block[BASE_URL], api_key="EMPTY", http_client=DefaultAsyncHttpxClient(verify=_TLS)
+    ) as llm:
         await llm.chat.completions.create(
             model=block[MODEL_ID], messages=[{"role": "user", "content": payload["prompt"]}]
         )
