@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import inspect
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -49,11 +48,10 @@ from starlette.types import Lifespan
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
-from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
+from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.envelopes import lost_envelope_bytes
 from agentcore_rl.server.finished import (
     DEFAULT_FINISHED_MAX_ENTRIES,
     DEFAULT_FINISHED_TTL,
@@ -61,8 +59,9 @@ from agentcore_rl.server.finished import (
 )
 from agentcore_rl.server.health import HealthTracker, PingHandler
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
-from agentcore_rl.server.ledger import LedgerEntry, OrphanLedger, RunLedger, ledger_enabled_by_env
+from agentcore_rl.server.ledger import RunLedger, ledger_enabled_by_env
 from agentcore_rl.server.limits import prepare_process, serve_options
+from agentcore_rl.server.lost import LostRolloutReporter
 from agentcore_rl.server.parsing import (
     DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
@@ -104,21 +103,13 @@ P = TypeVar("P", bound=PingHandler)
 A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 
 _STOP_REASON: Final = "cancelled: the session was stopped"
-# Lost envelopes a successor writes at once (each a HEAD, then a PUT).
-_LOST_WRITERS: Final = 16
-
-
-def _run_with(
-    app: AgentCoreRLApp, port: int = protocol.DEFAULT_PORT, host: str | None = None
-) -> None:
-    app.run(port, host)
 
 
 def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status_code=status_code)
 
 
-class AgentCoreRLApp(Starlette):
+class AgentCoreRLApp(BedrockCompat, Starlette):
     """The agent server: ``POST /invocations``, ``GET /ping``, ``POST /sessions/{id}/stop``.
 
     Register one handler with :meth:`rollout_entrypoint` (fire and forget; the result goes
@@ -241,10 +232,7 @@ class AgentCoreRLApp(Starlette):
             middleware=middleware,
         )
         self._user_lifespan = lifespan
-        #: The registered entrypoint under ``"main"`` as a ``(payload, context)`` coroutine
-        #: function named after it (as in ``BedrockAgentCoreApp``); for inspection and for
-        #: calling the handler directly, not a way to replace it.
-        self.handlers: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self.handlers = {}
         self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.max_body_bytes = max_body_bytes
@@ -277,10 +265,6 @@ class AgentCoreRLApp(Starlette):
             self.spool.directory,
             enabled=ledger_enabled_by_env() if run_ledger is None else run_ledger,
         )
-        #: Set once the dead predecessors' ledgers found at startup are reported.
-        self.lost_reported = asyncio.Event()
-        # Cancelled at shutdown: the store closes, the ledgers not reported stay for later.
-        self._reporting: anyio.CancelScope | None = None
         self._clock = clock
         self.health = HealthTracker(clock=clock)
         try:
@@ -296,6 +280,15 @@ class AgentCoreRLApp(Starlette):
             on_finished=self._remember_finished,
             exists=self.store.head if check_existing_results != "never" else None,
             ledger=self.ledger,
+        )
+        # Cancelled at shutdown: the store closes, the ledgers not reported stay for later.
+        self.lost_reporter = LostRolloutReporter(
+            store=self.store,
+            spool=self.spool,
+            settled=self.settled_here,
+            on_reported=self._remember_lost,
+            allowed_buckets=self.allowed_buckets,
+            clock=clock,
         )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
@@ -326,32 +319,7 @@ class AgentCoreRLApp(Starlette):
             )
         self._spec = HandlerSpec.inspect(func)
         self._rollout_mode = rollout
-        self.handlers["main"] = self._main_handler(self._spec)
-        # BedrockAgentCoreApp lets ``@app.entrypoint`` functions start the server themselves.
-        with contextlib.suppress(AttributeError, TypeError):
-            func.run = functools.partial(_run_with, self)  # type: ignore[attr-defined]
-
-    def _main_handler(self, spec: HandlerSpec) -> Callable[..., Awaitable[Any]]:
-        async def main(payload: dict[str, Any], context: Any = None) -> Any:
-            if context is None:
-                context = RequestContext(session_id=protocol.new_session_id())
-            return await call_handler(spec, payload, context, limiter=self._get_limiter())
-
-        # Named after the handler but without __wrapped__, so that inspect.signature
-        # reports (payload, context) like the SDK's wrapper does.
-        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-            with contextlib.suppress(AttributeError):
-                setattr(main, name, getattr(spec.func, name))
-        return main
-
-    def entrypoint(self, func: F) -> F:
-        """Register a plain request/response handler (as with AWS's ``BedrockAgentCoreApp``).
-
-        Its return value is the response body (JSON; a Starlette ``Response`` is passed
-        through). If it raises, the answer is ``500 {"error": "<message>"}``.
-        """
-        self._register(func, rollout=False)
-        return func
+        self._registered(func, self._spec)
 
     def rollout_entrypoint(self, func: F) -> F:
         """Register a fire-and-forget rollout handler whose result is written to S3.
@@ -392,103 +360,6 @@ class AgentCoreRLApp(Starlette):
         self._validator = func
         return func
 
-    # --- BedrockAgentCoreApp's health API -------------------------------------------------
-
-    def ping(self, func: P) -> P:
-        """Register a custom ``/ping`` status: a function returning a ``PingStatus`` (ours or
-        AWS's) or its string value. It is asked at every ping unless a status is forced;
-        if it raises, the automatic status is reported.
-
-        Example::
-
-            @app.ping
-            def status() -> PingStatus:
-                return PingStatus.HEALTHY_BUSY if indexing else PingStatus.HEALTHY
-        """
-        if not callable(func):
-            raise ConfigurationError(f"a ping handler must be callable, got {type(func).__name__}")
-        self.health.ping_handler = func
-        return func
-
-    def async_task(self, func: A) -> A:
-        """Decorate an async function so that ``/ping`` says ``HealthyBusy`` while it runs.
-
-        Example::
-
-            @app.async_task
-            async def reindex() -> None:
-                ...
-        """
-        if not inspect.iscoroutinefunction(func):
-            raise ConfigurationError("@app.async_task can only decorate async functions")
-
-        @functools.wraps(func)
-        async def tracked(*args: Any, **kwargs: Any) -> Any:
-            task_id = self.add_async_task(func.__name__)
-            try:
-                return await func(*args, **kwargs)
-            finally:
-                self.complete_async_task(task_id)
-
-        return tracked  # type: ignore[return-value]
-
-    def add_async_task(self, name: str, metadata: Mapping[str, Any] | None = None) -> int:
-        """Track background work the app does not run itself; ``HealthyBusy`` until it
-        completes. Returns the id for :meth:`complete_async_task`. Thread-safe.
-
-        Example::
-
-            task_id = app.add_async_task("indexing", {"file": "data.csv"})
-            ...
-            app.complete_async_task(task_id)
-        """
-        return self.health.add_task(name, metadata)
-
-    def complete_async_task(self, task_id: int) -> bool:
-        """Stop tracking a task from :meth:`add_async_task`; False for an unknown id.
-
-        Example::
-
-            app.complete_async_task(task_id)
-        """
-        return self.health.complete_task(task_id)
-
-    def get_async_task_info(self) -> dict[str, Any]:
-        """The tracked tasks: ``{"active_count": n, "running_jobs": [{"name", "duration"}]}``.
-
-        Example::
-
-            app.get_async_task_info()["active_count"]
-        """
-        return self.health.task_info()
-
-    def force_ping_status(self, status: PingStatus | str) -> None:
-        """Report ``status`` on ``/ping`` whatever else holds, until cleared.
-
-        Example::
-
-            app.force_ping_status(PingStatus.HEALTHY_BUSY)
-        """
-        self.health.force(status)
-
-    def clear_forced_ping_status(self) -> None:
-        """Go back to the custom or automatic ``/ping`` status.
-
-        Example::
-
-            app.clear_forced_ping_status()
-        """
-        self.health.force(None)
-
-    def get_current_ping_status(self) -> PingStatus:
-        """What ``/ping`` reports now: forced, else the custom handler's, else automatic.
-
-        Example::
-
-            assert app.get_current_ping_status() is PingStatus.HEALTHY
-        """
-        return self.health.status
-
     # --- lifecycle --------------------------------------------------------------------
 
     @property
@@ -524,15 +395,16 @@ class AgentCoreRLApp(Starlette):
         # After the spool: a rollout whose envelope waits there is finished, not lost.
         self.ledger.open()
         orphans = self.ledger.claim_orphans()
-        self._reporting = anyio.CancelScope()
         if not orphans:
-            self.lost_reported.set()
+            self.lost_reporter.done.set()
         elif self._tasks is not None:
-            self._tasks.start_soon(self._report_lost, orphans, name="agentcore-rl lost rollouts")
+            self._tasks.start_soon(
+                self.lost_reporter.report, orphans, name="agentcore-rl lost rollouts"
+            )
         else:
-            await self._report_lost(orphans)
+            await self.lost_reporter.report(orphans)
 
-    def _settled_here(self, bucket: str, key: str) -> bool:
+    def settled_here(self, bucket: str, key: str) -> bool:
         """Whether this process runs, finished or spooled the rollout writing that key."""
         return (
             self.runner.find(bucket, key) is not None
@@ -540,67 +412,10 @@ class AgentCoreRLApp(Starlette):
             or self.spool.holds(bucket, key)
         )
 
-    async def _report_lost(self, orphans: list[OrphanLedger]) -> None:
-        """Write an ``agent_lost`` envelope for each rollout dead processes left running
-        (unless its key holds an envelope already), then delete their ledgers."""
-        limiter = anyio.CapacityLimiter(_LOST_WRITERS)
-        try:
-            assert self._reporting is not None
-            with self._reporting:
-                await self._report_orphans(orphans, limiter)
-        finally:
-            for orphan in orphans:
-                orphan.abandon()  # not reported (shut down first): a later server will
-            self.lost_reported.set()
-
-    async def _report_orphans(
-        self, orphans: list[OrphanLedger], limiter: anyio.CapacityLimiter
-    ) -> None:
-        for orphan in orphans:
-            reported: list[bool] = []
-            async with anyio.create_task_group() as writers:
-                for entry in orphan.entries:
-                    writers.start_soon(self._report_in, limiter, entry, orphan.pid, reported)
-            orphan.release()
-            if orphan.entries:
-                logger.warning(
-                    "agent process %s died with %d rollout(s) running; wrote %d 'agent "
-                    "lost' envelope(s) (the others had an envelope already)",
-                    orphan.pid,
-                    len(orphan.entries),
-                    sum(reported),
-                )
-
-    async def _report_in(
-        self,
-        limiter: anyio.CapacityLimiter,
-        entry: LedgerEntry,
-        pid: int | None,
-        reported: list[bool],
-    ) -> None:
-        async with limiter:
-            reported.append(await self._report_one_lost(entry, pid))
-
-    async def _report_one_lost(self, entry: LedgerEntry, pid: int | None) -> bool:
-        bucket, key = entry.bucket, entry.key
-        if self.allowed_buckets is not None and bucket not in self.allowed_buckets:
-            return False
-        if self._settled_here(bucket, key):
-            return False
-        try:
-            found = await self.store.head(bucket, key)
-        except Exception as exc:
-            # Unknown: write it (spooled if S3 is down). Its writer is dead, so the only
-            # envelope that could be there is one it sent just before dying.
-            logger.warning("could not check s3://%s/%s for an envelope: %s", bucket, key, exc)
-            found = False
-        # Checked again after the wait: a repeat invocation may have started it here.
-        if found or self._settled_here(bucket, key):
-            return False
-        body = lost_envelope_bytes(entry, finished_at=self._clock(), pid=pid)
-        await self.spool.deliver(bucket, key, body)
-        self.finished.remember(bucket, key, session_id=entry.session_id)
-        return True
+    @property
+    def lost_reported(self) -> asyncio.Event:
+        """Set once the rollouts of dead predecessors found at startup are reported."""
+        return self.lost_reporter.done
 
     def tune_process(self) -> None:
         """Process-wide settings for an app that owns its process: lower the GIL switch
@@ -624,6 +439,9 @@ class AgentCoreRLApp(Starlette):
         config = job.context.rollout
         if key is not None and config is not None:
             self.finished.remember(config.s3_bucket, key, session_id=job.session_id)
+
+    def _remember_lost(self, bucket: str, key: str, session_id: str) -> None:
+        self.finished.remember(bucket, key, session_id=session_id)
 
     def session_state(self, session_id: str) -> dict[str, Any]:
         """What this server knows of a session: the ``/sessions/{id}`` answer.
@@ -665,8 +483,7 @@ class AgentCoreRLApp(Starlette):
                     self.shutdown_grace,
                     active,
                 )
-            if self._reporting is not None:
-                self._reporting.cancel()
+            self.lost_reporter.cancel()
             report = await self.runner.shutdown(
                 self.shutdown_grace, cancel_timeout=self.cancel_timeout
             )

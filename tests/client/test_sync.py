@@ -21,8 +21,8 @@ from agentcore_rl.errors import (
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
-    StaleGroupError,
 )
+from agentcore_rl.groups import StaleGroupError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder, make_agent
