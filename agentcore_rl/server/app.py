@@ -47,14 +47,25 @@ from starlette.routing import Route
 from starlette.types import Lifespan
 
 from agentcore_rl import protocol
+from agentcore_rl._keywords import strict_keywords
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
+from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.compat import BedrockCompat
+from agentcore_rl.server.config import (
+    DEFAULT_REPEATS,
+    DEFAULT_REQUEST_LIMITS,
+    DEFAULT_SHUTDOWN,
+    DEFAULT_SPOOL,
+    DEFAULT_WORKERS,
+    RepeatConfig,
+    RequestLimits,
+    ShutdownConfig,
+    SpoolConfig,
+    WorkerConfig,
+)
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.finished import (
-    DEFAULT_FINISHED_MAX_ENTRIES,
-    DEFAULT_FINISHED_TTL,
     FinishedRollouts,
 )
 from agentcore_rl.server.health import HealthTracker, PingHandler
@@ -63,7 +74,6 @@ from agentcore_rl.server.ledger import RunLedger, ledger_enabled_by_env
 from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.lost import LostRolloutReporter
 from agentcore_rl.server.parsing import (
-    DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
     control_op,
     parse_payload,
@@ -72,24 +82,16 @@ from agentcore_rl.server.parsing import (
     session_id_from,
 )
 from agentcore_rl.server.runner import (
-    DEFAULT_CANCEL_TIMEOUT,
     RolloutJob,
     RolloutRunner,
     ShutdownReport,
 )
 from agentcore_rl.server.settings import (
-    DEFAULT_GIL_SWITCH_INTERVAL,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_SYNC_WORKERS,
-    DEFAULT_SHUTDOWN_GRACE,
-    DEFAULT_STOP_WAIT,
     SPOOL_DIR_ENV,
     app_spool_dir,
     default_host,
 )
 from agentcore_rl.server.spool import (
-    DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
-    DEFAULT_SPOOL_RETRY_INTERVAL,
     Spool,
 )
 
@@ -105,6 +107,32 @@ A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 _STOP_REASON: Final = "cancelled: the session was stopped"
 
 
+#: Where the keywords of earlier versions live now (named in the TypeError an old one gets).
+MOVED_KEYWORDS: Final = {
+    **{
+        name: f"limits=RequestLimits({name}=...)"
+        for name in (
+            "max_body_bytes",
+            "max_json_depth",
+            "max_inflight_body_bytes",
+            "envelope_payload_max_bytes",
+        )
+    },
+    "shutdown_grace": "shutdown=ShutdownConfig(grace=...)",
+    "stop_wait": "shutdown=ShutdownConfig(stop_wait=...)",
+    "cancel_timeout": "shutdown=ShutdownConfig(cancel_timeout=...)",
+    "spool_dir": "spool=SpoolConfig(directory=...)",
+    "spool_retry_interval": "spool=SpoolConfig(retry_interval=...)",
+    "spool_max_retry_interval": "spool=SpoolConfig(max_retry_interval=...)",
+    "run_ledger": "spool=SpoolConfig(run_ledger=...)",
+    "check_existing_results": "repeats=RepeatConfig(check_existing=...)",
+    "finished_ttl": "repeats=RepeatConfig(finished_ttl=...)",
+    "finished_max_entries": "repeats=RepeatConfig(finished_max_entries=...)",
+    "max_sync_workers": "workers=WorkerConfig(max_sync_workers=...)",
+    "gil_switch_interval": "workers=WorkerConfig(gil_switch_interval=...)",
+}
+
+
 def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status_code=status_code)
 
@@ -114,112 +142,74 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
 
     Register one handler with :meth:`rollout_entrypoint` (fire and forget; the result goes
     to S3) or :meth:`entrypoint` (plain request/response). Handlers may be async or sync
-    (sync ones run in up to ``max_sync_workers`` threads) and take ``(payload)`` or
-    ``(payload, context)``.
+    (sync ones run in worker threads) and take ``(payload)`` or ``(payload, context)``.
 
-    ``store`` is the S3 door (default: a ``ResultStore()`` that honours
-    ``AWS_ENDPOINT_URL_S3``; its client is created on first write). ``allowed_buckets``
-    (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated) limits which buckets a
-    payload may name. Bodies over ``max_body_bytes`` get 413, nesting deeper than
-    ``max_json_depth`` 400; once the bodies being received hold ``max_inflight_body_bytes``
-    together, more get 503 with ``Retry-After``. A body over
-    ``envelope_payload_max_bytes`` (default ``None``: never) is stored in its envelope as
-    its SHA-256 and size instead of a copy of the payload. At shutdown running
-    rollouts get ``shutdown_grace`` seconds, then are cancelled. Envelopes S3 refuses go
-    to ``spool_dir`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else the same per-user
-    directory across restarts, see :func:`default_spool_dir`, in a subdirectory named
-    ``app_name`` or ``$AGENTCORE_RL_APP_NAME`` if given; drained at startup) and
-    are retried every ``spool_retry_interval`` seconds, backing off. When the app owns
-    the process (:meth:`run`, ``agentcore-rl serve``) the interpreter's GIL switch
-    interval is lowered to ``gil_switch_interval`` (``None``: leave it) so ``/ping`` stays
-    fast while sync handlers burn CPU; mounted in another app, it leaves the process
-    alone. ``clock`` (epoch seconds) stamps envelopes and ``/ping``.
+    ``store`` is the S3 door (default: a ``ResultStore()``, whose endpoint is found when
+    the first envelope is written: ``AWS_ENDPOINT_URL_S3`` as it is then).
+    ``allowed_buckets`` (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated)
+    limits which buckets a payload may name. ``app_name`` (default:
+    ``$AGENTCORE_RL_APP_NAME``, else the handler's module and name) is the agent's
+    identity: its spool and run ledger live in a directory of that name, and envelopes
+    another app spooled are never delivered by this one. The rest is grouped by concern:
+    ``limits`` (:class:`~agentcore_rl.server.config.RequestLimits`: body size, nesting,
+    bodies in flight), ``shutdown`` (:class:`~agentcore_rl.server.config.ShutdownConfig`:
+    grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
+    directory, retry intervals, run ledger), ``repeats``
+    (:class:`~agentcore_rl.server.config.RepeatConfig`: how a repeated invocation is kept
+    from running twice) and ``workers``
+    (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
+    interval). ``clock`` (epoch seconds) stamps envelopes and ``/ping``.
 
-    A repeated invocation (same session id and result key) never runs the handler twice:
-    while it runs, or for ``finished_ttl`` seconds after it finished (at most
-    ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
-    process, the rollout HEADs its key before the handler starts and an envelope already
-    there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing_results``
-    ``"repeats"``, the default), for all (``"always"``), or never (``"never"``).
-
-    ``run_ledger`` (default: on, unless ``$AGENTCORE_RL_RUN_LEDGER`` is ``0``) keeps this
-    process's running rollouts in a file in the spool directory, locked while it lives
-    (:mod:`agentcore_rl.server.ledger`). At startup a server takes over the ledgers of
-    dead processes on the same directory and writes an ``agent_lost`` envelope (which
-    clients retry in a new session) for each rollout they left unfinished, unless its key
-    holds an envelope already: a restarted agent with the same disk reports its
-    predecessor's crash within a second instead of waiting for the clients' probes.
+    At startup the app delivers what its spool holds and, with the run ledger, reports
+    the rollouts a crashed predecessor on the same disk left running as ``agent_lost``
+    (:mod:`agentcore_rl.server.lost`), which clients retry in a new session.
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
     where no lifespan reaches it, each rollout runs as its invocation's background task
     and the spool is retried only at ``aclose()``).
     ``lifespan`` (run inside the app's own) and ``middleware`` are passed on as with
-    AWS's ``BedrockAgentCoreApp``, whose public surface it keeps: ``handlers``,
-    ``@app.ping``, ``@app.async_task``, ``add_async_task``/``complete_async_task``,
-    ``force_ping_status``/``clear_forced_ping_status``, ``get_current_ping_status`` and
-    ``run(port, host)`` (docs/server.md lists what is left out and why).
+    AWS's ``BedrockAgentCoreApp``, whose public surface it keeps
+    (:class:`~agentcore_rl.server.compat.BedrockCompat`; docs/server.md lists what is
+    left out and why).
 
     Example::
 
-        app = AgentCoreRLApp(allowed_buckets=["rollouts"], shutdown_grace=60)
+        app = AgentCoreRLApp(allowed_buckets=["rollouts"], shutdown=ShutdownConfig(grace=60))
 
         @app.rollout_entrypoint
         def solve(payload: dict) -> dict:       # sync works too
             return {"rewards": [float(payload["answer"] == "4")]}
     """
 
+    @strict_keywords(moved=MOVED_KEYWORDS)
     def __init__(
         self,
         *,
         store: ResultStore | None = None,
         allowed_buckets: Iterable[str] | None = None,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
-        max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES,
-        envelope_payload_max_bytes: int | None = None,
-        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
-        spool_dir: Path | str | None = None,
         app_name: str | None = None,
-        spool_retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
-        spool_max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
-        max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS,
-        stop_wait: float = DEFAULT_STOP_WAIT,
-        cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT,
-        gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL,
-        finished_ttl: float = DEFAULT_FINISHED_TTL,
-        finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
-        check_existing_results: str = "repeats",
-        run_ledger: bool | None = None,
+        limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
+        shutdown: ShutdownConfig = DEFAULT_SHUTDOWN,
+        spool: SpoolConfig = DEFAULT_SPOOL,
+        repeats: RepeatConfig = DEFAULT_REPEATS,
+        workers: WorkerConfig = DEFAULT_WORKERS,
         clock: Callable[[], float] = time.time,
         debug: bool = False,
         lifespan: Lifespan[Any] | None = None,
         middleware: Sequence[Middleware] | None = None,
     ) -> None:
-        if max_body_bytes <= 0:
-            raise ConfigurationError(f"max_body_bytes must be positive, got {max_body_bytes}")
-        if max_json_depth < 1:
-            raise ConfigurationError(f"max_json_depth must be >= 1, got {max_json_depth}")
-        if max_inflight_body_bytes < max_body_bytes:
-            raise ConfigurationError(
-                f"max_inflight_body_bytes ({max_inflight_body_bytes}) must be at least "
-                f"max_body_bytes ({max_body_bytes}), or the largest body would never fit"
-            )
-        if envelope_payload_max_bytes is not None and envelope_payload_max_bytes < 0:
-            raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
-        if shutdown_grace < 0 or stop_wait < 0 or cancel_timeout < 0:
-            raise ConfigurationError("shutdown_grace, stop_wait and cancel_timeout must be >= 0")
-        if gil_switch_interval is not None and gil_switch_interval <= 0:
-            raise ConfigurationError(
-                f"gil_switch_interval must be positive or None, got {gil_switch_interval}"
-            )
-        if max_sync_workers < 1:
-            raise ConfigurationError(f"max_sync_workers must be >= 1, got {max_sync_workers}")
-        if not 0 < spool_retry_interval <= spool_max_retry_interval:
-            raise ConfigurationError(
-                "need 0 < spool_retry_interval <= spool_max_retry_interval, got "
-                f"{spool_retry_interval} and {spool_max_retry_interval}"
-            )
+        for name, value, kind in (
+            ("limits", limits, RequestLimits),
+            ("shutdown", shutdown, ShutdownConfig),
+            ("spool", spool, SpoolConfig),
+            ("repeats", repeats, RepeatConfig),
+            ("workers", workers, WorkerConfig),
+        ):
+            if not isinstance(value, kind):
+                raise ConfigurationError(
+                    f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+                )
         super().__init__(
             debug=debug,
             routes=[
@@ -235,50 +225,39 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         self.handlers = {}
         self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
-        self.max_body_bytes = max_body_bytes
-        self.max_json_depth = max_json_depth
-        if check_existing_results not in ("always", "repeats", "never"):
-            raise ConfigurationError(
-                "check_existing_results must be 'always', 'repeats' or 'never', got "
-                f"{check_existing_results!r}"
-            )
-        self.check_existing_results = check_existing_results
-        self.body_budget = BodyBudget(max_inflight_body_bytes)
-        self.envelope_payload_max_bytes = envelope_payload_max_bytes
-        self.shutdown_grace = shutdown_grace
-        self.max_sync_workers = max_sync_workers
-        self.stop_wait = stop_wait
-        self.cancel_timeout = cancel_timeout
-        self.gil_switch_interval = gil_switch_interval
+        self.limits = limits
+        self.shutdown = shutdown
+        self.spool_config = spool
+        self.repeats = repeats
+        self.workers = workers
+        self.body_budget = BodyBudget(limits.max_inflight_body_bytes)
         self._owns_store = store is None
         self.store = store if store is not None else ResultStore()
+        spool_dir = spool.directory
         if spool_dir is None and os.environ.get(SPOOL_DIR_ENV):
             spool_dir = os.environ[SPOOL_DIR_ENV]
         self.spool = Spool(
             self.store,
             directory=Path(spool_dir) if spool_dir is not None else app_spool_dir(app_name),
-            retry_interval=spool_retry_interval,
-            max_retry_interval=spool_max_retry_interval,
+            retry_interval=spool.retry_interval,
+            max_retry_interval=spool.max_retry_interval,
             on_change=self._refresh_health,
         )
         self.ledger = RunLedger(
             self.spool.directory,
-            enabled=ledger_enabled_by_env() if run_ledger is None else run_ledger,
+            enabled=ledger_enabled_by_env() if spool.run_ledger is None else spool.run_ledger,
         )
         self._clock = clock
         self.health = HealthTracker(clock=clock)
-        try:
-            self.finished = FinishedRollouts(
-                ttl=finished_ttl, max_entries=finished_max_entries, clock=clock
-            )
-        except ValueError as exc:
-            raise ConfigurationError(f"finished_ttl / finished_max_entries: {exc}") from None
+        self.finished = FinishedRollouts(
+            ttl=repeats.finished_ttl, max_entries=repeats.finished_max_entries, clock=clock
+        )
         self.runner = RolloutRunner(
             spool=self.spool,
             clock=clock,
             on_change=self._refresh_health,
             on_finished=self._remember_finished,
-            exists=self.store.head if check_existing_results != "never" else None,
+            exists=self.store.head if repeats.check_existing != "never" else None,
             ledger=self.ledger,
         )
         # Cancelled at shutdown: the store closes, the ledgers not reported stay for later.
@@ -373,7 +352,7 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
     def _get_limiter(self) -> anyio.CapacityLimiter:
         # Created on first use so the app can be built before any event loop runs.
         if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self.max_sync_workers)
+            self._limiter = anyio.CapacityLimiter(self.workers.max_sync_workers)
         return self._limiter
 
     async def startup(self) -> None:
@@ -427,7 +406,7 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
             app.tune_process()
             uvicorn.run(app, port=8080)
         """
-        wanted = self.gil_switch_interval
+        wanted = self.workers.gil_switch_interval
         if wanted is not None and sys.getswitchinterval() > wanted:
             # Process-wide, but so is the GIL: the thread that answers /ping must get it
             # back quickly even while sync handlers compute. Only ever lowered.
@@ -463,7 +442,7 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         """Shut down gracefully; idempotent (later calls wait for the first and return its
         report).
 
-        Stops taking invocations (503), gives running rollouts ``shutdown_grace`` seconds,
+        Stops taking invocations (503), gives running rollouts ``shutdown.grace`` seconds,
         cancels the rest (writing their "cancelled" envelopes), retries the spool once
         more, and closes the S3 client if the app created it.
 
@@ -480,19 +459,19 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
             if active:
                 logger.info(
                     "shutting down: waiting up to %.3g s for %d running rollout(s)",
-                    self.shutdown_grace,
+                    self.shutdown.grace,
                     active,
                 )
             self.lost_reporter.cancel()
             report = await self.runner.shutdown(
-                self.shutdown_grace, cancel_timeout=self.cancel_timeout
+                self.shutdown.grace, cancel_timeout=self.shutdown.cancel_timeout
             )
             if report.cancelled:
                 logger.warning(
                     "cancelled %d rollout(s) still running after the %.3g s grace period; "
                     "their 'cancelled' envelopes were written",
                     report.cancelled,
-                    self.shutdown_grace,
+                    self.shutdown.grace,
                 )
             await self.spool.aclose()
             # Every rollout ended, or its envelope is spooled: nothing for a successor.
@@ -602,9 +581,11 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
             )
         await self.startup()
         try:
-            body = await read_body(request, limit=self.max_body_bytes, budget=self.body_budget)
+            body = await read_body(
+                request, limit=self.limits.max_body_bytes, budget=self.body_budget
+            )
             try:
-                payload = parse_payload(body, max_depth=self.max_json_depth)
+                payload = parse_payload(body, max_depth=self.limits.max_json_depth)
                 envelope_payload = self._envelope_payload(body, payload)
             finally:
                 self.body_budget.release(len(body))
@@ -650,12 +631,12 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
     def _should_check_existing(self, config: protocol.RolloutConfig | None) -> bool:
         # "repeats": only invocations the client marks as sent again can have an earlier
         # run; a first send has a fresh session id. Saves one HEAD per rollout.
-        if self.check_existing_results == "repeats":
+        if self.repeats.check_existing == "repeats":
             return config is not None and config.extra.get(protocol.REPEAT) is True
-        return self.check_existing_results == "always"
+        return self.repeats.check_existing == "always"
 
     def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
-        cap = self.envelope_payload_max_bytes
+        cap = self.limits.envelope_payload_max_bytes
         if cap is None or len(body) <= cap or not self._rollout_mode:
             return None
         return protocol.payload_digest(
@@ -745,10 +726,10 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         stopped = self.runner.stop_session(session_id, _STOP_REASON)
         if stopped:
             logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
-            if not await self.runner.wait(stopped, within=self.stop_wait):
+            if not await self.runner.wait(stopped, within=self.shutdown.stop_wait):
                 logger.warning(
                     "session %s: rollout(s) still finishing %.3g s after the stop request",
                     session_id,
-                    self.stop_wait,
+                    self.shutdown.stop_wait,
                 )
         return JSONResponse({"session_id": session_id, "stopped": bool(stopped)})

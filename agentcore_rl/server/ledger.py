@@ -48,7 +48,7 @@ __all__ = ["LEDGER_ENV", "LedgerEntry", "OrphanLedger", "RunLedger"]
 
 logger = logging.getLogger(__name__)
 
-#: ``0``/``false``/``off`` turns the ledger off (the ``run_ledger=`` default).
+#: ``0``/``false``/``off`` turns the ledger off (the ``SpoolConfig.run_ledger`` default).
 LEDGER_ENV: Final = "AGENTCORE_RL_RUN_LEDGER"
 
 _PREFIX: Final = "ledger-"

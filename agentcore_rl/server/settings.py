@@ -4,7 +4,7 @@ Example::
 
     from agentcore_rl.server.settings import DEFAULT_SHUTDOWN_GRACE, default_host
 
-    app = AgentCoreRLApp(shutdown_grace=2 * DEFAULT_SHUTDOWN_GRACE)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=2 * DEFAULT_SHUTDOWN_GRACE))
     app.run(host=default_host())
 """
 
@@ -122,7 +122,7 @@ def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
     Example::
 
-        AgentCoreRLApp(spool_dir=default_spool_dir())   # what the default does
+        AgentCoreRLApp(spool=SpoolConfig(directory=default_spool_dir() / "math"))
     """
     fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
     state = environ.get("XDG_STATE_HOME", "").strip()

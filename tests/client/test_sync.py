@@ -25,6 +25,7 @@ from agentcore_rl.errors import (
 from agentcore_rl.groups import StaleGroupError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import FAST_WATCH, QUICK_RETRY
 from tests.conftest import FAST_RETRY
@@ -48,7 +49,9 @@ def agent(s3_endpoint: str, tmp_path: Path) -> Iterator[Agent]:
         recorder = Recorder()
         store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
         portal.call(store.__aenter__)  # connect now: the first result is not written late
-        server = BackgroundServer(make_agent(store, recorder, spool_dir=tmp_path / "spool"))
+        server = BackgroundServer(
+            make_agent(store, recorder, spool=SpoolConfig(directory=tmp_path / "spool"))
+        )
         portal.call(server.start)
         try:
             yield Agent(portal, recorder, server.url)

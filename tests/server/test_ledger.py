@@ -13,6 +13,7 @@ from typing import Any
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import SpoolConfig
 from agentcore_rl.server.ledger import RunLedger
 
 from .helpers import SESSION, HeldRollout, accept, read_envelope, rollout_app, served, settle
@@ -51,7 +52,7 @@ async def test_a_dead_processs_rollouts_get_lost_envelopes_and_existing_ones_win
     held = os.open(live, os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        app = AgentCoreRLApp(store=store, spool_dir=tmp_path)
+        app = AgentCoreRLApp(store=store, spool=SpoolConfig(directory=tmp_path))
         async with app:
             await asyncio.wait_for(app.lost_reported.wait(), 5)
             await asyncio.wait_for(app.spool.wait_drained(), 5)
@@ -80,7 +81,7 @@ async def test_a_live_servers_ledger_lists_its_rollouts_until_they_end(
     store: ResultStore, bucket: str, tmp_path: Path
 ) -> None:
     held = HeldRollout()
-    app = rollout_app(store, held.solve, spool_dir=tmp_path)
+    app = rollout_app(store, held.solve, spool=SpoolConfig(directory=tmp_path))
     async with served(app) as http:
         await accept(http, bucket)
         await held.wait_entered()
@@ -88,7 +89,7 @@ async def test_a_live_servers_ledger_lists_its_rollouts_until_they_end(
         assert path is not None
         assert path.parent == tmp_path
         # Another server on the same directory leaves a live ledger alone.
-        second = AgentCoreRLApp(store=store, spool_dir=tmp_path)
+        second = AgentCoreRLApp(store=store, spool=SpoolConfig(directory=tmp_path))
         async with second:
             await asyncio.wait_for(second.lost_reported.wait(), 5)
         assert not await store.head(bucket, key_of(SESSION))
@@ -120,7 +121,7 @@ def test_the_ledger_keeps_only_running_rollouts_when_rewritten(tmp_path: Path) -
 
 
 def test_the_ledger_can_be_switched_off(tmp_path: Path) -> None:
-    app = AgentCoreRLApp(spool_dir=tmp_path, run_ledger=False)
+    app = AgentCoreRLApp(spool=SpoolConfig(directory=tmp_path, run_ledger=False))
     app.ledger.open()
     assert app.ledger.path is None
     assert list(tmp_path.iterdir()) == []
