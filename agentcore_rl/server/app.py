@@ -48,6 +48,7 @@ from starlette.types import Lifespan
 
 from agentcore_rl import protocol
 from agentcore_rl._keywords import strict_keywords
+from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.budget import BodyBudget
@@ -520,7 +521,10 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
                 # aclose() waited for every rollout and cancelled the late ones once; what
                 # still runs (a handler ignoring cancellation) is cancelled for good here.
                 tasks.cancel_scope.cancel()
-                await owner.aclose()
+                try:
+                    await owner.aclose()
+                except BaseException as exc:
+                    raise_unwrapped(exc)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[Any]:
