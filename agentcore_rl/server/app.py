@@ -89,8 +89,11 @@ from agentcore_rl.server.runner import (
 )
 from agentcore_rl.server.settings import (
     SPOOL_DIR_ENV,
+    app_name_from_env,
     app_spool_dir,
+    check_app_name,
     default_host,
+    handler_app_name,
 )
 from agentcore_rl.server.spool import (
     Spool,
@@ -107,6 +110,9 @@ A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 
 _STOP_REASON: Final = "cancelled: the session was stopped"
 
+
+# The name of an app that starts without a handler (its spool never holds anything).
+_UNNAMED: Final = "unnamed-app"
 
 #: Where the keywords of earlier versions live now (named in the TypeError an old one gets).
 MOVED_KEYWORDS: Final = {
@@ -234,20 +240,23 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         self.body_budget = BodyBudget(limits.max_inflight_body_bytes)
         self._owns_store = store is None
         self.store = store if store is not None else ResultStore()
-        spool_dir = spool.directory
-        if spool_dir is None and os.environ.get(SPOOL_DIR_ENV):
-            spool_dir = os.environ[SPOOL_DIR_ENV]
+        #: The agent's identity (its spool's owner); from the handler if not given.
+        self.app_name = check_app_name(app_name) if app_name is not None else app_name_from_env()
+        # Placed (directory and owner) once the app's name is known: now, or when the
+        # handler is registered, which names it; placed for good at startup, with the
+        # environment as it is then (a local stack gives its agents a private spool).
         self.spool = Spool(
             self.store,
-            directory=Path(spool_dir) if spool_dir is not None else app_spool_dir(app_name),
             retry_interval=spool.retry_interval,
             max_retry_interval=spool.max_retry_interval,
             on_change=self._refresh_health,
         )
         self.ledger = RunLedger(
-            self.spool.directory,
+            None,
             enabled=ledger_enabled_by_env() if spool.run_ledger is None else spool.run_ledger,
         )
+        if self.app_name is not None:
+            self._place_spool(self.app_name)
         self._clock = clock
         self.health = HealthTracker(clock=clock)
         self.finished = FinishedRollouts(
@@ -282,6 +291,12 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         self._tasks: TaskGroup | None = None
         self.last_shutdown: ShutdownReport | None = None
 
+    def _place_spool(self, name: str) -> None:
+        configured = self.spool_config.directory or os.environ.get(SPOOL_DIR_ENV) or None
+        directory = Path(configured) if configured is not None else app_spool_dir(name)
+        self.spool.place(directory, owner=name)
+        self.ledger.directory = directory
+
     def __repr__(self) -> str:
         handler = self._spec.name if self._spec is not None else None
         kind = "rollout_entrypoint" if self._rollout_mode else "entrypoint"
@@ -299,6 +314,9 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
             )
         self._spec = HandlerSpec.inspect(func)
         self._rollout_mode = rollout
+        if self.app_name is None:
+            self.app_name = handler_app_name(func)
+            self._place_spool(self.app_name)
         self._registered(func, self._spec)
 
     def rollout_entrypoint(self, func: F) -> F:
@@ -366,6 +384,9 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         if self._started:
             return
         self._started = True
+        if self.app_name is None:  # no handler: nothing of its own to spool
+            self.app_name = _UNNAMED
+        self._place_spool(self.app_name)
         if await self.spool.recover():
             self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
         for bucket, key in self.spool.pending_keys:

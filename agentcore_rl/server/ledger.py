@@ -162,7 +162,8 @@ class RunLedger:
         ledger.close()
     """
 
-    def __init__(self, directory: Path, *, enabled: bool = True) -> None:
+    def __init__(self, directory: Path | None, *, enabled: bool = True) -> None:
+        #: ``None`` until the owner knows it (the app: once its name is known).
         self.directory = directory
         self.enabled = enabled and fcntl is not None
         self._fd: int | None = None
@@ -192,6 +193,7 @@ class RunLedger:
     def _new_file(self) -> tuple[Path, int]:
         """A fresh file, locked before it appears under a name others look at."""
         self._generation += 1
+        assert self.directory is not None
         path = self.directory / f"{self._name}-{self._generation}{_SUFFIX}"
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
@@ -210,7 +212,7 @@ class RunLedger:
 
     def open(self) -> None:
         """Create and lock this process's ledger file. Idempotent."""
-        if not self.enabled or self._fd is not None:
+        if not self.enabled or self._fd is not None or self.directory is None:
             return
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -319,7 +321,7 @@ class RunLedger:
 
             orphans = ledger.claim_orphans()
         """
-        if not self.enabled or not self.directory.is_dir():
+        if not self.enabled or self.directory is None or not self.directory.is_dir():
             return []
         orphans: list[OrphanLedger] = []
         for tmp in self.directory.glob(f"{_PREFIX}*.tmp"):

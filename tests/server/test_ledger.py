@@ -16,7 +16,16 @@ from agentcore_rl.server import AgentCoreRLApp
 from agentcore_rl.server.config import SpoolConfig
 from agentcore_rl.server.ledger import RunLedger
 
-from .helpers import SESSION, HeldRollout, accept, read_envelope, rollout_app, served, settle
+from .helpers import (
+    SESSION,
+    HeldRollout,
+    accept,
+    read_envelope,
+    rollout_app,
+    served,
+    settle,
+    spool_record,
+)
 
 OTHER = "session-" + "b" * 40
 SPOOLED = "session-" + "c" * 40
@@ -45,14 +54,14 @@ async def test_a_dead_processs_rollouts_get_lost_envelopes_and_existing_ones_win
     # OTHER finished just before the crash: its envelope is in S3, SPOOLED's in the spool.
     await store.put_json(bucket, key_of(OTHER), {"status_code": 200, "rewards": [1.0]})
     spooled = {"status_code": 200, "rewards": [0.5]}
-    record = {"bucket": bucket, "key": key_of(SPOOLED), "body": json.dumps(spooled)}
+    record = spool_record(store, bucket, key_of(SPOOLED), json.dumps(spooled), owner="math")
     (tmp_path / "00000000000000000001-abcd.json").write_text(json.dumps(record))
     # A live process's ledger (its lock held) lists RUNNING: not reported.
     live = dead_ledger(tmp_path, "ledger-4343-live-1.jsonl", bucket, [RUNNING])
     held = os.open(live, os.O_RDONLY)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        app = AgentCoreRLApp(store=store, spool=SpoolConfig(directory=tmp_path))
+        app = AgentCoreRLApp(store=store, app_name="math", spool=SpoolConfig(directory=tmp_path))
         async with app:
             await asyncio.wait_for(app.lost_reported.wait(), 5)
             await asyncio.wait_for(app.spool.wait_drained(), 5)
