@@ -108,7 +108,7 @@ V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
 P = TypeVar("P", bound=PingHandler)
 A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 
-_STOP_REASON: Final = "cancelled: the session was stopped"
+_STOP_REASON: Final = "the session was stopped"
 
 
 # The name of an app that starts without a handler (its spool never holds anything).
@@ -725,6 +725,7 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
             return _error_response(exc.message, exc.status_code, exc.field)
         except Exception as exc:
             logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
+            # BedrockAgentCoreApp's answer: the message alone (its clients parse it so).
             return _error_response(str(exc) or type(exc).__name__, 500)
         if isinstance(result, Response):
             return result
