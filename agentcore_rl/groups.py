@@ -166,12 +166,7 @@ class MemberKey:
 
 
 def group_digest(exp_id: str, input_id: str) -> str:
-    """The 32 hex characters naming one group in its members' session ids.
-
-    Example::
-
-        group_digest("exp-1", "q-17") == parse_member_session_id(sid).digest
-    """
+    """The 32 hex characters naming one group in its members' session ids."""
     validate_key_part("exp_id", exp_id)
     validate_key_part("input_id", input_id)
     # Key parts never contain "/", so the joined text is unambiguous.
@@ -184,10 +179,6 @@ def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -
     Deterministic, so a restarted process finds the same sessions (and result keys), and
     valid for AgentCore Runtime (letters, digits and hyphens; at least 33 characters).
     The ids are hashed because ``input_id`` may hold characters session ids may not.
-
-    Example::
-
-        member_session_id("exp-1", "q-17", index=0, attempt=1)   # "grp-…-m0-a1"
     """
     for name, value in (("index", index), ("attempt", attempt)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -196,12 +187,7 @@ def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -
 
 
 def parse_member_session_id(session_id: str) -> MemberKey | None:
-    """``(digest, index, attempt)`` of a member session id, ``None`` for any other id.
-
-    Example::
-
-        parse_member_session_id(member_session_id("e", "q", index=2, attempt=0)).index  # 2
-    """
+    """``(digest, index, attempt)`` of a member session id, ``None`` for any other id."""
     match = _MEMBER_SESSION.fullmatch(session_id)
     if match is None:
         return None
@@ -240,10 +226,6 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
 def result_reward(result: Any) -> float | None:
     """The reward of a result dict: the first of ``rewards: [r, ...]``, else ``reward: r``;
     ``None`` when there is no finite number there.
-
-    Example::
-
-        result_reward({"rewards": [1.0, 0.5]})   # 1.0
     """
     if not isinstance(result, Mapping):
         return None
@@ -342,12 +324,7 @@ class RolloutGroup:
         return [m.session_id for m in self.members]
 
     def advantages(self, normalize: Normalize = "mean") -> list[float]:
-        """Advantages of the kept members, in member order (see :func:`advantages`).
-
-        Example::
-
-            group.advantages("mean_std")
-        """
+        """Advantages of the kept members, in member order (see :func:`advantages`)."""
         return advantages(self.rewards, normalize)
 
     @property

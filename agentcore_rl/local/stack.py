@@ -83,10 +83,6 @@ def load_app(target: str) -> Any:
     The module is executed anew on every call (its dependencies are imported once, as
     usual), so each agent server gets its own app, as each AgentCore Runtime session gets
     its own container. ``sys.modules`` is left as it was.
-
-    Example::
-
-        app = load_app("examples.math_agent.agent:app")
     """
     module_name, attribute, spec = _find_module(target)
     assert spec.loader is not None
@@ -243,12 +239,7 @@ class LocalStack:
         return env
 
     async def start(self) -> LocalStack:
-        """Start every part (no-op when running). On failure, what started is stopped.
-
-        Example::
-
-            stack = await LocalStack(app).start()
-        """
+        """Start every part (no-op when running). On failure, what started is stopped."""
         if self._stack is not None:
             return self
         stack = contextlib.AsyncExitStack()

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import inspect
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -39,10 +37,7 @@ import anyio
 import uvicorn
 from anyio.abc import TaskGroup
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan
 
@@ -59,34 +54,22 @@ from agentcore_rl.server.config import (
     DEFAULT_SHUTDOWN,
     DEFAULT_SPOOL,
     DEFAULT_WORKERS,
+    MOVED_KEYWORDS,
     RepeatConfig,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
 )
-from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.finished import (
-    FinishedRollouts,
-)
-from agentcore_rl.server.health import HealthTracker, PingHandler
-from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.finished import FinishedRollouts
+from agentcore_rl.server.health import HealthTracker
+from agentcore_rl.server.invoke import Handler, HandlerSpec
 from agentcore_rl.server.ledger import RunLedger, ledger_enabled_by_env
 from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.lost import LostRolloutReporter
-from agentcore_rl.server.parsing import (
-    allowed_buckets_from,
-    control_op,
-    parse_payload,
-    parse_rollout,
-    read_body,
-    session_id_from,
-)
-from agentcore_rl.server.runner import (
-    RolloutJob,
-    RolloutRunner,
-    ShutdownReport,
-)
+from agentcore_rl.server.parsing import allowed_buckets_from
+from agentcore_rl.server.routes import RolloutRoutes
+from agentcore_rl.server.runner import RolloutJob, RolloutRunner, ShutdownReport
 from agentcore_rl.server.settings import (
     SPOOL_DIR_ENV,
     app_name_from_env,
@@ -95,9 +78,7 @@ from agentcore_rl.server.settings import (
     default_host,
     handler_app_name,
 )
-from agentcore_rl.server.spool import (
-    Spool,
-)
+from agentcore_rl.server.spool import Spool
 
 __all__ = ["AgentCoreRLApp"]
 
@@ -105,46 +86,13 @@ logger = logging.getLogger("agentcore_rl.server")
 
 F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
-P = TypeVar("P", bound=PingHandler)
-A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
-
-_STOP_REASON: Final = "the session was stopped"
 
 
 # The name of an app that starts without a handler (its spool never holds anything).
 _UNNAMED: Final = "unnamed-app"
 
-#: Where the keywords of earlier versions live now (named in the TypeError an old one gets).
-MOVED_KEYWORDS: Final = {
-    **{
-        name: f"limits=RequestLimits({name}=...)"
-        for name in (
-            "max_body_bytes",
-            "max_json_depth",
-            "max_inflight_body_bytes",
-            "envelope_payload_max_bytes",
-        )
-    },
-    "shutdown_grace": "shutdown=ShutdownConfig(grace=...)",
-    "stop_wait": "shutdown=ShutdownConfig(stop_wait=...)",
-    "cancel_timeout": "shutdown=ShutdownConfig(cancel_timeout=...)",
-    "spool_dir": "spool=SpoolConfig(directory=...)",
-    "spool_retry_interval": "spool=SpoolConfig(retry_interval=...)",
-    "spool_max_retry_interval": "spool=SpoolConfig(max_retry_interval=...)",
-    "run_ledger": "spool=SpoolConfig(run_ledger=...)",
-    "check_existing_results": "repeats=RepeatConfig(check_existing=...)",
-    "finished_ttl": "repeats=RepeatConfig(finished_ttl=...)",
-    "finished_max_entries": "repeats=RepeatConfig(finished_max_entries=...)",
-    "max_sync_workers": "workers=WorkerConfig(max_sync_workers=...)",
-    "gil_switch_interval": "workers=WorkerConfig(gil_switch_interval=...)",
-}
 
-
-def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "field": field}, status_code=status_code)
-
-
-class AgentCoreRLApp(BedrockCompat, Starlette):
+class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     """The agent server: ``POST /invocations``, ``GET /ping``, ``POST /sessions/{id}/stop``.
 
     Register one handler with :meth:`rollout_entrypoint` (fire and forget; the result goes
@@ -445,12 +393,7 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         self.finished.remember(bucket, key, session_id=session_id)
 
     def session_state(self, session_id: str) -> dict[str, Any]:
-        """What this server knows of a session: the ``/sessions/{id}`` answer.
-
-        Example::
-
-            app.session_state(sid)["state"]   # "running", "finished" or "unknown"
-        """
+        """What this server knows of a session: the ``/sessions/{id}`` answer."""
         running = [job.result_key for job in self.runner.for_session(session_id)]
         if running:
             keys = sorted(key for key in running if key is not None)
@@ -567,10 +510,6 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         keyword arguments go to ``uvicorn.run``, plus ``max_connections`` and
         ``first_request_timeout`` (see :func:`~agentcore_rl.server.limits.serve_options`):
         it serves with those limits and raises the process's open-file limit.
-
-        Example::
-
-            app.run(8080, "0.0.0.0")
         """
         chosen = host or default_host()
         self.tune_process()
@@ -581,181 +520,3 @@ class AgentCoreRLApp(BedrockCompat, Starlette):
         logger.info("agent server listening on http://%s:%d", chosen, port)
         prepare_process()  # this process is ours: more open files, quieter EMFILE
         uvicorn.run(self, host=chosen, port=port, **serve_options(options))
-
-    # --- routes -----------------------------------------------------------------------
-
-    async def _ping(self, request: Request) -> Response:
-        return JSONResponse(self.health.snapshot())
-
-    def _shutting_down(self) -> JSONResponse:
-        return _error_response(
-            "the agent server is shutting down and takes no new invocations; retry on "
-            "another instance",
-            503,
-        )
-
-    async def _invocations(self, request: Request) -> Response:
-        if self._closing:
-            return self._shutting_down()
-        spec = self._spec
-        if spec is None:
-            return _error_response(
-                "no entrypoint is registered: decorate a function with @app.rollout_entrypoint "
-                "or @app.entrypoint",
-                500,
-            )
-        await self.startup()
-        try:
-            body = await read_body(
-                request, limit=self.limits.max_body_bytes, budget=self.body_budget
-            )
-            try:
-                payload = parse_payload(body, max_depth=self.limits.max_json_depth)
-                envelope_payload = self._envelope_payload(body, payload)
-            finally:
-                self.body_budget.release(len(body))
-                del body  # the raw bytes are not needed past parsing
-            session_id = session_id_from(request.headers)
-            if control_op(payload) == protocol.CONTROL_OP_STATUS:
-                # Answered at once, handler untouched: the client's liveness probe.
-                return JSONResponse(self.session_state(session_id))
-            config = (
-                parse_rollout(payload, allowed_buckets=self.allowed_buckets)
-                if self._rollout_mode
-                else None
-            )
-            if self._validator is not None:
-                checked = self._validator(payload)
-                if inspect.isawaitable(checked):
-                    await checked
-        except InvalidPayloadError as exc:
-            logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
-            refusal = _error_response(exc.message, exc.status_code, exc.field)
-            if exc.status_code == 503:
-                refusal.headers["Retry-After"] = "1"
-            return refusal
-        except ClientDisconnect:
-            # The caller went away mid-body: nothing was accepted and nobody reads an
-            # answer. Routine on a busy network, so no traceback.
-            logger.info("a client disconnected before sending the whole invocation body")
-            return Response(status_code=400)
-        except Exception as exc:
-            logger.exception("the payload validator raised")
-            return _error_response(f"payload validator failed: {exc}", 500)
-        context = RequestContext(
-            session_id=session_id,
-            request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
-            headers=request.headers,
-            rollout=config,
-            request=request,
-        )
-        if self._rollout_mode:
-            return self._accept_rollout(spec, payload, context, envelope_payload)
-        return await self._call_plain(spec, payload, context)
-
-    def _should_check_existing(self, config: protocol.RolloutConfig | None) -> bool:
-        # "repeats": only invocations the client marks as sent again can have an earlier
-        # run; a first send has a fresh session id. Saves one HEAD per rollout.
-        if self.repeats.check_existing == "repeats":
-            return config is not None and config.extra.get(protocol.REPEAT) is True
-        return self.repeats.check_existing == "always"
-
-    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
-        cap = self.limits.envelope_payload_max_bytes
-        if cap is None or len(body) <= cap or not self._rollout_mode:
-            return None
-        return protocol.payload_digest(
-            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
-        )
-
-    def _accept_rollout(
-        self,
-        spec: HandlerSpec,
-        payload: dict[str, Any],
-        context: RequestContext,
-        envelope_payload: dict[str, Any] | None = None,
-    ) -> Response:
-        # No await between this check and runner.start: shutdown cannot slip in between.
-        if self._closing:
-            return self._shutting_down()
-        config = context.rollout
-        if config is None:
-            logger.warning(
-                "rollout invocation in session %s names no S3 location (%s.exp_id, input_id, "
-                "s3_bucket): the handler runs without saving its result, which is only logged",
-                context.session_id,
-                protocol.ROLLOUT_FIELD,
-            )
-        else:
-            key = config.key_for(context.session_id)
-            if self.runner.find(config.s3_bucket, key) is not None:
-                # A retried invocation (same session, same result key): one rollout only.
-                logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
-                return JSONResponse(protocol.processing_response(config, context.session_id))
-            if self.finished.contains(config.s3_bucket, key) or self.spool.holds(
-                config.s3_bucket, key
-            ):
-                # Its answer was lost, or a resume re-sent it: the envelope is written (or
-                # spooled); running it again would rewrite a key the client may have read.
-                logger.info("rollout for s3://%s/%s has already finished", config.s3_bucket, key)
-                return JSONResponse(protocol.processing_response(config, context.session_id))
-        job = self.runner.start(
-            spec,
-            payload,
-            context,
-            limiter=self._get_limiter(),
-            envelope_payload=envelope_payload,
-            check_existing=self._should_check_existing(config),
-        )
-        # Mounted where no lifespan runs there is no task group: the rollout runs after
-        # the answer, in the request's own task, which the ASGI server owns.
-        background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
-        return JSONResponse(
-            protocol.processing_response(config, context.session_id), background=background
-        )
-
-    async def _call_plain(
-        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
-    ) -> Response:
-        try:
-            result = await call_handler(spec, payload, context, limiter=self._get_limiter())
-        except InvalidPayloadError as exc:
-            # The handler refused its input: that is the caller's error, not a crash.
-            logger.warning("entrypoint %s refused its payload: %s", spec.name, exc.message)
-            return _error_response(exc.message, exc.status_code, exc.field)
-        except Exception as exc:
-            logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
-            # BedrockAgentCoreApp's answer: the message alone (its clients parse it so).
-            return _error_response(str(exc) or type(exc).__name__, 500)
-        if isinstance(result, Response):
-            return result
-        try:
-            return JSONResponse(result)
-        except (TypeError, ValueError) as exc:
-            logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
-            return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
-
-    async def _session_status(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
-        try:
-            protocol.validate_session_id(session_id, name="session id in the path")
-        except InvalidPayloadError as exc:
-            return _error_response(exc.message, 400, exc.field)
-        return JSONResponse(self.session_state(session_id))
-
-    async def _stop_session(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
-        try:
-            protocol.validate_session_id(session_id, name="session id in the path")
-        except InvalidPayloadError as exc:
-            return _error_response(exc.message, 400, exc.field)
-        stopped = self.runner.stop_session(session_id, _STOP_REASON)
-        if stopped:
-            logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
-            if not await self.runner.wait(stopped, within=self.shutdown.stop_wait):
-                logger.warning(
-                    "session %s: rollout(s) still finishing %.3g s after the stop request",
-                    session_id,
-                    self.shutdown.stop_wait,
-                )
-        return JSONResponse({"session_id": session_id, "stopped": bool(stopped)})

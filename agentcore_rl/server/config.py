@@ -210,3 +210,28 @@ DEFAULT_SHUTDOWN: Final = ShutdownConfig()
 DEFAULT_SPOOL: Final = SpoolConfig()
 DEFAULT_REPEATS: Final = RepeatConfig()
 DEFAULT_WORKERS: Final = WorkerConfig()
+
+#: Where the keywords of earlier versions live now (named in the TypeError an old one gets).
+MOVED_KEYWORDS: Final = {
+    **{
+        name: f"limits=RequestLimits({name}=...)"
+        for name in (
+            "max_body_bytes",
+            "max_json_depth",
+            "max_inflight_body_bytes",
+            "envelope_payload_max_bytes",
+        )
+    },
+    "shutdown_grace": "shutdown=ShutdownConfig(grace=...)",
+    "stop_wait": "shutdown=ShutdownConfig(stop_wait=...)",
+    "cancel_timeout": "shutdown=ShutdownConfig(cancel_timeout=...)",
+    "spool_dir": "spool=SpoolConfig(directory=...)",
+    "spool_retry_interval": "spool=SpoolConfig(retry_interval=...)",
+    "spool_max_retry_interval": "spool=SpoolConfig(max_retry_interval=...)",
+    "run_ledger": "spool=SpoolConfig(run_ledger=...)",
+    "check_existing_results": "repeats=RepeatConfig(check_existing=...)",
+    "finished_ttl": "repeats=RepeatConfig(finished_ttl=...)",
+    "finished_max_entries": "repeats=RepeatConfig(finished_max_entries=...)",
+    "max_sync_workers": "workers=WorkerConfig(max_sync_workers=...)",
+    "gil_switch_interval": "workers=WorkerConfig(gil_switch_interval=...)",
+}

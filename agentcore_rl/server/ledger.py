@@ -67,12 +67,7 @@ def ledger_enabled_by_env(environ: dict[str, str] | os._Environ[str] = os.enviro
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One rollout a dead process started and never finished.
-
-    Example::
-
-        entry.bucket, entry.key, entry.session_id
-    """
+    """One rollout a dead process started and never finished."""
 
     bucket: str
     key: str
@@ -316,10 +311,6 @@ class RunLedger:
         A ledger whose lock is held belongs to a live process and is left alone. Each
         returned ledger stays locked (so no other successor reports it too) until its
         :meth:`OrphanLedger.release` or :meth:`OrphanLedger.abandon`.
-
-        Example::
-
-            orphans = ledger.claim_orphans()
         """
         if not self.enabled or self.directory is None or not self.directory.is_dir():
             return []

@@ -216,10 +216,6 @@ class RolloutRunner:
         starts there at once, else the caller must ``await runner.run(job)``.
 
         ``envelope_payload`` replaces the payload in the envelope (a digest of a large one).
-
-        Example::
-
-            job = runner.start(spec, payload, ctx, limiter=limiter)
         """
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
@@ -465,10 +461,6 @@ class RolloutRunner:
         Cancelled rollouts write their "cancelled" envelopes. A job that does not finish
         within ``cancel_timeout`` after being cancelled (a handler that swallows
         cancellation, an S3 write that hangs) has its envelope spooled instead.
-
-        Example::
-
-            report = await runner.shutdown(grace=20.0)
         """
         self._closed = True
         before = len(self._jobs)

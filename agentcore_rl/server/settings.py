@@ -71,10 +71,6 @@ def default_host() -> str:
     A container is recognised by ``DOCKER_CONTAINER`` in the environment (AWS's AgentCore
     starter Dockerfiles set it), ``/.dockerenv`` or ``/run/.containerenv``. Outside one,
     the server only listens on loopback so a laptop does not expose the agent.
-
-    Example::
-
-        uvicorn.run(app, host=default_host(), port=8080)
     """
     host = os.environ.get(HOST_ENV, "").strip()
     if host:
@@ -104,10 +100,6 @@ def handler_app_name(func: Callable[..., Any]) -> str:
     """The app name derived from its handler: ``module.qualname`` (a script's file name
     for ``__main__``), so every restart of one agent finds the same spool and two
     different agents never share one.
-
-    Example::
-
-        handler_app_name(solve)   # "examples.math_agent.agent.solve"
     """
     module = getattr(func, "__module__", None) or "app"
     if module == "__main__":
@@ -126,10 +118,6 @@ def app_spool_dir(name: str, environ: Mapping[str, str] = os.environ) -> Path:
     """The default spool directory of the agent called ``name``: ``default_spool_dir() /
     name``, so two different agents on one host keep their spools and run ledgers apart
     while restarts of one agent find each other's.
-
-    Example::
-
-        app_spool_dir("math-agent")   # ~/.local/state/agentcore-rl/spool/math-agent
     """
     directory = default_spool_dir(environ) / check_app_name(name)
     _usable(directory)
@@ -152,10 +140,6 @@ def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
     XDG rule: state that should survive a restart but is not worth backing up), else, when
     the home directory cannot be written (containers running as a user without one),
     ``<tempdir>/agentcore-rl-spool-<uid>``. Created with mode 0700 if missing.
-
-    Example::
-
-        AgentCoreRLApp(spool=SpoolConfig(directory=default_spool_dir() / "math"))
     """
     fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
     state = environ.get("XDG_STATE_HOME", "").strip()

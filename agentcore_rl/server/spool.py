@@ -265,10 +265,6 @@ class Spool:
 
         If the disk write fails too, the envelope is logged in full at CRITICAL level, the
         last place it can go.
-
-        Example::
-
-            await spool.add("rollouts", key, json.dumps(envelope).encode())
         """
         destination = s3_destination(self._store)
         record = json.dumps(
@@ -364,10 +360,6 @@ class Spool:
     async def recover(self) -> int:
         """Adopt the envelope files a previous server of the same owner left in the
         directory for the same S3; return how many. Other files are left alone.
-
-        Example::
-
-            await spool.recover()   # at startup
         """
         if self._directory is None or not self._directory.is_dir():
             return 0
@@ -425,10 +417,6 @@ class Spool:
 
         After a failure, the rest of that bucket's files wait for the next pass, so an
         unreachable bucket costs one request per pass, not one per file.
-
-        Example::
-
-            remaining = await spool.drain()
         """
         async with self._lock:
             failed_buckets: set[str] = set()
@@ -496,10 +484,6 @@ class Spool:
         """Stop retrying in the background, try once more, and return how many remain.
 
         Idempotent. What remains stays on disk and is logged loudly.
-
-        Example::
-
-            left = await spool.aclose()
         """
         self._closed = True
         if self._retrying is not None:
