@@ -78,7 +78,7 @@ from agentcore_rl.server.settings import (
     default_host,
     handler_app_name,
 )
-from agentcore_rl.server.spool import Spool
+from agentcore_rl.server.spool import Spool, s3_destination
 
 __all__ = ["AgentCoreRLApp"]
 
@@ -244,6 +244,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         directory = Path(configured) if configured is not None else app_spool_dir(name)
         self.spool.place(directory, owner=name)
         self.ledger.directory = directory
+        destination = s3_destination(self.store)
+        self.ledger.identity = (name, destination.endpoint_url, destination.region)
 
     def __repr__(self) -> str:
         handler = self._spec.name if self._spec is not None else None
