@@ -48,6 +48,15 @@ def _error_response(message: str, status_code: int, field: str | None = None) ->
     return JSONResponse({"error": message, "field": field}, status_code=status_code)
 
 
+def _path_session_id(request: Request) -> str | Response:
+    """The session id in the path, or the 400 answer when it is unusable."""
+    session_id: str = request.path_params["session_id"]
+    try:
+        return protocol.validate_session_id(session_id, name="session id in the path")
+    except InvalidPayloadError as exc:
+        return _error_response(exc.message, 400, exc.field)
+
+
 class RolloutRoutes:
     """The route handlers of the agent server, over the app's state."""
 
@@ -226,19 +235,15 @@ class RolloutRoutes:
             return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
 
     async def _session_status(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
-        try:
-            protocol.validate_session_id(session_id, name="session id in the path")
-        except InvalidPayloadError as exc:
-            return _error_response(exc.message, 400, exc.field)
+        session_id = _path_session_id(request)
+        if isinstance(session_id, Response):
+            return session_id
         return JSONResponse(self.session_state(session_id))
 
     async def _stop_session(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
-        try:
-            protocol.validate_session_id(session_id, name="session id in the path")
-        except InvalidPayloadError as exc:
-            return _error_response(exc.message, 400, exc.field)
+        session_id = _path_session_id(request)
+        if isinstance(session_id, Response):
+            return session_id
         stopped = self.runner.stop_session(session_id, _STOP_REASON)
         if stopped:
             logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
