@@ -29,6 +29,7 @@ from enum import Enum
 from typing import Any, Final, Literal, get_args
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
+from agentcore_rl.keywords import checked_init
 from agentcore_rl.protocol import validate_key_part
 
 __all__ = [
@@ -101,6 +102,7 @@ class DropReason(str, Enum):
 # --- Rules ----------------------------------------------------------------------------------
 
 
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class GroupRules:
     """How a group of ``n`` members is run and when it counts as whole.
@@ -111,7 +113,9 @@ class GroupRules:
     follows ``on_failure``: ``"drop_member"`` (the group resolves with its survivors if at
     least ``min_members`` - capped at ``n`` - succeed), ``"zero"`` (the member stays with
     reward 0 and its tokens masked out) or ``"drop_group"``. ``filter_uniform`` drops a
-    group whose rewards are all equal: it carries no learning signal.
+    group whose rewards are all equal: it carries no learning signal. ``member_seed``
+    gives each attempt its own ``_rollout.seed`` (``member_seed + attempt * (n +
+    redundancy) + index``): a seed shared by every member would make them sample alike.
 
     Example::
 
@@ -124,6 +128,7 @@ class GroupRules:
     on_failure: OnFailure = "drop_member"
     min_members: int = 2
     filter_uniform: bool = False
+    member_seed: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("n", 1), ("redundancy", 0), ("retry", 0), ("min_members", 1)):
@@ -135,6 +140,9 @@ class GroupRules:
                 f"on_failure must be one of {', '.join(get_args(OnFailure))}, "
                 f"got {self.on_failure!r}"
             )
+        seed = self.member_seed
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigurationError(f"member_seed must be an integer or None, got {seed!r}")
 
     @property
     def keep_at_least(self) -> int:
@@ -301,7 +309,7 @@ class RolloutGroup:
 
     Example::
 
-        g = await client.invoke_group(payload, n=8, input_id="q-17")
+        g = await client.invoke_group(payload, rules=GroupRules(n=8), input_id="q-17")
         g = await g
         for member, adv in zip(g.members, g.advantages("mean_std")):
             print(member.session_id, member.reward, adv)

@@ -42,9 +42,9 @@ from starlette.routing import Route
 from starlette.types import Lifespan
 
 from agentcore_rl import protocol
-from agentcore_rl._keywords import strict_keywords
 from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.keywords import checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.compat import BedrockCompat
@@ -137,7 +137,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             return {"rewards": [float(payload["answer"] == "4")]}
     """
 
-    @strict_keywords(moved=MOVED_KEYWORDS)
+    @checked(moved=MOVED_KEYWORDS)
     def __init__(
         self,
         *,

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from agentcore_rl._keywords import strict_init
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.keywords import checked_init
 from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES
 from agentcore_rl.server.finished import DEFAULT_FINISHED_MAX_ENTRIES, DEFAULT_FINISHED_TTL
 from agentcore_rl.server.parsing import DEFAULT_MAX_JSON_DEPTH
@@ -57,7 +57,7 @@ __all__ = [
 CheckExisting = Literal["always", "repeats", "never"]
 
 
-@strict_init
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class RequestLimits:
     """What one invocation body may be.
@@ -91,7 +91,7 @@ class RequestLimits:
             raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
 
 
-@strict_init
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class ShutdownConfig:
     """Seconds things get to end.
@@ -115,7 +115,7 @@ class ShutdownConfig:
             raise ConfigurationError("grace, stop_wait and cancel_timeout must be >= 0")
 
 
-@strict_init
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class SpoolConfig:
     """Where envelopes S3 refused wait, and how often they are retried.
@@ -146,7 +146,7 @@ class SpoolConfig:
             )
 
 
-@strict_init
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class RepeatConfig:
     """How a repeated invocation (same session id and result key) is kept from rerunning.
@@ -179,7 +179,7 @@ class RepeatConfig:
             )
 
 
-@strict_init
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """Threads for sync handlers, and the GIL setting that keeps ``/ping`` fast beside them.

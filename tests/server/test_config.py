@@ -59,13 +59,12 @@ def test_an_unknown_keyword_names_the_closest_known_one() -> None:
     with pytest.raises(
         TypeError,
         match=r"AgentCoreRLApp\(\) got an unexpected keyword argument "
-        r"'allowed_bucket'; did you mean 'allowed_buckets'\?",
+        r"'allowed_bucket' \(did you mean 'allowed_buckets'\?\)",
     ):
         AgentCoreRLApp(allowed_bucket=["rollouts"])  # type: ignore[call-arg]
     with pytest.raises(
         TypeError,
-        match=r"RequestLimits\(\) got .* 'max_body'; did you mean "
-        r"'max_body_bytes'",
+        match=r"RequestLimits\(\) got .* 'max_body' \(did you mean 'max_body_bytes'\?\)",
     ):
         RequestLimits(max_body=10)  # type: ignore[call-arg]
 
@@ -73,8 +72,7 @@ def test_an_unknown_keyword_names_the_closest_known_one() -> None:
 def test_a_moved_keyword_says_where_it_lives_now() -> None:
     with pytest.raises(
         TypeError,
-        match=r"'shutdown_grace': it is now "
-        r"shutdown=ShutdownConfig\(grace=...\)",
+        match=r"'shutdown_grace' \(did you mean 'shutdown=ShutdownConfig\(grace=...\)'\?\)",
     ):
         AgentCoreRLApp(shutdown_grace=5)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"limits=RequestLimits\(max_body_bytes=...\)"):
