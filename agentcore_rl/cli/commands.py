@@ -1,8 +1,8 @@
 """The ``agentcore-rl`` commands: each takes parsed arguments and returns an exit code.
 
-Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``
-or ``OSError`` for an unreachable service or a taken port -> exit 3) and turned into one
-line on stderr by :func:`agentcore_rl.cli.main`.
+Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``,
+``GatewayError`` or ``OSError`` for an unreachable service or a taken port -> exit 3) and
+turned into one line on stderr by :func:`agentcore_rl.cli.main`.
 
 Example::
 
@@ -25,7 +25,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
@@ -33,7 +33,10 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
 from agentcore_rl.cli.summary import RunSummary
-from agentcore_rl.errors import ConfigurationError, InvocationError
+from agentcore_rl.errors import ConfigurationError
+
+#: Where the gateway's admin token comes from when --gateway-admin-token is not given.
+_GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
 __all__ = [
     "cmd_demo",
@@ -232,42 +235,6 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
-async def _check_agents(urls: list[str]) -> None:
-    """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
-    import httpx
-
-    from agentcore_rl.protocol import PING_PATH
-
-    async with httpx.AsyncClient(timeout=5.0) as http:
-        for url in urls:
-            try:
-                response = await http.get(url + PING_PATH)
-            except httpx.HTTPError as exc:
-                raise InvocationError(
-                    f"cannot reach the agent at {url}: {type(exc).__name__}: {exc}"
-                ) from None
-            if response.status_code >= 500:
-                raise InvocationError(
-                    f"the agent at {url} is unhealthy: HTTP {response.status_code}",
-                    status_code=response.status_code,
-                )
-
-
-async def _check_runtime_endpoint(endpoint: str | None) -> None:
-    """A local (non-AWS) runtime endpoint must at least accept connections."""
-    import httpx
-
-    if not endpoint:
-        return
-    async with httpx.AsyncClient(timeout=5.0) as http:
-        try:
-            await http.get(endpoint)
-        except httpx.HTTPError as exc:
-            raise InvocationError(
-                f"cannot reach the AgentCore endpoint {endpoint}: {type(exc).__name__}: {exc}"
-            ) from None
-
-
 def print_run(run: EvalRun, out: Path, *, title: str) -> None:
     """The summary table and where the results are."""
     print(f"\n{title}")
@@ -322,6 +289,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
     from agentcore_rl.cli.eval import run_eval
 
+    token = args.gateway_admin_token
+    if args.gateway_url is not None and not token:
+        token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
+
     options = EvalOptions(
         data=Path(args.data),
         out=out,
@@ -340,25 +311,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
         runtime_endpoint_url=args.endpoint_url,
         rollout_extra=_parse_params(args.param),
         gateway_url=args.gateway_url,
-        gateway_admin_token=args.gateway_admin_token,
+        gateway_admin_token=token,
         group_size=args.group_size,
         redundancy=args.redundancy,
         retry_lost=args.retry_lost,
         retry_rollouts=args.retry_rollouts,
     )
+    if options.gateway_url is not None and token is None:
+        raise ConfigurationError(
+            "--gateway-url needs the gateway's admin token: --gateway-admin-token T "
+            f"(or env {_GATEWAY_TOKEN_ENV})"
+        )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)
     # A bad data file is a usage error: report it before touching the network.
     inputs = load_inputs(options.data, limit=options.limit)
 
     async def work() -> int:
-        if options.agent_urls:
-            await _check_agents(list(options.agent_urls))
-        else:
-            endpoint = options.runtime_endpoint_url or os.environ.get(
-                "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"
-            )
-            await _check_runtime_endpoint(endpoint)
+        from agentcore_rl.cli.preflight import check_services
+
+        # Every service it was given, before the first rollout and before any file exists.
+        await check_services(options)
         return await _run_and_report(
             lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
             title=f"eval {options.exp_id}",

@@ -41,6 +41,7 @@ from agentcore_rl.cli.common import (
 )
 from agentcore_rl.errors import (
     ConfigurationError,
+    GatewayError,
     InvalidPayloadError,
     InvocationError,
     StorageError,
@@ -469,8 +470,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ConfigurationError, InvalidPayloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)
-    except (StorageError, InvocationError, OSError) as exc:
-        # S3, the agent or the runtime cannot be reached or refuse us; a port is taken.
+    except (StorageError, InvocationError, GatewayError, OSError) as exc:
+        # S3, the agent, the runtime or the gateway cannot be reached or refuse us; a port is taken.
         return _fail(str(exc), EXIT_UNAVAILABLE)
     except Exception as exc:  # a bug: say so in one line unless asked for the traceback
         extra = _missing_extra(exc)

@@ -107,10 +107,10 @@ def test_bad_values_found_after_parsing_exit_2(
 
 
 def test_unreachable_agent_exits_3(
-    data: Path, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
+    data: Path, s3_endpoint: str, bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, err = _run(
-        ["eval", str(data), "--agent-url", "http://127.0.0.1:9", "--s3-bucket", "b-1",
+        ["eval", str(data), "--agent-url", "http://127.0.0.1:9", "--s3-bucket", bucket,
          "--exp-id", "e", "--s3-endpoint-url", s3_endpoint],
         capsys,
     )  # fmt: skip
@@ -134,11 +134,11 @@ def test_unreachable_or_missing_s3_exits_3(
 
 
 def test_unreachable_runtime_endpoint_exits_3(
-    data: Path, capsys: pytest.CaptureFixture[str]
+    data: Path, s3_endpoint: str, bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, err = _run(
-        ["eval", str(data), "--agent-runtime-arn", ARN, "--s3-bucket", "b-1", "--exp-id", "e",
-         "--endpoint-url", "http://127.0.0.1:9"],
+        ["eval", str(data), "--agent-runtime-arn", ARN, "--s3-bucket", bucket, "--exp-id", "e",
+         "--s3-endpoint-url", s3_endpoint, "--endpoint-url", "http://127.0.0.1:9"],
         capsys,
     )  # fmt: skip
     assert code == 3
