@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl import protocol
+from agentcore_rl._extras import require
 from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
@@ -349,6 +350,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         agentcore-rl demo --n 50
     """
+    # Everything the demo's parts use, checked before it prints or starts anything.
+    require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
     from agentcore_rl.cli.demo import DemoOptions, run_demo
 
     _cwd_importable()

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn, TypeVar
 
 from agentcore_rl import protocol
+from agentcore_rl._extras import install_hint, is_ours
 from agentcore_rl.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -413,29 +414,24 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-#: The extra that brings each module the commands import beyond the core install.
-_EXTRA_OF: Final = {
-    "httpx": "cli",
-    "starlette": "cli",
-    "tqdm": "cli",
-    "uvicorn": "cli",
-    "moto": "local",
-    "openai": "local",
+#: The one extra each command needs (it brings everything the command imports).
+_COMMAND_EXTRA: Final = {
+    "demo": "local",
+    "eval": "cli",
+    "serve": "server",
+    "local-runtime": "cli",
+    "gateway": "gateway",
 }
 
 
-def _missing_extra(exc: BaseException) -> str | None:
-    """The extra to install when ``exc`` is one of our dependencies missing, else None."""
-    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
-        return None
-    return _EXTRA_OF.get(exc.name.split(".")[0])
-
-
-def _fail_missing(exc: ModuleNotFoundError, extra: str) -> int:
-    module = (exc.name or "").split(".")[0]
+def _fail_missing(exc: BaseException, command: str | None) -> int:
+    """One line naming the extra to install: the command's, else the part's."""
+    module = (getattr(exc, "name", None) or "").split(".")[0]
+    extra = _COMMAND_EXTRA.get(command or "") or getattr(exc, "extra", None) or "cli"
+    what = f"'{PROG} {command}'" if command else PROG
     return _fail(
-        f"this command needs the '{extra}' extra (module {module!r} is not installed): "
-        f"pip install 'agentcore-rl[{extra}]'",
+        f"{what} needs the '{extra}' extra (module {module!r} is not installed): "
+        f"{install_hint(extra)}",
         EXIT_USAGE,
     )
 
@@ -449,11 +445,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         parser = build_parser()
-    except ModuleNotFoundError as exc:  # installed without the `cli` extra
-        extra = _missing_extra(exc)
-        if extra is None:
+    except ModuleNotFoundError as exc:
+        if not is_ours(exc):
             raise
-        return _fail_missing(exc, extra)
+        return _fail_missing(exc, None)
     arguments = sys.argv[1:] if argv is None else list(argv)
     if not arguments:  # a bare `agentcore-rl`: show what there is to run
         parser.print_help(sys.stderr)
@@ -474,9 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # S3, the agent, the runtime or the gateway cannot be reached or refuse us; a port is taken.
         return _fail(str(exc), EXIT_UNAVAILABLE)
     except Exception as exc:  # a bug: say so in one line unless asked for the traceback
-        extra = _missing_extra(exc)
-        if extra is not None and isinstance(exc, ModuleNotFoundError):
-            return _fail_missing(exc, extra)
+        if is_ours(exc):  # installed without the command's extra
+            return _fail_missing(exc, args.command)
         if os.environ.get(_DEBUG_ENV):
             raise
         return _fail(

@@ -15,7 +15,12 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-import orjson
+from agentcore_rl._extras import MissingExtraError
+
+try:
+    import orjson
+except ModuleNotFoundError as exc:
+    raise MissingExtraError("the rollout gateway", "gateway", "orjson") from exc
 
 __all__ = ["dumps", "loads"]
 

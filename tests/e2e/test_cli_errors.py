@@ -218,13 +218,13 @@ async def test_demo_base_url_uses_another_policy_server(
     assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0] * 4
 
 
-def test_a_missing_extra_is_named() -> None:
-    from agentcore_rl.cli.main import _missing_extra
+def test_a_missing_extra_is_told_from_a_user_s_missing_module() -> None:
+    from agentcore_rl._extras import is_ours
 
-    assert _missing_extra(ModuleNotFoundError("no httpx", name="httpx")) == "cli"
-    assert _missing_extra(ModuleNotFoundError("no moto", name="moto.server")) == "local"
+    assert is_ours(ModuleNotFoundError("no httpx", name="httpx"))
+    assert is_ours(ModuleNotFoundError("no moto", name="moto.server"))
     # A user's own module missing is not ours to explain.
-    assert _missing_extra(ModuleNotFoundError("no mylib", name="mylib")) is None
+    assert not is_ours(ModuleNotFoundError("no mylib", name="mylib"))
 
 
 def test_eval_help_states_the_client_s_retry_defaults(capsys: pytest.CaptureFixture[str]) -> None:
