@@ -188,7 +188,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
     # httptools, from the gateway extra, when installed), no access log (CPU per call),
     # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
-    # think time between turns. One process: sessions live in its memory.
+    # think time between turns. One process: sessions live in its memory. The server's
+    # connection guards apply (a connection must send its request head within 10 s; past
+    # the cap the oldest idle one makes room), with the upstream pools' sockets kept out
+    # of the open files the agents' connections may take.
     return _serve_asgi(
         gateway,
         args.host,
@@ -196,12 +199,28 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         args.log_level,
         banner,
         loop="auto",
-        http="auto",
         access_log=False,
         lifespan="on",
         backlog=4096,
         timeout_keep_alive=300,
+        max_connections=args.max_connections or _gateway_connections(gateway),
     )
+
+
+def _gateway_connections(gateway: Any) -> int:
+    """Agents' connections the gateway serves at once: the server's default cap, less the
+    upstream connections it may open, within the open-file limit (raised first)."""
+    from agentcore_rl.server.limits import (
+        DEFAULT_MAX_CONNECTIONS,
+        FD_RESERVE,
+        raise_open_file_limit,
+    )
+
+    soft, _ = raise_open_file_limit()
+    upstream: int = gateway.max_upstream_connections
+    if soft <= 0:  # no limit known (or none at all)
+        return DEFAULT_MAX_CONNECTIONS
+    return max(16, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE - upstream))
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:

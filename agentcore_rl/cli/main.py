@@ -353,7 +353,13 @@ def _add_gateway_parser(commands: Any) -> None:
         help="OpenAI base URL of the inference server (e.g. http://gpu1:8000/v1); repeat for "
         "replicas (a session sticks to one)",
     )
-    parser.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument(
+        "--backend",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="the inference server's kind: how token ids and logprobs are asked for and "
+        "read (default vllm)",
+    )
     parser.add_argument("--model", help="pin this model name on every call")
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9000, help="port (default 9000)")
@@ -371,6 +377,14 @@ def _add_gateway_parser(commands: Any) -> None:
     parser.add_argument("--sink-dir", metavar="DIR", help="persist expired sessions here")
     parser.add_argument(
         "--require-open", action="store_true", help="refuse sessions the client did not open"
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        metavar="N",
+        help="agents' connections served at once; past it the oldest idle one is closed to "
+        "admit a new one, and when all are busy the new one is refused (default: 4096, "
+        "within the open-file limit less the upstream connections)",
     )
     parser.add_argument(
         "--log-level",
