@@ -155,7 +155,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
         f"  agents: {', '.join(args.agent_url)}\n"
         f"  use it: export AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{args.host}:{args.port}"
     )
-    return _serve_asgi(runtime, args.host, args.port, "info", banner)
+    return _serve_asgi(runtime, args.host, args.port, args.log_level, banner)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:

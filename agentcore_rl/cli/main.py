@@ -48,7 +48,7 @@ from agentcore_rl.errors import (
     StorageError,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_CODES_HELP", "build_parser", "main"]
 
 _DEBUG_ENV: Final = "AGENTCORE_RL_DEBUG"
 
@@ -59,6 +59,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+
+#: The exit codes, the same in every command's help (and in docs/cli.md).
+EXIT_CODES_HELP: Final = (
+    "exit codes: 0 ok; 1 some rollouts failed or timed out; 2 usage error (a bad argument "
+    "or data file, a missing extra); 3 a service is unreachable or refuses us (S3, the "
+    "agent, the runtime, the gateway, a port in use); 4 internal error (a bug; "
+    f"{_DEBUG_ENV}=1 shows the traceback); 130 interrupted (143 on SIGTERM)"
+)
 
 _N = TypeVar("_N", int, float)
 
@@ -132,13 +140,13 @@ def _add_eval_parser(commands: Any) -> None:
             "Run every input of DATA (one JSON object per line, sent as the payload; its "
             "'input_id' or 'id' field names it) through the agent, with a progress bar, and "
             "write one line per outcome to --out. Re-running with --resume continues an "
-            "interrupted run: finished inputs are skipped and rollouts that were in flight "
-            "are collected from S3 instead of being run again."
+            "interrupted run: finished inputs are skipped; a rollout that was in flight is "
+            "resumed by its session id (its result taken from S3 if it is there, else it is "
+            "invoked again with the same session id, which an agent still running it does "
+            "not start twice); one that was stopped (Ctrl-C) or lost with its agent runs "
+            "again in a new session."
         ),
-        epilog=(
-            "exit codes: 0 all done, 1 some failed or timed out, 2 usage error, "
-            "3 S3 or agent unreachable, 130 interrupted"
-        ),
+        epilog=EXIT_CODES_HELP,
     )
     parser.add_argument("data", metavar="DATA.jsonl", help="inputs, one JSON object per line")
     target = parser.add_mutually_exclusive_group(required=True)
@@ -162,7 +170,12 @@ def _add_eval_parser(commands: Any) -> None:
         out_help="results file (JSONL; default results-<exp-id>.jsonl); "
         "its journal is FILE.journal",
     )
-    parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run that wrote --out: skip finished inputs, resume in-flight "
+        "rollouts by session id (see above)",
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_float,
@@ -230,6 +243,7 @@ def _add_demo_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "demo",
+        epilog=EXIT_CODES_HELP,
         help="run the whole stack on this machine: 200 math problems through the ACR path",
         description=(
             "Start embedded S3, a scripted stand-in policy (not a language model), the "
@@ -278,6 +292,7 @@ def _add_serve_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "serve",
+        epilog=EXIT_CODES_HELP,
         help="serve an agent app (module:app) with uvicorn",
         description=(
             "Serve an ASGI app, typically an AgentCoreRLApp, e.g. "
@@ -303,6 +318,7 @@ def _add_local_runtime_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "local-runtime",
+        epilog=EXIT_CODES_HELP,
         help="serve a local AgentCore Runtime stand-in in front of agent servers",
         description=(
             "Answer the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession) for one "
@@ -327,6 +343,12 @@ def _add_local_runtime_parser(commands: Any) -> None:
         help=f"invoke+stop quota per second (default {protocol.DEFAULT_TPS:g})",
     )
     parser.add_argument("--arn", help="the runtime ARN it answers to (default: a local one)")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default info)",
+    )
     parser.set_defaults(handler=cmd_local_runtime)
 
 
@@ -335,6 +357,7 @@ def _add_gateway_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "gateway",
+        epilog=EXIT_CODES_HELP,
         help="serve the token-capturing rollout gateway in front of vLLM/SGLang",
         description=(
             "An OpenAI-compatible proxy that files every model call (prompt and completion "
@@ -405,10 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Train and evaluate LLM agents with RL while they run as HTTP services.",
-        epilog=(
-            "exit codes: 0 ok, 1 some rollouts failed, 2 usage error, 3 service unreachable, "
-            "4 internal error, 130 interrupted"
-        ),
+        epilog=EXIT_CODES_HELP,
     )
     from agentcore_rl import __version__
 
