@@ -38,7 +38,14 @@ def data(tmp_path: Path) -> Path:
 )
 def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*command, "--help"]) == 0
-    assert "usage: agentcore-rl" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage: agentcore-rl" in out
+    # The same exit codes in every help text, the internal error's included.
+    assert "4 internal error (a bug" in " ".join(out.split())
+    if command == ["local-runtime"]:
+        assert "--log-level" in out
+    if command == ["gateway"]:
+        assert "inference server's kind" in " ".join(out.split())  # --backend has help
 
 
 @pytest.mark.parametrize(
