@@ -33,6 +33,7 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
@@ -344,8 +345,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)
-    # A bad data file is a usage error: report it before touching the network.
+    # A bad data file or --out is a usage error: report it before touching the network.
     inputs = load_inputs(options.data, limit=options.limit)
+    EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
         from agentcore_rl.cli.preflight import check_services

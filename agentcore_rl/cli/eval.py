@@ -148,7 +148,8 @@ async def run_eval(
     started = time.monotonic()
     # Before the results file is touched: a run that cannot start leaves nothing behind.
     preflight_requests = await check_bucket(options)
-    client = _make_client(options)
+    EvalJournal.check(options.out, resume=options.resume)
+    client = _make_client(options)  # its own refusals come before any file, too
     journal = EvalJournal.open(options.out, resume=options.resume)
     trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
