@@ -6,14 +6,24 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-trainers lint typecheck pytest wheel-demo bench clean
 
-# The stamp re-installs when pyproject.toml changes, so a pull never leaves a stale venv.
+DEMO_STAMP := $(VENV)/.installed-demo
+
+# The stamps re-install when pyproject.toml changes, so a pull never leaves a stale venv.
+# `make test` needs everything (`dev`: linters, Ray, the examples' frameworks); the demo
+# only the `local` extra, a fraction of the download.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[local]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/agentcore-rl demo
 
 test: lint typecheck pytest wheel-demo

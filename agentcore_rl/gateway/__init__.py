@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from agentcore_rl._extras import require
+
 if TYPE_CHECKING:
     from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, DEFAULT_SESSION_TTL, RolloutGateway
     from agentcore_rl.gateway.errors import GatewayError, TraceLostError
@@ -55,6 +57,8 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'agentcore_rl.gateway' has no attribute {name!r}")
+    if module == "agentcore_rl.gateway.app":
+        require("gateway", "agentcore_rl.gateway", "starlette", "orjson")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -113,20 +113,46 @@ class _Upstream:
         self.models = pool.target("/models", "GET")
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                raise _Refuse(400, "malformed content-length header", "bad_request") from None
+    return None
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
+    """The request body, refused with 413 when larger than ``limit`` (a declared length at
+    once, before reading any of it) and 408 when it does not arrive within ``within``
+    seconds: a slow body would hold its connection and buffer for as long as it liked."""
+    declared = _declared_length(scope)
+    if declared is not None and declared > limit:
+        raise _Refuse(
+            413,
+            f"request body of {declared} bytes is larger than {limit} bytes",
+            "request_too_large",
+        )
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    with anyio.move_on_after(within) as deadline:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _Refuse(
+                    413, f"request body is larger than {limit} bytes", "request_too_large"
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                # One chunk is returned as itself; more are joined once, then dropped.
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    assert deadline.cancelled_caught
+    raise _Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
 
 
 class RolloutGateway:
@@ -138,6 +164,8 @@ class RolloutGateway:
     admin routes; without one they answer 403. ``session_ttl``: seconds of idleness after
     which a session is persisted to ``sink`` and released. ``require_open``: refuse calls
     for sessions the client did not open (404), instead of opening them implicitly.
+    ``max_body_bytes`` bounds a request body (413, a declared length before any of it is
+    read) and ``body_timeout`` the seconds it may take to arrive (408).
 
     Serving: mount it, or serve it with uvicorn (its lifespan enters it); when mounted in
     another app, enter it yourself (``async with gateway``). Background work (expiry) runs
@@ -165,6 +193,7 @@ class RolloutGateway:
         sink: TraceSink | None = None,
         require_open: bool = False,
         max_body_bytes: int = 32 * 1024 * 1024,
+        body_timeout: float = 60.0,
         upstream_timeout: float = 600.0,
         max_connections: int = 1024,
         finish_wait: float = 30.0,
@@ -180,6 +209,8 @@ class RolloutGateway:
                 raise ValueError(f"upstream must be an http(s) URL, got {url!r}")
         if session_ttl <= 0:
             raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
+        if not body_timeout > 0:
+            raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [u.rstrip("/") for u in urls]
         self.backend: Backend = backend_named(backend)
         self.model = model
@@ -189,6 +220,7 @@ class RolloutGateway:
         self.sink = sink
         self.require_open = require_open
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.finish_wait = finish_wait
         self.gateway_id = uuid.uuid4().hex
         self.gate = PolicyGate(retry_after=retry_after)
@@ -400,6 +432,11 @@ class RolloutGateway:
         return len(stale)
 
     @property
+    def max_upstream_connections(self) -> int:
+        """Connections the gateway may hold to its upstreams (``max_connections`` each)."""
+        return self._max_connections * len(self.upstreams)
+
+    @property
     def live_sessions(self) -> int:
         """Sessions held in memory."""
         return len(self._sessions)
@@ -501,7 +538,7 @@ class RolloutGateway:
             )
         if method != "POST":
             raise _Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
-        raw = await _read_body(receive, self.max_body_bytes)
+        raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
         try:
             body = loads(raw)
         except ValueError as exc:
