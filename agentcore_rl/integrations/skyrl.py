@@ -31,6 +31,7 @@ from typing import Any
 
 import anyio
 
+from agentcore_rl._extras import require
 from agentcore_rl.groups import GroupDroppedError, RolloutGroup
 from agentcore_rl.integrations._client import run_group, set_policy_version, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
@@ -38,10 +39,9 @@ from agentcore_rl.training.fit import fit_rows
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_skyrl
 from agentcore_rl.training.rows import TrainingRow, group_rows, trajectory_rows
 
-try:
-    from skyrl.train.generators.base import GeneratorInterface, TrajectoryID
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("the SkyRL adapter needs SkyRL: pip install 'agentcore-rl[skyrl]'") from exc
+require("skyrl", "agentcore_rl.integrations.skyrl", "skyrl")
+
+from skyrl.train.generators.base import GeneratorInterface, TrajectoryID  # noqa: E402
 
 __all__ = ["AgentCoreGenerator"]
 

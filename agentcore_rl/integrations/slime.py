@@ -46,6 +46,7 @@ from typing import Any, Final
 
 import anyio
 
+from agentcore_rl._extras import require
 from agentcore_rl.groups import GroupDroppedError, RolloutGroup, advantages
 from agentcore_rl.integrations._client import (
     close_shared_clients,
@@ -57,13 +58,19 @@ from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_slime
 from agentcore_rl.training.rows import TrainingRow, group_rows
 
+require("slime", "agentcore_rl.integrations.slime", "torch")
+
 try:
     from slime.rollout.base_types import RolloutFnTrainOutput
     from slime.utils.types import Sample
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the slime adapter needs slime, installed from its source (it is not on PyPI), "
-        "and pip install 'agentcore-rl[slime]'"
+except ModuleNotFoundError as exc:
+    if (exc.name or "").split(".")[0] != "slime":
+        raise
+    # slime is not on PyPI, so no extra can bring it.
+    raise ModuleNotFoundError(
+        "agentcore_rl.integrations.slime needs slime, which is not on PyPI: install it from "
+        "its source (pip install -e path/to/slime), then pip install 'agentcore-rl[slime]'",
+        name="slime",
     ) from exc
 
 __all__ = ["SETTINGS_ENV", "generate_rollout", "reward_post_process", "settings_of"]

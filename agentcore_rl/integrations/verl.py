@@ -44,22 +44,22 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from agentcore_rl._extras import require
 from agentcore_rl.integrations._client import run_sample, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.fit import fit_rows
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_verl
 from agentcore_rl.training.rows import trajectory_rows
 
-try:
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import (
-        AgentLoopBase,
-        AgentLoopMetrics,
-        AgentLoopOutput,
-        register,
-    )
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("the veRL adapter needs veRL: pip install 'agentcore-rl[verl]'") from exc
+require("verl", "agentcore_rl.integrations.verl", "verl", "omegaconf")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
 
 __all__ = ["AGENT_NAME", "AgentCoreAgentLoop", "SampleFailedError"]
 

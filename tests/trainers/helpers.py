@@ -4,8 +4,10 @@ the stand-in policy and the token gateway, plus an offline tokenizer."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,12 +46,15 @@ class Rig:
     policy: ScriptedPolicy
     gateway: RolloutGateway
     gateway_url: str
+    exp_id: str = dataclasses.field(default_factory=lambda: f"trainer-test-{uuid.uuid4().hex[:12]}")
 
     def settings(self, **overrides: Any) -> AgentCoreSettings:
         values: dict[str, Any] = {
             "agent_url": tuple(self.stack.agent_urls),
             "s3_bucket": self.stack.bucket,
-            "exp_id": "trainer-test",
+            # Member session ids derive from (exp_id, input_id): a fresh experiment per rig,
+            # so one test's sessions are never taken for another's repeats.
+            "exp_id": self.exp_id,
             "s3_endpoint_url": self.stack.s3_endpoint_url,
             "gateway_url": self.gateway_url,
             "gateway_admin_token": ADMIN,
