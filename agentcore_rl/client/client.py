@@ -76,7 +76,7 @@ from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, OnFailure, RolloutGroup
 from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
 from agentcore_rl.retry import RetryPolicy
-from agentcore_rl.s3 import ResultStore, lean_s3_session
+from agentcore_rl.s3 import ResultStore
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 if TYPE_CHECKING:
@@ -122,9 +122,6 @@ class AsyncRolloutClient:
     process went away under it (a crash, a restart, a server shutdown), counted apart;
     ``liveness`` paces the probes that find crashed agents
     (:class:`~agentcore_rl.client.liveness.LivenessConfig`).
-    ``lean`` (default) sends the hot AWS calls (invoke, stop, S3 reads) through
-    :mod:`agentcore_rl.aws`, a fraction of botocore's CPU per request with the same
-    settings and errors; ``lean=False`` sends every call through aiobotocore.
 
     Token capture: with ``gateway_url`` (a gateway in another process, driven with its
     admin token: ``gateway_admin_token`` or ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) or
@@ -178,7 +175,6 @@ class AsyncRolloutClient:
         retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
         retry_lost: int = DEFAULT_RETRY_LOST,
         liveness: LivenessConfig = DEFAULT_LIVENESS,
-        lean: bool = True,
         gateway_url: str | None = None,
         gateway: RolloutGateway | None = None,
         gateway_admin_token: str | None = None,
@@ -236,15 +232,12 @@ class AsyncRolloutClient:
                 endpoint_url=endpoint_url,
                 qualifier=qualifier,
                 max_connections=connections,
-                lean=lean,
             )
         else:
             assert agent_url is not None
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
-        self.store = store or ResultStore(
-            endpoint_url=s3_endpoint_url, session=lean_s3_session(), lean=lean
-        )
+        self.store = store or ResultStore(endpoint_url=s3_endpoint_url)
         self.rate_limiter: RateLimiter = (
             rate_limiter or token_bucket or TokenBucket(tps_limit, burst, tick=DEFAULT_PACE_TICK)
         )

@@ -243,7 +243,7 @@ class RolloutGateway:
                 for url in self.upstreams
             ]
             for upstream in self._upstreams:
-                stack.callback(upstream.pool.close)
+                stack.push_async_callback(upstream.pool.aclose)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
