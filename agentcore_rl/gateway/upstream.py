@@ -47,6 +47,8 @@ class UpstreamError(Exception):
 
 
 def _failed(exc: BaseException) -> UpstreamError:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamError("cannot connect: no connection within the connect timeout")
     if isinstance(exc, asyncio.TimeoutError):
         return UpstreamError("no answer within the read timeout")
     if isinstance(exc, aiohttp.ClientConnectorError):

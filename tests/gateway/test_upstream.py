@@ -69,3 +69,31 @@ async def test_a_malformed_or_incomplete_answer_is_a_502_and_a_failed_record() -
     assert "malformed answer" in errors[0]
     assert "one logprob per completion token" in errors[1]
     assert [(r.status, r.error) for r in trace.records] == [(502, e) for e in errors]
+
+
+async def test_silence_and_a_body_cut_short_are_upstream_errors() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int, h: bytes) -> bool:
+        await r.read()  # until the client gives up and closes
+        return False
+
+    async with loopback(silent) as (origin, _), UpstreamPool(origin, read_timeout=0.2) as pool:
+        with pytest.raises(UpstreamError, match="read timeout"):
+            await pool.fetch(pool.target("/completions"), b"{}")
+
+    async def cut(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int, h: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ndata: {}\n\n")
+        await w.drain()
+        return False  # closes with 90 bytes missing
+
+    async with loopback(cut) as (origin, _), UpstreamPool(origin) as pool:
+        async with pool.stream(pool.target("/completions"), b"{}") as response:
+            assert response.status == 200
+            pieces: list[bytes] = []
+
+            async def read_all() -> None:
+                async for piece in response:
+                    pieces.append(piece)
+
+            with pytest.raises(UpstreamError):
+                await read_all()
+        assert b"".join(pieces) == b"data: {}\n\n"
