@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Mapping
+from typing import Any, Final
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
@@ -36,8 +36,6 @@ from agentcore_rl.client.transports.base import (
 from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = ["AcrTransport", "parse_runtime_arn"]
-
-T = TypeVar("T")
 
 
 #: The botocore service name of AgentCore's data plane.
@@ -129,10 +127,9 @@ class AcrTransport:
         return f"AcrTransport(agent_runtime_arn={self.agent_runtime_arn!r})"
 
     async def connect(self) -> None:
-        """Create the aiobotocore client now rather than on the first
-        call, which would otherwise wait for it (loading the service model and the TLS
-        context costs a fifth of a second of CPU).
-        """
+        """Create the aiobotocore client now rather than on the first call, which would
+        otherwise wait for it (loading the service model and the TLS context costs a fifth
+        of a second of CPU)."""
         await self._get_client()
 
     async def _get_client(self) -> Any:
@@ -163,13 +160,17 @@ class AcrTransport:
             params["qualifier"] = self.qualifier
         return params
 
-    async def _guarded(
-        self, session_id: str, operation: str, call: Callable[[], Awaitable[T]]
-    ) -> T:
-        """Run ``call`` under the connection limit; classify its failures."""
+    async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
+        """One call under the connection limit, its streamed body read; failures classified."""
+        client = await self._get_client()
         try:
             async with self._limit:
-                return await call()
+                response = await getattr(client, operation)(**params)
+                if "response" in response:
+                    # The body streams; a rollout entrypoint's answer is small: read it all.
+                    async with response["response"] as stream:
+                        response["body"] = await stream.read()
+                return response
         except ClientError as exc:
             raise _classify(exc, session_id) from exc
         except (BotoConnectionError, HTTPClientError, ReadTimeoutError, OSError) as exc:
@@ -180,19 +181,6 @@ class AcrTransport:
             raise InvocationError(
                 f"{operation}: {type(exc).__name__}: {exc}", session_id=session_id
             ) from exc
-
-    async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
-        client = await self._get_client()
-
-        async def call() -> Any:
-            response = await getattr(client, operation)(**params)
-            if "response" in response:
-                # The body streams; a rollout entrypoint's answer is small: read it all.
-                async with response["response"] as stream:
-                    response["body"] = await stream.read()
-            return response
-
-        return await self._guarded(session_id, operation, call)
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``InvokeAgentRuntime`` with the payload as JSON; return the agent's JSON answer."""
