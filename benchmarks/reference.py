@@ -104,7 +104,7 @@ def summary(
 
 
 async def drive_ours(args: argparse.Namespace) -> dict[str, Any]:
-    from agentcore_rl import AsyncRolloutClient
+    from agentcore_rl import AsyncRolloutClient, Limits
 
     payloads = [{"duration": d} for d in durations(args)]
     latencies: list[float] = []
@@ -113,8 +113,7 @@ async def drive_ours(args: argparse.Namespace) -> dict[str, Any]:
         agent_runtime_arn=ARN,
         s3_bucket=BUCKET,
         exp_id=f"ours-{int(t0)}",
-        max_concurrent_sessions=args.concurrency,
-        tps_limit=args.tps,
+        limits=Limits(max_concurrent_sessions=args.concurrency, tps=args.tps),
     )
     async with client:
         async for item in client.run_batch(payloads, timeout=ROLLOUT_TIMEOUT):
