@@ -11,9 +11,8 @@ The trainer's side is in-process (``open_session``, ``finish_session``,
 ``set_policy_version``, ``paused``) or the token-protected admin routes
 (:mod:`agentcore_rl.gateway.admin`). The proxy routes are a small hand-written ASGI path
 (no per-request framework objects) because they sit on every model call; the admin routes
-are an ordinary Starlette app. The upstream client is a small keep-alive HTTP/1.1 client on
-httptools (:mod:`.upstream`: a quarter of aiohttp's CPU per call) and JSON goes through orjson
-(:mod:`.jsonio`), so the gateway runs on asyncio.
+are an ordinary Starlette app. The upstream client is aiohttp (:mod:`.upstream`) and JSON
+goes through orjson (:mod:`.jsonio`), so the gateway runs on asyncio.
 
 Example::
 
@@ -259,8 +258,8 @@ class RolloutGateway:
         try:
             # No total deadline (a long generation is fine): a silent upstream is one that
             # fails. Idle connections are not reused after 4 s, before uvicorn's (vLLM's) 5 s
-            # keep-alive closes them under a request. A stream's reading pauses 32 KiB ahead
-            # of the agent, so a fast upstream cannot park whole answers in the gateway.
+            # keep-alive closes them under a request. A stream's reading pauses when aiohttp's
+            # buffer fills, so a fast upstream cannot park whole answers in the gateway.
             self._upstreams = [
                 _Upstream(
                     UpstreamPool(
@@ -274,7 +273,7 @@ class RolloutGateway:
                 for url in self.upstreams
             ]
             for upstream in self._upstreams:
-                stack.callback(upstream.pool.close)
+                stack.push_async_callback(upstream.pool.aclose)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
