@@ -36,7 +36,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -55,6 +55,9 @@ from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.render.mode import RenderMode
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
 
@@ -137,6 +140,8 @@ class RolloutGateway:
     admin routes; without one they answer 403. ``session_ttl``: seconds of idleness after
     which a session is persisted to ``sink`` and released. ``require_open``: refuse calls
     for sessions the client did not open (404), instead of opening them implicitly.
+    ``render``: a :class:`~agentcore_rl.gateway.render.mode.RenderMode` serves chat calls
+    with linear history (the gateway renders and calls the server token-in; docs/gateway.md).
 
     Serving: mount it, or serve it with uvicorn (its lifespan enters it); when mounted in
     another app, enter it yourself (``async with gateway``). Background work (expiry) runs
@@ -168,6 +173,7 @@ class RolloutGateway:
         max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
+        render: RenderMode | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -181,6 +187,9 @@ class RolloutGateway:
             raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
         self.upstreams = [u.rstrip("/") for u in urls]
         self.backend: Backend = backend_named(backend)
+        # Linear history (render/mode.py): the gateway renders chat requests itself and
+        # calls the server token-in; None is proxy mode (the server renders).
+        self.render = render
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.session_ttl = session_ttl
@@ -529,7 +538,10 @@ class RolloutGateway:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
-            await self._call(send, session, endpoint, raw, body, version)
+            if self.render is not None and endpoint == CHAT:
+                await self.render.call(self, send, session, raw, body, version)
+            else:
+                await self._call(send, session, endpoint, raw, body, version)
         finally:
             self.gate.exit()
 
