@@ -212,8 +212,17 @@ def _models_dir(cache: Path) -> Path:
                 source = tar.extractfile(member)
                 assert source is not None
                 target.write_bytes(source.read())
-        os.replace(staged, models)  # readers never see half a directory
+        _publish(staged, models)
     return models
+
+
+def _publish(staged: Path, final: Path) -> None:
+    """Move a finished build into place; another process that got there first wins."""
+    try:
+        os.replace(staged, final)  # readers never see half a directory
+    except OSError:
+        if not final.is_dir():
+            raise
 
 
 def _read_gguf(path: Path) -> tuple[list[str], list[int], list[str]]:
@@ -347,7 +356,7 @@ def fixture_dir(name: str, *, cache: Path | None = None) -> Path:
             eos=fixture.eos,
             vectors=inp if inp.is_file() else None,
         )
-        os.replace(staged, out)
+        _publish(staged, out)
     return out
 
 

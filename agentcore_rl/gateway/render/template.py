@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -68,6 +69,13 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, An
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _load(factory: Any, path: str) -> Any:
+    # Loading takes seconds; a process that serves and tests one model loads it once
+    # (rendering and encoding do not change the tokenizer).
+    return factory.from_pretrained(path, local_files_only=True)
+
+
 class ChatTemplate:
     """A tokenizer directory's tokenizer and chat template.
 
@@ -103,7 +111,7 @@ class ChatTemplate:
         path = os.fspath(directory)
         if not os.path.isdir(path):
             raise ValueError(f"tokenizer directory {path!r} does not exist")
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = _load(AutoTokenizer, os.path.realpath(path))
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"the tokenizer in {path!r} has no chat template")
         return cls(tokenizer, path)
