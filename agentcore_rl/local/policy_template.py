@@ -75,6 +75,12 @@ class TemplateVoice:
         if not isinstance(eos, int):
             raise ValueError(f"the tokenizer in {tokenizer!r} names no EOS token")
         self.stop_id = eos
+        self._call_stop = eos
+        if self.tools is not None and self.tools.call_stop is not None:
+            found = self.template.tokenizer.convert_tokens_to_ids(self.tools.call_stop)
+            if isinstance(found, int):
+                self._call_stop = found
+        self._stops = self.template.stop_ids()
 
     def __repr__(self) -> str:
         return f"TemplateVoice({self.template.source!r})"
@@ -102,13 +108,17 @@ class TemplateVoice:
                 parts.append(self.reasoning.format(f"Step {step}: I ask the {self.tool_name}."))
             call = ToolCall(self.tool_name, {"expression": f"{10 * step} + {step}", "step": step})
             parts.append(self.tools.format([call]))
+            stop = self._call_stop
         else:
             numbers = _NUMBER.findall(text[text.rfind('"step"') :] if steps else text)
             value = numbers[-1] if numbers else "unknown"
             if self.reasoning is not None:
                 parts.append(self.reasoning.format("The tool has answered."))
-            parts.append(f"The answer is {value}.")
-        ids = [*self.template.encode("".join(parts)), self.stop_id]
+            content = f"The answer is {value}."
+            final = getattr(self.tools, "format_content", None)
+            parts.append(final(content) if final is not None else content)
+            stop = self.stop_id
+        ids = [*self.template.encode("".join(parts)), stop]
         finish = "stop"
         if max_tokens is not None and len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
@@ -116,7 +126,7 @@ class TemplateVoice:
 
     def message(self, ids: list[int], call_seed: str) -> dict[str, Any]:
         """The completion as an OpenAI assistant message, parsed as vLLM's parsers would."""
-        stopped = bool(ids) and ids[-1] == self.stop_id
+        stopped = bool(ids) and ids[-1] in self._stops
         text = self.template.decode(ids[:-1] if stopped else ids)
         return parse_completion(text, self.reasoning, self.tools, call_seed)
 

@@ -22,7 +22,7 @@ from tests.gateway.template_rig import (
 
 pytestmark = pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or "")
 
-TEMPLATES = ["qwen3", "qwen2.5", "llama3.1", "deepseek-r1-distill"]
+TEMPLATES = ["qwen3", "qwen2.5", "llama3.1", "deepseek-r1-distill", "gpt-oss", "mistral-small-3.2"]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,56 @@ _R1_DISTILL_ADDED: Final = {
     151648: ("<think>", False),
     151649: ("</think>", False),
 }
+# gpt-oss's harmony markers. Its o200k vocabulary is not shipped offline: the fixture puts
+# them on Llama 3's reserved special ids (the template and the syntax are real, the ids are
+# not gpt-oss's).
+_HARMONY_ON_LLAMA3: Final = {
+    128011: ("<|start|>", True),
+    128012: ("<|end|>", True),
+    128013: ("<|message|>", True),
+    128014: ("<|channel|>", True),
+    128015: ("<|constrain|>", True),
+    128016: ("<|return|>", True),
+    128017: ("<|call|>", True),
+}
+# Tekken's special tokens (mistral-common's ranks 0-19) and the tool-call markers Mistral
+# Small 3.x's tokenizer adds at 32 and 33.
+_TEKKEN_SPECIALS: Final = {
+    i: (t, True)
+    for i, t in enumerate(
+        [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+            "[TOOL_CALLS]",
+            "[IMG]",
+            "<pad>",
+            "[IMG_BREAK]",
+            "[IMG_END]",
+            "[PREFIX]",
+            "[MIDDLE]",
+            "[SUFFIX]",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+            "[TOOL_CONTENT]",
+        ]
+    )
+} | {32: ("[ARGS]", True), 33: ("[CALL_ID]", True)}
+_TEKKEN_SPLIT: Final = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+#: mistral-common's wheel carries Tekken vocabularies (``mistral_common/data/tekken_*.json``).
+MISTRAL_COMMON: Final = "mistral-common==1.13.1"
+_TEKKEN_FILE: Final = "mistral_common/data/tekken_240911.json"
+
 # Llama 3.1 renamed some of Llama 3's reserved special tokens.
 _LLAMA31_RENAMED: Final = {
     128004: ("<|finetune_right_pad_id|>", True),
@@ -107,7 +158,7 @@ class Fixture:
     """One real model's tokenizer: a llama.cpp vocab, its template, its added tokens."""
 
     name: str
-    vocab: str  # ggml-vocab-<vocab>.gguf
+    vocab: str  # ggml-vocab-<vocab>.gguf, or "tekken" (mistral-common's Tekken file)
     template: str  # templates/<template>.jinja
     split: str
     nfc: bool = False
@@ -170,6 +221,28 @@ FIXTURES: Final = {
             reasoning_parser="deepseek_r1",
             thinking=True,
         ),
+        Fixture(
+            name="gpt-oss",
+            vocab="llama-bpe",
+            template="openai-gpt-oss-120b",
+            split=_LLAMA3_SPLIT,
+            ignore_merges=True,
+            added={**_LLAMA31_RENAMED, **_HARMONY_ON_LLAMA3},
+            eos="<|return|>",
+            tool_parser="openai",
+            reasoning_parser="openai_gptoss",
+            thinking=True,
+        ),
+        Fixture(
+            name="mistral-small-3.2",
+            vocab="tekken",
+            template="Mistral-Small-3.2-24B-Instruct-2506",
+            split=_TEKKEN_SPLIT,
+            added=_TEKKEN_SPECIALS,
+            bos="<s>",
+            eos="</s>",
+            tool_parser="mistral",
+        ),
     )
 }
 
@@ -225,6 +298,70 @@ def _publish(staged: Path, final: Path) -> None:
             raise
 
 
+def _tekken_file(cache: Path) -> Path:
+    """mistral-common's Tekken vocabulary under ``cache`` (its wheel downloaded once)."""
+    target = cache / "tekken_240911.json"
+    if target.is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "pip", "download", "--quiet", "--no-deps"),
+                *("--only-binary", ":all:", MISTRAL_COMMON, "-d", tmp),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            staged = Path(tmp) / "tekken.json"
+            staged.write_bytes(archive.read(_TEKKEN_FILE))
+        os.replace(staged, target)
+    return target
+
+
+def _read_tekken(path: Path) -> tuple[list[str], list[int], list[str]]:
+    """A Tekken (tiktoken-style) vocabulary as byte-level BPE tokens and merges: ids are
+    ``rank + 1000`` (its special tokens come first), merges recovered from the ranks."""
+    import base64
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    config = data["config"]
+    specials = int(config["default_num_special_tokens"])
+    size = int(config["default_vocab_size"]) - specials
+    pieces = [base64.b64decode(t["token_bytes"]) for t in data["vocab"][:size]]
+    byte_map = _bytes_to_unicode()
+    strings = ["".join(byte_map[b] for b in piece) for piece in pieces]
+    rank = {piece: i for i, piece in enumerate(pieces)}
+    merges: list[tuple[int, int, int, str]] = []
+    for i, piece in enumerate(pieces):
+        if len(piece) < 2:
+            continue
+        local = []
+        for cut in range(1, len(piece)):
+            left, right = rank.get(piece[:cut]), rank.get(piece[cut:])
+            if left is not None and right is not None:
+                local.append((left, right))
+        for left, right in sorted(local):
+            merges.append((i, left, right, f"{strings[left]} {strings[right]}"))
+    tokens = [f"<SPECIAL_{i}>" for i in range(specials)] + strings
+    types = [4] * specials + [1] * len(strings)
+    return tokens, types, [m[3] for m in merges]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-to-character table (what byte-level BPE vocabularies are written in)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
 def _read_gguf(path: Path) -> tuple[list[str], list[int], list[str]]:
     from gguf import GGUFReader
 
@@ -237,7 +374,7 @@ def _read_gguf(path: Path) -> tuple[list[str], list[int], list[str]]:
 
 
 def build_tokenizer_dir(
-    gguf: Path,
+    gguf: Path | tuple[list[str], list[int], list[str]],
     template: str,
     out: Path,
     *,
@@ -249,7 +386,8 @@ def build_tokenizer_dir(
     eos: str = "",
     vectors: Path | None = None,
 ) -> Path:
-    """Write a Hugging Face tokenizer directory for a GGUF's byte-level BPE vocab.
+    """Write a Hugging Face tokenizer directory for a GGUF's byte-level BPE vocab (or for
+    ``(tokens, token types, merges)`` already read).
 
     ``added`` puts tokens at given ids (content, special); the GGUF's control tokens
     (type 3) become special added tokens too. ``vectors``: the ``.inp`` file whose ``.out``
@@ -269,7 +407,7 @@ def build_tokenizer_dir(
         pre_tokenizers,
     )
 
-    tokens, types, merges = _read_gguf(gguf)
+    tokens, types, merges = _read_gguf(gguf) if isinstance(gguf, Path) else gguf
     chosen = dict(added or {})
     specials: dict[int, tuple[str, bool]] = {
         i: (tokens[i], True) for i, kind in enumerate(types) if kind == 3
@@ -341,8 +479,12 @@ def fixture_dir(name: str, *, cache: Path | None = None) -> Path:
         return out
     models = _models_dir(cache)
     template = (models / "templates" / f"{fixture.template}.jinja").read_text(encoding="utf-8")
-    gguf = models / f"ggml-vocab-{fixture.vocab}.gguf"
-    inp = Path(str(gguf) + ".inp")
+    gguf: Path | tuple[list[str], list[int], list[str]]
+    if fixture.vocab == "tekken":
+        gguf, inp = _read_tekken(_tekken_file(cache)), None
+    else:
+        gguf = models / f"ggml-vocab-{fixture.vocab}.gguf"
+        inp = Path(str(gguf) + ".inp")
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         staged = build_tokenizer_dir(
             gguf,
@@ -354,7 +496,7 @@ def fixture_dir(name: str, *, cache: Path | None = None) -> Path:
             added=fixture.added,
             bos=fixture.bos,
             eos=fixture.eos,
-            vectors=inp if inp.is_file() else None,
+            vectors=inp if inp is not None and inp.is_file() else None,
         )
         _publish(staged, out)
     return out

@@ -10,7 +10,9 @@ token already cut off.
   ends in ``<think>``: the completion is reasoning up to ``</think>``).
 - tool calls: ``hermes`` (``<tool_call>{"name", "arguments"}</tool_call>``: Qwen2.5, Qwen3),
   ``llama3_json`` (``{"name", "parameters"}``, after an optional ``<|python_tag|>``: Llama
-  3.1-3.3), ``deepseek_v3`` (``<｜tool▁calls▁begin｜>...``: DeepSeek V3 and the R1 family).
+  3.1-3.3), ``deepseek_v3`` (``<｜tool▁calls▁begin｜>...``: DeepSeek V3 and the R1 family),
+  ``mistral`` (``[TOOL_CALLS]name[ARGS]{...}``), ``openai`` (gpt-oss's harmony channels, with
+  the ``openai_gptoss`` reasoning parser).
 
 Example::
 
@@ -46,11 +48,10 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
 
-    def to_openai(self, seed: str) -> dict[str, Any]:
-        """The OpenAI ``tool_calls`` entry (arguments as a JSON string; a stable id)."""
-        digest = hashlib.sha256(f"{seed}:{self.name}".encode()).hexdigest()[:24]
+    def to_openai(self, call_id: str) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry (arguments as a JSON string)."""
         return {
-            "id": f"call_{digest}",
+            "id": call_id,
             "type": "function",
             "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
         }
@@ -115,6 +116,12 @@ class ToolParser:
     """Finds tool calls in a completion's content (see the module doc)."""
 
     name = "?"
+    #: The token a model ends a turn of tool calls with, when not its EOS.
+    call_stop: str | None = None
+
+    def call_id(self, seed: str) -> str:
+        """A stable id for a parsed call (``call_`` and 24 hex digits)."""
+        return "call_" + hashlib.sha256(seed.encode()).hexdigest()[:24]
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """-> (content without the calls, calls). Malformed calls stay content."""
@@ -221,16 +228,113 @@ class DeepSeekV3Tools(ToolParser):
         return f"{self._BEGIN}{inner}<｜tool▁calls▁end｜>"
 
 
+class MistralTools(ToolParser):
+    """``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11 and later), or the older
+    ``[TOOL_CALLS][{"name": ..., "arguments": ...}]``; call ids are 9 letters and digits."""
+
+    name = "mistral"
+    _TAG: Final = "[TOOL_CALLS]"
+
+    def call_id(self, seed: str) -> str:
+        digest = hashlib.sha256(seed.encode()).hexdigest()
+        return "".join(c for c in digest if c.isalnum())[:9]
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        start = text.find(self._TAG)
+        if start < 0:
+            return text, []
+        calls = []
+        try:
+            for part in text[start:].split(self._TAG)[1:]:
+                part = part.strip()
+                if part.startswith("["):
+                    for item in json.loads(part):
+                        calls.append(ToolCall(str(item["name"]), _arguments(item["arguments"])))
+                    continue
+                name, sep, arguments = part.partition("[ARGS]")
+                name = name.split("[CALL_ID]")[0]
+                if not sep:
+                    raise ValueError("no [ARGS]")
+                calls.append(ToolCall(name.strip(), _arguments(arguments)))
+        except (ValueError, KeyError, TypeError):
+            return text, []
+        return text[:start].rstrip("\n"), calls
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        return "".join(
+            f"{self._TAG}{c.name}[ARGS]{json.dumps(c.arguments, ensure_ascii=False)}" for c in calls
+        )
+
+
+class HarmonyReasoning(ReasoningParser):
+    """gpt-oss (harmony): the ``analysis`` channel is the reasoning; what follows it (a
+    ``commentary`` call or the ``final`` message) is left for the tool parser."""
+
+    name = "openai_gptoss"
+    _OPEN: Final = "<|channel|>analysis<|message|>"
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        start = text.find(self._OPEN)
+        if start < 0:
+            return None, text
+        body = text[start + len(self._OPEN) :]
+        reasoning, _, rest = body.partition("<|end|>")
+        return reasoning, rest
+
+    def format(self, reasoning: str) -> str:
+        return f"{self._OPEN}{reasoning}<|end|><|start|>assistant"
+
+
+class HarmonyTools(ToolParser):
+    """gpt-oss (harmony): ``<|channel|>commentary to=functions.NAME <|constrain|>json
+    <|message|>{...}`` ends in ``<|call|>``; the ``final`` channel's message is the content."""
+
+    name = "openai"
+    call_stop = "<|call|>"
+    _CALL: Final = re.compile(
+        r"to=functions\.(?P<name>[\w.-]+).*?<\|message\|>(?P<args>.*?)(?:<\|call\|>|$)",
+        re.DOTALL,
+    )
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        found = self._CALL.search(text)
+        if found is None:
+            final = text.rfind("<|channel|>final<|message|>")
+            if final >= 0:
+                text = text[final + len("<|channel|>final<|message|>") :]
+            return text.removesuffix("<|end|>"), []
+        try:
+            call = ToolCall(found["name"], _arguments(found["args"]))
+        except ValueError:
+            return text, []
+        return "", [call]
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        (call,) = calls  # harmony: one call per message
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        return (
+            f"<|channel|>commentary to=functions.{call.name} <|constrain|>json"
+            f"<|message|>{arguments}"
+        )
+
+    def format_content(self, content: str) -> str:
+        """A final answer in harmony's ``final`` channel."""
+        return f"<|channel|>final<|message|>{content}"
+
+
 #: Reasoning parsers by vLLM's ``--reasoning-parser`` name.
 REASONING_PARSERS: Final[Mapping[str, type[ReasoningParser]]] = {
     "qwen3": Qwen3Reasoning,
     "deepseek_r1": DeepSeekR1Reasoning,
+    "openai_gptoss": HarmonyReasoning,
 }
 #: Tool-call parsers by vLLM's ``--tool-call-parser`` name.
 TOOL_PARSERS: Final[Mapping[str, type[ToolParser]]] = {
     "hermes": HermesTools,
     "llama3_json": Llama3JsonTools,
     "deepseek_v3": DeepSeekV3Tools,
+    "mistral": MistralTools,
+    "openai": HarmonyTools,
 }
 
 
@@ -271,5 +375,9 @@ def parse_completion(
     if thought is not None:
         message["reasoning_content"] = thought
     if calls:
-        message["tool_calls"] = [call.to_openai(f"{call_seed}:{i}") for i, call in enumerate(calls)]
+        assert tools is not None
+        message["tool_calls"] = [
+            call.to_openai(tools.call_id(f"{call_seed}:{i}:{call.name}"))
+            for i, call in enumerate(calls)
+        ]
     return message
