@@ -11,9 +11,11 @@ chunk, and ``logprobs`` when asked (``logprobs.content[j].logprob`` for chat,
 ids even unasked; ``"requested"`` only for ``return_token_ids: true``, as vLLM does;
 ``"never"`` plays a server that cannot.
 
-Its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`) works like a chat
-template with special tokens: each message is ``<role> text <end>`` and the prompt ends with
-``<assistant>``; an assistant message renders exactly as the completion that produced it.
+With ``tokenizer=DIR`` it serves a real tokenizer and chat template instead (see
+:mod:`agentcore_rl.local.policy_template`; ``python -m agentcore_rl.local.policy --tokenizer
+DIR``). Otherwise its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`)
+works like a chat template with special tokens: each message is ``<role> text <end>`` and
+the prompt ends with ``<assistant>``; an assistant message renders exactly as the completion that produced it.
 So a multi-turn conversation's prompts extend each other token for token, as they do with
 a real model, and logprobs are a deterministic function of the tokens.
 
@@ -172,6 +174,10 @@ class ScriptedPolicy:
     ``return_token_ids``) or ``"never"``. ``requests`` counts the completion requests
     received, bad ones included; ``answers`` keeps the last ``keep_answers`` answers
     (``(prompt_ids, [(token_ids, logprobs) per choice])``) so tests can compare captures.
+    ``tokenizer`` (a Hugging Face tokenizer directory, with ``tool_call_parser``,
+    ``reasoning_parser`` and ``tool_rounds``): render that real chat template as vLLM does and
+    answer in its syntax, also token-in (``/v1/completions`` with token ids, SGLang's
+    ``/generate``); see :mod:`agentcore_rl.local.policy_template`.
 
     Example::
 
@@ -700,3 +706,46 @@ def _error(exc: _BadRequest) -> JSONResponse:
         },
         status_code=400,
     )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m agentcore_rl.local.policy [--tokenizer DIR ...]``: serve the stand-in.
+
+    Example::
+
+        python -m agentcore_rl.local.policy --port 8000 --tokenizer /tmp/qwen3 \\
+            --tool-call-parser hermes --reasoning-parser qwen3 --tool-rounds 3
+    """
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agentcore_rl.local.policy",
+        description="The scripted stand-in policy (not a language model) as an OpenAI server; "
+        "with --tokenizer it renders that real chat template and also answers token-in "
+        "(/v1/completions with token ids, /generate).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--accuracy", type=float, default=0.8)
+    parser.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer directory")
+    parser.add_argument("--tool-call-parser", help="the syntax of its tool calls (vLLM's names)")
+    parser.add_argument("--reasoning-parser", help="the syntax of its reasoning (vLLM's names)")
+    parser.add_argument("--tool-rounds", type=int, default=1, help="tool calls before answering")
+    args = parser.parse_args(argv)
+    try:
+        policy = ScriptedPolicy(
+            accuracy=args.accuracy,
+            tokenizer=args.tokenizer,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+            tool_rounds=args.tool_rounds,
+        )
+    except (ValueError, ImportError, OSError) as exc:
+        parser.error(str(exc))
+    uvicorn.run(policy, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
