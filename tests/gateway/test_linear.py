@@ -20,7 +20,11 @@ from tests.gateway.template_rig import (
     trajectory_of,
 )
 
-pytestmark = pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or "")
+pytestmark = [
+    pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or ""),
+    # the first test builds the tokenizers (downloading llama.cpp's files once per machine)
+    pytest.mark.timeout(600),
+]
 
 TEMPLATES = ["qwen3", "qwen2.5", "llama3.1", "deepseek-r1-distill", "gpt-oss", "mistral-small-3.2"]
 
