@@ -219,7 +219,7 @@ class AgentLostError(InvocationError):
     """The process (or microVM) running a pending rollout crashed or restarted, so no
     result will come: its agent answered a probe that it does not know the session, or
     its restarted successor wrote an ``agent_lost`` envelope (kept in ``envelope``).
-    Retryable: the client runs it again with a new session (``retry_lost``) before
+    Retryable: the client runs it again with a new session (``Retries.lost``) before
     reporting this.
 
     Example::

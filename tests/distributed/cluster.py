@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.client import AsyncRolloutClient, WatcherConfig
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Timeouts, WatcherConfig
 from agentcore_rl.distributed import shared_limits
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
@@ -116,9 +116,11 @@ class Worker:
                 rate_limiter=limits.rate,
                 session_limiter=limits.sessions,
                 watcher=FAST_WATCH,
-                close_timeout=30.0,
-                endpoint_url=endpoint["endpoint_url"],
-                s3_endpoint_url=endpoint["s3_endpoint_url"],
+                timeouts=Timeouts(close=30.0),
+                aws=AwsConfig(
+                    endpoint_url=endpoint["endpoint_url"],
+                    s3_endpoint_url=endpoint["s3_endpoint_url"],
+                ),
                 s3_bucket=endpoint["s3_bucket"],
             ) as client:
                 self.client = client
