@@ -15,9 +15,10 @@ With ``tokenizer=DIR`` it serves a real tokenizer and chat template instead (see
 :mod:`agentcore_rl.local.policy_template`; ``python -m agentcore_rl.local.policy --tokenizer
 DIR``). Otherwise its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`)
 works like a chat template with special tokens: each message is ``<role> text <end>`` and
-the prompt ends with ``<assistant>``; an assistant message renders exactly as the completion that produced it.
-So a multi-turn conversation's prompts extend each other token for token, as they do with
-a real model, and logprobs are a deterministic function of the tokens.
+the prompt ends with ``<assistant>``; an assistant message renders exactly as the
+completion that produced it. So a multi-turn conversation's prompts extend each other
+token for token, as they do with a real model, and logprobs are a deterministic function
+of the tokens.
 
 How it "answers": it reads the first user message with a small pattern-based solver
 (:mod:`agentcore_rl.local.policy_solver`). When tools are offered, the first turn calls the
