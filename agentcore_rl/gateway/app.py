@@ -208,6 +208,8 @@ class RolloutGateway:
             "expired_lost": 0,
             "late_records": 0,
         }
+        if render is not None:
+            self.stats["linear_forks"] = 0  # requests that did not extend their history
         self._clock = clock
         self._wall = wall_clock
         self._sessions: dict[str, Session] = {}
