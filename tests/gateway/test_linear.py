@@ -79,20 +79,32 @@ async def test_a_truncated_history_forks(name: str) -> None:
         echo = {k: v for k, v in first.items() if k in ("role", "content", "tool_calls")}
         (call,) = first["tool_calls"]
         messages += [echo, {"role": "tool", "tool_call_id": call["id"], "content": "11"}]
-        await chat(llm, messages, stream=False)  # extends
-        # the agent drops its history and asks afresh (a sub-agent, a summarised context)
+        second, _ = await chat(llm, messages, stream=False)  # extends
+        # a sub-agent with a fresh context
         await chat(llm, [{"role": "user", "content": "Start over: " + QUESTION}], stream=False)
-        # and an edited answer is no extension either
-        edited = {**echo, "content": "I changed my mind."}
+        # the parent goes on: it still extends its own served ids
+        echo = {k: v for k, v in second.items() if k in ("role", "content", "tool_calls")}
+        (call,) = second["tool_calls"]
+        await chat(
+            llm,
+            [*messages, echo, {"role": "tool", "tool_call_id": call["id"], "content": "33"}],
+            stream=False,
+        )
+        # an edited answer is no extension
+        edited = {**messages[1], "content": "I changed my mind."}
         await chat(llm, [messages[0], edited, messages[2]], stream=False)
         trace = await rig.gateway.finish_session("s2")
     assert rig.gateway.render is not None
-    assert (rig.gateway.render.forks, rig.gateway.render.extends) == (2, 1)
+    assert (rig.gateway.render.forks, rig.gateway.render.extends) == (2, 2)
     assert rig.gateway.stats["linear_forks"] == 2
+    records = trace.records
+    for before, after in [(records[0], records[1]), (records[1], records[3])]:
+        served = before.prompt_ids.tolist() + before.completions[0].token_ids.tolist()
+        assert after.prompt_ids.tolist()[: len(served)] == served
+    assert exactness(trace, rig.policy) == (5, 5)
     trajectory = trajectory_of(trace)
-    assert len(trajectory.segments) == 3
-    assert (trajectory.merges, trajectory.splits) == (1, 2)
-    assert exactness(trace, rig.policy) == (4, 4)
+    # the trajectory builder follows one history: the interleaved sub-agent splits it
+    assert [s.calls for s in trajectory.segments] == [[0, 1], [2], [3], [4]]
     assert trained_tokens_exact(trajectory, trace)
 
 
