@@ -54,20 +54,25 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         ClientClosedError,
         ConfigurationError,
         GatewayError,
-        GroupDroppedError,
         InvalidPayloadError,
         InvalidRolloutConfig,
         InvocationError,
         RolloutError,
         RolloutTimeoutError,
         SharedLimitsUnavailableError,
-        StaleGroupError,
         StorageError,
         TraceLostError,
     )
     from agentcore_rl.gateway import CallRecord, RolloutGateway, SessionTrace
     from agentcore_rl.group_tracker import GroupCounters
-    from agentcore_rl.groups import DropReason, GroupMember, GroupRules, RolloutGroup
+    from agentcore_rl.groups import (
+        DropReason,
+        GroupDroppedError,
+        GroupMember,
+        GroupRules,
+        RolloutGroup,
+        StaleGroupError,
+    )
     from agentcore_rl.protocol import PingStatus, RolloutConfig
     from agentcore_rl.ratelimit import RateLimiter
     from agentcore_rl.retry import RetryPolicy
@@ -95,7 +100,7 @@ _LAZY: dict[str, str] = {
     "GatewayConfig": "agentcore_rl.client",
     "GatewayError": "agentcore_rl.errors",
     "GroupCounters": "agentcore_rl.group_tracker",
-    "GroupDroppedError": "agentcore_rl.errors",
+    "GroupDroppedError": "agentcore_rl.groups",
     "GroupFuture": "agentcore_rl.client",
     "GroupMember": "agentcore_rl.groups",
     "GroupRules": "agentcore_rl.groups",
@@ -123,7 +128,7 @@ _LAZY: dict[str, str] = {
     "SessionLimiter": "agentcore_rl.sessionlimit",
     "SessionTrace": "agentcore_rl.gateway",
     "SharedLimitsUnavailableError": "agentcore_rl.errors",
-    "StaleGroupError": "agentcore_rl.errors",
+    "StaleGroupError": "agentcore_rl.groups",
     "StorageError": "agentcore_rl.errors",
     "Timeouts": "agentcore_rl.client",
     "TokenBucket": "agentcore_rl.client",

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal, get_args
 
-from agentcore_rl.errors import ConfigurationError, GroupDroppedError, StaleGroupError
+from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
 from agentcore_rl.keywords import checked_init
 from agentcore_rl.protocol import validate_key_part
 
@@ -332,12 +332,7 @@ class RolloutGroup:
         return [m.session_id for m in self.members]
 
     def advantages(self, normalize: Normalize = "mean") -> list[float]:
-        """Advantages of the kept members, in member order (see :func:`advantages`).
-
-        Example::
-
-            group.advantages("mean_std")
-        """
+        """Advantages of the kept members, in member order (see :func:`advantages`)."""
         return advantages(self.rewards, normalize)
 
     @property
@@ -367,4 +362,49 @@ class RolloutGroup:
             reward_max=max(rewards) if rewards else None,
             policy_version_min=min(versions) if versions else None,
             policy_version_max=max(versions) if versions else None,
+        )
+
+
+class GroupDroppedError(AgentCoreRLError):
+    """A group was dropped by its rules; ``reason`` says which, ``group`` what had finished.
+
+    Example::
+
+        try:
+            g = await group
+        except GroupDroppedError as exc:
+            print(exc.input_id, exc.reason.value, len(exc.group.members))
+    """
+
+    def __init__(self, group: RolloutGroup, reason: DropReason, detail: str = "") -> None:
+        self.group = group
+        self.input_id = group.input_id
+        self.reason = reason
+        text = f"group {group.input_id!r} dropped ({reason.value})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class StaleGroupError(GroupDroppedError):
+    """A group started under a policy version too old for the trainer was stopped.
+
+    ``policy_version`` is the oldest version among its members, ``current`` the version
+    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
+
+    Example::
+
+        except StaleGroupError as exc:
+            print(exc.policy_version, "<", exc.current - exc.max_staleness)
+    """
+
+    def __init__(
+        self, group: RolloutGroup, *, policy_version: int, current: int, max_staleness: int
+    ) -> None:
+        self.policy_version = policy_version
+        self.current = current
+        self.max_staleness = max_staleness
+        super().__init__(
+            group,
+            DropReason.STALE,
+            f"started under policy version {policy_version}, older than "
+            f"{current} - {max_staleness} allowed",
         )

@@ -80,11 +80,11 @@ SLOW_DOWN = (
 AGENT = textwrap.dedent(
     """
     import asyncio, json, os, random, sys, time
-    from agentcore_rl.server import AgentCoreRLApp
+    from agentcore_rl.server import AgentCoreRLApp, ShutdownConfig
 
     LOG = os.environ["CHAOS_LOG"]
     LO, HI = float(os.environ["CHAOS_MIN_SLEEP"]), float(os.environ["CHAOS_MAX_SLEEP"])
-    app = AgentCoreRLApp(shutdown_grace=1.0, cancel_timeout=2.0)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=1.0, cancel_timeout=2.0))
 
     def log(event, payload, context):
         line = json.dumps({"ev": event, "input": payload["_rollout"]["input_id"],

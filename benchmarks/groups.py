@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl.cli.summary import percentile
+from agentcore_rl.server.config import ShutdownConfig
 from benchmarks.rollouts import LOCAL_AWS_ENV, cpu_seconds, stop_stack
 
 BUCKET = "bench-groups"
@@ -96,7 +97,7 @@ async def serve_stack(agents: int) -> None:
     await store.ensure_bucket(BUCKET)
     servers = []
     for _ in range(agents):
-        app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+        app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0))
 
         @app.rollout_entrypoint
         async def member(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl.cli.summary import percentile
+from agentcore_rl.server.config import ShutdownConfig
 
 BUCKET = "bench-rollouts"
 # The stack is local: fixed fake credentials keep real ones out of the picture.
@@ -78,7 +79,7 @@ async def serve_stack(agents: int, runtime_tps: float | None, with_runtime: bool
     await store.ensure_bucket(BUCKET)
     servers = []
     for _ in range(agents):
-        app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+        app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0))
 
         @app.rollout_entrypoint
         async def sleeper(payload: dict[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,8 @@ from typing import Any, Final
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.cli.eval_config import iter_lines
-from agentcore_rl.errors import ConfigurationError, GroupDroppedError
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.groups import GroupDroppedError
 from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "demo_package", "run_demo"]

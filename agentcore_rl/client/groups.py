@@ -43,7 +43,6 @@ from agentcore_rl.client.batch import Launcher
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import (
     ClientClosedError,
-    GroupDroppedError,
     RolloutError,
     RolloutTimeoutError,
     StorageError,
@@ -57,7 +56,7 @@ from agentcore_rl.group_tracker import (
     StartMember,
     StopMember,
 )
-from agentcore_rl.groups import GroupRules, RolloutGroup, result_reward
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 from agentcore_rl.protocol import RolloutConfig
 
 __all__ = [

@@ -18,6 +18,7 @@ from agentcore_rl.client import (
 )
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.conftest import FAST_RETRY
 
@@ -56,7 +57,7 @@ async def agent_url(s3_endpoint: str, recorder: Recorder, tmp_path: Path) -> Asy
     """A real agent server (AgentCoreRLApp under uvicorn) on a loopback port."""
     agent_store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
     await agent_store.__aenter__()  # connect now: the first result is not written late
-    app = make_agent(agent_store, recorder, spool_dir=tmp_path / "spool")
+    app = make_agent(agent_store, recorder, spool=SpoolConfig(directory=tmp_path / "spool"))
     async with BackgroundServer(app) as server:
         yield server.url
     await agent_store.aclose()

@@ -41,10 +41,10 @@ from tests.server.test_sigterm import free_port, read_until
 AGENT = textwrap.dedent(
     """
     import sys, threading
-    from agentcore_rl.server import AgentCoreRLApp
+    from agentcore_rl.server import AgentCoreRLApp, ShutdownConfig
 
     GENERATION = sys.argv[2]
-    app = AgentCoreRLApp(shutdown_grace=0.05)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=0.05))
 
     @app.rollout_entrypoint
     def solve(payload):

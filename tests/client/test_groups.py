@@ -11,17 +11,14 @@ from typing import Any, TypeVar
 import pytest
 
 from agentcore_rl.client import GroupFuture
-from agentcore_rl.errors import (
-    ClientClosedError,
-    ConfigurationError,
-    GroupDroppedError,
-    StaleGroupError,
-)
+from agentcore_rl.errors import ClientClosedError, ConfigurationError
 from agentcore_rl.groups import (
     DropReason,
+    GroupDroppedError,
     GroupRules,
     MemberOutcome,
     RolloutGroup,
+    StaleGroupError,
     group_digest,
     parse_member_session_id,
 )

@@ -21,11 +21,11 @@ from agentcore_rl.errors import (
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
-    StaleGroupError,
 )
-from agentcore_rl.groups import GroupRules
+from agentcore_rl.groups import GroupRules, StaleGroupError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import FAST_WATCH, fast_limits, quick_retries, short_timeouts
 from tests.conftest import FAST_RETRY
@@ -49,7 +49,9 @@ def agent(s3_endpoint: str, tmp_path: Path) -> Iterator[Agent]:
         recorder = Recorder()
         store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
         portal.call(store.__aenter__)  # connect now: the first result is not written late
-        server = BackgroundServer(make_agent(store, recorder, spool_dir=tmp_path / "spool"))
+        server = BackgroundServer(
+            make_agent(store, recorder, spool=SpoolConfig(directory=tmp_path / "spool"))
+        )
         portal.call(server.start)
         try:
             yield Agent(portal, recorder, server.url)

@@ -23,6 +23,7 @@ from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import ShutdownConfig
 
 ARN = DEFAULT_AGENT_RUNTIME_ARN
 FAST_WATCH = WatcherConfig(min_interval=0.05, max_interval=0.2)
@@ -72,7 +73,9 @@ async def serve_stack(s3: str, bucket: str, tps: float) -> AsyncIterator[Stack]:
         store = await stack.enter_async_context(ResultStore(endpoint_url=s3))
         urls = []
         for _ in range(2):
-            app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+            app = AgentCoreRLApp(
+                store=store, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0)
+            )
 
             @app.rollout_entrypoint
             async def sleeper(payload: dict[str, Any]) -> dict[str, Any]:

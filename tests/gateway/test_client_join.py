@@ -35,6 +35,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.protocol import ROLLOUT_FIELD
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import ShutdownConfig
 from agentcore_rl.training import group_rows
 from tests.conftest import FAST_RETRY
 from tests.gateway.helpers import ADMIN, Latch, wait_until
@@ -325,7 +326,7 @@ def _shutdown_once_agent(store: ResultStore, sessions: list[str]) -> Any:
     rollout like a server shutting down (retryable) and answers the next one."""
     from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
-    app = AgentCoreRLApp(store=store, shutdown_grace=0.0)
+    app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0.0))
 
     @app.rollout_entrypoint
     async def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
