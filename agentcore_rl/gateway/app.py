@@ -36,7 +36,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -57,9 +57,6 @@ from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
-if TYPE_CHECKING:
-    from agentcore_rl.gateway.render.mode import RenderMode
-
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
 
 log = logging.getLogger("agentcore_rl.gateway")
@@ -75,6 +72,21 @@ _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control
 _DONE: Final = b"data: [DONE]"
 # What a failed upstream call raises.
 _UPSTREAM_ERRORS: Final = (UpstreamError,)
+
+
+class Renderer(Protocol):
+    """What serves chat calls in rendering mode (``render/mode.py``'s ``RenderMode``; typed
+    here so that the app does not import the mode, which imports the app)."""
+
+    async def call(
+        self,
+        gateway: RolloutGateway,
+        send: Send,
+        session: Session,
+        raw: bytes,
+        body: dict[str, Any],
+        version: int,
+    ) -> None: ...
 
 
 class _Refuse(Exception):
@@ -174,7 +186,7 @@ class RolloutGateway:
         max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
-        render: RenderMode | None = None,
+        render: Renderer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:

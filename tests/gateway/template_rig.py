@@ -62,6 +62,7 @@ class Rig:
     policy: ScriptedPolicy
     gateway: RolloutGateway
     url: str
+    render: Any = None  # the gateway's RenderMode in linear history
 
     def llm(self, sid: str) -> AsyncOpenAI:
         return AsyncOpenAI(
@@ -99,7 +100,7 @@ async def template_stack(
         base = upstream.url if backend == "sglang" else upstream.url + "/v1"
         gateway = RolloutGateway(base, admin_token=ADMIN, render=render)
         async with BackgroundServer(gateway) as server:
-            yield Rig(policy, gateway, server.url)
+            yield Rig(policy, gateway, server.url, render)
 
 
 async def chat(
