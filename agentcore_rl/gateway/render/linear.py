@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -49,8 +50,8 @@ class Turn:
 
     messages: list[Any]
     key: str  # the tools and template kwargs it was rendered with
-    prompt_ids: list[int]
-    completion_ids: list[int]
+    prompt_ids: array[int]  # compact: a session keeps several long prompts
+    completion_ids: array[int]
     answer: dict[str, Any]
     stopped: bool  # the completion ended with a stop token
 
@@ -135,7 +136,7 @@ class LinearHistory:
                 continue
             n = len(turn.messages)
             if messages == turn.messages:
-                return Plan(list(turn.prompt_ids), key, turn, retry=True)
+                return Plan(turn.prompt_ids.tolist(), key, turn, retry=True)
             if len(messages) <= n or messages[:n] != turn.messages:
                 continue
             if not same_answer(messages[n], turn.answer):
@@ -174,7 +175,11 @@ class LinearHistory:
         cut = _end_of(full, stop_text, count) if count else None
         if cut is None:
             return f"the template does not render the answer's end {stop_text!r} as served"
-        return [*turn.prompt_ids, *turn.completion_ids, *template.encode(full[cut:])]
+        return [
+            *turn.prompt_ids.tolist(),
+            *turn.completion_ids.tolist(),
+            *template.encode(full[cut:]),
+        ]
 
     def remember(
         self,
@@ -186,7 +191,14 @@ class LinearHistory:
         stopped: bool,
     ) -> None:
         """Keep an answered request as a turn later requests can extend."""
-        turn = Turn(messages, plan.key, plan.prompt_ids, completion_ids, answer, stopped)
+        turn = Turn(
+            messages,
+            plan.key,
+            array("i", plan.prompt_ids),
+            array("i", completion_ids),
+            answer,
+            stopped,
+        )
         if plan.extends is not None and plan.extends in self.turns and not plan.retry:
             self.turns.remove(plan.extends)  # the extension replaces it
         self.turns.append(turn)
