@@ -20,12 +20,18 @@ __all__ = ["raise_unwrapped", "unwrap"]
 
 
 def unwrap(exc: BaseException) -> BaseException:
-    """The one error inside an exception group (nested ones too), else ``exc`` itself."""
+    """The one error inside an exception group (nested groups flattened), else ``exc``."""
     # Duck-typed: the builtin group from Python 3.11, the exceptiongroup backport before.
-    inner = getattr(exc, "exceptions", None)
-    if isinstance(inner, tuple) and len(inner) == 1 and isinstance(inner[0], BaseException):
-        return unwrap(inner[0])
-    return exc
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        inner = getattr(current, "exceptions", None)
+        if isinstance(inner, tuple) and all(isinstance(e, BaseException) for e in inner):
+            pending.extend(inner)
+        else:
+            leaves.append(current)
+    return leaves[0] if len(leaves) == 1 else exc
 
 
 def raise_unwrapped(exc: BaseException) -> NoReturn:

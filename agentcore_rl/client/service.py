@@ -30,12 +30,14 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from agentcore_rl._unwrap import unwrap
+
 if sys.version_info < (3, 11):
     from exceptiongroup import (  # type: ignore[import-not-found,unused-ignore]  # anyio's dependency there
         BaseExceptionGroup,
     )
 
-__all__ = ["Service", "unwrap"]
+__all__ = ["Service"]
 
 
 class Service:
@@ -164,16 +166,3 @@ async def _leave(outer: TaskGroup) -> None:
         await outer.__aexit__(None, None, None)
     except BaseExceptionGroup as group:
         raise unwrap(group) from None
-
-
-def unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside ``group`` (nested groups flattened), else ``group``."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else group
