@@ -35,7 +35,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -71,6 +71,21 @@ _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control
 _DONE: Final = b"data: [DONE]"
 # What a failed upstream call raises.
 _UPSTREAM_ERRORS: Final = (UpstreamError,)
+
+
+class Renderer(Protocol):
+    """What serves chat calls in rendering mode (``render/mode.py``'s ``RenderMode``; typed
+    here so that the app does not import the mode, which imports the app)."""
+
+    async def call(
+        self,
+        gateway: RolloutGateway,
+        send: Send,
+        session: Session,
+        raw: bytes,
+        body: dict[str, Any],
+        version: int,
+    ) -> None: ...
 
 
 class _Refuse(Exception):
@@ -165,6 +180,8 @@ class RolloutGateway:
     for sessions the client did not open (404), instead of opening them implicitly.
     ``max_body_bytes`` bounds a request body (413, a declared length before any of it is
     read) and ``body_timeout`` the seconds it may take to arrive (408).
+    ``render``: a :class:`~agentcore_rl.gateway.render.mode.RenderMode` serves chat calls
+    with linear history (the gateway renders and calls the server token-in; docs/gateway.md).
 
     Serving: mount it, or serve it with uvicorn (its lifespan enters it); when mounted in
     another app, enter it yourself (``async with gateway``). Background work (expiry) runs
@@ -197,6 +214,7 @@ class RolloutGateway:
         max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
+        render: Renderer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -212,6 +230,9 @@ class RolloutGateway:
             raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [u.rstrip("/") for u in urls]
         self.backend: Backend = backend_named(backend)
+        # Linear history (render/mode.py): the gateway renders chat requests itself and
+        # calls the server token-in; None is proxy mode (the server renders).
+        self.render = render
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.session_ttl = session_ttl
@@ -231,6 +252,8 @@ class RolloutGateway:
             "expired_lost": 0,
             "late_records": 0,
         }
+        if render is not None:
+            self.stats["linear_forks"] = 0  # requests that did not extend their history
         self._clock = clock
         self._wall = wall_clock
         self._sessions: dict[str, Session] = {}
@@ -564,7 +587,10 @@ class RolloutGateway:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
-            await self._call(send, session, endpoint, raw, body, version)
+            if self.render is not None and endpoint == CHAT:
+                await self.render.call(self, send, session, raw, body, version)
+            else:
+                await self._call(send, session, endpoint, raw, body, version)
         finally:
             self.gate.exit()
 
