@@ -82,8 +82,8 @@ test-trainers: $(TSTAMP)
 # Every benchmark at full size (about 20 minutes); each prints JSON. Run on a quiet machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/server.py
-	$(BIN)/python benchmarks/rollouts.py --paths lean,generic
-	$(BIN)/python benchmarks/rollouts.py --transport acr --inflight 0 --paths lean,generic
+	$(BIN)/python benchmarks/rollouts.py
+	$(BIN)/python benchmarks/rollouts.py --transport acr --inflight 0
 	$(BIN)/python benchmarks/gateway.py
 	$(BIN)/python -m benchmarks.groups
 	$(BIN)/python benchmarks/distributed.py

@@ -168,6 +168,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     """
     from agentcore_rl.gateway import DirectorySink, RolloutGateway
 
+    render = _render_mode(args)
     try:
         gateway = RolloutGateway(
             args.upstream,
@@ -177,13 +178,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             session_ttl=args.session_ttl,
             sink=DirectorySink(args.sink_dir) if args.sink_dir else None,
             require_open=args.require_open,
+            render=render,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     admin = "on" if gateway.admin_token else "off (no --admin-token)"
     banner = (
         f"{PROG}: rollout gateway on http://{args.host}:{args.port} -> "
-        f"{', '.join(gateway.upstreams)} ({gateway.backend.name}); admin routes {admin}\n"
+        f"{', '.join(gateway.upstreams)} ({gateway.backend.name}, {render or 'proxy mode'}); "
+        f"admin routes {admin}\n"
         f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
     )
     # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
@@ -222,6 +225,30 @@ def _gateway_connections(gateway: Any) -> int:
     if soft <= 0:  # no limit known (or none at all)
         return DEFAULT_MAX_CONNECTIONS
     return max(16, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE - upstream))
+
+
+def _render_mode(args: argparse.Namespace) -> Any:
+    """``--history linear``'s RenderMode (None in proxy mode); a bad option is a usage error."""
+    history = getattr(args, "history", "proxy")
+    if history == "proxy":
+        if args.tokenizer or args.tool_call_parser or args.reasoning_parser:
+            raise ConfigurationError(
+                "--tokenizer, --tool-call-parser and --reasoning-parser need --history linear"
+            )
+        return None
+    if not args.tokenizer:
+        raise ConfigurationError("--history linear needs --tokenizer DIR (the model's tokenizer)")
+    from agentcore_rl.gateway.render.mode import RenderMode
+
+    try:
+        return RenderMode.load(
+            args.tokenizer,
+            backend=args.backend,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+        )
+    except (ValueError, ImportError, OSError) as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:

@@ -352,6 +352,36 @@ def _add_local_runtime_parser(commands: Any) -> None:
     parser.set_defaults(handler=cmd_local_runtime)
 
 
+def _add_render_options(parser: argparse.ArgumentParser) -> None:
+    from agentcore_rl.gateway.render.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    parser.add_argument(
+        "--history",
+        choices=["proxy", "linear"],
+        default="proxy",
+        help="proxy: the server renders the chat template and the gateway records what it fed "
+        "the model (default); linear: the gateway renders with --tokenizer, keeps each "
+        "session's earlier turns as the ids served and calls the server token-in (vLLM "
+        "/completions under --upstream; SGLang /generate under --upstream, its root URL)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the model's Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json "
+        "with its chat template); needed by --history linear",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        help="linear history: how tool calls are read from completions (vLLM's names)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="linear history: how reasoning is split from content (vLLM's names)",
+    )
+
+
 def _add_gateway_parser(commands: Any) -> None:
     from agentcore_rl.cli.commands import cmd_gateway
 
@@ -384,6 +414,7 @@ def _add_gateway_parser(commands: Any) -> None:
         "read (default vllm)",
     )
     parser.add_argument("--model", help="pin this model name on every call")
+    _add_render_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9000, help="port (default 9000)")
     parser.add_argument(

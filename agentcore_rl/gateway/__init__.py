@@ -2,8 +2,9 @@
 
 See ``docs/gateway.md``. The pieces: :class:`RolloutGateway` (the ASGI app and the trainer's
 API), :class:`CallRecord` / :class:`SessionTrace` (what is captured, with
-:func:`dump_trace` / :func:`load_trace`), :class:`DirectorySink` (where expired sessions go)
-and :class:`TraceLostError`.
+:func:`dump_trace` / :func:`load_trace`), :class:`DirectorySink` (where expired sessions go),
+:class:`RenderMode` (linear history: the gateway renders and calls the server token-in; the
+``render`` extra) and :class:`TraceLostError`.
 
 Example::
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
         load_trace,
         trace_key,
     )
+    from agentcore_rl.gateway.render.mode import RenderMode
     from agentcore_rl.gateway.sessions import DirectorySink, TraceSink
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
@@ -48,6 +50,7 @@ _LAZY: dict[str, str] = {
     "dump_trace": "agentcore_rl.gateway.record",
     "load_trace": "agentcore_rl.gateway.record",
     "trace_key": "agentcore_rl.gateway.record",
+    "RenderMode": "agentcore_rl.gateway.render.mode",
     "DirectorySink": "agentcore_rl.gateway.sessions",
     "TraceSink": "agentcore_rl.gateway.sessions",
 }
@@ -75,6 +78,7 @@ __all__ = [
     "Completion",
     "DirectorySink",
     "GatewayError",
+    "RenderMode",
     "RolloutGateway",
     "SessionTrace",
     "TraceLostError",
