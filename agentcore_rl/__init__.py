@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     from agentcore_rl.errors import (
         AgentCoreRLError,
         AgentLostError,
+        AgentUnreachableError,
         BucketNotAllowedError,
         ClientClosedError,
         ConfigurationError,
@@ -78,6 +79,7 @@ _LAZY: dict[str, str] = {
     "AgentCoreRLApp": "agentcore_rl.server",
     "AgentCoreRLError": "agentcore_rl.errors",
     "AgentLostError": "agentcore_rl.errors",
+    "AgentUnreachableError": "agentcore_rl.errors",
     "AsyncRolloutClient": "agentcore_rl.client",
     "BatchItem": "agentcore_rl.client",
     "BucketNotAllowedError": "agentcore_rl.errors",
@@ -142,6 +144,7 @@ __all__ = [
     "AgentCoreRLApp",
     "AgentCoreRLError",
     "AgentLostError",
+    "AgentUnreachableError",
     "AsyncRolloutClient",
     "BatchItem",
     "BucketNotAllowedError",

@@ -12,6 +12,7 @@ Example::
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
 from agentcore_rl.client.config import RetryConfig
+from agentcore_rl.client.faults import FaultConfig
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.liveness import LivenessConfig
@@ -28,6 +29,7 @@ __all__ = [
     "ClientState",
     "ClientStats",
     "CompletionWatcher",
+    "FaultConfig",
     "GroupFuture",
     "LivenessConfig",
     "LocalSessionLimiter",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import math
@@ -36,6 +37,7 @@ from agentcore_rl.client.config import (
     DEFAULT_STOP_WORKERS,
     DEFAULT_TIMEOUT,
 )
+from agentcore_rl.client.faults import DEFAULT_FAULTS, FaultConfig
 from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.gateway_link import gateway_link
@@ -48,6 +50,7 @@ from agentcore_rl.client.groups import (
 )
 from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.client.invocation import may_have_started, send_invocation
+from agentcore_rl.client.lease import ClientLease
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
 from agentcore_rl.client.outcomes import (
     DEFAULT_RETRY_LOST,
@@ -178,6 +181,7 @@ class AsyncRolloutClient:
         retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
         retry_lost: int = DEFAULT_RETRY_LOST,
         liveness: LivenessConfig = DEFAULT_LIVENESS,
+        faults: FaultConfig = DEFAULT_FAULTS,
         lean: bool = True,
         gateway_url: str | None = None,
         gateway: RolloutGateway | None = None,
@@ -245,6 +249,13 @@ class AsyncRolloutClient:
         self.store = store or ResultStore(
             endpoint_url=s3_endpoint_url, session=lean_s3_session(), lean=lean
         )
+        self.faults = faults
+        self._lease = (
+            None if faults.lease_ttl is None else ClientLease(self.store, s3_bucket, exp_id, faults)
+        )
+        if self._lease is not None:  # every invocation names it
+            extra = {**self.defaults.extra, protocol.LEASE: self._lease.reference}
+            self.defaults = dataclasses.replace(self.defaults, extra=extra)
         self.rate_limiter: RateLimiter = (
             rate_limiter or token_bucket or TokenBucket(tps_limit, burst, tick=DEFAULT_PACE_TICK)
         )
@@ -701,6 +712,8 @@ class AsyncRolloutClient:
             service.start_soon(self._joiner.run, name="trace joiner")
         service.start_soon(self._prober.run, name="liveness prober")
         service.start_soon(self._groups.run, name="group members")
+        if self._lease is not None:
+            service.start_soon(self._lease.run, name="client lease")
 
     async def _admit(self) -> Slot:
         """Take a concurrency slot and an INVOKE token for a rollout that another task will
@@ -868,6 +881,8 @@ class AsyncRolloutClient:
                 retry=self.retry,
                 limiter=self.rate_limiter,
                 counters=self._counters,
+                unreachable_after=self.faults.unreachable_after,
+                clock=self.faults.clock,
             )
         except BaseException as exc:
             if may_have_started(exc):

@@ -13,9 +13,11 @@ process went away. They have a budget of their own (``retry_lost``, larger than
 result, while an agent that keeps failing invocations is given up on sooner.
 
 Everything else is *final*: a result, the handler's own error envelope, a payload the
-agent refused (4xx), the user's cancel, the client's close, a timeout (the rollout already
-spent its time budget; ``eval --resume`` re-attaches instead), and a result that is not
-JSON.
+agent refused (4xx, e.g. a result bucket that does not exist or refuses the agent), an
+agent no connection could be made to for the whole of its window
+(:class:`~agentcore_rl.errors.AgentUnreachableError`), the user's cancel, the client's
+close, a timeout (the rollout already spent its time budget; ``eval --resume``
+re-attaches instead), and a result that is not JSON.
 
 Example::
 
@@ -30,7 +32,12 @@ from __future__ import annotations
 from typing import Final
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import AgentLostError, InvocationError, RolloutError
+from agentcore_rl.errors import (
+    AgentLostError,
+    AgentUnreachableError,
+    InvocationError,
+    RolloutError,
+)
 
 __all__ = [
     "DEFAULT_RETRY_LOST",
@@ -74,6 +81,8 @@ def is_retryable(exc: BaseException) -> bool:
     (see the module docstring for the rule)."""
     if isinstance(exc, AgentLostError):
         return True
+    if isinstance(exc, AgentUnreachableError):
+        return False  # every agent was tried for its window: a new session fares no better
     if isinstance(exc, InvocationError):
         status = exc.status_code
         # No status: the agent was not reached (connection refused, reset, timeout).

@@ -3,7 +3,8 @@
 A transport sends one invocation for a session id and returns the agent's JSON answer, or
 stops a session. It classifies failures: :class:`RetryableError` (throttling, 5xx,
 connection errors; ``throttled`` for 429 / ThrottlingException) is retried by the client
-with the same session id; any other failure is an
+with the same session id (:class:`NotConnectedError` when no connection was made, so the
+client knows nothing started); any other failure is an
 :class:`~agentcore_rl.errors.InvocationError` carrying the server's message.
 
 Example::
@@ -26,6 +27,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import InvocationError
 
 __all__ = [
+    "NotConnectedError",
     "RetryableError",
     "StopUnsupportedError",
     "Transport",
@@ -55,6 +57,16 @@ class RetryableError(InvocationError):
     ) -> None:
         super().__init__(message, session_id=session_id, status_code=status_code)
         self.throttled = throttled
+
+
+class NotConnectedError(RetryableError):
+    """No connection to the agent could be made (refused, or the connect timed out): the
+    request never left, so this attempt started nothing.
+
+    Example::
+
+        raise NotConnectedError("http://h:8080: connection refused", session_id=sid)
+    """
 
 
 class StopUnsupportedError(InvocationError):

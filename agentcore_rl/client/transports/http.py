@@ -24,6 +24,7 @@ import httpx
 
 from agentcore_rl import protocol
 from agentcore_rl.client.transports.base import (
+    NotConnectedError,
     RetryableError,
     StopUnsupportedError,
     json_object_answer,
@@ -43,6 +44,8 @@ DEFAULT_HTTP_TIMEOUT: Final = 60.0
 #: Seconds a stop call waits for its answer; a stop delivered without one counts as done
 #: (the server cancels on receipt and only then waits for the rollout to end).
 DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
+#: Seconds to establish a connection (a refused one fails at once; this bounds a black hole).
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 #: Seconds a server that refused a connection gets no new session.
 DEFAULT_COOLDOWN: Final = 10.0
 #: Sessions whose server is remembered (older ones fall back to the hash of their id).
@@ -119,7 +122,7 @@ class HttpTransport:
         # cost quadratic CPU. Queue here instead, in an O(1) semaphore.
         self._limit = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT)),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -162,8 +165,8 @@ class HttpTransport:
             base = next((u for u in self.urls if url.startswith(u)), None)
             if base is not None and len(self.urls) > 1:
                 self._unhealthy[base] = self._clock() + self.cooldown
-            raise RetryableError(
-                f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
+            raise NotConnectedError(
+                f"{url}: {type(exc).__name__}: {exc or 'connection failed'}", session_id=session_id
             ) from exc
         except httpx.TransportError as exc:  # read errors and timeouts
             raise RetryableError(
@@ -182,6 +185,14 @@ class HttpTransport:
                 f"{url}: {error_message(response)}", session_id=session_id, status_code=status
             )
         return response
+
+    def reassign(self, session_id: str) -> bool:
+        """Move a session that has not reached its server (every attempt so far failed to
+        connect) to another server that has not refused a connection lately; True when
+        it moved. Nothing started on the old one, so nothing can run twice."""
+        old = self._pins.pop(session_id, None)
+        new = self._assign(session_id)
+        return old is not None and new != old
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
