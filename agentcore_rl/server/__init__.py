@@ -13,5 +13,6 @@ Example::
 
 from agentcore_rl.server.app import AgentCoreRLApp
 from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.faults import FaultChecks
 
-__all__ = ["AgentCoreRLApp", "RequestContext"]
+__all__ = ["AgentCoreRLApp", "FaultChecks", "RequestContext"]

@@ -51,9 +51,11 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES, BodyBudget
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.envelopes import lost_envelope_bytes
+from agentcore_rl.server.faults import DEFAULT_FAULT_CHECKS, FaultChecks
 from agentcore_rl.server.finished import (
     DEFAULT_FINISHED_MAX_ENTRIES,
     DEFAULT_FINISHED_TTL,
@@ -61,6 +63,7 @@ from agentcore_rl.server.finished import (
 )
 from agentcore_rl.server.health import HealthTracker, PingHandler
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.lease import LeaseWatcher, check_lease_reference
 from agentcore_rl.server.ledger import LedgerEntry, OrphanLedger, RunLedger, ledger_enabled_by_env
 from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.parsing import (
@@ -159,6 +162,11 @@ class AgentCoreRLApp(Starlette):
     holds an envelope already: a restarted agent with the same disk reports its
     predecessor's crash within a second instead of waiting for the clients' probes.
 
+    ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`): a result bucket that
+    does not exist or refuses the server's credentials gets invocations refused (4xx
+    naming it) instead of rollouts whose envelopes can never be written; rollouts whose
+    client's lease lapsed (the client crashed) are cancelled.
+
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
     where no lifespan reaches it, each rollout runs as its invocation's background task
@@ -200,6 +208,7 @@ class AgentCoreRLApp(Starlette):
         finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES,
         check_existing_results: str = "repeats",
         run_ledger: bool | None = None,
+        faults: FaultChecks = DEFAULT_FAULT_CHECKS,
         clock: Callable[[], float] = time.time,
         debug: bool = False,
         lifespan: Lifespan[Any] | None = None,
@@ -297,6 +306,9 @@ class AgentCoreRLApp(Starlette):
             exists=self.store.head if check_existing_results != "never" else None,
             ledger=self.ledger,
         )
+        # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
+        self.bucket_check = BucketCheck(self.store, faults)
+        self.leases = LeaseWatcher(self.store, self.runner, faults)
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -700,6 +712,7 @@ class AgentCoreRLApp(Starlette):
         self._owner = owner
         self.runner.attach(self._tasks)
         self.spool.attach(self._tasks)
+        self._tasks.start_soon(self.leases.run, name="lease watcher")
         try:
             await self.startup()
         except BaseException:
@@ -801,6 +814,9 @@ class AgentCoreRLApp(Starlette):
                 if self._rollout_mode
                 else None
             )
+            if config is not None:
+                check_lease_reference(config)
+                await self.bucket_check.require(config.s3_bucket)
             if self._validator is not None:
                 checked = self._validator(payload)
                 if inspect.isawaitable(checked):
