@@ -65,7 +65,7 @@ from agentcore_rl.server.health import HealthTracker, PingHandler
 from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
 from agentcore_rl.server.lease import LeaseWatcher, check_lease_reference
 from agentcore_rl.server.ledger import LedgerEntry, OrphanLedger, RunLedger, ledger_enabled_by_env
-from agentcore_rl.server.limits import prepare_process, serve_options
+from agentcore_rl.server.limits import LoopLag, prepare_process, serve_options
 from agentcore_rl.server.parsing import (
     DEFAULT_MAX_JSON_DEPTH,
     allowed_buckets_from,
@@ -117,8 +117,13 @@ def _run_with(
     app.run(port, host)
 
 
-def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "field": field}, status_code=status_code)
+def _error_response(
+    message: str, status_code: int, field: str | None = None, retry_after: int | None = None
+) -> JSONResponse:
+    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
+    return JSONResponse(
+        {"error": message, "field": field}, status_code=status_code, headers=headers
+    )
 
 
 class AgentCoreRLApp(Starlette):
@@ -309,6 +314,7 @@ class AgentCoreRLApp(Starlette):
         # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
+        self.overload = LoopLag(faults.overload_lag, clock=faults.clock, sleep=faults.sleep)
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -713,6 +719,7 @@ class AgentCoreRLApp(Starlette):
         self.runner.attach(self._tasks)
         self.spool.attach(self._tasks)
         self._tasks.start_soon(self.leases.run, name="lease watcher")
+        self._tasks.start_soon(self.overload.run, name="loop lag")
         try:
             await self.startup()
         except BaseException:
@@ -789,6 +796,9 @@ class AgentCoreRLApp(Starlette):
     async def _invocations(self, request: Request) -> Response:
         if self._closing:
             return self._shutting_down()
+        if self.overload.overloaded:  # decided before any work on the request
+            self.overload.refused += 1
+            return _error_response("the agent server is overloaded; retry later", 503, None, 1)
         spec = self._spec
         if spec is None:
             return _error_response(

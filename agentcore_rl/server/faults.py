@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.server.limits import DEFAULT_OVERLOAD_LAG
 
 __all__ = ["DEFAULT_FAULT_CHECKS", "FaultChecks"]
 
@@ -35,8 +36,14 @@ class FaultChecks:
     with running rollouts (one GET per lease) and cancels, with a ``cancelled`` envelope,
     the rollouts of a client whose lease went unrenewed for its ``ttl``. A lease that
     cannot be read (S3 down) or is missing counts as renewed. ``check_leases=False``: no
-    check. ``clock`` is monotonic seconds, ``wall`` epoch seconds, ``sleep`` the pause
-    between lease checks: injectable for tests.
+    check.
+
+    **Overload.** While the event loop runs more than ``overload_lag`` seconds behind,
+    new invocations are answered 503 with ``Retry-After: 1`` before their body is read
+    (the client waits and sends again) rather than queued for seconds. ``None``: never.
+
+    ``clock`` is monotonic seconds, ``wall`` epoch seconds, ``sleep`` the pause between
+    lease checks and lag measurements: injectable for tests.
 
     Example::
 
@@ -49,6 +56,7 @@ class FaultChecks:
     bucket_wait: float = 2.0
     check_leases: bool = True
     lease_interval: float = 10.0
+    overload_lag: float | None = DEFAULT_OVERLOAD_LAG
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -58,12 +66,16 @@ class FaultChecks:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0):
                 raise ConfigurationError(f"FaultChecks.{name} must be > 0, got {value!r}")
+        if self.overload_lag is not None and not self.overload_lag > 0:
+            raise ConfigurationError(
+                f"FaultChecks.overload_lag must be > 0 or None, got {self.overload_lag!r}"
+            )
 
     def __repr__(self) -> str:
         return (
             f"FaultChecks(check_buckets={self.check_buckets}, bucket_ttl={self.bucket_ttl}, "
             f"bucket_miss_ttl={self.bucket_miss_ttl}, check_leases={self.check_leases}, "
-            f"lease_interval={self.lease_interval})"
+            f"lease_interval={self.lease_interval}, overload_lag={self.overload_lag})"
         )
 
 

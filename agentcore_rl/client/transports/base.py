@@ -40,7 +40,8 @@ class RetryableError(InvocationError):
     """A failure worth retrying with the same session id (internal to the client).
 
     The client retries it and, when the attempts run out, raises an ``InvocationError``
-    that wraps the last one.
+    that wraps the last one. One with ``retry_after`` (an overloaded server's 503 or a 429
+    with ``Retry-After``) is a pause: waited out and sent again, using up no attempt.
 
     Example::
 
@@ -54,9 +55,12 @@ class RetryableError(InvocationError):
         session_id: str | None = None,
         status_code: int | None = None,
         throttled: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, session_id=session_id, status_code=status_code)
         self.throttled = throttled
+        #: Seconds the server asked us to wait (``Retry-After``): a pause, not a failure.
+        self.retry_after = retry_after
 
 
 class NotConnectedError(RetryableError):

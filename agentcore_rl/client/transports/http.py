@@ -48,6 +48,8 @@ DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 #: Seconds a server that refused a connection gets no new session.
 DEFAULT_COOLDOWN: Final = 10.0
+#: Longest pause a ``Retry-After`` answer is honoured with (seconds).
+MAX_RETRY_AFTER: Final = 60.0
 #: Sessions whose server is remembered (older ones fall back to the hash of their id).
 MAX_PINNED_SESSIONS: Final = 200_000
 
@@ -67,6 +69,19 @@ def error_message(response: httpx.Response) -> str:
     if not detail:
         detail = response.text[:500] or response.reason_phrase
     return f"HTTP {response.status_code}: {detail}"
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The pause a ``Retry-After`` header asks for, in seconds (capped), if it gives one
+    in seconds (the HTTP-date form is not used by agent servers)."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if seconds == seconds else None
 
 
 def _check_url(url: str) -> str:
@@ -179,6 +194,7 @@ class HttpTransport:
                 session_id=session_id,
                 status_code=status,
                 throttled=status == 429,
+                retry_after=retry_after(response) if status in (429, 503) else None,
             )
         if status >= 400:
             raise InvocationError(
