@@ -1,0 +1,227 @@
+"""Benchmark the client lease: a trainer SIGKILLed with rollouts in flight leaves nothing running.
+
+Three processes on 127.0.0.1: this one (embedded S3, the measurement), an agent server
+(handlers that hold until cancelled; lease checks every ``--interval`` seconds) and a
+trainer (an ``AsyncRolloutClient`` with a ``--ttl`` lease renewed every ``--renew``
+seconds) that starts ``--rollouts`` rollouts and is then killed with SIGKILL. Prints one
+JSON document:
+
+- ``running_after_lease_plus_interval``: handlers still running ``ttl + interval``
+  seconds after the kill (target 0), and ``unwritten_after_lease_plus_interval``:
+  rollouts whose ``cancelled`` envelope was not written yet then;
+- ``seconds_to_all_cancelled`` / ``seconds_to_all_written``: from the kill until the last
+  handler was cancelled / the last envelope was written;
+- ``lease_reads``: lease GETs the agent made (one per lease per interval).
+
+Example::
+
+    python benchmarks/lease.py                              # 2,000 rollouts, lease 10 s
+    python benchmarks/lease.py --rollouts 200 --ttl 4 --interval 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(ROOT))
+
+from agentcore_rl.local.embedded_s3 import EmbeddedS3  # noqa: E402
+from agentcore_rl.s3 import ResultStore  # noqa: E402
+from benchmarks.server import BUCKET, LOCAL_AWS_ENV, free_port  # noqa: E402
+
+# --- the agent (a child process) ---------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    from agentcore_rl.server import AgentCoreRLApp, FaultChecks
+    from agentcore_rl.server.limits import prepare_process, serve_options
+
+    app = AgentCoreRLApp(
+        shutdown_grace=0, faults=FaultChecks(lease_interval=args.interval), run_ledger=False
+    )
+    running = {"handlers": 0}
+
+    @app.rollout_entrypoint
+    async def hold(payload: dict[str, Any]) -> dict[str, Any]:
+        running["handlers"] += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            running["handlers"] -= 1
+        return {"rewards": [1.0]}
+
+    async def stats(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "handlers": running["handlers"],
+                "active": app.runner.active,
+                "lease_reads": app.leases.reads,
+                "lease_cancelled": app.leases.cancelled,
+            }
+        )
+
+    app.add_route("/bench/stats", stats, methods=["GET"])
+    prepare_process()
+    uvicorn.run(app, host="127.0.0.1", port=args.port, **serve_options({"log_level": "warning"}))
+
+
+# --- the trainer (a child process, killed) -------------------------------------------------
+
+
+async def train(args: argparse.Namespace) -> None:
+    from agentcore_rl.client import AsyncRolloutClient, FaultConfig
+
+    client = AsyncRolloutClient(
+        agent_url=args.agent_url,
+        s3_bucket=BUCKET,
+        exp_id="lease-bench",
+        s3_endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"],
+        max_concurrent_sessions=args.rollouts,
+        tps_limit=10_000.0,
+        faults=FaultConfig(lease_ttl=args.ttl, lease_renew=args.renew),
+    )
+    async with client:
+        futures = await asyncio.gather(*(client.invoke({"n": n}) for n in range(args.rollouts)))
+        print("accepted", len(futures), flush=True)
+        await asyncio.Event().wait()  # killed here, mid-batch
+
+
+# --- the measurement (this process) --------------------------------------------------------
+
+
+async def child(*argv: str, env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("wb") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, __file__, *argv, stdout=asyncio.subprocess.PIPE, stderr=out, env=env
+        )
+
+
+async def stats(http: httpx.AsyncClient) -> dict[str, int]:
+    answer: dict[str, int] = (await http.get("/bench/stats")).json()
+    return answer
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    os.environ.update(LOCAL_AWS_ENV)
+    os.environ.pop("AWS_PROFILE", None)
+    logs = Path(args.log_dir)
+    with EmbeddedS3() as s3:
+        async with ResultStore(endpoint_url=s3.endpoint_url) as store:
+            await store.ensure_bucket(BUCKET)
+            env = {**os.environ, "AWS_ENDPOINT_URL_S3": s3.endpoint_url}
+            port = free_port()
+            common = ["--ttl", str(args.ttl), "--renew", str(args.renew)]
+            agent = await child(
+                "--serve", "--port", str(port), "--interval", str(args.interval),
+                env=env, log=logs / "lease-agent.log",
+            )  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            trainer: asyncio.subprocess.Process | None = None
+            try:
+                async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                    for _ in range(600):
+                        with contextlib.suppress(httpx.TransportError):
+                            if (await http.get("/ping")).status_code == 200:
+                                break
+                        await asyncio.sleep(0.05)
+                    trainer = await child(
+                        "--train", "--agent-url", url, "--rollouts", str(args.rollouts), *common,
+                        env=env, log=logs / "lease-trainer.log",
+                    )  # fmt: skip
+                    assert trainer.stdout is not None
+                    line = await asyncio.wait_for(trainer.stdout.readline(), args.timeout)
+                    if not line.startswith(b"accepted"):
+                        raise RuntimeError(f"trainer failed: see {logs / 'lease-trainer.log'}")
+                    # Another process's state: polled, there is nothing to wait on here.
+                    while (await stats(http))["handlers"] < args.rollouts:  # noqa: ASYNC110
+                        await asyncio.sleep(0.05)
+                    killed = time.perf_counter()
+                    trainer.send_signal(signal.SIGKILL)
+                    await trainer.wait()
+                    deadline = killed + args.ttl + args.interval
+                    at_deadline: dict[str, int] | None = None
+                    cancelled_at = written_at = None
+                    while time.perf_counter() < killed + args.ttl + 10 * args.interval:
+                        now_stats = await stats(http)
+                        now = time.perf_counter()
+                        if at_deadline is None and now >= deadline:
+                            at_deadline = now_stats
+                        if cancelled_at is None and now_stats["handlers"] == 0:
+                            cancelled_at = now - killed
+                        if written_at is None and now_stats["active"] == 0:
+                            written_at = now - killed
+                        if at_deadline is not None and written_at is not None:
+                            break
+                        await asyncio.sleep(0.05)
+                    final = await stats(http)
+            finally:
+                for proc in (trainer, agent):
+                    if proc is not None and proc.returncode is None:
+                        proc.send_signal(signal.SIGKILL if proc is trainer else signal.SIGTERM)
+                        await proc.wait()
+            keys = await store.list_keys(BUCKET, "lease-bench/")
+            envelopes = sum(1 for key in keys if "/.leases/" not in key)
+    assert at_deadline is not None
+    return {
+        "benchmark": "client_lease",
+        "cpus": os.cpu_count(),
+        "rollouts": args.rollouts,
+        "lease_ttl_s": args.ttl,
+        "lease_renew_s": args.renew,
+        "check_interval_s": args.interval,
+        "running_after_lease_plus_interval": at_deadline["handlers"],
+        "unwritten_after_lease_plus_interval": at_deadline["active"],
+        "seconds_to_all_cancelled": None if cancelled_at is None else round(cancelled_at, 2),
+        "seconds_to_all_written": None if written_at is None else round(written_at, 2),
+        "cancelled_by_lease": final["lease_cancelled"],
+        "lease_reads": final["lease_reads"],
+        "envelopes_in_s3": envelopes,
+        "target": {"running_after_lease_plus_interval": 0},
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=2000, help="rollouts in flight")
+    parser.add_argument("--ttl", type=float, default=10.0, help="the client's lease (s)")
+    parser.add_argument("--renew", type=float, default=1.0, help="lease renewal period (s)")
+    parser.add_argument("--interval", type=float, default=2.0, help="agent's lease checks (s)")
+    parser.add_argument("--timeout", type=float, default=300, help="bound on starting rollouts")
+    parser.add_argument("--log-dir", default="/tmp/agentcore-rl-bench", help="child logs")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--train", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--agent-url", default="", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.serve:
+        serve(args)
+    elif args.train:
+        asyncio.run(train(args))
+    else:
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        print(json.dumps(asyncio.run(run(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
