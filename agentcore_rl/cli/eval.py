@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from agentcore_rl.cli.group_eval import GroupEvalEngine
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.cli.trajectories import TrajectoryFile
-from agentcore_rl.client import AsyncRolloutClient
+from agentcore_rl.client import AsyncRolloutClient, FaultConfig
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
 
@@ -61,6 +62,10 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
         kwargs["retry_lost"] = options.retry_lost
     if options.retry_rollouts is not None:
         kwargs["retry_rollouts"] = options.retry_rollouts
+    # One lease per results file: a run resumed after a crash renews its predecessor's
+    # lease, so the rollouts it re-attaches to are not cancelled under it.
+    run_key = f"{options.exp_id}\0{options.out.resolve()}".encode()
+    kwargs["faults"] = FaultConfig(lease_id="eval-" + hashlib.sha256(run_key).hexdigest()[:32])
     return AsyncRolloutClient(
         s3_bucket=options.s3_bucket,
         exp_id=options.exp_id,

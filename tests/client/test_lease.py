@@ -16,6 +16,8 @@ import pytest
 from agentcore_rl import protocol
 from agentcore_rl.client import FaultConfig
 from agentcore_rl.client.lease import ClientLease
+from agentcore_rl.client.outcomes import is_retryable
+from agentcore_rl.errors import RolloutError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import FaultChecks
@@ -105,3 +107,15 @@ async def test_a_renewal_s3_refuses_is_logged_and_retried_not_raised(
     assert (lease.failures, lease.seq) == (2, 0)
     assert len([r for r in caplog.records if "could not renew" in r.getMessage()]) == 1
     await dead.aclose()
+
+
+def test_a_lease_cancel_is_retryable_in_a_new_session() -> None:
+    # A live client that reads one had stalled for the whole lease: the input is not at
+    # fault (and `eval --resume` runs such rollouts again).
+    envelope = {
+        protocol.STATUS_CODE: 500,
+        protocol.ERROR_TYPE: protocol.ERROR_CANCELLED,
+        protocol.STOP_REASON: protocol.LEASE_LAPSED_REASON.format(ttl=180),
+    }
+    assert is_retryable(RolloutError(envelope))
+    assert not is_retryable(RolloutError({**envelope, protocol.STOP_REASON: "cancelled"}))
