@@ -7,10 +7,10 @@ seconds) that starts ``--rollouts`` rollouts and is then killed with SIGKILL. Pr
 JSON document:
 
 - ``running_after_lease_plus_interval``: handlers still running ``ttl + interval``
-  seconds after the kill (target 0), and ``unwritten_after_lease_plus_interval``:
-  rollouts whose ``cancelled`` envelope was not written yet then;
-- ``seconds_to_all_cancelled`` / ``seconds_to_all_written``: from the kill until the last
-  handler was cancelled / the last envelope was written;
+  seconds after the kill (target 0; each handler's end is stamped by the agent);
+- ``seconds_to_first_cancelled`` / ``seconds_to_all_cancelled`` /
+  ``seconds_to_all_written``: from the kill until the first and the last handler was
+  cancelled, and until the last ``cancelled`` envelope was written;
 - ``lease_reads``: lease GETs the agent made (one per lease per interval).
 
 Example::
@@ -57,6 +57,7 @@ def serve(args: argparse.Namespace) -> None:
         shutdown_grace=0, faults=FaultChecks(lease_interval=args.interval), run_ledger=False
     )
     running = {"handlers": 0}
+    exits: list[float] = []  # epoch seconds each handler ended (this machine's clock)
 
     @app.rollout_entrypoint
     async def hold(payload: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +66,7 @@ def serve(args: argparse.Namespace) -> None:
             await asyncio.Event().wait()
         finally:
             running["handlers"] -= 1
+            exits.append(time.time())
         return {"rewards": [1.0]}
 
     async def stats(request: Request) -> JSONResponse:
@@ -74,6 +76,7 @@ def serve(args: argparse.Namespace) -> None:
                 "active": app.runner.active,
                 "lease_reads": app.leases.reads,
                 "lease_cancelled": app.leases.cancelled,
+                "exits": exits if request.query_params.get("exits") else [],
             }
         )
 
@@ -113,8 +116,10 @@ async def child(*argv: str, env: dict[str, str], log: Path) -> asyncio.subproces
         )
 
 
-async def stats(http: httpx.AsyncClient) -> dict[str, int]:
-    answer: dict[str, int] = (await http.get("/bench/stats")).json()
+async def stats(http: httpx.AsyncClient, *, exits: bool = False) -> dict[str, Any]:
+    answer: dict[str, Any] = (
+        await http.get("/bench/stats", params={"exits": "1"} if exits else None)
+    ).json()
     return answer
 
 
@@ -152,25 +157,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     # Another process's state: polled, there is nothing to wait on here.
                     while (await stats(http))["handlers"] < args.rollouts:  # noqa: ASYNC110
                         await asyncio.sleep(0.05)
-                    killed = time.perf_counter()
+                    # Epoch seconds: the agent stamps its handlers' ends with the same clock.
+                    killed = time.time()
                     trainer.send_signal(signal.SIGKILL)
                     await trainer.wait()
-                    deadline = killed + args.ttl + args.interval
-                    at_deadline: dict[str, int] | None = None
-                    cancelled_at = written_at = None
-                    while time.perf_counter() < killed + args.ttl + 10 * args.interval:
-                        now_stats = await stats(http)
-                        now = time.perf_counter()
-                        if at_deadline is None and now >= deadline:
-                            at_deadline = now_stats
-                        if cancelled_at is None and now_stats["handlers"] == 0:
-                            cancelled_at = now - killed
-                        if written_at is None and now_stats["active"] == 0:
-                            written_at = now - killed
-                        if at_deadline is not None and written_at is not None:
+                    written_at = None
+                    while time.time() < killed + args.ttl + 10 * args.interval:
+                        if (await stats(http))["active"] == 0:
+                            written_at = time.time() - killed
                             break
                         await asyncio.sleep(0.05)
-                    final = await stats(http)
+                    final = await stats(http, exits=True)
             finally:
                 for proc in (trainer, agent):
                     if proc is not None and proc.returncode is None:
@@ -178,7 +175,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await proc.wait()
             keys = await store.list_keys(BUCKET, "lease-bench/")
             envelopes = sum(1 for key in keys if "/.leases/" not in key)
-    assert at_deadline is not None
+    deadline = killed + args.ttl + args.interval
+    exits = final["exits"]
+    late = sum(1 for t in exits if t > deadline) + final["handlers"]
     return {
         "benchmark": "client_lease",
         "cpus": os.cpu_count(),
@@ -186,9 +185,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "lease_ttl_s": args.ttl,
         "lease_renew_s": args.renew,
         "check_interval_s": args.interval,
-        "running_after_lease_plus_interval": at_deadline["handlers"],
-        "unwritten_after_lease_plus_interval": at_deadline["active"],
-        "seconds_to_all_cancelled": None if cancelled_at is None else round(cancelled_at, 2),
+        "running_after_lease_plus_interval": late,
+        "seconds_to_first_cancelled": round(min(exits) - killed, 2) if exits else None,
+        "seconds_to_all_cancelled": (
+            round(max(exits) - killed, 2) if exits and not final["handlers"] else None
+        ),
         "seconds_to_all_written": None if written_at is None else round(written_at, 2),
         "cancelled_by_lease": final["lease_cancelled"],
         "lease_reads": final["lease_reads"],
