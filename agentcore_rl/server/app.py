@@ -170,7 +170,8 @@ class AgentCoreRLApp(Starlette):
     ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`): a result bucket that
     does not exist or refuses the server's credentials gets invocations refused (4xx
     naming it) instead of rollouts whose envelopes can never be written; rollouts whose
-    client's lease lapsed (the client crashed) are cancelled.
+    client's lease lapsed (the client crashed) are cancelled; while the event loop runs
+    over ``overload_lag`` seconds behind, invocations get 503 with ``Retry-After``.
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
