@@ -70,7 +70,7 @@ async def send_invocation(
             if first_failure is None:
                 first_failure = now
             if now - first_failure >= unreachable_after:
-                raise _unreachable(fut, sent, unreachable_after, exc) from exc
+                raise _unreachable(fut, sent, now - first_failure, exc) from exc
             reassign = getattr(transport, "reassign", None)
             if reassign is not None:
                 reassign(fut.session_id)
@@ -92,17 +92,18 @@ async def send_invocation(
     except InvocationError as exc:
         cause = exc.__cause__
         if not reached and isinstance(cause, NotConnectedError):
-            raise _unreachable(fut, sent, unreachable_after, cause) from cause
+            spent = 0.0 if first_failure is None else clock() - first_failure
+            raise _unreachable(fut, sent, spent, cause) from cause
         raise
     check_answer(answer, fut)
 
 
 def _unreachable(
-    fut: RolloutFuture, attempts: int, window: float, exc: NotConnectedError
+    fut: RolloutFuture, attempts: int, spent: float, exc: NotConnectedError
 ) -> AgentUnreachableError:
     return AgentUnreachableError(
         f"invoking session {fut.session_id}: no connection to the agent in {attempts} "
-        f"attempt{'s' if attempts > 1 else ''} over up to {window:g} s ({exc}); nothing was "
+        f"attempt{'s' if attempts > 1 else ''} over {spent:.1f} s ({exc}); nothing was "
         "started. Is the agent running at that address?",
         session_id=fut.session_id,
     )
