@@ -826,7 +826,7 @@ class AgentCoreRLApp(Starlette):
                 else None
             )
             if config is not None:
-                check_lease_reference(config)
+                check_lease_reference(config, self.allowed_buckets)
                 await self.bucket_check.require(config.s3_bucket)
             if self._validator is not None:
                 checked = self._validator(payload)

@@ -34,7 +34,7 @@ from typing import Any, Final
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InvalidPayloadError, StorageError
+from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, StorageError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.faults import FaultChecks
 from agentcore_rl.server.runner import RolloutJob, RolloutRunner
@@ -192,7 +192,15 @@ class LeaseWatcher:
         return count
 
 
-def check_lease_reference(config: protocol.RolloutConfig) -> None:
-    """Refuse (400) an invocation whose ``_rollout.lease`` is not a lease reference."""
-    if protocol.LEASE in config.extra:
-        protocol.parse_lease_reference(config.extra[protocol.LEASE])
+def check_lease_reference(
+    config: protocol.RolloutConfig, allowed_buckets: frozenset[str] | None
+) -> None:
+    """Refuse an invocation whose ``_rollout.lease`` is not a lease reference (400) or
+    names a bucket outside the allow-list (403): the server reads what it names."""
+    if protocol.LEASE not in config.extra:
+        return
+    bucket, _ = protocol.parse_lease_reference(config.extra[protocol.LEASE])
+    if allowed_buckets is not None and bucket not in allowed_buckets:
+        refusal = BucketNotAllowedError(bucket, allowed_buckets)
+        refusal.field = f"{protocol.ROLLOUT_FIELD}.{protocol.LEASE}.{protocol.S3_BUCKET}"
+        raise refusal
