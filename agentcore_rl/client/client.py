@@ -927,7 +927,12 @@ class AsyncRolloutClient:
         try:
             with self._admission.sending() as task:
                 # The new session's own gateway session is opened: its trace is the one kept.
-                if not await self._send_in_session(fut, body, task, priority=Priority.RETRY):
+                fut._sending = True
+                try:
+                    sent = await self._send_in_session(fut, body, task, priority=Priority.RETRY)
+                finally:
+                    fut._sending = False
+                if not sent:
                     return
         except Exception as exc:  # ClientClosedError too: the rollout ends with it
             self._sessions.live.pop(fut.session_id, None)

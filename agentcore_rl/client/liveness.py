@@ -179,7 +179,7 @@ class LivenessProber:
         self._credit = min(self._credit + cfg.max_rate * cfg.tick, max(1.0, cfg.max_rate))
         candidates: list[tuple[int, float, str]] = []
         for sid, fut in self.live.items():
-            if fut.done():
+            if fut.done() or fut._sending:
                 continue
             seen = self._seen.get(sid)
             if seen is None:

@@ -303,11 +303,13 @@ class LoopLag:
     """How far behind the event loop runs, and whether that is overload.
 
     :meth:`run` sleeps ``interval`` seconds at a time and records how much longer each
-    sleep took (``lag``). While the last one took more than ``threshold`` seconds longer,
-    :attr:`overloaded` is true and the server answers new invocations 503 with
-    ``Retry-After`` before reading them: a refusal costs a fraction of an acceptance, so
-    the backlog drains instead of every request waiting seconds (and connections being
-    reset). ``threshold`` ``None``: never overloaded. ``clock``/``sleep`` are injectable.
+    sleep took (``lag``). While the last ``samples`` sleeps each took more than
+    ``threshold`` seconds longer (a sustained backlog, not one blocking call such as a
+    slow import at startup), :attr:`overloaded` is true and the server answers new
+    invocations 503 with ``Retry-After`` before reading them: a refusal costs a fraction
+    of an acceptance, so the backlog drains instead of every request waiting seconds (and
+    connections being reset). ``threshold`` ``None``: never overloaded.
+    ``clock``/``sleep`` are injectable.
 
     Example::
 
@@ -321,6 +323,7 @@ class LoopLag:
         threshold: float | None,
         *,
         interval: float = DEFAULT_LAG_INTERVAL,
+        samples: int = 2,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -328,7 +331,9 @@ class LoopLag:
         self.interval = interval
         self._clock = clock
         self._sleep = sleep
+        self.samples = samples
         self.lag = 0.0
+        self._late = 0  # measurements in a row over the threshold
         #: Invocations refused because of overload.
         self.refused = 0
 
@@ -338,7 +343,7 @@ class LoopLag:
     @property
     def overloaded(self) -> bool:
         """Whether the last measured lag was over the threshold."""
-        return self.threshold is not None and self.lag > self.threshold
+        return self.threshold is not None and self._late >= self.samples
 
     async def run(self) -> None:
         """Measure until cancelled (the app's task group owns it)."""
@@ -354,6 +359,8 @@ class LoopLag:
         lag = max(0.0, self._clock() - started - self.interval)
         was = self.overloaded
         self.lag = lag
+        over = self.threshold is not None and lag > self.threshold
+        self._late = self._late + 1 if over else 0
         if self.overloaded and not was:
             logger.warning(
                 "event loop %.2f s behind: refusing new invocations (503, Retry-After)", lag

@@ -3,6 +3,7 @@ and Retry-After (the client's cue to pause), never left to queue or be reset."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anyio
@@ -20,22 +21,37 @@ from tests.server.helpers import (
 )
 
 
-async def park(_: float) -> None:
-    await anyio.sleep_forever()
-
-
 async def test_loop_lag_past_the_threshold_is_overload() -> None:
     clock = FakeClock(0.0)
-    late = [2.5, 0.5]  # how much longer than asked each sleep takes
+    late = [2.5, 0.5, 2.5, 3.0, 0.25]  # how much longer than asked each sleep takes
 
     async def sleep(seconds: float) -> None:
         clock.advance(seconds + late.pop(0))
         await anyio.lowlevel.checkpoint()
 
     lag = LoopLag(1.0, interval=0.25, clock=clock, sleep=sleep)
-    seen = [(await lag.measure(), lag.overloaded) for _ in range(2)]
-    assert seen == [(2.5, True), (0.5, False)]
+    seen = [(await lag.measure(), lag.overloaded) for _ in range(5)]
+    # One late wake-up (a blocking call) is not overload; two in a row are.
+    assert seen == [(2.5, False), (0.5, False), (2.5, False), (3.0, True), (0.25, False)]
     assert not LoopLag(None).overloaded
+
+
+class ScriptedLag:
+    """The lag monitor's sleep: each wake-up is as late as the test says, when it says."""
+
+    def __init__(self) -> None:
+        self.clock = FakeClock(0.0)
+        self.lateness: asyncio.Queue[float] = asyncio.Queue()
+
+    async def sleep(self, seconds: float) -> None:
+        late = await self.lateness.get()
+        self.clock.advance(seconds + late)
+        self.lateness.task_done()
+
+    async def wake(self, *lateness: float) -> None:
+        for late in lateness:
+            self.lateness.put_nowait(late)
+        await self.lateness.join()
 
 
 async def test_overloaded_server_answers_503_with_retry_after(
@@ -47,11 +63,11 @@ async def test_overloaded_server_answers_503_with_retry_after(
         runs.append("ran")
         return {"rewards": [1.0]}
 
-    # The lag is set by the test, not measured (the monitor's sleep never returns).
-    faults = FaultChecks(overload_lag=1.0, sleep=park)
+    lag = ScriptedLag()
+    faults = FaultChecks(overload_lag=1.0, clock=lag.clock, sleep=lag.sleep, check_leases=False)
     app = rollout_app(store, handler, spool_dir=tmp_path, faults=faults)
     async with served(app) as http:
-        app.overload.lag = 3.0  # as measured by a loop three seconds behind
+        await lag.wake(3.0, 3.0)  # the loop three seconds behind, twice in a row
         response = await http.post(
             "/invocations", json=rollout_payload(bucket), headers=session_headers()
         )
@@ -59,7 +75,7 @@ async def test_overloaded_server_answers_503_with_retry_after(
         assert response.headers["Retry-After"] == "1"
         assert "overloaded" in response.json()["error"]
         assert (await http.get("/ping")).status_code == 200  # health is still answered
-        app.overload.lag = 0.0
+        await lag.wake(0.0)
         response = await http.post(
             "/invocations", json=rollout_payload(bucket), headers=session_headers()
         )
