@@ -9,7 +9,7 @@ Training data: :class:`RolloutGateway` captures every model call's tokens per ro
 
 Example::
 
-    from agentcore_rl import AgentCoreRLApp, AsyncRolloutClient
+    from agentcore_rl import AgentCoreRLApp, AsyncRolloutClient, Limits
 
     app = AgentCoreRLApp()                      # in the agent's container
 
@@ -18,7 +18,8 @@ Example::
         return {"rewards": [1.0]}
 
     async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080",   # in the trainer
-                                  s3_bucket="rollouts", exp_id="e1") as client:
+                                  s3_bucket="rollouts", exp_id="e1",
+                                  limits=Limits(max_concurrent_sessions=64)) as client:
         result = await client.rollout({"prompt": "2+2?"})
 """
 
@@ -32,13 +33,17 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
     from agentcore_rl.client import (
         AsyncRolloutClient,
+        AwsConfig,
         BatchItem,
         ClientStats,
+        GatewayConfig,
         GroupFuture,
+        Limits,
         LivenessConfig,
-        RetryConfig,
+        Retries,
         RolloutClient,
         RolloutFuture,
+        Timeouts,
         TokenBucket,
         WatcherConfig,
     )
@@ -50,20 +55,25 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
         ClientClosedError,
         ConfigurationError,
         GatewayError,
-        GroupDroppedError,
         InvalidPayloadError,
         InvalidRolloutConfig,
         InvocationError,
         RolloutError,
         RolloutTimeoutError,
         SharedLimitsUnavailableError,
-        StaleGroupError,
         StorageError,
         TraceLostError,
     )
     from agentcore_rl.gateway import CallRecord, RolloutGateway, SessionTrace
     from agentcore_rl.group_tracker import GroupCounters
-    from agentcore_rl.groups import DropReason, GroupMember, GroupRules, RolloutGroup
+    from agentcore_rl.groups import (
+        DropReason,
+        GroupDroppedError,
+        GroupMember,
+        GroupRules,
+        RolloutGroup,
+        StaleGroupError,
+    )
     from agentcore_rl.protocol import PingStatus, RolloutConfig
     from agentcore_rl.ratelimit import RateLimiter
     from agentcore_rl.retry import RetryPolicy
@@ -81,6 +91,7 @@ _LAZY: dict[str, str] = {
     "AgentLostError": "agentcore_rl.errors",
     "AgentUnreachableError": "agentcore_rl.errors",
     "AsyncRolloutClient": "agentcore_rl.client",
+    "AwsConfig": "agentcore_rl.client",
     "BatchItem": "agentcore_rl.client",
     "BucketNotAllowedError": "agentcore_rl.errors",
     "CallRecord": "agentcore_rl.gateway",
@@ -88,22 +99,24 @@ _LAZY: dict[str, str] = {
     "ClientStats": "agentcore_rl.client",
     "ConfigurationError": "agentcore_rl.errors",
     "DropReason": "agentcore_rl.groups",
+    "GatewayConfig": "agentcore_rl.client",
     "GatewayError": "agentcore_rl.errors",
     "GroupCounters": "agentcore_rl.group_tracker",
-    "GroupDroppedError": "agentcore_rl.errors",
+    "GroupDroppedError": "agentcore_rl.groups",
     "GroupFuture": "agentcore_rl.client",
     "GroupMember": "agentcore_rl.groups",
     "GroupRules": "agentcore_rl.groups",
     "InvalidPayloadError": "agentcore_rl.errors",
     "InvalidRolloutConfig": "agentcore_rl.errors",
     "InvocationError": "agentcore_rl.errors",
+    "Limits": "agentcore_rl.client",
     "LivenessConfig": "agentcore_rl.client",
     "LocalSessionLimiter": "agentcore_rl.sessionlimit",
     "PingStatus": "agentcore_rl.protocol",
     "RateLimiter": "agentcore_rl.ratelimit",
     "RequestContext": "agentcore_rl.server",
     "ResultStore": "agentcore_rl.s3",
-    "RetryConfig": "agentcore_rl.client",
+    "Retries": "agentcore_rl.client",
     "RetryPolicy": "agentcore_rl.retry",
     "RolloutClient": "agentcore_rl.client",
     "RolloutConfig": "agentcore_rl.protocol",
@@ -117,8 +130,9 @@ _LAZY: dict[str, str] = {
     "SessionLimiter": "agentcore_rl.sessionlimit",
     "SessionTrace": "agentcore_rl.gateway",
     "SharedLimitsUnavailableError": "agentcore_rl.errors",
-    "StaleGroupError": "agentcore_rl.errors",
+    "StaleGroupError": "agentcore_rl.groups",
     "StorageError": "agentcore_rl.errors",
+    "Timeouts": "agentcore_rl.client",
     "TokenBucket": "agentcore_rl.client",
     "TraceLostError": "agentcore_rl.errors",
     "Trajectory": "agentcore_rl.trajectory",
@@ -146,6 +160,7 @@ __all__ = [
     "AgentLostError",
     "AgentUnreachableError",
     "AsyncRolloutClient",
+    "AwsConfig",
     "BatchItem",
     "BucketNotAllowedError",
     "CallRecord",
@@ -153,6 +168,7 @@ __all__ = [
     "ClientStats",
     "ConfigurationError",
     "DropReason",
+    "GatewayConfig",
     "GatewayError",
     "GroupCounters",
     "GroupDroppedError",
@@ -162,13 +178,14 @@ __all__ = [
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
+    "Limits",
     "LivenessConfig",
     "LocalSessionLimiter",
     "PingStatus",
     "RateLimiter",
     "RequestContext",
     "ResultStore",
-    "RetryConfig",
+    "Retries",
     "RetryPolicy",
     "RolloutClient",
     "RolloutConfig",
@@ -184,6 +201,7 @@ __all__ = [
     "SharedLimitsUnavailableError",
     "StaleGroupError",
     "StorageError",
+    "Timeouts",
     "TokenBucket",
     "TraceLostError",
     "Trajectory",

@@ -15,7 +15,8 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
     ├── ClientClosedError           the client was closed while the call was pending
-    ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``)
+    ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``);
+    │   │                           defined in :mod:`agentcore_rl.groups` beside the group
     │   └── StaleGroupError         ... because its policy version grew too old
     ├── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
     └── GatewayError                the rollout gateway was misused or could not do its job
@@ -34,10 +35,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agentcore_rl.groups import DropReason, RolloutGroup
+from typing import Any
 
 __all__ = [
     "AgentCoreRLError",
@@ -47,14 +45,12 @@ __all__ = [
     "ClientClosedError",
     "ConfigurationError",
     "GatewayError",
-    "GroupDroppedError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
     "RolloutError",
     "RolloutTimeoutError",
     "SharedLimitsUnavailableError",
-    "StaleGroupError",
     "StorageError",
     "TraceLostError",
 ]
@@ -233,7 +229,7 @@ class AgentLostError(InvocationError):
     """The process (or microVM) running a pending rollout crashed or restarted, so no
     result will come: its agent answered a probe that it does not know the session, or
     its restarted successor wrote an ``agent_lost`` envelope (kept in ``envelope``).
-    Retryable: the client runs it again with a new session (``retry_lost``) before
+    Retryable: the client runs it again with a new session (``Retries.lost``) before
     reporting this.
 
     Example::
@@ -253,53 +249,6 @@ class AgentLostError(InvocationError):
         super().__init__(message, session_id=session_id)
         self.attempts = attempts
         self.envelope = None if envelope is None else dict(envelope)
-
-
-class GroupDroppedError(AgentCoreRLError):
-    """A group was dropped by its rules; ``reason`` says which, ``group`` what had finished.
-
-    Example::
-
-        try:
-            g = await group
-        except GroupDroppedError as exc:
-            print(exc.input_id, exc.reason.value, len(exc.group.members))
-    """
-
-    def __init__(self, group: RolloutGroup, reason: DropReason, detail: str = "") -> None:
-        self.group = group
-        self.input_id = group.input_id
-        self.reason = reason
-        text = f"group {group.input_id!r} dropped ({reason.value})"
-        super().__init__(f"{text}: {detail}" if detail else text)
-
-
-class StaleGroupError(GroupDroppedError):
-    """A group started under a policy version too old for the trainer was stopped.
-
-    ``policy_version`` is the oldest version among its members, ``current`` the version
-    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
-
-    Example::
-
-        except StaleGroupError as exc:
-            print(exc.policy_version, "<", exc.current - exc.max_staleness)
-    """
-
-    def __init__(
-        self, group: RolloutGroup, *, policy_version: int, current: int, max_staleness: int
-    ) -> None:
-        from agentcore_rl.groups import DropReason  # groups imports this module
-
-        self.policy_version = policy_version
-        self.current = current
-        self.max_staleness = max_staleness
-        super().__init__(
-            group,
-            DropReason.STALE,
-            f"started under policy version {policy_version}, older than "
-            f"{current} - {max_staleness} allowed",
-        )
 
 
 class SharedLimitsUnavailableError(AgentCoreRLError):

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal, get_args
 
-from agentcore_rl.errors import ConfigurationError, GroupDroppedError, StaleGroupError
+from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
+from agentcore_rl.keywords import checked_init
 from agentcore_rl.protocol import validate_key_part
 
 __all__ = [
@@ -101,6 +102,7 @@ class DropReason(str, Enum):
 # --- Rules ----------------------------------------------------------------------------------
 
 
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class GroupRules:
     """How a group of ``n`` members is run and when it counts as whole.
@@ -111,7 +113,9 @@ class GroupRules:
     follows ``on_failure``: ``"drop_member"`` (the group resolves with its survivors if at
     least ``min_members`` - capped at ``n`` - succeed), ``"zero"`` (the member stays with
     reward 0 and its tokens masked out) or ``"drop_group"``. ``filter_uniform`` drops a
-    group whose rewards are all equal: it carries no learning signal.
+    group whose rewards are all equal: it carries no learning signal. ``member_seed``
+    gives each attempt its own ``_rollout.seed`` (``member_seed + attempt * (n +
+    redundancy) + index``): a seed shared by every member would make them sample alike.
 
     Example::
 
@@ -124,6 +128,7 @@ class GroupRules:
     on_failure: OnFailure = "drop_member"
     min_members: int = 2
     filter_uniform: bool = False
+    member_seed: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("n", 1), ("redundancy", 0), ("retry", 0), ("min_members", 1)):
@@ -135,6 +140,9 @@ class GroupRules:
                 f"on_failure must be one of {', '.join(get_args(OnFailure))}, "
                 f"got {self.on_failure!r}"
             )
+        seed = self.member_seed
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigurationError(f"member_seed must be an integer or None, got {seed!r}")
 
     @property
     def keep_at_least(self) -> int:
@@ -166,12 +174,7 @@ class MemberKey:
 
 
 def group_digest(exp_id: str, input_id: str) -> str:
-    """The 32 hex characters naming one group in its members' session ids.
-
-    Example::
-
-        group_digest("exp-1", "q-17") == parse_member_session_id(sid).digest
-    """
+    """The 32 hex characters naming one group in its members' session ids."""
     validate_key_part("exp_id", exp_id)
     validate_key_part("input_id", input_id)
     # Key parts never contain "/", so the joined text is unambiguous.
@@ -184,10 +187,6 @@ def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -
     Deterministic, so a restarted process finds the same sessions (and result keys), and
     valid for AgentCore Runtime (letters, digits and hyphens; at least 33 characters).
     The ids are hashed because ``input_id`` may hold characters session ids may not.
-
-    Example::
-
-        member_session_id("exp-1", "q-17", index=0, attempt=1)   # "grp-…-m0-a1"
     """
     for name, value in (("index", index), ("attempt", attempt)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -196,12 +195,7 @@ def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -
 
 
 def parse_member_session_id(session_id: str) -> MemberKey | None:
-    """``(digest, index, attempt)`` of a member session id, ``None`` for any other id.
-
-    Example::
-
-        parse_member_session_id(member_session_id("e", "q", index=2, attempt=0)).index  # 2
-    """
+    """``(digest, index, attempt)`` of a member session id, ``None`` for any other id."""
     match = _MEMBER_SESSION.fullmatch(session_id)
     if match is None:
         return None
@@ -240,10 +234,6 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
 def result_reward(result: Any) -> float | None:
     """The reward of a result dict: the first of ``rewards: [r, ...]``, else ``reward: r``;
     ``None`` when there is no finite number there.
-
-    Example::
-
-        result_reward({"rewards": [1.0, 0.5]})   # 1.0
     """
     if not isinstance(result, Mapping):
         return None
@@ -319,7 +309,7 @@ class RolloutGroup:
 
     Example::
 
-        g = await client.invoke_group(payload, n=8, input_id="q-17")
+        g = await client.invoke_group(payload, rules=GroupRules(n=8), input_id="q-17")
         g = await g
         for member, adv in zip(g.members, g.advantages("mean_std")):
             print(member.session_id, member.reward, adv)
@@ -342,12 +332,7 @@ class RolloutGroup:
         return [m.session_id for m in self.members]
 
     def advantages(self, normalize: Normalize = "mean") -> list[float]:
-        """Advantages of the kept members, in member order (see :func:`advantages`).
-
-        Example::
-
-            group.advantages("mean_std")
-        """
+        """Advantages of the kept members, in member order (see :func:`advantages`)."""
         return advantages(self.rewards, normalize)
 
     @property
@@ -377,4 +362,49 @@ class RolloutGroup:
             reward_max=max(rewards) if rewards else None,
             policy_version_min=min(versions) if versions else None,
             policy_version_max=max(versions) if versions else None,
+        )
+
+
+class GroupDroppedError(AgentCoreRLError):
+    """A group was dropped by its rules; ``reason`` says which, ``group`` what had finished.
+
+    Example::
+
+        try:
+            g = await group
+        except GroupDroppedError as exc:
+            print(exc.input_id, exc.reason.value, len(exc.group.members))
+    """
+
+    def __init__(self, group: RolloutGroup, reason: DropReason, detail: str = "") -> None:
+        self.group = group
+        self.input_id = group.input_id
+        self.reason = reason
+        text = f"group {group.input_id!r} dropped ({reason.value})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+class StaleGroupError(GroupDroppedError):
+    """A group started under a policy version too old for the trainer was stopped.
+
+    ``policy_version`` is the oldest version among its members, ``current`` the version
+    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
+
+    Example::
+
+        except StaleGroupError as exc:
+            print(exc.policy_version, "<", exc.current - exc.max_staleness)
+    """
+
+    def __init__(
+        self, group: RolloutGroup, *, policy_version: int, current: int, max_staleness: int
+    ) -> None:
+        self.policy_version = policy_version
+        self.current = current
+        self.max_staleness = max_staleness
+        super().__init__(
+            group,
+            DropReason.STALE,
+            f"started under policy version {policy_version}, older than "
+            f"{current} - {max_staleness} allowed",
         )

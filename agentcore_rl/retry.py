@@ -3,7 +3,7 @@
 Example::
 
     ResultStore(retry=RetryPolicy(attempts=3, initial=0.05))
-    AsyncRolloutClient(..., retry=RetryPolicy(attempts=8, maximum=30))
+    AsyncRolloutClient(..., retries=Retries(call=RetryPolicy(attempts=8, maximum=30)))
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.cli.summary import percentile
-from agentcore_rl.client import AsyncRolloutClient
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, Timeouts
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
@@ -80,11 +80,11 @@ SLOW_DOWN = (
 AGENT = textwrap.dedent(
     """
     import asyncio, json, os, random, sys, time
-    from agentcore_rl.server import AgentCoreRLApp
+    from agentcore_rl.server import AgentCoreRLApp, ShutdownConfig
 
     LOG = os.environ["CHAOS_LOG"]
     LO, HI = float(os.environ["CHAOS_MIN_SLEEP"]), float(os.environ["CHAOS_MAX_SLEEP"])
-    app = AgentCoreRLApp(shutdown_grace=1.0, cancel_timeout=2.0)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=1.0, cancel_timeout=2.0))
 
     def log(event, payload, context):
         line = json.dumps({"ev": event, "input": payload["_rollout"]["input_id"],
@@ -372,10 +372,9 @@ async def outage_phase(
         agent_url=agents.urls,
         s3_bucket=BUCKET,
         exp_id="outage",
-        s3_endpoint_url=s3_url,
-        tps_limit=100.0,
-        timeout=args.outage + 120.0,
-        max_concurrent_sessions=args.outage_rollouts,
+        limits=Limits(max_concurrent_sessions=args.outage_rollouts, tps=100.0),
+        timeouts=Timeouts(rollout=args.outage + 120.0),
+        aws=AwsConfig(s3_endpoint_url=s3_url),
     ) as client:
         futures = [
             await client.invoke({"n": n}, input_id=f"o{n:05d}") for n in range(args.outage_rollouts)

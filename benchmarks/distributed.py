@@ -60,16 +60,15 @@ async def drive(
     info: dict[str, Any], durations: list[float], mode: str, options: dict[str, Any]
 ) -> dict[str, Any]:
     """One worker: run its rollouts through its own client; count what happened."""
-    from agentcore_rl.client import AsyncRolloutClient
+    from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, Timeouts
     from agentcore_rl.distributed import shared_limits
 
     client_options: dict[str, Any] = {
         "agent_runtime_arn": info["arn"],
-        "endpoint_url": info["runtime"],
         "s3_bucket": BUCKET,
-        "s3_endpoint_url": info["s3"],
         "exp_id": f"dist-{mode}-{uuid.uuid4().hex[:8]}",
-        "timeout": max(durations, default=1.0) * 4 + 120,
+        "timeouts": Timeouts(rollout=max(durations, default=1.0) * 4 + 120),
+        "aws": AwsConfig(endpoint_url=info["runtime"], s3_endpoint_url=info["s3"]),
     }
     failures: dict[str, int] = {}
 
@@ -88,8 +87,7 @@ async def drive(
     if mode == "per-process":
         async with AsyncRolloutClient(
             **client_options,
-            tps_limit=options["tps"],
-            max_concurrent_sessions=options["sessions"],
+            limits=Limits(tps=options["tps"], max_concurrent_sessions=options["sessions"]),
         ) as client:
             wall = await run(client)
         stats, actor_calls, rate_stats = client.stats, 0, {}

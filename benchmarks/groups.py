@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl.cli.summary import percentile
+from agentcore_rl.server.config import ShutdownConfig
 from benchmarks.rollouts import LOCAL_AWS_ENV, cpu_seconds, stop_stack
 
 BUCKET = "bench-groups"
@@ -96,7 +97,7 @@ async def serve_stack(agents: int) -> None:
     await store.ensure_bucket(BUCKET)
     servers = []
     for _ in range(agents):
-        app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+        app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0))
 
         @app.rollout_entrypoint
         async def member(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
@@ -236,25 +237,25 @@ def ideal(args: argparse.Namespace, plan: dict[str, Any], redundancy: int) -> di
 async def run_groups(
     args: argparse.Namespace, info: dict[str, Any], plan: dict[str, Any], redundancy: int
 ) -> dict[str, Any]:
-    from agentcore_rl.client import AsyncRolloutClient
+    from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, Timeouts
+    from agentcore_rl.groups import GroupRules
 
     payloads = [{"prompt": p, "plan": plan} for p in range(args.prompts)]
-    options: dict[str, Any] = {
-        "agent_url": info["agents"],
-        "s3_bucket": BUCKET,
-        "s3_endpoint_url": info["s3"],
-        "exp_id": f"bench-groups-{int(time.time())}-r{redundancy}",
-        "max_concurrent_sessions": args.concurrency,
-        "tps_limit": args.tps,
-        "timeout": args.member_timeout,
-        "close_timeout": 5.0,
-    }
-    async with AsyncRolloutClient(**options) as client:
+    async with AsyncRolloutClient(
+        agent_url=info["agents"],
+        s3_bucket=BUCKET,
+        exp_id=f"bench-groups-{int(time.time())}-r{redundancy}",
+        limits=Limits(max_concurrent_sessions=args.concurrency, tps=args.tps),
+        timeouts=Timeouts(rollout=args.member_timeout, close=5.0),
+        aws=AwsConfig(s3_endpoint_url=info["s3"]),
+    ) as client:
         cpu0, t0 = cpu_seconds(), time.time()
         first: float | None = None
         complete = 0
         lags: list[float] = []
-        async for group in client.run_groups(payloads, n=args.n, redundancy=redundancy):
+        async for group in client.run_groups(
+            payloads, rules=GroupRules(n=args.n, redundancy=redundancy)
+        ):
             complete += 1
             now = time.time()
             first = now - t0 if first is None else first

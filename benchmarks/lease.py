@@ -50,11 +50,13 @@ def serve(args: argparse.Namespace) -> None:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    from agentcore_rl.server import AgentCoreRLApp, FaultChecks
+    from agentcore_rl.server import AgentCoreRLApp, FaultChecks, ShutdownConfig, SpoolConfig
     from agentcore_rl.server.limits import prepare_process, serve_options
 
     app = AgentCoreRLApp(
-        shutdown_grace=0, faults=FaultChecks(lease_interval=args.interval), run_ledger=False
+        shutdown=ShutdownConfig(grace=0),
+        spool=SpoolConfig(run_ledger=False),
+        faults=FaultChecks(lease_interval=args.interval),
     )
     running = {"handlers": 0}
     exits: list[float] = []  # epoch seconds each handler ended (this machine's clock)
@@ -89,16 +91,15 @@ def serve(args: argparse.Namespace) -> None:
 
 
 async def train(args: argparse.Namespace) -> None:
-    from agentcore_rl.client import AsyncRolloutClient, FaultConfig
+    from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, LivenessConfig
 
     client = AsyncRolloutClient(
         agent_url=args.agent_url,
         s3_bucket=BUCKET,
         exp_id="lease-bench",
-        s3_endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"],
-        max_concurrent_sessions=args.rollouts,
-        tps_limit=10_000.0,
-        faults=FaultConfig(lease_ttl=args.ttl, lease_renew=args.renew),
+        aws=AwsConfig(s3_endpoint_url=os.environ["AWS_ENDPOINT_URL_S3"]),
+        limits=Limits(max_concurrent_sessions=args.rollouts, tps=10_000.0),
+        liveness=LivenessConfig(lease=args.ttl, lease_renew=args.renew),
     )
     async with client:
         futures = await asyncio.gather(*(client.invoke({"n": n}) for n in range(args.rollouts)))

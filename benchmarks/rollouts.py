@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl.cli.summary import percentile
+from agentcore_rl.server.config import ShutdownConfig
 
 BUCKET = "bench-rollouts"
 # The stack is local: fixed fake credentials keep real ones out of the picture.
@@ -78,7 +79,7 @@ async def serve_stack(agents: int, runtime_tps: float | None, with_runtime: bool
     await store.ensure_bucket(BUCKET)
     servers = []
     for _ in range(agents):
-        app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+        app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0))
 
         @app.rollout_entrypoint
         async def sleeper(payload: dict[str, Any]) -> dict[str, Any]:
@@ -210,16 +211,20 @@ def _rounded(value: float | None) -> float | None:
 
 
 def client_options(args: argparse.Namespace, info: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    from agentcore_rl.client import AwsConfig, Timeouts
+
     options: dict[str, Any] = {
         "s3_bucket": BUCKET,
         "exp_id": extra.pop("exp_id"),
-        "s3_endpoint_url": info["s3"],
-        "timeout": args.max_sleep * 4 + 60,
+        "timeouts": Timeouts(rollout=args.max_sleep * 4 + 60),
     }
     if args.transport == "acr":
-        options.update(agent_runtime_arn=info["arn"], endpoint_url=info["runtime"])
+        options.update(
+            agent_runtime_arn=info["arn"],
+            aws=AwsConfig(endpoint_url=info["runtime"], s3_endpoint_url=info["s3"]),
+        )
     else:
-        options.update(agent_url=info["agents"])
+        options.update(agent_url=info["agents"], aws=AwsConfig(s3_endpoint_url=info["s3"]))
     options.update(extra)
     return options
 
@@ -228,7 +233,7 @@ PATHS = ("lean", "generic")
 
 
 async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str) -> dict[str, Any]:
-    from agentcore_rl.client import AsyncRolloutClient
+    from agentcore_rl.client import AsyncRolloutClient, Limits
 
     rng = random.Random(args.seed)
     durations = [rng.uniform(args.min_sleep, args.max_sleep) for _ in range(args.rollouts)]
@@ -237,9 +242,7 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str
         args,
         info,
         exp_id=f"bench-{path}-{int(time.time())}",
-        max_concurrent_sessions=args.concurrency,
-        tps_limit=args.tps,
-        lean=path == "lean",
+        limits=Limits(max_concurrent_sessions=args.concurrency, tps=args.tps),
     )
     detection: list[float] = []
     failures: dict[str, int] = {}
@@ -294,17 +297,16 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str
 
 async def run_inflight(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     """RSS with ``--inflight`` rollouts accepted and pending at once."""
-    from agentcore_rl.client import AsyncRolloutClient
+    from agentcore_rl.client import AsyncRolloutClient, Limits, Timeouts
 
     n = args.inflight
     options = client_options(
         args,
         info,
         exp_id=f"inflight-{int(time.time())}",
-        max_concurrent_sessions=n,
-        tps_limit=args.inflight_tps,
-        timeout=3600,
-        close_timeout=1.0,  # the stack dies with the benchmark; no need to stop 10k sessions
+        limits=Limits(max_concurrent_sessions=n, tps=args.inflight_tps),
+        # The stack dies with the benchmark; no need to stop 10k sessions.
+        timeouts=Timeouts(rollout=3600, close=1.0),
     )
     rss_before = current_rss_mb()
     async with AsyncRolloutClient(**options) as client:

@@ -46,6 +46,7 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import CheckExisting, RepeatConfig, ShutdownConfig, WorkerConfig
 from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
@@ -63,7 +64,7 @@ LOCAL_AWS_ENV = {
 
 
 def build_app(
-    handler_kind: str, workers: int, switch_interval: float | None, check_existing: str
+    handler_kind: str, workers: int, switch_interval: float | None, check_existing: CheckExisting
 ) -> Any:
     """The benchmarked agent: a rollout handler that holds until /bench/release."""
     from starlette.requests import Request
@@ -72,10 +73,9 @@ def build_app(
     from agentcore_rl.server import AgentCoreRLApp
 
     app = AgentCoreRLApp(
-        shutdown_grace=5,
-        max_sync_workers=workers,
-        gil_switch_interval=switch_interval,
-        check_existing_results=check_existing,
+        shutdown=ShutdownConfig(grace=5),
+        workers=WorkerConfig(max_sync_workers=workers, gil_switch_interval=switch_interval),
+        repeats=RepeatConfig(check_existing=check_existing),
     )
     release_sync = threading.Event()
     release_async: list[asyncio.Event] = []
@@ -172,7 +172,7 @@ async def agent_process(
     s3_endpoint: str,
     log_dir: Path,
     switch_interval: float,
-    check_existing: str = "repeats",
+    check_existing: CheckExisting = "repeats",
 ) -> AsyncIterator[httpx.AsyncClient]:
     port = free_port()
     env = {**os.environ, **LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_S3": s3_endpoint}

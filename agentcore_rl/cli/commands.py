@@ -201,19 +201,17 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    import inspect
-
     from agentcore_rl import protocol
-    from agentcore_rl.client import AsyncRolloutClient
 
-    # Names the client would take as its own settings, and the block's own fields (which
-    # have options of their own), cannot be passed through as extra _rollout fields.
-    reserved = set(inspect.signature(AsyncRolloutClient).parameters) | {
+    # The block's own fields have options of their own (--exp-id, --base-url...): they
+    # cannot be passed through as extra _rollout fields.
+    reserved = {
         protocol.EXP_ID,
         protocol.INPUT_ID,
         protocol.S3_BUCKET,
+        protocol.BASE_URL,
+        protocol.MODEL_ID,
     }
-    reserved.discard("rollout_extra")
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")

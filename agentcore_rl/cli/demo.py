@@ -37,7 +37,8 @@ from typing import Any, Final
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.cli.eval_config import iter_lines
-from agentcore_rl.errors import ConfigurationError, GroupDroppedError
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.groups import GroupDroppedError
 from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "demo_package", "run_demo"]
@@ -244,29 +245,47 @@ async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRu
     for the summary's line of group statistics."""
     from agentcore_rl.cli.group_eval import group_record
     from agentcore_rl.cli.group_summary import GroupTally
-    from agentcore_rl.client import AsyncRolloutClient
+    from agentcore_rl.client import (
+        AsyncRolloutClient,
+        AwsConfig,
+        GatewayConfig,
+        Limits,
+        Timeouts,
+    )
+    from agentcore_rl.groups import GroupRules
 
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
     tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)
+    # Through the run's gateway too, when it has one: members then carry trajectories.
+    gateway = rollout = None
+    if eval_options.gateway_url:
+        gateway = GatewayConfig(
+            url=eval_options.gateway_url, admin_token=eval_options.gateway_admin_token
+        )
+        rollout = {"model_id": stack.policy_model}
+    else:
+        rollout = {"base_url": stack.policy_base_url, "model_id": stack.policy_model}
     async with AsyncRolloutClient(
         agent_runtime_arn=stack.agent_runtime_arn,
-        endpoint_url=stack.runtime_endpoint_url,
         s3_bucket=stack.bucket,
-        s3_endpoint_url=stack.s3_endpoint_url,
         exp_id=f"{eval_options.exp_id}-groups",
-        max_concurrent_sessions=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
-        tps_limit=eval_options.tps or 1e6,
-        timeout=_ROLLOUT_TIMEOUT,
-        # Through the run's gateway too, when it has one: members then carry trajectories.
-        base_url=None if eval_options.gateway_url else stack.policy_base_url,
-        gateway_url=eval_options.gateway_url,
-        gateway_admin_token=eval_options.gateway_admin_token,
-        model_id=stack.policy_model,
+        rollout=rollout,
+        limits=Limits(
+            max_concurrent_sessions=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
+            tps=eval_options.tps or 1e6,
+        ),
+        timeouts=Timeouts(rollout=_ROLLOUT_TIMEOUT),
+        aws=AwsConfig(
+            endpoint_url=stack.runtime_endpoint_url, s3_endpoint_url=stack.s3_endpoint_url
+        ),
+        gateway=gateway,
     ) as client:
         futures = [
             await client.invoke_group(
-                item.payload, n=_GROUP_SIZE, input_id=item.input_id, member_seed=number * 100
+                item.payload,
+                rules=GroupRules(n=_GROUP_SIZE, member_seed=number * 100),
+                input_id=item.input_id,
             )
             for number, item in enumerate(inputs)
         ]

@@ -430,12 +430,12 @@ class EvalEngine:
             record, future = attempted
             record["attempts"] = 1 + losses + others
             record["losses"] = losses
-            if record["agent_lost"] and losses < self.client.retry_lost:
+            if record["agent_lost"] and losses < self.client.retries.lost:
                 losses += 1
             elif (
                 record["retryable"]
                 and not record["agent_lost"]
-                and others < self.client.retry_rollouts
+                and others < self.client.retries.rollouts
             ):
                 others += 1
             else:

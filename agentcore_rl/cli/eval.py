@@ -28,7 +28,16 @@ from agentcore_rl.cli.group_eval import GroupEvalEngine
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.cli.trajectories import TrajectoryFile
-from agentcore_rl.client import AsyncRolloutClient, FaultConfig
+from agentcore_rl.client import (
+    AsyncRolloutClient,
+    AwsConfig,
+    GatewayConfig,
+    Limits,
+    LivenessConfig,
+    Retries,
+    Timeouts,
+)
+from agentcore_rl.client.config import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore, S3RetryPolicy
 
@@ -51,34 +60,42 @@ _PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 
 
 def _make_client(options: EvalOptions) -> AsyncRolloutClient:
-    kwargs: dict[str, Any] = dict(options.rollout_extra)
-    if options.agent_runtime_arn is not None:
-        kwargs["agent_runtime_arn"] = options.agent_runtime_arn
-        if options.runtime_endpoint_url is not None:
-            kwargs["endpoint_url"] = options.runtime_endpoint_url
-    else:
-        kwargs["agent_url"] = list(options.agent_urls)
-    if options.retry_lost is not None:
-        kwargs["retry_lost"] = options.retry_lost
-    if options.retry_rollouts is not None:
-        kwargs["retry_rollouts"] = options.retry_rollouts
+    rollout: dict[str, Any] = dict(options.rollout_extra)
+    for name, value in (("base_url", options.base_url), ("model_id", options.model_id)):
+        if value is not None:
+            rollout[name] = value
+    retries = Retries(
+        rollouts=DEFAULT_RETRY_ROLLOUTS
+        if options.retry_rollouts is None
+        else options.retry_rollouts,
+        lost=DEFAULT_RETRY_LOST if options.retry_lost is None else options.retry_lost,
+    )
     # One lease per results file: a run resumed after a crash renews its predecessor's
     # lease, so the rollouts it re-attaches to are not cancelled under it.
     run_key = f"{options.exp_id}\0{options.out.resolve()}".encode()
-    kwargs["faults"] = FaultConfig(lease_id="eval-" + hashlib.sha256(run_key).hexdigest()[:32])
+    liveness = LivenessConfig(lease_id="eval-" + hashlib.sha256(run_key).hexdigest()[:32])
+    gateway = None
+    if options.gateway_url is not None:
+        gateway = GatewayConfig(url=options.gateway_url, admin_token=options.gateway_admin_token)
     return AsyncRolloutClient(
+        agent_runtime_arn=options.agent_runtime_arn,
+        agent_url=None if options.agent_runtime_arn is not None else list(options.agent_urls),
         s3_bucket=options.s3_bucket,
         exp_id=options.exp_id,
-        max_concurrent_sessions=options.concurrency,
-        # The client's bucket needs a finite rate; "no limit" becomes one nobody reaches.
-        tps_limit=options.tps if options.tps is not None else _UNLIMITED_TPS,
-        timeout=options.timeout,
-        base_url=options.base_url,
-        model_id=options.model_id,
-        s3_endpoint_url=options.s3_endpoint_url,
-        gateway_url=options.gateway_url,
-        gateway_admin_token=options.gateway_admin_token,
-        **kwargs,
+        rollout=rollout,
+        limits=Limits(
+            max_concurrent_sessions=options.concurrency,
+            # The client's bucket needs a finite rate; "no limit" becomes one nobody reaches.
+            tps=options.tps if options.tps is not None else _UNLIMITED_TPS,
+        ),
+        timeouts=Timeouts(rollout=options.timeout),
+        retries=retries,
+        liveness=liveness,
+        aws=AwsConfig(
+            endpoint_url=options.runtime_endpoint_url if options.agent_runtime_arn else None,
+            s3_endpoint_url=options.s3_endpoint_url,
+        ),
+        gateway=gateway,
     )
 
 

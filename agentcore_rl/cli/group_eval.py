@@ -33,8 +33,8 @@ from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.client.groups import GroupFuture, MemberEnd, MemberStart, ResumedGroup
 from agentcore_rl.client.traces import trace_key_of
-from agentcore_rl.errors import ClientClosedError, GroupDroppedError, StorageError
-from agentcore_rl.groups import GroupMember, GroupRules, RolloutGroup
+from agentcore_rl.errors import ClientClosedError, StorageError
+from agentcore_rl.groups import GroupDroppedError, GroupMember, GroupRules, RolloutGroup
 from agentcore_rl.training import group_rows, write_jsonl
 
 __all__ = ["GroupEvalEngine", "group_record", "rows_path_for"]

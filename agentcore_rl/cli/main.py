@@ -338,8 +338,8 @@ def _add_gateway_parser(commands: Any) -> None:
             "An OpenAI-compatible proxy that files every model call (prompt and completion "
             "token ids, logprobs) under its rollout's session. Agents call "
             "http://HOST:PORT/sessions/<session id>/v1 (or /v1 with the session id as API "
-            "key); trainers drive it with AsyncRolloutClient(gateway_url=..., "
-            "gateway_admin_token=...). See docs/gateway.md."
+            "key); trainers drive it with AsyncRolloutClient(gateway=GatewayConfig(url=..., "
+            "admin_token=...)). See docs/gateway.md."
         ),
     )
     parser.add_argument(

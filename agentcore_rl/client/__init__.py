@@ -2,17 +2,22 @@
 
 Example::
 
-    from agentcore_rl.client import AsyncRolloutClient
+    from agentcore_rl.client import AsyncRolloutClient, Limits
 
     async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
-                                  exp_id="e1") as client:
+                                  exp_id="e1", limits=Limits(max_concurrent_sessions=8)) as client:
         result = await client.rollout({"prompt": "2+2?"})
 """
 
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
-from agentcore_rl.client.config import RetryConfig
-from agentcore_rl.client.faults import FaultConfig
+from agentcore_rl.client.config import (
+    AwsConfig,
+    GatewayConfig,
+    Limits,
+    Retries,
+    Timeouts,
+)
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.liveness import LivenessConfig
@@ -25,21 +30,24 @@ from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 __all__ = [
     "AsyncRolloutClient",
+    "AwsConfig",
     "BatchItem",
     "ClientState",
     "ClientStats",
     "CompletionWatcher",
-    "FaultConfig",
+    "GatewayConfig",
     "GroupFuture",
+    "Limits",
     "LivenessConfig",
     "LocalSessionLimiter",
     "Priority",
     "RateLimiter",
-    "RetryConfig",
+    "Retries",
     "RetryPolicy",
     "RolloutClient",
     "RolloutFuture",
     "SessionLimiter",
+    "Timeouts",
     "TokenBucket",
     "WatcherConfig",
     "run_batch",

@@ -3,8 +3,10 @@
 Example::
 
     async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
-                                  exp_id="step-17", max_concurrent_sessions=256) as client:
-        fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1", temperature=1.0)
+                                  exp_id="step-17", limits=Limits(max_concurrent_sessions=256),
+                                  ) as client:
+        fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1",
+                                  rollout={"temperature": 1.0})
         result = await fut
         async for item in client.run_batch(payloads, timeout=900):
             print(item.index, item.success)
@@ -31,13 +33,19 @@ from agentcore_rl.client.attach import AttachTarget, peek_result
 from agentcore_rl.client.batch import BatchItem, BatchRun, Fed
 from agentcore_rl.client.config import (
     CLOSE_STOP_WORKERS,
-    DEFAULT_CLOSE_TIMEOUT,
-    DEFAULT_MAX_CONCURRENT_SESSIONS,
-    DEFAULT_RETRY,
-    DEFAULT_STOP_WORKERS,
-    DEFAULT_TIMEOUT,
+    DEFAULT_AWS,
+    DEFAULT_LIMITS,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUTS,
+    MOVED_CALL_OPTIONS,
+    MOVED_CLIENT_OPTIONS,
+    MOVED_GROUP_OPTIONS,
+    AwsConfig,
+    GatewayConfig,
+    Limits,
+    Retries,
+    Timeouts,
 )
-from agentcore_rl.client.faults import DEFAULT_FAULTS, FaultConfig
 from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.gateway_link import gateway_link
@@ -52,13 +60,8 @@ from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.client.invocation import may_have_started, send_invocation
 from agentcore_rl.client.lease import ClientLease
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
-from agentcore_rl.client.outcomes import (
-    DEFAULT_RETRY_LOST,
-    DEFAULT_RETRY_ROLLOUTS,
-    is_agent_loss,
-    is_retryable,
-)
-from agentcore_rl.client.payload import build_invocation
+from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
+from agentcore_rl.client.payload import build_invocation, rollout_extras
 from agentcore_rl.client.service import Service
 from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientCounters, ClientStats
@@ -76,14 +79,13 @@ from agentcore_rl.errors import (
     TraceLostError,
 )
 from agentcore_rl.group_tracker import GroupCounters
-from agentcore_rl.groups import GroupRules, OnFailure, RolloutGroup
+from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.keywords import checked
 from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
-from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore, lean_s3_session
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import RolloutGateway
     from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
@@ -103,56 +105,50 @@ class ClientState(enum.Enum):
 class AsyncRolloutClient:
     """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
 
-    Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN, endpoint from
-    ``endpoint_url`` or ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``) and ``agent_url`` (one URL
-    or a list; sessions are spread across them). ``s3_bucket`` and ``exp_id`` locate the
-    results; ``base_url``, ``model_id`` and any extra keyword go into every payload's
-    ``_rollout`` block (per-call keywords override them).
+    Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN) and ``agent_url``
+    (one URL or a list; sessions are spread across them). ``s3_bucket`` and ``exp_id``
+    locate the results. ``rollout`` goes into every payload's ``_rollout`` block (the
+    policy's ``base_url`` and ``model_id``, sampling parameters...); a call's own
+    ``rollout=`` overrides its keys.
 
-    ``max_concurrent_sessions`` rollouts run at once: a slot is held from ``invoke`` (or
-    ``attach``) until the outcome. Invocations and stop calls share one token bucket
-    (``tps_limit`` per second, ``burst``); stops wait behind invocations. ``rate_limiter``
-    (a :class:`~agentcore_rl.ratelimit.RateLimiter`; ``token_bucket`` is its older name)
-    and ``session_limiter`` (a :class:`~agentcore_rl.sessionlimit.SessionLimiter`) replace
-    the local ones, e.g. with limits shared by a cluster of clients. ``timeout`` (seconds from
-    acceptance, ``None`` for none) applies to every rollout unless a call gives its own.
-    ``stop_finished_sessions`` (default: the transport's choice, True for ACR) sends a stop
-    call after each result. ``store`` (else one on ``s3_endpoint_url`` / the environment)
-    reads the results; ``retry`` and ``watcher`` tune retries and the S3 watcher.
-    ``retry_rollouts``: extra attempts, each in a new session, for a rollout whose outcome
-    is retryable (an agent unreachable, restarting or throttling past the retries;
-    :mod:`agentcore_rl.client.outcomes`), and ``retry_lost`` more for one whose agent
-    process went away under it (a crash, a restart, a server shutdown), counted apart;
-    ``liveness`` paces the probes that find crashed agents
-    (:class:`~agentcore_rl.client.liveness.LivenessConfig`).
-    ``lean`` (default) sends the hot AWS calls (invoke, stop, S3 reads) through
-    :mod:`agentcore_rl.aws`, a fraction of botocore's CPU per request with the same
-    settings and errors; ``lean=False`` sends every call through aiobotocore.
+    The rest is grouped in small config objects (:mod:`agentcore_rl.client.config`):
+    ``limits`` (:class:`Limits`: rollouts at once, the token bucket shared by invocations,
+    probes and stop calls), ``timeouts`` (:class:`Timeouts`: a rollout's, closing's),
+    ``retries`` (:class:`Retries`: of one call, of retryable rollouts, of lost ones),
+    ``watcher`` (:class:`WatcherConfig`: polling S3 for results), ``liveness``
+    (:class:`LivenessConfig`: probing for crashed agents, giving up on unreachable ones,
+    the client's own lease that lets agents cancel its rollouts if it dies) and ``aws``
+    (:class:`AwsConfig`: endpoints, the runtime qualifier). ``store`` (a
+    :class:`~agentcore_rl.s3.ResultStore`, else one from ``aws``) reads the results;
+    ``rate_limiter`` and ``session_limiter`` replace the local ones built from ``limits``,
+    e.g. with limits shared by a cluster of clients. ``stop_finished_sessions`` (default:
+    the transport's choice, True for ACR) sends a stop call after each result.
 
-    Token capture: with ``gateway_url`` (a gateway in another process, driven with its
-    admin token: ``gateway_admin_token`` or ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) or
-    ``gateway`` (a :class:`~agentcore_rl.gateway.RolloutGateway` on this event loop, which
-    agents reach at ``gateway_url``), each rollout's session is opened at the gateway
-    before the invocation and its ``_rollout`` gets ``base_url`` = the session's gateway
-    URL and ``api_key`` = its session id. When the result arrives the session is finished,
-    its trace written to S3 beside the result (``...{session_id}.trace.json.gz``) and put
-    on the outcome (``fut.trace``, ``BatchItem.trace``, :meth:`trace_of`); a trace that
-    cannot be had ends the rollout in ``TraceLostError``.
+    Token capture: with ``gateway`` (:class:`GatewayConfig`) each rollout's session is
+    opened at the gateway before the invocation and its ``_rollout`` gets ``base_url`` =
+    the session's gateway URL and ``api_key`` = its session id. When the result arrives
+    the session is finished, its trace written to S3 beside the result
+    (``...{session_id}.trace.json.gz``) and put on the outcome (``fut.trace``,
+    ``BatchItem.trace``, :meth:`trace_of`); a trace that cannot be had ends the rollout in
+    ``TraceLostError``.
 
     Background work (the S3 watcher, stop calls, batches) belongs to the client's task
-    group: entered by ``async with``, else opened by the first rollout; ``aclose`` ends it.
+    group: entered by ``async with`` (once: nesting is refused), else opened by the first
+    rollout; ``aclose`` ends it. An exception raised inside the block leaves it as itself.
 
     Example::
 
         async with AsyncRolloutClient(
             agent_runtime_arn="arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math",
-            s3_bucket="my-rollouts", exp_id="grpo-step-17", tps_limit=25,
-            base_url="http://vllm:8000/v1", model_id="qwen3", temperature=0.7,
+            s3_bucket="my-rollouts", exp_id="grpo-step-17",
+            rollout={"base_url": "http://vllm:8000/v1", "model_id": "qwen3", "temperature": 0.7},
+            limits=Limits(max_concurrent_sessions=500, tps=25.0),
         ) as client:
             results = await asyncio.gather(*(client.rollout(p) for p in payloads),
                                            return_exceptions=True)
     """
 
+    @checked(moved=MOVED_CLIENT_OPTIONS)
     def __init__(
         self,
         *,
@@ -160,111 +156,105 @@ class AsyncRolloutClient:
         agent_url: str | Sequence[str] | None = None,
         s3_bucket: str,
         exp_id: str,
-        max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
-        tps_limit: float = protocol.DEFAULT_TPS,
-        burst: float | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT,
-        base_url: str | None = None,
-        model_id: str | None = None,
-        endpoint_url: str | None = None,
-        qualifier: str | None = None,
-        s3_endpoint_url: str | None = None,
-        store: ResultStore | None = None,
-        retry: RetryPolicy = DEFAULT_RETRY,
+        rollout: Mapping[str, Any] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        retries: Retries = DEFAULT_RETRIES,
         watcher: WatcherConfig = DEFAULT_WATCHER,
+        liveness: LivenessConfig = DEFAULT_LIVENESS,
+        aws: AwsConfig = DEFAULT_AWS,
+        store: ResultStore | None = None,
         rate_limiter: RateLimiter | None = None,
         session_limiter: SessionLimiter | None = None,
-        token_bucket: TokenBucket | None = None,
         stop_finished_sessions: bool | None = None,
-        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-        stop_workers: int = DEFAULT_STOP_WORKERS,
-        retry_rollouts: int = DEFAULT_RETRY_ROLLOUTS,
-        retry_lost: int = DEFAULT_RETRY_LOST,
-        liveness: LivenessConfig = DEFAULT_LIVENESS,
-        faults: FaultConfig = DEFAULT_FAULTS,
-        lean: bool = True,
-        gateway_url: str | None = None,
-        gateway: RolloutGateway | None = None,
-        gateway_admin_token: str | None = None,
-        **rollout_extra: Any,
+        gateway: GatewayConfig | None = None,
     ) -> None:
         if (agent_runtime_arn is None) == (agent_url is None):
             raise ConfigurationError(
                 "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
                 "(agent servers over HTTP)"
             )
-        if not isinstance(max_concurrent_sessions, int) or max_concurrent_sessions < 1:
+        for name, value, kind in (
+            ("limits", limits, Limits),
+            ("timeouts", timeouts, Timeouts),
+            ("retries", retries, Retries),
+            ("watcher", watcher, WatcherConfig),
+            ("liveness", liveness, LivenessConfig),
+            ("aws", aws, AwsConfig),
+        ):
+            if not isinstance(value, kind):
+                raise ConfigurationError(
+                    f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+                )
+        if gateway is not None and not isinstance(gateway, GatewayConfig):
             raise ConfigurationError(
-                f"max_concurrent_sessions must be an int >= 1, got {max_concurrent_sessions!r}"
-            )
-        if timeout is not None and not timeout > 0:
-            raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-        if not isinstance(retry_rollouts, int) or retry_rollouts < 0:
-            raise ConfigurationError(f"retry_rollouts must be an int >= 0, got {retry_rollouts!r}")
-        if not isinstance(retry_lost, int) or retry_lost < 0:
-            raise ConfigurationError(f"retry_lost must be an int >= 0, got {retry_lost!r}")
-        if rate_limiter is not None and token_bucket is not None:
-            raise ConfigurationError("give rate_limiter or token_bucket (its older name), not both")
-        link = gateway_link(
-            gateway=gateway, gateway_url=gateway_url, admin_token=gateway_admin_token
-        )
-        if link is not None and base_url is not None:
-            raise ConfigurationError(
-                "give base_url or a gateway, not both: through a gateway each rollout's "
-                "base_url is its session's gateway URL (the gateway's --upstream is the policy)"
+                f"gateway must be a GatewayConfig, got {type(gateway).__name__} "
+                "(an in-process gateway: GatewayConfig(url=..., app=gateway))"
             )
         try:
-            self.defaults = protocol.RolloutConfig(
-                exp_id=exp_id,
-                input_id="placeholder",
-                s3_bucket=s3_bucket,
-                base_url=base_url,
-                model_id=model_id,
-                extra=dict(rollout_extra),
+            extra = dict(rollout_extras(rollout))
+        except InvalidRolloutConfig as exc:
+            raise ConfigurationError(str(exc)) from exc
+        for name in (protocol.EXP_ID, protocol.S3_BUCKET, protocol.INPUT_ID):
+            if name in extra:
+                where = "each call's input_id=" if name == protocol.INPUT_ID else f"{name}="
+                raise ConfigurationError(f"rollout= cannot set {name!r}: give it as {where}")
+        link = gateway_link(gateway)
+        if link is not None and protocol.BASE_URL in extra:
+            raise ConfigurationError(
+                "give rollout={'base_url': ...} or a gateway, not both: through a gateway each "
+                "rollout's base_url is its session's gateway URL (the gateway's --upstream "
+                "is the policy)"
+            )
+        try:
+            self.defaults = protocol.RolloutConfig.from_dict(
+                {
+                    **extra,
+                    protocol.EXP_ID: exp_id,
+                    protocol.INPUT_ID: "placeholder",
+                    protocol.S3_BUCKET: s3_bucket,
+                }
             )
         except InvalidRolloutConfig as exc:
             raise ConfigurationError(str(exc)) from exc
         self.exp_id = exp_id
         self.s3_bucket = s3_bucket
-        self.max_concurrent_sessions = max_concurrent_sessions
-        self.timeout = timeout
-        self.retry = retry
-        self.retry_rollouts = retry_rollouts
-        self.retry_lost = retry_lost
-        self.close_timeout = close_timeout
-        connections = min(max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
+        self.limits = limits
+        self.timeouts = timeouts
+        self.retries = retries
+        self.aws = aws
+        connections = min(limits.max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
         self.transport: Transport
         if agent_runtime_arn is not None:
             self.transport = AcrTransport(
                 agent_runtime_arn,
-                endpoint_url=endpoint_url,
-                qualifier=qualifier,
+                endpoint_url=aws.endpoint_url,
+                qualifier=aws.qualifier,
                 max_connections=connections,
-                lean=lean,
             )
         else:
             assert agent_url is not None
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
         self.store = store or ResultStore(
-            endpoint_url=s3_endpoint_url, session=lean_s3_session(), lean=lean
+            endpoint_url=aws.s3_endpoint_url, session=lean_s3_session()
         )
-        self.faults = faults
+        self.liveness = liveness
         self._lease = (
-            None if faults.lease_ttl is None else ClientLease(self.store, s3_bucket, exp_id, faults)
+            None if liveness.lease is None else ClientLease(self.store, s3_bucket, exp_id, liveness)
         )
         if self._lease is not None:  # every invocation names it
             extra = {**self.defaults.extra, protocol.LEASE: self._lease.reference}
             self.defaults = dataclasses.replace(self.defaults, extra=extra)
-        self.rate_limiter: RateLimiter = (
-            rate_limiter or token_bucket or TokenBucket(tps_limit, burst, tick=DEFAULT_PACE_TICK)
+        self.rate_limiter: RateLimiter = rate_limiter or TokenBucket(
+            limits.tps, limits.burst, tick=DEFAULT_PACE_TICK
         )
         self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
-            max_concurrent_sessions
+            limits.max_concurrent_sessions
         )
         self._state = ClientState.UNOPENED
-        self._depth = 0  # nested ``async with`` blocks; the outermost one owns the service
-        self._entered = False
+        self._entered = False  # the service was entered by ``async with`` (not hosted)
+        self._in_block = False  # inside ``async with`` (entered once at a time)
         self._closed = asyncio.Event()
         self._counters = ClientCounters()
         self._admission = Admission(self.session_limiter, self.rate_limiter)
@@ -272,7 +262,11 @@ class AsyncRolloutClient:
         self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
         self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._stopper = SessionStopper(
-            self.transport, self.rate_limiter, retry, self._counters, workers=stop_workers
+            self.transport,
+            self.rate_limiter,
+            retries.call,
+            self._counters,
+            workers=limits.stop_workers,
         )
         self._follower = OutcomeFollower(
             sessions=self._sessions,
@@ -308,11 +302,6 @@ class AsyncRolloutClient:
     # --- public API ----------------------------------------------------------------------
 
     @property
-    def bucket(self) -> RateLimiter:
-        """The rate limiter (a :class:`TokenBucket` unless ``rate_limiter`` was given)."""
-        return self.rate_limiter
-
-    @property
     def state(self) -> ClientState:
         """Where the client is in its life (see :class:`ClientState`)."""
         return self._state
@@ -345,6 +334,7 @@ class AsyncRolloutClient:
         """Accepted rollouts without an outcome yet."""
         return len(self._sessions.live)
 
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     async def invoke(
         self,
         payload: Mapping[str, Any],
@@ -352,12 +342,13 @@ class AsyncRolloutClient:
         input_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        **overrides: Any,
+        rollout: Mapping[str, Any] | None = None,
     ) -> RolloutFuture:
         """Start one rollout; return its future once the agent has accepted it.
 
-        Waits for a concurrency slot, then a token. ``_rollout`` is the client's defaults,
-        then the payload's own ``_rollout`` keys, then ``input_id`` and ``overrides``.
+        Waits for a concurrency slot, then a token. ``_rollout`` is the client's
+        ``rollout``, then the payload's own ``_rollout`` keys, then this call's ``rollout``
+        and ``input_id``.
         ``input_id`` defaults to a fresh time-ordered id. ``session_id`` defaults to a fresh
         :func:`~agentcore_rl.protocol.new_session_id`; choose one to know the result key
         before the call (``config.key_for(session_id)``) or to retry an invocation the
@@ -365,24 +356,27 @@ class AsyncRolloutClient:
         be letters, digits and hyphens, 33-256 characters on AgentCore Runtime, and not
         belong to a pending rollout of this client. ``timeout`` (seconds from acceptance;
         ``math.inf`` for none) overrides the client's. Raises ``InvalidPayloadError``
-        (``InvalidRolloutConfig``) for a bad payload, override or session id,
+        (``InvalidRolloutConfig``) for a bad payload, ``rollout`` key or session id,
         ``ConfigurationError`` for a session id already pending here, ``InvocationError``
         when the agent refused or could not be reached, ``ClientClosedError`` after
         ``aclose``.
 
         Example::
 
-            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1", temperature=1.0)
+            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1",
+                                      rollout={"temperature": 1.0})
             result = await fut
             sid = protocol.new_session_id()          # journal it first, then:
             fut = await client.invoke({"prompt": "2+2?"}, input_id="q-2", session_id=sid)
         """
+        overrides = rollout_extras(rollout)
         body, config = self._prepare(payload, input_id=input_id, overrides=overrides)
         if session_id is not None:
             self.check_session_id(session_id)
         async with self._slot() as slot:
             return await self._launch(slot, body, config, timeout=timeout, session_id=session_id)
 
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     async def rollout(
         self,
         payload: Mapping[str, Any],
@@ -390,31 +384,28 @@ class AsyncRolloutClient:
         input_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        **overrides: Any,
+        rollout: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``invoke`` and wait for the outcome: the result dict, or its exception.
-
-        Example::
-
-            result = await client.rollout({"prompt": "2+2?"}, timeout=600)
-        """
+        """``invoke`` and wait for the outcome: the result dict, or its exception."""
         fut = await self.invoke(
-            payload, input_id=input_id, session_id=session_id, timeout=timeout, **overrides
+            payload, input_id=input_id, session_id=session_id, timeout=timeout, rollout=rollout
         )
         return await fut
 
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     def run_batch(
         self,
         payloads: Iterable[Mapping[str, Any]],
         *,
         timeout: float | None = None,
-        **overrides: Any,
+        rollout: Mapping[str, Any] | None = None,
     ) -> AsyncGenerator[BatchItem, None]:
         """Run many rollouts; iterate over :class:`BatchItem` in completion order.
 
         Never raises for one rollout (its item carries the error). The default
         ``input_id`` is the payload's index, zero-padded to 6 digits (``"000017"``),
-        unless the payload's ``_rollout`` or ``overrides`` name one. The work runs in the
+        unless the payload's ``_rollout`` or ``rollout`` name one; ``rollout`` is as in
+        :meth:`invoke`, for each payload. The work runs in the
         client's task group and the loop only reads its items: leaving the loop early
         stops every live session the batch started (at once with ``aclosing``, else when
         the dropped generator is finalized, which CPython does immediately); a loop
@@ -428,79 +419,58 @@ class AsyncRolloutClient:
                 print(item.index, item.success, item.error)
         """
         self._check_not_closed()
-        return self._batch(payloads, timeout, overrides)
+        return self._batch(payloads, timeout, rollout_extras(rollout))
 
     # --- GRPO groups (the work is in client/groups.py) -------------------------------------
 
+    @checked(moved=MOVED_GROUP_OPTIONS, extras="rollout")
     async def invoke_group(
         self,
         payload: Mapping[str, Any],
         *,
-        n: int,
+        rules: GroupRules,
         input_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
-        retry: int = 1,
-        on_failure: OnFailure = "drop_member",
-        min_members: int = 2,
-        redundancy: int = 0,
-        filter_uniform: bool = False,
-        member_seed: int | None = None,
-        **overrides: Any,
+        rollout: Mapping[str, Any] | None = None,
     ) -> GroupFuture:
-        """Start a GRPO group of ``n`` rollouts of ``payload``; return its future once its
-        members are admitted (``n + redundancy`` slots taken).
+        """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
+        its members are admitted (``n + redundancy`` slots taken).
 
         ``input_id`` is the group key (default: a fresh id): member session ids derive
-        from it, so each group of an experiment needs its own. The rules
-        (:class:`~agentcore_rl.groups.GroupRules`): ``retry`` re-runs of a failed or
-        timed-out member in a fresh session; then ``on_failure`` (``"drop_member"`` with at
-        least ``min_members`` kept, ``"zero"`` or ``"drop_group"``); ``redundancy`` extra
-        members whose late ones are stopped; ``filter_uniform`` drops groups whose rewards
-        are all equal. The future ends in a :class:`~agentcore_rl.groups.RolloutGroup`, a
-        ``GroupDroppedError`` (``StaleGroupError`` after :meth:`advance_policy`) or
-        ``ClientClosedError``; cancelling it stops the members. ``timeout`` and
-        ``overrides`` are as in :meth:`invoke`, for each member. ``member_seed`` gives each
-        attempt its own ``_rollout.seed`` (``member_seed + attempt * (n + redundancy) +
-        index``): a seed shared by every member would make them sample alike.
+        from it, so each group of an experiment needs its own. ``rules``
+        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
+        retried and when the group counts as whole. The future ends in a
+        :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
+        (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
+        cancelling it stops the members. ``timeout`` and ``rollout`` are as in
+        :meth:`invoke`, for each member.
 
         Example::
 
-            fut = await client.invoke_group(payload, n=8, input_id="q-17", temperature=1.0)
+            fut = await client.invoke_group(payload, rules=GroupRules(n=8), input_id="q-17",
+                                            rollout={"temperature": 1.0})
             group = await fut
             print(group.rewards, group.advantages("mean_std"))
         """
-        rules = GroupRules(
-            n=n,
-            redundancy=redundancy,
-            retry=retry,
-            on_failure=on_failure,
-            min_members=min_members,
-            filter_uniform=filter_uniform,
-        )
+        _check_rules(rules)
         return await self._groups.open(
             payload,
             rules=rules,
             input_id=input_id,
             timeout=timeout,
-            overrides=overrides,
-            member_seed=member_seed,
+            overrides=rollout_extras(rollout),
         )
 
+    @checked(moved=MOVED_GROUP_OPTIONS, extras="rollout")
     def run_groups(
         self,
         payloads: Iterable[Mapping[str, Any]],
         *,
-        n: int,
+        rules: GroupRules,
         timeout: float | None = None,
-        retry: int = 1,
-        on_failure: OnFailure = "drop_member",
-        min_members: int = 2,
-        redundancy: int = 0,
-        filter_uniform: bool = False,
-        member_seed: int | None = None,
-        **overrides: Any,
+        rollout: Mapping[str, Any] | None = None,
     ) -> AsyncGenerator[RolloutGroup, None]:
-        """Run a group per payload (rules as in :meth:`invoke_group`); yield the whole
+        """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
         groups in completion order.
 
         Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
@@ -510,24 +480,12 @@ class AsyncRolloutClient:
 
         Example::
 
-            async for group in client.run_groups(payloads, n=8, timeout=900, redundancy=1):
+            async for group in client.run_groups(payloads, rules=GroupRules(n=8, redundancy=1)):
                 rows.extend(group_rows(group, "mean_std"))
         """
         self._check_not_closed()
-        rules = GroupRules(
-            n=n,
-            redundancy=redundancy,
-            retry=retry,
-            on_failure=on_failure,
-            min_members=min_members,
-            filter_uniform=filter_uniform,
-        )
-        options = {
-            "rules": rules,
-            "timeout": timeout,
-            "overrides": overrides,
-            "member_seed": member_seed,
-        }
+        _check_rules(rules)
+        options = {"rules": rules, "timeout": timeout, "overrides": rollout_extras(rollout)}
         return self._run_groups(payloads, options)
 
     async def _run_groups(
@@ -544,10 +502,6 @@ class AsyncRolloutClient:
     def set_policy_version(self, version: int) -> None:
         """Stamp ``_rollout.policy_version = version`` into every member started from now
         on (retries included). Versions only move forward.
-
-        Example::
-
-            client.set_policy_version(step)
         """
         self._groups.set_policy_version(version)
 
@@ -555,10 +509,6 @@ class AsyncRolloutClient:
         """Move to ``version`` and stop every open group with a member started under a
         version older than ``version - max_staleness``: their futures end in
         ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
-
-        Example::
-
-            stale = client.advance_policy(step + 1, max_staleness=1)
         """
         return self._groups.advance_policy(version, max_staleness=max_staleness)
 
@@ -575,15 +525,11 @@ class AsyncRolloutClient:
 
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
-        sessions (all within ``close_timeout`` seconds, as fast as the rate limiter
+        sessions (all within ``timeouts.close`` seconds, as fast as the rate limiter
         allows), end the client's background work and release everything. Sessions not
         stopped in time are not waited for: :attr:`unstopped_sessions` lists them (and
         ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
         again.
-
-        Example::
-
-            await client.aclose()
         """
         if self._state is ClientState.CLOSED:
             await self._closed.wait()
@@ -592,8 +538,8 @@ class AsyncRolloutClient:
         self._admission.close()
         self._groups.close(ClientClosedError("the client was closed before this group finished"))
         try:
-            # One deadline for both waits: close_timeout bounds the whole close.
-            with anyio.move_on_after(self.close_timeout) as waiting:
+            # One deadline for both waits: timeouts.close bounds the whole close.
+            with anyio.move_on_after(self.timeouts.close) as waiting:
                 # Invocations on the wire unwind first: each queues the stop of its session.
                 await self._admission.wait_idle()
                 self._follower.settle_all(
@@ -628,7 +574,7 @@ class AsyncRolloutClient:
     @property
     def unstopped_sessions(self) -> list[str]:
         """Session ids this client meant to stop and could not (the stop failed, or
-        ``aclose`` ran out of ``close_timeout``): they may still run on their agents."""
+        ``aclose`` ran out of ``timeouts.close``): they may still run on their agents."""
         return list(self._stopper.unstopped)
 
     def _report_unstopped(self) -> None:
@@ -639,13 +585,18 @@ class AsyncRolloutClient:
                 "%d session(s) could not be stopped (within %s s of closing, or their stop "
                 "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
                 len(unstopped),
-                self.close_timeout,
+                self.timeouts.close,
                 ", ".join(unstopped[:3]),
             )
 
     async def __aenter__(self) -> AsyncRolloutClient:
         self._check_not_closed()
-        self._depth += 1
+        if self._in_block:
+            raise RuntimeError(
+                "this AsyncRolloutClient is already entered with 'async with'; a client is "
+                "entered once (leaving a block closes it): use it inside the first block"
+            )
+        self._in_block = True
         if self._state is ClientState.UNOPENED:
             self._state = ClientState.OPENED
             try:
@@ -657,8 +608,8 @@ class AsyncRolloutClient:
                 if isinstance(self.transport, AcrTransport):
                     await self.transport.connect()
             except BaseException:
-                self._depth -= 1
-                await self._exit_service(None, None, None)
+                self._in_block = False
+                await self._exit_service()
                 raise
         return self
 
@@ -667,28 +618,19 @@ class AsyncRolloutClient:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
-        self._depth -= 1
-        if self._depth:
-            await self.aclose()
-            return None
-        return await self._exit_service(exc_type, exc, tb)
+    ) -> None:
+        self._in_block = False
+        await self._exit_service()
+        # The block's exception, if any, goes on as itself.
 
-    async def _exit_service(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def _exit_service(self) -> None:
         """Close, then leave the task group this task entered (anyio: the same task)."""
-        suppress: bool | None = None
         try:
             await self.aclose()
         finally:
             if self._entered:
                 self._entered = False
-                suppress = await self._service.__aexit__(exc_type, exc, tb)
-        return suppress
+                await self._service.__aexit__(None, None, None)
 
     # --- lifecycle and admission (private: used by invoke, attach, batches, the eval CLI) --
 
@@ -779,8 +721,8 @@ class AsyncRolloutClient:
 
         A session id chosen here (``session_id`` None) may be replaced: a retryable
         failure (the agent unreachable, restarting or throttling past the retries) is
-        tried again in a new session, up to ``retry_rollouts`` times, and so is a retryable
-        outcome after acceptance (an agent loss up to ``retry_lost`` times; see
+        tried again in a new session, up to ``retries.rollouts`` times, and so is a retryable
+        outcome after acceptance (an agent loss up to ``retries.lost`` times; see
         :mod:`agentcore_rl.client.outcomes`). A caller's session id is never replaced
         (the caller may have journaled it)."""
         attempt = 1
@@ -810,8 +752,8 @@ class AsyncRolloutClient:
         if self._admission.closed or not is_retryable(exc):
             return False
         if is_agent_loss(exc):
-            return losses < self.retry_lost
-        return attempt - losses <= self.retry_rollouts
+            return losses < self.retries.lost
+        return attempt - losses <= self.retries.rollouts
 
     async def _launch_once(
         self,
@@ -845,7 +787,7 @@ class AsyncRolloutClient:
                     self._joiner.forget(fut)
                 raise
         slot.handed_over = True
-        limit = self.timeout if timeout is None else timeout
+        limit = self.timeouts.rollout if timeout is None else timeout
         if chosen:
             fut._resend = (body, config, limit)
         self._follower.follow(fut, limit, elapsed=0.0)
@@ -878,11 +820,11 @@ class AsyncRolloutClient:
                 self.transport,
                 fut,
                 body,
-                retry=self.retry,
+                retry=self.retries.call,
                 limiter=self.rate_limiter,
                 counters=self._counters,
-                unreachable_after=self.faults.unreachable_after,
-                clock=self.faults.clock,
+                unreachable_after=self.liveness.unreachable_after,
+                clock=self.liveness.clock,
             )
         except BaseException as exc:
             if may_have_started(exc):
@@ -997,7 +939,7 @@ class AsyncRolloutClient:
         """
         if self._joiner is None:
             raise ConfigurationError(
-                "this client runs no gateway (gateway_url= or gateway=): no traces"
+                "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
             )
         fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
         if fut.trace is None:
@@ -1010,10 +952,6 @@ class AsyncRolloutClient:
         ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
         33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
         of this client already uses it.
-
-        Example::
-
-            client.check_session_id(protocol.new_session_id())
         """
         return self._sessions.check(session_id)
 
@@ -1063,21 +1001,22 @@ class AsyncRolloutClient:
         fut = target.future(started_at=started_at)
         if self._joiner is not None:
             self._joiner.attached(fut)  # its trace is collected like an invoked one's
-        limit = self.timeout if timeout is None else timeout
+        limit = self.timeouts.rollout if timeout is None else timeout
         self._follower.follow(
             fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found
         )
         return fut
 
 
+@checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
 def run_batch(
     client: AsyncRolloutClient,
     payloads: Iterable[Mapping[str, Any]],
     *,
     timeout: float | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    rollout: Mapping[str, Any] | None = None,
 ) -> AsyncGenerator[BatchItem, None]:
-    """``client.run_batch(payloads, timeout=timeout, **overrides)``.
+    """``client.run_batch(payloads, timeout=timeout, rollout=rollout)``.
 
     Example::
 
@@ -1085,4 +1024,11 @@ def run_batch(
             async for item in items:
                 print(item.index, item.success)
     """
-    return client.run_batch(payloads, timeout=timeout, **dict(overrides or {}))
+    return client.run_batch(payloads, timeout=timeout, rollout=rollout)
+
+
+def _check_rules(rules: object) -> None:
+    if not isinstance(rules, GroupRules):
+        raise ConfigurationError(
+            f"rules must be a GroupRules, e.g. rules=GroupRules(n=8), got {rules!r:.80}"
+        )

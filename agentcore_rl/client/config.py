@@ -1,26 +1,57 @@
-"""Defaults and small config objects of the rollout client.
+"""The rollout client's configuration: small frozen keyword-only objects and their defaults.
+
+Each object groups the settings of one concern; an unknown keyword is a ``TypeError``
+naming the closest known one, and a bad value a ``ConfigurationError`` naming the field.
 
 Example::
 
-    AsyncRolloutClient(..., retry=RetryConfig(attempts=8, maximum=30))
+    AsyncRolloutClient(
+        agent_url="http://127.0.0.1:8080", s3_bucket="rollouts", exp_id="step-17",
+        limits=Limits(max_concurrent_sessions=256, tps=50.0),
+        timeouts=Timeouts(rollout=900.0),
+        retries=Retries(call=RetryPolicy(attempts=8), rollouts=1),
+    )
 """
 
 from __future__ import annotations
 
-from typing import Final
+import math
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
 
+from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.keywords import checked_init
 from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.retry import RetryPolicy
 
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.app import RolloutGateway
+
 __all__ = [
     "CLOSE_STOP_WORKERS",
+    "DEFAULT_AWS",
     "DEFAULT_CLOSE_TIMEOUT",
+    "DEFAULT_LIMITS",
     "DEFAULT_MAX_CONCURRENT_SESSIONS",
+    "DEFAULT_RETRIES",
     "DEFAULT_RETRY",
+    "DEFAULT_RETRY_LOST",
+    "DEFAULT_RETRY_ROLLOUTS",
     "DEFAULT_STOP_WORKERS",
     "DEFAULT_TIMEOUT",
+    "DEFAULT_TIMEOUTS",
     "DEFAULT_TPS",
-    "RetryConfig",
+    "GATEWAY_TOKEN_ENV",
+    "MOVED_CALL_OPTIONS",
+    "MOVED_CLIENT_OPTIONS",
+    "MOVED_GROUP_OPTIONS",
+    "AwsConfig",
+    "GatewayConfig",
+    "Limits",
+    "Retries",
+    "Timeouts",
 ]
 
 #: Rollouts in flight at once (a slot is held from invoke until the outcome).
@@ -34,10 +65,227 @@ DEFAULT_STOP_WORKERS: Final = 8
 #: Extra concurrent stop calls while closing: a stop call may take as long as the agent
 #: takes to cancel, so closing is paced by the rate limiter, not by a few workers.
 CLOSE_STOP_WORKERS: Final = 128
-
-#: The client's name for :class:`~agentcore_rl.retry.RetryPolicy` (retries of one
-#: invocation or stop call that hit throttling, a 5xx or a dropped connection; each retry
-#: takes a token from the rate limiter).
-RetryConfig = RetryPolicy
-
+#: Retries of one invocation or stop call (throttling, a 5xx, a dropped connection).
 DEFAULT_RETRY: Final = RetryPolicy()
+#: Where a remote gateway's admin token is read from when none is given.
+GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
+
+
+def _count(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _seconds(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        also = " or None" if optional else ""
+        raise ConfigurationError(f"{name} must be a number of seconds > 0{also}, got {value!r}")
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """How much the client asks of the agents at once.
+
+    ``max_concurrent_sessions`` rollouts run at once (a slot is held from ``invoke`` until
+    the outcome). Invocations, probes and stop calls share one token bucket of ``tps``
+    tokens per second and ``burst`` tokens (default: one second's worth); stop calls wait
+    behind invocations, ``stop_workers`` at a time.
+
+    Example::
+
+        Limits(max_concurrent_sessions=500, tps=25.0)
+    """
+
+    max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS
+    tps: float = DEFAULT_TPS
+    burst: float | None = None
+    stop_workers: int = DEFAULT_STOP_WORKERS
+
+    def __post_init__(self) -> None:
+        _count("Limits.max_concurrent_sessions", self.max_concurrent_sessions, 1)
+        _count("Limits.stop_workers", self.stop_workers, 1)
+        for name in ("tps", "burst"):
+            value = getattr(self, name)
+            if name == "burst" and value is None:
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value < math.inf
+            ):
+                raise ConfigurationError(f"Limits.{name} must be a number > 0, got {value!r}")
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """Seconds the client waits.
+
+    ``rollout``: for a rollout's outcome, counted from when the agent accepted it (``None``
+    for no limit; a call's own ``timeout=`` overrides it). ``close``: for ``aclose`` to stop
+    the live sessions; sessions not stopped by then are listed, not waited for.
+
+    Example::
+
+        Timeouts(rollout=900.0, close=60.0)
+    """
+
+    rollout: float | None = DEFAULT_TIMEOUT
+    close: float = DEFAULT_CLOSE_TIMEOUT
+
+    def __post_init__(self) -> None:
+        _seconds("Timeouts.rollout", self.rollout, optional=True)
+        _seconds("Timeouts.close", self.close, optional=False)
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class Retries:
+    """What the client tries again.
+
+    ``call``: one invocation or stop call that hit throttling, a 5xx or a dropped
+    connection (each retry takes a token). ``rollouts``: extra attempts, each in a new
+    session, for a rollout whose outcome is retryable (an agent unreachable, restarting or
+    throttling past ``call``'s retries). ``lost``: extra attempts for a rollout whose agent
+    process went away under it (a crash, a restart), counted apart.
+
+    Example::
+
+        Retries(call=RetryPolicy(attempts=8, maximum=30.0), rollouts=1, lost=3)
+    """
+
+    call: RetryPolicy = DEFAULT_RETRY
+    rollouts: int = DEFAULT_RETRY_ROLLOUTS
+    lost: int = DEFAULT_RETRY_LOST
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.call, RetryPolicy):
+            raise ConfigurationError(
+                f"Retries.call must be a RetryPolicy, got {type(self.call).__name__}"
+            )
+        _count("Retries.rollouts", self.rollouts, 0)
+        _count("Retries.lost", self.lost, 0)
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class AwsConfig:
+    """Where the client's AWS calls go (default: the environment's settings).
+
+    ``endpoint_url``: the AgentCore Runtime endpoint (else
+    ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` or the region's); ``s3_endpoint_url``: S3's,
+    for reading results (else ``AWS_ENDPOINT_URL_S3`` or the region's); ``qualifier``: the
+    runtime endpoint's name (else the default endpoint).
+
+    Example::
+
+        AwsConfig(endpoint_url="http://127.0.0.1:8081", s3_endpoint_url="http://127.0.0.1:9000")
+    """
+
+    endpoint_url: str | None = None
+    s3_endpoint_url: str | None = None
+    qualifier: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint_url", "s3_endpoint_url"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, str) or not value.startswith(("http://", "https://"))
+            ):
+                raise ConfigurationError(f"AwsConfig.{name} must be an http(s) URL, got {value!r}")
+        if self.qualifier is not None and (
+            not isinstance(self.qualifier, str) or not self.qualifier
+        ):
+            raise ConfigurationError(
+                f"AwsConfig.qualifier must be a non-empty string, got {self.qualifier!r}"
+            )
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """The rollout gateway that captures the rollouts' tokens.
+
+    ``url``: where agents reach it. A gateway in another process (``agentcore-rl
+    gateway``) is driven over its admin routes with ``admin_token``, the token it was
+    started with (else ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``, read here; never shown in the
+    repr). ``app``: a :class:`~agentcore_rl.gateway.RolloutGateway` running on the client's
+    event loop and served at ``url``, called directly (no token).
+
+    Example::
+
+        GatewayConfig(url="http://10.0.0.5:9000", admin_token=os.environ["GATEWAY_TOKEN"])
+    """
+
+    url: str
+    admin_token: str | None = field(default=None, repr=False)
+    app: RolloutGateway | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ConfigurationError(
+                f"GatewayConfig.url must be the http(s) URL agents reach the gateway at, "
+                f"got {self.url!r}"
+            )
+        if self.app is not None:
+            return
+        if self.admin_token is None:
+            object.__setattr__(self, "admin_token", os.environ.get(GATEWAY_TOKEN_ENV) or None)
+        if not self.admin_token:
+            raise ConfigurationError(
+                f"a remote gateway needs its admin token: GatewayConfig(admin_token=...) or "
+                f"{GATEWAY_TOKEN_ENV} (the token it was started with, --admin-token)"
+            )
+
+
+DEFAULT_LIMITS: Final = Limits()
+DEFAULT_TIMEOUTS: Final = Timeouts()
+DEFAULT_RETRIES: Final = Retries()
+DEFAULT_AWS: Final = AwsConfig()
+
+#: Where the client's keywords of earlier versions live now (named by the TypeError).
+MOVED_CLIENT_OPTIONS: Final = {
+    "max_concurrent_sessions": "limits=Limits(max_concurrent_sessions=...)",
+    "tps_limit": "limits=Limits(tps=...)",
+    "tps": "limits=Limits(tps=...)",
+    "burst": "limits=Limits(burst=...)",
+    "stop_workers": "limits=Limits(stop_workers=...)",
+    "timeout": "timeouts=Timeouts(rollout=...)",
+    "close_timeout": "timeouts=Timeouts(close=...)",
+    "retry": "retries=Retries(call=...)",
+    "retry_rollouts": "retries=Retries(rollouts=...)",
+    "retry_lost": "retries=Retries(lost=...)",
+    "endpoint_url": "aws=AwsConfig(endpoint_url=...)",
+    "s3_endpoint_url": "aws=AwsConfig(s3_endpoint_url=...)",
+    "qualifier": "aws=AwsConfig(qualifier=...)",
+    "base_url": "rollout={'base_url': ...}",
+    "model_id": "rollout={'model_id': ...}",
+    "gateway_url": "gateway=GatewayConfig(url=...)",
+    "gateway_admin_token": "gateway=GatewayConfig(url=..., admin_token=...)",
+    "token_bucket": "rate_limiter",
+}
+#: The same for the per-call methods (``invoke``, ``run_batch``...).
+MOVED_CALL_OPTIONS: Final = {
+    "base_url": "rollout={'base_url': ...}",
+    "model_id": "rollout={'model_id': ...}",
+    "overrides": "rollout",
+}
+#: And for the group methods, whose rules moved into :class:`~agentcore_rl.groups.GroupRules`.
+MOVED_GROUP_OPTIONS: Final = {
+    **MOVED_CALL_OPTIONS,
+    "n": "rules=GroupRules(n=...)",
+    **{
+        name: f"rules=GroupRules({name}=...)"
+        for name in (
+            "retry",
+            "on_failure",
+            "min_members",
+            "redundancy",
+            "filter_uniform",
+            "member_seed",
+        )
+    },
+}

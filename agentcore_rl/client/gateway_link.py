@@ -15,10 +15,10 @@ Example::
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from agentcore_rl.errors import ConfigurationError, GatewayError, TraceLostError
+from agentcore_rl.client.config import GATEWAY_TOKEN_ENV, GatewayConfig
+from agentcore_rl.errors import GatewayError, TraceLostError
 
 if TYPE_CHECKING:
     import httpx
@@ -35,8 +35,6 @@ __all__ = [
     "session_base_url",
 ]
 
-#: Where the admin token is read from when none is given: the variable the gateway reads.
-GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 # The gateway's header naming its process on ``POST /admin/sessions`` (gateway.admin).
 _GATEWAY_ID_HEADER: Final = "x-gateway-id"
 
@@ -177,30 +175,11 @@ class RemoteGateway:
             await http.aclose()
 
 
-def gateway_link(
-    *, gateway: RolloutGateway | None, gateway_url: str | None, admin_token: str | None
-) -> GatewayLink | None:
-    """The link for the client's ``gateway=`` / ``gateway_url=`` options, or None.
-
-    ``gateway`` (in-process) needs ``gateway_url`` too: where the agents reach it. A remote
-    gateway needs its admin token (``admin_token`` or ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``).
-    """
-    if gateway is None and gateway_url is None:
-        if admin_token is not None:
-            raise ConfigurationError("gateway_admin_token is given but no gateway_url")
+def gateway_link(config: GatewayConfig | None) -> GatewayLink | None:
+    """The link for the client's ``gateway=`` option (None: no gateway)."""
+    if config is None:
         return None
-    if gateway_url is None or not gateway_url.startswith(("http://", "https://")):
-        raise ConfigurationError(
-            "gateway_url must be the http(s) URL agents reach the gateway at"
-            + (" (an in-process gateway= needs it too)" if gateway is not None else "")
-            + f", got {gateway_url!r}"
-        )
-    if gateway is not None:
-        return InProcessGateway(gateway, gateway_url)
-    token = admin_token or os.environ.get(GATEWAY_TOKEN_ENV)
-    if not token:
-        raise ConfigurationError(
-            f"a remote gateway needs its admin token: gateway_admin_token= or "
-            f"{GATEWAY_TOKEN_ENV} (the token it was started with, --admin-token)"
-        )
-    return RemoteGateway(gateway_url, token)
+    if config.app is not None:
+        return InProcessGateway(config.app, config.url)
+    assert config.admin_token is not None  # GatewayConfig checked it
+    return RemoteGateway(config.url, config.admin_token)

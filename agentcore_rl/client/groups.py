@@ -43,7 +43,6 @@ from agentcore_rl.client.batch import Launcher
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import (
     ClientClosedError,
-    GroupDroppedError,
     RolloutError,
     RolloutTimeoutError,
     StorageError,
@@ -57,7 +56,7 @@ from agentcore_rl.group_tracker import (
     StartMember,
     StopMember,
 )
-from agentcore_rl.groups import GroupRules, RolloutGroup, result_reward
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 from agentcore_rl.protocol import RolloutConfig
 
 __all__ = [
@@ -86,7 +85,7 @@ class GroupFuture(asyncio.Future[RolloutGroup]):
 
     Example::
 
-        fut = await client.invoke_group(payload, n=8, input_id="q-17")
+        fut = await client.invoke_group(payload, rules=GroupRules(n=8), input_id="q-17")
         print(fut.input_id, fut.session_ids)
         group = await fut
     """
@@ -196,7 +195,6 @@ class _Run:
     timeout: float | None
     future: GroupFuture
     journal: MemberJournal | None
-    member_seed: int | None = None
     members: dict[str, _Member] = field(default_factory=dict)
     resumed: dict[str, MemberStart] = field(default_factory=dict)
 
@@ -246,7 +244,6 @@ class GroupRunner:
         default_input_id: str | None = None,
         journal: MemberJournal | None = None,
         resume: ResumedGroup | None = None,
-        member_seed: int | None = None,
     ) -> GroupFuture:
         """Open a group and return its future once its first members are admitted.
 
@@ -269,7 +266,6 @@ class GroupRunner:
             timeout=timeout,
             future=fut,
             journal=journal,
-            member_seed=member_seed,
         )
         self._runs[run.input_id] = run
         fut.add_done_callback(self._group_done)
@@ -342,10 +338,11 @@ class GroupRunner:
             overrides = dict(run.overrides)
             if action.policy_version is not None:
                 overrides[POLICY_VERSION_KEY] = action.policy_version
-            if run.member_seed is not None:
+            seed = run.future.rules.member_seed
+            if seed is not None:
                 # One seed per attempt: members (and retries) sample differently.
                 starts = run.future.rules.starts
-                overrides[SEED_KEY] = run.member_seed + action.attempt * starts + action.index
+                overrides[SEED_KEY] = seed + action.attempt * starts + action.index
             try:
                 body, config = self.host._prepare(
                     run.payload, input_id=run.input_id, overrides=overrides

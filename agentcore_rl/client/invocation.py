@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.client.faults import DEFAULT_UNREACHABLE_AFTER
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.liveness import DEFAULT_UNREACHABLE_AFTER
 from agentcore_rl.client.retry import with_retries
 from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.client.transports.base import NotConnectedError, Transport

@@ -13,7 +13,7 @@ servers do not count an unreadable lease as lapsed either.
 
 Example::
 
-    lease = ClientLease(store, "rollouts", "exp-1", FaultConfig(lease_ttl=120.0))
+    lease = ClientLease(store, "rollouts", "exp-1", LivenessConfig(lease=120.0))
     body["_rollout"]["lease"] = lease.reference
     service.start_soon(lease.run, name="client lease")
 """
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.client.faults import FaultConfig
+from agentcore_rl.client.liveness import LivenessConfig
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
 
@@ -39,12 +39,12 @@ logger = logging.getLogger(__name__)
 class ClientLease:
     """One client's lease: where it lives, and the task that renews it.
 
-    ``config.lease_ttl`` must not be ``None`` (no lease: do not create one).
+    ``config.lease`` must not be ``None`` (no lease: do not create one).
     ``wall`` (epoch seconds) stamps renewals; the pause between them is ``config.sleep``.
 
     Example::
 
-        lease = ClientLease(store, bucket, exp_id, FaultConfig())
+        lease = ClientLease(store, bucket, exp_id, LivenessConfig())
     """
 
     def __init__(
@@ -52,17 +52,17 @@ class ClientLease:
         store: ResultStore,
         bucket: str,
         exp_id: str,
-        config: FaultConfig,
+        config: LivenessConfig,
         *,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if config.lease_ttl is None:
-            raise ValueError("ClientLease needs a lease_ttl")
+        if config.lease is None:
+            raise ValueError("ClientLease needs a lease (seconds)")
         self.store = store
         self.bucket = bucket
         self.lease_id = config.lease_id or secrets.token_hex(16)
         self.key = protocol.lease_key(exp_id, self.lease_id)
-        self.ttl = config.lease_ttl
+        self.ttl = config.lease
         self.renew = config.lease_renew
         self._sleep = config.sleep
         self._wall = wall

@@ -9,8 +9,8 @@ again with a new session may succeed.
 
 Among them, *agent losses* (:func:`is_agent_loss`: the agent lost the session, or its
 server shut down under it) say nothing about the input nor about the agent's code: the
-process went away. They have a budget of their own (``retry_lost``, larger than
-``retry_rollouts``), so a rollout unlucky enough to meet three crashes still ends in a
+process went away. They have a budget of their own (``Retries.lost``, larger than
+``Retries.rollouts``), so a rollout unlucky enough to meet three crashes still ends in a
 result, while an agent that keeps failing invocations is given up on sooner.
 
 Everything else is *final*: a result, the handler's own error envelope, a payload the
@@ -87,7 +87,7 @@ def is_lease_cancel(exc: BaseException) -> bool:
 def is_agent_loss(exc: BaseException) -> bool:
     """Whether ``exc`` says the process running the rollout went away under it (a crash
     or restart found by a probe or a successor's ``agent_lost`` envelope, or the server's
-    shutdown cancelling it): retryable, on the ``retry_lost`` budget."""
+    shutdown cancelling it): retryable, on the ``Retries.lost`` budget."""
     return isinstance(exc, AgentLostError) or is_shutdown_cancel(exc)
 
 

@@ -15,7 +15,22 @@ from typing import Any
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError, InvalidRolloutConfig
 
-__all__ = ["build_invocation", "fresh_input_id"]
+__all__ = ["build_invocation", "fresh_input_id", "rollout_extras"]
+
+_NO_EXTRAS: Mapping[str, Any] = {}
+
+
+def rollout_extras(value: object) -> Mapping[str, Any]:
+    """Check a ``rollout=`` argument: a mapping of ``_rollout`` keys (None: no keys)."""
+    if value is None:
+        return _NO_EXTRAS
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise InvalidRolloutConfig(
+            "rollout= takes a mapping of _rollout keys, e.g. rollout={'temperature': 0.7}, "
+            f"got {value!r:.80}",
+            field="rollout",
+        )
+    return value
 
 
 def fresh_input_id() -> str:
@@ -39,11 +54,6 @@ def build_invocation(
     ``_rollout`` = ``defaults`` (its ``input_id`` ignored), then the payload's own
     ``_rollout`` keys, then ``overrides``, then ``input_id``; without any input id,
     ``default_input_id`` or a :func:`fresh_input_id`.
-
-    Example::
-
-        body, config = build_invocation(defaults, {"prompt": "hi"}, input_id=None,
-                                        overrides={}, default_input_id="000017")
     """
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(

@@ -8,6 +8,9 @@ from another, e.g. a fixture's teardown) opens it lazily with :meth:`Service.ope
 one host task enters the task group, and :meth:`Service.aclose` cancels the work and
 joins that task, so it never outlives the object.
 
+The task group is the object's own business: an exception raised in the caller's
+``async with`` block leaves it as itself, never inside an ``ExceptionGroup``.
+
 Example::
 
     service = Service("agentcore-rl client", setup=lambda s: s.start_soon(watcher.run, name="w"))
@@ -19,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
@@ -26,16 +30,18 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from agentcore_rl._unwrap import unwrap
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import (  # type: ignore[import-not-found,unused-ignore]  # anyio's dependency there
+        BaseExceptionGroup,
+    )
+
 __all__ = ["Service"]
 
 
 class Service:
-    """One task group that runs ``start_soon``/``start`` work until :meth:`aclose`.
-
-    Example::
-
-        await service.start(batch.run)     # returns once the run has begun
-    """
+    """One task group that runs ``start_soon``/``start`` work until :meth:`aclose`."""
 
     def __init__(self, name: str, *, setup: Callable[[Service], None] | None = None) -> None:
         self.name = name
@@ -62,9 +68,9 @@ class Service:
         self._outer = outer
         try:
             await outer.start(self._serve)
-        except BaseException as exc:
+        except BaseException:
             self._outer = None
-            await outer.__aexit__(type(exc), exc, exc.__traceback__)
+            await _leave(outer)
             raise
         return self
 
@@ -73,15 +79,14 @@ class Service:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool | None:
+    ) -> None:
         outer, self._outer = self._outer, None
-        suppress: bool | None = None
         try:
             await self.aclose()
         finally:
             if outer is not None:  # the task that entered it exits it
-                suppress = await outer.__aexit__(exc_type, exc, tb)
-        return suppress
+                await _leave(outer)
+        return None  # the block's own exception, if any, goes on as itself
 
     def open_hosted(self) -> None:
         """Open without ``async with``: a host task owns the task group until ``aclose``.
@@ -147,4 +152,17 @@ class Service:
             await self._ended.wait()
         host, self._host = self._host, None
         if host is not None:
-            await host
+            try:
+                await host
+            except BaseExceptionGroup as group:
+                raise unwrap(group) from None
+
+
+async def _leave(outer: TaskGroup) -> None:
+    """Exit ``outer`` (its work has ended) without handing it the block's exception, which
+    it would wrap in an ``ExceptionGroup``; a failure of its own leaves unwrapped when it
+    is one exception."""
+    try:
+        await outer.__aexit__(None, None, None)
+    except BaseExceptionGroup as group:
+        raise unwrap(group) from None

@@ -61,7 +61,7 @@ class ClientStats:
     but its token trace could not be had), ``agents_lost`` (a probe found the session unknown
     to its agent, or its restarted agent wrote an ``agent_lost`` envelope: crashed).
     ``rollout_retries``: rollouts run again in a new session after a retryable outcome,
-    ``lost_retries`` those of them after an agent loss (``retry_lost``); ``probes`` /
+    ``lost_retries`` those of them after an agent loss (``Retries.lost``); ``probes`` /
     ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
     waited ``escalate_after`` behind invocations and then queued among them;
     ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in

@@ -84,6 +84,7 @@ class SessionStopper:
             self._send.send_nowait(session_id)
         except anyio.ClosedResourceError:
             logger.warning("session %s not stopped: the client is closed", session_id)
+            self.unstopped.append(session_id)  # listed, not lost
             return
         self._unfinished += 1
         self._pending.add(session_id)

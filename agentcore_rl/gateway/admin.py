@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -34,12 +34,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentcore_rl.gateway.errors import TraceLostError
-from agentcore_rl.gateway.record import dump_trace
+from agentcore_rl.gateway.policy_gate import PolicyGate
+from agentcore_rl.gateway.record import SessionTrace, dump_trace
 
-if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import RolloutGateway
-
-__all__ = ["GATEWAY_ID_HEADER", "admin_app"]
+__all__ = ["GATEWAY_ID_HEADER", "AdminTarget", "admin_app"]
 
 #: The header of ``POST /admin/sessions``'s answer naming the gateway process (its id).
 GATEWAY_ID_HEADER: Final = "x-gateway-id"
@@ -51,7 +49,41 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
 
-def admin_app(gateway: RolloutGateway) -> Starlette:
+class AdminTarget(Protocol):
+    """What the admin routes use of a gateway (:class:`~agentcore_rl.gateway.RolloutGateway`
+    has it all); a protocol, so that this module does not import the gateway's."""
+
+    admin_token: str | None
+    gateway_id: str
+    gate: PolicyGate
+    stats: dict[str, int]
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    @property
+    def live_sessions(self) -> int: ...
+
+    def set_policy_version(self, version: int) -> None: ...
+
+    def open_session(
+        self,
+        session_id: str,
+        *,
+        exp_id: str | None = None,
+        input_id: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> None: ...
+
+    def peek_session(self, session_id: str) -> SessionTrace: ...
+
+    async def finish_session(self, session_id: str) -> SessionTrace: ...
+
+
+def admin_app(gateway: AdminTarget) -> Starlette:
     """The admin routes of ``gateway`` (see the module doc)."""
 
     def guarded(handler: Handler) -> Handler:

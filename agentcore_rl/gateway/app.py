@@ -41,6 +41,7 @@ from typing import Any, Final
 import anyio
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl.gateway.admin import admin_app
 from agentcore_rl.gateway.backends import (
     CHAT,
     COMPLETIONS,
@@ -210,8 +211,6 @@ class RolloutGateway:
         self._upstreams: list[_Upstream] = []  # with their connections, while entered
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
-        from agentcore_rl.gateway.admin import admin_app  # the admin routes use this class
-
         self._admin = admin_app(self)
 
     def __repr__(self) -> str:

@@ -1,15 +1,18 @@
 """LocalStack: a whole AgentCore-style deployment on one machine, inside one event loop.
 
-It starts, in order: S3 (moto's server on loopback, unless an endpoint or a bucket is
-configured), the result bucket, the scripted stand-in policy (unless ``policy_base_url``
-points at a real OpenAI-compatible server), N agent servers for your ASGI app and the
-local AgentCore Runtime in front of them. On exit (also on cancellation, e.g. Ctrl-C) it
+It starts, in order: S3 (moto's server on loopback, unless an S3 endpoint is given or
+real AWS is asked for with ``s3="aws"``), the result bucket, a private spool directory,
+the scripted stand-in policy (unless ``policy_base_url`` points at a real
+OpenAI-compatible server), N agent servers for your ASGI app and the local AgentCore
+Runtime in front of them. On exit (also on cancellation, e.g. Ctrl-C) it
 stops them in reverse order and restores the environment.
 
 The agents and the trainer reach the parts through the standard AWS environment
 variables the stack sets for its lifetime, exactly as they would reach real AWS:
 ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (the local runtime), ``AWS_ENDPOINT_URL_S3`` and,
-with embedded S3, fake credentials and the ARN's region. The environment is process-wide,
+with embedded S3, fake credentials and the ARN's region. The agents' spool is the
+stack's own temporary directory (``AGENTCORE_RL_SPOOL_DIR``), removed on exit: they never
+see, deliver or report envelopes other agents spooled. The environment is process-wide,
 so run one stack per process at a time.
 
 Example::
@@ -24,11 +27,15 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.local.background import BackgroundServer
@@ -41,6 +48,9 @@ from agentcore_rl.local.runtime import (
 )
 from agentcore_rl.protocol import parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.settings import SPOOL_DIR_ENV
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app"]
 
@@ -73,10 +83,6 @@ def load_app(target: str) -> Any:
     The module is executed anew on every call (its dependencies are imported once, as
     usual), so each agent server gets its own app, as each AgentCore Runtime session gets
     its own container. ``sys.modules`` is left as it was.
-
-    Example::
-
-        app = load_app("examples.math_agent.agent:app")
     """
     module_name, attribute, spec = _find_module(target)
     assert spec.loader is not None
@@ -134,8 +140,8 @@ class LocalStack:
 
     S3: by default moto's server is embedded and ``bucket`` (default
     ``agentcore-rl-local``) is created in it. With ``s3_endpoint_url`` (MinIO, a shared
-    moto...) that endpoint is used and the bucket is created there. With only ``bucket``,
-    real S3 is used with your own credentials and the bucket must exist.
+    moto...) that endpoint is used and the bucket is created there. Only ``s3="aws"``
+    reaches real S3, with your own credentials; then ``bucket`` must be given and exist.
 
     Policy: the scripted stand-in (``policy``, default ``ScriptedPolicy()``) is served
     unless ``policy_base_url`` names an OpenAI-compatible server (then ``policy_model``
@@ -154,6 +160,7 @@ class LocalStack:
         app_factory: Callable[[], Any] | None = None,
         agents: int = 2,
         bucket: str | None = None,
+        s3: Literal["embedded", "aws"] = "embedded",
         s3_endpoint_url: str | None = None,
         policy: ScriptedPolicy | None = None,
         policy_base_url: str | None = None,
@@ -170,8 +177,16 @@ class LocalStack:
             raise ConfigurationError(f"agents must be >= 1, got {agents}")
         if policy is not None and policy_base_url is not None:
             raise ConfigurationError("give policy or policy_base_url, not both")
+        if s3 not in ("embedded", "aws"):
+            raise ConfigurationError(f"s3 must be 'embedded' or 'aws', got {s3!r}")
+        if s3 == "aws" and s3_endpoint_url is not None:
+            raise ConfigurationError("give s3='aws' or s3_endpoint_url, not both")
+        if s3 == "aws" and bucket is None:
+            raise ConfigurationError("s3='aws' needs the bucket= of yours the results go to")
         self.region = parse_runtime_arn(agent_runtime_arn).region
-        self.embedded_s3 = s3_endpoint_url is None and bucket is None
+        self.embedded_s3 = s3 == "embedded" and s3_endpoint_url is None
+        #: The agents' private spool directory while the stack runs.
+        self.spool_dir: Path | None = None
         try:
             self.bucket = validate_bucket(bucket or DEFAULT_LOCAL_BUCKET, name="bucket")
         except InvalidRolloutConfig as exc:
@@ -224,12 +239,7 @@ class LocalStack:
         return env
 
     async def start(self) -> LocalStack:
-        """Start every part (no-op when running). On failure, what started is stopped.
-
-        Example::
-
-            stack = await LocalStack(app).start()
-        """
+        """Start every part (no-op when running). On failure, what started is stopped."""
         if self._stack is not None:
             return self
         stack = contextlib.AsyncExitStack()
@@ -251,6 +261,9 @@ class LocalStack:
 
         env = _Environment()
         stack.callback(env.restore)
+        self.spool_dir = Path(tempfile.mkdtemp(prefix="agentcore-rl-stack-spool-"))
+        stack.callback(self._remove_spool, self.spool_dir)
+        env.set(SPOOL_DIR_ENV, str(self.spool_dir))
         if self.embedded_s3:
             for name, value in _FAKE_CREDENTIALS.items():
                 env.set(name, value)
@@ -300,6 +313,19 @@ class LocalStack:
         )
         self.runtime_endpoint_url = runtime_server.url
         env.set("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
+
+    def _remove_spool(self, directory: Path) -> None:
+        self.spool_dir = None
+        left = sorted(directory.glob("*.json"))
+        if left and not self.embedded_s3:
+            # Meant for an S3 that outlives the stack: a server with this spool delivers them.
+            logger.warning(
+                "%d envelope(s) could not be written to S3 and remain in %s",
+                len(left),
+                directory,
+            )
+            return
+        shutil.rmtree(directory, ignore_errors=True)
 
     @staticmethod
     async def _close_all(servers: list[BackgroundServer]) -> None:

@@ -1,4 +1,5 @@
-"""The agent side: :class:`AgentCoreRLApp`, an ASGI rollout server, and its request context.
+"""The agent side: :class:`AgentCoreRLApp`, an ASGI rollout server, its config objects
+and its request context.
 
 Example::
 
@@ -12,7 +13,23 @@ Example::
 """
 
 from agentcore_rl.server.app import AgentCoreRLApp
+from agentcore_rl.server.config import (
+    RepeatConfig,
+    RequestLimits,
+    ShutdownConfig,
+    SpoolConfig,
+    WorkerConfig,
+)
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.faults import FaultChecks
 
-__all__ = ["AgentCoreRLApp", "FaultChecks", "RequestContext"]
+__all__ = [
+    "AgentCoreRLApp",
+    "FaultChecks",
+    "RepeatConfig",
+    "RequestContext",
+    "RequestLimits",
+    "ShutdownConfig",
+    "SpoolConfig",
+    "WorkerConfig",
+]

@@ -19,7 +19,19 @@ from typing import Any
 from agentcore_rl import protocol
 from agentcore_rl.server.ledger import LedgerEntry
 
-__all__ = ["dumps_strict", "error_envelope_bytes", "lost_envelope_bytes", "outcome_envelope"]
+__all__ = [
+    "describe_exception",
+    "dumps_strict",
+    "error_envelope_bytes",
+    "lost_envelope_bytes",
+    "outcome_envelope",
+]
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"KeyError: 'a'"``: the type always, since some messages mean nothing alone."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def dumps_strict(obj: Any) -> bytes:

@@ -16,6 +16,10 @@ loses them, and with it the disk). The file is rewritten with only the running r
 when finished lines dominate, so it stays small on a server that runs for months. Where
 ``fcntl`` is missing (Windows) the ledger is off.
 
+Each file starts with the ledger's ``identity`` (the app and the S3 it writes to): a
+successor takes over only the ledgers of its own identity, so a directory shared by two
+apps, or by one app pointed at two S3s, never has one report the other's rollouts.
+
 Example::
 
     ledger = RunLedger(Path("/var/spool/agent"))
@@ -35,9 +39,10 @@ import json
 import logging
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 try:
     import fcntl
@@ -48,13 +53,14 @@ __all__ = ["LEDGER_ENV", "LedgerEntry", "OrphanLedger", "RunLedger"]
 
 logger = logging.getLogger(__name__)
 
-#: ``0``/``false``/``off`` turns the ledger off (the ``run_ledger=`` default).
+#: ``0``/``false``/``off`` turns the ledger off (the ``SpoolConfig.run_ledger`` default).
 LEDGER_ENV: Final = "AGENTCORE_RL_RUN_LEDGER"
 
 _PREFIX: Final = "ledger-"
 _SUFFIX: Final = ".jsonl"
 _BEGIN: Final = "+"
 _END: Final = "-"
+_IDENTITY: Final = "="
 # Rewrite the file once it holds this many lines and four times as many as are running.
 _COMPACT_MIN_LINES: Final = 1024
 _COMPACT_FACTOR: Final = 4
@@ -67,12 +73,7 @@ def ledger_enabled_by_env(environ: dict[str, str] | os._Environ[str] = os.enviro
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One rollout a dead process started and never finished.
-
-    Example::
-
-        entry.bucket, entry.key, entry.session_id
-    """
+    """One rollout a dead process started and never finished."""
 
     bucket: str
     key: str
@@ -91,14 +92,17 @@ def _lock(fd: int) -> bool:
     return True
 
 
-def _parse(data: bytes) -> list[LedgerEntry]:
-    """The entries begun and not ended in a ledger file's bytes (bad lines skipped: the
-    last one may be torn)."""
+def _parse(data: bytes) -> tuple[list[Any] | None, list[LedgerEntry]]:
+    """The identity and the entries begun and not ended in a ledger file's bytes (bad
+    lines skipped: the last one may be torn)."""
+    identity: list[Any] | None = None
     running: dict[int, LedgerEntry] = {}
     for line in data.splitlines():
         try:
             record = json.loads(line)
-            if record[0] == _BEGIN:
+            if record[0] == _IDENTITY:
+                identity = list(record[1:])
+            elif record[0] == _BEGIN:
                 _, n, bucket, key, sid, exp_id, input_id, started = record
                 running[int(n)] = LedgerEntry(
                     str(bucket), str(key), str(sid), str(exp_id), str(input_id), float(started)
@@ -107,7 +111,7 @@ def _parse(data: bytes) -> list[LedgerEntry]:
                 running.pop(int(record[1]), None)
         except (ValueError, TypeError, IndexError, KeyError):
             continue
-    return list(running.values())
+    return identity, list(running.values())
 
 
 class OrphanLedger:
@@ -162,8 +166,17 @@ class RunLedger:
         ledger.close()
     """
 
-    def __init__(self, directory: Path, *, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path | None,
+        *,
+        enabled: bool = True,
+        identity: Sequence[str | None] = (),
+    ) -> None:
+        #: ``None`` until the owner knows it (the app: once its name is known).
         self.directory = directory
+        #: Whose ledgers this one takes over: those written under the same identity.
+        self.identity: tuple[str | None, ...] = tuple(identity)
         self.enabled = enabled and fcntl is not None
         self._fd: int | None = None
         self._path: Path | None = None
@@ -192,12 +205,14 @@ class RunLedger:
     def _new_file(self) -> tuple[Path, int]:
         """A fresh file, locked before it appears under a name others look at."""
         self._generation += 1
+        assert self.directory is not None
         path = self.directory / f"{self._name}-{self._generation}{_SUFFIX}"
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         try:
             if not _lock(fd):  # nobody else knows the name; cannot happen
                 raise OSError(f"could not lock {tmp}")
+            os.write(fd, (json.dumps([_IDENTITY, *self.identity]) + "\n").encode())
             if self._running:
                 os.write(fd, b"".join(self._running.values()))
             tmp.replace(path)
@@ -210,7 +225,7 @@ class RunLedger:
 
     def open(self) -> None:
         """Create and lock this process's ledger file. Idempotent."""
-        if not self.enabled or self._fd is not None:
+        if not self.enabled or self._fd is not None or self.directory is None:
             return
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -314,12 +329,8 @@ class RunLedger:
         A ledger whose lock is held belongs to a live process and is left alone. Each
         returned ledger stays locked (so no other successor reports it too) until its
         :meth:`OrphanLedger.release` or :meth:`OrphanLedger.abandon`.
-
-        Example::
-
-            orphans = ledger.claim_orphans()
         """
-        if not self.enabled or not self.directory.is_dir():
+        if not self.enabled or self.directory is None or not self.directory.is_dir():
             return []
         orphans: list[OrphanLedger] = []
         for tmp in self.directory.glob(f"{_PREFIX}*.tmp"):
@@ -338,9 +349,12 @@ class RunLedger:
                     os.close(fd)
                     continue
                 with os.fdopen(os.dup(fd), "rb") as handle:
-                    entries = _parse(handle.read())
+                    identity, entries = _parse(handle.read())
             except OSError:
                 os.close(fd)
+                continue
+            if identity != list(self.identity):
+                os.close(fd)  # another app's, or for another S3: not ours to report
                 continue
             orphans.append(OrphanLedger(path, fd, _pid_of(path), entries))
         return orphans

@@ -33,7 +33,11 @@ from anyio.abc import TaskGroup
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.envelopes import error_envelope_bytes, outcome_envelope
+from agentcore_rl.server.envelopes import (
+    describe_exception,
+    error_envelope_bytes,
+    outcome_envelope,
+)
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
 from agentcore_rl.server.ledger import RunLedger
 from agentcore_rl.server.spool import Spool
@@ -42,7 +46,8 @@ __all__ = ["RolloutJob", "RolloutRunner", "ShutdownReport"]
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN_REASON: Final = "cancelled: the agent server is shutting down"
+# Reasons of "cancelled" envelopes: the error type already says "cancelled".
+SHUTDOWN_REASON: Final = "the agent server is shutting down"
 DEFAULT_CANCEL_TIMEOUT: Final = 5.0
 
 
@@ -211,10 +216,6 @@ class RolloutRunner:
         starts there at once, else the caller must ``await runner.run(job)``.
 
         ``envelope_payload`` replaces the payload in the envelope (a digest of a large one).
-
-        Example::
-
-            job = runner.start(spec, payload, ctx, limiter=limiter)
         """
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
@@ -311,7 +312,7 @@ class RolloutRunner:
                     # Not our stop: the event loop itself is going away. Record it, then
                     # let the cancellation proceed.
                     foreign_cancel = exc
-                    job.cancel_reason = "cancelled: the event loop is shutting down"
+                    job.cancel_reason = "the event loop is shutting down"
                 else:
                     _uncancel()
                 if job.checking:
@@ -334,7 +335,7 @@ class RolloutRunner:
                     )
             except Exception as exc:
                 error_type = protocol.ERROR_HANDLER_RAISED
-                reason = str(exc) or type(exc).__name__
+                reason = describe_exception(exc)
                 tb = traceback.format_exc()
                 metadata = self._metadata(job)
                 if metadata is not None:
@@ -464,10 +465,6 @@ class RolloutRunner:
         Cancelled rollouts write their "cancelled" envelopes. A job that does not finish
         within ``cancel_timeout`` after being cancelled (a handler that swallows
         cancellation, an S3 write that hangs) has its envelope spooled instead.
-
-        Example::
-
-            report = await runner.shutdown(grace=20.0)
         """
         self._closed = True
         before = len(self._jobs)
@@ -496,7 +493,7 @@ class RolloutRunner:
         body = job.body
         if body is None:
             body = self._cancelled_body(
-                job, "cancelled: the agent server shut down and the handler did not stop"
+                job, "the agent server shut down and the handler did not stop"
             )
         job.body = body if body is not None else b""
         job.delivered = True

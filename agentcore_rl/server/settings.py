@@ -4,18 +4,20 @@ Example::
 
     from agentcore_rl.server.settings import DEFAULT_SHUTDOWN_GRACE, default_host
 
-    app = AgentCoreRLApp(shutdown_grace=2 * DEFAULT_SHUTDOWN_GRACE)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=2 * DEFAULT_SHUTDOWN_GRACE))
     app.run(host=default_host())
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.server.parsing import ALLOWED_BUCKETS_ENV
@@ -30,9 +32,12 @@ __all__ = [
     "DEFAULT_STOP_WAIT",
     "HOST_ENV",
     "SPOOL_DIR_ENV",
+    "app_name_from_env",
     "app_spool_dir",
+    "check_app_name",
     "default_host",
     "default_spool_dir",
+    "handler_app_name",
 ]
 
 #: ACR accepts payloads up to 100 MB; so does the server unless told otherwise.
@@ -66,10 +71,6 @@ def default_host() -> str:
     A container is recognised by ``DOCKER_CONTAINER`` in the environment (AWS's AgentCore
     starter Dockerfiles set it), ``/.dockerenv`` or ``/run/.containerenv``. Outside one,
     the server only listens on loopback so a laptop does not expose the agent.
-
-    Example::
-
-        uvicorn.run(app, host=default_host(), port=8080)
     """
     host = os.environ.get(HOST_ENV, "").strip()
     if host:
@@ -80,25 +81,45 @@ def default_host() -> str:
     return "0.0.0.0" if in_container else "127.0.0.1"
 
 
-def app_spool_dir(name: str | None, environ: Mapping[str, str] = os.environ) -> Path:
-    """The default spool directory of an agent called ``name`` (else ``$AGENTCORE_RL_APP_NAME``):
-    ``default_spool_dir() / name``, so two different agents on one host keep their spools
-    and run ledgers apart while restarts of one agent find each other's; without a name,
-    :func:`default_spool_dir` itself.
-
-    Example::
-
-        app_spool_dir("math-agent")   # ~/.local/state/agentcore-rl/spool/math-agent
-    """
-    name = name if name is not None else environ.get(APP_NAME_ENV, "").strip() or None
-    base = default_spool_dir(environ)
-    if name is None:
-        return base
+def check_app_name(name: str) -> str:
+    """``name`` if it can name an app (and its spool directory), else ConfigurationError."""
     if not _NAME.fullmatch(name):
         raise ConfigurationError(
             f"app name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (it names a directory)"
         )
-    directory = base / name
+    return name
+
+
+def app_name_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+    """``$AGENTCORE_RL_APP_NAME`` (checked), or ``None`` when unset."""
+    name = environ.get(APP_NAME_ENV, "").strip()
+    return check_app_name(name) if name else None
+
+
+def handler_app_name(func: Callable[..., Any]) -> str:
+    """The app name derived from its handler: ``module.qualname`` (a script's file name
+    for ``__main__``), so every restart of one agent finds the same spool and two
+    different agents never share one.
+    """
+    module = getattr(func, "__module__", None) or "app"
+    if module == "__main__":
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+        module = Path(main_file).stem if main_file else "main"
+    qualname = getattr(func, "__qualname__", None) or type(func).__qualname__
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{module}.{qualname}").lstrip(".")
+    if len(name) > 64:
+        # Still one name per handler: the tail says which, the digest keeps them apart.
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        name = f"{name[-51:].lstrip('.')}-{digest}"
+    return check_app_name(name or "app")
+
+
+def app_spool_dir(name: str, environ: Mapping[str, str] = os.environ) -> Path:
+    """The default spool directory of the agent called ``name``: ``default_spool_dir() /
+    name``, so two different agents on one host keep their spools and run ledgers apart
+    while restarts of one agent find each other's.
+    """
+    directory = default_spool_dir(environ) / check_app_name(name)
     _usable(directory)
     return directory
 
@@ -119,10 +140,6 @@ def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
     XDG rule: state that should survive a restart but is not worth backing up), else, when
     the home directory cannot be written (containers running as a user without one),
     ``<tempdir>/agentcore-rl-spool-<uid>``. Created with mode 0700 if missing.
-
-    Example::
-
-        AgentCoreRLApp(spool_dir=default_spool_dir())   # what the default does
     """
     fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
     state = environ.get("XDG_STATE_HOME", "").strip()

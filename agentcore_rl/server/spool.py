@@ -6,7 +6,12 @@ written to a file in the spool directory instead of being dropped. A retry task,
 task group of whoever owns the spool (the app's lifespan, or ``async with spool``),
 retries the spooled files with exponential backoff until they are delivered, and the
 server makes one more attempt at shutdown. Files that still cannot be delivered stay on
-disk; a server started later with the same ``spool_dir`` picks them up.
+disk; a server of the same app started later with the same directory picks them up.
+
+Each file names where its envelope was meant to go: the app that spooled it (``owner``)
+and the S3 endpoint and region (:func:`s3_destination`). A spool adopts only files of its
+own owner and destination; the others are left on disk, untouched and unreported, for
+the server they belong to.
 
 Example::
 
@@ -26,7 +31,7 @@ import secrets
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -37,7 +42,13 @@ from anyio.abc import TaskGroup
 
 from agentcore_rl.s3 import ResultStore
 
-__all__ = ["DEFAULT_SPOOL_MAX_RETRY_INTERVAL", "DEFAULT_SPOOL_RETRY_INTERVAL", "Spool"]
+__all__ = [
+    "DEFAULT_SPOOL_MAX_RETRY_INTERVAL",
+    "DEFAULT_SPOOL_RETRY_INTERVAL",
+    "Destination",
+    "Spool",
+    "s3_destination",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +61,33 @@ _CANCELLED_WRITE_TIMEOUT: Final = 10.0
 
 
 @dataclass(frozen=True)
+class Destination:
+    """The S3 an envelope was meant for: endpoint URL and region (``None``: AWS's default)."""
+
+    endpoint_url: str | None
+    region: str | None
+
+
+def s3_destination(store: ResultStore, environ: Mapping[str, str] = os.environ) -> Destination:
+    """Where ``store`` writes, as its client will resolve it: its own settings, else the
+    standard AWS variables as they are now (the client is made at the first write)."""
+    endpoint = (
+        store.endpoint_url
+        or environ.get("AWS_ENDPOINT_URL_S3")
+        or environ.get("AWS_ENDPOINT_URL")
+        or None
+    )
+    region = store.region_name or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    return Destination(endpoint.rstrip("/") if endpoint else None, region or None)
+
+
+@dataclass(frozen=True)
 class _Record:
     bucket: str
     key: str
     body: bytes
+    owner: str | None = None
+    destination: Destination | None = None
 
 
 def _write_file(directory: Path, name: str, data: bytes, tmp_suffix: str = ".tmp") -> Path:
@@ -75,7 +109,20 @@ def _read_record(path: Path) -> _Record:
         isinstance(doc.get(k), str) for k in ("bucket", "key", "body")
     ):
         raise ValueError("not a spool record (needs string bucket, key and body)")
-    return _Record(doc["bucket"], doc["key"], doc["body"].encode())
+    target = doc.get("destination")
+    destination = (
+        Destination(target.get("endpoint_url"), target.get("region"))
+        if isinstance(target, dict)
+        else None
+    )
+    owner = doc.get("owner")
+    return _Record(
+        doc["bucket"],
+        doc["key"],
+        doc["body"].encode(),
+        owner if isinstance(owner, str) else None,
+        destination,
+    )
 
 
 def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
@@ -100,6 +147,8 @@ class Spool:
 
     ``directory`` defaults to a fresh temporary directory (created on first use); give a
     persistent one so a restarted server delivers what its predecessor could not.
+    ``owner`` names the app whose envelopes these are: :meth:`recover` adopts only files
+    of the same owner meant for the same S3 (:func:`s3_destination` of ``store``).
     ``retry_interval`` is the first wait before a retry; it doubles after each failed pass
     up to ``max_retry_interval`` and resets after a success. ``on_change`` is called when
     the number of pending files changes (the server reports ``HealthyBusy`` meanwhile).
@@ -119,6 +168,7 @@ class Spool:
         store: ResultStore,
         *,
         directory: Path | None = None,
+        owner: str | None = None,
         retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL,
         max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
         on_change: Callable[[], None] | None = None,
@@ -127,6 +177,7 @@ class Spool:
             raise ValueError("need 0 < retry_interval <= max_retry_interval")
         self._store = store
         self._directory = directory
+        self.owner = owner
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
         self._on_change = on_change
@@ -153,6 +204,13 @@ class Spool:
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
         return self._directory
+
+    def place(self, directory: Path | None, owner: str | None) -> None:
+        """Set the directory and owner once they are known (before the spool is used)."""
+        if self._entries:
+            raise RuntimeError("a spool holding envelopes cannot move")
+        self._directory = directory
+        self.owner = owner
 
     @property
     def pending(self) -> int:
@@ -207,12 +265,20 @@ class Spool:
 
         If the disk write fails too, the envelope is logged in full at CRITICAL level, the
         last place it can go.
-
-        Example::
-
-            await spool.add("rollouts", key, json.dumps(envelope).encode())
         """
-        record = json.dumps({"bucket": bucket, "key": key, "body": body.decode()}).encode()
+        destination = s3_destination(self._store)
+        record = json.dumps(
+            {
+                "bucket": bucket,
+                "key": key,
+                "owner": self.owner,
+                "destination": {
+                    "endpoint_url": destination.endpoint_url,
+                    "region": destination.region,
+                },
+                "body": body.decode(),
+            }
+        ).encode()
         name = f"{time.time_ns():020d}-{secrets.token_hex(4)}{_SUFFIX}"
         try:
             try:
@@ -292,24 +358,41 @@ class Spool:
         await self.add(bucket, key, body)
 
     async def recover(self) -> int:
-        """Adopt envelope files a previous server left in the directory; return how many.
-
-        Example::
-
-            await spool.recover()   # at startup
+        """Adopt the envelope files a previous server of the same owner left in the
+        directory for the same S3; return how many. Other files are left alone.
         """
         if self._directory is None or not self._directory.is_dir():
             return 0
+        ours = s3_destination(self._store)
 
-        def scan(directory: Path) -> list[Path]:
-            return sorted(directory.glob(f"*{_SUFFIX}"))
+        def scan(directory: Path) -> list[tuple[Path, _Record | None]]:
+            found: list[tuple[Path, _Record | None]] = []
+            for path in sorted(directory.glob(f"*{_SUFFIX}")):
+                try:
+                    found.append((path, _read_record(path)))
+                except FileNotFoundError:
+                    continue  # delivered by another server meanwhile
+                except (OSError, ValueError):
+                    found.append((path, None))
+            return found
 
-        found = [p for p in await anyio.to_thread.run_sync(scan, self._directory)]
-        new = [p for p in found if p not in self._entries]
-        for path in new:
-            with contextlib.suppress(OSError, ValueError):  # drain() sets bad files aside
-                record = await anyio.to_thread.run_sync(_read_record, path)
-                self._track(path, record.bucket, record.key)
+        new: list[Path] = []
+        foreign = 0
+        for path, record in await anyio.to_thread.run_sync(scan, self._directory):
+            if path in self._entries:
+                continue
+            if record is None or record.owner != self.owner or record.destination != ours:
+                # Another app's, another S3's, or unreadable: not ours to deliver or report.
+                foreign += 1
+                continue
+            self._track(path, record.bucket, record.key)
+            new.append(path)
+        if foreign:
+            logger.debug(
+                "spool %s: left %d file(s) of other apps or S3 endpoints alone",
+                self._directory,
+                foreign,
+            )
         if new:
             self._entries.update(new)
             self._changed()
@@ -334,10 +417,6 @@ class Spool:
 
         After a failure, the rest of that bucket's files wait for the next pass, so an
         unreachable bucket costs one request per pass, not one per file.
-
-        Example::
-
-            remaining = await spool.drain()
         """
         async with self._lock:
             failed_buckets: set[str] = set()
@@ -405,10 +484,6 @@ class Spool:
         """Stop retrying in the background, try once more, and return how many remain.
 
         Idempotent. What remains stays on disk and is logged loudly.
-
-        Example::
-
-            left = await spool.aclose()
         """
         self._closed = True
         if self._retrying is not None:
@@ -416,10 +491,9 @@ class Spool:
         remaining = await self.drain() if final_drain and self._entries else len(self._entries)
         if remaining:
             logger.critical(
-                "%d result envelope(s) could not be written to S3 and remain in %s; start a "
-                "server with spool_dir=%s (or AGENTCORE_RL_SPOOL_DIR) to deliver them",
+                "%d result envelope(s) could not be written to S3 and remain in %s; a server "
+                "of the same app started with that spool directory delivers them",
                 remaining,
-                self.directory,
                 self.directory,
             )
         return remaining

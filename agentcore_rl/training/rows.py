@@ -75,7 +75,7 @@ class MissingTrajectoryError(AgentCoreRLError, ValueError):
 
     Example::
 
-        AsyncRolloutClient(..., gateway_url="http://127.0.0.1:9000")   # captures tokens
+        AsyncRolloutClient(..., gateway=GatewayConfig(url="http://127.0.0.1:9000"))  # tokens
     """
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from agentcore_rl.groups import parse_member_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
+from agentcore_rl.server.config import ShutdownConfig
 
 
 @dataclass
@@ -56,7 +57,9 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
     cancelled by a server shutting down.
     """
-    app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0, **app_options)
+    app = AgentCoreRLApp(
+        store=store, **app_options, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0)
+    )
 
     @app.rollout_entrypoint
     async def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from agentcore_rl import protocol
-from agentcore_rl.client import AsyncRolloutClient, TokenBucket
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Retries, TokenBucket
 from agentcore_rl.client.transports.acr import parse_runtime_arn
 from agentcore_rl.errors import ConfigurationError, InvocationError, RolloutError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder
-from tests.client.conftest import FAST_WATCH, QUICK_RETRY, ClientFactory
+from tests.client.conftest import FAST_WATCH, ClientFactory, quick_retries
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def acr_client(make_client: ClientFactory, endpoint: str, **options: Any) -> Asy
     return make_client(
         agent_url=None,
         agent_runtime_arn=DEFAULT_AGENT_RUNTIME_ARN,
-        endpoint_url=endpoint,
+        aws=AwsConfig(endpoint_url=endpoint),
         **options,
     )
 
@@ -98,11 +98,13 @@ async def test_throttling_is_retried_with_the_same_session(
         delays.append(delay)
         clock_now[0] += 1.0  # the runtime refills one token per retry
 
-    from agentcore_rl.client import RetryConfig
+    from agentcore_rl.client import RetryPolicy
 
-    retry = RetryConfig(attempts=3, initial=0.1, maximum=1.0, jitter=0.0, sleep=advance)
+    retry = RetryPolicy(attempts=3, initial=0.1, maximum=1.0, jitter=0.0, sleep=advance)
     async with BackgroundServer(local) as server:
-        client = acr_client(make_client, server.url, retry=retry, stop_finished_sessions=False)
+        client = acr_client(
+            make_client, server.url, retries=Retries(call=retry), stop_finished_sessions=False
+        )
         first = await client.invoke({"n": 1})
         second = await client.invoke({"n": 2})  # throttled once, then accepted
         await asyncio.wait_for(asyncio.gather(first, second), 10)
@@ -110,8 +112,8 @@ async def test_throttling_is_retried_with_the_same_session(
         assert client.stats.throttles == 1
         assert client.stats.retries == 1
         assert recorder.sessions == [first.session_id, second.session_id]
-        assert isinstance(client.bucket, TokenBucket)
-        assert client.bucket.rate < client.bucket.max_rate
+        assert isinstance(client.rate_limiter, TokenBucket)
+        assert client.rate_limiter.rate < client.rate_limiter.max_rate
         await client.aclose()
 
 
@@ -142,8 +144,9 @@ def test_runtime_arn_is_checked() -> None:
         ),
         ({"agent_url": "ftp://host"}, "not an http"),
         ({"agent_url": []}, "at least one URL"),
-        ({"agent_url": "http://127.0.0.1:1", "max_concurrent_sessions": 0}, "max_concurrent"),
-        ({"agent_url": "http://127.0.0.1:1", "timeout": 0}, "timeout"),
+        ({"agent_url": "http://127.0.0.1:1", "limits": "many"}, "limits must be a Limits"),
+        ({"agent_url": "http://127.0.0.1:1", "rollout": ["x"]}, "rollout= takes a mapping"),
+        ({"agent_url": "http://127.0.0.1:1", "rollout": {"exp_id": "x"}}, "cannot set 'exp_id'"),
         ({"agent_url": "http://127.0.0.1:1", "exp_id": "a/b"}, "exp_id"),
         ({"agent_url": "http://127.0.0.1:1", "s3_bucket": "Bad_Bucket"}, "s3_bucket"),
     ],
@@ -153,7 +156,7 @@ def test_bad_constructor_arguments(options: dict[str, Any], match: str) -> None:
         "s3_bucket": "bkt",
         "exp_id": "e",
         "watcher": FAST_WATCH,
-        "retry": QUICK_RETRY,
+        "retries": quick_retries(),
     }
     settings.update(options)
     with pytest.raises(ConfigurationError, match=match):

@@ -17,7 +17,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits
 
 
 async def test_attach_to_a_rollout_started_by_another_client(
@@ -76,7 +76,7 @@ async def test_attach_holds_a_slot_until_the_outcome(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     starter = make_client()
-    follower = make_client(max_concurrent_sessions=1)
+    follower = make_client(limits=fast_limits(max_concurrent_sessions=1))
     started = await starter.invoke({"mode": "gate"})
     fut = await follower.attach(session_id=started.session_id, result_key=started.result_key)
     waiting = asyncio.create_task(follower.invoke({"n": 2}))

@@ -17,7 +17,7 @@ from agentcore_rl.errors import (
     RolloutTimeoutError,
 )
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits
 
 
 async def collect(batch: Any) -> list[BatchItem]:
@@ -28,7 +28,7 @@ async def collect(batch: Any) -> list[BatchItem]:
 
 
 async def test_every_payload_gets_one_item(make_client: ClientFactory, recorder: Recorder) -> None:
-    client = make_client(max_concurrent_sessions=2)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=2))
     payloads: list[Any] = [
         {"n": 0},
         {"mode": "raise"},
@@ -38,7 +38,7 @@ async def test_every_payload_gets_one_item(make_client: ClientFactory, recorder:
         {"n": 5, "_rollout": {"input_id": "mine"}},
     ]
     # The timeout only has to outlast the quick rollouts, with room for a loaded CI machine.
-    items = await collect(client.run_batch(payloads, timeout=2.0, temperature=0.3))
+    items = await collect(client.run_batch(payloads, timeout=2.0, rollout={"temperature": 0.3}))
     by_index = {item.index: item for item in items}
     assert sorted(by_index) == list(range(6))
     assert by_index[0].success
@@ -75,7 +75,7 @@ async def test_items_come_in_completion_order(
 async def test_early_break_stops_every_live_session(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=4)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=4))
     payloads = [{"n": 0}] + [{"mode": "hang"} for _ in range(9)]
     async with contextlib.aclosing(client.run_batch(payloads)) as batch:
         async for item in batch:
@@ -93,7 +93,7 @@ async def test_early_break_stops_every_live_session(
 async def test_dropping_the_iterator_after_break_also_stops_sessions(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=3)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=3))
     payloads = [{"n": 0}] + [{"mode": "hang"} for _ in range(5)]
     async for item in client.run_batch(payloads):
         first = item.session_id
@@ -106,7 +106,7 @@ async def test_dropping_the_iterator_after_break_also_stops_sessions(
 async def test_closing_the_client_ends_the_batch(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=2)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=2))
     batch = client.run_batch([{"mode": "hang"} for _ in range(5)])
     first = asyncio.create_task(batch.__anext__())
     await recorder.wait_for(lambda: recorder.running == 2)
@@ -138,7 +138,7 @@ def _new_client_tasks(before: set[asyncio.Task[Any]]) -> set[str]:
 async def test_an_abandoned_batch_leaves_no_task_or_session_after_close(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=3)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=3))
     before = asyncio.all_tasks()  # the client opens its task group on first use
     batch = client.run_batch([{"n": 0}] + [{"mode": "hang"} for _ in range(6)])
     first = await asyncio.wait_for(batch.__anext__(), 10)

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 
+from agentcore_rl.client import Limits
 from agentcore_rl.client.transports.http import HttpTransport
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits, short_timeouts
 
 
 async def test_close_stops_every_session_without_waiting_for_the_agent(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     # Each agent takes until the gate opens to cancel (its stop route waits for that).
-    client = make_client(close_timeout=10.0, stop_workers=1)
+    client = make_client(timeouts=short_timeouts(close=10.0), limits=fast_limits(stop_workers=1))
     assert isinstance(client.transport, HttpTransport)
     client.transport.stop_answer_timeout = 0.05
     futures = [await client.invoke({"mode": "stubborn", "n": n}) for n in range(20)]
@@ -30,7 +31,7 @@ async def test_close_stops_every_session_without_waiting_for_the_agent(
 async def test_sessions_not_stopped_in_time_are_reported(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(close_timeout=0.05, tps_limit=1.0, burst=1.0)
+    client = make_client(timeouts=short_timeouts(close=0.05), limits=Limits(tps=1.0, burst=1.0))
     futures = [await client.invoke({"mode": "gate", "n": n}) for n in range(3)]
     await client.aclose()
     unstopped = set(client.unstopped_sessions)

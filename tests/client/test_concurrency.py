@@ -8,7 +8,7 @@ import contextlib
 
 from agentcore_rl.client import TokenBucket
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits
 from tests.client.fakeclock import FakeClock, settle
 
 
@@ -76,7 +76,7 @@ async def test_cancelling_the_waiting_task_stops_the_session(
 async def test_semaphore_bound_is_never_exceeded(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=3)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=3))
     tasks = [asyncio.create_task(client.rollout({"mode": "gate", "n": n})) for n in range(10)]
     await recorder.wait_for(lambda: recorder.running == 3)
     assert len(recorder.sessions) == 3  # the others wait for a slot
@@ -91,7 +91,7 @@ async def test_invocations_take_tokens_from_the_bucket(
 ) -> None:
     clock = FakeClock()
     bucket = TokenBucket(10, 2, clock=clock, sleep=clock.sleep)
-    client = make_client(token_bucket=bucket)
+    client = make_client(rate_limiter=bucket)
     tasks = [asyncio.create_task(client.invoke({"n": n})) for n in range(4)]
     await recorder.wait_for(lambda: len(recorder.sessions) == 2)  # the burst
     assert bucket.waiting == 2

@@ -34,17 +34,17 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits, quick_retries
 from tests.server.test_sigterm import free_port, read_until
 
 # Generation 1 hangs in its handler (it is about to crash); generation 2 answers at once.
 AGENT = textwrap.dedent(
     """
     import sys, threading
-    from agentcore_rl.server import AgentCoreRLApp
+    from agentcore_rl.server import AgentCoreRLApp, ShutdownConfig
 
     GENERATION = sys.argv[2]
-    app = AgentCoreRLApp(shutdown_grace=0.05)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=0.05))
 
     @app.rollout_entrypoint
     def solve(payload):
@@ -145,7 +145,7 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
     make_client: ClientFactory, agent: Agent
 ) -> None:
     await agent.start(1)
-    client = make_client(agent_url=agent.url, liveness=EAGER, retry_lost=0)
+    client = make_client(agent_url=agent.url, liveness=EAGER, retries=quick_retries(lost=0))
     fut = await client.invoke({"n": 3})
     await agent.entered()
     await agent.kill()
@@ -195,7 +195,7 @@ async def test_a_shutdown_envelope_is_retried_in_a_new_session(
 async def test_retries_are_bounded_and_counted(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(retry_lost=1)
+    client = make_client(retries=quick_retries(lost=1))
     fut = await client.invoke({"mode": "shutdown", "shutdowns": 5, "n": 1})
     with pytest.raises(RolloutError, match="shutting down"):
         await asyncio.wait_for(fut, 10)
@@ -208,9 +208,9 @@ async def test_retries_are_bounded_and_counted(
 async def test_agent_losses_have_a_budget_of_their_own(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    # Three shutdowns in a row outlast retry_rollouts=2 (the old shared budget), not
+    # Three shutdowns in a row outlast two rollout retries (a shared budget would end it), not
     # the loss budget.
-    client = make_client(retry_rollouts=0)
+    client = make_client(retries=quick_retries(rollouts=0))
     fut = await client.invoke({"mode": "shutdown", "shutdowns": 3, "n": 1})
     assert (await asyncio.wait_for(fut, 10))["n"] == 1
     assert (fut.attempts, fut.losses) == (4, 3)
@@ -244,9 +244,9 @@ def test_outcome_classification() -> None:
 async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
     make_client: ClientFactory, recorder: Recorder, agent_url: str, bucket: str, tmp_path: Path
 ) -> None:
-    # Three losses in a row (server shutdowns) with retry_rollouts=0: eval's own loop
+    # Three losses in a row (server shutdowns) with no rollout retries: eval's own loop
     # reruns the input on the loss budget, and the results line says how many were lost.
-    client = make_client(retry_rollouts=0)
+    client = make_client(retries=quick_retries(rollouts=0))
     out = tmp_path / "results.jsonl"
     options = EvalOptions(
         data=tmp_path / "in.jsonl", out=out, s3_bucket=bucket, exp_id="exp", agent_urls=[agent_url]
@@ -288,7 +288,7 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
     entry.update(s3_bucket=bucket, result_key=key, started_at=time.time())
     (tmp_path / "results.jsonl.journal").write_text(json.dumps(entry) + "\n")
     out.write_text("")
-    client = make_client(max_concurrent_sessions=slots)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=slots))
     options = EvalOptions(
         data=tmp_path / "in.jsonl",
         out=out,

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from agentcore_rl.client import Timeouts
 from agentcore_rl.errors import InvocationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import ClientFactory
 from tests.conftest import FAST_RETRY
@@ -20,7 +22,7 @@ from tests.server.test_sigterm import free_port
 async def test_missing_bucket_fails_at_once_naming_the_bucket(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(s3_bucket="no-such-bucket-19", timeout=3600.0)
+    client = make_client(s3_bucket="no-such-bucket-19", timeouts=Timeouts(rollout=3600.0))
     # Bounded only to keep a regression from hanging the suite: the rollout's own
     # timeout (an hour) is what it used to wait for.
     with pytest.raises(InvocationError) as info:
@@ -40,7 +42,9 @@ async def test_agent_side_s3_outage_leaves_the_rollout_pending(
     make_client: ClientFactory, recorder: Recorder, tmp_path: Path
 ) -> None:
     dead = ResultStore(endpoint_url=f"http://127.0.0.1:{free_port()}", retry=FAST_RETRY)
-    app = make_agent(dead, recorder, spool_dir=tmp_path / "spool", spool_retry_interval=60)
+    app = make_agent(
+        dead, recorder, spool=SpoolConfig(directory=tmp_path / "spool", retry_interval=60)
+    )
     async with BackgroundServer(app) as server:
         client = make_client(agent_url=server.url)
         fut = await client.invoke({"n": 1})  # accepted: the bucket check had no answer

@@ -11,16 +11,14 @@ from typing import Any, TypeVar
 import pytest
 
 from agentcore_rl.client import GroupFuture
-from agentcore_rl.errors import (
-    ClientClosedError,
-    ConfigurationError,
-    GroupDroppedError,
-    StaleGroupError,
-)
+from agentcore_rl.errors import ClientClosedError, ConfigurationError
 from agentcore_rl.groups import (
     DropReason,
+    GroupDroppedError,
+    GroupRules,
     MemberOutcome,
     RolloutGroup,
+    StaleGroupError,
     group_digest,
     parse_member_session_id,
 )
@@ -44,7 +42,10 @@ async def test_a_group_holds_n_members_with_rewards_and_versions(
     client = make_client()
     client.set_policy_version(3)
     fut = await client.invoke_group(
-        member(rewards=[1.0, 0.0]), n=4, input_id="q-17", temperature=1.0, member_seed=10
+        member(rewards=[1.0, 0.0]),
+        rules=GroupRules(n=4, member_seed=10),
+        input_id="q-17",
+        rollout={"temperature": 1.0},
     )
     assert isinstance(fut, GroupFuture)
     group = await bounded(fut)
@@ -61,7 +62,7 @@ async def test_a_group_holds_n_members_with_rewards_and_versions(
     assert sorted(b["seed"] for b in recorder.rollout_blocks) == [10, 11, 12, 13]
     assert client.group_stats.groups_ready == 1
     with pytest.raises(ConfigurationError, match="already had a group"):
-        await client.invoke_group(member(), n=2, input_id="q-17")
+        await client.invoke_group(member(), rules=GroupRules(n=2), input_id="q-17")
 
 
 async def test_run_groups_yields_whole_groups_in_completion_order(
@@ -70,7 +71,9 @@ async def test_run_groups_yields_whole_groups_in_completion_order(
     client = make_client()
     payloads = [member(gate=[0, 1]), member(rewards=[0.0, 1.0])]
     seen: list[RolloutGroup] = []
-    async with contextlib.aclosing(client.run_groups(payloads, n=2, timeout=10)) as groups:
+    async with contextlib.aclosing(
+        client.run_groups(payloads, rules=GroupRules(n=2), timeout=10)
+    ) as groups:
         async for group in groups:
             seen.append(group)
             if len(seen) == 1:
@@ -83,7 +86,9 @@ async def test_a_failed_member_is_retried_in_a_fresh_session(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     client = make_client()
-    fut = await client.invoke_group(member(fail=[1], bad_attempts=1), n=3, input_id="retry")
+    fut = await client.invoke_group(
+        member(fail=[1], bad_attempts=1), rules=GroupRules(n=3), input_id="retry"
+    )
     group = await bounded(fut)
     assert [(m.index, m.attempt) for m in group.members] == [(0, 0), (1, 1), (2, 0)]
     assert [m.drop_reason for m in group.discarded] == [DropReason.RETRIED]
@@ -95,7 +100,9 @@ async def test_a_failed_member_is_retried_in_a_fresh_session(
 async def test_each_failure_rule(make_client: ClientFactory, on_failure: Any) -> None:
     client = make_client()
     fut = await client.invoke_group(
-        member(fail=[2], rewards=[1.0, 0.0]), n=4, input_id="f", retry=1, on_failure=on_failure
+        member(fail=[2], rewards=[1.0, 0.0]),
+        rules=GroupRules(n=4, retry=1, on_failure=on_failure),
+        input_id="f",
     )
     if on_failure == "drop_group":
         with pytest.raises(GroupDroppedError) as caught:
@@ -119,7 +126,9 @@ async def test_each_failure_rule(make_client: ClientFactory, on_failure: Any) ->
 
 async def test_too_few_members_drops_the_group(make_client: ClientFactory) -> None:
     client = make_client()
-    fut = await client.invoke_group(member(fail=[0, 1]), n=3, input_id="few", retry=0)
+    fut = await client.invoke_group(
+        member(fail=[0, 1]), rules=GroupRules(n=3, retry=0), input_id="few"
+    )
     with pytest.raises(GroupDroppedError) as caught:
         await bounded(fut)
     assert caught.value.reason is DropReason.TOO_FEW_MEMBERS
@@ -130,7 +139,9 @@ async def test_redundancy_stops_the_extras_on_the_agent(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     client = make_client()
-    fut = await client.invoke_group(member(hang=[1]), n=2, input_id="spare", redundancy=1)
+    fut = await client.invoke_group(
+        member(hang=[1]), rules=GroupRules(n=2, redundancy=1), input_id="spare"
+    )
     group = await bounded(fut)
     assert [m.index for m in group.members] == [0, 2]
     [extra] = group.discarded
@@ -145,7 +156,9 @@ async def test_a_member_that_times_out_is_retried_then_dropped(
 ) -> None:
     client = make_client()
     # The short timeout only has to outlast the quick members on a loaded machine.
-    fut = await client.invoke_group(member(hang=[0]), n=3, input_id="slow", timeout=2.0)
+    fut = await client.invoke_group(
+        member(hang=[0]), rules=GroupRules(n=3), input_id="slow", timeout=2.0
+    )
     group = await bounded(fut)
     assert [m.index for m in group.members] == [1, 2]
     assert [m.drop_reason for m in group.discarded] == [DropReason.RETRIED, DropReason.TIMED_OUT]
@@ -157,7 +170,9 @@ async def test_a_member_that_times_out_is_retried_then_dropped(
 async def test_uniform_groups_are_filtered(make_client: ClientFactory) -> None:
     client = make_client()
     payloads = [member(rewards=[1.0]), member(rewards=[1.0, 0.0])]
-    groups = [g async for g in client.run_groups(payloads, n=2, filter_uniform=True)]
+    groups = [
+        g async for g in client.run_groups(payloads, rules=GroupRules(n=2, filter_uniform=True))
+    ]
     assert [g.input_id for g in groups] == ["000001"]
     assert client.group_stats.groups_dropped == {"uniform": 1}
     assert client.group_stats.groups_ready == 1
@@ -168,10 +183,10 @@ async def test_advance_policy_stops_stale_groups(
 ) -> None:
     client = make_client()
     client.set_policy_version(1)
-    old = await client.invoke_group(member(gate=[0, 1]), n=2, input_id="old")
+    old = await client.invoke_group(member(gate=[0, 1]), rules=GroupRules(n=2), input_id="old")
     await recorder.wait_for(lambda: len(recorder.sessions) == 2)
     client.set_policy_version(2)
-    new = await client.invoke_group(member(gate=[0, 1]), n=2, input_id="new")
+    new = await client.invoke_group(member(gate=[0, 1]), rules=GroupRules(n=2), input_id="new")
     assert client.advance_policy(3, max_staleness=1) == 1
     with pytest.raises(StaleGroupError) as caught:
         await bounded(old)
@@ -188,7 +203,7 @@ async def test_cancelling_a_group_stops_its_members(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     client = make_client()
-    fut = await client.invoke_group(member(hang=[0, 1]), n=2, input_id="gone")
+    fut = await client.invoke_group(member(hang=[0, 1]), rules=GroupRules(n=2), input_id="gone")
     await recorder.wait_for(lambda: len(recorder.sessions) == 2)
     fut.cancel()
     await recorder.wait_for(lambda: set(fut.session_ids) <= recorder.cancelled)
@@ -199,13 +214,13 @@ async def test_closing_the_client_ends_open_groups(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     client = make_client()
-    fut = await client.invoke_group(member(hang=[0, 1]), n=2, input_id="open")
+    fut = await client.invoke_group(member(hang=[0, 1]), rules=GroupRules(n=2), input_id="open")
     await recorder.wait_for(lambda: len(recorder.sessions) == 2)
     await client.aclose()
     with pytest.raises(ClientClosedError):
         await bounded(fut)
     with pytest.raises(ClientClosedError):
-        await client.invoke_group(member(), n=2)
+        await client.invoke_group(member(), rules=GroupRules(n=2))
 
 
 async def test_leaving_run_groups_early_stops_the_groups_still_running(
@@ -213,7 +228,7 @@ async def test_leaving_run_groups_early_stops_the_groups_still_running(
 ) -> None:
     client = make_client()
     payloads = [member(), member(hang=[0, 1])]
-    async with contextlib.aclosing(client.run_groups(payloads, n=2)) as groups:
+    async with contextlib.aclosing(client.run_groups(payloads, rules=GroupRules(n=2))) as groups:
         async for group in groups:
             assert group.input_id == "000000"
             await recorder.wait_for(lambda: len(recorder.sessions) == 4)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl import protocol
-from agentcore_rl.client import FaultConfig
+from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.lease import ClientLease
 from agentcore_rl.client.outcomes import is_retryable
 from agentcore_rl.errors import RolloutError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import FaultChecks
+from agentcore_rl.server import FaultChecks, SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.conftest import FAST_RETRY
 from tests.server.test_sigterm import free_port, read_until
@@ -30,12 +30,12 @@ ROLLOUTS = 12
 TRAINER = textwrap.dedent(
     """
     import asyncio, sys
-    from agentcore_rl.client import AsyncRolloutClient, FaultConfig
+    from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, LivenessConfig
 
     async def main(url, endpoint, bucket, count):
         client = AsyncRolloutClient(
-            agent_url=url, s3_bucket=bucket, exp_id="exp", s3_endpoint_url=endpoint,
-            tps_limit=1000.0, faults=FaultConfig(lease_ttl=1.0, lease_renew=0.1),
+            agent_url=url, s3_bucket=bucket, exp_id="exp", aws=AwsConfig(s3_endpoint_url=endpoint),
+            limits=Limits(tps=1000.0), liveness=LivenessConfig(lease=1.0, lease_renew=0.1),
         )
         async with client:
             futures = [await client.invoke({"mode": "hang"}) for _ in range(int(count))]
@@ -54,7 +54,10 @@ async def test_rollouts_of_a_killed_client_are_cancelled_after_its_lease(
     recorder = Recorder()
     agent_store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
     app = make_agent(
-        agent_store, recorder, spool_dir=tmp_path / "spool", faults=FaultChecks(lease_interval=0.1)
+        agent_store,
+        recorder,
+        spool=SpoolConfig(directory=tmp_path / "spool"),
+        faults=FaultChecks(lease_interval=0.1),
     )
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
@@ -100,7 +103,7 @@ async def test_a_renewal_s3_refuses_is_logged_and_retried_not_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     dead = ResultStore(endpoint_url=f"http://127.0.0.1:{free_port()}", retry=FAST_RETRY)
-    lease = ClientLease(dead, "rollouts", "exp", FaultConfig(lease_ttl=10.0, lease_renew=1.0))
+    lease = ClientLease(dead, "rollouts", "exp", LivenessConfig(lease=10.0, lease_renew=1.0))
     assert lease.key.startswith("exp/.leases/")
     assert not await lease.renew_once()
     assert not await lease.renew_once()

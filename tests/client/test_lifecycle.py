@@ -117,7 +117,7 @@ async def test_limiters_of_the_callers_own_are_used(
     assert isinstance(TokenBucket(), RateLimiter)
     assert isinstance(LocalSessionLimiter(1), SessionLimiter)
     client = make_client(rate_limiter=rate, session_limiter=slots, stop_finished_sessions=True)
-    assert client.bucket is rate
+    assert client.rate_limiter is rate
     items = [item async for item in client.run_batch([{"n": i} for i in range(5)])]
     assert all(item.success for item in items)
     await client.aclose()  # drains the background stops

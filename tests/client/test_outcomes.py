@@ -19,7 +19,7 @@ from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.protocol import is_acr_session_id
 from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder, make_agent
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits, quick_retries, short_timeouts
 from tests.conftest import FAST_RETRY
 
 
@@ -45,12 +45,17 @@ async def test_defaults_then_payload_then_overrides_in_rollout_block(
     make_client: ClientFactory, recorder: Recorder, bucket: str
 ) -> None:
     client = make_client(
-        base_url="http://policy:9000/v1", model_id="qwen3", temperature=0.7, top_p=0.9
+        rollout={
+            "base_url": "http://policy:9000/v1",
+            "model_id": "qwen3",
+            "temperature": 0.7,
+            "top_p": 0.9,
+        }
     )
     await client.rollout(
         {"n": 1, "_rollout": {"top_p": 0.5, "system": "be brief"}},
         input_id="q-1",
-        temperature=1.0,
+        rollout={"temperature": 1.0},
     )
     assert recorder.rollout_blocks == [
         {
@@ -98,7 +103,7 @@ async def test_error_envelope_from_the_handler_is_a_rollout_error(
 
 
 async def test_timeout_stops_the_session(make_client: ClientFactory, recorder: Recorder) -> None:
-    client = make_client(timeout=600)
+    client = make_client(timeouts=short_timeouts(rollout=600))
     fut = await client.invoke({"mode": "hang"}, timeout=0.05)
     with pytest.raises(RolloutTimeoutError) as info:
         await asyncio.wait_for(fut, 10)
@@ -109,7 +114,7 @@ async def test_timeout_stops_the_session(make_client: ClientFactory, recorder: R
 
 
 async def test_client_default_timeout(make_client: ClientFactory) -> None:
-    client = make_client(timeout=0.05)
+    client = make_client(timeouts=short_timeouts(rollout=0.05))
     with pytest.raises(RolloutTimeoutError):
         await asyncio.wait_for(client.rollout({"mode": "hang"}), 10)
 
@@ -119,7 +124,7 @@ async def test_bad_override_is_refused_before_sending(
 ) -> None:
     client = make_client()
     with pytest.raises(InvalidRolloutConfig, match="base_url must be a string"):
-        await client.invoke({}, base_url=5)
+        await client.invoke({}, rollout={"base_url": 5})
     with pytest.raises(InvalidRolloutConfig, match="input_id"):
         await client.invoke({}, input_id="../etc")
     assert client.stats.invocations == 0
@@ -146,7 +151,7 @@ async def test_unreachable_agent_fails_in_one_session_with_nothing_to_stop(
 ) -> None:
     # Connection refused: the quick retries run out (3 attempts, well within the window),
     # then AgentUnreachableError; no new session, no stop, nothing reported unstopped.
-    client = make_client(agent_url="http://127.0.0.1:9", retry_rollouts=2)
+    client = make_client(agent_url="http://127.0.0.1:9", retries=quick_retries(rollouts=2))
     with pytest.raises(AgentUnreachableError, match="no connection to the agent") as info:
         await client.invoke({"n": 1})
     assert info.value.session_id is not None
@@ -161,7 +166,7 @@ async def test_unreachable_agent_fails_in_one_session_with_nothing_to_stop(
 async def test_cancel_releases_the_slot_and_stops_the_session(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=1)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=1))
     fut = await client.invoke({"mode": "hang"})
     await recorder.wait_for(lambda: fut.session_id in recorder.sessions)
     fut.cancel()
@@ -191,7 +196,7 @@ async def test_close_ends_pending_rollouts_and_stops_sessions(
 async def test_close_wakes_callers_waiting_for_a_slot(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=1)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=1))
     await client.invoke({"mode": "hang"})
     waiting = asyncio.create_task(client.invoke({"n": 2}))
     await recorder.wait_for(lambda: len(recorder.sessions) == 1)

@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentcore_rl.client import RetryConfig, TokenBucket
+from agentcore_rl.client import Limits, Retries, RetryPolicy, TokenBucket
 from agentcore_rl.errors import InvocationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, quick_retries
 
 
 @dataclass
@@ -90,13 +90,13 @@ async def test_throttling_slows_the_bucket_and_backs_off(
     async def record(delay: float) -> None:
         delays.append(delay)
 
-    retry = RetryConfig(attempts=4, initial=0.5, maximum=10.0, jitter=0.0, sleep=record)
-    client = make_client(agent_url=url, retry=retry, tps_limit=100.0)
+    retry = RetryPolicy(attempts=4, initial=0.5, maximum=10.0, jitter=0.0, sleep=record)
+    client = make_client(agent_url=url, retries=Retries(call=retry), limits=Limits(tps=100.0))
     fut = await client.invoke({"n": 2})
     assert len(set(flaky.seen)) == 1
     assert client.stats.throttles == 2
-    assert isinstance(client.bucket, TokenBucket)
-    assert client.bucket.rate < 100.0  # cut, recovering over time
+    assert isinstance(client.rate_limiter, TokenBucket)
+    assert client.rate_limiter.rate < 100.0  # cut, recovering over time
     assert delays == sorted(delays)
     assert delays[0] > 0
     assert len(delays) == 2
@@ -108,7 +108,7 @@ async def test_retries_are_bounded(
 ) -> None:
     flaky, url = proxy
     flaky.failures = [500] * 10
-    client = make_client(agent_url=url, retry_rollouts=0)
+    client = make_client(agent_url=url, retries=quick_retries(rollouts=0))
     with pytest.raises(InvocationError, match=r"after 3 attempts.*injected 500") as info:
         await client.invoke({"n": 1})
     assert info.value.status_code == 500
@@ -136,7 +136,7 @@ async def test_new_sessions_avoid_a_dead_url(
     # Issue 9 item 4: one of two URLs dead. The first session sent there fails over to a
     # new session; later sessions are not pinned to the dead URL while it cools down.
     dead = "http://127.0.0.1:9"
-    client = make_client(agent_url=[dead, agent_url], retry_rollouts=1)
+    client = make_client(agent_url=[dead, agent_url], retries=quick_retries(rollouts=1))
     futures = [await client.invoke({"n": n}) for n in range(20)]
     results = await asyncio.wait_for(asyncio.gather(*futures), 20)
     assert [r["n"] for r in results] == list(range(20))
@@ -153,7 +153,7 @@ async def test_overloaded_agent_is_a_pause_not_a_failure(
     flaky, url = proxy
     flaky.failures = [503] * 7
     flaky.retry_after = "0"
-    client = make_client(agent_url=url, retry_rollouts=0)
+    client = make_client(agent_url=url, retries=quick_retries(rollouts=0))
     result = await asyncio.wait_for(client.rollout({"n": 4}), 20)
     assert result["n"] == 4
     assert len(set(flaky.seen)) == 1

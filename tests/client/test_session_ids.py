@@ -7,10 +7,11 @@ import asyncio
 import pytest
 
 from agentcore_rl import protocol
+from agentcore_rl.client import AwsConfig
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN
 from tests.client.agents import Recorder
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, fast_limits
 
 
 async def test_the_chosen_session_id_runs_the_rollout_and_names_the_key(
@@ -31,7 +32,7 @@ async def test_the_chosen_session_id_runs_the_rollout_and_names_the_key(
 async def test_bad_or_busy_session_ids_are_refused_before_sending(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
-    client = make_client(max_concurrent_sessions=2)
+    client = make_client(limits=fast_limits(max_concurrent_sessions=2))
     with pytest.raises(InvalidRolloutConfig, match="session_id 'a/b' must be letters"):
         await client.invoke({}, session_id="a/b")
     with pytest.raises(InvalidRolloutConfig, match="non-empty string"):
@@ -50,7 +51,7 @@ async def test_acr_needs_acr_session_ids(make_client: ClientFactory) -> None:
     client = make_client(
         agent_url=None,
         agent_runtime_arn=DEFAULT_AGENT_RUNTIME_ARN,
-        endpoint_url="http://127.0.0.1:9",  # never reached: refused before sending
+        aws=AwsConfig(endpoint_url="http://127.0.0.1:9"),  # never reached: refused first
     )
     with pytest.raises(InvalidRolloutConfig, match="AgentCore Runtime needs 33-256"):
         await client.invoke({}, session_id="too-short")

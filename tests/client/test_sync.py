@@ -14,19 +14,20 @@ import boto3
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from agentcore_rl.client import RolloutClient
+from agentcore_rl.client import AwsConfig, RolloutClient
 from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
-    StaleGroupError,
 )
+from agentcore_rl.groups import GroupRules, StaleGroupError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import SpoolConfig
 from tests.client.agents import Recorder, make_agent
-from tests.client.conftest import FAST_WATCH, QUICK_RETRY
+from tests.client.conftest import FAST_WATCH, fast_limits, quick_retries, short_timeouts
 from tests.conftest import FAST_RETRY
 
 _numbers = itertools.count()
@@ -48,7 +49,9 @@ def agent(s3_endpoint: str, tmp_path: Path) -> Iterator[Agent]:
         recorder = Recorder()
         store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
         portal.call(store.__aenter__)  # connect now: the first result is not written late
-        server = BackgroundServer(make_agent(store, recorder, spool_dir=tmp_path / "spool"))
+        server = BackgroundServer(
+            make_agent(store, recorder, spool=SpoolConfig(directory=tmp_path / "spool"))
+        )
         portal.call(server.start)
         try:
             yield Agent(portal, recorder, server.url)
@@ -75,18 +78,18 @@ def make(agent: Agent, bucket: str, s3_endpoint: str, **options: Any) -> Rollout
         "agent_url": agent.url,
         "s3_bucket": bucket,
         "exp_id": "exp",
-        "tps_limit": 1000.0,
-        "s3_endpoint_url": s3_endpoint,
+        "limits": fast_limits(),
+        "aws": AwsConfig(s3_endpoint_url=s3_endpoint),
         "watcher": FAST_WATCH,
-        "retry": QUICK_RETRY,
-        "close_timeout": 5.0,
+        "retries": quick_retries(),
+        "timeouts": short_timeouts(),
     }
     settings.update(options)
     return RolloutClient(**settings)
 
 
 def test_rollout_returns_the_result_with_overrides(client: RolloutClient, agent: Agent) -> None:
-    result = client.rollout({"n": 1}, input_id="q-1", temperature=0.2)
+    result = client.rollout({"n": 1}, input_id="q-1", rollout={"temperature": 0.2})
     assert result["n"] == 1
     assert agent.recorder.rollout_blocks[0]["temperature"] == 0.2
     assert agent.recorder.rollout_blocks[0]["input_id"] == "q-1"
@@ -141,7 +144,9 @@ def test_run_batch_is_a_plain_iterator(client: RolloutClient) -> None:
 
 
 def test_early_break_stops_live_sessions(agent: Agent, sync_bucket: str, s3_endpoint: str) -> None:
-    with make(agent, sync_bucket, s3_endpoint, max_concurrent_sessions=3) as client:
+    with make(
+        agent, sync_bucket, s3_endpoint, limits=fast_limits(max_concurrent_sessions=3)
+    ) as client:
         for item in client.run_batch([{"n": 0}] + [{"mode": "hang"}] * 5):
             assert item.success
             first = item.session_id
@@ -185,17 +190,37 @@ def test_attach_follows_a_rollout_started_elsewhere(
 
 def test_groups_through_the_sync_facade(client: RolloutClient, agent: Agent) -> None:
     client.set_policy_version(2)
-    fut = client.invoke_group({"mode": "group", "rewards": [1.0, 0.0]}, n=2, input_id="g-1")
+    fut = client.invoke_group(
+        {"mode": "group", "rewards": [1.0, 0.0]}, rules=GroupRules(n=2), input_id="g-1"
+    )
     group = fut.result(timeout=10)
     assert group.rewards == [1.0, 0.0]
     assert group.stats.policy_version_max == 2
     payloads = [{"mode": "group", "rewards": [1.0]}, {"mode": "group", "rewards": [0.0, 1.0]}]
-    groups = list(client.run_groups(payloads, n=2, filter_uniform=True))
+    groups = list(client.run_groups(payloads, rules=GroupRules(n=2, filter_uniform=True)))
     assert [g.input_id for g in groups] == ["000001"]
-    stale = client.invoke_group({"mode": "group", "hang": [0, 1]}, n=2, input_id="g-2")
+    stale = client.invoke_group(
+        {"mode": "group", "hang": [0, 1]}, rules=GroupRules(n=2), input_id="g-2"
+    )
     assert client.advance_policy(4, max_staleness=1) == 1
     with pytest.raises(StaleGroupError):
         stale.result(timeout=10)
     stats = client.group_stats
     assert stats.groups_ready == 2
     assert stats.groups_dropped == {"uniform": 1, "stale": 1}
+
+
+def test_errors_leave_the_sync_facade_as_themselves(
+    agent: Agent, sync_bucket: str, s3_endpoint: str
+) -> None:
+    def use(payload: dict[str, Any]) -> None:
+        with make(agent, sync_bucket, s3_endpoint) as client:
+            client.rollout(payload)
+            raise ValueError("mine")
+
+    with pytest.raises(ValueError, match="mine") as caught:
+        use({"n": 1})
+    assert type(caught.value) is ValueError
+    with pytest.raises(RolloutError) as failed:
+        use({"mode": "raise"})
+    assert type(failed.value) is RolloutError

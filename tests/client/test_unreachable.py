@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-from agentcore_rl.client import FaultConfig, RetryConfig
+from agentcore_rl.client import LivenessConfig, Retries, RetryPolicy
 from agentcore_rl.errors import AgentUnreachableError
-from tests.client.conftest import ClientFactory
+from tests.client.conftest import ClientFactory, quick_retries
 from tests.server.test_sigterm import free_port
 
 
@@ -33,12 +33,11 @@ async def test_refused_connection_ends_after_the_window_without_stops(
 ) -> None:
     time = SteppedTime()
     # Many attempts allowed, backoff 0.5, 1, 2, 4 s...: the window (3 s) ends it first.
-    retry = RetryConfig(attempts=20, initial=0.5, maximum=10.0, jitter=0.0, sleep=time.sleep)
+    retry = RetryPolicy(attempts=20, initial=0.5, maximum=10.0, jitter=0.0, sleep=time.sleep)
     client = make_client(
         agent_url=f"http://127.0.0.1:{free_port()}",
-        retry=retry,
-        retry_rollouts=2,
-        faults=FaultConfig(unreachable_after=3.0, clock=time, lease_ttl=None),
+        retries=Retries(call=retry, rollouts=2),
+        liveness=LivenessConfig(unreachable_after=3.0, clock=time, lease=None),
     )
     with caplog.at_level(logging.WARNING), pytest.raises(AgentUnreachableError) as info:
         await client.invoke({"n": 1})
@@ -59,7 +58,7 @@ async def test_a_refused_session_moves_to_a_live_url(
 ) -> None:
     # Nothing started on the dead server, so the same session may go to the live one.
     dead = f"http://127.0.0.1:{free_port()}"
-    client = make_client(agent_url=[dead, agent_url], retry_rollouts=0)
+    client = make_client(agent_url=[dead, agent_url], retries=quick_retries(rollouts=0))
     futures = [await client.invoke({"n": n}) for n in range(6)]
     results = await asyncio.wait_for(asyncio.gather(*futures), 20)
     assert [r["n"] for r in results] == list(range(6))

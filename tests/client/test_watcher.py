@@ -264,7 +264,7 @@ async def test_client_holds_new_rollouts_during_an_outage_and_times_out_pending_
             min_interval=0.01, max_interval=0.02, error_backoff=0.01, error_backoff_max=0.02
         )
     )
-    fut = await client.invoke({"mode": "gate"}, s3_bucket="short-lived", timeout=0.5)
+    fut = await client.invoke({"mode": "gate"}, rollout={"s3_bucket": "short-lived"}, timeout=0.5)
     s3.delete_bucket(Bucket="short-lived")
     with pytest.raises(RolloutTimeoutError, match="unreachable"):
         await asyncio.wait_for(fut, 10)
@@ -272,7 +272,7 @@ async def test_client_holds_new_rollouts_during_an_outage_and_times_out_pending_
     assert client.stats.timeouts == 1
     assert client.stats.store_unreachable
     assert client.stats.store_outages == 1
-    held = asyncio.ensure_future(client.rollout({"n": 4}, s3_bucket="short-lived"))
+    held = asyncio.ensure_future(client.rollout({"n": 4}, rollout={"s3_bucket": "short-lived"}))
     await asyncio.sleep(0.1)  # bounded: the rollout must still be held, not sent
     assert not held.done()
     assert client.stats.invocations == 1

@@ -17,12 +17,13 @@ from typing import Any
 import ray
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.client import AsyncRolloutClient, WatcherConfig
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Timeouts, WatcherConfig
 from agentcore_rl.distributed import shared_limits
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import ShutdownConfig
 
 ARN = DEFAULT_AGENT_RUNTIME_ARN
 FAST_WATCH = WatcherConfig(min_interval=0.05, max_interval=0.2)
@@ -72,7 +73,9 @@ async def serve_stack(s3: str, bucket: str, tps: float) -> AsyncIterator[Stack]:
         store = await stack.enter_async_context(ResultStore(endpoint_url=s3))
         urls = []
         for _ in range(2):
-            app = AgentCoreRLApp(store=store, shutdown_grace=0.0, cancel_timeout=1.0)
+            app = AgentCoreRLApp(
+                store=store, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0)
+            )
 
             @app.rollout_entrypoint
             async def sleeper(payload: dict[str, Any]) -> dict[str, Any]:
@@ -116,9 +119,11 @@ class Worker:
                 rate_limiter=limits.rate,
                 session_limiter=limits.sessions,
                 watcher=FAST_WATCH,
-                close_timeout=30.0,
-                endpoint_url=endpoint["endpoint_url"],
-                s3_endpoint_url=endpoint["s3_endpoint_url"],
+                timeouts=Timeouts(close=30.0),
+                aws=AwsConfig(
+                    endpoint_url=endpoint["endpoint_url"],
+                    s3_endpoint_url=endpoint["s3_endpoint_url"],
+                ),
                 s3_bucket=endpoint["s3_bucket"],
             ) as client:
                 self.client = client

@@ -97,7 +97,7 @@ def test_bad_values_found_after_parsing_exit_2(
     code, err = _run(["eval", str(bad), *base, "--s3-bucket", "b-1"], capsys)
     assert code == 2
     assert "bad.jsonl:2: input id 'a' repeats line 1" in err
-    for param in ("timeout=5", "input_id=x", "=3", "temperature"):
+    for param in ("model_id=q", "input_id=x", "=3", "temperature"):
         code, err = _run(["eval", str(data), *base, "--s3-bucket", "b-1", "--param", param], capsys)
         assert code == 2
         assert "--param" in err

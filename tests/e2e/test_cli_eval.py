@@ -368,11 +368,11 @@ async def test_retry_budgets_reach_the_client(tmp_path: Path) -> None:
     )
     client = _make_client(options)
     try:
-        assert (client.retry_lost, client.retry_rollouts) == (0, 4)
+        assert (client.retries.lost, client.retries.rollouts) == (0, 4)
     finally:
         await client.aclose()
     default = _make_client(dataclasses.replace(options, retry_lost=None))
     try:
-        assert default.retry_lost == DEFAULT_RETRY_LOST
+        assert default.retries.lost == DEFAULT_RETRY_LOST
     finally:
         await default.aclose()

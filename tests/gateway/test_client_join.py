@@ -16,9 +16,14 @@ from openai import AsyncOpenAI
 
 from agentcore_rl import (
     AsyncRolloutClient,
+    AwsConfig,
     ConfigurationError,
+    GatewayConfig,
+    GroupRules,
+    Retries,
     RolloutClient,
     RolloutGateway,
+    Timeouts,
     TraceLostError,
     Trajectory,
     build_trajectory,
@@ -30,6 +35,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.protocol import ROLLOUT_FIELD
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import ShutdownConfig
 from agentcore_rl.training import group_rows
 from tests.conftest import FAST_RETRY
 from tests.gateway.helpers import ADMIN, Latch, wait_until
@@ -69,16 +75,14 @@ class Rig:
 
     def client(self, **options: Any) -> AsyncRolloutClient:
         assert self.stack.s3_endpoint_url is not None
-        options.setdefault("gateway_url", self.url)
+        options.setdefault("gateway", GatewayConfig(url=self.url, admin_token=ADMIN))
         options.setdefault("agent_url", self.stack.agent_urls)
-        if "gateway" not in options:
-            options.setdefault("gateway_admin_token", ADMIN)
         return AsyncRolloutClient(
             s3_bucket=self.stack.bucket,
             exp_id="join",
-            s3_endpoint_url=self.stack.s3_endpoint_url,
-            model_id=self.policy.model,
-            timeout=60,
+            aws=AwsConfig(s3_endpoint_url=self.stack.s3_endpoint_url),
+            rollout={"model_id": self.policy.model},
+            timeouts=Timeouts(rollout=60),
             **options,
         )
 
@@ -107,7 +111,9 @@ async def _rig(s3_endpoint: str, policy: ScriptedPolicy | None = None) -> AsyncI
 @pytest.mark.parametrize("where", ["remote", "in_process"])
 async def test_the_outcome_carries_the_trace_and_s3_keeps_it(s3_endpoint: str, where: str) -> None:
     async with _rig(s3_endpoint) as rig:
-        options: dict[str, Any] = {"gateway": rig.gateway} if where == "in_process" else {}
+        options: dict[str, Any] = {}
+        if where == "in_process":
+            options["gateway"] = GatewayConfig(url=rig.url, app=rig.gateway)
         async with rig.client(**options) as client:
             assert client.gateway_url == rig.url
             fut = await client.invoke(PROBLEM, input_id="q-1")
@@ -160,7 +166,9 @@ async def test_a_group_through_the_gateway_gives_rows_with_token_ids(s3_endpoint
         rig.gateway.set_policy_version(3)
         async with rig.client() as client:
             client.set_policy_version(3)
-            group = await (await client.invoke_group(PROBLEM, n=3, input_id="g-1"))
+            group = await (
+                await client.invoke_group(PROBLEM, rules=GroupRules(n=3), input_id="g-1")
+            )
             plain = await client.invoke(PROBLEM, input_id="q-1")
             await plain
         assert plain.trajectory is not None
@@ -197,10 +205,9 @@ async def test_the_sync_client_gives_traces_too(s3_endpoint: str) -> None:
                 agent_url=rig.stack.agent_urls,
                 s3_bucket=rig.stack.bucket,
                 exp_id="sync",
-                s3_endpoint_url=rig.stack.s3_endpoint_url,
-                gateway_url=rig.url,
-                gateway_admin_token=ADMIN,
-                timeout=60,
+                aws=AwsConfig(s3_endpoint_url=rig.stack.s3_endpoint_url),
+                gateway=GatewayConfig(url=rig.url, admin_token=ADMIN),
+                timeouts=Timeouts(rollout=60),
             ) as client:
                 fut = client.invoke(PROBLEM, input_id="q-s")
                 fut.result(timeout=60)
@@ -266,7 +273,9 @@ async def test_an_unreachable_gateway_fails_the_invocation_before_the_agent_runs
     s3_endpoint: str,
 ) -> None:
     async with _rig(s3_endpoint) as rig:
-        async with rig.client(gateway_url="http://127.0.0.1:9") as client:
+        async with rig.client(
+            gateway=GatewayConfig(url="http://127.0.0.1:9", admin_token=ADMIN)
+        ) as client:
             with pytest.raises(Exception, match="cannot reach the gateway"):
                 await client.invoke(PROBLEM, input_id="q-u")
             assert client.in_flight == 0
@@ -290,20 +299,20 @@ async def test_gateway_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv(GATEWAY_TOKEN_ENV, raising=False)
     assert GATEWAY_TOKEN_ENV == ADMIN_TOKEN_ENV  # one variable on both sides
     with pytest.raises(ConfigurationError, match="admin token"):
-        AsyncRolloutClient(gateway_url="http://127.0.0.1:9000", **common)
+        GatewayConfig(url="http://127.0.0.1:9000")
     with pytest.raises(ConfigurationError, match="not both"):
         AsyncRolloutClient(
-            gateway_url="http://127.0.0.1:9000",
-            gateway_admin_token="t",
-            base_url="http://127.0.0.1:8000/v1",
+            gateway=GatewayConfig(url="http://127.0.0.1:9000", admin_token="t"),
+            rollout={"base_url": "http://127.0.0.1:8000/v1"},
             **common,
         )
-    with pytest.raises(ConfigurationError, match="needs it too"):
-        AsyncRolloutClient(gateway=RolloutGateway("http://127.0.0.1:8000/v1"), **common)
-    with pytest.raises(ConfigurationError, match="no gateway_url"):
-        AsyncRolloutClient(gateway_admin_token="t", **common)
+    with pytest.raises(ConfigurationError, match="must be a GatewayConfig"):
+        AsyncRolloutClient(gateway=RolloutGateway("http://127.0.0.1:8000/v1"), **common)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="http\\(s\\) URL"):
+        GatewayConfig(url="127.0.0.1:9000", admin_token="t")
+    assert "s3cret" not in repr(GatewayConfig(url="http://127.0.0.1:9000", admin_token="s3cret"))
     monkeypatch.setenv(GATEWAY_TOKEN_ENV, "from-env")
-    client = AsyncRolloutClient(gateway_url="http://127.0.0.1:9000", **common)
+    client = AsyncRolloutClient(gateway=GatewayConfig(url="http://127.0.0.1:9000"), **common)
     assert client.gateway_url == "http://127.0.0.1:9000"
     await client.aclose()
     without = AsyncRolloutClient(**common)
@@ -317,7 +326,7 @@ def _shutdown_once_agent(store: ResultStore, sessions: list[str]) -> Any:
     rollout like a server shutting down (retryable) and answers the next one."""
     from agentcore_rl.server import AgentCoreRLApp, RequestContext
 
-    app = AgentCoreRLApp(store=store, shutdown_grace=0.0)
+    app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0.0))
 
     @app.rollout_entrypoint
     async def handler(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
@@ -370,7 +379,7 @@ async def test_a_lost_trace_is_final_not_retried(s3_endpoint: str) -> None:
     latch = Latch()
     policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
     async with _rig(s3_endpoint, policy) as rig:
-        async with rig.client(retry_rollouts=2) as client:
+        async with rig.client(retries=Retries(rollouts=2)) as client:
             fut = await client.invoke(PROBLEM, input_id="q-f")
             await wait_until(lambda: latch.waiting == 1, 15)
             restarted = RolloutGateway(rig.gateway.upstreams, admin_token=ADMIN)

@@ -13,6 +13,7 @@ from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.spool import s3_destination
 
 SESSION = "session-" + "a" * 40
 
@@ -28,6 +29,20 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def spool_record(
+    store: ResultStore, bucket: str, key: str, body: str, *, owner: str | None
+) -> dict[str, Any]:
+    """A spool file's content as ``owner`` writes it for ``store``'s S3."""
+    destination = s3_destination(store)
+    return {
+        "bucket": bucket,
+        "key": key,
+        "owner": owner,
+        "destination": {"endpoint_url": destination.endpoint_url, "region": destination.region},
+        "body": body,
+    }
 
 
 def rollout_payload(

@@ -16,6 +16,7 @@ from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import RequestLimits
 
 from .helpers import rollout_payload, served, session_headers
 
@@ -39,8 +40,8 @@ async def http(
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = AgentCoreRLApp(
         store=ResultStore(endpoint_url=s3_endpoint),
-        max_body_bytes=LIMIT,
         allowed_buckets=[bucket, "other-ok"],
+        limits=RequestLimits(max_body_bytes=LIMIT),
     )
 
     @app.rollout_entrypoint
@@ -124,7 +125,9 @@ async def test_body_too_large_while_streaming(http: httpx.AsyncClient, calls: li
 
 
 async def test_body_too_large_over_real_http(s3_endpoint: str) -> None:
-    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint), max_body_bytes=LIMIT)
+    app = AgentCoreRLApp(
+        store=ResultStore(endpoint_url=s3_endpoint), limits=RequestLimits(max_body_bytes=LIMIT)
+    )
 
     @app.rollout_entrypoint
     async def solve(payload: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +339,9 @@ def nested(depth: int) -> str:
 
 
 async def test_nesting_deeper_than_the_limit(s3_endpoint: str) -> None:
-    app = AgentCoreRLApp(store=ResultStore(endpoint_url=s3_endpoint), max_json_depth=5)
+    app = AgentCoreRLApp(
+        store=ResultStore(endpoint_url=s3_endpoint), limits=RequestLimits(max_json_depth=5)
+    )
     accepted: list[Any] = []
 
     @app.rollout_entrypoint

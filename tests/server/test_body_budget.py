@@ -15,6 +15,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import RequestLimits
 
 from .helpers import SESSION, read_envelope, rollout_payload, served, session_headers, settle
 
@@ -34,7 +35,9 @@ async def wait_in_flight(app: AgentCoreRLApp, at_least: int) -> None:
 
 
 async def test_bodies_beyond_the_budget_get_503(store: ResultStore, bucket: str) -> None:
-    app = AgentCoreRLApp(store=store, max_body_bytes=8_000, max_inflight_body_bytes=10_000)
+    app = AgentCoreRLApp(
+        store=store, limits=RequestLimits(max_body_bytes=8_000, max_inflight_body_bytes=10_000)
+    )
     app.rollout_entrypoint(solve)
     gate = asyncio.Event()
     first_half = json.dumps(rollout_payload(bucket, filler="x" * 6_000))[:-1].encode()
@@ -62,7 +65,9 @@ async def test_bodies_beyond_the_budget_get_503(store: ResultStore, bucket: str)
 
 
 async def test_refused_and_broken_bodies_give_their_bytes_back(store: ResultStore) -> None:
-    app = AgentCoreRLApp(store=store, max_body_bytes=1_000, max_inflight_body_bytes=1_000)
+    app = AgentCoreRLApp(
+        store=store, limits=RequestLimits(max_body_bytes=1_000, max_inflight_body_bytes=1_000)
+    )
     app.rollout_entrypoint(solve)
     async with served(app) as http:
         assert (await http.post("/invocations", content=b"x" * 2_000)).status_code == 413
@@ -72,11 +77,13 @@ async def test_refused_and_broken_bodies_give_their_bytes_back(store: ResultStor
 
 def test_budget_must_hold_the_largest_body(store: ResultStore) -> None:
     with pytest.raises(ConfigurationError, match="max_inflight_body_bytes"):
-        AgentCoreRLApp(store=store, max_body_bytes=100, max_inflight_body_bytes=99)
+        AgentCoreRLApp(
+            store=store, limits=RequestLimits(max_body_bytes=100, max_inflight_body_bytes=99)
+        )
 
 
 async def test_large_payload_stored_as_digest(store: ResultStore, bucket: str) -> None:
-    app = AgentCoreRLApp(store=store, envelope_payload_max_bytes=500)
+    app = AgentCoreRLApp(store=store, limits=RequestLimits(envelope_payload_max_bytes=500))
     app.rollout_entrypoint(solve)
     big = json.dumps(rollout_payload(bucket, document="z" * 5_000)).encode()
     small = rollout_payload(bucket, input_id="q-2")

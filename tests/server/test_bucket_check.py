@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import FaultChecks
+from agentcore_rl.server import FaultChecks, SpoolConfig
 from tests.conftest import FAST_RETRY
 from tests.server.helpers import (
     FakeClock,
@@ -54,7 +54,10 @@ async def test_missing_bucket_is_refused_with_its_name_and_cause(
         return {"rewards": [1.0]}
 
     app = rollout_app(
-        store, handler, spool_dir=tmp_path, faults=FaultChecks(bucket_miss_ttl=10, clock=clock)
+        store,
+        handler,
+        spool=SpoolConfig(directory=tmp_path),
+        faults=FaultChecks(bucket_miss_ttl=10, clock=clock),
     )
     async with served(app) as http:
         for _ in range(2):
@@ -86,7 +89,7 @@ async def test_missing_bucket_is_refused_with_its_name_and_cause(
 async def test_usable_bucket_is_checked_once(
     store: ResultStore, bucket: str, tmp_path: Any
 ) -> None:
-    app = rollout_app(store, solve, spool_dir=tmp_path)
+    app = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path))
     async with served(app) as http:
         for n in range(3):
             response = await http.post(
@@ -102,7 +105,7 @@ async def test_usable_bucket_is_checked_once(
 async def test_throttling_s3_is_an_outage_not_a_refusal(tmp_path: Any) -> None:
     async with BackgroundServer(throttling_s3) as s3:
         store = ResultStore(endpoint_url=s3.url, retry=FAST_RETRY)
-        app = rollout_app(store, solve, spool_dir=tmp_path, spool_retry_interval=60)
+        app = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=60))
         async with served(app) as http:
             response = await http.post(
                 "/invocations", json=rollout_payload("rollouts"), headers=session_headers()
@@ -115,7 +118,7 @@ async def test_throttling_s3_is_an_outage_not_a_refusal(tmp_path: Any) -> None:
 
 async def test_s3_endpoint_down_is_an_outage_not_a_refusal(tmp_path: Any) -> None:
     store = ResultStore(endpoint_url=f"http://127.0.0.1:{free_port()}", retry=FAST_RETRY)
-    app = rollout_app(store, solve, spool_dir=tmp_path, spool_retry_interval=60)
+    app = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=60))
     async with served(app) as http:
         response = await http.post(
             "/invocations", json=rollout_payload("rollouts"), headers=session_headers()

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import SpoolConfig
 from tests.conftest import FAST_RETRY
 from tests.server.helpers import rollout_payload, session_headers
 
@@ -105,7 +106,7 @@ def test_a_failing_write_on_a_later_loop_is_spooled_and_logged(
     _make_bucket(s3_endpoint, "loops-fail")
     # Nothing listens on the store's port: every write fails to connect.
     store = ResultStore(endpoint_url=f"http://127.0.0.1:{_closed_port()}", retry=FAST_RETRY)
-    app = AgentCoreRLApp(store=store, spool_dir=tmp_path / "spool")
+    app = AgentCoreRLApp(store=store, spool=SpoolConfig(directory=tmp_path / "spool"))
     app.rollout_entrypoint(lambda payload: {"rewards": [1.0]})
     caplog.set_level(logging.ERROR, logger="agentcore_rl")
     client = TestClient(app)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -12,6 +13,14 @@ import pytest
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
+from agentcore_rl.server.config import (
+    DEFAULT_REQUEST_LIMITS,
+    RepeatConfig,
+    RequestLimits,
+    ShutdownConfig,
+    SpoolConfig,
+    WorkerConfig,
+)
 from agentcore_rl.server.invoke import HandlerSpec
 from agentcore_rl.server.settings import default_host
 
@@ -26,18 +35,58 @@ def switch_interval() -> Iterator[None]:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "fragment"),
+    ("make", "fragment"),
     [
-        ({"max_body_bytes": 0}, "max_body_bytes must be positive"),
-        ({"shutdown_grace": -1}, "must be >= 0"),
-        ({"max_sync_workers": 0}, "max_sync_workers must be >= 1"),
-        ({"spool_retry_interval": 0}, "spool_retry_interval"),
-        ({"gil_switch_interval": 0}, "gil_switch_interval must be positive"),
+        (lambda: RequestLimits(max_body_bytes=0), "max_body_bytes must be positive"),
+        (lambda: RequestLimits(max_body_bytes=100, max_inflight_body_bytes=99), "at least"),
+        (lambda: ShutdownConfig(grace=-1), "must be >= 0"),
+        (lambda: WorkerConfig(max_sync_workers=0), "max_sync_workers must be >= 1"),
+        (lambda: SpoolConfig(retry_interval=0), "retry_interval"),
+        (lambda: WorkerConfig(gil_switch_interval=0), "gil_switch_interval must be positive"),
+        (lambda: RepeatConfig(check_existing="x"), "check_existing must be"),  # type: ignore[arg-type]
+        (
+            lambda: AgentCoreRLApp(limits=ShutdownConfig()),  # type: ignore[arg-type]
+            "limits must be a RequestLimits",
+        ),
     ],
 )
-def test_bad_arguments(kwargs: dict[str, Any], fragment: str) -> None:
+def test_bad_arguments(make: Callable[[], object], fragment: str) -> None:
     with pytest.raises(ConfigurationError, match=fragment):
-        AgentCoreRLApp(**kwargs)
+        make()
+
+
+def test_an_unknown_keyword_names_the_closest_known_one() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"AgentCoreRLApp\(\) got an unexpected keyword argument "
+        r"'allowed_bucket' \(did you mean 'allowed_buckets'\?\)",
+    ):
+        AgentCoreRLApp(allowed_bucket=["rollouts"])  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError,
+        match=r"RequestLimits\(\) got .* 'max_body' \(did you mean 'max_body_bytes'\?\)",
+    ):
+        RequestLimits(max_body=10)  # type: ignore[call-arg]
+
+
+def test_a_moved_keyword_says_where_it_lives_now() -> None:
+    with pytest.raises(
+        TypeError,
+        match=r"'shutdown_grace' \(did you mean 'shutdown=ShutdownConfig\(grace=...\)'\?\)",
+    ):
+        AgentCoreRLApp(shutdown_grace=5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"limits=RequestLimits\(max_body_bytes=...\)"):
+        AgentCoreRLApp(max_body_bytes=5)  # type: ignore[call-arg]
+
+
+def test_at_most_sixteen_parameters_and_readable_configs() -> None:
+    assert len(inspect.signature(AgentCoreRLApp).parameters) <= 16
+    assert repr(ShutdownConfig(grace=60.0)) == (
+        "ShutdownConfig(grace=60.0, stop_wait=5.0, cancel_timeout=5.0)"
+    )
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=60.0))
+    assert app.shutdown.grace == 60.0
+    assert app.limits is DEFAULT_REQUEST_LIMITS
 
 
 def test_bad_allowed_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,12 +134,12 @@ def test_handler_signatures() -> None:
 
 def test_owning_the_process_lowers_gil_switch_interval(switch_interval: None) -> None:
     sys.setswitchinterval(0.005)
-    AgentCoreRLApp(gil_switch_interval=0.002).tune_process()
+    AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=0.002)).tune_process()
     assert sys.getswitchinterval() == pytest.approx(0.002)
     sys.setswitchinterval(0.0005)
-    AgentCoreRLApp(gil_switch_interval=0.002).tune_process()
+    AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=0.002)).tune_process()
     assert sys.getswitchinterval() == pytest.approx(0.0005)  # never raised
-    AgentCoreRLApp(gil_switch_interval=None).tune_process()
+    AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=None)).tune_process()
     assert sys.getswitchinterval() == pytest.approx(0.0005)
 
 
@@ -98,7 +147,7 @@ async def test_a_mounted_app_leaves_the_process_alone(switch_interval: None) -> 
     # Entered from someone else's lifespan (or served without run()): the process is
     # not the app's to tune.
     sys.setswitchinterval(0.005)
-    async with AgentCoreRLApp(gil_switch_interval=0.001) as app:
+    async with AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=0.001)) as app:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
             assert (await http.get("/ping")).status_code == 200

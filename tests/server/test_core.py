@@ -166,7 +166,9 @@ async def test_handler_shapes(
         assert context is None
 
 
-async def test_stop_session_cancels_and_writes_envelope(store: ResultStore, bucket: str) -> None:
+async def test_stop_session_cancels_and_writes_envelope(
+    store: ResultStore, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
     app = AgentCoreRLApp(store=store)
     entered = asyncio.Event()
 
@@ -187,7 +189,10 @@ async def test_stop_session_cancels_and_writes_envelope(store: ResultStore, buck
         assert envelope is not None
         assert envelope[protocol.STATUS_CODE] == 500
         assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_CANCELLED
-        assert "stopped" in envelope[protocol.STOP_REASON]
+        assert envelope[protocol.STOP_REASON] == "the session was stopped"
+        # Said once: "(cancelled: the session was stopped)", not "cancelled: cancelled: ...".
+        assert "cancelled: the session was stopped" in caplog.text
+        assert "cancelled: cancelled" not in caplog.text
         again = await http.post(f"/sessions/{SESSION}/stop")
         assert again.json() == {"session_id": SESSION, "stopped": False}
         assert (await http.get("/ping")).json()["status"] == "Healthy"

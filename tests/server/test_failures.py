@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InvalidPayloadError
+from agentcore_rl.errors import InvalidPayloadError, RolloutError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
@@ -51,9 +51,19 @@ async def test_handler_raised(store: ResultStore, bucket: str, kind: str) -> Non
 
     envelope = await run_one(store, bucket, aboom if kind == "async" else boom)
     assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_HANDLER_RAISED
-    assert envelope[protocol.STOP_REASON] == "model server unreachable"
+    assert envelope[protocol.STOP_REASON] == "ValueError: model server unreachable"
     assert "ValueError: model server unreachable" in envelope[protocol.TRACEBACK]
     assert "rewards" not in envelope
+
+
+async def test_a_handler_error_is_reported_with_its_type(store: ResultStore, bucket: str) -> None:
+    async def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"rewards": [payload["a"]]}
+
+    envelope = await run_one(store, bucket, solve)
+    assert envelope[protocol.STOP_REASON] == "KeyError: 'a'"
+    error = RolloutError(envelope)
+    assert "(handler_exception): KeyError: 'a'" in str(error)
 
 
 async def test_handler_returned_non_dict(store: ResultStore, bucket: str) -> None:

@@ -9,12 +9,13 @@ import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import FaultChecks
+from agentcore_rl.server import FaultChecks, ShutdownConfig, SpoolConfig
 from tests.conftest import FAST_RETRY
 from tests.server.helpers import FakeClock, rollout_app, rollout_payload, served
 from tests.server.test_sigterm import free_port
 
 TTL = 60.0
+NO_GRACE = ShutdownConfig(grace=0)
 RENEW = 5.0
 INTERVAL = 10.0
 
@@ -73,7 +74,13 @@ async def test_a_lapsed_lease_cancels_its_rollouts_with_the_reason(
     clocks = Clocks()
     key, ref = lease(bucket)
     await renew(store, bucket, key, 1, clocks.wall())
-    app = rollout_app(store, hang, spool_dir=tmp_path, faults=clocks.checks(), shutdown_grace=0)
+    app = rollout_app(
+        store,
+        hang,
+        spool=SpoolConfig(directory=tmp_path),
+        faults=clocks.checks(),
+        shutdown=NO_GRACE,
+    )
     async with served(app) as http:
         await start(http, bucket, ref, SESSIONS)
         assert await app.leases.check() == 0
@@ -101,7 +108,13 @@ async def test_a_skewed_client_clock_is_no_lapse_while_it_renews(
 ) -> None:
     clocks = Clocks()
     key, ref = lease(bucket)
-    app = rollout_app(store, hang, spool_dir=tmp_path, faults=clocks.checks(), shutdown_grace=0)
+    app = rollout_app(
+        store,
+        hang,
+        spool=SpoolConfig(directory=tmp_path),
+        faults=clocks.checks(),
+        shutdown=NO_GRACE,
+    )
     async with served(app) as http:
         await renew(store, bucket, key, 1, clocks.wall() - 10 * TTL)  # an hour-slow clock
         await start(http, bucket, ref, SESSIONS[:1])
@@ -118,7 +131,13 @@ async def test_a_skewed_client_clock_is_no_lapse_while_it_renews(
 async def test_a_missing_lease_is_no_lapse(store: ResultStore, bucket: str, tmp_path: Any) -> None:
     clocks = Clocks()
     _, ref = lease(bucket, "never-written")
-    app = rollout_app(store, hang, spool_dir=tmp_path, faults=clocks.checks(), shutdown_grace=0)
+    app = rollout_app(
+        store,
+        hang,
+        spool=SpoolConfig(directory=tmp_path),
+        faults=clocks.checks(),
+        shutdown=NO_GRACE,
+    )
     async with served(app) as http:
         await start(http, bucket, ref, SESSIONS[:1])
         for _ in range(3):
@@ -132,7 +151,9 @@ async def test_an_unreadable_lease_is_no_lapse(tmp_path: Any) -> None:
     clocks = Clocks()
     dead = ResultStore(endpoint_url=f"http://127.0.0.1:{free_port()}", retry=FAST_RETRY)
     _, ref = lease("rollouts")
-    app = rollout_app(dead, hang, spool_dir=tmp_path, faults=clocks.checks(), shutdown_grace=0)
+    app = rollout_app(
+        dead, hang, spool=SpoolConfig(directory=tmp_path), faults=clocks.checks(), shutdown=NO_GRACE
+    )
     async with served(app) as http:
         await start(http, "rollouts", ref, SESSIONS[:1])
         for _ in range(3):
@@ -145,7 +166,7 @@ async def test_an_unreadable_lease_is_no_lapse(tmp_path: Any) -> None:
 async def test_a_malformed_lease_reference_is_refused(
     store: ResultStore, bucket: str, tmp_path: Any
 ) -> None:
-    app = rollout_app(store, hang, spool_dir=tmp_path, shutdown_grace=0)
+    app = rollout_app(store, hang, spool=SpoolConfig(directory=tmp_path), shutdown=NO_GRACE)
     async with served(app) as http:
         payload = rollout_payload(bucket)
         payload[protocol.ROLLOUT_FIELD][protocol.LEASE] = {"s3_bucket": bucket, "key": "exp/q/x"}

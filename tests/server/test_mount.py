@@ -15,12 +15,13 @@ from starlette.routing import Mount, Route
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import ShutdownConfig
 
 from .helpers import SESSION, rollout_payload, served, session_headers, settle
 
 
 def make_agent(store: ResultStore, entered: asyncio.Event) -> AgentCoreRLApp:
-    agent = AgentCoreRLApp(store=store, shutdown_grace=0)
+    agent = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0))
 
     @agent.rollout_entrypoint
     async def solve(payload: dict[str, Any]) -> dict[str, Any]:

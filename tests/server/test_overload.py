@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import FaultChecks
+from agentcore_rl.server import FaultChecks, SpoolConfig
 from agentcore_rl.server.limits import LoopLag, serve_options
 from tests.server.helpers import (
     FakeClock,
@@ -65,7 +65,7 @@ async def test_overloaded_server_answers_503_with_retry_after(
 
     lag = ScriptedLag()
     faults = FaultChecks(overload_lag=1.0, clock=lag.clock, sleep=lag.sleep, check_leases=False)
-    app = rollout_app(store, handler, spool_dir=tmp_path, faults=faults)
+    app = rollout_app(store, handler, spool=SpoolConfig(directory=tmp_path), faults=faults)
     async with served(app) as http:
         await lag.wake(3.0, 3.0)  # the loop three seconds behind, twice in a row
         response = await http.post(

@@ -14,6 +14,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, FaultChecks
+from agentcore_rl.server.config import CheckExisting, RepeatConfig, SpoolConfig
 from agentcore_rl.server.finished import FinishedRollouts
 
 from .helpers import (
@@ -71,7 +72,7 @@ async def resend(http: httpx.AsyncClient, bucket: str, *, marked: bool = True) -
 async def test_forgotten_repeat_existing_envelope_wins(store: ResultStore, bucket: str) -> None:
     clock = FakeClock()
     handler = Counting()
-    app = rollout_app(store, handler.solve, clock=clock, finished_ttl=60)
+    app = rollout_app(store, handler.solve, clock=clock, repeats=RepeatConfig(finished_ttl=60))
     async with served(app) as http:
         await accept(http, bucket)
         await settle(app)
@@ -106,12 +107,12 @@ async def test_restarted_server_does_not_rerun(store: ResultStore, bucket: str) 
     ],
 )
 async def test_check_modes(
-    store: ResultStore, bucket: str, mode: str, marked: bool, runs: int, heads: int
+    store: ResultStore, bucket: str, mode: CheckExisting, marked: bool, runs: int, heads: int
 ) -> None:
     handler = Counting()
     async with served(rollout_app(store, handler.solve)) as http:
         await accept(http, bucket)
-    app = rollout_app(store, handler.solve, check_existing_results=mode)
+    app = rollout_app(store, handler.solve, repeats=RepeatConfig(check_existing=mode))
     async with served(app) as http:
         await resend(http, bucket, marked=marked)
         await settle(app)
@@ -120,8 +121,8 @@ async def test_check_modes(
 
 
 def test_check_mode_is_checked(store: ResultStore) -> None:
-    with pytest.raises(ConfigurationError, match="check_existing_results"):
-        AgentCoreRLApp(store=store, check_existing_results="sometimes")
+    with pytest.raises(ConfigurationError, match="check_existing must be"):
+        AgentCoreRLApp(store=store, repeats=RepeatConfig(check_existing="sometimes"))  # type: ignore[arg-type]
 
 
 async def test_spooled_rollout_counts_as_finished(
@@ -133,8 +134,7 @@ async def test_spooled_rollout_counts_as_finished(
     app = rollout_app(
         store,
         handler.solve,
-        spool_dir=spool,
-        spool_retry_interval=300,
+        spool=SpoolConfig(directory=spool, retry_interval=300),
         faults=FaultChecks(check_buckets=False),  # the bucket goes missing after acceptance
     )
     async with served(app) as http:
@@ -150,8 +150,7 @@ async def test_spooled_rollout_counts_as_finished(
     app = rollout_app(
         store,
         later.solve,
-        spool_dir=spool,
-        spool_retry_interval=300,
+        spool=SpoolConfig(directory=spool, retry_interval=300),
         faults=FaultChecks(check_buckets=False),
     )
     async with served(app) as http:
@@ -182,7 +181,7 @@ def test_memory_is_bounded_in_time_and_count() -> None:
 
 def test_memory_settings_are_checked(store: ResultStore) -> None:
     with pytest.raises(ConfigurationError, match="finished_ttl"):
-        AgentCoreRLApp(store=store, finished_ttl=0)
+        AgentCoreRLApp(store=store, repeats=RepeatConfig(finished_ttl=0))
 
 
 def test_status_payload_shape() -> None:

@@ -8,6 +8,7 @@ import httpx
 
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.config import ShutdownConfig
 
 from .helpers import (
     SESSION,
@@ -60,7 +61,7 @@ async def test_unknown_running_finished(store: ResultStore, bucket: str) -> None
 
 async def test_restarted_server_does_not_know_the_session(store: ResultStore, bucket: str) -> None:
     held = HeldRollout()
-    first = rollout_app(store, held.solve, shutdown_grace=0)
+    first = rollout_app(store, held.solve, shutdown=ShutdownConfig(grace=0))
     async with served(first) as http:
         await accept(http, bucket)
         await held.wait_entered()

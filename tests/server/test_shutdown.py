@@ -13,6 +13,7 @@ import pytest
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server.config import ShutdownConfig
 
 from .helpers import (
     SESSION,
@@ -38,7 +39,7 @@ async def wait_closing(app: AgentCoreRLApp) -> None:
 
 async def test_running_rollout_finishes_within_grace(store: ResultStore, bucket: str) -> None:
     held = HeldRollout()
-    app = rollout_app(store, held.solve, shutdown_grace=30)
+    app = rollout_app(store, held.solve, shutdown=ShutdownConfig(grace=30))
 
     async with served(app) as http:
         await accept(http, bucket)
@@ -63,7 +64,7 @@ async def test_running_rollout_finishes_within_grace(store: ResultStore, bucket:
 async def test_lifespan_shutdown_cancels_after_grace(
     store: ResultStore, bucket: str, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = AgentCoreRLApp(store=store, shutdown_grace=0)
+    app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0))
     entered = threading.Event()
     release = threading.Event()
 
@@ -98,7 +99,7 @@ async def test_lifespan_shutdown_cancels_after_grace(
 
 
 async def test_handler_that_ignores_cancellation(store: ResultStore, bucket: str) -> None:
-    app = AgentCoreRLApp(store=store, shutdown_grace=0, cancel_timeout=0.05)
+    app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0, cancel_timeout=0.05))
     entered = asyncio.Event()
     stubborn_done = asyncio.Event()
 
@@ -148,7 +149,7 @@ async def test_borrowed_store_stays_open(store: ResultStore, bucket: str) -> Non
 async def test_closing_the_app_leaves_no_task_behind(store: ResultStore, bucket: str) -> None:
     # Every rollout runs in the task group `async with app` opened; closing ends them all,
     # the one that swallows its first cancellation included.
-    app = AgentCoreRLApp(store=store, shutdown_grace=0, cancel_timeout=0.05)
+    app = AgentCoreRLApp(store=store, shutdown=ShutdownConfig(grace=0, cancel_timeout=0.05))
     entered = asyncio.Event()
 
     @app.rollout_entrypoint

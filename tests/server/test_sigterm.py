@@ -21,9 +21,9 @@ from .helpers import SESSION, rollout_payload, session_headers
 AGENT = textwrap.dedent(
     """
     import sys, threading
-    from agentcore_rl.server import AgentCoreRLApp
+    from agentcore_rl.server import AgentCoreRLApp, ShutdownConfig
 
-    app = AgentCoreRLApp(shutdown_grace=0.05)
+    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=0.05))
 
     @app.rollout_entrypoint
     def solve(payload):

@@ -1,0 +1,117 @@
+"""Unknown keywords are errors that say where the right one is.
+
+Python already refuses an unknown keyword; :func:`checked` adds the closest known one
+(difflib), or where a keyword moved to (``max_concurrent_sessions`` ->
+``limits=Limits(max_concurrent_sessions=...)``), to the ``TypeError``.
+
+Example::
+
+    @checked(moved={"tps_limit": "limits=Limits(tps=...)"})
+    def __init__(self, *, limits: Limits = DEFAULT_LIMITS) -> None: ...
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+
+__all__ = ["checked", "checked_init", "same_parameters", "unexpected_keyword"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C", bound=type)
+
+_NAMED: Final = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _call_name(qualname: str) -> str:
+    owner, _, name = qualname.rpartition(".")
+    return f"{owner}()" if name == "__init__" else f"{qualname}()"
+
+
+def unexpected_keyword(
+    call: str,
+    name: str,
+    known: Iterable[str],
+    *,
+    moved: Mapping[str, str] | None = None,
+    extras: str | None = None,
+) -> TypeError:
+    """The ``TypeError`` for ``call(..., name=...)``: the closest of ``known`` (or of the
+    ``moved`` names, shown as where they live now), else a hint that ``extras`` (a mapping
+    parameter) takes free-form keys."""
+    moved = moved or {}
+    message = f"{call} got an unexpected keyword argument {name!r}"
+    hint = moved.get(name)
+    if hint is None:
+        close = difflib.get_close_matches(name, [*known, *moved], n=1)
+        if close:
+            hint = moved.get(close[0], close[0])
+    if hint is not None:
+        return TypeError(f"{message} (did you mean {hint!r}?)")
+    if extras is not None:
+        return TypeError(f"{message} (free-form keys go in {extras}={{{name!r}: ...}})")
+    return TypeError(message)
+
+
+def checked(
+    *, moved: Mapping[str, str] | None = None, extras: str | None = None
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a function whose keywords are fixed: an unknown one raises
+    :func:`unexpected_keyword`'s ``TypeError`` before the call."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        return _guard(func, inspect.signature(func), func.__qualname__, moved, extras)
+
+    return decorate
+
+
+def checked_init(cls: C) -> C:
+    """Class decorator: the class's ``__init__`` checks its keywords (see :func:`checked`)."""
+    init = cls.__dict__["__init__"]
+    guarded = _guard(init, inspect.signature(init), f"{cls.__qualname__}.__init__", None, None)
+    setattr(cls, "__init__", guarded)  # noqa: B010 (mypy refuses assigning __init__)
+    return cls
+
+
+def _guard(
+    func: Callable[P, R],
+    signature: inspect.Signature,
+    qualname: str,
+    moved: Mapping[str, str] | None,
+    extras: str | None,
+) -> Callable[P, R]:
+    known = frozenset(n for n, p in signature.parameters.items() if p.kind in _NAMED)
+    call = _call_name(qualname)
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not known.issuperset(kwargs):
+            unknown = sorted(set(kwargs) - known)[0]
+            raise unexpected_keyword(call, unknown, known, moved=moved, extras=extras)
+        return func(*args, **kwargs)
+
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    wrapper._keyword_hints = (moved, extras)  # type: ignore[attr-defined]  # for facades
+    return wrapper
+
+
+def same_parameters(
+    source: Callable[Concatenate[Any, P], Any],
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
+    """Give the decorated method ``source``'s parameters (its own return annotation is
+    kept) and check its keywords against them: a facade that forwards ``*args, **kwargs``
+    then takes exactly ``source``'s parameters, for callers and type checkers, and cannot
+    drift."""
+    source_signature = inspect.signature(source)
+    moved, extras = getattr(source, "_keyword_hints", (None, None))
+
+    def decorate(func: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
+        own = inspect.signature(func)
+        signature = source_signature.replace(return_annotation=own.return_annotation)
+        return _guard(func, signature, func.__qualname__, moved, extras)
+
+    return decorate

@@ -1,0 +1,237 @@
+"""The agent server's configuration: small frozen keyword-only objects with defaults.
+
+Each groups the knobs of one concern of :class:`~agentcore_rl.server.AgentCoreRLApp`;
+the module-level ``DEFAULT_*`` objects are what the app uses when none is given. A bad
+value is a :class:`~agentcore_rl.errors.ConfigurationError`, an unknown keyword a
+``TypeError`` naming it and the closest known one.
+
+Example::
+
+    from agentcore_rl.server import AgentCoreRLApp, RequestLimits, ShutdownConfig
+
+    app = AgentCoreRLApp(
+        limits=RequestLimits(max_body_bytes=10 * 1024 * 1024),
+        shutdown=ShutdownConfig(grace=60.0),
+    )
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.keywords import checked_init
+from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES
+from agentcore_rl.server.finished import DEFAULT_FINISHED_MAX_ENTRIES, DEFAULT_FINISHED_TTL
+from agentcore_rl.server.parsing import DEFAULT_MAX_JSON_DEPTH
+from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT
+from agentcore_rl.server.settings import (
+    DEFAULT_GIL_SWITCH_INTERVAL,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SYNC_WORKERS,
+    DEFAULT_SHUTDOWN_GRACE,
+    DEFAULT_STOP_WAIT,
+)
+from agentcore_rl.server.spool import (
+    DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
+    DEFAULT_SPOOL_RETRY_INTERVAL,
+)
+
+__all__ = [
+    "DEFAULT_REPEATS",
+    "DEFAULT_REQUEST_LIMITS",
+    "DEFAULT_SHUTDOWN",
+    "DEFAULT_SPOOL",
+    "DEFAULT_WORKERS",
+    "CheckExisting",
+    "RepeatConfig",
+    "RequestLimits",
+    "ShutdownConfig",
+    "SpoolConfig",
+    "WorkerConfig",
+]
+
+#: When a rollout HEADs its key before running (see :class:`RepeatConfig`).
+CheckExisting = Literal["always", "repeats", "never"]
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class RequestLimits:
+    """What one invocation body may be.
+
+    A body over ``max_body_bytes`` gets 413, nesting deeper than ``max_json_depth`` 400;
+    once the bodies being received hold ``max_inflight_body_bytes`` together, more get
+    503 with ``Retry-After``. A body over ``envelope_payload_max_bytes`` (``None``: never)
+    is stored in its envelope as its SHA-256 and size instead of a copy of the payload.
+
+    Example::
+
+        RequestLimits(max_body_bytes=10 * 1024 * 1024, envelope_payload_max_bytes=65536)
+    """
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
+    envelope_payload_max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            raise ConfigurationError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
+        if self.max_json_depth < 1:
+            raise ConfigurationError(f"max_json_depth must be >= 1, got {self.max_json_depth}")
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ConfigurationError(
+                f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes}), or the largest body would never fit"
+            )
+        if self.envelope_payload_max_bytes is not None and self.envelope_payload_max_bytes < 0:
+            raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class ShutdownConfig:
+    """Seconds things get to end.
+
+    At shutdown running rollouts get ``grace`` seconds, then are cancelled; a cancelled
+    one that has not ended ``cancel_timeout`` seconds later gets its "cancelled" envelope
+    written for it. A stop request (``POST /sessions/{id}/stop``) waits up to ``stop_wait``
+    seconds for the stopped rollouts' envelopes.
+
+    Example::
+
+        ShutdownConfig(grace=60.0, stop_wait=2.0)
+    """
+
+    grace: float = DEFAULT_SHUTDOWN_GRACE
+    stop_wait: float = DEFAULT_STOP_WAIT
+    cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if self.grace < 0 or self.stop_wait < 0 or self.cancel_timeout < 0:
+            raise ConfigurationError("grace, stop_wait and cancel_timeout must be >= 0")
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class SpoolConfig:
+    """Where envelopes S3 refused wait, and how often they are retried.
+
+    ``directory`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else this app's own directory
+    under :func:`~agentcore_rl.server.settings.default_spool_dir`, named after its app
+    name or its handler) is drained at startup; share one between apps only on purpose.
+    Spooled envelopes are retried every ``retry_interval`` seconds, doubling up to
+    ``max_retry_interval``. ``run_ledger`` (default: on unless ``$AGENTCORE_RL_RUN_LEDGER``
+    is ``0``) keeps the running rollouts in a file there, so a successor on the same disk
+    reports a crashed server's rollouts as lost.
+
+    Example::
+
+        SpoolConfig(directory="/var/spool/math-agent", retry_interval=1.0)
+    """
+
+    directory: Path | str | None = None
+    retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL
+    max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL
+    run_ledger: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_interval <= self.max_retry_interval:
+            raise ConfigurationError(
+                "need 0 < retry_interval <= max_retry_interval, got "
+                f"{self.retry_interval} and {self.max_retry_interval}"
+            )
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class RepeatConfig:
+    """How a repeated invocation (same session id and result key) is kept from rerunning.
+
+    While it runs, or for ``finished_ttl`` seconds after it finished (at most
+    ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
+    process, the rollout HEADs its key before the handler starts and an envelope already
+    there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing``
+    ``"repeats"``), for all (``"always"``), or never (``"never"``).
+
+    Example::
+
+        RepeatConfig(check_existing="always", finished_ttl=600.0)
+    """
+
+    check_existing: CheckExisting = "repeats"
+    finished_ttl: float = DEFAULT_FINISHED_TTL
+    finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES
+
+    def __post_init__(self) -> None:
+        if self.check_existing not in ("always", "repeats", "never"):
+            raise ConfigurationError(
+                "check_existing must be 'always', 'repeats' or 'never', got "
+                f"{self.check_existing!r}"
+            )
+        if self.finished_ttl <= 0 or self.finished_max_entries < 1:
+            raise ConfigurationError(
+                "finished_ttl must be positive and finished_max_entries >= 1, got "
+                f"{self.finished_ttl} and {self.finished_max_entries}"
+            )
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Threads for sync handlers, and the GIL setting that keeps ``/ping`` fast beside them.
+
+    Sync handlers run in up to ``max_sync_workers`` threads. When the app owns the process
+    (``app.run()``, ``agentcore-rl serve``) the GIL switch interval is lowered to
+    ``gil_switch_interval`` (``None``: leave it).
+
+    Example::
+
+        WorkerConfig(max_sync_workers=16, gil_switch_interval=None)
+    """
+
+    max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS
+    gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL
+
+    def __post_init__(self) -> None:
+        if self.max_sync_workers < 1:
+            raise ConfigurationError(f"max_sync_workers must be >= 1, got {self.max_sync_workers}")
+        if self.gil_switch_interval is not None and self.gil_switch_interval <= 0:
+            raise ConfigurationError(
+                f"gil_switch_interval must be positive or None, got {self.gil_switch_interval}"
+            )
+
+
+DEFAULT_REQUEST_LIMITS: Final = RequestLimits()
+DEFAULT_SHUTDOWN: Final = ShutdownConfig()
+DEFAULT_SPOOL: Final = SpoolConfig()
+DEFAULT_REPEATS: Final = RepeatConfig()
+DEFAULT_WORKERS: Final = WorkerConfig()
+
+#: Where the keywords of earlier versions live now (named in the TypeError an old one gets).
+MOVED_KEYWORDS: Final = {
+    **{
+        name: f"limits=RequestLimits({name}=...)"
+        for name in (
+            "max_body_bytes",
+            "max_json_depth",
+            "max_inflight_body_bytes",
+            "envelope_payload_max_bytes",
+        )
+    },
+    "shutdown_grace": "shutdown=ShutdownConfig(grace=...)",
+    "stop_wait": "shutdown=ShutdownConfig(stop_wait=...)",
+    "cancel_timeout": "shutdown=ShutdownConfig(cancel_timeout=...)",
+    "spool_dir": "spool=SpoolConfig(directory=...)",
+    "spool_retry_interval": "spool=SpoolConfig(retry_interval=...)",
+    "spool_max_retry_interval": "spool=SpoolConfig(max_retry_interval=...)",
+    "run_ledger": "spool=SpoolConfig(run_ledger=...)",
+    "check_existing_results": "repeats=RepeatConfig(check_existing=...)",
+    "finished_ttl": "repeats=RepeatConfig(finished_ttl=...)",
+    "finished_max_entries": "repeats=RepeatConfig(finished_max_entries=...)",
+    "max_sync_workers": "workers=WorkerConfig(max_sync_workers=...)",
+    "gil_switch_interval": "workers=WorkerConfig(gil_switch_interval=...)",
+}
