@@ -6,14 +6,24 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck pytest wheel-demo bench clean
 
-# The stamp re-installs when pyproject.toml changes, so a pull never leaves a stale venv.
+DEMO_STAMP := $(VENV)/.installed-demo
+
+# The stamps re-install when pyproject.toml changes, so a pull never leaves a stale venv.
+# `make test` needs everything (`dev`: linters, Ray, the examples' frameworks); the demo
+# only the `local` extra, a fraction of the download.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[local]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/agentcore-rl demo
 
 test: lint typecheck pytest wheel-demo
@@ -47,8 +57,8 @@ wheel-demo: $(STAMP)
 # Every benchmark at full size (about 20 minutes); each prints JSON. Run on a quiet machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/server.py
-	$(BIN)/python benchmarks/rollouts.py --paths lean,generic
-	$(BIN)/python benchmarks/rollouts.py --transport acr --inflight 0 --paths lean,generic
+	$(BIN)/python benchmarks/rollouts.py
+	$(BIN)/python benchmarks/rollouts.py --transport acr --inflight 0
 	$(BIN)/python benchmarks/gateway.py
 	$(BIN)/python -m benchmarks.groups
 	$(BIN)/python benchmarks/distributed.py

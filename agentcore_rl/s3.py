@@ -37,7 +37,6 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from agentcore_rl.aws.s3 import LeanS3, ListPage
 from agentcore_rl.errors import StorageError
 from agentcore_rl.retry import RetryPolicy
 
@@ -49,7 +48,6 @@ __all__ = [
     "ResultStore",
     "S3RetryPolicy",
     "is_transient_s3_error",
-    "lean_s3_session",
 ]
 
 T = TypeVar("T")
@@ -101,35 +99,22 @@ def _http_status(exc: ClientError) -> int:
 
 
 def is_transient_s3_error(exc: BaseException) -> bool:
-    """True for failures worth retrying: throttling, 5xx, timeouts, dropped connections.
-
-    Example::
-
-        is_transient_s3_error(ClientError({"Error": {"Code": "SlowDown"}}, "PutObject"))  # True
-    """
+    """True for failures worth retrying: throttling, 5xx, timeouts, dropped connections."""
     if isinstance(exc, ClientError):
         return _error_code(exc) in _TRANSIENT_CODES or _http_status(exc) >= 500
     return isinstance(exc, BotoConnectionError | HTTPClientError | asyncio.TimeoutError)
 
 
-async def _hold_client(context: Any, lean: bool) -> AsyncGenerator[tuple[Any, LeanS3 | None], None]:
-    """Enter the client's context (and open its lean reader) and stay suspended until
-    closed (see ResultStore); closing closes both, the reader's connections first."""
+async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
+    """Enter the client's context and stay suspended until closed (see ResultStore)."""
     async with context as client:
-        reader = await LeanS3.create(client) if lean else None
-        try:
-            yield client, reader
-        finally:
-            if reader is not None:
-                await reader.aclose()
+        yield client
 
 
 @dataclass
 class _LoopClient:
     client: Any
-    holder: AsyncGenerator[tuple[Any, LeanS3 | None], None]
-    # The lean reader (GetObject, ListObjectsV2) on ``client``'s settings and pool, or None.
-    reader: LeanS3 | None = None
+    holder: AsyncGenerator[Any, None]
 
     async def aclose(self) -> None:
         try:
@@ -145,9 +130,6 @@ class ResultStore:
     ``endpoint_url`` points at a non-AWS S3 (moto, MinIO); by default botocore decides,
     which honours ``AWS_ENDPOINT_URL_S3``. ``max_pool_connections`` bounds the concurrent
     HTTP connections to S3, so hundreds of simultaneous writes queue instead of failing.
-    ``lean`` (default) reads objects and listings through :class:`~agentcore_rl.aws.LeanS3`
-    (the same credentials, endpoint, pool, errors and retries at a fraction of botocore's
-    CPU per request); ``lean=False`` sends every request through aiobotocore.
 
     Example::
 
@@ -168,14 +150,12 @@ class ResultStore:
         max_pool_connections: int = 64,
         connect_timeout: float = 10.0,
         read_timeout: float = 30.0,
-        lean: bool = True,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region_name = region_name
         self.retry = retry
-        self.lean = lean
         self.request_counts: Counter[str] = Counter()
-        self._session = session or aioboto3.Session()
+        self._session = session or _session_keeping_timestamps()
         # botocore's per-request extras cost CPU on every one of thousands of small requests:
         # parameters are already validated by protocol.py, and result envelopes are small
         # JSON that S3 does not require checksums for, so both are switched off.
@@ -201,12 +181,7 @@ class ResultStore:
 
     @property
     def total_requests(self) -> int:
-        """All S3 requests sent so far (retries included).
-
-        Example::
-
-            print(store.total_requests / n_rollouts, "S3 requests per rollout")
-        """
+        """All S3 requests sent so far (retries included)."""
         return sum(self.request_counts.values())
 
     async def __aenter__(self) -> ResultStore:
@@ -227,10 +202,6 @@ class ResultStore:
         The current event loop's client is closed here; one made on another loop that is
         still running is closed on that loop; one whose loop has stopped was closed when
         the loop shut down.
-
-        Example::
-
-            await store.aclose()
         """
         self._closed = True
         current = asyncio.get_running_loop()
@@ -274,11 +245,9 @@ class ResultStore:
                         endpoint_url=self.endpoint_url,
                         region_name=self.region_name,
                         config=self._config,
-                    ),
-                    self.lean,
+                    )
                 )
-                client, reader = await holder.__anext__()
-                entry = _LoopClient(client, holder, reader)
+                entry = _LoopClient(await holder.__anext__(), holder)
                 self._clients[loop] = entry
         return entry
 
@@ -323,12 +292,7 @@ class ResultStore:
     async def put_bytes(
         self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json"
     ) -> None:
-        """Write one object (retried on transient errors).
-
-        Example::
-
-            await store.put_bytes("rollouts", "exp/q-1/sid.json", b"{}")
-        """
+        """Write one object (retried on transient errors)."""
 
         async def request(entry: _LoopClient) -> None:
             await entry.client.put_object(
@@ -338,25 +302,13 @@ class ResultStore:
         await self._call("PutObject", bucket, key, request)
 
     async def put_json(self, bucket: str, key: str, obj: Mapping[str, Any]) -> None:
-        """Serialise ``obj`` as JSON and write it. Raises ``TypeError`` for non-JSON values.
-
-        Example::
-
-            await store.put_json("rollouts", "exp/q-1/sid.json", {"rewards": [1.0]})
-        """
+        """Serialise ``obj`` as JSON and write it. Raises ``TypeError`` for non-JSON values."""
         await self.put_bytes(bucket, key, json.dumps(obj, allow_nan=False).encode())
 
     async def get_bytes(self, bucket: str, key: str) -> bytes | None:
-        """Read one object; ``None`` when the key does not exist (a missing bucket raises).
-
-        Example::
-
-            blob = await store.get_bytes("rollouts", "exp/q-1/sid.trace.json.gz")
-        """
+        """Read one object; ``None`` when the key does not exist (a missing bucket raises)."""
 
         async def request(entry: _LoopClient) -> bytes:
-            if entry.reader is not None:
-                return await entry.reader.get_object(bucket, key)
             response = await entry.client.get_object(Bucket=bucket, Key=key)
             async with response["Body"] as stream:
                 data: bytes = await stream.read()
@@ -368,10 +320,6 @@ class ResultStore:
         """Read one JSON object; ``None`` when the key does not exist.
 
         A missing bucket is not a missing key: it raises ``StorageError`` (``NoSuchBucket``).
-
-        Example::
-
-            envelope = await store.get_json("rollouts", key)
         """
         body = await self.get_bytes(bucket, key)
         if body is None:
@@ -397,12 +345,7 @@ class ResultStore:
         return value
 
     async def put_trace(self, bucket: str, key: str, trace: SessionTrace) -> None:
-        """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at ``trace_key(...)``.
-
-        Example::
-
-            await store.put_trace("rollouts", trace_key("e1", "q-1", sid), trace)
-        """
+        """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at ``trace_key(...)``."""
         from agentcore_rl.gateway.record import dump_trace
 
         await self.put_bytes(bucket, key, dump_trace(trace), content_type="application/gzip")
@@ -412,11 +355,6 @@ class ResultStore:
 
         A rollout run through a gateway has its trace beside its result: for result key
         ``exp/q-1/sid.json`` it is ``exp/q-1/sid.trace.json.gz`` (see ``trace_key``).
-
-        Example::
-
-            trace = await store.get_trace("rollouts", trace_key("e1", "q-1", sid))
-            trajectory = build_trajectory(trace, reward=1.0)
         """
         from agentcore_rl.gateway.record import load_trace
 
@@ -439,10 +377,6 @@ class ResultStore:
 
         S3 answers HEAD without a body, so a missing bucket also reads as ``False`` here;
         :meth:`get_json` and :meth:`list_keys` report it as ``NoSuchBucket``.
-
-        Example::
-
-            if await store.head("rollouts", key): ...
         """
 
         async def request(entry: _LoopClient) -> bool:
@@ -476,12 +410,7 @@ class ResultStore:
     async def list_keys(
         self, bucket: str, prefix: str, *, start_after: str | None = None
     ) -> list[str]:
-        """All keys under ``prefix`` (every page; each page counts as one request).
-
-        Example::
-
-            keys = await store.list_keys("rollouts", "exp/")
-        """
+        """All keys under ``prefix`` (every page; each page counts as one request)."""
         keys: list[str] = []
         token: str | None = None
         while True:
@@ -498,12 +427,7 @@ class ResultStore:
             token = page.next_token
 
     async def ensure_bucket(self, bucket: str) -> None:
-        """Create the bucket if it does not exist yet (for local stacks and tests).
-
-        Example::
-
-            await store.ensure_bucket("rollouts")
-        """
+        """Create the bucket if it does not exist yet (for local stacks and tests)."""
 
         async def request(entry: _LoopClient) -> None:
             client = entry.client
@@ -521,16 +445,20 @@ class ResultStore:
         await self._call("CreateBucket", bucket, None, request)
 
 
+@dataclass(frozen=True)
+class ListPage:
+    """One ListObjectsV2 page: its keys in order, and the next page's token (None on the last)."""
+
+    keys: list[str]
+    next_token: str | None
+
+
 async def _list_page(
     bucket: str, prefix: str, start_after: str | None, token: str | None, entry: _LoopClient
 ) -> ListPage:
     """One ListObjectsV2 page: from ``token`` if given, else after ``start_after``."""
     if token is not None:
         start_after = None
-    if entry.reader is not None:
-        return await entry.reader.list_objects_v2(
-            bucket, prefix, start_after=start_after, token=token
-        )
     params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
     if token is not None:
         params["ContinuationToken"] = token
@@ -541,19 +469,12 @@ async def _list_page(
     return ListPage(keys, page.get("NextContinuationToken") if page.get("IsTruncated") else None)
 
 
-def lean_s3_session() -> aioboto3.Session:
-    """An aioboto3 session whose responses keep timestamps as strings.
+def _session_keeping_timestamps() -> aioboto3.Session:
+    """An aioboto3 session whose responses keep timestamps as the strings S3 sent.
 
-    botocore parses every ``LastModified`` of a listing into a datetime, which is more
-    than half the CPU cost of a 1,000-key LIST page; the client's completion watcher
-    needs only the keys, so the client's store uses this session.
+    botocore parses every ``LastModified`` of a listing into a datetime, more than half the
+    CPU of a 1,000-key LIST page; the store returns keys only, so it never reads one.
     """
     core = get_session()
-    core.get_component("response_parser_factory").set_parser_defaults(
-        timestamp_parser=_keep_timestamp
-    )
+    core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
     return aioboto3.Session(botocore_session=core)
-
-
-def _keep_timestamp(value: str) -> str:
-    return value

@@ -429,7 +429,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     runtime = LocalAgentCoreRuntime(
                         {DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps
                     )
-                    async with BackgroundServer(runtime, one_write=True) as acr:
+                    async with BackgroundServer(runtime) as acr:
                         report = await chaos_phase(args, workdir, s3_front.url, acr.url, agents)
                     report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
                     report["s3_requests_failed_by_proxy"] = proxy.failed

@@ -11,11 +11,7 @@ The client drives ``--rollouts`` rollouts through ``run_batch`` with
   zero latency anywhere. Over HTTP a finished session needs no stop call, so stop calls do
   not count against the tps; over ACR each finished session gets a StopRuntimeSession,
   which takes a token at low priority, in the simulation as in the client.
-- ``client_cpu_ms_per_rollout``: user+system CPU of this process during the run. The
-  rollouts run once per AWS request path (``--paths``, default both): ``lean`` (the
-  client's default, :mod:`agentcore_rl.aws`) and ``generic`` (``lean=False``: every call
-  through aiobotocore), same durations, fresh experiment id each; ``comparison`` gives
-  lean over generic for CPU, wall/ideal, S3 requests and detection p95.
+- ``client_cpu_ms_per_rollout``: user+system CPU of this process during the run.
 - ``s3_requests_per_rollout``: every S3 request of the client (LIST, GET, HEAD).
 - ``detection_latency_s`` p50/p95: the envelope's ``finished_at`` (stamped by the agent
   server when the handler returned, just before its PUT) to the future's resolution.
@@ -29,7 +25,7 @@ Example::
 
     python benchmarks/rollouts.py                                   # full size (~2 min)
     python benchmarks/rollouts.py --rollouts 100 --concurrency 50 --max-sleep 6 --inflight 500
-    python benchmarks/rollouts.py --transport acr --inflight 0 --paths lean,generic
+    python benchmarks/rollouts.py --transport acr --inflight 0
 """
 
 from __future__ import annotations
@@ -92,7 +88,7 @@ async def serve_stack(agents: int, runtime_tps: float | None, with_runtime: bool
         runtime = LocalAgentCoreRuntime(
             {DEFAULT_AGENT_RUNTIME_ARN: info["agents"]}, tps=runtime_tps, max_connections=1024
         )
-        server = await BackgroundServer(runtime, backlog=4096, one_write=True).start()
+        server = await BackgroundServer(runtime, backlog=4096).start()
         servers.append(server)
         info["runtime"] = server.url
         info["arn"] = DEFAULT_AGENT_RUNTIME_ARN
@@ -229,10 +225,7 @@ def client_options(args: argparse.Namespace, info: dict[str, Any], **extra: Any)
     return options
 
 
-PATHS = ("lean", "generic")
-
-
-async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str) -> dict[str, Any]:
+async def run_rollouts(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     from agentcore_rl.client import AsyncRolloutClient, Limits
 
     rng = random.Random(args.seed)
@@ -241,7 +234,7 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str
     options = client_options(
         args,
         info,
-        exp_id=f"bench-{path}-{int(time.time())}",
+        exp_id=f"bench-{int(time.time())}",
         limits=Limits(max_concurrent_sessions=args.concurrency, tps=args.tps),
     )
     detection: list[float] = []
@@ -268,7 +261,6 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any], path: str
     ideal = ideal_wall(durations, args.concurrency, args.tps, args.tps, stops_count)
     n = args.rollouts
     return {
-        "path": path,
         "rollouts": n,
         "ok": len(detection),
         "failures": failures,
@@ -342,40 +334,6 @@ async def run_inflight(args: argparse.Namespace, info: dict[str, Any]) -> dict[s
     }
 
 
-def compare(lean: dict[str, Any], generic: dict[str, Any]) -> dict[str, Any]:
-    """Lean over generic for the figures the lean path must not make worse (or must cut)."""
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a is not None and b else None
-
-    return {
-        "cpu_lean_over_generic": ratio(
-            lean["client_cpu_ms_per_rollout"], generic["client_cpu_ms_per_rollout"]
-        ),
-        "wall_over_ideal": {"lean": lean["wall_over_ideal"], "generic": generic["wall_over_ideal"]},
-        "s3_requests_per_rollout": {
-            "lean": lean["s3_requests_per_rollout"],
-            "generic": generic["s3_requests_per_rollout"],
-        },
-        "detection_p95_s": {
-            "lean": lean["detection_latency_s"]["p95"],
-            "generic": generic["detection_latency_s"]["p95"],
-        },
-    }
-
-
-def run_paths(args: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
-    """The rollout part once per path, one after the other on the same stack."""
-    paths = [p for p in args.paths.split(",") if p]
-    unknown = set(paths) - set(PATHS)
-    if unknown:
-        raise SystemExit(f"--paths takes {', '.join(PATHS)}; got {sorted(unknown)}")
-    results = {path: asyncio.run(run_rollouts(args, info, path)) for path in paths}
-    if "lean" in results and "generic" in results:
-        results["comparison"] = compare(results["lean"], results["generic"])
-    return results
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=1000)
@@ -390,11 +348,6 @@ def main() -> None:
         type=float,
         default=None,
         help="the local runtime's own TPS quota (acr; default: none, the client paces)",
-    )
-    parser.add_argument(
-        "--paths",
-        default=",".join(PATHS),
-        help="AWS request paths to run the rollouts on, in order (lean, generic)",
     )
     parser.add_argument("--inflight", type=int, default=10_000, help="0 skips this part")
     parser.add_argument("--inflight-tps", type=float, default=1000.0)
@@ -415,7 +368,6 @@ def main() -> None:
                 "concurrency": args.concurrency,
                 "tps": args.tps,
                 "sleep_s": [args.min_sleep, args.max_sleep],
-                "paths": args.paths,
                 "agents": args.agents,
                 "python": sys.version.split()[0],
                 "cpus": os.cpu_count(),
@@ -424,7 +376,7 @@ def main() -> None:
             }
         }
         if args.rollouts:
-            report["rollouts"] = run_paths(args, info)
+            report["rollouts"] = asyncio.run(run_rollouts(args, info))
         if args.inflight:
             report["inflight"] = asyncio.run(run_inflight(args, info))
     finally:

@@ -1,8 +1,8 @@
 """The ``agentcore-rl`` commands: each takes parsed arguments and returns an exit code.
 
-Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``
-or ``OSError`` for an unreachable service or a taken port -> exit 3) and turned into one
-line on stderr by :func:`agentcore_rl.cli.main`.
+Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``,
+``GatewayError`` or ``OSError`` for an unreachable service or a taken port -> exit 3) and
+turned into one line on stderr by :func:`agentcore_rl.cli.main`.
 
 Example::
 
@@ -25,15 +25,20 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from agentcore_rl import protocol
+from agentcore_rl._extras import require
 from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
-from agentcore_rl.errors import ConfigurationError, InvocationError
+from agentcore_rl.errors import ConfigurationError
+
+#: Where the gateway's admin token comes from when --gateway-admin-token is not given.
+_GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
 __all__ = [
     "cmd_demo",
@@ -151,7 +156,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
         f"  agents: {', '.join(args.agent_url)}\n"
         f"  use it: export AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{args.host}:{args.port}"
     )
-    return _serve_asgi(runtime, args.host, args.port, "info", banner)
+    return _serve_asgi(runtime, args.host, args.port, args.log_level, banner)
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
@@ -163,6 +168,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     """
     from agentcore_rl.gateway import DirectorySink, RolloutGateway
 
+    render = _render_mode(args)
     try:
         gateway = RolloutGateway(
             args.upstream,
@@ -172,19 +178,24 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             session_ttl=args.session_ttl,
             sink=DirectorySink(args.sink_dir) if args.sink_dir else None,
             require_open=args.require_open,
+            render=render,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     admin = "on" if gateway.admin_token else "off (no --admin-token)"
     banner = (
         f"{PROG}: rollout gateway on http://{args.host}:{args.port} -> "
-        f"{', '.join(gateway.upstreams)} ({gateway.backend.name}); admin routes {admin}\n"
+        f"{', '.join(gateway.upstreams)} ({gateway.backend.name}, {render or 'proxy mode'}); "
+        f"admin routes {admin}\n"
         f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
     )
     # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
     # httptools, from the gateway extra, when installed), no access log (CPU per call),
     # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
-    # think time between turns. One process: sessions live in its memory.
+    # think time between turns. One process: sessions live in its memory. The server's
+    # connection guards apply (a connection must send its request head within 10 s; past
+    # the cap the oldest idle one makes room), with the upstream pools' sockets kept out
+    # of the open files the agents' connections may take.
     return _serve_asgi(
         gateway,
         args.host,
@@ -192,12 +203,52 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         args.log_level,
         banner,
         loop="auto",
-        http="auto",
         access_log=False,
         lifespan="on",
         backlog=4096,
         timeout_keep_alive=300,
+        max_connections=args.max_connections or _gateway_connections(gateway),
     )
+
+
+def _gateway_connections(gateway: Any) -> int:
+    """Agents' connections the gateway serves at once: the server's default cap, less the
+    upstream connections it may open, within the open-file limit (raised first)."""
+    from agentcore_rl.server.limits import (
+        DEFAULT_MAX_CONNECTIONS,
+        FD_RESERVE,
+        raise_open_file_limit,
+    )
+
+    soft, _ = raise_open_file_limit()
+    upstream: int = gateway.max_upstream_connections
+    if soft <= 0:  # no limit known (or none at all)
+        return DEFAULT_MAX_CONNECTIONS
+    return max(16, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE - upstream))
+
+
+def _render_mode(args: argparse.Namespace) -> Any:
+    """``--history linear``'s RenderMode (None in proxy mode); a bad option is a usage error."""
+    history = getattr(args, "history", "proxy")
+    if history == "proxy":
+        if args.tokenizer or args.tool_call_parser or args.reasoning_parser:
+            raise ConfigurationError(
+                "--tokenizer, --tool-call-parser and --reasoning-parser need --history linear"
+            )
+        return None
+    if not args.tokenizer:
+        raise ConfigurationError("--history linear needs --tokenizer DIR (the model's tokenizer)")
+    from agentcore_rl.gateway.render.mode import RenderMode
+
+    try:
+        return RenderMode.load(
+            args.tokenizer,
+            backend=args.backend,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+        )
+    except (ValueError, ImportError, OSError) as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
@@ -228,42 +279,6 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
         except ValueError:
             params[key] = text
     return params
-
-
-async def _check_agents(urls: list[str]) -> None:
-    """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
-    import httpx
-
-    from agentcore_rl.protocol import PING_PATH
-
-    async with httpx.AsyncClient(timeout=5.0) as http:
-        for url in urls:
-            try:
-                response = await http.get(url + PING_PATH)
-            except httpx.HTTPError as exc:
-                raise InvocationError(
-                    f"cannot reach the agent at {url}: {type(exc).__name__}: {exc}"
-                ) from None
-            if response.status_code >= 500:
-                raise InvocationError(
-                    f"the agent at {url} is unhealthy: HTTP {response.status_code}",
-                    status_code=response.status_code,
-                )
-
-
-async def _check_runtime_endpoint(endpoint: str | None) -> None:
-    """A local (non-AWS) runtime endpoint must at least accept connections."""
-    import httpx
-
-    if not endpoint:
-        return
-    async with httpx.AsyncClient(timeout=5.0) as http:
-        try:
-            await http.get(endpoint)
-        except httpx.HTTPError as exc:
-            raise InvocationError(
-                f"cannot reach the AgentCore endpoint {endpoint}: {type(exc).__name__}: {exc}"
-            ) from None
 
 
 def print_run(run: EvalRun, out: Path, *, title: str) -> None:
@@ -320,6 +335,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
     from agentcore_rl.cli.eval import run_eval
 
+    token = args.gateway_admin_token
+    if args.gateway_url is not None and not token:
+        token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
+
     options = EvalOptions(
         data=Path(args.data),
         out=out,
@@ -338,25 +357,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
         runtime_endpoint_url=args.endpoint_url,
         rollout_extra=_parse_params(args.param),
         gateway_url=args.gateway_url,
-        gateway_admin_token=args.gateway_admin_token,
+        gateway_admin_token=token,
         group_size=args.group_size,
         redundancy=args.redundancy,
         retry_lost=args.retry_lost,
         retry_rollouts=args.retry_rollouts,
     )
+    if options.gateway_url is not None and token is None:
+        raise ConfigurationError(
+            "--gateway-url needs the gateway's admin token: --gateway-admin-token T "
+            f"(or env {_GATEWAY_TOKEN_ENV})"
+        )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)
-    # A bad data file is a usage error: report it before touching the network.
+    # A bad data file or --out is a usage error: report it before touching the network.
     inputs = load_inputs(options.data, limit=options.limit)
+    EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
-        if options.agent_urls:
-            await _check_agents(list(options.agent_urls))
-        else:
-            endpoint = options.runtime_endpoint_url or os.environ.get(
-                "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"
-            )
-            await _check_runtime_endpoint(endpoint)
+        from agentcore_rl.cli.preflight import check_services
+
+        # Every service it was given, before the first rollout and before any file exists.
+        await check_services(options)
         return await _run_and_report(
             lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
             title=f"eval {options.exp_id}",
@@ -374,6 +396,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         agentcore-rl demo --n 50
     """
+    # Everything the demo's parts use, checked before it prints or starts anything.
+    require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
     from agentcore_rl.cli.demo import DemoOptions, run_demo
 
     _cwd_importable()

@@ -22,14 +22,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
 import logging
+import os
 import secrets
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -41,7 +45,7 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupDroppedError
 from agentcore_rl.local.stack import LocalStack
 
-__all__ = ["DEMO_AGENT", "DemoOptions", "demo_package", "run_demo"]
+__all__ = ["DEMO_AGENT", "DemoOptions", "demo_dir", "demo_package", "run_demo"]
 
 #: The math example as the wheel ships it (the one copy lives in examples/math_agent).
 _SHIPPED: Final = "agentcore_rl._examples.math_agent"
@@ -93,18 +97,43 @@ def demo_package() -> str:
     )
 
 
-def _dataset(package: str, n: int, workdir: Path) -> Path:
-    """The shipped problems when there are enough, else ``n`` freshly generated ones."""
+def demo_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where the demo writes its files when not given ``--out``: one directory, emptied at
+    the start of each run, so runs leave nothing behind but the last run's results.
+
+    ``$XDG_STATE_HOME/agentcore-rl/demo`` (``~/.local/state/agentcore-rl/demo``), else,
+    when the home directory cannot be written, ``<tempdir>/agentcore-rl-demo-<uid>``.
+    """
+    state = environ.get("XDG_STATE_HOME", "").strip()
+    candidates = [Path(tempfile.gettempdir()) / f"agentcore-rl-demo-{os.getuid()}"]
+    with contextlib.suppress(RuntimeError):  # no home directory at all
+        base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
+        candidates.insert(0, base / "agentcore-rl" / "demo")
+    for path in candidates:
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            path.mkdir(parents=True, mode=0o700)
+        except OSError:
+            continue
+        return path
+    raise ConfigurationError(
+        f"the demo cannot write its results to {candidates[0]}: use --out FILE"
+    )
+
+
+def _dataset(package: str, n: int, generated: Path) -> Path:
+    """The shipped problems when there are enough, else ``n`` freshly generated ones
+    (written to ``generated``)."""
     dataset = importlib.import_module(f"{package}.dataset")
     shipped: Path = dataset.DEFAULT_DATA_PATH
     with shipped.open(encoding="utf-8") as lines:
         available = sum(1 for line in lines if line.strip())
     if n <= available:
         return shipped
-    path = workdir / "problems.jsonl"
     problems = dataset.generate(n, seed=0)
-    path.write_text("".join(json.dumps(p) + "\n" for p in problems), encoding="utf-8")
-    return path
+    generated.write_text("".join(json.dumps(p) + "\n" for p in problems), encoding="utf-8")
+    return generated
 
 
 async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
@@ -117,10 +146,11 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
     """
     from agentcore_rl.local.policy import ScriptedPolicy
 
-    workdir = Path(tempfile.mkdtemp(prefix="agentcore-rl-demo-"))
-    out = options.out or workdir / "results.jsonl"
+    out = options.out or demo_dir() / "results.jsonl"
     package = demo_package()
-    data = _dataset(package, options.n, workdir)
+    data = _dataset(
+        package, options.n, out.with_name(out.name.removesuffix(".jsonl") + ".problems.jsonl")
+    )
     policy = (
         None
         if options.base_url
@@ -174,26 +204,40 @@ async def _run_through_gateway(
     return done
 
 
+def _used_a_tool(conversation: Any) -> bool:
+    return isinstance(conversation, list) and any(
+        isinstance(m, dict) and m.get("role") == "tool" for m in conversation
+    )
+
+
 def _write_example(trajectories: Path, out: Path) -> Path | None:
-    """The first trajectory, with its conversation, as indented JSON for a person to read
-    (token arrays one line each)."""
-    first = next(iter_lines(trajectories), None) if trajectories.exists() else None
-    if first is None:
+    """A typical trajectory (the first that called the calculator, as most do), with its
+    conversation, as indented JSON for a person to read (token arrays one line each)."""
+    if not trajectories.exists():
         return None
-    conversation: Any = None
+    conversations: dict[Any, Any] = {}
     for record in iter_lines(out):
-        if record.get("session_id") == first.get("session_id"):
-            result = record.get("result")
-            conversation = result.get("messages") if isinstance(result, dict) else None
+        result = record.get("result")
+        conversations[record.get("session_id")] = (
+            result.get("messages") if isinstance(result, dict) else None
+        )
+    chosen: dict[str, Any] | None = None
+    for line in iter_lines(trajectories):
+        if chosen is None:
+            chosen = line  # the first, unless one that used a tool comes
+        if _used_a_tool(conversations.get(line.get("session_id"))):
+            chosen = line
             break
-    head = {k: v for k, v in first.items() if k != "segments"}
-    head["conversation"] = conversation
+    if chosen is None:
+        return None
+    head = {k: v for k, v in chosen.items() if k != "segments"}
+    head["conversation"] = conversations.get(chosen.get("session_id"))
     text = json.dumps(head, indent=2)
     segments = ",\n".join(
         "    {\n"
         + ",\n".join(f"      {json.dumps(k)}: {json.dumps(v)}" for k, v in seg.items())
         + "\n    }"
-        for seg in first.get("segments") or ()
+        for seg in chosen.get("segments") or ()
     )
     path = out.with_name(out.name.removesuffix(".jsonl") + ".trajectory-example.json")
     path.write_text(text[:-2] + ',\n  "segments": [\n' + segments + "\n  ]\n}\n", encoding="utf-8")

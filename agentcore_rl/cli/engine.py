@@ -189,7 +189,13 @@ class EvalEngine:
 
     def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
         self.journal.record_outcome(record)
-        self.summary.add(record["outcome"], elapsed=record["elapsed"], reward=record["reward"])
+        self.summary.add(
+            record["outcome"],
+            elapsed=record["elapsed"],
+            reward=record["reward"],
+            error_type=record["error_type"],
+            error=record["error"],
+        )
         # After the results line: a run killed in between has --resume read it from S3.
         if future is not None and future.trace is not None and record["outcome"] == "done":
             self._write_trajectory(future.trace, record["result"])

@@ -45,6 +45,7 @@ __all__ = [
     "EvalInput",
     "EvalOptions",
     "EvalRun",
+    "check_bucket",
     "load_inputs",
     "preflight_s3",
     "run_eval",
@@ -121,6 +122,22 @@ async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None
         ) from exc
 
 
+async def check_bucket(options: EvalOptions) -> int:
+    """:func:`preflight_s3` on the run's bucket with a quick retry policy; -> the S3
+    requests it made.
+
+    Example::
+
+        await check_bucket(options)
+    """
+    store = ResultStore(
+        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
+    )
+    async with store:
+        await preflight_s3(store, options.s3_bucket, options.s3_endpoint_url)
+    return store.total_requests
+
+
 async def run_eval(
     options: EvalOptions,
     *,
@@ -151,12 +168,10 @@ async def run_eval(
     summary = run.summary
     run.out = options.out
     started = time.monotonic()
-    preflight_store = ResultStore(
-        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
-    )
     # Before the results file is touched: a run that cannot start leaves nothing behind.
-    async with preflight_store:
-        await preflight_s3(preflight_store, options.s3_bucket, options.s3_endpoint_url)
+    preflight_requests = await check_bucket(options)
+    EvalJournal.check(options.out, resume=options.resume)
+    client = _make_client(options)  # its own refusals come before any file, too
     journal = EvalJournal.open(options.out, resume=options.resume)
     trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
@@ -173,7 +188,6 @@ async def run_eval(
             if item.input_id not in journal.finished and item.input_id not in journal.in_flight
         ]
         bar = Progress(len(inputs), summary.resumed, progress)
-        client = _make_client(options)
         try:
             async with client:
                 for session_id in journal.unstopped:  # left running by the previous run
@@ -190,7 +204,7 @@ async def run_eval(
                     run.interrupted = True
                     raise
                 finally:
-                    run.s3_requests = preflight_store.total_requests + client.stats.s3_total
+                    run.s3_requests = preflight_requests + client.stats.s3_total
         finally:
             # What the client could not stop on its way out: --resume stops it.
             journal.record_unstopped(client.unstopped_sessions)

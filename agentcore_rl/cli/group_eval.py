@@ -168,7 +168,7 @@ class _Journal:
         )
         started = self.started.get(end.session_id)
         elapsed = None if started is None else time.time() - started
-        self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward)
+        self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
 
 
 class GroupEvalEngine:

@@ -134,6 +134,21 @@ class EvalJournal:
     _journal: IO[str] | None = None
 
     @classmethod
+    def check(cls, out: Path, *, resume: bool) -> None:
+        """Raise the ``ConfigurationError`` :meth:`open` would for ``out``, touching nothing.
+
+        Example::
+
+            EvalJournal.check(Path("results.jsonl"), resume=False)
+        """
+        if out.exists() and out.stat().st_size > 0 and not resume:
+            raise ConfigurationError(
+                f"{out} already exists; pass --resume to continue that run or choose another --out"
+            )
+        if out.parent and not out.parent.exists():
+            raise ConfigurationError(f"the directory of --out does not exist: {out.parent}")
+
+    @classmethod
     def open(cls, out: Path, *, resume: bool) -> EvalJournal:
         """Open (or create) the files; with ``resume`` read what an earlier run left.
 
@@ -145,13 +160,7 @@ class EvalJournal:
             journal = EvalJournal.open(Path("results.jsonl"), resume=True)
         """
         journal_path = journal_path_for(out)
-        exists = out.exists() and out.stat().st_size > 0
-        if exists and not resume:
-            raise ConfigurationError(
-                f"{out} already exists; pass --resume to continue that run or choose another --out"
-            )
-        if out.parent and not out.parent.exists():
-            raise ConfigurationError(f"the directory of --out does not exist: {out.parent}")
+        cls.check(out, resume=resume)
         self = cls(out)
         if resume:
             for path in (out, journal_path):

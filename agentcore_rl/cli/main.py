@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn, TypeVar
 
 from agentcore_rl import protocol
+from agentcore_rl._extras import install_hint, is_ours
 from agentcore_rl.cli.common import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -41,12 +42,13 @@ from agentcore_rl.cli.common import (
 )
 from agentcore_rl.errors import (
     ConfigurationError,
+    GatewayError,
     InvalidPayloadError,
     InvocationError,
     StorageError,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_CODES_HELP", "build_parser", "main"]
 
 _DEBUG_ENV: Final = "AGENTCORE_RL_DEBUG"
 
@@ -57,6 +59,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+
+#: The exit codes, the same in every command's help (and in docs/cli.md).
+EXIT_CODES_HELP: Final = (
+    "exit codes: 0 ok; 1 some rollouts failed or timed out; 2 usage error (a bad argument "
+    "or data file, a missing extra); 3 a service is unreachable or refuses us (S3, the "
+    "agent, the runtime, the gateway, a port in use); 4 internal error (a bug; "
+    f"{_DEBUG_ENV}=1 shows the traceback); 130 interrupted (143 on SIGTERM)"
+)
 
 _N = TypeVar("_N", int, float)
 
@@ -130,13 +140,13 @@ def _add_eval_parser(commands: Any) -> None:
             "Run every input of DATA (one JSON object per line, sent as the payload; its "
             "'input_id' or 'id' field names it) through the agent, with a progress bar, and "
             "write one line per outcome to --out. Re-running with --resume continues an "
-            "interrupted run: finished inputs are skipped and rollouts that were in flight "
-            "are collected from S3 instead of being run again."
+            "interrupted run: finished inputs are skipped; a rollout that was in flight is "
+            "resumed by its session id (its result taken from S3 if it is there, else it is "
+            "invoked again with the same session id, which an agent still running it does "
+            "not start twice); one that was stopped (Ctrl-C) or lost with its agent runs "
+            "again in a new session."
         ),
-        epilog=(
-            "exit codes: 0 all done, 1 some failed or timed out, 2 usage error, "
-            "3 S3 or agent unreachable, 130 interrupted"
-        ),
+        epilog=EXIT_CODES_HELP,
     )
     parser.add_argument("data", metavar="DATA.jsonl", help="inputs, one JSON object per line")
     target = parser.add_mutually_exclusive_group(required=True)
@@ -160,7 +170,12 @@ def _add_eval_parser(commands: Any) -> None:
         out_help="results file (JSONL; default results-<exp-id>.jsonl); "
         "its journal is FILE.journal",
     )
-    parser.add_argument("--resume", action="store_true", help="continue the run that wrote --out")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run that wrote --out: skip finished inputs, resume in-flight "
+        "rollouts by session id (see above)",
+    )
     parser.add_argument(
         "--timeout",
         type=_positive_float,
@@ -228,6 +243,7 @@ def _add_demo_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "demo",
+        epilog=EXIT_CODES_HELP,
         help="run the whole stack on this machine: 200 math problems through the ACR path",
         description=(
             "Start embedded S3, a scripted stand-in policy (not a language model), the "
@@ -276,6 +292,7 @@ def _add_serve_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "serve",
+        epilog=EXIT_CODES_HELP,
         help="serve an agent app (module:app) with uvicorn",
         description=(
             "Serve an ASGI app, typically an AgentCoreRLApp, e.g. "
@@ -301,6 +318,7 @@ def _add_local_runtime_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "local-runtime",
+        epilog=EXIT_CODES_HELP,
         help="serve a local AgentCore Runtime stand-in in front of agent servers",
         description=(
             "Answer the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession) for one "
@@ -325,7 +343,43 @@ def _add_local_runtime_parser(commands: Any) -> None:
         help=f"invoke+stop quota per second (default {protocol.DEFAULT_TPS:g})",
     )
     parser.add_argument("--arn", help="the runtime ARN it answers to (default: a local one)")
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn log level (default info)",
+    )
     parser.set_defaults(handler=cmd_local_runtime)
+
+
+def _add_render_options(parser: argparse.ArgumentParser) -> None:
+    from agentcore_rl.gateway.render.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+    parser.add_argument(
+        "--history",
+        choices=["proxy", "linear"],
+        default="proxy",
+        help="proxy: the server renders the chat template and the gateway records what it fed "
+        "the model (default); linear: the gateway renders with --tokenizer, keeps each "
+        "session's earlier turns as the ids served and calls the server token-in (vLLM "
+        "/completions under --upstream; SGLang /generate under --upstream, its root URL)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the model's Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json "
+        "with its chat template); needed by --history linear",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        help="linear history: how tool calls are read from completions (vLLM's names)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="linear history: how reasoning is split from content (vLLM's names)",
+    )
 
 
 def _add_gateway_parser(commands: Any) -> None:
@@ -333,6 +387,7 @@ def _add_gateway_parser(commands: Any) -> None:
 
     parser = commands.add_parser(
         "gateway",
+        epilog=EXIT_CODES_HELP,
         help="serve the token-capturing rollout gateway in front of vLLM/SGLang",
         description=(
             "An OpenAI-compatible proxy that files every model call (prompt and completion "
@@ -351,8 +406,15 @@ def _add_gateway_parser(commands: Any) -> None:
         help="OpenAI base URL of the inference server (e.g. http://gpu1:8000/v1); repeat for "
         "replicas (a session sticks to one)",
     )
-    parser.add_argument("--backend", choices=["vllm", "sglang"], default="vllm")
+    parser.add_argument(
+        "--backend",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="the inference server's kind: how token ids and logprobs are asked for and "
+        "read (default vllm)",
+    )
     parser.add_argument("--model", help="pin this model name on every call")
+    _add_render_options(parser)
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=9000, help="port (default 9000)")
     parser.add_argument(
@@ -369,6 +431,14 @@ def _add_gateway_parser(commands: Any) -> None:
     parser.add_argument("--sink-dir", metavar="DIR", help="persist expired sessions here")
     parser.add_argument(
         "--require-open", action="store_true", help="refuse sessions the client did not open"
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        metavar="N",
+        help="agents' connections served at once; past it the oldest idle one is closed to "
+        "admit a new one, and when all are busy the new one is refused (default: 4096, "
+        "within the open-file limit less the upstream connections)",
     )
     parser.add_argument(
         "--log-level",
@@ -389,10 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Train and evaluate LLM agents with RL while they run as HTTP services.",
-        epilog=(
-            "exit codes: 0 ok, 1 some rollouts failed, 2 usage error, 3 service unreachable, "
-            "4 internal error, 130 interrupted"
-        ),
+        epilog=EXIT_CODES_HELP,
     )
     from agentcore_rl import __version__
 
@@ -412,29 +479,24 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-#: The extra that brings each module the commands import beyond the core install.
-_EXTRA_OF: Final = {
-    "httpx": "cli",
-    "starlette": "cli",
-    "tqdm": "cli",
-    "uvicorn": "cli",
-    "moto": "local",
-    "openai": "local",
+#: The one extra each command needs (it brings everything the command imports).
+_COMMAND_EXTRA: Final = {
+    "demo": "local",
+    "eval": "cli",
+    "serve": "server",
+    "local-runtime": "cli",
+    "gateway": "gateway",
 }
 
 
-def _missing_extra(exc: BaseException) -> str | None:
-    """The extra to install when ``exc`` is one of our dependencies missing, else None."""
-    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
-        return None
-    return _EXTRA_OF.get(exc.name.split(".")[0])
-
-
-def _fail_missing(exc: ModuleNotFoundError, extra: str) -> int:
-    module = (exc.name or "").split(".")[0]
+def _fail_missing(exc: BaseException, command: str | None) -> int:
+    """One line naming the extra to install: the command's, else the part's."""
+    module = (getattr(exc, "name", None) or "").split(".")[0]
+    extra = _COMMAND_EXTRA.get(command or "") or getattr(exc, "extra", None) or "cli"
+    what = f"'{PROG} {command}'" if command else PROG
     return _fail(
-        f"this command needs the '{extra}' extra (module {module!r} is not installed): "
-        f"pip install 'agentcore-rl[{extra}]'",
+        f"{what} needs the '{extra}' extra (module {module!r} is not installed): "
+        f"{install_hint(extra)}",
         EXIT_USAGE,
     )
 
@@ -448,11 +510,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         parser = build_parser()
-    except ModuleNotFoundError as exc:  # installed without the `cli` extra
-        extra = _missing_extra(exc)
-        if extra is None:
+    except ModuleNotFoundError as exc:
+        if not is_ours(exc):
             raise
-        return _fail_missing(exc, extra)
+        return _fail_missing(exc, None)
     arguments = sys.argv[1:] if argv is None else list(argv)
     if not arguments:  # a bare `agentcore-rl`: show what there is to run
         parser.print_help(sys.stderr)
@@ -469,13 +530,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ConfigurationError, InvalidPayloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)
-    except (StorageError, InvocationError, OSError) as exc:
-        # S3, the agent or the runtime cannot be reached or refuse us; a port is taken.
+    except (StorageError, InvocationError, GatewayError, OSError) as exc:
+        # S3, the agent, the runtime or the gateway cannot be reached or refuse us; a port is taken.
         return _fail(str(exc), EXIT_UNAVAILABLE)
     except Exception as exc:  # a bug: say so in one line unless asked for the traceback
-        extra = _missing_extra(exc)
-        if extra is not None and isinstance(exc, ModuleNotFoundError):
-            return _fail_missing(exc, extra)
+        if is_ours(exc):  # installed without the command's extra
+            return _fail_missing(exc, args.command)
         if os.environ.get(_DEBUG_ENV):
             raise
         return _fail(

@@ -1,8 +1,9 @@
 """The end-of-run summary shared by ``agentcore-rl demo`` and ``agentcore-rl eval``.
 
 Outcomes are tallied as they arrive; :meth:`RunSummary.render` prints a small table:
-done / failed / timed out, mean reward, latency p50/p95, throughput and S3 requests per
-rollout.
+done / failed / timed out (failures by error type, with the first reason of each), the
+mean reward over the rollouts that finished with one, latency p50/p95, throughput and S3
+requests per rollout.
 
 Example::
 
@@ -49,6 +50,15 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+#: How much of a failure's message the summary shows (the results file has all of it).
+_REASON_CHARS: Final = 90
+
+
+def _short(error: str) -> str:
+    line = " ".join(error.split())
+    return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
+
+
 def reward_of(result: Any) -> float | None:
     """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
     return result_reward(result)
@@ -84,9 +94,21 @@ class RunSummary:
     trajectories_missing: int = 0
     #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
     groups: GroupTally | None = None
+    #: Failed and timed-out outcomes by error type, and the first reason seen for each.
+    errors: Counter[str] = field(default_factory=Counter)
+    reasons: dict[str, str] = field(default_factory=dict)
 
-    def add(self, outcome: str, *, elapsed: float | None, reward: float | None = None) -> None:
-        """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``)."""
+    def add(
+        self,
+        outcome: str,
+        *,
+        elapsed: float | None,
+        reward: float | None = None,
+        error_type: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``); a failure's
+        ``error_type`` is counted, and the first ``error`` of each type kept as its reason."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
         self.counts[outcome] += 1
@@ -94,6 +116,11 @@ class RunSummary:
             self.latencies.append(elapsed)
         if reward is not None:
             self.rewards.append(reward)
+        if outcome != "done":
+            kind = error_type or ("RolloutTimeoutError" if outcome == "timeout" else "error")
+            self.errors[kind] += 1
+            if error and kind not in self.reasons:
+                self.reasons[kind] = _short(error)
 
     def add_trajectory(self, trajectory: Trajectory, tokens_captured: int) -> None:
         """Count one written trajectory (its captured tokens, merges and splits)."""
@@ -146,7 +173,15 @@ class RunSummary:
             "splits": self.splits,
             "trajectories_missing": self.trajectories_missing,
             "groups": None if self.groups is None else self.groups.as_dict(),
+            "errors": dict(self.errors),
         }
+
+    def _mean_reward_text(self) -> str:
+        mean = self.mean_reward
+        if mean is None:
+            return "- (no finished rollout with a reward)"
+        # Over the rollouts that finished with a reward: failures have none to average.
+        return f"{mean:.3f} ({len(self.rewards)} finished)"
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
         """A small aligned table for the terminal.
@@ -166,12 +201,15 @@ class RunSummary:
             ("  failed", f"{data['failed']}"),
             ("  timed out", f"{data['timed_out']}"),
         ]
+        for kind, count in self.errors.most_common():
+            reason = self.reasons.get(kind)
+            rows.append((f"    {kind}", f"{count}" + (f"  ({reason})" if reason else "")))
         if self.resumed:
             rows.append(("already in results (resumed)", f"{self.resumed}"))
         if self.reattached:
             rows.append(("re-attached in-flight rollouts", f"{self.reattached}"))
         rows += [
-            ("mean reward", num(data["mean_reward"], ".3f")),
+            ("mean reward", self._mean_reward_text()),
             ("latency p50", num(data["latency_p50"], ".2f", " s")),
             ("latency p95", num(data["latency_p95"], ".2f", " s")),
             ("wall time", num(wall_seconds, ".1f", " s")),

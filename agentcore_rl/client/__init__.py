@@ -9,6 +9,7 @@ Example::
         result = await client.rollout({"prompt": "2+2?"})
 """
 
+from agentcore_rl.client import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
 from agentcore_rl.client.config import (

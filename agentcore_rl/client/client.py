@@ -82,7 +82,7 @@ from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, RolloutGroup
 from agentcore_rl.keywords import checked
 from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
-from agentcore_rl.s3 import ResultStore, lean_s3_session
+from agentcore_rl.s3 import ResultStore
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 if TYPE_CHECKING:
@@ -236,9 +236,7 @@ class AsyncRolloutClient:
             assert agent_url is not None
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
-        self.store = store or ResultStore(
-            endpoint_url=aws.s3_endpoint_url, session=lean_s3_session()
-        )
+        self.store = store or ResultStore(endpoint_url=aws.s3_endpoint_url)
         self.liveness = liveness
         self._lease = (
             None if liveness.lease is None else ClientLease(self.store, s3_bucket, exp_id, liveness)

@@ -2,8 +2,9 @@
 
 See ``docs/gateway.md``. The pieces: :class:`RolloutGateway` (the ASGI app and the trainer's
 API), :class:`CallRecord` / :class:`SessionTrace` (what is captured, with
-:func:`dump_trace` / :func:`load_trace`), :class:`DirectorySink` (where expired sessions go)
-and :class:`TraceLostError`.
+:func:`dump_trace` / :func:`load_trace`), :class:`DirectorySink` (where expired sessions go),
+:class:`RenderMode` (linear history: the gateway renders and calls the server token-in; the
+``render`` extra) and :class:`TraceLostError`.
 
 Example::
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from agentcore_rl._extras import require
+
 if TYPE_CHECKING:
     from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, DEFAULT_SESSION_TTL, RolloutGateway
     from agentcore_rl.gateway.errors import GatewayError, TraceLostError
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
         load_trace,
         trace_key,
     )
+    from agentcore_rl.gateway.render.mode import RenderMode
     from agentcore_rl.gateway.sessions import DirectorySink, TraceSink
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
@@ -46,6 +50,7 @@ _LAZY: dict[str, str] = {
     "dump_trace": "agentcore_rl.gateway.record",
     "load_trace": "agentcore_rl.gateway.record",
     "trace_key": "agentcore_rl.gateway.record",
+    "RenderMode": "agentcore_rl.gateway.render.mode",
     "DirectorySink": "agentcore_rl.gateway.sessions",
     "TraceSink": "agentcore_rl.gateway.sessions",
 }
@@ -55,6 +60,8 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'agentcore_rl.gateway' has no attribute {name!r}")
+    if module == "agentcore_rl.gateway.app":
+        require("gateway", "agentcore_rl.gateway", "starlette", "orjson")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
@@ -71,6 +78,7 @@ __all__ = [
     "Completion",
     "DirectorySink",
     "GatewayError",
+    "RenderMode",
     "RolloutGateway",
     "SessionTrace",
     "TraceLostError",

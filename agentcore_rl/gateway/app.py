@@ -11,9 +11,8 @@ The trainer's side is in-process (``open_session``, ``finish_session``,
 ``set_policy_version``, ``paused``) or the token-protected admin routes
 (:mod:`agentcore_rl.gateway.admin`). The proxy routes are a small hand-written ASGI path
 (no per-request framework objects) because they sit on every model call; the admin routes
-are an ordinary Starlette app. The upstream client is a small keep-alive HTTP/1.1 client on
-httptools (:mod:`.upstream`: a quarter of aiohttp's CPU per call) and JSON goes through orjson
-(:mod:`.jsonio`), so the gateway runs on asyncio.
+are an ordinary Starlette app. The upstream client is aiohttp (:mod:`.upstream`) and JSON
+goes through orjson (:mod:`.jsonio`), so the gateway runs on asyncio.
 
 Example::
 
@@ -36,7 +35,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -72,6 +71,21 @@ _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control
 _DONE: Final = b"data: [DONE]"
 # What a failed upstream call raises.
 _UPSTREAM_ERRORS: Final = (UpstreamError,)
+
+
+class Renderer(Protocol):
+    """What serves chat calls in rendering mode (``render/mode.py``'s ``RenderMode``; typed
+    here so that the app does not import the mode, which imports the app)."""
+
+    async def call(
+        self,
+        gateway: RolloutGateway,
+        send: Send,
+        session: Session,
+        raw: bytes,
+        body: dict[str, Any],
+        version: int,
+    ) -> None: ...
 
 
 class _Refuse(Exception):
@@ -113,20 +127,46 @@ class _Upstream:
         self.models = pool.target("/models", "GET")
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                raise _Refuse(400, "malformed content-length header", "bad_request") from None
+    return None
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
+    """The request body, refused with 413 when larger than ``limit`` (a declared length at
+    once, before reading any of it) and 408 when it does not arrive within ``within``
+    seconds: a slow body would hold its connection and buffer for as long as it liked."""
+    declared = _declared_length(scope)
+    if declared is not None and declared > limit:
+        raise _Refuse(
+            413,
+            f"request body of {declared} bytes is larger than {limit} bytes",
+            "request_too_large",
+        )
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    with anyio.move_on_after(within) as deadline:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _Refuse(
+                    413, f"request body is larger than {limit} bytes", "request_too_large"
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                # One chunk is returned as itself; more are joined once, then dropped.
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    assert deadline.cancelled_caught
+    raise _Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
 
 
 class RolloutGateway:
@@ -138,6 +178,10 @@ class RolloutGateway:
     admin routes; without one they answer 403. ``session_ttl``: seconds of idleness after
     which a session is persisted to ``sink`` and released. ``require_open``: refuse calls
     for sessions the client did not open (404), instead of opening them implicitly.
+    ``max_body_bytes`` bounds a request body (413, a declared length before any of it is
+    read) and ``body_timeout`` the seconds it may take to arrive (408).
+    ``render``: a :class:`~agentcore_rl.gateway.render.mode.RenderMode` serves chat calls
+    with linear history (the gateway renders and calls the server token-in; docs/gateway.md).
 
     Serving: mount it, or serve it with uvicorn (its lifespan enters it); when mounted in
     another app, enter it yourself (``async with gateway``). Background work (expiry) runs
@@ -165,10 +209,12 @@ class RolloutGateway:
         sink: TraceSink | None = None,
         require_open: bool = False,
         max_body_bytes: int = 32 * 1024 * 1024,
+        body_timeout: float = 60.0,
         upstream_timeout: float = 600.0,
         max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
+        render: Renderer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -180,8 +226,13 @@ class RolloutGateway:
                 raise ValueError(f"upstream must be an http(s) URL, got {url!r}")
         if session_ttl <= 0:
             raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
+        if not body_timeout > 0:
+            raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [u.rstrip("/") for u in urls]
         self.backend: Backend = backend_named(backend)
+        # Linear history (render/mode.py): the gateway renders chat requests itself and
+        # calls the server token-in; None is proxy mode (the server renders).
+        self.render = render
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.session_ttl = session_ttl
@@ -189,6 +240,7 @@ class RolloutGateway:
         self.sink = sink
         self.require_open = require_open
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.finish_wait = finish_wait
         self.gateway_id = uuid.uuid4().hex
         self.gate = PolicyGate(retry_after=retry_after)
@@ -200,6 +252,8 @@ class RolloutGateway:
             "expired_lost": 0,
             "late_records": 0,
         }
+        if render is not None:
+            self.stats["linear_forks"] = 0  # requests that did not extend their history
         self._clock = clock
         self._wall = wall_clock
         self._sessions: dict[str, Session] = {}
@@ -227,8 +281,8 @@ class RolloutGateway:
         try:
             # No total deadline (a long generation is fine): a silent upstream is one that
             # fails. Idle connections are not reused after 4 s, before uvicorn's (vLLM's) 5 s
-            # keep-alive closes them under a request. A stream's reading pauses 32 KiB ahead
-            # of the agent, so a fast upstream cannot park whole answers in the gateway.
+            # keep-alive closes them under a request. A stream's reading pauses when aiohttp's
+            # buffer fills, so a fast upstream cannot park whole answers in the gateway.
             self._upstreams = [
                 _Upstream(
                     UpstreamPool(
@@ -242,7 +296,7 @@ class RolloutGateway:
                 for url in self.upstreams
             ]
             for upstream in self._upstreams:
-                stack.callback(upstream.pool.close)
+                stack.push_async_callback(upstream.pool.aclose)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
@@ -400,6 +454,11 @@ class RolloutGateway:
         return len(stale)
 
     @property
+    def max_upstream_connections(self) -> int:
+        """Connections the gateway may hold to its upstreams (``max_connections`` each)."""
+        return self._max_connections * len(self.upstreams)
+
+    @property
     def live_sessions(self) -> int:
         """Sessions held in memory."""
         return len(self._sessions)
@@ -501,7 +560,7 @@ class RolloutGateway:
             )
         if method != "POST":
             raise _Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
-        raw = await _read_body(receive, self.max_body_bytes)
+        raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
         try:
             body = loads(raw)
         except ValueError as exc:
@@ -528,7 +587,10 @@ class RolloutGateway:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
-            await self._call(send, session, endpoint, raw, body, version)
+            if self.render is not None and endpoint == CHAT:
+                await self.render.call(self, send, session, raw, body, version)
+            else:
+                await self._call(send, session, endpoint, raw, body, version)
         finally:
             self.gate.exit()
 

@@ -110,6 +110,8 @@ class Session:
     unfilled: dict[int, Callable[[], None]] = field(default_factory=dict)
     # the stores its records' bodies and token ids are compacted into (after each call)
     arena: Arena = field(default_factory=Arena)
+    # the rendering mode's linear history (render/linear.py), made on the first call
+    render: Any = None
 
     def call_started(self, now: float) -> int:
         """Count a call in; -> its index in the session."""

@@ -1,40 +1,94 @@
-"""The gateway's client for its inference servers: the shared HTTP/1.1 pool
-(:class:`agentcore_rl._http1.Pool`) with an OpenAI server's request shapes.
+"""The gateway's client for its inference servers: an aiohttp session per upstream with an
+OpenAI server's request shapes.
 
-Every model call crosses it, so it does only what a proxy to an OpenAI server needs: the
-request head prebuilt per endpoint (:meth:`UpstreamPool.target`), one write per request,
-the body handed over whole (one wake-up) or as it arrives (streaming, with reading paused
-while the agent lags), idle connections reused last-in-first-out. Measured on loopback,
-aiohttp's per-request machinery cost about 0.6 ms of CPU per call, twice this client's
-whole hop.
+Every model call crosses it, so it keeps aiohttp's per-request work to what a proxy needs:
+the URL and headers are built once per endpoint (:meth:`UpstreamPool.target`), no cookie
+jar, no automatic headers or decompression, keep-alive connections reused. A body is read
+whole (one wake-up) or as it arrives (streaming: aiohttp pauses reading from the socket
+while the agent lags behind).
 
-Errors are one type, :class:`UpstreamError` (the pool's ``HttpError``: refused, reset, cut
-short, silent past the read timeout, unparsable), so the gateway turns each into a 502
-naming its upstream.
+Errors are one type, :class:`UpstreamError` (refused, reset, cut short, silent past the
+read timeout), so the gateway turns each into a 502 naming its upstream.
 
 Example::
 
-    pool = UpstreamPool("http://127.0.0.1:8000/v1")
-    status, body = await pool.fetch(pool.target("/chat/completions"), b'{"messages": []}')
-    async with pool.stream(pool.target("/chat/completions"), body) as response:
-        async for piece in response:
-            ...
-    pool.close()
+    async with UpstreamPool("http://127.0.0.1:8000/v1") as pool:
+        status, body = await pool.fetch(pool.target("/chat/completions"), b'{"messages": []}')
+        async with pool.stream(pool.target("/chat/completions"), body) as response:
+            async for piece in response:
+                ...
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final
 from urllib.parse import urlsplit
 
-from agentcore_rl._http1 import HttpError, Pool, Response
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
-__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse", "UpstreamTarget"]
 
-#: What a failed upstream call raises (the pool's errors, whatever the failure).
-UpstreamError = HttpError
-#: A streamed answer: ``status``, then ``async for`` over its body's pieces.
-UpstreamResponse = Response
+# What a failed exchange raises inside aiohttp: its own errors, a socket's, a timeout.
+_FAILURES: Final = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+# aiohttp adds these to every request unless told not to; an inference server reads none.
+_SKIP_HEADERS: Final = ("Accept", "Accept-Encoding", "User-Agent")
+_JSON: Final = "application/json"
+
+
+class UpstreamError(Exception):
+    """An upstream call failed: refused, reset, cut short or silent past the read timeout."""
+
+
+def _failed(exc: BaseException) -> UpstreamError:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamError("cannot connect: no connection within the connect timeout")
+    if isinstance(exc, asyncio.TimeoutError):
+        return UpstreamError("no answer within the read timeout")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamError(f"cannot connect: {exc.os_error}")
+    text = str(exc)
+    return UpstreamError(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTarget:
+    """One endpoint of the upstream: method, full URL and request headers, built once."""
+
+    method: str
+    url: URL
+    headers: CIMultiDictProxy[str]
+
+
+class UpstreamResponse:
+    """A streamed answer: ``status``, then ``async for`` over its body's pieces as they
+    arrive (or :meth:`read` for the rest at once)."""
+
+    __slots__ = ("_response", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in self._response.content.iter_any():
+                yield piece
+        except _FAILURES as exc:
+            raise _failed(exc) from exc
+
+    async def read(self) -> bytes:
+        """The rest of the body."""
+        try:
+            return await self._response.read()
+        except _FAILURES as exc:
+            raise _failed(exc) from exc
 
 
 class UpstreamPool:
@@ -43,14 +97,16 @@ class UpstreamPool:
     ``max_connections`` bounds the open connections (callers beyond it wait); a connection
     idle for ``idle_timeout`` s is not reused (closed before a server's keep-alive of 5 s
     closes it under a request); ``read_timeout``: silence (no byte) that fails a call.
+    The aiohttp session is made on first use, in the running event loop.
 
     Example::
 
         pool = UpstreamPool("http://vllm:8000/v1", headers={"authorization": "Bearer k"})
         status, body = await pool.fetch(pool.target("/models", "GET"), None)
+        await pool.aclose()
     """
 
-    __slots__ = ("_head", "_path", "_pool", "base")
+    __slots__ = ("_closed", "_headers", "_limits", "_origin", "_path", "_session", "base")
 
     def __init__(
         self,
@@ -66,44 +122,85 @@ class UpstreamPool:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"upstream must be an http(s) URL, got {base_url!r}")
         self.base = base_url
-        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-        netloc = host if parts.port is None else f"{host}:{parts.port}"
-        self._pool = Pool(
-            f"{parts.scheme}://{netloc}",
-            limit=max_connections,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            keepalive=idle_timeout,
-        )
+        self._origin = f"{parts.scheme}://{parts.netloc}"
         self._path = parts.path.rstrip("/")
-        lines = [f"host: {netloc}"]
-        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
-        self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        self._headers = dict(headers or {})
+        self._limits = (max_connections, connect_timeout, read_timeout, idle_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"UpstreamPool({self.base!r})"
 
-    def target(self, path: str, method: str = "POST") -> bytes:
-        """The request line and fixed headers for ``path`` under the base (built once)."""
-        line = f"{method} {self._path}{path} HTTP/1.1\r\n".encode("latin-1")
-        return line + self._head
+    async def __aenter__(self) -> UpstreamPool:
+        return self
 
-    async def fetch(self, target: bytes, body: bytes | None) -> tuple[int, bytes]:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def target(self, path: str, method: str = "POST") -> UpstreamTarget:
+        """The method, URL and headers for ``path`` under the base (built once)."""
+        headers = CIMultiDict(self._headers)
+        if method != "GET":
+            headers.setdefault("Content-Type", _JSON)
+        url = URL(f"{self._origin}{self._path}{path}", encoded=True)
+        return UpstreamTarget(method, url, CIMultiDictProxy(headers))
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise UpstreamError("the upstream pool is closed")
+        limit, connect, read, idle = self._limits
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=idle),
+            # No total deadline (a long generation is fine): a silent upstream is one that fails.
+            timeout=aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=_SKIP_HEADERS,
+            auto_decompress=False,
+        )
+        return self._session
+
+    async def fetch(self, target: UpstreamTarget, body: bytes | None) -> tuple[int, bytes]:
         """One whole exchange: -> (status, body). ``target`` from :meth:`target`."""
-        status, _, content = await self._pool.send(_frame(target, body))
-        return status, content
+        session = self._session or self._open()
+        try:
+            async with session.request(
+                target.method, target.url, data=body, headers=target.headers
+            ) as response:
+                return response.status, await response.read()
+        except _FAILURES as exc:
+            raise _failed(exc) from exc
 
     def stream(
-        self, target: bytes, body: bytes | None
+        self, target: UpstreamTarget, body: bytes | None
     ) -> AbstractAsyncContextManager[UpstreamResponse]:
         """An exchange whose body is read as it arrives (the connection is released after)."""
-        return self._pool.stream(_frame(target, body))
+        return self._stream(target, body)
 
-    def close(self) -> None:
-        """Close the idle connections; connections in use close when released."""
-        self._pool.close()
+    @asynccontextmanager
+    async def _stream(
+        self, target: UpstreamTarget, body: bytes | None
+    ) -> AsyncIterator[UpstreamResponse]:
+        session = self._session or self._open()
+        try:
+            response = await session.request(
+                target.method, target.url, data=body, headers=target.headers
+            )
+        except _FAILURES as exc:
+            raise _failed(exc) from exc
+        try:
+            yield UpstreamResponse(response)
+        finally:
+            response.release()
 
-
-def _frame(target: bytes, body: bytes | None) -> bytes:
-    data = body or b""
-    return b"%scontent-length: %d\r\n\r\n%s" % (target, len(data), data)
+    async def aclose(self) -> None:
+        """Close the connections; calls after it fail with :class:`UpstreamError`. Idempotent."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()

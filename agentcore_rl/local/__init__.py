@@ -9,6 +9,7 @@ Example::
         print(stack.agent_runtime_arn, stack.runtime_endpoint_url)
 """
 
+from agentcore_rl.local import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.local.policy import ScriptedPolicy

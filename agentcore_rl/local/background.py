@@ -26,8 +26,6 @@ from typing import Any
 
 import uvicorn
 
-from agentcore_rl.local.onewrite import HeadWithBody, OneWriteHttpProtocol
-
 __all__ = ["BackgroundServer"]
 
 
@@ -60,8 +58,7 @@ class BackgroundServer:
     never race for a port. ``aclose()`` asks uvicorn to shut down gracefully and, after
     ``shutdown_timeout`` seconds, to stop waiting for open connections (uvicorn's
     ``force_exit``, which also skips a lifespan shutdown not yet begun; one under way is
-    waited for, never interrupted). ``one_write`` makes every answer leave in one write
-    (:mod:`agentcore_rl.local.onewrite`), as the stand-ins for AWS services want.
+    waited for, never interrupted).
 
     Example::
 
@@ -78,13 +75,8 @@ class BackgroundServer:
         port: int = 0,
         log_level: str = "warning",
         shutdown_timeout: float = 10.0,
-        one_write: bool = False,
         **uvicorn_options: Any,
     ) -> None:
-        if one_write:
-            # Stand-ins for AWS services answer in one segment, as AWS's front ends do.
-            app = HeadWithBody(app)
-            uvicorn_options.setdefault("http", OneWriteHttpProtocol)
         self.host = host
         self.port = port
         self.shutdown_timeout = shutdown_timeout

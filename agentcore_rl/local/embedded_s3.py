@@ -22,7 +22,6 @@ from typing import Any
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import _EmbeddedUvicorn, bind_socket
-from agentcore_rl.local.onewrite import HeadWithBody, OneWriteHttpProtocol
 
 __all__ = ["EmbeddedS3"]
 
@@ -34,9 +33,9 @@ _log = logging.getLogger(__name__)
 #: beyond them wait in the pool's queue, none is refused.
 _WORKERS = 8
 #: Idle seconds before the server closes a kept-alive connection: real S3 keeps idle
-#: connections for about 20 s, and well above our clients' 12 s pool keep-alive (aiobotocore's
-#: and agentcore_rl._http1's) it is always the client that retires an idle connection, so
-#: none is reused just as the server closes it.
+#: connections for about 20 s, and well above aiobotocore's 12 s pool keep-alive it is
+#: always the client that retires an idle connection, so none is reused just as the server
+#: closes it.
 _KEEP_ALIVE = 60
 #: Bounds on start() and stop(), in seconds.
 _STARTUP_TIMEOUT = 10.0
@@ -150,12 +149,7 @@ class EmbeddedS3:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> EmbeddedS3:
-        """Start the server (no-op when running) and return ``self``.
-
-        Example::
-
-            s3 = EmbeddedS3().start()
-        """
+        """Start the server (no-op when running) and return ``self``."""
         if self._server is not None:
             return self
         try:
@@ -177,14 +171,13 @@ class EmbeddedS3:
         sock = bind_socket(self.host, self.port)
         try:
             config = uvicorn.Config(
-                HeadWithBody(wsgi),  # type: ignore[arg-type]  # a2wsgi's narrower ASGI types
+                wsgi,
                 log_level="info" if self.verbose else "warning",
                 access_log=self.verbose,
                 lifespan="off",
                 timeout_keep_alive=_KEEP_ALIVE,
                 backlog=4096,
                 server_header=False,  # moto names its own server, as werkzeug lets it
-                http=OneWriteHttpProtocol,  # an answer in one segment, as from S3
             )
         except BaseException:
             sock.close()

@@ -11,11 +11,14 @@ chunk, and ``logprobs`` when asked (``logprobs.content[j].logprob`` for chat,
 ids even unasked; ``"requested"`` only for ``return_token_ids: true``, as vLLM does;
 ``"never"`` plays a server that cannot.
 
-Its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`) works like a chat
-template with special tokens: each message is ``<role> text <end>`` and the prompt ends with
-``<assistant>``; an assistant message renders exactly as the completion that produced it.
-So a multi-turn conversation's prompts extend each other token for token, as they do with
-a real model, and logprobs are a deterministic function of the tokens.
+With ``tokenizer=DIR`` it serves a real tokenizer and chat template instead (see
+:mod:`agentcore_rl.local.policy_template`; ``python -m agentcore_rl.local.policy --tokenizer
+DIR``). Otherwise its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`)
+works like a chat template with special tokens: each message is ``<role> text <end>`` and
+the prompt ends with ``<assistant>``; an assistant message renders exactly as the
+completion that produced it. So a multi-turn conversation's prompts extend each other
+token for token, as they do with a real model, and logprobs are a deterministic function
+of the tokens.
 
 How it "answers": it reads the first user message with a small pattern-based solver
 (:mod:`agentcore_rl.local.policy_solver`). When tools are offered, the first turn calls the
@@ -47,13 +50,16 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from agentcore_rl.local.policy_template import TemplateVoice
 
 from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
@@ -169,6 +175,10 @@ class ScriptedPolicy:
     ``return_token_ids``) or ``"never"``. ``requests`` counts the completion requests
     received, bad ones included; ``answers`` keeps the last ``keep_answers`` answers
     (``(prompt_ids, [(token_ids, logprobs) per choice])``) so tests can compare captures.
+    ``tokenizer`` (a Hugging Face tokenizer directory, with ``tool_call_parser``,
+    ``reasoning_parser`` and ``tool_rounds``): render that real chat template as vLLM does and
+    answer in its syntax, also token-in (``/v1/completions`` with token ids, SGLang's
+    ``/generate``); see :mod:`agentcore_rl.local.policy_template`.
 
     Example::
 
@@ -186,6 +196,10 @@ class ScriptedPolicy:
         model: str = DEFAULT_POLICY_MODEL,
         token_ids: TokenIdsMode = "always",
         keep_answers: int = 0,
+        tokenizer: str | None = None,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        tool_rounds: int = 1,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not 0.0 <= accuracy <= 1.0:
@@ -203,10 +217,22 @@ class ScriptedPolicy:
         self.answers: list[tuple[list[int], list[tuple[list[int], list[float]]]]] = []
         self.requests = 0
         self._sleep = sleep
+        self.voice: TemplateVoice | None = None
+        if tokenizer is not None:  # a real template: render and answer as that model would
+            from agentcore_rl.local.policy_template import TemplateVoice
+
+            self.voice = TemplateVoice(
+                tokenizer,
+                tool_call_parser=tool_call_parser,
+                reasoning_parser=reasoning_parser,
+                tool_rounds=tool_rounds,
+                seed=seed,
+            )
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
                 Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/generate", self._generate, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
             ]
@@ -235,10 +261,124 @@ class ScriptedPolicy:
         )
 
     async def _chat_completions(self, request: Request) -> Response:
+        if self.voice is not None:
+            return await self._serve(request, self._voiced_chat, "chat.completion.chunk")
         return await self._serve(request, self.complete, "chat.completion.chunk")
 
     async def _completions(self, request: Request) -> Response:
+        if self.voice is not None:
+            return await self._serve(request, self._voiced_text, "text_completion")
         return await self._serve(request, self.complete_text, "text_completion")
+
+    async def _generate(self, request: Request) -> Response:
+        """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
+        self.requests += 1
+        if self.voice is None:
+            return _error(_BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))"))
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(_BadRequest("request body is not valid JSON"))
+        ids = body.get("input_ids") if isinstance(body, Mapping) else None
+        if not _is_ids(ids):
+            return _error(_BadRequest("input_ids must be a non-empty list of token ids"))
+        params = body.get("sampling_params") or {}
+        completion, logprobs, finish = self.voice.generate(ids, params.get("max_new_tokens"))
+        self._remember(ids, [{"_ids": completion, "_logprobs": logprobs}])
+        if self.latency:
+            await self._sleep(self.latency)
+        reason: dict[str, Any] = {"type": finish}
+        if finish == "stop":
+            reason["matched"] = completion[-1]
+        meta: dict[str, Any] = {
+            "id": hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:24],
+            "finish_reason": reason,
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(completion),
+            "cached_tokens": 0,
+        }
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(logprobs, completion, strict=True)
+            ]
+        text = self.voice.template.tokenizer.decode(completion, skip_special_tokens=True)
+        return JSONResponse({"text": text, "output_ids": completion, "meta_info": meta})
+
+    def _voiced_chat(self, body: object) -> dict[str, Any]:
+        """A chat request rendered with the real template (vLLM's answer shape)."""
+        voice = self.voice
+        assert voice is not None
+        if not isinstance(body, Mapping):
+            raise _BadRequest("request body must be a JSON object")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("messages must be a non-empty list", "messages")
+        from agentcore_rl.gateway.render.template import RenderError
+
+        try:
+            prompt = voice.render(body)
+        except RenderError as exc:
+            raise _BadRequest(str(exc), "messages") from None
+        budget = body.get("max_completion_tokens") or body.get("max_tokens")
+        ids, logprobs, finish = voice.generate(prompt, budget)
+        seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        message = voice.message(ids, seed)
+        if message.get("tool_calls"):
+            finish = "tool_calls"
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        choice["logprobs"] = (
+            {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(voice.token_texts(ids), logprobs, strict=True)
+                ]
+            }
+            if body.get("logprobs")
+            else None
+        )
+        if self._wants_ids(body):
+            choice["token_ids"] = ids
+        choice["_ids"], choice["_logprobs"] = ids, logprobs
+        self._remember(prompt, [choice])
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model
+        response = self._envelope(body, "chat.completion", model, prompt, [choice])
+        if self._wants_ids(body):
+            response["prompt_token_ids"] = prompt
+        return response
+
+    def _voiced_text(self, body: object) -> dict[str, Any]:
+        """``/v1/completions`` with a token-id (or text) prompt (vLLM's answer shape)."""
+        voice = self.voice
+        assert voice is not None
+        if not isinstance(body, Mapping):
+            raise _BadRequest("request body must be a JSON object")
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            prompt = voice.template.encode(prompt)
+        if not _is_ids(prompt):
+            raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
+        ids, logprobs, finish = voice.generate(prompt, body.get("max_tokens"))
+        skip = body.get("skip_special_tokens", True)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": voice.template.tokenizer.decode(ids, skip_special_tokens=skip),
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+        if body.get("logprobs") is not None:
+            choice["logprobs"] = {
+                "tokens": voice.token_texts(ids),
+                "token_logprobs": logprobs,
+                "top_logprobs": None,
+                "text_offset": [],
+            }
+        if self._wants_ids(body):
+            choice["token_ids"] = ids
+            choice["prompt_token_ids"] = prompt
+        choice["_ids"], choice["_logprobs"] = ids, logprobs
+        self._remember(prompt, [choice])
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model
+        return self._envelope(body, "text_completion", model, prompt, [choice])
 
     async def _serve(
         self, request: Request, answer: Callable[[object], dict[str, Any]], chunk_object: str
@@ -259,7 +399,8 @@ class ScriptedPolicy:
         options = body.get("stream_options")
         usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
         return StreamingResponse(
-            _sse(response, chunk_object, usage), media_type="text/event-stream"
+            _sse(response, chunk_object, usage, self.voice is not None),
+            media_type="text/event-stream",
         )
 
     def _wants_ids(self, body: Mapping[str, Any]) -> bool:
@@ -442,6 +583,14 @@ class ScriptedPolicy:
         return f"The answer is {format_number(value)}."
 
 
+def _is_ids(value: object) -> TypeGuard[list[int]]:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+    )
+
+
 def _choices_wanted(body: Mapping[str, Any]) -> int:
     n = body.get("n", 1) or 1
     if not isinstance(n, int) or not 1 <= n <= _MAX_CHOICES:
@@ -461,7 +610,30 @@ def _say(text: str) -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": text}, "stop"
 
 
-async def _sse(response: dict[str, Any], kind: str, usage: bool) -> AsyncIterator[str]:
+def _voiced_chunks(
+    response: dict[str, Any], choice: dict[str, Any], event: Callable[..., str]
+) -> str:
+    index = choice["index"]
+    if "message" not in choice:  # completions: the whole text in one chunk
+        out = {k: v for k, v in choice.items() if k != "index"}
+        return event([{"index": index, **out}])
+    extra = {}
+    if "prompt_token_ids" in response and index == 0:
+        extra["prompt_token_ids"] = response["prompt_token_ids"]
+    role = {"index": index, "delta": {"role": "assistant", "content": ""}}
+    first = event([{**role, "logprobs": None, "finish_reason": None}], **extra)
+    message = {k: v for k, v in choice["message"].items() if k != "role"}
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        call["index"] = i
+    out = {"index": index, "delta": message, "logprobs": choice.get("logprobs")}
+    if "token_ids" in choice:
+        out["token_ids"] = choice["token_ids"]
+    return first + event([{**out, "finish_reason": choice["finish_reason"]}])
+
+
+async def _sse(
+    response: dict[str, Any], kind: str, usage: bool, voiced: bool = False
+) -> AsyncIterator[str]:
     """A whole answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per
     token (its text, ``token_ids`` and logprobs), the finish reason on the last, usage, DONE."""
     head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
@@ -472,6 +644,9 @@ async def _sse(response: dict[str, Any], kind: str, usage: bool) -> AsyncIterato
         return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
 
     for choice in response["choices"]:
+        if voiced:  # a real template's answer: one delta with the parsed message, all its ids
+            yield _voiced_chunks(response, choice, event)
+            continue
         text = _assistant_text(choice["message"]) if chat else choice["text"]
         pieces = [piece for piece, _ in fake_tokens(text)]
         index = choice["index"]
@@ -532,3 +707,46 @@ def _error(exc: _BadRequest) -> JSONResponse:
         },
         status_code=400,
     )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m agentcore_rl.local.policy [--tokenizer DIR ...]``: serve the stand-in.
+
+    Example::
+
+        python -m agentcore_rl.local.policy --port 8000 --tokenizer /tmp/qwen3 \\
+            --tool-call-parser hermes --reasoning-parser qwen3 --tool-rounds 3
+    """
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agentcore_rl.local.policy",
+        description="The scripted stand-in policy (not a language model) as an OpenAI server; "
+        "with --tokenizer it renders that real chat template and also answers token-in "
+        "(/v1/completions with token ids, /generate).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--accuracy", type=float, default=0.8)
+    parser.add_argument("--tokenizer", metavar="DIR", help="a Hugging Face tokenizer directory")
+    parser.add_argument("--tool-call-parser", help="the syntax of its tool calls (vLLM's names)")
+    parser.add_argument("--reasoning-parser", help="the syntax of its reasoning (vLLM's names)")
+    parser.add_argument("--tool-rounds", type=int, default=1, help="tool calls before answering")
+    args = parser.parse_args(argv)
+    try:
+        policy = ScriptedPolicy(
+            accuracy=args.accuracy,
+            tokenizer=args.tokenizer,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+            tool_rounds=args.tool_rounds,
+        )
+    except (ValueError, ImportError, OSError) as exc:
+        parser.error(str(exc))
+    uvicorn.run(policy, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

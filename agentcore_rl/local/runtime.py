@@ -192,10 +192,8 @@ class LocalAgentCoreRuntime:
                 ["http://127.0.0.1:8080", "http://127.0.0.1:8082"]},
             tps=25,
         )
-        async with BackgroundServer(runtime, one_write=True) as server:
+        async with BackgroundServer(runtime) as server:
             os.environ["AWS_ENDPOINT_URL_BEDROCK_AGENTCORE"] = server.url
-
-    (``one_write``: answers leave in one segment, as from AWS's front ends.)
     """
 
     def __init__(

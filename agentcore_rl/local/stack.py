@@ -304,12 +304,7 @@ class LocalStack:
         )
         stack.push_async_callback(self.runtime.aclose)
         runtime_server = await stack.enter_async_context(
-            BackgroundServer(
-                self.runtime,
-                host=self.host,
-                shutdown_timeout=self.shutdown_timeout,
-                one_write=True,  # answers in one segment, as AWS's front ends
-            )
+            BackgroundServer(self.runtime, host=self.host, shutdown_timeout=self.shutdown_timeout)
         )
         self.runtime_endpoint_url = runtime_server.url
         env.set("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)

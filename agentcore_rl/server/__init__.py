@@ -12,6 +12,7 @@ Example::
         return {"rewards": [1.0]}
 """
 
+from agentcore_rl.server import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.server.app import AgentCoreRLApp
 from agentcore_rl.server.config import (
     RepeatConfig,

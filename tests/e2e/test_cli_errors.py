@@ -38,7 +38,14 @@ def data(tmp_path: Path) -> Path:
 )
 def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*command, "--help"]) == 0
-    assert "usage: agentcore-rl" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "usage: agentcore-rl" in out
+    # The same exit codes in every help text, the internal error's included.
+    assert "4 internal error (a bug" in " ".join(out.split())
+    if command == ["local-runtime"]:
+        assert "--log-level" in out
+    if command == ["gateway"]:
+        assert "inference server's kind" in " ".join(out.split())  # --backend has help
 
 
 @pytest.mark.parametrize(
@@ -107,10 +114,10 @@ def test_bad_values_found_after_parsing_exit_2(
 
 
 def test_unreachable_agent_exits_3(
-    data: Path, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
+    data: Path, s3_endpoint: str, bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, err = _run(
-        ["eval", str(data), "--agent-url", "http://127.0.0.1:9", "--s3-bucket", "b-1",
+        ["eval", str(data), "--agent-url", "http://127.0.0.1:9", "--s3-bucket", bucket,
          "--exp-id", "e", "--s3-endpoint-url", s3_endpoint],
         capsys,
     )  # fmt: skip
@@ -134,11 +141,11 @@ def test_unreachable_or_missing_s3_exits_3(
 
 
 def test_unreachable_runtime_endpoint_exits_3(
-    data: Path, capsys: pytest.CaptureFixture[str]
+    data: Path, s3_endpoint: str, bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, err = _run(
-        ["eval", str(data), "--agent-runtime-arn", ARN, "--s3-bucket", "b-1", "--exp-id", "e",
-         "--endpoint-url", "http://127.0.0.1:9"],
+        ["eval", str(data), "--agent-runtime-arn", ARN, "--s3-bucket", bucket, "--exp-id", "e",
+         "--s3-endpoint-url", s3_endpoint, "--endpoint-url", "http://127.0.0.1:9"],
         capsys,
     )  # fmt: skip
     assert code == 3
@@ -218,13 +225,13 @@ async def test_demo_base_url_uses_another_policy_server(
     assert [json.loads(line)["reward"] for line in out.read_text().splitlines()] == [1.0] * 4
 
 
-def test_a_missing_extra_is_named() -> None:
-    from agentcore_rl.cli.main import _missing_extra
+def test_a_missing_extra_is_told_from_a_user_s_missing_module() -> None:
+    from agentcore_rl._extras import is_ours
 
-    assert _missing_extra(ModuleNotFoundError("no httpx", name="httpx")) == "cli"
-    assert _missing_extra(ModuleNotFoundError("no moto", name="moto.server")) == "local"
+    assert is_ours(ModuleNotFoundError("no httpx", name="httpx"))
+    assert is_ours(ModuleNotFoundError("no moto", name="moto.server"))
     # A user's own module missing is not ours to explain.
-    assert _missing_extra(ModuleNotFoundError("no mylib", name="mylib")) is None
+    assert not is_ours(ModuleNotFoundError("no mylib", name="mylib"))
 
 
 def test_eval_help_states_the_client_s_retry_defaults(capsys: pytest.CaptureFixture[str]) -> None:

@@ -177,3 +177,52 @@ def test_eval_refuses_a_gateway_with_base_url(
     argv += ["--base-url", "http://127.0.0.1:8000/v1"]
     assert main(argv) == 2
     assert "--gateway-url or --base-url" in capsys.readouterr().err
+
+
+def _few_open_files() -> None:
+    """In the gateway's process: an open-file limit a test can exhaust (256)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+async def test_health_answers_under_a_flood_of_idle_connections() -> None:
+    port = _free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentcore_rl.cli", "gateway",
+        "--upstream", f"http://127.0.0.1:{_free_port()}/v1", "--port", str(port),
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=_few_open_files,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    idle: list[socket.socket] = []
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            for _ in range(400):  # bounded: 20 s to start
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(url + "/health")).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the gateway did not start")
+        for _ in range(300):  # more than its open files: connections that never send a byte
+            sock = socket.create_connection(("127.0.0.1", port))
+            idle.append(sock)
+        # A fresh client each time: every answer comes on a new connection.
+        for _ in range(3):
+            async with httpx.AsyncClient(timeout=5.0) as http:
+                response = await http.get(url + "/health")
+            assert response.status_code == 200
+            assert response.json()["status"] == "ok"
+    finally:
+        for sock in idle:
+            sock.close()
+        process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(process.wait(), 15)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+    assert process.stderr is not None
+    err = (await process.stderr.read()).decode()
+    assert "Traceback" not in err, err

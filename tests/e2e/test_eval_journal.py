@@ -122,5 +122,15 @@ def test_summary_table() -> None:
     assert rows["timed out"] == "1"
     assert rows["re-attached in-flight rollouts"] == "1"
     assert rows["latency p95"] == "4.80 s"
+    assert rows["mean reward"] == "0.500 (2 finished)"  # over the finished rollouts only
+    summary.add("failed", elapsed=1.0, error_type="RolloutError", error="handler_exception: x")
+    summary.add("failed", elapsed=1.0, error_type="RolloutError", error="another reason")
+    summary.add("failed", elapsed=1.0, error_type="InvocationError", error="refused " * 40)
+    rows = {line[:32].strip(): line[32:].strip() for line in summary.render(wall_seconds=2.0)
+            .splitlines()}  # fmt: skip
+    assert rows["RolloutError"] == "2  (handler_exception: x)"
+    assert rows["InvocationError"].startswith("1  (refused refused")
+    assert rows["InvocationError"].endswith("...)")
+    assert rows["RolloutTimeoutError"] == "1"
     with pytest.raises(ValueError, match="unknown outcome"):
         summary.add("maybe", elapsed=None)

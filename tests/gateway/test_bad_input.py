@@ -238,3 +238,98 @@ async def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_a_failed
     assert "[DONE]" not in text
     assert [r.status for r in trace.records] == [502]
     assert words in (trace.records[0].error or "")
+
+
+DEEP = b"[" * 5000 + b"]" * 5000
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (DEEP, "nested deeper than 1024 levels"),
+        (b'{"messages": [NaN, ' + DEEP + b"]}", "nested deeper than 1024 levels"),
+        (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
+        (b'{"x": NaN, "messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
+        (b'{"x": NaN, "messages": [], "n": 123456789012345678901234567890}', "64-bit"),
+        (b'{"messages": [], "model": "\xff\xfe"}', "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"null", "must be a JSON object"),
+    ],
+    ids=[
+        "deep",
+        "deep-after-nan",
+        "surrogate",
+        "surrogate-after-nan",
+        "bigint",
+        "utf8",
+        "empty",
+        "null",
+    ],
+)
+async def test_hostile_json_gets_a_400_naming_the_problem(content: bytes, words: str) -> None:
+    async with served() as stack, httpx.AsyncClient(base_url=stack.url) as http:
+        response = await http.post("/sessions/h1/v1/chat/completions", content=content)
+        assert response.status_code == 400, response.text
+        assert words in response.json()["error"]["message"]
+        assert stack.policy.requests == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**BODY, "stream": True, "stream_options": "yes"},
+        {**BODY, "stream": "yes", "stream_options": [1]},
+        {**BODY, "logprobs": {"a": 1}},
+        {**BODY, "model": 7},
+        {**BODY, "messages": "hello"},
+        {**BODY, "messages": None},
+        {**BODY, "temperature": float("nan")},
+    ],
+)
+async def test_odd_types_never_get_a_5xx_from_the_gateway(body: dict[str, Any]) -> None:
+    async with served() as stack, httpx.AsyncClient(base_url=stack.url) as http:
+        content = json.dumps(body).encode()  # NaN as Python writes it (not JSON)
+        response = await http.post("/sessions/t1/v1/chat/completions", content=content)
+        forwarded = stack.policy.requests > 0
+        # What the gateway forwards is the upstream's to judge; what it refuses is a 4xx.
+        assert response.status_code < 500 or forwarded, response.text
+
+
+async def _raw_request(url: str, head: bytes, body: bytes = b"") -> bytes:
+    """Send ``head`` (and ``body``) on a plain socket and read the whole answer."""
+    host, port = url.removeprefix("http://").split(":")
+    stream = await anyio.connect_tcp(host, int(port))
+    async with stream:
+        await stream.send(head + body)
+        answer = b""
+        with anyio.fail_after(20):  # bounded: the gateway answers long before
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                try:
+                    answer += await stream.receive()
+                except anyio.EndOfStream:
+                    break
+    return answer
+
+
+async def test_a_body_declared_too_large_is_refused_before_it_is_sent() -> None:
+    async with served(max_body_bytes=1000) as stack:
+        head = (
+            b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+            b"content-type: application/json\r\ncontent-length: 52428800\r\n\r\n"
+        )
+        answer = await _raw_request(stack.url, head)  # no byte of the body is ever sent
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"request body of 52428800 bytes is larger than 1000 bytes" in answer
+
+
+async def test_a_body_that_does_not_arrive_in_time_gets_a_408() -> None:
+    async with served(body_timeout=0.5) as stack:
+        head = (
+            b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+            b"content-type: application/json\r\ncontent-length: 100\r\n\r\n"
+        )
+        answer = await _raw_request(stack.url, head, b'{"messages": ')  # and then nothing
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request body not received within 0.5 seconds" in answer
+    with pytest.raises(ValueError, match="body_timeout"):
+        RolloutGateway("http://127.0.0.1:9/v1", body_timeout=0)

@@ -1,4 +1,4 @@
-"""The gateway's adapter of the shared HTTP/1.1 pool: requests built under the upstream's
+"""The gateway's upstream client: requests built under the upstream's
 base path, bodies whole or streamed, every failure an UpstreamError; and what the gateway
 makes of answers a real server would not send."""
 
@@ -12,25 +12,25 @@ import pytest
 
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
-from tests.http1.loopback import answer, echo_target, loopback
+from tests.gateway.loopback import answer, echo_target, loopback
 
 
 async def test_requests_go_under_the_base_path_and_failures_are_upstream_errors() -> None:
     async with loopback(echo_target) as (origin, counts):
         pool = UpstreamPool(f"{origin}/v1/", headers={"authorization": "Bearer k"})
         target = pool.target("/chat/completions")
-        assert target.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:")
-        assert b"authorization: Bearer k\r\n" in target
+        assert (target.method, str(target.url)) == ("POST", f"{origin}/v1/chat/completions")
+        assert target.headers["Authorization"] == "Bearer k"
         assert await pool.fetch(target, b"{}") == (200, b"/v1/chat/completions")
         async with pool.stream(pool.target("/models", "GET"), None) as response:
             assert (response.status, await response.read()) == (200, b"/v1/models")
-        pool.close()
+        await pool.aclose()
         with pytest.raises(UpstreamError, match="closed"):
             await pool.fetch(target, b"{}")
     assert counts == [2]
-    pool = UpstreamPool(f"{origin}/v1")
-    with pytest.raises(UpstreamError, match="cannot connect"):
-        await pool.fetch(pool.target("/models", "GET"), None)
+    async with UpstreamPool(f"{origin}/v1") as pool:
+        with pytest.raises(UpstreamError, match="cannot connect"):
+            await pool.fetch(pool.target("/models", "GET"), None)
     with pytest.raises(ValueError, match="http"):
         UpstreamPool("ftp://127.0.0.1/v1")
 
@@ -69,3 +69,31 @@ async def test_a_malformed_or_incomplete_answer_is_a_502_and_a_failed_record() -
     assert "malformed answer" in errors[0]
     assert "one logprob per completion token" in errors[1]
     assert [(r.status, r.error) for r in trace.records] == [(502, e) for e in errors]
+
+
+async def test_silence_and_a_body_cut_short_are_upstream_errors() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int, h: bytes) -> bool:
+        await r.read()  # until the client gives up and closes
+        return False
+
+    async with loopback(silent) as (origin, _), UpstreamPool(origin, read_timeout=0.2) as pool:
+        with pytest.raises(UpstreamError, match="read timeout"):
+            await pool.fetch(pool.target("/completions"), b"{}")
+
+    async def cut(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int, h: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\ndata: {}\n\n")
+        await w.drain()
+        return False  # closes with 90 bytes missing
+
+    async with loopback(cut) as (origin, _), UpstreamPool(origin) as pool:
+        async with pool.stream(pool.target("/completions"), b"{}") as response:
+            assert response.status == 200
+            pieces: list[bytes] = []
+
+            async def read_all() -> None:
+                async for piece in response:
+                    pieces.append(piece)
+
+            with pytest.raises(UpstreamError):
+                await read_all()
+        assert b"".join(pieces) == b"data: {}\n\n"

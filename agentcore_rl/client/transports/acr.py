@@ -5,11 +5,8 @@ whole: a rollout entrypoint answers with a small "processing" object);
 ``StopRuntimeSession`` frees the session's microVM. The region comes from the ARN; the
 endpoint from ``endpoint_url`` or, as botocore does by itself,
 ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (how the local runtime stand-in is reached).
-botocore's own retries are off: the client's retry policy governs. With ``lean`` (the
-default) both calls go through :class:`~agentcore_rl.aws.LeanAgentCore`, built from the
-aiobotocore client (same endpoint, credentials, pool and exceptions, a fraction of the CPU);
-``lean=False``, or a client set up in a way the lean path does not reproduce, sends them
-through aiobotocore.
+botocore's own retries are off: the client's retry policy governs. One aiobotocore client,
+created on first use (or :meth:`AcrTransport.connect`), serves every call.
 
 Example::
 
@@ -22,9 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, TypeVar
+from collections.abc import Mapping
+from typing import Any, Final
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
@@ -32,7 +28,6 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, Rea
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from agentcore_rl import protocol
-from agentcore_rl.aws import LeanAgentCore, LeanUnsupported
 from agentcore_rl.client.transports.base import (
     RetryableError,
     json_object_answer,
@@ -42,9 +37,6 @@ from agentcore_rl.errors import ConfigurationError, InvocationError
 
 __all__ = ["AcrTransport", "parse_runtime_arn"]
 
-T = TypeVar("T")
-
-logger = logging.getLogger(__name__)
 
 #: The botocore service name of AgentCore's data plane.
 SERVICE_NAME: Final = "bedrock-agentcore"
@@ -58,13 +50,7 @@ _RETRYABLE: Final = frozenset(
 
 def parse_runtime_arn(arn: str) -> str:
     """Validate an agent runtime ARN and return its region (the rules are
-    :func:`agentcore_rl.protocol.parse_runtime_arn`'s; the message names the argument).
-
-    Example::
-
-        parse_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
-        # "us-west-2"
-    """
+    :func:`agentcore_rl.protocol.parse_runtime_arn`'s; the message names the argument)."""
     try:
         return protocol.parse_runtime_arn(arn).region
     except ConfigurationError:
@@ -116,10 +102,8 @@ class AcrTransport:
         session: AioSession | None = None,
         timeout: float = 60.0,
         max_connections: int = 64,
-        lean: bool = True,
     ) -> None:
         self.agent_runtime_arn = agent_runtime_arn
-        self.lean = lean
         self.region = parse_runtime_arn(agent_runtime_arn)
         self.endpoint_url = endpoint_url
         self.qualifier = qualifier
@@ -135,7 +119,6 @@ class AcrTransport:
         )
         self._limit = asyncio.Semaphore(max_connections)  # queue here, not in the pool
         self._client: Any = None
-        self._lean: LeanAgentCore | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -144,14 +127,9 @@ class AcrTransport:
         return f"AcrTransport(agent_runtime_arn={self.agent_runtime_arn!r})"
 
     async def connect(self) -> None:
-        """Create the aiobotocore client (and the lean one) now rather than on the first
-        call, which would otherwise wait for it (loading the service model and the TLS
-        context costs a fifth of a second of CPU).
-
-        Example::
-
-            await transport.connect()
-        """
+        """Create the aiobotocore client now rather than on the first call, which would
+        otherwise wait for it (loading the service model and the TLS context costs a fifth
+        of a second of CPU)."""
         await self._get_client()
 
     async def _get_client(self) -> Any:
@@ -170,13 +148,6 @@ class AcrTransport:
                         config=self._config,
                     )
                 )
-                if self.lean:
-                    try:
-                        self._lean = await LeanAgentCore.create(
-                            client, self.agent_runtime_arn, qualifier=self.qualifier
-                        )
-                    except LeanUnsupported as exc:
-                        logger.info("ACR calls go through aiobotocore: %s", exc)
                 self._client, self._stack = client, stack
         return self._client
 
@@ -189,13 +160,17 @@ class AcrTransport:
             params["qualifier"] = self.qualifier
         return params
 
-    async def _guarded(
-        self, session_id: str, operation: str, call: Callable[[], Awaitable[T]]
-    ) -> T:
-        """Run ``call`` under the connection limit; classify its failures."""
+    async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
+        """One call under the connection limit, its streamed body read; failures classified."""
+        client = await self._get_client()
         try:
             async with self._limit:
-                return await call()
+                response = await getattr(client, operation)(**params)
+                if "response" in response:
+                    # The body streams; a rollout entrypoint's answer is small: read it all.
+                    async with response["response"] as stream:
+                        response["body"] = await stream.read()
+                return response
         except ClientError as exc:
             raise _classify(exc, session_id) from exc
         except (BotoConnectionError, HTTPClientError, ReadTimeoutError, OSError) as exc:
@@ -207,34 +182,16 @@ class AcrTransport:
                 f"{operation}: {type(exc).__name__}: {exc}", session_id=session_id
             ) from exc
 
-    async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
-        client = await self._get_client()
-
-        async def call() -> Any:
-            response = await getattr(client, operation)(**params)
-            if "response" in response:
-                # The body streams; a rollout entrypoint's answer is small: read it all.
-                async with response["response"] as stream:
-                    response["body"] = await stream.read()
-            return response
-
-        return await self._guarded(session_id, operation, call)
-
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """``InvokeAgentRuntime`` with the payload as JSON; return the agent's JSON answer."""
-        body = json.dumps(payload).encode()
-        await self._get_client()
-        lean = self._lean
-        raw: bytes
-        if lean is not None:
-            raw = await self._guarded(
-                session_id, "InvokeAgentRuntime", lambda: lean.invoke(session_id, body)
-            )
-        else:
-            params = self._common(session_id)
-            params.update(payload=body, contentType="application/json", accept="application/json")
-            response = await self._call(session_id, "invoke_agent_runtime", params)
-            raw = response.get("body", b"")
+        params = self._common(session_id)
+        params.update(
+            payload=json.dumps(payload).encode(),
+            contentType="application/json",
+            accept="application/json",
+        )
+        response = await self._call(session_id, "invoke_agent_runtime", params)
+        raw: bytes = response.get("body", b"")
         return json_object_answer(raw, source="InvokeAgentRuntime", session_id=session_id)
 
     async def status(self, session_id: str) -> protocol.SessionState:
@@ -245,13 +202,8 @@ class AcrTransport:
 
     async def stop(self, session_id: str) -> bool:
         """``StopRuntimeSession``; False when ACR no longer knows the session."""
-        await self._get_client()
-        lean = self._lean
         try:
-            if lean is not None:
-                await self._guarded(session_id, "StopRuntimeSession", lambda: lean.stop(session_id))
-            else:
-                await self._call(session_id, "stop_runtime_session", self._common(session_id))
+            await self._call(session_id, "stop_runtime_session", self._common(session_id))
         except InvocationError as exc:
             if exc.status_code == 404:
                 return False
@@ -262,8 +214,5 @@ class AcrTransport:
         """Close the aiobotocore client. Idempotent."""
         self._closed = True
         stack, self._stack, self._client = self._stack, None, None
-        lean, self._lean = self._lean, None
-        if lean is not None:
-            await lean.aclose()
         if stack is not None:
             await stack.aclose()

@@ -1,5 +1,5 @@
-"""A raw HTTP/1.1 server on loopback for the client tests: a handler answers each request
-as it likes (or not at all), so tests can send what no well-behaved server sends."""
+"""A raw HTTP/1.1 server on loopback for the upstream client's tests: a handler answers each
+request as it likes (or not at all), so tests can send what no well-behaved server sends."""
 
 from __future__ import annotations
 

@@ -1,0 +1,90 @@
+"""Optional parts and the extras that bring their dependencies.
+
+The core install (``pip install agentcore-rl``) holds what both sides share; each part
+beyond it needs an extra. A part imported without its extra raises
+:class:`MissingExtraError`, a ``ModuleNotFoundError`` whose message says what to install.
+
+Example::
+
+    require("server", "agentcore_rl.server", "starlette", "uvicorn")   # first, in the part
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Final
+
+__all__ = ["THIRD_PARTY", "MissingExtraError", "install_hint", "is_ours", "require"]
+
+#: The top-level modules the extras bring (pyproject.toml's optional dependencies).
+THIRD_PARTY: Final = frozenset(
+    {
+        "a2wsgi",
+        "httptools",
+        "httpx",
+        "moto",
+        "openai",
+        "orjson",
+        "ray",
+        "starlette",
+        "strands",
+        "tqdm",
+        "uvicorn",
+        "uvloop",
+        "werkzeug",
+    }
+)
+
+
+def install_hint(extra: str) -> str:
+    """``pip install 'agentcore-rl[EXTRA]'``."""
+    return f"pip install 'agentcore-rl[{extra}]'"
+
+
+def is_ours(exc: BaseException) -> bool:
+    """Whether ``exc`` is a dependency of one of our extras missing."""
+    return (
+        isinstance(exc, ModuleNotFoundError)
+        and exc.name is not None
+        and exc.name.split(".")[0] in THIRD_PARTY
+    )
+
+
+class MissingExtraError(ModuleNotFoundError):
+    """A part of agentcore-rl was used without the extra that brings its dependencies.
+
+    ``name`` is the missing module (as on any ``ModuleNotFoundError``), ``extra`` the extra
+    to install.
+
+    Example::
+
+        try:
+            from agentcore_rl.server import AgentCoreRLApp
+        except MissingExtraError as exc:
+            print(exc.extra)   # "server"
+    """
+
+    def __init__(self, part: str, extra: str, module: str) -> None:
+        super().__init__(
+            f"{part} needs the '{extra}' extra (module {module!r} is not installed): "
+            f"{install_hint(extra)}",
+            name=module,
+        )
+        self.extra = extra
+
+
+def require(extra: str, part: str, *modules: str) -> None:
+    """Import ``modules`` (what ``part`` needs from ``extra``); one that is not installed
+    raises :class:`MissingExtraError` naming the extra.
+
+    Example::
+
+        require("server", "agentcore_rl.server", "starlette", "uvicorn")
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] != module:
+                raise  # installed, but broken: its own message says more
+            raise MissingExtraError(part, extra, module) from exc

@@ -1,0 +1,172 @@
+"""What ``agentcore-rl eval`` checks before its first rollout: every service it was given.
+
+Each check is one cheap call that has no effect on the service, and a failure is raised as
+the error the CLI turns into one line and exit 3 (:class:`~agentcore_rl.errors.StorageError`,
+:class:`~agentcore_rl.errors.InvocationError`, :class:`~agentcore_rl.errors.GatewayError`):
+
+- the S3 bucket: a LIST of a prefix no result key has
+  (:func:`~agentcore_rl.cli.eval.preflight_s3`);
+- agent servers (``--agent-url``): ``GET /ping`` answers below 500;
+- an AgentCore runtime (``--agent-runtime-arn``): ``StopRuntimeSession`` for a session id
+  that was never used. A runtime that serves the ARN answers that it knows no such session
+  (or stops nothing); one that does not serve it answers ``ResourceNotFoundException``
+  about the runtime, ``AccessDeniedException`` when the credentials may not call it;
+- a gateway (``--gateway-url``): ``GET /health`` (reachable, a rollout gateway), then
+  ``GET /admin/stats`` with the admin token (the token is accepted).
+
+Example::
+
+    await check_services(options)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+from agentcore_rl import protocol
+from agentcore_rl.cli.eval_config import EvalOptions
+from agentcore_rl.errors import GatewayError, InvocationError
+
+__all__ = ["check_agents", "check_gateway", "check_runtime", "check_services"]
+
+#: Seconds each check may take: a service that needs longer is not ready for a run.
+_TIMEOUT: Final = 5.0
+#: The flag the gateway's token comes from (named in errors: the user typed it).
+_TOKEN_FLAG: Final = "--gateway-admin-token"
+
+
+async def check_services(options: EvalOptions) -> None:
+    """Check the S3 bucket, the agents or the runtime, and the gateway, in that order.
+
+    Example::
+
+        await check_services(options)
+    """
+    from agentcore_rl.cli.eval import check_bucket
+
+    await check_bucket(options)
+    if options.agent_urls:
+        await check_agents(list(options.agent_urls))
+    elif options.agent_runtime_arn is not None:
+        await check_runtime(options.agent_runtime_arn, options.runtime_endpoint_url)
+    if options.gateway_url is not None:
+        await check_gateway(options.gateway_url, options.gateway_admin_token)
+
+
+async def check_agents(urls: list[str]) -> None:
+    """Each agent answers ``GET /ping``, or InvocationError names the one that does not.
+
+    Example::
+
+        await check_agents(["http://127.0.0.1:8080"])
+    """
+    import httpx
+
+    async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
+        for url in urls:
+            try:
+                response = await http.get(url + protocol.PING_PATH)
+            except httpx.HTTPError as exc:
+                raise InvocationError(
+                    f"cannot reach the agent at {url}: {type(exc).__name__}: {exc}"
+                ) from None
+            if response.status_code >= 500:
+                raise InvocationError(
+                    f"the agent at {url} is unhealthy: HTTP {response.status_code}",
+                    status_code=response.status_code,
+                )
+
+
+def _mentions_session(message: str, session_id: str) -> bool:
+    return session_id in message or "session" in message.lower()
+
+
+async def check_runtime(arn: str, endpoint_url: str | None) -> None:
+    """The runtime endpoint serves ``arn``: one ``StopRuntimeSession`` for a session id never
+    used (nothing is stopped, nothing starts), or InvocationError saying what is wrong.
+
+    Example::
+
+        await check_runtime("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/m", None)
+    """
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    region = protocol.parse_runtime_arn(arn).region
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE")
+    where = endpoint or f"AgentCore in {region}"
+    session_id = protocol.new_session_id()
+    config = AioConfig(connect_timeout=_TIMEOUT, read_timeout=_TIMEOUT, retries={"max_attempts": 1})
+    try:
+        async with get_session().create_client(
+            "bedrock-agentcore", region_name=region, endpoint_url=endpoint, config=config
+        ) as client:
+            await client.stop_runtime_session(agentRuntimeArn=arn, runtimeSessionId=session_id)
+    except ClientError as exc:
+        error: Any = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        message = str(error.get("Message", "")) or str(exc)
+        if code == "ResourceNotFoundException" and _mentions_session(message, session_id):
+            return  # it looked for the session: the runtime is there
+        if code in ("ThrottlingException", "ServiceQuotaExceededException"):
+            return  # the runtime's own quota answered: it is there
+        if code == "ResourceNotFoundException":
+            raise InvocationError(
+                f"the AgentCore endpoint {where} does not serve runtime {arn}: {message}",
+                status_code=404,
+            ) from None
+        raise InvocationError(
+            f"the AgentCore endpoint {where} refuses runtime {arn}: {code}: {message}"
+        ) from None
+    except BotoCoreError as exc:  # endpoint down, no credentials, a timeout
+        raise InvocationError(
+            f"cannot reach the AgentCore endpoint {where}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+async def check_gateway(url: str, token: str | None) -> None:
+    """The gateway at ``url`` answers ``/health`` and accepts ``token`` on its admin routes,
+    or GatewayError says which it does not.
+
+    Example::
+
+        await check_gateway("http://127.0.0.1:9000", "s3cret")
+    """
+    import httpx
+
+    async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
+        try:
+            health = await http.get(url + "/health")
+            if health.status_code != 200 or "gateway_id" not in _json(health):
+                raise GatewayError(
+                    f"{url} is not a rollout gateway: GET /health answered HTTP "
+                    f"{health.status_code} (start one with agentcore-rl gateway)"
+                )
+            stats = await http.get(
+                url + "/admin/stats",
+                headers={"authorization": f"Bearer {token}"} if token else {},
+            )
+        except httpx.HTTPError as exc:
+            raise GatewayError(
+                f"cannot reach the gateway at {url}: {type(exc).__name__}: {exc}"
+            ) from None
+    if stats.status_code == 401:
+        raise GatewayError(f"the gateway at {url} refuses the admin token ({_TOKEN_FLAG})")
+    if stats.status_code == 403:
+        raise GatewayError(
+            f"the gateway at {url} has its admin routes off: start it with --admin-token"
+        )
+    if stats.status_code != 200:
+        raise GatewayError(
+            f"the gateway at {url} answered HTTP {stats.status_code} on its admin routes"
+        )
+
+
+def _json(response: Any) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,205 @@
+"""Linear history: each turn's prompt is the served ids of the turn it extends, plus the
+template's rendering of what is new (tool results, user turns, the generation prompt).
+
+A chat template re-renders the whole conversation on every request, and what it renders for
+the earlier turns is not what the model was fed and produced: thinking templates drop
+earlier reasoning, tool calls are re-serialised, a stop token becomes a separator. In linear
+history the session keeps, per answered request, the exact ids (prompt + completion) and
+the messages it was asked with. A new request *extends* a kept turn when its messages start
+with that turn's messages followed by the assistant message the gateway answered (content
+and tool calls; reasoning the agent dropped does not matter). Then
+
+    prompt = kept prompt + kept completion + ids(rendering after the answer's end-of-turn)
+
+where "after the answer's end-of-turn" is found by counting the answer's stop token: the new
+rendering is cut after as many of them as the rendering of the history up to and including
+the answer holds. Whatever the template renders for the earlier turns (reasoning dropped,
+calls re-serialised, separators) is replaced by what was served. A request that extends no
+kept turn (the agent truncated or edited its history, a sub-agent with a fresh context)
+starts afresh from the full rendering and is counted as a fork: never a silent mismatch.
+
+Example::
+
+    history = LinearHistory()
+    plan = history.plan(template, messages, tools=tools)
+    ...                                     # call the server with plan.prompt_ids
+    history.remember(plan, messages, answer, completion_ids, stopped=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agentcore_rl.gateway.render.template import ChatTemplate
+
+__all__ = ["LinearHistory", "Plan", "Turn"]
+
+#: How many answered turns a session keeps as points a request can extend (a sub-agent's
+#: turns interleave with its parent's).
+DEFAULT_KEEP: Final = 8
+
+
+@dataclass(slots=True)
+class Turn:
+    """One answered request: its messages, its served ids, the answer the agent got."""
+
+    messages: list[Any]
+    key: str  # the tools and template kwargs it was rendered with
+    prompt_ids: array[int]  # compact: a session keeps several long prompts
+    completion_ids: array[int]
+    answer: dict[str, Any]
+    stopped: bool  # the completion ended with a stop token
+
+
+@dataclass(slots=True)
+class Plan:
+    """What to send for one request: the prompt ids and how they were made."""
+
+    prompt_ids: list[int]
+    key: str
+    extends: Turn | None = None  # the turn it extends (None: rendered afresh)
+    fork: bool = False  # rendered afresh although the session had turns
+    reason: str | None = None  # why it forked
+    retry: bool = False  # the same request as a kept turn's: its prompt again
+
+
+def _key(tools: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
+    return json.dumps([tools or [], kwargs or {}], sort_keys=True, default=str)
+
+
+def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    out = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {} if isinstance(call, Mapping) else {}
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments)
+        out.append((str(function.get("name")), arguments))
+    return out
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return (content or "").strip() if isinstance(content, str) else ""
+
+
+def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
+    """Whether the agent's echo ``sent`` is the assistant message the gateway answered."""
+    if not isinstance(sent, Mapping) or sent.get("role") != "assistant":
+        return False
+    return _text(sent.get("content")) == _text(answer.get("content")) and _calls(sent) == _calls(
+        answer
+    )
+
+
+def _end_of(text: str, needle: str, count: int) -> int | None:
+    """The index just after the ``count``-th occurrence of ``needle`` in ``text``."""
+    at = 0
+    for _ in range(count):
+        found = text.find(needle, at)
+        if found < 0:
+            return None
+        at = found + len(needle)
+    return at
+
+
+@dataclass
+class LinearHistory:
+    """One session's kept turns and its fork count (see the module doc)."""
+
+    keep: int = DEFAULT_KEEP
+    turns: list[Turn] = field(default_factory=list)
+    forks: int = 0
+    extends: int = 0
+
+    def plan(
+        self,
+        template: ChatTemplate,
+        messages: list[Any],
+        *,
+        tools: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Plan:
+        """The prompt ids for a request (raises ``RenderError`` when the template refuses)."""
+        key = _key(tools, kwargs)
+        full = template.render(messages, tools=tools, kwargs=kwargs)
+        reason = "no earlier turn of this session is a prefix of its messages"
+        for turn in reversed(self.turns):
+            if turn.key != key:
+                continue
+            n = len(turn.messages)
+            if messages == turn.messages:
+                return Plan(turn.prompt_ids.tolist(), key, turn, retry=True)
+            if len(messages) <= n or messages[:n] != turn.messages:
+                continue
+            if not same_answer(messages[n], turn.answer):
+                reason = "the agent changed the answer it was given"
+                continue
+            ids = self._extend(template, turn, messages[: n + 1], full, tools, kwargs)
+            if isinstance(ids, str):
+                reason = ids
+                break
+            self.extends += 1
+            return Plan(ids, key, turn)
+        fork = bool(self.turns)
+        if fork:
+            self.forks += 1
+        return Plan(template.encode(full), key, fork=fork, reason=reason if fork else None)
+
+    @staticmethod
+    def _extend(
+        template: ChatTemplate,
+        turn: Turn,
+        history: list[Any],
+        full: str,
+        tools: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+    ) -> list[int] | str:
+        """The extended prompt ids, or why the turn cannot be extended."""
+        if not turn.stopped or not turn.completion_ids:
+            return "the answer it extends did not end with a stop token"
+        stop_text = template.token_text(turn.completion_ids[-1])
+        if not stop_text:
+            return "the answer it extends ended with an ordinary token"
+        # Everything the template renders up to the end of the answer is replaced by the
+        # served ids; the cut is after the answer's last stop token in the new rendering.
+        upto = template.render(history, tools=tools, add_generation_prompt=False, kwargs=kwargs)
+        count = upto.count(stop_text)
+        cut = _end_of(full, stop_text, count) if count else None
+        if cut is None:
+            return f"the template does not render the answer's end {stop_text!r} as served"
+        return [
+            *turn.prompt_ids.tolist(),
+            *turn.completion_ids.tolist(),
+            *template.encode(full[cut:]),
+        ]
+
+    def remember(
+        self,
+        plan: Plan,
+        messages: list[Any],
+        answer: dict[str, Any],
+        completion_ids: list[int],
+        *,
+        stopped: bool,
+    ) -> None:
+        """Keep an answered request as a turn later requests can extend."""
+        turn = Turn(
+            messages,
+            plan.key,
+            array("i", plan.prompt_ids),
+            array("i", completion_ids),
+            answer,
+            stopped,
+        )
+        if plan.extends is not None and plan.extends in self.turns and not plan.retry:
+            self.turns.remove(plan.extends)  # the extension replaces it
+        self.turns.append(turn)
+        del self.turns[: -self.keep]

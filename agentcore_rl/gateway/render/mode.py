@@ -1,0 +1,272 @@
+"""The gateway's rendering mode: it owns tokenization and keeps each session's history linear.
+
+In proxy mode the inference server renders the chat template and the gateway records what it
+fed the model. In rendering mode (``RolloutGateway(..., render=RenderMode.load(DIR))``,
+``agentcore-rl gateway --history linear --tokenizer DIR``) the gateway renders each chat
+request itself with the model's tokenizer and template (transformers, as vLLM does), replaces
+the session's earlier turns by the ids the model was actually fed and produced
+(:mod:`.linear`), and calls the server token-in (:mod:`.token_in`). The completion's ids are
+decoded and split by the reasoning and tool-call parsers (:mod:`.parsers`) into an ordinary
+chat completion for the agent (``content``, ``reasoning_content``, ``tool_calls``; SSE when
+it asked to stream). The record holds the prompt ids exactly as sent and the completion ids
+and logprobs as returned, so a session whose history only grows is one training sequence.
+
+The server is asked without streaming (the answer is parsed whole); an agent that streams
+gets the parsed answer as one SSE stream.
+
+Example::
+
+    mode = RenderMode.load("/models/Qwen3-8B", tool_call_parser="hermes",
+                           reasoning_parser="qwen3")
+    gateway = RolloutGateway("http://127.0.0.1:8000/v1", render=mode)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from agentcore_rl.gateway.backends import CHAT, synthesize_sse
+from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
+from agentcore_rl.gateway.render.linear import LinearHistory
+from agentcore_rl.gateway.render.parsers import (
+    parse_completion,
+    reasoning_parser_named,
+    tool_parser_named,
+)
+from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
+from agentcore_rl.gateway.render.token_in import token_in_backend
+from agentcore_rl.gateway.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from starlette.types import Send
+
+    from agentcore_rl.gateway.app import RolloutGateway
+    from agentcore_rl.gateway.sessions import Session
+
+__all__ = ["HISTORY_MODES", "RenderMode"]
+
+log = logging.getLogger("agentcore_rl.gateway")
+
+#: ``--history``: ``proxy`` (the server renders) or ``linear`` (the gateway renders).
+HISTORY_MODES = ("proxy", "linear")
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class RenderMode:
+    """Rendering with linear history, for :class:`~agentcore_rl.gateway.RolloutGateway`.
+
+    ``backend``: ``vllm`` (``/completions`` under the OpenAI base URL) or ``sglang``
+    (``/generate`` under the server's root URL). ``tool_call_parser``/``reasoning_parser``:
+    vLLM's names. ``max_tokens``: the completion budget when the agent sets none.
+    ``forks``/``extends`` count requests rendered afresh in a session that had turns, and
+    requests that extended a kept turn.
+
+    Example::
+
+        mode = RenderMode.load(directory, tool_call_parser="llama3_json")
+    """
+
+    def __init__(
+        self,
+        template: ChatTemplate,
+        *,
+        backend: str = "vllm",
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        max_tokens: int = 4096,
+    ) -> None:
+        self.template = template
+        self.backend = token_in_backend(backend)
+        self.tools = tool_parser_named(tool_call_parser)
+        self.reasoning = reasoning_parser_named(reasoning_parser)
+        self.max_tokens = max_tokens
+        self.stop_ids = template.stop_ids()
+        self.forks = 0
+        self.extends = 0
+        self.render_seconds = 0.0  # CPU spent rendering, encoding and parsing
+
+    def __repr__(self) -> str:
+        return (
+            f"RenderMode({self.template.source!r}, backend={self.backend.name!r}, "
+            f"tools={getattr(self.tools, 'name', None)!r}, "
+            f"reasoning={getattr(self.reasoning, 'name', None)!r})"
+        )
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], **options: Any) -> RenderMode:
+        """A rendering mode on the tokenizer directory ``directory`` (see the class doc)."""
+        return cls(ChatTemplate.load(directory), **options)
+
+    def history(self, session: Session) -> LinearHistory:
+        """The session's linear history (made on its first call)."""
+        if session.render is None:
+            session.render = LinearHistory()
+        history: LinearHistory = session.render
+        return history
+
+    async def call(
+        self,
+        gateway: RolloutGateway,
+        send: Send,
+        session: Session,
+        raw: bytes,
+        body: dict[str, Any],
+        version: int,
+    ) -> None:
+        """Serve one chat request of ``session`` token-in; commit its record first."""
+        from agentcore_rl.gateway.app import _down_message, _Refuse, _respond
+
+        start = gateway._clock()
+        stream = bool(body.get("stream"))
+        overrides: dict[str, Any] | None = None
+        if session.sampling or gateway.model:
+            overrides = dict(session.sampling or {})
+            if gateway.model:
+                overrides["model"] = gateway.model
+            body.update(overrides)
+        upstream = gateway._upstream_for(session.session_id)
+        record = CallRecord(
+            session_id=session.session_id,
+            index=session.call_started(start),
+            endpoint=CHAT,
+            exp_id=session.exp_id,
+            input_id=session.input_id,
+            policy_version_start=version,
+            request_body=raw,
+            overrides=overrides,
+            started_at=gateway._wall(),
+            stream=stream,
+            upstream=upstream.base,
+        )
+        committed = False
+
+        def commit(status: int, error: str | None = None) -> None:
+            nonlocal committed
+            committed = True
+            record.status, record.error = status, error
+            record.policy_version_end = gateway.gate.version
+            record.latency_s = gateway._clock() - start
+            gateway.stats["calls"] += 1
+            if not record.ok:
+                gateway.stats["failed_calls"] += 1
+            session.call_ended(record, gateway._clock())
+
+        try:
+            history = self.history(session)
+            cpu = time.process_time()
+            messages, tools, kwargs = self._conversation(body)
+            if body.get("n", 1) not in (1, None):
+                raise _Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
+            try:
+                plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
+            except RenderError as exc:
+                raise _Refuse(400, str(exc), "invalid_request") from None
+            if plan.fork:
+                self.forks += 1
+                gateway.stats["linear_forks"] = gateway.stats.get("linear_forks", 0) + 1
+                log.info("session %s forks: %s", session.session_id, plan.reason)
+            elif plan.extends is not None and not plan.retry:
+                self.extends += 1
+            upstream_body = self.backend.request(
+                plan.prompt_ids,
+                body,
+                stop_ids=self.stop_ids,
+                model=gateway.model,
+                default_max_tokens=self.max_tokens,
+            )
+            record.prompt_ids = ids_array(plan.prompt_ids)
+            self.render_seconds += time.process_time() - cpu
+            target = upstream.pool.target(self.backend.path)
+            try:
+                status, content = await upstream.pool.fetch(target, dumps(upstream_body))
+            except UpstreamError as exc:
+                raise _Refuse(502, _down_message(upstream, exc), "upstream_unavailable") from None
+            if status != 200:
+                text = content[:500].decode("utf-8", "replace")
+                commit(status, f"upstream answered HTTP {status}: {text}")
+                await _respond(send, status, content)
+                return
+            cpu = time.process_time()
+            try:
+                served = self.backend.read(loads(content))
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
+                raise _Refuse(502, why, "upstream_invalid") from None
+            if served.prompt_ids is not None and list(served.prompt_ids) != plan.prompt_ids:
+                raise _Refuse(
+                    502, "the upstream fed the model other ids than sent", "upstream_mismatch"
+                )
+            if len(served.logprobs) != len(served.token_ids):
+                raise _Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
+            ids = served.token_ids
+            stopped = bool(ids) and ids[-1] in self.stop_ids
+            text = self.template.decode(ids[:-1] if stopped else ids)
+            seed = hashlib.sha256(raw).hexdigest()[:16]
+            message = parse_completion(text, self.reasoning, self.tools, seed)
+            finish = served.finish_reason or "stop"
+            if message.get("tool_calls"):
+                finish = "tool_calls"
+            history.remember(plan, messages, message, ids, stopped=stopped)
+            self.render_seconds += time.process_time() - cpu
+            record.completions = [
+                Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)
+            ]
+            record.usage = {
+                "prompt_tokens": len(plan.prompt_ids),
+                "completion_tokens": len(ids),
+                "total_tokens": len(plan.prompt_ids) + len(ids),
+            }
+            answer = {
+                "id": f"chatcmpl-{seed}",
+                "object": "chat.completion",
+                "created": int(gateway._wall()),
+                "model": body.get("model") or "",
+                "choices": [
+                    {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                ],
+                "usage": record.usage,
+            }
+            commit(200)  # before the answer's last byte
+            if stream:
+                options = body.get("stream_options")
+                usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                await send(
+                    {"type": "http.response.body", "body": synthesize_sse(answer, CHAT, usage)}
+                )
+            else:
+                await _respond(send, 200, dumps(answer))
+        except _Refuse as refuse:
+            if not committed:
+                commit(refuse.status, refuse.message)
+            raise
+        except BaseException as exc:
+            if not committed:
+                commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            if committed:
+                session.arena.keep(record)
+
+    @staticmethod
+    def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
+        from agentcore_rl.gateway.app import _Refuse
+
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _Refuse(400, "messages must be a non-empty list", "invalid_request")
+        if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
+            raise _Refuse(400, "every message must be an object with a role", "invalid_request")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise _Refuse(400, "tools must be a list", "invalid_request")
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise _Refuse(400, "chat_template_kwargs must be an object", "invalid_request")
+        return messages, tools or None, kwargs

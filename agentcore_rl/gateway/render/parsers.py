@@ -1,0 +1,383 @@
+"""Reasoning and tool-call parsers: a completion's text -> ``reasoning_content``, ``content``
+and OpenAI ``tool_calls``, named as vLLM's ``--reasoning-parser`` / ``--tool-call-parser``.
+
+Each parser also writes its syntax (``format``): the stand-in policy answers in the
+template's own syntax with it, so a test exercises parsing on what a model trained on that
+template emits. The text parsed is the completion decoded with its special tokens, the stop
+token already cut off.
+
+- reasoning: ``qwen3`` (``<think>...</think>`` in the completion), ``deepseek_r1`` (the prompt
+  ends in ``<think>``: the completion is reasoning up to ``</think>``).
+- tool calls: ``hermes`` (``<tool_call>{"name", "arguments"}</tool_call>``: Qwen2.5, Qwen3),
+  ``llama3_json`` (``{"name", "parameters"}``, after an optional ``<|python_tag|>``: Llama
+  3.1-3.3), ``deepseek_v3`` (``<｜tool▁calls▁begin｜>...``: DeepSeek V3 and the R1 family),
+  ``mistral`` (``[TOOL_CALLS]name[ARGS]{...}``), ``openai`` (gpt-oss's harmony channels, with
+  the ``openai_gptoss`` reasoning parser).
+
+Example::
+
+    tools = tool_parser_named("hermes")
+    content, calls = tools.parse('<tool_call>\\n{"name": "f", "arguments": {}}\\n</tool_call>')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "REASONING_PARSERS",
+    "TOOL_PARSERS",
+    "ReasoningParser",
+    "ToolCall",
+    "ToolParser",
+    "parse_completion",
+    "reasoning_parser_named",
+    "tool_parser_named",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One parsed call: the function's name and its arguments (a JSON object)."""
+
+    name: str
+    arguments: dict[str, Any]
+
+    def to_openai(self, call_id: str) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry (arguments as a JSON string)."""
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise ValueError("tool call arguments are not a JSON object")
+    return value
+
+
+class ReasoningParser:
+    """Splits reasoning from content (see the module doc)."""
+
+    name = "?"
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        """-> (reasoning or None, content)."""
+        raise NotImplementedError
+
+    def format(self, reasoning: str) -> str:
+        """The reasoning as the model writes it at the start of its completion."""
+        raise NotImplementedError
+
+
+class Qwen3Reasoning(ReasoningParser):
+    """``<think>reasoning</think>content``; no ``</think>``: all content."""
+
+    name = "qwen3"
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        if "</think>" not in text:
+            return None, text
+        reasoning, _, content = text.partition("</think>")
+        reasoning = reasoning.split("<think>", 1)[-1]
+        return reasoning.strip("\n"), content.lstrip("\n")
+
+    def format(self, reasoning: str) -> str:
+        return f"<think>\n{reasoning}\n</think>\n\n"
+
+
+class DeepSeekR1Reasoning(ReasoningParser):
+    """The prompt opened ``<think>``: reasoning up to ``</think>`` (all of it without one)."""
+
+    name = "deepseek_r1"
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        if text.startswith("<think>"):
+            text = text[len("<think>") :]
+        if "</think>" not in text:
+            return text.strip("\n") or None, ""
+        reasoning, _, content = text.partition("</think>")
+        return reasoning.strip("\n"), content.lstrip("\n")
+
+    def format(self, reasoning: str) -> str:
+        return f"{reasoning}\n</think>\n\n"
+
+
+class ToolParser:
+    """Finds tool calls in a completion's content (see the module doc)."""
+
+    name = "?"
+    #: The token a model ends a turn of tool calls with, when not its EOS.
+    call_stop: str | None = None
+
+    def call_id(self, seed: str) -> str:
+        """A stable id for a parsed call (``call_`` and 24 hex digits)."""
+        return "call_" + hashlib.sha256(seed.encode()).hexdigest()[:24]
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """-> (content without the calls, calls). Malformed calls stay content."""
+        raise NotImplementedError
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        """The calls as the model writes them."""
+        raise NotImplementedError
+
+
+class HermesTools(ToolParser):
+    """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` per call."""
+
+    name = "hermes"
+    _CALL: Final = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        start = text.find("<tool_call>")
+        if start < 0:
+            return text, []
+        calls = []
+        try:
+            for body in self._CALL.findall(text[start:]):
+                data = json.loads(body)
+                calls.append(ToolCall(str(data["name"]), _arguments(data.get("arguments", {}))))
+        except (ValueError, KeyError, TypeError):
+            return text, []
+        return text[:start].rstrip("\n"), calls
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        return "\n".join(
+            "<tool_call>\n"
+            + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False)
+            + "\n</tool_call>"
+            for c in calls
+        )
+
+
+class Llama3JsonTools(ToolParser):
+    """``{"name": ..., "parameters": {...}}`` (``; ``-separated), maybe after ``<|python_tag|>``."""
+
+    name = "llama3_json"
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        body = text.strip()
+        if body.startswith("<|python_tag|>"):
+            body = body[len("<|python_tag|>") :].lstrip()
+        if not body.startswith("{"):
+            return text, []
+        decoder = json.JSONDecoder()
+        calls, at = [], 0
+        try:
+            while at < len(body):
+                data, end = decoder.raw_decode(body, at)
+                arguments = data.get("parameters", data.get("arguments", {}))
+                calls.append(ToolCall(str(data["name"]), _arguments(arguments)))
+                at = end
+                while at < len(body) and body[at] in "; \n":
+                    at += 1
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return text, []
+        return "", calls
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        return "; ".join(
+            json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False)
+            for c in calls
+        )
+
+
+class DeepSeekV3Tools(ToolParser):
+    """``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```
+    <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``."""
+
+    name = "deepseek_v3"
+    _BEGIN: Final = "<｜tool▁calls▁begin｜>"
+    _CALL: Final = re.compile(
+        r"<｜tool▁call▁begin｜>(?P<type>.*?)<｜tool▁sep｜>(?P<name>.*?)\n```json\n(?P<args>.*?)\n```"
+        r"<｜tool▁call▁end｜>",
+        re.DOTALL,
+    )
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        start = text.find(self._BEGIN)
+        if start < 0:
+            return text, []
+        try:
+            calls = [
+                ToolCall(m["name"].strip(), _arguments(m["args"]))
+                for m in self._CALL.finditer(text, start)
+            ]
+        except ValueError:
+            return text, []
+        if not calls:
+            return text, []
+        return text[:start].rstrip("\n"), calls
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        inner = "\n".join(
+            f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{c.name}\n```json\n"
+            f"{json.dumps(c.arguments, ensure_ascii=False)}\n```<｜tool▁call▁end｜>"
+            for c in calls
+        )
+        return f"{self._BEGIN}{inner}<｜tool▁calls▁end｜>"
+
+
+class MistralTools(ToolParser):
+    """``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11 and later), or the older
+    ``[TOOL_CALLS][{"name": ..., "arguments": ...}]``; call ids are 9 letters and digits."""
+
+    name = "mistral"
+    _TAG: Final = "[TOOL_CALLS]"
+
+    def call_id(self, seed: str) -> str:
+        digest = hashlib.sha256(seed.encode()).hexdigest()
+        return "".join(c for c in digest if c.isalnum())[:9]
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        start = text.find(self._TAG)
+        if start < 0:
+            return text, []
+        calls = []
+        try:
+            for part in text[start:].split(self._TAG)[1:]:
+                part = part.strip()
+                if part.startswith("["):
+                    for item in json.loads(part):
+                        calls.append(ToolCall(str(item["name"]), _arguments(item["arguments"])))
+                    continue
+                name, sep, arguments = part.partition("[ARGS]")
+                name = name.split("[CALL_ID]")[0]
+                if not sep:
+                    raise ValueError("no [ARGS]")
+                calls.append(ToolCall(name.strip(), _arguments(arguments)))
+        except (ValueError, KeyError, TypeError):
+            return text, []
+        return text[:start].rstrip("\n"), calls
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        return "".join(
+            f"{self._TAG}{c.name}[ARGS]{json.dumps(c.arguments, ensure_ascii=False)}" for c in calls
+        )
+
+
+class HarmonyReasoning(ReasoningParser):
+    """gpt-oss (harmony): the ``analysis`` channel is the reasoning; what follows it (a
+    ``commentary`` call or the ``final`` message) is left for the tool parser."""
+
+    name = "openai_gptoss"
+    _OPEN: Final = "<|channel|>analysis<|message|>"
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        start = text.find(self._OPEN)
+        if start < 0:
+            return None, text
+        body = text[start + len(self._OPEN) :]
+        reasoning, _, rest = body.partition("<|end|>")
+        return reasoning, rest
+
+    def format(self, reasoning: str) -> str:
+        return f"{self._OPEN}{reasoning}<|end|><|start|>assistant"
+
+
+class HarmonyTools(ToolParser):
+    """gpt-oss (harmony): ``<|channel|>commentary to=functions.NAME <|constrain|>json
+    <|message|>{...}`` ends in ``<|call|>``; the ``final`` channel's message is the content."""
+
+    name = "openai"
+    call_stop = "<|call|>"
+    _CALL: Final = re.compile(
+        r"to=functions\.(?P<name>[\w.-]+).*?<\|message\|>(?P<args>.*?)(?:<\|call\|>|$)",
+        re.DOTALL,
+    )
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        found = self._CALL.search(text)
+        if found is None:
+            final = text.rfind("<|channel|>final<|message|>")
+            if final >= 0:
+                text = text[final + len("<|channel|>final<|message|>") :]
+            return text.removesuffix("<|end|>"), []
+        try:
+            call = ToolCall(found["name"], _arguments(found["args"]))
+        except ValueError:
+            return text, []
+        return "", [call]
+
+    def format(self, calls: Sequence[ToolCall]) -> str:
+        (call,) = calls  # harmony: one call per message
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        return (
+            f"<|channel|>commentary to=functions.{call.name} <|constrain|>json"
+            f"<|message|>{arguments}"
+        )
+
+    def format_content(self, content: str) -> str:
+        """A final answer in harmony's ``final`` channel."""
+        return f"<|channel|>final<|message|>{content}"
+
+
+#: Reasoning parsers by vLLM's ``--reasoning-parser`` name.
+REASONING_PARSERS: Final[Mapping[str, type[ReasoningParser]]] = {
+    "qwen3": Qwen3Reasoning,
+    "deepseek_r1": DeepSeekR1Reasoning,
+    "openai_gptoss": HarmonyReasoning,
+}
+#: Tool-call parsers by vLLM's ``--tool-call-parser`` name.
+TOOL_PARSERS: Final[Mapping[str, type[ToolParser]]] = {
+    "hermes": HermesTools,
+    "llama3_json": Llama3JsonTools,
+    "deepseek_v3": DeepSeekV3Tools,
+    "mistral": MistralTools,
+    "openai": HarmonyTools,
+}
+
+
+def reasoning_parser_named(name: str | None) -> ReasoningParser | None:
+    """The reasoning parser called ``name`` (None: no reasoning split)."""
+    if name is None:
+        return None
+    try:
+        return REASONING_PARSERS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown reasoning parser {name!r}; choose one of {sorted(REASONING_PARSERS)}"
+        ) from None
+
+
+def tool_parser_named(name: str | None) -> ToolParser | None:
+    """The tool-call parser called ``name`` (None: calls stay content)."""
+    if name is None:
+        return None
+    try:
+        return TOOL_PARSERS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown tool-call parser {name!r}; choose one of {sorted(TOOL_PARSERS)}"
+        ) from None
+
+
+def parse_completion(
+    text: str, reasoning: ReasoningParser | None, tools: ToolParser | None, call_seed: str
+) -> dict[str, Any]:
+    """A completion's text as an OpenAI assistant message (``reasoning_content``, ``content``,
+    ``tool_calls``); the finish reason is the caller's (``tool_calls`` when calls came back)."""
+    thought, content = reasoning.parse(text) if reasoning else (None, text)
+    calls: list[ToolCall] = []
+    if tools is not None:
+        content, calls = tools.parse(content)
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if thought is not None:
+        message["reasoning_content"] = thought
+    if calls:
+        assert tools is not None
+        message["tool_calls"] = [
+            call.to_openai(tools.call_id(f"{call_seed}:{i}:{call.name}"))
+            for i, call in enumerate(calls)
+        ]
+    return message

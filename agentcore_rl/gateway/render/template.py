@@ -1,0 +1,159 @@
+"""A model's tokenizer and chat template, loaded with transformers (what vLLM renders with).
+
+:class:`ChatTemplate` renders an OpenAI chat request (messages, tools, ``chat_template_kwargs``)
+to the template's text, and turns text into token ids and back. Messages are prepared as vLLM
+prepares them before rendering: a null content is "", a tool call's JSON-string
+``arguments`` become an object (the templates serialise them with ``tojson``), content parts
+become their text, and an
+assistant's ``reasoning_content`` is also offered as ``reasoning``/``thinking`` (the names
+other templates read).
+
+Needs the ``render`` extra (``pip install 'agentcore-rl[render]'``).
+
+Example::
+
+    template = ChatTemplate.load("/models/Qwen3-8B")
+    text = template.render(messages, tools=tools)
+    ids = template.encode(text)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["ChatTemplate", "RenderError"]
+
+
+class RenderError(ValueError):
+    """The template refused the conversation (its own ``raise_exception``, a bad message)."""
+
+
+def _text(content: Any) -> Any:
+    if isinstance(content, list):  # content parts: the text ones, joined
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return content
+
+
+def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as the template should see them (see the module doc)."""
+    out = []
+    for message in messages:
+        item = dict(message)
+        # A missing or null content renders as "" (transformers drops null keys, and most
+        # templates read ``message.content`` unguarded).
+        item["content"] = _text(item.get("content")) or ""
+        calls = item.get("tool_calls")
+        if calls:
+            prepared = []
+            for call in calls:
+                call = dict(call)
+                function = dict(call.get("function") or {})
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):
+                    # not JSON: a template that takes strings still gets it
+                    with contextlib.suppress(ValueError):
+                        function["arguments"] = json.loads(arguments)
+                call["function"] = function
+                prepared.append(call)
+            item["tool_calls"] = prepared
+        reasoning = item.get("reasoning_content")
+        if isinstance(reasoning, str):
+            item.setdefault("reasoning", reasoning)
+            item.setdefault("thinking", reasoning)
+        out.append(item)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _load(factory: Any, path: str) -> Any:
+    # Loading takes seconds; a process that serves and tests one model loads it once
+    # (rendering and encoding do not change the tokenizer).
+    return factory.from_pretrained(path, local_files_only=True)
+
+
+class ChatTemplate:
+    """A tokenizer directory's tokenizer and chat template.
+
+    Example::
+
+        template = ChatTemplate.load(directory)
+        ids = template.encode(template.render([{"role": "user", "content": "hi"}]))
+    """
+
+    def __init__(self, tokenizer: Any, source: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.source = source
+        eos = tokenizer.eos_token_id
+        self.eos_ids: frozenset[int] = frozenset(
+            eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        )
+        self._special: dict[int, str] = {
+            int(i): str(t.content) for i, t in tokenizer.added_tokens_decoder.items()
+        }
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({self.source!r})"
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> ChatTemplate:
+        """Load a local Hugging Face tokenizer directory (its chat template included)."""
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ImportError(
+                "rendering chat templates needs transformers: pip install 'agentcore-rl[render]'"
+            ) from None
+        path = os.fspath(directory)
+        if not os.path.isdir(path):
+            raise ValueError(f"tokenizer directory {path!r} does not exist")
+        tokenizer = _load(AutoTokenizer, os.path.realpath(path))
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer in {path!r} has no chat template")
+        return cls(tokenizer, path)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Any] | None = None,
+        add_generation_prompt: bool = True,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The template's text for a conversation (``kwargs``: ``chat_template_kwargs``)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                prepare_messages(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **dict(kwargs or {}),
+            )
+        except Exception as exc:  # jinja's TemplateError, or a template's raise_exception
+            raise RenderError(f"the chat template refused the request: {exc}") from None
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS added: templates write their own)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens included."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def token_text(self, token_id: int) -> str | None:
+        """The text of an added (special) token, or None for an ordinary one."""
+        return self._special.get(token_id)
+
+    def stop_ids(self) -> frozenset[int]:
+        """Token ids that end a turn: the EOS and the template's other end-of-turn markers."""
+        ids = set(self.eos_ids)
+        for name in ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|call|>", "<|return|>"):
+            found = self.tokenizer.convert_tokens_to_ids(name)
+            if isinstance(found, int) and self._special.get(found) == name:
+                ids.add(found)
+        return frozenset(ids)
