@@ -168,16 +168,8 @@ class TrainingRow:
 
 
 def group_advantages(group: RolloutGroup, normalize: Normalize = "mean") -> list[float]:
-    """The advantage of each kept member, one reward per member however many segments it has.
-
-    A group of one has no baseline: its advantage is its reward.
-
-    Example::
-
-        group_advantages(group, "mean_std")
-    """
-    if len(group.members) == 1:
-        return list(group.rewards)
+    """The advantage of each kept member, one reward per member however many segments it has
+    (a group of one: its reward, see :func:`agentcore_rl.groups.advantages`)."""
     return group.advantages(normalize)
 
 

@@ -97,8 +97,6 @@ async def _serve(stack: LocalStack, policy: ScriptedPolicy) -> AsyncIterator[Rig
 
 def project_advantages(rewards: list[float], normalize: str = "mean_std") -> list[float]:
     """The project's advantages of one group's member rewards (a group of one: its reward)."""
-    if len(rewards) == 1:
-        return list(rewards)
     return advantages(rewards, normalize)  # type: ignore[arg-type]
 
 
