@@ -25,6 +25,7 @@ import asyncio
 import functools
 import json
 import logging
+import platform
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -32,11 +33,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import aioboto3
+import aiobotocore
+import botocore
 from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from agentcore_rl import __version__
 from agentcore_rl.errors import StorageError
 from agentcore_rl.retry import RetryPolicy
 
@@ -44,6 +48,7 @@ if TYPE_CHECKING:  # imported when used: the agent's container does not need the
     from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = [
+    "AWS_USER_AGENT",
     "DEFAULT_S3_RETRY",
     "ResultStore",
     "S3RetryPolicy",
@@ -78,6 +83,15 @@ _MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
 
 # HeadBucket's bare statuses, named as the S3 error codes other requests answer with.
 _HEAD_BUCKET_CODES: Final = {404: "NoSuchBucket", 403: "AccessDenied", 301: "PermanentRedirect"}
+
+
+#: The User-Agent of every AWS request agentcore-rl sends (botocore's ``user_agent`` option).
+#: botocore otherwise rebuilds its own string twice per request from a dozen sanitised
+#: parts (about a tenth of the client's CPU per call); a fixed one is built once.
+AWS_USER_AGENT: Final = (
+    f"agentcore-rl/{__version__} aiobotocore/{aiobotocore.__version__} "
+    f"botocore/{botocore.__version__} Python/{platform.python_version()}"
+)
 
 
 #: The retry policy type of S3 requests (the one of :mod:`agentcore_rl.retry`).
@@ -165,6 +179,7 @@ class ResultStore:
             read_timeout=read_timeout,
             retries={"total_max_attempts": 1},
             parameter_validation=False,
+            user_agent=AWS_USER_AGENT,
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )

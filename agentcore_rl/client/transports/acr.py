@@ -34,6 +34,7 @@ from agentcore_rl.client.transports.base import (
     session_state,
 )
 from agentcore_rl.errors import ConfigurationError, InvocationError
+from agentcore_rl.s3 import AWS_USER_AGENT
 
 __all__ = ["AcrTransport", "parse_runtime_arn"]
 
@@ -113,6 +114,7 @@ class AcrTransport:
             # Session ids, ARNs and payloads are validated before they get here; botocore's
             # second check costs CPU on every invoke and stop.
             parameter_validation=False,
+            user_agent=AWS_USER_AGENT,
             max_pool_connections=max_connections,
             connect_timeout=timeout,
             read_timeout=timeout,
