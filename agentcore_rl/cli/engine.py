@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 from agentcore_rl import protocol
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry
-from agentcore_rl.cli.summary import RunSummary, reward_of
+from agentcore_rl.cli.summary import RunSummary, failure_of, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.invocation import as_repeat
@@ -189,12 +189,13 @@ class EvalEngine:
 
     def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
         self.journal.record_outcome(record)
+        error_type, error = failure_of(record)
         self.summary.add(
             record["outcome"],
             elapsed=record["elapsed"],
             reward=record["reward"],
-            error_type=record["error_type"],
-            error=record["error"],
+            error_type=error_type,
+            error=error,
         )
         # After the results line: a run killed in between has --resume read it from S3.
         if future is not None and future.trace is not None and record["outcome"] == "done":

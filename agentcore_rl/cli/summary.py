@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -57,6 +57,25 @@ _REASON_CHARS: Final = 90
 def _short(error: str) -> str:
     line = " ".join(error.split())
     return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
+
+
+def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The kind and reason a results line's failure is summed up under.
+
+    A rollout the agent reported failed is told apart by what failed in the agent (its
+    envelope's ``stop_reason``, e.g. ``KeyError: 'a'``), not only by the client's exception,
+    so a run whose handler raised two kinds of errors shows both, each with its message.
+    """
+    error_type, error = record.get("error_type"), record.get("error")
+    envelope = record.get("result")
+    if isinstance(envelope, Mapping):
+        reason = envelope.get("stop_reason")
+        if isinstance(reason, str) and reason:
+            cause = reason.split(":", 1)[0].strip()
+            if cause.isidentifier():
+                error_type = f"{error_type} ({cause})" if error_type else cause
+            return error_type, reason
+    return error_type, error
 
 
 def reward_of(result: Any) -> float | None:
