@@ -43,6 +43,7 @@ from agentcore_rl.errors import (
     TraceLostError,
 )
 from agentcore_rl.ratelimit import Priority
+from agentcore_rl.trajectory import build_trajectory
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
@@ -129,6 +130,7 @@ class Progress:
     """
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        # lazy: tqdm is the cli extra; a library user of the engine may not have it
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -202,8 +204,6 @@ class EvalEngine:
         self.bar.update(self.summary)
 
     def _write_trajectory(self, trace: SessionTrace, result: Any) -> None:
-        from agentcore_rl.trajectory import build_trajectory
-
         if self.trajectories is None:
             return
         metrics = result.get("metrics") if isinstance(result, dict) else None

@@ -39,7 +39,8 @@ from agentcore_rl.client import (
 )
 from agentcore_rl.client.config import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.errors import StorageError
-from agentcore_rl.s3 import ResultStore, S3RetryPolicy
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore
 
 __all__ = [
     "EvalInput",
@@ -53,7 +54,7 @@ __all__ = [
 
 #: A quick retry policy for the preflight check and re-attaching: fail fast when S3 is
 #: unreachable instead of backing off for tens of seconds.
-_QUICK_S3_RETRY: Final = S3RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
+_QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
 _UNLIMITED_TPS: Final = 1e6
 # A prefix no result key can have (key parts start with a letter or digit): listing it is
 # a cheap way to prove the bucket exists and is readable.

@@ -36,6 +36,7 @@ from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import ClientClosedError, StorageError
 from agentcore_rl.groups import GroupDroppedError, GroupMember, GroupRules, RolloutGroup
 from agentcore_rl.training import group_rows, write_jsonl
+from agentcore_rl.trajectory import build_trajectory
 
 __all__ = ["GroupEvalEngine", "group_record", "rows_path_for"]
 
@@ -230,8 +231,6 @@ class GroupEvalEngine:
     async def _load_trajectories(self, resumes: Mapping[str, ResumedGroup]) -> None:
         """Members an earlier run saw succeed are replayed, not run again: their tokens
         come from the traces the client kept in S3 beside their results."""
-        from agentcore_rl.trajectory import build_trajectory
-
         for group in resumes.values():
             for number, end in enumerate(group.ended):
                 start = group.started.get(end.session_id)

@@ -25,6 +25,7 @@ import os
 from typing import Any, Final
 
 from agentcore_rl import protocol
+from agentcore_rl.cli.eval import check_bucket
 from agentcore_rl.cli.eval_config import EvalOptions
 from agentcore_rl.errors import GatewayError, InvocationError
 
@@ -43,8 +44,6 @@ async def check_services(options: EvalOptions) -> None:
 
         await check_services(options)
     """
-    from agentcore_rl.cli.eval import check_bucket
-
     await check_bucket(options)
     if options.agent_urls:
         await check_agents(list(options.agent_urls))
@@ -61,6 +60,7 @@ async def check_agents(urls: list[str]) -> None:
 
         await check_agents(["http://127.0.0.1:8080"])
     """
+    # lazy: httpx is the client extra; the runtime check needs only aiobotocore
     import httpx
 
     async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
@@ -90,6 +90,7 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
 
         await check_runtime("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/m", None)
     """
+    # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
     from botocore.exceptions import BotoCoreError, ClientError
@@ -134,6 +135,7 @@ async def check_gateway(url: str, token: str | None) -> None:
 
         await check_gateway("http://127.0.0.1:9000", "s3cret")
     """
+    # lazy: as above (the client extra)
     import httpx
 
     async with httpx.AsyncClient(timeout=_TIMEOUT) as http:

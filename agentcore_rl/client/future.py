@@ -13,9 +13,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from agentcore_rl.groups import result_reward
+from agentcore_rl.trajectory import Trajectory, build_trajectory
+
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
-    from agentcore_rl.trajectory import Trajectory
 
 __all__ = ["RolloutFuture"]
 
@@ -103,9 +105,6 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
             return self._trajectory
         if self.trace is None or not self.done() or self.cancelled() or self.exception():
             return None
-        from agentcore_rl.groups import result_reward
-        from agentcore_rl.trajectory import build_trajectory
-
         result = self.result()
         metrics = result.get("metrics")
         self._trajectory = build_trajectory(

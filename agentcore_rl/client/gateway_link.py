@@ -111,6 +111,7 @@ class RemoteGateway:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
+            # lazy: httpx is the client extra; a RemoteGateway never called needs none
             import httpx
 
             self._http = httpx.AsyncClient(
@@ -122,6 +123,7 @@ class RemoteGateway:
         return self._http
 
     async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        # lazy: as in _client
         import httpx
 
         try:
@@ -152,6 +154,7 @@ class RemoteGateway:
         return gateway_id
 
     async def finish(self, session_id: str) -> SessionTrace:
+        # lazy: the gateway package stays unloaded until a trace is read
         from agentcore_rl.gateway.record import load_trace
 
         response = await self._post(f"/admin/sessions/{session_id}/finish")

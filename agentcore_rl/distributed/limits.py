@@ -57,6 +57,7 @@ class RayBackend:
         return f"RayBackend({self._handle!r})"
 
     async def _call(self, method: str, *args: Any) -> Any:
+        # lazy: ray is the ray extra, imported only when used
         import ray.exceptions
 
         # A restarting actor; older Rays raise RayActorError for it.
@@ -210,6 +211,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _connect(name: str, namespace: str, config: LimitsConfig, recreate: bool) -> Any:
+    # lazy: ray is the ray extra, imported only when used
     import ray
 
     if not ray.is_initialized():

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentcore_rl.gateway.errors import TraceLostError
+from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.policy_gate import PolicyGate
 from agentcore_rl.gateway.record import SessionTrace, dump_trace
 

@@ -43,6 +43,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
@@ -313,6 +314,7 @@ class ScriptedPolicy:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _BadRequest("messages must be a non-empty list", "messages")
+        # lazy: the render extra, only with a real template (--tokenizer)
         from agentcore_rl.gateway.render.template import RenderError
 
         try:
@@ -717,8 +719,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         python -m agentcore_rl.local.policy --port 8000 --tokenizer /tmp/qwen3 \\
             --tool-call-parser hermes --reasoning-parser qwen3 --tool-rounds 3
     """
-    import argparse
-
+    # lazy: only the command line serves
     import uvicorn
 
     parser = argparse.ArgumentParser(

@@ -84,6 +84,7 @@ def raise_open_file_limit() -> tuple[int, int]:
         soft, hard = raise_open_file_limit()
     """
     try:
+        # lazy: resource is POSIX-only (the ImportError below is Windows)
         import resource
     except ImportError:  # pragma: no cover - Windows
         return (-1, -1)
@@ -103,6 +104,7 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 def _open_file_limit() -> int | None:
     try:
+        # lazy: as in raise_open_file_limit
         import resource
     except ImportError:  # pragma: no cover - Windows
         return None
@@ -261,6 +263,7 @@ def guarded_protocol(
 def _default_protocol() -> type[asyncio.Protocol]:
     # The same choice as uvicorn's http="auto": httptools when installed, else h11.
     try:
+        # lazy: httptools is optional; h11 is the fallback
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
         return HttpToolsProtocol

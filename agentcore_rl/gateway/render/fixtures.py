@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -324,8 +325,6 @@ def _tekken_file(cache: Path) -> Path:
 def _read_tekken(path: Path) -> tuple[list[str], list[int], list[str]]:
     """A Tekken (tiktoken-style) vocabulary as byte-level BPE tokens and merges: ids are
     ``rank + 1000`` (its special tokens come first), merges recovered from the ranks."""
-    import base64
-
     data = json.loads(path.read_text(encoding="utf-8"))
     config = data["config"]
     specials = int(config["default_num_special_tokens"])
@@ -363,6 +362,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def _read_gguf(path: Path) -> tuple[list[str], list[int], list[str]]:
+    # lazy: gguf is the render extra, used by these fixtures only
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -397,6 +397,7 @@ def build_tokenizer_dir(
 
         build_tokenizer_dir(models / "ggml-vocab-qwen2.gguf", jinja, out, split=QWEN2)
     """
+    # lazy: tokenizers is the render extra
     from tokenizers import (
         AddedToken,
         Regex,

@@ -103,6 +103,7 @@ class ChatTemplate:
     def load(cls, directory: str | os.PathLike[str]) -> ChatTemplate:
         """Load a local Hugging Face tokenizer directory (its chat template included)."""
         try:
+            # lazy: transformers is the render extra (and slow to import)
             from transformers import AutoTokenizer
         except ImportError:
             raise ImportError(
