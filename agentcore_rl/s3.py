@@ -11,12 +11,6 @@ that one policy, visible here, governs every request.
 
 It counts the requests it sends per operation (``request_counts``) so that benchmarks can
 report S3 requests per rollout.
-
-Example::
-
-    async with ResultStore(endpoint_url="http://127.0.0.1:5000") as store:
-        await store.put_json("rollouts", "exp/q-1/sid.json", {"rewards": [1.0]})
-        data = await store.get_json("rollouts", "exp/q-1/sid.json")
 """
 
 from __future__ import annotations
@@ -388,10 +382,6 @@ class ResultStore:
 
         HEAD answers carry no body, so the code is derived from the status: ``NoSuchBucket``
         (404), ``AccessDenied`` (403) or ``PermanentRedirect`` (301: another region).
-
-        Example::
-
-            await store.head_bucket("rollouts")
         """
 
         async def request(entry: _LoopClient) -> None:

@@ -3,14 +3,6 @@
 Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``,
 ``GatewayError`` or ``OSError`` for an unreachable service or a taken port -> exit 3) and
 turned into one line on stderr by :func:`agentcore_rl.cli.main`.
-
-Example::
-
-    from agentcore_rl.cli.main import build_parser
-    from agentcore_rl.cli.commands import cmd_eval
-
-    code = cmd_eval(build_parser().parse_args(["eval", "in.jsonl", "--agent-url", url,
-                                               "--s3-bucket", "b", "--exp-id", "e"]))
 """
 
 from __future__ import annotations

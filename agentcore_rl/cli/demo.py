@@ -66,12 +66,7 @@ _GROUP_SIZE: Final = 4
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
-    """The demo's knobs (see ``agentcore-rl demo --help``).
-
-    Example::
-
-        DemoOptions(n=200, concurrency=32, accuracy=0.8)
-    """
+    """The demo's knobs (see ``agentcore-rl demo --help``)."""
 
     n: int = 200
     concurrency: int = 32
@@ -142,10 +137,6 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
 async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
     """Start the local stack, run the problems, stop everything; return the run
     (``run.out`` is the results file). ``run``, when given, is filled in as the run goes.
-
-    Example::
-
-        run = await run_demo(DemoOptions(n=20, latency=0.0))
     """
     # lazy: the local extra (starlette, moto), loaded when the demo runs
     from agentcore_rl.local.policy import ScriptedPolicy

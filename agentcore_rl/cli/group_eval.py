@@ -68,12 +68,7 @@ def _member(m: GroupMember) -> dict[str, Any]:
 def group_record(
     input_id: str, group: RolloutGroup | None, error: BaseException | None, elapsed: float
 ) -> dict[str, Any]:
-    """One results line for a group: ``outcome`` ``done`` (whole) or ``dropped``.
-
-    Example::
-
-        group_record("q-1", group, None, 4.2)["pass@1"]
-    """
+    """One results line for a group: ``outcome`` ``done`` (whole) or ``dropped``."""
     if isinstance(error, GroupDroppedError):
         group = error.group
     rewards = [] if group is None or error is not None else group.rewards
@@ -96,12 +91,7 @@ def group_record(
 
 
 def resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
-    """The journaled members of each group, by input id, in journal order.
-
-    Example::
-
-        resumed_groups(journal.events)["q-1"].started
-    """
+    """The journaled members of each group, by input id, in journal order."""
     groups: dict[str, ResumedGroup] = {}
     for event in events:
         kind = event.get("event")
@@ -173,12 +163,7 @@ class _Journal:
 
 
 class GroupEvalEngine:
-    """Opens a group per input (waiting for slots, which paces it), records each once.
-
-    Example::
-
-        await GroupEvalEngine(options, client, journal, summary, bar).run(inputs)
-    """
+    """Opens a group per input (waiting for slots, which paces it), records each once."""
 
     def __init__(
         self,

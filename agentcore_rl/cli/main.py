@@ -14,13 +14,6 @@ Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, 
 (S3, agent, runtime, a port in use); 4 an unexpected internal error; 130 interrupted
 (Ctrl-C), 143 terminated (SIGTERM). Errors are one line on stderr, never a traceback
 (set ``AGENTCORE_RL_DEBUG=1`` to see one).
-
-Example::
-
-    from agentcore_rl.cli import main
-
-    exit_code = main(["eval", "problems.jsonl", "--agent-url", "http://127.0.0.1:8080",
-                      "--s3-bucket", "rollouts", "--exp-id", "eval-1"])
 """
 
 from __future__ import annotations

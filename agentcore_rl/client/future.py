@@ -1,11 +1,4 @@
-"""RolloutFuture: an asyncio.Future for one rollout's outcome, with its coordinates.
-
-Example::
-
-    fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1")
-    print(fut.session_id, fut.result_key)
-    result = await fut            # or asyncio.gather / wait / as_completed / wait_for
-"""
+"""RolloutFuture: an asyncio.Future for one rollout's outcome, with its coordinates."""
 
 from __future__ import annotations
 

@@ -62,10 +62,6 @@ class GatewayLink(Protocol):
 class InProcessGateway:
     """A :class:`RolloutGateway` running on the client's event loop, which agents reach
     at ``url`` (where it is served).
-
-    Example::
-
-        link = InProcessGateway(gateway, "http://127.0.0.1:9000")
     """
 
     def __init__(self, gateway: RolloutGateway, url: str) -> None:
@@ -92,12 +88,7 @@ class InProcessGateway:
 
 
 class RemoteGateway:
-    """A gateway in another process, driven through its admin routes with ``admin_token``.
-
-    Example::
-
-        link = RemoteGateway("http://gw:9000", admin_token=os.environ["GW_TOKEN"])
-    """
+    """A gateway in another process, driven through its admin routes with ``admin_token``."""
 
     def __init__(self, url: str, admin_token: str, *, timeout: float = 120.0) -> None:
         self.url = url.rstrip("/")

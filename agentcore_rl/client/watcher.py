@@ -27,12 +27,6 @@ in a row) fail the affected futures, with a :class:`~agentcore_rl.errors.Storage
 
 The rollout client runs :meth:`CompletionWatcher.run` in its own task group; a watcher
 used on its own owns one (``async with``, or opened by the first ``track``).
-
-Example::
-
-    async with CompletionWatcher(store) as watcher:
-        watcher.track("rollouts", "exp/q-1/sid.json", lambda envelope, error: print(envelope))
-        ...
 """
 
 from __future__ import annotations

@@ -15,10 +15,6 @@ and ``/v1/...``.
 - ``POST /admin/pause`` ``{"mode": "hold"|"reject"}`` -> returns once in-flight calls drained
 - ``POST /admin/resume``
 - ``GET  /admin/stats``
-
-Example::
-
-    await http.post(f"{gw}/admin/sessions/{sid}/finish", headers={"authorization": f"Bearer {t}"})
 """
 
 from __future__ import annotations

@@ -2,11 +2,6 @@
 
 moto and a2wsgi are optional dependencies (the ``local`` extra); importing this module
 without them works, starting the server explains how to install them.
-
-Example::
-
-    with EmbeddedS3() as s3:
-        store = ResultStore(endpoint_url=s3.endpoint_url)
 """
 
 from __future__ import annotations

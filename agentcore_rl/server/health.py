@@ -47,11 +47,6 @@ class HealthTracker:
 
     ``clock`` returns epoch seconds; tests inject a fake one to see the time change
     without sleeping.
-
-    Example::
-
-        health = HealthTracker(clock=lambda: 1000.0)
-        health.snapshot()["time_of_last_update"]   # 1000
     """
 
     def __init__(self, *, clock: Callable[[], float]) -> None:

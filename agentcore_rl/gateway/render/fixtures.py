@@ -392,10 +392,6 @@ def build_tokenizer_dir(
     ``added`` puts tokens at given ids (content, special); the GGUF's control tokens
     (type 3) become special added tokens too. ``vectors``: the ``.inp`` file whose ``.out``
     beside it lists the expected ids; a mismatch raises ``ValueError``.
-
-    Example::
-
-        build_tokenizer_dir(models / "ggml-vocab-qwen2.gguf", jinja, out, split=QWEN2)
     """
     # lazy: tokenizers is the render extra
     from tokenizers import (

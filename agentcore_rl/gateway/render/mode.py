@@ -13,12 +13,6 @@ and logprobs as returned, so a session whose history only grows is one training 
 
 The server is asked without streaming (the answer is parsed whole); an agent that streams
 gets the parsed answer as one SSE stream.
-
-Example::
-
-    mode = RenderMode.load("/models/Qwen3-8B", tool_call_parser="hermes",
-                           reasoning_parser="qwen3")
-    gateway = RolloutGateway("http://127.0.0.1:8000/v1", render=mode)
 """
 
 from __future__ import annotations

@@ -77,13 +77,7 @@ def _load(factory: Any, path: str) -> Any:
 
 
 class ChatTemplate:
-    """A tokenizer directory's tokenizer and chat template.
-
-    Example::
-
-        template = ChatTemplate.load(directory)
-        ids = template.encode(template.render([{"role": "user", "content": "hi"}]))
-    """
+    """A tokenizer directory's tokenizer and chat template."""
 
     def __init__(self, tokenizer: Any, source: str = "") -> None:
         self.tokenizer = tokenizer
