@@ -635,10 +635,6 @@ LEASE_LAPSED_REASON: Final = (
     "or lost its connection to S3)"
 )
 
-#: The ``error`` code field of a refusal for a result bucket that cannot be used.
-BUCKET_UNUSABLE: Final = "bucket_unusable"
-
-
 # --- Defaults ----------------------------------------------------------------------------
 # Shared by more than one side (client, CLI, local runtime); one place to change them.
 

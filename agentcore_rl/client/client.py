@@ -68,7 +68,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, RolloutGroup
-from agentcore_rl.keywords import checked
+from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
@@ -166,18 +166,14 @@ class AsyncRolloutClient:
                 "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
                 "(agent servers over HTTP)"
             )
-        for name, value, kind in (
+        check_config_types(
             ("limits", limits, Limits),
             ("timeouts", timeouts, Timeouts),
             ("retries", retries, Retries),
             ("watcher", watcher, WatcherConfig),
             ("liveness", liveness, LivenessConfig),
             ("aws", aws, AwsConfig),
-        ):
-            if not isinstance(value, kind):
-                raise ConfigurationError(
-                    f"{name} must be a {kind.__name__}, got {type(value).__name__}"
-                )
+        )
         if gateway is not None and not isinstance(gateway, GatewayConfig):
             raise ConfigurationError(
                 f"gateway must be a GatewayConfig, got {type(gateway).__name__} "

@@ -31,7 +31,7 @@ from starlette.types import Lifespan
 from agentcore_rl import protocol
 from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
-from agentcore_rl.keywords import checked
+from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import BodyBudget
@@ -149,18 +149,14 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         lifespan: Lifespan[Any] | None = None,
         middleware: Sequence[Middleware] | None = None,
     ) -> None:
-        for name, value, kind in (
+        check_config_types(
             ("limits", limits, RequestLimits),
             ("shutdown", shutdown, ShutdownConfig),
             ("spool", spool, SpoolConfig),
             ("repeats", repeats, RepeatConfig),
             ("workers", workers, WorkerConfig),
             ("faults", faults, FaultChecks),
-        ):
-            if not isinstance(value, kind):
-                raise ConfigurationError(
-                    f"{name} must be a {kind.__name__}, got {type(value).__name__}"
-                )
+        )
         super().__init__(
             debug=debug,
             routes=[

@@ -69,11 +69,6 @@ class HealthTracker:
         """The current status (forced, else custom, else automatic)."""
         return self._refresh()
 
-    @property
-    def forced(self) -> PingStatus | None:
-        """The forced status, if one is set."""
-        return self._forced
-
     def _custom_status(self) -> PingStatus | None:
         handler = self.ping_handler
         if handler is None:

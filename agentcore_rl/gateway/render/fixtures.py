@@ -30,7 +30,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -497,12 +497,3 @@ def fixture_dir(name: str, *, cache: Path | None = None) -> Path:
         )
         _publish(staged, out)
     return out
-
-
-def fixture_names(names: Sequence[str] | None = None) -> list[str]:
-    """``names`` checked against :data:`FIXTURES` (all of them when None)."""
-    chosen = list(names) if names else list(FIXTURES)
-    for name in chosen:
-        if name not in FIXTURES:
-            raise ValueError(f"unknown fixture {name!r}; choose one of {sorted(FIXTURES)}")
-    return chosen

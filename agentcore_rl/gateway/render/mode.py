@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +83,6 @@ class RenderMode:
         self.stop_ids = template.stop_ids()
         self.forks = 0
         self.extends = 0
-        self.render_seconds = 0.0  # CPU spent rendering, encoding and parsing
 
     def __repr__(self) -> str:
         return (
@@ -152,7 +150,6 @@ class RenderMode:
 
         try:
             history = self.history(session)
-            cpu = time.process_time()
             messages, tools, kwargs = self._conversation(body)
             if body.get("n", 1) not in (1, None):
                 raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
@@ -174,7 +171,6 @@ class RenderMode:
                 default_max_tokens=self.max_tokens,
             )
             record.prompt_ids = ids_array(plan.prompt_ids)
-            self.render_seconds += time.process_time() - cpu
             target = upstream.pool.target(self.backend.path)
             try:
                 status, content = await upstream.pool.fetch(target, dumps(upstream_body))
@@ -187,7 +183,6 @@ class RenderMode:
                 commit(status, f"upstream answered HTTP {status}: {text}")
                 await respond(send, status, content)
                 return
-            cpu = time.process_time()
             try:
                 served = self.backend.read(loads(content))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
@@ -208,7 +203,6 @@ class RenderMode:
             if message.get("tool_calls"):
                 finish = "tool_calls"
             history.remember(plan, messages, message, ids, stopped=stopped)
-            self.render_seconds += time.process_time() - cpu
             record.completions = [
                 Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)
             ]
