@@ -34,12 +34,7 @@ OUTCOMES: Final = ("done", "failed", "timeout")
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) with linear interpolation; ``None`` if empty.
-
-    Example::
-
-        percentile([1.0, 2.0, 3.0, 4.0], 50)   # 2.5
-    """
+    """The ``q``-th percentile (0-100) with linear interpolation; ``None`` if empty."""
     if not 0 <= q <= 100:
         raise ValueError(f"q must be between 0 and 100, got {q}")
     if not values:
@@ -90,12 +85,6 @@ class RunSummary:
     ``resumed`` counts outcomes that an earlier (interrupted) run had already written, and
     ``reattached`` those this run collected from rollouts the earlier run left in flight;
     ``retried`` counts inputs run again in a new session after a retryable failure.
-
-    Example::
-
-        summary = RunSummary()
-        summary.add("done", elapsed=3.5, reward=0.0)
-        summary.counts["done"]   # 1
     """
 
     counts: Counter[str] = field(default_factory=Counter)
@@ -159,12 +148,7 @@ class RunSummary:
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
 
     def as_dict(self, *, wall_seconds: float, s3_requests: int | None = None) -> dict[str, Any]:
-        """The summary as plain numbers (for JSON output and tests).
-
-        Example::
-
-            summary.as_dict(wall_seconds=12.0)["throughput"]
-        """
+        """The summary as plain numbers (for JSON output and tests)."""
         total = self.total
         return {
             "total": total,
@@ -203,12 +187,7 @@ class RunSummary:
         return f"{mean:.3f} ({len(self.rewards)} finished)"
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
-        """A small aligned table for the terminal.
-
-        Example::
-
-            print(summary.render(wall_seconds=12.0, s3_requests=240))
-        """
+        """A small aligned table for the terminal."""
         data = self.as_dict(wall_seconds=wall_seconds, s3_requests=s3_requests)
 
         def num(value: float | None, fmt: str, unit: str = "") -> str:
