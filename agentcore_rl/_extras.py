@@ -73,8 +73,12 @@ def require(extra: str, part: str, *modules: str) -> None:
     """
     for module in modules:
         try:
-            importlib.import_module(module)
+            imported = importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] != module:
                 raise  # installed, but broken: its own message says more
             raise MissingExtraError(part, extra, module) from exc
+        if getattr(imported, "__file__", None) is None and "." not in module:
+            # A bare directory of that name on sys.path (e.g. Ray's own /tmp/ray seen from
+            # /tmp) imports as an empty namespace package: the package is still missing.
+            raise MissingExtraError(part, extra, module)

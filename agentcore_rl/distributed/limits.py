@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from agentcore_rl._extras import require
 from agentcore_rl.distributed.actor import LimitsActor
 from agentcore_rl.distributed.backend import BackendUnavailable, LimitsBackend
 from agentcore_rl.distributed.config import LimitsConfig
@@ -200,8 +201,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _connect(name: str, namespace: str, config: LimitsConfig, recreate: bool) -> Any:
-    # lazy: ray is the ray extra, imported only when used
-    import ray
+    require("ray", "agentcore_rl.distributed.shared_limits", "ray")
+    import ray  # lazy: the [ray] extra, checked just above and imported only when used
 
     if not ray.is_initialized():
         raise ConfigurationError(
