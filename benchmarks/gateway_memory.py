@@ -12,8 +12,10 @@ through the gateway, each in its own session:
 For each call it reads the gateway's ``VmHWM`` (peak RSS, reset before the call through
 ``/proc/PID/clear_refs``) and ``VmRSS`` (kept after the call), and the same around
 finishing the session (``POST /admin/sessions/{sid}/finish``, gzip). Figures are MB beyond
-the idle baseline (after a small warm-up call), next to the bytes in flight (request plus
-upstream answer). ``capture`` checks each finished trace: prompt ids, completion ids,
+the idle baseline (after a small warm-up call; ``peak_over_start_mb``: beyond the RSS when
+the call started), next to the bytes in flight (request plus upstream answer);
+``peak_per_in_flight`` is the largest ``peak_over_start_mb`` over them, and ``record_mb``
+the session's compact record (its distinct prompt ids and request bodies). ``capture`` checks each finished trace: prompt ids, completion ids,
 logprobs and the request body equal what was sent and served.
 
 Example::
@@ -33,7 +35,6 @@ import sys
 import time
 import zlib
 from array import array
-
 from pathlib import Path
 from typing import Any
 
@@ -148,10 +149,17 @@ def response_size(n_ids: int) -> int:
     return n_ids * 7 + 2000
 
 
+async def settle(http: httpx.AsyncClient, gw: str) -> None:
+    """Return once the gateway has done what follows an answer's last byte (compacting the
+    record, releasing memory): it answers the next request only after that."""
+    await http.get(f"{gw}/health")
+
+
 async def call_and_measure(
     http: httpx.AsyncClient, gw: str, pid: int, sid: str, body: bytes, base: float
 ) -> dict[str, Any]:
     reset_peak(pid)
+    before = status_mb(pid)["VmRSS"]
     started = time.perf_counter()
     response = await http.post(
         f"{gw}/sessions/{sid}/v1/chat/completions",
@@ -159,12 +167,14 @@ async def call_and_measure(
         headers={"content-type": "application/json"},
     )
     took = time.perf_counter() - started
+    await settle(http, gw)
     after = status_mb(pid)
     return {
         "status": response.status_code,
         "body_mb": round(len(body) / 1e6, 2),
         "seconds": round(took, 2),
         "peak_mb": round(after["VmHWM"] - base, 1),
+        "peak_over_start_mb": round(after["VmHWM"] - before, 1),
         "kept_mb": round(after["VmRSS"] - base, 1),
     }
 
@@ -176,6 +186,7 @@ async def finish_and_check(
     response = await http.post(
         f"{gw}/admin/sessions/{sid}/finish", headers={"authorization": f"Bearer {ADMIN}"}
     )
+    await settle(http, gw)
     after = status_mb(pid)
     out: dict[str, Any] = {
         "finish_status": response.status_code,
@@ -263,12 +274,10 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
                 "calls": [one],
                 **await finish_and_check(http, gw_url, gw.pid, "many", [many], base),
             }
-            result["big"]["peak_per_in_flight"] = round(
-                max(c["peak_mb"] for c in calls) / result["big"]["in_flight_mb"], 2
-            )
-            result["many"]["peak_per_in_flight"] = round(
-                one["peak_mb"] / result["many"]["in_flight_mb"], 2
-            )
+            for what in ("big", "many"):
+                entry = result[what]
+                peak = max(c["peak_over_start_mb"] for c in entry["calls"])
+                entry["peak_per_in_flight"] = round(peak / entry["in_flight_mb"], 2)
     result["loadavg_end"] = os.getloadavg()
     return result
 
@@ -286,8 +295,6 @@ if __name__ == "__main__":
     if args.serve_upstream is not None:
         import uvicorn
 
-        uvicorn.run(
-            upstream_app(), host="127.0.0.1", port=args.serve_upstream, log_level="warning"
-        )
+        uvicorn.run(upstream_app(), host="127.0.0.1", port=args.serve_upstream, log_level="warning")
     else:
         print(json.dumps(asyncio.run(main(args)), indent=2))

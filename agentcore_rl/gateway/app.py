@@ -54,6 +54,7 @@ from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
+from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
@@ -596,6 +597,9 @@ class RolloutGateway:
                 await self._call(send, session, endpoint, raw, parsed.pop(), version)
         finally:
             self.gate.exit()
+            if len(raw) >= TRIM_AT:  # what it freed, the system gets back
+                del raw
+                give_back_memory()
 
     async def _models(self, send: Send, sid: str) -> None:
         upstream = self._upstream_for(sid)

@@ -306,9 +306,11 @@ class CallRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form (the request embedded as JSON, not as bytes)."""
-        return self._json(self.prompt_ids.tolist(), [c.to_json() for c in self.completions])
+        return self._json(
+            self.request, self.prompt_ids.tolist(), [c.to_json() for c in self.completions]
+        )
 
-    def _json(self, prompt_ids: Any, completions: list[Any]) -> dict[str, Any]:
+    def _json(self, request: Any, prompt_ids: Any, completions: list[Any]) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "index": self.index,
@@ -317,7 +319,7 @@ class CallRecord:
             "input_id": self.input_id,
             "policy_version_start": self.policy_version_start,
             "policy_version_end": self.policy_version_end,
-            "request": self.request,
+            "request": request,
             "prompt_ids": prompt_ids,
             "completions": completions,
             "usage": self.usage,
@@ -424,14 +426,15 @@ def dump_trace(trace: SessionTrace, *, level: int = 6) -> bytes:
 
         Path("t.trace.json.gz").write_bytes(dump_trace(trace))
     """
-    # Written a record at a time, its ids and logprobs a slice at a time: as one document,
-    # a call with a 5M-token prompt is a list of 5M Python ints and their text (~500 MB).
-    # The bytes are those of ``json.dumps(trace.to_json(), separators=(",", ":"))``.
+    # Written a record at a time, its request on its own and its ids and logprobs a slice
+    # at a time: as one document, a call with a 5M-token prompt is a list of 5M Python ints
+    # and their text (~500 MB). The bytes are those of
+    # ``json.dumps(trace.to_json(), separators=(",", ":"))``.
     marker = f"\x00{uuid.uuid4().hex}"
     quoted = json.dumps(marker)
-    arrays: list[array[Any]] = []
+    arrays: list[array[Any] | CallRecord] = []  # a record stands for its request
 
-    def slot(values: array[Any]) -> str:
+    def slot(values: array[Any] | CallRecord) -> str:
         arrays.append(values)
         return f"{marker}{len(arrays) - 1}"
 
@@ -442,13 +445,17 @@ def dump_trace(trace: SessionTrace, *, level: int = 6) -> bytes:
         for i, record in enumerate(trace.records):
             arrays.clear()
             completions = [c._json(slot(c.token_ids), slot(c.logprobs)) for c in record.completions]
-            text = _COMPACT(record._json(slot(record.prompt_ids), completions))
+            text = _COMPACT(record._json(slot(record), slot(record.prompt_ids), completions))
             pieces = text.split(quoted[:-1])  # each but the first starts with its slot's number
             gz.write((("," if i else "") + pieces[0]).encode())
             del text
             for piece in pieces[1:]:
                 number, rest = piece.split('"', 1)
-                _write_array(gz, arrays[int(number)])
+                value = arrays[int(number)]
+                if isinstance(value, CallRecord):
+                    gz.write(_COMPACT(value.request).encode())
+                else:
+                    _write_array(gz, value)
                 gz.write(rest.encode())
         gz.write(tail.encode())
     return out.getvalue()
