@@ -49,23 +49,30 @@ _PLACEHOLDER_JSON: Final = b'"\\u0000cut"'
 
 def _read_ids(content: bytes, start: int, end: int) -> array[int] | None:
     """The int32 ids listed (comma-separated) in ``content[start:end]``, parsed a megabyte
-    at a time; None when they are not such a list (the caller then parses it all)."""
-    out = array("i")
-    at = start
-    with memoryview(content) as view:
+    at a time into an array of their exact size (a growing one is copied as it grows);
+    None when they are not such a list (the caller then parses it all)."""
+    if end - start < 16 and not content[start:end].strip():  # [] (a longer blank: None)
+        return array("i")
+    count = content.count(b",", start, end) + 1
+    out = array("i", [0]) * count
+    at, filled = start, 0
+    with memoryview(content) as view, memoryview(out) as items, items.cast("B") as raw:
         while True:
             cut = content.find(b",", at + _PIECE, end) if at + _PIECE < end else -1
             stop = end if cut < 0 else cut
             try:
                 values = loads(b"".join((b"[", view[at:stop], b"]")))
-                if not values and at != start:  # a trailing comma
-                    return None
-                out.frombytes(struct.pack(f"{len(values)}i", *values))
+                packed = struct.pack(f"{len(values)}i", *values)
             except (ValueError, TypeError, struct.error):  # not JSON ints, or beyond int32
                 return None
+            if filled + len(packed) > len(raw):  # more values than commas: not a flat list
+                return None
+            raw[filled : filled + len(packed)] = packed
+            filled += len(packed)
             if cut < 0:
-                return out
+                break
             at = cut + 1
+    return out if filled == len(out) * out.itemsize else None
 
 
 def cut_prompt_ids(content: bytes, offset: int = 0) -> tuple[bytes, array[int] | None]:
