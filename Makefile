@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest wheel-demo bench clean
+.PHONY: demo test test-trainers lint typecheck pytest wheel-demo bench clean
 
 DEMO_STAMP := $(VENV)/.installed-demo
 
@@ -54,6 +54,31 @@ wheel-demo: $(STAMP)
 	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local]" && \
 	cd "$$tmp" && "$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
 
+# The adapters against the trainers' own code (veRL, SkyRL; slime when its source is
+# there), on the CPU, in a venv of their own: the trainers pin what the project's venv must
+# not carry (torch, transformers). torch comes only through the constraints file (a CPU
+# build; unpinned it resolves to a CUDA build of several GB). veRL and SkyRL go in with
+# --no-deps (their full requirements are GPU stacks; SkyRL declares Python >= 3.12 for
+# typing details that tests/trainers/conftest.py bridges on 3.10/3.11), then the modules'
+# own needs. slime is not on PyPI: set SLIME_SOURCE to a checkout of its source, or its
+# tests skip saying so.
+TRAINERS_VENV ?= .venv-trainers
+TBIN := $(TRAINERS_VENV)/bin
+TSTAMP := $(TRAINERS_VENV)/.installed
+TREQ := tests/trainers
+$(TSTAMP): pyproject.toml $(TREQ)/requirements.txt $(TREQ)/trainer-packages.txt $(TREQ)/constraints.txt
+	test -x $(TBIN)/python || $(PYTHON) -m venv $(TRAINERS_VENV)
+	$(TBIN)/python -m pip install --quiet --upgrade pip
+	$(TBIN)/python -m pip install --quiet -c $(TREQ)/constraints.txt -r $(TREQ)/requirements.txt
+	$(TBIN)/python -m pip install --quiet -c $(TREQ)/constraints.txt --no-deps \
+		--ignore-requires-python -r $(TREQ)/trainer-packages.txt
+	$(TBIN)/python -m pip install --quiet -c $(TREQ)/constraints.txt -e '.[local,ray]'
+	touch $(TSTAMP)
+
+test-trainers: $(TSTAMP)
+	AGENTCORE_RL_TRAINER_TESTS=1 $(TBIN)/python -m pytest tests/trainers -p no:cacheprovider \
+		-o filterwarnings=ignore::DeprecationWarning
+
 # Every benchmark at full size (about 20 minutes); each prints JSON. Run on a quiet machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/server.py
@@ -65,4 +90,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TRAINERS_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     from agentcore_rl.errors import (
         AgentCoreRLError,
         AgentLostError,
+        AgentUnreachableError,
         BucketNotAllowedError,
         ClientClosedError,
         ConfigurationError,
@@ -88,6 +89,7 @@ _LAZY: dict[str, str] = {
     "AgentCoreRLApp": "agentcore_rl.server",
     "AgentCoreRLError": "agentcore_rl.errors",
     "AgentLostError": "agentcore_rl.errors",
+    "AgentUnreachableError": "agentcore_rl.errors",
     "AsyncRolloutClient": "agentcore_rl.client",
     "AwsConfig": "agentcore_rl.client",
     "BatchItem": "agentcore_rl.client",
@@ -156,6 +158,7 @@ __all__ = [
     "AgentCoreRLApp",
     "AgentCoreRLError",
     "AgentLostError",
+    "AgentUnreachableError",
     "AsyncRolloutClient",
     "AwsConfig",
     "BatchItem",

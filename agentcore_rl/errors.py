@@ -10,7 +10,8 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     │   └── BucketNotAllowedError   the payload names a bucket outside the allow-list (403)
     ├── StorageError                an S3 operation failed after its retries
     ├── InvocationError             invoking the agent failed after retries
-    │   └── AgentLostError          the agent no longer knows a pending session (it crashed)
+    │   ├── AgentLostError          the agent no longer knows a pending session (it crashed)
+    │   └── AgentUnreachableError   no connection to the agent: nothing was started
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
     ├── ClientClosedError           the client was closed while the call was pending
@@ -39,6 +40,7 @@ from typing import Any
 __all__ = [
     "AgentCoreRLError",
     "AgentLostError",
+    "AgentUnreachableError",
     "BucketNotAllowedError",
     "ClientClosedError",
     "ConfigurationError",
@@ -158,6 +160,18 @@ class InvocationError(AgentCoreRLError):
         super().__init__(message)
         self.session_id = session_id
         self.status_code = status_code
+
+
+class AgentUnreachableError(InvocationError):
+    """No attempt reached the agent (connection refused or timed out while connecting):
+    no session was started, so there is nothing to stop and no point in a new session on
+    the same agent.
+
+    Example::
+
+        except AgentUnreachableError as exc:
+            print("is the agent running?", exc)
+    """
 
 
 class RolloutError(AgentCoreRLError):

@@ -209,7 +209,8 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
     """GRPO advantages of one group: reward minus the group mean, divided by its std.
 
     ``"mean"`` subtracts the mean only (Dr. GRPO); ``"mean_std"`` also divides by the
-    sample standard deviation plus 1e-6, as veRL and TRL do. A group of one gets 0.
+    sample standard deviation plus 1e-6, as veRL and TRL do. A group of one has no
+    baseline: its advantage is its reward, as veRL's and SkyRL's GRPO give a lone sample.
 
     Example::
 
@@ -223,9 +224,11 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
     values = [float(r) for r in rewards]
     if not values:
         return []
+    if len(values) == 1:
+        return values
     mean = math.fsum(values) / len(values)
     centred = [r - mean for r in values]
-    if normalize == "mean" or len(values) < 2:
+    if normalize == "mean":
         return centred
     std = math.sqrt(math.fsum(c * c for c in centred) / (len(values) - 1))
     return [c / (std + ADVANTAGE_EPSILON) for c in centred]

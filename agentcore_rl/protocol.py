@@ -577,6 +577,95 @@ def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
     return not isinstance(code, int) or isinstance(code, bool) or code >= 400
 
 
+# --- Client leases --------------------------------------------------------------------------
+# A client keeps one small object alive per experiment and names it in every invocation's
+# ``_rollout.lease``; agent servers cancel the rollouts whose lease is no longer renewed.
+
+#: ``_rollout`` field naming the invoking client's lease: ``{"bucket": ..., "key": ...}``.
+LEASE: Final = "lease"
+#: Folder of the leases under an experiment's prefix. It starts with a dot, which no input
+#: id can, so a lease key is never a result key and sorts before all of them.
+LEASE_FOLDER: Final = ".leases"
+LEASE_ID: Final = "lease_id"
+#: The lease reference's field holding the lease object's key.
+LEASE_KEY: Final = "key"
+#: Incremented by every renewal: agent servers see a renewal as a change of ``seq``.
+LEASE_SEQ: Final = "seq"
+#: Epoch seconds of the renewal, by the client's clock.
+LEASE_RENEWED_AT: Final = "renewed_at"
+#: Seconds without a renewal after which the lease has lapsed.
+LEASE_TTL: Final = "ttl"
+#: Seconds between renewals.
+LEASE_RENEW: Final = "renew"
+_LEASE_KEY: Final = re.compile(
+    r"([A-Za-z0-9][A-Za-z0-9._=+@:-]*)/"
+    + re.escape(LEASE_FOLDER)
+    + r"/([A-Za-z0-9][A-Za-z0-9._=+@:-]*)\.json"
+)
+
+
+def lease_key(exp_id: str, lease_id: str) -> str:
+    """The S3 key of a client's lease: ``{exp_id}/.leases/{lease_id}.json``.
+
+    Example::
+
+        lease_key("exp", "c0ffee")   # "exp/.leases/c0ffee.json"
+    """
+    validate_key_part(EXP_ID, exp_id)
+    validate_key_part(LEASE_ID, lease_id)
+    return f"{exp_id}/{LEASE_FOLDER}/{lease_id}.json"
+
+
+def lease_reference(bucket: str, key: str) -> dict[str, str]:
+    """The ``_rollout.lease`` value naming a lease."""
+    return {S3_BUCKET: bucket, LEASE_KEY: key}
+
+
+def parse_lease_reference(value: object) -> tuple[str, str]:
+    """``(bucket, key)`` of a ``_rollout.lease`` value; raise ``InvalidRolloutConfig``
+    unless it names a lease key (so a payload cannot point the server at other objects).
+
+    Example::
+
+        parse_lease_reference({"s3_bucket": "rollouts", "key": "exp/.leases/c0ffee.json"})
+    """
+    name = f"{ROLLOUT_FIELD}.{LEASE}"
+    if not isinstance(value, Mapping):
+        raise InvalidRolloutConfig(f"{name} must be a JSON object", field=name)
+    bucket = validate_bucket(value.get(S3_BUCKET), name=f"{name}.{S3_BUCKET}")
+    key = value.get(LEASE_KEY)
+    if not isinstance(key, str) or _LEASE_KEY.fullmatch(key) is None:
+        raise InvalidRolloutConfig(
+            f"{name}.key {_describe(key)} is not a lease key "
+            f"({{exp_id}}/{LEASE_FOLDER}/{{id}}.json)",
+            field=f"{name}.key",
+        )
+    return bucket, key
+
+
+def lease_body(
+    lease_id: str, *, seq: int, renewed_at: float, ttl: float, renew: float
+) -> dict[str, Any]:
+    """The content of a lease object, as the client writes it at each renewal."""
+    return {
+        LEASE_ID: lease_id,
+        LEASE_SEQ: seq,
+        LEASE_RENEWED_AT: renewed_at,
+        LEASE_TTL: ttl,
+        LEASE_RENEW: renew,
+    }
+
+
+#: Why a rollout whose client's lease lapsed was cancelled (its envelope's stop_reason).
+LEASE_LAPSED_REASON: Final = (
+    "cancelled: the client's lease lapsed (not renewed for {ttl:g} s: the client crashed "
+    "or lost its connection to S3)"
+)
+
+#: The ``error`` code field of a refusal for a result bucket that cannot be used.
+BUCKET_UNUSABLE: Final = "bucket_unusable"
+
+
 # --- Defaults ----------------------------------------------------------------------------
 # Shared by more than one side (client, CLI, local runtime); one place to change them.
 

@@ -76,6 +76,10 @@ _TRANSIENT_CODES: Final = frozenset(
 _MISSING_CODES: Final = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
+# HeadBucket's bare statuses, named as the S3 error codes other requests answer with.
+_HEAD_BUCKET_CODES: Final = {404: "NoSuchBucket", 403: "AccessDenied", 301: "PermanentRedirect"}
+
+
 #: The retry policy type of S3 requests (the one of :mod:`agentcore_rl.retry`).
 S3RetryPolicy = RetryPolicy
 
@@ -380,6 +384,28 @@ class ResultStore:
             return True
 
         return bool(await self._call("HeadObject", bucket, key, request, missing_ok=True))
+
+    async def head_bucket(self, bucket: str) -> None:
+        """Check that the bucket exists and lets us in; raise ``StorageError`` if not.
+
+        HEAD answers carry no body, so the code is derived from the status: ``NoSuchBucket``
+        (404), ``AccessDenied`` (403) or ``PermanentRedirect`` (301: another region).
+
+        Example::
+
+            await store.head_bucket("rollouts")
+        """
+
+        async def request(entry: _LoopClient) -> None:
+            try:
+                await entry.client.head_bucket(Bucket=bucket)
+            except ClientError as exc:
+                named = _HEAD_BUCKET_CODES.get(_http_status(exc))
+                if named is not None:
+                    exc.response.setdefault("Error", {})["Code"] = named
+                raise
+
+        await self._call("HeadBucket", bucket, None, request)
 
     async def list_keys(
         self, bucket: str, prefix: str, *, start_after: str | None = None

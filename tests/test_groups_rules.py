@@ -122,7 +122,9 @@ def test_advantages_mean_and_mean_std() -> None:
     # Sample std of [1, 0] is sqrt(0.5).
     assert scaled == pytest.approx([0.5 / (0.5**0.5 + 1e-6), -0.5 / (0.5**0.5 + 1e-6)])
     assert advantages([3.0, 3.0], normalize="mean_std") == [0.0, 0.0]
-    assert advantages([0.7], normalize="mean_std") == [0.0]
+    # A group of one has no baseline: its reward is its advantage (veRL's and SkyRL's GRPO).
+    assert advantages([0.7], normalize="mean_std") == [0.7]
+    assert advantages([0.7]) == [0.7]
     assert advantages([]) == []
     with pytest.raises(ConfigurationError, match="normalize"):
         advantages([1.0], normalize="z")  # type: ignore[arg-type]

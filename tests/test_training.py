@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import sys
@@ -15,12 +16,15 @@ import pytest
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.group_tracker import GroupReady, GroupTracker, StartMember
 from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.integrations import AgentCoreSettings
 from agentcore_rl.training import (
     InvalidTrajectoryError,
     MissingTrajectoryError,
     SegmentLike,
     TrainingRow,
     TrajectoryLike,
+    fit_rows,
+    group_advantages,
     group_rows,
     read_jsonl,
     read_parquet,
@@ -28,6 +32,7 @@ from agentcore_rl.training import (
     to_skyrl,
     to_slime,
     to_verl,
+    trajectory_rows,
     write_jsonl,
     write_parquet,
 )
@@ -156,6 +161,7 @@ def test_zeroed_members_train_nothing() -> None:
     assert rows[1].loss_mask == [0, 0]
     assert rows[1].outcome == "failed"
     assert (rows[2].prompt_ids, rows[2].response_ids, rows[2].loss_mask) == ([], [], [])
+    assert rows[2].logprobs == []  # never None: every trainer takes an empty list
     assert rows[2].policy_versions == [2]
     assert [r.advantage for r in rows] == pytest.approx([2 / 3, -1 / 3, -1 / 3])
 
@@ -305,6 +311,7 @@ SKYRL_GENERATOR_OUTPUT_KEYS = {
     "trajectory_generation_times",
     "trajectory_time_splits",
     "rollout_expert_indices",
+    "rollout_sample_support",
     "is_last_step",
     "env_metrics",
     "pixel_values",
@@ -322,9 +329,20 @@ def test_verl_agent_loop_output() -> None:
     extra = out["extra_fields"]
     assert (extra["group_id"], extra["session_id"]) == ("q-a", rows[0].session_id)
     assert extra["advantage"] == rows[0].advantage
-    zeroed = to_verl(rows[1])
-    assert (zeroed["reward_score"], zeroed["response_logprobs"]) == (0.0, None)
+    assert extra["reward_extra_info"] == {"agentcore_reward": 1.0}
+    assert (extra["min_global_steps"], extra["max_global_steps"]) == (0, 0)
+    # The token-less zeroed member: one masked pad token, so veRL can place its reward.
+    zeroed = to_verl(rows[1], pad_token_id=5, global_steps=3)
+    assert (zeroed["prompt_ids"], zeroed["response_ids"], zeroed["response_mask"]) == (
+        [5],
+        [5],
+        [0],
+    )
+    assert (zeroed["reward_score"], zeroed["response_logprobs"]) == (0.0, [0.0])
     assert zeroed["extra_fields"]["zeroed"] is True
+    assert zeroed["extra_fields"]["placeholder"] is True
+    # Its version is the member's (1), not the step passed for unknown ones.
+    assert zeroed["extra_fields"]["min_global_steps"] == 1
 
 
 def test_slime_samples() -> None:
@@ -343,6 +361,8 @@ def test_slime_samples() -> None:
     assert samples[0]["weight_versions"] == ["0"]
     assert [s["status"] for s in samples] == ["completed", "failed"] + ["completed"] * 3
     assert samples[1]["remove_sample"] is True
+    assert (samples[1]["tokens"], samples[1]["loss_mask"]) == ([0, 0], [0])
+    assert samples[1]["rollout_log_probs"] == [0.0]
     assert samples[1]["reward"] == 0.0
     assert samples[0]["metadata"]["advantage"] == rows[0].advantage
 
@@ -351,19 +371,107 @@ def test_skyrl_generator_output() -> None:
     rows = list(rows_from_groups(two_groups()))
     out = to_skyrl(rows)
     assert set(out) == SKYRL_GENERATOR_OUTPUT_KEYS
-    assert out["prompt_token_ids"] == [[1], [], [7], [9], [7]]
+    assert out["prompt_token_ids"] == [[1], [0], [7], [9], [7]]
+    assert out["response_ids"][1] == [0]  # the token-less member's placeholder
     assert out["rewards"] == [1.0, 0.0, 0.5, 0.5, 0.0]
     assert [len(m) for m in out["loss_masks"]] == [len(r) for r in out["response_ids"]]
-    assert out["rollout_logprobs"] is None  # the zeroed member captured none
+    # The zeroed member captured none, yet the batch keeps everyone's logprobs.
+    assert [len(lp) for lp in out["rollout_logprobs"]] == [1, 1, 1, 2, 1]
     assert out["trajectory_ids"][3] == {"instance_id": "q-b", "repetition_id": 0}
     assert out["is_last_step"] == [True, True, False, True, True]
-    complete = to_skyrl(rows[2:])
-    assert complete["rollout_logprobs"] is not None
-    assert len(complete["rollout_logprobs"]) == 3
-    single = to_skyrl([rows[0]])
-    assert single["is_last_step"] is None
+    # Without any split, every row is a last step (SkyRL's step-wise validation needs it).
+    assert to_skyrl([rows[0], rows[4]])["is_last_step"] == [True, True]
 
 
 def test_rows_to_dict_round_trip() -> None:
     for row in rows_from_groups(two_groups()):
         assert TrainingRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+
+
+def test_a_group_of_one_has_its_reward_as_advantage() -> None:
+    group = run_group([("ok", 0.75, Trajectory([turn([1], [2]), turn([3], [4])]))])
+    assert [r.advantage for r in group_rows(group, "mean_std")] == [0.75, 0.75]
+    assert group_advantages(group) == [0.75]
+
+
+def test_a_member_with_several_segments_counts_once() -> None:
+    # Rewards 1, 0, 0 (the first member split in two): the mean is 1/3, not 1/2.
+    split = Trajectory([turn([1], [2]), turn([9], [8])])
+    one = Trajectory([turn([1], [3])])
+    group = run_group([("ok", 1.0, split), ("ok", 0.0, one), ("ok", 0.0, one)])
+    rows = group_rows(group, "mean_std")
+    assert len(rows) == 4
+    expected = 2 / 3 / ((1 / 3) ** 0.5 + 1e-6)
+    assert [r.advantage for r in rows[:2]] == pytest.approx([expected, expected])
+
+
+def test_trajectory_rows_need_no_group() -> None:
+    rows = trajectory_rows(
+        Trajectory([turn([1, 2], [3], version=4), turn([5], [6, 7], version=5)]),
+        exp_id="e",
+        group_id="uid-1",
+        session_id="s",
+        reward=1.0,
+    )
+    assert [(r.prompt_ids, r.response_ids, r.segment, r.num_segments) for r in rows] == [
+        ([1, 2], [3], 0, 2),
+        ([5], [6, 7], 1, 2),
+    ]
+    assert [(r.min_policy_version, r.max_policy_version) for r in rows] == [(4, 4), (5, 5)]
+    empty = trajectory_rows(None, exp_id="e", group_id="g", session_id="s", reward=0.0, zeroed=True)
+    assert (empty[0].response_ids, empty[0].logprobs) == ([], [])
+
+
+def test_fitting_cuts_long_responses_and_masks_rows_with_long_prompts() -> None:
+    group = run_group(
+        [
+            ("ok", 1.0, Trajectory([turn([1, 2, 3, 4], [5, 6])])),
+            ("ok", 0.0, Trajectory([turn([1], [7, 8, 9, 10])])),
+            ("ok", 0.0, Trajectory([turn([1], [7])])),
+        ]
+    )
+    rows = group_rows(group)
+    report = fit_rows(rows, max_prompt_length=3, max_response_length=3)
+    long_prompt, long_response, fits = report.rows
+    assert (long_prompt.prompt_ids, long_prompt.loss_mask) == ([2, 3, 4], [0, 0])
+    assert long_prompt.response_ids == [5, 6]  # kept, masked: its reward still counts
+    assert (long_response.response_ids, long_response.loss_mask) == ([7, 8, 9], [1, 1, 1])
+    assert long_response.logprobs == pytest.approx([-0.1, -0.2, -0.3])
+    assert fits is rows[2]
+    assert (report.responses_truncated, report.prompts_masked) == (1, 1)
+    assert (report.response_tokens_cut, report.prompt_tokens_cut) == (1, 1)
+    with pytest.raises(ConfigurationError, match="max_prompt_length"):
+        fit_rows(rows, max_prompt_length=0, max_response_length=3)
+
+
+# --- trainer adapters (their behaviour is tested against the trainers in tests/trainers) ----
+
+
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [("verl", "verl"), ("skyrl", "skyrl"), ("slime", "slime")],
+)
+def test_an_adapter_without_its_trainer_names_its_extra(
+    module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # None in sys.modules makes the import fail as it does where the trainer is missing.
+    for name in ("verl", "skyrl", "slime"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, f"agentcore_rl.integrations.{module}", raising=False)
+    with pytest.raises(ImportError, match=rf"pip install 'agentcore-rl\[{extra}\]'"):
+        importlib.import_module(f"agentcore_rl.integrations.{module}")
+
+
+def test_adapter_settings_refuse_unknown_keys_and_need_a_gateway() -> None:
+    base = {"agent_url": ["http://127.0.0.1:1"], "s3_bucket": "b", "exp_id": "e"}
+    settings = AgentCoreSettings.from_mapping({**base, "gateway_url": "http://127.0.0.1:2"})
+    assert settings.agent_url == ("http://127.0.0.1:1",)
+    assert settings.on_failure == "zero"
+    with pytest.raises(ConfigurationError, match="did you mean 'gateway_url'"):
+        AgentCoreSettings.from_mapping({**base, "gateway_ur": "http://127.0.0.1:2"})
+    with pytest.raises(ConfigurationError, match="gateway_url is required"):
+        AgentCoreSettings.from_mapping(base)
+    with pytest.raises(ConfigurationError, match="on_failure"):
+        AgentCoreSettings.from_mapping(
+            {**base, "gateway_url": "http://127.0.0.1:2", "on_failure": "drop_member"}
+        )

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from agentcore_rl.client import (
     AwsConfig,
     GatewayConfig,
     Limits,
+    LivenessConfig,
     Retries,
     Timeouts,
 )
@@ -69,6 +71,10 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
         else options.retry_rollouts,
         lost=DEFAULT_RETRY_LOST if options.retry_lost is None else options.retry_lost,
     )
+    # One lease per results file: a run resumed after a crash renews its predecessor's
+    # lease, so the rollouts it re-attaches to are not cancelled under it.
+    run_key = f"{options.exp_id}\0{options.out.resolve()}".encode()
+    liveness = LivenessConfig(lease_id="eval-" + hashlib.sha256(run_key).hexdigest()[:32])
     gateway = None
     if options.gateway_url is not None:
         gateway = GatewayConfig(url=options.gateway_url, admin_token=options.gateway_admin_token)
@@ -85,6 +91,7 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
         ),
         timeouts=Timeouts(rollout=options.timeout),
         retries=retries,
+        liveness=liveness,
         aws=AwsConfig(
             endpoint_url=options.runtime_endpoint_url if options.agent_runtime_arn else None,
             s3_endpoint_url=options.s3_endpoint_url,

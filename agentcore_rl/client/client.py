@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import math
@@ -57,6 +58,7 @@ from agentcore_rl.client.groups import (
 )
 from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.client.invocation import may_have_started, send_invocation
+from agentcore_rl.client.lease import ClientLease
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.payload import build_invocation, rollout_extras
@@ -114,7 +116,8 @@ class AsyncRolloutClient:
     probes and stop calls), ``timeouts`` (:class:`Timeouts`: a rollout's, closing's),
     ``retries`` (:class:`Retries`: of one call, of retryable rollouts, of lost ones),
     ``watcher`` (:class:`WatcherConfig`: polling S3 for results), ``liveness``
-    (:class:`LivenessConfig`: probing for crashed agents) and ``aws``
+    (:class:`LivenessConfig`: probing for crashed agents, giving up on unreachable ones,
+    the client's own lease that lets agents cancel its rollouts if it dies) and ``aws``
     (:class:`AwsConfig`: endpoints, the runtime qualifier). ``store`` (a
     :class:`~agentcore_rl.s3.ResultStore`, else one from ``aws``) reads the results;
     ``rate_limiter`` and ``session_limiter`` replace the local ones built from ``limits``,
@@ -234,6 +237,13 @@ class AsyncRolloutClient:
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=aws.s3_endpoint_url)
+        self.liveness = liveness
+        self._lease = (
+            None if liveness.lease is None else ClientLease(self.store, s3_bucket, exp_id, liveness)
+        )
+        if self._lease is not None:  # every invocation names it
+            extra = {**self.defaults.extra, protocol.LEASE: self._lease.reference}
+            self.defaults = dataclasses.replace(self.defaults, extra=extra)
         self.rate_limiter: RateLimiter = rate_limiter or TokenBucket(
             limits.tps, limits.burst, tick=DEFAULT_PACE_TICK
         )
@@ -642,6 +652,8 @@ class AsyncRolloutClient:
             service.start_soon(self._joiner.run, name="trace joiner")
         service.start_soon(self._prober.run, name="liveness prober")
         service.start_soon(self._groups.run, name="group members")
+        if self._lease is not None:
+            service.start_soon(self._lease.run, name="client lease")
 
     async def _admit(self) -> Slot:
         """Take a concurrency slot and an INVOKE token for a rollout that another task will
@@ -809,6 +821,8 @@ class AsyncRolloutClient:
                 retry=self.retries.call,
                 limiter=self.rate_limiter,
                 counters=self._counters,
+                unreachable_after=self.liveness.unreachable_after,
+                clock=self.liveness.clock,
             )
         except BaseException as exc:
             if may_have_started(exc):
@@ -853,7 +867,12 @@ class AsyncRolloutClient:
         try:
             with self._admission.sending() as task:
                 # The new session's own gateway session is opened: its trace is the one kept.
-                if not await self._send_in_session(fut, body, task, priority=Priority.RETRY):
+                fut._sending = True
+                try:
+                    sent = await self._send_in_session(fut, body, task, priority=Priority.RETRY)
+                finally:
+                    fut._sending = False
+                if not sent:
                     return
         except Exception as exc:  # ClientClosedError too: the rollout ends with it
             self._sessions.live.pop(fut.session_id, None)

@@ -72,6 +72,9 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         # Set by the client when it may run the rollout again: (body, config, timeout).
         self._resend: tuple[Any, Any, float | None] | None = None
         self._followed = False
+        # True while a retry's invocation is on its way (paused by a Retry-After, say): the
+        # agent cannot know the session yet, so liveness probes leave it alone.
+        self._sending = False
 
     def __repr__(self) -> str:
         if self.cancelled():

@@ -14,15 +14,17 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.liveness import DEFAULT_UNREACHABLE_AFTER
 from agentcore_rl.client.retry import with_retries
 from agentcore_rl.client.stats import ClientCounters
-from agentcore_rl.client.transports.base import Transport
-from agentcore_rl.errors import InvocationError
+from agentcore_rl.client.transports.base import NotConnectedError, Transport
+from agentcore_rl.errors import AgentUnreachableError, InvocationError
 from agentcore_rl.ratelimit import RateLimiter
 from agentcore_rl.retry import RetryPolicy
 
@@ -39,28 +41,72 @@ async def send_invocation(
     retry: RetryPolicy,
     limiter: RateLimiter,
     counters: ClientCounters,
+    unreachable_after: float = DEFAULT_UNREACHABLE_AFTER,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     """Send ``body`` for ``fut``'s session (with retries, each paced by ``limiter``) and
-    check the answer (see :func:`check_answer`). Counts ``invocations`` and retries."""
+    check the answer (see :func:`check_answer`). Counts ``invocations`` and retries.
+
+    While no attempt has connected, failed attempts are retried for ``unreachable_after``
+    seconds (by ``clock``) at most, each on another agent if the transport has one
+    (``reassign``); then :class:`AgentUnreachableError`: nothing was started."""
 
     sent = 0
+    reached = False
+    first_failure: float | None = None
 
     async def send() -> dict[str, Any]:
-        nonlocal sent
+        nonlocal sent, reached, first_failure
         counters.invocations += 1
         sent += 1
         # A retry may follow an answer that was lost after the agent ran the rollout:
         # marked, the agent checks for an earlier run before running it again.
-        return await transport.invoke(fut.session_id, body if sent == 1 else as_repeat(body))
+        try:
+            answer = await transport.invoke(fut.session_id, body if sent == 1 else as_repeat(body))
+        except NotConnectedError as exc:
+            if reached:
+                raise
+            now = clock()
+            if first_failure is None:
+                first_failure = now
+            if now - first_failure >= unreachable_after:
+                raise _unreachable(fut, sent, now - first_failure, exc) from exc
+            reassign = getattr(transport, "reassign", None)
+            if reassign is not None:
+                reassign(fut.session_id)
+            raise
+        except BaseException:
+            reached = True  # the request may have reached the agent
+            raise
+        reached = True
+        return answer
 
-    answer = await with_retries(
-        send,
-        retry=retry,
-        limiter=limiter,
-        counters=counters,
-        what=f"invoking session {fut.session_id}",
-    )
+    try:
+        answer = await with_retries(
+            send,
+            retry=retry,
+            limiter=limiter,
+            counters=counters,
+            what=f"invoking session {fut.session_id}",
+        )
+    except InvocationError as exc:
+        cause = exc.__cause__
+        if not reached and isinstance(cause, NotConnectedError):
+            spent = 0.0 if first_failure is None else clock() - first_failure
+            raise _unreachable(fut, sent, spent, cause) from cause
+        raise
     check_answer(answer, fut)
+
+
+def _unreachable(
+    fut: RolloutFuture, attempts: int, spent: float, exc: NotConnectedError
+) -> AgentUnreachableError:
+    return AgentUnreachableError(
+        f"invoking session {fut.session_id}: no connection to the agent in {attempts} "
+        f"attempt{'s' if attempts > 1 else ''} over {spent:.1f} s ({exc}); nothing was "
+        "started. Is the agent running at that address?",
+        session_id=fut.session_id,
+    )
 
 
 def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -100,6 +146,8 @@ def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
 
 def may_have_started(exc: BaseException) -> bool:
     """Whether the agent may run the session despite ``exc``: yes unless it clearly refused
-    (an ``InvocationError`` with a status below 500)."""
+    (an ``InvocationError`` with a status below 500) or was never reached."""
+    if isinstance(exc, AgentUnreachableError):
+        return False
     status = getattr(exc, "status_code", None)
     return not isinstance(exc, InvocationError) or status is None or status >= 500

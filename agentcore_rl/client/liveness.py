@@ -39,7 +39,7 @@ import anyio
 from agentcore_rl import protocol
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.stats import ClientCounters
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.ratelimit import Priority, RateLimiter
 
 __all__ = ["DEFAULT_LIVENESS", "LivenessConfig", "LivenessProber", "StatusTransport"]
@@ -54,6 +54,14 @@ DEFAULT_PROBE_INTERVAL: Final = 5.0
 DEFAULT_PROBE_RATE: Final = 2.0
 #: Seconds a probe waits behind invocations before it queues among them.
 DEFAULT_ESCALATE_AFTER: Final = 3.0
+#: Seconds of failed connection attempts (refused, or the connect timed out) after which
+#: an invocation ends in ``AgentUnreachableError``: an agent that is down stays down for
+#: longer than a retry can wait out, and a typo in a URL is never cured.
+DEFAULT_UNREACHABLE_AFTER: Final = 3.0
+#: Seconds without a renewal after which agent servers cancel the client's rollouts.
+DEFAULT_LEASE: Final = 180.0
+#: Seconds between two renewals of the lease (one small S3 PUT each).
+DEFAULT_LEASE_RENEW: Final = 5.0
 
 
 @runtime_checkable
@@ -65,7 +73,7 @@ class StatusTransport(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class LivenessConfig:
-    """How the client looks for lost sessions.
+    """How the client and its agents tell that the other is gone.
 
     ``probe_after``: seconds pending before a session's first probe; ``probe_interval``:
     seconds between its probes; ``max_rate``: probes per second at most (the share of the
@@ -75,7 +83,17 @@ class LivenessConfig:
     False turns probing off. With the defaults a crash is seen within about
     ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
     sessions are pending; beyond that, detection slows rather than the probes growing.
-    ``clock``/``sleep`` are injectable.
+
+    ``unreachable_after``: seconds of failed connection attempts (nothing listens, a
+    wrong URL) before an invocation ends in
+    :class:`~agentcore_rl.errors.AgentUnreachableError`; nothing was started, so nothing
+    is stopped. ``lease``: the client keeps a lease (one small S3 object under the
+    experiment's prefix, rewritten every ``lease_renew`` seconds) and names it in every
+    invocation; agent servers cancel, with a ``cancelled`` envelope, the rollouts of a
+    lease not renewed for ``lease`` seconds, so a crashed trainer leaves nothing running
+    for long (``None``: no lease). ``lease_id``: renew an existing lease (a process taking
+    over rollouts an earlier one started), else a new one per client.
+    ``clock``/``sleep`` are injectable (``sleep`` also paces the lease's renewals).
 
     Example::
 
@@ -88,6 +106,10 @@ class LivenessConfig:
     escalate_after: float | None = DEFAULT_ESCALATE_AFTER
     tick: float = 1.0
     enabled: bool = True
+    unreachable_after: float = DEFAULT_UNREACHABLE_AFTER
+    lease: float | None = DEFAULT_LEASE
+    lease_renew: float = DEFAULT_LEASE_RENEW
+    lease_id: str | None = None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
@@ -102,11 +124,29 @@ class LivenessConfig:
             raise ConfigurationError(
                 f"escalate_after must be >= 0 or None, got {self.escalate_after!r}"
             )
+        if not self.unreachable_after >= 0:
+            raise ConfigurationError(
+                f"unreachable_after must be >= 0, got {self.unreachable_after!r}"
+            )
+        if not self.lease_renew > 0:
+            raise ConfigurationError(f"lease_renew must be > 0, got {self.lease_renew!r}")
+        if self.lease is not None and not self.lease >= 2 * self.lease_renew:
+            raise ConfigurationError(
+                f"lease ({self.lease!r}) must be at least twice lease_renew "
+                f"({self.lease_renew!r}), or one late renewal would cancel every rollout; "
+                "None turns the lease off"
+            )
+        if self.lease_id is not None:
+            try:
+                protocol.validate_key_part("lease_id", self.lease_id)
+            except InvalidPayloadError as exc:
+                raise ConfigurationError(f"LivenessConfig: {exc.message}") from None
 
     def __repr__(self) -> str:
         return (
             f"LivenessConfig(probe_after={self.probe_after}, probe_interval="
-            f"{self.probe_interval}, max_rate={self.max_rate}, enabled={self.enabled})"
+            f"{self.probe_interval}, max_rate={self.max_rate}, enabled={self.enabled}, "
+            f"unreachable_after={self.unreachable_after}, lease={self.lease})"
         )
 
 
@@ -179,7 +219,7 @@ class LivenessProber:
         self._credit = min(self._credit + cfg.max_rate * cfg.tick, max(1.0, cfg.max_rate))
         candidates: list[tuple[int, float, str]] = []
         for sid, fut in self.live.items():
-            if fut.done():
+            if fut.done() or fut._sending:
                 continue
             seen = self._seen.get(sid)
             if seen is None:

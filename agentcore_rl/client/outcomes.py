@@ -4,7 +4,8 @@ A rollout's outcome is *retryable* when it says nothing about the input: the age
 session (a crash or restart, :class:`~agentcore_rl.errors.AgentLostError`), the agent could
 not be reached or kept failing before it accepted the rollout (connection errors, 5xx, 424
 ``RuntimeClientError``, throttling that outlived the retries), or the agent server cancelled
-the rollout because it was shutting down. Running it again with a new session may succeed.
+the rollout because it was shutting down or because the client's lease lapsed. Running it
+again with a new session may succeed.
 
 Among them, *agent losses* (:func:`is_agent_loss`: the agent lost the session, or its
 server shut down under it) say nothing about the input nor about the agent's code: the
@@ -13,9 +14,11 @@ process went away. They have a budget of their own (``Retries.lost``, larger tha
 result, while an agent that keeps failing invocations is given up on sooner.
 
 Everything else is *final*: a result, the handler's own error envelope, a payload the
-agent refused (4xx), the user's cancel, the client's close, a timeout (the rollout already
-spent its time budget; ``eval --resume`` re-attaches instead), and a result that is not
-JSON.
+agent refused (4xx, e.g. a result bucket that does not exist or refuses the agent), an
+agent no connection could be made to for the whole of its window
+(:class:`~agentcore_rl.errors.AgentUnreachableError`), the user's cancel, the client's
+close, a timeout (the rollout already spent its time budget; ``eval --resume``
+re-attaches instead), and a result that is not JSON.
 
 Example::
 
@@ -30,12 +33,18 @@ from __future__ import annotations
 from typing import Final
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import AgentLostError, InvocationError, RolloutError
+from agentcore_rl.errors import (
+    AgentLostError,
+    AgentUnreachableError,
+    InvocationError,
+    RolloutError,
+)
 
 __all__ = [
     "DEFAULT_RETRY_LOST",
     "DEFAULT_RETRY_ROLLOUTS",
     "is_agent_loss",
+    "is_lease_cancel",
     "is_retryable",
     "is_shutdown_cancel",
 ]
@@ -49,6 +58,7 @@ DEFAULT_RETRY_LOST: Final = 5
 
 #: The ``stop_reason`` words of an envelope written by a server cancelling on shutdown.
 _SHUTDOWN_WORDS: Final = "shutting down"
+_LEASE_WORDS: Final = "lease lapsed"
 
 
 def is_shutdown_cancel(exc: BaseException) -> bool:
@@ -58,6 +68,18 @@ def is_shutdown_cancel(exc: BaseException) -> bool:
         return False
     envelope = exc.envelope
     return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _SHUTDOWN_WORDS in str(
+        envelope.get(protocol.STOP_REASON, "")
+    )
+
+
+def is_lease_cancel(exc: BaseException) -> bool:
+    """Whether ``exc`` is the error envelope of a rollout an agent server cancelled because
+    its client's lease lapsed: a live client reading it had stalled (or could not reach
+    S3) for the whole lease; the input itself is not at fault."""
+    if not isinstance(exc, RolloutError):
+        return False
+    envelope = exc.envelope
+    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _LEASE_WORDS in str(
         envelope.get(protocol.STOP_REASON, "")
     )
 
@@ -74,8 +96,10 @@ def is_retryable(exc: BaseException) -> bool:
     (see the module docstring for the rule)."""
     if isinstance(exc, AgentLostError):
         return True
+    if isinstance(exc, AgentUnreachableError):
+        return False  # every agent was tried for its window: a new session fares no better
     if isinstance(exc, InvocationError):
         status = exc.status_code
         # No status: the agent was not reached (connection refused, reset, timeout).
         return status is None or status in (424, 429) or status >= 500
-    return is_shutdown_cancel(exc)
+    return is_shutdown_cancel(exc) or is_lease_cancel(exc)

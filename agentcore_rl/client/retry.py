@@ -34,8 +34,10 @@ async def with_retries(
     """Run ``call``; on :class:`RetryableError` wait, take a token and try again.
 
     The caller has taken the first attempt's token. A throttle answer is reported to the
-    limiter (which slows down), and so is the final success. When the attempts run out,
-    raise ``InvocationError`` naming ``what``.
+    limiter (which slows down), and so is the final success. An answer with
+    ``retry_after`` (an overloaded server) is a pause: waited out (``retry.sleep``),
+    counted as a throttle and sent again without using up an attempt. When the attempts
+    run out, raise ``InvocationError`` naming ``what``.
     """
     attempts = 0
 
@@ -45,15 +47,20 @@ async def with_retries(
         if number > 1:
             counters.retries += 1
             await limiter.acquire(priority)
-        try:
-            answer = await call()
-        except RetryableError as exc:
-            if exc.throttled:
-                counters.throttles += 1
-                limiter.on_throttle()
-            raise
-        limiter.on_success()
-        return answer
+        while True:
+            try:
+                answer = await call()
+            except RetryableError as exc:
+                if exc.throttled or exc.retry_after is not None:
+                    counters.throttles += 1
+                    limiter.on_throttle()
+                if exc.retry_after is None:
+                    raise
+                await retry.sleep(exc.retry_after)
+                await limiter.acquire(priority)
+                continue
+            limiter.on_success()
+            return answer
 
     try:
         return await retry.run(attempt, _is_retryable)

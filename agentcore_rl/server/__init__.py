@@ -22,9 +22,11 @@ from agentcore_rl.server.config import (
     WorkerConfig,
 )
 from agentcore_rl.server.context import RequestContext
+from agentcore_rl.server.faults import FaultChecks
 
 __all__ = [
     "AgentCoreRLApp",
+    "FaultChecks",
     "RepeatConfig",
     "RequestContext",
     "RequestLimits",

@@ -46,6 +46,7 @@ from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.keywords import checked
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
@@ -61,11 +62,13 @@ from agentcore_rl.server.config import (
     SpoolConfig,
     WorkerConfig,
 )
+from agentcore_rl.server.faults import DEFAULT_FAULT_CHECKS, FaultChecks
 from agentcore_rl.server.finished import FinishedRollouts
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec
+from agentcore_rl.server.lease import LeaseWatcher
 from agentcore_rl.server.ledger import RunLedger, ledger_enabled_by_env
-from agentcore_rl.server.limits import prepare_process, serve_options
+from agentcore_rl.server.limits import LoopLag, prepare_process, serve_options
 from agentcore_rl.server.lost import LostRolloutReporter
 from agentcore_rl.server.parsing import allowed_buckets_from
 from agentcore_rl.server.routes import RolloutRoutes
@@ -111,9 +114,13 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
     directory, retry intervals, run ledger), ``repeats``
     (:class:`~agentcore_rl.server.config.RepeatConfig`: how a repeated invocation is kept
-    from running twice) and ``workers``
+    from running twice), ``workers``
     (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
-    interval). ``clock`` (epoch seconds) stamps envelopes and ``/ping``.
+    interval) and ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`: a result
+    bucket that does not exist or refuses the server is refused with a 4xx naming it; the
+    rollouts of a client whose lease lapsed are cancelled; a server whose event loop runs
+    behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
+    and ``/ping``.
 
     At startup the app delivers what its spool holds and, with the run ledger, reports
     the rollouts a crashed predecessor on the same disk left running as ``agent_lost``
@@ -149,6 +156,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         spool: SpoolConfig = DEFAULT_SPOOL,
         repeats: RepeatConfig = DEFAULT_REPEATS,
         workers: WorkerConfig = DEFAULT_WORKERS,
+        faults: FaultChecks = DEFAULT_FAULT_CHECKS,
         clock: Callable[[], float] = time.time,
         debug: bool = False,
         lifespan: Lifespan[Any] | None = None,
@@ -160,6 +168,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             ("spool", spool, SpoolConfig),
             ("repeats", repeats, RepeatConfig),
             ("workers", workers, WorkerConfig),
+            ("faults", faults, FaultChecks),
         ):
             if not isinstance(value, kind):
                 raise ConfigurationError(
@@ -227,6 +236,10 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             allowed_buckets=self.allowed_buckets,
             clock=clock,
         )
+        # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
+        self.bucket_check = BucketCheck(self.store, faults)
+        self.leases = LeaseWatcher(self.store, self.runner, faults)
+        self.overload = LoopLag(faults.overload_lag, clock=faults.clock, sleep=faults.sleep)
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -463,6 +476,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._owner = owner
         self.runner.attach(self._tasks)
         self.spool.attach(self._tasks)
+        self._tasks.start_soon(self.leases.run, name="lease watcher")
+        self._tasks.start_soon(self.overload.run, name="loop lag")
         try:
             await self.startup()
         except BaseException:

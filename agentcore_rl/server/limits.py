@@ -8,7 +8,11 @@ limit, ``/ping`` goes dark (AgentCore Runtime kills the session) and asyncio log
 :func:`serve_options` gives uvicorn a protocol that
 
 - closes a connection that has not sent a complete request head within
-  ``first_request_timeout`` seconds (slowloris), and
+  ``first_request_timeout`` seconds (slowloris),
+- never closes a connection as idle (that timeout, or keep-alive's) while bytes it sent
+  wait unread behind a busy event loop: such a close would reset a request the server
+  already received. The verdict waits two loop iterations, so what arrived is read
+  first, and
 - beyond ``max_connections`` closes the oldest connection that has not started a
   request, so a new one (``/ping``) still gets in; only when every connection is busy
   with a request is the new one refused,
@@ -28,13 +32,14 @@ import asyncio
 import errno
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 __all__ = [
     "DEFAULT_FIRST_REQUEST_TIMEOUT",
     "DEFAULT_MAX_CONNECTIONS",
     "FD_RESERVE",
+    "LoopLag",
     "OpenFilesLogFilter",
     "guarded_protocol",
     "prepare_process",
@@ -55,7 +60,16 @@ FD_RESERVE: Final = 128
 #: Seconds between two "Too many open files" log records.
 DEFAULT_EMFILE_LOG_INTERVAL: Final = 60.0
 #: Keep-alive: an idle connection between requests is closed after this many seconds.
-DEFAULT_KEEP_ALIVE: Final = 5.0
+#: Longer than common clients' own idle expiry (httpx 5 s, aiohttp 15 s): a server that
+#: closes first races the client's next request, which then meets a reset connection.
+#: Idle connections still make room for new ones at the connection cap.
+DEFAULT_KEEP_ALIVE: Final = 20.0
+#: Seconds between two measurements of the event loop's lag.
+DEFAULT_LAG_INTERVAL: Final = 0.1
+#: Seconds of event loop lag past which new invocations are refused (503, Retry-After).
+DEFAULT_OVERLOAD_LAG: Final = 1.0
+#: Pending connections the kernel queues before refusing more (uvicorn's default: 2,048).
+DEFAULT_BACKLOG: Final = 4096
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -180,11 +194,13 @@ def guarded_protocol(
     class Guarded(base):  # type: ignore[valid-type,misc]
         _born: float
         _head_timer: asyncio.TimerHandle | None
+        _received: int
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
             self._born = self.loop.time()
             self._head_timer = None
+            self._received = 0
             if len(self.connections) > max_connections and not self._make_room():
                 logger.debug("refused a connection: %d busy connections", max_connections)
                 transport.close()
@@ -202,11 +218,32 @@ def guarded_protocol(
             self.connections.discard(oldest)
             return True
 
+        def data_received(self, data: bytes) -> None:
+            self._received += 1
+            super().data_received(data)
+
+        def _close_when_idle(self, still_idle: Callable[[], bool], why: str) -> None:
+            # Timers run after the I/O callbacks of their loop iteration, but bytes that
+            # arrived during a long iteration are only read in the next one. Two hops
+            # (call_soon runs before the next iteration's reads) let them be read first.
+            received = self._received
+
+            def verdict() -> None:
+                if self._received == received and still_idle() and not self.transport.is_closing():
+                    logger.debug("closing a connection: %s", why)
+                    self.transport.close()
+
+            self.loop.call_soon(self.loop.call_soon, verdict)
+
         def _drop_if_idle(self) -> None:
             self._head_timer = None
-            if self.cycle is None and not self.transport.is_closing():
-                logger.debug("closing a connection that sent no request in time")
-                self.transport.close()
+            self._close_when_idle(lambda: self.cycle is None, "it sent no request in time")
+
+        def timeout_keep_alive_handler(self) -> None:
+            self._close_when_idle(
+                lambda: self.cycle is None or self.cycle.response_complete,
+                "idle past its keep-alive",
+            )
 
         def _cancel_head_timer(self) -> None:
             if self._head_timer is not None:
@@ -249,6 +286,7 @@ def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
     cap = merged.pop("max_connections", DEFAULT_MAX_CONNECTIONS)
     timeout = merged.pop("first_request_timeout", DEFAULT_FIRST_REQUEST_TIMEOUT)
     merged.setdefault("timeout_keep_alive", DEFAULT_KEEP_ALIVE)
+    merged.setdefault("backlog", DEFAULT_BACKLOG)
     if "http" not in merged:
         files = _open_file_limit()
         if cap is None:
@@ -259,3 +297,74 @@ def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
             _default_protocol(), max_connections=cap, first_request_timeout=timeout
         )
     return merged
+
+
+class LoopLag:
+    """How far behind the event loop runs, and whether that is overload.
+
+    :meth:`run` sleeps ``interval`` seconds at a time and records how much longer each
+    sleep took (``lag``). While the last ``samples`` sleeps each took more than
+    ``threshold`` seconds longer (a sustained backlog, not one blocking call such as a
+    slow import at startup), :attr:`overloaded` is true and the server answers new
+    invocations 503 with ``Retry-After`` before reading them: a refusal costs a fraction
+    of an acceptance, so the backlog drains instead of every request waiting seconds (and
+    connections being reset). ``threshold`` ``None``: never overloaded.
+    ``clock``/``sleep`` are injectable.
+
+    Example::
+
+        lag = LoopLag(threshold=1.0)
+        tasks.start_soon(lag.run)
+        if lag.overloaded: ...
+    """
+
+    def __init__(
+        self,
+        threshold: float | None,
+        *,
+        interval: float = DEFAULT_LAG_INTERVAL,
+        samples: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.threshold = threshold
+        self.interval = interval
+        self._clock = clock
+        self._sleep = sleep
+        self.samples = samples
+        self.lag = 0.0
+        self._late = 0  # measurements in a row over the threshold
+        #: Invocations refused because of overload.
+        self.refused = 0
+
+    def __repr__(self) -> str:
+        return f"LoopLag(lag={self.lag:.3f}, threshold={self.threshold}, refused={self.refused})"
+
+    @property
+    def overloaded(self) -> bool:
+        """Whether the last measured lag was over the threshold."""
+        return self.threshold is not None and self._late >= self.samples
+
+    async def run(self) -> None:
+        """Measure until cancelled (the app's task group owns it)."""
+        if self.threshold is None:
+            return
+        while True:
+            await self.measure()
+
+    async def measure(self) -> float:
+        """Sleep ``interval`` once; record and return how much longer it took."""
+        started = self._clock()
+        await self._sleep(self.interval)
+        lag = max(0.0, self._clock() - started - self.interval)
+        was = self.overloaded
+        self.lag = lag
+        over = self.threshold is not None and lag > self.threshold
+        self._late = self._late + 1 if over else 0
+        if self.overloaded and not was:
+            logger.warning(
+                "event loop %.2f s behind: refusing new invocations (503, Retry-After)", lag
+            )
+        elif was and not self.overloaded:
+            logger.warning("event loop caught up: accepting invocations again")
+        return lag

@@ -21,12 +21,15 @@ from starlette.responses import JSONResponse, Response
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
+from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.config import RepeatConfig, RequestLimits, ShutdownConfig
 from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.finished import FinishedRollouts
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
+from agentcore_rl.server.lease import check_lease_reference
+from agentcore_rl.server.limits import LoopLag
 from agentcore_rl.server.parsing import (
     control_op,
     parse_payload,
@@ -65,6 +68,8 @@ class RolloutRoutes:
     shutdown: ShutdownConfig
     repeats: RepeatConfig
     body_budget: BodyBudget
+    bucket_check: BucketCheck
+    overload: LoopLag
     health: HealthTracker
     finished: FinishedRollouts
     runner: RolloutRunner
@@ -96,6 +101,11 @@ class RolloutRoutes:
     async def _invocations(self, request: Request) -> Response:
         if self._closing:
             return self._shutting_down()
+        if self.overload.overloaded:  # decided before any work on the request
+            self.overload.refused += 1
+            overloaded = _error_response("the agent server is overloaded; retry later", 503)
+            overloaded.headers["Retry-After"] = "1"
+            return overloaded
         spec = self._spec
         if spec is None:
             return _error_response(
@@ -123,6 +133,9 @@ class RolloutRoutes:
                 if self._rollout_mode
                 else None
             )
+            if config is not None:
+                check_lease_reference(config, self.allowed_buckets)
+                await self.bucket_check.require(config.s3_bucket)
             if self._validator is not None:
                 checked = self._validator(payload)
                 if inspect.isawaitable(checked):

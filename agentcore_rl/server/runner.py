@@ -362,6 +362,10 @@ class RolloutRunner:
             # Shielded: the one envelope of an accepted rollout is written even when the
             # owner's task group is being cancelled (the store's retries bound the wait).
             with anyio.CancelScope(shield=True):
+                if error_type == protocol.ERROR_CANCELLED:
+                    # A mass cancel (shutdown, a client's lapsed lease) ends every handler
+                    # first: the envelope writes' CPU would otherwise hold back the rest.
+                    await anyio.lowlevel.checkpoint()
                 await self._deliver(job, body, error_type, reason)
         finally:
             self._forget(job)

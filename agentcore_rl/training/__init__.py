@@ -1,9 +1,11 @@
 """Trainer-ready data from GRPO groups: rows, files, and the shapes trainers take.
 
-``rows``: groups -> :class:`TrainingRow` (prompt and response token ids, loss mask,
-logprobs, reward, advantage, group id, policy versions, session id). ``files``: JSONL and,
-with pyarrow, Parquet. ``formats``: converters to veRL's agent-loop output, slime's
-``Sample`` and SkyRL's ``GeneratorOutput`` as plain dicts. No trainer is imported.
+``rows``: groups (or one trajectory) -> :class:`TrainingRow` (prompt and response token
+ids, loss mask, logprobs, reward, advantage, group id, policy versions, session id).
+``fit``: rows fitted to a trainer's lengths. ``files``: JSONL and, with pyarrow, Parquet.
+``formats``: converters to veRL's agent-loop output, slime's ``Sample`` and SkyRL's
+``GeneratorOutput`` as plain dicts. No trainer is imported (the adapters that import one
+are in ``agentcore_rl.integrations``).
 
 Example::
 
@@ -15,7 +17,9 @@ Example::
 """
 
 from agentcore_rl.training.files import read_jsonl, read_parquet, write_jsonl, write_parquet
+from agentcore_rl.training.fit import FitReport, fit_row, fit_rows
 from agentcore_rl.training.formats import (
+    DEFAULT_PAD_TOKEN_ID,
     SkyRLGeneratorOutput,
     SlimeSampleFields,
     VerlAgentLoopOutput,
@@ -29,11 +33,15 @@ from agentcore_rl.training.rows import (
     SegmentLike,
     TrainingRow,
     TrajectoryLike,
+    group_advantages,
     group_rows,
     rows_from_groups,
+    trajectory_rows,
 )
 
 __all__ = [
+    "DEFAULT_PAD_TOKEN_ID",
+    "FitReport",
     "InvalidTrajectoryError",
     "MissingTrajectoryError",
     "SegmentLike",
@@ -42,6 +50,9 @@ __all__ = [
     "TrainingRow",
     "TrajectoryLike",
     "VerlAgentLoopOutput",
+    "fit_row",
+    "fit_rows",
+    "group_advantages",
     "group_rows",
     "read_jsonl",
     "read_parquet",
@@ -49,6 +60,7 @@ __all__ = [
     "to_skyrl",
     "to_slime",
     "to_verl",
+    "trajectory_rows",
     "write_jsonl",
     "write_parquet",
 ]

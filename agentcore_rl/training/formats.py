@@ -4,8 +4,10 @@ The shapes follow each project's public source (checked in their main branches, 
 
 - veRL ``verl/experimental/agent_loop/agent_loop.py`` ``AgentLoopOutput`` (pydantic):
   ``prompt_ids``, ``response_ids``, ``response_mask`` (1 = generated), ``response_logprobs``,
-  ``reward_score``, ``metrics`` (``AgentLoopMetrics``), ``extra_fields``.
-  Build one with ``AgentLoopOutput(**to_verl(row))``; veRL groups by its own ``uid``.
+  ``reward_score``, ``metrics`` (``AgentLoopMetrics``), ``extra_fields`` (with
+  ``reward_extra_info`` and the integer ``min_global_steps`` / ``max_global_steps`` its v1
+  trainer reads). Build one with ``AgentLoopOutput(**to_verl(row))``; veRL groups by its own
+  ``uid``.
 - slime ``slime/utils/types.py`` ``Sample`` (dataclass): ``group_index``, ``index``,
   ``rollout_id`` (shared by the samples of one rollout), ``tokens`` (prompt + response),
   ``response_length``, ``reward``, ``loss_mask`` (response only), ``rollout_log_probs``,
@@ -14,7 +16,13 @@ The shapes follow each project's public source (checked in their main branches, 
 - SkyRL ``skyrl/train/generators/base.py`` ``GeneratorOutput`` (TypedDict, one per batch):
   ``prompt_token_ids``, ``response_ids``, ``rewards``, ``loss_masks``, ``rollout_logprobs``,
   ``trajectory_ids`` (``TrajectoryID(instance_id, repetition_id)``; here as dicts), and
-  optional keys set to ``None``; ``is_last_step`` is set when a member has several segments.
+  optional keys set to ``None``; ``is_last_step`` always set (one entry per row).
+
+Every trainer takes every row: a row without response tokens (a zeroed member that captured
+nothing) becomes a placeholder of one ``pad_token_id`` response token with loss mask 0,
+logprob 0.0 and the member's reward (veRL and SkyRL write the reward on the last response
+token, so an empty response cannot carry it); an empty prompt gets one ``pad_token_id`` too.
+Logprobs are never ``None``: a row without captured logprobs gets 0.0 per token.
 
 Example::
 
@@ -26,11 +34,13 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypedDict
+from dataclasses import dataclass
+from typing import Any, Final, TypedDict
 
 from agentcore_rl.training.rows import TrainingRow
 
 __all__ = [
+    "DEFAULT_PAD_TOKEN_ID",
     "SkyRLGeneratorOutput",
     "SlimeSampleFields",
     "VerlAgentLoopOutput",
@@ -38,6 +48,38 @@ __all__ = [
     "to_slime",
     "to_verl",
 ]
+
+
+#: The token a placeholder row carries unless told otherwise (masked out, never trained).
+DEFAULT_PAD_TOKEN_ID: Final = 0
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    prompt: list[int]
+    response: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    placeholder: bool
+
+
+def _tokens(row: TrainingRow, pad_token_id: int) -> _Tokens:
+    """The row's arrays as every trainer takes them: no empty response, no missing logprobs."""
+    if not row.response_ids:
+        return _Tokens(list(row.prompt_ids) or [pad_token_id], [pad_token_id], [0], [0.0], True)
+    logprobs = list(row.logprobs) if row.logprobs else [0.0] * len(row.response_ids)
+    return _Tokens(
+        list(row.prompt_ids) or [pad_token_id],
+        list(row.response_ids),
+        list(row.loss_mask),
+        logprobs,
+        False,
+    )
+
+
+def _steps(row: TrainingRow, default: int) -> tuple[int, int]:
+    low, high = row.min_policy_version, row.max_policy_version
+    return (default if low is None else low, default if high is None else high)
 
 
 def _extra(row: TrainingRow) -> dict[str, Any]:
@@ -65,27 +107,43 @@ class VerlAgentLoopOutput(TypedDict):
     prompt_ids: list[int]
     response_ids: list[int]
     response_mask: list[int]
-    response_logprobs: list[float] | None
+    response_logprobs: list[float]
     reward_score: float
     metrics: dict[str, Any]
     extra_fields: dict[str, Any]
 
 
-def to_verl(row: TrainingRow) -> VerlAgentLoopOutput:
+def to_verl(
+    row: TrainingRow, *, pad_token_id: int = DEFAULT_PAD_TOKEN_ID, global_steps: int = 0
+) -> VerlAgentLoopOutput:
     """One row as veRL's agent-loop output (``metrics`` empty: veRL's defaults apply).
+
+    ``extra_fields`` carries ``reward_extra_info`` (``{"agentcore_reward": r}``, the same
+    keys on every row, as veRL's batch concatenation needs) and ``min_global_steps`` /
+    ``max_global_steps``: the oldest and newest policy version that served the row, or
+    ``global_steps`` when the row has none.
 
     Example::
 
-        AgentLoopOutput(**to_verl(row))
+        AgentLoopOutput(**to_verl(row, global_steps=12))
     """
+    tokens = _tokens(row, pad_token_id)
+    low, high = _steps(row, global_steps)
+    extra = _extra(row)
+    extra.update(
+        reward_extra_info={"agentcore_reward": row.reward},
+        min_global_steps=low,
+        max_global_steps=high,
+        placeholder=tokens.placeholder,
+    )
     return VerlAgentLoopOutput(
-        prompt_ids=list(row.prompt_ids),
-        response_ids=list(row.response_ids),
-        response_mask=list(row.loss_mask),
-        response_logprobs=None if row.logprobs is None else list(row.logprobs),
+        prompt_ids=tokens.prompt,
+        response_ids=tokens.response,
+        response_mask=tokens.mask,
+        response_logprobs=tokens.logprobs,
         reward_score=row.reward,
         metrics={},
-        extra_fields=_extra(row),
+        extra_fields=extra,
     )
 
 
@@ -102,7 +160,7 @@ class SlimeSampleFields(TypedDict):
     response_length: int
     reward: float
     loss_mask: list[int]
-    rollout_log_probs: list[float] | None
+    rollout_log_probs: list[float]
     weight_versions: list[str]
     status: str
     metadata: dict[str, Any]
@@ -110,12 +168,17 @@ class SlimeSampleFields(TypedDict):
     remove_sample: bool
 
 
-def to_slime(rows: Iterable[TrainingRow]) -> list[SlimeSampleFields]:
+def to_slime(
+    rows: Iterable[TrainingRow], *, pad_token_id: int = DEFAULT_PAD_TOKEN_ID
+) -> list[SlimeSampleFields]:
     """Rows as slime samples: ``group_index`` per group, ``rollout_id`` per member.
 
     Indices count from 0 in the order rows come. A zeroed member's sample has status
     ``"failed"`` (mask 0, reward 0, as the reference toolkit's slime backend makes it); one
-    with no tokens at all is also marked ``remove_sample``.
+    with no tokens at all is the placeholder (one pad token) and is marked
+    ``remove_sample``. slime's default reward normalization is positional (it reshapes the
+    rewards to ``n_samples_per_prompt`` columns), so rows of members with several segments
+    need the group-aware hook ``agentcore_rl.integrations.slime.reward_post_process``.
 
     Example::
 
@@ -128,21 +191,22 @@ def to_slime(rows: Iterable[TrainingRow]) -> list[SlimeSampleFields]:
     for index, row in enumerate(rows):
         group_index = groups.setdefault((row.exp_id, row.group_id), len(groups))
         rollout_id = rollouts.setdefault((row.exp_id, row.group_id, row.session_id), len(rollouts))
+        tokens = _tokens(row, pad_token_id)
         out.append(
             SlimeSampleFields(
                 group_index=group_index,
                 index=index,
                 rollout_id=rollout_id,
-                tokens=[*row.prompt_ids, *row.response_ids],
-                response_length=len(row.response_ids),
+                tokens=[*tokens.prompt, *tokens.response],
+                response_length=len(tokens.response),
                 reward=row.reward,
-                loss_mask=list(row.loss_mask),
-                rollout_log_probs=None if row.logprobs is None else list(row.logprobs),
+                loss_mask=tokens.mask,
+                rollout_log_probs=tokens.logprobs,
                 weight_versions=[str(v) for v in row.policy_versions],
                 status="failed" if row.zeroed else "completed",
-                metadata=_extra(row),
+                metadata={**_extra(row), "placeholder": tokens.placeholder},
                 session_id=row.session_id,
-                remove_sample=not row.response_ids,
+                remove_sample=tokens.placeholder,
             )
         )
     return out
@@ -160,22 +224,27 @@ class SkyRLGeneratorOutput(TypedDict):
     loss_masks: list[list[int]]
     stop_reasons: list[str] | None
     rollout_metrics: dict[str, Any] | None
-    rollout_logprobs: list[list[float]] | None
+    rollout_logprobs: list[list[float]]
     trajectory_ids: list[dict[str, Any]]
     trajectory_generation_times: list[float] | None
     trajectory_time_splits: dict[str, list[float]] | None
     rollout_expert_indices: list[Any] | None
-    is_last_step: list[bool] | None
+    rollout_sample_support: list[Any] | None
+    is_last_step: list[bool]
     env_metrics: list[dict[str, Any]] | None
     pixel_values: list[Any] | None
     image_grid_thw: list[Any] | None
 
 
-def to_skyrl(rows: Iterable[TrainingRow]) -> SkyRLGeneratorOutput:
+def to_skyrl(
+    rows: Iterable[TrainingRow], *, pad_token_id: int = DEFAULT_PAD_TOKEN_ID
+) -> SkyRLGeneratorOutput:
     """Rows as one SkyRL generator output (one entry per row, in order).
 
-    ``rollout_logprobs`` is ``None`` unless every row has logprobs; ``is_last_step`` is
-    ``None`` unless some member has several segments (SkyRL's step-wise training).
+    ``is_last_step`` marks each member's last segment (every row of a member with one
+    segment), so the output passes SkyRL's step-wise validation with or without splits;
+    step-wise training (``generator.step_wise_trajectories``) then takes each member's
+    reward once, from its last step. ``rollout_logprobs`` is always a list.
 
     Example::
 
@@ -183,27 +252,23 @@ def to_skyrl(rows: Iterable[TrainingRow]) -> SkyRLGeneratorOutput:
         out["trajectory_ids"] = [TrajectoryID(**t) for t in out["trajectory_ids"]]
     """
     batch = list(rows)
-    logprobs = [row.logprobs for row in batch]
-    multi = any(row.num_segments > 1 for row in batch)
+    tokens = [_tokens(row, pad_token_id) for row in batch]
     return SkyRLGeneratorOutput(
-        prompt_token_ids=[list(row.prompt_ids) for row in batch],
-        response_ids=[list(row.response_ids) for row in batch],
+        prompt_token_ids=[t.prompt for t in tokens],
+        response_ids=[t.response for t in tokens],
         rewards=[row.reward for row in batch],
-        loss_masks=[list(row.loss_mask) for row in batch],
+        loss_masks=[t.mask for t in tokens],
         stop_reasons=None,
         rollout_metrics=None,
-        rollout_logprobs=(
-            [list(lp) for lp in logprobs if lp is not None]
-            if batch and all(lp is not None for lp in logprobs)
-            else None
-        ),
+        rollout_logprobs=[t.logprobs for t in tokens],
         trajectory_ids=[
             {"instance_id": row.group_id, "repetition_id": row.member} for row in batch
         ],
         trajectory_generation_times=None,
         trajectory_time_splits=None,
         rollout_expert_indices=None,
-        is_last_step=[row.segment == row.num_segments - 1 for row in batch] if multi else None,
+        rollout_sample_support=None,
+        is_last_step=[row.segment == row.num_segments - 1 for row in batch],
         env_metrics=None,
         pixel_values=None,
         image_grid_thw=None,

@@ -7,8 +7,14 @@ it, ``response_ids`` from it on, ``loss_mask`` and ``logprobs`` aligned with
 ``response_ids``. Every segment of a member carries the member's reward and advantage.
 
 Rows of failed members follow the group's rule: under ``on_failure="zero"`` the member's
-row has reward 0 and an all-zero loss mask (its captured tokens, if any, train nothing);
-members dropped by ``drop_member`` are not in the group, so they have no rows.
+row has reward 0, an all-zero loss mask and logprobs 0.0 (its captured tokens, if any, train
+nothing; a member with no tokens at all gets one empty row); members dropped by
+``drop_member`` are not in the group, so they have no rows.
+
+A member with several segments counts once in its group: the advantage comes from one reward
+per member, and every one of its segments carries it. A group of one has no baseline: its
+advantage is its reward (what veRL's and SkyRL's GRPO give a lone sample), so ``n=1`` trains
+as plain REINFORCE instead of not at all.
 
 Example::
 
@@ -31,8 +37,10 @@ __all__ = [
     "SegmentLike",
     "TrainingRow",
     "TrajectoryLike",
+    "group_advantages",
     "group_rows",
     "rows_from_groups",
+    "trajectory_rows",
 ]
 
 
@@ -148,6 +156,22 @@ class TrainingRow:
         """
         return cls(**data)
 
+    @property
+    def min_policy_version(self) -> int | None:
+        """The oldest policy version that served this row (None when unknown)."""
+        return min(self.policy_versions) if self.policy_versions else None
+
+    @property
+    def max_policy_version(self) -> int | None:
+        """The newest policy version that served this row (None when unknown)."""
+        return max(self.policy_versions) if self.policy_versions else None
+
+
+def group_advantages(group: RolloutGroup, normalize: Normalize = "mean") -> list[float]:
+    """The advantage of each kept member, one reward per member however many segments it has
+    (a group of one: its reward, see :func:`agentcore_rl.groups.advantages`)."""
+    return group.advantages(normalize)
+
 
 def group_rows(
     group: RolloutGroup, normalize: Normalize = "mean", *, require_tokens: bool = True
@@ -163,7 +187,7 @@ def group_rows(
         rows = group_rows(group, normalize="mean_std")
     """
     out: list[TrainingRow] = []
-    for member, advantage in zip(group.members, group.advantages(normalize), strict=True):
+    for member, advantage in zip(group.members, group_advantages(group, normalize), strict=True):
         out.extend(_member_rows(group, member, advantage, require_tokens=require_tokens))
     return out
 
@@ -184,35 +208,78 @@ def rows_from_groups(
 def _member_rows(
     group: RolloutGroup, member: GroupMember, advantage: float, *, require_tokens: bool
 ) -> list[TrainingRow]:
-    reward = 0.0 if member.reward is None else member.reward
-    common: dict[str, Any] = {
-        "exp_id": group.exp_id,
-        "group_id": group.input_id,
-        "session_id": member.session_id,
-        "member": member.index,
-        "attempt": member.attempt,
-        "reward": reward,
-        "advantage": advantage,
-        "outcome": member.outcome.value,
-        "zeroed": member.zeroed,
-    }
     trajectory = member.trajectory
+    tokenless = trajectory is None or (
+        isinstance(trajectory, TrajectoryLike) and not trajectory.segments
+    )
+    if tokenless and require_tokens and not member.zeroed:
+        raise MissingTrajectoryError(
+            f"member {member.index} of group {group.input_id!r} (session "
+            f"{member.session_id}) has no captured tokens; configure a gateway so "
+            "rollouts carry trajectories, or pass require_tokens=False"
+        )
+    return trajectory_rows(
+        trajectory,
+        exp_id=group.exp_id,
+        group_id=group.input_id,
+        session_id=member.session_id,
+        reward=0.0 if member.reward is None else member.reward,
+        advantage=advantage,
+        member=member.index,
+        attempt=member.attempt,
+        policy_version=member.policy_version,
+        outcome=member.outcome.value,
+        zeroed=member.zeroed,
+    )
+
+
+def trajectory_rows(
+    trajectory: TrajectoryLike | None,
+    *,
+    exp_id: str,
+    group_id: str,
+    session_id: str,
+    reward: float,
+    advantage: float = 0.0,
+    member: int = 0,
+    attempt: int = 0,
+    policy_version: int | None = None,
+    outcome: str = "succeeded",
+    zeroed: bool = False,
+) -> list[TrainingRow]:
+    """The rows of one rollout's trajectory, without a :class:`RolloutGroup`.
+
+    For trainers that run the n samples of a prompt themselves (veRL's agent loop, SkyRL's
+    generator) and compute the advantage later: ``advantage`` is then only informative.
+    ``zeroed`` masks every token out (loss mask 0, logprobs 0.0). A trajectory without
+    segments (or ``None``) gives one empty row, so the sample still counts in its group.
+
+    Example::
+
+        rows = trajectory_rows(build_trajectory(trace), exp_id="e1", group_id="q-17",
+                               session_id=trace.session_id, reward=1.0)
+    """
+    common: dict[str, Any] = {
+        "exp_id": exp_id,
+        "group_id": group_id,
+        "session_id": session_id,
+        "member": member,
+        "attempt": attempt,
+        "reward": float(reward),
+        "advantage": float(advantage),
+        "outcome": outcome,
+        "zeroed": zeroed,
+    }
     segments: Sequence[SegmentLike] = ()
     if trajectory is not None:
         if not isinstance(trajectory, TrajectoryLike):
             raise InvalidTrajectoryError(
                 f"trajectory of type {type(trajectory).__name__} has no segments",
-                session_id=member.session_id,
+                session_id=session_id,
             )
         segments = trajectory.segments
+    fallback = [policy_version] if policy_version is not None else []
     if not segments:
-        if require_tokens and not member.zeroed:
-            raise MissingTrajectoryError(
-                f"member {member.index} of group {group.input_id!r} (session "
-                f"{member.session_id}) has no captured tokens; configure a gateway so "
-                "rollouts carry trajectories, or pass require_tokens=False"
-            )
-        versions = [member.policy_version] if member.policy_version is not None else []
         return [
             TrainingRow(
                 **common,
@@ -221,18 +288,17 @@ def _member_rows(
                 prompt_ids=[],
                 response_ids=[],
                 loss_mask=[],
-                logprobs=None,
-                policy_versions=versions,
+                logprobs=[],
+                policy_versions=fallback,
             )
         ]
     rows = []
     for number, segment in enumerate(segments):
-        prompt, response, mask, logprobs = _split(segment, member.session_id)
-        if member.zeroed:
+        prompt, response, mask, logprobs = _split(segment, session_id)
+        if zeroed:
             mask = [0] * len(mask)
-        versions = _distinct(segment.policy_versions)
-        if not versions and member.policy_version is not None:
-            versions = [member.policy_version]
+            if logprobs is None:
+                logprobs = [0.0] * len(response)
         rows.append(
             TrainingRow(
                 **common,
@@ -242,7 +308,7 @@ def _member_rows(
                 response_ids=response,
                 loss_mask=mask,
                 logprobs=logprobs,
-                policy_versions=versions,
+                policy_versions=_distinct(segment.policy_versions) or fallback,
             )
         )
     return rows

@@ -8,6 +8,7 @@ import pytest
 
 from agentcore_rl.client import RolloutFuture
 from agentcore_rl.errors import (
+    AgentUnreachableError,
     ClientClosedError,
     InvalidRolloutConfig,
     InvocationError,
@@ -66,6 +67,8 @@ async def test_defaults_then_payload_then_overrides_in_rollout_block(
             "temperature": 1.0,
             "top_p": 0.5,
             "system": "be brief",
+            # The client's lease, named in every invocation (see test_lease.py).
+            "lease": {"s3_bucket": bucket, "key": client._lease.key},  # type: ignore[union-attr]
         }
     ]
 
@@ -143,27 +146,21 @@ async def test_refused_invocation_fails_at_once_with_the_servers_message(
     await store.aclose()
 
 
-async def test_unreachable_agent_is_retried_then_invocation_error(
+async def test_unreachable_agent_fails_in_one_session_with_nothing_to_stop(
     make_client: ClientFactory,
 ) -> None:
-    client = make_client(agent_url="http://127.0.0.1:9", retries=quick_retries(rollouts=0))
-    with pytest.raises(InvocationError, match="after 3 attempts") as info:
+    # Connection refused: the quick retries run out (3 attempts, well within the window),
+    # then AgentUnreachableError; no new session, no stop, nothing reported unstopped.
+    client = make_client(agent_url="http://127.0.0.1:9", retries=quick_retries(rollouts=2))
+    with pytest.raises(AgentUnreachableError, match="no connection to the agent") as info:
         await client.invoke({"n": 1})
     assert info.value.session_id is not None
+    await client.aclose()
     stats = client.stats
     assert (stats.invocations, stats.retries, stats.invocation_errors) == (3, 2, 1)
+    assert (stats.rollout_retries, stats.stops, stats.stop_failures) == (0, 0, 0)
     assert stats.in_flight == 0
-
-
-async def test_unreachable_agent_is_tried_in_new_sessions_within_retry_rollouts(
-    make_client: ClientFactory,
-) -> None:
-    # Issue 9 item 4: a connection error is retryable; each rollout retry is a new session.
-    client = make_client(agent_url="http://127.0.0.1:9", retries=quick_retries(rollouts=2))
-    with pytest.raises(InvocationError, match="after 3 attempts"):
-        await client.invoke({"n": 1})
-    stats = client.stats
-    assert (stats.invocations, stats.rollout_retries, stats.invocation_errors) == (9, 2, 1)
+    assert client.unstopped_sessions == []
 
 
 async def test_cancel_releases_the_slot_and_stops_the_session(

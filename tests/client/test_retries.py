@@ -32,6 +32,7 @@ class FlakyProxy:
     failures: list[int] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)
     lose_answers: int = 0  # forward, then answer 502 as if the answer were lost
+    retry_after: str | None = None  # sent with the injected failures
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self, http: httpx.AsyncClient) -> Starlette:
@@ -40,7 +41,10 @@ class FlakyProxy:
             self.seen.append(request.headers[SESSION_ID_HEADER])
             if self.failures:
                 status = self.failures.pop(0)
-                return JSONResponse({"error": f"injected {status}"}, status_code=status)
+                headers = None if self.retry_after is None else {"Retry-After": self.retry_after}
+                return JSONResponse(
+                    {"error": f"injected {status}"}, status_code=status, headers=headers
+                )
             self.bodies.append(json.loads(await request.body()))
             upstream = await http.post(
                 INVOCATIONS_PATH, content=await request.body(), headers=dict(request.headers)
@@ -139,3 +143,20 @@ async def test_new_sessions_avoid_a_dead_url(
     assert client.stats.invocation_errors == 0
     assert client.stats.rollout_retries <= 1
     assert len(recorder.sessions) == 20
+
+
+async def test_overloaded_agent_is_a_pause_not_a_failure(
+    make_client: ClientFactory, proxy: tuple[FlakyProxy, str], recorder: Recorder
+) -> None:
+    # More 503s with Retry-After than the retry policy has attempts (3): each is waited
+    # out and sent again in the same session; the rollout is not failed nor re-run.
+    flaky, url = proxy
+    flaky.failures = [503] * 7
+    flaky.retry_after = "0"
+    client = make_client(agent_url=url, retries=quick_retries(rollouts=0))
+    result = await asyncio.wait_for(client.rollout({"n": 4}), 20)
+    assert result["n"] == 4
+    assert len(set(flaky.seen)) == 1
+    stats = client.stats
+    assert (stats.throttles, stats.rollout_retries, stats.invocation_errors) == (7, 0, 0)
+    assert recorder.sessions == [flaky.seen[0]]

@@ -120,7 +120,7 @@ def test_unreachable_agent_is_an_invocation_error(
 ) -> None:
     with (
         make(agent, sync_bucket, s3_endpoint, agent_url="http://127.0.0.1:9") as client,
-        pytest.raises(InvocationError, match="after 3 attempts"),
+        pytest.raises(InvocationError, match="no connection to the agent"),
     ):
         client.invoke({})
 

@@ -13,7 +13,7 @@ import pytest
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server import AgentCoreRLApp, FaultChecks
 from agentcore_rl.server.config import CheckExisting, RepeatConfig, SpoolConfig
 from agentcore_rl.server.finished import FinishedRollouts
 
@@ -131,7 +131,12 @@ async def test_spooled_rollout_counts_as_finished(
     bucket = f"late-{uuid.uuid4().hex[:12]}"  # does not exist yet: the write is spooled
     handler = Counting()
     spool = tmp_path / "spool"
-    app = rollout_app(store, handler.solve, spool=SpoolConfig(directory=spool, retry_interval=300))
+    app = rollout_app(
+        store,
+        handler.solve,
+        spool=SpoolConfig(directory=spool, retry_interval=300),
+        faults=FaultChecks(check_buckets=False),  # the bucket goes missing after acceptance
+    )
     async with served(app) as http:
         await accept(http, bucket)
         await settle(app)
@@ -142,7 +147,12 @@ async def test_spooled_rollout_counts_as_finished(
         assert app.session_state(SESSION)["state"] == "finished"
     # The next process adopts the spool; the re-invoke finds the rollout there.
     later = Counting()
-    app = rollout_app(store, later.solve, spool=SpoolConfig(directory=spool, retry_interval=300))
+    app = rollout_app(
+        store,
+        later.solve,
+        spool=SpoolConfig(directory=spool, retry_interval=300),
+        faults=FaultChecks(check_buckets=False),
+    )
     async with served(app) as http:
         assert app.spool.pending == 1
         assert app.session_state(SESSION)["state"] == "finished"

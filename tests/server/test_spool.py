@@ -16,7 +16,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import AgentCoreRLApp
+from agentcore_rl.server import AgentCoreRLApp, FaultChecks
 from agentcore_rl.server.config import SpoolConfig
 from agentcore_rl.server.settings import default_spool_dir
 from agentcore_rl.server.spool import Spool
@@ -43,6 +43,11 @@ def spool_files(directory: Path) -> list[Path]:
 def read_record(path: Path) -> dict[str, Any]:
     record: dict[str, Any] = json.loads(path.read_text())
     return record
+
+
+#: These tests need writes that fail after acceptance (a bucket deleted meanwhile); a
+#: missing bucket at acceptance is refused (tests/server/test_bucket_check.py).
+UNCHECKED = FaultChecks(check_buckets=False)
 
 
 def fresh_bucket() -> str:
@@ -75,7 +80,9 @@ async def test_spooled_then_delivered_when_bucket_appears(
     store: ResultStore, tmp_path: Path
 ) -> None:
     bucket = fresh_bucket()  # not created yet: every write fails with NoSuchBucket
-    app = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=0.02))
+    app = rollout_app(
+        store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=0.02), faults=UNCHECKED
+    )
     async with served(app) as http:
         await accept(http, bucket)
         await settle(app)
@@ -97,7 +104,9 @@ async def test_spooled_then_delivered_when_bucket_appears(
 
 async def test_spool_survives_a_restart(store: ResultStore, tmp_path: Path) -> None:
     bucket = fresh_bucket()
-    first = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=60))
+    first = rollout_app(
+        store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=60), faults=UNCHECKED
+    )
     await run_to_end(first, bucket)
     # The shutdown tried once more, failed, and left the envelope on disk.
     assert first.spool.pending == 1
@@ -114,7 +123,9 @@ async def test_spool_survives_a_restart(store: ResultStore, tmp_path: Path) -> N
 
 async def test_shutdown_drains_spool(store: ResultStore, tmp_path: Path) -> None:
     bucket = fresh_bucket()
-    app = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=60))
+    app = rollout_app(
+        store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=60), faults=UNCHECKED
+    )
     async with served(app) as http:
         await accept(http, bucket)
         await settle(app)
@@ -138,7 +149,7 @@ async def test_default_spool_is_delivered_by_the_next_instance(
 ) -> None:
     # No spool_dir anywhere: the default must be the same directory for the next process.
     bucket = fresh_bucket()
-    first = rollout_app(store, solve, spool=SpoolConfig(retry_interval=60))
+    first = rollout_app(store, solve, spool=SpoolConfig(retry_interval=60), faults=UNCHECKED)
     base = tmp_path / "xdg-state" / "agentcore-rl" / "spool"
     assert first.spool.directory == base / "tests.server.test_spool.solve"
     await run_to_end(first, bucket)

@@ -3,7 +3,8 @@
 A transport sends one invocation for a session id and returns the agent's JSON answer, or
 stops a session. It classifies failures: :class:`RetryableError` (throttling, 5xx,
 connection errors; ``throttled`` for 429 / ThrottlingException) is retried by the client
-with the same session id; any other failure is an
+with the same session id (:class:`NotConnectedError` when no connection was made, so the
+client knows nothing started); any other failure is an
 :class:`~agentcore_rl.errors.InvocationError` carrying the server's message.
 
 Example::
@@ -26,6 +27,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import InvocationError
 
 __all__ = [
+    "NotConnectedError",
     "RetryableError",
     "StopUnsupportedError",
     "Transport",
@@ -38,7 +40,8 @@ class RetryableError(InvocationError):
     """A failure worth retrying with the same session id (internal to the client).
 
     The client retries it and, when the attempts run out, raises an ``InvocationError``
-    that wraps the last one.
+    that wraps the last one. One with ``retry_after`` (an overloaded server's 503 or a 429
+    with ``Retry-After``) is a pause: waited out and sent again, using up no attempt.
 
     Example::
 
@@ -52,9 +55,22 @@ class RetryableError(InvocationError):
         session_id: str | None = None,
         status_code: int | None = None,
         throttled: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, session_id=session_id, status_code=status_code)
         self.throttled = throttled
+        #: Seconds the server asked us to wait (``Retry-After``): a pause, not a failure.
+        self.retry_after = retry_after
+
+
+class NotConnectedError(RetryableError):
+    """No connection to the agent could be made (refused, or the connect timed out): the
+    request never left, so this attempt started nothing.
+
+    Example::
+
+        raise NotConnectedError("http://h:8080: connection refused", session_id=sid)
+    """
 
 
 class StopUnsupportedError(InvocationError):

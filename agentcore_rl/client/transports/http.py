@@ -24,6 +24,7 @@ import httpx
 
 from agentcore_rl import protocol
 from agentcore_rl.client.transports.base import (
+    NotConnectedError,
     RetryableError,
     StopUnsupportedError,
     json_object_answer,
@@ -43,8 +44,12 @@ DEFAULT_HTTP_TIMEOUT: Final = 60.0
 #: Seconds a stop call waits for its answer; a stop delivered without one counts as done
 #: (the server cancels on receipt and only then waits for the rollout to end).
 DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
+#: Seconds to establish a connection (a refused one fails at once; this bounds a black hole).
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 #: Seconds a server that refused a connection gets no new session.
 DEFAULT_COOLDOWN: Final = 10.0
+#: Longest pause a ``Retry-After`` answer is honoured with (seconds).
+MAX_RETRY_AFTER: Final = 60.0
 #: Sessions whose server is remembered (older ones fall back to the hash of their id).
 MAX_PINNED_SESSIONS: Final = 200_000
 
@@ -64,6 +69,19 @@ def error_message(response: httpx.Response) -> str:
     if not detail:
         detail = response.text[:500] or response.reason_phrase
     return f"HTTP {response.status_code}: {detail}"
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The pause a ``Retry-After`` header asks for, in seconds (capped), if it gives one
+    in seconds (the HTTP-date form is not used by agent servers)."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if seconds == seconds else None
 
 
 def _check_url(url: str) -> str:
@@ -119,7 +137,7 @@ class HttpTransport:
         # cost quadratic CPU. Queue here instead, in an O(1) semaphore.
         self._limit = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout),
+            timeout=httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT)),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -162,8 +180,8 @@ class HttpTransport:
             base = next((u for u in self.urls if url.startswith(u)), None)
             if base is not None and len(self.urls) > 1:
                 self._unhealthy[base] = self._clock() + self.cooldown
-            raise RetryableError(
-                f"{url}: {type(exc).__name__}: {exc}", session_id=session_id
+            raise NotConnectedError(
+                f"{url}: {type(exc).__name__}: {exc or 'connection failed'}", session_id=session_id
             ) from exc
         except httpx.TransportError as exc:  # read errors and timeouts
             raise RetryableError(
@@ -176,12 +194,21 @@ class HttpTransport:
                 session_id=session_id,
                 status_code=status,
                 throttled=status == 429,
+                retry_after=retry_after(response) if status in (429, 503) else None,
             )
         if status >= 400:
             raise InvocationError(
                 f"{url}: {error_message(response)}", session_id=session_id, status_code=status
             )
         return response
+
+    def reassign(self, session_id: str) -> bool:
+        """Move a session that has not reached its server (every attempt so far failed to
+        connect) to another server that has not refused a connection lately; True when
+        it moved. Nothing started on the old one, so nothing can run twice."""
+        old = self._pins.pop(session_id, None)
+        new = self._assign(session_id)
+        return old is not None and new != old
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""

@@ -1,0 +1,231 @@
+"""slime: a custom rollout function and a group-aware reward hook (extra ``[slime]``).
+
+slime (installed from its source; it is not on PyPI) calls a rollout function for each
+step with its data source; ``generate_rollout`` takes the step's prompt groups from it
+(``n_samples_per_prompt`` samples each), runs each group through
+``AsyncRolloutClient.invoke_group`` (the project's rules apply: ``retry`` in fresh
+sessions, ``redundancy`` spares, a failed member kept zeroed) and fills slime's own
+``Sample`` objects, grouped per prompt:
+
+- each sample keeps slime's ``group_index`` and ``index``; a member with several segments
+  (a sub-agent call with a fresh context) becomes one sample per segment, all with the
+  member's ``rollout_id``, so slime's loss averages within the rollout;
+- ``status`` is slime's ``Sample.Status`` (``FAILED`` for a zeroed member); a member that
+  captured no tokens is a placeholder sample (one pad token, loss mask 0,
+  ``remove_sample``) that keeps its group's size;
+- ``weight_versions`` are the gateway's policy versions.
+
+slime's default reward normalization is positional (rewards reshaped to
+``n_samples_per_prompt`` columns), so a step with split members needs the hook
+``reward_post_process`` (``--custom-reward-post-process-path``): it counts each rollout
+once in its group's mean and standard deviation and gives every sample its rollout's
+advantage; a group of one gets its reward (slime's own std of one sample is NaN).
+
+Configure it with two flags and the settings::
+
+    --rollout-function-path agentcore_rl.integrations.slime.generate_rollout
+    --custom-reward-post-process-path agentcore_rl.integrations.slime.reward_post_process
+
+The settings are ``args.agentcore`` (a mapping or :class:`AgentCoreSettings`) or the JSON
+file named by ``AGENTCORE_RL_SETTINGS``. Each sample's ``metadata["agentcore_payload"]`` is
+the agent's payload; without one it is ``{"prompt": sample.prompt, "label": sample.label}``.
+
+Example::
+
+    samples = generate_rollout(args, rollout_id=0, data_source=data_source).samples
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import anyio
+
+from agentcore_rl._extras import require
+from agentcore_rl.groups import GroupDroppedError, RolloutGroup, advantages
+from agentcore_rl.integrations._client import (
+    close_shared_clients,
+    run_group,
+    set_policy_version,
+    shared_client,
+)
+from agentcore_rl.integrations.settings import AgentCoreSettings
+from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_slime
+from agentcore_rl.training.rows import TrainingRow, group_rows
+
+require("slime", "agentcore_rl.integrations.slime", "torch")
+
+try:
+    from slime.rollout.base_types import RolloutFnTrainOutput
+    from slime.utils.types import Sample
+except ModuleNotFoundError as exc:
+    if (exc.name or "").split(".")[0] != "slime":
+        raise
+    # slime is not on PyPI, so no extra can bring it.
+    raise ModuleNotFoundError(
+        "agentcore_rl.integrations.slime needs slime, which is not on PyPI: install it from "
+        "its source (pip install -e path/to/slime), then pip install 'agentcore-rl[slime]'",
+        name="slime",
+    ) from exc
+
+__all__ = ["SETTINGS_ENV", "generate_rollout", "reward_post_process", "settings_of"]
+
+#: The environment variable naming a JSON file of settings (when ``args`` has none).
+SETTINGS_ENV: Final = "AGENTCORE_RL_SETTINGS"
+_GRPO_LIKE: Final = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+_STD_NORMALIZED: Final = ("grpo", "gspo", "cispo")
+
+
+def settings_of(args: Any) -> AgentCoreSettings:
+    """The adapter's settings: ``args.agentcore``, else the JSON file ``$AGENTCORE_RL_SETTINGS``.
+
+    Example::
+
+        settings_of(argparse.Namespace(agentcore={"agent_url": ..., ...}))
+    """
+    given = getattr(args, "agentcore", None)
+    if isinstance(given, AgentCoreSettings):
+        return given
+    if isinstance(given, Mapping):
+        return AgentCoreSettings.from_mapping(given)
+    path = os.environ.get(SETTINGS_ENV)
+    if not path:
+        raise ValueError(
+            f"the slime adapter needs its settings: args.agentcore or a JSON file named by "
+            f"{SETTINGS_ENV}"
+        )
+    with open(path, encoding="utf-8") as file:
+        return AgentCoreSettings.from_mapping(json.load(file))
+
+
+def _payload(sample: Any, key: str) -> dict[str, Any]:
+    metadata = sample.metadata if isinstance(sample.metadata, Mapping) else {}
+    given = metadata.get(key)
+    if isinstance(given, Mapping):
+        return dict(given)
+    return {"prompt": sample.prompt, "label": sample.label}
+
+
+def _fill(original: Any, rows: list[TrainingRow], pad_token_id: int) -> list[Any]:
+    """slime samples for one member's rows: copies of the original, slime's indices kept."""
+    out = []
+    for fields in to_slime(rows, pad_token_id=pad_token_id):
+        sample = copy.copy(original)
+        sample.tokens = fields["tokens"]
+        sample.response_length = fields["response_length"]
+        sample.loss_mask = fields["loss_mask"]
+        sample.rollout_log_probs = fields["rollout_log_probs"]
+        sample.reward = fields["reward"]
+        sample.weight_versions = fields["weight_versions"]
+        sample.status = Sample.Status(fields["status"])
+        sample.remove_sample = fields["remove_sample"]
+        sample.rollout_id = original.index
+        sample.session_id = fields["session_id"]
+        sample.metadata = {**(original.metadata or {}), "agentcore": fields["metadata"]}
+        out.append(sample)
+    return out
+
+
+async def _run_groups(
+    args: Any, settings: AgentCoreSettings, groups: Sequence[Sequence[Any]], rollout_id: int
+) -> tuple[list[list[Any]], dict[str, Any]]:
+    client = await shared_client(settings)
+    set_policy_version(client, rollout_id)
+    pad = getattr(args, "pad_token_id", None)
+    pad = DEFAULT_PAD_TOKEN_ID if pad is None else int(pad)
+    out: list[list[Any]] = [[] for _ in groups]
+    dropped = 0
+
+    async def one(position: int, group_samples: Sequence[Any]) -> None:
+        nonlocal dropped
+        first = group_samples[0]
+        input_id = f"r{rollout_id}-g{first.group_index}"
+        try:
+            group: RolloutGroup = await run_group(
+                client,
+                _payload(first, settings.payload_key),
+                n=len(group_samples),
+                input_id=input_id,
+                settings=settings,
+                member_seed=0,
+                overrides={},
+            )
+        except GroupDroppedError:
+            dropped += 1  # slime's own rule for a dropped group: it is not trained
+            return
+        by_member: dict[int, list[TrainingRow]] = {}
+        for row in group_rows(group, require_tokens=False):
+            by_member.setdefault(row.member, []).append(row)
+        for rank, member in enumerate(group.members):
+            out[position].extend(_fill(group_samples[rank], by_member[member.index], pad))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for position, group_samples in enumerate(groups):
+                tg.start_soon(one, position, group_samples)
+    finally:
+        # Each step runs on its own event loop (slime calls this function synchronously).
+        await close_shared_clients()
+    return [g for g in out if g], {"agentcore/groups_dropped": dropped}
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's rollout function: the step's prompt groups, run as groups, as slime samples.
+
+    Example::
+
+        --rollout-function-path agentcore_rl.integrations.slime.generate_rollout
+    """
+    if evaluation:
+        raise NotImplementedError(
+            "the slime adapter generates training rollouts; keep slime's own "
+            "--eval-function-path (or agentcore-rl eval) for evaluation"
+        )
+    settings = settings_of(args)
+    groups = data_source.get_samples(args.rollout_batch_size)
+    samples, metrics = anyio.run(_run_groups, args, settings, groups, rollout_id)
+    return RolloutFnTrainOutput(samples=samples, metrics=metrics)
+
+
+def reward_post_process(args: Any, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
+    """slime's reward hook: each rollout counts once in its group (by ``group_index``).
+
+    Returns ``(raw_rewards, rewards)`` in the samples' order, as slime's own normalization
+    does; every sample of a rollout (same ``rollout_id``) gets the rollout's value.
+
+    Example::
+
+        --custom-reward-post-process-path agentcore_rl.integrations.slime.reward_post_process
+    """
+    raw = [float(s.get_reward_value(args)) for s in samples]
+    normalize = getattr(args, "advantage_estimator", None) in _GRPO_LIKE and getattr(
+        args, "rewards_normalization", False
+    )
+    if not normalize:
+        return raw, list(raw)
+    std = getattr(args, "advantage_estimator", None) in _STD_NORMALIZED and getattr(
+        args, "grpo_std_normalization", False
+    )
+    members: dict[Any, dict[Any, float]] = {}
+    for sample, reward in zip(samples, raw, strict=True):
+        rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
+        members.setdefault(sample.group_index, {}).setdefault(rollout, reward)
+    values: dict[tuple[Any, Any], float] = {}
+    for group, rewards in members.items():
+        keys = list(rewards)
+        if len(keys) == 1:
+            scaled = [rewards[keys[0]]]
+        else:
+            scaled = advantages([rewards[k] for k in keys], "mean_std" if std else "mean")
+        values.update({(group, k): v for k, v in zip(keys, scaled, strict=True)})
+    out = []
+    for sample in samples:
+        rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
+        value = values[(sample.group_index, rollout)]
+        out.append(value if math.isfinite(value) else 0.0)
+    return raw, out
