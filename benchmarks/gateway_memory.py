@@ -15,8 +15,9 @@ finishing the session (``POST /admin/sessions/{sid}/finish``, gzip). Figures are
 the idle baseline (after a small warm-up call; ``peak_over_start_mb``: beyond the RSS when
 the call started), next to the bytes in flight (request plus upstream answer);
 ``peak_per_in_flight`` is the largest ``peak_over_start_mb`` over them, and ``record_mb``
-the session's compact record (its distinct prompt ids and request bodies). ``capture`` checks each finished trace: prompt ids, completion ids,
-logprobs and the request body equal what was sent and served.
+the session's compact record (its distinct prompt ids and request bodies). ``capture``
+checks each finished trace: prompt ids, completion ids, logprobs and the request body equal
+what was sent and served.
 
 Example::
 
@@ -85,7 +86,7 @@ def upstream_app() -> Any:
         body = orjson.loads(await request.body())
         ids = prompt_ids(body["messages"])
         out, logprobs = answer_ids(len(ids))
-        entries = [{"token": f"t{i}", "logprob": lp} for i, lp in zip(out, logprobs)]
+        entries = [{"token": f"t{i}", "logprob": lp} for i, lp in zip(out, logprobs, strict=True)]
         answer: dict[str, Any] = {
             "id": "c",
             "object": "chat.completion",
@@ -196,8 +197,7 @@ async def finish_and_check(
     trace = json.loads(gzip.decompress(response.content))
     records = trace["records"]
     matched = len(records) == len(sent)
-    compact = 0
-    for record, body in zip(records, sent):
+    for record, body in zip(records, sent, strict=False):
         request = json.loads(body)
         ids = prompt_ids(request["messages"])
         out_ids, logprobs = answer_ids(len(ids))
@@ -210,7 +210,6 @@ async def finish_and_check(
             and completion["logprobs"] == logprobs
             and record["request"] == request
         )
-        compact += 4 * len(ids) + 12 * len(out_ids)
     # The session's compact record: its distinct prompt ids (a repeated prompt is kept once)
     # and its request bodies (the same: a repeated body is kept once).
     distinct = {b for b in sent}
