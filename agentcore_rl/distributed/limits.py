@@ -4,13 +4,6 @@ The first process to ask creates a named, detached Ray actor (restarted by Ray i
 process dies); every other process with the same name gets the same actor. Each process
 gets its own :class:`SharedLimits`, whose ``rate`` and ``sessions`` satisfy the rollout
 client's ``RateLimiter`` and ``SessionLimiter`` protocols. Ray is imported only here.
-
-Example::
-
-    async with shared_limits("acr-math", tps=25, sessions=500) as limits:
-        async with AsyncRolloutClient(..., rate_limiter=limits.rate,
-                                      session_limiter=limits.sessions) as client:
-            ...
 """
 
 from __future__ import annotations
@@ -43,10 +36,6 @@ _CLOSE_TIMEOUT = 5.0
 class RayBackend:
     """Calls the named limits actor through Ray; a dead actor is looked up (or created,
     conservatively) again by ``connect``.
-
-    Example::
-
-        backend = RayBackend(lambda recreate: get_or_create(name, config, recreate))
     """
 
     def __init__(self, connect: Callable[[bool], Any]) -> None:
@@ -57,6 +46,7 @@ class RayBackend:
         return f"RayBackend({self._handle!r})"
 
     async def _call(self, method: str, *args: Any) -> Any:
+        # lazy: ray is the ray extra, imported only when used
         import ray.exceptions
 
         # A restarting actor; older Rays raise RayActorError for it.
@@ -210,6 +200,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _connect(name: str, namespace: str, config: LimitsConfig, recreate: bool) -> Any:
+    # lazy: ray is the ray extra, imported only when used
     import ray
 
     if not ray.is_initialized():

@@ -15,10 +15,6 @@ and ``/v1/...``.
 - ``POST /admin/pause`` ``{"mode": "hold"|"reject"}`` -> returns once in-flight calls drained
 - ``POST /admin/resume``
 - ``GET  /admin/stats``
-
-Example::
-
-    await http.post(f"{gw}/admin/sessions/{sid}/finish", headers={"authorization": f"Bearer {t}"})
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentcore_rl.gateway.errors import TraceLostError
+from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.policy_gate import PolicyGate
 from agentcore_rl.gateway.record import SessionTrace, dump_trace
 from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory

@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -40,7 +39,9 @@ from typing import Any, Final, Protocol
 import anyio
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.admin import admin_app
+from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import (
     CHAT,
     COMPLETIONS,
@@ -49,7 +50,6 @@ from agentcore_rl.gateway.backends import (
     backend_named,
     synthesize_sse,
 )
-from agentcore_rl.gateway.errors import TraceLostError
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
@@ -67,7 +67,6 @@ ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 DEFAULT_SESSION_TTL: Final = 8 * 3600.0
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
-_JSON_TYPE: Final = (b"content-type", b"application/json")
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
 # What a failed upstream call raises.
@@ -87,30 +86,6 @@ class Renderer(Protocol):
         body: dict[str, Any],
         version: int,
     ) -> None: ...
-
-
-class _Refuse(Exception):
-    """Answer the agent with ``status`` and an OpenAI-style JSON error."""
-
-    def __init__(self, status: int, message: str, kind: str, headers: Sequence[Any] = ()):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.headers = list(headers)
-
-
-def _error_body(status: int, message: str, kind: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-
-
-async def _respond(send: Send, status: int, body: bytes, headers: Sequence[Any] = ()) -> None:
-    # A content-length spares the server its chunked framing (a copy of the body).
-    length = (b"content-length", str(len(body)).encode())
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, length, *headers]}
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class _Upstream:
@@ -134,7 +109,7 @@ def _declared_length(scope: Scope) -> int | None:
             try:
                 return int(value)
             except ValueError:
-                raise _Refuse(400, "malformed content-length header", "bad_request") from None
+                raise Refuse(400, "malformed content-length header", "bad_request") from None
     return None
 
 
@@ -144,7 +119,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) 
     seconds: a slow body would hold its connection and buffer for as long as it liked."""
     declared = _declared_length(scope)
     if declared is not None and declared > limit:
-        raise _Refuse(
+        raise Refuse(
             413,
             f"request body of {declared} bytes is larger than {limit} bytes",
             "request_too_large",
@@ -155,19 +130,17 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) 
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
+                raise Refuse(400, "the client disconnected before sending its body", "bad_request")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise _Refuse(
-                    413, f"request body is larger than {limit} bytes", "request_too_large"
-                )
+                raise Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 # One chunk is returned as itself; more are joined once, then dropped.
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     assert deadline.cancelled_caught
-    raise _Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
+    raise Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
 
 
 class RolloutGateway:
@@ -486,17 +459,17 @@ class RolloutGateway:
                 sid, _, rest = path[len("/sessions/") :].partition("/")
                 self._check_session_id(sid)
                 if not rest.startswith("v1/"):
-                    raise _Refuse(404, f"no route {path}", "not_found")
+                    raise Refuse(404, f"no route {path}", "not_found")
                 await self._openai(scope, receive, send, sid, rest[3:])
             elif path.startswith("/v1/"):
                 await self._openai(scope, receive, send, self._bearer_session(scope), path[4:])
             else:
                 await self._admin(scope, receive, send)
-        except _Refuse as refuse:
-            await _respond(
+        except Refuse as refuse:
+            await respond(
                 send,
                 refuse.status,
-                _error_body(refuse.status, refuse.message, refuse.kind),
+                error_body(refuse.status, refuse.message, refuse.kind),
                 refuse.headers,
             )
 
@@ -522,7 +495,7 @@ class RolloutGateway:
     @staticmethod
     def _check_session_id(sid: str) -> None:
         if not _SESSION_ID_RE.fullmatch(sid):
-            raise _Refuse(
+            raise Refuse(
                 400,
                 f"malformed session id {sid[:80]!r}: expected 1-256 characters of letters, "
                 "digits and . _ : - (starting with a letter or digit)",
@@ -538,7 +511,7 @@ class RolloutGateway:
                     sid = token.strip()
                     self._check_session_id(sid)
                     return sid
-        raise _Refuse(
+        raise Refuse(
             401,
             "no session id: call /sessions/{session_id}/v1/... or send "
             "'Authorization: Bearer <session id>'",
@@ -549,36 +522,36 @@ class RolloutGateway:
         self, scope: Scope, receive: Receive, send: Send, sid: str, rest: str
     ) -> None:
         if not self.running:
-            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         method = scope["method"]
         if rest == "models" and method == "GET":
             await self._models(send, sid)
             return
         endpoint = _ENDPOINTS.get(rest)
         if endpoint is None:
-            raise _Refuse(
+            raise Refuse(
                 404, f"no route /v1/{rest} (chat/completions, completions, models)", "not_found"
             )
         if method != "POST":
-            raise _Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
+            raise Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
         raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
         try:
             body = loads(raw)
         except ValueError as exc:
-            raise _Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+            raise Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
-            raise _Refuse(400, "request body must be a JSON object", "invalid_json")
+            raise Refuse(400, "request body must be a JSON object", "invalid_json")
         key = "messages" if endpoint == CHAT else "prompt"
         if key not in body:
-            raise _Refuse(400, f"request body has no {key!r}", "invalid_request")
+            raise Refuse(400, f"request body has no {key!r}", "invalid_request")
         if self.require_open and sid not in self._sessions:
-            raise _Refuse(
+            raise Refuse(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
         try:
             version = await self.gate.enter()
         except Rejected as rejected:
-            raise _Refuse(
+            raise Refuse(
                 429,
                 str(rejected),
                 "paused",
@@ -606,15 +579,15 @@ class RolloutGateway:
         try:
             status, content = await upstream.pool.fetch(upstream.models, None)
         except _UPSTREAM_ERRORS as exc:
-            raise _Refuse(502, _down_message(upstream, exc), "upstream_unavailable") from None
-        await _respond(send, status, content)
+            raise Refuse(502, down_message(upstream.base, exc), "upstream_unavailable") from None
+        await respond(send, status, content)
 
     def _upstream_for(self, sid: str) -> _Upstream:
         upstreams = self._upstreams
         if len(upstreams) == 1:
             return upstreams[0]
         if not upstreams:
-            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
 
     async def _call(
@@ -709,21 +682,21 @@ class RolloutGateway:
                 if status != 200:
                     text = content[:500].decode("utf-8", "replace")
                     commit(status, f"upstream answered HTTP {status}: {text}")
-                    await _respond(send, status, content)
+                    await respond(send, status, content)
                     return
                 answer, content = [content], b""  # handed over: freed once parsed
                 await self._whole(
                     send, answer, endpoint, capture, keep_logprobs, commit, stream, sse_usage
                 )
-            except _Refuse as refuse:
+            except Refuse as refuse:
                 if not committed:
                     commit(refuse.status, refuse.message)
                 raise
             except _UPSTREAM_ERRORS as exc:
-                message = _down_message(upstream, exc)
+                message = down_message(upstream.base, exc)
                 if not committed:
                     commit(502, message)
-                    raise _Refuse(502, message, "upstream_unavailable") from None
+                    raise Refuse(502, message, "upstream_unavailable") from None
                 raise
             except BaseException as exc:
                 if not committed:
@@ -750,7 +723,7 @@ class RolloutGateway:
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
+            raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
         try:
             self.backend.take_response(data, capture, keep_logprobs, endpoint)
             if capture.cut_unused:  # ids cut from where no backend reads them: parse it whole
@@ -759,11 +732,11 @@ class RolloutGateway:
                 self.backend.take_response(data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
-            raise _Refuse(502, message, "upstream_invalid") from None
+            raise Refuse(502, message, "upstream_invalid") from None
         del content
         missing = capture.missing(self.backend.name)
         if missing:
-            raise _Refuse(502, missing, "upstream_missing_token_ids")
+            raise Refuse(502, missing, "upstream_missing_token_ids")
         commit(200)
         if stream:  # the upstream could not stream with capture on: stream the whole answer
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
@@ -771,7 +744,7 @@ class RolloutGateway:
                 {"type": "http.response.body", "body": synthesize_sse(data, endpoint, sse_usage)}
             )
             return
-        await _respond(send, 200, dumps(data))
+        await respond(send, 200, dumps(data))
 
     async def _relay(
         self,
@@ -830,7 +803,7 @@ class RolloutGateway:
                         # vLLM sends the prompt ids on the first chunk: refuse before any byte
                         if not capture.has_prompt:
                             what = capture.missing(self.backend.name) or "no prompt token ids"
-                            raise _Refuse(502, what, "upstream_missing_token_ids")
+                            raise Refuse(502, what, "upstream_missing_token_ids")
                         started = True
                         await send(
                             {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
@@ -844,7 +817,7 @@ class RolloutGateway:
                         continue
                     missing = capture.missing(self.backend.name)  # a stream without chunks
                     if missing:
-                        raise _Refuse(502, missing, "upstream_missing_token_ids")
+                        raise Refuse(502, missing, "upstream_missing_token_ids")
                     started = True
                     await send(
                         {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
@@ -858,13 +831,13 @@ class RolloutGateway:
                     )
         except (*_UPSTREAM_ERRORS, ValueError, TypeError, KeyError, AttributeError) as exc:
             if isinstance(exc, _UPSTREAM_ERRORS):
-                message = _down_message(upstream, exc)
+                message = down_message(upstream.base, exc)
             else:
                 message = f"upstream sent an invalid stream event: {exc}"
             if not started:
-                raise _Refuse(502, message, "upstream_unavailable") from None
+                raise Refuse(502, message, "upstream_unavailable") from None
             commit(502, message)  # the headers are out: end the stream with an error event
-            tail = b"data: " + _error_body(502, message, "upstream_unavailable") + b"\n\n"
+            tail = b"data: " + error_body(502, message, "upstream_unavailable") + b"\n\n"
             await send({"type": "http.response.body", "body": tail})
             return
         if not started:
@@ -877,13 +850,8 @@ class RolloutGateway:
         missing = capture.missing(self.backend.name)
         if missing:
             commit(502, missing)
-            tail = b"data: " + _error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
+            tail = b"data: " + error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
         else:
             commit(200)  # before the last byte: an envelope can never overtake its last record
             tail = _DONE + b"\n\n"
         await send({"type": "http.response.body", "body": b"".join(out) + tail})
-
-
-def _down_message(upstream: _Upstream, exc: BaseException) -> str:
-    what = str(exc) if isinstance(exc, UpstreamError) else f"{type(exc).__name__}: {exc}"
-    return f"upstream {upstream.base} failed: {what}".rstrip(": ")

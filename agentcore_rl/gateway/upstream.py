@@ -113,12 +113,6 @@ class UpstreamPool:
     idle for ``idle_timeout`` s is not reused (closed before a server's keep-alive of 5 s
     closes it under a request); ``read_timeout``: silence (no byte) that fails a call.
     The aiohttp session is made on first use, in the running event loop.
-
-    Example::
-
-        pool = UpstreamPool("http://vllm:8000/v1", headers={"authorization": "Bearer k"})
-        status, body = await pool.fetch(pool.target("/models", "GET"), None)
-        await pool.aclose()
     """
 
     __slots__ = ("_closed", "_headers", "_limits", "_origin", "_path", "_session", "base")
