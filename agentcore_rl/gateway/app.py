@@ -54,6 +54,7 @@ from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
+from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
@@ -556,16 +557,22 @@ class RolloutGateway:
                 "paused",
                 [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
             ) from None
+        # Handed over, not kept here: the callee drops the parsed request (for a large one,
+        # a second copy of the body as Python objects) once it is forwarded.
+        parsed, body = [body], None
         try:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
             if self.render is not None and endpoint == CHAT:
-                await self.render.call(self, send, session, raw, body, version)
+                await self.render.call(self, send, session, raw, parsed.pop(), version)
             else:
-                await self._call(send, session, endpoint, raw, body, version)
+                await self._call(send, session, endpoint, raw, parsed.pop(), version)
         finally:
             self.gate.exit()
+            if len(raw) >= TRIM_AT:  # what it freed, the system gets back
+                del raw
+                give_back_memory()
 
     async def _models(self, send: Send, sid: str) -> None:
         upstream = self._upstream_for(sid)
@@ -594,6 +601,8 @@ class RolloutGateway:
     ) -> None:
         start = self._clock()
         stream = bool(body.get("stream"))
+        options = body.get("stream_options")
+        sse_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         overrides: dict[str, Any] | None = None
         if session.sampling or self.model:
             overrides = dict(session.sampling or {})
@@ -601,6 +610,8 @@ class RolloutGateway:
                 overrides["model"] = self.model
             body.update(overrides)
         upstream_body, keep_logprobs = self.backend.prepare(body, endpoint)
+        payload = dumps(upstream_body)
+        del body, upstream_body  # forwarded as ``payload``; the record keeps ``raw``
         upstream = self._upstream_for(session.session_id)
         record = CallRecord(
             session_id=session.session_id,
@@ -656,7 +667,8 @@ class RolloutGateway:
             try:
                 target = upstream.targets[endpoint]
                 if stream and self.backend.streams:
-                    async with upstream.pool.stream(target, dumps(upstream_body)) as response:
+                    async with upstream.pool.stream(target, payload) as response:
+                        del payload
                         status = response.status
                         if status == 200:
                             await self._relay(
@@ -665,14 +677,16 @@ class RolloutGateway:
                             return
                         content = await response.read()
                 else:  # the whole answer in one wake-up
-                    status, content = await upstream.pool.fetch(target, dumps(upstream_body))
+                    status, content = await upstream.pool.fetch(target, payload)
+                    del payload
                 if status != 200:
                     text = content[:500].decode("utf-8", "replace")
                     commit(status, f"upstream answered HTTP {status}: {text}")
                     await respond(send, status, content)
                     return
+                answer, content = [content], b""  # handed over: freed once parsed
                 await self._whole(
-                    send, content, endpoint, capture, keep_logprobs, commit, stream, body
+                    send, answer, endpoint, capture, keep_logprobs, commit, stream, sse_usage
                 )
             except Refuse as refuse:
                 if not committed:
@@ -695,35 +709,39 @@ class RolloutGateway:
     async def _whole(
         self,
         send: Send,
-        content: bytes,
+        answer: list[bytes],
         endpoint: str,
         capture: Capture,
         keep_logprobs: bool,
         commit: Callable[..., None],
         stream: bool,
-        body: Mapping[str, Any],
+        sse_usage: bool,
     ) -> None:
+        content = answer.pop()
         try:
-            data = loads(content)
+            data = capture.parse(content)
         except ValueError:
             data = None
         if not isinstance(data, dict):
             raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
         try:
             self.backend.take_response(data, capture, keep_logprobs, endpoint)
+            if capture.cut_unused:  # ids cut from where no backend reads them: parse it whole
+                capture.reset()
+                data = loads(content)
+                self.backend.take_response(data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refuse(502, message, "upstream_invalid") from None
+        del content
         missing = capture.missing(self.backend.name)
         if missing:
             raise Refuse(502, missing, "upstream_missing_token_ids")
         commit(200)
         if stream:  # the upstream could not stream with capture on: stream the whole answer
-            options = body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             await send(
-                {"type": "http.response.body", "body": synthesize_sse(data, endpoint, usage)}
+                {"type": "http.response.body", "body": synthesize_sse(data, endpoint, sse_usage)}
             )
             return
         await respond(send, 200, dumps(data))
@@ -745,16 +763,24 @@ class RolloutGateway:
         one-write-per-event stream coalesces, and so do the gateway's writes.
         """
         started = False
-        pending = b""
+        # What arrived after the last complete event: joined once an event ends in it (an
+        # event can be megabytes, its prompt ids, read in pieces of 64 KB).
+        unread: list[bytes] = []
+        newline = False  # whether the last piece ended with a newline
         held: list[bytes] = []  # events before the first chunk (none from vLLM)
         take = self.backend.take_chunk
         try:
             async for piece in content:
-                pending += piece
-                cut = pending.rfind(b"\n\n")
-                if cut < 0:
+                ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
+                newline = piece[-1:] == b"\n"
+                unread.append(piece)
+                if not ends:
                     continue
-                events, pending = pending[: cut + 2], pending[cut + 2 :]
+                pending = unread[0] if len(unread) == 1 else b"".join(unread)
+                cut = pending.rfind(b"\n\n")
+                events = pending[: cut + 2]
+                unread = [pending[cut + 2 :]] if cut + 2 < len(pending) else []
+                del pending
                 out, held = held, []
                 done = False
                 for event in events.split(b"\n\n"):
@@ -764,8 +790,10 @@ class RolloutGateway:
                         done = True
                         continue
                     if event.startswith(b"data:"):
-                        data = loads(event[5:])
+                        data = capture.parse(event, 5)
                         take(data, capture, keep_logprobs, endpoint)
+                        if capture.cut_unused:
+                            raise ValueError("prompt_token_ids where no chunk carries them")
                         out.append(b"data: ")
                         out.append(dumps(data))
                     else:
@@ -814,7 +842,7 @@ class RolloutGateway:
             return
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        await self._end_stream(send, [*held, pending], capture, commit)
+        await self._end_stream(send, [*held, *unread], capture, commit)
 
     async def _end_stream(
         self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]
