@@ -77,7 +77,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ b
     from agentcore_rl.protocol import PingStatus, RolloutConfig
     from agentcore_rl.ratelimit import RateLimiter
     from agentcore_rl.retry import RetryPolicy
-    from agentcore_rl.s3 import ResultStore, S3RetryPolicy
+    from agentcore_rl.s3 import ResultStore
     from agentcore_rl.server import AgentCoreRLApp, RequestContext
     from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
     from agentcore_rl.trajectory import Segment, Trajectory, build_trajectory
@@ -125,7 +125,6 @@ _LAZY: dict[str, str] = {
     "RolloutGateway": "agentcore_rl.gateway",
     "RolloutGroup": "agentcore_rl.groups",
     "RolloutTimeoutError": "agentcore_rl.errors",
-    "S3RetryPolicy": "agentcore_rl.s3",
     "Segment": "agentcore_rl.trajectory",
     "SessionLimiter": "agentcore_rl.sessionlimit",
     "SessionTrace": "agentcore_rl.gateway",
@@ -194,7 +193,6 @@ __all__ = [
     "RolloutGateway",
     "RolloutGroup",
     "RolloutTimeoutError",
-    "S3RetryPolicy",
     "Segment",
     "SessionLimiter",
     "SessionTrace",

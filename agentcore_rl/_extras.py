@@ -3,10 +3,6 @@
 The core install (``pip install agentcore-rl``) holds what both sides share; each part
 beyond it needs an extra. A part imported without its extra raises
 :class:`MissingExtraError`, a ``ModuleNotFoundError`` whose message says what to install.
-
-Example::
-
-    require("server", "agentcore_rl.server", "starlette", "uvicorn")   # first, in the part
 """
 
 from __future__ import annotations
@@ -60,13 +56,6 @@ class MissingExtraError(ModuleNotFoundError):
 
     ``name`` is the missing module (as on any ``ModuleNotFoundError``), ``extra`` the extra
     to install.
-
-    Example::
-
-        try:
-            from agentcore_rl.server import AgentCoreRLApp
-        except MissingExtraError as exc:
-            print(exc.extra)   # "server"
     """
 
     def __init__(self, part: str, extra: str, module: str) -> None:
@@ -81,15 +70,15 @@ class MissingExtraError(ModuleNotFoundError):
 def require(extra: str, part: str, *modules: str) -> None:
     """Import ``modules`` (what ``part`` needs from ``extra``); one that is not installed
     raises :class:`MissingExtraError` naming the extra.
-
-    Example::
-
-        require("server", "agentcore_rl.server", "starlette", "uvicorn")
     """
     for module in modules:
         try:
-            importlib.import_module(module)
+            imported = importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if (exc.name or "").split(".")[0] != module:
                 raise  # installed, but broken: its own message says more
             raise MissingExtraError(part, extra, module) from exc
+        if getattr(imported, "__file__", None) is None and "." not in module:
+            # A bare directory of that name on sys.path (e.g. Ray's own /tmp/ray seen from
+            # /tmp) imports as an empty namespace package: the package is still missing.
+            raise MissingExtraError(part, extra, module)

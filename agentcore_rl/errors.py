@@ -23,13 +23,6 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
         └── TraceLostError          a rollout's token trace cannot be had (gateway restarted)
 
 Messages say what happened and what to do about it.
-
-Example::
-
-    try:
-        result = await client.rollout(payload)
-    except RolloutError as exc:
-        print(exc.session_id, exc.envelope["stop_reason"])
 """
 
 from __future__ import annotations

@@ -8,14 +8,6 @@ this session; its outcome no longer matters), :class:`GroupReady` (resolve the g
 future with the group) and :class:`GroupDropped` (fail it with the error). Stops always
 come before the resolution they lead to. Nothing here awaits or reads a clock, so every
 rule is tested by feeding events.
-
-Example::
-
-    tracker = GroupTracker(exp_id="exp-1")
-    actions = tracker.open("q-17", GroupRules(n=2))
-    # [StartMember(session_id="grp-…-m0-a0", ...), StartMember(session_id="grp-…-m1-a0", ...)]
-    tracker.succeeded(actions[0].session_id, reward=1.0)          # []
-    tracker.succeeded(actions[1].session_id, reward=0.0)          # [GroupReady(group=...)]
 """
 
 from __future__ import annotations
@@ -58,12 +50,7 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class StartMember:
-    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``.
-
-    Example::
-
-        payload["_rollout"]["policy_version"] = action.policy_version
-    """
+    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``."""
 
     input_id: str
     index: int
@@ -74,12 +61,7 @@ class StartMember:
 
 @dataclass(frozen=True, kw_only=True)
 class StopMember:
-    """Stop this session (or never start it if it still waits for admission).
-
-    Example::
-
-        client_side_tasks[action.session_id].cancel()
-    """
+    """Stop this session (or never start it if it still waits for admission)."""
 
     input_id: str
     session_id: str
@@ -88,24 +70,14 @@ class StopMember:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupReady:
-    """The group is whole by its rules: resolve its future with ``group``.
-
-    Example::
-
-        futures[action.group.input_id].set_result(action.group)
-    """
+    """The group is whole by its rules: resolve its future with ``group``."""
 
     group: RolloutGroup
 
 
 @dataclass(frozen=True, kw_only=True)
 class GroupDropped:
-    """The group was dropped: fail its future with ``error`` (``reason`` says why).
-
-    Example::
-
-        futures[action.error.input_id].set_exception(action.error)
-    """
+    """The group was dropped: fail its future with ``error`` (``reason`` says why)."""
 
     error: GroupDroppedError
 
@@ -150,12 +122,7 @@ class GroupCounters:
     groups_dropped: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, int]:
-        """Flat JSON-ready dict: ``groups_dropped_<reason>`` and ``members_dropped_<reason>``.
-
-        Example::
-
-            json.dumps(tracker.counters.as_dict())
-        """
+        """Flat JSON-ready dict: ``groups_dropped_<reason>`` and ``members_dropped_<reason>``."""
         out = {
             name: getattr(self, name)
             for name in self.__dataclass_fields__
@@ -256,14 +223,6 @@ class GroupTracker:
     for a session the tracker never started raises ``KeyError``; one for an attempt that
     already ended (a result racing its stop) is counted in ``ignored_events`` and changes
     nothing.
-
-    Example::
-
-        tracker = GroupTracker(exp_id="exp-1", policy_version=0)
-        for action in tracker.open("q-17", GroupRules(n=8, redundancy=1)):
-            ...   # StartMember x 9
-        actions = tracker.failed(sid, "agent raised ValueError")   # a retry: StartMember
-        actions = tracker.advance_policy(3, max_staleness=1)       # GroupDropped (stale)
     """
 
     def __init__(self, *, exp_id: str, policy_version: int | None = None) -> None:
@@ -307,12 +266,7 @@ class GroupTracker:
     # -- events --
 
     def open(self, input_id: str, rules: GroupRules) -> list[Action]:
-        """Open a group: one :class:`StartMember` per member (``n + redundancy``).
-
-        Example::
-
-            starts = tracker.open("q-17", GroupRules(n=8))
-        """
+        """Open a group: one :class:`StartMember` per member (``n + redundancy``)."""
         digest = group_digest(self.exp_id, input_id)
         if digest in self._seen:
             raise ConfigurationError(
@@ -327,12 +281,7 @@ class GroupTracker:
         return [self._start(group, index, 0) for index in range(rules.starts)]
 
     def started(self, session_id: str) -> list[Action]:
-        """The agent accepted this attempt (it is running). Never yields actions.
-
-        Example::
-
-            tracker.started(action.session_id)
-        """
+        """The agent accepted this attempt (it is running). Never yields actions."""
         found = self._lookup(session_id)
         if found is not None and found[1].state is _State.PENDING:
             found[1].state = _State.RUNNING
@@ -346,12 +295,7 @@ class GroupTracker:
         trajectory: Any = None,
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
-        """This attempt ended with ``reward``; the group may now be whole.
-
-        Example::
-
-            tracker.succeeded(sid, 1.0, trajectory=traj, result=envelope)
-        """
+        """This attempt ended with ``reward``; the group may now be whole."""
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise ValueError(f"reward must be a number, got {type(reward).__name__}")
         if not math.isfinite(reward):
@@ -379,46 +323,26 @@ class GroupTracker:
         trajectory: Any = None,
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
-        """This attempt failed (agent error, invocation error...): retry it or apply the rule.
-
-        Example::
-
-            tracker.failed(sid, exc, result=exc.envelope)
-        """
+        """This attempt failed (agent error, invocation error...): retry it or apply the rule."""
         return self._ended_badly(
             session_id, MemberOutcome.FAILED, _describe(error), trajectory, result
         )
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
-        """This attempt gave no result in time (the client stops its session itself).
-
-        Example::
-
-            tracker.timed_out(sid)
-        """
+        """This attempt gave no result in time (the client stops its session itself)."""
         return self._ended_badly(
             session_id, MemberOutcome.TIMED_OUT, "no result within the timeout", trajectory, None
         )
 
     def cancel(self, input_id: str) -> list[Action]:
-        """Give up a group (its future was cancelled, the client closes): stop and drop it.
-
-        Example::
-
-            tracker.cancel("q-17")   # [StopMember..., GroupDropped(reason=CANCELLED)]
-        """
+        """Give up a group (its future was cancelled, the client closes): stop and drop it."""
         group = self._groups.get(input_id)
         if group is None:
             return []
         return self._drop(group, DropReason.CANCELLED)
 
     def set_policy_version(self, version: int) -> None:
-        """Stamp ``version`` into every member started from now on (retries included).
-
-        Example::
-
-            tracker.set_policy_version(4)
-        """
+        """Stamp ``version`` into every member started from now on (retries included)."""
         version = _check_version(version)
         if self._version is not None and version < self._version:
             raise ConfigurationError(
@@ -431,10 +355,6 @@ class GroupTracker:
         """Move to ``version`` and drop every open group with a member older than
         ``version - max_staleness`` (running or kept members count, discarded attempts do
         not; a member started before any version counts as 0).
-
-        Example::
-
-            actions = tracker.advance_policy(5, max_staleness=1)   # groups of <= 3 go stale
         """
         if isinstance(max_staleness, bool) or not isinstance(max_staleness, int):
             raise ConfigurationError(f"max_staleness must be an integer, got {max_staleness!r}")

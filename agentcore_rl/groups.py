@@ -10,12 +10,6 @@ Member session ids are derived from ``(exp_id, input_id, member index, attempt)`
 new process (``attach()``, ``eval --resume``) finds a half-finished group's sessions again.
 Hence an ``input_id`` names one group per experiment: sample the same prompt again under a
 new ``input_id`` (``"q-17@step3"``) or a new ``exp_id``.
-
-Example::
-
-    rules = GroupRules(n=8, redundancy=1, on_failure="zero", filter_uniform=True)
-    sid = member_session_id("exp-1", "q-17", index=3, attempt=0)   # "grp-<32 hex>-m3-a0"
-    group.rewards, group.advantages("mean_std"), group.stats.policy_version_min
 """
 
 from __future__ import annotations
@@ -62,12 +56,7 @@ ADVANTAGE_EPSILON: Final = 1e-6
 
 
 class MemberOutcome(str, Enum):
-    """How one attempt of a member ended.
-
-    Example::
-
-        [m for m in group.members if m.outcome is MemberOutcome.SUCCEEDED]
-    """
+    """How one attempt of a member ended."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -211,11 +200,6 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
     ``"mean"`` subtracts the mean only (Dr. GRPO); ``"mean_std"`` also divides by the
     sample standard deviation plus 1e-6, as veRL and TRL do. A group of one has no
     baseline: its advantage is its reward, as veRL's and SkyRL's GRPO give a lone sample.
-
-    Example::
-
-        advantages([1.0, 0.0, 0.0, 1.0])               # [0.5, -0.5, -0.5, 0.5]
-        advantages([1.0, 0.0], normalize="mean_std")   # [~0.707, ~-0.707]
     """
     if normalize not in get_args(Normalize):
         raise ConfigurationError(
@@ -281,12 +265,7 @@ class GroupMember:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupStats:
-    """Figures of one group: counts, and rewards over the kept members (population std).
-
-    Example::
-
-        print(group.stats.reward_mean, group.stats.policy_version_max)
-    """
+    """Figures of one group: counts, and rewards over the kept members (population std)."""
 
     n: int
     size: int

@@ -18,7 +18,9 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
-__all__ = ["checked", "checked_init", "same_parameters", "unexpected_keyword"]
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = ["check_config_types", "checked", "checked_init", "same_parameters", "unexpected_keyword"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -115,3 +117,12 @@ def same_parameters(
         return _guard(func, signature, func.__qualname__, moved, extras)
 
     return decorate
+
+
+def check_config_types(*configs: tuple[str, object, type]) -> None:
+    """Raise ``ConfigurationError`` for a config object given as something else."""
+    for name, value, kind in configs:
+        if not isinstance(value, kind):
+            raise ConfigurationError(
+                f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+            )

@@ -8,13 +8,6 @@ The contract is compatible with the reference toolkit (agentcore-rl-toolkit 0.1.
 ``_rollout`` block in the payload, result keys ``{exp_id}/{input_id}/{session_id}.json``,
 and an envelope with ``status_code``, ``stop_reason``, ``input_id``, ``s3_bucket``,
 ``result_key`` and ``payload`` beside the handler's own fields.
-
-Example::
-
-    from agentcore_rl.protocol import RolloutConfig, result_key
-
-    cfg = RolloutConfig.from_dict({"exp_id": "e1", "input_id": "q-1", "s3_bucket": "rollouts"})
-    key = result_key(cfg.exp_id, cfg.input_id, "a" * 33)   # "e1/q-1/aaa....json"
 """
 
 from __future__ import annotations
@@ -173,12 +166,7 @@ def is_acr_session_id(value: str) -> bool:
 
 
 def new_session_id() -> str:
-    """A fresh random session id that satisfies ACR's rules (48 hex characters).
-
-    Example::
-
-        sid = new_session_id()
-    """
+    """A fresh random session id that satisfies ACR's rules (48 hex characters)."""
     return secrets.token_hex(24)
 
 
@@ -317,12 +305,7 @@ class RolloutConfig:
 
     @classmethod
     def from_dict(cls, block: object) -> RolloutConfig:
-        """Validate a ``_rollout`` block from a payload; raise naming the bad field.
-
-        Example::
-
-            RolloutConfig.from_dict({"exp_id": "e", "input_id": "1", "s3_bucket": "bkt"})
-        """
+        """Validate a ``_rollout`` block from a payload; raise naming the bad field."""
         if not isinstance(block, Mapping):
             raise InvalidRolloutConfig(
                 f"{ROLLOUT_FIELD} must be a JSON object, got {type(block).__name__}",
@@ -344,12 +327,7 @@ class RolloutConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The block as it goes on the wire (``None`` fields left out).
-
-        Example::
-
-            payload["_rollout"] = cfg.to_dict()
-        """
+        """The block as it goes on the wire (``None`` fields left out)."""
         out: dict[str, Any] = dict(self.extra)
         out.update({EXP_ID: self.exp_id, INPUT_ID: self.input_id, S3_BUCKET: self.s3_bucket})
         if self.base_url is not None:
@@ -359,12 +337,7 @@ class RolloutConfig:
         return out
 
     def key_for(self, session_id: str) -> str:
-        """The result key of this rollout in the given session.
-
-        Example::
-
-            cfg.key_for(new_session_id())
-        """
+        """The result key of this rollout in the given session."""
         return result_key(self.exp_id, self.input_id, session_id)
 
 
@@ -661,10 +634,6 @@ LEASE_LAPSED_REASON: Final = (
     "cancelled: the client's lease lapsed (not renewed for {ttl:g} s: the client crashed "
     "or lost its connection to S3)"
 )
-
-#: The ``error`` code field of a refusal for a result bucket that cannot be used.
-BUCKET_UNUSABLE: Final = "bucket_unusable"
-
 
 # --- Defaults ----------------------------------------------------------------------------
 # Shared by more than one side (client, CLI, local runtime); one place to change them.

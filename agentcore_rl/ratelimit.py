@@ -23,14 +23,6 @@ is never coarser than the time the burst takes to fill, so no token is lost to t
 token comes at most ``tick`` seconds later. Wakeups are what a paced client pays most for when
 idle between calls (measured on a 2-core VM: 70-230 µs of CPU per wakeup from a sleep,
 against about 150 µs for a whole request on a kept connection).
-
-Example::
-
-    bucket = TokenBucket(rate=25, burst=25)
-    await bucket.acquire()                         # an invocation
-    await bucket.acquire(priority=Priority.STOP)   # waits behind every queued invocation
-    if not bucket.try_acquire():                   # non-blocking: a server answering 429
-        ...
 """
 
 from __future__ import annotations
@@ -233,13 +225,7 @@ class TokenBucket:
             self._last = now
 
     def try_acquire(self) -> bool:
-        """Take a token if one is available now and nobody is queued; never waits.
-
-        Example::
-
-            if not bucket.try_acquire():
-                return JSONResponse({"message": "Rate exceeded"}, status_code=429)
-        """
+        """Take a token if one is available now and nobody is queued; never waits."""
         if self._waiters:
             return False
         self._refill()
@@ -252,10 +238,6 @@ class TokenBucket:
         """Wait for a token. Lower ``priority`` values are served first, FIFO within one.
 
         Cancelling the wait leaves the queue intact for everyone else.
-
-        Example::
-
-            await bucket.acquire()
         """
         if self.try_acquire():
             return

@@ -1,10 +1,4 @@
-"""RetryPolicy: how a transient failure is retried, for S3 requests and agent calls alike.
-
-Example::
-
-    ResultStore(retry=RetryPolicy(attempts=3, initial=0.05))
-    AsyncRolloutClient(..., retries=Retries(call=RetryPolicy(attempts=8, maximum=30)))
-"""
+"""RetryPolicy: how a transient failure is retried, for S3 requests and agent calls alike."""
 
 from __future__ import annotations
 
@@ -82,10 +76,6 @@ class RetryPolicy:
 
         The first attempt runs without tenacity: building its loop costs about 35 us of
         CPU, paid on every one of the client's requests although few are retried.
-
-        Example::
-
-            body = await policy.run(lambda n: fetch(), is_transient_s3_error)
         """
         try:
             return await attempt(1)

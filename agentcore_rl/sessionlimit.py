@@ -3,13 +3,6 @@
 A rollout client holds one slot of its :class:`SessionLimiter` from the moment it admits
 a rollout until that rollout's outcome, so at most that many sessions run at once. Any
 object with the two methods can stand in (e.g. one shared by a cluster of clients).
-
-Example::
-
-    limiter = LocalSessionLimiter(256)
-    await limiter.acquire()
-    ...
-    limiter.release()
 """
 
 from __future__ import annotations

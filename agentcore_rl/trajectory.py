@@ -10,15 +10,6 @@ breaks the prefix. A call retried with an identical request and prompt (a timeou
 
 Token ids are the served ones, never re-tokenised text (re-tokenising causes train/
 inference mismatch).
-
-Example::
-
-    from agentcore_rl.trajectory import build_trajectory
-
-    trajectory = build_trajectory(trace, reward=1.0)
-    for segment in trajectory.segments:
-        train_on(segment.token_ids, segment.loss_mask, segment.logprobs)
-    print(trajectory.merges, trajectory.splits)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chaos benchmark (issue 9): rollouts through the local AgentCore Runtime while S3 fails,
+"""Chaos benchmark: rollouts through the local AgentCore Runtime while S3 fails,
 agents crash, one is SIGTERMed, and the eval client is SIGKILLed and resumed.
 
 Everything runs as real processes on loopback. In this process: moto (S3), a proxy in

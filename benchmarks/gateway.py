@@ -17,7 +17,7 @@ gateway and prints one JSON document:
 - ``capture``: every call's prompt ids, completion ids and logprobs in the finished traces
   equal what the upstream served.
 
-Targets (issue 10): CPU per call <= 0.25 x the better peer's (peers: 10-15 ms non-streaming,
+Targets: CPU per call <= 0.25 x the better peer's (peers: 10-15 ms non-streaming,
 47-51 ms streaming 200 tokens), added serial p50 <= 1 ms, added TTFB <= 5 ms, <= 30 MB per
 1,000 captured calls. The machine is shared: run briefly; compare CPU per call, not calls/s.
 

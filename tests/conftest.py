@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
-from agentcore_rl.s3 import ResultStore, S3RetryPolicy
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore
 
 _bucket_numbers = itertools.count()
 
@@ -20,7 +21,7 @@ async def _no_sleep(_: float) -> None:
 
 
 #: A retry policy for tests: a few quick attempts, no real sleeping.
-FAST_RETRY = S3RetryPolicy(attempts=3, initial=0.0, maximum=0.0, jitter=0.0, sleep=_no_sleep)
+FAST_RETRY = RetryPolicy(attempts=3, initial=0.0, maximum=0.0, jitter=0.0, sleep=_no_sleep)
 
 
 @pytest.fixture(scope="session")

@@ -3,14 +3,6 @@
 Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``,
 ``GatewayError`` or ``OSError`` for an unreachable service or a taken port -> exit 3) and
 turned into one line on stderr by :func:`agentcore_rl.cli.main`.
-
-Example::
-
-    from agentcore_rl.cli.main import build_parser
-    from agentcore_rl.cli.commands import cmd_eval
-
-    code = cmd_eval(build_parser().parse_args(["eval", "in.jsonl", "--agent-url", url,
-                                               "--s3-bucket", "b", "--exp-id", "e"]))
 """
 
 from __future__ import annotations
@@ -105,6 +97,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve_asgi(
     app: Any, host: str, port: int, log_level: str, banner: str, **uvicorn_options: Any
 ) -> int:
+    # lazy: uvicorn is the server extra, loaded by the commands that serve
     import uvicorn
 
     from agentcore_rl.server.limits import prepare_process, serve_options
@@ -130,6 +123,7 @@ def _serve_asgi(
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C."""
+    # lazy: the server extra, needed by `serve` only
     from agentcore_rl.server import AgentCoreRLApp
 
     app = import_app(args.target)
@@ -146,6 +140,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
         agentcore-rl local-runtime --agent-url http://127.0.0.1:8080 --port 8081
     """
+    # lazy: a command imports only what it runs (the CLI starts fast)
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
     arn = args.arn or DEFAULT_AGENT_RUNTIME_ARN
@@ -166,6 +161,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
         agentcore-rl gateway --upstream http://127.0.0.1:8000/v1 --port 9000 --admin-token T
     """
+    # lazy: the gateway extra, needed by `gateway` only
     from agentcore_rl.gateway import DirectorySink, RolloutGateway
 
     render = _render_mode(args)
@@ -214,6 +210,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 def _gateway_connections(gateway: Any) -> int:
     """Agents' connections the gateway serves at once: the server's default cap, less the
     upstream connections it may open, within the open-file limit (raised first)."""
+    # lazy: the server extra (uvicorn), needed by `gateway` only
     from agentcore_rl.server.limits import (
         DEFAULT_MAX_CONNECTIONS,
         FD_RESERVE,
@@ -238,6 +235,7 @@ def _render_mode(args: argparse.Namespace) -> Any:
         return None
     if not args.tokenizer:
         raise ConfigurationError("--history linear needs --tokenizer DIR (the model's tokenizer)")
+    # lazy: the render extra, needed by `--history linear` only
     from agentcore_rl.gateway.render.mode import RenderMode
 
     try:
@@ -252,8 +250,6 @@ def _render_mode(args: argparse.Namespace) -> Any:
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    from agentcore_rl import protocol
-
     # The block's own fields have options of their own (--exp-id, --base-url...): they
     # cannot be passed through as extra _rollout fields.
     reserved = {
@@ -333,6 +329,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
     """
     out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    # lazy: the client extra, needed by `eval` only
     from agentcore_rl.cli.eval import run_eval
 
     token = args.gateway_admin_token
@@ -375,6 +372,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
+        # lazy: the client extra (httpx), needed by `eval` only
         from agentcore_rl.cli.preflight import check_services
 
         # Every service it was given, before the first rollout and before any file exists.

@@ -55,10 +55,6 @@ def run_async(work: Callable[[], Awaitable[int]]) -> int:
     """Run ``work`` on a fresh event loop; Ctrl-C/SIGTERM cancel it so that every
     ``async with`` unwinds (servers stop, sessions are stopped), then 130/143 is returned.
     A second Ctrl-C exits at once (``os._exit``), without waiting for the clean shutdown.
-
-    Example::
-
-        run_async(lambda: run_demo(options))
     """
     received: list[int] = []
 

@@ -41,8 +41,11 @@ from typing import Any, Final
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.cli.eval_config import iter_lines
+from agentcore_rl.cli.group_eval import group_record
+from agentcore_rl.cli.group_summary import GroupTally
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.groups import GroupDroppedError
+from agentcore_rl.groups import GroupDroppedError, GroupRules
 from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "demo_dir", "demo_package", "run_demo"]
@@ -63,12 +66,7 @@ _GROUP_SIZE: Final = 4
 
 @dataclass(frozen=True, kw_only=True)
 class DemoOptions:
-    """The demo's knobs (see ``agentcore-rl demo --help``).
-
-    Example::
-
-        DemoOptions(n=200, concurrency=32, accuracy=0.8)
-    """
+    """The demo's knobs (see ``agentcore-rl demo --help``)."""
 
     n: int = 200
     concurrency: int = 32
@@ -139,11 +137,8 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
 async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
     """Start the local stack, run the problems, stop everything; return the run
     (``run.out`` is the results file). ``run``, when given, is filled in as the run goes.
-
-    Example::
-
-        run = await run_demo(DemoOptions(n=20, latency=0.0))
     """
+    # lazy: the local extra (starlette, moto), loaded when the demo runs
     from agentcore_rl.local.policy import ScriptedPolicy
 
     out = options.out or demo_dir() / "results.jsonl"
@@ -190,6 +185,7 @@ async def _run_through_gateway(
     stack: LocalStack, options: DemoOptions, data: Path, out: Path, run: EvalRun | None
 ) -> EvalRun:
     """The same run with the rollout gateway between the agents and the policy."""
+    # lazy: the gateway extra, needed by the gateway phase only
     from agentcore_rl.gateway import RolloutGateway
     from agentcore_rl.local.background import BackgroundServer
 
@@ -287,17 +283,6 @@ async def _run(
 async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRun) -> None:
     """A few problems again as GRPO groups (all at once: about one rollout's wall time),
     for the summary's line of group statistics."""
-    from agentcore_rl.cli.group_eval import group_record
-    from agentcore_rl.cli.group_summary import GroupTally
-    from agentcore_rl.client import (
-        AsyncRolloutClient,
-        AwsConfig,
-        GatewayConfig,
-        Limits,
-        Timeouts,
-    )
-    from agentcore_rl.groups import GroupRules
-
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
     tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)

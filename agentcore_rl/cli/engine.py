@@ -28,7 +28,7 @@ from anyio.abc import TaskGroup
 from agentcore_rl import protocol
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry
-from agentcore_rl.cli.summary import RunSummary, reward_of
+from agentcore_rl.cli.summary import RunSummary, failure_of, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
 from agentcore_rl.client.invocation import as_repeat
@@ -43,6 +43,7 @@ from agentcore_rl.errors import (
     TraceLostError,
 )
 from agentcore_rl.ratelimit import Priority
+from agentcore_rl.trajectory import build_trajectory
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
@@ -69,10 +70,6 @@ def outcome_record(
     ``--resume`` does), ``agent_lost`` one whose agent process went away under it (on the
     client's ``retry_lost`` budget), ``attempts`` the sessions this run tried and
     ``losses`` how many of them were lost with their agent.
-
-    Example::
-
-        outcome_record("q-1", "done", entry, 1.9, result={"rewards": [1.0]})["reward"]  # 1.0
     """
     if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
         result = error.envelope  # what the agent wrote (for a lost trace: its result)
@@ -119,16 +116,10 @@ def _bar_shape() -> dict[str, int]:
 
 
 class Progress:
-    """The progress bar on stderr (tqdm), showing failures and the mean reward so far.
-
-    Example::
-
-        bar = Progress(total=200, initial=0, enabled=True)
-        bar.update(summary)
-        bar.close()
-    """
+    """The progress bar on stderr (tqdm), showing failures and the mean reward so far."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        # lazy: tqdm is the cli extra; a library user of the engine may not have it
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -159,11 +150,6 @@ class EvalEngine:
     an earlier run left in flight (their results collected; the ones that were stopped or
     lost run again at once), then the inputs. Every outcome goes to the journal, the
     summary and the progress bar.
-
-    Example::
-
-        engine = EvalEngine(options, client, journal, summary, bar)
-        await engine.run(fresh, in_flight, by_id)
     """
 
     def __init__(
@@ -189,12 +175,13 @@ class EvalEngine:
 
     def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
         self.journal.record_outcome(record)
+        error_type, error = failure_of(record)
         self.summary.add(
             record["outcome"],
             elapsed=record["elapsed"],
             reward=record["reward"],
-            error_type=record["error_type"],
-            error=record["error"],
+            error_type=error_type,
+            error=error,
         )
         # After the results line: a run killed in between has --resume read it from S3.
         if future is not None and future.trace is not None and record["outcome"] == "done":
@@ -202,8 +189,6 @@ class EvalEngine:
         self.bar.update(self.summary)
 
     def _write_trajectory(self, trace: SessionTrace, result: Any) -> None:
-        from agentcore_rl.trajectory import build_trajectory
-
         if self.trajectories is None:
             return
         metrics = result.get("metrics") if isinstance(result, dict) else None
@@ -218,10 +203,6 @@ class EvalEngine:
     async def collect_trajectories(self, finished: Mapping[str, dict[str, Any]]) -> None:
         """Write the trajectories of done rollouts an earlier run recorded but never wrote
         (it died in between), from their traces in S3.
-
-        Example::
-
-            await engine.collect_trajectories(journal.finished)
         """
         if self.trajectories is None:
             return
@@ -247,12 +228,7 @@ class EvalEngine:
         in_flight: Sequence[JournalEntry],
         by_id: dict[str, EvalInput],
     ) -> None:
-        """Run ``fresh`` inputs and re-attach ``in_flight`` ones until each has an outcome.
-
-        Example::
-
-            await engine.run(fresh, in_flight, {item.input_id: item for item in inputs})
-        """
+        """Run ``fresh`` inputs and re-attach ``in_flight`` ones until each has an outcome."""
         # The earlier run's rollouts first: queued behind the fresh inputs, one found lost
         # would wait for every slot those take (the chaos run's detection tail).
         for entry in in_flight:

@@ -39,7 +39,8 @@ from agentcore_rl.client import (
 )
 from agentcore_rl.client.config import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.errors import StorageError
-from agentcore_rl.s3 import ResultStore, S3RetryPolicy
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore
 
 __all__ = [
     "EvalInput",
@@ -53,7 +54,7 @@ __all__ = [
 
 #: A quick retry policy for the preflight check and re-attaching: fail fast when S3 is
 #: unreachable instead of backing off for tens of seconds.
-_QUICK_S3_RETRY: Final = S3RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
+_QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
 _UNLIMITED_TPS: Final = 1e6
 # A prefix no result key can have (key parts start with a letter or digit): listing it is
 # a cheap way to prove the bucket exists and is readable.
@@ -104,10 +105,6 @@ async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None
     """Prove the bucket is reachable and readable before starting anything.
 
     Raises :class:`~agentcore_rl.errors.StorageError` naming the bucket and endpoint.
-
-    Example::
-
-        await preflight_s3(store, "rollouts")
     """
     try:
         await store.list_keys(bucket, _PREFLIGHT_PREFIX)
@@ -125,10 +122,6 @@ async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None
 async def check_bucket(options: EvalOptions) -> int:
     """:func:`preflight_s3` on the run's bucket with a quick retry policy; -> the S3
     requests it made.
-
-    Example::
-
-        await check_bucket(options)
     """
     store = ResultStore(
         endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
@@ -150,11 +143,6 @@ async def run_eval(
     Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned, so
     that ``--resume`` runs them again; a run that dies without cleanup leaves them in the
     journal as started, and ``--resume`` re-attaches to them.
-
-    Example::
-
-        run = await run_eval(options)
-        run.summary.counts["done"]
 
     ``inputs`` (from :func:`load_inputs`) saves reading ``options.data`` again. ``run``,
     when given, is filled in as the run goes, so a caller still has the partial figures

@@ -30,24 +30,14 @@ __all__ = ["EvalInput", "EvalOptions", "EvalRun", "iter_lines", "load_inputs"]
 
 @dataclass(frozen=True)
 class EvalInput:
-    """One input: its id and the payload sent to the agent.
-
-    Example::
-
-        EvalInput("q-1", {"prompt": "2+2?", "answer": "4"})
-    """
+    """One input: its id and the payload sent to the agent."""
 
     input_id: str
     payload: dict[str, Any]
 
 
 def load_inputs(path: Path, *, limit: int | None = None) -> list[EvalInput]:
-    """Read and check a JSONL file of inputs; raise ConfigurationError naming the line.
-
-    Example::
-
-        inputs = load_inputs(Path("examples/math_agent/data/problems.jsonl"), limit=10)
-    """
+    """Read and check a JSONL file of inputs; raise ConfigurationError naming the line."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -94,11 +84,6 @@ class EvalOptions:
     and ``runtime_endpoint_url`` default to botocore's own resolution (``AWS_ENDPOINT_URL_S3``,
     ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``). With ``gateway_url`` every rollout runs through
     that rollout gateway and its trajectory is written beside ``out``.
-
-    Example::
-
-        EvalOptions(data=Path("in.jsonl"), out=Path("out.jsonl"), s3_bucket="rollouts",
-                    exp_id="e1", agent_runtime_arn=arn)
     """
 
     data: Path
@@ -159,11 +144,6 @@ class EvalOptions:
 class EvalRun:
     """What a finished (or interrupted) run reports: the summary, S3 request count and
     where the results file is.
-
-    Example::
-
-        run = await run_eval(options)
-        print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
     """
 
     summary: RunSummary

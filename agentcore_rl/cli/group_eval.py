@@ -36,6 +36,7 @@ from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import ClientClosedError, StorageError
 from agentcore_rl.groups import GroupDroppedError, GroupMember, GroupRules, RolloutGroup
 from agentcore_rl.training import group_rows, write_jsonl
+from agentcore_rl.trajectory import build_trajectory
 
 __all__ = ["GroupEvalEngine", "group_record", "rows_path_for"]
 
@@ -67,12 +68,7 @@ def _member(m: GroupMember) -> dict[str, Any]:
 def group_record(
     input_id: str, group: RolloutGroup | None, error: BaseException | None, elapsed: float
 ) -> dict[str, Any]:
-    """One results line for a group: ``outcome`` ``done`` (whole) or ``dropped``.
-
-    Example::
-
-        group_record("q-1", group, None, 4.2)["pass@1"]
-    """
+    """One results line for a group: ``outcome`` ``done`` (whole) or ``dropped``."""
     if isinstance(error, GroupDroppedError):
         group = error.group
     rewards = [] if group is None or error is not None else group.rewards
@@ -95,12 +91,7 @@ def group_record(
 
 
 def resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
-    """The journaled members of each group, by input id, in journal order.
-
-    Example::
-
-        resumed_groups(journal.events)["q-1"].started
-    """
+    """The journaled members of each group, by input id, in journal order."""
     groups: dict[str, ResumedGroup] = {}
     for event in events:
         kind = event.get("event")
@@ -172,12 +163,7 @@ class _Journal:
 
 
 class GroupEvalEngine:
-    """Opens a group per input (waiting for slots, which paces it), records each once.
-
-    Example::
-
-        await GroupEvalEngine(options, client, journal, summary, bar).run(inputs)
-    """
+    """Opens a group per input (waiting for slots, which paces it), records each once."""
 
     def __init__(
         self,
@@ -230,8 +216,6 @@ class GroupEvalEngine:
     async def _load_trajectories(self, resumes: Mapping[str, ResumedGroup]) -> None:
         """Members an earlier run saw succeed are replayed, not run again: their tokens
         come from the traces the client kept in S3 beside their results."""
-        from agentcore_rl.trajectory import build_trajectory
-
         for group in resumes.values():
             for number, end in enumerate(group.ended):
                 start = group.started.get(end.session_id)

@@ -24,12 +24,7 @@ __all__ = ["GroupTally", "pass_at_k"]
 
 
 def pass_at_k(rewards: Sequence[float], k: int) -> float:
-    """The unbiased pass@k of one group's rewards (correct: reward > 0).
-
-    Example::
-
-        pass_at_k([1.0, 0.0, 0.0, 0.0], k=2)   # 0.5
-    """
+    """The unbiased pass@k of one group's rewards (correct: reward > 0)."""
     m = len(rewards)
     c = sum(1 for r in rewards if r > 0)
     if m == 0:

@@ -57,11 +57,6 @@ class JournalEntry:
     """One started rollout: enough to find its result in S3 later.
 
     ``started_at`` (epoch seconds) lets a resumed run keep the original deadline.
-
-    Example::
-
-        JournalEntry(input_id="q-1", session_id=sid, s3_bucket="rollouts",
-                     result_key="exp/q-1/" + sid + ".json", started_at=time.time())
     """
 
     input_id: str
@@ -115,11 +110,6 @@ class EvalJournal:
 
     ``finished`` maps input ids to their outcome lines from earlier runs; ``in_flight``
     maps input ids to rollouts an earlier run started but never saw finish.
-
-    Example::
-
-        journal = EvalJournal.open(Path("out.jsonl"), resume=False)
-        journal.close()
     """
 
     out: Path
@@ -135,12 +125,7 @@ class EvalJournal:
 
     @classmethod
     def check(cls, out: Path, *, resume: bool) -> None:
-        """Raise the ``ConfigurationError`` :meth:`open` would for ``out``, touching nothing.
-
-        Example::
-
-            EvalJournal.check(Path("results.jsonl"), resume=False)
-        """
+        """Raise the ``ConfigurationError`` :meth:`open` would for ``out``, touching nothing."""
         if out.exists() and out.stat().st_size > 0 and not resume:
             raise ConfigurationError(
                 f"{out} already exists; pass --resume to continue that run or choose another --out"
@@ -154,10 +139,6 @@ class EvalJournal:
 
         Without ``resume`` an existing non-empty results file is an error, so that a
         finished evaluation is never overwritten by accident.
-
-        Example::
-
-            journal = EvalJournal.open(Path("results.jsonl"), resume=True)
         """
         journal_path = journal_path_for(out)
         cls.check(out, resume=resume)

@@ -14,13 +14,6 @@ Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, 
 (S3, agent, runtime, a port in use); 4 an unexpected internal error; 130 interrupted
 (Ctrl-C), 143 terminated (SIGTERM). Errors are one line on stderr, never a traceback
 (set ``AGENTCORE_RL_DEBUG=1`` to see one).
-
-Example::
-
-    from agentcore_rl.cli import main
-
-    exit_code = main(["eval", "problems.jsonl", "--agent-url", "http://127.0.0.1:8080",
-                      "--s3-bucket", "rollouts", "--exp-id", "eval-1"])
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Final, NoReturn, TypeVar
 
-from agentcore_rl import protocol
+from agentcore_rl import __version__, protocol
 from agentcore_rl._extras import install_hint, is_ours
 from agentcore_rl.cli.common import (
     EXIT_INTERNAL,
@@ -131,6 +124,7 @@ def _add_run_options(
 
 
 def _add_eval_parser(commands: Any) -> None:
+    # lazy: the CLI starts fast and --help works without extras
     from agentcore_rl.cli.commands import cmd_eval
 
     parser = commands.add_parser(
@@ -239,6 +233,7 @@ def _add_eval_parser(commands: Any) -> None:
 
 
 def _add_demo_parser(commands: Any) -> None:
+    # lazy: as for cmd_eval
     from agentcore_rl.cli.commands import cmd_demo
 
     parser = commands.add_parser(
@@ -288,6 +283,7 @@ def _add_demo_parser(commands: Any) -> None:
 
 
 def _add_serve_parser(commands: Any) -> None:
+    # lazy: as for cmd_eval
     from agentcore_rl.cli.commands import cmd_serve
 
     parser = commands.add_parser(
@@ -314,6 +310,7 @@ def _add_serve_parser(commands: Any) -> None:
 
 
 def _add_local_runtime_parser(commands: Any) -> None:
+    # lazy: as for cmd_eval
     from agentcore_rl.cli.commands import cmd_local_runtime
 
     parser = commands.add_parser(
@@ -353,6 +350,7 @@ def _add_local_runtime_parser(commands: Any) -> None:
 
 
 def _add_render_options(parser: argparse.ArgumentParser) -> None:
+    # lazy: only the gateway's parser reads these names
     from agentcore_rl.gateway.render.parsers import REASONING_PARSERS, TOOL_PARSERS
 
     parser.add_argument(
@@ -383,6 +381,7 @@ def _add_render_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_gateway_parser(commands: Any) -> None:
+    # lazy: as for cmd_eval
     from agentcore_rl.cli.commands import cmd_gateway
 
     parser = commands.add_parser(
@@ -461,8 +460,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train and evaluate LLM agents with RL while they run as HTTP services.",
         epilog=EXIT_CODES_HELP,
     )
-    from agentcore_rl import __version__
-
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True

@@ -13,10 +13,6 @@ the error the CLI turns into one line and exit 3 (:class:`~agentcore_rl.errors.S
   about the runtime, ``AccessDeniedException`` when the credentials may not call it;
 - a gateway (``--gateway-url``): ``GET /health`` (reachable, a rollout gateway), then
   ``GET /admin/stats`` with the admin token (the token is accepted).
-
-Example::
-
-    await check_services(options)
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ import os
 from typing import Any, Final
 
 from agentcore_rl import protocol
+from agentcore_rl.cli.eval import check_bucket
 from agentcore_rl.cli.eval_config import EvalOptions
 from agentcore_rl.errors import GatewayError, InvocationError
 
@@ -37,14 +34,7 @@ _TOKEN_FLAG: Final = "--gateway-admin-token"
 
 
 async def check_services(options: EvalOptions) -> None:
-    """Check the S3 bucket, the agents or the runtime, and the gateway, in that order.
-
-    Example::
-
-        await check_services(options)
-    """
-    from agentcore_rl.cli.eval import check_bucket
-
+    """Check the S3 bucket, the agents or the runtime, and the gateway, in that order."""
     await check_bucket(options)
     if options.agent_urls:
         await check_agents(list(options.agent_urls))
@@ -55,12 +45,8 @@ async def check_services(options: EvalOptions) -> None:
 
 
 async def check_agents(urls: list[str]) -> None:
-    """Each agent answers ``GET /ping``, or InvocationError names the one that does not.
-
-    Example::
-
-        await check_agents(["http://127.0.0.1:8080"])
-    """
+    """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
+    # lazy: httpx is the client extra; the runtime check needs only aiobotocore
     import httpx
 
     async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
@@ -85,11 +71,8 @@ def _mentions_session(message: str, session_id: str) -> bool:
 async def check_runtime(arn: str, endpoint_url: str | None) -> None:
     """The runtime endpoint serves ``arn``: one ``StopRuntimeSession`` for a session id never
     used (nothing is stopped, nothing starts), or InvocationError saying what is wrong.
-
-    Example::
-
-        await check_runtime("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/m", None)
     """
+    # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
     from botocore.exceptions import BotoCoreError, ClientError
@@ -129,11 +112,8 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
 async def check_gateway(url: str, token: str | None) -> None:
     """The gateway at ``url`` answers ``/health`` and accepts ``token`` on its admin routes,
     or GatewayError says which it does not.
-
-    Example::
-
-        await check_gateway("http://127.0.0.1:9000", "s3cret")
     """
+    # lazy: as above (the client extra)
     import httpx
 
     async with httpx.AsyncClient(timeout=_TIMEOUT) as http:

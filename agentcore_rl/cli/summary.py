@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -34,12 +34,7 @@ OUTCOMES: Final = ("done", "failed", "timeout")
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile (0-100) with linear interpolation; ``None`` if empty.
-
-    Example::
-
-        percentile([1.0, 2.0, 3.0, 4.0], 50)   # 2.5
-    """
+    """The ``q``-th percentile (0-100) with linear interpolation; ``None`` if empty."""
     if not 0 <= q <= 100:
         raise ValueError(f"q must be between 0 and 100, got {q}")
     if not values:
@@ -59,6 +54,25 @@ def _short(error: str) -> str:
     return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
 
 
+def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The kind and reason a results line's failure is summed up under.
+
+    A rollout the agent reported failed is told apart by what failed in the agent (its
+    envelope's ``stop_reason``, e.g. ``KeyError: 'a'``), not only by the client's exception,
+    so a run whose handler raised two kinds of errors shows both, each with its message.
+    """
+    error_type, error = record.get("error_type"), record.get("error")
+    envelope = record.get("result")
+    if isinstance(envelope, Mapping):
+        reason = envelope.get("stop_reason")
+        if isinstance(reason, str) and reason:
+            cause = reason.split(":", 1)[0].strip()
+            if cause.isidentifier():
+                error_type = f"{error_type} ({cause})" if error_type else cause
+            return error_type, reason
+    return error_type, error
+
+
 def reward_of(result: Any) -> float | None:
     """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
     return result_reward(result)
@@ -71,12 +85,6 @@ class RunSummary:
     ``resumed`` counts outcomes that an earlier (interrupted) run had already written, and
     ``reattached`` those this run collected from rollouts the earlier run left in flight;
     ``retried`` counts inputs run again in a new session after a retryable failure.
-
-    Example::
-
-        summary = RunSummary()
-        summary.add("done", elapsed=3.5, reward=0.0)
-        summary.counts["done"]   # 1
     """
 
     counts: Counter[str] = field(default_factory=Counter)
@@ -140,12 +148,7 @@ class RunSummary:
         return sum(self.rewards) / len(self.rewards) if self.rewards else None
 
     def as_dict(self, *, wall_seconds: float, s3_requests: int | None = None) -> dict[str, Any]:
-        """The summary as plain numbers (for JSON output and tests).
-
-        Example::
-
-            summary.as_dict(wall_seconds=12.0)["throughput"]
-        """
+        """The summary as plain numbers (for JSON output and tests)."""
         total = self.total
         return {
             "total": total,
@@ -184,12 +187,7 @@ class RunSummary:
         return f"{mean:.3f} ({len(self.rewards)} finished)"
 
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
-        """A small aligned table for the terminal.
-
-        Example::
-
-            print(summary.render(wall_seconds=12.0, s3_requests=240))
-        """
+        """A small aligned table for the terminal."""
         data = self.as_dict(wall_seconds=wall_seconds, s3_requests=s3_requests)
 
         def num(value: float | None, fmt: str, unit: str = "") -> str:

@@ -38,13 +38,7 @@ def trajectories_path_for(out: Path) -> Path:
 
 @dataclass
 class TrajectoryFile:
-    """The open trajectories file; ``sessions`` holds the session ids it has lines for.
-
-    Example::
-
-        if not trajectories.has(session_id):
-            trajectories.write(trajectory, tokens_captured=trace.tokens_captured)
-    """
+    """The open trajectories file; ``sessions`` holds the session ids it has lines for."""
 
     path: Path
     sessions: set[str] = field(default_factory=set)
@@ -52,12 +46,7 @@ class TrajectoryFile:
 
     @classmethod
     def open(cls, out: Path, *, resume: bool) -> TrajectoryFile:
-        """Open (or create) the file beside ``out``; with ``resume`` keep what is there.
-
-        Example::
-
-            trajectories = TrajectoryFile.open(Path("results.jsonl"), resume=True)
-        """
+        """Open (or create) the file beside ``out``; with ``resume`` keep what is there."""
         path = trajectories_path_for(out)
         self = cls(path)
         if resume and path.exists():

@@ -31,13 +31,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AttachTarget:
-    """The validated coordinates of a running rollout.
-
-    Example::
-
-        AttachTarget.resolve(session_id=sid, result_key="exp/q-1/sid.json", input_id=None,
-                             s3_bucket="rollouts", check_session_id=sessions.check)
-    """
+    """The validated coordinates of a running rollout."""
 
     session_id: str
     result_key: str

@@ -8,14 +8,6 @@ through the futures' done callbacks. Every item goes into one :class:`Handoff`, 
 all the ``async for`` loop reads. So a loop that is left, dropped or simply
 abandoned strands nothing: the run ends when the loop closes the handoff (its sessions are
 then stopped) or when the client closes.
-
-Example::
-
-    async for item in client.run_batch(payloads, timeout=900):
-        if item.success:
-            rewards.append(item.result["rewards"])
-        else:
-            print(item.index, item.error)
 """
 
 from __future__ import annotations

@@ -1,16 +1,4 @@
-"""AsyncRolloutClient: start rollouts on agents and get asyncio futures for their results.
-
-Example::
-
-    async with AsyncRolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
-                                  exp_id="step-17", limits=Limits(max_concurrent_sessions=256),
-                                  ) as client:
-        fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1",
-                                  rollout={"temperature": 1.0})
-        result = await fut
-        async for item in client.run_batch(payloads, timeout=900):
-            print(item.index, item.success)
-"""
+"""AsyncRolloutClient: start rollouts on agents and get asyncio futures for their results."""
 
 from __future__ import annotations
 
@@ -80,7 +68,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, RolloutGroup
-from agentcore_rl.keywords import checked
+from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
@@ -144,8 +132,12 @@ class AsyncRolloutClient:
             rollout={"base_url": "http://vllm:8000/v1", "model_id": "qwen3", "temperature": 0.7},
             limits=Limits(max_concurrent_sessions=500, tps=25.0),
         ) as client:
-            results = await asyncio.gather(*(client.rollout(p) for p in payloads),
-                                           return_exceptions=True)
+            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1")
+            result = await fut                      # or client.rollout(payload) in one go
+            async for item in client.run_batch(payloads, timeout=900):
+                print(item.index, item.success, item.error)
+            async for group in client.run_groups(payloads, rules=GroupRules(n=8)):
+                rows.extend(group_rows(group, "mean_std"))
     """
 
     @checked(moved=MOVED_CLIENT_OPTIONS)
@@ -174,18 +166,14 @@ class AsyncRolloutClient:
                 "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
                 "(agent servers over HTTP)"
             )
-        for name, value, kind in (
+        check_config_types(
             ("limits", limits, Limits),
             ("timeouts", timeouts, Timeouts),
             ("retries", retries, Retries),
             ("watcher", watcher, WatcherConfig),
             ("liveness", liveness, LivenessConfig),
             ("aws", aws, AwsConfig),
-        ):
-            if not isinstance(value, kind):
-                raise ConfigurationError(
-                    f"{name} must be a {kind.__name__}, got {type(value).__name__}"
-                )
+        )
         if gateway is not None and not isinstance(gateway, GatewayConfig):
             raise ConfigurationError(
                 f"gateway must be a GatewayConfig, got {type(gateway).__name__} "
@@ -358,14 +346,6 @@ class AsyncRolloutClient:
         ``ConfigurationError`` for a session id already pending here, ``InvocationError``
         when the agent refused or could not be reached, ``ClientClosedError`` after
         ``aclose``.
-
-        Example::
-
-            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1",
-                                      rollout={"temperature": 1.0})
-            result = await fut
-            sid = protocol.new_session_id()          # journal it first, then:
-            fut = await client.invoke({"prompt": "2+2?"}, input_id="q-2", session_id=sid)
         """
         overrides = rollout_extras(rollout)
         body, config = self._prepare(payload, input_id=input_id, overrides=overrides)
@@ -410,11 +390,6 @@ class AsyncRolloutClient:
         abandoned without either leaves its rollouts to run until ``aclose``. Raises
         ``ClientClosedError`` (after the items of the rollouts already started) when the
         client closes meanwhile.
-
-        Example::
-
-            async for item in client.run_batch(payloads, timeout=900):
-                print(item.index, item.success, item.error)
         """
         self._check_not_closed()
         return self._batch(payloads, timeout, rollout_extras(rollout))
@@ -442,13 +417,6 @@ class AsyncRolloutClient:
         (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
         cancelling it stops the members. ``timeout`` and ``rollout`` are as in
         :meth:`invoke`, for each member.
-
-        Example::
-
-            fut = await client.invoke_group(payload, rules=GroupRules(n=8), input_id="q-17",
-                                            rollout={"temperature": 1.0})
-            group = await fut
-            print(group.rewards, group.advantages("mean_std"))
         """
         _check_rules(rules)
         return await self._groups.open(
@@ -475,11 +443,6 @@ class AsyncRolloutClient:
         (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
         digits, unless its ``_rollout`` names one. The work runs in the client's task group,
         as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
-
-        Example::
-
-            async for group in client.run_groups(payloads, rules=GroupRules(n=8, redundancy=1)):
-                rows.extend(group_rows(group, "mean_std"))
         """
         self._check_not_closed()
         _check_rules(rules)
@@ -928,12 +891,6 @@ class AsyncRolloutClient:
         result, see :meth:`ResultStore.get_trace`). Raises ``ConfigurationError`` when
         the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
         the rollout's own error when it failed.
-
-        Example::
-
-            fut = await client.invoke(payload)
-            result = await fut
-            trajectory = build_trajectory(client.trace_of(fut), reward=result["rewards"][0])
         """
         if self._joiner is None:
             raise ConfigurationError(
@@ -976,13 +933,6 @@ class AsyncRolloutClient:
         read at once: a result already there (even past the deadline) resolves the
         future before it is returned; then the client's completion watcher takes over.
         ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
-
-        Example::
-
-            fut = await client.attach(session_id=entry.session_id,
-                                      result_key=entry.result_key,
-                                      timeout=900, started_at=entry.started_at)
-            result = await fut
         """
         self._check_not_closed()
         target = AttachTarget.resolve(

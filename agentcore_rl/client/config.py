@@ -2,15 +2,6 @@
 
 Each object groups the settings of one concern; an unknown keyword is a ``TypeError``
 naming the closest known one, and a bad value a ``ConfigurationError`` naming the field.
-
-Example::
-
-    AsyncRolloutClient(
-        agent_url="http://127.0.0.1:8080", s3_bucket="rollouts", exp_id="step-17",
-        limits=Limits(max_concurrent_sessions=256, tps=50.0),
-        timeouts=Timeouts(rollout=900.0),
-        retries=Retries(call=RetryPolicy(attempts=8), rollouts=1),
-    )
 """
 
 from __future__ import annotations

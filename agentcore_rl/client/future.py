@@ -1,11 +1,4 @@
-"""RolloutFuture: an asyncio.Future for one rollout's outcome, with its coordinates.
-
-Example::
-
-    fut = await client.invoke({"prompt": "2+2?"}, input_id="q-1")
-    print(fut.session_id, fut.result_key)
-    result = await fut            # or asyncio.gather / wait / as_completed / wait_for
-"""
+"""RolloutFuture: an asyncio.Future for one rollout's outcome, with its coordinates."""
 
 from __future__ import annotations
 
@@ -13,9 +6,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from agentcore_rl.groups import result_reward
+from agentcore_rl.trajectory import Trajectory, build_trajectory
+
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
-    from agentcore_rl.trajectory import Trajectory
 
 __all__ = ["RolloutFuture"]
 
@@ -103,9 +98,6 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
             return self._trajectory
         if self.trace is None or not self.done() or self.cancelled() or self.exception():
             return None
-        from agentcore_rl.groups import result_reward
-        from agentcore_rl.trajectory import build_trajectory
-
         result = self.result()
         metrics = result.get("metrics")
         self._trajectory = build_trajectory(

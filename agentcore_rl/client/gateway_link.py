@@ -62,10 +62,6 @@ class GatewayLink(Protocol):
 class InProcessGateway:
     """A :class:`RolloutGateway` running on the client's event loop, which agents reach
     at ``url`` (where it is served).
-
-    Example::
-
-        link = InProcessGateway(gateway, "http://127.0.0.1:9000")
     """
 
     def __init__(self, gateway: RolloutGateway, url: str) -> None:
@@ -92,12 +88,7 @@ class InProcessGateway:
 
 
 class RemoteGateway:
-    """A gateway in another process, driven through its admin routes with ``admin_token``.
-
-    Example::
-
-        link = RemoteGateway("http://gw:9000", admin_token=os.environ["GW_TOKEN"])
-    """
+    """A gateway in another process, driven through its admin routes with ``admin_token``."""
 
     def __init__(self, url: str, admin_token: str, *, timeout: float = 120.0) -> None:
         self.url = url.rstrip("/")
@@ -111,6 +102,7 @@ class RemoteGateway:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
+            # lazy: httpx is the client extra; a RemoteGateway never called needs none
             import httpx
 
             self._http = httpx.AsyncClient(
@@ -122,6 +114,7 @@ class RemoteGateway:
         return self._http
 
     async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        # lazy: as in _client
         import httpx
 
         try:
@@ -152,6 +145,7 @@ class RemoteGateway:
         return gateway_id
 
     async def finish(self, session_id: str) -> SessionTrace:
+        # lazy: the gateway package stays unloaded until a trace is read
         from agentcore_rl.gateway.record import load_trace
 
         response = await self._post(f"/admin/sessions/{session_id}/finish")

@@ -14,12 +14,6 @@ of each outcome; a :class:`ResumedGroup` hands those records back to a new proce
 replays the ended members in their order, invokes the started ones again under the same
 session id (an agent runs one rollout per session, so never twice) or reads their results,
 and starts only what was never started.
-
-Example::
-
-    runner = GroupRunner(client)                      # the client builds its own
-    fut = await runner.open(payload, rules=GroupRules(n=8), input_id="q-17")
-    group = await fut
 """
 
 from __future__ import annotations

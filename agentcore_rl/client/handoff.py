@@ -28,14 +28,7 @@ T = TypeVar("T")
 
 
 class Handoff(Generic[T]):
-    """A queue from one producer to worker tasks (same event loop), see the module text.
-
-    Example::
-
-        async def worker(handoff: Handoff[str]) -> None:
-            while (item := await handoff.get()) is not None:
-                print(item)
-    """
+    """A queue from one producer to worker tasks (same event loop), see the module text."""
 
     __slots__ = ("_closed", "_items", "_waiters")
 

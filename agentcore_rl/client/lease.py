@@ -41,10 +41,6 @@ class ClientLease:
 
     ``config.lease`` must not be ``None`` (no lease: do not create one).
     ``wall`` (epoch seconds) stamps renewals; the pause between them is ``config.sleep``.
-
-    Example::
-
-        lease = ClientLease(store, bucket, exp_id, LivenessConfig())
     """
 
     def __init__(

@@ -17,11 +17,6 @@ never probe, and a lost session holds a concurrency slot those invocations wait 
 HTTP one lost session makes every older session of the same server a suspect, probed next
 regardless of ``probe_after``: a server crash loses all of them. Probe failures (the
 server is down right now) decide nothing.
-
-Example::
-
-    prober = LivenessProber(transport, limiter, sessions.live, counters, on_lost=follower.lost)
-    service.start_soon(prober.run, name="liveness prober")
 """
 
 from __future__ import annotations
@@ -163,10 +158,6 @@ class LivenessProber:
     """Probes the long-pending sessions of ``live`` and reports the lost ones.
 
     ``counters`` gets ``probes``, ``probe_failures``, ``probes_escalated`` and ``agents_lost``.
-
-    Example::
-
-        await prober.round()   # one pass (the client runs ``run``)
     """
 
     def __init__(

@@ -37,13 +37,7 @@ class _Down:
 
 
 class StoreOutages:
-    """Per-bucket reachability of the result store, as the watcher sees it.
-
-    Example::
-
-        if watcher.outages.unreachable:
-            print(watcher.outages.down_buckets, watcher.outages.degraded_seconds)
-    """
+    """Per-bucket reachability of the result store, as the watcher sees it."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock

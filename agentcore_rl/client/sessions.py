@@ -41,11 +41,6 @@ def check_session_id_format(session_id: object, *, acr: bool) -> str:
 class PendingSessions:
     """The session ids in use: ``live`` (accepted, no outcome yet, with their futures) and
     ``reserved`` (an invocation or attach on its way into ``live``).
-
-    Example::
-
-        sessions = PendingSessions(acr=False)
-        sessions.check("my-session-1")     # raises if a pending rollout holds it
     """
 
     def __init__(self, *, acr: bool) -> None:

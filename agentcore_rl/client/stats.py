@@ -1,10 +1,4 @@
-"""ClientStats: what a rollout client has done so far, for logs and benchmarks.
-
-Example::
-
-    stats = client.stats
-    print(stats.s3_total / max(1, stats.results), "S3 requests per result")
-"""
+"""ClientStats: what a rollout client has done so far, for logs and benchmarks."""
 
 from __future__ import annotations
 

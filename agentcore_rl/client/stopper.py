@@ -41,10 +41,6 @@ class SessionStopper:
 
     ``counters`` gets ``stops``, ``stops_unsupported``, ``stop_failures`` (and the retry
     counters).
-
-    Example::
-
-        stopper.schedule(session_id)      # returns at once
     """
 
     def __init__(

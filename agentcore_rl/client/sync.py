@@ -3,14 +3,6 @@
 The async client runs on a private event-loop thread (an anyio blocking portal, as
 Starlette's TestClient does); every method here forwards to it and waits. No logic of its
 own: behaviour, errors and defaults are the async client's.
-
-Example::
-
-    with RolloutClient(agent_url="http://127.0.0.1:8080", s3_bucket="rollouts",
-                       exp_id="eval-1") as client:
-        result = client.rollout({"prompt": "2+2?"})
-        for item in client.run_batch(payloads, timeout=600):
-            print(item.index, item.success)
 """
 
 from __future__ import annotations
@@ -150,12 +142,6 @@ class RolloutClient:
     def trace_of(self, fut: concurrent.futures.Future[dict[str, Any]]) -> SessionTrace:
         """The token trace of a finished rollout run through the client's gateway (see
         :meth:`AsyncRolloutClient.trace_of`).
-
-        Example::
-
-            fut = client.invoke(payload)
-            fut.result(timeout=600)
-            trace = client.trace_of(fut)
         """
         rollout_future: RolloutFuture | None = getattr(fut, "rollout_future", None)
         if rollout_future is None:

@@ -69,12 +69,7 @@ class _Job:
 
 
 class TraceJoiner:
-    """Opens gateway sessions, finishes them when envelopes arrive, keeps the traces.
-
-    Example::
-
-        joiner.takes(fut)       # True for a rollout whose session this client opened
-    """
+    """Opens gateway sessions, finishes them when envelopes arrive, keeps the traces."""
 
     def __init__(self, link: GatewayLink, store: ResultStore, *, workers: int = _WORKERS):
         self.link = link

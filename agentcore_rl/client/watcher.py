@@ -27,12 +27,6 @@ in a row) fail the affected futures, with a :class:`~agentcore_rl.errors.Storage
 
 The rollout client runs :meth:`CompletionWatcher.run` in its own task group; a watcher
 used on its own owns one (``async with``, or opened by the first ``track``).
-
-Example::
-
-    async with CompletionWatcher(store) as watcher:
-        watcher.track("rollouts", "exp/q-1/sid.json", lambda envelope, error: print(envelope))
-        ...
 """
 
 from __future__ import annotations
@@ -53,7 +47,7 @@ from anyio.abc import TaskGroup
 from agentcore_rl.client.handoff import Handoff
 from agentcore_rl.client.outage import StoreOutages
 from agentcore_rl.client.service import Service
-from agentcore_rl.errors import StorageError
+from agentcore_rl.errors import ConfigurationError, StorageError
 from agentcore_rl.s3 import ResultStore
 
 __all__ = [
@@ -116,8 +110,6 @@ class WatcherConfig:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def __post_init__(self) -> None:
-        from agentcore_rl.errors import ConfigurationError
-
         if not 0 < self.min_interval <= self.max_interval:
             raise ConfigurationError("WatcherConfig needs 0 < min_interval <= max_interval")
         if self.error_threshold < 1 or self.max_parallel < 1:

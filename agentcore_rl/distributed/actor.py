@@ -4,11 +4,6 @@ Rate calls answer at once (a share, possibly none, and when to ask again); slot 
 long-poll up to ``max_wait`` seconds for a grant, so a process waiting for slots costs one
 call per grant, not one per poll. The class is plain
 Python: ``shared_limits`` wraps it with ``ray.remote``; tests may call it in-process.
-
-Example::
-
-    actor = LimitsActor(LimitsConfig(tps=25, sessions=500), restarted=False)
-    lease = await actor.lease_rate("worker-1", 0.0, 0.0, Demand(invoke=25.0))
 """
 
 from __future__ import annotations

@@ -3,11 +3,6 @@
 :class:`~agentcore_rl.distributed.actor.LimitsActor` itself satisfies the protocol (an
 in-process backend, for tests and single-process use); ``RayBackend`` calls the named
 actor through Ray and turns Ray's failures into :class:`BackendUnavailable`.
-
-Example::
-
-    backend: LimitsBackend = LimitsActor(config, restarted=False)
-    lease = await backend.lease_rate("worker-1", 0.0, 0.0, Demand(invoke=25.0))
 """
 
 from __future__ import annotations
@@ -76,14 +71,7 @@ class LimitsBackend(Protocol):
 
 
 class Outage:
-    """Backs off between failed calls and tells when an outage has lasted too long.
-
-    Example::
-
-        except BackendUnavailable as exc:
-            if await outage.failed(exc):      # waited, and down for > timeout
-                fail_waiters()
-    """
+    """Backs off between failed calls and tells when an outage has lasted too long."""
 
     def __init__(
         self,

@@ -7,11 +7,6 @@ burst is ``r`` x :attr:`LimitsConfig.burst_seconds`. The shares sum to at most `
 and the local bursts to at most ``burst - tps * latency_margin``, so the calls of the
 whole cluster conform to a ``tps``/``burst`` token bucket (the runtime's) even when the
 network delays some calls by up to ``latency_margin`` seconds more than others.
-
-Example::
-
-    config = LimitsConfig(tps=25, sessions=500)
-    config.burst_seconds       # 0.8: a process holding 5 calls/s stores up to 4 tokens
 """
 
 from __future__ import annotations

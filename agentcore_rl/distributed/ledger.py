@@ -33,10 +33,6 @@ _TINY = 1e-6
 class Demand:
     """Calls per second a process could use, by class: invocations, then stop calls.
     A class with callers waiting for tokens asks for the whole quota.
-
-    Example::
-
-        Demand(invoke=25.0, stop=1.5)
     """
 
     invoke: float = 0.0
@@ -53,10 +49,6 @@ class RateLease:
     """A share: ``rate`` calls per second with a local burst of ``burst`` tokens, for
     ``period`` seconds counted from when the request was sent; ``renew_in``: when to look
     again (sooner when refused: when some room may free up without a call).
-
-    Example::
-
-        RateLease(rate=6.25, burst=5.0, period=4.0, renew_in=2.0)
     """
 
     rate: float
@@ -127,11 +119,6 @@ class RateLedger:
     After an actor restart (``restarted``) the ledger does not know the shares the
     previous incarnation granted: for one lease period nobody gets more than it reports
     holding, and by then every unreported share has lapsed.
-
-    Example::
-
-        ledger = RateLedger(config, now=clock())
-        ledger.on_throttle(now=clock())        # any process saw a 429: shares shrink
     """
 
     def __init__(self, config: LimitsConfig, now: float, *, restarted: bool = False) -> None:
@@ -306,13 +293,6 @@ class SlotLedger:
     When others wait, a holder above its fair share is asked to give the excess back.
     After an actor restart (``restarted``) no slot is granted for ``slot_ttl`` seconds,
     time for every live holder to report what it still holds.
-
-    Example::
-
-        slots = SlotLedger(config, now=clock())
-        slots.report("worker-1", held=3, now=clock())
-        ticket = slots.enqueue("worker-1", want=8)
-        granted = slots.grant(ticket, now=clock())    # 0 until slots are free
     """
 
     def __init__(self, config: LimitsConfig, now: float, *, restarted: bool = False) -> None:

@@ -4,13 +4,6 @@ The first process to ask creates a named, detached Ray actor (restarted by Ray i
 process dies); every other process with the same name gets the same actor. Each process
 gets its own :class:`SharedLimits`, whose ``rate`` and ``sessions`` satisfy the rollout
 client's ``RateLimiter`` and ``SessionLimiter`` protocols. Ray is imported only here.
-
-Example::
-
-    async with shared_limits("acr-math", tps=25, sessions=500) as limits:
-        async with AsyncRolloutClient(..., rate_limiter=limits.rate,
-                                      session_limiter=limits.sessions) as client:
-            ...
 """
 
 from __future__ import annotations
@@ -24,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from agentcore_rl._extras import require
 from agentcore_rl.distributed.actor import LimitsActor
 from agentcore_rl.distributed.backend import BackendUnavailable, LimitsBackend
 from agentcore_rl.distributed.config import LimitsConfig
@@ -43,10 +37,6 @@ _CLOSE_TIMEOUT = 5.0
 class RayBackend:
     """Calls the named limits actor through Ray; a dead actor is looked up (or created,
     conservatively) again by ``connect``.
-
-    Example::
-
-        backend = RayBackend(lambda recreate: get_or_create(name, config, recreate))
     """
 
     def __init__(self, connect: Callable[[bool], Any]) -> None:
@@ -57,6 +47,7 @@ class RayBackend:
         return f"RayBackend({self._handle!r})"
 
     async def _call(self, method: str, *args: Any) -> Any:
+        # lazy: ray is the ray extra, imported only when used
         import ray.exceptions
 
         # A restarting actor; older Rays raise RayActorError for it.
@@ -210,7 +201,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _connect(name: str, namespace: str, config: LimitsConfig, recreate: bool) -> Any:
-    import ray
+    require("ray", "agentcore_rl.distributed.shared_limits", "ray")
+    import ray  # lazy: the [ray] extra, checked just above and imported only when used
 
     if not ray.is_initialized():
         raise ConfigurationError(

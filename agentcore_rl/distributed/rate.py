@@ -18,12 +18,6 @@ the cooldown are one) and is reported to the actor right away, which cuts the sh
 so every share shrinks as it is renewed.
 
 The loops run in :meth:`SharedRateLimiter.run`, owned by :class:`~.limits.SharedLimits`.
-
-Example::
-
-    async with shared_limits("acr-math", tps=25, sessions=500) as limits:
-        await limits.rate.acquire()                    # satisfies the RateLimiter protocol
-        await limits.rate.acquire(Priority.STOP)
 """
 
 from __future__ import annotations
@@ -212,12 +206,7 @@ class SharedRateLimiter:
         return min(delay, max(0.0, self._until - now))
 
     async def acquire(self, priority: int = Priority.INVOKE) -> None:
-        """Wait for a token; lower ``priority`` values first, FIFO within one.
-
-        Example::
-
-            await limiter.acquire(Priority.STOP)
-        """
+        """Wait for a token; lower ``priority`` values first, FIFO within one."""
         if not self.running:
             raise RuntimeError("enter the SharedLimits (async with) before acquiring")
         now = self._clock()
@@ -249,11 +238,6 @@ class SharedRateLimiter:
     def on_throttle(self) -> None:
         """A call here was throttled: cut this share and empty the bucket at once, and
         tell the cluster (every share shrinks).
-
-        Example::
-
-            except ThrottlingError:
-                limiter.on_throttle()
         """
         now = self._clock()
         self.stats["throttles"] += 1

@@ -8,12 +8,6 @@ absolute size on every call, so a dead process's slots lapse after ``slot_ttl`` 
 restarted actor relearns who holds what. When renewals have failed for ``slot_ttl`` the
 actor may have given the idle slots away: they are dropped and only those in use are
 reported again.
-
-Example::
-
-    async with shared_limits("acr-math", tps=25, sessions=500) as limits:
-        await limits.sessions.acquire()       # satisfies the SessionLimiter protocol
-        limits.sessions.release()
 """
 
 from __future__ import annotations
@@ -94,12 +88,7 @@ class SharedSessionLimiter:
         return self.stats["leases"] + self.stats["renewals"]
 
     async def acquire(self) -> None:
-        """Wait for a slot and take it; cancelling the wait takes none.
-
-        Example::
-
-            await limiter.acquire()
-        """
+        """Wait for a slot and take it; cancelling the wait takes none."""
         if not self.running:
             raise RuntimeError("enter the SharedLimits (async with) before acquiring")
         if self.free and not self._waiters:
@@ -119,12 +108,7 @@ class SharedSessionLimiter:
             raise
 
     def release(self) -> None:
-        """Give one slot back (to the next local waiter, or to the pool); never blocks.
-
-        Example::
-
-            limiter.release()
-        """
+        """Give one slot back (to the next local waiter, or to the pool); never blocks."""
         if self.in_use <= 0:
             raise RuntimeError("release() without a matching acquire()")
         if self._excess:

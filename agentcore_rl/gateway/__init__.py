@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from agentcore_rl._extras import require
 
 if TYPE_CHECKING:
+    from agentcore_rl.errors import GatewayError, TraceLostError
     from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, DEFAULT_SESSION_TTL, RolloutGateway
-    from agentcore_rl.gateway.errors import GatewayError, TraceLostError
     from agentcore_rl.gateway.record import (
         CallRecord,
         Completion,

@@ -12,13 +12,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from agentcore_rl.cli import main
+
 __all__ = ["serve"]
 
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Run ``agentcore-rl gateway`` with ``argv``; -> its exit code."""
-    from agentcore_rl.cli import main
-
     return main(["gateway", *(sys.argv[1:] if argv is None else argv)])
 
 

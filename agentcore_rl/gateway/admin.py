@@ -15,10 +15,6 @@ and ``/v1/...``.
 - ``POST /admin/pause`` ``{"mode": "hold"|"reject"}`` -> returns once in-flight calls drained
 - ``POST /admin/resume``
 - ``GET  /admin/stats``
-
-Example::
-
-    await http.post(f"{gw}/admin/sessions/{sid}/finish", headers={"authorization": f"Bearer {t}"})
 """
 
 from __future__ import annotations
@@ -33,9 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agentcore_rl.gateway.errors import TraceLostError
+from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.policy_gate import PolicyGate
 from agentcore_rl.gateway.record import SessionTrace, dump_trace
+from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory
 
 __all__ = ["GATEWAY_ID_HEADER", "AdminTarget", "admin_app"]
 
@@ -152,7 +149,11 @@ def admin_app(gateway: AdminTarget) -> Starlette:
             return _error(410, str(exc), "trace_lost")
         if request.query_params.get("format") == "json":
             return JSONResponse(trace.to_json())
-        return Response(dump_trace(trace), media_type="application/gzip")
+        blob = dump_trace(trace)
+        del trace  # the session's last reference: its stores are freed here
+        if int.from_bytes(blob[-4:], "little") >= TRIM_AT:  # gzip's trailer: the JSON's size
+            give_back_memory()
+        return Response(blob, media_type="application/gzip")
 
     async def peek(request: Request) -> Response:
         try:

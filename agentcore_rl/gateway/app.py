@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -40,7 +39,9 @@ from typing import Any, Final, Protocol
 import anyio
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.admin import admin_app
+from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import (
     CHAT,
     COMPLETIONS,
@@ -49,11 +50,11 @@ from agentcore_rl.gateway.backends import (
     backend_named,
     synthesize_sse,
 )
-from agentcore_rl.gateway.errors import TraceLostError
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
+from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
@@ -66,7 +67,6 @@ ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 DEFAULT_SESSION_TTL: Final = 8 * 3600.0
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
-_JSON_TYPE: Final = (b"content-type", b"application/json")
 _SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
 # What a failed upstream call raises.
@@ -86,30 +86,6 @@ class Renderer(Protocol):
         body: dict[str, Any],
         version: int,
     ) -> None: ...
-
-
-class _Refuse(Exception):
-    """Answer the agent with ``status`` and an OpenAI-style JSON error."""
-
-    def __init__(self, status: int, message: str, kind: str, headers: Sequence[Any] = ()):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.headers = list(headers)
-
-
-def _error_body(status: int, message: str, kind: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
-
-
-async def _respond(send: Send, status: int, body: bytes, headers: Sequence[Any] = ()) -> None:
-    # A content-length spares the server its chunked framing (a copy of the body).
-    length = (b"content-length", str(len(body)).encode())
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, length, *headers]}
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class _Upstream:
@@ -133,7 +109,7 @@ def _declared_length(scope: Scope) -> int | None:
             try:
                 return int(value)
             except ValueError:
-                raise _Refuse(400, "malformed content-length header", "bad_request") from None
+                raise Refuse(400, "malformed content-length header", "bad_request") from None
     return None
 
 
@@ -143,7 +119,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) 
     seconds: a slow body would hold its connection and buffer for as long as it liked."""
     declared = _declared_length(scope)
     if declared is not None and declared > limit:
-        raise _Refuse(
+        raise Refuse(
             413,
             f"request body of {declared} bytes is larger than {limit} bytes",
             "request_too_large",
@@ -154,19 +130,17 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) 
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise _Refuse(400, "the client disconnected before sending its body", "bad_request")
+                raise Refuse(400, "the client disconnected before sending its body", "bad_request")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise _Refuse(
-                    413, f"request body is larger than {limit} bytes", "request_too_large"
-                )
+                raise Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 # One chunk is returned as itself; more are joined once, then dropped.
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     assert deadline.cancelled_caught
-    raise _Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
+    raise Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
 
 
 class RolloutGateway:
@@ -485,17 +459,17 @@ class RolloutGateway:
                 sid, _, rest = path[len("/sessions/") :].partition("/")
                 self._check_session_id(sid)
                 if not rest.startswith("v1/"):
-                    raise _Refuse(404, f"no route {path}", "not_found")
+                    raise Refuse(404, f"no route {path}", "not_found")
                 await self._openai(scope, receive, send, sid, rest[3:])
             elif path.startswith("/v1/"):
                 await self._openai(scope, receive, send, self._bearer_session(scope), path[4:])
             else:
                 await self._admin(scope, receive, send)
-        except _Refuse as refuse:
-            await _respond(
+        except Refuse as refuse:
+            await respond(
                 send,
                 refuse.status,
-                _error_body(refuse.status, refuse.message, refuse.kind),
+                error_body(refuse.status, refuse.message, refuse.kind),
                 refuse.headers,
             )
 
@@ -521,7 +495,7 @@ class RolloutGateway:
     @staticmethod
     def _check_session_id(sid: str) -> None:
         if not _SESSION_ID_RE.fullmatch(sid):
-            raise _Refuse(
+            raise Refuse(
                 400,
                 f"malformed session id {sid[:80]!r}: expected 1-256 characters of letters, "
                 "digits and . _ : - (starting with a letter or digit)",
@@ -537,7 +511,7 @@ class RolloutGateway:
                     sid = token.strip()
                     self._check_session_id(sid)
                     return sid
-        raise _Refuse(
+        raise Refuse(
             401,
             "no session id: call /sessions/{session_id}/v1/... or send "
             "'Authorization: Bearer <session id>'",
@@ -548,66 +522,72 @@ class RolloutGateway:
         self, scope: Scope, receive: Receive, send: Send, sid: str, rest: str
     ) -> None:
         if not self.running:
-            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         method = scope["method"]
         if rest == "models" and method == "GET":
             await self._models(send, sid)
             return
         endpoint = _ENDPOINTS.get(rest)
         if endpoint is None:
-            raise _Refuse(
+            raise Refuse(
                 404, f"no route /v1/{rest} (chat/completions, completions, models)", "not_found"
             )
         if method != "POST":
-            raise _Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
+            raise Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
         raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
         try:
             body = loads(raw)
         except ValueError as exc:
-            raise _Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+            raise Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
         if not isinstance(body, dict):
-            raise _Refuse(400, "request body must be a JSON object", "invalid_json")
+            raise Refuse(400, "request body must be a JSON object", "invalid_json")
         key = "messages" if endpoint == CHAT else "prompt"
         if key not in body:
-            raise _Refuse(400, f"request body has no {key!r}", "invalid_request")
+            raise Refuse(400, f"request body has no {key!r}", "invalid_request")
         if self.require_open and sid not in self._sessions:
-            raise _Refuse(
+            raise Refuse(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
         try:
             version = await self.gate.enter()
         except Rejected as rejected:
-            raise _Refuse(
+            raise Refuse(
                 429,
                 str(rejected),
                 "paused",
                 [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
             ) from None
+        # Handed over, not kept here: the callee drops the parsed request (for a large one,
+        # a second copy of the body as Python objects) once it is forwarded.
+        parsed, body = [body], None
         try:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
             if self.render is not None and endpoint == CHAT:
-                await self.render.call(self, send, session, raw, body, version)
+                await self.render.call(self, send, session, raw, parsed.pop(), version)
             else:
-                await self._call(send, session, endpoint, raw, body, version)
+                await self._call(send, session, endpoint, raw, parsed.pop(), version)
         finally:
             self.gate.exit()
+            if len(raw) >= TRIM_AT:  # what it freed, the system gets back
+                del raw
+                give_back_memory()
 
     async def _models(self, send: Send, sid: str) -> None:
         upstream = self._upstream_for(sid)
         try:
             status, content = await upstream.pool.fetch(upstream.models, None)
         except _UPSTREAM_ERRORS as exc:
-            raise _Refuse(502, _down_message(upstream, exc), "upstream_unavailable") from None
-        await _respond(send, status, content)
+            raise Refuse(502, down_message(upstream.base, exc), "upstream_unavailable") from None
+        await respond(send, status, content)
 
     def _upstream_for(self, sid: str) -> _Upstream:
         upstreams = self._upstreams
         if len(upstreams) == 1:
             return upstreams[0]
         if not upstreams:
-            raise _Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
 
     async def _call(
@@ -621,6 +601,8 @@ class RolloutGateway:
     ) -> None:
         start = self._clock()
         stream = bool(body.get("stream"))
+        options = body.get("stream_options")
+        sse_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         overrides: dict[str, Any] | None = None
         if session.sampling or self.model:
             overrides = dict(session.sampling or {})
@@ -628,6 +610,8 @@ class RolloutGateway:
                 overrides["model"] = self.model
             body.update(overrides)
         upstream_body, keep_logprobs = self.backend.prepare(body, endpoint)
+        payload = dumps(upstream_body)
+        del body, upstream_body  # forwarded as ``payload``; the record keeps ``raw``
         upstream = self._upstream_for(session.session_id)
         record = CallRecord(
             session_id=session.session_id,
@@ -683,7 +667,8 @@ class RolloutGateway:
             try:
                 target = upstream.targets[endpoint]
                 if stream and self.backend.streams:
-                    async with upstream.pool.stream(target, dumps(upstream_body)) as response:
+                    async with upstream.pool.stream(target, payload) as response:
+                        del payload
                         status = response.status
                         if status == 200:
                             await self._relay(
@@ -692,24 +677,26 @@ class RolloutGateway:
                             return
                         content = await response.read()
                 else:  # the whole answer in one wake-up
-                    status, content = await upstream.pool.fetch(target, dumps(upstream_body))
+                    status, content = await upstream.pool.fetch(target, payload)
+                    del payload
                 if status != 200:
                     text = content[:500].decode("utf-8", "replace")
                     commit(status, f"upstream answered HTTP {status}: {text}")
-                    await _respond(send, status, content)
+                    await respond(send, status, content)
                     return
+                answer, content = [content], b""  # handed over: freed once parsed
                 await self._whole(
-                    send, content, endpoint, capture, keep_logprobs, commit, stream, body
+                    send, answer, endpoint, capture, keep_logprobs, commit, stream, sse_usage
                 )
-            except _Refuse as refuse:
+            except Refuse as refuse:
                 if not committed:
                     commit(refuse.status, refuse.message)
                 raise
             except _UPSTREAM_ERRORS as exc:
-                message = _down_message(upstream, exc)
+                message = down_message(upstream.base, exc)
                 if not committed:
                     commit(502, message)
-                    raise _Refuse(502, message, "upstream_unavailable") from None
+                    raise Refuse(502, message, "upstream_unavailable") from None
                 raise
             except BaseException as exc:
                 if not committed:
@@ -722,38 +709,42 @@ class RolloutGateway:
     async def _whole(
         self,
         send: Send,
-        content: bytes,
+        answer: list[bytes],
         endpoint: str,
         capture: Capture,
         keep_logprobs: bool,
         commit: Callable[..., None],
         stream: bool,
-        body: Mapping[str, Any],
+        sse_usage: bool,
     ) -> None:
+        content = answer.pop()
         try:
-            data = loads(content)
+            data = capture.parse(content)
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise _Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
+            raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
         try:
             self.backend.take_response(data, capture, keep_logprobs, endpoint)
+            if capture.cut_unused:  # ids cut from where no backend reads them: parse it whole
+                capture.reset()
+                data = loads(content)
+                self.backend.take_response(data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
-            raise _Refuse(502, message, "upstream_invalid") from None
+            raise Refuse(502, message, "upstream_invalid") from None
+        del content
         missing = capture.missing(self.backend.name)
         if missing:
-            raise _Refuse(502, missing, "upstream_missing_token_ids")
+            raise Refuse(502, missing, "upstream_missing_token_ids")
         commit(200)
         if stream:  # the upstream could not stream with capture on: stream the whole answer
-            options = body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             await send(
-                {"type": "http.response.body", "body": synthesize_sse(data, endpoint, usage)}
+                {"type": "http.response.body", "body": synthesize_sse(data, endpoint, sse_usage)}
             )
             return
-        await _respond(send, 200, dumps(data))
+        await respond(send, 200, dumps(data))
 
     async def _relay(
         self,
@@ -772,16 +763,24 @@ class RolloutGateway:
         one-write-per-event stream coalesces, and so do the gateway's writes.
         """
         started = False
-        pending = b""
+        # What arrived after the last complete event: joined once an event ends in it (an
+        # event can be megabytes, its prompt ids, read in pieces of 64 KB).
+        unread: list[bytes] = []
+        newline = False  # whether the last piece ended with a newline
         held: list[bytes] = []  # events before the first chunk (none from vLLM)
         take = self.backend.take_chunk
         try:
             async for piece in content:
-                pending += piece
-                cut = pending.rfind(b"\n\n")
-                if cut < 0:
+                ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
+                newline = piece[-1:] == b"\n"
+                unread.append(piece)
+                if not ends:
                     continue
-                events, pending = pending[: cut + 2], pending[cut + 2 :]
+                pending = unread[0] if len(unread) == 1 else b"".join(unread)
+                cut = pending.rfind(b"\n\n")
+                events = pending[: cut + 2]
+                unread = [pending[cut + 2 :]] if cut + 2 < len(pending) else []
+                del pending
                 out, held = held, []
                 done = False
                 for event in events.split(b"\n\n"):
@@ -791,8 +790,10 @@ class RolloutGateway:
                         done = True
                         continue
                     if event.startswith(b"data:"):
-                        data = loads(event[5:])
+                        data = capture.parse(event, 5)
                         take(data, capture, keep_logprobs, endpoint)
+                        if capture.cut_unused:
+                            raise ValueError("prompt_token_ids where no chunk carries them")
                         out.append(b"data: ")
                         out.append(dumps(data))
                     else:
@@ -802,7 +803,7 @@ class RolloutGateway:
                         # vLLM sends the prompt ids on the first chunk: refuse before any byte
                         if not capture.has_prompt:
                             what = capture.missing(self.backend.name) or "no prompt token ids"
-                            raise _Refuse(502, what, "upstream_missing_token_ids")
+                            raise Refuse(502, what, "upstream_missing_token_ids")
                         started = True
                         await send(
                             {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
@@ -816,7 +817,7 @@ class RolloutGateway:
                         continue
                     missing = capture.missing(self.backend.name)  # a stream without chunks
                     if missing:
-                        raise _Refuse(502, missing, "upstream_missing_token_ids")
+                        raise Refuse(502, missing, "upstream_missing_token_ids")
                     started = True
                     await send(
                         {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
@@ -830,18 +831,18 @@ class RolloutGateway:
                     )
         except (*_UPSTREAM_ERRORS, ValueError, TypeError, KeyError, AttributeError) as exc:
             if isinstance(exc, _UPSTREAM_ERRORS):
-                message = _down_message(upstream, exc)
+                message = down_message(upstream.base, exc)
             else:
                 message = f"upstream sent an invalid stream event: {exc}"
             if not started:
-                raise _Refuse(502, message, "upstream_unavailable") from None
+                raise Refuse(502, message, "upstream_unavailable") from None
             commit(502, message)  # the headers are out: end the stream with an error event
-            tail = b"data: " + _error_body(502, message, "upstream_unavailable") + b"\n\n"
+            tail = b"data: " + error_body(502, message, "upstream_unavailable") + b"\n\n"
             await send({"type": "http.response.body", "body": tail})
             return
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        await self._end_stream(send, [*held, pending], capture, commit)
+        await self._end_stream(send, [*held, *unread], capture, commit)
 
     async def _end_stream(
         self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]
@@ -849,13 +850,8 @@ class RolloutGateway:
         missing = capture.missing(self.backend.name)
         if missing:
             commit(502, missing)
-            tail = b"data: " + _error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
+            tail = b"data: " + error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
         else:
             commit(200)  # before the last byte: an envelope can never overtake its last record
             tail = _DONE + b"\n\n"
         await send({"type": "http.response.body", "body": b"".join(out) + tail})
-
-
-def _down_message(upstream: _Upstream, exc: BaseException) -> str:
-    what = str(exc) if isinstance(exc, UpstreamError) else f"{type(exc).__name__}: {exc}"
-    return f"upstream {upstream.base} failed: {what}".rstrip(": ")

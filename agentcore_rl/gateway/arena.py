@@ -22,28 +22,53 @@ Example::
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import CallRecord
 
 __all__ = ["Arena", "common_prefix"]
 
+# Items compared at a time: a large prompt or body (megabytes) is compared in slices this
+# long, never copied whole.
+_CHUNK: Final = 1 << 18
+
+
+def _common(a: Any, a0: int, a1: int, b: Any, b0: int, b1: int) -> int:
+    """How many leading items ``a[a0:a1]`` and ``b[b0:b1]`` have in common (bytes, bytearray
+    or arrays of one type; slices compare with memcmp or a typed loop, a memoryview item
+    by item, ~8x slower)."""
+    n = max(0, min(a1 - a0, b1 - b0))
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + _CHUNK)
+        if (
+            a[a0 + lo : a0 + hi] == b[b0 + lo : b0 + hi]
+        ):  # the usual case: one turn extends the last
+            lo = hi
+            continue
+        while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]; only [lo:mid] compared anew
+            mid = (lo + hi) // 2
+            if a[a0 + lo : a0 + mid] == b[b0 + lo : b0 + mid]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+    return n
+
 
 def common_prefix(a: bytes, b: bytes) -> int:
     """How many leading bytes ``a`` and ``b`` have in common."""
-    # bytes compare with memcmp; a memoryview compares item by item (~8x slower here)
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case: one turn extends the last
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]; only [lo:mid] is compared anew
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return _common(a, 0, len(a), b, 0, len(b))
+
+
+def _append(store: array[int], ids: array[int], skip: int) -> None:
+    """``store.extend(ids[skip:])`` without a copy of ``ids[skip:]``."""
+    if skip <= 0:
+        store.extend(ids)
+    elif skip < len(ids):
+        with memoryview(ids) as view, view[skip:] as rest, rest.cast("B") as raw:
+            store.frombytes(raw)
 
 
 def _cut(spans: array[int], length: int) -> array[int]:
@@ -85,42 +110,50 @@ class Arena:
     def _keep_ids(self, record: CallRecord) -> None:
         prompt = record.prompt_ids
         completion = record.completions[0] if record.completions else None
-        seq = prompt + completion.token_ids if completion is not None else prompt
-        if not seq:
+        tail = completion.token_ids if completion is not None else array("i")
+        n_prompt = len(prompt)
+        n = n_prompt + len(tail)
+        if not n:
             return
         ids = self.ids
         start, end = self._conv
-        with memoryview(ids) as view:  # released before ids grows (an export forbids it)
-            last = view[start:end].tobytes()
-        shared = common_prefix(last, seq.tobytes()) // ids.itemsize
-        if shared == len(seq):  # nothing new (an identical retry, or a shorter prompt)
+        # the prompt + completion's common prefix with the last conversation kept
+        shared = _common(ids, start, end, prompt, 0, n_prompt)
+        if shared == n_prompt:
+            shared += _common(ids, start + n_prompt, end, tail, 0, len(tail))
+        if shared == n:  # nothing new (an identical retry, or a shorter prompt)
             at = start
         elif shared == end - start and end == len(ids):  # extends the last conversation
-            ids.extend(seq[shared:])
+            _append(ids, prompt, shared)
+            _append(ids, tail, shared - n_prompt)
             at = start
         else:  # another conversation (history cut, a concurrent call): one copy of it
             at = len(ids)
-            ids.extend(seq)
-        self._conv = (at, at + len(seq))
-        record.share_prompt(ids, at, at + len(prompt))
+            _append(ids, prompt, 0)
+            _append(ids, tail, 0)
+        self._conv = (at, at + n)
+        record.share_prompt(ids, at, at + n_prompt)
         if completion is not None:
-            completion.share_ids(ids, at + len(prompt), at + len(seq))
+            completion.share_ids(ids, at + n_prompt, at + n)
 
     def _keep_body(self, record: CallRecord) -> None:
         raw = record.request_body
-        text = self._text_of(self._body)
-        shared = common_prefix(text, raw)
-        spans = _cut(self._body, shared)
+        text, last = self.text, self._body
+        shared = 0  # the body's common prefix with the last body kept, piece by piece
+        for i in range(0, len(last), 2):
+            start, end = last[i], last[i + 1]
+            same = _common(text, start, end, raw, shared, len(raw))
+            shared += same
+            if same < end - start:
+                break
+        spans = _cut(last, shared)
         if shared < len(raw):
-            at = len(self.text)
-            self.text += raw[shared:]
+            at = len(text)
+            with memoryview(raw) as view:
+                text += view[shared:]
             if spans and spans[-1] == at:  # continues the last piece
-                spans[-1] = len(self.text)
+                spans[-1] = len(text)
             else:
-                spans.extend((at, len(self.text)))
+                spans.extend((at, len(text)))
         self._body = spans
-        record.share_body(self.text, spans)
-
-    def _text_of(self, spans: array[int]) -> bytes:
-        text = self.text
-        return b"".join([text[spans[i] : spans[i + 1]] for i in range(0, len(spans), 2)])
+        record.share_body(text, spans)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
 import struct
+import uuid
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,10 +123,13 @@ class Completion:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
+        return self._json(self.token_ids.tolist(), self.logprobs.tolist())
+
+    def _json(self, token_ids: Any, logprobs: Any) -> dict[str, Any]:
         return {
             "index": self.index,
-            "token_ids": self.token_ids.tolist(),
-            "logprobs": self.logprobs.tolist(),
+            "token_ids": token_ids,
+            "logprobs": logprobs,
             "finish_reason": self.finish_reason,
         }
 
@@ -301,6 +306,11 @@ class CallRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form (the request embedded as JSON, not as bytes)."""
+        return self._json(
+            self.request, self.prompt_ids.tolist(), [c.to_json() for c in self.completions]
+        )
+
+    def _json(self, request: Any, prompt_ids: Any, completions: list[Any]) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "index": self.index,
@@ -309,9 +319,9 @@ class CallRecord:
             "input_id": self.input_id,
             "policy_version_start": self.policy_version_start,
             "policy_version_end": self.policy_version_end,
-            "request": self.request,
-            "prompt_ids": self.prompt_ids.tolist(),
-            "completions": [c.to_json() for c in self.completions],
+            "request": request,
+            "prompt_ids": prompt_ids,
+            "completions": completions,
             "usage": self.usage,
             "started_at": self.started_at,
             "latency_s": self.latency_s,
@@ -381,6 +391,9 @@ class SessionTrace:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
+        return self._json([r.to_json() for r in self.records])
+
+    def _json(self, records: list[Any]) -> dict[str, Any]:
         return {
             "format": TRACE_FORMAT,
             "session_id": self.session_id,
@@ -388,7 +401,7 @@ class SessionTrace:
             "input_id": self.input_id,
             "gateway_id": self.gateway_id,
             "complete": self.complete,
-            "records": [r.to_json() for r in self.records],
+            "records": records,
         }
 
     @classmethod
@@ -413,8 +426,52 @@ def dump_trace(trace: SessionTrace, *, level: int = 6) -> bytes:
 
         Path("t.trace.json.gz").write_bytes(dump_trace(trace))
     """
-    raw = json.dumps(trace.to_json(), separators=(",", ":")).encode()
-    return gzip.compress(raw, compresslevel=level, mtime=0)
+    # Written a record at a time, its request on its own and its ids and logprobs a slice
+    # at a time: as one document, a call with a 5M-token prompt is a list of 5M Python ints
+    # and their text (~500 MB). The bytes are those of
+    # ``json.dumps(trace.to_json(), separators=(",", ":"))``.
+    marker = f"\x00{uuid.uuid4().hex}"
+    quoted = json.dumps(marker)
+    arrays: list[array[Any] | CallRecord] = []  # a record stands for its request
+
+    def slot(values: array[Any] | CallRecord) -> str:
+        arrays.append(values)
+        return f"{marker}{len(arrays) - 1}"
+
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=level, mtime=0) as gz:
+        head, tail = _COMPACT(trace._json([marker])).split(quoted, 1)
+        gz.write(head.encode())
+        for i, record in enumerate(trace.records):
+            arrays.clear()
+            completions = [c._json(slot(c.token_ids), slot(c.logprobs)) for c in record.completions]
+            text = _COMPACT(record._json(slot(record), slot(record.prompt_ids), completions))
+            pieces = text.split(quoted[:-1])  # each but the first starts with its slot's number
+            gz.write((("," if i else "") + pieces[0]).encode())
+            del text
+            for piece in pieces[1:]:
+                number, rest = piece.split('"', 1)
+                value = arrays[int(number)]
+                if isinstance(value, CallRecord):
+                    gz.write(_COMPACT(value.request).encode())
+                else:
+                    _write_array(gz, value)
+                gz.write(rest.encode())
+        gz.write(tail.encode())
+    return out.getvalue()
+
+
+_COMPACT: Final = json.JSONEncoder(separators=(",", ":")).encode
+_SLICE: Final = 1 << 16  # values written at a time
+
+
+def _write_array(gz: gzip.GzipFile, values: array[Any]) -> None:
+    """``values`` as a JSON list, a slice at a time."""
+    gz.write(b"[")
+    for at in range(0, len(values), _SLICE):
+        text = _COMPACT(values[at : at + _SLICE].tolist())
+        gz.write(("," if at else "").encode() + text[1:-1].encode())
+    gz.write(b"]")
 
 
 def load_trace(blob: bytes) -> SessionTrace:

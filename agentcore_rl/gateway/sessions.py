@@ -5,11 +5,6 @@ overrides) or implicitly by its first call. It is released when the client finis
 one idle for longer than the TTL is persisted to the sink and dropped from memory, never
 silently: without a sink the loss is logged and counted, and finishing it later raises
 :class:`TraceLostError`.
-
-Example::
-
-    sink = DirectorySink("/var/lib/gateway/expired")
-    gateway = RolloutGateway("http://vllm:8000/v1", sink=sink)
 """
 
 from __future__ import annotations

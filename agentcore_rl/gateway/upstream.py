@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
@@ -40,6 +42,19 @@ _FAILURES: Final = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 # aiohttp adds these to every request unless told not to; an inference server reads none.
 _SKIP_HEADERS: Final = ("Accept", "Accept-Encoding", "User-Agent")
 _JSON: Final = "application/json"
+# Bodies larger than this make aiohttp warn (ResourceWarning) that sending them "might lock
+# the event loop"; a socket write of them queues in the transport either way.
+_LARGE: Final = 1 << 20
+
+
+def _payload(body: bytes | None) -> bytes | BytesPayload | None:
+    """``body`` as aiohttp sends it, without its large-body warning (an io.BytesIO instead
+    would copy the body once more)."""
+    if body is None or len(body) <= _LARGE:
+        return body
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        return BytesPayload(body, content_type=_JSON)
 
 
 class UpstreamError(Exception):
@@ -98,12 +113,6 @@ class UpstreamPool:
     idle for ``idle_timeout`` s is not reused (closed before a server's keep-alive of 5 s
     closes it under a request); ``read_timeout``: silence (no byte) that fails a call.
     The aiohttp session is made on first use, in the running event loop.
-
-    Example::
-
-        pool = UpstreamPool("http://vllm:8000/v1", headers={"authorization": "Bearer k"})
-        status, body = await pool.fetch(pool.target("/models", "GET"), None)
-        await pool.aclose()
     """
 
     __slots__ = ("_closed", "_headers", "_limits", "_origin", "_path", "_session", "base")
@@ -170,7 +179,7 @@ class UpstreamPool:
         session = self._session or self._open()
         try:
             async with session.request(
-                target.method, target.url, data=body, headers=target.headers
+                target.method, target.url, data=_payload(body), headers=target.headers
             ) as response:
                 return response.status, await response.read()
         except _FAILURES as exc:
@@ -189,7 +198,7 @@ class UpstreamPool:
         session = self._session or self._open()
         try:
             response = await session.request(
-                target.method, target.url, data=body, headers=target.headers
+                target.method, target.url, data=_payload(body), headers=target.headers
             )
         except _FAILURES as exc:
             raise _failed(exc) from exc

@@ -47,6 +47,7 @@ async def open_client(
     """A client for ``settings``, entered on ``stack`` (with its shared limits, if any)."""
     limiters: dict[str, Any] = {}
     if settings.shared_limits is not None:
+        # lazy: shared limits run on Ray (the ray extra), only when configured
         from agentcore_rl.distributed import shared_limits
 
         limits = await stack.enter_async_context(
@@ -121,12 +122,7 @@ async def shared_client(settings: AgentCoreSettings) -> AsyncRolloutClient:
 
 
 async def close_shared_clients() -> None:
-    """Close this event loop's shared clients (a worker shutting down, a test ending).
-
-    Example::
-
-        await close_shared_clients()
-    """
+    """Close this event loop's shared clients (a worker shutting down, a test ending)."""
     loop = id(asyncio.get_running_loop())
     for key in [k for k in _owners if k[1] == loop]:
         owner = _owners.pop(key)

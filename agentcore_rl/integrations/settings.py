@@ -76,12 +76,7 @@ class AgentCoreSettings:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> AgentCoreSettings:
-        """Settings from a mapping (a trainer's config section); unknown keys are errors.
-
-        Example::
-
-            AgentCoreSettings.from_mapping(OmegaConf.to_container(cfg.agentcore))
-        """
+        """Settings from a mapping (a trainer's config section); unknown keys are errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:

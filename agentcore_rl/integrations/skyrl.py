@@ -15,12 +15,6 @@ failed member kept zeroed) and returns SkyRL's ``GeneratorOutput`` in SkyRL's in
   reward 0) counts in the group; under ``"drop_group"`` the group's rows are all
   placeholders (SkyRL's own rule for a failed trial: the group is masked);
 - rows fitted to ``max_prompt_length`` / ``max_response_length`` when given.
-
-Example::
-
-    generator = AgentCoreGenerator(AgentCoreSettings(agent_url=..., s3_bucket=..., exp_id=...,
-                                                     gateway_url=...), step_wise=True)
-    output = await generator.generate(input_batch)
 """
 
 from __future__ import annotations

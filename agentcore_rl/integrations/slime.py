@@ -29,10 +29,6 @@ Configure it with two flags and the settings::
 The settings are ``args.agentcore`` (a mapping or :class:`AgentCoreSettings`) or the JSON
 file named by ``AGENTCORE_RL_SETTINGS``. Each sample's ``metadata["agentcore_payload"]`` is
 the agent's payload; without one it is ``{"prompt": sample.prompt, "label": sample.label}``.
-
-Example::
-
-    samples = generate_rollout(args, rollout_id=0, data_source=data_source).samples
 """
 
 from __future__ import annotations

@@ -31,10 +31,6 @@ Configure it with an agent-loop config file (``rollout.agent.agent_loop_config_p
 and ``rollout.agent.default_agent_loop=agentcore``. Each dataset row's
 ``agentcore_payload`` (a dict; the name is ``payload_key``) is the agent's payload; without
 one, the payload is ``{"prompt": raw_prompt}`` plus the row's ``extra_info``.
-
-Example::
-
-    from agentcore_rl.integrations.verl import AgentCoreAgentLoop   # registers "agentcore"
 """
 
 from __future__ import annotations

@@ -7,12 +7,6 @@ embedding program decides what Ctrl-C means, not each embedded server.
 Its one task (uvicorn's ``serve``) is owned by the server object and always awaited by
 ``aclose()``, not by a task group: test fixtures (pytest-asyncio) enter a server in one
 task and leave it in another, which an anyio task group forbids.
-
-Example::
-
-    async with BackgroundServer(app) as server:
-        async with httpx.AsyncClient(base_url=server.url) as http:
-            await http.get("/ping")
 """
 
 from __future__ import annotations

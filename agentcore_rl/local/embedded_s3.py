@@ -2,11 +2,6 @@
 
 moto and a2wsgi are optional dependencies (the ``local`` extra); importing this module
 without them works, starting the server explains how to install them.
-
-Example::
-
-    with EmbeddedS3() as s3:
-        store = ResultStore(endpoint_url=s3.endpoint_url)
 """
 
 from __future__ import annotations
@@ -63,6 +58,7 @@ def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
     builds, where a2wsgi's differs in what moto reads: the undecoded request target
     (``RAW_URI``, which moto matches S3 keys against), chunked bodies, and headers with
     underscores in their names."""
+    # lazy: moto is the local extra, loaded when the server starts
     from moto.core.request import (
         PRESERVED_HEADER_NAMES_ENVIRON_KEY,
         environ_key_for_header,
@@ -152,7 +148,7 @@ class EmbeddedS3:
         """Start the server (no-op when running) and return ``self``."""
         if self._server is not None:
             return self
-        try:
+        try:  # lazy: a2wsgi and moto are the local extra
             from a2wsgi import WSGIMiddleware
             from moto.moto_server.werkzeug_app import (
                 DomainDispatcherApplication,
@@ -162,6 +158,7 @@ class EmbeddedS3:
             raise ConfigurationError(
                 "embedded S3 needs moto and a2wsgi: pip install 'agentcore-rl[local]'"
             ) from exc
+        # lazy: the server extra, loaded when the server starts
         import uvicorn
 
         # The app moto's ThreadedMotoServer serves: every service, routed by request.

@@ -27,22 +27,11 @@ first tool with the arithmetic expression; after the tool message it answers
 ``1 - accuracy`` it is wrong: it either slips when copying the tool's result or skips the
 tool and guesses. The choice is a stable hash of (``seed``, the problem, the request's own
 ``seed`` if any, the choice index), so a run is reproducible and rewards still vary.
-
-Example::
-
-    from agentcore_rl.local.background import BackgroundServer
-    from agentcore_rl.local.policy import ScriptedPolicy
-    from openai import AsyncOpenAI
-
-    policy = ScriptedPolicy(accuracy=0.8, seed=0)
-    async with BackgroundServer(policy) as server:
-        llm = AsyncOpenAI(base_url=server.url + "/v1", api_key="EMPTY")
-        reply = await llm.chat.completions.create(
-            model=policy.model, messages=[{"role": "user", "content": "What is 2 + 3?"}])
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
@@ -313,6 +302,7 @@ class ScriptedPolicy:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _BadRequest("messages must be a non-empty list", "messages")
+        # lazy: the render extra, only with a real template (--tokenizer)
         from agentcore_rl.gateway.render.template import RenderError
 
         try:
@@ -415,13 +405,7 @@ class ScriptedPolicy:
             del self.answers[: -self.keep_answers]
 
     def complete(self, body: object) -> dict[str, Any]:
-        """Answer one chat-completions request body (what the HTTP route serves).
-
-        Example::
-
-            ScriptedPolicy().complete({"model": "m", "messages": [
-                {"role": "user", "content": "What is 2 + 2?"}]})["choices"][0]["message"]
-        """
+        """Answer one chat-completions request body (what the HTTP route serves)."""
         if not isinstance(body, Mapping):
             raise _BadRequest("request body must be a JSON object")
         messages = body.get("messages")
@@ -447,12 +431,7 @@ class ScriptedPolicy:
         return response
 
     def complete_text(self, body: object) -> dict[str, Any]:
-        """Answer one ``/v1/completions`` request body (a string ``prompt``).
-
-        Example::
-
-            ScriptedPolicy().complete_text({"model": "m", "prompt": "What is 2 + 2?"})
-        """
+        """Answer one ``/v1/completions`` request body (a string ``prompt``)."""
         if not isinstance(body, Mapping):
             raise _BadRequest("request body must be a JSON object")
         prompt = body.get("prompt")
@@ -717,8 +696,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         python -m agentcore_rl.local.policy --port 8000 --tokenizer /tmp/qwen3 \\
             --tool-call-parser hermes --reasoning-parser qwen3 --tool-rounds 3
     """
-    import argparse
-
+    # lazy: only the command line serves
     import uvicorn
 
     parser = argparse.ArgumentParser(

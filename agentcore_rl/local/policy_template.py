@@ -46,12 +46,7 @@ def _logprob(seed: int, position: int, token_id: int) -> float:
 
 
 class TemplateVoice:
-    """Renders, "decides" and writes completions in a real template's syntax (module doc).
-
-    Example::
-
-        voice = TemplateVoice(directory, tool_call_parser="llama3_json", tool_rounds=3)
-    """
+    """Renders, "decides" and writes completions in a real template's syntax (module doc)."""
 
     def __init__(
         self,

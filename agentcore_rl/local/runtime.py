@@ -14,13 +14,6 @@ failures (424 ``RuntimeClientError``), a per-runtime TPS quota shared by invoke 
 (429 ``ThrottlingException``), the payload size limit. What it does not: SigV4 checks
 (any credentials work), microVM isolation, idle-session reclamation, qualifiers (accepted
 and ignored), streaming over HTTP/2, quotas other than TPS.
-
-Example::
-
-    runtime = LocalAgentCoreRuntime({DEFAULT_AGENT_RUNTIME_ARN: ["http://127.0.0.1:8080"]})
-    async with BackgroundServer(runtime) as server:
-        client = session.create_client("bedrock-agentcore", region_name="us-west-2",
-                                       endpoint_url=server.url)
 """
 
 from __future__ import annotations

@@ -14,12 +14,6 @@ with embedded S3, fake credentials and the ARN's region. The agents' spool is th
 stack's own temporary directory (``AGENTCORE_RL_SPOOL_DIR``), removed on exit: they never
 see, deliver or report envelopes other agents spooled. The environment is process-wide,
 so run one stack per process at a time.
-
-Example::
-
-    async with LocalStack("examples.math_agent.agent:app", agents=2) as stack:
-        client = session.create_client("bedrock-agentcore", region_name=stack.region)
-        await client.invoke_agent_runtime(agentRuntimeArn=stack.agent_runtime_arn, ...)
 """
 
 from __future__ import annotations

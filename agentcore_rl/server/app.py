@@ -5,19 +5,6 @@ Swap ``BedrockAgentCoreApp`` for :class:`AgentCoreRLApp` and ``@app.entrypoint``
 will appear, the handler runs in an owned background task, and its result (or what went
 wrong) is written to S3 as a JSON envelope. The app's lifespan (or ``async with app``)
 owns one task group: every rollout and the spool's retry task run in it.
-
-Example::
-
-    from agentcore_rl import AgentCoreRLApp
-
-    app = AgentCoreRLApp()
-
-    @app.rollout_entrypoint
-    async def solve(payload: dict, context) -> dict:
-        return {"rewards": [1.0]}
-
-    if __name__ == "__main__":
-        app.run()        # uvicorn on port 8080
 """
 
 from __future__ import annotations
@@ -44,7 +31,7 @@ from starlette.types import Lifespan
 from agentcore_rl import protocol
 from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
-from agentcore_rl.keywords import checked
+from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import BodyBudget
@@ -162,18 +149,14 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         lifespan: Lifespan[Any] | None = None,
         middleware: Sequence[Middleware] | None = None,
     ) -> None:
-        for name, value, kind in (
+        check_config_types(
             ("limits", limits, RequestLimits),
             ("shutdown", shutdown, ShutdownConfig),
             ("spool", spool, SpoolConfig),
             ("repeats", repeats, RepeatConfig),
             ("workers", workers, WorkerConfig),
             ("faults", faults, FaultChecks),
-        ):
-            if not isinstance(value, kind):
-                raise ConfigurationError(
-                    f"{name} must be a {kind.__name__}, got {type(value).__name__}"
-                )
+        )
         super().__init__(
             debug=debug,
             routes=[
@@ -288,12 +271,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         The invocation is answered at once with ``{"status": "processing", "s3_bucket",
         "result_key"}``; the handler's dict becomes the envelope at
         ``s3://{s3_bucket}/{exp_id}/{input_id}/{session_id}.json``.
-
-        Example::
-
-            @app.rollout_entrypoint
-            async def solve(payload: dict, context: RequestContext) -> dict:
-                return {"rewards": [1.0]}
         """
         self._register(func, rollout=True)
         return func
@@ -306,13 +283,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         that error's status (400 by default) and field at once, instead of a rollout
         that fails later in the background. It runs on the event loop, so it must be
         quick (no I/O); it may be ``async``. Any other exception answers 500.
-
-        Example::
-
-            @app.payload_validator
-            def check(payload: dict) -> None:
-                if not isinstance(payload.get("prompt"), str):
-                    raise InvalidPayloadError("prompt must be a string", field="prompt")
         """
         if self._validator is not None:
             raise ConfigurationError("this app already has a payload validator")
@@ -385,11 +355,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         """Process-wide settings for an app that owns its process: lower the GIL switch
         interval to ``gil_switch_interval``. :meth:`run` and ``agentcore-rl serve`` call
         it; an app mounted in someone else's never does.
-
-        Example::
-
-            app.tune_process()
-            uvicorn.run(app, port=8080)
         """
         wanted = self.workers.gil_switch_interval
         if wanted is not None and sys.getswitchinterval() > wanted:
@@ -425,11 +390,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         Stops taking invocations (503), gives running rollouts ``shutdown.grace`` seconds,
         cancels the rest (writing their "cancelled" envelopes), retries the spool once
         more, and closes the S3 client if the app created it.
-
-        Example::
-
-            report = await app.aclose()
-            print(report.cancelled, "rollouts were cancelled")
         """
         self._closing = True
         async with self._close_lock:

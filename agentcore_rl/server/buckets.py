@@ -51,12 +51,7 @@ class _Verdict:
 
 
 class BucketCheck:
-    """Remembered HeadBucket answers, one per bucket (see the module docstring).
-
-    Example::
-
-        await BucketCheck(store, FaultChecks()).require("rollouts")
-    """
+    """Remembered HeadBucket answers, one per bucket (see the module docstring)."""
 
     def __init__(self, store: ResultStore, config: FaultChecks) -> None:
         self.store = store

@@ -26,14 +26,7 @@ DEFAULT_MAX_INFLIGHT_BODY_BYTES: Final = 256 * 1024 * 1024
 
 
 class BodyBudget:
-    """A byte budget shared by the requests of one server (single event loop, no lock).
-
-    Example::
-
-        budget = BodyBudget(1 << 20)
-        budget.try_reserve(1000)   # True
-        budget.in_flight           # 1000
-    """
+    """A byte budget shared by the requests of one server (single event loop, no lock)."""
 
     def __init__(self, limit: int) -> None:
         if limit <= 0:
@@ -50,22 +43,12 @@ class BodyBudget:
         return self._in_flight
 
     def try_reserve(self, size: int) -> bool:
-        """Reserve ``size`` bytes if they fit; False (nothing reserved) if not.
-
-        Example::
-
-            if not budget.try_reserve(declared_length): ...   # answer 503
-        """
+        """Reserve ``size`` bytes if they fit; False (nothing reserved) if not."""
         if self._in_flight + size > self.limit:
             return False
         self._in_flight += size
         return True
 
     def release(self, size: int) -> None:
-        """Give back bytes reserved earlier.
-
-        Example::
-
-            budget.release(len(body))
-        """
+        """Give back bytes reserved earlier."""
         self._in_flight = max(0, self._in_flight - size)

@@ -44,12 +44,6 @@ class BedrockCompat:
     :class:`~agentcore_rl.server.health.HealthTracker`.
 
     The app provides ``health``, ``_register``, ``_get_limiter`` and ``run``.
-
-    Example::
-
-        @app.async_task
-        async def reindex() -> None:
-            ...   # /ping says HealthyBusy while this runs
     """
 
     health: HealthTracker
@@ -92,12 +86,6 @@ class BedrockCompat:
 
         Its return value is the response body (JSON; a Starlette ``Response`` is passed
         through). If it raises, the answer is ``500 {"error": "<message>"}``.
-
-        Example::
-
-            @app.entrypoint
-            def answer(payload: dict) -> dict:
-                return {"echo": payload}
         """
         self._register(func, rollout=False)
         return func
@@ -106,12 +94,6 @@ class BedrockCompat:
         """Register a custom ``/ping`` status: a function returning a ``PingStatus`` (ours or
         AWS's) or its string value. It is asked at every ping unless a status is forced;
         if it raises, the automatic status is reported.
-
-        Example::
-
-            @app.ping
-            def status() -> PingStatus:
-                return PingStatus.HEALTHY_BUSY if indexing else PingStatus.HEALTHY
         """
         if not callable(func):
             raise ConfigurationError(f"a ping handler must be callable, got {type(func).__name__}")
@@ -119,14 +101,7 @@ class BedrockCompat:
         return func
 
     def async_task(self, func: A) -> A:
-        """Decorate an async function so that ``/ping`` says ``HealthyBusy`` while it runs.
-
-        Example::
-
-            @app.async_task
-            async def reindex() -> None:
-                ...
-        """
+        """Decorate an async function so that ``/ping`` says ``HealthyBusy`` while it runs."""
         if not inspect.iscoroutinefunction(func):
             raise ConfigurationError("@app.async_task can only decorate async functions")
 

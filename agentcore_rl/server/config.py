@@ -4,15 +4,6 @@ Each groups the knobs of one concern of :class:`~agentcore_rl.server.AgentCoreRL
 the module-level ``DEFAULT_*`` objects are what the app uses when none is given. A bad
 value is a :class:`~agentcore_rl.errors.ConfigurationError`, an unknown keyword a
 ``TypeError`` naming it and the closest known one.
-
-Example::
-
-    from agentcore_rl.server import AgentCoreRLApp, RequestLimits, ShutdownConfig
-
-    app = AgentCoreRLApp(
-        limits=RequestLimits(max_body_bytes=10 * 1024 * 1024),
-        shutdown=ShutdownConfig(grace=60.0),
-    )
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""RequestContext: what a handler learns about the invocation besides its payload.
-
-Example::
-
-    @app.rollout_entrypoint
-    async def solve(payload: dict, context: RequestContext) -> dict:
-        log.info("session %s, policy at %s", context.session_id, context.rollout.base_url)
-        ...
-"""
+"""RequestContext: what a handler learns about the invocation besides its payload."""
 
 from __future__ import annotations
 

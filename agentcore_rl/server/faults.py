@@ -1,9 +1,4 @@
-"""FaultChecks: the agent server's checks of the result bucket and of its clients' leases.
-
-Example::
-
-    AgentCoreRLApp(faults=FaultChecks(lease_interval=5.0, bucket_ttl=60.0))
-"""
+"""FaultChecks: the agent server's checks of the result bucket and of its clients' leases."""
 
 from __future__ import annotations
 

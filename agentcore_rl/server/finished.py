@@ -37,10 +37,6 @@ class FinishedRollouts:
 
     ``clock`` is monotonic seconds (tests inject a fake). Finishing order is insertion
     order, so expiry and the count cap both drop from the front.
-
-    Example::
-
-        finished = FinishedRollouts(ttl=900, max_entries=10_000, clock=time.monotonic)
     """
 
     def __init__(
@@ -79,12 +75,7 @@ class FinishedRollouts:
             self._drop_oldest()
 
     def remember(self, bucket: str, key: str, *, session_id: str) -> None:
-        """Record that the rollout writing ``s3://bucket/key`` has finished (or is spooled).
-
-        Example::
-
-            finished.remember(cfg.s3_bucket, key, session_id=sid)
-        """
+        """Record that the rollout writing ``s3://bucket/key`` has finished (or is spooled)."""
         pair = (bucket, key)
         self._entries.pop(pair, None)
         self._entries[pair] = (session_id, self._clock())
@@ -94,21 +85,11 @@ class FinishedRollouts:
             self._drop_oldest()
 
     def contains(self, bucket: str, key: str) -> bool:
-        """True when that rollout finished within the last ``ttl`` seconds.
-
-        Example::
-
-            if finished.contains(cfg.s3_bucket, key): ...
-        """
+        """True when that rollout finished within the last ``ttl`` seconds."""
         self._expire()
         return (bucket, key) in self._entries
 
     def keys_of_session(self, session_id: str) -> list[str]:
-        """The result keys of the session's remembered rollouts (empty if none).
-
-        Example::
-
-            finished.keys_of_session(sid)
-        """
+        """The result keys of the session's remembered rollouts (empty if none)."""
         self._expire()
         return sorted(key for _, key in self._by_session.get(session_id, ()))

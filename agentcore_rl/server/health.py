@@ -47,11 +47,6 @@ class HealthTracker:
 
     ``clock`` returns epoch seconds; tests inject a fake one to see the time change
     without sleeping.
-
-    Example::
-
-        health = HealthTracker(clock=lambda: 1000.0)
-        health.snapshot()["time_of_last_update"]   # 1000
     """
 
     def __init__(self, *, clock: Callable[[], float]) -> None:
@@ -73,11 +68,6 @@ class HealthTracker:
     def status(self) -> PingStatus:
         """The current status (forced, else custom, else automatic)."""
         return self._refresh()
-
-    @property
-    def forced(self) -> PingStatus | None:
-        """The forced status, if one is set."""
-        return self._forced
 
     def _custom_status(self) -> PingStatus | None:
         handler = self.ping_handler

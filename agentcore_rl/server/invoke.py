@@ -66,13 +66,7 @@ def _takes_context(func: Callable[..., Any], name: str) -> bool:
 
 @dataclass(frozen=True)
 class HandlerSpec:
-    """A handler plus how to call it, worked out once at decoration time.
-
-    Example::
-
-        spec = HandlerSpec.inspect(lambda payload: {"ok": True})
-        spec.is_async, spec.takes_context   # (False, False)
-    """
+    """A handler plus how to call it, worked out once at decoration time."""
 
     func: Handler
     name: str
@@ -81,12 +75,7 @@ class HandlerSpec:
 
     @classmethod
     def inspect(cls, func: Handler) -> HandlerSpec:
-        """Inspect ``func``; raise :class:`ConfigurationError` if it cannot be a handler.
-
-        Example::
-
-            HandlerSpec.inspect(async_handler).is_async   # True
-        """
+        """Inspect ``func``; raise :class:`ConfigurationError` if it cannot be a handler."""
         if not callable(func):
             raise ConfigurationError(f"an entrypoint must be callable, got {type(func).__name__}")
         name = getattr(func, "__qualname__", None) or repr(func)
@@ -110,10 +99,6 @@ async def call_handler(
     A sync handler runs in a worker thread taken from ``limiter``. If the calling task is
     cancelled, the thread is abandoned: Python cannot stop a thread, so the handler runs
     on until it returns and its result is discarded.
-
-    Example::
-
-        result = await call_handler(spec, {"prompt": "2+2?"}, ctx, limiter=limiter)
     """
     args: tuple[Any, ...] = (payload, context) if spec.takes_context else (payload,)
     if spec.is_async:

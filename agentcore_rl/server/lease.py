@@ -87,10 +87,6 @@ class LeaseWatcher:
     """Reads the leases of running rollouts and cancels those whose lease lapsed.
 
     ``cancelled`` counts the rollouts it cancelled, ``reads`` the lease GETs.
-
-    Example::
-
-        cancelled = await LeaseWatcher(store, runner, FaultChecks()).check()
     """
 
     def __init__(self, store: ResultStore, runner: RolloutRunner, config: FaultChecks) -> None:

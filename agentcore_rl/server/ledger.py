@@ -118,11 +118,6 @@ class OrphanLedger:
     """A dead process's ledger, locked by this process until :meth:`release`.
 
     ``pid`` is the dead owner's; ``entries`` its unfinished rollouts.
-
-    Example::
-
-        orphan.entries        # [LedgerEntry(...), ...]
-        orphan.release()      # every entry is dealt with: delete the file
     """
 
     def __init__(self, path: Path, fd: int, pid: int | None, entries: list[LedgerEntry]):
@@ -156,14 +151,6 @@ class RunLedger:
     ``enabled`` False (or no ``fcntl``) makes every method a no-op. A failing disk turns
     the ledger off with one warning: it is a shortcut to detection, never a reason to
     refuse a rollout.
-
-    Example::
-
-        ledger = RunLedger(spool_dir)
-        ledger.open()
-        token = ledger.begin(bucket, key, session_id=sid, exp_id=e, input_id=i, started_at=t)
-        ledger.end(token)
-        ledger.close()
     """
 
     def __init__(

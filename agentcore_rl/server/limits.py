@@ -78,12 +78,9 @@ def raise_open_file_limit() -> tuple[int, int]:
     Only for a process the server owns (``app.run()``, ``agentcore-rl serve``): the soft
     limit is often 1,024 while the hard one allows far more. No-op where there is no
     ``resource`` module (Windows).
-
-    Example::
-
-        soft, hard = raise_open_file_limit()
     """
     try:
+        # lazy: resource is POSIX-only (the ImportError below is Windows)
         import resource
     except ImportError:  # pragma: no cover - Windows
         return (-1, -1)
@@ -103,6 +100,7 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 def _open_file_limit() -> int | None:
     try:
+        # lazy: as in raise_open_file_limit
         import resource
     except ImportError:  # pragma: no cover - Windows
         return None
@@ -121,10 +119,6 @@ class OpenFilesLogFilter(logging.Filter):
     """Let one "Too many open files" record through per ``interval`` seconds.
 
     The next one that passes says how many were held back. ``clock`` is monotonic seconds.
-
-    Example::
-
-        logging.getLogger("asyncio").addFilter(OpenFilesLogFilter(interval=60))
     """
 
     def __init__(
@@ -157,12 +151,7 @@ class OpenFilesLogFilter(logging.Filter):
 
 
 def install_open_files_filter(interval: float = DEFAULT_EMFILE_LOG_INTERVAL) -> None:
-    """Rate-limit "Too many open files" on the loggers that report it (asyncio, uvicorn).
-
-    Example::
-
-        install_open_files_filter(60)
-    """
+    """Rate-limit "Too many open files" on the loggers that report it (asyncio, uvicorn)."""
     for name in ("asyncio", "uvicorn.error"):
         target = logging.getLogger(name)
         if not any(isinstance(f, OpenFilesLogFilter) for f in target.filters):
@@ -170,12 +159,7 @@ def install_open_files_filter(interval: float = DEFAULT_EMFILE_LOG_INTERVAL) -> 
 
 
 def prepare_process() -> None:
-    """What a process the server owns does before serving: more open files, quieter EMFILE.
-
-    Example::
-
-        prepare_process()
-    """
+    """What a process the server owns does before serving: more open files, quieter EMFILE."""
     raise_open_file_limit()
     install_open_files_filter()
 
@@ -183,13 +167,7 @@ def prepare_process() -> None:
 def guarded_protocol(
     base: type[asyncio.Protocol], *, max_connections: int, first_request_timeout: float
 ) -> type[asyncio.Protocol]:
-    """A subclass of a uvicorn HTTP protocol with the connection guards described above.
-
-    Example::
-
-        from uvicorn.protocols.http.h11_impl import H11Protocol
-        http = guarded_protocol(H11Protocol, max_connections=1000, first_request_timeout=10)
-    """
+    """A subclass of a uvicorn HTTP protocol with the connection guards described above."""
 
     class Guarded(base):  # type: ignore[valid-type,misc]
         _born: float
@@ -261,6 +239,7 @@ def guarded_protocol(
 def _default_protocol() -> type[asyncio.Protocol]:
     # The same choice as uvicorn's http="auto": httptools when installed, else h11.
     try:
+        # lazy: httptools is optional; h11 is the fallback
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
         return HttpToolsProtocol
@@ -277,10 +256,6 @@ def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
     open-file limit minus :data:`FD_RESERVE`; ``None``: no cap) and
     ``first_request_timeout`` (default 10 s). An ``http`` protocol the caller passes is
     used as given, without the guards.
-
-    Example::
-
-        uvicorn.run(app, **serve_options({"port": 8080, "max_connections": 500}))
     """
     merged = dict(options)
     cap = merged.pop("max_connections", DEFAULT_MAX_CONNECTIONS)
@@ -310,12 +285,6 @@ class LoopLag:
     of an acceptance, so the backlog drains instead of every request waiting seconds (and
     connections being reset). ``threshold`` ``None``: never overloaded.
     ``clock``/``sleep`` are injectable.
-
-    Example::
-
-        lag = LoopLag(threshold=1.0)
-        tasks.start_soon(lag.run)
-        if lag.overloaded: ...
     """
 
     def __init__(

@@ -44,12 +44,6 @@ class LostRolloutReporter:
     envelope may go; ``on_reported(bucket, key, session_id)`` is told of each one written.
     :meth:`cancel` stops a report under way (the ledgers not reported stay for a later
     server); :attr:`done` is set when the report ended either way.
-
-    Example::
-
-        reporter = LostRolloutReporter(store=store, spool=spool, settled=lambda b, k: False)
-        await reporter.report(orphans)
-        await reporter.done.wait()
     """
 
     def __init__(

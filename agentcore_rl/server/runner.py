@@ -62,13 +62,7 @@ def _uncancel() -> None:
 
 @dataclass(eq=False)
 class RolloutJob:
-    """One accepted rollout: its inputs, its task and how far it got.
-
-    Example::
-
-        job = runner.start(spec, payload, ctx, limiter=limiter)
-        job.result_key    # "exp/q-1/<session>.json", or None without a _rollout block
-    """
+    """One accepted rollout: its inputs, its task and how far it got."""
 
     context: RequestContext
     payload: dict[str, Any]
@@ -121,13 +115,7 @@ class RolloutJob:
 
 @dataclass(frozen=True)
 class ShutdownReport:
-    """What :meth:`RolloutRunner.shutdown` did.
-
-    Example::
-
-        report = await runner.shutdown(grace=20)
-        print(report.finished, report.cancelled)
-    """
+    """What :meth:`RolloutRunner.shutdown` did."""
 
     finished: int
     cancelled: int
@@ -143,10 +131,6 @@ class RolloutRunner:
     ``exists`` (``ResultStore.head``), when given, is asked before the handler runs: if
     the result key already holds an envelope (an earlier run's, before a restart), that
     envelope wins and the handler does not run.
-
-    Example::
-
-        runner = RolloutRunner(spool=spool, clock=time.time, on_change=update_ping)
     """
 
     def __init__(

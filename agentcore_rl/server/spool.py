@@ -155,12 +155,6 @@ class Spool:
     ``async with spool`` gives it a task group of its own; an owner that has one (the app)
     lends it with :meth:`attach` instead. Without either, retries happen at :meth:`drain`
     and :meth:`aclose` only.
-
-    Example::
-
-        async with Spool(store, retry_interval=1.0) as spool:
-            await spool.add(bucket, key, body)
-            await asyncio.wait_for(spool.wait_drained(), 60)
     """
 
     def __init__(

@@ -3,11 +3,6 @@
 One JSON object per line in :meth:`TrainingRow.to_dict` layout; Parquet has the same
 columns (token ids int64, logprobs float64, so a round trip is exact). pyarrow is imported
 only when Parquet is asked for.
-
-Example::
-
-    write_jsonl(rows_from_groups(groups, "mean_std"), "step-12.jsonl")
-    rows = read_jsonl("step-12.jsonl")
 """
 
 from __future__ import annotations

@@ -9,12 +9,6 @@
   train. The row stays, so its reward still counts in its group.
 
 Nothing is dropped: every row comes back, and :class:`FitReport` counts what was cut.
-
-Example::
-
-    fitted = fit_rows(rows, max_prompt_length=1024, max_response_length=2048)
-    print(fitted.responses_truncated, fitted.prompts_masked)
-    outputs = [to_verl(row) for row in fitted.rows]
 """
 
 from __future__ import annotations

@@ -23,12 +23,6 @@ nothing) becomes a placeholder of one ``pad_token_id`` response token with loss 
 logprob 0.0 and the member's reward (veRL and SkyRL write the reward on the last response
 token, so an empty response cannot carry it); an empty prompt gets one ``pad_token_id`` too.
 Logprobs are never ``None``: a row without captured logprobs gets 0.0 per token.
-
-Example::
-
-    outputs = [to_verl(row) for row in group_rows(group)]
-    samples = to_slime(rows_from_groups(groups))
-    batch = to_skyrl(rows_from_groups(groups))
 """
 
 from __future__ import annotations

@@ -15,11 +15,6 @@ A member with several segments counts once in its group: the advantage comes fro
 per member, and every one of its segments carries it. A group of one has no baseline: its
 advantage is its reward (what veRL's and SkyRL's GRPO give a lone sample), so ``n=1`` trains
 as plain REINFORCE instead of not at all.
-
-Example::
-
-    rows = group_rows(group, normalize="mean_std")
-    rows[0].prompt_ids, rows[0].response_ids, rows[0].advantage
 """
 
 from __future__ import annotations
@@ -138,22 +133,12 @@ class TrainingRow:
     zeroed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the JSONL and Parquet column layout).
-
-        Example::
-
-            TrainingRow.from_dict(row.to_dict()) == row   # True
-        """
+        """A JSON-ready dict (the JSONL and Parquet column layout)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainingRow:
-        """Read a row back from :meth:`to_dict`'s layout (unknown keys are an error).
-
-        Example::
-
-            TrainingRow.from_dict(json.loads(line))
-        """
+        """Read a row back from :meth:`to_dict`'s layout (unknown keys are an error)."""
         return cls(**data)
 
     @property

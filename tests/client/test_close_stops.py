@@ -1,4 +1,4 @@
-"""Closing does not wait for the agents' envelope writes (issue 9 item 5): stop calls are
+"""Closing does not wait for the agents' envelope writes: stop calls are
 sent as fast as the rate limiter allows and bounded, and what could not be stopped in
 time is data (``client.unstopped_sessions``), not only a warning."""
 

@@ -119,7 +119,7 @@ async def test_retries_are_bounded(
 async def test_a_retry_after_a_lost_answer_is_marked_repeat_and_runs_once(
     make_client: ClientFactory, proxy: tuple[FlakyProxy, str], recorder: Recorder
 ) -> None:
-    # Issue 9 item 3: the agent ran the first invocation; its answer was lost. The retry
+    # The agent ran the first invocation; its answer was lost. The retry
     # carries _rollout.repeat, so the agent answers it without running the handler again.
     flaky, url = proxy
     flaky.lose_answers = 1
@@ -133,7 +133,7 @@ async def test_a_retry_after_a_lost_answer_is_marked_repeat_and_runs_once(
 async def test_new_sessions_avoid_a_dead_url(
     make_client: ClientFactory, agent_url: str, recorder: Recorder
 ) -> None:
-    # Issue 9 item 4: one of two URLs dead. The first session sent there fails over to a
+    # One of two URLs dead. The first session sent there fails over to a
     # new session; later sessions are not pinned to the dead URL while it cools down.
     dead = "http://127.0.0.1:9"
     client = make_client(agent_url=[dead, agent_url], retries=quick_retries(rollouts=1))

@@ -170,7 +170,7 @@ def test_plan_probes_stragglers_and_lists_the_dense_block() -> None:
 async def test_deleted_bucket_is_an_outage_not_an_outcome(
     store: ResultStore, bucket: str, s3: Any, warnings_seen: asyncio.Event
 ) -> None:
-    # Issue 9 item 1: the results of a bucket deleted and re-created still arrive; its
+    # The results of a bucket deleted and re-created still arrive; its
     # keys stay pending meanwhile and the other bucket's keys are unaffected.
     watcher = CompletionWatcher(store, FAST)
     outcomes = Outcomes()
@@ -256,7 +256,7 @@ async def test_transient_fault_recovers_without_failing(
 async def test_client_holds_new_rollouts_during_an_outage_and_times_out_pending_ones(
     make_client: ClientFactory, s3: Any, recorder: Recorder, bucket: str
 ) -> None:
-    # Issue 9 item 1: no StorageError for an outage. The pending rollout ends at its own
+    # No StorageError for an outage. The pending rollout ends at its own
     # timeout (saying the store was down); a new one waits until the bucket answers.
     s3.create_bucket(Bucket="short-lived")
     client = make_client(

@@ -339,7 +339,7 @@ async def test_resume_invokes_a_journaled_rollout_again_with_its_session_id(
 
 
 async def test_resume_runs_a_retryable_failure_again(stack: LocalStack, tmp_path: Path) -> None:
-    # Issue 9 item 4: a line recorded as a retryable failure (here: the agent was lost) is
+    # A line recorded as a retryable failure (here: the agent was lost) is
     # not final for --resume: the input runs again and keeps exactly one results line.
     _write_problems(tmp_path / "in.jsonl", 3)
     out = tmp_path / "results.jsonl"

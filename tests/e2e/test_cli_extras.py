@@ -95,6 +95,11 @@ def test_help_needs_no_extra(tmp_path: Path) -> None:
         ("client", "from agentcore_rl.gateway import RolloutGateway", "gateway"),
         ("server", "import agentcore_rl.gateway.jsonio", "gateway"),
         ("core", "from agentcore_rl.local import LocalStack", "local"),
+        (
+            "client",
+            "from agentcore_rl.distributed import shared_limits as s; s('x', tps=25, sessions=8)",
+            "ray",
+        ),
     ],
 )
 def test_an_import_without_its_extra_names_it(
@@ -113,6 +118,20 @@ else:
     name, _, message = done.stdout.strip().partition("|")
     assert name in THIRD_PARTY, done.stdout
     assert message.endswith(f"pip install 'agentcore-rl[{extra}]'"), message
+
+
+def test_a_directory_named_like_the_package_is_no_install(tmp_path: Path) -> None:
+    # Ray's own temp directory /tmp/ray imports as an empty namespace package from /tmp.
+    (tmp_path / "ray").mkdir()
+    code = """
+from agentcore_rl.distributed import shared_limits
+try:
+    shared_limits('x', tps=25, sessions=8)
+except ModuleNotFoundError as exc:
+    print(exc)
+"""
+    done = _python("client", code, tmp_path)
+    assert done.stdout.strip().endswith("pip install 'agentcore-rl[ray]'"), done.stderr
 
 
 def test_the_core_install_imports_the_pure_parts(tmp_path: Path) -> None:

@@ -42,3 +42,25 @@ async def test_the_summary_shows_failures_by_type_and_the_reward_s_basis(
     assert rows["failed"] == "1"
     assert rows["InvocationError"].startswith("1  (")
     assert "prompt must be a string" in rows["InvocationError"], done.stdout
+
+
+def test_agent_failures_are_told_apart_by_what_failed_in_the_agent() -> None:
+    from agentcore_rl.cli.summary import RunSummary, failure_of
+
+    def failed(reason: str) -> dict[str, object]:
+        envelope = {"status_code": 500, "error_type": "handler_exception", "stop_reason": reason}
+        return {"error_type": "RolloutError", "error": "rollout 0f31... failed", "result": envelope}
+
+    summary = RunSummary()
+    for record in (failed("KeyError: 'a'"), failed("KeyError: 'b'"), failed("RuntimeError: boom")):
+        kind, reason = failure_of(record)
+        summary.add("failed", elapsed=1.0, error_type=kind, error=reason)
+    timeout = {"error_type": "RolloutTimeoutError", "error": "no result in 5 s", "result": None}
+    summary.add("timeout", elapsed=5.0, error_type=failure_of(timeout)[0], error="no result in 5 s")
+    assert dict(summary.errors) == {
+        "RolloutError (KeyError)": 2,
+        "RolloutError (RuntimeError)": 1,
+        "RolloutTimeoutError": 1,
+    }
+    assert summary.reasons["RolloutError (KeyError)"] == "KeyError: 'a'"
+    assert summary.reasons["RolloutError (RuntimeError)"] == "RuntimeError: boom"

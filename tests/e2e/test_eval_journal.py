@@ -39,7 +39,7 @@ def test_journal_replays_outcomes_and_in_flight_rollouts(tmp_path: Path) -> None
 def test_resume_runs_retryable_failures_again_and_keeps_one_line_per_input(
     tmp_path: Path,
 ) -> None:
-    # Issue 9 item 4: a failure a crash or shutdown caused is not final for --resume.
+    # A failure a crash or shutdown caused is not final for --resume.
     out = tmp_path / "results.jsonl"
     journal = EvalJournal.open(out, resume=False)
     for name in ("a", "b", "c"):

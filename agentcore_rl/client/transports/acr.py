@@ -7,11 +7,6 @@ endpoint from ``endpoint_url`` or, as botocore does by itself,
 ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (how the local runtime stand-in is reached).
 botocore's own retries are off: the client's retry policy governs. One aiobotocore client,
 created on first use (or :meth:`AcrTransport.connect`), serves every call.
-
-Example::
-
-    transport = AcrTransport("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
-    answer = await transport.invoke(new_session_id(), payload)
 """
 
 from __future__ import annotations

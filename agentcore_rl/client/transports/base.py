@@ -6,15 +6,6 @@ connection errors; ``throttled`` for 429 / ThrottlingException) is retried by th
 with the same session id (:class:`NotConnectedError` when no connection was made, so the
 client knows nothing started); any other failure is an
 :class:`~agentcore_rl.errors.InvocationError` carrying the server's message.
-
-Example::
-
-    class MyTransport:
-        name = "mine"
-        stop_after_result = False
-        async def invoke(self, session_id, payload): ...
-        async def stop(self, session_id): ...
-        async def aclose(self): ...
 """
 
 from __future__ import annotations
@@ -66,20 +57,12 @@ class RetryableError(InvocationError):
 class NotConnectedError(RetryableError):
     """No connection to the agent could be made (refused, or the connect timed out): the
     request never left, so this attempt started nothing.
-
-    Example::
-
-        raise NotConnectedError("http://h:8080: connection refused", session_id=sid)
     """
 
 
 class StopUnsupportedError(InvocationError):
     """The agent server has no stop route (an app without our stop extension answers 404):
     not a failure, so it is counted apart (``stops_unsupported``) and not retried.
-
-    Example::
-
-        raise StopUnsupportedError("no stop route at http://h:8080", session_id=sid)
     """
 
 

@@ -2,11 +2,6 @@
 
 For local runs and self-hosted fleets. Each session id maps to one URL by a stable hash,
 so a retried invocation and the stop call reach the server that runs the session.
-
-Example::
-
-    transport = HttpTransport(["http://10.0.0.5:8080", "http://10.0.0.6:8080"])
-    answer = await transport.invoke(new_session_id(), payload)
 """
 
 from __future__ import annotations

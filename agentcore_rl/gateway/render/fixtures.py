@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -29,7 +30,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -324,8 +325,6 @@ def _tekken_file(cache: Path) -> Path:
 def _read_tekken(path: Path) -> tuple[list[str], list[int], list[str]]:
     """A Tekken (tiktoken-style) vocabulary as byte-level BPE tokens and merges: ids are
     ``rank + 1000`` (its special tokens come first), merges recovered from the ranks."""
-    import base64
-
     data = json.loads(path.read_text(encoding="utf-8"))
     config = data["config"]
     specials = int(config["default_num_special_tokens"])
@@ -363,6 +362,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def _read_gguf(path: Path) -> tuple[list[str], list[int], list[str]]:
+    # lazy: gguf is the render extra, used by these fixtures only
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
@@ -392,11 +392,8 @@ def build_tokenizer_dir(
     ``added`` puts tokens at given ids (content, special); the GGUF's control tokens
     (type 3) become special added tokens too. ``vectors``: the ``.inp`` file whose ``.out``
     beside it lists the expected ids; a mismatch raises ``ValueError``.
-
-    Example::
-
-        build_tokenizer_dir(models / "ggml-vocab-qwen2.gguf", jinja, out, split=QWEN2)
     """
+    # lazy: tokenizers is the render extra
     from tokenizers import (
         AddedToken,
         Regex,
@@ -500,12 +497,3 @@ def fixture_dir(name: str, *, cache: Path | None = None) -> Path:
         )
         _publish(staged, out)
     return out
-
-
-def fixture_names(names: Sequence[str] | None = None) -> list[str]:
-    """``names`` checked against :data:`FIXTURES` (all of them when None)."""
-    chosen = list(names) if names else list(FIXTURES)
-    for name in chosen:
-        if name not in FIXTURES:
-            raise ValueError(f"unknown fixture {name!r}; choose one of {sorted(FIXTURES)}")
-    return chosen

@@ -13,12 +13,6 @@ and logprobs as returned, so a session whose history only grows is one training 
 
 The server is asked without streaming (the answer is parsed whole); an agent that streams
 gets the parsed answer as one SSE stream.
-
-Example::
-
-    mode = RenderMode.load("/models/Qwen3-8B", tool_call_parser="hermes",
-                           reasoning_parser="qwen3")
-    gateway = RolloutGateway("http://127.0.0.1:8000/v1", render=mode)
 """
 
 from __future__ import annotations
@@ -26,10 +20,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentcore_rl.gateway.answers import Refuse, down_message, respond
 from agentcore_rl.gateway.backends import CHAT, synthesize_sse
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
@@ -89,7 +83,6 @@ class RenderMode:
         self.stop_ids = template.stop_ids()
         self.forks = 0
         self.extends = 0
-        self.render_seconds = 0.0  # CPU spent rendering, encoding and parsing
 
     def __repr__(self) -> str:
         return (
@@ -120,8 +113,6 @@ class RenderMode:
         version: int,
     ) -> None:
         """Serve one chat request of ``session`` token-in; commit its record first."""
-        from agentcore_rl.gateway.app import _down_message, _Refuse, _respond
-
         start = gateway._clock()
         stream = bool(body.get("stream"))
         overrides: dict[str, Any] | None = None
@@ -159,14 +150,13 @@ class RenderMode:
 
         try:
             history = self.history(session)
-            cpu = time.process_time()
             messages, tools, kwargs = self._conversation(body)
             if body.get("n", 1) not in (1, None):
-                raise _Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
+                raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
             try:
                 plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
             except RenderError as exc:
-                raise _Refuse(400, str(exc), "invalid_request") from None
+                raise Refuse(400, str(exc), "invalid_request") from None
             if plan.fork:
                 self.forks += 1
                 gateway.stats["linear_forks"] = gateway.stats.get("linear_forks", 0) + 1
@@ -181,29 +171,29 @@ class RenderMode:
                 default_max_tokens=self.max_tokens,
             )
             record.prompt_ids = ids_array(plan.prompt_ids)
-            self.render_seconds += time.process_time() - cpu
             target = upstream.pool.target(self.backend.path)
             try:
                 status, content = await upstream.pool.fetch(target, dumps(upstream_body))
             except UpstreamError as exc:
-                raise _Refuse(502, _down_message(upstream, exc), "upstream_unavailable") from None
+                raise Refuse(
+                    502, down_message(upstream.base, exc), "upstream_unavailable"
+                ) from None
             if status != 200:
                 text = content[:500].decode("utf-8", "replace")
                 commit(status, f"upstream answered HTTP {status}: {text}")
-                await _respond(send, status, content)
+                await respond(send, status, content)
                 return
-            cpu = time.process_time()
             try:
                 served = self.backend.read(loads(content))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
-                raise _Refuse(502, why, "upstream_invalid") from None
+                raise Refuse(502, why, "upstream_invalid") from None
             if served.prompt_ids is not None and list(served.prompt_ids) != plan.prompt_ids:
-                raise _Refuse(
+                raise Refuse(
                     502, "the upstream fed the model other ids than sent", "upstream_mismatch"
                 )
             if len(served.logprobs) != len(served.token_ids):
-                raise _Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
+                raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
             ids = served.token_ids
             stopped = bool(ids) and ids[-1] in self.stop_ids
             text = self.template.decode(ids[:-1] if stopped else ids)
@@ -213,7 +203,6 @@ class RenderMode:
             if message.get("tool_calls"):
                 finish = "tool_calls"
             history.remember(plan, messages, message, ids, stopped=stopped)
-            self.render_seconds += time.process_time() - cpu
             record.completions = [
                 Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)
             ]
@@ -241,8 +230,8 @@ class RenderMode:
                     {"type": "http.response.body", "body": synthesize_sse(answer, CHAT, usage)}
                 )
             else:
-                await _respond(send, 200, dumps(answer))
-        except _Refuse as refuse:
+                await respond(send, 200, dumps(answer))
+        except Refuse as refuse:
             if not committed:
                 commit(refuse.status, refuse.message)
             raise
@@ -256,17 +245,15 @@ class RenderMode:
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
-        from agentcore_rl.gateway.app import _Refuse
-
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise _Refuse(400, "messages must be a non-empty list", "invalid_request")
+            raise Refuse(400, "messages must be a non-empty list", "invalid_request")
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
-            raise _Refuse(400, "every message must be an object with a role", "invalid_request")
+            raise Refuse(400, "every message must be an object with a role", "invalid_request")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
-            raise _Refuse(400, "tools must be a list", "invalid_request")
+            raise Refuse(400, "tools must be a list", "invalid_request")
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise _Refuse(400, "chat_template_kwargs must be an object", "invalid_request")
+            raise Refuse(400, "chat_template_kwargs must be an object", "invalid_request")
         return messages, tools or None, kwargs

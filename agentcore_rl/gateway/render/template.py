@@ -77,13 +77,7 @@ def _load(factory: Any, path: str) -> Any:
 
 
 class ChatTemplate:
-    """A tokenizer directory's tokenizer and chat template.
-
-    Example::
-
-        template = ChatTemplate.load(directory)
-        ids = template.encode(template.render([{"role": "user", "content": "hi"}]))
-    """
+    """A tokenizer directory's tokenizer and chat template."""
 
     def __init__(self, tokenizer: Any, source: str = "") -> None:
         self.tokenizer = tokenizer
@@ -103,6 +97,7 @@ class ChatTemplate:
     def load(cls, directory: str | os.PathLike[str]) -> ChatTemplate:
         """Load a local Hugging Face tokenizer directory (its chat template included)."""
         try:
+            # lazy: transformers is the render extra (and slow to import)
             from transformers import AutoTokenizer
         except ImportError:
             raise ImportError(
