@@ -8,14 +8,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiobotocore.session import get_session
 
 from agentcore_rl import protocol
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Retries, TokenBucket
-from agentcore_rl.client.transports.acr import parse_runtime_arn
+from agentcore_rl.client.transports.acr import AcrTransport, parse_runtime_arn
 from agentcore_rl.errors import ConfigurationError, InvocationError, RolloutError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
-from agentcore_rl.s3 import ResultStore
+from agentcore_rl.s3 import AWS_USER_AGENT, ResultStore
 from tests.client.agents import Recorder
 from tests.client.conftest import FAST_WATCH, ClientFactory, quick_retries
 
@@ -115,6 +116,28 @@ async def test_throttling_is_retried_with_the_same_session(
         assert isinstance(client.rate_limiter, TokenBucket)
         assert client.rate_limiter.rate < client.rate_limiter.max_rate
         await client.aclose()
+
+
+async def test_calls_carry_the_fixed_user_agent(
+    runtime: tuple[LocalAgentCoreRuntime, str],
+) -> None:
+    _, endpoint = runtime
+    session = get_session()
+    sent: list[str] = []
+
+    def record(request: Any, **_: Any) -> None:
+        sent.append(request.headers["User-Agent"].decode())
+
+    session.register("before-send.bedrock-agentcore", record)
+    transport = AcrTransport(DEFAULT_AGENT_RUNTIME_ARN, endpoint_url=endpoint, session=session)
+    try:
+        sid = protocol.new_session_id()
+        assert await transport.status(sid) is protocol.SessionState.UNKNOWN
+        await transport.stop(sid)
+    finally:
+        await transport.aclose()
+    # The session's own extra, if any, follows ours.
+    assert [ua[: len(AWS_USER_AGENT)] for ua in sent] == [AWS_USER_AGENT] * 2
 
 
 def test_runtime_arn_is_checked() -> None:

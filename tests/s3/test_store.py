@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import aioboto3
 import pytest
+from aiobotocore.session import get_session
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from agentcore_rl.errors import StorageError
-from agentcore_rl.s3 import ResultStore, is_transient_s3_error
+from agentcore_rl.s3 import AWS_USER_AGENT, ResultStore, is_transient_s3_error
 from tests.conftest import FAST_RETRY, fill_bucket
 
 
@@ -84,3 +86,21 @@ async def test_missing_bucket_on_get_is_an_error_not_a_missing_key(store: Result
     with pytest.raises(StorageError, match="NoSuchBucket"):
         await store.get_json("no-such-bucket-here", "exp/q-1/s.json")
     assert not await store.head("no-such-bucket-here", "exp/q-1/s.json")
+
+
+async def test_requests_carry_the_fixed_user_agent(s3_endpoint: str) -> None:
+    core = get_session()
+    sent: list[str] = []
+
+    def record(request: Any, **_: Any) -> None:
+        sent.append(request.headers["User-Agent"].decode())
+
+    core.register("before-send.s3", record)
+    async with ResultStore(
+        endpoint_url=s3_endpoint, session=aioboto3.Session(botocore_session=core)
+    ) as store:
+        await store.ensure_bucket("user-agent")
+        await store.put_json("user-agent", "k.json", {"a": 1})
+        assert await store.get_json("user-agent", "k.json") == {"a": 1}
+    # The session's own extra, if any, follows ours.
+    assert [ua[: len(AWS_USER_AGENT)] for ua in sent] == [AWS_USER_AGENT] * 3
