@@ -582,6 +582,46 @@ class RolloutGateway:
             raise Refuse(502, down_message(upstream.base, exc), "upstream_unavailable") from None
         await respond(send, status, content)
 
+    def _apply_overrides(self, session: Session, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Put the session's pinned sampling settings and the gateway's pinned model into
+        ``body``; what was put (None when nothing is pinned) goes into the call's record."""
+        if not (session.sampling or self.model):
+            return None
+        overrides = dict(session.sampling or {})
+        if self.model:
+            overrides["model"] = self.model
+        body.update(overrides)
+        return overrides
+
+    def _begin_call(
+        self,
+        session: Session,
+        endpoint: str,
+        raw: bytes,
+        overrides: dict[str, Any] | None,
+        *,
+        version: int | None,
+        stream: bool,
+        start: float,
+    ) -> tuple[_Upstream, CallRecord]:
+        """The upstream serving ``session`` and the record of its next call (proxy and
+        rendering mode alike)."""
+        upstream = self._upstream_for(session.session_id)
+        record = CallRecord(
+            session_id=session.session_id,
+            index=session.call_started(start),
+            endpoint=endpoint,
+            exp_id=session.exp_id,
+            input_id=session.input_id,
+            policy_version_start=version,
+            request_body=raw,
+            overrides=overrides,
+            started_at=self._wall(),
+            stream=stream,
+            upstream=upstream.base,
+        )
+        return upstream, record
+
     def _upstream_for(self, sid: str) -> _Upstream:
         upstreams = self._upstreams
         if len(upstreams) == 1:
@@ -603,28 +643,12 @@ class RolloutGateway:
         stream = bool(body.get("stream"))
         options = body.get("stream_options")
         sse_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        overrides: dict[str, Any] | None = None
-        if session.sampling or self.model:
-            overrides = dict(session.sampling or {})
-            if self.model:
-                overrides["model"] = self.model
-            body.update(overrides)
+        overrides = self._apply_overrides(session, body)
         upstream_body, keep_logprobs = self.backend.prepare(body, endpoint)
         payload = dumps(upstream_body)
         del body, upstream_body  # forwarded as ``payload``; the record keeps ``raw``
-        upstream = self._upstream_for(session.session_id)
-        record = CallRecord(
-            session_id=session.session_id,
-            index=session.call_started(start),
-            endpoint=endpoint,
-            exp_id=session.exp_id,
-            input_id=session.input_id,
-            policy_version_start=version,
-            request_body=raw,
-            overrides=overrides,
-            started_at=self._wall(),
-            stream=stream,
-            upstream=upstream.base,
+        upstream, record = self._begin_call(
+            session, endpoint, raw, overrides, version=version, stream=stream, start=start
         )
         capture = Capture(endpoint)
         committed = False

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from agentcore_rl.gateway.answers import Refuse, down_message, respond
 from agentcore_rl.gateway.backends import CHAT, synthesize_sse
 from agentcore_rl.gateway.jsonio import dumps, loads
-from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
+from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
     parse_completion,
@@ -115,25 +115,9 @@ class RenderMode:
         """Serve one chat request of ``session`` token-in; commit its record first."""
         start = gateway._clock()
         stream = bool(body.get("stream"))
-        overrides: dict[str, Any] | None = None
-        if session.sampling or gateway.model:
-            overrides = dict(session.sampling or {})
-            if gateway.model:
-                overrides["model"] = gateway.model
-            body.update(overrides)
-        upstream = gateway._upstream_for(session.session_id)
-        record = CallRecord(
-            session_id=session.session_id,
-            index=session.call_started(start),
-            endpoint=CHAT,
-            exp_id=session.exp_id,
-            input_id=session.input_id,
-            policy_version_start=version,
-            request_body=raw,
-            overrides=overrides,
-            started_at=gateway._wall(),
-            stream=stream,
-            upstream=upstream.base,
+        overrides = gateway._apply_overrides(session, body)
+        upstream, record = gateway._begin_call(
+            session, CHAT, raw, overrides, version=version, stream=stream, start=start
         )
         committed = False
 
