@@ -34,7 +34,6 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from agentcore_rl import __version__
 from agentcore_rl.errors import StorageError
 from agentcore_rl.retry import RetryPolicy
 
@@ -82,7 +81,7 @@ _HEAD_BUCKET_CODES: Final = {404: "NoSuchBucket", 403: "AccessDenied", 301: "Per
 #: botocore otherwise rebuilds its own string twice per request from a dozen sanitised
 #: parts (about 7% of the rollout client's CPU); a fixed one is built once.
 AWS_USER_AGENT: Final = (
-    f"agentcore-rl/{__version__} aiobotocore/{aiobotocore.__version__} "
+    f"agentcore-rl aiobotocore/{aiobotocore.__version__} "
     f"botocore/{botocore.__version__} Python/{platform.python_version()}"
 )
 
