@@ -23,20 +23,8 @@ from agentcore_rl.gateway.record import SessionTrace
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.trajectory import Trajectory, build_trajectory
+from tests.gateway.helpers import ADMIN, CALCULATOR
 
-ADMIN = "test-admin-token"
-CALCULATOR: Any = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
 QUESTION = "Add up the numbers step by step with the calculator. What is the total?"
 
 #: Why the template tests cannot run here (None: they can).
