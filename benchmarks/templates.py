@@ -1,7 +1,7 @@
 """Token fidelity on real chat templates: proxy mode against linear history, per template.
 
 For each template (real tokenizers and chat templates, built offline from llama.cpp's vocab
-files and mistral-common's Tekken vocabulary: ``agentcore_rl.gateway.render.fixtures``) the
+files and mistral-common's Tekken vocabulary: ``tests/gateway/template_fixtures.py``) the
 stand-in policy serves the model (it renders the template as vLLM does and answers in the
 template's own syntax: reasoning, tool calls, stop tokens). A tool-calling agent on the real
 OpenAI SDK runs ``--turns`` turns (``--turns - 1`` tool calls, then the answer), keeping each
@@ -45,10 +45,10 @@ if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `tests` 
     sys.path.insert(0, str(ROOT))
 
 from agentcore_rl.gateway.record import SessionTrace, load_trace  # noqa: E402
-from agentcore_rl.gateway.render.fixtures import FIXTURES, fixture_dir  # noqa: E402
 from agentcore_rl.local.background import BackgroundServer  # noqa: E402
 from agentcore_rl.local.policy import ScriptedPolicy  # noqa: E402
 from benchmarks.gateway import child, cpu_seconds, free_port, wait_ready  # noqa: E402
+from tests.gateway.template_fixtures import FIXTURES, fixture_dir  # noqa: E402
 from tests.gateway.template_rig import (  # noqa: E402
     agent,
     exactness,

@@ -4,7 +4,7 @@ on the real OpenAI SDK, and the checks of what was captured. Used by the tests a
 ``benchmarks/templates.py``.
 
 The tokenizers are built from llama.cpp's vocab files once into a cache
-(``agentcore_rl.gateway.render.fixtures``); without the ``render`` extra the tests skip."""
+(``tests/gateway/template_fixtures.py``); without the ``render`` extra the tests skip."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ RENDER_MISSING: str | None = next(
 
 def tokenizer_dir(name: str) -> Path:
     """The fixture's tokenizer directory (built once into the cache)."""
-    from agentcore_rl.gateway.render.fixtures import fixture_dir
+    from tests.gateway.template_fixtures import fixture_dir
 
     return fixture_dir(name)
 
@@ -63,8 +63,8 @@ async def template_stack(
     name: str, *, history: str = "linear", backend: str = "vllm", tool_rounds: int = 3
 ) -> AsyncIterator[Rig]:
     """The stand-in serving fixture ``name`` and a gateway (``history`` proxy or linear)."""
-    from agentcore_rl.gateway.render.fixtures import FIXTURES
     from agentcore_rl.gateway.render.mode import RenderMode
+    from tests.gateway.template_fixtures import FIXTURES
 
     fixture = FIXTURES[name]
     directory = str(tokenizer_dir(name))

