@@ -172,7 +172,8 @@ class ScriptedPolicy:
     weight-sync routes (``/pause?mode=keep|abort``, ``/resume``, ``/abort_requests``,
     ``/update_weight_version``): a kept request stops generating until the resume, an aborted
     one answers its tokens so far (``finish_reason`` ``"abort"``), and every choice says which
-    version generated which tokens (``weight_versions``, as vLLM's token-in API does).
+    version generated which tokens (``weight_versions``, as vLLM's token-in API does; ``made``
+    keeps them all).
     ``min_tokens`` is honoured by repeating the answer before its end token.
 
     Example::
@@ -218,6 +219,9 @@ class ScriptedPolicy:
         self._paused = False
         self._changed = asyncio.Event()  # set (and replaced) at each pause, resume or abort
         self._aborted: set[str] = set()
+        # paced completions as made: (prompt ids, token ids, each token's weight version)
+        self.made: list[tuple[list[int], list[int], list[str]]] = []
+        self.tokens_made = 0  # so far, the ones being made included
         self.voice: TemplateVoice | None = None
         if tokenizer is not None:  # a real template: render and answer as that model would
             from agentcore_rl.local.policy_template import TemplateVoice
@@ -302,10 +306,13 @@ class ScriptedPolicy:
                 spans[-1]["end"] = end
             else:
                 spans.append({"version": self.weight_version, "start": made, "end": end})
+            self.tokens_made += end - made
             made = end
         self._aborted.discard(request_id)
         del ids[made:], logprobs[made:]
         choice["weight_versions"] = spans
+        versions = [s["version"] for s in spans for _ in range(s["end"] - s["start"])]
+        self.made.append((choice.get("prompt_token_ids") or [], list(ids), versions))
 
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "stand_in": True})
