@@ -47,7 +47,7 @@ from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import ShutdownConfig, WorkerConfig
-from agentcore_rl.server.limits import prepare_process, serve_options
+from agentcore_rl.server.overload import serve_options
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
 BUCKET = "bench-rollouts"
@@ -125,10 +125,9 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     app = build_app(args.handler, args.workers, args.switch_interval or None)
-    # Served as app.run() serves: the GIL switch interval (--switch-interval) and the
-    # connection limits.
+    # Served as app.run() serves: the GIL switch interval (--switch-interval) and uvicorn
+    # options.
     app.tune_process()
-    prepare_process()
     uvicorn.run(app, host="127.0.0.1", port=args.port, **serve_options({"log_level": "warning"}))
 
 
