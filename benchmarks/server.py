@@ -63,6 +63,15 @@ LOCAL_AWS_ENV = {
 # --- the agent (runs in the child process) ---------------------------------------------------
 
 
+def rss_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), else None."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def build_app(handler_kind: str, workers: int, switch_interval: float | None) -> Any:
     """The benchmarked agent: a rollout handler that holds until /bench/release."""
     from starlette.requests import Request
@@ -83,7 +92,14 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
         with lock:
             entered["count"] += 1
 
-    if handler_kind == "async":
+    if handler_kind == "fast":
+
+        @app.rollout_entrypoint
+        async def fast(payload: dict[str, Any]) -> dict[str, Any]:
+            mark_entered()
+            return {"rewards": [1.0]}
+
+    elif handler_kind == "async":
 
         @app.rollout_entrypoint
         async def hold(payload: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +130,9 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
         return JSONResponse({"released": True})
 
     async def stats(request: Request) -> JSONResponse:
-        return JSONResponse({"active": app.runner.active, "entered": entered["count"]})
+        return JSONResponse(
+            {"active": app.runner.active, "entered": entered["count"], "rss_bytes": rss_bytes()}
+        )
 
     app.add_route("/bench/release", release, methods=["POST"])
     app.add_route("/bench/stats", stats, methods=["GET"])
