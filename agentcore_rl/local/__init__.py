@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from agentcore_rl.local.background import BackgroundServer
     from agentcore_rl.local.embedded_s3 import EmbeddedS3
     from agentcore_rl.local.policy import ScriptedPolicy
-    from agentcore_rl.local.runtime import LocalAgentCoreRuntime, run_local_runtime
+    from agentcore_rl.local.runtime import LocalAgentCoreRuntime
     from agentcore_rl.local.stack import LocalStack
 
 _HOMES = {
@@ -30,7 +30,6 @@ _HOMES = {
     "LocalAgentCoreRuntime": "runtime",
     "LocalStack": "stack",
     "ScriptedPolicy": "policy",
-    "run_local_runtime": "runtime",
 }
 
 __all__ = [
@@ -39,7 +38,6 @@ __all__ = [
     "LocalAgentCoreRuntime",
     "LocalStack",
     "ScriptedPolicy",
-    "run_local_runtime",
 ]
 
 
