@@ -493,4 +493,3 @@ class LocalAgentCoreRuntime:
             runtime.remember_stop(token)
         self.counts["StopRuntimeSession"] += 1
         return stopped
-
