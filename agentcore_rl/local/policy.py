@@ -36,6 +36,7 @@ import asyncio
 import hashlib
 import json
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -814,6 +815,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except (ValueError, ImportError, OSError) as exc:
         parser.error(str(exc))
+    print(
+        f"scripted stand-in policy (not a language model) on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(policy, host=args.host, port=args.port, log_level="warning")
 
 
