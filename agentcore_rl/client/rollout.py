@@ -49,6 +49,8 @@ from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
     ClientClosedError,
+    ConfigurationError,
+    InvalidRolloutConfig,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
@@ -561,6 +563,23 @@ class Rollouts:
             for sid in r.gateway:
                 await self.joiner.release(sid)
 
+    def check_session_id(self, session_id: object) -> str:
+        """See :meth:`AsyncRolloutClient.check_session_id`."""
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self.live:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
+
     # --- closing --------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -576,10 +595,17 @@ class Rollouts:
         await self._idle.wait()
         await self._stops_done.wait()
 
-    def abandon_stops(self) -> None:
-        """The stops still under way when closing gave up: list them as unstopped."""
-        self.unstopped.extend(sorted(self._stopping))
-        self._stopping.clear()
+    def report_unstopped(self, close_timeout: float) -> int:
+        """Log the sessions that may still run (if any); how many."""
+        if self.unstopped:
+            logger.warning(
+                "%d session(s) could not be stopped (within %s s of closing, or their stop "
+                "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
+                len(self.unstopped),
+                close_timeout,
+                ", ".join(self.unstopped[:3]),
+            )
+        return len(self.unstopped)
 
 
 def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
