@@ -494,30 +494,37 @@ class Rollouts:
         pause: waited out and sent again without using an attempt. When the attempts run
         out, ``InvocationError`` naming ``what``."""
         policy = self.retries.call
-        attempt = 1
-        while True:
-            try:
-                answer = await send()
-            except RetryableError as exc:
-                if exc.throttled or exc.retry_after is not None:
-                    self.counters.throttles += 1
-                    self.limiter.on_throttle()
-                if exc.retry_after is not None:
-                    await policy.sleep(exc.retry_after)
-                elif attempt >= policy.attempts:
-                    raise InvocationError(
-                        f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {exc}",
-                        session_id=exc.session_id,
-                        status_code=exc.status_code,
-                    ) from exc
-                else:
-                    await policy.sleep(policy.delay(attempt))
-                    attempt += 1
-                    self.counters.retries += 1
+        tries = 0
+
+        async def attempt(number: int) -> Any:
+            nonlocal tries
+            tries = number
+            if number > 1:
+                self.counters.retries += 1
                 await self.limiter.acquire(priority)
-                continue
-            self.limiter.on_success()
-            return answer
+            while True:
+                try:
+                    answer = await send()
+                except RetryableError as exc:
+                    if exc.throttled or exc.retry_after is not None:
+                        self.counters.throttles += 1
+                        self.limiter.on_throttle()
+                    if exc.retry_after is None:
+                        raise
+                    await policy.sleep(exc.retry_after)  # a pause, not a failed attempt
+                    await self.limiter.acquire(priority)
+                    continue
+                self.limiter.on_success()
+                return answer
+
+        try:
+            return await policy.run(attempt, lambda exc: isinstance(exc, RetryableError))
+        except RetryableError as exc:
+            raise InvocationError(
+                f"{what} failed after {tries} attempt{'s' if tries > 1 else ''}: {exc}",
+                session_id=exc.session_id,
+                status_code=exc.status_code,
+            ) from exc
 
     # --- stops ----------------------------------------------------------------------------
 
