@@ -21,15 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import anyio
-
-from agentcore_rl.client.batch import Prepare
+from agentcore_rl.client.batch import Feed, Prepare, feed_and_read
 from agentcore_rl.client.config import MOVED_CALL_OPTIONS
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.payload import rollout_extras
@@ -195,7 +192,7 @@ class GroupRunner:
         *,
         rules: GroupRules,
         input_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
+        timeout: float | None = None,
         overrides: Mapping[str, Any] | None = None,
         default_input_id: str | None = None,
         journal: MemberJournal | None = None,
@@ -479,7 +476,7 @@ class GroupMethods:
         *,
         rules: GroupRules,
         input_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
+        timeout: float | None = None,
         rollout: Mapping[str, Any] | None = None,
         journal: MemberJournal | None = None,
         resume: ResumedGroup | None = None,
@@ -572,59 +569,17 @@ class GroupMethods:
 async def run_groups(
     runner: GroupRunner, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
 ) -> AsyncGenerator[RolloutGroup, None]:
-    """The loop of ``run_groups``: a feeder task opens a group per payload (waiting for
-    slots, which paces it); whole groups are yielded in completion order. Dropped ones are
-    counted (and logged) by the runner, not yielded; leaving the loop stops the rest."""
-    send, receive = anyio.create_memory_object_stream[
-        GroupFuture | tuple[int, BaseException | None]
-    ](math.inf)
-    live: set[GroupFuture] = set()
-    scope = anyio.CancelScope()
+    """The loop of ``run_groups``: a group opened per payload (waiting for its members'
+    slots paces it); whole groups yielded in completion order. Dropped ones are counted
+    (and logged) by the runner, not yielded; leaving the loop stops the rest."""
 
-    def put(item: GroupFuture | tuple[int, BaseException | None]) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            send.send_nowait(item)
+    async def start(feed: Feed, index: int, payload: Mapping[str, Any]) -> None:
+        fut = await runner.open(payload, default_input_id=f"{index:06d}", **options)
+        feed.watch(fut)
 
-    def finished(fut: asyncio.Future[RolloutGroup]) -> None:
-        assert isinstance(fut, GroupFuture)
-        live.discard(fut)
-        put(fut)
-
-    async def feed(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        opened = 0
-        error: BaseException | None = None
-        try:
-            with scope:
-                task_status.started()
-                try:
-                    for index, payload in enumerate(payloads):
-                        fut = await runner.open(payload, default_input_id=f"{index:06d}", **options)
-                        opened += 1
-                        live.add(fut)
-                        fut.add_done_callback(finished)
-                except Exception as exc:  # a bad payload, the client closing...
-                    error = exc
-        except BaseException:
-            send.close()
-            raise
-        if scope.cancelled_caught:
-            send.close()
-        else:
-            put((opened, error))
-
-    try:
-        await runner.service.start(feed, name="groups")
-        resolved = 0
-        fed: tuple[int, BaseException | None] | None = None
-        while fed is None or resolved < fed[0]:
-            try:
-                item = await receive.receive()
-            except anyio.EndOfStream:
-                raise ClientClosedError("the client was closed during run_groups") from None
-            if isinstance(item, tuple):
-                fed = item
-                continue
-            resolved += 1
+    opened = feed_and_read(runner.service, payloads, start, name="groups", what="run_groups")
+    async with contextlib.aclosing(opened) as groups:
+        async for item in groups:
             if item.cancelled():
                 continue
             error = item.exception()
@@ -634,11 +589,3 @@ async def run_groups(
                 yield item.result()
             elif not isinstance(error, GroupDroppedError):
                 raise error
-        if fed[1] is not None:
-            raise fed[1]
-    finally:
-        scope.cancel()
-        send.close()
-        receive.close()
-        for fut in list(live):
-            fut.cancel()

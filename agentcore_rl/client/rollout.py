@@ -96,6 +96,8 @@ class RolloutSpec:
     priority: int = Priority.INVOKE
     on_future: Callable[[RolloutFuture], None] | None = None
     on_session: Callable[[RolloutFuture], None] | None = None
+    #: Whether ``on_future`` was told (the rollout has a future to report its outcome).
+    watched: bool = False
 
 
 @dataclass(eq=False)
@@ -311,6 +313,7 @@ class Rollouts:
             fut.add_done_callback(r.cancelled)
             if spec.on_future is not None:
                 spec.on_future(fut)
+                spec.watched = True
         else:
             fut.previous_sessions.append(fut.session_id)
             fut.session_id, fut.s3_bucket, fut.result_key = sid, bucket, key
