@@ -44,7 +44,8 @@ pytest: $(STAMP)
 
 # What a user gets from PyPI: build the wheel, install it with the `local` extra into a fresh
 # venv in a temp dir and run the demo from there, away from this checkout (so nothing is
-# imported from it). WHEEL_DEMO_N problems keep it short.
+# imported from it). WHEEL_DEMO_N problems keep it short; its state directory is a temp one,
+# so a user's own `make demo` results in ~/.local/state stay as they were.
 WHEEL_DEMO_N ?= 20
 wheel-demo: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && set -e && \
@@ -52,7 +53,8 @@ wheel-demo: $(STAMP)
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir "$$tmp/dist" . && \
 	$(PYTHON) -m venv "$$tmp/venv" && \
 	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local]" && \
-	cd "$$tmp" && "$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
+	cd "$$tmp" && XDG_STATE_HOME="$$tmp/state" \
+		"$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
 
 # The adapters against the trainers' own code (veRL, SkyRL; slime when its source is
 # there), on the CPU, in a venv of their own: the trainers pin what the project's venv must

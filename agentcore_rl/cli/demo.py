@@ -34,11 +34,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl.cli.common import PROG
+from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
 from agentcore_rl.cli.eval_config import iter_lines
 from agentcore_rl.cli.group_eval import group_record
@@ -78,6 +79,7 @@ class DemoOptions:
     out: Path | None = None
     progress: bool = True
     gateway: bool = True
+    prices: Prices = field(default_factory=Prices)
 
 
 def demo_package() -> str:
@@ -274,6 +276,7 @@ async def _run(
         limit=options.n,
         s3_endpoint_url=stack.s3_endpoint_url,
         runtime_endpoint_url=stack.runtime_endpoint_url,
+        prices=options.prices,
     )
     run = await run_eval(eval_options, progress=options.progress, run=run)
     await _group_phase(stack, eval_options, run)

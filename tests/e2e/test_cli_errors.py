@@ -164,7 +164,7 @@ def test_demo_runs_the_whole_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "over the ACR transport" in captured.err
     # Through the rollout gateway: tokens per rollout, one trajectory per rollout, and one
     # written out for a person to read.
-    assert "tokens captured per rollout" in captured.out
+    assert "tokens per rollout, all calls" in captured.out
     assert "segment merges / splits" in captured.out
     trajectories = tmp_path / "demo.trajectories.jsonl"
     assert len(trajectories.read_text().splitlines()) == 12

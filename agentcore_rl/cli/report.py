@@ -1,0 +1,213 @@
+"""``agentcore-rl report`` and ``agentcore-rl show``: look at a finished run.
+
+The report is ONE self-contained HTML file that opens offline (clusters without internet):
+charts are drawn by matplotlib into inline SVG at build time, so the page needs no script
+library, no CDN and no font download; the page itself comes from jinja2 templates shipped in
+the package (``cli/templates``). Both come with the ``report`` extra.
+
+Example::
+
+    html = build_report(Path("results.jsonl"), compare=Path("baseline.jsonl"))
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from agentcore_rl._extras import require
+from agentcore_rl.cli.common import EXIT_OK, PROG
+from agentcore_rl.cli.cost import Prices
+from agentcore_rl.cli.runfile import RunData, load_run
+from agentcore_rl.cli.show import render, token_runs
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = ["build_report", "cmd_report", "cmd_show"]
+
+_PALETTE: Final = ("#1f6feb", "#d97706")
+_SHOWN_APART: Final = ("messages", "traceback")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
+    rollout = load_run(Path(args.results), Prices.parse(args.price)).find(args.input_id)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print(render(rollout, color=color))
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``agentcore-rl report RESULTS.jsonl [--compare OTHER] [-o FILE]``: write the report."""
+    require("report", f"{PROG} report", "jinja2", "matplotlib")
+    results = Path(args.results)
+    out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
+    if not out.parent.is_dir():
+        raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
+    compare = Path(args.compare) if args.compare else None
+    out.write_text(build_report(results, compare=compare, prices=Prices.parse(args.price)), "utf-8")
+    print(f"report: {out.resolve()}")
+    return EXIT_OK
+
+
+def _svg(figure: Any) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]  # inline: no XML prolog or doctype
+
+
+def _charts(runs: Sequence[RunData], names: Sequence[str]) -> list[tuple[str, str]]:
+    # lazy: the report extra; Agg draws without a display
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "svg.hashsalt": "r"})
+    charts: list[tuple[str, str]] = []
+
+    def chart(title: str, xlabel: str, ylabel: str, draw: Any) -> None:
+        figure = Figure(figsize=(5.2, 2.6))
+        axes = figure.add_subplot()
+        for number, (run, name) in enumerate(zip(runs, names, strict=True)):
+            draw(axes, run, dict(color=_PALETTE[number % 2], label=name))
+        axes.set(xlabel=xlabel, ylabel=ylabel)
+        if len(runs) > 1:
+            axes.legend()
+        charts.append((title, _svg(figure)))
+
+    def rewards(run: RunData) -> list[float]:
+        return [r.reward for r in run.rollouts if r.reward is not None and r.outcome == "done"]
+
+    def hist(values: Any) -> Any:
+        return lambda ax, run, style: ax.hist(values(run) or [0], bins=20, alpha=0.6, **style)
+
+    chart("Reward", "reward", "rollouts", hist(rewards))
+    chart("Latency", "seconds (whole input, retries included)", "inputs", hist(_latencies))
+
+    def over_time(ax: Any, run: RunData, style: dict[str, Any]) -> None:
+        spans = run.summary()["spans"]
+        if not spans:
+            return
+        t0 = min(a for a, _ in spans)
+        events = sorted([(a - t0, 1) for a, _ in spans] + [(b - t0, -1) for _, b in spans])
+        level, xs, ys = 0, [0.0], [0]
+        for t, step in events:
+            level += step
+            xs.append(t)
+            ys.append(level)
+        ax.step(xs, ys, where="post", **style)
+        ends = sorted(b - t0 for _, b in spans)
+        ax.plot(ends, range(1, len(ends) + 1), linestyle=":", color=style["color"])
+
+    title = "Concurrency (line) and rollouts finished (dotted) over time"
+    chart(title, "seconds", "rollouts", over_time)
+
+    def costs(run: RunData) -> list[float]:
+        return [r.cost["usd"] * 1e6 for r in run.rollouts if r.cost.get("usd") is not None]
+
+    chart("Cost per rollout (estimate)", "micro-USD", "rollouts", hist(costs))
+    return charts
+
+
+def _latencies(run: RunData) -> list[float]:
+    return [float(r["elapsed"]) for r in run.records if isinstance(r.get("elapsed"), int | float)]
+
+
+def _view(run: RunData) -> dict[str, Any]:
+    rollouts = []
+    for r in run.rollouts:
+        segments = []
+        for seg in r.segments:
+            runs = token_runs(seg)
+            lps, versions = seg.get("logprobs") or [], seg.get("policy_versions") or []
+            position = 0
+            for part in runs:
+                part["tokens"] = [
+                    (
+                        t,
+                        lps[position + i] if position + i < len(lps) else 0.0,
+                        versions[position + i] if position + i < len(versions) else -1,
+                    )
+                    for i, t in enumerate(part["ids"])
+                ]
+                position += len(part["ids"])
+            segments.append(
+                {
+                    **seg,
+                    "runs": runs,
+                    "generated": sum(seg.get("loss_mask") or []),
+                    "versions": sorted({v for p in runs for v in p["versions"]}),
+                    "advantage": seg.get("advantage"),
+                }
+            )
+        envelope = {k: v for k, v in (r.envelope or {}).items() if k not in _SHOWN_APART}
+        rollouts.append(
+            {
+                "key": r.key,
+                "outcome": r.outcome,
+                "reward": r.reward,
+                "elapsed": r.elapsed,
+                "session_id": r.session_id,
+                "record": r.record,
+                "cost": r.cost,
+                "failure": r.failure,
+                "traceback": r.traceback,
+                "messages": [m if isinstance(m, dict) else {"content": m} for m in r.messages],
+                "segments": segments,
+                "envelope_json": json.dumps(envelope, indent=2, default=str),
+            }
+        )
+    return {"name": run.path.stem, "path": run.path, "s": run.summary(), "rollouts": rollouts}
+
+
+def _by_input(run: RunData) -> dict[str, float | None]:
+    """Each input's mean reward (over a group's members; a failure counts as none)."""
+    rewards: dict[str, list[float]] = {}
+    for r in run.rollouts:
+        rewards.setdefault(r.input_id, [])
+        if r.reward is not None and r.outcome == "done":
+            rewards[r.input_id].append(r.reward)
+    return {k: sum(v) / len(v) if v else None for k, v in rewards.items()}
+
+
+def build_report(path: Path, *, compare: Path | None = None, prices: Prices | None = None) -> str:
+    """The report of the run in ``path`` (and ``compare``, side by side) as HTML text."""
+    # lazy: the report extra
+    import jinja2
+
+    prices = prices or Prices()
+    runs = [load_run(path, prices)] + ([load_run(compare, prices)] if compare else [])
+    views = [_view(run) for run in runs]
+    if len(views) > 1 and views[0]["name"] == views[1]["name"]:
+        views[1]["name"] += " (compared)"
+    rows = []
+    if compare:
+        a, b = (_by_input(run) for run in runs)
+        for input_id in sorted(a.keys() | b.keys()):
+            x, y = a.get(input_id), b.get(input_id)
+            diff = None if x is None or y is None else y - x
+            rows.append({"input_id": input_id, "a": x, "b": y, "d": diff})
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("agentcore_rl.cli", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+    )
+    env.globals.update(
+        num=lambda v, d: "-" if v is None else f"{v:.{d}f}",
+        val=lambda v: "-" if v is None else v,
+        usd=lambda v: "-" if v is None else f"${v:.6f}" if v < 0.01 else f"${v:.4f}",
+    )
+    return env.get_template("report.html.j2").render(
+        run=views[0],
+        other=views[1] if compare else None,
+        charts=_charts(runs, [v["name"] for v in views]),
+        compare=rows,
+        prices=prices.describe(),
+    )

@@ -1,0 +1,119 @@
+"""``agentcore-rl show RESULTS.jsonl INPUT_ID``: one rollout in the terminal.
+
+Its outcome, reward, time and cost, the transcript as the agent saw it (messages, tool calls,
+tool results), the tokens as the trainer will see them (each segment in runs of one loss mask:
+prompt and tool tokens ``.``, generated ``#``, with mean logprob and policy versions) and a
+failure's traceback. Colour only on a terminal and without ``NO_COLOR``.
+
+Example::
+
+    print(render(load_run(Path("results.jsonl")).find("math-0005"), color=False))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from itertools import groupby
+from typing import Any, Final
+
+from agentcore_rl.cli.runfile import Rollout
+
+__all__ = ["render"]
+
+_IDS_SHOWN: Final = 16
+_APART: Final = ("messages", "traceback")  # shown in sections of their own
+_CODES: Final = {"head": "1", "generated": "32", "prompt": "2", "error": "31", "role": "36"}
+
+
+def _text(message: Any) -> str:
+    content = message.get("content") if isinstance(message, dict) else message
+    if isinstance(content, list):  # content parts
+        content = " ".join(str(p.get("text", p) if isinstance(p, dict) else p) for p in content)
+    lines = [] if content in (None, "") else [str(content)]
+    for call in (message.get("tool_calls") or []) if isinstance(message, dict) else []:
+        fn = call.get("function") or {}
+        lines.append(f"-> {fn.get('name')}({fn.get('arguments', '')})")
+    return "\n".join(lines)
+
+
+def _runs(segment: dict[str, Any]) -> list[tuple[int, list[int]]]:
+    """The segment's token positions in runs of one loss mask."""
+    pairs = enumerate((segment.get("loss_mask") or [])[: len(segment.get("token_ids") or [])])
+    return [(m, [p for p, _ in run]) for m, run in groupby(pairs, lambda x: x[1])]
+
+
+def token_runs(segment: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each run of one loss mask: ``mask``, ``ids``, mean ``logprob`` and policy ``versions``."""
+    ids, logprobs = segment.get("token_ids") or [], segment.get("logprobs") or []
+    versions = segment.get("policy_versions") or []
+    out = []
+    for mask, positions in _runs(segment):
+        lps = [logprobs[p] for p in positions if p < len(logprobs)]
+        out.append(
+            {
+                "mask": mask,
+                "ids": [ids[p] for p in positions],
+                "logprob": math.fsum(lps) / len(lps) if lps and mask else None,
+                "versions": sorted({versions[p] for p in positions if p < len(versions)} - {-1}),
+            }
+        )
+    return out
+
+
+def render(rollout: Rollout, *, color: bool) -> str:
+    """The rollout as terminal text."""
+
+    def paint(kind: str, text: str) -> str:
+        return f"\x1b[{_CODES[kind]}m{text}\x1b[0m" if color else text
+
+    reward = "-" if rollout.reward is None else f"{rollout.reward:g}"
+    elapsed = "-" if rollout.elapsed is None else f"{rollout.elapsed:.2f} s"
+    lines = [
+        paint("head", f"{rollout.key}  {rollout.outcome}  reward {reward}  {elapsed}"),
+        f"session {rollout.session_id}",
+    ]
+    cost = rollout.cost
+    usd = "-" if cost.get("usd") is None else f"${cost['usd']:.6f}"
+    lines.append(
+        f"cost (estimate) {usd}: runtime {cost.get('runtime_s')} s, CPU {cost.get('cpu_s')} s, "
+        f"peak memory {cost.get('peak_memory_gb')} GB, tokens {cost.get('prompt_tokens')} in / "
+        f"{cost.get('completion_tokens')} out (- or None: not measured)"
+    )
+    kind, reason = rollout.failure
+    if kind is not None or reason is not None:
+        lines.append(paint("error", f"error: {kind}: {reason}"))
+    lines += ["", paint("head", "transcript")]
+    for message in rollout.messages or [{"role": "(none)", "content": "no transcript recorded"}]:
+        role = message.get("role", "?") if isinstance(message, dict) else "?"
+        body = textwrap.indent(_text(message) or "(empty)", "    ")
+        lines.append(f"  {paint('role', f'[{role}]')}\n{body}")
+    for number, segment in enumerate(rollout.segments, 1):
+        mask = segment.get("loss_mask") or []
+        lines += [
+            "",
+            paint(
+                "head",
+                f"tokens: segment {number} of {len(rollout.segments)}: {len(mask)} tokens, "
+                f"{sum(mask)} generated (loss mask 1)",
+            ),
+        ]
+        for run in token_runs(segment):
+            shown = " ".join(map(str, run["ids"][:_IDS_SHOWN]))
+            more = f" ... (+{len(run['ids']) - _IDS_SHOWN})" if len(run["ids"]) > _IDS_SHOWN else ""
+            extra = ""
+            if run["logprob"] is not None:
+                extra = f"  mean logprob {run['logprob']:.3f}"
+            if run["versions"]:
+                extra += f"  policy v{','.join(map(str, run['versions']))}"
+            label = "# generated" if run["mask"] else ". prompt"
+            kind = "generated" if run["mask"] else "prompt"
+            lines.append(paint(kind, f"  {label:<11} {len(run['ids']):>5}  {shown}{more}{extra}"))
+    if not rollout.segments:
+        lines += ["", "tokens: none captured (run through a gateway to capture them)"]
+    if rollout.traceback:
+        lines += ["", paint("head", "traceback"), rollout.traceback.rstrip()]
+    envelope = {k: v for k, v in (rollout.envelope or {}).items() if k not in _APART}
+    lines += ["", paint("head", "envelope"), json.dumps(envelope, indent=2, default=str)]
+    return "\n".join(lines)
