@@ -24,7 +24,7 @@ from typing import Any, Final
 from agentcore_rl._extras import require
 from agentcore_rl.cli.common import EXIT_OK, PROG
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.runfile import RunData, load_run
+from agentcore_rl.cli.runfile import Rollout, RunData, load_run
 from agentcore_rl.cli.show import render, token_runs
 from agentcore_rl.errors import ConfigurationError
 
@@ -120,51 +120,20 @@ def _latencies(run: RunData) -> list[float]:
     return [float(r["elapsed"]) for r in run.records if isinstance(r.get("elapsed"), int | float)]
 
 
+def _segment(seg: dict[str, Any]) -> dict[str, Any]:
+    runs = token_runs(seg)
+    versions = sorted({v for part in runs for v in part["versions"]})
+    generated = sum(seg.get("loss_mask") or [])
+    return {**seg, "runs": runs, "generated": generated, "versions": versions}
+
+
+def _envelope(rollout: Rollout) -> str:
+    shown = {k: v for k, v in (rollout.envelope or {}).items() if k not in _SHOWN_APART}
+    return json.dumps(shown, indent=2, default=str)
+
+
 def _view(run: RunData) -> dict[str, Any]:
-    rollouts = []
-    for r in run.rollouts:
-        segments = []
-        for seg in r.segments:
-            runs = token_runs(seg)
-            lps, versions = seg.get("logprobs") or [], seg.get("policy_versions") or []
-            position = 0
-            for part in runs:
-                part["tokens"] = [
-                    (
-                        t,
-                        lps[position + i] if position + i < len(lps) else 0.0,
-                        versions[position + i] if position + i < len(versions) else -1,
-                    )
-                    for i, t in enumerate(part["ids"])
-                ]
-                position += len(part["ids"])
-            segments.append(
-                {
-                    **seg,
-                    "runs": runs,
-                    "generated": sum(seg.get("loss_mask") or []),
-                    "versions": sorted({v for p in runs for v in p["versions"]}),
-                    "advantage": seg.get("advantage"),
-                }
-            )
-        envelope = {k: v for k, v in (r.envelope or {}).items() if k not in _SHOWN_APART}
-        rollouts.append(
-            {
-                "key": r.key,
-                "outcome": r.outcome,
-                "reward": r.reward,
-                "elapsed": r.elapsed,
-                "session_id": r.session_id,
-                "record": r.record,
-                "cost": r.cost,
-                "failure": r.failure,
-                "traceback": r.traceback,
-                "messages": [m if isinstance(m, dict) else {"content": m} for m in r.messages],
-                "segments": segments,
-                "envelope_json": json.dumps(envelope, indent=2, default=str),
-            }
-        )
-    return {"name": run.path.stem, "path": run.path, "s": run.summary(), "rollouts": rollouts}
+    return {"name": run.path.stem, "path": run.path, "s": run.summary(), "rollouts": run.rollouts}
 
 
 def _by_input(run: RunData) -> dict[str, float | None]:
@@ -199,9 +168,11 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
         autoescape=True,
         trim_blocks=True,
     )
+    env.filters["segment"] = _segment
     env.globals.update(
         num=lambda v, d: "-" if v is None else f"{v:.{d}f}",
         val=lambda v: "-" if v is None else v,
+        envelope=_envelope,
         usd=lambda v: "-" if v is None else f"${v:.6f}" if v < 0.01 else f"${v:.4f}",
     )
     return env.get_template("report.html.j2").render(

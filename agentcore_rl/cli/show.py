@@ -38,25 +38,25 @@ def _text(message: Any) -> str:
     return "\n".join(lines)
 
 
-def _runs(segment: dict[str, Any]) -> list[tuple[int, list[int]]]:
-    """The segment's token positions in runs of one loss mask."""
-    pairs = enumerate((segment.get("loss_mask") or [])[: len(segment.get("token_ids") or [])])
-    return [(m, [p for p, _ in run]) for m, run in groupby(pairs, lambda x: x[1])]
-
-
 def token_runs(segment: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each run of one loss mask: ``mask``, ``ids``, mean ``logprob`` and policy ``versions``."""
-    ids, logprobs = segment.get("token_ids") or [], segment.get("logprobs") or []
-    versions = segment.get("policy_versions") or []
+    """Each run of one loss mask: ``mask``, ``tokens`` (id, logprob, policy version), ``ids``,
+    mean ``logprob`` (generated runs) and policy ``versions``."""
+    ids = segment.get("token_ids") or []
+    columns = [
+        list(segment.get(key) or []) + [pad] * len(ids)  # a short column reads as padding
+        for key, pad in (("loss_mask", 0), ("logprobs", 0.0), ("policy_versions", -1))
+    ]
+    rows = zip(ids, *columns, strict=False)
     out = []
-    for mask, positions in _runs(segment):
-        lps = [logprobs[p] for p in positions if p < len(logprobs)]
+    for mask, run in groupby(rows, lambda row: row[1]):
+        tokens = [(t, lp, v) for t, _, lp, v in run]
         out.append(
             {
                 "mask": mask,
-                "ids": [ids[p] for p in positions],
-                "logprob": math.fsum(lps) / len(lps) if lps and mask else None,
-                "versions": sorted({versions[p] for p in positions if p < len(versions)} - {-1}),
+                "tokens": tokens,
+                "ids": [t for t, _, _ in tokens],
+                "logprob": math.fsum(lp for _, lp, _ in tokens) / len(tokens) if mask else None,
+                "versions": sorted({v for _, _, v in tokens if v >= 0}),
             }
         )
     return out
