@@ -14,7 +14,5 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
     targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
-    broken = [
-        t for t in targets if "://" not in t and not (page.parent / t).resolve().exists()
-    ]
+    broken = [t for t in targets if "://" not in t and not (page.parent / t).resolve().exists()]
     assert broken == []
