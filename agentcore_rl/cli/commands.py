@@ -27,6 +27,7 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, iter_lines, load_inputs
 from agentcore_rl.cli.journal import EvalJournal
+from agentcore_rl.cli.show import write_example
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
@@ -287,8 +288,9 @@ def print_run(run: EvalRun, out: Path, *, title: str) -> None:
     print(f"results: {out.resolve()}")
     if run.trajectories is not None:
         print(f"trajectories: {run.trajectories.resolve()}")
-    if run.example_trajectory is not None:
-        print(f"one trajectory to look at: {run.example_trajectory.resolve()}")
+    example = write_example(out) if out.exists() else None
+    if example is not None:
+        print(f"one rollout to look at: {example.resolve()} (any other: {PROG} show)")
 
 
 def _exit_code(run: EvalRun) -> int:

@@ -161,7 +161,6 @@ class EvalRun:
     interrupted: bool = False
     out: Path | None = None
     trajectories: Path | None = None  # the trajectories file, with a gateway
-    example_trajectory: Path | None = None  # the demo's one trajectory for a person
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:

@@ -34,9 +34,14 @@ _PALETTE: Final = ("#1f6feb", "#d97706")
 _SHOWN_APART: Final = ("messages", "traceback")
 
 
+def _prices(args: argparse.Namespace) -> Prices | None:
+    """``--price`` given: every cost priced again at those prices; else as the run had it."""
+    return Prices.parse(args.price) if args.price else None
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
-    rollout = load_run(Path(args.results), Prices.parse(args.price)).find(args.input_id)
+    rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     print(render(rollout, color=color))
     return EXIT_OK
@@ -50,7 +55,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
     compare = Path(args.compare) if args.compare else None
-    out.write_text(build_report(results, compare=compare, prices=Prices.parse(args.price)), "utf-8")
+    out.write_text(build_report(results, compare=compare, prices=_prices(args)), "utf-8")
     print(f"report: {out.resolve()}")
     return EXIT_OK
 
@@ -151,7 +156,6 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
     # lazy: the report extra
     import jinja2
 
-    prices = prices or Prices()
     runs = [load_run(path, prices)] + ([load_run(compare, prices)] if compare else [])
     views = [_view(run) for run in runs]
     if len(views) > 1 and views[0]["name"] == views[1]["name"]:
@@ -180,5 +184,5 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
         other=views[1] if compare else None,
         charts=_charts(runs, [v["name"] for v in views]),
         compare=rows,
-        prices=prices.describe(),
+        prices=(prices or Prices()).describe(),
     )

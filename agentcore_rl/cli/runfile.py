@@ -170,13 +170,13 @@ def _index(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def load_run(path: Path, prices: Prices | None = None) -> RunData:
-    """Read a results file and the files beside it; ``ConfigurationError`` when it cannot."""
+    """Read a results file and the files beside it; ``ConfigurationError`` when it cannot.
+    Costs are as each line has them, or priced at ``prices`` when given (or missing)."""
     if not path.is_file():
         raise ConfigurationError(f"no results file at {path}")
     records = list(iter_lines(path))
     if not records:
         raise ConfigurationError(f"{path} has no results lines")
-    prices = prices or Prices()
     trajectories = _index(trajectories_path_for(path), "session_id")
     rows = _index(rows_path_for(path), "session_id")
     rollouts: list[Rollout] = []
@@ -210,6 +210,10 @@ def load_run(path: Path, prices: Prices | None = None) -> RunData:
                 segments=segments,
                 tokens=tokens,
             )
-            rollout.cost = price(usage_of({"result": rollout.envelope}, tokens), prices)
+            if prices is None and isinstance(line.get("cost"), dict):
+                rollout.cost = line["cost"]  # as the run priced it
+            else:
+                usage = usage_of({"result": rollout.envelope}, tokens)
+                rollout.cost = price(usage, prices or Prices())
             rollouts.append(rollout)
     return RunData(path, records, rollouts, group_size)

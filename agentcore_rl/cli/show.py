@@ -16,15 +16,21 @@ import json
 import math
 import textwrap
 from itertools import groupby
+from pathlib import Path
 from typing import Any, Final
 
-from agentcore_rl.cli.runfile import Rollout
+from agentcore_rl.cli.runfile import Rollout, load_run
+from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["render"]
+__all__ = ["render", "token_runs", "write_example"]
 
 _IDS_SHOWN: Final = 16
 _APART: Final = ("messages", "traceback")  # shown in sections of their own
 _CODES: Final = {"head": "1", "generated": "32", "prompt": "2", "error": "31", "role": "36"}
+
+
+def _dicts(messages: list[Any]) -> list[dict[str, Any]]:
+    return [m for m in messages if isinstance(m, dict)]
 
 
 def _text(message: Any) -> str:
@@ -117,3 +123,19 @@ def render(rollout: Rollout, *, color: bool) -> str:
     envelope = {k: v for k, v in (rollout.envelope or {}).items() if k not in _APART}
     lines += ["", paint("head", "envelope"), json.dumps(envelope, indent=2, default=str)]
     return "\n".join(lines)
+
+
+def write_example(out: Path) -> Path | None:
+    """Write a typical rollout of the run in ``out`` for a person to read, as ``show`` prints
+    it, to ``NAME.example.txt``: the first that finished having used a tool (most do), else
+    the first that finished. ``None`` when none finished."""
+    try:
+        done = [r for r in load_run(out).rollouts if r.outcome == "done"]
+    except ConfigurationError:  # no lines yet (an early Ctrl-C)
+        return None
+    if not done:
+        return None
+    used_tool = [r for r in done if any(m.get("role") == "tool" for m in _dicts(r.messages))]
+    path = out.with_name(out.name.removesuffix(".jsonl") + ".example.txt")
+    path.write_text(render((used_tool or done)[0], color=False) + "\n", encoding="utf-8")
+    return path

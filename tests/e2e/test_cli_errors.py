@@ -168,11 +168,11 @@ def test_demo_runs_the_whole_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "segment merges / splits" in captured.out
     trajectories = tmp_path / "demo.trajectories.jsonl"
     assert len(trajectories.read_text().splitlines()) == 12
-    example = tmp_path / "demo.trajectory-example.json"
-    assert f"one trajectory to look at: {example}" in captured.out
-    shown = json.loads(example.read_text())
-    assert shown["conversation"][0]["role"] == "system"
-    assert shown["segments"][0]["token_ids"]
+    example = tmp_path / "demo.example.txt"
+    assert f"one rollout to look at: {example}" in captured.out
+    shown = example.read_text()
+    assert "  [system]\n" in shown
+    assert "tokens: segment 1 of 1" in shown
     # The stack put the environment back as it found it.
     assert "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE" not in os.environ
 

@@ -123,6 +123,7 @@ async def test_report_of_an_eval_opens_offline_in_chromium(
     assert rows_path_for(groups_out).exists()
     plain = _lines(plain_out)
     assert sorted(r["input_id"] for r in plain) == sorted(ids)
+    assert "[tool]" in (tmp_path / "plain.example.txt").read_text()  # one to read, as eval says
     report = tmp_path / "report.html"
     capsys.readouterr()
     assert main(["report", str(plain_out), "--compare", str(groups_out), "-o", str(report)]) == 0
