@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -22,25 +23,14 @@ from typing import Any, Final
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 
-__all__ = [
-    "DEFAULT_GB_HOUR",
-    "DEFAULT_VCPU_HOUR",
-    "Prices",
-    "price",
-    "total",
-    "trace_messages",
-    "trace_tokens",
-    "usage_of",
-]
+__all__ = ["Prices", "price", "total", "trace_messages", "trace_tokens", "usage_of"]
 
-#: AgentCore Runtime's published rates (USD): per vCPU-hour consumed, per GB-hour of memory.
-DEFAULT_VCPU_HOUR: Final = 0.0895
-DEFAULT_GB_HOUR: Final = 0.00945
 _GB: Final = 1024**3
 # The envelope's measured fields (the server writes them); names from the wire contract.
 _RUNTIME = getattr(protocol, "RUNTIME_SECONDS", "runtime_seconds")
 _CPU = getattr(protocol, "CPU_SECONDS", "cpu_seconds")
 _MEMORY = getattr(protocol, "PEAK_MEMORY_BYTES", "peak_memory_bytes")
+_TOKENS: Final = ("prompt_tokens", "completion_tokens")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +39,8 @@ class Prices:
     rates), ``input_mtok`` and ``output_mtok`` per million prompt / completion tokens
     (unset: model calls are not priced)."""
 
-    vcpu_hour: float = DEFAULT_VCPU_HOUR
-    gb_hour: float = DEFAULT_GB_HOUR
+    vcpu_hour: float = 0.0895
+    gb_hour: float = 0.00945
     input_mtok: float | None = None
     output_mtok: float | None = None
 
@@ -61,25 +51,20 @@ class Prices:
         names = [f.name for f in fields(cls)]
         values: dict[str, float] = {}
         for pair in pairs:
-            name, _, text = pair.partition("=")
-            if name.strip() not in names:
+            name, _, text = (part.strip() for part in pair.partition("="))
+            if name not in names:
                 raise ConfigurationError(f"--price {pair!r}: expected NAME=USD, NAME in {names}")
-            try:
-                value = float(text)
-            except ValueError:
-                value = math.nan
-            if not value >= 0 or math.isinf(value):
+            with contextlib.suppress(ValueError):
+                values[name] = float(text)
+            if not 0 <= values.get(name, -1) < math.inf:
                 raise ConfigurationError(f"--price {pair!r}: the price must be a number >= 0")
-            values[name.strip()] = value
         return cls(**values)
 
     def describe(self) -> str:
         """One line: what is priced and at what."""
-        tokens = (
-            "model tokens not priced"
-            if self.input_mtok is None and self.output_mtok is None
-            else f"tokens ${self.input_mtok or 0:g} / ${self.output_mtok or 0:g} per M in / out"
-        )
+        tokens = "model tokens not priced"
+        if self.input_mtok is not None or self.output_mtok is not None:
+            tokens = f"tokens ${self.input_mtok or 0:g} / ${self.output_mtok or 0:g} per M in / out"
         return f"${self.vcpu_hour:g}/vCPU-h, ${self.gb_hour:g}/GB-h, {tokens}"
 
 
@@ -99,29 +84,23 @@ def usage_of(record: Mapping[str, Any], tokens: Mapping[str, Any] | None = None)
     if runtime is None and start is not None and end is not None and end >= start:
         runtime = end - start
     memory = _number(envelope.get(_MEMORY))
-    if memory is None and _number(envelope.get("peak_memory_mb")) is not None:
-        memory = float(envelope["peak_memory_mb"]) * 1024**2
     tokens = tokens or {}
     return {
-        "prompt_tokens": None,
-        "completion_tokens": None,
         "runtime_s": None if runtime is None else round(runtime, 3),
         "cpu_s": _number(envelope.get(_CPU)),
         "peak_memory_gb": None if memory is None else round(memory / _GB, 6),
-        **{k: tokens[k] for k in ("prompt_tokens", "completion_tokens") if _number(tokens.get(k))},
+        **{k: tokens.get(k) if _number(tokens.get(k)) is not None else None for k in _TOKENS},
     }
 
 
 def trace_tokens(trace: Any) -> dict[str, int]:
     """The prompt and completion tokens a session's model calls were billed for (every
     call's whole prompt: each turn resends the conversation), from its gateway trace."""
-    if trace is None:
+    ok = [r for r in (trace.records if trace is not None else ()) if r.ok]
+    if not ok:
         return {}
-    ok = [r for r in trace.records if r.ok]
-    return {
-        "prompt_tokens": sum(len(r.prompt_ids) for r in ok),
-        "completion_tokens": sum(len(c.token_ids) for r in ok for c in r.completions),
-    }
+    completions = sum(len(c.token_ids) for r in ok for c in r.completions)
+    return {"prompt_tokens": sum(len(r.prompt_ids) for r in ok), "completion_tokens": completions}
 
 
 def trace_messages(trace: Any) -> list[Any] | None:
@@ -135,34 +114,28 @@ def price(usage: Mapping[str, Any], prices: Prices) -> dict[str, Any]:
     (peak GB x runtime), ``model_usd`` (tokens, when priced) and their sum ``usd``. A part
     that was not measured is ``None`` and left out of the sum."""
     cpu, runtime, memory = usage.get("cpu_s"), usage.get("runtime_s"), usage.get("peak_memory_gb")
+    rates = (prices.input_mtok, prices.output_mtok)
+    model = [
+        usage[k] * rate / 1e6
+        for k, rate in zip(_TOKENS, rates, strict=True)
+        if usage.get(k) is not None and rate is not None
+    ]
     parts = {
         "cpu_usd": None if cpu is None else cpu / 3600 * prices.vcpu_hour,
-        "memory_usd": (
-            None if memory is None or runtime is None else memory * runtime / 3600 * prices.gb_hour
-        ),
-        "model_usd": None,
+        "memory_usd": None,
+        "model_usd": math.fsum(model) if model else None,
     }
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if (prices.input_mtok is not None and prompt is not None) or (
-        prices.output_mtok is not None and completion is not None
-    ):
-        parts["model_usd"] = (
-            (prompt or 0) * (prices.input_mtok or 0) + (completion or 0) * (prices.output_mtok or 0)
-        ) / 1e6
+    if memory is not None and runtime is not None:
+        parts["memory_usd"] = memory * runtime / 3600 * prices.gb_hour
     known = [v for v in parts.values() if v is not None]
     return {**usage, **parts, "usd": math.fsum(known) if known else None}
 
 
 def total(costs: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
     """Sums over a run: ``usd`` and each measured part, and how many rollouts had a cost."""
-    keys = ("usd", "cpu_usd", "memory_usd", "model_usd", "runtime_s", "cpu_s")
-    sums: dict[str, Any] = dict.fromkeys(keys)
-    priced = 0
-    for cost in costs:
-        if not cost or cost.get("usd") is None:
-            continue
-        priced += 1
-        for key in keys:
-            if cost.get(key) is not None:
-                sums[key] = (sums[key] or 0.0) + cost[key]
-    return {**sums, "rollouts": priced}
+    priced = [c for c in costs if c and c.get("usd") is not None]
+    sums = {
+        key: math.fsum(v) if (v := [c[key] for c in priced if c.get(key) is not None]) else None
+        for key in ("usd", "cpu_usd", "memory_usd", "model_usd", "runtime_s", "cpu_s")
+    }
+    return {**sums, "rollouts": len(priced)}

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Final
 
@@ -67,7 +68,7 @@ def _svg(figure: Any) -> str:
     return text[text.index("<svg") :]  # inline: no XML prolog or doctype
 
 
-def _charts(runs: Sequence[RunData], names: Sequence[str]) -> list[tuple[str, str]]:
+def _charts(views: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     # lazy: the report extra; Agg draws without a display
     import matplotlib
 
@@ -80,49 +81,37 @@ def _charts(runs: Sequence[RunData], names: Sequence[str]) -> list[tuple[str, st
     def chart(title: str, xlabel: str, ylabel: str, draw: Any) -> None:
         figure = Figure(figsize=(5.2, 2.6))
         axes = figure.add_subplot()
-        for number, (run, name) in enumerate(zip(runs, names, strict=True)):
-            draw(axes, run, dict(color=_PALETTE[number % 2], label=name))
+        for number, view in enumerate(views):
+            draw(axes, view["s"], dict(color=_PALETTE[number % 2], label=view["name"]))
         axes.set(xlabel=xlabel, ylabel=ylabel)
-        if len(runs) > 1:
+        if len(views) > 1 and axes.get_legend_handles_labels()[0]:
             axes.legend()
         charts.append((title, _svg(figure)))
 
-    def rewards(run: RunData) -> list[float]:
-        return [r.reward for r in run.rollouts if r.reward is not None and r.outcome == "done"]
+    def hist(key: str) -> Any:
+        def draw(ax: Any, s: dict[str, Any], style: dict[str, Any]) -> None:
+            if s[key]:
+                ax.hist(s[key], bins=20, alpha=0.6, **style)
+            else:
+                ax.text(0.5, 0.5, "not measured", ha="center", transform=ax.transAxes)
 
-    def hist(values: Any) -> Any:
-        return lambda ax, run, style: ax.hist(values(run) or [0], bins=20, alpha=0.6, **style)
+        return draw
 
-    chart("Reward", "reward", "rollouts", hist(rewards))
-    chart("Latency", "seconds (whole input, retries included)", "inputs", hist(_latencies))
-
-    def over_time(ax: Any, run: RunData, style: dict[str, Any]) -> None:
-        spans = run.summary()["spans"]
-        if not spans:
-            return
-        t0 = min(a for a, _ in spans)
+    def over_time(ax: Any, s: dict[str, Any], style: dict[str, Any]) -> None:
+        spans = s["spans"]
+        t0 = min((a for a, _ in spans), default=0.0)
         events = sorted([(a - t0, 1) for a, _ in spans] + [(b - t0, -1) for _, b in spans])
-        level, xs, ys = 0, [0.0], [0]
-        for t, step in events:
-            level += step
-            xs.append(t)
-            ys.append(level)
+        xs, ys = [0.0] + [t for t, _ in events], [0, *accumulate(e for _, e in events)]
         ax.step(xs, ys, where="post", **style)
         ends = sorted(b - t0 for _, b in spans)
         ax.plot(ends, range(1, len(ends) + 1), linestyle=":", color=style["color"])
 
+    chart("Reward", "reward", "rollouts", hist("rewards"))
+    chart("Latency", "seconds (whole input, retries included)", "inputs", hist("latencies"))
     title = "Concurrency (line) and rollouts finished (dotted) over time"
     chart(title, "seconds", "rollouts", over_time)
-
-    def costs(run: RunData) -> list[float]:
-        return [r.cost["usd"] * 1e6 for r in run.rollouts if r.cost.get("usd") is not None]
-
-    chart("Cost per rollout (estimate)", "micro-USD", "rollouts", hist(costs))
+    chart("Cost per rollout (estimate)", "micro-USD", "rollouts", hist("costs"))
     return charts
-
-
-def _latencies(run: RunData) -> list[float]:
-    return [float(r["elapsed"]) for r in run.records if isinstance(r.get("elapsed"), int | float)]
 
 
 def _segment(seg: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +171,7 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
     return env.get_template("report.html.j2").render(
         run=views[0],
         other=views[1] if compare else None,
-        charts=_charts(runs, [v["name"] for v in views]),
+        charts=_charts(views),
         compare=rows,
         prices=(prices or Prices()).describe(),
     )

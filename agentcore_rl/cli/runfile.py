@@ -22,7 +22,7 @@ from typing import Any
 from agentcore_rl.cli.cost import Prices, price, total, usage_of
 from agentcore_rl.cli.eval_config import iter_lines
 from agentcore_rl.cli.group_summary import GroupTally
-from agentcore_rl.cli.summary import failure_of, percentile
+from agentcore_rl.cli.summary import failure_of, outcome_of, percentile
 from agentcore_rl.cli.trajectories import rows_path_for, trajectories_path_for
 from agentcore_rl.errors import ConfigurationError
 
@@ -82,17 +82,13 @@ def _span(rollout: Rollout) -> tuple[float, float] | None:
 
 
 def _row_segment(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A training row as a segment: its prompt (mask 0) then its response."""
-    prompt, response = list(row.get("prompt_ids") or []), list(row.get("response_ids") or [])
-    versions = list(row.get("policy_versions") or [])
-    return {
-        "token_ids": prompt + response,
-        "loss_mask": [0] * len(prompt) + list(row.get("loss_mask") or [0] * len(response)),
-        "logprobs": [0.0] * len(prompt) + list(row.get("logprobs") or [0.0] * len(response)),
-        "policy_versions": [-1] * len(prompt)
-        + (versions if len(versions) == len(response) else [-1] * len(response)),
-        "advantage": row.get("advantage"),
-    }
+    """A training row as a segment: its prompt (mask 0) then its response (a column the row
+    lacks is padded by :func:`~agentcore_rl.cli.show.token_runs`)."""
+    n = len(row.get("prompt_ids") or [])
+    segment = {"token_ids": list(row.get("prompt_ids") or []) + list(row.get("response_ids") or [])}
+    for key, pad in (("loss_mask", 0), ("logprobs", 0.0), ("policy_versions", -1)):
+        segment[key] = [pad] * n + list(row.get(key) or [])
+    return {**segment, "advantage": row.get("advantage")}
 
 
 @dataclass
@@ -127,20 +123,14 @@ class RunData:
         latencies = [float(r["elapsed"]) for r in self.records if _is_number(r.get("elapsed"))]
         spans = [span for span in (_span(r) for r in rollouts) if span is not None]
         wall = max(b for _, b in spans) - min(a for a, _ in spans) if spans else None
-        failures: dict[str, dict[str, Any]] = {}
-        for r in rollouts:
+        failures: dict[str, dict[str, Any]] = {}  # by cause: a count and the first example
+        for r in (r for r in rollouts if r.outcome in ("failed", "timeout")):
             kind, reason = r.failure
-            if r.outcome != "done":
-                entry = failures.setdefault(
-                    kind or r.outcome, {"count": 0, "reason": reason, "traceback": r.traceback}
-                )
-                entry["count"] += 1
-        groups = None
-        if self.group_size is not None:
-            tally = GroupTally(size=self.group_size)
-            for record in self.records:
-                tally.add_record(record)
-            groups = tally.as_dict()
+            first = {"count": 0, "reason": reason, "traceback": r.traceback}
+            failures.setdefault(kind or r.outcome, first)["count"] += 1
+        tally = GroupTally(size=self.group_size or 1)
+        for record in self.records if self.group_size else ():
+            tally.add_record(record)
         counts = {k: sum(r.outcome == k for r in rollouts) for k in ("done", "failed", "timeout")}
         return {
             "rollouts": len(rollouts),
@@ -155,9 +145,12 @@ class RunData:
             "retries": sum(max(0, int(r.get("attempts") or 1) - 1) for r in self.records),
             "lost": sum(int(r.get("losses") or 0) for r in self.records),
             "failures": failures,
-            "groups": groups,
+            "groups": tally.as_dict() if self.group_size else None,
             "cost": total(r.cost for r in rollouts),
-            "spans": spans,
+            "spans": spans,  # what the charts draw
+            "rewards": rewards,
+            "latencies": latencies,
+            "costs": [r.cost["usd"] * 1e6 for r in rollouts if r.cost.get("usd") is not None],
         }
 
 
@@ -197,11 +190,10 @@ def load_run(path: Path, prices: Prices | None = None) -> RunData:
             segments = list(tokens.get("segments") or []) or [
                 _row_segment(row) for row in rows.get(str(sid), [])
             ]
-            outcome = str(line.get("outcome"))
             rollout = Rollout(
                 key=key,
                 input_id=str(record.get("input_id")),
-                outcome={"succeeded": "done", "timed_out": "timeout"}.get(outcome, outcome),
+                outcome=outcome_of(line),
                 reward=line.get("reward"),
                 elapsed=line.get("elapsed", record.get("elapsed")),
                 session_id=sid if isinstance(sid, str) else None,

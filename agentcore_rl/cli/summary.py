@@ -28,7 +28,7 @@ from agentcore_rl.groups import result_reward
 if TYPE_CHECKING:
     from agentcore_rl.trajectory import Trajectory
 
-__all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
+__all__ = ["OUTCOMES", "RunSummary", "outcome_of", "percentile", "reward_of"]
 
 #: The outcome kinds a rollout can end in, as written to the results file.
 OUTCOMES: Final = ("done", "failed", "timeout")
@@ -72,6 +72,12 @@ def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
                 error_type = f"{error_type} ({cause})" if error_type else cause
             return error_type, reason
     return error_type, error
+
+
+def outcome_of(line: Mapping[str, Any]) -> str:
+    """A results line's outcome, a group member's (``succeeded``...) named as a rollout's."""
+    outcome = str(line.get("outcome"))
+    return {"succeeded": "done", "timed_out": "timeout"}.get(outcome, outcome)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -168,9 +174,7 @@ class RunSummary:
         self.errors, self.reasons = Counter(), {}
         for record in records:
             for line in record.get("members") or [record]:  # a group's members
-                outcome = {"succeeded": "done", "timed_out": "timeout"}.get(
-                    line.get("outcome"), line.get("outcome")
-                )
+                outcome = outcome_of(line)
                 if outcome not in OUTCOMES:
                     continue
                 error_type, error = failure_of(line)
