@@ -35,10 +35,13 @@ TRANSCRIPT = [
 
 
 def _segment(prompt: list[int], generated: list[int], version: int) -> Segment:
-    segment = Segment()
-    segment._append(array("i", prompt), False, None, -1)
-    segment._append(array("i", generated), True, array("d", [-0.5] * len(generated)), version)
-    return segment
+    n, m = len(prompt), len(generated)
+    return Segment(
+        token_ids=array("i", prompt + generated),
+        loss_mask=array("b", [0] * n + [1] * m),
+        logprobs=array("d", [0.0] * n + [-0.5] * m),
+        policy_versions=array("i", [-1] * n + [version] * m),
+    )
 
 
 def write_run(directory: Path) -> Path:
