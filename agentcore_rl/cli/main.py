@@ -64,6 +64,7 @@ EXIT_CODES_HELP: Final = (
 )
 
 _N = TypeVar("_N", int, float)
+_LEVELS: Final = ["critical", "error", "warning", "info", "debug"]
 
 
 def _number(
@@ -244,11 +245,7 @@ def _add_eval_parser(commands: Any) -> None:
         help="with --group-size: give member i the _rollout.seed S+i, so that an agent "
         "passing it to its model samples each member differently (default: no seed)",
     )
-    parser.add_argument(
-        "--log-level",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="log level on stderr (default warning; -v is info)",
-    )
+    parser.add_argument("--log-level", choices=_LEVELS, help="log level (default warning)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     parser.add_argument(
         "--s3-endpoint-url", type=_url, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3)"
@@ -332,7 +329,7 @@ def _add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--log-level",
         default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=_LEVELS,
         help="uvicorn log level (default info)",
     )
     parser.set_defaults(handler=cmd_serve)
@@ -372,7 +369,7 @@ def _add_local_runtime_parser(commands: Any) -> None:
     parser.add_argument(
         "--log-level",
         default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=_LEVELS,
         help="uvicorn log level (default info)",
     )
     parser.set_defaults(handler=cmd_local_runtime)
@@ -470,7 +467,7 @@ def _add_gateway_parser(commands: Any) -> None:
     parser.add_argument(
         "--log-level",
         default="warning",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=_LEVELS,
         help="uvicorn log level (default warning)",
     )
     parser.set_defaults(handler=cmd_gateway)
@@ -484,10 +481,7 @@ def _add_look_parsers(commands: Any) -> None:
         "show",
         epilog=EXIT_CODES_HELP,
         help="one rollout of a results file in the terminal: transcript, tokens, envelope",
-        description="Print one rollout of an eval or demo run: its outcome and cost, the "
-        "transcript as the agent saw it, its tokens as the trainer will see them (runs of "
-        "one loss mask, mean logprob, policy versions) and its envelope. Colour only on a "
-        "terminal without NO_COLOR.",
+        description="Print one rollout of an eval or demo run (see docs/cli.md).",
     )
     show.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
     show.add_argument("input_id", metavar="INPUT_ID", help="input id, ID#member or session id")
@@ -497,9 +491,8 @@ def _add_look_parsers(commands: Any) -> None:
         "report",
         epilog=EXIT_CODES_HELP,
         help="a run report: one self-contained HTML file (opens offline)",
-        description="Write one HTML file (no network needed to open it) with the run's "
-        "summary, charts, a sortable table of inputs and a page per rollout (transcript, "
-        "tokens, envelope). Needs the 'report' extra.",
+        description="Write the run's summary, charts, inputs and rollouts as one HTML file "
+        "that opens offline (see docs/cli.md). Needs the 'report' extra.",
     )
     report.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
     report.add_argument("--compare", metavar="OTHER.jsonl", help="a second run, side by side")

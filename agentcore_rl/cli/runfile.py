@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,12 +102,8 @@ class RunData:
 
     def find(self, key: str) -> Rollout:
         """The rollout ``key`` names (an input id, ``ID#member`` or a session id)."""
-        for rollout in self.rollouts:
-            if key in (rollout.key, rollout.session_id):
-                return rollout
-        matches = [r for r in self.rollouts if r.input_id == key]
-        if matches:
-            return matches[0]
+        for found in [r for r in self.rollouts if key in (r.key, r.session_id, r.input_id)]:
+            return found
         known = ", ".join(r.key for r in self.rollouts[:5])
         raise ConfigurationError(f"{self.path} has no rollout {key!r} (it has e.g. {known})")
 
@@ -115,11 +111,9 @@ class RunData:
         """The run's figures, every one from the files."""
         rollouts = self.rollouts
         rewards = [r.reward for r in rollouts if r.outcome == "done" and r.reward is not None]
-        mean = math.fsum(rewards) / len(rewards) if rewards else None
-        half = None
-        if len(rewards) > 1 and mean is not None:
-            var = math.fsum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1)
-            half = 1.96 * math.sqrt(var / len(rewards))  # 95 %, normal approximation
+        mean = statistics.fmean(rewards) if rewards else None
+        # 95 % confidence, normal approximation
+        half = 1.96 * statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else None
         latencies = [float(r["elapsed"]) for r in self.records if _is_number(r.get("elapsed"))]
         spans = [span for span in (_span(r) for r in rollouts) if span is not None]
         wall = max(b for _, b in spans) - min(a for a, _ in spans) if spans else None

@@ -92,12 +92,8 @@ def reward_of(result: Any) -> float | None:
 def _cost_line(cost: Mapping[str, Any]) -> str:
     if cost["usd"] is None:
         return "- (no envelope carried CPU or memory figures; see docs/cli.md)"
-    parts = ", ".join(
-        f"{name} ${cost[key]:.6f}"
-        for name, key in (("CPU", "cpu_usd"), ("memory", "memory_usd"), ("model", "model_usd"))
-        if cost[key] is not None
-    )
-    return f"${cost['usd']:.6f} for {cost['rollouts']} rollouts ({parts}; see docs/cli.md)"
+    parts = [f"{k[:-4]} ${cost[k]:.6f}" for k in ("cpu_usd", "memory_usd", "model_usd") if cost[k]]
+    return f"${cost['usd']:.6f} for {cost['rollouts']} rollouts ({', '.join(parts)}; docs/cli.md)"
 
 
 @dataclass
