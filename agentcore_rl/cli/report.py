@@ -44,7 +44,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
     rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    print(render(rollout, color=color))
+    try:
+        print(render(rollout, color=color))
+    except BrokenPipeError:  # `show ... | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
 
 

@@ -84,10 +84,13 @@ def _span(rollout: Rollout) -> tuple[float, float] | None:
 def _row_segment(row: Mapping[str, Any]) -> dict[str, Any]:
     """A training row as a segment: its prompt (mask 0) then its response (a column the row
     lacks is padded by :func:`~agentcore_rl.cli.show.token_runs`)."""
-    n = len(row.get("prompt_ids") or [])
+    n, mask = len(row.get("prompt_ids") or []), list(row.get("loss_mask") or [])
     segment = {"token_ids": list(row.get("prompt_ids") or []) + list(row.get("response_ids") or [])}
     for key, pad in (("loss_mask", 0), ("logprobs", 0.0), ("policy_versions", -1)):
         segment[key] = [pad] * n + list(row.get(key) or [])
+    versions = row.get("policy_versions") or []
+    if len(versions) == 1 and len(mask) > 1:  # one version for the row's generated tokens
+        segment["policy_versions"] = [-1] * n + [versions[0] if m else -1 for m in mask]
     return {**segment, "advantage": row.get("advantage")}
 
 
@@ -189,7 +192,7 @@ def load_run(path: Path, prices: Prices | None = None) -> RunData:
                 input_id=str(record.get("input_id")),
                 outcome=outcome_of(line),
                 reward=line.get("reward"),
-                elapsed=line.get("elapsed", record.get("elapsed")),
+                elapsed=line.get("elapsed"),
                 session_id=sid if isinstance(sid, str) else None,
                 record=line,
                 envelope=envelope if isinstance(envelope, Mapping) else None,

@@ -75,7 +75,8 @@ def render(rollout: Rollout, *, color: bool) -> str:
         return f"\x1b[{_CODES[kind]}m{text}\x1b[0m" if color else text
 
     reward = "-" if rollout.reward is None else f"{rollout.reward:g}"
-    elapsed = "-" if rollout.elapsed is None else f"{rollout.elapsed:.2f} s"
+    seconds = rollout.elapsed if rollout.elapsed is not None else rollout.cost.get("runtime_s")
+    elapsed = "-" if seconds is None else f"{seconds:.2f} s"
     lines = [
         paint("head", f"{rollout.key}  {rollout.outcome}  reward {reward}  {elapsed}"),
         f"session {rollout.session_id}",
