@@ -81,12 +81,12 @@ def render(rollout: Rollout, *, color: bool) -> str:
         paint("head", f"{rollout.key}  {rollout.outcome}  reward {reward}  {elapsed}"),
         f"session {rollout.session_id}",
     ]
-    cost = rollout.cost
-    usd = "-" if cost.get("usd") is None else f"${cost['usd']:.6f}"
+    cost = {k: "-" if v is None else v for k, v in rollout.cost.items()}  # -: not measured
+    usd = cost.get("usd", "-") if cost.get("usd", "-") == "-" else f"${cost['usd']:.6f}"
     lines.append(
-        f"cost (estimate) {usd}: runtime {cost.get('runtime_s')} s, CPU {cost.get('cpu_s')} s, "
-        f"peak memory {cost.get('peak_memory_gb')} GB, tokens {cost.get('prompt_tokens')} in / "
-        f"{cost.get('completion_tokens')} out (- or None: not measured)"
+        f"cost (estimate) {usd}: runtime {cost.get('runtime_s', '-')} s, CPU "
+        f"{cost.get('cpu_s', '-')} s, peak memory {cost.get('peak_memory_gb', '-')} GB, tokens "
+        f"{cost.get('prompt_tokens', '-')} in / {cost.get('completion_tokens', '-')} out"
     )
     kind, reason = rollout.failure
     if kind is not None or reason is not None:
