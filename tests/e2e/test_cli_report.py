@@ -148,7 +148,11 @@ async def test_report_of_an_eval_opens_offline_in_chromium(
     assert "boom" in dom.split('id="compare"')[1]
 
     # A rollout's page: its transcript and its tokens (generated ones carry their logprob).
-    number = next(i for i, r in enumerate(plain, 1) if r["outcome"] == "done")
+    number = next(
+        i
+        for i, r in enumerate(plain, 1)
+        if r["outcome"] == "done" and any(m["role"] == "tool" for m in r["result"]["messages"])
+    )
     page = dom.split(f'id="r-{number}"')[1].split("</section>")[0]
     assert '<div class="msg tool">' in page
     assert re.search(r'<span class="m1" title="id \d+ · logprob -?\d+\.\d{4}', page)
