@@ -26,10 +26,6 @@ from agentcore_rl.errors import ConfigurationError
 __all__ = ["Prices", "price", "total", "trace_messages", "trace_tokens", "usage_of"]
 
 _GB: Final = 1024**3
-# The envelope's measured fields (the server writes them); names from the wire contract.
-_RUNTIME = getattr(protocol, "RUNTIME_SECONDS", "runtime_seconds")
-_CPU = getattr(protocol, "CPU_SECONDS", "cpu_seconds")
-_MEMORY = getattr(protocol, "PEAK_MEMORY_BYTES", "peak_memory_bytes")
 _TOKENS: Final = ("prompt_tokens", "completion_tokens")
 
 
@@ -79,15 +75,16 @@ def usage_of(record: Mapping[str, Any], tokens: Mapping[str, Any] | None = None)
     ``prompt_tokens`` / ``completion_tokens`` (from ``tokens``, the gateway's counts)."""
     envelope = record.get("result")
     envelope = envelope if isinstance(envelope, Mapping) else {}
-    runtime = _number(envelope.get(_RUNTIME))
-    start, end = _number(envelope.get("started_at")), _number(envelope.get("finished_at"))
+    runtime = _number(envelope.get(protocol.RUNTIME_SECONDS))
+    start = _number(envelope.get(protocol.STARTED_AT))
+    end = _number(envelope.get(protocol.FINISHED_AT))
     if runtime is None and start is not None and end is not None and end >= start:
         runtime = end - start
-    memory = _number(envelope.get(_MEMORY))
+    memory = _number(envelope.get(protocol.PEAK_MEMORY_BYTES))
     tokens = tokens or {}
     return {
         "runtime_s": None if runtime is None else round(runtime, 3),
-        "cpu_s": _number(envelope.get(_CPU)),
+        "cpu_s": _number(envelope.get(protocol.CPU_SECONDS)),
         "peak_memory_gb": None if memory is None else round(memory / _GB, 6),
         **{k: tokens.get(k) if _number(tokens.get(k)) is not None else None for k in _TOKENS},
     }

@@ -169,7 +169,7 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
         num=lambda v, d: "-" if v is None else f"{v:.{d}f}",
         val=lambda v: "-" if v is None else v,
         envelope=_envelope,
-        usd=lambda v: "-" if v is None else f"${v:.6f}" if v < 0.01 else f"${v:.4f}",
+        usd=lambda v: "-" if v is None else f"${v:.4f}" if v >= 0.01 else f"{v * 1e6:.3g} µUSD",
     )
     return env.get_template("report.html.j2").render(
         run=views[0],

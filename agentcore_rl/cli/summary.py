@@ -92,8 +92,12 @@ def reward_of(result: Any) -> float | None:
 def _cost_line(cost: Mapping[str, Any]) -> str:
     if cost["usd"] is None:
         return "- (no envelope carried CPU or memory figures; see docs/cli.md)"
-    parts = [f"{k[:-4]} ${cost[k]:.6f}" for k in ("cpu_usd", "memory_usd", "model_usd") if cost[k]]
-    return f"${cost['usd']:.6f} for {cost['rollouts']} rollouts ({', '.join(parts)}; docs/cli.md)"
+    parts = [f"{k[:-4]} {_usd(cost[k])}" for k in ("cpu_usd", "memory_usd", "model_usd") if cost[k]]
+    return f"{_usd(cost['usd'])} for {cost['rollouts']} rollouts ({', '.join(parts)}; docs/cli.md)"
+
+
+def _usd(value: float) -> str:
+    return f"${value:.6f}" if value >= 5e-7 else "< $0.000001"
 
 
 @dataclass
