@@ -262,6 +262,10 @@ class VLLMBackend(Backend):
             finish = ch.get("finish_reason")
             if finish is not None:
                 capture.choices[index].finish_reason = finish
+                # vLLM names the stop string that cut the text inside the last token
+                reason = ch.get("stop_reason")
+                if type(reason) is str:
+                    capture.choices[index].stop_string = reason
 
 
 class SGLangBackend(Backend):

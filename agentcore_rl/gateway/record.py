@@ -65,13 +65,17 @@ def logprob_array(values: Any = ()) -> array[float]:
 class Completion:
     """One choice of a call: completion token ids, their logprobs, the finish reason.
 
+    ``stop_string``: the stop string that ended the text the agent got inside the last
+    token (vLLM and OpenAI cut the text before it): the ids decode to more than the agent's
+    text. None when they decode to it.
+
     Example::
 
         completion = record.completions[0]
         list(zip(completion.token_ids, completion.logprobs))
     """
 
-    __slots__ = ("finish_reason", "index", "logprobs", "token_ids")
+    __slots__ = ("finish_reason", "index", "logprobs", "stop_string", "token_ids")
 
     def __init__(
         self,
@@ -79,8 +83,10 @@ class Completion:
         token_ids: array[int] | None = None,
         logprobs: array[float] | None = None,
         finish_reason: str | None = None,
+        stop_string: str | None = None,
     ) -> None:
         self.index = index
+        self.stop_string = stop_string
         self.token_ids = ids_array() if token_ids is None else token_ids
         self.logprobs = logprob_array() if logprobs is None else logprobs
         self.finish_reason = finish_reason
@@ -108,6 +114,7 @@ class Completion:
             "token_ids": token_ids,
             "logprobs": logprobs,
             "finish_reason": self.finish_reason,
+            "stop_string": self.stop_string,
         }
 
     @classmethod
@@ -118,6 +125,7 @@ class Completion:
             token_ids=ids_array(data.get("token_ids") or ()),
             logprobs=logprob_array(data.get("logprobs") or ()),
             finish_reason=data.get("finish_reason"),
+            stop_string=data.get("stop_string"),
         )
 
 

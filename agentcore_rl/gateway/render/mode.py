@@ -36,7 +36,7 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
-from agentcore_rl.gateway.render.token_in import token_in_backend
+from agentcore_rl.gateway.render.token_in import Served, token_in_backend
 
 if TYPE_CHECKING:
     from starlette.types import Send
@@ -110,6 +110,10 @@ class RenderMode:
         if body.get("n", 1) not in (1, None):
             raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
         try:
+            self.backend.sampling(body)  # every field forwarded or refused, before any work
+        except ValueError as exc:
+            raise Refuse(400, str(exc), "unsupported_field") from None
+        try:
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
         except RenderError as exc:
             raise Refuse(400, str(exc), "invalid_request") from None
@@ -141,26 +145,32 @@ class RenderMode:
             raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
-        text = self.template.decode(ids[:-1] if stopped else ids)
+        shown = ids[:-1] if stopped else ids
+        text, cut = self._text(shown, served, body)
         seed = hashlib.sha256(call.raw).hexdigest()[:16]
         message = parse_completion(text, self.reasoning, self.tools, seed)
         finish = served.finish_reason or "stop"
         if message.get("tool_calls"):
             finish = "tool_calls"
+        # A turn cut off (length, a stop string) is closed in the history as the template
+        # closes a turn, so the next request extends it (linear.py).
         history.remember(plan, messages, message, ids, stopped=stopped)
-        record.completions = [Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)]
+        record.completions = [
+            Completion(0, ids_array(ids), logprob_array(served.logprobs), finish, cut)
+        ]
         record.usage = {
             "prompt_tokens": len(plan.prompt_ids),
             "completion_tokens": len(ids),
             "total_tokens": len(plan.prompt_ids) + len(ids),
         }
+        logprobs = self._logprobs(shown, served, body) if body.get("logprobs") else None
         answer = {
             "id": f"chatcmpl-{seed}",
             "object": "chat.completion",
             "created": int(call.wall()),
             "model": body.get("model") or "",
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
             ],
             "usage": record.usage,
         }
@@ -169,6 +179,46 @@ class RenderMode:
             await send_sse(send, synthesize_sse(answer, CHAT, include_usage(call)))
         else:
             await respond(send, 200, dumps(answer))
+
+    def _text(
+        self, ids: list[int], served: Served, body: Mapping[str, Any]
+    ) -> tuple[str, str | None]:
+        """The completion's text as vLLM's chat endpoint gives it: cut before the stop string
+        that ended it (after it with ``include_stop_str_in_output``); -> (text, that string
+        when the cut falls inside the served ids' text)."""
+        text = self.template.decode(ids)
+        stop = served.stop_reason
+        if stop is None and served.finish_reason == "stop" and ids:
+            asked = body.get("stop")
+            asked = [asked] if isinstance(asked, str) else asked or []
+            found = [s for s in asked if isinstance(s, str) and s and s in text]
+            stop = min(found, key=text.find) if found else None
+        at = text.find(stop) if stop else -1
+        if stop is None or at < 0:
+            return text, None
+        end = at + len(stop) if body.get("include_stop_str_in_output") else at
+        return text[:end], stop if end < len(text) else None
+
+    def _logprobs(self, ids: list[int], served: Served, body: Mapping[str, Any]) -> Any:
+        """The chat answer's ``logprobs`` for the tokens the agent's text came from."""
+        top = body.get("top_logprobs") or 0
+        tokens = served.tokens or [self.template.decode([i]) for i in ids]
+        content = []
+        for n, logprob in enumerate(served.logprobs[: len(ids)]):
+            token = str(tokens[n])
+            alternatives = sorted((served.top or [{}] * len(ids))[n].items(), key=lambda kv: -kv[1])
+            content.append(
+                {
+                    "token": token,
+                    "logprob": logprob,
+                    "bytes": list(token.encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode())}
+                        for t, lp in alternatives[:top]
+                    ],
+                }
+            )
+        return {"content": content}
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
