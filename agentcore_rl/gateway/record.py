@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import io
 import json
 import struct
-import uuid
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -368,52 +366,8 @@ def dump_trace(trace: SessionTrace, *, level: int = 6) -> bytes:
 
         Path("t.trace.json.gz").write_bytes(dump_trace(trace))
     """
-    # Written a record at a time, its request on its own and its ids and logprobs a slice
-    # at a time: as one document, a call with a 5M-token prompt is a list of 5M Python ints
-    # and their text (~500 MB). The bytes are those of
-    # ``json.dumps(trace.to_json(), separators=(",", ":"))``.
-    marker = f"\x00{uuid.uuid4().hex}"
-    quoted = json.dumps(marker)
-    arrays: list[array[Any] | CallRecord] = []  # a record stands for its request
-
-    def slot(values: array[Any] | CallRecord) -> str:
-        arrays.append(values)
-        return f"{marker}{len(arrays) - 1}"
-
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=level, mtime=0) as gz:
-        head, tail = _COMPACT(trace._json([marker])).split(quoted, 1)
-        gz.write(head.encode())
-        for i, record in enumerate(trace.records):
-            arrays.clear()
-            completions = [c._json(slot(c.token_ids), slot(c.logprobs)) for c in record.completions]
-            text = _COMPACT(record._json(slot(record), slot(record.prompt_ids), completions))
-            pieces = text.split(quoted[:-1])  # each but the first starts with its slot's number
-            gz.write((("," if i else "") + pieces[0]).encode())
-            del text
-            for piece in pieces[1:]:
-                number, rest = piece.split('"', 1)
-                value = arrays[int(number)]
-                if isinstance(value, CallRecord):
-                    gz.write(_COMPACT(value.request).encode())
-                else:
-                    _write_array(gz, value)
-                gz.write(rest.encode())
-        gz.write(tail.encode())
-    return out.getvalue()
-
-
-_COMPACT: Final = json.JSONEncoder(separators=(",", ":")).encode
-_SLICE: Final = 1 << 16  # values written at a time
-
-
-def _write_array(gz: gzip.GzipFile, values: array[Any]) -> None:
-    """``values`` as a JSON list, a slice at a time."""
-    gz.write(b"[")
-    for at in range(0, len(values), _SLICE):
-        text = _COMPACT(values[at : at + _SLICE].tolist())
-        gz.write(("," if at else "").encode() + text[1:-1].encode())
-    gz.write(b"]")
+    text = json.dumps(trace.to_json(), separators=(",", ":"))
+    return gzip.compress(text.encode(), compresslevel=level, mtime=0)
 
 
 def load_trace(blob: bytes) -> SessionTrace:
