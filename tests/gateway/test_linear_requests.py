@@ -13,17 +13,14 @@ import pytest
 
 from tests.gateway.template_rig import (
     QUESTION,
-    RENDER_MISSING,
+    TEMPLATE_MARKS,
     exactness,
     template_stack,
     trained_tokens_exact,
     trajectory_of,
 )
 
-pytestmark = [
-    pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or ""),
-    pytest.mark.timeout(600),
-]
+pytestmark = TEMPLATE_MARKS
 
 END_OF_TURN = {"qwen3": "<|im_end|>", "llama3.1": "<|eot_id|>"}
 
