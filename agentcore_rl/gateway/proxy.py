@@ -57,19 +57,27 @@ class ProxyMode:
         payload = dumps(upstream_body)
         del upstream_body
         capture = Capture(endpoint)
+        # A stream's tokens are counted as they arrive: the resume after a suspend starts the
+        # new version's span at the count (a whole answer's tokens keep the call's version).
+        versions = call.versions
+        versions.count = lambda: len(capture.ids.get(0, ()))
         pool = call.upstream
         target = pool.target("/chat/completions" if endpoint != "completions" else "/completions")
-        if stream and self.backend.streams:
-            async with pool.stream(target, payload) as response:
+        try:
+            if stream and self.backend.streams:
+                call.gate.live.add(versions)
+                async with pool.stream(target, payload) as response:
+                    del payload
+                    status = response.status
+                    if status == 200:
+                        await self._relay(send, response, call, capture, keep_logprobs)
+                        return
+                    content = await response.read()
+            else:  # the whole answer in one wake-up
+                status, content = await pool.fetch(target, payload)
                 del payload
-                status = response.status
-                if status == 200:
-                    await self._relay(send, response, call, capture, keep_logprobs)
-                    return
-                content = await response.read()
-        else:  # the whole answer in one wake-up
-            status, content = await pool.fetch(target, payload)
-            del payload
+        finally:
+            call.gate.live.discard(versions)
         if status != 200:
             text = content[:500].decode("utf-8", "replace")
             call.commit(status, f"upstream answered HTTP {status}: {text}")
@@ -101,10 +109,17 @@ class ProxyMode:
         if missing:
             raise Refuse(502, missing, "upstream_missing_token_ids")
         try:
-            capture.fill(call.record)
+            self._fill(call, capture)
         except (ValueError, TypeError, OverflowError) as exc:
             raise Refuse(502, f"the upstream sent {exc}", "upstream_invalid") from None
         return data
+
+    @staticmethod
+    def _fill(call: Call, capture: Capture) -> None:
+        """The record's arrays from the capture, and where each version's tokens start."""
+        capture.fill(call.record)
+        if len(call.versions.starts) > 1 and call.record.completions:
+            call.record.completions[0].versions = call.versions.starts
 
     async def _relay(
         self,
@@ -202,7 +217,7 @@ class ProxyMode:
         missing, kind = capture.missing(self.backend.name), "upstream_missing_token_ids"
         if not missing:
             try:
-                capture.fill(call.record)
+                self._fill(call, capture)
             except (ValueError, TypeError, OverflowError) as exc:
                 missing, kind = f"the upstream sent {exc}", "upstream_invalid"
         if missing:

@@ -61,7 +61,9 @@ def logprob_array(values: Any = ()) -> array[float]:
 
 
 class Completion:
-    """One choice of a call: completion token ids, their logprobs, the finish reason.
+    """One choice of a call: completion token ids, their logprobs, the finish reason, and
+    ``versions``: ``[(first token index, policy version), ...]`` when a weight update came
+    while it was generated (``None``: every token has the call's starting version).
 
     ``stop_string``: the stop string that ended the text the agent got inside the last
     token (vLLM and OpenAI cut the text before it): the ids decode to more than the agent's
@@ -73,7 +75,7 @@ class Completion:
         list(zip(completion.token_ids, completion.logprobs))
     """
 
-    __slots__ = ("finish_reason", "index", "logprobs", "stop_string", "token_ids")
+    __slots__ = ("finish_reason", "index", "logprobs", "stop_string", "token_ids", "versions")
 
     def __init__(
         self,
@@ -82,12 +84,14 @@ class Completion:
         logprobs: array[float] | None = None,
         finish_reason: str | None = None,
         stop_string: str | None = None,
+        versions: list[tuple[int, int]] | None = None,
     ) -> None:
         self.index = index
         self.stop_string = stop_string
         self.token_ids = ids_array() if token_ids is None else token_ids
         self.logprobs = logprob_array() if logprobs is None else logprobs
         self.finish_reason = finish_reason
+        self.versions = versions
 
     def __repr__(self) -> str:
         return (
@@ -107,13 +111,16 @@ class Completion:
         return self._json(self.token_ids.tolist(), self.logprobs.tolist())
 
     def _json(self, token_ids: Any, logprobs: Any) -> dict[str, Any]:
-        return {
+        out = {
             "index": self.index,
             "token_ids": token_ids,
             "logprobs": logprobs,
             "finish_reason": self.finish_reason,
             "stop_string": self.stop_string,
         }
+        if self.versions is not None:
+            out["versions"] = [list(start) for start in self.versions]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Completion:
@@ -124,6 +131,7 @@ class Completion:
             logprobs=logprob_array(data.get("logprobs") or ()),
             finish_reason=data.get("finish_reason"),
             stop_string=data.get("stop_string"),
+            versions=[(int(at), int(v)) for at, v in data.get("versions") or ()] or None,
         )
 
 
@@ -218,6 +226,11 @@ class CallRecord:
     def ok(self) -> bool:
         """Whether the call succeeded and its tokens were captured."""
         return self.status == 200 and self.error is None
+
+    @property
+    def straddled(self) -> bool:
+        """Whether a weight update came while the call ran (its tokens may span versions)."""
+        return self.policy_version_start != self.policy_version_end
 
     @property
     def request(self) -> dict[str, Any]:
