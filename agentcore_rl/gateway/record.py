@@ -108,13 +108,10 @@ class Completion:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return self._json(self.token_ids.tolist(), self.logprobs.tolist())
-
-    def _json(self, token_ids: Any, logprobs: Any) -> dict[str, Any]:
         out = {
             "index": self.index,
-            "token_ids": token_ids,
-            "logprobs": logprobs,
+            "token_ids": self.token_ids.tolist(),
+            "logprobs": self.logprobs.tolist(),
             "finish_reason": self.finish_reason,
             "stop_string": self.stop_string,
         }
@@ -259,11 +256,6 @@ class CallRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form (the request embedded as JSON, not as bytes)."""
-        return self._json(
-            self.request, self.prompt_ids.tolist(), [c.to_json() for c in self.completions]
-        )
-
-    def _json(self, request: Any, prompt_ids: Any, completions: list[Any]) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "index": self.index,
@@ -272,9 +264,9 @@ class CallRecord:
             "input_id": self.input_id,
             "policy_version_start": self.policy_version_start,
             "policy_version_end": self.policy_version_end,
-            "request": request,
-            "prompt_ids": prompt_ids,
-            "completions": completions,
+            "request": self.request,
+            "prompt_ids": self.prompt_ids.tolist(),
+            "completions": [c.to_json() for c in self.completions],
             "usage": self.usage,
             "started_at": self.started_at,
             "latency_s": self.latency_s,
@@ -344,9 +336,6 @@ class SessionTrace:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return self._json([r.to_json() for r in self.records])
-
-    def _json(self, records: list[Any]) -> dict[str, Any]:
         return {
             "format": TRACE_FORMAT,
             "session_id": self.session_id,
@@ -354,7 +343,7 @@ class SessionTrace:
             "input_id": self.input_id,
             "gateway_id": self.gateway_id,
             "complete": self.complete,
-            "records": records,
+            "records": [r.to_json() for r in self.records],
         }
 
     @classmethod

@@ -204,11 +204,13 @@ class RenderMode:
     def _logprobs(self, ids: list[int], served: Served, body: Mapping[str, Any]) -> Any:
         """The chat answer's ``logprobs`` for the tokens the agent's text came from."""
         top = body.get("top_logprobs") or 0
-        tokens = served.tokens or [self.template.decode([i]) for i in ids]
+        tokens = served.tokens if len(served.tokens or ()) >= len(ids) else None
+        tops = served.top or []
         content = []
         for n, logprob in enumerate(served.logprobs[: len(ids)]):
-            token = str(tokens[n])
-            alternatives = sorted((served.top or [{}] * len(ids))[n].items(), key=lambda kv: -kv[1])
+            token = str(tokens[n]) if tokens else self.template.decode([ids[n]])
+            row = (tops[n] if n < len(tops) else None) or {}
+            alternatives = sorted(row.items(), key=lambda kv: -kv[1])
             content.append(
                 {
                     "token": token,
