@@ -111,6 +111,12 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
                 "/admin/policy_version", content=f'{{"version": {version}}}', headers=AUTH
             )
             assert response.status_code == 400, (version, response.text[:300])
+        for mode in ["5", '"\\ud800"', _nested(300, '"hold"'), '{"a": 1}', '"hold"', '"reject"']:
+            response = await http.post(
+                "/admin/pause", content=f'{{"mode": {mode}}}'.encode(), headers=AUTH
+            )
+            await _ok_or_4xx(response, f"pause {mode[:40]}")
+            await _ok_or_4xx(await http.post("/admin/resume", headers=AUTH), "resume")
         for i in range(120):
             sid = f"z{i}"
             if rng.random() < 0.5:
