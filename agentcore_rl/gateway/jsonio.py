@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Final
 
 from agentcore_rl._extras import MissingExtraError
@@ -46,14 +45,15 @@ __all__ = [
 dumps: Final = orjson.dumps
 #: Parse JSON (an upstream's answer); a ``ValueError`` when it is not JSON.
 loads: Final = orjson.loads
-#: The deepest nesting of arrays and objects accepted: what can be re-encoded, with room for
-#: the trace that embeds a request.
-MAX_DEPTH: Final = 128
+#: The deepest nesting of arrays and objects accepted: what orjson can write back.
+MAX_DEPTH: Final = 254
 #: The largest policy version (a signed 64-bit integer, as trainers count steps).
 MAX_VERSION: Final = 2**63 - 1
 _INTS: Final = (-(2**63), 2**64 - 1)  # what orjson reads as an integer
-# A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a float.
-_LONG_NUMBER: Final = re.compile(rb"\d{19}")
+# A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a float: found
+# as a run of zeros once every digit is a zero (a C-speed pass; a regex is twenty times slower).
+_ZEROS: Final = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER: Final = b"0" * 19
 
 
 class Invalid(ValueError):
@@ -78,16 +78,6 @@ def check_value(value: Any, what: str = "the value") -> None:
         elif "64-bit" in message:
             message = "an integer beyond the 64-bit range"
         raise Invalid(f"{what} cannot be forwarded as JSON: {message}") from None
-    if _depth(value) > MAX_DEPTH:
-        raise Invalid(f"{what} cannot be forwarded as JSON: nested deeper than {MAX_DEPTH} levels")
-
-
-def _depth(value: Any, level: int = 0) -> int:
-    """The nesting of ``value``, counted no further than one level past :data:`MAX_DEPTH`."""
-    if level > MAX_DEPTH or not isinstance(value, (dict, list)):
-        return level
-    items = value.values() if isinstance(value, dict) else value
-    return max((_depth(v, level + 1) for v in items), default=level + 1)
 
 
 def parse_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
@@ -101,10 +91,11 @@ def parse_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
         raise Invalid(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise Invalid(f"{what} must be a JSON object")
-    # Fewer brackets than the limit cannot nest deeper: only a bracket-rich body is walked.
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
-        raise Invalid(f"{what} is nested deeper than {MAX_DEPTH} levels")
-    if _LONG_NUMBER.search(raw):  # rare: read its integers exactly, in the json module
+    # Fewer brackets than the limit cannot nest deeper: only a bracket-rich body is written
+    # back once to see (orjson's encoder is ten times faster than a walk in Python).
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        check_value(value, what)
+    if _LONG_NUMBER in raw.translate(_ZEROS):  # rare: read its integers exactly, in the json module
         try:
             json.loads(raw, parse_int=_int)
         except Invalid as exc:

@@ -246,8 +246,8 @@ DEEP = b"[" * 5000 + b"]" * 5000
 @pytest.mark.parametrize(
     ("content", "words"),
     [
-        (DEEP, "nested deeper than 128 levels"),
-        (b'{"messages": ' + b"[" * 129 + b"]" * 129 + b"}", "nested deeper than 128 levels"),
+        (DEEP, "nested deeper than 254 levels"),
+        (b'{"messages": ' + b"[" * 254 + b"]" * 254 + b"}", "nested deeper than 254 levels"),
         (b'{"messages": [NaN]}', "not valid JSON"),
         (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
         (b'{"messages": [], "n": 123456789012345678901234567890}', "64-bit"),
@@ -256,7 +256,7 @@ DEEP = b"[" * 5000 + b"]" * 5000
         (b"", "not valid JSON"),
         (b"null", "must be a JSON object"),
     ],
-    ids=["deep", "deep-129", "nan", "surrogate", "bigint", "2**64", "utf8", "empty", "null"],
+    ids=["deep", "deep-255", "nan", "surrogate", "bigint", "2**64", "utf8", "empty", "null"],
 )
 async def test_hostile_json_gets_a_400_naming_the_problem(content: bytes, words: str) -> None:
     async with served() as stack, httpx.AsyncClient(base_url=stack.url) as http:
