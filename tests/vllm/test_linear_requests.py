@@ -47,7 +47,6 @@ async def _vllm_chat(server: VLLMServer, **options: Any) -> tuple[str, str | Non
     return text, finish
 
 
-@pytest.mark.xfail(reason="linear mode does not close a cut turn yet", strict=False)
 async def test_a_turn_cut_by_max_tokens_is_closed_and_the_next_extends_it(
     vllm_server: VLLMServer,
 ) -> None:
@@ -72,7 +71,6 @@ async def test_a_stop_string_ends_the_text_as_vllm_does_and_the_next_turn_extend
     _one_segment(trace)
 
 
-@pytest.mark.xfail(reason="linear mode does not forward logit_bias yet", strict=False)
 async def test_logit_bias_reaches_vllm(vllm_server: VLLMServer) -> None:
     async with gateway_on(vllm_server, linear=True) as rig:
         answers, trace = await _two_turns(rig, "bias", max_tokens=30, logit_bias={IM_END: -100})
@@ -83,7 +81,6 @@ async def test_logit_bias_reaches_vllm(vllm_server: VLLMServer) -> None:
     _one_segment(trace)
 
 
-@pytest.mark.xfail(reason="linear mode does not forward logprobs to the agent yet", strict=False)
 async def test_logprobs_go_back_to_the_agent_that_asks(vllm_server: VLLMServer) -> None:
     async with gateway_on(vllm_server, linear=True) as rig:
         llm = rig.llm("logprobs")
