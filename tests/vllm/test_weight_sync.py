@@ -22,7 +22,7 @@ from tests.vllm.rig import ask, gateway_on
 
 pytestmark = pytest.mark.timeout(600)
 
-LENGTH = 480
+LENGTH = 1500  # seconds of generation: the pause lands long before its end
 _OLD_OR_NEW = -13.0  # between the two models' logprobs of an ordinary token
 _GENERATED = re.compile(rb"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
