@@ -126,7 +126,8 @@ class _Waiter:
 class TokenBucket:
     """An asyncio token bucket with priorities and multiplicative throttle back-off.
 
-    ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full).
+    ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full, or with
+    ``tokens``).
     ``clock`` returns monotonic seconds; ``sleep`` waits that many seconds. Both default to
     the real ones; tests pass a fake clock whose sleep advances it. ``tick`` (seconds,
     0 = exact) is the grid waits end on (see the module's text); the rollout client uses
@@ -151,6 +152,7 @@ class TokenBucket:
         throttle_cooldown: float = DEFAULT_THROTTLE_COOLDOWN,
         min_rate: float | None = None,
         tick: float = 0.0,
+        tokens: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -179,7 +181,7 @@ class TokenBucket:
             raise ConfigurationError(f"min_rate must be > 0, got {min_rate!r}")
         self._clock = clock
         self._sleep = sleep
-        self._tokens = self.burst
+        self._tokens = self.burst if tokens is None else min(self.burst, float(tokens))
         self._last = clock()
         # The rate after the last throttle, and when it happened: the current rate is
         # computed from these, so recovery needs no timer task.
