@@ -22,17 +22,14 @@ Prints one JSON document; targets are zero for every count and crash detection <
 - ``permanent_failures_from_transient_faults``: results lines that are not ``done``
   (every fault here is transient);
 - ``crash_detection_s`` p50/max: from a SIGKILL to the rollout it lost starting again in
-  a new session (detection + retry; an upper bound of detection). Each agent restarts on
-  its own spool directory, so its run ledger reports its predecessor's rollouts lost at
-  startup; ``--no-ledger`` turns the ledger off and leaves detection to the probes (the
-  case of AgentCore Runtime, where a new microVM has a new disk);
+  a new session (detection + retry; an upper bound of detection): the client's liveness
+  probes find the session unknown to the restarted agent;
 - ``outage_wrong_failures``: outage-case rollouts that did not succeed.
 
 Example::
 
     python benchmarks/chaos.py                     # full size (a few minutes)
     python benchmarks/chaos.py --inputs 40 --agents 2 --outage-rollouts 20 --outage 10
-    python benchmarks/chaos.py --no-ledger         # crashes found by probes only
 """
 
 from __future__ import annotations
@@ -420,7 +417,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "CHAOS_MIN_SLEEP": str(args.min_sleep),
                     "CHAOS_MAX_SLEEP": str(args.max_sleep),
                     "PYTHONUNBUFFERED": "1",
-                    "AGENTCORE_RL_RUN_LEDGER": "0" if args.no_ledger else "1",
                 }
                 agents = Agents(args.agents, workdir, env)
                 try:
@@ -433,7 +429,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         report = await chaos_phase(args, workdir, s3_front.url, acr.url, agents)
                     report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
                     report["s3_requests_failed_by_proxy"] = proxy.failed
-                    report["run_ledger"] = not args.no_ledger
                 finally:
                     await agents.stop_all()
                     await proxy.http.aclose()
@@ -460,7 +455,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--outage", type=float, default=20.0, help="S3 outage length (s)")
     add("--outage-rollouts", type=int, default=100, help="rollouts during the outage")
     add("--seed", type=int, default=9)
-    add("--no-ledger", action="store_true", help="agents without a run ledger (probes only)")
     return parser.parse_args(argv)
 
 

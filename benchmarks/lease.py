@@ -50,12 +50,11 @@ def serve(args: argparse.Namespace) -> None:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    from agentcore_rl.server import AgentCoreRLApp, FaultChecks, ShutdownConfig, SpoolConfig
+    from agentcore_rl.server import AgentCoreRLApp, FaultChecks, ShutdownConfig
     from agentcore_rl.server.limits import prepare_process, serve_options
 
     app = AgentCoreRLApp(
         shutdown=ShutdownConfig(grace=0),
-        spool=SpoolConfig(run_ledger=False),
         faults=FaultChecks(lease_interval=args.interval),
     )
     running = {"handlers": 0}

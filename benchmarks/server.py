@@ -46,7 +46,7 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import CheckExisting, RepeatConfig, ShutdownConfig, WorkerConfig
+from agentcore_rl.server.config import ShutdownConfig, WorkerConfig
 from agentcore_rl.server.limits import prepare_process, serve_options
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
@@ -63,9 +63,7 @@ LOCAL_AWS_ENV = {
 # --- the agent (runs in the child process) ---------------------------------------------------
 
 
-def build_app(
-    handler_kind: str, workers: int, switch_interval: float | None, check_existing: CheckExisting
-) -> Any:
+def build_app(handler_kind: str, workers: int, switch_interval: float | None) -> Any:
     """The benchmarked agent: a rollout handler that holds until /bench/release."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -75,7 +73,6 @@ def build_app(
     app = AgentCoreRLApp(
         shutdown=ShutdownConfig(grace=5),
         workers=WorkerConfig(max_sync_workers=workers, gil_switch_interval=switch_interval),
-        repeats=RepeatConfig(check_existing=check_existing),
     )
     release_sync = threading.Event()
     release_async: list[asyncio.Event] = []
@@ -127,7 +124,7 @@ def build_app(
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    app = build_app(args.handler, args.workers, args.switch_interval or None, args.check_existing)
+    app = build_app(args.handler, args.workers, args.switch_interval or None)
     # Served as app.run() serves: the GIL switch interval (--switch-interval) and the
     # connection limits.
     app.tune_process()
@@ -172,7 +169,6 @@ async def agent_process(
     s3_endpoint: str,
     log_dir: Path,
     switch_interval: float,
-    check_existing: CheckExisting = "repeats",
 ) -> AsyncIterator[httpx.AsyncClient]:
     port = free_port()
     env = {**os.environ, **LOCAL_AWS_ENV, "AWS_ENDPOINT_URL_S3": s3_endpoint}
@@ -190,8 +186,6 @@ async def agent_process(
             str(port),
             "--switch-interval",
             str(switch_interval),
-            "--check-existing",
-            check_existing,
             stdout=log,
             stderr=log,
             env=env,
@@ -319,8 +313,7 @@ async def saturation(
 
 
 async def bench_accept(args: argparse.Namespace, s3: str, logs: Path) -> dict[str, Any]:
-    check = args.check_existing
-    async with agent_process("async", 64, s3, logs, args.switch_interval, check) as http:
+    async with agent_process("async", 64, s3, logs, args.switch_interval) as http:
         started = time.perf_counter()
         ramp = await bounded_gather(
             args.rollouts, args.ramp_concurrency, lambda i: invoke_timed(http, payload(i))
@@ -341,7 +334,6 @@ async def bench_accept(args: argparse.Namespace, s3: str, logs: Path) -> dict[st
         "in_flight_after": in_flight_after,
         "ping_status": ping,
         "rate_per_s": args.rate,
-        "check_existing_results": check,
         "latency": summary(measured),
         # Next to the latency: the highest rate the server keeps up with, and the highest
         # at which accept p99 stays within the 20 ms target.
@@ -438,12 +430,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ping-interval", type=float, default=0.01)
     parser.add_argument("--max-seconds", type=float, default=120, help="handler safety limit")
     parser.add_argument("--timeout", type=float, default=300, help="bound on the whole run")
-    parser.add_argument(
-        "--check-existing",
-        choices=["always", "repeats", "never"],
-        default="repeats",
-        help="the agent's check_existing_results ('always' costs a HEAD per rollout)",
-    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--handler", default="async", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=64, help=argparse.SUPPRESS)

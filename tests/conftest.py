@@ -48,7 +48,6 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "AGENTCORE_RL_ALLOWED_BUCKETS",
         "AGENTCORE_RL_SPOOL_DIR",
         "AGENTCORE_RL_APP_NAME",
-        "AGENTCORE_RL_RUN_LEDGER",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

@@ -15,7 +15,6 @@ Example::
 from agentcore_rl.server import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.server.app import AgentCoreRLApp
 from agentcore_rl.server.config import (
-    RepeatConfig,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
@@ -27,7 +26,6 @@ from agentcore_rl.server.faults import FaultChecks
 __all__ = [
     "AgentCoreRLApp",
     "FaultChecks",
-    "RepeatConfig",
     "RequestContext",
     "RequestLimits",
     "ShutdownConfig",

@@ -30,36 +30,31 @@ from starlette.types import Lifespan
 
 from agentcore_rl import protocol
 from agentcore_rl._unwrap import raise_unwrapped
-from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
-    DEFAULT_REPEATS,
     DEFAULT_REQUEST_LIMITS,
     DEFAULT_SHUTDOWN,
     DEFAULT_SPOOL,
     DEFAULT_WORKERS,
     MOVED_KEYWORDS,
-    RepeatConfig,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
 )
 from agentcore_rl.server.faults import DEFAULT_FAULT_CHECKS, FaultChecks
-from agentcore_rl.server.finished import FinishedRollouts
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec
 from agentcore_rl.server.lease import LeaseWatcher
-from agentcore_rl.server.ledger import RunLedger, ledger_enabled_by_env
 from agentcore_rl.server.limits import LoopLag, prepare_process, serve_options
-from agentcore_rl.server.lost import LostRolloutReporter
 from agentcore_rl.server.parsing import allowed_buckets_from
 from agentcore_rl.server.routes import RolloutRoutes
-from agentcore_rl.server.runner import RolloutJob, RolloutRunner, ShutdownReport
+from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
 from agentcore_rl.server.settings import (
     SPOOL_DIR_ENV,
     app_name_from_env,
@@ -68,7 +63,7 @@ from agentcore_rl.server.settings import (
     default_host,
     handler_app_name,
 )
-from agentcore_rl.server.spool import Spool, s3_destination
+from agentcore_rl.server.spool import Spool
 
 __all__ = ["AgentCoreRLApp"]
 
@@ -94,14 +89,12 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     ``allowed_buckets`` (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated)
     limits which buckets a payload may name. ``app_name`` (default:
     ``$AGENTCORE_RL_APP_NAME``, else the handler's module and name) is the agent's
-    identity: its spool and run ledger live in a directory of that name, and envelopes
+    identity: its spool lives in a directory of that name, and envelopes
     another app spooled are never delivered by this one. The rest is grouped by concern:
     ``limits`` (:class:`~agentcore_rl.server.config.RequestLimits`: body size, nesting,
     bodies in flight), ``shutdown`` (:class:`~agentcore_rl.server.config.ShutdownConfig`:
     grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
-    directory, retry intervals, run ledger), ``repeats``
-    (:class:`~agentcore_rl.server.config.RepeatConfig`: how a repeated invocation is kept
-    from running twice), ``workers``
+    directory, retry intervals), ``workers``
     (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
     interval) and ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`: a result
     bucket that does not exist or refuses the server is refused with a 4xx naming it; the
@@ -109,9 +102,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
     and ``/ping``.
 
-    At startup the app delivers what its spool holds and, with the run ledger, reports
-    the rollouts a crashed predecessor on the same disk left running as ``agent_lost``
-    (:mod:`agentcore_rl.server.lost`), which clients retry in a new session.
+    At startup the app delivers what its spool holds. A repeated invocation (same session
+    id and result key) does not run twice: while it runs it is recognised, and a re-send
+    the client marked (``_rollout.repeat``) first checks S3 for an earlier run's envelope.
 
     It is an ordinary Starlette app: add routes or middleware, or mount it in another app
     (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
@@ -141,7 +134,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         limits: RequestLimits = DEFAULT_REQUEST_LIMITS,
         shutdown: ShutdownConfig = DEFAULT_SHUTDOWN,
         spool: SpoolConfig = DEFAULT_SPOOL,
-        repeats: RepeatConfig = DEFAULT_REPEATS,
         workers: WorkerConfig = DEFAULT_WORKERS,
         faults: FaultChecks = DEFAULT_FAULT_CHECKS,
         clock: Callable[[], float] = time.time,
@@ -153,7 +145,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             ("limits", limits, RequestLimits),
             ("shutdown", shutdown, ShutdownConfig),
             ("spool", spool, SpoolConfig),
-            ("repeats", repeats, RepeatConfig),
             ("workers", workers, WorkerConfig),
             ("faults", faults, FaultChecks),
         )
@@ -175,7 +166,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self.limits = limits
         self.shutdown = shutdown
         self.spool_config = spool
-        self.repeats = repeats
         self.workers = workers
         self.body_budget = BodyBudget(limits.max_inflight_body_bytes)
         self._owns_store = store is None
@@ -191,33 +181,12 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             max_retry_interval=spool.max_retry_interval,
             on_change=self._refresh_health,
         )
-        self.ledger = RunLedger(
-            None,
-            enabled=ledger_enabled_by_env() if spool.run_ledger is None else spool.run_ledger,
-        )
         if self.app_name is not None:
             self._place_spool(self.app_name)
         self._clock = clock
         self.health = HealthTracker(clock=clock)
-        self.finished = FinishedRollouts(
-            ttl=repeats.finished_ttl, max_entries=repeats.finished_max_entries, clock=clock
-        )
         self.runner = RolloutRunner(
-            spool=self.spool,
-            clock=clock,
-            on_change=self._refresh_health,
-            on_finished=self._remember_finished,
-            exists=self.store.head if repeats.check_existing != "never" else None,
-            ledger=self.ledger,
-        )
-        # Cancelled at shutdown: the store closes, the ledgers not reported stay for later.
-        self.lost_reporter = LostRolloutReporter(
-            store=self.store,
-            spool=self.spool,
-            settled=self.settled_here,
-            on_reported=self._remember_lost,
-            allowed_buckets=self.allowed_buckets,
-            clock=clock,
+            spool=self.spool, clock=clock, on_change=self._refresh_health, exists=self.store.head
         )
         # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
         self.bucket_check = BucketCheck(self.store, faults)
@@ -239,9 +208,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         configured = self.spool_config.directory or os.environ.get(SPOOL_DIR_ENV) or None
         directory = Path(configured) if configured is not None else app_spool_dir(name)
         self.spool.place(directory, owner=name)
-        self.ledger.directory = directory
-        destination = s3_destination(self.store)
-        self.ledger.identity = (name, destination.endpoint_url, destination.region)
 
     def __repr__(self) -> str:
         handler = self._spec.name if self._spec is not None else None
@@ -308,8 +274,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         return self._limiter
 
     async def startup(self) -> None:
-        """Adopt envelopes a previous server left in the spool directory, retry them at
-        once and remember their rollouts as finished. Idempotent.
+        """Adopt envelopes a previous server left in the spool directory and retry them at
+        once. Idempotent.
 
         Called by the lifespan, by ``async with app``, and by the first invocation when
         the app is mounted somewhere that does not run its lifespan.
@@ -322,34 +288,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._place_spool(self.app_name)
         if await self.spool.recover():
             self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
-        for bucket, key in self.spool.pending_keys:
-            # A predecessor's spooled rollout is finished: a re-invoke must not rerun it.
-            with contextlib.suppress(InvalidPayloadError):
-                self.finished.remember(bucket, key, session_id=protocol.parse_result_key(key)[2])
-        # After the spool: a rollout whose envelope waits there is finished, not lost.
-        self.ledger.open()
-        orphans = self.ledger.claim_orphans()
-        if not orphans:
-            self.lost_reporter.done.set()
-        elif self._tasks is not None:
-            self._tasks.start_soon(
-                self.lost_reporter.report, orphans, name="agentcore-rl lost rollouts"
-            )
-        else:
-            await self.lost_reporter.report(orphans)
-
-    def settled_here(self, bucket: str, key: str) -> bool:
-        """Whether this process runs, finished or spooled the rollout writing that key."""
-        return (
-            self.runner.find(bucket, key) is not None
-            or self.finished.contains(bucket, key)
-            or self.spool.holds(bucket, key)
-        )
-
-    @property
-    def lost_reported(self) -> asyncio.Event:
-        """Set once the rollouts of dead predecessors found at startup are reported."""
-        return self.lost_reporter.done
+        for _, key in self.spool.pending_keys:
+            # A predecessor's spooled rollout has finished: a probe of its session says so.
+            self.runner.remember_finished(protocol.parse_result_key(key)[2], key)
 
     def tune_process(self) -> None:
         """Process-wide settings for an app that owns its process: lower the GIL switch
@@ -363,25 +304,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
 
-    def _remember_finished(self, job: RolloutJob) -> None:
-        key = job.result_key
-        config = job.context.rollout
-        if key is not None and config is not None:
-            self.finished.remember(config.s3_bucket, key, session_id=job.session_id)
-
-    def _remember_lost(self, bucket: str, key: str, session_id: str) -> None:
-        self.finished.remember(bucket, key, session_id=session_id)
-
     def session_state(self, session_id: str) -> dict[str, Any]:
         """What this server knows of a session: the ``/sessions/{id}`` answer."""
-        running = [job.result_key for job in self.runner.for_session(session_id)]
-        if running:
-            keys = sorted(key for key in running if key is not None)
-            return protocol.session_status(session_id, protocol.SessionState.RUNNING, keys)
-        finished = self.finished.keys_of_session(session_id)
-        if finished:
-            return protocol.session_status(session_id, protocol.SessionState.FINISHED, finished)
-        return protocol.session_status(session_id, protocol.SessionState.UNKNOWN)
+        return self.runner.session_state(session_id)
 
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
@@ -402,7 +327,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
                     self.shutdown.grace,
                     active,
                 )
-            self.lost_reporter.cancel()
             report = await self.runner.shutdown(
                 self.shutdown.grace, cancel_timeout=self.shutdown.cancel_timeout
             )
@@ -414,8 +338,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
                     self.shutdown.grace,
                 )
             await self.spool.aclose()
-            # Every rollout ended, or its envelope is spooled: nothing for a successor.
-            self.ledger.close()
             if self._owns_store:
                 await self.store.aclose()
             self.last_shutdown = report

@@ -8,14 +8,13 @@ value is a :class:`~agentcore_rl.errors.ConfigurationError`, an unknown keyword 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.keywords import checked_init
 from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES
-from agentcore_rl.server.finished import DEFAULT_FINISHED_MAX_ENTRIES, DEFAULT_FINISHED_TTL
 from agentcore_rl.server.parsing import DEFAULT_MAX_JSON_DEPTH
 from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT
 from agentcore_rl.server.settings import (
@@ -31,21 +30,15 @@ from agentcore_rl.server.spool import (
 )
 
 __all__ = [
-    "DEFAULT_REPEATS",
     "DEFAULT_REQUEST_LIMITS",
     "DEFAULT_SHUTDOWN",
     "DEFAULT_SPOOL",
     "DEFAULT_WORKERS",
-    "CheckExisting",
-    "RepeatConfig",
     "RequestLimits",
     "ShutdownConfig",
     "SpoolConfig",
     "WorkerConfig",
 ]
-
-#: When a rollout HEADs its key before running (see :class:`RepeatConfig`).
-CheckExisting = Literal["always", "repeats", "never"]
 
 
 @checked_init
@@ -115,9 +108,7 @@ class SpoolConfig:
     under :func:`~agentcore_rl.server.settings.default_spool_dir`, named after its app
     name or its handler) is drained at startup; share one between apps only on purpose.
     Spooled envelopes are retried every ``retry_interval`` seconds, doubling up to
-    ``max_retry_interval``. ``run_ledger`` (default: on unless ``$AGENTCORE_RL_RUN_LEDGER``
-    is ``0``) keeps the running rollouts in a file there, so a successor on the same disk
-    reports a crashed server's rollouts as lost.
+    ``max_retry_interval``.
 
     Example::
 
@@ -127,46 +118,12 @@ class SpoolConfig:
     directory: Path | str | None = None
     retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL
     max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL
-    run_ledger: bool | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.retry_interval <= self.max_retry_interval:
             raise ConfigurationError(
                 "need 0 < retry_interval <= max_retry_interval, got "
                 f"{self.retry_interval} and {self.max_retry_interval}"
-            )
-
-
-@checked_init
-@dataclass(frozen=True, kw_only=True)
-class RepeatConfig:
-    """How a repeated invocation (same session id and result key) is kept from rerunning.
-
-    While it runs, or for ``finished_ttl`` seconds after it finished (at most
-    ``finished_max_entries`` remembered), it is answered from memory; later, or in a new
-    process, the rollout HEADs its key before the handler starts and an envelope already
-    there wins: for invocations marked ``_rollout.repeat: true`` (``check_existing``
-    ``"repeats"``), for all (``"always"``), or never (``"never"``).
-
-    Example::
-
-        RepeatConfig(check_existing="always", finished_ttl=600.0)
-    """
-
-    check_existing: CheckExisting = "repeats"
-    finished_ttl: float = DEFAULT_FINISHED_TTL
-    finished_max_entries: int = DEFAULT_FINISHED_MAX_ENTRIES
-
-    def __post_init__(self) -> None:
-        if self.check_existing not in ("always", "repeats", "never"):
-            raise ConfigurationError(
-                "check_existing must be 'always', 'repeats' or 'never', got "
-                f"{self.check_existing!r}"
-            )
-        if self.finished_ttl <= 0 or self.finished_max_entries < 1:
-            raise ConfigurationError(
-                "finished_ttl must be positive and finished_max_entries >= 1, got "
-                f"{self.finished_ttl} and {self.finished_max_entries}"
             )
 
 
@@ -199,30 +156,19 @@ class WorkerConfig:
 DEFAULT_REQUEST_LIMITS: Final = RequestLimits()
 DEFAULT_SHUTDOWN: Final = ShutdownConfig()
 DEFAULT_SPOOL: Final = SpoolConfig()
-DEFAULT_REPEATS: Final = RepeatConfig()
 DEFAULT_WORKERS: Final = WorkerConfig()
 
-#: Where the keywords of earlier versions live now (named in the TypeError an old one gets).
+#: The app's keyword for each config object: a field given to the app itself (``grace=``,
+#: ``shutdown_grace=``) is named where it belongs in the ``TypeError`` it gets.
+_CONFIGS: Final[dict[str, type[object]]] = {
+    "limits": RequestLimits,
+    "shutdown": ShutdownConfig,
+    "spool": SpoolConfig,
+    "workers": WorkerConfig,
+}
 MOVED_KEYWORDS: Final = {
-    **{
-        name: f"limits=RequestLimits({name}=...)"
-        for name in (
-            "max_body_bytes",
-            "max_json_depth",
-            "max_inflight_body_bytes",
-            "envelope_payload_max_bytes",
-        )
-    },
-    "shutdown_grace": "shutdown=ShutdownConfig(grace=...)",
-    "stop_wait": "shutdown=ShutdownConfig(stop_wait=...)",
-    "cancel_timeout": "shutdown=ShutdownConfig(cancel_timeout=...)",
-    "spool_dir": "spool=SpoolConfig(directory=...)",
-    "spool_retry_interval": "spool=SpoolConfig(retry_interval=...)",
-    "spool_max_retry_interval": "spool=SpoolConfig(max_retry_interval=...)",
-    "run_ledger": "spool=SpoolConfig(run_ledger=...)",
-    "check_existing_results": "repeats=RepeatConfig(check_existing=...)",
-    "finished_ttl": "repeats=RepeatConfig(finished_ttl=...)",
-    "finished_max_entries": "repeats=RepeatConfig(finished_max_entries=...)",
-    "max_sync_workers": "workers=WorkerConfig(max_sync_workers=...)",
-    "gil_switch_interval": "workers=WorkerConfig(gil_switch_interval=...)",
+    name: f"{param}={cls.__name__}({field}=...)"
+    for param, cls in _CONFIGS.items()
+    for field in (f.name for f in fields(cls))  # type: ignore[arg-type]
+    for name in (field, f"{param}_{field}")
 }

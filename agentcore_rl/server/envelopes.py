@@ -17,13 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.server.ledger import LedgerEntry
 
 __all__ = [
     "describe_exception",
     "dumps_strict",
     "error_envelope_bytes",
-    "lost_envelope_bytes",
     "outcome_envelope",
 ]
 
@@ -88,32 +86,3 @@ def outcome_envelope(metadata: Mapping[str, Any], result: object) -> tuple[bytes
             ),
             protocol.ERROR_NOT_JSON,
         )
-
-
-def lost_envelope_bytes(entry: LedgerEntry, *, finished_at: float, pid: int | None) -> bytes:
-    """The envelope a successor writes for a rollout whose process died (from its run
-    ledger): ``error_type`` ``agent_lost``, status 503; the payload is not known any more,
-    so it holds the ``_rollout`` block only."""
-    rollout = {
-        protocol.EXP_ID: entry.exp_id,
-        protocol.INPUT_ID: entry.input_id,
-        protocol.S3_BUCKET: entry.bucket,
-    }
-    metadata = {
-        **rollout,
-        protocol.RESULT_KEY: entry.key,
-        protocol.SESSION_ID: entry.session_id,
-        protocol.STARTED_AT: entry.started_at,
-        protocol.FINISHED_AT: finished_at,
-        protocol.PAYLOAD: {protocol.ROLLOUT_FIELD: rollout},
-    }
-    who = f"(pid {pid}) " if pid is not None else ""
-    return error_envelope_bytes(
-        metadata,
-        error_type=protocol.ERROR_AGENT_LOST,
-        reason=(
-            f"lost: the agent process {who}running this rollout died before it finished; "
-            "its successor found it in the run ledger. Run it again in a new session"
-        ),
-        status_code=protocol.AGENT_LOST_STATUS_CODE,
-    )

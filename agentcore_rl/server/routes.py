@@ -1,9 +1,9 @@
 """The agent server's routes: ``/invocations``, ``/ping``, ``/sessions/{id}`` and its stop.
 
 A mixin of :class:`~agentcore_rl.server.AgentCoreRLApp`: reading and checking an
-invocation, accepting a rollout (once: a repeat is answered from what this process
-knows), calling a plain entrypoint, and the session routes. The app provides the state
-they use (declared below).
+invocation, accepting a rollout (once: a repeat of a running one is recognised, a
+marked re-send checks S3 first), calling a plain entrypoint, and the session routes. The
+app provides the state they use (declared below).
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.budget import BodyBudget
-from agentcore_rl.server.config import RepeatConfig, RequestLimits, ShutdownConfig
+from agentcore_rl.server.config import RequestLimits, ShutdownConfig
 from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.finished import FinishedRollouts
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
 from agentcore_rl.server.lease import check_lease_reference
@@ -38,7 +37,6 @@ from agentcore_rl.server.parsing import (
     session_id_from,
 )
 from agentcore_rl.server.runner import RolloutRunner
-from agentcore_rl.server.spool import Spool
 
 __all__ = ["RolloutRoutes"]
 
@@ -66,14 +64,11 @@ class RolloutRoutes:
     allowed_buckets: frozenset[str] | None
     limits: RequestLimits
     shutdown: ShutdownConfig
-    repeats: RepeatConfig
     body_budget: BodyBudget
     bucket_check: BucketCheck
     overload: LoopLag
     health: HealthTracker
-    finished: FinishedRollouts
     runner: RolloutRunner
-    spool: Spool
     _spec: HandlerSpec | None
     _rollout_mode: bool
     _closing: bool
@@ -165,13 +160,6 @@ class RolloutRoutes:
             return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
 
-    def _should_check_existing(self, config: protocol.RolloutConfig | None) -> bool:
-        # "repeats": only invocations the client marks as sent again can have an earlier
-        # run; a first send has a fresh session id. Saves one HEAD per rollout.
-        if self.repeats.check_existing == "repeats":
-            return config is not None and config.extra.get(protocol.REPEAT) is True
-        return self.repeats.check_existing == "always"
-
     def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
         cap = self.limits.envelope_payload_max_bytes
         if cap is None or len(body) <= cap or not self._rollout_mode:
@@ -204,20 +192,15 @@ class RolloutRoutes:
                 # A retried invocation (same session, same result key): one rollout only.
                 logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
                 return JSONResponse(protocol.processing_response(config, context.session_id))
-            if self.finished.contains(config.s3_bucket, key) or self.spool.holds(
-                config.s3_bucket, key
-            ):
-                # Its answer was lost, or a resume re-sent it: the envelope is written (or
-                # spooled); running it again would rewrite a key the client may have read.
-                logger.info("rollout for s3://%s/%s has already finished", config.s3_bucket, key)
-                return JSONResponse(protocol.processing_response(config, context.session_id))
         job = self.runner.start(
             spec,
             payload,
             context,
             limiter=self._get_limiter(),
             envelope_payload=envelope_payload,
-            check_existing=self._should_check_existing(config),
+            # Only a re-send the client marked can have an earlier run (a first send has a
+            # fresh session id): one HEAD for those, none for the rest.
+            check_existing=config is not None and config.extra.get(protocol.REPEAT) is True,
         )
         # Mounted where no lifespan runs there is no task group: the rollout runs after
         # the answer, in the request's own task, which the ASGI server owns.

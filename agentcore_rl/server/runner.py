@@ -39,7 +39,6 @@ from agentcore_rl.server.envelopes import (
     outcome_envelope,
 )
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
-from agentcore_rl.server.ledger import RunLedger
 from agentcore_rl.server.spool import Spool
 
 __all__ = ["RolloutJob", "RolloutRunner", "ShutdownReport"]
@@ -49,6 +48,8 @@ logger = logging.getLogger(__name__)
 # Reasons of "cancelled" envelopes: the error type already says "cancelled".
 SHUTDOWN_REASON: Final = "the agent server is shutting down"
 DEFAULT_CANCEL_TIMEOUT: Final = 5.0
+#: Finished sessions remembered for status probes: at 100 rollouts/s, the last 100 s.
+DEFAULT_REMEMBERED_SESSIONS: Final = 10_000
 
 
 def _uncancel() -> None:
@@ -85,8 +86,6 @@ class RolloutJob:
     # Set once an envelope is claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
     delivered: bool = False
-    # This rollout's line in the run ledger (``None``: not recorded).
-    ledger_token: int | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
@@ -127,10 +126,13 @@ class RolloutRunner:
 
     ``on_change`` is called whenever the number of running rollouts changes (the server
     turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
-    ``on_finished`` is called with each job whose envelope was delivered or spooled.
-    ``exists`` (``ResultStore.head``), when given, is asked before the handler runs: if
-    the result key already holds an envelope (an earlier run's, before a restart), that
-    envelope wins and the handler does not run.
+    ``exists`` (``ResultStore.head``) is asked before the handler of a re-send the client
+    marked (``_rollout.repeat``) runs: if the result key already holds an envelope (an
+    earlier run's, in this process or a predecessor), that envelope wins.
+
+    The sessions of the last ``remember`` finished rollouts are kept (session id and result
+    keys, a few hundred bytes each), so a liveness probe racing the client's read of a
+    just-written envelope hears ``finished``, not ``unknown``.
     """
 
     def __init__(
@@ -139,16 +141,15 @@ class RolloutRunner:
         spool: Spool,
         clock: Callable[[], float],
         on_change: Callable[[], None] | None = None,
-        on_finished: Callable[[RolloutJob], None] | None = None,
         exists: Callable[[str, str], Awaitable[bool]] | None = None,
-        ledger: RunLedger | None = None,
+        remember: int = DEFAULT_REMEMBERED_SESSIONS,
     ) -> None:
         self._spool = spool
-        self._ledger = ledger
         self._clock = clock
         self._on_change = on_change
-        self._on_finished = on_finished
         self._exists = exists
+        self._remember = remember
+        self._finished: dict[str, tuple[str, ...]] = {}
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
         self._by_key: dict[tuple[str, str], RolloutJob] = {}
@@ -218,17 +219,7 @@ class RolloutRunner:
         self._by_session.setdefault(job.session_id, set()).add(job)
         config = context.rollout
         if config is not None:
-            key = config.key_for(job.session_id)
-            self._by_key[(config.s3_bucket, key)] = job
-            if self._ledger is not None:
-                job.ledger_token = self._ledger.begin(
-                    config.s3_bucket,
-                    key,
-                    session_id=job.session_id,
-                    exp_id=config.exp_id,
-                    input_id=config.input_id,
-                    started_at=job.started_at,
-                )
+            self._by_key[(config.s3_bucket, config.key_for(job.session_id))] = job
         self._changed()
         return job
 
@@ -236,12 +227,29 @@ class RolloutRunner:
         if self._on_change is not None:
             self._on_change()
 
+    def remember_finished(self, session_id: str, key: str) -> None:
+        """Record that the session's rollout writing ``key`` has finished (or is spooled)."""
+        keys = self._finished.pop(session_id, ())
+        self._finished[session_id] = (*keys, key) if key not in keys else keys
+        if len(self._finished) > self._remember:
+            del self._finished[next(iter(self._finished))]
+
+    def session_state(self, session_id: str) -> dict[str, Any]:
+        """What this server knows of a session: the ``/sessions/{id}`` answer."""
+        running = sorted(
+            key for job in self._by_session.get(session_id, ()) if (key := job.result_key)
+        )
+        if session_id in self._by_session:
+            return protocol.session_status(session_id, protocol.SessionState.RUNNING, running)
+        finished = self._finished.get(session_id)
+        if finished:
+            state = protocol.SessionState.FINISHED
+            return protocol.session_status(session_id, state, sorted(finished))
+        return protocol.session_status(session_id, protocol.SessionState.UNKNOWN)
+
     def _forget(self, job: RolloutJob) -> None:
-        # Remembered before the key leaves _by_key, so a retry never sees neither.
-        if job.delivered and self._on_finished is not None:
-            self._on_finished(job)
-        if self._ledger is not None:
-            self._ledger.end(job.ledger_token)
+        if job.delivered and job.result_key is not None:
+            self.remember_finished(job.session_id, job.result_key)
         self._jobs.discard(job)
         session_jobs = self._by_session.get(job.session_id)
         if session_jobs is not None:
@@ -365,7 +373,10 @@ class RolloutRunner:
         # Left set if the check is cancelled, so the stop path knows to check again.
         job.checking = True
         try:
-            found = await self._exists(config.s3_bucket, key)
+            # The envelope is in S3, or in this process's spool while S3 refuses it.
+            found = self._spool.holds(config.s3_bucket, key) or await self._exists(
+                config.s3_bucket, key
+            )
         except Exception as exc:
             # Running twice beats never running: S3 trouble does not block the rollout.
             logger.warning(

@@ -116,7 +116,7 @@ def handler_app_name(func: Callable[..., Any]) -> str:
 
 def app_spool_dir(name: str, environ: Mapping[str, str] = os.environ) -> Path:
     """The default spool directory of the agent called ``name``: ``default_spool_dir() /
-    name``, so two different agents on one host keep their spools and run ledgers apart
+    name``, so two different agents on one host keep their spools apart
     while restarts of one agent find each other's.
     """
     directory = default_spool_dir(environ) / check_app_name(name)

@@ -1,7 +1,6 @@
 """Crash detection on real processes: an agent killed with SIGKILL mid-rollout and restarted
-on the same port. A probe finds the session unknown (or, with the run ledger, the restarted
-agent writes an ``agent_lost`` envelope), the rollout ends in AgentLostError and, by policy,
-runs again in a new session; a retryable shutdown envelope does the same."""
+on the same port. A probe finds the session unknown, the rollout ends in AgentLostError and,
+by policy, runs again in a new session; a retryable shutdown envelope does the same."""
 
 from __future__ import annotations
 
@@ -107,8 +106,6 @@ async def agent(tmp_path: Path, s3_endpoint: str) -> AsyncIterator[Agent]:
         "AWS_ENDPOINT_URL_S3": s3_endpoint,
         "PYTHONUNBUFFERED": "1",
         "AGENTCORE_RL_SPOOL_DIR": str(tmp_path / "spool"),
-        # These tests are about probes; the ledger's own test turns it back on.
-        "AGENTCORE_RL_RUN_LEDGER": "0",
     }
     process = Agent(script, free_port(), env)
     try:
@@ -154,31 +151,6 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
         await asyncio.wait_for(fut, 30)
     assert client.stats.agents_lost == 1
     assert client.stats.in_flight == 0
-
-
-@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-async def test_a_restarted_agent_reports_its_predecessors_rollout_lost(
-    make_client: ClientFactory, agent: Agent
-) -> None:
-    # No probes at all: only the run ledger in the shared spool directory can tell.
-    agent.env["AGENTCORE_RL_RUN_LEDGER"] = "1"
-    await agent.start(1)
-    client = make_client(agent_url=agent.url, liveness=LivenessConfig(enabled=False))
-    fut = await client.invoke({"n": 3})
-    first = fut.session_id
-    await agent.entered()
-    await agent.kill()
-    await agent.start(2)
-    result = await asyncio.wait_for(fut, 30)
-    assert result["generation"] == "2"
-    assert fut.previous_sessions == [first]
-    assert fut.losses == 1
-    first_key = fut.result_key.replace(fut.session_id, first)
-    lost = await client.store.get_json(fut.s3_bucket, first_key)
-    assert lost is not None
-    assert lost["error_type"] == "agent_lost"
-    stats = client.stats
-    assert (stats.agents_lost, stats.lost_retries, stats.probes) == (1, 1, 0)
 
 
 async def test_a_shutdown_envelope_is_retried_in_a_new_session(

@@ -15,7 +15,6 @@ from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from agentcore_rl.server.config import (
     DEFAULT_REQUEST_LIMITS,
-    RepeatConfig,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
@@ -43,7 +42,6 @@ def switch_interval() -> Iterator[None]:
         (lambda: WorkerConfig(max_sync_workers=0), "max_sync_workers must be >= 1"),
         (lambda: SpoolConfig(retry_interval=0), "retry_interval"),
         (lambda: WorkerConfig(gil_switch_interval=0), "gil_switch_interval must be positive"),
-        (lambda: RepeatConfig(check_existing="x"), "check_existing must be"),  # type: ignore[arg-type]
         (
             lambda: AgentCoreRLApp(limits=ShutdownConfig()),  # type: ignore[arg-type]
             "limits must be a RequestLimits",
@@ -77,6 +75,11 @@ def test_a_moved_keyword_says_where_it_lives_now() -> None:
         AgentCoreRLApp(shutdown_grace=5)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"limits=RequestLimits\(max_body_bytes=...\)"):
         AgentCoreRLApp(max_body_bytes=5)  # type: ignore[call-arg]
+    # A config field given to the app itself is named where it belongs.
+    with pytest.raises(TypeError, match=r"'grace' \(did you mean 'shutdown=ShutdownConfig"):
+        AgentCoreRLApp(grace=60)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"spool=SpoolConfig\(directory=...\)"):
+        AgentCoreRLApp(spool_dir="/tmp/x")  # type: ignore[call-arg]
 
 
 def test_at_most_sixteen_parameters_and_readable_configs() -> None:

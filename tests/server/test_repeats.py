@@ -1,5 +1,6 @@
 """A repeated invocation (same session, same result key) never runs the handler twice:
-not while it runs, not after it finished, not after a restart, not while spooled."""
+not while it runs, and a re-send the client marked not after it finished, not after a
+restart, not while spooled."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import AgentCoreRLApp, FaultChecks
-from agentcore_rl.server.config import CheckExisting, RepeatConfig, SpoolConfig
-from agentcore_rl.server.finished import FinishedRollouts
+from agentcore_rl.server import FaultChecks
+from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.runner import RolloutRunner
+from agentcore_rl.server.spool import Spool
 
 from .helpers import (
     SESSION,
     FakeClock,
+    HeldRollout,
     accept,
     read_envelope,
     rollout_app,
@@ -43,23 +44,6 @@ class Counting:
         return {"rewards": [1.0], "run": self.runs}
 
 
-async def test_repeat_after_finish_is_not_run_again(store: ResultStore, bucket: str) -> None:
-    handler = Counting()
-    app = rollout_app(store, handler.solve, clock=FakeClock())
-    async with served(app) as http:
-        first = await accept(http, bucket)
-        await settle(app)
-        written = await read_envelope(store, bucket, KEY)
-        heads = store.request_counts.get("HeadObject", 0)
-        again = await accept(http, bucket)  # the answer to the first was "lost"
-        await settle(app)
-    assert again.json() == first.json()
-    assert handler.runs == 1
-    assert await read_envelope(store, bucket, KEY) == written
-    # Answered from memory: no S3 request for the repeat.
-    assert store.request_counts.get("HeadObject", 0) == heads
-
-
 async def resend(http: httpx.AsyncClient, bucket: str, *, marked: bool = True) -> None:
     """Send the test session's rollout again, marked as a repeat as the client does."""
     body = rollout_payload(bucket)
@@ -69,20 +53,33 @@ async def resend(http: httpx.AsyncClient, bucket: str, *, marked: bool = True) -
     assert response.status_code == 200, response.text
 
 
-async def test_forgotten_repeat_existing_envelope_wins(store: ResultStore, bucket: str) -> None:
-    clock = FakeClock()
+async def test_marked_repeat_after_finish_is_not_run_again(store: ResultStore, bucket: str) -> None:
     handler = Counting()
-    app = rollout_app(store, handler.solve, clock=clock, repeats=RepeatConfig(finished_ttl=60))
+    app = rollout_app(store, handler.solve)
     async with served(app) as http:
         await accept(http, bucket)
         await settle(app)
         written = await read_envelope(store, bucket, KEY)
-        clock.advance(61)  # past the memory: S3 decides
-        assert app.session_state(SESSION)["state"] == "unknown"
-        await resend(http, bucket)
+        heads = store.request_counts.get("HeadObject", 0)
+        await resend(http, bucket)  # the answer to the first was "lost": S3 decides
         await settle(app)
     assert handler.runs == 1
+    assert store.request_counts.get("HeadObject", 0) == heads + 1
     assert await read_envelope(store, bucket, KEY) == written
+
+
+async def test_repeat_while_running_is_recognised(store: ResultStore, bucket: str) -> None:
+    held = HeldRollout()
+    app = rollout_app(store, held.solve)
+    async with served(app) as http:
+        await accept(http, bucket)
+        await held.wait_entered()
+        await accept(http, bucket)  # unmarked: the running job answers, no HEAD
+        await resend(http, bucket)
+        assert app.runner.active == 1
+        held.release.set()
+        await settle(app)
+    assert store.request_counts.get("HeadObject", 0) == 0
 
 
 async def test_restarted_server_does_not_rerun(store: ResultStore, bucket: str) -> None:
@@ -98,31 +95,16 @@ async def test_restarted_server_does_not_rerun(store: ResultStore, bucket: str) 
     assert (await read_envelope(store, bucket, KEY))["run"] == 1
 
 
-@pytest.mark.parametrize(
-    ("mode", "marked", "runs", "heads"),
-    [
-        ("repeats", False, 2, 0),  # an unmarked first send costs no HEAD
-        ("always", False, 1, 1),
-        ("never", True, 2, 0),
-    ],
-)
-async def test_check_modes(
-    store: ResultStore, bucket: str, mode: CheckExisting, marked: bool, runs: int, heads: int
-) -> None:
+async def test_an_unmarked_send_costs_no_head(store: ResultStore, bucket: str) -> None:
     handler = Counting()
     async with served(rollout_app(store, handler.solve)) as http:
         await accept(http, bucket)
-    app = rollout_app(store, handler.solve, repeats=RepeatConfig(check_existing=mode))
+    app = rollout_app(store, handler.solve)
     async with served(app) as http:
-        await resend(http, bucket, marked=marked)
+        await resend(http, bucket, marked=False)
         await settle(app)
-    assert handler.runs == runs
-    assert store.request_counts.get("HeadObject", 0) == heads
-
-
-def test_check_mode_is_checked(store: ResultStore) -> None:
-    with pytest.raises(ConfigurationError, match="check_existing must be"):
-        AgentCoreRLApp(store=store, repeats=RepeatConfig(check_existing="sometimes"))  # type: ignore[arg-type]
+    assert handler.runs == 2
+    assert store.request_counts.get("HeadObject", 0) == 0
 
 
 async def test_spooled_rollout_counts_as_finished(
@@ -141,7 +123,7 @@ async def test_spooled_rollout_counts_as_finished(
         await accept(http, bucket)
         await settle(app)
         assert app.spool.pending == 1
-        await accept(http, bucket)
+        await resend(http, bucket)
         await settle(app)
         assert handler.runs == 1
         assert app.session_state(SESSION)["state"] == "finished"
@@ -156,7 +138,7 @@ async def test_spooled_rollout_counts_as_finished(
     async with served(app) as http:
         assert app.spool.pending == 1
         assert app.session_state(SESSION)["state"] == "finished"
-        await accept(http, bucket)
+        await resend(http, bucket)
         await settle(app)
         assert later.runs == 0
         await store.ensure_bucket(bucket)
@@ -164,24 +146,16 @@ async def test_spooled_rollout_counts_as_finished(
     assert (await read_envelope(store, bucket, KEY))["run"] == 1
 
 
-def test_memory_is_bounded_in_time_and_count() -> None:
-    clock = FakeClock()
-    finished = FinishedRollouts(ttl=10, max_entries=2, clock=clock)
-    finished.remember("b", "e/1/s1.json", session_id="s1")
-    clock.advance(5)
-    finished.remember("b", "e/2/s2.json", session_id="s2")
-    finished.remember("b", "e/3/s3.json", session_id="s3")  # over the count: s1 goes
-    assert not finished.contains("b", "e/1/s1.json")
-    assert finished.keys_of_session("s1") == []
-    assert finished.contains("b", "e/2/s2.json")
-    clock.advance(10)  # past the ttl of both
-    assert len(finished) == 0
-    assert finished.keys_of_session("s3") == []
-
-
-def test_memory_settings_are_checked(store: ResultStore) -> None:
-    with pytest.raises(ConfigurationError, match="finished_ttl"):
-        AgentCoreRLApp(store=store, repeats=RepeatConfig(finished_ttl=0))
+def test_finished_sessions_remembered_are_bounded(store: ResultStore) -> None:
+    runner = RolloutRunner(spool=Spool(store), clock=FakeClock(), remember=2)
+    for n in (1, 2, 3):  # over the count: s1 goes
+        runner.remember_finished(f"s{n}", f"e/{n}/s{n}.json")
+    assert runner.session_state("s1")["state"] == "unknown"
+    assert runner.session_state("s3") == {
+        "session_id": "s3",
+        "state": "finished",
+        "result_keys": ["e/3/s3.json"],
+    }
 
 
 def test_status_payload_shape() -> None:

@@ -171,7 +171,6 @@ def test_named_agents_keep_their_default_spools_apart(
     base = tmp_path / "xdg-state" / "agentcore-rl" / "spool"
     math = AgentCoreRLApp(app_name="math")
     assert math.spool.directory == base / "math"
-    assert math.ledger.directory == base / "math"
     assert AgentCoreRLApp(app_name="code").spool.directory == base / "code"
     monkeypatch.setenv("AGENTCORE_RL_APP_NAME", "math")
     assert AgentCoreRLApp().spool.directory == base / "math"  # a restart finds it
