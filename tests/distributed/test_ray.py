@@ -164,10 +164,11 @@ async def test_the_cluster_stays_within_the_quota_across_an_actor_restart(
         for seed, w in enumerate(cluster)
     ]
     for _ in range(600):  # 60 s at most
-        if sum([await w.progress.remote() for w in cluster]) >= 10:
+        if sum([await w.progress.remote() for w in cluster]) >= 4:
             break
         await anyio.sleep(0.1)
-    # The actor's process dies; Ray starts it again, and it starts conservatively.
+    # The actor's process dies with most rollouts still to run (their slots are asked
+    # of the restarted actor); Ray starts it again, and it starts conservatively.
     ray.kill(ray.get_actor(name, namespace=DEFAULT_NAMESPACE), no_restart=False)
 
     with anyio.fail_after(120):
