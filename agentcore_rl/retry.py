@@ -54,6 +54,11 @@ class RetryPolicy:
             f"maximum={self.maximum}, jitter={self.jitter})"
         )
 
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed try number ``attempt`` (1, 2...)."""
+        base: float = min(self.maximum, self.initial * 2.0 ** min(attempt - 1, 60))
+        return base + random.uniform(0, self.jitter)
+
     def retrying(self, retry: retry_base) -> AsyncRetrying:
         """A tenacity loop that follows this policy, retrying what ``retry`` accepts."""
         return AsyncRetrying(

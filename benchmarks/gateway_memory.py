@@ -7,7 +7,12 @@ through the gateway, each in its own session:
 
 - ``big``: two calls, each one user message of ``--big-mb`` MB (about one id per 6 bytes:
   5M prompt ids for 30 MB);
-- ``many``: one call of ``--many`` small messages (a 23 MB body for 100,000).
+- ``many``: one call of ``--many`` small messages (a 23 MB body for 100,000);
+- ``sessions``: ``--sessions`` agent sessions of ``--turns`` turns each (a 4 KB system
+  prompt, then a 1 KB tool result per turn; every turn resends the whole conversation),
+  ``--concurrency`` calls at once, all sessions live until every turn is done; then all are
+  finished. ``peak_mb``: the gateway's peak RSS over the idle baseline, ``live_mb`` its RSS
+  with every session live, ``after_finish_mb`` once all are finished.
 
 For each call it reads the gateway's ``VmHWM`` (peak RSS, reset before the call through
 ``/proc/PID/clear_refs``) and ``VmRSS`` (kept after the call), and the same around
@@ -23,6 +28,7 @@ Example::
 
     python benchmarks/gateway_memory.py                    # 2 x 30 MB, then 100,000 messages
     python benchmarks/gateway_memory.py --big-mb 5 --many 20000
+    python benchmarks/gateway_memory.py --only sessions --sessions 2500 --turns 10
 """
 
 from __future__ import annotations
@@ -221,6 +227,67 @@ async def finish_and_check(
     return out
 
 
+def session_turn(sid: int, turns: int) -> list[bytes]:
+    """The request bodies of one session's turns (each resends the conversation so far)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": words(sid, 4096)},
+        {"role": "user", "content": words(sid + 1, 512)},
+    ]
+    out = []
+    for turn in range(turns):
+        out.append(json.dumps({"model": "m", "messages": messages}).encode())
+        messages = [
+            *messages,
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": words(sid * 31 + turn, 1024)},
+        ]
+    return out
+
+
+async def sessions(
+    http: httpx.AsyncClient, gw: str, pid: int, a: argparse.Namespace, base: float
+) -> dict[str, Any]:
+    reset_peak(pid)
+    started = time.perf_counter()
+    bodies = {s: session_turn(s, a.turns) for s in range(a.sessions)}
+    failed = 0
+    limit = asyncio.Semaphore(a.concurrency)
+
+    async def call(s: int, turn: int) -> None:
+        nonlocal failed
+        async with limit:
+            response = await http.post(
+                f"{gw}/sessions/s{s}/v1/chat/completions",
+                content=bodies[s][turn],
+                headers={"content-type": "application/json"},
+            )
+            failed += response.status_code != 200
+
+    for turn in range(a.turns):  # every session's turn t, then turn t+1: all stay live
+        await asyncio.gather(*(call(s, turn) for s in range(a.sessions)))
+    await settle(http, gw)
+    live = status_mb(pid)
+    sent = sum(len(b) for turns in bodies.values() for b in turns)
+    checked = await finish_and_check(http, gw, pid, "s0", bodies[0], base)
+    for s in range(1, a.sessions):
+        await http.post(
+            f"{gw}/admin/sessions/s{s}/finish", headers={"authorization": f"Bearer {ADMIN}"}
+        )
+    await settle(http, gw)
+    after = status_mb(pid)
+    return {
+        "sessions": a.sessions,
+        "turns": a.turns,
+        "failed_calls": failed,
+        "request_mb_sent": round(sent / 1e6, 1),
+        "seconds": round(time.perf_counter() - started, 1),
+        "peak_mb": round(max(live["VmHWM"], after["VmHWM"]) - base, 1),
+        "live_mb": round(live["VmRSS"] - base, 1),
+        "after_finish_mb": round(after["VmRSS"] - base, 1),
+        "capture_matched": checked["capture_matched"],
+    }
+
+
 async def main(a: argparse.Namespace) -> dict[str, Any]:
     up_port, gw_port = free_port(), free_port()
     up_url, gw_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
@@ -253,6 +320,12 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
             )
             base = status_mb(gw.pid)["VmRSS"]
             result["idle_rss_mb"] = round(base, 1)
+            if a.only in (None, "sessions"):
+                result["sessions"] = await sessions(http, gw_url, gw.pid, a, base)
+                base = status_mb(gw.pid)["VmRSS"]
+            if a.only == "sessions":
+                result["loadavg_end"] = os.getloadavg()
+                return result
             n_big = len(prompt_ids(json.loads(big)["messages"]))
             calls = []
             for _ in range(2):
@@ -285,6 +358,10 @@ def cli() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--big-mb", type=float, default=30.0, help="MB of the one-message calls")
     p.add_argument("--many", type=int, default=100_000, help="messages of the many-message call")
+    p.add_argument("--sessions", type=int, default=2500, help="sessions of the sessions workload")
+    p.add_argument("--turns", type=int, default=10, help="turns per session")
+    p.add_argument("--concurrency", type=int, default=64, help="calls at once (sessions)")
+    p.add_argument("--only", choices=["sessions", "calls"], default=None, help="one workload")
     p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args()
 

@@ -63,3 +63,13 @@ def test_serve_needs_only_the_server_extra() -> None:
     )
     # (httpx may be loaded: aiobotocore uses it when it is installed.)
     assert not loaded & {"tqdm", "openai", "moto", "agentcore_rl.client"}
+
+
+def test_the_top_level_holds_what_the_docs_use_and_no_more() -> None:
+    # Everything else stays importable from its own module (agentcore_rl.client, ...).
+    assert len(agentcore_rl.__all__) <= 30
+    from agentcore_rl.client import TokenBucket, WatcherConfig
+
+    assert "TokenBucket" not in agentcore_rl.__all__
+    assert WatcherConfig.__module__ == "agentcore_rl.client.watcher"
+    assert TokenBucket.__module__ == "agentcore_rl.ratelimit"

@@ -4,16 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from agentcore_rl.gateway.arena import Arena
 from agentcore_rl.gateway.record import (
     CallRecord,
     Completion,
-    SessionTrace,
-    dump_trace,
     ids_array,
-    load_trace,
     logprob_array,
 )
 from agentcore_rl.trajectory import NO_VERSION, build_trajectory
@@ -77,23 +71,13 @@ def test_a_prompt_that_does_not_extend_the_previous_turn_splits() -> None:
     assert [s.calls for s in trajectory.segments] == [[0, 1], [2, 3]]
 
 
-def _compact(records: list[CallRecord]) -> None:
-    arena = Arena()  # what the gateway does with each call once its answer is out
-    for record in records:
-        arena.keep(record)
-
-
-@pytest.mark.parametrize("compacted", [False, True])
-def test_identical_retries_keep_the_last_answer_and_failures_are_skipped(compacted: bool) -> None:
+def test_identical_retries_keep_the_last_answer_and_failures_are_skipped() -> None:
     records = [
         _call(0, [1, 2], [10], body={"same": 1}),
         _call(1, [1, 2], [20], body={"same": 1}),  # retried: the agent used this answer
         _call(2, [1, 2, 20, 3], [], status=502),
         _call(3, [1, 2, 20, 3], [21]),
     ]
-    if compacted:
-        _compact(records)
-        assert all(r.shared for r in records)
     trajectory = build_trajectory(records)
     assert (trajectory.duplicates, trajectory.failed_calls) == (1, 1)
     assert (trajectory.merges, trajectory.splits) == (1, 0)
@@ -105,33 +89,3 @@ def test_out_of_order_records_are_sorted_and_no_records_give_no_segments() -> No
     assert build_trajectory(records).segments[0].calls == [0, 1]
     empty = build_trajectory([])
     assert (empty.segments, empty.min_policy_version, empty.generated_tokens) == ([], None, 0)
-
-
-def test_a_session_arena_keeps_the_repeated_conversation_once_and_reads_back_unchanged() -> None:
-    system = {"role": "system", "content": "answer briefly and call tools when useful " * 20}
-    ask = [system, {"role": "user", "content": "q"}]
-    more = [*ask, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}]
-    records = [
-        _call(0, [1, 2], [10, 11], body={"messages": ask, "max_tokens": 9}),
-        _call(1, [1, 2, 10, 11, 3], [12], body={"messages": more, "max_tokens": 9}),
-        _call(2, [1, 2, 10, 11, 3], [12], body={"messages": more, "max_tokens": 9}),  # retry
-        _call(3, [1, 4], [13], body={"messages": [system], "max_tokens": 9}),  # history cut
-        _call(4, [1, 4, 13, 5], [], status=502),
-        _call(5, [1, 4, 13, 5], [14, 15], body={"messages": more[:3], "n": 1}),
-    ]
-    captured = [(r.request_body, r.to_json()) for r in records]
-    arena = Arena()
-    for record in records:
-        arena.keep(record)
-    assert all(r.shared for r in records)
-    assert [(r.request_body, r.to_json()) for r in records] == captured
-    trace = SessionTrace(session_id="s", records=records)
-    assert load_trace(dump_trace(trace)).to_json() == trace.to_json()
-    # each repeated id and byte stored once
-    ids = sum(len(j["prompt_ids"]) + len(j["completions"][0]["token_ids"]) for _, j in captured)
-    assert len(arena.ids) < ids
-    assert len(arena.text) < sum(len(body) for body, _ in captured) / 2
-    again = Arena()
-    for record in records:
-        again.keep(record)  # already compacted: left as they are
-    assert (len(again.ids), len(again.text)) == (0, 0)

@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,18 +31,9 @@ from agentcore_rl.cli.journal import EvalJournal, JournalEntry
 from agentcore_rl.cli.summary import RunSummary, failure_of, reward_of
 from agentcore_rl.cli.trajectories import TrajectoryFile
 from agentcore_rl.client import AsyncRolloutClient, RolloutFuture
-from agentcore_rl.client.invocation import as_repeat
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
-from agentcore_rl.errors import (
-    AgentLostError,
-    InvocationError,
-    RolloutError,
-    RolloutTimeoutError,
-    StorageError,
-    TraceLostError,
-)
-from agentcore_rl.ratelimit import Priority
+from agentcore_rl.errors import RolloutError, RolloutTimeoutError, StorageError, TraceLostError
 from agentcore_rl.trajectory import build_trajectory
 
 if TYPE_CHECKING:
@@ -63,12 +54,13 @@ def outcome_record(
     error: BaseException | None = None,
     reattached: bool = False,
     attempts: int = 1,
+    losses: int = 0,
 ) -> dict[str, Any]:
     """One results-file line. ``where`` is the started rollout (``None`` when the agent
     never accepted it); the reward is read from a successful result only. ``retryable``
     marks a failure worth running again (:func:`~agentcore_rl.client.outcomes.is_retryable`;
     ``--resume`` does), ``agent_lost`` one whose agent process went away under it (on the
-    client's ``retry_lost`` budget), ``attempts`` the sessions this run tried and
+    client's ``Retries.lost`` budget), ``attempts`` the sessions this run tried and
     ``losses`` how many of them were lost with their agent.
     """
     if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
@@ -86,7 +78,7 @@ def outcome_record(
         "retryable": error is not None and is_retryable(error),
         "agent_lost": error is not None and is_agent_loss(error),
         "attempts": attempts,
-        "losses": 0,
+        "losses": losses,
         "result": result,
     }
 
@@ -245,23 +237,34 @@ class EvalEngine:
         """Finish a rollout an earlier run journaled as started but never saw end.
 
         Its invocation may or may not have reached the agent (the journal line is written
-        before the call). Within its deadline it is invoked again with the same session id
-        and result key, which an agent still running it does not start twice (see
-        docs/cli.md); otherwise the client follows its result key (``attach``) until the
-        deadline, and stops the session if it passes.
+        before the call). Within its deadline it is resumed under the same session id
+        (its result read, else the invocation sent again marked as a repeat, which an
+        agent still running it does not start twice; see docs/cli.md), and a retryable
+        outcome runs it again in a new session like any rollout; past its deadline, or
+        journaled under another experiment's key, the client only follows its result key
+        (``attach``) and stops the session if the deadline passed.
         """
         remaining = entry.started_at + self.options.timeout - time.time()
-        # Read first, without a slot: a successor's agent_lost envelope (or a shutdown's
-        # cancelled one) means run it again now; waiting for a slot to read it would add
-        # a whole rollout's wait to its detection.
-        rerun = await self._rerun_cause(entry)
-        if rerun is not None:
-            self.journal.record_abandoned(entry.input_id)
-            await self._run_one(item, losses=int(is_agent_loss(rerun)))
-            return
+        same_key = (
+            protocol.RolloutConfig(
+                exp_id=self.options.exp_id,
+                input_id=entry.input_id,
+                s3_bucket=self.options.s3_bucket,
+            ).key_for(entry.session_id)
+            == entry.result_key
+        )
         try:
-            future = await self._reinvoke(entry, item, remaining) if remaining > 0 else None
-            if future is None:
+            if remaining > 0 and same_key and entry.s3_bucket == self.options.s3_bucket:
+                future = await self.client.invoke(
+                    item.payload,
+                    input_id=item.input_id,
+                    session_id=entry.session_id,
+                    timeout=self.options.timeout,
+                    resume=True,
+                    started_at=entry.started_at,
+                    on_session=self._journaled(item),
+                )
+            else:
                 future = await self.client.attach(
                     session_id=entry.session_id,
                     result_key=entry.result_key,
@@ -270,6 +273,9 @@ class EvalEngine:
                     timeout=self.options.timeout,
                     started_at=entry.started_at,
                 )
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(entry.input_id)  # the client stops the session
+            raise
         except Exception as exc:  # a journal line the client refuses, or closing
             self._record_resumed(entry, "failed", error=exc)
             return
@@ -279,90 +285,35 @@ class EvalEngine:
             self.journal.record_abandoned(entry.input_id)  # the client stops the session
             raise
         except RolloutError as exc:
-            if exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or (
-                is_retryable(exc)
-            ):
-                rerun = exc  # the previous run stopped it on its way out, or a shutdown did
-            else:
-                self._record_resumed(entry, "failed", error=exc)
-        except InvocationError as exc:  # AgentLostError: its agent crashed meanwhile
-            if is_retryable(exc):
-                rerun = exc
-            else:
-                self._record_resumed(entry, "failed", error=exc)
+            if exc.envelope.get(protocol.ERROR_TYPE) != protocol.ERROR_CANCELLED:
+                self._record_resumed(entry, "failed", error=exc, future=future)
+                return
+            # The previous run stopped it on its way out: it never ran to its end.
+            self.journal.record_abandoned(entry.input_id)
+            await self._run_one(item)
         except RolloutTimeoutError as exc:
             error = RolloutTimeoutError(
                 f"{exc} (re-attached after a restart)",
-                session_id=entry.session_id,
+                session_id=future.session_id,
                 timeout=self.options.timeout,
             )
-            self._record_resumed(entry, "timeout", error=error)
-        except Exception as exc:  # StorageError or a surprise
-            self._record_resumed(entry, "failed", error=exc)
+            self._record_resumed(entry, "timeout", error=error, future=future)
+        except Exception as exc:  # AgentLostError past its retries, StorageError...
+            self._record_resumed(entry, "failed", error=exc, future=future)
         else:
             self._record_resumed(entry, "done", result=result, future=future)
-        if rerun is not None:
-            self.journal.record_abandoned(entry.input_id)
-            # Now, as a worker retries: behind every input still queued, a lost rollout
-            # would wait for the whole queue.
-            await self._run_one(item, losses=int(is_agent_loss(rerun)))
 
-    async def _rerun_cause(self, entry: JournalEntry) -> BaseException | None:
-        """The retryable outcome already at a journaled rollout's key (an ``agent_lost``
-        envelope, or a ``cancelled`` one), else ``None``."""
-        try:
-            found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
-        except StorageError:
-            return None
-        if found is None or not protocol.is_error_envelope(found):
-            return None
-        if found.get(protocol.ERROR_TYPE) == protocol.ERROR_AGENT_LOST:
-            return AgentLostError(
-                f"the agent process running session {entry.session_id} died",
-                session_id=entry.session_id,
-                envelope=found,
+    def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
+        """The ``on_session`` hook of one input: journal each session before it is sent,
+        so a resumed run finds it and never starts a second rollout for this input."""
+
+        def journal(fut: RolloutFuture) -> None:
+            entry = JournalEntry(
+                item.input_id, fut.session_id, fut.s3_bucket, fut.result_key, fut.invoked_at
             )
-        error = RolloutError(found, session_id=entry.session_id)
-        if found.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED or is_retryable(error):
-            return error
-        return None
+            self.journal.record_started(entry)
 
-    async def _reinvoke(
-        self, entry: JournalEntry, item: EvalInput, remaining: float
-    ) -> RolloutFuture | None:
-        """Invoke a journaled rollout again with its session id; ``None`` when it must
-        not be (its result is there, or the key would differ) or the call failed."""
-        try:
-            body, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
-        except Exception:
-            return None
-        if (config.s3_bucket, config.key_for(entry.session_id)) != (
-            entry.s3_bucket,
-            entry.result_key,
-        ):
-            # Another --exp-id or bucket than the first run: same session, other key, and
-            # the agent would run it again. Only follow the journaled key.
-            return None
-        async with self.client._slot() as slot:
-            # Checked with the slot held, right before sending: a rollout that finished
-            # while we waited is read (by attach), not run again.
-            try:
-                found = await self.client.store.get_json(entry.s3_bucket, entry.result_key)
-            except StorageError:
-                return None
-            if found is not None:
-                return None
-            try:
-                # The earlier run may have reached the agent: a repeat is checked, not rerun.
-                return await self.client._launch(
-                    slot, as_repeat(body), config, timeout=remaining, session_id=entry.session_id
-                )
-            except asyncio.CancelledError:
-                self.journal.record_abandoned(entry.input_id)  # the client stops the session
-                raise
-            except Exception as exc:  # the agent may still run it: follow its key instead
-                logger.warning("invoking %s again failed: %s", entry.input_id, exc)
-                return None
+        return journal
 
     def _record_resumed(
         self,
@@ -373,19 +324,27 @@ class EvalEngine:
         error: BaseException | None = None,
         future: RolloutFuture | None = None,
     ) -> None:
-        elapsed = time.time() - entry.started_at
         self.summary.reattached += 1
+        where = entry if future is None else self._where(entry.input_id, future)
         self._record(
             outcome_record(
                 entry.input_id,
                 outcome,
-                entry,
-                elapsed,
+                where,
+                time.time() - entry.started_at,
                 result=result,
                 error=error,
                 reattached=True,
+                attempts=1 if future is None else future.attempts,
+                losses=0 if future is None else future.losses,
             ),
             future,
+        )
+
+    @staticmethod
+    def _where(input_id: str, future: RolloutFuture) -> JournalEntry:
+        return JournalEntry(
+            input_id, future.session_id, future.s3_bucket, future.result_key, future.invoked_at
         )
 
     async def _worker(self) -> None:
@@ -398,83 +357,52 @@ class EvalEngine:
             else:
                 await self._run_one(item)
 
-    async def _run_one(self, item: EvalInput, *, losses: int = 0) -> None:
-        """Run one input; a retryable failure runs again under a new journaled session:
-        an agent loss (a crash, a restart, a server shutdown) up to the client's
-        ``retry_lost`` times, any other (an unreachable or failing agent) up to its
-        ``retry_rollouts`` times. Only the last attempt's outcome is recorded. ``losses``:
-        sessions of this input already lost (a resumed run's)."""
-        others = 0
-        while True:
-            attempted = await self._attempt(item, retry=losses + others > 0)
-            if attempted is None:
-                return
-            record, future = attempted
-            record["attempts"] = 1 + losses + others
-            record["losses"] = losses
-            if record["agent_lost"] and losses < self.client.retries.lost:
-                losses += 1
-            elif (
-                record["retryable"]
-                and not record["agent_lost"]
-                and others < self.client.retries.rollouts
-            ):
-                others += 1
-            else:
-                self._record(record, future)
-                return
-            logger.warning(
-                "input %s failed retryably (%s); running it again in a new session",
-                item.input_id,
-                record["error_type"],
-            )
-            self.summary.retried += 1
-
-    async def _attempt(
-        self, item: EvalInput, *, retry: bool = False
-    ) -> tuple[dict[str, Any], RolloutFuture | None] | None:
-        """One session for ``item``: its outcome record and future (the future is ``None``
-        when nothing started; the whole is ``None`` when cancelled). A ``retry`` takes
-        its token ahead of first invocations (``Priority.RETRY``)."""
+    async def _run_one(self, item: EvalInput) -> None:
+        """Run one input to its one results line. The client runs a retryable failure
+        again in a new session (an agent loss up to ``Retries.lost`` times, any other up
+        to ``Retries.rollouts``), journaling each session first; the line counts them."""
         t0 = time.monotonic()
         try:
-            body, config = self.client._prepare(item.payload, input_id=item.input_id, overrides={})
-        except Exception as exc:  # a bad payload: nothing starts
-            elapsed = time.monotonic() - t0
-            return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
-        # Journaled before the call: whatever happens next, a resumed run knows the session
-        # and result key, and never starts a second rollout for this input.
-        session_id = protocol.new_session_id()
-        entry = JournalEntry(
-            item.input_id, session_id, config.s3_bucket, config.key_for(session_id), time.time()
-        )
-        self.journal.record_started(entry)
-        priority = Priority.RETRY if retry else Priority.INVOKE
-        try:
-            async with self.client._slot(priority=priority) as slot:
-                future = await self.client._launch(slot, body, config, session_id=session_id)
+            future = await self.client.invoke(
+                item.payload, input_id=item.input_id, on_session=self._journaled(item)
+            )
         except asyncio.CancelledError:
             self.journal.record_abandoned(item.input_id)  # the client stops the session
             raise
-        except Exception as exc:  # one input failing must not end the run
-            # The invocation itself failed (after the client's retries): nothing started.
+        except Exception as exc:  # refused, or never reached: nothing runs
             elapsed = time.monotonic() - t0
-            return outcome_record(item.input_id, "failed", None, elapsed, error=exc), None
-        if (future.s3_bucket, future.result_key) != (entry.s3_bucket, entry.result_key):
-            # The agent chose another place for the result: journal where it really goes.
-            entry = JournalEntry(
-                item.input_id, session_id, future.s3_bucket, future.result_key, entry.started_at
-            )
-            self.journal.record_started(entry)
+            self._record(outcome_record(item.input_id, "failed", None, elapsed, error=exc))
+            return
         try:
             result = await future
         except asyncio.CancelledError:
             self.journal.record_abandoned(item.input_id)
             raise
-        except RolloutTimeoutError as exc:
-            record = outcome_record(item.input_id, "timeout", entry, future.elapsed, error=exc)
-        except Exception as exc:  # RolloutError, StorageError or a surprise
-            record = outcome_record(item.input_id, "failed", entry, future.elapsed, error=exc)
+        except Exception as exc:  # RolloutError, RolloutTimeoutError, StorageError...
+            outcome = "timeout" if isinstance(exc, RolloutTimeoutError) else "failed"
+            record = self._future_record(item, outcome, future, error=exc)
         else:
-            record = outcome_record(item.input_id, "done", entry, future.elapsed, result=result)
-        return record, future
+            record = self._future_record(item, "done", future, result=result)
+        self._record(record, future)
+
+    def _future_record(
+        self,
+        item: EvalInput,
+        outcome: str,
+        future: RolloutFuture,
+        *,
+        result: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+    ) -> dict[str, Any]:
+        # The whole time of the input: its retries included.
+        self.summary.retried += future.attempts - 1
+        return outcome_record(
+            item.input_id,
+            outcome,
+            self._where(item.input_id, future),
+            future.elapsed,
+            result=result,
+            error=error,
+            attempts=future.attempts,
+            losses=future.losses,
+        )

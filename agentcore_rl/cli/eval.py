@@ -179,7 +179,7 @@ async def run_eval(
         try:
             async with client:
                 for session_id in journal.unstopped:  # left running by the previous run
-                    client._stopper.schedule(session_id)
+                    client.stop_session(session_id)
                 try:
                     if options.group_size is not None:
                         groups = GroupEvalEngine(options, client, journal, summary, bar)

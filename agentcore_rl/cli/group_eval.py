@@ -198,7 +198,7 @@ class GroupEvalEngine:
             for item in todo:
                 t0 = time.monotonic()
                 try:
-                    fut = await self.client._groups.open(
+                    fut = await self.client.invoke_group(
                         item.payload,
                         rules=self.rules,
                         input_id=item.input_id,

@@ -1,37 +1,34 @@
-"""The work of ``run_batch``: many rollouts, one BatchItem each, in completion order.
+"""``run_batch``: many rollouts, one :class:`BatchItem` each, in completion order.
 
-A :class:`BatchRun` runs in the client's task group, never in the caller's generator:
-a feeder walks the payloads, waiting for a slot and a token for each, and hands each
-admitted payload to a sender (long-lived worker tasks in the run's own task group, as many
-as sends are under way at once, at most 64: no task per rollout); the outcomes arrive
-through the futures' done callbacks. Every item goes into one :class:`Handoff`, which is
-all the ``async for`` loop reads. So a loop that is left, dropped or simply
-abandoned strands nothing: the run ends when the loop closes the handoff (its sessions are
-then stopped) or when the client closes.
+A feeder task in the client's task group walks the payloads, takes a slot and a token for
+each (which paces it) and starts its rollout task (:meth:`Rollouts.run`) there too; each
+outcome becomes an item in one memory stream, which is all the ``async for`` loop reads.
+A loop that is left ends the feeding and cancels the batch's rollouts (their tasks stop
+their sessions); a client that closes ends them with ``ClientClosedError``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import contextlib
+import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
 
-from agentcore_rl.client.admission import Slot
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.handoff import Handoff
-from agentcore_rl.errors import InvalidPayloadError
+from agentcore_rl.client.rollout import Rollouts, RolloutSpec
+from agentcore_rl.client.service import Service
+from agentcore_rl.errors import ClientClosedError, InvalidPayloadError
 from agentcore_rl.protocol import RolloutConfig
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
 
-__all__ = ["BatchItem", "BatchRun", "Fed", "Launcher"]
+__all__ = ["BatchItem", "Prepare", "run_batch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,183 +88,112 @@ class BatchItem:
         )
 
 
-_MAX_SENDING: Final = 64
+#: Builds one payload's body and ``_rollout`` config (the client's ``_prepare``).
+Prepare = Callable[..., "tuple[dict[str, Any], RolloutConfig]"]
 
 
-class Launcher(Protocol):
-    """What a batch needs from the client: build, admit and send one rollout."""
-
-    def _prepare(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        input_id: str | None,
-        overrides: Mapping[str, Any],
-        default_input_id: str | None = None,
-    ) -> tuple[dict[str, Any], RolloutConfig]: ...
-
-    async def _admit(self) -> Slot: ...
-
-    def _release_slot(self, slot: Slot) -> None: ...
-
-    async def _launch(
-        self,
-        slot: Slot,
-        body: dict[str, Any],
-        config: RolloutConfig,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        index: int | None = None,
-        session_id: str | None = None,
-    ) -> RolloutFuture: ...
+def _error_item(index: int, error: BaseException, input_id: str | None) -> BatchItem:
+    return BatchItem(
+        index=index,
+        success=False,
+        result=None,
+        error=error,
+        elapsed=0.0,
+        session_id=getattr(error, "session_id", None),
+        input_id=input_id,
+        resolved_at=time.time(),
+    )
 
 
-@dataclass(frozen=True)
-class Fed:
-    """The feeder's last message: every payload was started (``error`` None), or why the
-    rest never started (e.g. ``ClientClosedError``)."""
+async def run_batch(
+    service: Service,
+    rollouts: Rollouts,
+    prepare: Prepare,
+    payloads: Iterable[Mapping[str, Any]],
+    timeout: float | None,  # noqa: ASYNC109 (each rollout's deadline)
+) -> AsyncGenerator[BatchItem, None]:
+    """The loop of ``run_batch`` (see the module text)."""
+    send, receive = anyio.create_memory_object_stream[BatchItem | tuple[int, BaseException | None]](
+        math.inf
+    )
+    live: set[RolloutFuture] = set()
+    watched: set[int] = set()
 
-    started: int
-    error: BaseException | None
+    def put(item: BatchItem | tuple[int, BaseException | None]) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            send.send_nowait(item)
 
+    def finished(fut: asyncio.Future[dict[str, Any]]) -> None:
+        assert isinstance(fut, RolloutFuture)
+        live.discard(fut)
+        put(BatchItem.from_future(fut))
 
-class BatchRun:
-    """One batch, run in the client's task group; items go to ``send``."""
+    def watch(fut: RolloutFuture) -> None:
+        live.add(fut)
+        watched.add(fut.index if fut.index is not None else -1)
+        fut.add_done_callback(finished)
 
-    def __init__(
-        self,
-        launcher: Launcher,
-        payloads: Iterable[Mapping[str, Any]],
-        timeout: float | None,
-        overrides: Mapping[str, Any],
-        send: Handoff[BatchItem | Fed],
-    ) -> None:
-        self.launcher = launcher
-        self.payloads = payloads
-        self.timeout = timeout
-        self.overrides = dict(overrides)
-        self.send = send
-        self.live: dict[int, RolloutFuture] = {}
-        self.scope = anyio.CancelScope()
-        # Invocations being sent at once (so senders at most): the rest wait in the feeder.
-        self.sending = anyio.Semaphore(_MAX_SENDING, fast_acquire=True)
-        self.handoff: Handoff[tuple[int, dict[str, Any], RolloutConfig, Slot]] = Handoff()
-        # One bound method and one context for every rollout's done callback (see
-        # OutcomeFollower: fewer objects per rollout for the cyclic GC to promote).
-        self._finished_cb = self._finished
-        self._cb_context = contextvars.Context()
+    async def one(index: int, spec: RolloutSpec) -> None:
+        if scope.cancel_called:  # the loop left before this task ran
+            rollouts.slots.release()
+            return
+        try:
+            await rollouts.run(spec, admitted=True)
+        except Exception as exc:  # refused before acceptance: its future's item says so
+            if index not in watched:
+                put(_error_item(index, exc, spec.config.input_id))
 
-    def __repr__(self) -> str:
-        return f"BatchRun(live={len(self.live)}, cancelled={self.scope.cancel_called})"
+    scope = anyio.CancelScope()
 
-    def abandon(self) -> None:
-        """The loop is gone: stop feeding and sending, and end the live rollouts (their
-        done callbacks stop the sessions)."""
-        self.scope.cancel()
-        self.send.close()
-        for fut in list(self.live.values()):
-            fut.cancel()
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Feed every payload, then end; the futures deliver the rest of the items.
-
-        Cancelled (the loop left, or the client's task group closing) it closes the
-        stream, so a loop still reading it ends instead of waiting."""
+    async def feed(*, task_status: anyio.abc.TaskStatus[None]) -> None:
         started = 0
         error: BaseException | None = None
         try:
-            with self.scope:
+            with scope:
                 task_status.started()
-                async with anyio.create_task_group() as senders:
-                    try:
-                        for index, payload in enumerate(self.payloads):
-                            await self._feed_one(senders, index, payload)
+                try:
+                    for index, payload in enumerate(payloads):
+                        try:
+                            body, config = prepare(payload, default_input_id=f"{index:06d}")
+                        except InvalidPayloadError as exc:
+                            put(_error_item(index, exc, None))
                             started += 1
-                    except Exception as exc:  # closing, or the payloads' iterator failing
-                        error = exc  # the payloads already handed over are still sent
-                    finally:
-                        self.handoff.close()  # the senders end once the queue is empty
+                            continue
+                        await rollouts.admit()
+                        spec = RolloutSpec(
+                            body=body, config=config, timeout=timeout, index=index, on_future=watch
+                        )
+                        service.start_soon(one, index, spec, name=f"rollout {index}")
+                        started += 1
+                except Exception as exc:  # closing, or the payloads' iterator failing
+                    error = exc
         except BaseException:
-            self.send.close()
+            send.close()
             raise
-        finally:
-            for _, _, _, slot in self.handoff.drain():  # cancelled before a sender took it
-                self.launcher._release_slot(slot)
-                self.sending.release()
-        if self.scope.cancelled_caught:
-            self.send.close()
+        if scope.cancelled_caught:
+            send.close()
         else:
-            self._put(Fed(started, error))
+            put((started, error))
 
-    async def _feed_one(self, senders: TaskGroup, index: int, payload: Mapping[str, Any]) -> None:
-        try:
-            body, config = self.launcher._prepare(
-                payload,
-                input_id=None,
-                overrides=self.overrides,
-                default_input_id=f"{index:06d}",
-            )
-        except InvalidPayloadError as exc:
-            self._put_error(index, exc, None)
-            return
-        # Admitted here, in the feeder (a failure to admit, such as the client closing,
-        # ends the feeding), then sent by a sender: a new one only when none is idle.
-        await self.sending.acquire()
-        try:
-            slot = await self.launcher._admit()
-        except BaseException:
-            self.sending.release()
-            raise
-        if not self.handoff.idle:
-            senders.start_soon(self._sender, name="batch sender")
-        self.handoff.put((index, body, config, slot))
-
-    async def _sender(self) -> None:
-        """Send handed-over payloads until the feeding ends and the queue is empty."""
-        handoff = self.handoff
-        while (work := await handoff.get()) is not None:
-            await self._send_one(*work)
-
-    async def _send_one(
-        self, index: int, body: dict[str, Any], config: RolloutConfig, slot: Slot
-    ) -> None:
-        """Send an admitted payload; its failure is this item's outcome."""
-        try:
-            fut = await self.launcher._launch(slot, body, config, timeout=self.timeout, index=index)
-        except Exception as exc:  # InvocationError, ClientClosedError: this item's outcome
-            self._put_error(index, exc, config.input_id)
-            return
-        finally:
-            self.launcher._release_slot(slot)  # unless the follower took it over
-            self.sending.release()
-        if self.scope.cancel_called:
-            # Abandoned while the answer was on its way (anyio delivers the cancellation
-            # at this task's next wait, which never comes): end it here, which stops it.
+    try:
+        await service.start(feed, name="batch")
+        yielded = 0
+        fed: tuple[int, BaseException | None] | None = None
+        while fed is None or yielded < fed[0]:
+            try:
+                item = await receive.receive()
+            except anyio.EndOfStream:
+                raise ClientClosedError("the client was closed during this batch") from None
+            if isinstance(item, tuple):
+                fed = item
+                continue
+            yielded += 1
+            yield item
+        if fed[1] is not None:
+            raise fed[1]
+    finally:
+        scope.cancel()
+        send.close()
+        receive.close()
+        for fut in list(live):
             fut.cancel()
-            return
-        self.live[index] = fut
-        fut.add_done_callback(self._finished_cb, context=self._cb_context)
-
-    def _finished(self, fut: RolloutFuture) -> None:
-        if fut.index is not None:
-            self.live.pop(fut.index, None)
-        self._put(BatchItem.from_future(fut))
-
-    def _put_error(self, index: int, error: BaseException, input_id: str | None) -> None:
-        self._put(
-            BatchItem(
-                index=index,
-                success=False,
-                result=None,
-                error=error,
-                elapsed=0.0,
-                session_id=getattr(error, "session_id", None),
-                input_id=input_id,
-                resolved_at=time.time(),
-            )
-        )
-
-    def _put(self, item: BatchItem | Fed) -> None:
-        # Unbounded; once the loop has gone (or the run ended), nobody wants the item.
-        if not self.send.closed:
-            self.send.put(item)

@@ -6,54 +6,39 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import functools
 import logging
-import math
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.admission import Admission, Slot
-from agentcore_rl.client.attach import AttachTarget, peek_result
-from agentcore_rl.client.batch import BatchItem, BatchRun, Fed
+from agentcore_rl.client import batch, groups
+from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.config import (
-    CLOSE_STOP_WORKERS,
     DEFAULT_AWS,
     DEFAULT_LIMITS,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUTS,
     MOVED_CALL_OPTIONS,
     MOVED_CLIENT_OPTIONS,
-    MOVED_GROUP_OPTIONS,
     AwsConfig,
     GatewayConfig,
     Limits,
     Retries,
     Timeouts,
 )
-from agentcore_rl.client.follow import OutcomeFollower
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.gateway_link import gateway_link
-from agentcore_rl.client.groups import (
-    GroupBatch,
-    GroupFuture,
-    GroupItem,
-    GroupRunner,
-    read_groups,
-)
-from agentcore_rl.client.handoff import Handoff
-from agentcore_rl.client.invocation import may_have_started, send_invocation
+from agentcore_rl.client.groups import GroupFuture, GroupRunner, MemberJournal, ResumedGroup
 from agentcore_rl.client.lease import ClientLease
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
-from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.payload import build_invocation, rollout_extras
+from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
-from agentcore_rl.client.sessions import PendingSessions
 from agentcore_rl.client.stats import ClientCounters, ClientStats
-from agentcore_rl.client.stopper import SessionStopper
 from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import Transport
@@ -63,13 +48,12 @@ from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
     InvalidRolloutConfig,
-    InvocationError,
     TraceLostError,
 )
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
-from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, Priority, RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, RateLimiter, TokenBucket
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
@@ -79,6 +63,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
 
 logger = logging.getLogger(__name__)
+
+_CLOSED = "the client is closed; create a new one"
 
 
 class ClientState(enum.Enum):
@@ -120,9 +106,10 @@ class AsyncRolloutClient:
     ``BatchItem.trace``, :meth:`trace_of`); a trace that cannot be had ends the rollout in
     ``TraceLostError``.
 
-    Background work (the S3 watcher, stop calls, batches) belongs to the client's task
-    group: entered by ``async with`` (once: nesting is refused), else opened by the first
-    rollout; ``aclose`` ends it. An exception raised inside the block leaves it as itself.
+    Each rollout is one task in the client's task group (with the S3 watcher, the
+    liveness prober and the stop calls): entered by ``async with`` (once: nesting is
+    refused), else opened by the first rollout; ``aclose`` ends it. An exception raised
+    inside the block leaves it as itself.
 
     Example::
 
@@ -205,12 +192,9 @@ class AsyncRolloutClient:
             )
         except InvalidRolloutConfig as exc:
             raise ConfigurationError(str(exc)) from exc
-        self.exp_id = exp_id
-        self.s3_bucket = s3_bucket
-        self.limits = limits
-        self.timeouts = timeouts
-        self.retries = retries
-        self.aws = aws
+        self.exp_id, self.s3_bucket = exp_id, s3_bucket
+        self.limits, self.timeouts, self.retries, self.aws = limits, timeouts, retries, aws
+        self.liveness = liveness
         connections = min(limits.max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
         self.transport: Transport
         if agent_runtime_arn is not None:
@@ -225,7 +209,6 @@ class AsyncRolloutClient:
             self.transport = HttpTransport(agent_url, max_connections=connections)
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=aws.s3_endpoint_url)
-        self.liveness = liveness
         self._lease = (
             None if liveness.lease is None else ClientLease(self.store, s3_bucket, exp_id, liveness)
         )
@@ -243,41 +226,31 @@ class AsyncRolloutClient:
         self._in_block = False  # inside ``async with`` (entered once at a time)
         self._closed = asyncio.Event()
         self._counters = ClientCounters()
-        self._admission = Admission(self.session_limiter, self.rate_limiter)
-        self._sessions = PendingSessions(acr=isinstance(self.transport, AcrTransport))
+        self._service = Service("agentcore-rl client", setup=self._start_workers)
         self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
         self._joiner = None if link is None else TraceJoiner(link, self.store)
-        self._stopper = SessionStopper(
-            self.transport,
-            self.rate_limiter,
-            retries.call,
-            self._counters,
-            workers=limits.stop_workers,
-        )
-        self._follower = OutcomeFollower(
-            sessions=self._sessions,
-            admission=self._admission,
+        self._rollouts = Rollouts(
+            transport=self.transport,
+            limiter=self.rate_limiter,
+            slots=self.session_limiter,
             watcher=self._watcher,
-            stopper=self._stopper,
             counters=self._counters,
+            retries=retries,
+            service=self._service,
             stop_finished_sessions=(
                 self.transport.stop_after_result
                 if stop_finished_sessions is None
                 else stop_finished_sessions
             ),
+            unreachable_after=liveness.unreachable_after,
             joiner=self._joiner,
         )
-        self._follower.retry = self._retry_rollout
         self._prober = LivenessProber(
-            self.transport,
-            self.rate_limiter,
-            self._sessions.live,
-            self._counters,
-            on_lost=self._follower.lost,
-            config=liveness,
+            self.transport, self.rate_limiter, self._rollouts.live, self._counters, config=liveness
         )
-        self._service = Service("agentcore-rl client", setup=self._start_workers)
-        self._groups = GroupRunner(self)
+        self._groups = GroupRunner(
+            exp_id=exp_id, service=self._service, rollouts=self._rollouts, prepare=self._prepare
+        )
 
     def __repr__(self) -> str:
         return (
@@ -295,17 +268,17 @@ class AsyncRolloutClient:
     @property
     def stop_finished_sessions(self) -> bool:
         """Whether a stop call follows every result too (not only timeouts, cancels...)."""
-        return self._follower.stop_finished_sessions
+        return self._rollouts.stop_finished_sessions
 
     @stop_finished_sessions.setter
     def stop_finished_sessions(self, value: bool) -> None:
-        self._follower.stop_finished_sessions = value
+        self._rollouts.stop_finished_sessions = value
 
     @property
     def stats(self) -> ClientStats:
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
         outages = self._watcher.outages
-        self._counters.unstopped = len(self._stopper.unstopped)
+        self._counters.unstopped = len(self._rollouts.unstopped)
         return ClientStats.from_counters(
             self._counters,
             in_flight=self.in_flight,
@@ -317,8 +290,8 @@ class AsyncRolloutClient:
 
     @property
     def in_flight(self) -> int:
-        """Accepted rollouts without an outcome yet."""
-        return len(self._sessions.live)
+        """Rollouts with a session under way (sent or accepted) and no outcome yet."""
+        return len(self._rollouts.live)
 
     @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     async def invoke(
@@ -329,30 +302,48 @@ class AsyncRolloutClient:
         session_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         rollout: Mapping[str, Any] | None = None,
+        on_session: Callable[[RolloutFuture], None] | None = None,
+        resume: bool = False,
+        started_at: float | None = None,
     ) -> RolloutFuture:
         """Start one rollout; return its future once the agent has accepted it.
 
         Waits for a concurrency slot, then a token. ``_rollout`` is the client's
         ``rollout``, then the payload's own ``_rollout`` keys, then this call's ``rollout``
-        and ``input_id``.
-        ``input_id`` defaults to a fresh time-ordered id. ``session_id`` defaults to a fresh
-        :func:`~agentcore_rl.protocol.new_session_id`; choose one to know the result key
-        before the call (``config.key_for(session_id)``) or to retry an invocation the
-        agent may already run (it runs one rollout per session and result key). It must
-        be letters, digits and hyphens, 33-256 characters on AgentCore Runtime, and not
-        belong to a pending rollout of this client. ``timeout`` (seconds from acceptance;
-        ``math.inf`` for none) overrides the client's. Raises ``InvalidPayloadError``
-        (``InvalidRolloutConfig``) for a bad payload, ``rollout`` key or session id,
-        ``ConfigurationError`` for a session id already pending here, ``InvocationError``
-        when the agent refused or could not be reached, ``ClientClosedError`` after
-        ``aclose``.
+        and ``input_id``. ``input_id`` defaults to a fresh time-ordered id. ``session_id``
+        (the first session's) defaults to a fresh
+        :func:`~agentcore_rl.protocol.new_session_id`; it must be letters, digits and
+        hyphens, 33-256 characters on AgentCore Runtime, and not belong to a pending
+        rollout of this client. ``timeout`` (seconds from the first invocation, or from
+        ``started_at``, epoch seconds; ``math.inf`` for none) overrides the client's.
+
+        A retryable outcome (see :class:`Retries`) runs the rollout again in a new
+        session, before or after the agent accepted it; the future's ``session_id`` and
+        ``result_key`` then name the new one. ``on_session(fut)`` is called before each
+        session's invocation is sent: journal ``fut.session_id`` and ``fut.result_key``
+        there to find the rollout again from another process. ``resume``: an earlier
+        process may have sent this session already (``session_id`` is the one it
+        journaled): its result is read first, else the invocation is sent marked as a
+        repeat, which an agent still running it does not run twice.
+
+        Raises ``InvalidPayloadError`` (``InvalidRolloutConfig``) for a bad payload,
+        ``rollout`` key or session id, ``ConfigurationError`` for a session id already
+        pending here, ``InvocationError`` when the agent refused or could not be reached,
+        ``ClientClosedError`` after ``aclose``.
         """
-        overrides = rollout_extras(rollout)
-        body, config = self._prepare(payload, input_id=input_id, overrides=overrides)
+        body, config = self._prepare(payload, input_id=input_id, overrides=rollout_extras(rollout))
         if session_id is not None:
             self.check_session_id(session_id)
-        async with self._slot() as slot:
-            return await self._launch(slot, body, config, timeout=timeout, session_id=session_id)
+        spec = RolloutSpec(
+            body=body,
+            config=config,
+            timeout=self._limit(timeout),
+            session_id=session_id,
+            resume=resume,
+            started_at=started_at,
+            on_session=on_session,
+        )
+        return await self._start(spec)
 
     @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     async def rollout(
@@ -370,6 +361,57 @@ class AsyncRolloutClient:
         )
         return await fut
 
+    async def attach(
+        self,
+        *,
+        session_id: str,
+        result_key: str,
+        input_id: str | None = None,
+        s3_bucket: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
+        started_at: float | None = None,
+    ) -> RolloutFuture:
+        """Follow a rollout that is already running (started by another client or an
+        earlier process): return a future for the result at ``s3://s3_bucket/result_key``.
+
+        Nothing is sent to the agent. The outcome, timeout and stop semantics are those of
+        an invoked rollout: the result dict or ``RolloutError``; ``RolloutTimeoutError``
+        ``timeout`` seconds (default: the client's) after ``started_at`` (epoch seconds,
+        default now), then the session is stopped; cancelling the future or closing the
+        client stops the session too. An attached rollout holds a concurrency slot until
+        its outcome, like an invoked one (it does run on an agent), so ``attach`` first
+        waits for a slot, but not for a token: it makes no call to the agent. The key is
+        read at once: a result already there (even past the deadline) resolves the
+        future before it is returned; then the client's completion watcher takes over.
+        ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
+        """
+        self._check_not_closed()
+        sid = self.check_session_id(session_id)
+        bucket = protocol.validate_bucket(
+            self.s3_bucket if s3_bucket is None else s3_bucket, name="s3_bucket"
+        )
+        if not isinstance(result_key, str) or not result_key:
+            raise InvalidRolloutConfig(
+                f"result_key must be a non-empty string, got {result_key!r}", field="result_key"
+            )
+        if input_id is None:
+            try:
+                input_id = protocol.parse_result_key(result_key)[1]
+            except InvalidRolloutConfig:
+                input_id = sid  # a key outside the usual layout: the session names it
+        config = dataclasses.replace(self.defaults, input_id=input_id, s3_bucket=bucket)
+        spec = RolloutSpec(
+            body={},
+            config=config,
+            timeout=self._limit(timeout),
+            session_id=sid,
+            key=(bucket, result_key),
+            attach=True,
+            retry=False,
+            started_at=started_at,
+        )
+        return await self._start(spec)
+
     @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     def run_batch(
         self,
@@ -383,20 +425,29 @@ class AsyncRolloutClient:
         Never raises for one rollout (its item carries the error). The default
         ``input_id`` is the payload's index, zero-padded to 6 digits (``"000017"``),
         unless the payload's ``_rollout`` or ``rollout`` name one; ``rollout`` is as in
-        :meth:`invoke`, for each payload. The work runs in the
-        client's task group and the loop only reads its items: leaving the loop early
-        stops every live session the batch started (at once with ``aclosing``, else when
-        the dropped generator is finalized, which CPython does immediately); a loop
-        abandoned without either leaves its rollouts to run until ``aclose``. Raises
-        ``ClientClosedError`` (after the items of the rollouts already started) when the
-        client closes meanwhile.
+        :meth:`invoke`, for each payload. The work runs in the client's task group and the
+        loop only reads its items: leaving the loop early stops every live session the
+        batch started (at once with ``aclosing``, else when the dropped generator is
+        finalized, which CPython does immediately); a loop abandoned without either leaves
+        its rollouts to run until ``aclose``. Raises ``ClientClosedError`` (after the items
+        of the rollouts already started) when the client closes meanwhile.
         """
         self._check_not_closed()
-        return self._batch(payloads, timeout, rollout_extras(rollout))
+        prepare = functools.partial(self._prepare, input_id=None, overrides=rollout_extras(rollout))
+        return self._batch(prepare, payloads, self._limit(timeout))
+
+    async def _batch(
+        self, prepare: batch.Prepare, payloads: Iterable[Mapping[str, Any]], limit: float | None
+    ) -> AsyncGenerator[BatchItem, None]:
+        await self._ensure_open()
+        items = batch.run_batch(self._service, self._rollouts, prepare, payloads, limit)
+        async with contextlib.aclosing(items):
+            async for item in items:
+                yield item
 
     # --- GRPO groups (the work is in client/groups.py) -------------------------------------
 
-    @checked(moved=MOVED_GROUP_OPTIONS, extras="rollout")
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     async def invoke_group(
         self,
         payload: Mapping[str, Any],
@@ -405,6 +456,8 @@ class AsyncRolloutClient:
         input_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
         rollout: Mapping[str, Any] | None = None,
+        journal: MemberJournal | None = None,
+        resume: ResumedGroup | None = None,
     ) -> GroupFuture:
         """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
         its members are admitted (``n + redundancy`` slots taken).
@@ -416,18 +469,26 @@ class AsyncRolloutClient:
         :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
         (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
         cancelling it stops the members. ``timeout`` and ``rollout`` are as in
-        :meth:`invoke`, for each member.
+        :meth:`invoke`, for each member. ``journal``
+        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
+        its invocation and of each outcome; ``resume``
+        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
+        the group where an earlier process left it: ended members are replayed, started
+        ones resumed by session id, only the others started.
         """
         _check_rules(rules)
+        await self._ensure_open()
         return await self._groups.open(
             payload,
             rules=rules,
             input_id=input_id,
-            timeout=timeout,
+            timeout=self._limit(timeout),
             overrides=rollout_extras(rollout),
+            journal=journal,
+            resume=resume,
         )
 
-    @checked(moved=MOVED_GROUP_OPTIONS, extras="rollout")
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
     def run_groups(
         self,
         payloads: Iterable[Mapping[str, Any]],
@@ -446,18 +507,19 @@ class AsyncRolloutClient:
         """
         self._check_not_closed()
         _check_rules(rules)
-        options = {"rules": rules, "timeout": timeout, "overrides": rollout_extras(rollout)}
+        options = {
+            "rules": rules,
+            "timeout": self._limit(timeout),
+            "overrides": rollout_extras(rollout),
+        }
         return self._run_groups(payloads, options)
 
     async def _run_groups(
         self, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
     ) -> AsyncGenerator[RolloutGroup, None]:
         await self._ensure_open()
-        send, receive = anyio.create_memory_object_stream[GroupItem](math.inf)
-        batch = GroupBatch(self._groups, payloads, options, send)
-        await self._service.start(batch.run, name="groups")
-        async with contextlib.aclosing(read_groups(receive, batch)) as groups:
-            async for group in groups:
+        async with contextlib.aclosing(groups.run_groups(self._groups, payloads, options)) as it:
+            async for group in it:
                 yield group
 
     def set_policy_version(self, version: int) -> None:
@@ -478,11 +540,60 @@ class AsyncRolloutClient:
         """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
         return self._groups.counters
 
-    async def _start(self, func: Any, *args: Any, name: str) -> Any:
-        return await self._service.start(func, *args, name=name)
+    @property
+    def gateway_url(self) -> str | None:
+        """The URL of the gateway rollouts run through (None without one)."""
+        return None if self._joiner is None else self._joiner.link.url
 
-    def _stop_session(self, session_id: str) -> None:
-        self._stopper.schedule(session_id)
+    def trace_of(self, fut: RolloutFuture) -> SessionTrace:
+        """The token trace of a rollout run through this client's gateway.
+
+        Available once ``fut`` has succeeded (the trace is then also in S3 beside the
+        result, see :meth:`ResultStore.get_trace`). Raises ``ConfigurationError`` when
+        the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
+        the rollout's own error when it failed.
+        """
+        if self._joiner is None:
+            raise ConfigurationError(
+                "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
+            )
+        fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
+        if fut.trace is None:
+            raise TraceLostError(fut.session_id, "this client did not collect it")
+        return fut.trace
+
+    def check_session_id(self, session_id: object) -> str:
+        """Return ``session_id`` if this client can use it for a new rollout, else raise.
+
+        ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
+        33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
+        of this client already uses it.
+        """
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if isinstance(self.transport, AcrTransport) and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self._rollouts.live:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
+
+    def stop_session(self, session_id: str) -> None:
+        """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
+        could not stop: see :attr:`unstopped_sessions`), behind every invocation."""
+        self._rollouts.stop_soon(session_id)
+
+    @property
+    def unstopped_sessions(self) -> list[str]:
+        """Session ids this client meant to stop and could not (the stop failed, or
+        ``aclose`` ran out of ``timeouts.close``): they may still run on their agents."""
+        return list(self._rollouts.unstopped)
 
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
@@ -496,50 +607,27 @@ class AsyncRolloutClient:
             await self._closed.wait()
             return
         self._state = ClientState.CLOSED
-        self._admission.close()
         self._groups.close(ClientClosedError("the client was closed before this group finished"))
+        self._rollouts.close()
         try:
-            # One deadline for both waits: timeouts.close bounds the whole close.
-            with anyio.move_on_after(self.timeouts.close) as waiting:
-                # Invocations on the wire unwind first: each queues the stop of its session.
-                await self._admission.wait_idle()
-                self._follower.settle_all(
-                    ClientClosedError("the client was closed before this rollout finished")
-                )
-                # Done callbacks (which queue the stop calls) run on the next loop iteration.
-                await asyncio.sleep(0)
-                async with anyio.create_task_group() as burst:
-                    burst.start_soon(self._stopper.burst, CLOSE_STOP_WORKERS)
-                    await self._stopper.drain()
-                    burst.cancel_scope.cancel()
-            if waiting.cancelled_caught:
-                self._follower.settle_all(
-                    ClientClosedError("the client was closed before this rollout finished")
-                )
+            with anyio.move_on_after(self.timeouts.close):
+                await self._rollouts.wait_closed()
         finally:
             try:
                 # Shielded: a close that was itself cancelled still ends the work it owns.
                 with anyio.CancelScope(shield=True):
                     await self._service.aclose()
-                    self._stopper.close()
                     self._report_unstopped()
                     await self.transport.aclose()
                     if self._joiner is not None:
-                        self._joiner.close()
                         await self._joiner.link.aclose()
                     if self._owns_store:
                         await self.store.aclose()
             finally:
                 self._closed.set()
 
-    @property
-    def unstopped_sessions(self) -> list[str]:
-        """Session ids this client meant to stop and could not (the stop failed, or
-        ``aclose`` ran out of ``timeouts.close``): they may still run on their agents."""
-        return list(self._stopper.unstopped)
-
     def _report_unstopped(self) -> None:
-        unstopped = self._stopper.unstopped
+        unstopped = self._rollouts.unstopped
         self._counters.unstopped = len(unstopped)
         if unstopped:
             logger.warning(
@@ -593,11 +681,11 @@ class AsyncRolloutClient:
                 self._entered = False
                 await self._service.__aexit__(None, None, None)
 
-    # --- lifecycle and admission (private: used by invoke, attach, batches, the eval CLI) --
+    # --- internals --------------------------------------------------------------------------
 
     def _check_not_closed(self) -> None:
         if self._state is ClientState.CLOSED:
-            raise ClientClosedError("the client is closed; create a new one")
+            raise ClientClosedError(_CLOSED)
 
     async def _ensure_open(self) -> None:
         """Open the client's task group if ``async with`` has not: the first rollout of a
@@ -610,45 +698,20 @@ class AsyncRolloutClient:
 
     def _start_workers(self, service: Service) -> None:
         service.start_soon(self._watcher.run, name="completion watcher")
-        service.start_soon(self._stopper.run, name="session stopper")
-        if self._joiner is not None:
-            service.start_soon(self._joiner.run, name="trace joiner")
         service.start_soon(self._prober.run, name="liveness prober")
-        service.start_soon(self._groups.run, name="group members")
         if self._lease is not None:
             service.start_soon(self._lease.run, name="client lease")
 
-    async def _admit(self) -> Slot:
-        """Take a concurrency slot and an INVOKE token for a rollout that another task will
-        send (a batch's feeder admits, its sender launches): the caller hands the slot to
-        :meth:`_launch` or gives it back with :meth:`_release_slot`."""
+    async def _start(self, spec: RolloutSpec) -> RolloutFuture:
+        """Run ``spec``'s rollout as a task of the client's; its future once accepted."""
         await self._ensure_open()
-        await self._admission.acquire(token=True)
-        return Slot()
+        if not self._service.running:
+            raise ClientClosedError(_CLOSED)
+        fut: RolloutFuture = await self._service.start(self._rollouts.run, spec, name="rollout")
+        return fut
 
-    def _release_slot(self, slot: Slot) -> None:
-        """Give back an admitted slot that no follower took over."""
-        if not slot.handed_over:
-            slot.handed_over = True  # once
-            self._admission.release()
-
-    @contextlib.asynccontextmanager
-    async def _slot(
-        self, *, token: bool = True, priority: int = Priority.INVOKE
-    ) -> AsyncIterator[Slot]:
-        """Hold a concurrency slot (and, if ``token``, a token at ``priority``) for the block.
-
-        A rollout handed to the follower (``_launch``, or ``slot.handed_over``) keeps the
-        slot until its outcome; otherwise leaving the block gives it back.
-        """
-        await self._ensure_open()
-        await self._admission.acquire(token=token, priority=priority)
-        slot = Slot()
-        try:
-            yield slot
-        finally:
-            if not slot.handed_over:
-                self._admission.release()
+    def _limit(self, timeout: float | None) -> float | None:
+        return self.timeouts.rollout if timeout is None else timeout
 
     def _prepare(
         self,
@@ -666,294 +729,6 @@ class AsyncRolloutClient:
             overrides=overrides,
             default_input_id=default_input_id,
         )
-
-    async def _launch(
-        self,
-        slot: Slot,
-        body: dict[str, Any],
-        config: protocol.RolloutConfig,
-        *,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        index: int | None = None,
-        session_id: str | None = None,
-    ) -> RolloutFuture:
-        """Send an admitted invocation (with retries); on acceptance hand its ``slot`` to
-        the follower, which watches for the result. ``session_id`` as in :meth:`invoke`.
-
-        A session id chosen here (``session_id`` None) may be replaced: a retryable
-        failure (the agent unreachable, restarting or throttling past the retries) is
-        tried again in a new session, up to ``retries.rollouts`` times, and so is a retryable
-        outcome after acceptance (an agent loss up to ``retries.lost`` times; see
-        :mod:`agentcore_rl.client.outcomes`). A caller's session id is never replaced
-        (the caller may have journaled it)."""
-        attempt = 1
-        while True:
-            try:
-                return await self._launch_once(
-                    slot,
-                    body,
-                    config,
-                    timeout=timeout,
-                    index=index,
-                    session_id=session_id,
-                    attempt=attempt,
-                )
-            except InvocationError as exc:
-                if session_id is not None or not self._may_retry(exc, attempt):
-                    self._counters.invocation_errors += 1
-                    raise
-                logger.warning("invocation failed, trying a new session: %s", exc)
-                attempt += 1
-                self._counters.rollout_retries += 1
-                await self.rate_limiter.acquire(Priority.RETRY)
-
-    def _may_retry(self, exc: BaseException, attempt: int, losses: int = 0) -> bool:
-        """Whether a rollout that ended with ``exc`` after ``attempt`` sessions, ``losses``
-        of them lost with their agent, runs again: each kind has its own budget."""
-        if self._admission.closed or not is_retryable(exc):
-            return False
-        if is_agent_loss(exc):
-            return losses < self.retries.lost
-        return attempt - losses <= self.retries.rollouts
-
-    async def _launch_once(
-        self,
-        slot: Slot,
-        body: dict[str, Any],
-        config: protocol.RolloutConfig,
-        *,
-        timeout: float | None,  # noqa: ASYNC109 (the rollout's deadline)
-        index: int | None,
-        session_id: str | None,
-        attempt: int,
-    ) -> RolloutFuture:
-        chosen = session_id is None
-        if session_id is None:
-            session_id = protocol.new_session_id()
-        else:
-            self.check_session_id(session_id)
-        fut = RolloutFuture(
-            session_id=session_id,
-            input_id=config.input_id,
-            s3_bucket=config.s3_bucket,
-            result_key=config.key_for(session_id),
-            index=index,
-        )
-        fut.attempts = attempt
-        with self._admission.sending() as task, self._sessions.reserving(session_id):
-            try:
-                await self._send_in_session(fut, body, task)
-            except BaseException:
-                if self._joiner is not None:
-                    self._joiner.forget(fut)
-                raise
-        slot.handed_over = True
-        limit = self.timeouts.rollout if timeout is None else timeout
-        if chosen:
-            fut._resend = (body, config, limit)
-        self._follower.follow(fut, limit, elapsed=0.0)
-        return fut
-
-    async def _send_in_session(
-        self,
-        fut: RolloutFuture,
-        body: dict[str, Any],
-        task: asyncio.Task[Any],
-        *,
-        priority: Priority | None = None,
-    ) -> bool:
-        """Send ``fut``'s invocation in its current session: first a token at ``priority``
-        (a resend; a first send got its token with its slot), then, once the result store
-        answers, its gateway session. False when ``fut`` ended meanwhile (nothing sent).
-        On failure a stop is scheduled when the agent may run the session anyway, and
-        ``close``'s cancellation of ``task`` becomes ``ClientClosedError``."""
-        try:
-            if priority is not None:
-                await self.rate_limiter.acquire(priority)
-            # A result store that is down would read no result: hold rollouts until it
-            # answers (the watcher checks it and logs the outage).
-            await self._watcher.wait_reachable(fut.s3_bucket)
-            if fut.done():
-                return False
-            if self._joiner is not None:
-                await self._joiner.open(fut, body)  # before the agent can call it
-            await send_invocation(
-                self.transport,
-                fut,
-                body,
-                retry=self.retries.call,
-                limiter=self.rate_limiter,
-                counters=self._counters,
-                unreachable_after=self.liveness.unreachable_after,
-                clock=self.liveness.clock,
-            )
-        except BaseException as exc:
-            if may_have_started(exc):
-                self._stopper.schedule(fut.session_id)
-            if isinstance(exc, asyncio.CancelledError):
-                self._admission.raise_if_closed_by_us(task)
-            raise
-        return True
-
-    def _retry_rollout(self, fut: RolloutFuture, error: BaseException) -> bool:
-        """The follower's retry policy: run ``fut`` again in a new session when ``error``
-        is retryable, the client chose its session id and attempts remain."""
-        if fut._resend is None or not self._may_retry(error, fut.attempts, fut.losses):
-            return False
-        if not self._service.running:
-            return False
-        body, config, limit = fut._resend
-        self._follower.detach(fut)
-        if self._joiner is not None:
-            self._joiner.forget(fut)  # the given-up session's; the new one opens on resend
-        fut.trace = None  # only the final attempt's trace is the rollout's
-        logger.warning(
-            "rollout %s (input %s) ended retryably (%s); running it again in a new session",
-            fut.session_id,
-            fut.input_id,
-            type(error).__name__,
-        )
-        fut.previous_sessions.append(fut.session_id)
-        fut.session_id = protocol.new_session_id()
-        fut.s3_bucket, fut.result_key = config.s3_bucket, config.key_for(fut.session_id)
-        fut.attempts += 1
-        if is_agent_loss(error):
-            fut.losses += 1
-            self._counters.lost_retries += 1
-        self._counters.rollout_retries += 1
-        self._sessions.live[fut.session_id] = fut  # settled by a close meanwhile
-        self._service.start_soon(self._resend, fut, body, limit, name="rollout retry")
-        return True
-
-    async def _resend(self, fut: RolloutFuture, body: dict[str, Any], limit: float | None) -> None:
-        """Send a retried rollout's invocation in its new session, then follow it again."""
-        try:
-            with self._admission.sending() as task:
-                # The new session's own gateway session is opened: its trace is the one kept.
-                fut._sending = True
-                try:
-                    sent = await self._send_in_session(fut, body, task, priority=Priority.RETRY)
-                finally:
-                    fut._sending = False
-                if not sent:
-                    return
-        except Exception as exc:  # ClientClosedError too: the rollout ends with it
-            self._sessions.live.pop(fut.session_id, None)
-            self._follower.fail(fut, exc)
-            return
-        if fut.done():  # cancelled while sending: the session may run
-            self._stopper.schedule(fut.session_id)
-            if self._joiner is not None:
-                self._joiner.forget(fut)  # opened after its outcome's own release
-            return
-        self._follower.follow(fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at))
-
-    async def _batch(
-        self,
-        payloads: Iterable[Mapping[str, Any]],
-        timeout: float | None,  # noqa: ASYNC109 (the rollout's deadline)
-        overrides: Mapping[str, Any],
-    ) -> AsyncGenerator[BatchItem, None]:
-        """The loop of :meth:`run_batch`: start a :class:`BatchRun` in the client's task
-        group and read its items; whatever ends the loop ends the run."""
-        await self._ensure_open()
-        # Items already queued are taken without a checkpoint, a wait is one plain future:
-        # the loop's caller awaits between items anyway.
-        items: Handoff[BatchItem | Fed] = Handoff()
-        run = BatchRun(self, payloads, timeout, overrides, items)
-        try:
-            await self._service.start(run.run, name="batch")
-            yielded = 0
-            fed: Fed | None = None
-            while fed is None or yielded < fed.started:
-                item = await items.get()
-                if item is None:  # the run ended early: the client closed
-                    raise ClientClosedError("the client was closed during this batch")
-                if isinstance(item, Fed):
-                    fed = item
-                    continue
-                yielded += 1
-                yield item
-            if fed.error is not None:
-                raise fed.error
-        finally:
-            run.abandon()
-
-    @property
-    def gateway_url(self) -> str | None:
-        """The URL of the gateway rollouts run through (None without one)."""
-        return None if self._joiner is None else self._joiner.link.url
-
-    def trace_of(self, fut: RolloutFuture) -> SessionTrace:
-        """The token trace of a rollout run through this client's gateway.
-
-        Available once ``fut`` has succeeded (the trace is then also in S3 beside the
-        result, see :meth:`ResultStore.get_trace`). Raises ``ConfigurationError`` when
-        the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
-        the rollout's own error when it failed.
-        """
-        if self._joiner is None:
-            raise ConfigurationError(
-                "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
-            )
-        fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
-        if fut.trace is None:
-            raise TraceLostError(fut.session_id, "this client did not collect it")
-        return fut.trace
-
-    def check_session_id(self, session_id: object) -> str:
-        """Return ``session_id`` if this client can use it for a new rollout, else raise.
-
-        ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
-        33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
-        of this client already uses it.
-        """
-        return self._sessions.check(session_id)
-
-    async def attach(
-        self,
-        *,
-        session_id: str,
-        result_key: str,
-        input_id: str | None = None,
-        s3_bucket: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        started_at: float | None = None,
-    ) -> RolloutFuture:
-        """Follow a rollout that is already running (started by another client or an
-        earlier process): return a future for the result at ``s3://s3_bucket/result_key``.
-
-        Nothing is sent to the agent. The outcome, timeout and stop semantics are those of
-        an invoked rollout: the result dict or ``RolloutError``; ``RolloutTimeoutError``
-        ``timeout`` seconds (default: the client's) after ``started_at`` (epoch seconds,
-        default now), then the session is stopped; cancelling the future or closing the
-        client stops the session too. An attached rollout holds a concurrency slot until
-        its outcome, like an invoked one (it does run on an agent), so ``attach`` first
-        waits for a slot, but not for a token: it makes no call to the agent. The key is
-        read at once: a result already there (even past the deadline) resolves the
-        future before it is returned; then the client's completion watcher takes over.
-        ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
-        """
-        self._check_not_closed()
-        target = AttachTarget.resolve(
-            session_id=session_id,
-            result_key=result_key,
-            input_id=input_id,
-            s3_bucket=self.s3_bucket if s3_bucket is None else s3_bucket,
-            check_session_id=self.check_session_id,
-        )
-        with self._sessions.reserving(target.session_id):
-            async with self._slot(token=False) as slot:
-                found = await peek_result(self.store, target.s3_bucket, target.result_key)
-                slot.handed_over = True  # to the follower, below (no await in between)
-        fut = target.future(started_at=started_at)
-        if self._joiner is not None:
-            self._joiner.attached(fut)  # its trace is collected like an invoked one's
-        limit = self.timeouts.rollout if timeout is None else timeout
-        self._follower.follow(
-            fut, limit, elapsed=max(0.0, time.time() - fut.invoked_at), found=found
-        )
-        return fut
 
 
 @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from agentcore_rl.gateway.app import RolloutGateway
 
 __all__ = [
-    "CLOSE_STOP_WORKERS",
     "DEFAULT_AWS",
     "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_LIMITS",
@@ -30,14 +29,12 @@ __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_RETRY_LOST",
     "DEFAULT_RETRY_ROLLOUTS",
-    "DEFAULT_STOP_WORKERS",
     "DEFAULT_TIMEOUT",
     "DEFAULT_TIMEOUTS",
     "DEFAULT_TPS",
     "GATEWAY_TOKEN_ENV",
     "MOVED_CALL_OPTIONS",
     "MOVED_CLIENT_OPTIONS",
-    "MOVED_GROUP_OPTIONS",
     "AwsConfig",
     "GatewayConfig",
     "Limits",
@@ -51,11 +48,6 @@ DEFAULT_MAX_CONCURRENT_SESSIONS: Final = 100
 DEFAULT_TIMEOUT: Final = 3600.0
 #: Seconds ``aclose`` waits for the stop calls of live sessions before giving up on them.
 DEFAULT_CLOSE_TIMEOUT: Final = 30.0
-#: Concurrent stop calls (they also wait for tokens, behind invocations).
-DEFAULT_STOP_WORKERS: Final = 8
-#: Extra concurrent stop calls while closing: a stop call may take as long as the agent
-#: takes to cancel, so closing is paced by the rate limiter, not by a few workers.
-CLOSE_STOP_WORKERS: Final = 128
 #: Retries of one invocation or stop call (throttling, a 5xx, a dropped connection).
 DEFAULT_RETRY: Final = RetryPolicy()
 #: Where a remote gateway's admin token is read from when none is given.
@@ -83,7 +75,7 @@ class Limits:
     ``max_concurrent_sessions`` rollouts run at once (a slot is held from ``invoke`` until
     the outcome). Invocations, probes and stop calls share one token bucket of ``tps``
     tokens per second and ``burst`` tokens (default: one second's worth); stop calls wait
-    behind invocations, ``stop_workers`` at a time.
+    behind invocations.
 
     Example::
 
@@ -93,11 +85,9 @@ class Limits:
     max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS
     tps: float = DEFAULT_TPS
     burst: float | None = None
-    stop_workers: int = DEFAULT_STOP_WORKERS
 
     def __post_init__(self) -> None:
         _count("Limits.max_concurrent_sessions", self.max_concurrent_sessions, 1)
-        _count("Limits.stop_workers", self.stop_workers, 1)
         for name in ("tps", "burst"):
             value = getattr(self, name)
             if name == "burst" and value is None:
@@ -237,46 +227,19 @@ DEFAULT_TIMEOUTS: Final = Timeouts()
 DEFAULT_RETRIES: Final = Retries()
 DEFAULT_AWS: Final = AwsConfig()
 
-#: Where the client's keywords of earlier versions live now (named by the TypeError).
+#: Where the reference toolkit's keywords live here (named by the TypeError): a migration aid.
 MOVED_CLIENT_OPTIONS: Final = {
     "max_concurrent_sessions": "limits=Limits(max_concurrent_sessions=...)",
     "tps_limit": "limits=Limits(tps=...)",
-    "tps": "limits=Limits(tps=...)",
-    "burst": "limits=Limits(burst=...)",
-    "stop_workers": "limits=Limits(stop_workers=...)",
     "timeout": "timeouts=Timeouts(rollout=...)",
-    "close_timeout": "timeouts=Timeouts(close=...)",
-    "retry": "retries=Retries(call=...)",
-    "retry_rollouts": "retries=Retries(rollouts=...)",
-    "retry_lost": "retries=Retries(lost=...)",
     "endpoint_url": "aws=AwsConfig(endpoint_url=...)",
     "s3_endpoint_url": "aws=AwsConfig(s3_endpoint_url=...)",
-    "qualifier": "aws=AwsConfig(qualifier=...)",
     "base_url": "rollout={'base_url': ...}",
     "model_id": "rollout={'model_id': ...}",
-    "gateway_url": "gateway=GatewayConfig(url=...)",
-    "gateway_admin_token": "gateway=GatewayConfig(url=..., admin_token=...)",
-    "token_bucket": "rate_limiter",
 }
 #: The same for the per-call methods (``invoke``, ``run_batch``...).
 MOVED_CALL_OPTIONS: Final = {
     "base_url": "rollout={'base_url': ...}",
     "model_id": "rollout={'model_id': ...}",
-    "overrides": "rollout",
-}
-#: And for the group methods, whose rules moved into :class:`~agentcore_rl.groups.GroupRules`.
-MOVED_GROUP_OPTIONS: Final = {
-    **MOVED_CALL_OPTIONS,
-    "n": "rules=GroupRules(n=...)",
-    **{
-        name: f"rules=GroupRules({name}=...)"
-        for name in (
-            "retry",
-            "on_failure",
-            "min_members",
-            "redundancy",
-            "filter_uniform",
-            "member_seed",
-        )
-    },
+    "max_concurrent_sessions": "the client's limits=Limits(max_concurrent_sessions=...)",
 }

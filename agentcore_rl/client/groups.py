@@ -1,13 +1,13 @@
 """The client side of GRPO groups: run the members a GroupTracker asks for, feed it outcomes.
 
 :class:`GroupRunner` (one per client) carries out the tracker's actions: a
-:class:`~agentcore_rl.group_tracker.StartMember` becomes a member task in the client's task
-group (admitted like any rollout, sent under the member's derived session id, its
-``_rollout`` stamped with the policy version); a ``StopMember`` cancels that task or the
-member's rollout future (which stops the session on the agent); ``GroupReady`` /
-``GroupDropped`` settle the group's :class:`GroupFuture`. Each member's outcome goes back to
-the tracker from its future's done callback, so the decisions stay in the pure state
-machine and nothing here polls.
+:class:`~agentcore_rl.group_tracker.StartMember` becomes a rollout task
+(:meth:`Rollouts.run`, the same as any rollout's) under the member's derived session id,
+its ``_rollout`` stamped with the policy version; a ``StopMember`` cancels the member's
+future (its task stops the session); ``GroupReady`` / ``GroupDropped`` settle the group's
+:class:`GroupFuture`. A member's retries are its group's (the tracker decides them), so its
+rollout runs one session. Each member's outcome goes back to the tracker from its future's
+done callback, so the decisions stay in the pure state machine and nothing here polls.
 
 A :class:`MemberJournal` (the eval CLI's) is told of each member before it is invoked and
 of each outcome; a :class:`ResumedGroup` hands those records back to a new process, which
@@ -23,24 +23,17 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import anyio
-from anyio.abc import TaskStatus
-from anyio.streams.memory import MemoryObjectSendStream
 
-from agentcore_rl.client.admission import Slot
-from agentcore_rl.client.batch import Launcher
+from agentcore_rl.client.batch import Prepare
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.errors import (
-    ClientClosedError,
-    RolloutError,
-    RolloutTimeoutError,
-    StorageError,
-)
+from agentcore_rl.client.rollout import Rollouts, RolloutSpec
+from agentcore_rl.client.service import Service
+from agentcore_rl.errors import ClientClosedError, RolloutError, RolloutTimeoutError
 from agentcore_rl.group_tracker import (
     Action,
     GroupCounters,
@@ -51,7 +44,6 @@ from agentcore_rl.group_tracker import (
     StopMember,
 )
 from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
-from agentcore_rl.protocol import RolloutConfig
 
 __all__ = [
     "GroupFuture",
@@ -60,6 +52,7 @@ __all__ = [
     "MemberJournal",
     "MemberStart",
     "ResumedGroup",
+    "run_groups",
 ]
 
 logger = logging.getLogger(__name__)
@@ -145,38 +138,8 @@ class ResumedGroup:
 # --- The runner -----------------------------------------------------------------------------
 
 
-class GroupHost(Launcher, Protocol):
-    """What the runner needs from the client: a batch's launcher, plus attach and stop."""
-
-    exp_id: str
-
-    async def _ensure_open(self) -> None: ...
-
-    def _slot(self, *, token: bool = True) -> AbstractAsyncContextManager[Slot]: ...
-
-    async def _start(self, func: Callable[..., Any], *args: Any, name: str) -> Any: ...
-
-    def _stop_session(self, session_id: str) -> None: ...
-
-    async def attach(
-        self,
-        *,
-        session_id: str,
-        result_key: str,
-        input_id: str | None = None,
-        s3_bucket: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        started_at: float | None = None,
-    ) -> RolloutFuture: ...
-
-    @property
-    def store(self) -> Any: ...
-
-
 @dataclass(eq=False)
 class _Member:
-    # Made by the member's task: an anyio scope cannot be created in a done callback.
-    scope: anyio.CancelScope | None = None
     future: RolloutFuture | None = None
     stopped: bool = False
 
@@ -197,14 +160,15 @@ class GroupRunner:
     """Runs the groups of one client (see the module docstring); ``counters`` are the
     tracker's."""
 
-    def __init__(self, host: GroupHost) -> None:
-        self.host = host
-        self.tracker = GroupTracker(exp_id=host.exp_id)
+    def __init__(
+        self, *, exp_id: str, service: Service, rollouts: Rollouts, prepare: Prepare
+    ) -> None:
+        self.service = service
+        self.rollouts = rollouts
+        self.prepare = prepare
+        self.tracker = GroupTracker(exp_id=exp_id)
         self._runs: dict[str, _Run] = {}
         self._closed: BaseException | None = None
-        # Retries are decided in done callbacks, where no task can be started: they go
-        # through a stream to :meth:`run`, which starts them (made there, closed with it).
-        self._send: MemoryObjectSendStream[tuple[_Run, StartMember]] | None = None
 
     def __repr__(self) -> str:
         return f"GroupRunner(open={len(self._runs)})"
@@ -213,17 +177,6 @@ class GroupRunner:
     def counters(self) -> GroupCounters:
         """The tracker's counters (opened, ready, dropped by reason, members...)."""
         return self.tracker.counters
-
-    async def run(self) -> None:
-        """Start the member attempts decided in callbacks (retries), each in its own task.
-        Runs in the client's task group until it closes."""
-        send, receive = anyio.create_memory_object_stream[tuple[_Run, StartMember]](math.inf)
-        self._send = send
-        async with anyio.create_task_group() as tasks, send, receive:
-            async for run, action in receive:
-                tasks.start_soon(
-                    self._run_member, run, action, name=f"group member {action.session_id}"
-                )
 
     # -- opening --
 
@@ -245,11 +198,10 @@ class GroupRunner:
         slots were taken (the invocations are still on their way)."""
         overrides = dict(overrides or {})
         # Validates the payload once, and fixes the input id (the group key).
-        _, config = self.host._prepare(
+        _, config = self.prepare(
             payload, input_id=input_id, overrides=overrides, default_input_id=default_input_id
         )
-        await self.host._ensure_open()
-        if self._closed is not None:
+        if self._closed is not None or self.rollouts.closing:
             raise ClientClosedError("the client is closed; create a new one")
         starts = self.tracker.open(config.input_id, rules)
         fut = GroupFuture(input_id=config.input_id, rules=rules)
@@ -267,9 +219,8 @@ class GroupRunner:
             pending = self._replay(run, starts, resume) if resume else list(starts)
             for action in pending:
                 if isinstance(action, StartMember):
-                    await self.host._start(
-                        self._run_member, run, action, name=f"group member {action.session_id}"
-                    )
+                    await self.rollouts.admit(token=action.session_id not in run.resumed)
+                    self._start(run, action, admitted=True)
                 else:
                     self._apply([action])
         except BaseException:
@@ -296,7 +247,7 @@ class GroupRunner:
                 elif isinstance(action, StopMember):
                     was_pending = pending.pop(action.session_id, None) is not None
                     if was_pending and action.session_id in run.resumed:
-                        self.host._stop_session(action.session_id)  # it may still run
+                        self.rollouts.stop_soon(action.session_id)  # it may still run
                 else:
                     left.append(action)
         return list(pending.values()) + left
@@ -312,117 +263,81 @@ class GroupRunner:
 
     # -- members --
 
-    async def _run_member(
-        self,
-        run: _Run,
-        action: StartMember,
-        *,
-        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Admit, journal and send one member attempt; report once admitted (or done)."""
+    def _start(self, run: _Run, action: StartMember, *, admitted: bool) -> None:
+        """Start one member attempt's rollout task (its slot taken, or not yet)."""
         sid = action.session_id
         member = run.members.setdefault(sid, _Member())
-        member.scope = scope = anyio.CancelScope()
-        reported = False
-        fut: RolloutFuture | None = None
-        error: BaseException | None = None
-        with scope:
-            if member.stopped:
-                scope.cancel()
-            overrides = dict(run.overrides)
-            if action.policy_version is not None:
-                overrides[POLICY_VERSION_KEY] = action.policy_version
-            seed = run.future.rules.member_seed
-            if seed is not None:
-                # One seed per attempt: members (and retries) sample differently.
-                starts = run.future.rules.starts
-                overrides[SEED_KEY] = seed + action.attempt * starts + action.index
-            try:
-                body, config = self.host._prepare(
-                    run.payload, input_id=run.input_id, overrides=overrides
-                )
-                resumed = run.resumed.get(sid)
-                if resumed is not None:
-                    task_status.started()
-                    reported = True
-                    fut = await self._resume_member(run, resumed, body, config)
-                else:
-                    async with self.host._slot() as slot:
-                        task_status.started()
-                        reported = True
-                        run.future.session_ids.append(sid)
-                        if run.journal is not None:
-                            run.journal.member_started(
-                                MemberStart(
-                                    run.input_id,
-                                    sid,
-                                    config.s3_bucket,
-                                    config.key_for(sid),
-                                    time.time(),
-                                )
-                            )
-                        fut = await self.host._launch(
-                            slot, body, config, timeout=run.timeout, session_id=sid
-                        )
-            except Exception as exc:  # InvocationError, ClientClosedError...: its outcome
-                error = exc
-        if not reported:
-            task_status.started()
-        if fut is not None and (scope.cancel_called or member.stopped):
-            # Stopped while the answer was on its way: end it here, which stops it.
-            fut.cancel()
-            return
-        if error is not None:
-            self._member_error(run, sid, error)
-            return
-        if fut is None:
-            return  # stopped before it was sent
-        member.future = fut
-        self.tracker.started(sid)
-        fut.add_done_callback(lambda f: self._member_done(run, sid, f))
+        overrides = dict(run.overrides)
+        if action.policy_version is not None:
+            overrides[POLICY_VERSION_KEY] = action.policy_version
+        seed = run.future.rules.member_seed
+        if seed is not None:
+            # One seed per attempt: members (and retries) sample differently.
+            overrides[SEED_KEY] = seed + action.attempt * run.future.rules.starts + action.index
+        body, config = self.prepare(run.payload, input_id=run.input_id, overrides=overrides)
+        resumed = run.resumed.get(sid)
 
-    async def _resume_member(
-        self, run: _Run, start: MemberStart, body: dict[str, Any], config: RolloutConfig
-    ) -> RolloutFuture:
-        """A member an earlier process journaled as started: read its result if it is
-        there, else invoke it again under the same session id (the agent does not run a
-        session twice) within what is left of its deadline, else follow its key."""
-        remaining = math.inf
-        if run.timeout is not None:
-            remaining = start.started_at + run.timeout - time.time()
-        same_key = (config.s3_bucket, config.key_for(start.session_id)) == (
-            start.s3_bucket,
-            start.result_key,
-        )
-        run.future.session_ids.append(start.session_id)
-        if remaining > 0 and same_key:
-            async with self.host._slot() as slot:
-                try:
-                    found = await self.host.store.get_json(start.s3_bucket, start.result_key)
-                except StorageError:
-                    found = None
-                if found is None:
-                    return await self.host._launch(
-                        slot, body, config, timeout=remaining, session_id=start.session_id
-                    )
-        return await self.host.attach(
-            session_id=start.session_id,
-            result_key=start.result_key,
-            input_id=run.input_id,
-            s3_bucket=start.s3_bucket,
+        def started(fut: RolloutFuture) -> None:
+            member.future = fut
+            self.tracker.started(sid)
+
+        def journaled(fut: RolloutFuture) -> None:
+            run.future.session_ids.append(sid)
+            if run.journal is not None:
+                start = MemberStart(run.input_id, sid, fut.s3_bucket, fut.result_key, time.time())
+                run.journal.member_started(start)
+
+        spec = RolloutSpec(
+            body=body,
+            config=config,
             timeout=run.timeout,
-            started_at=start.started_at,
+            session_id=sid,
+            retry=False,
+            on_future=started,
+            on_session=journaled if resumed is None else None,
         )
+        if resumed is not None:
+            # Journaled as started by an earlier process: read its result, else invoke it
+            # again (a repeat: the agent runs a session once) within what is left of its
+            # deadline, else follow its key to the deadline.
+            run.future.session_ids.append(sid)
+            same_key = (config.s3_bucket, config.key_for(sid)) == (
+                resumed.s3_bucket,
+                resumed.result_key,
+            )
+            late = run.timeout is not None and resumed.started_at + run.timeout <= time.time()
+            spec.started_at = resumed.started_at
+            spec.resume = same_key and not late
+            spec.attach = not spec.resume
+            spec.key = (resumed.s3_bucket, resumed.result_key)
+        self.service.start_soon(self._member, run, member, spec, admitted, name=f"member {sid}")
+
+    async def _member(self, run: _Run, member: _Member, spec: RolloutSpec, admitted: bool) -> None:
+        """One member attempt's task: its rollout, then its outcome to the tracker (from
+        this task: what the tracker decides may start tasks)."""
+        if member.stopped:
+            if admitted:
+                self.rollouts.slots.release()
+            return
+        try:
+            await self.rollouts.run(spec, admitted=admitted)
+        except Exception as exc:  # refused before acceptance: its future says so, if any
+            if member.future is None:
+                self._close_run(run, exc)  # not admitted: the client is closing
+                return
+        assert spec.session_id is not None
+        assert member.future is not None
+        self._member_done(run, spec.session_id, member.future)
 
     def _member_done(self, run: _Run, sid: str, fut: RolloutFuture) -> None:
         if fut.cancelled():
             self._apply(self.tracker.failed(sid, "the member's rollout was cancelled"))
             return
         exc = fut.exception()
-        if isinstance(exc, ClientClosedError):
-            self._close_run(run, exc)
+        if isinstance(exc, ClientClosedError) or self._closed is not None:
+            self._close_run(run, exc or ClientClosedError("the client closed"))
             return
-        trajectory = getattr(fut, "trajectory", None)  # set when a gateway captured one
+        trajectory = fut.trajectory  # set when a gateway captured one
         end: MemberEnd
         if exc is None:
             result = fut.result()
@@ -453,25 +368,14 @@ class GroupRunner:
             )
         self._apply(actions)
 
-    def _member_error(self, run: _Run, sid: str, error: BaseException) -> None:
-        """A member that never got a future: not admitted, or its invocation failed."""
-        if isinstance(error, ClientClosedError) or self._closed is not None:
-            self._close_run(run, error)
-            return
-        end = MemberEnd(run.input_id, sid, "failed", error=f"{type(error).__name__}: {error}")
-        if run.journal is not None:
-            run.journal.member_ended(end)
-        self._apply(self.tracker.failed(sid, error))
-
     # -- actions --
 
     def _apply(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if isinstance(action, StartMember):
                 run = self._runs.get(action.input_id)
-                if run is not None and self._closed is None and self._send is not None:
-                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                        self._send.send_nowait((run, action))
+                if run is not None and self._closed is None and self.service.running:
+                    self._start(run, action, admitted=False)  # a retry: admitted by its task
             elif isinstance(action, StopMember):
                 run = self._runs.get(action.input_id)
                 if run is None:
@@ -479,9 +383,7 @@ class GroupRunner:
                 member = run.members.setdefault(action.session_id, _Member())
                 member.stopped = True
                 if member.future is not None:
-                    member.future.cancel()  # its done callback stops the session
-                elif member.scope is not None:
-                    member.scope.cancel()
+                    member.future.cancel()  # its task stops the session
             elif isinstance(action, GroupReady):
                 self._settle(action.group.input_id, result=action.group)
             elif isinstance(action, GroupDropped):
@@ -539,103 +441,76 @@ class GroupRunner:
 # --- run_groups -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GroupsFed:
-    """The feeder's last message: how many groups were opened, and why it stopped early."""
+async def run_groups(
+    runner: GroupRunner, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
+) -> AsyncGenerator[RolloutGroup, None]:
+    """The loop of ``run_groups``: a feeder task opens a group per payload (waiting for
+    slots, which paces it); whole groups are yielded in completion order. Dropped ones are
+    counted (and logged) by the runner, not yielded; leaving the loop stops the rest."""
+    send, receive = anyio.create_memory_object_stream[
+        GroupFuture | tuple[int, BaseException | None]
+    ](math.inf)
+    live: set[GroupFuture] = set()
+    scope = anyio.CancelScope()
 
-    opened: int
-    error: BaseException | None
+    def put(item: GroupFuture | tuple[int, BaseException | None]) -> None:
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            send.send_nowait(item)
 
+    def finished(fut: asyncio.Future[RolloutGroup]) -> None:
+        assert isinstance(fut, GroupFuture)
+        live.discard(fut)
+        put(fut)
 
-GroupItem = GroupFuture | GroupsFed
-
-
-class GroupBatch:
-    """The work of ``run_groups``, in the client's task group: open a group per payload
-    (waiting for slots, which paces it) and send each resolved group future to ``send``."""
-
-    def __init__(
-        self,
-        runner: GroupRunner,
-        payloads: Iterable[Mapping[str, Any]],
-        options: Mapping[str, Any],
-        send: MemoryObjectSendStream[GroupItem],
-    ) -> None:
-        self.runner = runner
-        self.payloads = payloads
-        self.options = dict(options)
-        self.send = send
-        self.live: set[GroupFuture] = set()
-        self.scope = anyio.CancelScope()
-
-    def abandon(self) -> None:
-        """The loop is gone: stop opening groups and stop the open ones."""
-        self.scope.cancel()
-        self.send.close()
-        for fut in list(self.live):
-            fut.cancel()
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Open every payload's group, then report how many."""
+    async def feed(*, task_status: anyio.abc.TaskStatus[None]) -> None:
         opened = 0
         error: BaseException | None = None
         try:
-            with self.scope:
+            with scope:
                 task_status.started()
                 try:
-                    for index, payload in enumerate(self.payloads):
-                        fut = await self.runner.open(
-                            payload, default_input_id=f"{index:06d}", **self.options
-                        )
+                    for index, payload in enumerate(payloads):
+                        fut = await runner.open(payload, default_input_id=f"{index:06d}", **options)
                         opened += 1
-                        self.live.add(fut)
-                        fut.add_done_callback(self._finished)
+                        live.add(fut)
+                        fut.add_done_callback(finished)
                 except Exception as exc:  # a bad payload, the client closing...
                     error = exc
         except BaseException:
-            self.send.close()
+            send.close()
             raise
-        if self.scope.cancelled_caught:
-            self.send.close()
+        if scope.cancelled_caught:
+            send.close()
         else:
-            self._put(GroupsFed(opened, error))
+            put((opened, error))
 
-    def _finished(self, fut: asyncio.Future[RolloutGroup]) -> None:
-        assert isinstance(fut, GroupFuture)
-        self.live.discard(fut)
-        self._put(fut)
-
-    def _put(self, item: GroupItem) -> None:
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            self.send.send_nowait(item)
-
-
-async def read_groups(receive: Any, batch: GroupBatch) -> AsyncGenerator[RolloutGroup, None]:
-    """The loop side of ``run_groups``: whole groups in completion order; dropped ones are
-    counted (and logged) by the runner, not yielded."""
-    with receive:
-        try:
-            resolved = 0
-            fed: GroupsFed | None = None
-            while fed is None or resolved < fed.opened:
-                try:
-                    item = await receive.receive()
-                except anyio.EndOfStream:
-                    raise ClientClosedError("the client was closed during run_groups") from None
-                if isinstance(item, GroupsFed):
-                    fed = item
-                    continue
-                resolved += 1
-                if item.cancelled():
-                    continue
-                error = item.exception()
-                if isinstance(error, ClientClosedError):
-                    raise error
-                if error is None:
-                    yield item.result()
-                elif not isinstance(error, GroupDroppedError):
-                    raise error
-            if fed.error is not None:
-                raise fed.error
-        finally:
-            batch.abandon()
+    try:
+        await runner.service.start(feed, name="groups")
+        resolved = 0
+        fed: tuple[int, BaseException | None] | None = None
+        while fed is None or resolved < fed[0]:
+            try:
+                item = await receive.receive()
+            except anyio.EndOfStream:
+                raise ClientClosedError("the client was closed during run_groups") from None
+            if isinstance(item, tuple):
+                fed = item
+                continue
+            resolved += 1
+            if item.cancelled():
+                continue
+            error = item.exception()
+            if isinstance(error, ClientClosedError):
+                raise error
+            if error is None:
+                yield item.result()
+            elif not isinstance(error, GroupDroppedError):
+                raise error
+        if fed[1] is not None:
+            raise fed[1]
+    finally:
+        scope.cancel()
+        send.close()
+        receive.close()
+        for fut in list(live):
+            fut.cancel()

@@ -20,10 +20,11 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentcore_rl import protocol
@@ -40,7 +41,7 @@ class ClientLease:
     """One client's lease: where it lives, and the task that renews it.
 
     ``config.lease`` must not be ``None`` (no lease: do not create one).
-    ``wall`` (epoch seconds) stamps renewals; the pause between them is ``config.sleep``.
+    ``wall`` (epoch seconds) stamps renewals; ``sleep`` paces them.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class ClientLease:
         config: LivenessConfig,
         *,
         wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if config.lease is None:
             raise ValueError("ClientLease needs a lease (seconds)")
@@ -60,7 +62,7 @@ class ClientLease:
         self.key = protocol.lease_key(exp_id, self.lease_id)
         self.ttl = config.lease
         self.renew = config.lease_renew
-        self._sleep = config.sleep
+        self._sleep = sleep
         self._wall = wall
         self.seq = 0
         self.failures = 0

@@ -3,9 +3,12 @@
 A crashed agent writes no result, so without asking, its rollouts end only at their
 timeout, each holding a concurrency slot. The prober asks the session's agent (HTTP:
 ``GET /sessions/{id}`` on its server; AgentCore Runtime: a status control request on the
-same session id, which a restarted or new microVM answers ``unknown``). An ``unknown``
-answer ends the rollout at once (the ``on_lost`` callback), and the client retries it with
-a new session by policy (:mod:`agentcore_rl.client.outcomes`).
+same session id, which a restarted or new microVM answers ``unknown``). The probes decide:
+an ``unknown`` answer means the session is lost, and so does an agent that stays
+unreachable (connection refused, the runtime's 424 or a 5xx) for ``lost_after`` seconds:
+it died and did not come back. A lost session wakes its rollout's task with an
+:class:`~agentcore_rl.errors.AgentLostError`, which runs the rollout again in a new session
+by policy (:mod:`agentcore_rl.client.outcomes`).
 
 It must stay cheap at 10,000 sessions in flight, so it probes only sessions pending longer
 than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first
@@ -15,8 +18,7 @@ calls). A probe still waiting for its token after ``escalate_after`` seconds tak
 invocation priority: a client whose invocations keep the TPS budget busy would otherwise
 never probe, and a lost session holds a concurrency slot those invocations wait for. On
 HTTP one lost session makes every older session of the same server a suspect, probed next
-regardless of ``probe_after``: a server crash loses all of them. Probe failures (the
-server is down right now) decide nothing.
+regardless of ``probe_after``: a server crash loses all of them.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from typing import Final, Protocol, runtime_checkable
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.stats import ClientCounters
-from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
+from agentcore_rl.client.transports.base import RetryableError
+from agentcore_rl.errors import AgentLostError, ConfigurationError, InvalidPayloadError
 from agentcore_rl.ratelimit import Priority, RateLimiter
 
 __all__ = ["DEFAULT_LIVENESS", "LivenessConfig", "LivenessProber", "StatusTransport"]
@@ -49,6 +51,9 @@ DEFAULT_PROBE_INTERVAL: Final = 5.0
 DEFAULT_PROBE_RATE: Final = 2.0
 #: Seconds a probe waits behind invocations before it queues among them.
 DEFAULT_ESCALATE_AFTER: Final = 3.0
+#: Seconds an agent may stay unreachable to probes before its sessions count as lost:
+#: long enough for a restart, short against a rollout's timeout.
+DEFAULT_LOST_AFTER: Final = 60.0
 #: Seconds of failed connection attempts (refused, or the connect timed out) after which
 #: an invocation ends in ``AgentUnreachableError``: an agent that is down stays down for
 #: longer than a retry can wait out, and a typo in a URL is never cured.
@@ -78,6 +83,9 @@ class LivenessConfig:
     False turns probing off. With the defaults a crash is seen within about
     ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
     sessions are pending; beyond that, detection slows rather than the probes growing.
+    ``lost_after``: seconds a session's agent may stay unreachable to its probes
+    (connection refused, a 424 or 5xx) before the session counts as lost, as an
+    ``unknown`` answer does at once.
 
     ``unreachable_after``: seconds of failed connection attempts (nothing listens, a
     wrong URL) before an invocation ends in
@@ -88,7 +96,6 @@ class LivenessConfig:
     lease not renewed for ``lease`` seconds, so a crashed trainer leaves nothing running
     for long (``None``: no lease). ``lease_id``: renew an existing lease (a process taking
     over rollouts an earlier one started), else a new one per client.
-    ``clock``/``sleep`` are injectable (``sleep`` also paces the lease's renewals).
 
     Example::
 
@@ -101,12 +108,11 @@ class LivenessConfig:
     escalate_after: float | None = DEFAULT_ESCALATE_AFTER
     tick: float = 1.0
     enabled: bool = True
+    lost_after: float = DEFAULT_LOST_AFTER
     unreachable_after: float = DEFAULT_UNREACHABLE_AFTER
     lease: float | None = DEFAULT_LEASE
     lease_renew: float = DEFAULT_LEASE_RENEW
     lease_id: str | None = None
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def __post_init__(self) -> None:
         if not (self.probe_after >= 0 and self.probe_interval > 0 and self.tick > 0):
@@ -119,10 +125,9 @@ class LivenessConfig:
             raise ConfigurationError(
                 f"escalate_after must be >= 0 or None, got {self.escalate_after!r}"
             )
-        if not self.unreachable_after >= 0:
-            raise ConfigurationError(
-                f"unreachable_after must be >= 0, got {self.unreachable_after!r}"
-            )
+        for name in ("lost_after", "unreachable_after"):
+            if not getattr(self, name) >= 0:
+                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.lease_renew > 0:
             raise ConfigurationError(f"lease_renew must be > 0, got {self.lease_renew!r}")
         if self.lease is not None and not self.lease >= 2 * self.lease_renew:
@@ -141,6 +146,7 @@ class LivenessConfig:
         return (
             f"LivenessConfig(probe_after={self.probe_after}, probe_interval="
             f"{self.probe_interval}, max_rate={self.max_rate}, enabled={self.enabled}, "
+            f"lost_after={self.lost_after}, "
             f"unreachable_after={self.unreachable_after}, lease={self.lease})"
         )
 
@@ -152,30 +158,45 @@ DEFAULT_LIVENESS: Final = LivenessConfig()
 class _Seen:
     first: float
     probed: float | None = None
+    unreachable_since: float | None = None
+
+
+class Probed(Protocol):
+    """A pending rollout as the prober sees it (the client's rollout tasks)."""
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its session was accepted and has no outcome yet."""
+
+    def wake(self, kind: str, value: object) -> None:
+        """Tell its task: ``("lost", AgentLostError)``."""
 
 
 class LivenessProber:
-    """Probes the long-pending sessions of ``live`` and reports the lost ones.
+    """Probes the long-pending sessions of ``live`` and wakes the lost ones' tasks.
 
     ``counters`` gets ``probes``, ``probe_failures``, ``probes_escalated`` and ``agents_lost``.
+    ``clock`` and ``sleep`` pace the rounds.
     """
 
     def __init__(
         self,
         transport: StatusTransport | object,
         limiter: RateLimiter,
-        live: Mapping[str, RolloutFuture],
+        live: Mapping[str, Probed],
         counters: ClientCounters,
         *,
-        on_lost: Callable[[RolloutFuture], None],
         config: LivenessConfig = DEFAULT_LIVENESS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
         self.live = live
         self.counters = counters
-        self.on_lost = on_lost
         self.config = config
+        self.clock = clock
+        self.sleep = sleep
         self._seen: dict[str, _Seen] = {}
         self._credit = 0.0
         # HTTP: server URL -> clock time a session there was found lost.
@@ -194,7 +215,7 @@ class LivenessProber:
         if not (self.config.enabled and self.supported):
             return
         while True:
-            await self.config.sleep(self.config.tick)
+            await self.sleep(self.config.tick)
             await self.round()
 
     def _url(self, session_id: str) -> str | None:
@@ -204,13 +225,13 @@ class LivenessProber:
     def due(self) -> list[str]:
         """The sessions to probe now, most overdue first, within the rate budget."""
         cfg = self.config
-        now = cfg.clock()
+        now = self.clock()
         for sid in [s for s in self._seen if s not in self.live]:
             del self._seen[sid]
         self._credit = min(self._credit + cfg.max_rate * cfg.tick, max(1.0, cfg.max_rate))
         candidates: list[tuple[int, float, str]] = []
-        for sid, fut in self.live.items():
-            if fut.done() or fut._sending:
+        for sid, rollout in self.live.items():
+            if not rollout.waiting:
                 continue
             seen = self._seen.get(sid)
             if seen is None:
@@ -257,27 +278,43 @@ class LivenessProber:
         seen = self._seen.get(session_id)
         if seen is None:
             return
-        seen.probed = self.config.clock()
+        seen.probed = self.clock()
         await self._token()
-        fut = self.live.get(session_id)
-        if fut is None or fut.done():
+        rollout = self.live.get(session_id)
+        if rollout is None or not rollout.waiting:
             return
         self.counters.probes += 1
         assert isinstance(self.transport, StatusTransport)
         try:
             state = await self.transport.status(session_id)
-        except Exception as exc:  # the agent is unreachable now: decides nothing
+        except Exception as exc:
             self.counters.probe_failures += 1
             logger.debug("probing session %s failed: %s", session_id, exc)
-            return
-        if state is not protocol.SessionState.UNKNOWN:
-            return
-        fut = self.live.get(session_id)
-        if fut is None or fut.done():
+            if not isinstance(exc, RetryableError) or exc.throttled:
+                return  # busy, or an answer that says nothing of the agent
+            now = self.clock()
+            if seen.unreachable_since is None:
+                seen.unreachable_since = now
+            if now - seen.unreachable_since < self.config.lost_after:
+                return
+            why = f"unreachable for {now - seen.unreachable_since:.0f} s ({exc})"
+        else:
+            seen.unreachable_since = None
+            if state is not protocol.SessionState.UNKNOWN:
+                return
+            why = "unknown to its agent (it crashed or restarted)"
+        rollout = self.live.get(session_id)
+        if rollout is None or not rollout.waiting:
             return
         self.counters.agents_lost += 1
         url = self._url(session_id)
         if url is not None:
-            self._suspects[url] = self.config.clock()
-        logger.warning("session %s is unknown to its agent (it crashed or restarted)", session_id)
-        self.on_lost(fut)
+            self._suspects[url] = self.clock()
+        logger.warning("session %s is lost: %s", session_id, why)
+        rollout.wake(
+            "lost",
+            AgentLostError(
+                f"session {session_id} is {why}: no result will come",
+                session_id=session_id,
+            ),
+        )

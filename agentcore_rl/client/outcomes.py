@@ -30,19 +30,25 @@ Example::
 
 from __future__ import annotations
 
-from typing import Final
+import asyncio
+from typing import Any, Final
 
 from agentcore_rl import protocol
+from agentcore_rl.client.stats import ClientCounters
 from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
+    ClientClosedError,
+    GatewayError,
     InvocationError,
     RolloutError,
+    RolloutTimeoutError,
 )
 
 __all__ = [
     "DEFAULT_RETRY_LOST",
     "DEFAULT_RETRY_ROLLOUTS",
+    "count_outcome",
     "is_agent_loss",
     "is_lease_cancel",
     "is_retryable",
@@ -103,3 +109,27 @@ def is_retryable(exc: BaseException) -> bool:
         # No status: the agent was not reached (connection refused, reset, timeout).
         return status is None or status in (424, 429) or status >= 500
     return is_shutdown_cancel(exc) or is_lease_cancel(exc)
+
+
+def count_outcome(counters: ClientCounters, fut: asyncio.Future[Any]) -> None:
+    """Count the outcome of a settled rollout future in ``counters``."""
+    if fut.cancelled():
+        counters.cancelled += 1
+        return
+    exc = fut.exception()
+    if exc is None:
+        counters.results += 1
+    elif type(exc) is RolloutError:
+        counters.rollout_errors += 1
+    elif type(exc) is RolloutTimeoutError:
+        counters.timeouts += 1
+    elif type(exc) is ClientClosedError:
+        counters.closed += 1
+    elif isinstance(exc, GatewayError):  # TraceLostError: no success without tokens
+        counters.traces_lost += 1
+    elif isinstance(exc, AgentLostError):
+        pass  # counted as agents_lost where the loss was found
+    elif isinstance(exc, InvocationError):
+        counters.invocation_errors += 1
+    else:  # StorageError, or anything unexpected
+        counters.storage_errors += 1

@@ -195,6 +195,11 @@ class RolloutClient:
             if not self._closed:
                 self._portal.call(_aclose, items)
 
+    @same_parameters(AsyncRolloutClient.stop_session)
+    def stop_session(self, *args: Any, **kwargs: Any) -> None:
+        """See :meth:`AsyncRolloutClient.stop_session`."""
+        self._portal.call(functools.partial(self._client.stop_session, *args, **kwargs))
+
     @same_parameters(AsyncRolloutClient.set_policy_version)
     def set_policy_version(self, *args: Any, **kwargs: Any) -> None:
         """See :meth:`AsyncRolloutClient.set_policy_version`."""

@@ -42,9 +42,8 @@ from types import TracebackType
 from typing import Any, Final
 
 import anyio
-from anyio.abc import TaskGroup
 
-from agentcore_rl.client.handoff import Handoff
+from agentcore_rl._unwrap import unwrap
 from agentcore_rl.client.outage import StoreOutages
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import ConfigurationError, StorageError
@@ -92,7 +91,7 @@ class WatcherConfig:
     :data:`FINAL_CODES` (access denied...) before the affected futures fail.
     ``max_parallel``: concurrent GETs per round. A GET tells a missing key (not written
     yet) from a missing bucket (``NoSuchBucket``, a failure), so probing by GET alone
-    notices a deleted bucket. ``clock``/``sleep`` are injectable.
+    notices a deleted bucket.
 
     Example::
 
@@ -106,8 +105,6 @@ class WatcherConfig:
     error_backoff: float = 0.5
     error_backoff_max: float = 10.0
     max_parallel: int = 32
-    clock: Callable[[], float] = time.monotonic
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def __post_init__(self) -> None:
         if not 0 < self.min_interval <= self.max_interval:
@@ -178,28 +175,12 @@ def _prefix_of(key: str) -> str:
     return head + sep if sep else ""
 
 
-class _FetchBatch:
-    """The GETs of one poll, handed to the fetchers: done when the last one is."""
-
-    __slots__ = ("done", "error", "left")
-
-    def __init__(self, count: int) -> None:
-        self.left = count
-        self.error: Exception | None = None
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def one_done(self) -> None:
-        self.left -= 1
-        if self.left <= 0 and not self.done.done():
-            self.done.set_result(None)
-
-
 class CompletionWatcher:
     """Watches S3 for the results of all pending rollouts of one client, in one task.
 
     ``run_by_owner``: the owner runs :meth:`run` in its task group (as the client does);
     otherwise the watcher runs it in its own (``async with``, or from the first ``track``
-    until ``aclose``).
+    until ``aclose``). ``clock`` and ``sleep`` pace the rounds.
 
     Example::
 
@@ -215,11 +196,15 @@ class CompletionWatcher:
         config: WatcherConfig = DEFAULT_WATCHER,
         *,
         run_by_owner: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.store = store
         self.config = config
+        self.clock = clock
+        self.sleep = sleep
         self._groups: dict[tuple[str, str], _Group] = {}
-        self._outages = StoreOutages(config.clock)
+        self._outages = StoreOutages(clock)
         self._wakeup = asyncio.Event()
         self._service = (
             None
@@ -231,9 +216,6 @@ class CompletionWatcher:
         )
         self._opened = False
         self._closed = False
-        self._fetches: Handoff[tuple[_Group, str, _FetchBatch]] = Handoff()
-        self._fetchers = 0
-        self._fetcher_group: TaskGroup | None = None
         self.rounds = 0
         self.lists = 0
         self.listed_keys = 0
@@ -313,14 +295,6 @@ class CompletionWatcher:
 
     async def run(self) -> None:
         """Watch until cancelled (run by the watcher's owner, in its task group)."""
-        # The GETs of a round go to long-lived fetchers (at most ``max_parallel``, started
-        # as rounds need them), not to a task per key; they end with this task.
-        self._fetches, self._fetchers = Handoff(), 0
-        async with anyio.create_task_group() as fetchers:
-            self._fetcher_group = fetchers
-            await self._watch()
-
-    async def _watch(self) -> None:
         cfg = self.config
         interval = cfg.min_interval
         while True:
@@ -330,7 +304,7 @@ class CompletionWatcher:
                 interval = cfg.min_interval
             # Results take at least a moment: sleeping first saves a useless first poll.
             # During an outage the pause backs off instead.
-            await cfg.sleep(
+            await self.sleep(
                 self._outages.backoff(cfg.error_backoff, cfg.error_backoff_max)
                 if self.unreachable
                 else interval
@@ -340,13 +314,14 @@ class CompletionWatcher:
                 await self._check_idle_outages()
             except Exception as exc:  # a bug, not S3: fail loudly rather than hang futures
                 logger.exception("completion watcher round failed")
-                self._fail_all(exc)
+                error = unwrap(exc)
+                self._fail_all(error if isinstance(error, Exception) else exc)
                 found = 0
             interval = cfg.min_interval if found else min(cfg.max_interval, interval * cfg.backoff)
 
     async def _round(self) -> int:
         self.rounds += 1
-        now = self.config.clock()
+        now = self.clock()
         due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
         found = self.found
         if len(due) == 1:  # the usual case (one experiment): no task to spawn
@@ -383,29 +358,16 @@ class CompletionWatcher:
             return
         if not candidates:
             return
-        fetchers = self._fetcher_group
-        assert fetchers is not None, "polled outside run()"
-        batch = _FetchBatch(len(candidates))
-        work = self._fetches
-        for key in candidates:
-            work.put((group, key, batch))
-            if work.queued and self._fetchers < self.config.max_parallel:
-                self._fetchers += 1
-                fetchers.start_soon(self._fetcher, name="result fetcher")
-        await batch.done
-        if batch.error is not None:
-            raise batch.error  # a bug, not S3: the round's handler reports it
+        # ``max_parallel`` fetchers share the round's keys.
+        shared = iter(candidates)
 
-    async def _fetcher(self) -> None:
-        work = self._fetches
-        while (item := await work.get()) is not None:
-            group, key, batch = item
-            try:
+        async def fetcher() -> None:
+            for key in shared:
                 await self._fetch(group, key)
-            except Exception as exc:
-                batch.error = exc
-            finally:
-                batch.one_done()
+
+        async with anyio.create_task_group() as fetchers:
+            for _ in range(min(len(candidates), self.config.max_parallel)):
+                fetchers.start_soon(fetcher)
 
     async def _fetch(self, group: _Group, key: str) -> None:
         if key not in group.pending:  # untracked meanwhile
@@ -449,7 +411,7 @@ class CompletionWatcher:
         cfg = self.config
         group.failures += 1
         delay = min(cfg.error_backoff_max, cfg.error_backoff * 2 ** (group.failures - 1))
-        group.retry_at = cfg.clock() + delay
+        group.retry_at = self.clock() + delay
         if exc.code not in FINAL_CODES:
             # An outage: keep the keys pending (the outage tracker logs it once).
             self._outages.failed(group.bucket, group.prefix, exc)

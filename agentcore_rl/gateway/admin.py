@@ -32,7 +32,6 @@ from starlette.routing import Route
 from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.policy_gate import PolicyGate
 from agentcore_rl.gateway.record import SessionTrace, dump_trace
-from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory
 
 __all__ = ["GATEWAY_ID_HEADER", "AdminTarget", "admin_app"]
 
@@ -149,11 +148,7 @@ def admin_app(gateway: AdminTarget) -> Starlette:
             return _error(410, str(exc), "trace_lost")
         if request.query_params.get("format") == "json":
             return JSONResponse(trace.to_json())
-        blob = dump_trace(trace)
-        del trace  # the session's last reference: its stores are freed here
-        if int.from_bytes(blob[-4:], "little") >= TRIM_AT:  # gzip's trailer: the JSON's size
-            give_back_memory()
-        return Response(blob, media_type="application/gzip")
+        return Response(dump_trace(trace), media_type="application/gzip")
 
     async def peek(request: Request) -> Response:
         try:

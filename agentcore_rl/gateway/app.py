@@ -34,7 +34,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import anyio
 from starlette.types import Receive, Scope, Send
@@ -42,20 +42,14 @@ from starlette.types import Receive, Scope, Send
 from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.admin import admin_app
 from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
-from agentcore_rl.gateway.backends import (
-    CHAT,
-    COMPLETIONS,
-    Backend,
-    Capture,
-    backend_named,
-    synthesize_sse,
-)
-from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
+from agentcore_rl.gateway.call import Call, Mode
+from agentcore_rl.gateway.jsonio import loads
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
+from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
-from agentcore_rl.gateway.trim import TRIM_AT, give_back_memory
-from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
 
@@ -67,40 +61,6 @@ ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 DEFAULT_SESSION_TTL: Final = 8 * 3600.0
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
-_SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_DONE: Final = b"data: [DONE]"
-# What a failed upstream call raises.
-_UPSTREAM_ERRORS: Final = (UpstreamError,)
-
-
-class Renderer(Protocol):
-    """What serves chat calls in rendering mode (``render/mode.py``'s ``RenderMode``; typed
-    here so that the app does not import the mode, which imports the app)."""
-
-    async def call(
-        self,
-        gateway: RolloutGateway,
-        send: Send,
-        session: Session,
-        raw: bytes,
-        body: dict[str, Any],
-        version: int,
-    ) -> None: ...
-
-
-class _Upstream:
-    """One inference server: its base URL, its connections and its request heads, built once."""
-
-    __slots__ = ("base", "models", "pool", "targets")
-
-    def __init__(self, pool: UpstreamPool) -> None:
-        self.base = pool.base
-        self.pool = pool
-        self.targets = {
-            CHAT: pool.target("/chat/completions"),
-            COMPLETIONS: pool.target("/completions"),
-        }
-        self.models = pool.target("/models", "GET")
 
 
 def _declared_length(scope: Scope) -> int | None:
@@ -188,7 +148,7 @@ class RolloutGateway:
         max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
-        render: Renderer | None = None,
+        render: Mode | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -203,9 +163,10 @@ class RolloutGateway:
         if not body_timeout > 0:
             raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [u.rstrip("/") for u in urls]
-        self.backend: Backend = backend_named(backend)
-        # Linear history (render/mode.py): the gateway renders chat requests itself and
-        # calls the server token-in; None is proxy mode (the server renders).
+        self.backend = backend_named(backend)
+        # The two modes (call.py): proxy (the server renders) serves every call unless
+        # linear history (render/mode.py: the gateway renders, token-in) serves chat.
+        self.proxy: Mode = ProxyMode(self.backend)
         self.render = render
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
@@ -236,7 +197,7 @@ class RolloutGateway:
             self._headers["authorization"] = f"Bearer {upstream_api_key}"
         self._upstream_timeout = upstream_timeout
         self._max_connections = max_connections
-        self._upstreams: list[_Upstream] = []  # with their connections, while entered
+        self._upstreams: list[UpstreamPool] = []  # with their connections, while entered
         self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._admin = admin_app(self)
@@ -258,19 +219,17 @@ class RolloutGateway:
             # keep-alive closes them under a request. A stream's reading pauses when aiohttp's
             # buffer fills, so a fast upstream cannot park whole answers in the gateway.
             self._upstreams = [
-                _Upstream(
-                    UpstreamPool(
-                        url,
-                        headers=self._headers,
-                        max_connections=self._max_connections,
-                        read_timeout=self._upstream_timeout,
-                        idle_timeout=4.0,
-                    )
+                UpstreamPool(
+                    url,
+                    headers=self._headers,
+                    max_connections=self._max_connections,
+                    read_timeout=self._upstream_timeout,
+                    idle_timeout=4.0,
                 )
                 for url in self.upstreams
             ]
-            for upstream in self._upstreams:
-                stack.push_async_callback(upstream.pool.aclose)
+            for pool in self._upstreams:
+                stack.push_async_callback(pool.aclose)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
             self._tg.start_soon(self._sweep_forever)
@@ -557,80 +516,15 @@ class RolloutGateway:
                 "paused",
                 [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
             ) from None
-        # Handed over, not kept here: the callee drops the parsed request (for a large one,
-        # a second copy of the body as Python objects) once it is forwarded.
-        parsed, body = [body], None
         try:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
-            if self.render is not None and endpoint == CHAT:
-                await self.render.call(self, send, session, raw, parsed.pop(), version)
-            else:
-                await self._call(send, session, endpoint, raw, parsed.pop(), version)
+            await self._serve(send, session, endpoint, raw, body, version)
         finally:
             self.gate.exit()
-            if len(raw) >= TRIM_AT:  # what it freed, the system gets back
-                del raw
-                give_back_memory()
 
-    async def _models(self, send: Send, sid: str) -> None:
-        upstream = self._upstream_for(sid)
-        try:
-            status, content = await upstream.pool.fetch(upstream.models, None)
-        except _UPSTREAM_ERRORS as exc:
-            raise Refuse(502, down_message(upstream.base, exc), "upstream_unavailable") from None
-        await respond(send, status, content)
-
-    def _apply_overrides(self, session: Session, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Put the session's pinned sampling settings and the gateway's pinned model into
-        ``body``; what was put (None when nothing is pinned) goes into the call's record."""
-        if not (session.sampling or self.model):
-            return None
-        overrides = dict(session.sampling or {})
-        if self.model:
-            overrides["model"] = self.model
-        body.update(overrides)
-        return overrides
-
-    def _begin_call(
-        self,
-        session: Session,
-        endpoint: str,
-        raw: bytes,
-        overrides: dict[str, Any] | None,
-        *,
-        version: int | None,
-        stream: bool,
-        start: float,
-    ) -> tuple[_Upstream, CallRecord]:
-        """The upstream serving ``session`` and the record of its next call (proxy and
-        rendering mode alike)."""
-        upstream = self._upstream_for(session.session_id)
-        record = CallRecord(
-            session_id=session.session_id,
-            index=session.call_started(start),
-            endpoint=endpoint,
-            exp_id=session.exp_id,
-            input_id=session.input_id,
-            policy_version_start=version,
-            request_body=raw,
-            overrides=overrides,
-            started_at=self._wall(),
-            stream=stream,
-            upstream=upstream.base,
-        )
-        return upstream, record
-
-    def _upstream_for(self, sid: str) -> _Upstream:
-        upstreams = self._upstreams
-        if len(upstreams) == 1:
-            return upstreams[0]
-        if not upstreams:
-            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
-        return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
-
-    async def _call(
+    async def _serve(
         self,
         send: Send,
         session: Session,
@@ -639,32 +533,36 @@ class RolloutGateway:
         body: dict[str, Any],
         version: int,
     ) -> None:
+        """Begin the call's record, hand the call to its mode, commit the record if the mode
+        did not (a refusal, an abandoned call)."""
         start = self._clock()
-        stream = bool(body.get("stream"))
-        options = body.get("stream_options")
-        sse_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        overrides = self._apply_overrides(session, body)
-        upstream_body, keep_logprobs = self.backend.prepare(body, endpoint)
-        payload = dumps(upstream_body)
-        del body, upstream_body  # forwarded as ``payload``; the record keeps ``raw``
-        upstream, record = self._begin_call(
-            session, endpoint, raw, overrides, version=version, stream=stream, start=start
+        overrides = dict(session.sampling or {})
+        if self.model:
+            overrides["model"] = self.model
+        body.update(overrides)
+        pool = self._upstream_for(session.session_id)
+        record = CallRecord(
+            session_id=session.session_id,
+            index=session.call_started(start),
+            endpoint=endpoint,
+            exp_id=session.exp_id,
+            input_id=session.input_id,
+            policy_version_start=version,
+            request_body=raw,
+            overrides=overrides or None,
+            started_at=self._wall(),
+            stream=bool(body.get("stream")),
+            upstream=pool.base,
         )
-        capture = Capture(endpoint)
-        committed = False
 
-        def commit(status: int, error: str | None = None) -> None:
-            # Before the answer's last byte: the record is in its session, complete but for
-            # turning the captured lists into arrays (``fill``, after the last byte).
-            nonlocal committed
-            committed = True
-            record.status = status
-            record.error = error
+        def on_commit(call: Call) -> None:
             record.policy_version_end = self.gate.version
             record.latency_s = self._clock() - start
             self.stats["calls"] += 1
             if not record.ok:
                 self.stats["failed_calls"] += 1
+            if call.forked:
+                self.stats["linear_forks"] = self.stats.get("linear_forks", 0) + 1
             if self._sessions.get(session.session_id) is not session:
                 self.stats["late_records"] += 1
                 log.warning(
@@ -672,210 +570,37 @@ class RolloutGateway:
                     record.index,
                     session.session_id,
                 )
-            session.unfilled[record.index] = fill
             session.call_ended(record, self._clock())
 
-        def fill() -> None:
-            session.unfilled.pop(record.index, None)
-            record.usage = capture.usage
-            try:
-                record.prompt_ids = capture.prompt_ids or record.prompt_ids
-                record.completions = capture.completions()
-            except (ValueError, TypeError, OverflowError) as exc:
-                if record.error is None:
-                    self.stats["failed_calls"] += 1
-                    record.error = f"the upstream sent {exc}"
-            session.arena.keep(record)  # share the conversation it repeats with earlier calls
-
+        call = Call(session, endpoint, raw, body, record, pool, self._clock, self._wall, on_commit)
+        mode = self.render if self.render is not None and endpoint == CHAT else self.proxy
         try:
-            try:
-                target = upstream.targets[endpoint]
-                if stream and self.backend.streams:
-                    async with upstream.pool.stream(target, payload) as response:
-                        del payload
-                        status = response.status
-                        if status == 200:
-                            await self._relay(
-                                send, response, upstream, endpoint, capture, keep_logprobs, commit
-                            )
-                            return
-                        content = await response.read()
-                else:  # the whole answer in one wake-up
-                    status, content = await upstream.pool.fetch(target, payload)
-                    del payload
-                if status != 200:
-                    text = content[:500].decode("utf-8", "replace")
-                    commit(status, f"upstream answered HTTP {status}: {text}")
-                    await respond(send, status, content)
-                    return
-                answer, content = [content], b""  # handed over: freed once parsed
-                await self._whole(
-                    send, answer, endpoint, capture, keep_logprobs, commit, stream, sse_usage
-                )
-            except Refuse as refuse:
-                if not committed:
-                    commit(refuse.status, refuse.message)
+            await mode.serve(call, send)
+        except Refuse as refuse:
+            call.commit(refuse.status, refuse.message)
+            raise
+        except UpstreamError as exc:
+            if call.committed:
                 raise
-            except _UPSTREAM_ERRORS as exc:
-                message = down_message(upstream.base, exc)
-                if not committed:
-                    commit(502, message)
-                    raise Refuse(502, message, "upstream_unavailable") from None
-                raise
-            except BaseException as exc:
-                if not committed:
-                    commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
-                raise
-        finally:
-            if committed:
-                fill()  # off the agent's path: its answer is out (or the call failed)
+            message = down_message(pool.base, exc)
+            call.commit(502, message)
+            raise Refuse(502, message, "upstream_unavailable") from None
+        except BaseException as exc:
+            call.commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
+            raise
 
-    async def _whole(
-        self,
-        send: Send,
-        answer: list[bytes],
-        endpoint: str,
-        capture: Capture,
-        keep_logprobs: bool,
-        commit: Callable[..., None],
-        stream: bool,
-        sse_usage: bool,
-    ) -> None:
-        content = answer.pop()
+    async def _models(self, send: Send, sid: str) -> None:
+        pool = self._upstream_for(sid)
         try:
-            data = capture.parse(content)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
-        try:
-            self.backend.take_response(data, capture, keep_logprobs, endpoint)
-            if capture.cut_unused:  # ids cut from where no backend reads them: parse it whole
-                capture.reset()
-                data = loads(content)
-                self.backend.take_response(data, capture, keep_logprobs, endpoint)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            message = f"upstream sent a malformed answer: {exc!r}"
-            raise Refuse(502, message, "upstream_invalid") from None
-        del content
-        missing = capture.missing(self.backend.name)
-        if missing:
-            raise Refuse(502, missing, "upstream_missing_token_ids")
-        commit(200)
-        if stream:  # the upstream could not stream with capture on: stream the whole answer
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            await send(
-                {"type": "http.response.body", "body": synthesize_sse(data, endpoint, sse_usage)}
-            )
-            return
-        await respond(send, 200, dumps(data))
+            status, content = await pool.fetch(pool.target("/models", "GET"), None)
+        except UpstreamError as exc:
+            raise Refuse(502, down_message(pool.base, exc), "upstream_unavailable") from None
+        await respond(send, status, content)
 
-    async def _relay(
-        self,
-        send: Send,
-        content: UpstreamResponse,
-        upstream: _Upstream,
-        endpoint: str,
-        capture: Capture,
-        keep_logprobs: bool,
-        commit: Callable[..., None],
-    ) -> None:
-        """Forward the upstream's SSE events as they arrive, capturing and stripping each.
-
-        The first event goes out alone, as soon as it is read (time to first byte); after
-        it, whatever arrived in one read goes out in one write: under load the upstream's
-        one-write-per-event stream coalesces, and so do the gateway's writes.
-        """
-        started = False
-        # What arrived after the last complete event: joined once an event ends in it (an
-        # event can be megabytes, its prompt ids, read in pieces of 64 KB).
-        unread: list[bytes] = []
-        newline = False  # whether the last piece ended with a newline
-        held: list[bytes] = []  # events before the first chunk (none from vLLM)
-        take = self.backend.take_chunk
-        try:
-            async for piece in content:
-                ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
-                newline = piece[-1:] == b"\n"
-                unread.append(piece)
-                if not ends:
-                    continue
-                pending = unread[0] if len(unread) == 1 else b"".join(unread)
-                cut = pending.rfind(b"\n\n")
-                events = pending[: cut + 2]
-                unread = [pending[cut + 2 :]] if cut + 2 < len(pending) else []
-                del pending
-                out, held = held, []
-                done = False
-                for event in events.split(b"\n\n"):
-                    if not event:
-                        continue
-                    if event.startswith(_DONE):
-                        done = True
-                        continue
-                    if event.startswith(b"data:"):
-                        data = capture.parse(event, 5)
-                        take(data, capture, keep_logprobs, endpoint)
-                        if capture.cut_unused:
-                            raise ValueError("prompt_token_ids where no chunk carries them")
-                        out.append(b"data: ")
-                        out.append(dumps(data))
-                    else:
-                        out.append(event)
-                    out.append(b"\n\n")
-                    if not started and (capture.has_prompt or capture.choices):
-                        # vLLM sends the prompt ids on the first chunk: refuse before any byte
-                        if not capture.has_prompt:
-                            what = capture.missing(self.backend.name) or "no prompt token ids"
-                            raise Refuse(502, what, "upstream_missing_token_ids")
-                        started = True
-                        await send(
-                            {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
-                        )
-                        first, out = b"".join(out), []
-                        await send({"type": "http.response.body", "body": first, "more_body": True})
-                        capture.pack_prompt()  # after the first byte: not on the agent's path
-                if not started:
-                    if not done:
-                        held = out
-                        continue
-                    missing = capture.missing(self.backend.name)  # a stream without chunks
-                    if missing:
-                        raise Refuse(502, missing, "upstream_missing_token_ids")
-                    started = True
-                    await send(
-                        {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
-                    )
-                if done:
-                    await self._end_stream(send, out, capture, commit)
-                    return
-                if out:
-                    await send(
-                        {"type": "http.response.body", "body": b"".join(out), "more_body": True}
-                    )
-        except (*_UPSTREAM_ERRORS, ValueError, TypeError, KeyError, AttributeError) as exc:
-            if isinstance(exc, _UPSTREAM_ERRORS):
-                message = down_message(upstream.base, exc)
-            else:
-                message = f"upstream sent an invalid stream event: {exc}"
-            if not started:
-                raise Refuse(502, message, "upstream_unavailable") from None
-            commit(502, message)  # the headers are out: end the stream with an error event
-            tail = b"data: " + error_body(502, message, "upstream_unavailable") + b"\n\n"
-            await send({"type": "http.response.body", "body": tail})
-            return
-        if not started:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        await self._end_stream(send, [*held, *unread], capture, commit)
-
-    async def _end_stream(
-        self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]
-    ) -> None:
-        missing = capture.missing(self.backend.name)
-        if missing:
-            commit(502, missing)
-            tail = b"data: " + error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
-        else:
-            commit(200)  # before the last byte: an envelope can never overtake its last record
-            tail = _DONE + b"\n\n"
-        await send({"type": "http.response.body", "body": b"".join(out) + tail})
+    def _upstream_for(self, sid: str) -> UpstreamPool:
+        upstreams = self._upstreams
+        if len(upstreams) == 1:
+            return upstreams[0]
+        if not upstreams:
+            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+        return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]

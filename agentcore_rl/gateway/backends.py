@@ -21,10 +21,7 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
-import struct
 from array import array
 from collections.abc import Mapping
 from typing import Any, Final
@@ -36,67 +33,6 @@ __all__ = ["Backend", "Capture", "SGLangBackend", "VLLMBackend", "backend_named"
 
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
-
-#: Answers (or stream events) this large have their prompt ids read straight into an array:
-#: parsed with the rest, a 5M-token prompt is for a moment a list of 5M Python ints (~190 MB).
-CUT_AT: Final = 256 * 1024
-_PROMPT_KEY: Final = re.compile(rb'"prompt_token_ids"\s*:\s*\[')
-_PIECE: Final = 1 << 20  # bytes of ids parsed at a time
-# What stands where the ids were cut out (a string no server sends as prompt ids).
-_PLACEHOLDER: Final = "\x00cut"
-_PLACEHOLDER_JSON: Final = b'"\\u0000cut"'
-
-
-def _read_ids(content: bytes, start: int, end: int) -> array[int] | None:
-    """The int32 ids listed (comma-separated) in ``content[start:end]``, parsed a megabyte
-    at a time into an array of their exact size (a growing one is copied as it grows);
-    None when they are not such a list (the caller then parses it all)."""
-    if end - start < 16 and not content[start:end].strip():  # [] (a longer blank: None)
-        return array("i")
-    count = content.count(b",", start, end) + 1
-    out = array("i", [0]) * count
-    at, filled = start, 0
-    with memoryview(content) as view, memoryview(out) as items, items.cast("B") as raw:
-        while True:
-            cut = content.find(b",", at + _PIECE, end) if at + _PIECE < end else -1
-            stop = end if cut < 0 else cut
-            try:
-                values = loads(b"".join((b"[", view[at:stop], b"]")))
-                packed = struct.pack(f"{len(values)}i", *values)
-            except (ValueError, TypeError, struct.error):  # not JSON ints, or beyond int32
-                return None
-            if filled + len(packed) > len(raw):  # more values than commas: not a flat list
-                return None
-            raw[filled : filled + len(packed)] = packed
-            filled += len(packed)
-            if cut < 0:
-                break
-            at = cut + 1
-    return out if filled == len(out) * out.itemsize else None
-
-
-def cut_prompt_ids(content: bytes, offset: int = 0) -> tuple[bytes, array[int] | None]:
-    """``content[offset:]`` with its first ``prompt_token_ids`` list replaced by a
-    placeholder, and the ids as an array; ``(content[offset:], None)`` when there is none.
-
-    The key cannot be found inside a JSON string (a quote there is escaped), so a match is
-    a key; which object it belongs to is checked by the caller (:attr:`Capture.cut_unused`).
-    """
-    found = _PROMPT_KEY.search(content, offset)
-    end = content.find(b"]", found.end()) if found is not None else -1
-    ids = _read_ids(content, found.end(), end) if found is not None and end >= 0 else None
-    if found is None or ids is None:
-        return content[offset:] if offset else content, None
-    with memoryview(content) as view:
-        rest = b"".join(
-            (
-                view[offset : found.start()],
-                b'"prompt_token_ids":',
-                _PLACEHOLDER_JSON,
-                view[end + 1 :],
-            )
-        )
-    return rest, ids
 
 
 class Capture:
@@ -117,7 +53,6 @@ class Capture:
     """
 
     __slots__ = (
-        "_cut",
         "_prompt",
         "_prompt_ids",
         "choices",
@@ -131,7 +66,6 @@ class Capture:
         self.endpoint = endpoint
         self._prompt: Any = None  # the prompt ids as the upstream sent them, until read
         self._prompt_ids: array[int] | None = None
-        self._cut: array[int] | None = None  # ids cut out of a large answer, until taken
         self.choices: dict[int, Completion] = {}
         self.ids_seen: set[int] = set()
         self.usage: dict[str, Any] | None = None
@@ -144,39 +78,16 @@ class Capture:
         return self._prompt is not None or self._prompt_ids is not None
 
     def set_prompt(self, ids: Any) -> None:
-        """Keep the first prompt ids seen (an int list, or where :meth:`parse` cut them)."""
-        if type(ids) is str and ids == _PLACEHOLDER and self._cut is not None:
-            ids, self._cut = self._cut, None
-            if not self.has_prompt:
-                self._prompt_ids = ids
-        elif not self.has_prompt:
+        """Keep the first prompt ids seen."""
+        if not self.has_prompt:
             self._prompt = ids
 
     def parse(self, content: bytes, offset: int = 0) -> Any:
-        """``content[offset:]`` parsed (``ValueError`` when it is not JSON). A large one's
-        prompt ids are read straight into their array and taken by :meth:`set_prompt`;
-        :attr:`cut_unused` says whether they were."""
-        if len(content) - offset >= CUT_AT:
-            rest, ids = cut_prompt_ids(content, offset)
-            if ids is not None:
-                with contextlib.suppress(ValueError):  # invalid elsewhere: parsed whole below
-                    data = loads(rest)
-                    self._cut = ids
-                    return data
+        """``content[offset:]`` parsed (``ValueError`` when it is not JSON)."""
         if offset:
             with memoryview(content) as view:
                 return loads(view[offset:])
         return loads(content)
-
-    def reset(self) -> None:
-        """Forget everything taken so far (to take a whole answer again)."""
-        self.__init__(self.endpoint)  # type: ignore[misc]
-
-    @property
-    def cut_unused(self) -> bool:
-        """Whether :meth:`parse` cut prompt ids out of a place no backend reads them from
-        (the answer then has to be parsed whole)."""
-        return self._cut is not None
 
     def pack_prompt(self) -> None:
         """Turn the prompt ids into their array now (a stream would hold the int list to its

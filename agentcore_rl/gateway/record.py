@@ -3,9 +3,7 @@
 Token ids and logprobs live in typed arrays (4 bytes per id, 8 per logprob), and the
 agent's request is kept as the raw JSON bytes it sent, parsed only when someone reads
 ``messages``/``tools``/``sampling``. That keeps a 200-token call with a 1,000-token prompt
-in a few kilobytes instead of tens of kilobytes of Python ints and dicts. Once a call is
-over, the gateway moves its body and ids into its session's shared stores
-(:mod:`agentcore_rl.gateway.arena`), so the conversation every turn resends is kept once.
+in a few kilobytes instead of tens of kilobytes of Python ints and dicts.
 
 A trace serializes to gzip-compressed JSON (``dump_trace``/``load_trace``), the format
 written beside a rollout's envelope as ``{exp_id}/{input_id}/{session_id}.trace.json.gz``
@@ -64,11 +62,6 @@ def logprob_array(values: Any = ()) -> array[float]:
     return array("d", values)
 
 
-def _ids_in(store: array[int], span: tuple[int, int] | None) -> array[int]:
-    """The ids a record or completion holds: its own array, or its span of a shared store."""
-    return store if span is None else store[span[0] : span[1]]
-
-
 class Completion:
     """One choice of a call: completion token ids, their logprobs, the finish reason.
 
@@ -78,9 +71,7 @@ class Completion:
         list(zip(completion.token_ids, completion.logprobs))
     """
 
-    # ``_ids`` is this completion's own array (``_span`` None) or the session's shared
-    # store that ``_span`` indexes (see :mod:`agentcore_rl.gateway.arena`).
-    __slots__ = ("_ids", "_span", "finish_reason", "index", "logprobs")
+    __slots__ = ("finish_reason", "index", "logprobs", "token_ids")
 
     def __init__(
         self,
@@ -90,8 +81,7 @@ class Completion:
         finish_reason: str | None = None,
     ) -> None:
         self.index = index
-        self._ids = ids_array() if token_ids is None else token_ids
-        self._span: tuple[int, int] | None = None
+        self.token_ids = ids_array() if token_ids is None else token_ids
         self.logprobs = logprob_array() if logprobs is None else logprobs
         self.finish_reason = finish_reason
 
@@ -107,19 +97,6 @@ class Completion:
         return self.to_json() == other.to_json()
 
     __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
-
-    @property
-    def token_ids(self) -> array[int]:
-        """The completion token ids (a fresh array when they live in the session's store)."""
-        return _ids_in(self._ids, self._span)
-
-    @token_ids.setter
-    def token_ids(self, ids: array[int]) -> None:
-        self._ids, self._span = ids, None
-
-    def share_ids(self, store: array[int], start: int, end: int) -> None:
-        """Keep the ids as ``store[start:end]`` (equal to them; ``store`` only grows)."""
-        self._ids, self._span = store, (start, end)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
@@ -157,15 +134,7 @@ class CallRecord:
             print(record.index, record.status, len(record.prompt_ids), record.messages[-1])
     """
 
-    # ``request_body`` and ``prompt_ids`` are kept either as the record's own bytes/array
-    # (span None) or, once the gateway compacts a finished call, as spans of its session's
-    # append-only stores, which the session's other calls share (the conversation each
-    # turn resends); see :mod:`agentcore_rl.gateway.arena`. Reading them rebuilds the value.
     __slots__ = (
-        "_body",
-        "_body_spans",
-        "_ids",
-        "_ids_span",
         "completions",
         "endpoint",
         "error",
@@ -176,6 +145,8 @@ class CallRecord:
         "overrides",
         "policy_version_end",
         "policy_version_start",
+        "prompt_ids",
+        "request_body",
         "session_id",
         "started_at",
         "status",
@@ -212,11 +183,9 @@ class CallRecord:
         self.input_id = input_id
         self.policy_version_start = policy_version_start
         self.policy_version_end = policy_version_end
-        self._body: bytes | bytearray = request_body
-        self._body_spans: array[int] | None = None
+        self.request_body = request_body  # the agent's request JSON, as it sent it
         self.overrides = overrides
-        self._ids = ids_array() if prompt_ids is None else prompt_ids
-        self._ids_span: tuple[int, int] | None = None
+        self.prompt_ids = ids_array() if prompt_ids is None else prompt_ids
         self.completions: list[Completion] = [] if completions is None else completions
         self.usage = usage
         self.started_at = started_at
@@ -243,41 +212,6 @@ class CallRecord:
     def ok(self) -> bool:
         """Whether the call succeeded and its tokens were captured."""
         return self.status == 200 and self.error is None
-
-    @property
-    def request_body(self) -> bytes:
-        """The agent's request JSON, byte for byte as it sent it."""
-        spans = self._body_spans
-        if spans is None:
-            return bytes(self._body)
-        text = self._body
-        return b"".join([text[spans[i] : spans[i + 1]] for i in range(0, len(spans), 2)])
-
-    @request_body.setter
-    def request_body(self, raw: bytes) -> None:
-        self._body, self._body_spans = raw, None
-
-    @property
-    def prompt_ids(self) -> array[int]:
-        """The prompt token ids (a fresh array when they live in the session's store)."""
-        return _ids_in(self._ids, self._ids_span)
-
-    @prompt_ids.setter
-    def prompt_ids(self, ids: array[int]) -> None:
-        self._ids, self._ids_span = ids, None
-
-    @property
-    def shared(self) -> bool:
-        """Whether the body and prompt ids live in the session's stores (see ``arena``)."""
-        return self._body_spans is not None or self._ids_span is not None
-
-    def share_prompt(self, store: array[int], start: int, end: int) -> None:
-        """Keep the prompt ids as ``store[start:end]`` (equal to them; ``store`` only grows)."""
-        self._ids, self._ids_span = store, (start, end)
-
-    def share_body(self, text: bytearray, spans: array[int]) -> None:
-        """Keep the body as the ``text[start:end]`` pieces ``spans`` lists (start, end, ...)."""
-        self._body, self._body_spans = text, spans
 
     @property
     def request(self) -> dict[str, Any]:

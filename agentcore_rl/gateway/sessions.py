@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import anyio
 
-from agentcore_rl.gateway.arena import Arena
 from agentcore_rl.gateway.record import CallRecord, SessionTrace, dump_trace, load_trace
 
 __all__ = ["DirectorySink", "Session", "TraceSink"]
@@ -103,8 +102,6 @@ class Session:
     # call index -> what turns a committed record's captured lists into its typed arrays
     # (the call runs it once its answer is out; a reader runs it first if it comes earlier)
     unfilled: dict[int, Callable[[], None]] = field(default_factory=dict)
-    # the stores its records' bodies and token ids are compacted into (after each call)
-    arena: Arena = field(default_factory=Arena)
     # the rendering mode's linear history (render/linear.py), made on the first call
     render: Any = None
 

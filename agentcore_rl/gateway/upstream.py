@@ -115,7 +115,16 @@ class UpstreamPool:
     The aiohttp session is made on first use, in the running event loop.
     """
 
-    __slots__ = ("_closed", "_headers", "_limits", "_origin", "_path", "_session", "base")
+    __slots__ = (
+        "_closed",
+        "_headers",
+        "_limits",
+        "_origin",
+        "_path",
+        "_session",
+        "_targets",
+        "base",
+    )
 
     def __init__(
         self,
@@ -137,6 +146,7 @@ class UpstreamPool:
         self._limits = (max_connections, connect_timeout, read_timeout, idle_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
+        self._targets: dict[tuple[str, str], UpstreamTarget] = {}
 
     def __repr__(self) -> str:
         return f"UpstreamPool({self.base!r})"
@@ -154,11 +164,17 @@ class UpstreamPool:
 
     def target(self, path: str, method: str = "POST") -> UpstreamTarget:
         """The method, URL and headers for ``path`` under the base (built once)."""
+        found = self._targets.get((path, method))
+        if found is not None:
+            return found
         headers = CIMultiDict(self._headers)
         if method != "GET":
             headers.setdefault("Content-Type", _JSON)
         url = URL(f"{self._origin}{self._path}{path}", encoded=True)
-        return UpstreamTarget(method, url, CIMultiDictProxy(headers))
+        target = self._targets[path, method] = UpstreamTarget(
+            method, url, CIMultiDictProxy(headers)
+        )
+        return target
 
     def _open(self) -> aiohttp.ClientSession:
         if self._closed:

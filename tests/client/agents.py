@@ -55,7 +55,7 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     returns ``rewards[index % len(rewards)]`` (default 1.0).
     stubborn: like gate, and a cancel waits for the gate too;
     shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
-    cancelled by a server shutting down.
+    cancelled by a server shutting down (with ``hold``, once the test opens the gate).
     """
     app = AgentCoreRLApp(
         store=store, **app_options, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0)
@@ -79,6 +79,8 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
             elif mode == "envelope":
                 return {"status_code": 422, "stop_reason": "answer unparseable"}
             elif mode == "shutdown" and len(recorder.sessions) <= payload.get("shutdowns", 1):
+                if payload.get("hold"):  # a slow first session: the test opens the gate
+                    await recorder.gate.wait()
                 # What a server cancelling on SIGTERM writes: a retryable outcome.
                 return {
                     "status_code": 503,

@@ -152,7 +152,7 @@ async def test_an_abandoned_batch_leaves_no_task_or_session_after_close(
             break
         await asyncio.sleep(0.01)
     # The loop is abandoned here: neither closed nor dropped (``batch`` stays referenced).
-    assert {"batch", "completion watcher", "session stopper 0"} <= _new_client_tasks(before)
+    assert {"batch", "completion watcher", "liveness prober"} <= _new_client_tasks(before)
     await client.aclose()
     started = set(recorder.sessions) - {first.session_id}
     assert len(started) == 3

@@ -16,7 +16,7 @@ async def test_close_stops_every_session_without_waiting_for_the_agent(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
     # Each agent takes until the gate opens to cancel (its stop route waits for that).
-    client = make_client(timeouts=short_timeouts(close=10.0), limits=fast_limits(stop_workers=1))
+    client = make_client(timeouts=short_timeouts(close=10.0), limits=fast_limits())
     assert isinstance(client.transport, HttpTransport)
     client.transport.stop_answer_timeout = 0.05
     futures = [await client.invoke({"mode": "stubborn", "n": n}) for n in range(20)]

@@ -9,9 +9,9 @@ import asyncio
 
 from agentcore_rl import protocol
 from agentcore_rl.client import LivenessConfig
-from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.liveness import LivenessProber
 from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.transports.base import NotConnectedError
 from agentcore_rl.ratelimit import Priority, TokenBucket
 
 
@@ -41,20 +41,32 @@ class Transport:
         return protocol.SessionState.RUNNING
 
 
-def _futures(n: int) -> dict[str, RolloutFuture]:
-    return {
-        f"s{i}": RolloutFuture(session_id=f"s{i}", input_id="i", s3_bucket="b", result_key="k")
-        for i in range(n)
-    }
+class Pending:
+    """A rollout waiting for its outcome, as the prober sees it; ``lost`` collects wakes."""
+
+    def __init__(self, session_id: str, lost: list[str]) -> None:
+        self.session_id = session_id
+        self.lost = lost
+        self.waiting = True
+
+    def wake(self, kind: str, value: object) -> None:
+        assert kind == "lost"
+        self.waiting = False
+        self.lost.append(self.session_id)
+
+
+def _futures(n: int, lost: list[str] | None = None) -> dict[str, Pending]:
+    sink: list[str] = [] if lost is None else lost
+    return {f"s{i}": Pending(f"s{i}", sink) for i in range(n)}
 
 
 async def test_probes_are_capped_and_only_for_long_pending_sessions() -> None:
     clock = Clock()
     live = _futures(10_000)
     transport = Transport({sid: "http://a" for sid in live})
-    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=2, tick=1, clock=clock)
+    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=2, tick=1)
     prober = LivenessProber(
-        transport, TokenBucket(1000), live, ClientCounters(), on_lost=lambda f: None, config=config
+        transport, TokenBucket(1000), live, ClientCounters(), config=config, clock=clock
     )
     await prober.round()  # first sight: nothing is due
     clock.now = 5.0
@@ -85,20 +97,20 @@ class BusyLimiter:
 
 async def test_a_probe_starved_by_invocations_queues_among_them() -> None:
     clock = Clock()
-    live = _futures(1)
+    lost: list[str] = []
+    live = _futures(1, lost)
     transport = Transport({sid: "http://a" for sid in live})
     transport.lost = {"s0"}
-    lost: list[str] = []
     limiter = BusyLimiter()
     counters = ClientCounters()
-    config = LivenessConfig(probe_after=0, escalate_after=0, tick=1, clock=clock)
+    config = LivenessConfig(probe_after=0, escalate_after=0, tick=1)
     prober = LivenessProber(
         transport,
         limiter,
         live,
         counters,
-        on_lost=lambda f: lost.append(f.session_id),
         config=config,
+        clock=clock,
     )
     await prober.round()  # first sight
     clock.now = 1.0
@@ -111,16 +123,16 @@ async def test_a_probe_starved_by_invocations_queues_among_them() -> None:
 async def test_the_longest_unconfirmed_session_is_probed_first() -> None:
     clock = Clock()
     futures = _futures(3)
-    live: dict[str, RolloutFuture] = {}
+    live: dict[str, Pending] = {}
     transport = Transport({sid: "http://a" for sid in futures})
-    config = LivenessConfig(probe_after=10, probe_interval=60, max_rate=1, tick=1, clock=clock)
+    config = LivenessConfig(probe_after=10, probe_interval=60, max_rate=1, tick=1)
     prober = LivenessProber(
         transport,
         TokenBucket(1000),
         live,
         ClientCounters(),
-        on_lost=lambda f: None,
         config=config,
+        clock=clock,
     )
     for sid in ("s2", "s0", "s1"):  # invoked in this order, a second apart
         live[sid] = futures[sid]
@@ -135,19 +147,19 @@ async def test_the_longest_unconfirmed_session_is_probed_first() -> None:
 
 async def test_a_lost_session_makes_its_servers_sessions_suspects() -> None:
     clock = Clock()
-    live = _futures(6)
+    lost: list[str] = []
+    live = _futures(6, lost)
     urls = {sid: ("http://a" if int(sid[1:]) % 2 else "http://b") for sid in live}
     transport = Transport(urls)
     transport.lost = {"s1", "s3", "s5"}  # server a restarted
-    lost: list[str] = []
-    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=1, tick=1, clock=clock)
+    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=1, tick=1)
     prober = LivenessProber(
         transport,
         TokenBucket(1000),
         live,
         ClientCounters(),
-        on_lost=lambda f: lost.append(f.session_id),
         config=config,
+        clock=clock,
     )
     await prober.round()
     clock.now = 10.0
@@ -162,3 +174,33 @@ async def test_a_lost_session_makes_its_servers_sessions_suspects() -> None:
     # after the first loss, server a's sessions went first: none of b's was probed before
     first = transport.asked.index(lost[0])
     assert all(urls[sid] == "http://a" for sid in transport.asked[first + 1 : first + 3])
+
+
+class DeadTransport(Transport):
+    """An agent that died and stays dead: every probe fails to connect."""
+
+    async def status(self, session_id: str) -> protocol.SessionState:
+        self.asked.append(session_id)
+        raise NotConnectedError("connection refused", session_id=session_id)
+
+
+async def test_an_agent_unreachable_for_lost_after_loses_its_sessions() -> None:
+    clock = Clock()
+    lost: list[str] = []
+    live = _futures(2, lost)
+    transport = DeadTransport({sid: "http://a" for sid in live})
+    config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10, tick=1)
+    counters = ClientCounters()
+    prober = LivenessProber(
+        transport, TokenBucket(1000), live, counters, config=config, clock=clock
+    )
+    await prober.round()  # first sight
+    for second in range(1, 11):
+        clock.now = float(second)
+        await prober.round()
+        assert lost == []  # the first failure at 1 s: lost from 11 s on
+    clock.now = 11.0
+    await prober.round()
+    assert sorted(lost) == ["s0", "s1"]
+    assert counters.agents_lost == 2
+    assert counters.probe_failures >= 20

@@ -25,7 +25,6 @@ from agentcore_rl import (
     RolloutGateway,
     Timeouts,
     TraceLostError,
-    Trajectory,
     build_trajectory,
 )
 from agentcore_rl.client.gateway_link import GATEWAY_TOKEN_ENV, RemoteGateway
@@ -37,6 +36,7 @@ from agentcore_rl.protocol import ROLLOUT_FIELD
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import ShutdownConfig
 from agentcore_rl.training import group_rows
+from agentcore_rl.trajectory import Trajectory
 from tests.conftest import FAST_RETRY
 from tests.gateway.helpers import ADMIN, Latch, wait_until
 

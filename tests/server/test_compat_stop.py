@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
-import anyio
 import pytest
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -22,14 +21,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.client.stats import ClientCounters, ClientStats
-from agentcore_rl.client.stopper import SessionStopper
+from agentcore_rl.client import AsyncRolloutClient, AwsConfig, LivenessConfig, Retries
 from agentcore_rl.client.transports.base import StopUnsupportedError
 from agentcore_rl.client.transports.http import HttpTransport
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.protocol import new_session_id, parse_runtime_arn
-from agentcore_rl.ratelimit import TokenBucket
 from agentcore_rl.retry import RetryPolicy
 
 
@@ -95,20 +92,18 @@ async def test_the_stopper_counts_unsupported_stops_apart_from_failures(
     agent_url: tuple[SdkLikeAgent, str],
 ) -> None:
     _, url = agent_url
-    transport = HttpTransport(url)
-    counters = ClientCounters()
-    stopper = SessionStopper(transport, TokenBucket(1000.0), RetryPolicy(attempts=1), counters)
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(stopper.run)
-            for _ in range(3):
-                stopper.schedule(new_session_id())
-            with anyio.fail_after(5):
-                await stopper.drain()
-            tg.cancel_scope.cancel()
-    finally:
-        await transport.aclose()
-    stats = ClientStats.from_counters(counters, in_flight=0, s3_requests={})
+    client = AsyncRolloutClient(
+        agent_url=url,
+        s3_bucket="compat-stops",
+        exp_id="e",
+        retries=Retries(call=RetryPolicy(attempts=1)),
+        liveness=LivenessConfig(lease=None),
+        aws=AwsConfig(s3_endpoint_url="http://127.0.0.1:9"),  # never called
+    )
+    async with client:
+        for _ in range(3):
+            client.stop_session(new_session_id())
+    stats = client.stats
     assert (stats.stops_unsupported, stats.stop_failures, stats.stops) == (3, 0, 0)
 
 

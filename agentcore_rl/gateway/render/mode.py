@@ -23,9 +23,11 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from agentcore_rl.gateway.answers import Refuse, down_message, respond
+from agentcore_rl.gateway.answers import Refuse, respond
 from agentcore_rl.gateway.backends import CHAT, synthesize_sse
+from agentcore_rl.gateway.call import Call
 from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.proxy import include_usage, send_sse
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
@@ -35,12 +37,10 @@ from agentcore_rl.gateway.render.parsers import (
 )
 from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
 from agentcore_rl.gateway.render.token_in import token_in_backend
-from agentcore_rl.gateway.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from starlette.types import Send
 
-    from agentcore_rl.gateway.app import RolloutGateway
     from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["HISTORY_MODES", "RenderMode"]
@@ -49,7 +49,6 @@ log = logging.getLogger("agentcore_rl.gateway")
 
 #: ``--history``: ``proxy`` (the server renders) or ``linear`` (the gateway renders).
 HISTORY_MODES = ("proxy", "linear")
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
 class RenderMode:
@@ -103,129 +102,73 @@ class RenderMode:
         history: LinearHistory = session.render
         return history
 
-    async def call(
-        self,
-        gateway: RolloutGateway,
-        send: Send,
-        session: Session,
-        raw: bytes,
-        body: dict[str, Any],
-        version: int,
-    ) -> None:
-        """Serve one chat request of ``session`` token-in; commit its record first."""
-        start = gateway._clock()
-        stream = bool(body.get("stream"))
-        overrides = gateway._apply_overrides(session, body)
-        upstream, record = gateway._begin_call(
-            session, CHAT, raw, overrides, version=version, stream=stream, start=start
-        )
-        committed = False
-
-        def commit(status: int, error: str | None = None) -> None:
-            nonlocal committed
-            committed = True
-            record.status, record.error = status, error
-            record.policy_version_end = gateway.gate.version
-            record.latency_s = gateway._clock() - start
-            gateway.stats["calls"] += 1
-            if not record.ok:
-                gateway.stats["failed_calls"] += 1
-            session.call_ended(record, gateway._clock())
-
+    async def serve(self, call: Call, send: Send) -> None:
+        """Serve one chat call token-in; commit its record before the answer's last byte."""
+        body, record = call.body, call.record
+        history = self.history(call.session)
+        messages, tools, kwargs = self._conversation(body)
+        if body.get("n", 1) not in (1, None):
+            raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
         try:
-            history = self.history(session)
-            messages, tools, kwargs = self._conversation(body)
-            if body.get("n", 1) not in (1, None):
-                raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
-            try:
-                plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
-            except RenderError as exc:
-                raise Refuse(400, str(exc), "invalid_request") from None
-            if plan.fork:
-                self.forks += 1
-                gateway.stats["linear_forks"] = gateway.stats.get("linear_forks", 0) + 1
-                log.info("session %s forks: %s", session.session_id, plan.reason)
-            elif plan.extends is not None and not plan.retry:
-                self.extends += 1
-            upstream_body = self.backend.request(
-                plan.prompt_ids,
-                body,
-                stop_ids=self.stop_ids,
-                model=gateway.model,
-                default_max_tokens=self.max_tokens,
-            )
-            record.prompt_ids = ids_array(plan.prompt_ids)
-            target = upstream.pool.target(self.backend.path)
-            try:
-                status, content = await upstream.pool.fetch(target, dumps(upstream_body))
-            except UpstreamError as exc:
-                raise Refuse(
-                    502, down_message(upstream.base, exc), "upstream_unavailable"
-                ) from None
-            if status != 200:
-                text = content[:500].decode("utf-8", "replace")
-                commit(status, f"upstream answered HTTP {status}: {text}")
-                await respond(send, status, content)
-                return
-            try:
-                served = self.backend.read(loads(content))
-            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-                why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
-                raise Refuse(502, why, "upstream_invalid") from None
-            if served.prompt_ids is not None and list(served.prompt_ids) != plan.prompt_ids:
-                raise Refuse(
-                    502, "the upstream fed the model other ids than sent", "upstream_mismatch"
-                )
-            if len(served.logprobs) != len(served.token_ids):
-                raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
-            ids = served.token_ids
-            stopped = bool(ids) and ids[-1] in self.stop_ids
-            text = self.template.decode(ids[:-1] if stopped else ids)
-            seed = hashlib.sha256(raw).hexdigest()[:16]
-            message = parse_completion(text, self.reasoning, self.tools, seed)
-            finish = served.finish_reason or "stop"
-            if message.get("tool_calls"):
-                finish = "tool_calls"
-            history.remember(plan, messages, message, ids, stopped=stopped)
-            record.completions = [
-                Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)
-            ]
-            record.usage = {
-                "prompt_tokens": len(plan.prompt_ids),
-                "completion_tokens": len(ids),
-                "total_tokens": len(plan.prompt_ids) + len(ids),
-            }
-            answer = {
-                "id": f"chatcmpl-{seed}",
-                "object": "chat.completion",
-                "created": int(gateway._wall()),
-                "model": body.get("model") or "",
-                "choices": [
-                    {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-                ],
-                "usage": record.usage,
-            }
-            commit(200)  # before the answer's last byte
-            if stream:
-                options = body.get("stream_options")
-                usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                await send(
-                    {"type": "http.response.body", "body": synthesize_sse(answer, CHAT, usage)}
-                )
-            else:
-                await respond(send, 200, dumps(answer))
-        except Refuse as refuse:
-            if not committed:
-                commit(refuse.status, refuse.message)
-            raise
-        except BaseException as exc:
-            if not committed:
-                commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
-            raise
-        finally:
-            if committed:
-                session.arena.keep(record)
+            plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
+        except RenderError as exc:
+            raise Refuse(400, str(exc), "invalid_request") from None
+        if plan.fork:
+            self.forks += 1
+            call.forked = True
+            log.info("session %s forks: %s", call.session.session_id, plan.reason)
+        elif plan.extends is not None and not plan.retry:
+            self.extends += 1
+        upstream_body = self.backend.request(
+            plan.prompt_ids, body, stop_ids=self.stop_ids, default_max_tokens=self.max_tokens
+        )
+        record.prompt_ids = ids_array(plan.prompt_ids)
+        pool = call.upstream
+        status, content = await pool.fetch(pool.target(self.backend.path), dumps(upstream_body))
+        if status != 200:
+            text = content[:500].decode("utf-8", "replace")
+            call.commit(status, f"upstream answered HTTP {status}: {text}")
+            await respond(send, status, content)
+            return
+        try:
+            served = self.backend.read(loads(content))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
+            raise Refuse(502, why, "upstream_invalid") from None
+        if served.prompt_ids is not None and list(served.prompt_ids) != plan.prompt_ids:
+            raise Refuse(502, "the upstream fed the model other ids than sent", "upstream_mismatch")
+        if len(served.logprobs) != len(served.token_ids):
+            raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
+        ids = served.token_ids
+        stopped = bool(ids) and ids[-1] in self.stop_ids
+        text = self.template.decode(ids[:-1] if stopped else ids)
+        seed = hashlib.sha256(call.raw).hexdigest()[:16]
+        message = parse_completion(text, self.reasoning, self.tools, seed)
+        finish = served.finish_reason or "stop"
+        if message.get("tool_calls"):
+            finish = "tool_calls"
+        history.remember(plan, messages, message, ids, stopped=stopped)
+        record.completions = [Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)]
+        record.usage = {
+            "prompt_tokens": len(plan.prompt_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(plan.prompt_ids) + len(ids),
+        }
+        answer = {
+            "id": f"chatcmpl-{seed}",
+            "object": "chat.completion",
+            "created": int(call.wall()),
+            "model": body.get("model") or "",
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            ],
+            "usage": record.usage,
+        }
+        call.commit(200)  # before the answer's last byte
+        if call.stream:
+            await send_sse(send, synthesize_sse(answer, CHAT, include_usage(call)))
+        else:
+            await respond(send, 200, dumps(answer))
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:

@@ -70,7 +70,6 @@ class TokenInBackend:
         body: Mapping[str, Any],
         *,
         stop_ids: Iterable[int],
-        model: str | None = None,
         default_max_tokens: int = 4096,
     ) -> dict[str, Any]:
         """The request body for ``prompt_ids`` with the agent's sampling fields."""
@@ -93,14 +92,13 @@ class VLLMTokenIn(TokenInBackend):
         body: Mapping[str, Any],
         *,
         stop_ids: Iterable[int],
-        model: str | None = None,
         default_max_tokens: int = 4096,
     ) -> dict[str, Any]:
         out: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
         if "seed" in body:
             out["seed"] = body["seed"]
         out.update(
-            model=model or body.get("model"),
+            model=body.get("model"),
             prompt=prompt_ids,
             max_tokens=_max_tokens(body, default_max_tokens),
             n=1,
@@ -139,7 +137,6 @@ class SGLangTokenIn(TokenInBackend):
         body: Mapping[str, Any],
         *,
         stop_ids: Iterable[int],
-        model: str | None = None,
         default_max_tokens: int = 4096,
     ) -> dict[str, Any]:
         params: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}

@@ -1,0 +1,636 @@
+"""One rollout, one task: admission, invocation, the wait for its outcome, retries, stops.
+
+:meth:`Rollouts.run` is the whole life of one rollout, run as one task in the client's task
+group (``await tg.start(...)`` for ``invoke`` and ``attach``; ``start_soon`` for the
+rollouts of a batch or a group, whose feeder took the slot):
+
+1. take a concurrency slot and a token;
+2. per session: open its gateway session, tell ``on_session``, send the invocation (each
+   call retried in the same session, ``Retries.call``), report the future once the agent
+   accepted the first;
+3. wait for what ends the session: its result (the client's one completion watcher), its
+   loss (the liveness prober), the deadline, a cancel, or the client closing;
+4. a retryable outcome (:func:`~agentcore_rl.client.outcomes.is_retryable`) runs again
+   here, in a new session, within ``Retries``' budgets; anything else settles the future;
+5. ``finally``: give back the slot and stop the sessions that may still run.
+
+Example::
+
+    rollouts = Rollouts(...)                     # one per client
+    fut = await task_group.start(rollouts.run, RolloutSpec(body=body, config=config))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+from anyio.abc import TaskStatus
+
+from agentcore_rl import protocol
+from agentcore_rl.client.config import Retries
+from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.outcomes import count_outcome, is_agent_loss, is_retryable
+from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.transports.base import (
+    NotConnectedError,
+    RetryableError,
+    StopUnsupportedError,
+    Transport,
+)
+from agentcore_rl.client.watcher import CompletionWatcher
+from agentcore_rl.errors import (
+    AgentLostError,
+    AgentUnreachableError,
+    ClientClosedError,
+    InvocationError,
+    RolloutError,
+    RolloutTimeoutError,
+    StorageError,
+)
+from agentcore_rl.ratelimit import Priority, RateLimiter
+from agentcore_rl.sessionlimit import SessionLimiter
+
+if TYPE_CHECKING:
+    from agentcore_rl.client.service import Service
+    from agentcore_rl.client.traces import TraceJoiner
+
+__all__ = ["Rollout", "RolloutSpec", "Rollouts", "as_repeat"]
+
+logger = logging.getLogger(__name__)
+
+_CLOSED: Final = "the client was closed before this rollout finished"
+
+
+@dataclass(eq=False, kw_only=True)
+class RolloutSpec:
+    """What to run: the body and its ``_rollout`` config, and how.
+
+    ``session_id``: the first session's (default: a fresh one), ``key`` its result's
+    (bucket, key) when not the config's. ``resume``: an earlier process may have sent it:
+    its result key is read first and the invocation is marked as a repeat. ``attach``:
+    follow the first session, send nothing. ``started_at``: the epoch time its deadline
+    counts from (default: its first invocation). ``retry`` False: a retryable
+    outcome is final (a group's members: their group retries them). ``on_future`` is told
+    of the future once, ``on_session`` before each session's invocation.
+    """
+
+    body: dict[str, Any]
+    config: protocol.RolloutConfig
+    timeout: float | None
+    session_id: str | None = None
+    key: tuple[str, str] | None = None
+    index: int | None = None
+    resume: bool = False
+    attach: bool = False
+    retry: bool = True
+    started_at: float | None = None
+    priority: int = Priority.INVOKE
+    on_future: Callable[[RolloutFuture], None] | None = None
+    on_session: Callable[[RolloutFuture], None] | None = None
+
+
+@dataclass(eq=False)
+class Rollout:
+    """The state of one rollout, owned by its task; the watcher and the prober wake it."""
+
+    spec: RolloutSpec
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    fut: RolloutFuture | None = None
+    reported: bool = False
+    closed: bool = False
+    waiter: asyncio.Future[tuple[str, Any]] | None = None
+    to_stop: list[str] = field(default_factory=list)
+    gateway: list[str] = field(default_factory=list)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether its session was accepted and it waits for the outcome (probes ask then)."""
+        return self.waiter is not None and not self.waiter.done()
+
+    def wake(self, kind: str, value: Any) -> None:
+        """End the wait: ``("result", envelope)``, ``("error", exc)`` or ``("lost", exc)``."""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((kind, value))
+
+    def arrived(self, envelope: dict[str, Any] | None, error: BaseException | None) -> None:
+        """The watcher's callback."""
+        self.wake("error", error) if error is not None else self.wake("result", envelope)
+
+    def cancelled(self, fut: asyncio.Future[Any]) -> None:
+        """The future's done callback: a cancelled future ends the task too."""
+        if fut.cancelled():
+            self.scope.cancel()
+
+
+class Rollouts:
+    """Runs the rollouts of one client; ``live`` maps each session waiting for an outcome
+    (or being sent) to its rollout, for the prober and for session id checks."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        limiter: RateLimiter,
+        slots: SessionLimiter,
+        watcher: CompletionWatcher,
+        counters: ClientCounters,
+        retries: Retries,
+        service: Service,
+        stop_finished_sessions: bool,
+        unreachable_after: float,
+        joiner: TraceJoiner | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.transport = transport
+        self.limiter = limiter
+        self.slots = slots
+        self.watcher = watcher
+        self.counters = counters
+        self.retries = retries
+        self.service = service
+        self.stop_finished_sessions = stop_finished_sessions
+        self.unreachable_after = unreachable_after
+        self.joiner = joiner
+        self.clock = clock
+        self.live: dict[str, Rollout] = {}
+        self.closing = False
+        self._running: set[Rollout] = set()
+        self._stopping: set[str] = set()
+        # asyncio's: clearable, and made before the loop runs.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stops_done = asyncio.Event()
+        self._stops_done.set()
+        #: Sessions whose stop failed or never ran before the client closed.
+        self.unstopped: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"Rollouts(running={len(self._running)}, stopping={len(self._stopping)})"
+
+    # --- admission ------------------------------------------------------------------------
+
+    async def admit(self, *, token: bool = True, priority: int = Priority.INVOKE) -> None:
+        """Take a slot, then (``token``) a token; ``ClientClosedError`` once closing."""
+        if self.closing:
+            raise ClientClosedError("the client is closed; create a new one")
+        await self.slots.acquire()
+        try:
+            if token:
+                await self.limiter.acquire(priority)
+            if self.closing:
+                raise ClientClosedError("the client was closed while this invocation waited")
+        except BaseException:
+            self.slots.release()
+            raise
+
+    # --- one rollout ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        spec: RolloutSpec,
+        *,
+        admitted: bool = False,
+        task_status: TaskStatus[RolloutFuture] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run one rollout to its outcome (see the module text). Before the agent accepted
+        it, its failure is raised (to ``invoke``'s caller); after, it settles the future."""
+        r = Rollout(spec)
+        self._running.add(r)
+        self._idle.clear()
+        slot = admitted
+        try:
+            error: BaseException | None = None
+            result: dict[str, Any] | None = None
+            with r.scope:
+                try:
+                    if not slot:
+                        await self.admit(token=not spec.attach, priority=spec.priority)
+                        slot = True
+                    result, error = await self._attempts(r, task_status)
+                except Exception as exc:  # a bug or a refusal: this rollout's outcome
+                    error = exc
+            if r.scope.cancelled_caught:
+                error = ClientClosedError(_CLOSED) if r.closed else None
+            fut = r.fut
+            if fut is not None and not fut.done():
+                if error is None and result is None:
+                    fut.cancel()
+                else:
+                    fut._settle(result, error)
+            if fut is not None and not fut.resolved_at:
+                fut.resolved_at = time.time()
+            if fut is not None:
+                count_outcome(self.counters, fut)
+            if not r.reported and error is not None:
+                if fut is not None and not fut.cancelled():
+                    fut.exception()  # raised below; retrieved here
+                raise error
+            if not r.reported:
+                task_status.started(fut)  # type: ignore[arg-type]  # cancelled: a future anyway
+        finally:
+            fut = r.fut
+            if fut is not None and not fut.done():  # this task was cancelled: the client closed
+                fut._settle(None, ClientClosedError(_CLOSED))
+                count_outcome(self.counters, fut)
+                if not r.reported and not fut.cancelled():
+                    fut.exception()  # nobody has it
+            if slot:
+                self.slots.release()
+            for sid in r.to_stop:
+                self.stop_soon(sid)
+            self._running.discard(r)
+            if not self._running:
+                self._idle.set()
+            if r.gateway and self.joiner is not None:
+                await self._release_gateway(r)
+
+    async def _attempts(
+        self, r: Rollout, task_status: TaskStatus[RolloutFuture]
+    ) -> tuple[dict[str, Any] | None, BaseException | None]:
+        """The one retry loop: sessions until an outcome that is not retried."""
+        spec = r.spec
+        losses = 0
+        attempt = 0
+        while True:
+            attempt += 1
+            first = attempt == 1
+            sid = spec.session_id if first and spec.session_id else protocol.new_session_id()
+            if not first:
+                await self.limiter.acquire(Priority.RETRY)
+            result, error = await self._session(r, sid, attempt, task_status)
+            if isinstance(error, AgentLostError):
+                error.attempts = attempt
+            if error is None or not self._may_retry(r, error, attempt, losses):
+                return result, error
+            if is_agent_loss(error):
+                losses += 1
+                self.counters.lost_retries += 1
+            assert r.fut is not None
+            r.fut.losses = losses
+            self.counters.rollout_retries += 1
+            logger.warning(
+                "rollout %s (input %s) ended retryably (%s); running it again in a new session",
+                sid,
+                spec.config.input_id,
+                type(error).__name__,
+            )
+
+    def _may_retry(self, r: Rollout, exc: BaseException, attempt: int, losses: int) -> bool:
+        """Each kind of retryable outcome has its own budget (see :class:`Retries`)."""
+        if not r.spec.retry or self.closing or not is_retryable(exc):
+            return False
+        if is_agent_loss(exc):
+            return losses < self.retries.lost
+        return attempt - losses <= self.retries.rollouts
+
+    def _future(self, r: Rollout, sid: str, attempt: int) -> RolloutFuture:
+        spec = r.spec
+        fut = r.fut
+        bucket, key = spec.config.s3_bucket, spec.config.key_for(sid)
+        if attempt == 1 and spec.key is not None:
+            bucket, key = spec.key
+        if fut is None:
+            fut = r.fut = RolloutFuture(
+                session_id=sid,
+                input_id=spec.config.input_id,
+                s3_bucket=bucket,
+                result_key=key,
+                index=spec.index,
+            )
+            if spec.started_at is not None:
+                fut.invoked_at = spec.started_at
+            fut.add_done_callback(r.cancelled)
+            if spec.on_future is not None:
+                spec.on_future(fut)
+        else:
+            fut.previous_sessions.append(fut.session_id)
+            fut.session_id, fut.s3_bucket, fut.result_key = sid, bucket, key
+            fut.trace = None  # only the final session's trace is the rollout's
+        fut.attempts = attempt
+        return fut
+
+    async def _session(
+        self, r: Rollout, sid: str, attempt: int, task_status: TaskStatus[RolloutFuture]
+    ) -> tuple[dict[str, Any] | None, BaseException | None]:
+        """One session of ``r``: send (unless attached), wait, and say how it ended."""
+        spec = r.spec
+        fut = self._future(r, sid, attempt)
+        self.live[sid] = r
+        follow = attempt == 1 and (spec.resume or spec.attach)
+        ended = False
+        try:
+            if follow:
+                if self.joiner is not None:
+                    r.gateway.append(sid)  # an earlier process opened it; its trace is ours
+                found = await self._peek(fut)
+                if found is not None:
+                    ended = True
+                    return await self._ended(r, found)
+            if not (attempt == 1 and spec.attach):
+                error = await self._send(r, fut, repeat=attempt == 1 and spec.resume)
+                if error is not None:
+                    ended = True
+                    return None, error
+            r.waiter = asyncio.get_running_loop().create_future()
+            self.watcher.track(fut.s3_bucket, fut.result_key, r.arrived)
+            if not r.reported:
+                r.reported = True
+                task_status.started(fut)
+            outcome = await self._wait(r, fut)
+            ended = True
+            return outcome
+        finally:
+            if not ended:  # cancelled or closed while it may run
+                r.to_stop.append(sid)
+            r.waiter = None
+            self.live.pop(sid, None)
+            self.watcher.untrack(fut.s3_bucket, fut.result_key)
+
+    async def _peek(self, fut: RolloutFuture) -> dict[str, Any] | None:
+        try:
+            return await self.watcher.store.get_json(fut.s3_bucket, fut.result_key)
+        except StorageError as exc:  # the watcher retries, and says so if it persists
+            logger.warning("reading s3://%s/%s failed: %s", fut.s3_bucket, fut.result_key, exc)
+            return None
+
+    async def _send(self, r: Rollout, fut: RolloutFuture, *, repeat: bool) -> BaseException | None:
+        """Send ``fut``'s invocation in its current session; the error that ended it."""
+        body = r.spec.body
+        # A result store that is down would read no result: hold rollouts until it answers.
+        await self.watcher.wait_reachable(fut.s3_bucket)
+        try:
+            if self.joiner is not None:
+                body = {**body, protocol.ROLLOUT_FIELD: dict(body[protocol.ROLLOUT_FIELD])}
+                await self.joiner.open(fut, body)  # before the agent can call it
+                if fut.session_id not in r.gateway:
+                    r.gateway.append(fut.session_id)
+            if r.spec.on_session is not None:
+                r.spec.on_session(fut)
+            answer = await self._invoke(fut, as_repeat(body) if repeat else body)
+            check_answer(answer, fut)
+        except Exception as exc:
+            if may_have_started(exc):
+                r.to_stop.append(fut.session_id)
+            return exc
+        return None
+
+    async def _wait(
+        self, r: Rollout, fut: RolloutFuture
+    ) -> tuple[dict[str, Any] | None, BaseException | None]:
+        assert r.waiter is not None
+        limit = r.spec.timeout
+        remaining = math.inf if limit is None else fut.invoked_at + limit - time.time()
+        with anyio.move_on_after(remaining):
+            kind, value = await r.waiter
+            if kind == "result":
+                return await self._ended(r, value)
+            if kind == "lost" and self.stop_finished_sessions:
+                r.to_stop.append(fut.session_id)  # e.g. the microVM a probe re-created
+            return None, value
+        r.to_stop.append(fut.session_id)
+        # An S3 outage is no outcome of its own: the rollout ends at its timeout.
+        outage = self.watcher.outages.describe(fut.s3_bucket)
+        why = f" ({outage}: the result may be there and unread)" if outage else ""
+        assert limit is not None
+        return None, RolloutTimeoutError(
+            f"rollout {fut.session_id} (input {fut.input_id}) gave no result within "
+            f"{limit:g} s{why}; its session is being stopped",
+            session_id=fut.session_id,
+            timeout=limit,
+        )
+
+    async def _ended(
+        self, r: Rollout, envelope: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, BaseException | None]:
+        """The outcome an envelope says (with a gateway: once its trace is kept)."""
+        fut = r.fut
+        assert fut is not None
+        if self.stop_finished_sessions:
+            r.to_stop.append(fut.session_id)
+        if protocol.is_error_envelope(envelope):
+            if envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_AGENT_LOST:
+                self.counters.agents_lost += 1
+                return None, AgentLostError(
+                    f"the agent process running session {fut.session_id} (input "
+                    f"{fut.input_id}) died: {envelope.get(protocol.STOP_REASON)}",
+                    session_id=fut.session_id,
+                    attempts=fut.attempts,
+                    envelope=envelope,
+                )
+            error: BaseException = RolloutError(envelope, session_id=fut.session_id)
+            if self.joiner is not None and fut.session_id in r.gateway:
+                await self.joiner.join(fut, envelope)  # a bonus: its own error is the outcome
+                r.gateway.remove(fut.session_id)
+            return None, error
+        if self.joiner is not None and fut.session_id in r.gateway:
+            r.gateway.remove(fut.session_id)
+            joined = await self.joiner.join(fut, envelope)
+            if joined is not None:
+                return None, joined
+        return envelope, None
+
+    # --- calls to the agent -------------------------------------------------------------
+
+    async def _invoke(self, fut: RolloutFuture, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Send ``body`` for ``fut``'s session with the call retries. While no attempt
+        connected, failed ones are retried for ``unreachable_after`` seconds at most, each
+        on another agent if the transport has one; then ``AgentUnreachableError``."""
+        sid = fut.session_id
+        reached = False
+        first_failure: float | None = None
+        sends = 0
+
+        async def send() -> dict[str, Any]:
+            nonlocal reached, first_failure, sends
+            self.counters.invocations += 1
+            sends += 1
+            # A re-send may follow an answer lost after the agent ran it: marked, the agent
+            # checks for an earlier run first.
+            try:
+                answer = await self.transport.invoke(sid, body if sends == 1 else as_repeat(body))
+            except NotConnectedError as exc:
+                if reached:
+                    raise
+                now = self.clock()
+                first_failure = now if first_failure is None else first_failure
+                if now - first_failure >= self.unreachable_after:
+                    raise _unreachable(sid, sends, now - first_failure, exc) from exc
+                reassign = getattr(self.transport, "reassign", None)
+                if reassign is not None:
+                    reassign(sid)
+                raise
+            except BaseException:
+                reached = True  # the request may have reached the agent
+                raise
+            reached = True
+            return answer
+
+        try:
+            answer: dict[str, Any] = await self.call(
+                send, what=f"invoking session {sid}", priority=Priority.INVOKE
+            )
+            return answer
+        except InvocationError as exc:
+            cause = exc.__cause__
+            if not reached and isinstance(cause, NotConnectedError):
+                spent = 0.0 if first_failure is None else self.clock() - first_failure
+                raise _unreachable(sid, sends, spent, cause) from cause
+            raise
+
+    async def call(self, send: Callable[[], Awaitable[Any]], *, what: str, priority: int) -> Any:
+        """Run ``send``; on :class:`RetryableError` wait, take a token and try again.
+
+        The caller took the first token. A throttle is reported to the limiter (which slows
+        down), and so is the final success. ``retry_after`` (an overloaded server) is a
+        pause: waited out and sent again without using an attempt. When the attempts run
+        out, ``InvocationError`` naming ``what``."""
+        policy = self.retries.call
+        attempt = 1
+        while True:
+            try:
+                answer = await send()
+            except RetryableError as exc:
+                if exc.throttled or exc.retry_after is not None:
+                    self.counters.throttles += 1
+                    self.limiter.on_throttle()
+                if exc.retry_after is not None:
+                    await policy.sleep(exc.retry_after)
+                elif attempt >= policy.attempts:
+                    raise InvocationError(
+                        f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {exc}",
+                        session_id=exc.session_id,
+                        status_code=exc.status_code,
+                    ) from exc
+                else:
+                    await policy.sleep(policy.delay(attempt))
+                    attempt += 1
+                    self.counters.retries += 1
+                await self.limiter.acquire(priority)
+                continue
+            self.limiter.on_success()
+            return answer
+
+    # --- stops ----------------------------------------------------------------------------
+
+    def stop_soon(self, session_id: str) -> None:
+        """Stop ``session_id`` in a task of its own, behind every invocation; never blocks."""
+        if session_id in self._stopping:
+            return
+        if not self.service.running:
+            logger.warning("session %s not stopped: the client is closed", session_id)
+            self.unstopped.append(session_id)
+            return
+        self._stopping.add(session_id)
+        self._stops_done.clear()
+        self.service.start_soon(self._stop, session_id, name=f"stop {session_id}")
+
+    async def _stop(self, session_id: str) -> None:
+        stopped = False
+        try:
+            await self.limiter.acquire(Priority.STOP)
+            await self.call(
+                lambda: self.transport.stop(session_id),
+                what=f"stopping session {session_id}",
+                priority=Priority.STOP,
+            )
+            self.counters.stops += 1
+            stopped = True
+        except StopUnsupportedError:
+            self.counters.stops_unsupported += 1  # the transport said so once, at INFO
+            stopped = True
+        except Exception as exc:
+            self.counters.stop_failures += 1
+            logger.warning("could not stop session %s: %s", session_id, exc)
+        finally:
+            self._stopping.discard(session_id)
+            if not stopped:
+                self.unstopped.append(session_id)
+            if not self._stopping:
+                self._stops_done.set()
+
+    async def _release_gateway(self, r: Rollout) -> None:
+        assert self.joiner is not None
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            for sid in r.gateway:
+                await self.joiner.release(sid)
+
+    # --- closing --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End every rollout with ``ClientClosedError`` (waiting ones, sending ones and
+        ones waiting for a slot alike); their tasks then stop their sessions."""
+        self.closing = True
+        for r in list(self._running):
+            r.closed = True
+            r.scope.cancel()
+
+    async def wait_closed(self) -> None:
+        """Wait until every rollout task and stop call has ended (the caller bounds it)."""
+        await self._idle.wait()
+        await self._stops_done.wait()
+
+    def abandon_stops(self) -> None:
+        """The stops still under way when closing gave up: list them as unstopped."""
+        self.unstopped.extend(sorted(self._stopping))
+        self._stopping.clear()
+
+
+def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``body`` with ``_rollout.repeat: true``: a re-send of an invocation that may have
+    run (a retry after a lost answer, a resumed run's re-invoke)."""
+    block = body.get(protocol.ROLLOUT_FIELD)
+    rollout = dict(block) if isinstance(block, Mapping) else {}
+    rollout[protocol.REPEAT] = True
+    return {**body, protocol.ROLLOUT_FIELD: rollout}
+
+
+def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
+    """Raise ``InvocationError`` unless the agent accepted the rollout; point ``fut`` at
+    the bucket and key the agent says it writes to (with a warning when they differ)."""
+    if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
+        raise InvocationError(
+            f"the agent answered {str(answer)[:200]} instead of "
+            f'{{"{protocol.STATUS}": "{protocol.STATUS_PROCESSING}", ...}}: is its handler '
+            "a rollout entrypoint (@app.rollout_entrypoint)?",
+            session_id=fut.session_id,
+        )
+    key, bucket = answer.get(protocol.RESULT_KEY), answer.get(protocol.S3_BUCKET)
+    if (key, bucket) != (fut.result_key, fut.s3_bucket):
+        # The agent decides where it writes; follow it, but say so.
+        logger.warning(
+            "agent writes session %s to s3://%s/%s, not s3://%s/%s",
+            fut.session_id,
+            bucket,
+            key,
+            fut.s3_bucket,
+            fut.result_key,
+        )
+        if isinstance(key, str) and isinstance(bucket, str):
+            fut.result_key, fut.s3_bucket = key, bucket
+
+
+def may_have_started(exc: BaseException) -> bool:
+    """Whether the agent may run the session despite ``exc``: yes unless it clearly refused
+    (an ``InvocationError`` with a status below 500) or was never reached."""
+    if isinstance(exc, AgentUnreachableError):
+        return False
+    status = getattr(exc, "status_code", None)
+    return not isinstance(exc, InvocationError) or status is None or status >= 500
+
+
+def _unreachable(
+    sid: str, attempts: int, spent: float, exc: NotConnectedError
+) -> AgentUnreachableError:
+    return AgentUnreachableError(
+        f"invoking session {sid}: no connection to the agent in {attempts} "
+        f"attempt{'s' if attempts > 1 else ''} over {spent:.1f} s ({exc}); nothing was "
+        "started. Is the agent running at that address?",
+        session_id=sid,
+    )
