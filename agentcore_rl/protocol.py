@@ -358,6 +358,18 @@ FINISHED_AT: Final = "finished_at"
 ERROR_TYPE: Final = "error_type"
 TRACEBACK: Final = "traceback"
 
+#: What a rollout cost, as the agent server measured it (every envelope it writes):
+#: wall seconds from acceptance to the envelope;
+RUNTIME_SECONDS: Final = "runtime_seconds"
+#: the process's CPU seconds (all threads) over the same span, present only when no other
+#: rollout ran in the process meanwhile (one rollout per microVM on AgentCore Runtime: the
+#: session's consumed CPU), ``null`` on a server shared by concurrent rollouts;
+CPU_SECONDS: Final = "cpu_seconds"
+#: the process's peak resident memory so far in bytes (``ru_maxrss``; ``null`` where the
+#: platform has none): the session's peak with one rollout per microVM, an upper bound
+#: on a shared server.
+PEAK_MEMORY_BYTES: Final = "peak_memory_bytes"
+
 DEFAULT_STATUS_CODE: Final = 200
 DEFAULT_STOP_REASON: Final = "end_turn"
 ERROR_STATUS_CODE: Final = 500

@@ -58,7 +58,9 @@ class Segment:
 
     ``loss_mask`` is 1 for tokens the policy generated, 0 for prompt/tool tokens;
     ``logprobs`` and ``policy_versions`` are the sampler's values for generated tokens
-    (0.0 and ``NO_VERSION`` elsewhere). ``calls`` lists the call indices merged into it.
+    (0.0 and ``NO_VERSION`` elsewhere): each generated token's version is the one it was
+    sampled under, so a completion a weight update came in the middle of carries two.
+    ``calls`` lists the call indices merged into it.
 
     Example::
 
@@ -80,13 +82,15 @@ class Segment:
         """How many tokens have loss mask 1."""
         return sum(self.loss_mask)
 
-    def _append(self, ids: array[int], generated: bool, logprobs: Any, version: int) -> None:
+    def _append(
+        self, ids: array[int], generated: bool, logprobs: Any, versions: array[int] | None
+    ) -> None:
         n = len(ids)
         self.token_ids.extend(ids)
         self.loss_mask.extend(array("b", [1 if generated else 0]) * n)
         if generated:
             self.logprobs.extend(logprobs)
-            self.policy_versions.extend(array("i", [version]) * n)
+            self.policy_versions.extend(versions if versions is not None else array("i"))
         else:
             self.logprobs.extend(array("d", [0.0]) * n)
             self.policy_versions.extend(array("i", [NO_VERSION]) * n)
@@ -148,6 +152,19 @@ class Trajectory:
         }
 
 
+def _versions(completion: Any, version: int, n: int) -> array[int]:
+    """The version of each of a completion's ``n`` tokens: its own spans (a weight update came
+    while it was generated), else the call's starting ``version``."""
+    spans = getattr(completion, "versions", None)
+    if not spans:
+        return array("i", [version]) * n
+    out = array("i")
+    ends = [at for at, _ in spans[1:]] + [n]
+    for (at, v), end in zip(spans, ends, strict=True):
+        out.extend(array("i", [v]) * (end - at))
+    return out
+
+
 def _is_retry(record: _Record, previous: _Record) -> bool:
     return record.prompt_ids == previous.prompt_ids and record.request_body == previous.request_body
 
@@ -201,14 +218,15 @@ def build_trajectory(
         version = NO_VERSION if version is None else version
         if current is not None and prompt[: len(current.token_ids)] == current.token_ids:
             merges += 1
-            current._append(prompt[len(current.token_ids) :], False, None, version)
+            current._append(prompt[len(current.token_ids) :], False, None, None)
         else:
             if current is not None:
                 splits += 1
             current = Segment()
             segments.append(current)
-            current._append(prompt, False, None, version)
-        current._append(completion.token_ids, True, completion.logprobs, version)
+            current._append(prompt, False, None, None)
+        ids = completion.token_ids
+        current._append(ids, True, completion.logprobs, _versions(completion, version, len(ids)))
         current.calls.append(record.index)
     return Trajectory(
         segments=segments,

@@ -51,7 +51,7 @@ def serve(args: argparse.Namespace) -> None:
     from starlette.responses import JSONResponse
 
     from agentcore_rl.server import AgentCoreRLApp, FaultChecks, ShutdownConfig
-    from agentcore_rl.server.limits import prepare_process, serve_options
+    from agentcore_rl.server.overload import serve_options
 
     app = AgentCoreRLApp(
         shutdown=ShutdownConfig(grace=0),
@@ -82,7 +82,6 @@ def serve(args: argparse.Namespace) -> None:
         )
 
     app.add_route("/bench/stats", stats, methods=["GET"])
-    prepare_process()
     uvicorn.run(app, host="127.0.0.1", port=args.port, **serve_options({"log_level": "warning"}))
 
 

@@ -47,7 +47,7 @@ from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import ShutdownConfig, WorkerConfig
-from agentcore_rl.server.limits import prepare_process, serve_options
+from agentcore_rl.server.overload import serve_options
 from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
 BUCKET = "bench-rollouts"
@@ -61,6 +61,15 @@ LOCAL_AWS_ENV = {
 
 
 # --- the agent (runs in the child process) ---------------------------------------------------
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory now (Linux: /proc/self/statm), else None."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def build_app(handler_kind: str, workers: int, switch_interval: float | None) -> Any:
@@ -83,7 +92,14 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
         with lock:
             entered["count"] += 1
 
-    if handler_kind == "async":
+    if handler_kind == "fast":
+
+        @app.rollout_entrypoint
+        async def fast(payload: dict[str, Any]) -> dict[str, Any]:
+            mark_entered()
+            return {"rewards": [1.0]}
+
+    elif handler_kind == "async":
 
         @app.rollout_entrypoint
         async def hold(payload: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +130,9 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
         return JSONResponse({"released": True})
 
     async def stats(request: Request) -> JSONResponse:
-        return JSONResponse({"active": app.runner.active, "entered": entered["count"]})
+        return JSONResponse(
+            {"active": app.runner.active, "entered": entered["count"], "rss_bytes": rss_bytes()}
+        )
 
     app.add_route("/bench/release", release, methods=["POST"])
     app.add_route("/bench/stats", stats, methods=["GET"])
@@ -125,10 +143,9 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     app = build_app(args.handler, args.workers, args.switch_interval or None)
-    # Served as app.run() serves: the GIL switch interval (--switch-interval) and the
-    # connection limits.
+    # Served as app.run() serves: the GIL switch interval (--switch-interval) and uvicorn
+    # options.
     app.tune_process()
-    prepare_process()
     uvicorn.run(app, host="127.0.0.1", port=args.port, **serve_options({"log_level": "warning"}))
 
 

@@ -100,7 +100,7 @@ def _serve_asgi(
     # lazy: uvicorn is the server extra, loaded by the commands that serve
     import uvicorn
 
-    from agentcore_rl.server.limits import prepare_process, serve_options
+    from agentcore_rl.server.overload import serve_options
 
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -111,8 +111,7 @@ def _serve_asgi(
     print(banner, file=sys.stderr)
     try:
         # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
-        # shutdown (rollouts get their grace period) and returns. Limits as app.run().
-        prepare_process()
+        # shutdown (rollouts get their grace period) and returns. Options as app.run().
         options = serve_options({"log_level": log_level, **uvicorn_options})
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         server.run(sockets=[sock])
@@ -188,10 +187,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
     # httptools, from the gateway extra, when installed), no access log (CPU per call),
     # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
-    # think time between turns. One process: sessions live in its memory. The server's
-    # connection guards apply (a connection must send its request head within 10 s; past
-    # the cap the oldest idle one makes room), with the upstream pools' sockets kept out
-    # of the open files the agents' connections may take.
+    # think time between turns. One process: sessions live in its memory.
     return _serve_asgi(
         gateway,
         args.host,
@@ -203,25 +199,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         lifespan="on",
         backlog=4096,
         timeout_keep_alive=300,
-        max_connections=args.max_connections or _gateway_connections(gateway),
+        limit_concurrency=args.max_connections,
     )
-
-
-def _gateway_connections(gateway: Any) -> int:
-    """Agents' connections the gateway serves at once: the server's default cap, less the
-    upstream connections it may open, within the open-file limit (raised first)."""
-    # lazy: the server extra (uvicorn), needed by `gateway` only
-    from agentcore_rl.server.limits import (
-        DEFAULT_MAX_CONNECTIONS,
-        FD_RESERVE,
-        raise_open_file_limit,
-    )
-
-    soft, _ = raise_open_file_limit()
-    upstream: int = gateway.max_upstream_connections
-    if soft <= 0:  # no limit known (or none at all)
-        return DEFAULT_MAX_CONNECTIONS
-    return max(16, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE - upstream))
 
 
 def _render_mode(args: argparse.Namespace) -> Any:

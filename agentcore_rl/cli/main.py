@@ -435,9 +435,8 @@ def _add_gateway_parser(commands: Any) -> None:
         "--max-connections",
         type=_positive_int,
         metavar="N",
-        help="agents' connections served at once; past it the oldest idle one is closed to "
-        "admit a new one, and when all are busy the new one is refused (default: 4096, "
-        "within the open-file limit less the upstream connections)",
+        help="connections and requests served at once (uvicorn's limit_concurrency): past "
+        "it requests are answered 503 (default: no limit)",
     )
     parser.add_argument(
         "--log-level",

@@ -12,7 +12,8 @@ and ``/v1/...``.
   JSON with ``?format=json``; 410 ``{"error": {"type": "trace_lost"}}`` when it is lost
 - ``GET  /admin/sessions/{sid}/trace`` -> the live session's records so far (JSON)
 - ``POST /admin/policy_version`` ``{"version": 8}``
-- ``POST /admin/pause`` ``{"mode": "hold"|"reject"}`` -> returns once in-flight calls drained
+- ``POST /admin/pause`` ``{"mode": "hold"|"reject"|"suspend"}`` -> returns when the weights
+  may be pushed (in-flight calls drained, or, ``suspend``, frozen at the upstream)
 - ``POST /admin/resume``
 - ``GET  /admin/stats``
 """
@@ -30,8 +31,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentcore_rl.errors import TraceLostError
-from agentcore_rl.gateway.policy_gate import PolicyGate
+from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate
 from agentcore_rl.gateway.record import SessionTrace, dump_trace
+from agentcore_rl.gateway.upstream import UpstreamError
 
 __all__ = ["GATEWAY_ID_HEADER", "AdminTarget", "admin_app"]
 
@@ -64,6 +66,10 @@ class AdminTarget(Protocol):
     def live_sessions(self) -> int: ...
 
     def set_policy_version(self, version: int) -> None: ...
+
+    async def pause(self, mode: PauseMode = "hold") -> None: ...
+
+    async def resume(self) -> None: ...
 
     def open_session(
         self,
@@ -168,15 +174,20 @@ def admin_app(gateway: AdminTarget) -> Starlette:
     async def pause(request: Request) -> Response:
         try:
             mode = (await body_of(request)).get("mode", "hold")
-            await gateway.gate.pause(mode)
+            await gateway.pause(mode)
         except ValueError as exc:
             return _error(400, str(exc), "invalid_request")
         except RuntimeError as exc:
             return _error(409, str(exc), "already_paused")
+        except UpstreamError as exc:  # an upstream that cannot freeze its generations
+            return _error(502, str(exc), "upstream_unavailable")
         return JSONResponse({"paused": mode, "in_flight": gateway.gate.in_flight})
 
     async def resume(request: Request) -> Response:
-        gateway.gate.resume()
+        try:
+            await gateway.resume()
+        except UpstreamError as exc:
+            return _error(502, str(exc), "upstream_unavailable")
         return JSONResponse({"paused": None})
 
     async def stats(request: Request) -> Response:

@@ -44,8 +44,8 @@ from agentcore_rl.gateway.admin import admin_app
 from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
 from agentcore_rl.gateway.call import Call, Mode
-from agentcore_rl.gateway.jsonio import loads
-from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected
+from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
 from agentcore_rl.gateway.sessions import Session, TraceSink
@@ -186,6 +186,7 @@ class RolloutGateway:
             "sessions_expired": 0,
             "expired_lost": 0,
             "late_records": 0,
+            "straddled_calls": 0,  # calls a weight update came in the middle of
         }
         if render is not None:
             self.stats["linear_forks"] = 0  # requests that did not extend their history
@@ -275,19 +276,73 @@ class RolloutGateway:
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: PauseMode = "hold") -> AsyncIterator[None]:
-        """Hold (or, ``mode="reject"``, refuse with 429) new calls; enter once none runs.
+        """Pause for a weight update; the block is where the weights may be pushed.
+
+        ``"hold"``: new calls wait, the block is entered once no call runs. ``"reject"``: the
+        same, new calls are answered 429. ``"suspend"``: new calls wait and the block is
+        entered at once: every upstream freezes its generations in flight (vLLM
+        ``/pause?mode=keep``), token-in ones are cut there and continued after the block, and
+        each token keeps the version it was sampled under (docs/gateway.md).
 
         Example::
 
-            async with gateway.paused():
+            async with gateway.paused("suspend"):
                 await trainer.push_weights()
                 gateway.set_policy_version(step)
         """
-        await self.gate.pause(mode)
+        await self.pause(mode)
         try:
             yield
         finally:
+            await self.resume()
+
+    async def pause(self, mode: PauseMode = "hold") -> None:
+        """The start of :meth:`paused` (for a trainer that pauses over HTTP or in steps)."""
+        await self.gate.pause(mode)
+        if mode != "suspend":
+            return
+        try:
+            await self._drive_upstreams("/pause?mode=keep", None)
+            for pool in self._upstreams:  # token-in calls: cut there, continued after the resume
+                running = self.gate.token_in.get(pool.base)
+                if running:
+                    await self._drive(pool, "/abort_requests", {"request_ids": sorted(running)})
+        except BaseException:
+            await self.resume()
+            raise
+
+    async def resume(self) -> None:
+        """The end of :meth:`paused`: calls flow again (after a suspend, the upstreams are
+        told the new version through ``/update_weight_version``, then resume)."""
+        if self.gate.paused != "suspend":
             self.gate.resume()
+            return
+        version = {"new_version": str(self.gate.version)}
+        with anyio.CancelScope(shield=True):  # a cancelled trainer must not leave vLLM paused
+            try:
+                await self._drive_upstreams("/update_weight_version", version)
+            finally:
+                self.gate.resume()  # the tokens from here on are the new version's
+                await self._drive_upstreams("/resume", None)
+
+    async def _drive_upstreams(self, path: str, body: dict[str, Any] | None) -> None:
+        for pool in self._upstreams:
+            await self._drive(pool, path, body)
+
+    async def _drive(self, pool: UpstreamPool, path: str, body: dict[str, Any] | None) -> None:
+        """One control call to an upstream's root (vLLM's ``VLLM_SERVER_DEV_MODE`` routes)."""
+        try:
+            status, content = await pool.fetch(
+                pool.target(path, root=True), None if body is None else dumps(body)
+            )
+        except UpstreamError as exc:
+            raise UpstreamError(down_message(pool.base, exc)) from None
+        if status != 200:
+            raise UpstreamError(
+                f"{pool.base} answered {path} with HTTP {status} "
+                f"({content[:200].decode('utf-8', 'replace')}); a suspend needs vLLM >= 0.32 "
+                "started with VLLM_SERVER_DEV_MODE=1 (or pause with mode hold)"
+            )
 
     def open_session(
         self,
@@ -559,6 +614,7 @@ class RolloutGateway:
             record.policy_version_end = self.gate.version
             record.latency_s = self._clock() - start
             self.stats["calls"] += 1
+            self.stats["straddled_calls"] += record.straddled
             if not record.ok:
                 self.stats["failed_calls"] += 1
             if call.forked:
@@ -572,7 +628,11 @@ class RolloutGateway:
                 )
             session.call_ended(record, self._clock())
 
-        call = Call(session, endpoint, raw, body, record, pool, self._clock, self._wall, on_commit)
+        call = Call(
+            *(session, endpoint, raw, body, record, pool, self._clock, self._wall, on_commit),
+            gate=self.gate,
+            versions=Versions(version),
+        )
         mode = self.render if self.render is not None and endpoint == CHAT else self.proxy
         try:
             await mode.serve(call, send)

@@ -19,11 +19,12 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.types import Send
 
+from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord
 from agentcore_rl.gateway.sessions import Session
 from agentcore_rl.gateway.upstream import UpstreamPool
@@ -34,7 +35,9 @@ __all__ = ["Call", "Mode"]
 @dataclass(slots=True, eq=False)
 class Call:
     """One admitted model call: the agent's request (``raw`` as sent, ``body`` parsed with
-    the session's overrides applied), its session and record, the upstream that serves it."""
+    the session's overrides applied), its session and record, the upstream that serves it;
+    ``gate`` (pauses, the current version) and ``versions``, where each policy version's
+    tokens start in its completion (a ``suspend`` pause can come in the middle)."""
 
     session: Session
     endpoint: str  # "chat.completions" or "completions"
@@ -45,6 +48,8 @@ class Call:
     clock: Callable[[], float]  # monotonic seconds
     wall: Callable[[], float]  # seconds since the epoch
     on_commit: Callable[[Call], None]
+    gate: PolicyGate = field(default_factory=PolicyGate)
+    versions: Versions = field(default_factory=lambda: Versions(0))
     forked: bool = False  # linear mode: rendered afresh although the session had turns
     committed: bool = False
 

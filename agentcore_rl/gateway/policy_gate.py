@@ -1,27 +1,31 @@
-"""Policy versions and weight-sync pauses: which calls may start, and when all have drained.
+"""Policy versions and weight-sync pauses: which calls may start, and when the weights may go.
 
-While paused, new calls either wait (``hold``) until the pause ends, or are refused
-(``reject``: the gateway answers 429 with ``Retry-After``); calls already running finish.
-``pause()`` returns once none is running, so the trainer can swap weights safely.
+Three pause modes. ``hold``: new calls wait until the pause ends, calls already running
+finish, and ``pause()`` returns once none runs. ``reject``: the same, but new calls are refused
+(the gateway answers 429 with ``Retry-After``). ``suspend``: new calls wait, and ``pause()``
+returns at once: the generations in flight are suspended where they are (the gateway has the
+upstream freeze them) and go on after ``resume()`` under the new weights, each token keeping
+the version it was sampled under (:class:`Versions`).
 
 Example::
 
     gate = PolicyGate()
-    await gate.pause("hold")       # returns when in-flight calls have drained
+    await gate.pause("suspend")    # returns at once; in-flight calls wait for the resume
     gate.version = 8
     gate.resume()
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, Literal
 
 import anyio
 
-__all__ = ["PauseMode", "PolicyGate", "Rejected"]
+__all__ = ["PauseMode", "PolicyGate", "Rejected", "Versions"]
 
-PauseMode = Literal["hold", "reject"]
-_MODES: Final = ("hold", "reject")
+PauseMode = Literal["hold", "reject", "suspend"]
+_MODES: Final = ("hold", "reject", "suspend")
 
 
 class Rejected(Exception):
@@ -32,13 +36,47 @@ class Rejected(Exception):
         self.retry_after = retry_after
 
 
+class Versions:
+    """Which policy version sampled which tokens of one generation: ``starts`` lists
+    ``(first token index, version)`` in order (one entry when no update came in between).
+
+    ``count`` reads how many tokens have arrived so far (a stream's running count); at each
+    resume the gate starts the new version's span there.
+    """
+
+    __slots__ = ("count", "starts")
+
+    def __init__(self, version: int, count: Callable[[], int] = lambda: 0) -> None:
+        self.starts: list[tuple[int, int]] = [(0, version)]
+        self.count = count
+
+    def start(self, at: int, version: int) -> None:
+        """Tokens from index ``at`` on are sampled by ``version``."""
+        if version == self.starts[-1][1]:
+            return
+        if at == self.starts[-1][0]:
+            self.starts[-1] = (at, version)
+        else:
+            self.starts.append((at, version))
+
+
 class PolicyGate:
-    """The current policy version, the pause state and the count of calls in flight."""
+    """The current policy version, the pause state, and the calls in flight.
+
+    ``live`` holds the :class:`Versions` of generations whose tokens are counted as they
+    arrive (streams); a resume after a ``suspend`` starts the new version's span at each one's
+    count. ``resumes`` counts the ends of ``suspend`` pauses (a token-in call compares it
+    before and after each request).
+    """
 
     def __init__(self, *, version: int = 0, retry_after: float = 1.0) -> None:
         self.version = version
         self.retry_after = retry_after
         self.in_flight = 0
+        self.resumes = 0
+        self.live: set[Versions] = set()
+        # upstream base URL -> vLLM's ids of the token-in requests running there
+        self.token_in: dict[str, set[str]] = {}
         self._mode: PauseMode | None = None
         self._resumed = anyio.Event()
         self._resumed.set()
@@ -48,6 +86,11 @@ class PolicyGate:
     def paused(self) -> PauseMode | None:
         """The pause mode, or None when calls flow."""
         return self._mode
+
+    async def flowing(self) -> None:
+        """Wait until no pause is on (a suspended generation waits here to go on)."""
+        while self._mode is not None:
+            await self._resumed.wait()
 
     async def enter(self) -> int:
         """Admit one call (waiting out a ``hold`` pause); -> the version it starts under."""
@@ -65,13 +108,15 @@ class PolicyGate:
             self._drained.set()
 
     async def pause(self, mode: PauseMode = "hold") -> None:
-        """Stop admitting calls, then wait until none is running."""
+        """Stop admitting calls; then (``hold``, ``reject``) wait until none is running."""
         if mode not in _MODES:
             raise ValueError(f"pause mode must be one of {_MODES}, got {mode!r}")
         if self._mode is not None:
             raise RuntimeError("the gateway is already paused")
         self._mode = mode
         self._resumed = anyio.Event()
+        if mode == "suspend":
+            return
         try:
             while self.in_flight:
                 self._drained = anyio.Event()
@@ -83,6 +128,11 @@ class PolicyGate:
             self._drained = None
 
     def resume(self) -> None:
-        """Admit calls again; held ones proceed."""
+        """Admit calls again; held ones proceed, suspended streams' new tokens get the
+        current version."""
+        if self._mode == "suspend":
+            self.resumes += 1
+            for versions in self.live:
+                versions.start(versions.count(), self.version)
         self._mode = None
         self._resumed.set()

@@ -58,6 +58,10 @@ class ProxyMode:
         payload = dumps(upstream_body)
         del upstream_body
         capture = Capture(endpoint)
+        # A stream's tokens are counted as they arrive: the resume after a suspend starts the
+        # new version's span at the count (a whole answer's tokens keep the call's version).
+        versions = call.versions
+        versions.count = lambda: capture._count(0, 0) if 0 in capture.choices else 0
 
         def fill() -> None:  # the captured lists as arrays, once the answer is out
             session.unfilled.pop(record.index, None)
@@ -65,6 +69,8 @@ class ProxyMode:
             try:
                 record.prompt_ids = capture.prompt_ids or record.prompt_ids
                 record.completions = capture.completions()
+                if len(versions.starts) > 1 and record.completions:
+                    record.completions[0].versions = versions.starts
             except (ValueError, TypeError, OverflowError) as exc:
                 if record.error is None:
                     record.error = f"the upstream sent {exc}"
@@ -74,6 +80,7 @@ class ProxyMode:
         target = pool.target("/chat/completions" if endpoint != "completions" else "/completions")
         try:
             if stream and self.backend.streams:
+                call.gate.live.add(versions)
                 async with pool.stream(target, payload) as response:
                     del payload
                     status = response.status
@@ -97,6 +104,7 @@ class ProxyMode:
             else:
                 await respond(send, 200, dumps(data))
         finally:
+            call.gate.live.discard(versions)
             if call.committed:
                 fill()  # off the agent's path: its answer is out (or the call failed)
 

@@ -63,7 +63,9 @@ def logprob_array(values: Any = ()) -> array[float]:
 
 
 class Completion:
-    """One choice of a call: completion token ids, their logprobs, the finish reason.
+    """One choice of a call: completion token ids, their logprobs, the finish reason, and
+    ``versions``: ``[(first token index, policy version), ...]`` when a weight update came
+    while it was generated (``None``: every token has the call's starting version).
 
     Example::
 
@@ -71,7 +73,7 @@ class Completion:
         list(zip(completion.token_ids, completion.logprobs))
     """
 
-    __slots__ = ("finish_reason", "index", "logprobs", "token_ids")
+    __slots__ = ("finish_reason", "index", "logprobs", "token_ids", "versions")
 
     def __init__(
         self,
@@ -79,11 +81,13 @@ class Completion:
         token_ids: array[int] | None = None,
         logprobs: array[float] | None = None,
         finish_reason: str | None = None,
+        versions: list[tuple[int, int]] | None = None,
     ) -> None:
         self.index = index
         self.token_ids = ids_array() if token_ids is None else token_ids
         self.logprobs = logprob_array() if logprobs is None else logprobs
         self.finish_reason = finish_reason
+        self.versions = versions
 
     def __repr__(self) -> str:
         return (
@@ -103,12 +107,15 @@ class Completion:
         return self._json(self.token_ids.tolist(), self.logprobs.tolist())
 
     def _json(self, token_ids: Any, logprobs: Any) -> dict[str, Any]:
-        return {
+        out = {
             "index": self.index,
             "token_ids": token_ids,
             "logprobs": logprobs,
             "finish_reason": self.finish_reason,
         }
+        if self.versions is not None:
+            out["versions"] = [list(start) for start in self.versions]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Completion:
@@ -118,6 +125,7 @@ class Completion:
             token_ids=ids_array(data.get("token_ids") or ()),
             logprobs=logprob_array(data.get("logprobs") or ()),
             finish_reason=data.get("finish_reason"),
+            versions=[(int(at), int(v)) for at, v in data.get("versions") or ()] or None,
         )
 
 
@@ -212,6 +220,11 @@ class CallRecord:
     def ok(self) -> bool:
         """Whether the call succeeded and its tokens were captured."""
         return self.status == 200 and self.error is None
+
+    @property
+    def straddled(self) -> bool:
+        """Whether a weight update came while the call ran (its tokens may span versions)."""
+        return self.policy_version_start != self.policy_version_end
 
     @property
     def request(self) -> dict[str, Any]:

@@ -146,7 +146,7 @@ class UpstreamPool:
         self._limits = (max_connections, connect_timeout, read_timeout, idle_timeout)
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
-        self._targets: dict[tuple[str, str], UpstreamTarget] = {}
+        self._targets: dict[tuple[str, str, bool], UpstreamTarget] = {}
 
     def __repr__(self) -> str:
         return f"UpstreamPool({self.base!r})"
@@ -162,16 +162,18 @@ class UpstreamPool:
     ) -> None:
         await self.aclose()
 
-    def target(self, path: str, method: str = "POST") -> UpstreamTarget:
-        """The method, URL and headers for ``path`` under the base (built once)."""
-        found = self._targets.get((path, method))
+    def target(self, path: str, method: str = "POST", *, root: bool = False) -> UpstreamTarget:
+        """The method, URL and headers for ``path`` under the base (built once); ``root``:
+        under the server's root instead (the base without its ``/v1``)."""
+        found = self._targets.get((path, method, root))
         if found is not None:
             return found
         headers = CIMultiDict(self._headers)
         if method != "GET":
             headers.setdefault("Content-Type", _JSON)
-        url = URL(f"{self._origin}{self._path}{path}", encoded=True)
-        target = self._targets[path, method] = UpstreamTarget(
+        under = self._path.removesuffix("/v1") if root else self._path
+        url = URL(f"{self._origin}{under}{path}", encoded=True)
+        target = self._targets[path, method, root] = UpstreamTarget(
             method, url, CIMultiDictProxy(headers)
         )
         return target

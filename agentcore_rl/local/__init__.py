@@ -1,6 +1,9 @@
 """What makes one machine a whole stack: embedded S3, a local AgentCore Runtime stand-in, a
 scripted policy server for demos and tests, and :class:`LocalStack` tying them together.
 
+Its names are imported on first use, so ``python -m agentcore_rl.local.policy`` runs that
+module once, as ``__main__``.
+
 Example::
 
     from agentcore_rl.local import LocalStack
@@ -9,12 +12,25 @@ Example::
         print(stack.agent_runtime_arn, stack.runtime_endpoint_url)
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from agentcore_rl.local import _extra  # noqa: F401  (first: a missing extra is named)
-from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.embedded_s3 import EmbeddedS3
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.runtime import LocalAgentCoreRuntime, run_local_runtime
-from agentcore_rl.local.stack import LocalStack
+
+if TYPE_CHECKING:
+    from agentcore_rl.local.background import BackgroundServer
+    from agentcore_rl.local.embedded_s3 import EmbeddedS3
+    from agentcore_rl.local.policy import ScriptedPolicy
+    from agentcore_rl.local.runtime import LocalAgentCoreRuntime
+    from agentcore_rl.local.stack import LocalStack
+
+_HOMES = {
+    "BackgroundServer": "background",
+    "EmbeddedS3": "embedded_s3",
+    "LocalAgentCoreRuntime": "runtime",
+    "LocalStack": "stack",
+    "ScriptedPolicy": "policy",
+}
 
 __all__ = [
     "BackgroundServer",
@@ -22,5 +38,11 @@ __all__ = [
     "LocalAgentCoreRuntime",
     "LocalStack",
     "ScriptedPolicy",
-    "run_local_runtime",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'agentcore_rl.local' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"agentcore_rl.local.{home}"), name)

@@ -36,6 +36,7 @@ import asyncio
 import hashlib
 import json
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -167,7 +168,14 @@ class ScriptedPolicy:
     ``tokenizer`` (a Hugging Face tokenizer directory, with ``tool_call_parser``,
     ``reasoning_parser`` and ``tool_rounds``): render that real chat template as vLLM does and
     answer in its syntax, also token-in (``/v1/completions`` with token ids, SGLang's
-    ``/generate``); see :mod:`agentcore_rl.local.policy_template`.
+    ``/generate``); see :mod:`agentcore_rl.local.policy_template`. There, ``token_rate``
+    (tokens per second per request) makes token-in completions take their time, with vLLM's
+    weight-sync routes (``/pause?mode=keep|abort``, ``/resume``, ``/abort_requests``,
+    ``/update_weight_version``): a kept request stops generating until the resume, an aborted
+    one answers its tokens so far (``finish_reason`` ``"abort"``), and every choice says which
+    version generated which tokens (``weight_versions``, as vLLM's token-in API does; ``made``
+    keeps them all).
+    ``min_tokens`` is honoured by repeating the answer before its end token.
 
     Example::
 
@@ -189,6 +197,7 @@ class ScriptedPolicy:
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
         tool_rounds: int = 1,
+        token_rate: float = 0.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not 0.0 <= accuracy <= 1.0:
@@ -206,6 +215,14 @@ class ScriptedPolicy:
         self.answers: list[tuple[list[int], list[tuple[list[int], list[float]]]]] = []
         self.requests = 0
         self._sleep = sleep
+        self.token_rate = token_rate
+        self.weight_version = "0"
+        self._paused = False
+        self._changed = asyncio.Event()  # set (and replaced) at each pause, resume or abort
+        self._aborted: set[str] = set()
+        # paced completions as made: (prompt ids, token ids, each token's weight version)
+        self.made: list[tuple[list[int], list[int], list[str]]] = []
+        self.tokens_made = 0  # so far, the ones being made included
         self.voice: TemplateVoice | None = None
         if tokenizer is not None:  # a real template: render and answer as that model would
             from agentcore_rl.local.policy_template import TemplateVoice
@@ -224,6 +241,10 @@ class ScriptedPolicy:
                 Route("/generate", self._generate, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
+                Route("/pause", self._pause, methods=["POST"]),
+                Route("/resume", self._resume, methods=["POST"]),
+                Route("/abort_requests", self._abort, methods=["POST"]),
+                Route("/update_weight_version", self._set_version, methods=["POST"]),
             ]
         )
 
@@ -235,6 +256,64 @@ class ScriptedPolicy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.app(scope, receive, send)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _pause(self, request: Request) -> JSONResponse:
+        mode = request.query_params.get("mode", "abort")
+        if mode not in ("keep", "abort"):
+            return _error(_BadRequest(f"pause mode {mode!r}: the stand-in keeps or aborts"))
+        self._paused = True
+        if mode == "abort":
+            self._aborted.add("*")
+        self._notify()
+        return JSONResponse({"status": "paused"})
+
+    async def _resume(self, request: Request) -> JSONResponse:
+        self._paused = False
+        self._aborted.discard("*")
+        self._notify()
+        return JSONResponse({"status": "resumed"})
+
+    async def _abort(self, request: Request) -> JSONResponse:
+        ids = (await request.json()).get("request_ids") or ["*"]
+        self._aborted.update(ids)
+        self._notify()
+        return JSONResponse({"status": "aborted", "aborted": len(ids)})
+
+    async def _set_version(self, request: Request) -> JSONResponse:
+        self.weight_version = str((await request.json())["new_version"])
+        return JSONResponse({"success": True, "new_version": self.weight_version})
+
+    async def _decode(self, choice: dict[str, Any], request_id: str) -> None:
+        """Generate ``choice``'s tokens at ``token_rate``, as a kept pause and an abort leave
+        them: cut at an abort, each span labelled with the weight version that made it."""
+        ids = choice["token_ids"]
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        spans: list[dict[str, Any]] = []
+        step = max(1, round(self.token_rate * 0.05))  # tokens per wake-up: 20 a second
+        made = 0
+        while made < len(ids):
+            await self._sleep(step / self.token_rate)
+            while self._paused and not self._aborted & {request_id, "*"}:
+                await self._changed.wait()
+            if self._aborted & {request_id, "*"}:
+                choice["finish_reason"] = "abort"
+                break
+            end = min(len(ids), made + step)
+            if spans and spans[-1]["version"] == self.weight_version:
+                spans[-1]["end"] = end
+            else:
+                spans.append({"version": self.weight_version, "start": made, "end": end})
+            self.tokens_made += end - made
+            made = end
+        self._aborted.discard(request_id)
+        del ids[made:], logprobs[made:]
+        choice["weight_versions"] = spans
+        versions = [s["version"] for s in spans for _ in range(s["end"] - s["start"])]
+        self.made.append((choice.get("prompt_token_ids") or [], list(ids), versions))
 
     async def _health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "stand_in": True})
@@ -348,6 +427,14 @@ class ScriptedPolicy:
         if not _is_ids(prompt):
             raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
         ids, logprobs, finish = voice.generate(prompt, body.get("max_tokens"))
+        least = int(body.get("min_tokens") or 0)
+        if finish == "stop" and 1 < len(ids) <= least:  # say it again until min_tokens are out
+            times = least // (len(ids) - 1) + 1
+            ids = [*(ids[:-1] * times)[:least], ids[-1]]
+            logprobs = [*(logprobs[:-1] * times)[:least], logprobs[-1]]
+            budget = body.get("max_tokens")
+            if budget is not None and len(ids) > budget:
+                ids, logprobs, finish = ids[:budget], logprobs[:budget], "length"
         skip = body.get("skip_special_tokens", True)
         choice: dict[str, Any] = {
             "index": 0,
@@ -384,6 +471,11 @@ class ScriptedPolicy:
             return _error(exc)
         if self.latency:
             await self._sleep(self.latency)
+        if self.token_rate and self.voice is not None and "token_ids" in response["choices"][0]:
+            choice = response["choices"][0]
+            await self._decode(choice, f"cmpl-{body.get('request_id')}-0")
+            choice["text"] = self.voice.template.tokenizer.decode(choice["token_ids"])
+            response["usage"]["completion_tokens"] = len(choice["token_ids"])
         if not body.get("stream"):
             return JSONResponse(response)
         options = body.get("stream_options")
@@ -723,6 +815,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except (ValueError, ImportError, OSError) as exc:
         parser.error(str(exc))
+    print(
+        f"scripted stand-in policy (not a language model) on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(policy, host=args.host, port=args.port, log_level="warning")
 
 

@@ -27,7 +27,6 @@ from contextlib import asynccontextmanager
 from typing import Final
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -74,7 +73,6 @@ __all__ = [
     "DEFAULT_RUNTIME_TIMEOUT",
     "DEFAULT_TPS",
     "LocalAgentCoreRuntime",
-    "run_local_runtime",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,7 +81,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_AGENT_RUNTIME_ARN: Final = (
     "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/local-agent"
 )
-#: Where ``run_local_runtime`` listens by default (agents conventionally use 8080).
+#: Where ``agentcore-rl local-runtime`` listens by default (agents use 8080).
 DEFAULT_LOCAL_RUNTIME_PORT: Final = 8081
 #: ACR's published default quota (see :data:`agentcore_rl.protocol.DEFAULT_TPS`).
 DEFAULT_TPS: Final = protocol.DEFAULT_TPS
@@ -495,27 +493,3 @@ class LocalAgentCoreRuntime:
             runtime.remember_stop(token)
         self.counts["StopRuntimeSession"] += 1
         return stopped
-
-
-def run_local_runtime(
-    agent_urls: Sequence[str],
-    *,
-    arn: str = DEFAULT_AGENT_RUNTIME_ARN,
-    host: str = "127.0.0.1",
-    port: int = DEFAULT_LOCAL_RUNTIME_PORT,
-    tps: float | None = DEFAULT_TPS,
-    burst: float | None = None,
-    timeout: httpx.Timeout | float = DEFAULT_RUNTIME_TIMEOUT,
-    log_level: str = "info",
-) -> None:
-    """Serve a local runtime for one ARN in front of ``agent_urls`` until Ctrl-C (blocking).
-
-    Clients then use ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://{host}:{port}`` and the ARN
-    (its region, us-west-2 by default, is the client's region).
-
-    Example::
-
-        run_local_runtime(["http://127.0.0.1:8080"], port=8081, tps=25)
-    """
-    runtime = LocalAgentCoreRuntime({arn: agent_urls}, tps=tps, burst=burst, timeout=timeout)
-    uvicorn.run(runtime, host=host, port=port, log_level=log_level)

@@ -51,7 +51,7 @@ from agentcore_rl.server.faults import DEFAULT_FAULT_CHECKS, FaultChecks
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec
 from agentcore_rl.server.lease import LeaseWatcher
-from agentcore_rl.server.limits import LoopLag, prepare_process, serve_options
+from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
 from agentcore_rl.server.parsing import allowed_buckets_from
 from agentcore_rl.server.routes import RolloutRoutes
 from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
@@ -148,6 +148,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             ("workers", workers, WorkerConfig),
             ("faults", faults, FaultChecks),
         )
+        # Before the stack is built: the guard answers overload ahead of everything else.
+        self.overload = LoopLag(faults.overload_lag, clock=faults.clock, sleep=faults.sleep)
         super().__init__(
             debug=debug,
             routes=[
@@ -157,7 +159,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
                 Route(protocol.SESSION_STATUS_PATH, self._session_status, methods=["GET"]),
             ],
             lifespan=self._lifespan,
-            middleware=middleware,
+            middleware=[Middleware(OverloadGuard, lag=self.overload), *(middleware or ())],
         )
         self._user_lifespan = lifespan
         self.handlers = {}
@@ -191,7 +193,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
-        self.overload = LoopLag(faults.overload_lag, clock=faults.clock, sleep=faults.sleep)
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -406,9 +407,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         The positional order is ``BedrockAgentCoreApp``'s: ``app.run(8081)`` is a port.
         ``host`` defaults to :func:`default_host`: loopback on a workstation, ``0.0.0.0``
         in a container (AgentCore Runtime must reach port 8080 from outside). Other
-        keyword arguments go to ``uvicorn.run``, plus ``max_connections`` and
-        ``first_request_timeout`` (see :func:`~agentcore_rl.server.limits.serve_options`):
-        it serves with those limits and raises the process's open-file limit.
+        keyword arguments go to ``uvicorn.run`` as they are (``limit_concurrency``,
+        ``h11_max_incomplete_event_size``...), with the defaults of
+        :func:`~agentcore_rl.server.overload.serve_options` for keep-alive and backlog.
         """
         chosen = host or default_host()
         self.tune_process()
@@ -417,5 +418,4 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
                 level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
             )
         logger.info("agent server listening on http://%s:%d", chosen, port)
-        prepare_process()  # this process is ours: more open files, quieter EMFILE
         uvicorn.run(self, host=chosen, port=port, **serve_options(options))

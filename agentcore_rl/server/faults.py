@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.server.limits import DEFAULT_OVERLOAD_LAG
+from agentcore_rl.server.overload import DEFAULT_OVERLOAD_LAG
 
 __all__ = ["DEFAULT_FAULT_CHECKS", "FaultChecks"]
 

@@ -28,7 +28,6 @@ from agentcore_rl.server.context import RequestContext
 from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import HandlerSpec, call_handler
 from agentcore_rl.server.lease import check_lease_reference
-from agentcore_rl.server.limits import LoopLag
 from agentcore_rl.server.parsing import (
     control_op,
     parse_payload,
@@ -66,7 +65,6 @@ class RolloutRoutes:
     shutdown: ShutdownConfig
     body_budget: BodyBudget
     bucket_check: BucketCheck
-    overload: LoopLag
     health: HealthTracker
     runner: RolloutRunner
     _spec: HandlerSpec | None
@@ -96,11 +94,6 @@ class RolloutRoutes:
     async def _invocations(self, request: Request) -> Response:
         if self._closing:
             return self._shutting_down()
-        if self.overload.overloaded:  # decided before any work on the request
-            self.overload.refused += 1
-            overloaded = _error_response("the agent server is overloaded; retry later", 503)
-            overloaded.headers["Retry-After"] = "1"
-            return overloaded
         spec = self._spec
         if spec is None:
             return _error_response(

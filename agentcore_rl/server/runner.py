@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -50,6 +52,17 @@ SHUTDOWN_REASON: Final = "the agent server is shutting down"
 DEFAULT_CANCEL_TIMEOUT: Final = 5.0
 #: Finished sessions remembered for status probes: at 100 rollouts/s, the last 100 s.
 DEFAULT_REMEMBERED_SESSIONS: Final = 10_000
+
+
+def peak_memory_bytes() -> int | None:
+    """The process's peak resident memory so far (``ru_maxrss``), or None without it."""
+    try:
+        # lazy: resource is POSIX-only (the ImportError below is Windows)
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS counts bytes
 
 
 def _uncancel() -> None:
@@ -86,6 +99,11 @@ class RolloutJob:
     # Set once an envelope is claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
     delivered: bool = False
+    # For the envelope's cost fields: monotonic and process CPU seconds at acceptance, and
+    # the runner's start count then (another start meanwhile: the CPU is not this one's).
+    began: float = field(default_factory=time.monotonic)
+    cpu_began: float = field(default_factory=time.process_time)
+    start_count: int | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @property
@@ -150,6 +168,7 @@ class RolloutRunner:
         self._exists = exists
         self._remember = remember
         self._finished: dict[str, tuple[str, ...]] = {}
+        self._starts = 0
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
         self._by_key: dict[tuple[str, str], RolloutJob] = {}
@@ -215,6 +234,8 @@ class RolloutRunner:
         )
         if self._tasks is not None:
             self._tasks.start_soon(self.run, job, name=f"rollout {context.session_id}")
+        self._starts += 1
+        job.start_count = self._starts if not self._jobs else None  # alone, so far
         self._jobs.add(job)
         self._by_session.setdefault(job.session_id, set()).add(job)
         config = context.rollout
@@ -268,13 +289,19 @@ class RolloutRunner:
         config = job.context.rollout
         if config is None:
             return None
-        return protocol.envelope_metadata(
+        metadata = protocol.envelope_metadata(
             config,
             session_id=job.session_id,
             payload=job.payload if job.envelope_payload is None else job.envelope_payload,
             started_at=job.started_at,
             finished_at=self._clock(),
         )
+        alone = job.start_count == self._starts
+        metadata[protocol.RUNTIME_SECONDS] = round(time.monotonic() - job.began, 6)
+        cpu = time.process_time() - job.cpu_began if alone else None
+        metadata[protocol.CPU_SECONDS] = None if cpu is None else round(cpu, 6)
+        metadata[protocol.PEAK_MEMORY_BYTES] = peak_memory_bytes()
+        return metadata
 
     def _cancelled_body(self, job: RolloutJob, reason: str) -> bytes | None:
         metadata = self._metadata(job)

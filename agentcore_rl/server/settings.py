@@ -119,17 +119,20 @@ def app_spool_dir(name: str, environ: Mapping[str, str] = os.environ) -> Path:
     name``, so two different agents on one host keep their spools apart
     while restarts of one agent find each other's.
     """
-    directory = default_spool_dir(environ) / check_app_name(name)
-    _usable(directory)
-    return directory
+    return default_spool_dir(environ) / check_app_name(name)
 
 
 def _usable(directory: Path) -> bool:
+    """Whether this user can keep a spool in ``directory``, without creating it (the spool
+    creates it when it first writes): an existing directory must be ours and writable,
+    else the nearest existing parent writable."""
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Another user's directory (a shared /tmp) must not receive our envelopes.
-        return directory.stat().st_uid == os.getuid() and os.access(directory, os.W_OK)
-    except OSError:
+        if directory.exists():
+            # Another user's directory (a shared /tmp) must not receive our envelopes.
+            return directory.stat().st_uid == os.getuid() and os.access(directory, os.W_OK)
+        parent = next(p for p in directory.parents if p.exists())
+        return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    except (OSError, StopIteration):
         return False
 
 
@@ -139,7 +142,7 @@ def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
     ``$XDG_STATE_HOME/agentcore-rl/spool`` (``~/.local/state/agentcore-rl/spool`` by the
     XDG rule: state that should survive a restart but is not worth backing up), else, when
     the home directory cannot be written (containers running as a user without one),
-    ``<tempdir>/agentcore-rl-spool-<uid>``. Created with mode 0700 if missing.
+    ``<tempdir>/agentcore-rl-spool-<uid>``. Created (mode 0700) by the spool's first write.
     """
     fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
     state = environ.get("XDG_STATE_HOME", "").strip()

@@ -91,7 +91,7 @@ class _Record:
 
 
 def _write_file(directory: Path, name: str, data: bytes, tmp_suffix: str = ".tmp") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # created when first needed
     path = directory / name
     tmp = path.with_suffix(tmp_suffix)
     with tmp.open("wb") as handle:

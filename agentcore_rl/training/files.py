@@ -100,6 +100,7 @@ def _schema(pa: Any) -> Any:
             ("reward", pa.float64()),
             ("advantage", pa.float64()),
             ("policy_versions", pa.list_(pa.int64())),
+            ("response_versions", pa.list_(pa.int64())),
             ("outcome", pa.string()),
             ("zeroed", pa.bool_()),
         ]

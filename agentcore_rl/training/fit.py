@@ -60,6 +60,7 @@ def fit_row(row: TrainingRow, *, max_prompt_length: int, max_response_length: in
         changes["loss_mask"] = row.loss_mask[:max_response_length]
         if row.logprobs is not None:
             changes["logprobs"] = row.logprobs[:max_response_length]
+        changes["response_versions"] = row.response_versions[:max_response_length]
     if len(row.prompt_ids) > max_prompt_length:
         changes["prompt_ids"] = row.prompt_ids[-max_prompt_length:]
         kept = changes.get("loss_mask", row.loss_mask)

@@ -88,6 +88,7 @@ def _extra(row: TrainingRow) -> dict[str, Any]:
         "num_segments": row.num_segments,
         "advantage": row.advantage,
         "policy_versions": list(row.policy_versions),
+        "response_versions": list(row.response_versions),
         "zeroed": row.zeroed,
     }
 

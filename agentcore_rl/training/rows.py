@@ -20,7 +20,7 @@ as plain REINFORCE instead of not at all.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from agentcore_rl.errors import AgentCoreRLError
@@ -105,9 +105,12 @@ class TrainingRow:
 
     ``group_id`` is the group's ``input_id`` (unique in its experiment); ``member`` and
     ``attempt`` name the member and the attempt that counted; ``segment`` its place among
-    ``num_segments``. ``loss_mask`` and ``logprobs`` align with ``response_ids``
-    (``logprobs`` is 0.0 on tokens the policy did not generate and ``None`` when the
-    trajectory has none). ``zeroed``: a failed member kept with reward 0 and mask 0.
+    ``num_segments``. ``loss_mask``, ``logprobs`` and ``response_versions`` align with
+    ``response_ids`` (``logprobs`` is 0.0 on tokens the policy did not generate and ``None``
+    when the trajectory has none; ``response_versions`` is the policy version each token was
+    sampled under, -1 on tokens the policy did not generate, empty when unknown);
+    ``policy_versions`` lists the distinct versions. ``zeroed``: a failed member kept with
+    reward 0 and mask 0.
 
     Example::
 
@@ -129,6 +132,7 @@ class TrainingRow:
     reward: float
     advantage: float
     policy_versions: list[int] = field(default_factory=list)
+    response_versions: list[int] = field(default_factory=list)
     outcome: str = "succeeded"
     zeroed: bool = False
 
@@ -150,6 +154,22 @@ class TrainingRow:
     def max_policy_version(self) -> int | None:
         """The newest policy version that served this row (None when unknown)."""
         return max(self.policy_versions) if self.policy_versions else None
+
+    def masked_before(self, version: int) -> TrainingRow:
+        """This row with loss mask 0 on the tokens sampled under a version older than
+        ``version`` (a per-token staleness bound; rows without per-token versions as they are).
+
+        Example::
+
+            rows = [row.masked_before(step - 2) for row in rows]
+        """
+        if len(self.response_versions) != len(self.loss_mask):
+            return self
+        mask = [
+            m if v < 0 or v >= version else 0
+            for m, v in zip(self.loss_mask, self.response_versions, strict=True)
+        ]
+        return replace(self, loss_mask=mask)
 
 
 def group_advantages(group: RolloutGroup, normalize: Normalize = "mean") -> list[float]:
@@ -280,6 +300,8 @@ def trajectory_rows(
     rows = []
     for number, segment in enumerate(segments):
         prompt, response, mask, logprobs = _split(segment, session_id)
+        versions = [-1 if v is None else int(v) for v in segment.policy_versions]
+        per_token = versions[len(prompt) :] if len(versions) == len(segment.token_ids) else []
         if zeroed:
             mask = [0] * len(mask)
             if logprobs is None:
@@ -294,6 +316,7 @@ def trajectory_rows(
                 loss_mask=mask,
                 logprobs=logprobs,
                 policy_versions=_distinct(segment.policy_versions) or fallback,
+                response_versions=per_token,
             )
         )
     return rows

@@ -8,8 +8,11 @@ import anyio
 import httpx
 import pytest
 
+from agentcore_rl.gateway.upstream import UpstreamError
 from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.trajectory import build_trajectory
 from tests.gateway.helpers import ADMIN, Latch, chat, served, wait_until
+from tests.gateway.template_rig import RENDER_MISSING, tokenizer_dir
 
 QUESTION: Any = [{"role": "user", "content": "What is 2 + 2?"}]
 
@@ -119,3 +122,86 @@ async def test_admin_routes_are_off_without_a_token(monkeypatch: pytest.MonkeyPa
         assert response.status_code == 403
         assert "admin token" in response.json()["error"]["message"]
         assert (await http.get("/health")).json()["status"] == "ok"
+
+
+class Ticks:
+    """An injectable ``sleep`` for a paced stand-in: each wake-up waits for a tick the test
+    hands out (``release(n)``, or ``run()`` for all from then on)."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self._free = anyio.Semaphore(0)
+        self._running = False
+
+    async def sleep(self, _: float) -> None:
+        if not self._running:
+            await self._free.acquire()
+        self.taken += 1
+
+    def release(self, n: int) -> None:
+        for _ in range(n):
+            self._free.release()
+
+    def run(self) -> None:
+        self._running = True
+        self.release(1000)
+
+
+@pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or "")
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_suspend_returns_at_once_and_the_generation_goes_on_with_two_versions(
+    stream: bool,
+) -> None:
+    from agentcore_rl.gateway.render.mode import RenderMode
+
+    directory = str(tokenizer_dir("qwen2.5"))
+    ticks = Ticks()
+    # 20 tokens a second: one token per wake-up, so each tick is one token.
+    policy = ScriptedPolicy(
+        token_ids="requested", tokenizer=directory, token_rate=20.0, sleep=ticks.sleep
+    )
+    render = RenderMode.load(directory)
+    async with served(policy, render=render) as stack, anyio.create_task_group() as tg:
+        gateway = stack.gateway
+        llm = stack.llm("s1")
+        got: list[Any] = []
+
+        async def agent() -> None:
+            reply = await chat(
+                llm, QUESTION, stream=stream, max_tokens=60, extra_body={"min_tokens": 40}
+            )
+            got.append(reply)
+
+        tg.start_soon(agent)
+        ticks.release(7)
+        await wait_until(lambda: ticks.taken == 7)
+        async with gateway.paused("suspend"):  # entered while the call runs
+            assert gateway.gate.in_flight == 1
+            gateway.set_policy_version(5)
+            assert policy.weight_version == "0"
+        assert policy.weight_version == "5"  # told before the upstream resumed
+        ticks.run()
+        await wait_until(lambda: bool(got))
+        await llm.close()
+        trace = await gateway.finish_session("s1")
+    (record,) = trace.records
+    assert record.ok, record.error
+    assert (record.policy_version_start, record.policy_version_end) == (0, 5)
+    (completion,) = record.completions
+    assert len(completion.token_ids) == 41  # min_tokens, then the end token
+    assert completion.versions == [(0, 0), (7, 5)]  # seven tokens before the pause
+    assert gateway.stats["straddled_calls"] == 1
+    (segment,) = build_trajectory(trace).segments
+    generated = [v for v, m in zip(segment.policy_versions, segment.loss_mask, strict=True) if m]
+    assert generated == [0] * 7 + [5] * 34
+    assert got[0][1] == "stop"
+
+
+async def test_suspend_refuses_an_upstream_without_the_pause_routes() -> None:
+    async with served() as stack:
+        routes = stack.policy.app.routes
+        routes[:] = [r for r in routes if getattr(r, "path", None) != "/pause"]
+        with pytest.raises(UpstreamError, match="VLLM_SERVER_DEV_MODE"):
+            async with stack.gateway.paused("suspend"):
+                pass
+        assert stack.gateway.gate.paused is None  # not left paused

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +21,7 @@ from agentcore_rl.local.policy_solver import (
     fake_token_ids,
     solve_word_problem,
 )
+from tests.server.test_sigterm import free_port
 
 CALCULATOR: Any = {
     "type": "function",
@@ -154,3 +158,31 @@ def test_solver_reads_the_phrase_language(text: str, value: int) -> None:
 def test_evaluator_refuses_anything_but_arithmetic(expression: str) -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - the message varies with the input
         evaluate_arithmetic(expression)
+
+
+async def test_run_as_a_module_it_says_where_it_listens() -> None:
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agentcore_rl.local.policy",
+        "--port",
+        str(port),
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "error"},
+    )
+    assert proc.stderr is not None
+    try:
+        first = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+        assert f"on http://127.0.0.1:{port}/v1" in first, first  # no runpy warning first
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for _ in range(200):  # bounded: until uvicorn listens
+                try:
+                    response = await http.get("/v1/models")
+                    break
+                except httpx.ConnectError:
+                    await asyncio.sleep(0.05)
+            assert response.status_code == 200
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)

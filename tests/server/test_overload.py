@@ -10,7 +10,7 @@ import anyio
 
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import FaultChecks, SpoolConfig
-from agentcore_rl.server.limits import LoopLag, serve_options
+from agentcore_rl.server.overload import LoopLag
 from tests.server.helpers import (
     FakeClock,
     rollout_app,
@@ -83,11 +83,3 @@ async def test_overloaded_server_answers_503_with_retry_after(
         await settle(app)
     assert runs == ["ran"]
     assert app.overload.refused == 1
-
-
-def test_serving_keeps_connections_longer_than_clients_do() -> None:
-    # httpx drops idle connections after 5 s, aiohttp after 15 s: the server must not
-    # close first, or a client's next request meets a reset connection.
-    options = serve_options({})
-    assert options["timeout_keep_alive"] > 15
-    assert options["backlog"] >= 4096

@@ -171,6 +171,8 @@ def test_named_agents_keep_their_default_spools_apart(
     base = tmp_path / "xdg-state" / "agentcore-rl" / "spool"
     math = AgentCoreRLApp(app_name="math")
     assert math.spool.directory == base / "math"
+    math.rollout_entrypoint(lambda payload: {})
+    assert not base.exists()  # building and registering an agent (its import) writes nothing
     assert AgentCoreRLApp(app_name="code").spool.directory == base / "code"
     monkeypatch.setenv("AGENTCORE_RL_APP_NAME", "math")
     assert AgentCoreRLApp().spool.directory == base / "math"  # a restart finds it
@@ -187,7 +189,7 @@ def test_default_spool_dir_falls_back_to_tmp(
     (tmp_path / "tmp").mkdir()
     chosen = default_spool_dir({"XDG_STATE_HOME": str(blocked)})
     assert chosen == tmp_path / "tmp" / f"agentcore-rl-spool-{os.getuid()}"
-    assert chosen.is_dir()
+    assert not chosen.exists()  # created by the spool's first write
     assert default_spool_dir({"XDG_STATE_HOME": str(tmp_path / "s")}) == (
         tmp_path / "s" / "agentcore-rl" / "spool"
     )
@@ -206,3 +208,13 @@ async def test_a_spool_of_its_own_retries_in_its_own_task_group(
         await asyncio.wait_for(spool.wait_drained(), 5)
     assert asyncio.all_tasks() <= before
     assert await store.head(bucket, KEY)
+
+
+async def test_the_spool_directory_is_made_private_on_first_write(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    directory = tmp_path / "state" / "spool" / "math"
+    spool = Spool(store, directory=directory, owner="math")
+    assert not directory.exists()
+    assert await spool.add("bucket-x", "exp/q-1/s.json", b"{}") is not None
+    assert directory.stat().st_mode & 0o777 == 0o700

@@ -8,7 +8,8 @@ A random model picks ``<|im_end|>`` about once in 152k tokens, so every answer w
 ``max_tokens``. Residual dimension 0 is held at a constant (every token embeds it, no layer
 writes to it), so after the final norm it is a near-constant feature; the output row of
 ``<|im_end|>`` reads it, which raises that token's logit on every step and ends answers in a
-few dozen tokens. ``seed`` makes another model (the weights a test swaps in).
+few dozen tokens. ``seed`` makes another model (the weights a test swaps in), which ends more
+of its steps there.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ __all__ = ["IM_END", "model_dir"]
 IM_END: Final = 151645
 _VOCAB: Final = 151936
 _CONSTANT: Final = 40.0  # the held residual dimension's value
-_END_GAIN: Final = 1.25  # the <|im_end|> row's weight on it, per unit of the normed feature
+# The <|im_end|> row's weight on it: 1.25 ends about 13% of steps; each seed after the first
+# ends more, so two models' logprobs are told apart at a glance.
+_END_GAIN: Final = 1.25
+_GAIN_PER_SEED: Final = 0.5
 
 
 def model_dir(seed: int = 0, *, cache: Path | None = None) -> Path:
@@ -79,5 +83,5 @@ def _build(directory: Path, seed: int) -> None:
             layer.mlp.down_proj.weight[0, :] = 0.0
         model.lm_head.weight[:, 0] = 0.0
         model.lm_head.weight[IM_END, :] = 0.0
-        model.lm_head.weight[IM_END, 0] = _END_GAIN
+        model.lm_head.weight[IM_END, 0] = _END_GAIN + _GAIN_PER_SEED * seed
     model.to(torch.bfloat16).save_pretrained(directory)

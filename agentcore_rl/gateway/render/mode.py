@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,7 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
-from agentcore_rl.gateway.render.token_in import token_in_backend
+from agentcore_rl.gateway.render.token_in import Served, _max_tokens, token_in_backend
 
 if TYPE_CHECKING:
     from starlette.types import Send
@@ -49,6 +50,14 @@ log = logging.getLogger("agentcore_rl.gateway")
 
 #: ``--history``: ``proxy`` (the server renders) or ``linear`` (the gateway renders).
 HISTORY_MODES = ("proxy", "linear")
+
+
+class _Answered(Exception):
+    """The upstream answered a status other than 200: passed to the agent as it is."""
+
+    def __init__(self, status: int, content: bytes) -> None:
+        super().__init__(status)
+        self.status, self.content = status, content
 
 
 class RenderMode:
@@ -119,26 +128,14 @@ class RenderMode:
             log.info("session %s forks: %s", call.session.session_id, plan.reason)
         elif plan.extends is not None and not plan.retry:
             self.extends += 1
-        upstream_body = self.backend.request(
-            plan.prompt_ids, body, stop_ids=self.stop_ids, default_max_tokens=self.max_tokens
-        )
         record.prompt_ids = ids_array(plan.prompt_ids)
-        pool = call.upstream
-        status, content = await pool.fetch(pool.target(self.backend.path), dumps(upstream_body))
-        if status != 200:
-            text = content[:500].decode("utf-8", "replace")
-            call.commit(status, f"upstream answered HTTP {status}: {text}")
-            await respond(send, status, content)
-            return
         try:
-            served = self.backend.read(loads(content))
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
-            raise Refuse(502, why, "upstream_invalid") from None
-        if served.prompt_ids is not None and list(served.prompt_ids) != plan.prompt_ids:
-            raise Refuse(502, "the upstream fed the model other ids than sent", "upstream_mismatch")
-        if len(served.logprobs) != len(served.token_ids):
-            raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
+            served = await self._generate(call, plan.prompt_ids)
+        except _Answered as answered:  # the upstream refused: the agent gets its answer
+            text = answered.content[:500].decode("utf-8", "replace")
+            call.commit(answered.status, f"upstream answered HTTP {answered.status}: {text}")
+            await respond(send, answered.status, answered.content)
+            return
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
         text = self.template.decode(ids[:-1] if stopped else ids)
@@ -148,7 +145,13 @@ class RenderMode:
         if message.get("tool_calls"):
             finish = "tool_calls"
         history.remember(plan, messages, message, ids, stopped=stopped)
-        record.completions = [Completion(0, ids_array(ids), logprob_array(served.logprobs), finish)]
+        starts = call.versions.starts
+        record.completions = [
+            Completion(
+                *(0, ids_array(ids), logprob_array(served.logprobs), finish),
+                versions=starts if len(starts) > 1 else None,
+            )
+        ]
         record.usage = {
             "prompt_tokens": len(plan.prompt_ids),
             "completion_tokens": len(ids),
@@ -169,6 +172,74 @@ class RenderMode:
             await send_sse(send, synthesize_sse(answer, CHAT, include_usage(call)))
         else:
             await respond(send, 200, dumps(answer))
+
+    async def _generate(self, call: Call, prompt_ids: list[int]) -> Served:
+        """The completion of ``prompt_ids``, token-in, across weight updates: a ``suspend``
+        pause cuts the request (vLLM aborts it; the tokens so far come back) and, after the
+        resume, the prompt plus those tokens goes on with the rest of ``max_tokens``;
+        ``call.versions`` marks where each version's tokens start."""
+        gate, pool, versions = call.gate, call.upstream, call.versions
+        budget = _max_tokens(call.body, self.max_tokens)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        while True:
+            resumes = gate.resumes
+            request = self.backend.request(
+                prompt_ids + ids,
+                self._rest(call.body, budget, len(ids)),
+                stop_ids=self.stop_ids,
+                default_max_tokens=self.max_tokens,
+            )
+            # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
+            # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
+            request_id = uuid.uuid4().hex
+            running = gate.token_in.setdefault(pool.base, set())
+            if self.backend.name == "vllm":
+                request["request_id"] = request_id
+                running.add(f"cmpl-{request_id}-0")
+            try:
+                status, content = await pool.fetch(pool.target(self.backend.path), dumps(request))
+            finally:
+                running.discard(f"cmpl-{request_id}-0")
+            if status != 200:
+                raise _Answered(status, content)
+            try:
+                served = self.backend.read(loads(content))
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
+                raise Refuse(502, why, "upstream_invalid") from None
+            if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids + ids:
+                raise Refuse(
+                    502, "the upstream fed the model other ids than sent", "upstream_mismatch"
+                )
+            if len(served.logprobs) != len(served.token_ids):
+                raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
+            cut = (
+                served.finish_reason == "abort"
+                and (gate.paused == "suspend" or gate.resumes != resumes)
+                and len(ids) + len(served.token_ids) < budget
+            )
+            if gate.resumes != resumes and not cut:  # it waited out the pause in the queue
+                versions.start(len(ids), gate.version)
+            ids += served.token_ids
+            logprobs += served.logprobs
+            if not cut:
+                return Served(prompt_ids, ids, logprobs, served.finish_reason, served.usage)
+            await gate.flowing()
+            versions.start(len(ids), gate.version)
+
+    @staticmethod
+    def _rest(body: dict[str, Any], budget: int, done: int) -> dict[str, Any]:
+        """``body`` for the rest of a completion ``done`` tokens into its ``budget``."""
+        if not done:
+            return body
+        least = int(body.get("min_tokens") or 0) - done
+        return dict(
+            body,
+            max_tokens=budget - done,
+            max_completion_tokens=None,
+            min_tokens=least if least > 0 else None,
+        )
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
