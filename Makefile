@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-trainers test-vllm lint typecheck pytest wheel-demo bench clean
+.PHONY: demo test test-trainers test-vllm lint typecheck pytest wheel-demo report-demo bench clean
 
 DEMO_STAMP := $(VENV)/.installed-demo
 
@@ -44,7 +44,8 @@ pytest: $(STAMP)
 
 # What a user gets from PyPI: build the wheel, install it with the `local` extra into a fresh
 # venv in a temp dir and run the demo from there, away from this checkout (so nothing is
-# imported from it). WHEEL_DEMO_N problems keep it short.
+# imported from it). WHEEL_DEMO_N problems keep it short; its state directory is a temp one,
+# so a user's own `make demo` results in ~/.local/state stay as they were.
 WHEEL_DEMO_N ?= 20
 wheel-demo: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && set -e && \
@@ -52,7 +53,24 @@ wheel-demo: $(STAMP)
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir "$$tmp/dist" . && \
 	$(PYTHON) -m venv "$$tmp/venv" && \
 	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local]" && \
-	cd "$$tmp" && "$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
+	cd "$$tmp" && XDG_STATE_HOME="$$tmp/state" \
+		"$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
+
+# A demo run's report (agentcore-rl report) and two screenshots of it, the summary and one
+# rollout's page, taken by headless Chromium (Debian's `chromium`) with a fresh profile.
+REPORT_DIR ?= report-demo
+CHROMIUM ?= chromium
+CHROMIUM_SHOT := $(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-background-networking \
+	--disable-component-update --disable-sync --no-first-run --hide-scrollbars --window-size=1200,1500
+report-demo: $(STAMP)
+	rm -rf $(REPORT_DIR) && mkdir -p $(REPORT_DIR)
+	$(BIN)/agentcore-rl demo --n 60 --no-progress --out $(REPORT_DIR)/results.jsonl
+	$(BIN)/agentcore-rl report $(REPORT_DIR)/results.jsonl -o $(REPORT_DIR)/report.html
+	$(CHROMIUM_SHOT) --user-data-dir="$$(mktemp -d)" --screenshot=$(REPORT_DIR)/summary.png \
+		"file://$(abspath $(REPORT_DIR))/report.html"
+	$(CHROMIUM_SHOT) --user-data-dir="$$(mktemp -d)" --screenshot=$(REPORT_DIR)/rollout.png \
+		"file://$(abspath $(REPORT_DIR))/report.html#r-1"
+	@echo "report-demo: $(REPORT_DIR)/report.html, $(REPORT_DIR)/summary.png, $(REPORT_DIR)/rollout.png"
 
 # The adapters against the trainers' own code (veRL, SkyRL; slime when its source is
 # there), on the CPU, in a venv of their own: the trainers pin what the project's venv must

@@ -18,6 +18,8 @@ THIRD_PARTY: Final = frozenset(
         "a2wsgi",
         "httptools",
         "httpx",
+        "jinja2",
+        "matplotlib",
         "moto",
         "omegaconf",
         "openai",

@@ -442,6 +442,11 @@ class GroupTracker:
         snapshot = self._snapshot(group)
         if group.rules.filter_uniform and snapshot.is_uniform:
             detail = f"all {len(snapshot.members)} rewards are {snapshot.rewards[0]!r}"
+            if group.rules.member_seed is None:  # the usual cause: members sampled alike
+                detail += (
+                    "; with GroupRules(member_seed=...) each member gets its own "
+                    "_rollout.seed, which the agent passes to its model"
+                )
             return actions + self._drop(group, DropReason.UNIFORM, detail)
         del self._groups[group.input_id]
         self._forget(group)

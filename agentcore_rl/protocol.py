@@ -326,6 +326,12 @@ class RolloutConfig:
             extra={k: v for k, v in block.items() if k not in known},
         )
 
+    @property
+    def api_key(self) -> str | None:
+        """The model API key the trainer set (through a gateway: the session's key)."""
+        value = self.extra.get("api_key")
+        return value if isinstance(value, str) else None
+
     def to_dict(self) -> dict[str, Any]:
         """The block as it goes on the wire (``None`` fields left out)."""
         out: dict[str, Any] = dict(self.extra)

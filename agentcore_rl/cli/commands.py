@@ -24,8 +24,10 @@ from agentcore_rl._extras import require
 from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.cost import Prices
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, iter_lines, load_inputs
 from agentcore_rl.cli.journal import EvalJournal
+from agentcore_rl.cli.show import write_example
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
@@ -258,13 +260,16 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 def print_run(run: EvalRun, out: Path, *, title: str) -> None:
     """The summary table and where the results are."""
+    if run.summary.resumed and out.exists():  # the summary covers the whole results file
+        run.summary.replay(iter_lines(out))
     print(f"\n{title}")
     print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
     print(f"results: {out.resolve()}")
     if run.trajectories is not None:
         print(f"trajectories: {run.trajectories.resolve()}")
-    if run.example_trajectory is not None:
-        print(f"one trajectory to look at: {run.example_trajectory.resolve()}")
+    example = write_example(out) if out.exists() else None
+    if example is not None:
+        print(f"one rollout to look at: {example.resolve()} (any other: {PROG} show)")
 
 
 def _exit_code(run: EvalRun) -> int:
@@ -308,6 +313,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
     """
     out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    level = args.log_level or ("info" if args.verbose else "warning")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     # lazy: the client extra, needed by `eval` only
     from agentcore_rl.cli.eval import run_eval
 
@@ -338,6 +347,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         redundancy=args.redundancy,
         retry_lost=args.retry_lost,
         retry_rollouts=args.retry_rollouts,
+        prices=Prices.parse(args.price),
+        group_seed=args.group_seed,
     )
     if options.gateway_url is not None and token is None:
         raise ConfigurationError(
@@ -378,6 +389,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from agentcore_rl.cli.demo import DemoOptions, run_demo
 
     _cwd_importable()
+    if args.out:  # as eval: a bad --out is a usage error before anything starts
+        EvalJournal.check(Path(args.out), resume=False)
     options = DemoOptions(
         n=args.n,
         concurrency=args.concurrency,
@@ -389,6 +402,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out=Path(args.out) if args.out else None,
         progress=not args.no_progress,
         gateway=not args.no_gateway,
+        prices=Prices.parse(args.price),
     )
 
     return run_async(

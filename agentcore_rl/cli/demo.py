@@ -12,7 +12,7 @@ group statistics (pass@1, pass@4, reward spread) in the summary.
 Unless ``gateway=False``, the agents reach the policy through a
 :class:`~agentcore_rl.gateway.RolloutGateway` served on loopback, which captures every
 call's tokens: the summary adds tokens per rollout and how the trajectories were built,
-the trajectories go beside the results, and one of them is written as readable JSON.
+and the trajectories go beside the results.
 
 Example::
 
@@ -34,13 +34,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from agentcore_rl.cli.common import PROG
+from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
-from agentcore_rl.cli.eval_config import iter_lines
 from agentcore_rl.cli.group_eval import group_record
 from agentcore_rl.cli.group_summary import GroupTally
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
@@ -78,6 +78,7 @@ class DemoOptions:
     out: Path | None = None
     progress: bool = True
     gateway: bool = True
+    prices: Prices = field(default_factory=Prices)
 
 
 def demo_package() -> str:
@@ -194,50 +195,7 @@ async def _run_through_gateway(
     gateway = RolloutGateway(stack.policy_base_url, admin_token=token)
     async with BackgroundServer(gateway, host=stack.host) as server:
         print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
-        done = await _run(stack, options, data, out, run, gateway=(server.url, token))
-    if done.trajectories is not None:
-        done.example_trajectory = _write_example(done.trajectories, out)
-    return done
-
-
-def _used_a_tool(conversation: Any) -> bool:
-    return isinstance(conversation, list) and any(
-        isinstance(m, dict) and m.get("role") == "tool" for m in conversation
-    )
-
-
-def _write_example(trajectories: Path, out: Path) -> Path | None:
-    """A typical trajectory (the first that called the calculator, as most do), with its
-    conversation, as indented JSON for a person to read (token arrays one line each)."""
-    if not trajectories.exists():
-        return None
-    conversations: dict[Any, Any] = {}
-    for record in iter_lines(out):
-        result = record.get("result")
-        conversations[record.get("session_id")] = (
-            result.get("messages") if isinstance(result, dict) else None
-        )
-    chosen: dict[str, Any] | None = None
-    for line in iter_lines(trajectories):
-        if chosen is None:
-            chosen = line  # the first, unless one that used a tool comes
-        if _used_a_tool(conversations.get(line.get("session_id"))):
-            chosen = line
-            break
-    if chosen is None:
-        return None
-    head = {k: v for k, v in chosen.items() if k != "segments"}
-    head["conversation"] = conversations.get(chosen.get("session_id"))
-    text = json.dumps(head, indent=2)
-    segments = ",\n".join(
-        "    {\n"
-        + ",\n".join(f"      {json.dumps(k)}: {json.dumps(v)}" for k, v in seg.items())
-        + "\n    }"
-        for seg in chosen.get("segments") or ()
-    )
-    path = out.with_name(out.name.removesuffix(".jsonl") + ".trajectory-example.json")
-    path.write_text(text[:-2] + ',\n  "segments": [\n' + segments + "\n  ]\n}\n", encoding="utf-8")
-    return path
+        return await _run(stack, options, data, out, run, gateway=(server.url, token))
 
 
 async def _run(
@@ -274,6 +232,7 @@ async def _run(
         limit=options.n,
         s3_endpoint_url=stack.s3_endpoint_url,
         runtime_endpoint_url=stack.runtime_endpoint_url,
+        prices=options.prices,
     )
     run = await run_eval(eval_options, progress=options.progress, run=run)
     await _group_phase(stack, eval_options, run)

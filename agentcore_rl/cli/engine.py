@@ -26,6 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
+from agentcore_rl.cli.cost import price, trace_messages, trace_tokens, usage_of
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry
 from agentcore_rl.cli.summary import RunSummary, failure_of, reward_of
@@ -166,6 +167,9 @@ class EvalEngine:
         )
 
     def _record(self, record: dict[str, Any], future: RolloutFuture | None = None) -> None:
+        trace = None if future is None else future.trace
+        record["ended_at"] = round(time.time(), 3)
+        record["cost"] = price(usage_of(record, trace_tokens(trace)), self.options.prices)
         self.journal.record_outcome(record)
         error_type, error = failure_of(record)
         self.summary.add(
@@ -174,6 +178,7 @@ class EvalEngine:
             reward=record["reward"],
             error_type=error_type,
             error=error,
+            cost=record["cost"],
         )
         # After the results line: a run killed in between has --resume read it from S3.
         if future is not None and future.trace is not None and record["outcome"] == "done":
@@ -189,7 +194,14 @@ class EvalEngine:
             reward=reward_of(result),
             metrics=metrics if isinstance(metrics, dict) else None,
         )
-        if self.trajectories.write(trajectory, tokens_captured=trace.tokens_captured):
+        has_messages = isinstance(result, dict) and "messages" in result
+        transcript = None if has_messages else trace_messages(trace)
+        if self.trajectories.write(
+            trajectory,
+            tokens_captured=trace.tokens_captured,
+            **trace_tokens(trace),
+            **({} if transcript is None else {"messages": transcript}),
+        ):
             self.summary.add_trajectory(trajectory, trace.tokens_captured)
 
     async def collect_trajectories(self, finished: Mapping[str, dict[str, Any]]) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl import protocol
+from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
@@ -34,6 +35,10 @@ class EvalInput:
 
     input_id: str
     payload: dict[str, Any]
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number; the agent would refuse it")
 
 
 def load_inputs(path: Path, *, limit: int | None = None) -> list[EvalInput]:
@@ -52,7 +57,7 @@ def load_inputs(path: Path, *, limit: int | None = None) -> list[EvalInput]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, parse_constant=_refuse_constant)
         except ValueError as exc:
             raise ConfigurationError(f"{path}:{number}: not valid JSON ({exc})") from None
         if not isinstance(record, dict):
@@ -111,6 +116,10 @@ class EvalOptions:
     #: The client's retry budgets (``None``: its defaults): agent losses, other failures.
     retry_lost: int | None = None
     retry_rollouts: int | None = None
+    #: Prices of the cost estimate on each results line and in the summary.
+    prices: Prices = field(default_factory=Prices)
+    #: With ``group_size``: member i's ``_rollout.seed`` is ``group_seed + i`` (``None``: none).
+    group_seed: int | None = None
 
     def __post_init__(self) -> None:
         if (self.agent_runtime_arn is None) == (not self.agent_urls):
@@ -152,7 +161,6 @@ class EvalRun:
     interrupted: bool = False
     out: Path | None = None
     trajectories: Path | None = None  # the trajectories file, with a gateway
-    example_trajectory: Path | None = None  # the demo's one trajectory for a person
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:

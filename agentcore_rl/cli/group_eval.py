@@ -22,14 +22,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
+from agentcore_rl.cli.cost import Prices, price, usage_of
 from agentcore_rl.cli.engine import Progress, _task_group
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.group_summary import GroupTally, pass_at_k
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary
+from agentcore_rl.cli.trajectories import rows_path_for
 from agentcore_rl.client import AsyncRolloutClient
 from agentcore_rl.client.groups import GroupFuture, MemberEnd, MemberStart, ResumedGroup
 from agentcore_rl.client.traces import trace_key_of
@@ -47,12 +48,8 @@ _MEMBER_ENDED: Final = "member_ended"
 _OUTCOME: Final = {"succeeded": "done", "failed": "failed", "timed_out": "timeout"}
 
 
-def rows_path_for(out: Path) -> Path:
-    """Where the training rows of a results file go: ``FILE.groups.jsonl`` beside it."""
-    return out.with_name(out.name + ".groups.jsonl")
-
-
-def _member(m: GroupMember) -> dict[str, Any]:
+def _member(m: GroupMember, prices: Prices | None = None) -> dict[str, Any]:
+    record = {"result": m.result}
     return {
         "index": m.index,
         "attempt": m.attempt,
@@ -62,11 +59,17 @@ def _member(m: GroupMember) -> dict[str, Any]:
         "zeroed": m.zeroed,
         "drop_reason": None if m.drop_reason is None else m.drop_reason.value,
         "error": m.error,
+        "cost": price(usage_of(record), prices or Prices()),
+        **record,
     }
 
 
 def group_record(
-    input_id: str, group: RolloutGroup | None, error: BaseException | None, elapsed: float
+    input_id: str,
+    group: RolloutGroup | None,
+    error: BaseException | None,
+    elapsed: float,
+    prices: Prices | None = None,
 ) -> dict[str, Any]:
     """One results line for a group: ``outcome`` ``done`` (whole) or ``dropped``."""
     if isinstance(error, GroupDroppedError):
@@ -83,8 +86,8 @@ def group_record(
         "pass@1": sum(1 for r in rewards if r > 0) / len(rewards) if rewards else None,
         "pass@k": pass_at_k(rewards, len(rewards)) if rewards else None,
         "elapsed": round(elapsed, 4),
-        "members": [] if group is None else [_member(m) for m in group.members],
-        "discarded": [] if group is None else [_member(m) for m in group.discarded],
+        "members": [] if group is None else [_member(m, prices) for m in group.members],
+        "discarded": [] if group is None else [_member(m, prices) for m in group.discarded],
         "error": None if error is None else str(error),
         "error_type": None if error is None else type(error).__name__,
     }
@@ -179,7 +182,9 @@ class GroupEvalEngine:
         self.journal = journal
         self.summary = summary
         self.bar = bar
-        self.rules = GroupRules(n=options.group_size, redundancy=options.redundancy)
+        self.rules = GroupRules(
+            n=options.group_size, redundancy=options.redundancy, member_seed=options.group_seed
+        )
         self.members = _Journal(journal, summary)
         self.rows = rows_path_for(options.out)
         if summary.groups is None:
@@ -209,7 +214,7 @@ class GroupEvalEngine:
                 except ClientClosedError:
                     raise
                 except Exception as exc:  # a bad payload: this input fails, the run goes on
-                    self._record(group_record(item.input_id, None, exc, time.monotonic() - t0))
+                    self._record(self._group_record(item, None, exc, t0))
                     continue
                 waiters.start_soon(self._wait, item, fut, t0, name=f"group {item.input_id}")
 
@@ -237,16 +242,23 @@ class GroupEvalEngine:
         except (asyncio.CancelledError, ClientClosedError):
             raise  # interrupted: the journal has what --resume needs
         except Exception as exc:
-            self._record(group_record(item.input_id, None, exc, time.monotonic() - t0))
+            self._record(self._group_record(item, None, exc, t0))
             return
         # Rows first: a kill between the two writes leaves a group that --resume replays
         # from the journal (no member runs again) and whose rows are then written twice
         # (one (group_id, session_id, segment) key each, easy to drop), never a results
         # line without rows.
         write_jsonl(group_rows(group, require_tokens=False), self.rows, append=True)
-        self._record(group_record(item.input_id, group, None, time.monotonic() - t0))
+        self._record(self._group_record(item, group, None, t0))
+
+    def _group_record(
+        self, item: EvalInput, group: RolloutGroup | None, exc: Exception | None, t0: float
+    ) -> dict[str, Any]:
+        elapsed = time.monotonic() - t0
+        return group_record(item.input_id, group, exc, elapsed, self.options.prices)
 
     def _record(self, record: dict[str, Any]) -> None:
+        self.summary.costs.extend(m["cost"] for m in record["members"] + record["discarded"])
         self.journal.record_outcome(record)
         self.tally.add_record(record)
         self.bar.update(self.summary)

@@ -8,6 +8,8 @@ Commands::
     agentcore-rl serve module:app [--host --port]
     agentcore-rl local-runtime --agent-url URL [--agent-url URL...] [--port --tps --arn]
     agentcore-rl gateway --upstream URL [--upstream URL...] [--model NAME] [--port 9000]
+    agentcore-rl show RESULTS.jsonl INPUT_ID
+    agentcore-rl report RESULTS.jsonl [--compare OTHER.jsonl] [-o report.html]
 
 Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, demo);
 2 usage error (bad argument, bad data file); 3 a service is unreachable or refuses us
@@ -62,6 +64,7 @@ EXIT_CODES_HELP: Final = (
 )
 
 _N = TypeVar("_N", int, float)
+_LEVELS: Final = ["critical", "error", "warning", "info", "debug"]
 
 
 def _number(
@@ -121,6 +124,19 @@ def _add_run_options(
     parser.add_argument("--model-id", help=model_id_help)
     parser.add_argument("--out", metavar="FILE", help=out_help)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_price_option(parser)
+
+
+def _add_price_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--price",
+        metavar="NAME=USD",
+        action="append",
+        default=[],
+        help="a price for the cost estimate: vcpu_hour (default 0.0895), gb_hour (default "
+        "0.00945; AgentCore Runtime's rates), input_mtok, output_mtok (per million prompt / "
+        "completion tokens; unset: not priced)",
+    )
 
 
 def _add_eval_parser(commands: Any) -> None:
@@ -161,8 +177,8 @@ def _add_eval_parser(commands: Any) -> None:
         "0 = no limit)",
         base_url_help="policy URL put in every _rollout block",
         model_id_help="model id put in every _rollout block",
-        out_help="results file (JSONL; default results-<exp-id>.jsonl); "
-        "its journal is FILE.journal",
+        out_help="results file NAME.jsonl (default results-<exp-id>.jsonl); its journal "
+        "is NAME.jsonl.journal, its trajectories NAME.trajectories.jsonl",
     )
     parser.add_argument(
         "--resume",
@@ -213,7 +229,8 @@ def _add_eval_parser(commands: Any) -> None:
         "--group-size",
         type=_positive_int,
         help="run each input as a GRPO group of N rollouts; the summary shows pass@1 / "
-        "pass@N and group statistics, and FILE.groups.jsonl gets the training rows",
+        "pass@N and group statistics, and NAME.groups.jsonl beside --out NAME.jsonl gets "
+        "the training rows",
     )
     parser.add_argument(
         "--redundancy",
@@ -221,6 +238,15 @@ def _add_eval_parser(commands: Any) -> None:
         default=0,
         help="with --group-size: start N+R members, keep the first N (default 0)",
     )
+    parser.add_argument(
+        "--group-seed",
+        type=int,
+        metavar="S",
+        help="with --group-size: give member i the _rollout.seed S+i, so that an agent "
+        "passing it to its model samples each member differently (default: no seed)",
+    )
+    parser.add_argument("--log-level", choices=_LEVELS, help="log level (default warning)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at info level")
     parser.add_argument(
         "--s3-endpoint-url", type=_url, help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3)"
     )
@@ -303,7 +329,7 @@ def _add_serve_parser(commands: Any) -> None:
     parser.add_argument(
         "--log-level",
         default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=_LEVELS,
         help="uvicorn log level (default info)",
     )
     parser.set_defaults(handler=cmd_serve)
@@ -343,7 +369,7 @@ def _add_local_runtime_parser(commands: Any) -> None:
     parser.add_argument(
         "--log-level",
         default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=_LEVELS,
         help="uvicorn log level (default info)",
     )
     parser.set_defaults(handler=cmd_local_runtime)
@@ -441,10 +467,40 @@ def _add_gateway_parser(commands: Any) -> None:
     parser.add_argument(
         "--log-level",
         default="warning",
-        choices=["critical", "error", "warning", "info", "debug"],
+        choices=_LEVELS,
         help="uvicorn log level (default warning)",
     )
     parser.set_defaults(handler=cmd_gateway)
+
+
+def _add_look_parsers(commands: Any) -> None:
+    # lazy: as for cmd_eval
+    from agentcore_rl.cli.report import cmd_report, cmd_show
+
+    show = commands.add_parser(
+        "show",
+        epilog=EXIT_CODES_HELP,
+        help="one rollout of a results file in the terminal: transcript, tokens, envelope",
+        description="Print one rollout of an eval or demo run (see docs/cli.md).",
+    )
+    show.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
+    show.add_argument("input_id", metavar="INPUT_ID", help="input id, ID#member or session id")
+    _add_price_option(show)
+    show.set_defaults(handler=cmd_show)
+    report = commands.add_parser(
+        "report",
+        epilog=EXIT_CODES_HELP,
+        help="a run report: one self-contained HTML file (opens offline)",
+        description="Write the run's summary, charts, inputs and rollouts as one HTML file "
+        "that opens offline (see docs/cli.md). Needs the 'report' extra.",
+    )
+    report.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
+    report.add_argument("--compare", metavar="OTHER.jsonl", help="a second run, side by side")
+    report.add_argument(
+        "-o", "--out", metavar="FILE", help="where to write it (default: RESULTS.report.html)"
+    )
+    _add_price_option(report)
+    report.set_defaults(handler=cmd_report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -467,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(commands)
     _add_local_runtime_parser(commands)
     _add_gateway_parser(commands)
+    _add_look_parsers(commands)
     return parser
 
 
@@ -482,6 +539,7 @@ _COMMAND_EXTRA: Final = {
     "serve": "server",
     "local-runtime": "cli",
     "gateway": "gateway",
+    "report": "report",
 }
 
 

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from agentcore_rl.cli import cost as _cost
 from agentcore_rl.cli.group_summary import GroupTally
 from agentcore_rl.groups import result_reward
 
 if TYPE_CHECKING:
     from agentcore_rl.trajectory import Trajectory
 
-__all__ = ["OUTCOMES", "RunSummary", "percentile", "reward_of"]
+__all__ = ["OUTCOMES", "RunSummary", "outcome_of", "percentile", "reward_of"]
 
 #: The outcome kinds a rollout can end in, as written to the results file.
 OUTCOMES: Final = ("done", "failed", "timeout")
@@ -73,9 +74,30 @@ def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return error_type, error
 
 
+def outcome_of(line: Mapping[str, Any]) -> str:
+    """A results line's outcome, a group member's (``succeeded``...) named as a rollout's."""
+    outcome = str(line.get("outcome"))
+    return {"succeeded": "done", "timed_out": "timeout"}.get(outcome, outcome)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def reward_of(result: Any) -> float | None:
     """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
     return result_reward(result)
+
+
+def _cost_line(cost: Mapping[str, Any]) -> str:
+    if cost["usd"] is None:
+        return "- (no envelope carried CPU or memory figures; see docs/cli.md)"
+    parts = [f"{k[:-4]} {_usd(cost[k])}" for k in ("cpu_usd", "memory_usd", "model_usd") if cost[k]]
+    return f"{_usd(cost['usd'])} for {cost['rollouts']} rollouts ({', '.join(parts)}; docs/cli.md)"
+
+
+def _usd(value: float) -> str:
+    return f"${value:.6f}" if value >= 5e-7 else "< $0.000001"
 
 
 @dataclass
@@ -105,6 +127,10 @@ class RunSummary:
     #: Failed and timed-out outcomes by error type, and the first reason seen for each.
     errors: Counter[str] = field(default_factory=Counter)
     reasons: dict[str, str] = field(default_factory=dict)
+    #: Each outcome's cost estimate (:func:`agentcore_rl.cli.cost.price`), and the tokens of
+    #: each trajectory's training segments (no call's prompt counted twice).
+    costs: list[Mapping[str, Any]] = field(default_factory=list)
+    segment_tokens: list[int] = field(default_factory=list)
 
     def add(
         self,
@@ -114,6 +140,7 @@ class RunSummary:
         reward: float | None = None,
         error_type: str | None = None,
         error: str | None = None,
+        cost: Mapping[str, Any] | None = None,
     ) -> None:
         """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``); a failure's
         ``error_type`` is counted, and the first ``error`` of each type kept as its reason."""
@@ -124,6 +151,8 @@ class RunSummary:
             self.latencies.append(elapsed)
         if reward is not None:
             self.rewards.append(reward)
+        if cost is not None:
+            self.costs.append(cost)
         if outcome != "done":
             kind = error_type or ("RolloutTimeoutError" if outcome == "timeout" else "error")
             self.errors[kind] += 1
@@ -134,8 +163,29 @@ class RunSummary:
         """Count one written trajectory (its captured tokens, merges and splits)."""
         self.trajectories += 1
         self.tokens_captured.append(tokens_captured)
+        self.segment_tokens.append(sum(len(s) for s in trajectory.segments))
         self.merges += trajectory.merges
         self.splits += trajectory.splits
+
+    def replay(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Outcomes, latencies, rewards, errors and costs again from a whole results file
+        (after ``--resume``: the summary covers the run, not only this invocation)."""
+        self.counts, self.latencies, self.rewards, self.costs = Counter(), [], [], []
+        self.errors, self.reasons = Counter(), {}
+        for record in records:
+            for line in record.get("members") or [record]:  # a group's members
+                outcome = outcome_of(line)
+                if outcome not in OUTCOMES:
+                    continue
+                error_type, error = failure_of(line)
+                self.add(
+                    outcome,
+                    elapsed=line.get("elapsed"),
+                    reward=line.get("reward"),
+                    error_type=error_type,
+                    error=error,
+                    cost=line.get("cost"),
+                )
 
     @property
     def total(self) -> int:
@@ -167,11 +217,9 @@ class RunSummary:
                 s3_requests / total if s3_requests is not None and total else None
             ),
             "trajectories": self.trajectories,
-            "tokens_per_rollout": (
-                sum(self.tokens_captured) / len(self.tokens_captured)
-                if self.tokens_captured
-                else None
-            ),
+            "tokens_per_rollout": _mean(self.tokens_captured),
+            "segment_tokens_per_rollout": _mean(self.segment_tokens),
+            "cost": _cost.total(self.costs),
             "merges": self.merges,
             "splits": self.splits,
             "trajectories_missing": self.trajectories_missing,
@@ -217,12 +265,18 @@ class RunSummary:
         if self.trajectories or self.trajectories_missing:
             rows += [
                 ("trajectories", f"{self.trajectories}"),
-                ("tokens captured per rollout", num(data["tokens_per_rollout"], ".1f")),
+                # Every call's prompt and completion (what the model server processed; each
+                # turn resends the conversation) vs the training sequences' tokens.
+                ("tokens per rollout, all calls", num(data["tokens_per_rollout"], ".1f")),
+                ("tokens per rollout, training", num(data["segment_tokens_per_rollout"], ".1f")),
                 ("segment merges / splits", f"{self.merges} / {self.splits}"),
             ]
         if self.trajectories_missing:
             rows.append(("done without a trace in S3", f"{self.trajectories_missing}"))
         if self.groups is not None:
             rows.append((f"groups of {self.groups.size}", self.groups.line()))
+        cost = data["cost"]
+        if self.costs:
+            rows.append(("cost (estimate)", _cost_line(cost)))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

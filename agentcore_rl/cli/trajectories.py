@@ -26,14 +26,19 @@ from agentcore_rl.cli.journal import _cut_torn_tail, _read_lines
 if TYPE_CHECKING:
     from agentcore_rl.trajectory import Trajectory
 
-__all__ = ["TrajectoryFile", "trajectories_path_for"]
+__all__ = ["TrajectoryFile", "rows_path_for", "trajectories_path_for"]
 
 
 def trajectories_path_for(out: Path) -> Path:
     """Where the trajectories of a results file go: ``results.jsonl`` ->
     ``results.trajectories.jsonl``."""
-    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
-    return out.with_name(stem + ".trajectories.jsonl")
+    return out.with_name(out.name.removesuffix(".jsonl") + ".trajectories.jsonl")
+
+
+def rows_path_for(out: Path) -> Path:
+    """Where the groups' training rows of a results file go: ``results.jsonl`` ->
+    ``results.groups.jsonl``."""
+    return out.with_name(out.name.removesuffix(".jsonl") + ".groups.jsonl")
 
 
 @dataclass

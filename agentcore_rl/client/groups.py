@@ -387,7 +387,8 @@ class GroupRunner:
             elif isinstance(action, GroupReady):
                 self._settle(action.group.input_id, result=action.group)
             elif isinstance(action, GroupDropped):
-                logger.info("%s", action.error)
+                # A dropped group trains nothing: say why where a default log level shows it.
+                logger.warning("%s", action.error)
                 self._settle(action.error.input_id, error=action.error)
 
     def _settle(

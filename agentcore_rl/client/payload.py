@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -39,6 +40,27 @@ def fresh_input_id() -> str:
     Unique enough (result keys also hold the session id) and time-ordered, so the
     watcher's LIST from the oldest pending key skips older results."""
     return str(time.time_ns() // 1000)
+
+
+def _check_json(value: Any, where: str, input_id: str) -> None:
+    """Refuse what JSON cannot carry (a set, a datetime, NaN or infinity) before sending,
+    naming the field and the input."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_json(item, f"{where}.{key}", input_id)
+    elif isinstance(value, list | tuple):
+        for number, item in enumerate(value):
+            _check_json(item, f"{where}[{number}]", input_id)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidPayloadError(
+            f"input {input_id!r}: {where} is {value}, which JSON cannot carry", field=where
+        )
+    elif value is not None and not isinstance(value, str | int | float):
+        raise InvalidPayloadError(
+            f"input {input_id!r}: {where} is a {type(value).__name__}, which JSON cannot "
+            "carry (convert it to a list, string or number)",
+            field=where,
+        )
 
 
 def build_invocation(
@@ -74,6 +96,7 @@ def build_invocation(
     elif block.get(protocol.INPUT_ID) is None:
         block[protocol.INPUT_ID] = default_input_id or fresh_input_id()
     config = protocol.RolloutConfig.from_dict(block)
+    _check_json(payload, "payload", config.input_id)
     body = dict(payload)
     body[protocol.ROLLOUT_FIELD] = config.to_dict()
     return body, config

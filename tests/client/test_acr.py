@@ -81,7 +81,8 @@ async def test_agent_refusal_is_a_validation_error_not_retried(
     _local, endpoint = runtime
     client = acr_client(make_client, endpoint)
     with pytest.raises(InvocationError, match="ValidationException") as info:
-        await client.invoke({"_rollout": {"unserialisable": float("nan")}})
+        # A control field beside the payload: the client sends it, the agent refuses it (400).
+        await client.invoke({protocol.CONTROL_FIELD: {"op": "no-such-op"}})
     assert info.value.status_code == 400
     assert client.stats.invocations == 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,15 +165,21 @@ def test_demo_runs_the_whole_stack(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "over the ACR transport" in captured.err
     # Through the rollout gateway: tokens per rollout, one trajectory per rollout, and one
     # written out for a person to read.
-    assert "tokens captured per rollout" in captured.out
+    assert "tokens per rollout, all calls" in captured.out
     assert "segment merges / splits" in captured.out
     trajectories = tmp_path / "demo.trajectories.jsonl"
     assert len(trajectories.read_text().splitlines()) == 12
-    example = tmp_path / "demo.trajectory-example.json"
-    assert f"one trajectory to look at: {example}" in captured.out
-    shown = json.loads(example.read_text())
-    assert shown["conversation"][0]["role"] == "system"
-    assert shown["segments"][0]["token_ids"]
+    # Two token counts, told apart: every call's prompt + completion vs the training segments.
+    found = [json.loads(line) for line in trajectories.read_text().splitlines()]
+    calls = sum(t["prompt_tokens"] + t["completion_tokens"] for t in found) / 12
+    training = sum(len(s["token_ids"]) for t in found for s in t["segments"]) / 12
+    assert re.search(rf"\ntokens per rollout, all calls +{calls:.1f}\n", captured.out)
+    assert re.search(rf"\ntokens per rollout, training +{training:.1f}\n", captured.out)
+    example = tmp_path / "demo.example.txt"
+    assert f"one rollout to look at: {example}" in captured.out
+    shown = example.read_text()
+    assert "  [system]\n" in shown
+    assert "tokens: segment 1 of 1" in shown
     # The stack put the environment back as it found it.
     assert "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE" not in os.environ
 

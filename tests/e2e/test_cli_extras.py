@@ -64,6 +64,7 @@ def _python(install: str, code: str, tmp_path: Path) -> subprocess.CompletedProc
         ),
         ("core", ["serve", "agent:app"], "server"),
         ("core", ["local-runtime", "--agent-url", "http://127.0.0.1:9"], "cli"),
+        ("cli", ["report", "in.jsonl"], "report"),
     ],
 )
 def test_a_command_without_its_extra_names_it_and_exits_2(

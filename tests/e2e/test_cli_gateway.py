@@ -114,7 +114,7 @@ async def test_eval_through_the_gateway_writes_one_trajectory_per_rollout(
     lines = _check_trajectories(out, 6)
     assert {line["merges"] for line in lines} <= {0, 1}
     printed = capsys.readouterr().out
-    assert "tokens captured per rollout" in printed
+    assert "tokens per rollout, all calls" in printed
     assert str(trajectories_path_for(out).resolve()) in printed
 
 

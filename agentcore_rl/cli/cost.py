@@ -1,0 +1,138 @@
+"""What a rollout cost: an ESTIMATE from what was measured, at prices you can set.
+
+It counts the agent's compute as AgentCore Runtime bills it (consumed vCPU-seconds and peak
+memory over the rollout's runtime, from the envelope) and, when prices for them are given,
+the model's prompt and completion tokens (from the gateway's capture). It does not count
+S3, the trainer's machine, minimum charges, free tiers or the inference server's own GPUs.
+
+Example::
+
+    prices = Prices(input_mtok=0.5, output_mtok=1.5)
+    usage = usage_of(record, tokens={"prompt_tokens": 900, "completion_tokens": 120})
+    print(price(usage, prices)["usd"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+from agentcore_rl import protocol
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = ["Prices", "price", "total", "trace_messages", "trace_tokens", "usage_of"]
+
+_GB: Final = 1024**3
+_TOKENS: Final = ("prompt_tokens", "completion_tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prices:
+    """USD prices: ``vcpu_hour`` and ``gb_hour`` (defaults: AgentCore Runtime's published
+    rates), ``input_mtok`` and ``output_mtok`` per million prompt / completion tokens
+    (unset: model calls are not priced)."""
+
+    vcpu_hour: float = 0.0895
+    gb_hour: float = 0.00945
+    input_mtok: float | None = None
+    output_mtok: float | None = None
+
+    @classmethod
+    def parse(cls, pairs: Iterable[str]) -> Prices:
+        """From ``NAME=USD`` strings (``--price output_mtok=1.5``); ``ConfigurationError``
+        naming a bad one."""
+        names = [f.name for f in fields(cls)]
+        values: dict[str, float] = {}
+        for pair in pairs:
+            name, _, text = (part.strip() for part in pair.partition("="))
+            if name not in names:
+                raise ConfigurationError(f"--price {pair!r}: expected NAME=USD, NAME in {names}")
+            with contextlib.suppress(ValueError):
+                values[name] = float(text)
+            if not 0 <= values.get(name, -1) < math.inf:
+                raise ConfigurationError(f"--price {pair!r}: the price must be a number >= 0")
+        return cls(**values)
+
+    def describe(self) -> str:
+        """One line: what is priced and at what."""
+        tokens = "model tokens not priced"
+        if self.input_mtok is not None or self.output_mtok is not None:
+            tokens = f"tokens ${self.input_mtok or 0:g} / ${self.output_mtok or 0:g} per M in / out"
+        return f"${self.vcpu_hour:g}/vCPU-h, ${self.gb_hour:g}/GB-h, {tokens}"
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def usage_of(record: Mapping[str, Any], tokens: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What one results line measured: ``runtime_s``, ``cpu_s``, ``peak_memory_gb`` (from
+    its envelope; the runtime falls back to ``finished_at - started_at``) and
+    ``prompt_tokens`` / ``completion_tokens`` (from ``tokens``, the gateway's counts)."""
+    envelope = record.get("result")
+    envelope = envelope if isinstance(envelope, Mapping) else {}
+    runtime = _number(envelope.get(protocol.RUNTIME_SECONDS))
+    start = _number(envelope.get(protocol.STARTED_AT))
+    end = _number(envelope.get(protocol.FINISHED_AT))
+    if runtime is None and start is not None and end is not None and end >= start:
+        runtime = end - start
+    memory = _number(envelope.get(protocol.PEAK_MEMORY_BYTES))
+    tokens = tokens or {}
+    return {
+        "runtime_s": None if runtime is None else round(runtime, 3),
+        "cpu_s": _number(envelope.get(protocol.CPU_SECONDS)),
+        "peak_memory_gb": None if memory is None else round(memory / _GB, 6),
+        **{k: tokens.get(k) if _number(tokens.get(k)) is not None else None for k in _TOKENS},
+    }
+
+
+def trace_tokens(trace: Any) -> dict[str, int]:
+    """The prompt and completion tokens a session's model calls were billed for (every
+    call's whole prompt: each turn resends the conversation), from its gateway trace."""
+    ok = [r for r in (trace.records if trace is not None else ()) if r.ok]
+    if not ok:
+        return {}
+    completions = sum(len(c.token_ids) for r in ok for c in r.completions)
+    return {"prompt_tokens": sum(len(r.prompt_ids) for r in ok), "completion_tokens": completions}
+
+
+def trace_messages(trace: Any) -> list[Any] | None:
+    """The conversation the model was last sent (a transcript when the agent returns none)."""
+    ok = [r for r in (trace.records if trace is not None else ()) if r.ok]
+    return ok[-1].messages if ok else None
+
+
+def price(usage: Mapping[str, Any], prices: Prices) -> dict[str, Any]:
+    """``usage`` plus its estimated USD: ``cpu_usd`` (vCPU-seconds consumed), ``memory_usd``
+    (peak GB x runtime), ``model_usd`` (tokens, when priced) and their sum ``usd``. A part
+    that was not measured is ``None`` and left out of the sum."""
+    cpu, runtime, memory = usage.get("cpu_s"), usage.get("runtime_s"), usage.get("peak_memory_gb")
+    rates = (prices.input_mtok, prices.output_mtok)
+    model = [
+        usage[k] * rate / 1e6
+        for k, rate in zip(_TOKENS, rates, strict=True)
+        if usage.get(k) is not None and rate is not None
+    ]
+    parts = {
+        "cpu_usd": None if cpu is None else cpu / 3600 * prices.vcpu_hour,
+        "memory_usd": None,
+        "model_usd": math.fsum(model) if model else None,
+    }
+    if memory is not None and runtime is not None:
+        parts["memory_usd"] = memory * runtime / 3600 * prices.gb_hour
+    known = [v for v in parts.values() if v is not None]
+    return {**usage, **parts, "usd": math.fsum(known) if known else None}
+
+
+def total(costs: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """Sums over a run: ``usd`` and each measured part, and how many rollouts had a cost."""
+    priced = [c for c in costs if c and c.get("usd") is not None]
+    sums = {
+        key: math.fsum(v) if (v := [c[key] for c in priced if c.get(key) is not None]) else None
+        for key in ("usd", "cpu_usd", "memory_usd", "model_usd", "runtime_s", "cpu_s")
+    }
+    return {**sums, "rollouts": len(priced)}

@@ -1,0 +1,180 @@
+"""``agentcore-rl report`` and ``agentcore-rl show``: look at a finished run.
+
+The report is ONE self-contained HTML file that opens offline (clusters without internet):
+charts are drawn by matplotlib into inline SVG at build time, so the page needs no script
+library, no CDN and no font download; the page itself comes from jinja2 templates shipped in
+the package (``cli/templates``). Both come with the ``report`` extra.
+
+Example::
+
+    html = build_report(Path("results.jsonl"), compare=Path("baseline.jsonl"))
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from collections.abc import Sequence
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Final
+
+from agentcore_rl._extras import require
+from agentcore_rl.cli.common import EXIT_OK, PROG
+from agentcore_rl.cli.cost import Prices
+from agentcore_rl.cli.runfile import Rollout, RunData, load_run
+from agentcore_rl.cli.show import render, token_runs
+from agentcore_rl.errors import ConfigurationError
+
+__all__ = ["build_report", "cmd_report", "cmd_show"]
+
+_PALETTE: Final = ("#1f6feb", "#d97706")
+_SHOWN_APART: Final = ("messages", "traceback")
+
+
+def _prices(args: argparse.Namespace) -> Prices | None:
+    """``--price`` given: every cost priced again at those prices; else as the run had it."""
+    return Prices.parse(args.price) if args.price else None
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
+    rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    try:
+        print(render(rollout, color=color))
+    except BrokenPipeError:  # `show ... | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``agentcore-rl report RESULTS.jsonl [--compare OTHER] [-o FILE]``: write the report."""
+    require("report", f"{PROG} report", "jinja2", "matplotlib")
+    results = Path(args.results)
+    out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
+    if not out.parent.is_dir():
+        raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
+    compare = Path(args.compare) if args.compare else None
+    out.write_text(build_report(results, compare=compare, prices=_prices(args)), "utf-8")
+    print(f"report: {out.resolve()}")
+    return EXIT_OK
+
+
+def _svg(figure: Any) -> str:
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight")
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]  # inline: no XML prolog or doctype
+
+
+def _charts(views: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    # lazy: the report extra; Agg draws without a display
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    matplotlib.rcParams.update({"svg.fonttype": "none", "font.size": 9, "svg.hashsalt": "r"})
+    charts: list[tuple[str, str]] = []
+
+    def chart(title: str, xlabel: str, ylabel: str, draw: Any) -> None:
+        figure = Figure(figsize=(5.2, 2.6))
+        axes = figure.add_subplot()
+        for number, view in enumerate(views):
+            draw(axes, view["s"], dict(color=_PALETTE[number % 2], label=view["name"]))
+        axes.set(xlabel=xlabel, ylabel=ylabel)
+        if len(views) > 1 and axes.get_legend_handles_labels()[0]:
+            axes.legend()
+        charts.append((title, _svg(figure)))
+
+    def hist(key: str) -> Any:
+        def draw(ax: Any, s: dict[str, Any], style: dict[str, Any]) -> None:
+            if s[key]:
+                ax.hist(s[key], bins=20, alpha=0.6, **style)
+            else:
+                ax.text(0.5, 0.5, "not measured", ha="center", transform=ax.transAxes)
+
+        return draw
+
+    def over_time(ax: Any, s: dict[str, Any], style: dict[str, Any]) -> None:
+        spans = s["spans"]
+        t0 = min((a for a, _ in spans), default=0.0)
+        events = sorted([(a - t0, 1) for a, _ in spans] + [(b - t0, -1) for _, b in spans])
+        xs, ys = [0.0] + [t for t, _ in events], [0, *accumulate(e for _, e in events)]
+        ax.step(xs, ys, where="post", **style)
+        ends = sorted(b - t0 for _, b in spans)
+        ax.plot(ends, range(1, len(ends) + 1), linestyle=":", color=style["color"])
+
+    chart("Reward", "reward", "rollouts", hist("rewards"))
+    chart("Latency", "seconds (whole input, retries included)", "inputs", hist("latencies"))
+    title = "Concurrency (line) and rollouts finished (dotted) over time"
+    chart(title, "seconds", "rollouts", over_time)
+    chart("Cost per rollout (estimate)", "micro-USD", "rollouts", hist("costs"))
+    return charts
+
+
+def _segment(seg: dict[str, Any]) -> dict[str, Any]:
+    runs = token_runs(seg)
+    versions = sorted({v for part in runs for v in part["versions"]})
+    generated = sum(seg.get("loss_mask") or [])
+    return {**seg, "runs": runs, "generated": generated, "versions": versions}
+
+
+def _envelope(rollout: Rollout) -> str:
+    shown = {k: v for k, v in (rollout.envelope or {}).items() if k not in _SHOWN_APART}
+    return json.dumps(shown, indent=2, default=str)
+
+
+def _view(run: RunData) -> dict[str, Any]:
+    return {"name": run.path.stem, "path": run.path, "s": run.summary(), "rollouts": run.rollouts}
+
+
+def _by_input(run: RunData) -> dict[str, float | None]:
+    """Each input's mean reward (over a group's members; a failure counts as none)."""
+    rewards: dict[str, list[float]] = {}
+    for r in run.rollouts:
+        rewards.setdefault(r.input_id, [])
+        if r.reward is not None and r.outcome == "done":
+            rewards[r.input_id].append(r.reward)
+    return {k: sum(v) / len(v) if v else None for k, v in rewards.items()}
+
+
+def build_report(path: Path, *, compare: Path | None = None, prices: Prices | None = None) -> str:
+    """The report of the run in ``path`` (and ``compare``, side by side) as HTML text."""
+    # lazy: the report extra
+    import jinja2
+
+    runs = [load_run(path, prices)] + ([load_run(compare, prices)] if compare else [])
+    views = [_view(run) for run in runs]
+    if len(views) > 1 and views[0]["name"] == views[1]["name"]:
+        views[1]["name"] += " (compared)"
+    rows = []
+    if compare:
+        a, b = (_by_input(run) for run in runs)
+        for input_id in sorted(a.keys() | b.keys()):
+            x, y = a.get(input_id), b.get(input_id)
+            diff = None if x is None or y is None else y - x
+            rows.append({"input_id": input_id, "a": x, "b": y, "d": diff})
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("agentcore_rl.cli", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+    )
+    env.filters["segment"] = _segment
+    env.globals.update(
+        num=lambda v, d: "-" if v is None else f"{v:.{d}f}",
+        val=lambda v: "-" if v is None else v,
+        envelope=_envelope,
+        usd=lambda v: "-" if v is None else f"${v:.4f}" if v >= 0.01 else f"{v * 1e6:.3g} µUSD",
+    )
+    return env.get_template("report.html.j2").render(
+        run=views[0],
+        other=views[1] if compare else None,
+        charts=_charts(views),
+        compare=rows,
+        prices=(prices or Prices()).describe(),
+    )
