@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+from anyio.abc import TaskGroup
 import pytest
 
 from agentcore_rl.distributed import LimitsActor, LimitsConfig, shared_limits
@@ -15,6 +16,23 @@ CONFIG = LimitsConfig(tps=10, sessions=2, slot_ttl=6.0)
 
 def _actor(clock: FakeClock) -> LimitsActor:
     return LimitsActor(CONFIG, clock=clock, sleep=clock.sleep)
+
+
+async def _fill(actor: LimitsActor, holder: str) -> None:
+    """``holder`` takes the whole budget."""
+    for held in range(CONFIG.sessions):
+        assert await actor.acquire_slot(holder, held, held)
+
+
+def _wait_for_slot(tg: TaskGroup, actor: LimitsActor, holder: str) -> list[bool]:
+    """Ask for a slot in ``tg``; the answer lands in the list returned."""
+    granted: list[bool] = []
+
+    async def wait() -> None:
+        granted.append(await actor.acquire_slot(holder, 0, 0))
+
+    tg.start_soon(wait)
+    return granted
 
 
 async def test_tokens_start_empty_and_go_by_priority_across_callers() -> None:
@@ -47,15 +65,9 @@ async def test_a_throttle_halves_the_shared_rate() -> None:
 async def test_slots_wait_for_a_release_from_another_holder() -> None:
     clock = FakeClock()
     actor = _actor(clock)
-    assert await actor.acquire_slot("a", 0, 0)
-    assert await actor.acquire_slot("a", 1, 1)
+    await _fill(actor, "a")
     async with anyio.create_task_group() as tg:
-        granted: list[bool] = []
-
-        async def wait() -> None:
-            granted.append(await actor.acquire_slot("b", 0, 0))
-
-        tg.start_soon(wait)
+        granted = _wait_for_slot(tg, actor, "b")
         await settle()
         assert granted == []
         await actor.sync("a", 1, 2)  # a released one
@@ -79,15 +91,9 @@ async def test_a_grant_not_yet_received_counts_as_held() -> None:
 async def test_a_silent_holder_s_slots_come_back_after_the_ttl() -> None:
     clock = FakeClock()
     actor = _actor(clock)
-    assert await actor.acquire_slot("dead", 0, 0)
-    assert await actor.acquire_slot("dead", 1, 1)
+    await _fill(actor, "dead")
     async with anyio.create_task_group() as tg:
-        granted: list[bool] = []
-
-        async def wait() -> None:
-            granted.append(await actor.acquire_slot("alive", 0, 0))
-
-        tg.start_soon(wait)
+        granted = _wait_for_slot(tg, actor, "alive")
         clock.advance(CONFIG.slot_ttl - 0.5)
         await actor.sync("alive", 0, 0)
         assert (await actor.status())["slots_held"] == 2
@@ -105,12 +111,7 @@ async def test_a_restarted_actor_grants_no_slot_until_holders_have_reported() ->
     await actor.sync("a", 1, 5)  # had grants before: the actor lost its books
     assert (await actor.status())["restarted"]
     async with anyio.create_task_group() as tg:
-        granted: list[bool] = []
-
-        async def wait() -> None:
-            granted.append(await actor.acquire_slot("b", 0, 0))
-
-        tg.start_soon(wait)
+        granted = _wait_for_slot(tg, actor, "b")
         await settle()
         assert granted == []  # room for one, but other holders may not have reported yet
         clock.advance(CONFIG.slot_ttl / 2)
