@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import anyio
-from anyio.abc import TaskGroup
 import pytest
+from anyio.abc import TaskGroup
 
 from agentcore_rl.distributed import LimitsActor, LimitsConfig, shared_limits
 from agentcore_rl.errors import ConfigurationError
@@ -14,8 +14,9 @@ from tests.client.fakeclock import FakeClock, settle
 CONFIG = LimitsConfig(tps=10, sessions=2, slot_ttl=6.0)
 
 
-def _actor(clock: FakeClock) -> LimitsActor:
-    return LimitsActor(CONFIG, clock=clock, sleep=clock.sleep)
+def _actor() -> tuple[FakeClock, LimitsActor]:
+    clock = FakeClock()
+    return clock, LimitsActor(CONFIG, clock=clock, sleep=clock.sleep)
 
 
 async def _fill(actor: LimitsActor, holder: str) -> None:
@@ -36,8 +37,7 @@ def _wait_for_slot(tg: TaskGroup, actor: LimitsActor, holder: str) -> list[bool]
 
 
 async def test_tokens_start_empty_and_go_by_priority_across_callers() -> None:
-    clock = FakeClock()
-    actor = _actor(clock)
+    clock, actor = _actor()
     got: list[int] = []
 
     async def call(priority: int) -> None:
@@ -56,15 +56,13 @@ async def test_tokens_start_empty_and_go_by_priority_across_callers() -> None:
 
 
 async def test_a_throttle_halves_the_shared_rate() -> None:
-    clock = FakeClock()
-    actor = _actor(clock)
+    _clock, actor = _actor()
     await actor.throttled()
     assert (await actor.status())["rate"] == CONFIG.tps / 2
 
 
 async def test_slots_wait_for_a_release_from_another_holder() -> None:
-    clock = FakeClock()
-    actor = _actor(clock)
+    _clock, actor = _actor()
     await _fill(actor, "a")
     async with anyio.create_task_group() as tg:
         granted = _wait_for_slot(tg, actor, "b")
@@ -77,8 +75,7 @@ async def test_slots_wait_for_a_release_from_another_holder() -> None:
 
 
 async def test_a_grant_not_yet_received_counts_as_held() -> None:
-    clock = FakeClock()
-    actor = _actor(clock)
+    _clock, actor = _actor()
     assert await actor.acquire_slot("a", 0, 0)
     # A report sent before the grant arrived: the grant still counts.
     await actor.sync("a", 0, 0)
@@ -89,8 +86,7 @@ async def test_a_grant_not_yet_received_counts_as_held() -> None:
 
 
 async def test_a_silent_holder_s_slots_come_back_after_the_ttl() -> None:
-    clock = FakeClock()
-    actor = _actor(clock)
+    clock, actor = _actor()
     await _fill(actor, "dead")
     async with anyio.create_task_group() as tg:
         granted = _wait_for_slot(tg, actor, "alive")
@@ -106,8 +102,7 @@ async def test_a_silent_holder_s_slots_come_back_after_the_ttl() -> None:
 
 
 async def test_a_restarted_actor_grants_no_slot_until_holders_have_reported() -> None:
-    clock = FakeClock()
-    actor = _actor(clock)
+    clock, actor = _actor()
     await actor.sync("a", 1, 5)  # had grants before: the actor lost its books
     assert (await actor.status())["restarted"]
     async with anyio.create_task_group() as tg:
