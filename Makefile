@@ -42,11 +42,11 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest --numprocesses auto --maxprocesses 4 --dist loadfile
 
-# What a user gets from PyPI: build the wheel, install it with the `local` and `report` extras in a fresh
-# venv in a temp dir and run the demo from there, away from this checkout (so nothing is
-# imported from it), then its report (the templates ship in the wheel). WHEEL_DEMO_N problems
-# keep it short; its state directory is a temp one, so a user's own `make demo` results in
-# ~/.local/state stay as they were.
+# What a user gets from PyPI: build the wheel, install it with the `local` and `report`
+# extras in a fresh venv in a temp dir and run the demo from there, away from this checkout
+# (so nothing is imported from it), then its report (the templates ship in the wheel).
+# WHEEL_DEMO_N problems keep it short; its state directory is a temp one, so a user's own
+# `make demo` results in ~/.local/state stay as they were.
 WHEEL_DEMO_N ?= 20
 wheel-demo: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && set -e && \
