@@ -15,7 +15,6 @@ from tenacity import (
     wait_exponential,
     wait_random,
 )
-from tenacity.retry import retry_base
 
 from agentcore_rl.errors import ConfigurationError
 
@@ -54,22 +53,6 @@ class RetryPolicy:
             f"maximum={self.maximum}, jitter={self.jitter})"
         )
 
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed try number ``attempt`` (1, 2...)."""
-        base: float = min(self.maximum, self.initial * 2.0 ** min(attempt - 1, 60))
-        return base + random.uniform(0, self.jitter)
-
-    def retrying(self, retry: retry_base) -> AsyncRetrying:
-        """A tenacity loop that follows this policy, retrying what ``retry`` accepts."""
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=self.initial, max=self.maximum)
-            + wait_random(0, self.jitter),
-            retry=retry,
-            sleep=self.sleep,
-            reraise=True,
-        )
-
     async def run(
         self,
         attempt: Callable[[int], Awaitable[T]],
@@ -77,7 +60,7 @@ class RetryPolicy:
     ) -> T:
         """``attempt(1)``, then ``attempt(2)``... until one returns, one raises what
         ``retryable`` refuses, or the attempts run out (the last error is raised), waiting
-        between them as :meth:`retrying` does.
+        with exponential waits from ``initial`` up to ``maximum`` plus the jitter.
 
         The first attempt runs without tenacity: building its loop costs about 35 us of
         CPU, paid on every one of the client's requests although few are retried.

@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
@@ -28,7 +29,7 @@ from agentcore_rl.protocol import RolloutConfig
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
 
-__all__ = ["BatchItem", "Prepare", "run_batch"]
+__all__ = ["BatchItem", "Feed", "Prepare", "feed_and_read", "run_batch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +106,101 @@ def _error_item(index: int, error: BaseException, input_id: str | None) -> Batch
     )
 
 
+class Feed:
+    """What a feeder's ``start`` gets: ``put`` an item for the loop, ``watch`` a future (its
+    outcome becomes an item; leaving the loop cancels it), ``abandoned`` once the loop left."""
+
+    def __init__(self, send: MemoryObjectSendStream[Any]) -> None:
+        self.send = send
+        self.scope = anyio.CancelScope()
+        self.live: set[asyncio.Future[Any]] = set()
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the loop was left (work not started yet should not start)."""
+        return self.scope.cancel_called
+
+    def put(self, item: object) -> None:
+        """Hand ``item`` to the loop (dropped once nobody reads)."""
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self.send.send_nowait(item)
+
+    def watch(self, fut: asyncio.Future[Any]) -> None:
+        """Hand ``fut`` to the loop once it is done."""
+        self.live.add(fut)
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: asyncio.Future[Any]) -> None:
+        self.live.discard(fut)
+        self.put(fut)
+
+
+async def feed_and_read(
+    service: Service,
+    payloads: Iterable[Mapping[str, Any]],
+    start: Callable[[Feed, int, Mapping[str, Any]], Awaitable[None]],
+    *,
+    name: str,
+    what: str,
+) -> AsyncGenerator[Any, None]:
+    """The shape of ``run_batch`` and ``run_groups``: a feeder task in the client's task
+    group calls ``start`` for each payload (which waits for slots: that paces it); the
+    loop reads the items it puts, one per payload, in completion order, then raises what
+    ended the feeding early. Whatever ends the loop ends the feeding and cancels what is
+    watched; a client closing meanwhile ends it with ``ClientClosedError``."""
+    send, receive = anyio.create_memory_object_stream[Any](math.inf)
+    feed = Feed(send)
+
+    async def feeder(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        started = 0
+        error: BaseException | None = None
+        try:
+            with feed.scope:
+                task_status.started()
+                try:
+                    for index, payload in enumerate(payloads):
+                        await start(feed, index, payload)
+                        started += 1
+                except Exception as exc:  # closing, or the payloads' iterator failing
+                    error = exc
+        except BaseException:
+            send.close()
+            raise
+        if feed.scope.cancelled_caught:
+            send.close()
+        else:
+            feed.put(_Fed(started, error))
+
+    try:
+        await service.start(feeder, name=name)
+        read = 0
+        fed: _Fed | None = None
+        while fed is None or read < fed.started:
+            try:
+                item = await receive.receive()
+            except anyio.EndOfStream:
+                raise ClientClosedError(f"the client was closed during {what}") from None
+            if isinstance(item, _Fed):
+                fed = item
+                continue
+            read += 1
+            yield item
+        if fed.error is not None:
+            raise fed.error
+    finally:
+        feed.scope.cancel()
+        send.close()
+        receive.close()
+        for fut in list(feed.live):
+            fut.cancel()
+
+
+@dataclass(frozen=True)
+class _Fed:
+    started: int
+    error: BaseException | None
+
+
 async def run_batch(
     service: Service,
     rollouts: Rollouts,
@@ -113,87 +209,30 @@ async def run_batch(
     timeout: float | None,  # noqa: ASYNC109 (each rollout's deadline)
 ) -> AsyncGenerator[BatchItem, None]:
     """The loop of ``run_batch`` (see the module text)."""
-    send, receive = anyio.create_memory_object_stream[BatchItem | tuple[int, BaseException | None]](
-        math.inf
-    )
-    live: set[RolloutFuture] = set()
-    watched: set[int] = set()
 
-    def put(item: BatchItem | tuple[int, BaseException | None]) -> None:
-        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            send.send_nowait(item)
-
-    def finished(fut: asyncio.Future[dict[str, Any]]) -> None:
-        assert isinstance(fut, RolloutFuture)
-        live.discard(fut)
-        put(BatchItem.from_future(fut))
-
-    def watch(fut: RolloutFuture) -> None:
-        live.add(fut)
-        watched.add(fut.index if fut.index is not None else -1)
-        fut.add_done_callback(finished)
-
-    async def one(index: int, spec: RolloutSpec) -> None:
-        if scope.cancel_called:  # the loop left before this task ran
+    async def one(feed: Feed, index: int, spec: RolloutSpec) -> None:
+        if feed.abandoned:  # the loop left before this task ran
             rollouts.slots.release()
             return
         try:
             await rollouts.run(spec, admitted=True)
         except Exception as exc:  # refused before acceptance: its future's item says so
-            if index not in watched:
-                put(_error_item(index, exc, spec.config.input_id))
+            if not spec.watched:
+                feed.put(_error_item(index, exc, spec.config.input_id))
 
-    scope = anyio.CancelScope()
-
-    async def feed(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        started = 0
-        error: BaseException | None = None
+    async def start(feed: Feed, index: int, payload: Mapping[str, Any]) -> None:
         try:
-            with scope:
-                task_status.started()
-                try:
-                    for index, payload in enumerate(payloads):
-                        try:
-                            body, config = prepare(payload, default_input_id=f"{index:06d}")
-                        except InvalidPayloadError as exc:
-                            put(_error_item(index, exc, None))
-                            started += 1
-                            continue
-                        await rollouts.admit()
-                        spec = RolloutSpec(
-                            body=body, config=config, timeout=timeout, index=index, on_future=watch
-                        )
-                        service.start_soon(one, index, spec, name=f"rollout {index}")
-                        started += 1
-                except Exception as exc:  # closing, or the payloads' iterator failing
-                    error = exc
-        except BaseException:
-            send.close()
-            raise
-        if scope.cancelled_caught:
-            send.close()
-        else:
-            put((started, error))
+            body, config = prepare(payload, default_input_id=f"{index:06d}")
+        except InvalidPayloadError as exc:
+            feed.put(_error_item(index, exc, None))
+            return
+        await rollouts.admit()
+        spec = RolloutSpec(body=body, config=config, timeout=timeout, index=index)
+        spec.on_future = feed.watch
+        service.start_soon(one, feed, index, spec, name=f"rollout {index}")
 
-    try:
-        await service.start(feed, name="batch")
-        yielded = 0
-        fed: tuple[int, BaseException | None] | None = None
-        while fed is None or yielded < fed[0]:
-            try:
-                item = await receive.receive()
-            except anyio.EndOfStream:
-                raise ClientClosedError("the client was closed during this batch") from None
-            if isinstance(item, tuple):
-                fed = item
-                continue
-            yielded += 1
-            yield item
-        if fed[1] is not None:
-            raise fed[1]
-    finally:
-        scope.cancel()
-        send.close()
-        receive.close()
-        for fut in list(live):
-            fut.cancel()
+    async with contextlib.aclosing(
+        feed_and_read(service, payloads, start, name="batch", what="this batch")
+    ) as items:
+        async for item in items:
+            yield item if isinstance(item, BatchItem) else BatchItem.from_future(item)

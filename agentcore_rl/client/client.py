@@ -5,17 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import functools
 import logging
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client import batch, groups
+from agentcore_rl.client import batch
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.config import (
     DEFAULT_AWS,
@@ -32,26 +30,23 @@ from agentcore_rl.client.config import (
 )
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.gateway_link import gateway_link
-from agentcore_rl.client.groups import GroupFuture, GroupRunner, MemberJournal, ResumedGroup
+from agentcore_rl.client.groups import GroupMethods, GroupRunner
 from agentcore_rl.client.lease import ClientLease
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
-from agentcore_rl.client.payload import build_invocation, rollout_extras
+from agentcore_rl.client.payload import (
+    attached_config,
+    build_invocation,
+    client_defaults,
+    rollout_extras,
+)
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
-from agentcore_rl.client.service import Service
+from agentcore_rl.client.service import ClientState, Service, ServiceOwner
 from agentcore_rl.client.stats import ClientCounters, ClientStats
 from agentcore_rl.client.traces import TraceJoiner
-from agentcore_rl.client.transports.acr import AcrTransport
-from agentcore_rl.client.transports.base import Transport
-from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
+from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
+from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
-from agentcore_rl.errors import (
-    ClientClosedError,
-    ConfigurationError,
-    InvalidRolloutConfig,
-    TraceLostError,
-)
-from agentcore_rl.group_tracker import GroupCounters
-from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.errors import ClientClosedError, ConfigurationError, TraceLostError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, RateLimiter, TokenBucket
 from agentcore_rl.s3 import ResultStore
@@ -67,16 +62,7 @@ logger = logging.getLogger(__name__)
 _CLOSED = "the client is closed; create a new one"
 
 
-class ClientState(enum.Enum):
-    """Where a client is in its life: not opened yet, open (entered with ``async with``,
-    or opened by its first rollout), or closed for good."""
-
-    UNOPENED = 1
-    OPENED = 2
-    CLOSED = 3
-
-
-class AsyncRolloutClient:
+class AsyncRolloutClient(ServiceOwner, GroupMethods):
     """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
 
     Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN) and ``agent_url``
@@ -166,47 +152,16 @@ class AsyncRolloutClient:
                 f"gateway must be a GatewayConfig, got {type(gateway).__name__} "
                 "(an in-process gateway: GatewayConfig(url=..., app=gateway))"
             )
-        try:
-            extra = dict(rollout_extras(rollout))
-        except InvalidRolloutConfig as exc:
-            raise ConfigurationError(str(exc)) from exc
-        for name in (protocol.EXP_ID, protocol.S3_BUCKET, protocol.INPUT_ID):
-            if name in extra:
-                where = "each call's input_id=" if name == protocol.INPUT_ID else f"{name}="
-                raise ConfigurationError(f"rollout= cannot set {name!r}: give it as {where}")
         link = gateway_link(gateway)
-        if link is not None and protocol.BASE_URL in extra:
-            raise ConfigurationError(
-                "give rollout={'base_url': ...} or a gateway, not both: through a gateway each "
-                "rollout's base_url is its session's gateway URL (the gateway's --upstream "
-                "is the policy)"
-            )
-        try:
-            self.defaults = protocol.RolloutConfig.from_dict(
-                {
-                    **extra,
-                    protocol.EXP_ID: exp_id,
-                    protocol.INPUT_ID: "placeholder",
-                    protocol.S3_BUCKET: s3_bucket,
-                }
-            )
-        except InvalidRolloutConfig as exc:
-            raise ConfigurationError(str(exc)) from exc
+        self.defaults = client_defaults(
+            rollout, exp_id=exp_id, s3_bucket=s3_bucket, gateway=link is not None
+        )
         self.exp_id, self.s3_bucket = exp_id, s3_bucket
         self.limits, self.timeouts, self.retries, self.aws = limits, timeouts, retries, aws
         self.liveness = liveness
-        connections = min(limits.max_concurrent_sessions, DEFAULT_MAX_CONNECTIONS)
-        self.transport: Transport
-        if agent_runtime_arn is not None:
-            self.transport = AcrTransport(
-                agent_runtime_arn,
-                endpoint_url=aws.endpoint_url,
-                qualifier=aws.qualifier,
-                max_connections=connections,
-            )
-        else:
-            assert agent_url is not None
-            self.transport = HttpTransport(agent_url, max_connections=connections)
+        self.transport: Transport = make_transport(
+            agent_runtime_arn, agent_url, aws, min(limits.max_concurrent_sessions, MAX_CONNECTIONS)
+        )
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=aws.s3_endpoint_url)
         self._lease = (
@@ -221,12 +176,11 @@ class AsyncRolloutClient:
         self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
             limits.max_concurrent_sessions
         )
-        self._state = ClientState.UNOPENED
-        self._entered = False  # the service was entered by ``async with`` (not hosted)
-        self._in_block = False  # inside ``async with`` (entered once at a time)
         self._closed = asyncio.Event()
         self._counters = ClientCounters()
-        self._service = Service("agentcore-rl client", setup=self._start_workers)
+        #: Builds a call's body and its validated ``_rollout`` block (no I/O).
+        self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
+        super().__init__(Service("agentcore-rl client", setup=self._start_workers))
         self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
         self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._rollouts = Rollouts(
@@ -237,11 +191,9 @@ class AsyncRolloutClient:
             counters=self._counters,
             retries=retries,
             service=self._service,
-            stop_finished_sessions=(
-                self.transport.stop_after_result
-                if stop_finished_sessions is None
-                else stop_finished_sessions
-            ),
+            stop_finished_sessions=self.transport.stop_after_result
+            if stop_finished_sessions is None
+            else stop_finished_sessions,
             unreachable_after=liveness.unreachable_after,
             joiner=self._joiner,
         )
@@ -259,11 +211,6 @@ class AsyncRolloutClient:
         )
 
     # --- public API ----------------------------------------------------------------------
-
-    @property
-    def state(self) -> ClientState:
-        """Where the client is in its life (see :class:`ClientState`)."""
-        return self._state
 
     @property
     def stop_finished_sessions(self) -> bool:
@@ -387,19 +334,9 @@ class AsyncRolloutClient:
         """
         self._check_not_closed()
         sid = self.check_session_id(session_id)
-        bucket = protocol.validate_bucket(
-            self.s3_bucket if s3_bucket is None else s3_bucket, name="s3_bucket"
-        )
-        if not isinstance(result_key, str) or not result_key:
-            raise InvalidRolloutConfig(
-                f"result_key must be a non-empty string, got {result_key!r}", field="result_key"
-            )
-        if input_id is None:
-            try:
-                input_id = protocol.parse_result_key(result_key)[1]
-            except InvalidRolloutConfig:
-                input_id = sid  # a key outside the usual layout: the session names it
-        config = dataclasses.replace(self.defaults, input_id=input_id, s3_bucket=bucket)
+        bucket = self.s3_bucket if s3_bucket is None else s3_bucket
+        config = attached_config(self.defaults, sid, result_key, input_id, bucket)
+        bucket = config.s3_bucket
         spec = RolloutSpec(
             body={},
             config=config,
@@ -445,101 +382,6 @@ class AsyncRolloutClient:
             async for item in items:
                 yield item
 
-    # --- GRPO groups (the work is in client/groups.py) -------------------------------------
-
-    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-    async def invoke_group(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        rules: GroupRules,
-        input_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
-        rollout: Mapping[str, Any] | None = None,
-        journal: MemberJournal | None = None,
-        resume: ResumedGroup | None = None,
-    ) -> GroupFuture:
-        """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
-        its members are admitted (``n + redundancy`` slots taken).
-
-        ``input_id`` is the group key (default: a fresh id): member session ids derive
-        from it, so each group of an experiment needs its own. ``rules``
-        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
-        retried and when the group counts as whole. The future ends in a
-        :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
-        (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
-        cancelling it stops the members. ``timeout`` and ``rollout`` are as in
-        :meth:`invoke`, for each member. ``journal``
-        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
-        its invocation and of each outcome; ``resume``
-        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
-        the group where an earlier process left it: ended members are replayed, started
-        ones resumed by session id, only the others started.
-        """
-        _check_rules(rules)
-        await self._ensure_open()
-        return await self._groups.open(
-            payload,
-            rules=rules,
-            input_id=input_id,
-            timeout=self._limit(timeout),
-            overrides=rollout_extras(rollout),
-            journal=journal,
-            resume=resume,
-        )
-
-    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-    def run_groups(
-        self,
-        payloads: Iterable[Mapping[str, Any]],
-        *,
-        rules: GroupRules,
-        timeout: float | None = None,
-        rollout: Mapping[str, Any] | None = None,
-    ) -> AsyncGenerator[RolloutGroup, None]:
-        """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
-        groups in completion order.
-
-        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
-        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
-        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
-        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
-        """
-        self._check_not_closed()
-        _check_rules(rules)
-        options = {
-            "rules": rules,
-            "timeout": self._limit(timeout),
-            "overrides": rollout_extras(rollout),
-        }
-        return self._run_groups(payloads, options)
-
-    async def _run_groups(
-        self, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
-    ) -> AsyncGenerator[RolloutGroup, None]:
-        await self._ensure_open()
-        async with contextlib.aclosing(groups.run_groups(self._groups, payloads, options)) as it:
-            async for group in it:
-                yield group
-
-    def set_policy_version(self, version: int) -> None:
-        """Stamp ``_rollout.policy_version = version`` into every member started from now
-        on (retries included). Versions only move forward.
-        """
-        self._groups.set_policy_version(version)
-
-    def advance_policy(self, version: int, *, max_staleness: int) -> int:
-        """Move to ``version`` and stop every open group with a member started under a
-        version older than ``version - max_staleness``: their futures end in
-        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
-        """
-        return self._groups.advance_policy(version, max_staleness=max_staleness)
-
-    @property
-    def group_stats(self) -> GroupCounters:
-        """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
-        return self._groups.counters
-
     @property
     def gateway_url(self) -> str | None:
         """The URL of the gateway rollouts run through (None without one)."""
@@ -569,20 +411,7 @@ class AsyncRolloutClient:
         33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
         of this client already uses it.
         """
-        sid = protocol.validate_session_id(session_id, name="session_id")
-        if isinstance(self.transport, AcrTransport) and not protocol.is_acr_session_id(sid):
-            raise InvalidRolloutConfig(
-                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
-                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
-                "(protocol.new_session_id() makes one)",
-                field="session_id",
-            )
-        if sid in self._rollouts.live:
-            raise ConfigurationError(
-                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
-                "yet; wait for it (or cancel it) before reusing the id"
-            )
-        return sid
+        return self._rollouts.check_session_id(session_id)
 
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
@@ -617,7 +446,7 @@ class AsyncRolloutClient:
                 # Shielded: a close that was itself cancelled still ends the work it owns.
                 with anyio.CancelScope(shield=True):
                     await self._service.aclose()
-                    self._report_unstopped()
+                    self._counters.unstopped = self._rollouts.report_unstopped(self.timeouts.close)
                     await self.transport.aclose()
                     if self._joiner is not None:
                         await self._joiner.link.aclose()
@@ -626,75 +455,12 @@ class AsyncRolloutClient:
             finally:
                 self._closed.set()
 
-    def _report_unstopped(self) -> None:
-        unstopped = self._rollouts.unstopped
-        self._counters.unstopped = len(unstopped)
-        if unstopped:
-            logger.warning(
-                "%d session(s) could not be stopped (within %s s of closing, or their stop "
-                "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
-                len(unstopped),
-                self.timeouts.close,
-                ", ".join(unstopped[:3]),
-            )
-
-    async def __aenter__(self) -> AsyncRolloutClient:
-        self._check_not_closed()
-        if self._in_block:
-            raise RuntimeError(
-                "this AsyncRolloutClient is already entered with 'async with'; a client is "
-                "entered once (leaving a block closes it): use it inside the first block"
-            )
-        self._in_block = True
-        if self._state is ClientState.UNOPENED:
-            self._state = ClientState.OPENED
-            try:
-                await self._service.__aenter__()
-                self._entered = True
-                # Create the S3 client now rather than in the first watcher round, so the
-                # first results are not detected late (short timeouts would fire first).
-                await self.store.__aenter__()
-                if isinstance(self.transport, AcrTransport):
-                    await self.transport.connect()
-            except BaseException:
-                self._in_block = False
-                await self._exit_service()
-                raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._in_block = False
-        await self._exit_service()
-        # The block's exception, if any, goes on as itself.
-
-    async def _exit_service(self) -> None:
-        """Close, then leave the task group this task entered (anyio: the same task)."""
-        try:
-            await self.aclose()
-        finally:
-            if self._entered:
-                self._entered = False
-                await self._service.__aexit__(None, None, None)
-
-    # --- internals --------------------------------------------------------------------------
-
-    def _check_not_closed(self) -> None:
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError(_CLOSED)
-
-    async def _ensure_open(self) -> None:
-        """Open the client's task group if ``async with`` has not: the first rollout of a
-        client used without it opens one, hosted until ``aclose``."""
-        self._check_not_closed()
-        if self._state is ClientState.UNOPENED:
-            self._state = ClientState.OPENED
-            self._service.open_hosted()
-        await self._service.wait_ready()
+    async def _opening(self) -> None:
+        # Create the S3 client now rather than in the first watcher round, so the first
+        # results are not detected late (short timeouts would fire first).
+        await self.store.__aenter__()
+        if isinstance(self.transport, AcrTransport):
+            await self.transport.connect()
 
     def _start_workers(self, service: Service) -> None:
         service.start_soon(self._watcher.run, name="completion watcher")
@@ -712,23 +478,6 @@ class AsyncRolloutClient:
 
     def _limit(self, timeout: float | None) -> float | None:
         return self.timeouts.rollout if timeout is None else timeout
-
-    def _prepare(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        input_id: str | None,
-        overrides: Mapping[str, Any],
-        default_input_id: str | None = None,
-    ) -> tuple[dict[str, Any], protocol.RolloutConfig]:
-        """Build the body and its validated ``_rollout`` block (no I/O)."""
-        return build_invocation(
-            self.defaults,
-            payload,
-            input_id=input_id,
-            overrides=overrides,
-            default_input_id=default_input_id,
-        )
 
 
 @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
@@ -748,10 +497,3 @@ def run_batch(
                 print(item.index, item.success)
     """
     return client.run_batch(payloads, timeout=timeout, rollout=rollout)
-
-
-def _check_rules(rules: object) -> None:
-    if not isinstance(rules, GroupRules):
-        raise ConfigurationError(
-            f"rules must be a GroupRules, e.g. rules=GroupRules(n=8), got {rules!r:.80}"
-        )

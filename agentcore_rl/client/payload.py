@@ -8,15 +8,22 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InvalidPayloadError, InvalidRolloutConfig
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError, InvalidRolloutConfig
 
-__all__ = ["build_invocation", "fresh_input_id", "rollout_extras"]
+__all__ = [
+    "attached_config",
+    "build_invocation",
+    "client_defaults",
+    "fresh_input_id",
+    "rollout_extras",
+]
 
 _NO_EXTRAS: Mapping[str, Any] = {}
 
@@ -32,6 +39,54 @@ def rollout_extras(value: object) -> Mapping[str, Any]:
             field="rollout",
         )
     return value
+
+
+def client_defaults(
+    rollout: object, *, exp_id: str, s3_bucket: str, gateway: bool
+) -> protocol.RolloutConfig:
+    """A client's ``_rollout`` defaults from its ``rollout=`` mapping, or the
+    ``ConfigurationError`` that says what is wrong with them."""
+    try:
+        extra = dict(rollout_extras(rollout))
+    except InvalidRolloutConfig as exc:
+        raise ConfigurationError(str(exc)) from exc
+    for name in (protocol.EXP_ID, protocol.S3_BUCKET, protocol.INPUT_ID):
+        if name in extra:
+            where = "each call's input_id=" if name == protocol.INPUT_ID else f"{name}="
+            raise ConfigurationError(f"rollout= cannot set {name!r}: give it as {where}")
+    if gateway and protocol.BASE_URL in extra:
+        raise ConfigurationError(
+            "give rollout={'base_url': ...} or a gateway, not both: through a gateway each "
+            "rollout's base_url is its session's gateway URL (the gateway's --upstream "
+            "is the policy)"
+        )
+    block = {**extra, protocol.EXP_ID: exp_id, protocol.INPUT_ID: "placeholder"}
+    try:
+        return protocol.RolloutConfig.from_dict({**block, protocol.S3_BUCKET: s3_bucket})
+    except InvalidRolloutConfig as exc:
+        raise ConfigurationError(str(exc)) from exc
+
+
+def attached_config(
+    defaults: protocol.RolloutConfig,
+    session_id: str,
+    result_key: object,
+    input_id: str | None,
+    s3_bucket: object,
+) -> protocol.RolloutConfig:
+    """The config of a rollout followed by ``attach``: its coordinates checked
+    (``InvalidRolloutConfig`` names a bad one); ``input_id`` defaults to the key's."""
+    bucket = protocol.validate_bucket(s3_bucket, name="s3_bucket")
+    if not isinstance(result_key, str) or not result_key:
+        raise InvalidRolloutConfig(
+            f"result_key must be a non-empty string, got {result_key!r}", field="result_key"
+        )
+    if input_id is None:
+        try:
+            input_id = protocol.parse_result_key(result_key)[1]
+        except InvalidRolloutConfig:
+            input_id = session_id  # a key outside the usual layout: the session names it
+    return dataclasses.replace(defaults, input_id=input_id, s3_bucket=bucket)
 
 
 def fresh_input_id() -> str:

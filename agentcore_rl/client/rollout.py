@@ -49,6 +49,8 @@ from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
     ClientClosedError,
+    ConfigurationError,
+    InvalidRolloutConfig,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
@@ -94,6 +96,8 @@ class RolloutSpec:
     priority: int = Priority.INVOKE
     on_future: Callable[[RolloutFuture], None] | None = None
     on_session: Callable[[RolloutFuture], None] | None = None
+    #: Whether ``on_future`` was told (the rollout has a future to report its outcome).
+    watched: bool = False
 
 
 @dataclass(eq=False)
@@ -309,6 +313,7 @@ class Rollouts:
             fut.add_done_callback(r.cancelled)
             if spec.on_future is not None:
                 spec.on_future(fut)
+                spec.watched = True
         else:
             fut.previous_sessions.append(fut.session_id)
             fut.session_id, fut.s3_bucket, fut.result_key = sid, bucket, key
@@ -492,30 +497,37 @@ class Rollouts:
         pause: waited out and sent again without using an attempt. When the attempts run
         out, ``InvocationError`` naming ``what``."""
         policy = self.retries.call
-        attempt = 1
-        while True:
-            try:
-                answer = await send()
-            except RetryableError as exc:
-                if exc.throttled or exc.retry_after is not None:
-                    self.counters.throttles += 1
-                    self.limiter.on_throttle()
-                if exc.retry_after is not None:
-                    await policy.sleep(exc.retry_after)
-                elif attempt >= policy.attempts:
-                    raise InvocationError(
-                        f"{what} failed after {attempt} attempt{'s' if attempt > 1 else ''}: {exc}",
-                        session_id=exc.session_id,
-                        status_code=exc.status_code,
-                    ) from exc
-                else:
-                    await policy.sleep(policy.delay(attempt))
-                    attempt += 1
-                    self.counters.retries += 1
+        tries = 0
+
+        async def attempt(number: int) -> Any:
+            nonlocal tries
+            tries = number
+            if number > 1:
+                self.counters.retries += 1
                 await self.limiter.acquire(priority)
-                continue
-            self.limiter.on_success()
-            return answer
+            while True:
+                try:
+                    answer = await send()
+                except RetryableError as exc:
+                    if exc.throttled or exc.retry_after is not None:
+                        self.counters.throttles += 1
+                        self.limiter.on_throttle()
+                    if exc.retry_after is None:
+                        raise
+                    await policy.sleep(exc.retry_after)  # a pause, not a failed attempt
+                    await self.limiter.acquire(priority)
+                    continue
+                self.limiter.on_success()
+                return answer
+
+        try:
+            return await policy.run(attempt, lambda exc: isinstance(exc, RetryableError))
+        except RetryableError as exc:
+            raise InvocationError(
+                f"{what} failed after {tries} attempt{'s' if tries > 1 else ''}: {exc}",
+                session_id=exc.session_id,
+                status_code=exc.status_code,
+            ) from exc
 
     # --- stops ----------------------------------------------------------------------------
 
@@ -561,6 +573,23 @@ class Rollouts:
             for sid in r.gateway:
                 await self.joiner.release(sid)
 
+    def check_session_id(self, session_id: object) -> str:
+        """See :meth:`AsyncRolloutClient.check_session_id`."""
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self.live:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
+
     # --- closing --------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -576,10 +605,17 @@ class Rollouts:
         await self._idle.wait()
         await self._stops_done.wait()
 
-    def abandon_stops(self) -> None:
-        """The stops still under way when closing gave up: list them as unstopped."""
-        self.unstopped.extend(sorted(self._stopping))
-        self._stopping.clear()
+    def report_unstopped(self, close_timeout: float) -> int:
+        """Log the sessions that may still run (if any); how many."""
+        if self.unstopped:
+            logger.warning(
+                "%d session(s) could not be stopped (within %s s of closing, or their stop "
+                "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
+                len(self.unstopped),
+                close_timeout,
+                ", ".join(self.unstopped[:3]),
+            )
+        return len(self.unstopped)
 
 
 def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,22 +22,26 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
 from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from agentcore_rl._unwrap import unwrap
+from agentcore_rl.errors import ClientClosedError
 
 if sys.version_info < (3, 11):
     from exceptiongroup import (  # type: ignore[import-not-found,unused-ignore]  # anyio's dependency there
         BaseExceptionGroup,
     )
 
-__all__ = ["Service"]
+__all__ = ["ClientState", "Service", "ServiceOwner"]
+
+_Owner = TypeVar("_Owner", bound="ServiceOwner")
 
 
 class Service:
@@ -166,3 +170,88 @@ async def _leave(outer: TaskGroup) -> None:
         await outer.__aexit__(None, None, None)
     except BaseExceptionGroup as group:
         raise unwrap(group) from None
+
+
+class ClientState(enum.Enum):
+    """Where a client is in its life: not opened yet, open (entered with ``async with``,
+    or opened by its first rollout), or closed for good."""
+
+    UNOPENED = 1
+    OPENED = 2
+    CLOSED = 3
+
+
+class ServiceOwner:
+    """The lifecycle of an object whose work runs in a :class:`Service`: entered once with
+    ``async with`` (leaving closes it; the block's exception leaves as itself), or opened
+    by its first use and hosted until ``aclose``. Subclasses give ``aclose`` and
+    ``_opening`` (what entering prepares)."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self._state = ClientState.UNOPENED
+        self._entered = False  # the service was entered by ``async with`` (not hosted)
+        self._in_block = False  # inside ``async with`` (entered once at a time)
+
+    @property
+    def state(self) -> ClientState:
+        """Where the client is in its life (see :class:`ClientState`)."""
+        return self._state
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def _opening(self) -> None:
+        """Prepare what the first uses need (connections), once entered."""
+
+    def _check_not_closed(self) -> None:
+        if self._state is ClientState.CLOSED:
+            raise ClientClosedError("the client is closed; create a new one")
+
+    async def _ensure_open(self) -> None:
+        """Open the task group if ``async with`` has not: the first use of an object used
+        without it opens one, hosted until ``aclose``."""
+        self._check_not_closed()
+        if self._state is ClientState.UNOPENED:
+            self._state = ClientState.OPENED
+            self._service.open_hosted()
+        await self._service.wait_ready()
+
+    async def __aenter__(self: _Owner) -> _Owner:
+        self._check_not_closed()
+        if self._in_block:
+            raise RuntimeError(
+                f"this {type(self).__name__} is already entered with 'async with'; it is "
+                "entered once (leaving a block closes it): use it inside the first block"
+            )
+        self._in_block = True
+        if self._state is ClientState.UNOPENED:
+            self._state = ClientState.OPENED
+            try:
+                await self._service.__aenter__()
+                self._entered = True
+                await self._opening()
+            except BaseException:
+                self._in_block = False
+                await self._exit_service()
+                raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._in_block = False
+        await self._exit_service()
+        # The block's exception, if any, goes on as itself.
+
+    async def _exit_service(self) -> None:
+        """Close, then leave the task group this task entered (anyio: the same task)."""
+        try:
+            await self.aclose()
+        finally:
+            if self._entered:
+                self._entered = False
+                await self._service.__aexit__(None, None, None)

@@ -328,6 +328,11 @@ class SessionTrace:
         return sum(1 for r in self.records if not r.ok)
 
     @property
+    def straddled_calls(self) -> int:
+        """How many calls a weight update came in the middle of (see ``CallRecord.straddled``)."""
+        return sum(1 for r in self.records if r.straddled)
+
+    @property
     def tokens_captured(self) -> int:
         """Prompt plus completion tokens over the successful calls."""
         return sum(

@@ -148,11 +148,7 @@ async def test_the_client_checks_the_types_of_its_config_objects() -> None:
 
 
 def _public_methods(cls: type[Any]) -> set[str]:
-    return {
-        name
-        for name, value in vars(cls).items()
-        if not name.startswith("_") and inspect.isfunction(value)
-    }
+    return {name for name, _ in inspect.getmembers(cls, inspect.isfunction) if name[0] != "_"}
 
 
 def test_rolloutclient_takes_exactly_the_async_clients_parameters() -> None:

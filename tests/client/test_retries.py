@@ -75,8 +75,8 @@ async def test_retry_after_503_reuses_the_session_id(
     client = make_client(agent_url=url)
     fut = await client.invoke({"n": 1})
     assert flaky.seen == [fut.session_id] * 3
-    assert recorder.sessions == [fut.session_id]  # one rollout
     assert (await asyncio.wait_for(fut, 10))["n"] == 1
+    assert recorder.sessions == [fut.session_id]  # one rollout
     assert (client.stats.invocations, client.stats.retries) == (3, 2)
 
 

@@ -7,8 +7,34 @@ Example::
     transport = HttpTransport("http://127.0.0.1:8080")
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import RetryableError, Transport
 from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["AcrTransport", "HttpTransport", "RetryableError", "Transport"]
+if TYPE_CHECKING:
+    from agentcore_rl.client.config import AwsConfig
+
+__all__ = ["AcrTransport", "HttpTransport", "RetryableError", "Transport", "make_transport"]
+
+
+def make_transport(
+    arn: str | None, urls: str | Sequence[str] | None, aws: AwsConfig, connections: int
+) -> Transport:
+    """The transport for exactly one of a runtime ARN and agent URL(s)."""
+    if (arn is None) == (urls is None):
+        raise ConfigurationError(
+            "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
+            "(agent servers over HTTP)"
+        )
+    if arn is not None:
+        return AcrTransport(
+            arn, endpoint_url=aws.endpoint_url, qualifier=aws.qualifier, max_connections=connections
+        )
+    assert urls is not None
+    return HttpTransport(urls, max_connections=connections)
