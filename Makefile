@@ -127,6 +127,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.groups
 	$(BIN)/python benchmarks/distributed.py
 	$(BIN)/python benchmarks/chaos.py
+	$(BIN)/python benchmarks/weight_sync.py
 
 clean:
 	rm -rf $(VENV) $(TRAINERS_VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -79,16 +79,22 @@ async def stats(http: httpx.AsyncClient) -> dict[str, Any]:
     return answer
 
 
-async def send(http: httpx.AsyncClient, numbers: range, concurrency: int) -> None:
+async def send(
+    http: httpx.AsyncClient, numbers: range, concurrency: int, refused: list[int]
+) -> None:
     queue = iter(numbers)
 
     async def worker() -> None:
         for i in queue:
-            response = await http.post(
-                protocol.INVOCATIONS_PATH,
-                json=payload(i),
-                headers={protocol.SESSION_ID_HEADER: protocol.new_session_id()},
-            )
+            headers = {protocol.SESSION_ID_HEADER: protocol.new_session_id()}
+            while True:  # a 503 (overload) is a pause, then the same invocation again
+                response = await http.post(
+                    protocol.INVOCATIONS_PATH, json=payload(i), headers=headers
+                )
+                if response.status_code != 503:
+                    break
+                refused[0] += 1
+                await asyncio.sleep(float(response.headers.get("retry-after", "1")))
             response.raise_for_status()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -106,6 +112,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.update(LOCAL_AWS_ENV)
     os.environ.pop("AWS_PROFILE", None)
     samples: list[dict[str, Any]] = []
+    refused = [0]  # 503 answers (each followed by a resend)
     with tempfile.TemporaryDirectory() as tmp:
         async with (
             s3_endpoint(args.s3) as s3_url,
@@ -117,7 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             done = 0
             while done < args.rollouts:
                 batch = min(args.batch, args.rollouts - done)
-                await send(http, range(done, done + batch), args.concurrency)
+                await send(http, range(done, done + batch), args.concurrency, refused)
                 done += batch
                 now = await drain(http, args.max_active)
                 if done % args.sample_every == 0 or done == args.rollouts:
@@ -135,6 +142,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "s3": args.s3,
         "seconds": round(seconds, 1),
         "rollouts_per_s": round(args.rollouts / seconds, 1),
+        "refused_503": refused[0],
         "rss_start_mb": samples[0]["rss_mb"],
         "rss_after_warmup_mb": warm["rss_mb"],
         "warmup_rollouts": warm["rollouts"],

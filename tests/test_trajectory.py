@@ -10,6 +10,7 @@ from agentcore_rl.gateway.record import (
     ids_array,
     logprob_array,
 )
+from agentcore_rl.training import trajectory_rows
 from agentcore_rl.trajectory import NO_VERSION, build_trajectory
 
 
@@ -89,3 +90,21 @@ def test_out_of_order_records_are_sorted_and_no_records_give_no_segments() -> No
     assert build_trajectory(records).segments[0].calls == [0, 1]
     empty = build_trajectory([])
     assert (empty.segments, empty.min_policy_version, empty.generated_tokens) == ([], None, 0)
+
+
+def test_a_completion_an_update_came_in_the_middle_of_keeps_each_tokens_version() -> None:
+    first = _call(0, [1, 2], [10, 11, 12, 13], version=4)
+    first.policy_version_end = 5
+    first.completions[0].versions = [(0, 4), (3, 5)]  # tokens 0-2 by version 4, then 5
+    again = CallRecord.from_json(json.loads(json.dumps(first.to_json())))
+    assert again.completions[0].versions == [(0, 4), (3, 5)]
+    assert again.straddled
+    records = [again, _call(1, [1, 2, 10, 11, 12, 13, 3], [14], version=5)]
+    trajectory = build_trajectory(records, reward=1.0)
+    (segment,) = trajectory.segments
+    assert segment.policy_versions.tolist() == [-1, -1, 4, 4, 4, 5, -1, 5]
+    (row,) = trajectory_rows(trajectory, exp_id="e", group_id="g", session_id="s", reward=1.0)
+    assert row.response_versions == [4, 4, 4, 5, -1, 5]
+    assert row.policy_versions == [4, 5]
+    assert row.masked_before(5).loss_mask == [0, 0, 0, 1, 0, 1]
+    assert row.masked_before(4) == row

@@ -148,8 +148,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             ("workers", workers, WorkerConfig),
             ("faults", faults, FaultChecks),
         )
-        # Before the stack is built: the guard answers overload ahead of everything else.
-        self.overload = LoopLag(faults.overload_lag, clock=faults.clock, sleep=faults.sleep)
+        self.overload = LoopLag(faults.overload_lag)
         super().__init__(
             debug=debug,
             routes=[
@@ -159,7 +158,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
                 Route(protocol.SESSION_STATUS_PATH, self._session_status, methods=["GET"]),
             ],
             lifespan=self._lifespan,
-            middleware=[Middleware(OverloadGuard, lag=self.overload), *(middleware or ())],
+            # First: overload is answered ahead of everything else.
+            middleware=[Middleware(OverloadGuard, lag=lambda: self.overload), *(middleware or ())],
         )
         self._user_lifespan = lifespan
         self.handlers = {}

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -53,9 +55,16 @@ class _Verdict:
 class BucketCheck:
     """Remembered HeadBucket answers, one per bucket (see the module docstring)."""
 
-    def __init__(self, store: ResultStore, config: FaultChecks) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        config: FaultChecks,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.config = config
+        self._clock = clock
         self._verdicts: dict[str, _Verdict] = {}
         self._checking: dict[str, asyncio.Event] = {}
         #: HeadBucket requests sent (for tests and benchmarks).
@@ -70,7 +79,7 @@ class BucketCheck:
         if not self.config.check_buckets:
             return
         verdict = self._verdicts.get(bucket)
-        if verdict is None or verdict.until <= self.config.clock():
+        if verdict is None or verdict.until <= self._clock():
             verdict = await self._check(bucket)
         if verdict is not None and verdict.refusal is not None:
             raise verdict.refusal
@@ -97,7 +106,7 @@ class BucketCheck:
                 logger.info("no answer from S3 about bucket %s in time", bucket)
                 return None
             ttl = self.config.bucket_ttl if refusal is None else self.config.bucket_miss_ttl
-            verdict = self._verdicts[bucket] = _Verdict(self.config.clock() + ttl, refusal)
+            verdict = self._verdicts[bucket] = _Verdict(self._clock() + ttl, refusal)
             if refusal is not None:
                 logger.warning("refusing rollouts for S3 bucket %s: %s", bucket, refusal.message)
             return verdict

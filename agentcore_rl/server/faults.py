@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,9 +34,6 @@ class FaultChecks:
     new invocations are answered 503 with ``Retry-After: 1`` before their body is read
     (the client waits and sends again) rather than queued for seconds. ``None``: never.
 
-    ``clock`` is monotonic seconds, ``wall`` epoch seconds, ``sleep`` the pause between
-    lease checks and lag measurements: injectable for tests.
-
     Example::
 
         FaultChecks(lease_interval=2.0)
@@ -52,9 +46,6 @@ class FaultChecks:
     check_leases: bool = True
     lease_interval: float = 10.0
     overload_lag: float | None = DEFAULT_OVERLOAD_LAG
-    clock: Callable[[], float] = time.monotonic
-    wall: Callable[[], float] = time.time
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def __post_init__(self) -> None:
         for name in ("bucket_ttl", "bucket_miss_ttl", "bucket_wait", "lease_interval"):

@@ -24,10 +24,12 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -89,10 +91,20 @@ class LeaseWatcher:
     ``cancelled`` counts the rollouts it cancelled, ``reads`` the lease GETs.
     """
 
-    def __init__(self, store: ResultStore, runner: RolloutRunner, config: FaultChecks) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        runner: RolloutRunner,
+        config: FaultChecks,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.store = store
         self.runner = runner
         self.config = config
+        self._clock, self._wall, self._sleep = clock, wall, sleep
         self._leases: dict[LeaseRef, _Lease] = {}
         self.cancelled = 0
         self.reads = 0
@@ -106,7 +118,7 @@ class LeaseWatcher:
         if not self.config.check_leases:
             return
         while True:
-            await self.config.sleep(self.config.lease_interval)
+            await self._sleep(self.config.lease_interval)
             await self.check()
 
     async def check(self) -> int:
@@ -141,7 +153,7 @@ class LeaseWatcher:
             except StorageError as exc:
                 logger.debug("lease s3://%s/%s unreadable (%s): not a lapse", *ref, exc.code)
                 raw = None
-        now = self.config.clock()
+        now = self._clock()
         body = None if raw is None else _parse(raw)
         lease = self._leases.get(ref)
         seq = None if body is None else body.get(protocol.LEASE_SEQ)
@@ -164,7 +176,7 @@ class LeaseWatcher:
         lease = self._leases.get(ref)
         if lease is None or lease.ttl is None:
             return None
-        unchanged = self.config.clock() - lease.changed_at
+        unchanged = self._clock() - lease.changed_at
         if unchanged >= lease.ttl:
             return protocol.LEASE_LAPSED_REASON.format(ttl=lease.ttl)
         # A renewal is due every `renew` seconds and seen within one interval: a lease
@@ -172,7 +184,7 @@ class LeaseWatcher:
         if (
             unchanged > lease.renew + self.config.lease_interval
             and lease.renewed_at is not None
-            and self.config.wall() - lease.renewed_at >= lease.ttl
+            and self._wall() - lease.renewed_at >= lease.ttl
         ):
             return protocol.LEASE_LAPSED_REASON.format(ttl=lease.ttl)
         return None

@@ -116,26 +116,29 @@ class LoopLag:
 
 
 class OverloadGuard:
-    """ASGI middleware: while ``lag`` is overloaded, ``POST /invocations`` is answered 503
-    with ``Retry-After: 1`` before its body is read; every other request passes.
+    """ASGI middleware: while the :class:`LoopLag` that ``lag`` returns is overloaded,
+    ``POST /invocations`` is answered 503 with ``Retry-After: 1`` before its body is read;
+    every other request passes.
 
     Example::
 
-        Middleware(OverloadGuard, lag=LoopLag(1.0))
+        monitor = LoopLag(1.0)
+        Middleware(OverloadGuard, lag=lambda: monitor)
     """
 
-    def __init__(self, app: ASGIApp, lag: LoopLag) -> None:
+    def __init__(self, app: ASGIApp, lag: Callable[[], LoopLag]) -> None:
         self.app = app
         self.lag = lag
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lag = self.lag()
         if (
-            self.lag.overloaded
+            lag.overloaded
             and scope["type"] == "http"
             and scope["method"] == "POST"
             and scope["path"].endswith(protocol.INVOCATIONS_PATH)
         ):
-            self.lag.refused += 1
+            lag.refused += 1
             refusal = JSONResponse(
                 {"error": "the agent server is overloaded; retry later", "field": None},
                 status_code=503,

@@ -202,10 +202,6 @@ class RolloutRunner:
         """The running rollout that will write ``s3://bucket/key``, if any."""
         return self._by_key.get((bucket, key))
 
-    def for_session(self, session_id: str) -> frozenset[RolloutJob]:
-        """The session's running rollouts (empty if none)."""
-        return frozenset(self._by_session.get(session_id, ()))
-
     def start(
         self,
         spec: HandlerSpec,

@@ -3,7 +3,7 @@
 When a write to S3 still fails after :class:`~agentcore_rl.s3.ResultStore`'s own retries
 (the bucket is missing, credentials expired, S3 is down for minutes), the envelope is
 written to a file in the spool directory instead of being dropped. A retry task, in the
-task group of whoever owns the spool (the app's lifespan, or ``async with spool``),
+task group of whoever owns the spool (the app's lifespan),
 retries the spooled files with exponential backoff until they are delivered, and the
 server makes one more attempt at shutdown. Files that still cannot be delivered stay on
 disk; a server of the same app started later with the same directory picks them up.
@@ -15,9 +15,10 @@ the server they belong to.
 
 Example::
 
-    async with Spool(store, directory=Path("/var/spool/agent")) as spool:
-        await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
-        await spool.drain()     # one delivery attempt now; returns how many remain
+    spool = Spool(store, directory=Path("/var/spool/agent"))
+    spool.attach(task_group)    # the retry task runs there
+    await spool.add("rollouts", "exp/q-1/sid.json", b'{"status_code": 200}')
+    await spool.drain()         # one delivery attempt now; returns how many remain
 """
 
 from __future__ import annotations
@@ -152,9 +153,8 @@ class Spool:
     ``retry_interval`` is the first wait before a retry; it doubles after each failed pass
     up to ``max_retry_interval`` and resets after a success. ``on_change`` is called when
     the number of pending files changes (the server reports ``HealthyBusy`` meanwhile).
-    ``async with spool`` gives it a task group of its own; an owner that has one (the app)
-    lends it with :meth:`attach` instead. Without either, retries happen at :meth:`drain`
-    and :meth:`aclose` only.
+    Its owner (the app) lends it a task group with :meth:`attach` for the retry task;
+    without one, retries happen at :meth:`drain` and :meth:`aclose` only.
     """
 
     def __init__(
@@ -186,7 +186,6 @@ class Spool:
         self._drained.set()
         self._tasks: TaskGroup | None = None
         self._retrying: anyio.CancelScope | None = None
-        self._own_tasks: contextlib.AsyncExitStack | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -491,17 +490,3 @@ class Spool:
                 self.directory,
             )
         return remaining
-
-    async def __aenter__(self) -> Spool:
-        self._own_tasks = contextlib.AsyncExitStack()
-        self.attach(await self._own_tasks.enter_async_context(anyio.create_task_group()))
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        own, self._own_tasks = self._own_tasks, None
-        try:
-            await self.aclose()
-        finally:
-            if own is not None:
-                self.attach(None)
-                await own.aclose()

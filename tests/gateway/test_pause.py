@@ -190,7 +190,7 @@ async def test_suspend_returns_at_once_and_the_generation_goes_on_with_two_versi
     (completion,) = record.completions
     assert len(completion.token_ids) == 41  # min_tokens, then the end token
     assert completion.versions == [(0, 0), (7, 5)]  # seven tokens before the pause
-    assert gateway.stats["straddled_calls"] == 1
+    assert gateway.stats["straddled_calls"] == trace.straddled_calls == 1
     (segment,) = build_trajectory(trace).segments
     generated = [v for v, m in zip(segment.policy_versions, segment.loss_mask, strict=True) if m]
     assert generated == [0] * 7 + [5] * 34

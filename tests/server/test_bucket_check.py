@@ -13,6 +13,7 @@ from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import FaultChecks, SpoolConfig
+from agentcore_rl.server.buckets import BucketCheck
 from tests.conftest import FAST_RETRY
 from tests.server.helpers import (
     FakeClock,
@@ -57,8 +58,10 @@ async def test_missing_bucket_is_refused_with_its_name_and_cause(
         store,
         handler,
         spool=SpoolConfig(directory=tmp_path),
-        faults=FaultChecks(bucket_miss_ttl=10, clock=clock),
+        # A generous wait: on a loaded machine a slow answer would count as an outage.
+        faults=FaultChecks(bucket_miss_ttl=10, bucket_wait=30),
     )
+    app.bucket_check = BucketCheck(store, app.bucket_check.config, clock=clock)
     async with served(app) as http:
         for _ in range(2):
             response = await http.post(

@@ -9,7 +9,8 @@ import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import FaultChecks, ShutdownConfig, SpoolConfig
+from agentcore_rl.server import AgentCoreRLApp, FaultChecks, ShutdownConfig, SpoolConfig
+from agentcore_rl.server.lease import LeaseWatcher
 from tests.conftest import FAST_RETRY
 from tests.server.helpers import FakeClock, rollout_app, rollout_payload, served
 from tests.server.test_sigterm import free_port
@@ -40,9 +41,15 @@ class Clocks:
         self.wall.advance(seconds)
 
     def checks(self, **options: Any) -> FaultChecks:
-        return FaultChecks(
-            lease_interval=INTERVAL, clock=self.mono, wall=self.wall, sleep=park, **options
+        return FaultChecks(lease_interval=INTERVAL, **options)
+
+    def watch(self, app: AgentCoreRLApp) -> AgentCoreRLApp:
+        """``app`` with its lease watcher on these clocks."""
+        config = app.leases.config
+        app.leases = LeaseWatcher(
+            app.store, app.runner, config, clock=self.mono, wall=self.wall, sleep=park
         )
+        return app
 
 
 def lease(bucket: str, lease_id: str = "c0ffee") -> tuple[str, dict[str, str]]:
@@ -74,12 +81,14 @@ async def test_a_lapsed_lease_cancels_its_rollouts_with_the_reason(
     clocks = Clocks()
     key, ref = lease(bucket)
     await renew(store, bucket, key, 1, clocks.wall())
-    app = rollout_app(
-        store,
-        hang,
-        spool=SpoolConfig(directory=tmp_path),
-        faults=clocks.checks(),
-        shutdown=NO_GRACE,
+    app = clocks.watch(
+        rollout_app(
+            store,
+            hang,
+            spool=SpoolConfig(directory=tmp_path),
+            faults=clocks.checks(),
+            shutdown=NO_GRACE,
+        )
     )
     async with served(app) as http:
         await start(http, bucket, ref, SESSIONS)
@@ -108,12 +117,14 @@ async def test_a_skewed_client_clock_is_no_lapse_while_it_renews(
 ) -> None:
     clocks = Clocks()
     key, ref = lease(bucket)
-    app = rollout_app(
-        store,
-        hang,
-        spool=SpoolConfig(directory=tmp_path),
-        faults=clocks.checks(),
-        shutdown=NO_GRACE,
+    app = clocks.watch(
+        rollout_app(
+            store,
+            hang,
+            spool=SpoolConfig(directory=tmp_path),
+            faults=clocks.checks(),
+            shutdown=NO_GRACE,
+        )
     )
     async with served(app) as http:
         await renew(store, bucket, key, 1, clocks.wall() - 10 * TTL)  # an hour-slow clock
@@ -131,12 +142,14 @@ async def test_a_skewed_client_clock_is_no_lapse_while_it_renews(
 async def test_a_missing_lease_is_no_lapse(store: ResultStore, bucket: str, tmp_path: Any) -> None:
     clocks = Clocks()
     _, ref = lease(bucket, "never-written")
-    app = rollout_app(
-        store,
-        hang,
-        spool=SpoolConfig(directory=tmp_path),
-        faults=clocks.checks(),
-        shutdown=NO_GRACE,
+    app = clocks.watch(
+        rollout_app(
+            store,
+            hang,
+            spool=SpoolConfig(directory=tmp_path),
+            faults=clocks.checks(),
+            shutdown=NO_GRACE,
+        )
     )
     async with served(app) as http:
         await start(http, bucket, ref, SESSIONS[:1])
@@ -151,8 +164,14 @@ async def test_an_unreadable_lease_is_no_lapse(tmp_path: Any) -> None:
     clocks = Clocks()
     dead = ResultStore(endpoint_url=f"http://127.0.0.1:{free_port()}", retry=FAST_RETRY)
     _, ref = lease("rollouts")
-    app = rollout_app(
-        dead, hang, spool=SpoolConfig(directory=tmp_path), faults=clocks.checks(), shutdown=NO_GRACE
+    app = clocks.watch(
+        rollout_app(
+            dead,
+            hang,
+            spool=SpoolConfig(directory=tmp_path),
+            faults=clocks.checks(),
+            shutdown=NO_GRACE,
+        )
     )
     async with served(app) as http:
         await start(http, "rollouts", ref, SESSIONS[:1])

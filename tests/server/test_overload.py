@@ -64,8 +64,9 @@ async def test_overloaded_server_answers_503_with_retry_after(
         return {"rewards": [1.0]}
 
     lag = ScriptedLag()
-    faults = FaultChecks(overload_lag=1.0, clock=lag.clock, sleep=lag.sleep, check_leases=False)
+    faults = FaultChecks(overload_lag=1.0, check_leases=False)
     app = rollout_app(store, handler, spool=SpoolConfig(directory=tmp_path), faults=faults)
+    app.overload = LoopLag(1.0, clock=lag.clock, sleep=lag.sleep)
     async with served(app) as http:
         await lag.wake(3.0, 3.0)  # the loop three seconds behind, twice in a row
         response = await http.post(

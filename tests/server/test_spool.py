@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from agentcore_rl import protocol
@@ -195,17 +196,21 @@ def test_default_spool_dir_falls_back_to_tmp(
     )
 
 
-async def test_a_spool_of_its_own_retries_in_its_own_task_group(
+async def test_the_spool_retries_in_its_owners_task_group(
     store: ResultStore, tmp_path: Path
 ) -> None:
     bucket = fresh_bucket()
     before = asyncio.all_tasks()
-    async with Spool(store, directory=tmp_path, retry_interval=0.02) as spool:
+    async with anyio.create_task_group() as tasks:
+        spool = Spool(store, directory=tmp_path, retry_interval=0.02)
+        spool.attach(tasks)
         assert not await spool.deliver(bucket, KEY, b'{"status_code": 200}')
         assert spool.pending == 1
         await store.ensure_bucket(bucket)
         spool.kick()
         await asyncio.wait_for(spool.wait_drained(), 5)
+        await spool.aclose()
+        spool.attach(None)
     assert asyncio.all_tasks() <= before
     assert await store.head(bucket, KEY)
 

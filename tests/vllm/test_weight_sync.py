@@ -22,7 +22,7 @@ from tests.vllm.rig import ask, gateway_on
 
 pytestmark = pytest.mark.timeout(600)
 
-LENGTH = 240
+LENGTH = 480
 _OLD_OR_NEW = -13.0  # between the two models' logprobs of an ordinary token
 _GENERATED = re.compile(rb"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
@@ -81,12 +81,17 @@ async def test_a_suspend_freezes_a_long_generation_that_goes_on_under_the_new_we
             )
 
         try:
-            before = await _generated(http)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(agent)
-                with anyio.fail_after(240):  # about a third of the way in
-                    while await _generated(http) < before + LENGTH // 3:  # noqa: ASYNC110 - vLLM's counter
-                        await anyio.sleep(0.05)
+                gate = gateway.gate
+                # Running at vLLM and some tokens out (polling /metrics takes a while: the
+                # pause lands tens of tokens later, well before the end).
+                with anyio.fail_after(240):
+                    while not (gate.live or any(gate.token_in.values())):  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
+                    before = await _generated(http)
+                    while await _generated(http) < before + 1:  # noqa: ASYNC110
+                        await anyio.sleep(0.01)
                 async with gateway.paused("suspend"):
                     assert gateway.gate.in_flight == 1  # entered with the call still running
                     await _load(http, vllm_server.other_model_dir)
