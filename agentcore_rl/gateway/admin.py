@@ -21,7 +21,6 @@ and ``/v1/...``.
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
 
@@ -31,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentcore_rl.errors import TraceLostError
+from agentcore_rl.gateway.jsonio import parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate
 from agentcore_rl.gateway.record import SessionTrace, dump_trace
 from agentcore_rl.gateway.upstream import UpstreamError
@@ -109,15 +109,7 @@ def admin_app(gateway: AdminTarget) -> Starlette:
 
     async def body_of(request: Request) -> dict[str, Any]:
         raw = await request.body()
-        if not raw:
-            return {}
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise ValueError("request body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise ValueError("request body must be a JSON object")
-        return data
+        return parse_object(raw) if raw else {}  # the agent routes' door (jsonio)
 
     async def health(request: Request) -> Response:
         return JSONResponse(
@@ -136,8 +128,6 @@ def admin_app(gateway: AdminTarget) -> Starlette:
             sampling = data.get("sampling")
             if not isinstance(sid, str):
                 raise ValueError("session_id (a string) is required")
-            if sampling is not None and not isinstance(sampling, dict):
-                raise ValueError("sampling must be an object")
             gateway.open_session(
                 sid, exp_id=data.get("exp_id"), input_id=data.get("input_id"), sampling=sampling
             )

@@ -44,7 +44,7 @@ from agentcore_rl.gateway.admin import admin_app
 from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
 from agentcore_rl.gateway.call import Call, Mode
-from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.record import CallRecord, SessionTrace
@@ -270,9 +270,7 @@ class RolloutGateway:
 
     def set_policy_version(self, version: int) -> None:
         """Stamp calls that start from now on with ``version``."""
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise TypeError(f"policy version must be an int, got {version!r}")
-        self.gate.version = version
+        self.gate.version = check_version(version)
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: PauseMode = "hold") -> AsyncIterator[None]:
@@ -358,8 +356,15 @@ class RolloutGateway:
 
             gateway.open_session(sid, exp_id="e1", input_id="q7", sampling={"temperature": 1.0})
         """
-        if not _SESSION_ID_RE.fullmatch(session_id):
-            raise ValueError(f"malformed session id {session_id[:80]!r}")
+        if not isinstance(session_id, str) or not _SESSION_ID_RE.fullmatch(session_id):
+            raise ValueError(f"malformed session id {str(session_id)[:80]!r}")
+        for name, value in (("exp_id", exp_id), ("input_id", input_id)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+        check_value([exp_id, input_id], "exp_id and input_id")
+        if sampling is not None and not isinstance(sampling, Mapping):
+            raise ValueError("sampling must be an object")
+        check_value(dict(sampling or {}), "sampling")
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = Session(session_id, last_seen=self._clock())
@@ -550,11 +555,9 @@ class RolloutGateway:
             raise Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
         raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
         try:
-            body = loads(raw)
-        except ValueError as exc:
-            raise Refuse(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
-        if not isinstance(body, dict):
-            raise Refuse(400, "request body must be a JSON object", "invalid_json")
+            body = parse_object(raw)
+        except Invalid as exc:
+            raise Refuse(400, str(exc), "invalid_json") from None
         key = "messages" if endpoint == CHAT else "prompt"
         if key not in body:
             raise Refuse(400, f"request body has no {key!r}", "invalid_request")

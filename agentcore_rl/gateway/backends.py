@@ -22,12 +22,11 @@ Example::
 from __future__ import annotations
 
 import json
-from array import array
 from collections.abc import Mapping
 from typing import Any, Final
 
 from agentcore_rl.gateway.jsonio import loads
-from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
+from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 
 __all__ = ["Backend", "Capture", "SGLangBackend", "VLLMBackend", "backend_named", "synthesize_sse"]
 
@@ -36,51 +35,32 @@ COMPLETIONS: Final = "completions"
 
 
 class Capture:
-    """Token ids and logprobs gathered from one answer (or its stream of chunks).
-
-    The pieces are gathered in plain lists (ids, logprobs or a whole answer's logprob
-    entries) and turned into one exact-size typed array per choice only when read
-    (:meth:`completions`, :attr:`prompt_ids`): the gateway reads them after the answer's
-    last byte is out, so the conversion is off the agent's path, and a stream's arrays are
-    not regrown event by event (that reallocated them about fifty times per answer and,
-    with 64 concurrent streams, scattered these long-lived arrays among freed blocks).
+    """Token ids and logprobs gathered from one answer (or its stream of chunks), turned
+    into the record's arrays by :meth:`fill`.
 
     Example::
 
         capture = Capture("chat.completions")
         backend.take_response(answer, capture, keep_logprobs=False, endpoint=capture.endpoint)
-        capture.missing("vllm") or capture.completions()
+        capture.missing("vllm") or capture.fill(record)
     """
 
-    __slots__ = (
-        "_prompt",
-        "_prompt_ids",
-        "choices",
-        "endpoint",
-        "ids_seen",
-        "parts",
-        "usage",
-    )
+    __slots__ = ("endpoint", "finish", "ids", "logprobs", "prompt", "stop", "usage")
 
     def __init__(self, endpoint: str = CHAT) -> None:
         self.endpoint = endpoint
-        self._prompt: Any = None  # the prompt ids as the upstream sent them, until read
-        self._prompt_ids: array[int] | None = None
-        self.choices: dict[int, Completion] = {}
-        self.ids_seen: set[int] = set()
+        self.prompt: Any = None  # the first prompt ids seen, as the upstream sent them
         self.usage: dict[str, Any] | None = None
-        # choice index -> (token ids, logprobs or chat's logprob entries), not joined yet
-        self.parts: dict[int, tuple[list[Any], list[Any]]] = {}
-
-    @property
-    def has_prompt(self) -> bool:
-        """Whether the prompt ids arrived."""
-        return self._prompt is not None or self._prompt_ids is not None
+        # per choice index: token ids, logprobs, finish reason, the stop string it ended on
+        self.ids: dict[int, list[Any]] = {}
+        self.logprobs: dict[int, list[Any]] = {}
+        self.finish: dict[int, str | None] = {}
+        self.stop: dict[int, str] = {}
 
     def set_prompt(self, ids: Any) -> None:
         """Keep the first prompt ids seen."""
-        if not self.has_prompt:
-            self._prompt = ids
+        if self.prompt is None:
+            self.prompt = ids
 
     def parse(self, content: bytes, offset: int = 0) -> Any:
         """``content[offset:]`` parsed (``ValueError`` when it is not JSON)."""
@@ -89,55 +69,42 @@ class Capture:
                 return loads(view[offset:])
         return loads(content)
 
-    def pack_prompt(self) -> None:
-        """Turn the prompt ids into their array now (a stream would hold the int list to its
-        end: ~40 KB per 1,000-token prompt, 2.5 MB of small objects at 64 streams)."""
-        if self._prompt is not None:
-            self._prompt_ids, self._prompt = ids_array(self._prompt), None
+    def take(self, index: int, ids: Any, logprobs: list[Any], finish: Any, stop: Any) -> None:
+        """One choice's (part of) token ids and logprobs (chat entries or floats)."""
+        if ids is not None:
+            self.ids.setdefault(index, []).extend(ids)
+        if logprobs and type(logprobs[0]) is dict:
+            logprobs = [float(e["logprob"]) for e in logprobs]
+        self.logprobs.setdefault(index, []).extend(logprobs)
+        if finish is not None or index not in self.finish:
+            self.finish[index] = finish
+        if type(stop) is str:
+            self.stop[index] = stop
 
-    @property
-    def prompt_ids(self) -> array[int] | None:
-        """The prompt ids as an array (None when none arrived)."""
-        if self._prompt is not None:
-            self._prompt_ids, self._prompt = ids_array(self._prompt), None
-        return self._prompt_ids
-
-    def _join(self) -> None:
-        for index, (ids, logprobs) in self.parts.items():
-            completion = self.choice(index)
-            if completion.token_ids:
-                ids = [*completion.token_ids, *ids]
-            completion.token_ids = ids_array(ids)
-            values = _logprobs(logprobs)
-            if completion.logprobs:
-                values = [*completion.logprobs, *values]
-            completion.logprobs = logprob_array(values)
-        self.parts.clear()
-
-    def choice(self, index: int) -> Completion:
-        """The completion of choice ``index`` (created on first sight)."""
-        found = self.choices.get(index)
-        if found is None:
-            found = self.choices[index] = Completion(index=index)
-        return found
-
-    def completions(self) -> list[Completion]:
-        """The choices in index order (raises ValueError on malformed ids or logprobs)."""
-        if self.parts:
-            try:
-                self._join()
-            except (KeyError, TypeError, ValueError, OverflowError) as exc:
-                raise ValueError(f"malformed token ids or logprobs: {exc!r}") from None
-        return [self.choices[i] for i in sorted(self.choices)]
+    def fill(self, record: CallRecord) -> None:
+        """Put the captured ids and logprobs into ``record`` (``ValueError``/``TypeError``/
+        ``OverflowError`` when the upstream sent something else than ids and numbers)."""
+        record.usage = self.usage
+        record.prompt_ids = ids_array(self.prompt)
+        record.completions = [
+            Completion(
+                i,
+                ids_array(self.ids.get(i, [])),
+                logprob_array(self.logprobs[i]),
+                self.finish[i],
+                self.stop.get(i),
+            )
+            for i in sorted(self.finish)
+        ]
 
     def missing(self, backend: str) -> str | None:
         """What the upstream failed to return, in words, or None when nothing is missing."""
         what = []
-        if not self.has_prompt:
+        if self.prompt is None:
             what.append("prompt token ids")
-        if any(i not in self.ids_seen for i in self.choices):
+        if any(i not in self.ids for i in self.finish):
             what.append("completion token ids")
-        elif any(self._count(i, 0) != self._count(i, 1) for i in self.choices):
+        elif any(len(self.ids[i]) != len(self.logprobs[i]) for i in self.finish):
             what.append("one logprob per completion token")
         if not what:
             return None
@@ -147,20 +114,6 @@ class Capture:
             else "does this SGLang accept return_prompt_token_ids and return_meta_info?"
         )
         return f"the {backend} upstream returned no {' and no '.join(what)}; {hint}"
-
-    def _count(self, index: int, which: int) -> int:
-        """How many ids (``which`` 0) or logprobs (1) choice ``index`` has, joined or not."""
-        completion = self.choices[index]
-        done = len(completion.token_ids if which == 0 else completion.logprobs)
-        parts = self.parts.get(index)
-        return done + (len(parts[which]) if parts else 0)
-
-
-def _logprobs(items: list[Any]) -> list[Any]:
-    """Chat's logprob entries as their floats (completions' items are floats already)."""
-    if items and type(items[0]) is dict:  # JSON objects parse to dicts (the hot path)
-        return [float(e["logprob"]) for e in items]
-    return items
 
 
 class Backend:
@@ -207,61 +160,35 @@ class VLLMBackend(Backend):
     def take_response(
         self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
     ) -> None:
-        root_prompt = data.pop("prompt_token_ids", None)
-        if root_prompt is not None:
-            capture.set_prompt(root_prompt)
-        self._choices(data, capture, keep_logprobs, endpoint, entries=True)
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            capture.usage = usage
+        self.take_chunk(data, capture, keep_logprobs, endpoint)
 
     def take_chunk(
         self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
     ) -> None:
-        # A chunk's logprob entries become floats at once: kept to the stream's end, the
-        # entry dicts of 64 concurrent streams cost the gateway about 6 MB.
+        # Once per stream event: plain dict operations.
         root_prompt = data.pop("prompt_token_ids", None)
-        if root_prompt is not None:
+        if root_prompt is not None:  # chat: at the root
             capture.set_prompt(root_prompt)
-        self._choices(data, capture, keep_logprobs, endpoint, entries=False)
+        key = "content" if endpoint == CHAT else "token_logprobs"
+        for ch in data.get("choices") or ():
+            prompt = ch.pop("prompt_token_ids", None)
+            if prompt is not None:  # completions: per choice
+                capture.set_prompt(prompt)
+            logprobs = ch.get("logprobs")
+            items = logprobs.get(key) if type(logprobs) is dict else None
+            # vLLM names the stop string that cut the text inside the last token
+            capture.take(
+                int(ch.get("index", 0)),
+                ch.pop("token_ids", None),
+                items or [],
+                ch.get("finish_reason"),
+                ch.get("stop_reason"),
+            )
+            if not keep_logprobs:
+                ch["logprobs"] = None
         usage = data.get("usage")
         if isinstance(usage, dict):
             capture.usage = usage
-
-    @staticmethod
-    def _choices(
-        data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str, entries: bool
-    ) -> None:
-        # Once per stream event: plain dict operations, no helper calls on the way.
-        key = "content" if endpoint == CHAT else "token_logprobs"
-        every = capture.parts
-        for ch in data.get("choices") or ():
-            index = ch.get("index", 0)
-            if type(index) is not int:
-                index = int(index)
-            parts = every.get(index)
-            if parts is None:
-                capture.choice(index)
-                parts = every[index] = ([], [])
-            if "prompt_token_ids" in ch:  # completions: per choice
-                prompt = ch.pop("prompt_token_ids")
-                if prompt is not None:
-                    capture.set_prompt(prompt)
-            ids = ch.pop("token_ids", None)
-            if ids is not None:
-                parts[0].extend(ids)
-                capture.ids_seen.add(index)
-            logprobs = ch.get("logprobs")
-            if logprobs:
-                items = logprobs.get(key) if type(logprobs) is dict else None
-                if items:
-                    # a whole answer's entries are read after it is out; a chunk's now
-                    parts[1].extend(items if entries else _logprobs(items))
-            if not keep_logprobs:
-                ch["logprobs"] = None
-            finish = ch.get("finish_reason")
-            if finish is not None:
-                capture.choices[index].finish_reason = finish
 
 
 class SGLangBackend(Backend):
@@ -287,19 +214,20 @@ class SGLangBackend(Backend):
         if root_prompt is not None:
             capture.set_prompt(root_prompt)
         for ch in data.get("choices") or ():
-            completion = capture.choice(int(ch.get("index", 0)))
             prompt = ch.pop("prompt_token_ids", None)
             if prompt is not None:
                 capture.set_prompt(prompt)
             meta = ch.pop("meta_info", None)
             entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
-            if entries is not None:
-                capture.ids_seen.add(completion.index)
-                completion.token_ids = ids_array(int(e[1]) for e in entries)
-                completion.logprobs = logprob_array(float(e[0]) for e in entries)
+            capture.take(
+                int(ch.get("index", 0)),
+                None if entries is None else [e[1] for e in entries],
+                [] if entries is None else [float(e[0]) for e in entries],
+                ch.get("finish_reason"),
+                None,
+            )
             if not keep_logprobs:
                 ch["logprobs"] = None
-            completion.finish_reason = ch.get("finish_reason")
         usage = data.get("usage")
         if isinstance(usage, dict):
             capture.usage = usage

@@ -1,19 +1,21 @@
-"""JSON on the gateway's hot path: orjson, about ten times cheaper than the json module.
+"""JSON in and out of the gateway, and the one check of what it accepts (the door).
 
-Every model call is parsed and re-encoded once, a streamed one once per SSE event (200
-events for a 200-token answer), so this is most of the gateway's own CPU.
+orjson on the hot path (every call is parsed and re-encoded once, a streamed one once per SSE
+event): about ten times cheaper than the json module.
 
-:func:`loads` only returns what :func:`dumps` can write back, so a parsed body can always
-be forwarded: orjson refuses ``NaN``/``Infinity`` (not JSON, but some peers send them),
-which the json module then reads, and that result must survive ``orjson.dumps`` (a lone
-surrogate such as ``"\\ud800"`` or an integer beyond 64 bits does not: ``ValueError``).
-Nesting is bounded by orjson's depth limit (:data:`MAX_DEPTH`) before any fallback, and
-the json module's own recursion is caught, so no document reaches a ``RecursionError``.
+Whatever the gateway accepts, from an agent's request or the admin routes alike, it must be
+able to re-encode for the upstream, serve back (the trace views) and finish (the gzip trace):
+so :func:`parse_object` refuses, as :class:`Invalid` (a ``ValueError``, answered 400), what
+cannot make that trip. orjson reads JSON it cannot write back: nesting deeper than its
+encoder goes (it reads 1,024 levels, writes 254), and integers beyond 64 bits, which it reads
+as floats (``2**64`` would reach the upstream as ``1.8446744073709552e+19``). Lone
+surrogates (``"\\ud800"``), ``NaN`` and ``Infinity`` (not JSON) it refuses on reading. Values
+given in Python (``open_session``'s sampling and ids) pass the same check (:func:`check_value`).
 
 Example::
 
-    data = loads(b'{"a": 1}')
-    dumps(data)   # b'{"a":1}'
+    body = parse_object(raw)          # Invalid: 400 naming the problem
+    check_value({"seed": 10**30})     # Invalid: an integer beyond 64 bits
 """
 
 from __future__ import annotations
@@ -28,37 +30,83 @@ try:
 except ModuleNotFoundError as exc:
     raise MissingExtraError("the rollout gateway", "gateway", "orjson") from exc
 
-__all__ = ["MAX_DEPTH", "dumps", "loads"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_VERSION",
+    "Invalid",
+    "check_value",
+    "check_version",
+    "dumps",
+    "loads",
+    "parse_object",
+]
 
 #: Compact UTF-8 JSON bytes.
 dumps: Final = orjson.dumps
-#: The deepest nesting of arrays and objects read (orjson's own limit).
-MAX_DEPTH: Final = 1024
-#: What only the json module reads: the reason to try it after orjson refused a document.
-_NON_JSON_NUMBERS: Final = (b"NaN", b"Infinity")
+#: Parse JSON (an upstream's answer); a ``ValueError`` when it is not JSON.
+loads: Final = orjson.loads
+#: The deepest nesting of arrays and objects accepted: what orjson can write back.
+MAX_DEPTH: Final = 254
+#: The largest policy version (a signed 64-bit integer, as trainers count steps).
+MAX_VERSION: Final = 2**63 - 1
+_INTS: Final = (-(2**63), 2**64 - 1)  # what orjson reads as an integer
+# A run of 19 digits may be an integer beyond 64 bits, which orjson reads as a float: found
+# as a run of zeros once every digit is a zero (a C-speed pass; a regex is twenty times slower).
+_ZEROS: Final = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER: Final = b"0" * 19
 
 
-def loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """Parse JSON; ``ValueError`` naming the problem when it is not JSON the gateway can
-    forward (malformed, nested deeper than :data:`MAX_DEPTH`, a lone surrogate)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        refused = exc
-    message = str(refused)
-    if "depth" in message or "recursion" in message.lower():
-        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    if not any(token in raw for token in _NON_JSON_NUMBERS):
-        raise ValueError(message) from None
-    try:
-        value = json.loads(raw)  # NaN, Infinity: Python's json reads them, orjson does not
-    except RecursionError:
-        raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError:
-        raise ValueError(message) from None
+class Invalid(ValueError):
+    """Input the gateway does not accept (answered 400 with this message)."""
+
+
+def _int(text: str) -> int:
+    value = int(text)
+    if not _INTS[0] <= value <= _INTS[1]:
+        raise Invalid(f"integer {text[:40]} is beyond the 64-bit range")
+    return value
+
+
+def check_value(value: Any, what: str = "the value") -> None:
+    """Refuse (:class:`Invalid`) what cannot be written back as JSON (see the module doc)."""
     try:
         dumps(value)
     except (orjson.JSONEncodeError, TypeError) as exc:
-        raise ValueError(f"JSON that cannot be forwarded: {exc}") from None
+        message = str(exc)
+        if "ecursion" in message:
+            message = f"nested deeper than {MAX_DEPTH} levels"
+        elif "64-bit" in message:
+            message = "an integer beyond the 64-bit range"
+        raise Invalid(f"{what} cannot be forwarded as JSON: {message}") from None
+
+
+def parse_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
+    """``raw`` as a JSON object the gateway can forward, serve and finish; :class:`Invalid`
+    naming the problem otherwise."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if "depth" in str(exc):
+            raise Invalid(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+        raise Invalid(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise Invalid(f"{what} must be a JSON object")
+    # Fewer brackets than the limit cannot nest deeper: only a bracket-rich body is written
+    # back once to see (orjson's encoder is ten times faster than a walk in Python).
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        check_value(value, what)
+    if _LONG_NUMBER in raw.translate(_ZEROS):  # rare: read its integers exactly, in the json module
+        try:
+            json.loads(raw, parse_int=_int)
+        except Invalid as exc:
+            raise Invalid(f"{what} cannot be forwarded: {exc}") from None
     return value
+
+
+def check_version(version: Any) -> int:
+    """A policy version: an int in ``0..MAX_VERSION`` (``TypeError``/:class:`Invalid`)."""
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TypeError(f"policy version must be an int, got {version!r}")
+    if not 0 <= version <= MAX_VERSION:
+        raise Invalid(f"policy version must be in 0..{MAX_VERSION}, got {str(version)[:40]}")
+    return version

@@ -12,7 +12,6 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Final
 
 from starlette.types import Send
@@ -52,7 +51,7 @@ class ProxyMode:
 
     async def serve(self, call: Call, send: Send) -> None:
         """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
-        endpoint, session, record = call.endpoint, call.session, call.record
+        endpoint = call.endpoint
         stream, sse_usage = call.stream, include_usage(call)
         upstream_body, keep_logprobs = self.backend.prepare(dict(call.body), endpoint)
         payload = dumps(upstream_body)
@@ -61,21 +60,7 @@ class ProxyMode:
         # A stream's tokens are counted as they arrive: the resume after a suspend starts the
         # new version's span at the count (a whole answer's tokens keep the call's version).
         versions = call.versions
-        versions.count = lambda: capture._count(0, 0) if 0 in capture.choices else 0
-
-        def fill() -> None:  # the captured lists as arrays, once the answer is out
-            session.unfilled.pop(record.index, None)
-            record.usage = capture.usage
-            try:
-                record.prompt_ids = capture.prompt_ids or record.prompt_ids
-                record.completions = capture.completions()
-                if len(versions.starts) > 1 and record.completions:
-                    record.completions[0].versions = versions.starts
-            except (ValueError, TypeError, OverflowError) as exc:
-                if record.error is None:
-                    record.error = f"the upstream sent {exc}"
-
-        session.unfilled[record.index] = fill
+        versions.count = lambda: len(capture.ids.get(0, ()))
         pool = call.upstream
         target = pool.target("/chat/completions" if endpoint != "completions" else "/completions")
         try:
@@ -91,22 +76,20 @@ class ProxyMode:
             else:  # the whole answer in one wake-up
                 status, content = await pool.fetch(target, payload)
                 del payload
-            if status != 200:
-                text = content[:500].decode("utf-8", "replace")
-                call.commit(status, f"upstream answered HTTP {status}: {text}")
-                await respond(send, status, content)
-                return
-            data = self._whole(content, call, capture, keep_logprobs)
-            del content
-            call.commit(200)
-            if stream:  # the upstream could not stream with capture on: the whole answer
-                await send_sse(send, synthesize_sse(data, endpoint, sse_usage))
-            else:
-                await respond(send, 200, dumps(data))
         finally:
             call.gate.live.discard(versions)
-            if call.committed:
-                fill()  # off the agent's path: its answer is out (or the call failed)
+        if status != 200:
+            text = content[:500].decode("utf-8", "replace")
+            call.commit(status, f"upstream answered HTTP {status}: {text}")
+            await respond(send, status, content)
+            return
+        data = self._whole(content, call, capture, keep_logprobs)
+        del content
+        call.commit(200)
+        if stream:  # the upstream could not stream with capture on: the whole answer
+            await send_sse(send, synthesize_sse(data, endpoint, sse_usage))
+        else:
+            await respond(send, 200, dumps(data))
 
     def _whole(
         self, content: bytes, call: Call, capture: Capture, keep_logprobs: bool
@@ -125,7 +108,18 @@ class ProxyMode:
         missing = capture.missing(self.backend.name)
         if missing:
             raise Refuse(502, missing, "upstream_missing_token_ids")
+        try:
+            self._fill(call, capture)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise Refuse(502, f"the upstream sent {exc}", "upstream_invalid") from None
         return data
+
+    @staticmethod
+    def _fill(call: Call, capture: Capture) -> None:
+        """The record's arrays from the capture, and where each version's tokens start."""
+        capture.fill(call.record)
+        if len(call.versions.starts) > 1 and call.record.completions:
+            call.record.completions[0].versions = call.versions.starts
 
     async def _relay(
         self,
@@ -175,9 +169,9 @@ class ProxyMode:
                     else:
                         out.append(event)
                     out.append(b"\n\n")
-                    if not started and (capture.has_prompt or capture.choices):
+                    if not started and (capture.prompt is not None or capture.finish):
                         # vLLM sends the prompt ids on the first chunk: refuse before any byte
-                        if not capture.has_prompt:
+                        if capture.prompt is None:
                             what = capture.missing(self.backend.name) or "no prompt token ids"
                             raise Refuse(502, what, "upstream_missing_token_ids")
                         started = True
@@ -186,7 +180,6 @@ class ProxyMode:
                         )
                         first, out = b"".join(out), []
                         await send({"type": "http.response.body", "body": first, "more_body": True})
-                        capture.pack_prompt()  # after the first byte: not on the agent's path
                 if not started:
                     if not done:
                         held = out
@@ -199,7 +192,7 @@ class ProxyMode:
                         {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
                     )
                 if done:
-                    await self._end_stream(send, out, capture, call.commit)
+                    await self._end_stream(send, out, capture, call)
                     return
                 if out:
                     await send(
@@ -218,16 +211,19 @@ class ProxyMode:
             return
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await self._end_stream(send, [*held, *unread], capture, call.commit)
+        await self._end_stream(send, [*held, *unread], capture, call)
 
-    async def _end_stream(
-        self, send: Send, out: list[bytes], capture: Capture, commit: Callable[..., None]
-    ) -> None:
-        missing = capture.missing(self.backend.name)
+    async def _end_stream(self, send: Send, out: list[bytes], capture: Capture, call: Call) -> None:
+        missing, kind = capture.missing(self.backend.name), "upstream_missing_token_ids"
+        if not missing:
+            try:
+                self._fill(call, capture)
+            except (ValueError, TypeError, OverflowError) as exc:
+                missing, kind = f"the upstream sent {exc}", "upstream_invalid"
         if missing:
-            commit(502, missing)
-            tail = b"data: " + error_body(502, missing, "upstream_missing_token_ids") + b"\n\n"
+            call.commit(502, missing)
+            tail = b"data: " + error_body(502, missing, kind) + b"\n\n"
         else:
-            commit(200)  # before the last byte: an envelope can never overtake its last record
+            call.commit(200)  # before the last byte: an envelope never overtakes its last record
             tail = _DONE + b"\n\n"
         await send({"type": "http.response.body", "body": b"".join(out) + tail})

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import io
 import json
 import struct
-import uuid
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,13 +65,17 @@ class Completion:
     ``versions``: ``[(first token index, policy version), ...]`` when a weight update came
     while it was generated (``None``: every token has the call's starting version).
 
+    ``stop_string``: the stop string that ended the text the agent got inside the last
+    token (vLLM and OpenAI cut the text before it): the ids decode to more than the agent's
+    text. None when they decode to it.
+
     Example::
 
         completion = record.completions[0]
         list(zip(completion.token_ids, completion.logprobs))
     """
 
-    __slots__ = ("finish_reason", "index", "logprobs", "token_ids", "versions")
+    __slots__ = ("finish_reason", "index", "logprobs", "stop_string", "token_ids", "versions")
 
     def __init__(
         self,
@@ -81,9 +83,11 @@ class Completion:
         token_ids: array[int] | None = None,
         logprobs: array[float] | None = None,
         finish_reason: str | None = None,
+        stop_string: str | None = None,
         versions: list[tuple[int, int]] | None = None,
     ) -> None:
         self.index = index
+        self.stop_string = stop_string
         self.token_ids = ids_array() if token_ids is None else token_ids
         self.logprobs = logprob_array() if logprobs is None else logprobs
         self.finish_reason = finish_reason
@@ -104,14 +108,12 @@ class Completion:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return self._json(self.token_ids.tolist(), self.logprobs.tolist())
-
-    def _json(self, token_ids: Any, logprobs: Any) -> dict[str, Any]:
         out = {
             "index": self.index,
-            "token_ids": token_ids,
-            "logprobs": logprobs,
+            "token_ids": self.token_ids.tolist(),
+            "logprobs": self.logprobs.tolist(),
             "finish_reason": self.finish_reason,
+            "stop_string": self.stop_string,
         }
         if self.versions is not None:
             out["versions"] = [list(start) for start in self.versions]
@@ -125,6 +127,7 @@ class Completion:
             token_ids=ids_array(data.get("token_ids") or ()),
             logprobs=logprob_array(data.get("logprobs") or ()),
             finish_reason=data.get("finish_reason"),
+            stop_string=data.get("stop_string"),
             versions=[(int(at), int(v)) for at, v in data.get("versions") or ()] or None,
         )
 
@@ -253,11 +256,6 @@ class CallRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form (the request embedded as JSON, not as bytes)."""
-        return self._json(
-            self.request, self.prompt_ids.tolist(), [c.to_json() for c in self.completions]
-        )
-
-    def _json(self, request: Any, prompt_ids: Any, completions: list[Any]) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
             "index": self.index,
@@ -266,9 +264,9 @@ class CallRecord:
             "input_id": self.input_id,
             "policy_version_start": self.policy_version_start,
             "policy_version_end": self.policy_version_end,
-            "request": request,
-            "prompt_ids": prompt_ids,
-            "completions": completions,
+            "request": self.request,
+            "prompt_ids": self.prompt_ids.tolist(),
+            "completions": [c.to_json() for c in self.completions],
             "usage": self.usage,
             "started_at": self.started_at,
             "latency_s": self.latency_s,
@@ -343,9 +341,6 @@ class SessionTrace:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return self._json([r.to_json() for r in self.records])
-
-    def _json(self, records: list[Any]) -> dict[str, Any]:
         return {
             "format": TRACE_FORMAT,
             "session_id": self.session_id,
@@ -353,7 +348,7 @@ class SessionTrace:
             "input_id": self.input_id,
             "gateway_id": self.gateway_id,
             "complete": self.complete,
-            "records": records,
+            "records": [r.to_json() for r in self.records],
         }
 
     @classmethod
@@ -378,52 +373,8 @@ def dump_trace(trace: SessionTrace, *, level: int = 6) -> bytes:
 
         Path("t.trace.json.gz").write_bytes(dump_trace(trace))
     """
-    # Written a record at a time, its request on its own and its ids and logprobs a slice
-    # at a time: as one document, a call with a 5M-token prompt is a list of 5M Python ints
-    # and their text (~500 MB). The bytes are those of
-    # ``json.dumps(trace.to_json(), separators=(",", ":"))``.
-    marker = f"\x00{uuid.uuid4().hex}"
-    quoted = json.dumps(marker)
-    arrays: list[array[Any] | CallRecord] = []  # a record stands for its request
-
-    def slot(values: array[Any] | CallRecord) -> str:
-        arrays.append(values)
-        return f"{marker}{len(arrays) - 1}"
-
-    out = io.BytesIO()
-    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=level, mtime=0) as gz:
-        head, tail = _COMPACT(trace._json([marker])).split(quoted, 1)
-        gz.write(head.encode())
-        for i, record in enumerate(trace.records):
-            arrays.clear()
-            completions = [c._json(slot(c.token_ids), slot(c.logprobs)) for c in record.completions]
-            text = _COMPACT(record._json(slot(record), slot(record.prompt_ids), completions))
-            pieces = text.split(quoted[:-1])  # each but the first starts with its slot's number
-            gz.write((("," if i else "") + pieces[0]).encode())
-            del text
-            for piece in pieces[1:]:
-                number, rest = piece.split('"', 1)
-                value = arrays[int(number)]
-                if isinstance(value, CallRecord):
-                    gz.write(_COMPACT(value.request).encode())
-                else:
-                    _write_array(gz, value)
-                gz.write(rest.encode())
-        gz.write(tail.encode())
-    return out.getvalue()
-
-
-_COMPACT: Final = json.JSONEncoder(separators=(",", ":")).encode
-_SLICE: Final = 1 << 16  # values written at a time
-
-
-def _write_array(gz: gzip.GzipFile, values: array[Any]) -> None:
-    """``values`` as a JSON list, a slice at a time."""
-    gz.write(b"[")
-    for at in range(0, len(values), _SLICE):
-        text = _COMPACT(values[at : at + _SLICE].tolist())
-        gz.write(("," if at else "").encode() + text[1:-1].encode())
-    gz.write(b"]")
+    text = json.dumps(trace.to_json(), separators=(",", ":"))
+    return gzip.compress(text.encode(), compresslevel=level, mtime=0)
 
 
 def load_trace(blob: bytes) -> SessionTrace:

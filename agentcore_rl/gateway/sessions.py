@@ -10,7 +10,6 @@ silently: without a sink the loss is logged and counted, and finishing it later 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,9 +98,6 @@ class Session:
     last_seen: float = 0.0
     in_flight: int = 0
     idle: anyio.Event | None = None  # set when in_flight drops to 0 while someone waits
-    # call index -> what turns a committed record's captured lists into its typed arrays
-    # (the call runs it once its answer is out; a reader runs it first if it comes earlier)
-    unfilled: dict[int, Callable[[], None]] = field(default_factory=dict)
     # the rendering mode's linear history (render/linear.py), made on the first call
     render: Any = None
 
@@ -128,15 +124,8 @@ class Session:
         if self.in_flight == 0 and self.idle is not None:
             self.idle.set()
 
-    def fill(self) -> None:
-        """Finish every committed record's arrays now (before anyone reads them)."""
-        while self.unfilled:
-            _, filler = self.unfilled.popitem()
-            filler()
-
     def trace(self, gateway_id: str, *, complete: bool = True) -> SessionTrace:
         """The records so far as a :class:`SessionTrace` (sharing the record objects)."""
-        self.fill()
         return SessionTrace(
             session_id=self.session_id,
             exp_id=self.exp_id,

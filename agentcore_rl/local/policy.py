@@ -214,6 +214,7 @@ class ScriptedPolicy:
         self.keep_answers = keep_answers
         self.answers: list[tuple[list[int], list[tuple[list[int], list[float]]]]] = []
         self.requests = 0
+        self.last_request: Any = None  # the last body served (what the gateway forwarded)
         self._sleep = sleep
         self.token_rate = token_rate
         self.weight_version = "0"
@@ -351,7 +352,7 @@ class ScriptedPolicy:
         if not _is_ids(ids):
             return _error(_BadRequest("input_ids must be a non-empty list of token ids"))
         params = body.get("sampling_params") or {}
-        completion, logprobs, finish = self.voice.generate(ids, params.get("max_new_tokens"))
+        completion, logprobs, finish, _ = self.voice.generate(ids, params.get("max_new_tokens"))
         self._remember(ids, [{"_ids": completion, "_logprobs": logprobs}])
         if self.latency:
             await self._sleep(self.latency)
@@ -389,12 +390,13 @@ class ScriptedPolicy:
         except RenderError as exc:
             raise _BadRequest(str(exc), "messages") from None
         budget = body.get("max_completion_tokens") or body.get("max_tokens")
-        ids, logprobs, finish = voice.generate(prompt, budget)
+        ids, logprobs, finish, reason = voice.generate(prompt, budget, **_sampling(body))
         seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-        message = voice.message(ids, seed)
+        message = voice.message(ids, seed, reason)
         if message.get("tool_calls"):
             finish = "tool_calls"
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        choice["stop_reason"] = reason
         choice["logprobs"] = (
             {
                 "content": [
@@ -426,9 +428,13 @@ class ScriptedPolicy:
             prompt = voice.template.encode(prompt)
         if not _is_ids(prompt):
             raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
-        ids, logprobs, finish = voice.generate(prompt, body.get("max_tokens"))
+        ids, logprobs, finish, reason = voice.generate(
+            prompt, body.get("max_tokens"), **_sampling(body)
+        )
         least = int(body.get("min_tokens") or 0)
-        if finish == "stop" and 1 < len(ids) <= least:  # say it again until min_tokens are out
+        if (
+            finish == "stop" and reason is None and 1 < len(ids) <= least
+        ):  # say it again until min_tokens are out
             times = least // (len(ids) - 1) + 1
             ids = [*(ids[:-1] * times)[:least], ids[-1]]
             logprobs = [*(logprobs[:-1] * times)[:least], logprobs[-1]]
@@ -436,17 +442,27 @@ class ScriptedPolicy:
             if budget is not None and len(ids) > budget:
                 ids, logprobs, finish = ids[:budget], logprobs[:budget], "length"
         skip = body.get("skip_special_tokens", True)
+        text = voice.template.tokenizer.decode(ids, skip_special_tokens=skip)
         choice: dict[str, Any] = {
             "index": 0,
-            "text": voice.template.tokenizer.decode(ids, skip_special_tokens=skip),
+            "text": text[: text.find(reason)] if reason else text,
             "finish_reason": finish,
+            "stop_reason": reason,
             "logprobs": None,
         }
-        if body.get("logprobs") is not None:
+        top = body.get("logprobs")
+        if top is not None:
+            tokens = voice.token_texts(ids)
             choice["logprobs"] = {
-                "tokens": voice.token_texts(ids),
+                "tokens": tokens,
                 "token_logprobs": logprobs,
-                "top_logprobs": None,
+                # the sampled token first, then made-up runners-up (vLLM: the top ``top``)
+                "top_logprobs": [
+                    {t: lp, **{f"<alt{j}>": lp - j for j in range(1, top)}}
+                    for t, lp in zip(tokens, logprobs, strict=True)
+                ]
+                if top
+                else None,
                 "text_offset": [],
             }
         if self._wants_ids(body):
@@ -462,7 +478,7 @@ class ScriptedPolicy:
     ) -> Response:
         self.requests += 1
         try:
-            body = await request.json()
+            body = self.last_request = await request.json()
         except ValueError:
             return _error(_BadRequest("request body is not valid JSON"))
         try:
@@ -652,6 +668,17 @@ class ScriptedPolicy:
         if not draw.correct:
             value = value + draw.slip
         return f"The answer is {format_number(value)}."
+
+
+def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The stop strings and logit bias of a request, as the voice takes them."""
+    stop = body.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    bias = body.get("logit_bias")
+    return {
+        "stop": [s for s in stops if isinstance(s, str)],
+        "logit_bias": bias if isinstance(bias, Mapping) else None,
+    }
 
 
 def _is_ids(value: object) -> TypeGuard[list[int]]:

@@ -16,14 +16,14 @@ the last number in the prompt (the tool's last result). Still not a language mod
 Example::
 
     voice = TemplateVoice("/tmp/qwen3", tool_call_parser="hermes", reasoning_parser="qwen3")
-    ids, logprobs = voice.generate(voice.template.encode(prompt_text))
+    ids, logprobs, finish, stop_reason = voice.generate(voice.template.encode(prompt_text))
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from agentcore_rl.gateway.render.parsers import (
@@ -90,9 +90,16 @@ class TemplateVoice:
         return self.template.encode(text)
 
     def generate(
-        self, prompt_ids: list[int], max_tokens: int | None = None
-    ) -> tuple[list[int], list[float], str]:
-        """-> (completion ids, their logprobs, finish reason) for a prompt."""
+        self,
+        prompt_ids: list[int],
+        max_tokens: int | None = None,
+        *,
+        stop: Sequence[str] = (),
+        logit_bias: Mapping[str, float] | None = None,
+    ) -> tuple[list[int], list[float], str, str | None]:
+        """-> (completion ids, their logprobs, finish reason, the stop string that ended it)
+        for a prompt. As vLLM: a stop string ends the completion with the token that holds
+        it; a ``logit_bias`` of -100 on the stop token means it never stops by itself."""
         text = self.template.decode(prompt_ids)
         steps = [int(s) for s in _STEP.findall(text)]
         done = max(steps, default=0)
@@ -103,7 +110,7 @@ class TemplateVoice:
                 parts.append(self.reasoning.format(f"Step {step}: I ask the {self.tool_name}."))
             call = ToolCall(self.tool_name, {"expression": f"{10 * step} + {step}", "step": step})
             parts.append(self.tools.format([call]))
-            stop = self._call_stop
+            end_id = self._call_stop
         else:
             numbers = _NUMBER.findall(text[text.rfind('"step"') :] if steps else text)
             value = numbers[-1] if numbers else "unknown"
@@ -112,17 +119,31 @@ class TemplateVoice:
             content = f"The answer is {value}."
             final = getattr(self.tools, "format_content", None)
             parts.append(final(content) if final is not None else content)
-            stop = self.stop_id
-        ids = [*self.template.encode("".join(parts)), stop]
-        finish = "stop"
+            end_id = self.stop_id
+        ids = [*self.template.encode("".join(parts)), end_id]
+        finish, reason = "stop", None
+        if float((logit_bias or {}).get(str(end_id), 0)) <= -100:  # it cannot stop: it rambles
+            ids, finish = ids[:-1] + self.template.encode(" and so on") * 16, "length"
+        decode = self.template.tokenizer.decode
+        for end in range(1, len(ids) + 1) if stop else ():
+            text = decode(ids[:end], skip_special_tokens=True)
+            found = [s for s in stop if s and s in text]
+            if found:
+                ids, reason, finish = ids[:end], min(found, key=text.find), "stop"
+                break
         if max_tokens is not None and len(ids) > max_tokens:
-            ids, finish = ids[:max_tokens], "length"
-        return ids, [_logprob(self.seed, i, t) for i, t in enumerate(ids)], finish
+            ids, finish, reason = ids[:max_tokens], "length", None
+        return ids, [_logprob(self.seed, i, t) for i, t in enumerate(ids)], finish, reason
 
-    def message(self, ids: list[int], call_seed: str) -> dict[str, Any]:
-        """The completion as an OpenAI assistant message, parsed as vLLM's parsers would."""
+    def message(
+        self, ids: list[int], call_seed: str, stop_reason: str | None = None
+    ) -> dict[str, Any]:
+        """The completion as an OpenAI assistant message, parsed as vLLM's parsers would
+        (the text ends before the stop string that ended it)."""
         stopped = bool(ids) and ids[-1] in self._stops
         text = self.template.decode(ids[:-1] if stopped else ids)
+        if stop_reason:
+            text = text[: text.find(stop_reason)]
         return parse_completion(text, self.reasoning, self.tools, call_seed)
 
     def token_texts(self, ids: list[int]) -> list[str]:

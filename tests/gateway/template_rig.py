@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from openai import AsyncOpenAI
 
 from agentcore_rl.gateway import RolloutGateway
@@ -36,6 +37,12 @@ RENDER_MISSING: str | None = next(
     ),
     None,
 )
+#: The template tests' marks: skipped without the render extra; the first test builds the
+#: tokenizers (downloading llama.cpp's files once per machine).
+TEMPLATE_MARKS = [
+    pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or ""),
+    pytest.mark.timeout(600),
+]
 
 
 def tokenizer_dir(name: str) -> Path:

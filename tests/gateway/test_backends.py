@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from agentcore_rl.gateway.backends import Capture, backend_named, synthesize_sse
+from agentcore_rl.gateway.record import CallRecord
 
 
 def test_sglang_request_flags_and_answer_capture() -> None:
@@ -31,9 +32,10 @@ def test_sglang_request_flags_and_answer_capture() -> None:
     capture = Capture()
     backend.take_response(answer, capture, keep, "chat.completions")
     assert capture.missing("sglang") is None
-    assert capture.prompt_ids is not None
-    assert capture.prompt_ids.tolist() == [1, 2, 3]
-    (completion,) = capture.completions()
+    record = CallRecord("s", 0, "chat.completions")
+    capture.fill(record)
+    assert record.prompt_ids.tolist() == [1, 2, 3]
+    (completion,) = record.completions
     assert completion.token_ids.tolist() == [42, 43]
     assert completion.logprobs.tolist() == [-0.5, -0.25]
     choice = answer["choices"][0]

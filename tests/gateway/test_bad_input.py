@@ -246,25 +246,17 @@ DEEP = b"[" * 5000 + b"]" * 5000
 @pytest.mark.parametrize(
     ("content", "words"),
     [
-        (DEEP, "nested deeper than 1024 levels"),
-        (b'{"messages": [NaN, ' + DEEP + b"]}", "nested deeper than 1024 levels"),
+        (DEEP, "nested deeper than 254 levels"),
+        (b'{"messages": ' + b"[" * 254 + b"]" * 254 + b"}", "nested deeper than 254 levels"),
+        (b'{"messages": [NaN]}', "not valid JSON"),
         (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
-        (b'{"x": NaN, "messages": [{"role": "user", "content": "\\ud800"}]}', "surrogate"),
-        (b'{"x": NaN, "messages": [], "n": 123456789012345678901234567890}', "64-bit"),
+        (b'{"messages": [], "n": 123456789012345678901234567890}', "64-bit"),
+        (b'{"messages": [], "seed": 18446744073709551616}', "64-bit"),
         (b'{"messages": [], "model": "\xff\xfe"}', "not valid JSON"),
         (b"", "not valid JSON"),
         (b"null", "must be a JSON object"),
     ],
-    ids=[
-        "deep",
-        "deep-after-nan",
-        "surrogate",
-        "surrogate-after-nan",
-        "bigint",
-        "utf8",
-        "empty",
-        "null",
-    ],
+    ids=["deep", "deep-255", "nan", "surrogate", "bigint", "2**64", "utf8", "empty", "null"],
 )
 async def test_hostile_json_gets_a_400_naming_the_problem(content: bytes, words: str) -> None:
     async with served() as stack, httpx.AsyncClient(base_url=stack.url) as http:
@@ -283,12 +275,11 @@ async def test_hostile_json_gets_a_400_naming_the_problem(content: bytes, words:
         {**BODY, "model": 7},
         {**BODY, "messages": "hello"},
         {**BODY, "messages": None},
-        {**BODY, "temperature": float("nan")},
     ],
 )
 async def test_odd_types_never_get_a_5xx_from_the_gateway(body: dict[str, Any]) -> None:
     async with served() as stack, httpx.AsyncClient(base_url=stack.url) as http:
-        content = json.dumps(body).encode()  # NaN as Python writes it (not JSON)
+        content = json.dumps(body).encode()
         response = await http.post("/sessions/t1/v1/chat/completions", content=content)
         forwarded = stack.policy.requests > 0
         # What the gateway forwards is the upstream's to judge; what it refuses is a 4xx.

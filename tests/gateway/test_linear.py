@@ -11,7 +11,7 @@ import pytest
 
 from tests.gateway.template_rig import (
     QUESTION,
-    RENDER_MISSING,
+    TEMPLATE_MARKS,
     agent,
     chat,
     exactness,
@@ -20,11 +20,7 @@ from tests.gateway.template_rig import (
     trajectory_of,
 )
 
-pytestmark = [
-    pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or ""),
-    # the first test builds the tokenizers (downloading llama.cpp's files once per machine)
-    pytest.mark.timeout(600),
-]
+pytestmark = TEMPLATE_MARKS
 
 TEMPLATES = ["qwen3", "qwen2.5", "llama3.1", "deepseek-r1-distill", "gpt-oss", "mistral-small-3.2"]
 

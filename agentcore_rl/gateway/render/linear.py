@@ -13,7 +13,9 @@ and tool calls; reasoning the agent dropped does not matter). Then
 
 where "after the answer's end-of-turn" is found by counting the answer's stop token: the new
 rendering is cut after as many of them as the rendering of the history up to and including
-the answer holds. Whatever the template renders for the earlier turns (reasoning dropped,
+the answer holds. An answer cut off before its stop token (``max_tokens``, a stop string) is
+closed as the template closes a turn: its end-of-turn token follows the served ids.
+Whatever the template renders for the earlier turns (reasoning dropped,
 calls re-serialised, separators) is replaced by what was served. A request that extends no
 kept turn (the agent truncated or edited its history, a sub-agent with a fresh context)
 starts afresh from the full rendering and is counted as a fork: never a silent mismatch.
@@ -163,14 +165,22 @@ class LinearHistory:
         kwargs: Mapping[str, Any] | None,
     ) -> list[int] | str:
         """The extended prompt ids, or why the turn cannot be extended."""
-        if not turn.stopped or not turn.completion_ids:
-            return "the answer it extends did not end with a stop token"
-        stop_text = template.token_text(turn.completion_ids[-1])
-        if not stop_text:
-            return "the answer it extends ended with an ordinary token"
         # Everything the template renders up to the end of the answer is replaced by the
         # served ids; the cut is after the answer's last stop token in the new rendering.
         upto = template.render(history, tools=tools, add_generation_prompt=False, kwargs=kwargs)
+        close: list[int] = []
+        if turn.stopped:
+            stop_text = template.token_text(turn.completion_ids[-1])
+            if not stop_text:
+                return "the answer it extends ended with an ordinary token"
+        else:  # cut off (max_tokens, a stop string): closed as the template closes a turn
+            ends = [
+                (upto.rfind(t), t, i) for i in template.stop_ids() if (t := template.token_text(i))
+            ]
+            at, stop_text, end_id = max(ends, default=(-1, "", 0))
+            if at < 0:
+                return "the template renders no end-of-turn token after the answer"
+            close = [end_id]
         count = upto.count(stop_text)
         cut = _end_of(full, stop_text, count) if count else None
         if cut is None:
@@ -178,6 +188,7 @@ class LinearHistory:
         return [
             *turn.prompt_ids.tolist(),
             *turn.completion_ids.tolist(),
+            *close,
             *template.encode(full[cut:]),
         ]
 

@@ -119,6 +119,10 @@ class RenderMode:
         if body.get("n", 1) not in (1, None):
             raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
         try:
+            self.backend.sampling(body)  # every field forwarded or refused, before any work
+        except ValueError as exc:
+            raise Refuse(400, str(exc), "unsupported_field") from None
+        try:
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
         except RenderError as exc:
             raise Refuse(400, str(exc), "invalid_request") from None
@@ -138,17 +142,21 @@ class RenderMode:
             return
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
-        text = self.template.decode(ids[:-1] if stopped else ids)
+        shown = ids[:-1] if stopped else ids
+        text, cut = self._text(shown, served, body)
         seed = hashlib.sha256(call.raw).hexdigest()[:16]
         message = parse_completion(text, self.reasoning, self.tools, seed)
         finish = served.finish_reason or "stop"
         if message.get("tool_calls"):
             finish = "tool_calls"
+        # A turn cut off (length, a stop string) is closed in the history as the template
+        # closes a turn, so the next request extends it (linear.py).
         history.remember(plan, messages, message, ids, stopped=stopped)
         starts = call.versions.starts
         record.completions = [
             Completion(
                 *(0, ids_array(ids), logprob_array(served.logprobs), finish),
+                stop_string=cut,
                 versions=starts if len(starts) > 1 else None,
             )
         ]
@@ -157,13 +165,14 @@ class RenderMode:
             "completion_tokens": len(ids),
             "total_tokens": len(plan.prompt_ids) + len(ids),
         }
+        logprobs = self._logprobs(shown, served, body) if body.get("logprobs") else None
         answer = {
             "id": f"chatcmpl-{seed}",
             "object": "chat.completion",
             "created": int(call.wall()),
             "model": body.get("model") or "",
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
             ],
             "usage": record.usage,
         }
@@ -172,6 +181,48 @@ class RenderMode:
             await send_sse(send, synthesize_sse(answer, CHAT, include_usage(call)))
         else:
             await respond(send, 200, dumps(answer))
+
+    def _text(
+        self, ids: list[int], served: Served, body: Mapping[str, Any]
+    ) -> tuple[str, str | None]:
+        """The completion's text as vLLM's chat endpoint gives it: cut before the stop string
+        that ended it (after it with ``include_stop_str_in_output``); -> (text, that string
+        when the cut falls inside the served ids' text)."""
+        text = self.template.decode(ids)
+        stop = served.stop_reason
+        if stop is None and served.finish_reason == "stop" and ids:
+            asked = body.get("stop")
+            asked = [asked] if isinstance(asked, str) else asked or []
+            found = [s for s in asked if isinstance(s, str) and s and s in text]
+            stop = min(found, key=text.find) if found else None
+        at = text.find(stop) if stop else -1
+        if stop is None or at < 0:
+            return text, None
+        end = at + len(stop) if body.get("include_stop_str_in_output") else at
+        return text[:end], stop if end < len(text) else None
+
+    def _logprobs(self, ids: list[int], served: Served, body: Mapping[str, Any]) -> Any:
+        """The chat answer's ``logprobs`` for the tokens the agent's text came from."""
+        top = body.get("top_logprobs") or 0
+        tokens = served.tokens if len(served.tokens or ()) >= len(ids) else None
+        tops = served.top or []
+        content = []
+        for n, logprob in enumerate(served.logprobs[: len(ids)]):
+            token = str(tokens[n]) if tokens else self.template.decode([ids[n]])
+            row = (tops[n] if n < len(tops) else None) or {}
+            alternatives = sorted(row.items(), key=lambda kv: -kv[1])
+            content.append(
+                {
+                    "token": token,
+                    "logprob": logprob,
+                    "bytes": list(token.encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode())}
+                        for t, lp in alternatives[:top]
+                    ],
+                }
+            )
+        return {"content": content}
 
     async def _generate(self, call: Call, prompt_ids: list[int]) -> Served:
         """The completion of ``prompt_ids``, token-in, across weight updates: a ``suspend``
@@ -182,6 +233,8 @@ class RenderMode:
         budget = _max_tokens(call.body, self.max_tokens)
         ids: list[int] = []
         logprobs: list[float] = []
+        tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
+        top: list[dict[str, float]] | None = []
         while True:
             resumes = gate.resumes
             request = self.backend.request(
@@ -223,8 +276,12 @@ class RenderMode:
                 versions.start(len(ids), gate.version)
             ids += served.token_ids
             logprobs += served.logprobs
+            tokens = None if served.tokens is None or tokens is None else tokens + served.tokens
+            top = None if served.top is None or top is None else top + served.top
             if not cut:
-                return Served(prompt_ids, ids, logprobs, served.finish_reason, served.usage)
+                return Served(
+                    prompt_ids, ids, logprobs, served.finish_reason, served.stop_reason, tokens, top
+                )
             await gate.flowing()
             versions.start(len(ids), gate.version)
 

@@ -15,7 +15,7 @@ completion's ids and logprobs back.
 Example::
 
     backend = token_in_backend("vllm")
-    path, body = backend.request([151644, 872], {"temperature": 1.0}, stop_ids=[151645])
+    body = backend.request([151644, 872], {"temperature": 1.0}, stop_ids=[151645])
     served = backend.read(answer_json)
 """
 
@@ -27,30 +27,69 @@ from typing import Any, Final
 
 __all__ = ["Served", "TokenInBackend", "token_in_backend"]
 
-# The agent's sampling fields each server takes under the same name.
-_SAMPLING: Final = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "stop",
-    "min_tokens",
-    "ignore_eos",
+# The chat request's fields linear mode serves itself: the conversation, the answer's form.
+_OWN: Final = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "chat_template_kwargs",
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "max_tokens",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "stop_token_ids",
+        "user",
+        "metadata",
+        "store",
+    }
 )
+# The sampling fields each server takes: the agent's name -> the server's.
+_VLLM: Final = {
+    name: name
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "stop",
+        "seed",
+        "logit_bias",
+        "min_tokens",
+        "ignore_eos",
+        "include_stop_str_in_output",
+        "allowed_token_ids",
+        "bad_words",
+    )
+}
+_SGLANG: Final = {
+    **{k: k for k in _VLLM if k not in ("allowed_token_ids", "bad_words")},
+    "seed": "sampling_seed",
+    "min_tokens": "min_new_tokens",
+    "include_stop_str_in_output": "no_stop_trim",
+}
 
 
 @dataclass(slots=True)
 class Served:
-    """What the server fed and generated: ids, one logprob per generated id, the reason."""
+    """What the server fed and generated: ids, one logprob per generated id, the reason,
+    and, when asked, each token's text and its top alternatives."""
 
     prompt_ids: list[int] | None
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str | None
-    usage: dict[str, Any] | None = None
+    stop_reason: str | None = None  # the stop string that ended it
+    tokens: list[str] | None = None
+    top: list[dict[str, float]] | None = None
 
 
 def _max_tokens(body: Mapping[str, Any], default: int) -> int:
@@ -58,11 +97,37 @@ def _max_tokens(body: Mapping[str, Any], default: int) -> int:
     return int(value)
 
 
+def _top(body: Mapping[str, Any]) -> int:
+    """How many alternatives per token the agent asked for (0: none, or no logprobs)."""
+    top = body.get("top_logprobs")
+    if not body.get("logprobs") or top is None:
+        return 0
+    if type(top) is not int or not 0 <= top <= 20:
+        raise ValueError("top_logprobs must be an integer in 0..20")
+    return top
+
+
 class TokenInBackend:
     """One server's token-in protocol (see the module doc)."""
 
     name = "?"
     path = "?"
+    fields: Mapping[str, str] = {}
+
+    def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The agent's sampling fields under the server's names; ``ValueError`` naming a
+        field this server does not take (never dropped in silence)."""
+        for name in body:
+            if name not in _OWN and name not in self.fields:
+                raise ValueError(
+                    f"linear history cannot forward {name!r} to {self.name} (it forwards "
+                    f"{', '.join(sorted(self.fields))})"
+                )
+        choice = body.get("tool_choice")
+        if choice not in (None, "auto", "none"):
+            raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+        _top(body)
+        return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
 
     def request(
         self,
@@ -80,11 +145,19 @@ class TokenInBackend:
         raise NotImplementedError
 
 
+def _stop_ids(body: Mapping[str, Any], stop_ids: Iterable[int]) -> list[int]:
+    extra = body.get("stop_token_ids") or []
+    if not isinstance(extra, list) or not all(type(i) is int for i in extra):
+        raise ValueError("stop_token_ids must be a list of token ids")
+    return sorted({*stop_ids, *extra})
+
+
 class VLLMTokenIn(TokenInBackend):
     """vLLM's ``/v1/completions`` with a token-id prompt."""
 
     name = "vllm"
     path = "/completions"
+    fields = _VLLM
 
     def request(
         self,
@@ -94,18 +167,16 @@ class VLLMTokenIn(TokenInBackend):
         stop_ids: Iterable[int],
         default_max_tokens: int = 4096,
     ) -> dict[str, Any]:
-        out: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-        if "seed" in body:
-            out["seed"] = body["seed"]
+        out = self.sampling(body)
         out.update(
             model=body.get("model"),
             prompt=prompt_ids,
             max_tokens=_max_tokens(body, default_max_tokens),
             n=1,
-            logprobs=0,
+            logprobs=_top(body),
             return_token_ids=True,
             skip_special_tokens=False,
-            stop_token_ids=sorted(stop_ids),
+            stop_token_ids=_stop_ids(body, stop_ids),
             stream=False,
         )
         return out
@@ -115,13 +186,16 @@ class VLLMTokenIn(TokenInBackend):
         ids = choice.get("token_ids")
         if ids is None:
             raise ValueError("no token_ids (is it vLLM >= 0.10.2, given return_token_ids?)")
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        logprobs = choice.get("logprobs") or {}
+        reason = choice.get("stop_reason")
         return Served(
             prompt_ids=choice.get("prompt_token_ids"),
             token_ids=[int(i) for i in ids],
-            logprobs=[float(x) for x in logprobs],
+            logprobs=[float(x) for x in logprobs.get("token_logprobs") or ()],
             finish_reason=choice.get("finish_reason"),
-            usage=data.get("usage"),
+            stop_reason=reason if isinstance(reason, str) else None,
+            tokens=logprobs.get("tokens"),
+            top=logprobs.get("top_logprobs"),
         )
 
 
@@ -130,6 +204,7 @@ class SGLangTokenIn(TokenInBackend):
 
     name = "sglang"
     path = "/generate"
+    fields = _SGLANG
 
     def request(
         self,
@@ -139,20 +214,17 @@ class SGLangTokenIn(TokenInBackend):
         stop_ids: Iterable[int],
         default_max_tokens: int = 4096,
     ) -> dict[str, Any]:
-        params: dict[str, Any] = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
-        if body.get("seed") is not None:
-            params["sampling_seed"] = body["seed"]
+        params = self.sampling(body)
         params.update(
             max_new_tokens=_max_tokens(body, default_max_tokens),
-            stop_token_ids=sorted(stop_ids),
+            stop_token_ids=_stop_ids(body, stop_ids),
             skip_special_tokens=False,
         )
-        return {
-            "input_ids": prompt_ids,
-            "sampling_params": params,
-            "return_logprob": True,
-            "stream": False,
-        }
+        out = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
+        top = _top(body)
+        if top:
+            out.update(top_logprobs_num=top, return_text_in_logprobs=True)
+        return {**out, "stream": False}
 
     def read(self, data: Mapping[str, Any]) -> Served:
         meta = data["meta_info"]
@@ -161,16 +233,16 @@ class SGLangTokenIn(TokenInBackend):
             raise ValueError("no meta_info.output_token_logprobs (was return_logprob honoured?)")
         finish = meta.get("finish_reason")
         reason = finish.get("type") if isinstance(finish, Mapping) else finish
-        usage = {
-            "prompt_tokens": meta.get("prompt_tokens"),
-            "completion_tokens": meta.get("completion_tokens"),
-        }
+        matched = finish.get("matched") if isinstance(finish, Mapping) else None
+        tops = meta.get("output_top_logprobs")
         return Served(
             prompt_ids=None,
             token_ids=[int(e[1]) for e in entries],
             logprobs=[float(e[0]) for e in entries],
             finish_reason=reason,
-            usage=usage,
+            stop_reason=matched if isinstance(matched, str) else None,
+            tokens=[e[2] for e in entries] if entries and entries[0][2] is not None else None,
+            top=[{str(t[2]): float(t[0]) for t in row} for row in tops] if tops else None,
         )
 
 
