@@ -18,8 +18,10 @@ gateway and prints one JSON document:
   equal what the upstream served.
 
 Targets: CPU per call <= 0.25 x the better peer's (peers: 10-15 ms non-streaming,
-47-51 ms streaming 200 tokens), added serial p50 <= 1 ms, added TTFB <= 5 ms, <= 30 MB per
-1,000 captured calls. The machine is shared: run briefly; compare CPU per call, not calls/s.
+47-51 ms streaming 200 tokens), added serial p50 <= 1 ms, added TTFB <= 5 ms; RSS per 1,000
+captured calls is reported (each record keeps its own request and ids: about 35 MB per 1,000
+calls of these sessions; `benchmarks/gateway_memory.py` measures 2,500 live sessions). The
+machine is shared: run briefly; compare CPU per call, not calls/s.
 
 Example::
 
