@@ -42,19 +42,21 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest --numprocesses auto --maxprocesses 4 --dist loadfile
 
-# What a user gets from PyPI: build the wheel, install it with the `local` extra into a fresh
-# venv in a temp dir and run the demo from there, away from this checkout (so nothing is
-# imported from it). WHEEL_DEMO_N problems keep it short; its state directory is a temp one,
-# so a user's own `make demo` results in ~/.local/state stay as they were.
+# What a user gets from PyPI: build the wheel, install it with the `local` and `report`
+# extras in a fresh venv in a temp dir and run the demo from there, away from this checkout
+# (so nothing is imported from it), then its report (the templates ship in the wheel).
+# WHEEL_DEMO_N problems keep it short; its state directory is a temp one, so a user's own
+# `make demo` results in ~/.local/state stay as they were.
 WHEEL_DEMO_N ?= 20
 wheel-demo: $(STAMP)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && set -e && \
 	echo "wheel-demo: building the wheel and installing it in $$tmp/venv" && \
 	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir "$$tmp/dist" . && \
 	$(PYTHON) -m venv "$$tmp/venv" && \
-	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local]" && \
+	"$$tmp/venv/bin/python" -m pip install --quiet --no-compile "$$(echo "$$tmp"/dist/*.whl)[local,report]" && \
 	cd "$$tmp" && XDG_STATE_HOME="$$tmp/state" \
-		"$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress
+		"$$tmp/venv/bin/agentcore-rl" demo --n $(WHEEL_DEMO_N) --latency 0 --no-progress && \
+	"$$tmp/venv/bin/agentcore-rl" report "$$tmp/state/agentcore-rl/demo/results.jsonl"
 
 # A demo run's report (agentcore-rl report) and two screenshots of it, the summary and one
 # rollout's page, taken by headless Chromium (Debian's `chromium`) with a fresh profile.

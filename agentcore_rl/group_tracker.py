@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -163,19 +163,8 @@ class _Attempt:
         return self.state is not _State.ENDED
 
     def frozen(self) -> GroupMember:
-        return GroupMember(
-            index=self.index,
-            attempt=self.attempt,
-            session_id=self.session_id,
-            outcome=self.outcome or MemberOutcome.STOPPED,
-            reward=self.reward,
-            policy_version=self.policy_version,
-            trajectory=self.trajectory,
-            result=self.result,
-            error=self.error,
-            zeroed=self.zeroed,
-            drop_reason=self.drop_reason,
-        )
+        named = {f.name: getattr(self, f.name) for f in fields(GroupMember)}
+        return GroupMember(**{**named, "outcome": self.outcome or MemberOutcome.STOPPED})
 
 
 @dataclass(kw_only=True)
@@ -539,18 +528,12 @@ class GroupTracker:
         )
 
 
-_COUNTER_NAMES = (
-    "groups_opened",
-    "groups_ready",
-    "members_started",
-    "members_succeeded",
-    "members_failed",
-    "members_timed_out",
-    "members_retried",
-    "members_zeroed",
-    "members_stopped",
-    "ignored_events",
-)
+# The counters a tracker counts as it goes; the others are computed in ``counters``.
+_COUNTER_NAMES = [
+    f.name
+    for f in fields(GroupCounters)
+    if f.name not in ("groups_open", "members_dropped", "groups_dropped")
+]
 
 
 def _check_version(version: object) -> int:

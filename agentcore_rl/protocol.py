@@ -129,13 +129,7 @@ def validate_session_id(value: object, *, name: str = "session id") -> str:
 
     Accepts ACR's alphabet (letters, digits, hyphens; no leading or trailing hyphen), up to
     256 characters. ACR also requires at least 33 characters; :func:`new_session_id`
-    produces such ids, but a locally supplied shorter id is accepted.
-
-    Example::
-
-        validate_session_id("local-1")    # "local-1"
-        validate_session_id("a/b")        # raises InvalidRolloutConfig
-    """
+    produces such ids, but a locally supplied shorter id is accepted."""
     if not isinstance(value, str) or not value:
         raise InvalidRolloutConfig(f"{name} must be a non-empty string", field="session_id")
     if len(value) > MAX_SESSION_ID_LENGTH:
@@ -153,12 +147,7 @@ def validate_session_id(value: object, *, name: str = "session id") -> str:
 
 
 def is_acr_session_id(value: str) -> bool:
-    """True when ``value`` satisfies AgentCore Runtime's session-id rules (33-256 chars).
-
-    Example::
-
-        is_acr_session_id(new_session_id())   # True
-    """
+    """True when ``value`` satisfies AgentCore Runtime's session-id rules (33-256 chars)."""
     return (
         ACR_MIN_SESSION_ID_LENGTH <= len(value) <= MAX_SESSION_ID_LENGTH
         and SESSION_ID_PATTERN.fullmatch(value) is not None
@@ -214,13 +203,7 @@ def parse_runtime_arn(arn: object) -> RuntimeArn:
 
 
 def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:
-    """Return ``value`` if it is a valid S3 bucket name, else raise.
-
-    Example::
-
-        validate_bucket("my-rollouts")   # "my-rollouts"
-        validate_bucket("My_Bucket")     # raises InvalidRolloutConfig
-    """
+    """Return ``value`` if it is a valid S3 bucket name, else raise."""
     if not isinstance(value, str):
         raise InvalidRolloutConfig(
             f"{name} must be a string, got {type(value).__name__}", field=name
@@ -235,33 +218,17 @@ def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:
 
 
 def result_key(exp_id: str, input_id: str, session_id: str) -> str:
-    """The S3 key of one rollout's result: ``{exp_id}/{input_id}/{session_id}.json``.
-
-    Example::
-
-        result_key("exp", "q-1", "s" * 33)   # "exp/q-1/sss...s.json"
-    """
+    """The S3 key of one rollout's result: ``{exp_id}/{input_id}/{session_id}.json``."""
     return f"{exp_id}/{input_id}/{session_id}.json"
 
 
 def result_prefix(exp_id: str, input_id: str | None = None) -> str:
-    """The shared prefix of all results of an experiment (or of one input in it).
-
-    Example::
-
-        result_prefix("exp")          # "exp/"
-        result_prefix("exp", "q-1")   # "exp/q-1/"
-    """
+    """The shared prefix of all results of an experiment (or of one input in it)."""
     return f"{exp_id}/" if input_id is None else f"{exp_id}/{input_id}/"
 
 
 def parse_result_key(key: str) -> tuple[str, str, str]:
-    """Split a result key into ``(exp_id, input_id, session_id)``; raise if it is not one.
-
-    Example::
-
-        parse_result_key("exp/q-1/abc.json")   # ("exp", "q-1", "abc")
-    """
+    """Split a result key into ``(exp_id, input_id, session_id)``; raise if it is not one."""
     parts = key.split("/")
     if len(parts) != 3 or not parts[2].endswith(".json"):
         raise InvalidRolloutConfig(f"{key!r} is not a result key", field="result_key")
@@ -390,17 +357,10 @@ ERROR_INVALID_PAYLOAD: Final = "invalid_payload"
 #: The process running the rollout died (written by its successor from the run ledger,
 #: ``status_code`` 503); clients treat it as retryable: run it again in a new session.
 ERROR_AGENT_LOST: Final = "agent_lost"
-AGENT_LOST_STATUS_CODE: Final = 503
 
 
 def processing_response(config: RolloutConfig | None, session_id: str) -> dict[str, Any]:
-    """The immediate answer of a rollout entrypoint.
-
-    Example::
-
-        processing_response(cfg, sid)
-        # {"status": "processing", "s3_bucket": "rollouts", "result_key": "e1/q-1/<sid>.json"}
-    """
+    """The immediate answer of a rollout entrypoint."""
     if config is None:
         return {STATUS: STATUS_PROCESSING}
     return {
@@ -418,12 +378,7 @@ def envelope_metadata(
     started_at: float,
     finished_at: float,
 ) -> dict[str, Any]:
-    """The metadata fields every envelope carries (timestamps are epoch seconds).
-
-    Example::
-
-        meta = envelope_metadata(cfg, session_id=sid, payload=p, started_at=t0, finished_at=t1)
-    """
+    """The metadata fields every envelope carries (timestamps are epoch seconds)."""
     return {
         EXP_ID: config.exp_id,
         INPUT_ID: config.input_id,
@@ -445,12 +400,7 @@ PAYLOAD_BYTES: Final = "payload_bytes"
 def payload_digest(sha256_hex: str, size: int, rollout: object = None) -> dict[str, Any]:
     """What an envelope's ``payload`` holds when the payload itself was too large to copy.
 
-    The ``_rollout`` block is kept, so the envelope still says what it answers.
-
-    Example::
-
-        payload_digest(hashlib.sha256(body).hexdigest(), len(body), payload.get("_rollout"))
-    """
+    The ``_rollout`` block is kept, so the envelope still says what it answers."""
     digest: dict[str, Any] = {PAYLOAD_SHA256: sha256_hex, PAYLOAD_BYTES: size}
     if rollout is not None:
         digest[ROLLOUT_FIELD] = rollout
@@ -458,12 +408,7 @@ def payload_digest(sha256_hex: str, size: int, rollout: object = None) -> dict[s
 
 
 def success_envelope(result: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The handler's result plus defaults and metadata (metadata wins over handler keys).
-
-    Example::
-
-        success_envelope({"rewards": [1.0]}, meta)["status_code"]   # 200
-    """
+    """The handler's result plus defaults and metadata (metadata wins over handler keys)."""
     envelope: dict[str, Any] = {
         STATUS_CODE: DEFAULT_STATUS_CODE,
         STOP_REASON: DEFAULT_STOP_REASON,
@@ -481,13 +426,7 @@ def error_envelope(
     traceback: str | None = None,
     status_code: int = ERROR_STATUS_CODE,
 ) -> dict[str, Any]:
-    """The envelope written when a rollout fails (``status_code`` 500 by default).
-
-    Example::
-
-        error_envelope(error_type=ERROR_CANCELLED, stop_reason="server shutting down",
-                       metadata=meta)
-    """
+    """The envelope written when a rollout fails (``status_code`` 500 by default)."""
     envelope: dict[str, Any] = {
         STATUS_CODE: status_code,
         STOP_REASON: stop_reason,
@@ -532,24 +471,14 @@ class SessionState(str, Enum):
 
 
 def status_request() -> dict[str, Any]:
-    """The payload of a status control request (send it with the session's id header).
-
-    Example::
-
-        await transport.invoke(session_id, status_request())
-    """
+    """The payload of a status control request (send it with the session's id header)."""
     return {CONTROL_FIELD: {CONTROL_OP: CONTROL_OP_STATUS}}
 
 
 def session_status(
     session_id: str, state: SessionState, result_keys: list[str] | None = None
 ) -> dict[str, Any]:
-    """The answer to a status request: ``{"session_id", "state", "result_keys"}``.
-
-    Example::
-
-        session_status(sid, SessionState.FINISHED, ["e1/q-1/<sid>.json"])
-    """
+    """The answer to a status request: ``{"session_id", "state", "result_keys"}``."""
     return {
         SESSION_ID: session_id,
         SESSION_STATE: state.value,
@@ -558,12 +487,7 @@ def session_status(
 
 
 def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
-    """True when the envelope reports a failure (``status_code`` >= 400 or not an int).
-
-    Example::
-
-        is_error_envelope({"status_code": 500})   # True
-    """
+    """True when the envelope reports a failure (``status_code`` >= 400 or not an int)."""
     code = envelope.get(STATUS_CODE, DEFAULT_STATUS_CODE)
     return not isinstance(code, int) or isinstance(code, bool) or code >= 400
 
@@ -596,12 +520,7 @@ _LEASE_KEY: Final = re.compile(
 
 
 def lease_key(exp_id: str, lease_id: str) -> str:
-    """The S3 key of a client's lease: ``{exp_id}/.leases/{lease_id}.json``.
-
-    Example::
-
-        lease_key("exp", "c0ffee")   # "exp/.leases/c0ffee.json"
-    """
+    """The S3 key of a client's lease: ``{exp_id}/.leases/{lease_id}.json``."""
     validate_key_part(EXP_ID, exp_id)
     validate_key_part(LEASE_ID, lease_id)
     return f"{exp_id}/{LEASE_FOLDER}/{lease_id}.json"
@@ -614,12 +533,7 @@ def lease_reference(bucket: str, key: str) -> dict[str, str]:
 
 def parse_lease_reference(value: object) -> tuple[str, str]:
     """``(bucket, key)`` of a ``_rollout.lease`` value; raise ``InvalidRolloutConfig``
-    unless it names a lease key (so a payload cannot point the server at other objects).
-
-    Example::
-
-        parse_lease_reference({"s3_bucket": "rollouts", "key": "exp/.leases/c0ffee.json"})
-    """
+    unless it names a lease key (so a payload cannot point the server at other objects)."""
     name = f"{ROLLOUT_FIELD}.{LEASE}"
     if not isinstance(value, Mapping):
         raise InvalidRolloutConfig(f"{name} must be a JSON object", field=name)

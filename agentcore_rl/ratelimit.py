@@ -1,28 +1,17 @@
 """Rate limiting of calls to the agent runtime: the RateLimiter protocol and TokenBucket.
 
 A :class:`RateLimiter` paces the calls a rollout client makes (invocations and stop calls);
-any object with its three methods can stand in (e.g. one shared by a cluster of clients).
-:class:`TokenBucket` is the local one, used by the client by default and by the local
-runtime to answer 429.
+any object with its three methods can stand in (``agentcore_rl.distributed`` shares one
+across a cluster). :class:`TokenBucket` is the local one, used by the client by default
+and by the local runtime to answer 429. When the runtime answers ``ThrottlingException``
+/ 429, the bucket cuts its rate multiplicatively, then climbs back linearly to the
+configured rate (AIMD, as TCP does), so a burst of throttles does not leave the client
+slow forever.
 
-A token bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second.
-Every call to the agent runtime takes one token. Waiters queue by priority, so a stop call
-(low priority) never takes a token an invocation is waiting for. When the runtime answers
-``ThrottlingException`` / 429, :meth:`TokenBucket.on_throttle` cuts the rate
-multiplicatively; it then climbs back linearly over time to the configured rate (AIMD, as
-TCP does), so a burst of throttles does not leave the client slow forever.
-
-Time comes from an injectable ``clock`` and ``sleep``, so tests drive the bucket without
-waiting.
-
-``tick`` puts the waits on a grid: a waiter that must sleep wakes at the next multiple of
-``tick`` seconds at which a token is there, not at the exact instant, so the waiters of
-one tick (invocations and stops alike) go out together on one wakeup of the process. The
-rate and the burst are kept exactly (tokens accrue by the clock, not by the grid; the grid
-is never coarser than the time the burst takes to fill, so no token is lost to the cap); a
-token comes at most ``tick`` seconds later. Wakeups are what a paced client pays most for when
-idle between calls (measured on a 2-core VM: 70-230 µs of CPU per wakeup from a sleep,
-against about 150 µs for a whole request on a kept connection).
+``tick`` puts the waits on a grid: waiters wake at the next multiple of ``tick`` seconds at
+which a token is there, so the waiters of one tick go out together on one wakeup of the
+process (measured on a 2-core VM: 70-230 µs of CPU per wakeup from a sleep, against about
+150 µs for a whole request on a kept connection). Rate and burst are kept exactly.
 """
 
 from __future__ import annotations
@@ -126,7 +115,8 @@ class _Waiter:
 class TokenBucket:
     """An asyncio token bucket with priorities and multiplicative throttle back-off.
 
-    ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full).
+    ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full, or with
+    ``tokens``).
     ``clock`` returns monotonic seconds; ``sleep`` waits that many seconds. Both default to
     the real ones; tests pass a fake clock whose sleep advances it. ``tick`` (seconds,
     0 = exact) is the grid waits end on (see the module's text); the rollout client uses
@@ -151,6 +141,7 @@ class TokenBucket:
         throttle_cooldown: float = DEFAULT_THROTTLE_COOLDOWN,
         min_rate: float | None = None,
         tick: float = 0.0,
+        tokens: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -179,7 +170,7 @@ class TokenBucket:
             raise ConfigurationError(f"min_rate must be > 0, got {min_rate!r}")
         self._clock = clock
         self._sleep = sleep
-        self._tokens = self.burst
+        self._tokens = self.burst if tokens is None else min(self.burst, float(tokens))
         self._last = clock()
         # The rate after the last throttle, and when it happened: the current rate is
         # computed from these, so recovery needs no timer task.

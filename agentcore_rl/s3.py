@@ -16,7 +16,6 @@ report S3 requests per rollout.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import platform
@@ -416,17 +415,22 @@ class ResultStore:
         keys: list[str] = []
         token: str | None = None
         while True:
-            page = await self._call(
-                "ListObjectsV2",
-                bucket,
-                prefix,
-                functools.partial(_list_page, bucket, prefix, start_after, token),
-            )
+            # From the page token once there is one, else after ``start_after``.
+            params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+            if token is not None:
+                params["ContinuationToken"] = token
+            elif start_after is not None:
+                params["StartAfter"] = start_after
+
+            async def request(entry: _LoopClient, params: dict[str, Any] = params) -> Any:
+                return await entry.client.list_objects_v2(**params)
+
+            page = await self._call("ListObjectsV2", bucket, prefix, request)
             assert page is not None
-            keys.extend(page.keys)
-            if page.next_token is None:
+            keys.extend(obj["Key"] for obj in page.get("Contents", ()))
+            if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
                 return keys
-            token = page.next_token
+            token = page["NextContinuationToken"]
 
     async def ensure_bucket(self, bucket: str) -> None:
         """Create the bucket if it does not exist yet (for local stacks and tests)."""
@@ -445,30 +449,6 @@ class ResultStore:
                     raise
 
         await self._call("CreateBucket", bucket, None, request)
-
-
-@dataclass(frozen=True)
-class ListPage:
-    """One ListObjectsV2 page: its keys in order, and the next page's token (None on the last)."""
-
-    keys: list[str]
-    next_token: str | None
-
-
-async def _list_page(
-    bucket: str, prefix: str, start_after: str | None, token: str | None, entry: _LoopClient
-) -> ListPage:
-    """One ListObjectsV2 page: from ``token`` if given, else after ``start_after``."""
-    if token is not None:
-        start_after = None
-    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-    if token is not None:
-        params["ContinuationToken"] = token
-    elif start_after is not None:
-        params["StartAfter"] = start_after
-    page = await entry.client.list_objects_v2(**params)
-    keys = [obj["Key"] for obj in page.get("Contents", ())]
-    return ListPage(keys, page.get("NextContinuationToken") if page.get("IsTruncated") else None)
 
 
 def _session_keeping_timestamps() -> aioboto3.Session:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -25,14 +24,13 @@ from typing import Any, Final
 from agentcore_rl._extras import require
 from agentcore_rl.cli.common import EXIT_OK, PROG
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.runfile import Rollout, RunData, load_run
+from agentcore_rl.cli.runfile import RunData, load_run
 from agentcore_rl.cli.show import render, token_runs
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["build_report", "cmd_report", "cmd_show"]
 
 _PALETTE: Final = ("#1f6feb", "#d97706")
-_SHOWN_APART: Final = ("messages", "traceback")
 
 
 def _prices(args: argparse.Namespace) -> Prices | None:
@@ -124,11 +122,6 @@ def _segment(seg: dict[str, Any]) -> dict[str, Any]:
     return {**seg, "runs": runs, "generated": generated, "versions": versions}
 
 
-def _envelope(rollout: Rollout) -> str:
-    shown = {k: v for k, v in (rollout.envelope or {}).items() if k not in _SHOWN_APART}
-    return json.dumps(shown, indent=2, default=str)
-
-
 def _view(run: RunData) -> dict[str, Any]:
     return {"name": run.path.stem, "path": run.path, "s": run.summary(), "rollouts": run.rollouts}
 
@@ -168,7 +161,6 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
     env.globals.update(
         num=lambda v, d: "-" if v is None else f"{v:.{d}f}",
         val=lambda v: "-" if v is None else v,
-        envelope=_envelope,
         usd=lambda v: "-" if v is None else f"${v:.4f}" if v >= 0.01 else f"{v * 1e6:.3g} µUSD",
     )
     return env.get_template("report.html.j2").render(

@@ -13,11 +13,12 @@ Example::
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from agentcore_rl.cli.cost import Prices, price, total, usage_of
 from agentcore_rl.cli.eval_config import iter_lines
@@ -27,6 +28,8 @@ from agentcore_rl.cli.trajectories import rows_path_for, trajectories_path_for
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["Rollout", "RunData", "load_run"]
+
+_APART: Final = ("messages", "traceback")
 
 
 @dataclass
@@ -58,6 +61,12 @@ class Rollout:
     def failure(self) -> tuple[str | None, str | None]:
         """Its error type and reason (``None, None`` for a success)."""
         return (None, None) if self.outcome == "done" else failure_of(self.record)
+
+    @property
+    def envelope_text(self) -> str:
+        """The envelope as indented JSON, less what is shown apart (transcript, traceback)."""
+        shown = {k: v for k, v in (self.envelope or {}).items() if k not in _APART}
+        return json.dumps(shown, indent=2, default=str)
 
     @property
     def traceback(self) -> str | None:

@@ -12,7 +12,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 from itertools import groupby
@@ -25,12 +24,7 @@ from agentcore_rl.errors import ConfigurationError
 __all__ = ["render", "token_runs", "write_example"]
 
 _IDS_SHOWN: Final = 16
-_APART: Final = ("messages", "traceback")  # shown in sections of their own
 _CODES: Final = {"head": "1", "generated": "32", "prompt": "2", "error": "31", "role": "36"}
-
-
-def _dicts(messages: list[Any]) -> list[dict[str, Any]]:
-    return [m for m in messages if isinstance(m, dict)]
 
 
 def _text(message: Any) -> str:
@@ -98,22 +92,13 @@ def render(rollout: Rollout, *, color: bool) -> str:
         lines.append(f"  {paint('role', f'[{role}]')}\n{body}")
     for number, segment in enumerate(rollout.segments, 1):
         mask = segment.get("loss_mask") or []
-        lines += [
-            "",
-            paint(
-                "head",
-                f"tokens: segment {number} of {len(rollout.segments)}: {len(mask)} tokens, "
-                f"{sum(mask)} generated (loss mask 1)",
-            ),
-        ]
+        head = f"tokens: segment {number} of {len(rollout.segments)}: {len(mask)} tokens, "
+        lines += ["", paint("head", head + f"{sum(mask)} generated (loss mask 1)")]
         for run in token_runs(segment):
             shown = " ".join(map(str, run["ids"][:_IDS_SHOWN]))
             more = f" ... (+{len(run['ids']) - _IDS_SHOWN})" if len(run["ids"]) > _IDS_SHOWN else ""
-            extra = ""
-            if run["logprob"] is not None:
-                extra = f"  mean logprob {run['logprob']:.3f}"
-            if run["versions"]:
-                extra += f"  policy v{','.join(map(str, run['versions']))}"
+            extra = "" if run["logprob"] is None else f"  mean logprob {run['logprob']:.3f}"
+            extra += f"  policy v{','.join(map(str, run['versions']))}" if run["versions"] else ""
             label = "# generated" if run["mask"] else ". prompt"
             kind = "generated" if run["mask"] else "prompt"
             lines.append(paint(kind, f"  {label:<11} {len(run['ids']):>5}  {shown}{more}{extra}"))
@@ -121,8 +106,7 @@ def render(rollout: Rollout, *, color: bool) -> str:
         lines += ["", "tokens: none captured (run through a gateway to capture them)"]
     if rollout.traceback:
         lines += ["", paint("head", "traceback"), rollout.traceback.rstrip()]
-    envelope = {k: v for k, v in (rollout.envelope or {}).items() if k not in _APART}
-    lines += ["", paint("head", "envelope"), json.dumps(envelope, indent=2, default=str)]
+    lines += ["", paint("head", "envelope"), rollout.envelope_text]
     return "\n".join(lines)
 
 
@@ -136,7 +120,10 @@ def write_example(out: Path) -> Path | None:
         return None
     if not done:
         return None
-    used_tool = [r for r in done if any(m.get("role") == "tool" for m in _dicts(r.messages))]
+    tool = next(
+        (r for r in done for m in r.messages if isinstance(m, dict) and m.get("role") == "tool"),
+        None,
+    )
     path = out.with_name(out.name.removesuffix(".jsonl") + ".example.txt")
-    path.write_text(render((used_tool or done)[0], color=False) + "\n", encoding="utf-8")
+    path.write_text(render(tool or done[0], color=False) + "\n", encoding="utf-8")
     return path

@@ -41,7 +41,7 @@ from agentcore_rl.client.payload import (
 )
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import ClientState, Service, ServiceOwner
-from agentcore_rl.client.stats import ClientCounters, ClientStats
+from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.traces import TraceJoiner
 from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
@@ -177,7 +177,7 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
             limits.max_concurrent_sessions
         )
         self._closed = asyncio.Event()
-        self._counters = ClientCounters()
+        self._counters = ClientStats()
         #: Builds a call's body and its validated ``_rollout`` block (no I/O).
         self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
         super().__init__(Service("agentcore-rl client", setup=self._start_workers))
@@ -226,10 +226,10 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
         outages = self._watcher.outages
         self._counters.unstopped = len(self._rollouts.unstopped)
-        return ClientStats.from_counters(
+        return dataclasses.replace(
             self._counters,
             in_flight=self.in_flight,
-            s3_requests=self.store.request_counts,
+            s3_requests=dict(self.store.request_counts),
             store_unreachable=outages.unreachable,
             store_outages=outages.outages,
             degraded_seconds=outages.degraded_seconds,

@@ -34,7 +34,7 @@ from typing import Final, Protocol, runtime_checkable
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import AgentLostError, ConfigurationError, InvalidPayloadError
 from agentcore_rl.ratelimit import Priority, RateLimiter
@@ -184,7 +184,7 @@ class LivenessProber:
         transport: StatusTransport | object,
         limiter: RateLimiter,
         live: Mapping[str, Probed],
-        counters: ClientCounters,
+        counters: ClientStats,
         *,
         config: LivenessConfig = DEFAULT_LIVENESS,
         clock: Callable[[], float] = time.monotonic,

@@ -34,7 +34,7 @@ import asyncio
 from typing import Any, Final
 
 from agentcore_rl import protocol
-from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
@@ -111,7 +111,7 @@ def is_retryable(exc: BaseException) -> bool:
     return is_shutdown_cancel(exc) or is_lease_cancel(exc)
 
 
-def count_outcome(counters: ClientCounters, fut: asyncio.Future[Any]) -> None:
+def count_outcome(counters: ClientStats, fut: asyncio.Future[Any]) -> None:
     """Count the outcome of a settled rollout future in ``counters``."""
     if fut.cancelled():
         counters.cancelled += 1

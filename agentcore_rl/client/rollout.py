@@ -37,7 +37,7 @@ from agentcore_rl import protocol
 from agentcore_rl.client.config import Retries
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.outcomes import count_outcome, is_agent_loss, is_retryable
-from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.transports.base import (
     NotConnectedError,
     RetryableError,
@@ -144,7 +144,7 @@ class Rollouts:
         limiter: RateLimiter,
         slots: SessionLimiter,
         watcher: CompletionWatcher,
-        counters: ClientCounters,
+        counters: ClientStats,
         retries: Retries,
         service: Service,
         stop_finished_sessions: bool,

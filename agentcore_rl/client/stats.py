@@ -2,49 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ClientCounters", "ClientStats"]
+__all__ = ["ClientStats"]
 
 
-@dataclass(slots=True)
-class ClientCounters:
-    """The live counters of one client, written by its parts (see :class:`ClientStats`)."""
-
-    invocations: int = 0
-    retries: int = 0
-    throttles: int = 0
-    stops: int = 0
-    stop_failures: int = 0
-    stops_unsupported: int = 0
-    results: int = 0
-    rollout_errors: int = 0
-    timeouts: int = 0
-    invocation_errors: int = 0
-    storage_errors: int = 0
-    cancelled: int = 0
-    closed: int = 0
-    traces_lost: int = 0
-    agents_lost: int = 0
-    rollout_retries: int = 0
-    lost_retries: int = 0
-    probes: int = 0
-    probe_failures: int = 0
-    probes_escalated: int = 0
-    unstopped: int = 0
-
-
-#: ClientStats fields that are states given to ``from_counters``, not counters.
-_STATE = frozenset(
-    {"in_flight", "s3_requests", "store_unreachable", "store_outages", "degraded_seconds"}
-)
-
-
-@dataclass(frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ClientStats:
-    """A snapshot of a client's counters.
+    """A client's counters, written by its parts; ``client.stats`` is a snapshot (a copy).
 
     ``invocations`` counts every invocation request sent (retries included), ``retries``
     the repeated ones, ``throttles`` the 429 / ThrottlingException answers; ``stops`` the
@@ -53,7 +19,8 @@ class ClientStats:
     ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
     ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
     but its token trace could not be had), ``agents_lost`` (a probe found the session unknown
-    to its agent, or its restarted agent wrote an ``agent_lost`` envelope: crashed).
+    to its agent, or its agent unreachable for ``lost_after``, or an ``agent_lost``
+    envelope came: crashed).
     ``rollout_retries``: rollouts run again in a new session after a retryable outcome,
     ``lost_retries`` those of them after an agent loss (``Retries.lost``); ``probes`` /
     ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
@@ -96,22 +63,6 @@ class ClientStats:
     store_unreachable: bool = False
     store_outages: int = 0
     degraded_seconds: float = 0.0
-
-    @classmethod
-    def from_counters(
-        cls,
-        counters: ClientCounters | Mapping[str, int],
-        *,
-        in_flight: int,
-        s3_requests: Mapping[str, int],
-        **state: Any,
-    ) -> ClientStats:
-        """A snapshot from a client's counters (from a mapping, a missing counter is 0)."""
-        values = asdict(counters) if isinstance(counters, ClientCounters) else counters
-        counted: dict[str, Any] = {
-            f.name: values.get(f.name, 0) for f in fields(cls) if f.name not in _STATE
-        }
-        return cls(**counted, in_flight=in_flight, s3_requests=dict(s3_requests), **state)
 
     @property
     def s3_total(self) -> int:

@@ -1,225 +1,347 @@
-"""shared_limits: a cluster-wide rate limit and session budget, found by name on Ray.
+"""shared_limits: one quota (calls per second, live sessions) shared on a Ray cluster.
 
-The first process to ask creates a named, detached Ray actor (restarted by Ray if its
-process dies); every other process with the same name gets the same actor. Each process
-gets its own :class:`SharedLimits`, whose ``rate`` and ``sessions`` satisfy the rollout
-client's ``RateLimiter`` and ``SessionLimiter`` protocols. Ray is imported only here.
+One named, detached Ray actor (:class:`LimitsActor`) holds the token bucket and the count
+of session slots; each process asks it for every token and slot (batching saved no CPU in
+``benchmarks/distributed.py``: Ray's own threads cost the same either way). A slot call
+carries the caller's own view (slots in use, grants received), so the next call corrects
+a lost one, and a process not heard from for ``slot_ttl`` loses its slots.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import asdict, fields
-from types import TracebackType
-from typing import Any
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Final
 
 import anyio
 import anyio.abc
 
 from agentcore_rl._extras import require
-from agentcore_rl.distributed.actor import LimitsActor
-from agentcore_rl.distributed.backend import BackendUnavailable, LimitsBackend
-from agentcore_rl.distributed.config import LimitsConfig
-from agentcore_rl.distributed.ledger import Demand, RateLease
-from agentcore_rl.distributed.rate import SharedRateLimiter
-from agentcore_rl.distributed.slots import SharedSessionLimiter
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, SharedLimitsUnavailableError
+from agentcore_rl.ratelimit import Priority, TokenBucket
 
-__all__ = ["DEFAULT_NAMESPACE", "RayBackend", "SharedLimits", "shared_limits"]
+__all__ = ["DEFAULT_NAMESPACE", "LimitsActor", "LimitsConfig", "SharedLimits", "shared_limits"]
+
+logger = logging.getLogger(__name__)
 
 #: The Ray namespace the actors live in, so any job on the cluster finds them by name.
 DEFAULT_NAMESPACE = "agentcore-rl"
-# Bounds the final give-back calls of a closing process.
-_CLOSE_TIMEOUT = 5.0
+#: A holder not heard from for this long is gone: its slots are free again.
+DEFAULT_SLOT_TTL: Final = 30.0
 
 
-class RayBackend:
-    """Calls the named limits actor through Ray; a dead actor is looked up (or created,
-    conservatively) again by ``connect``.
-    """
+@dataclass(frozen=True, kw_only=True)
+class LimitsConfig:
+    """One shared quota: ``tps`` calls per second and ``sessions`` live sessions.
 
-    def __init__(self, connect: Callable[[bool], Any]) -> None:
-        self._connect = connect
-        self._handle = connect(False)
-
-    def __repr__(self) -> str:
-        return f"RayBackend({self._handle!r})"
-
-    async def _call(self, method: str, *args: Any) -> Any:
-        # lazy: ray is the ray extra, imported only when used
-        import ray.exceptions
-
-        # A restarting actor; older Rays raise RayActorError for it.
-        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ray.exceptions.RayActorError)
-
-        try:
-            return await getattr(self._handle, method).remote(*args)
-        except ray.exceptions.ActorDiedError as exc:
-            # Out of restarts (or killed for good): someone must create it again.
-            try:
-                self._handle = self._connect(True)
-            except Exception as again:
-                raise BackendUnavailable(f"{exc}; recreating failed: {again}") from exc
-            raise BackendUnavailable(str(exc)) from exc
-        except (ray.exceptions.RayActorError, unavailable) as exc:
-            raise BackendUnavailable(str(exc)) from exc
-
-    async def lease_rate(
-        self,
-        holder: str,
-        held: float,
-        held_for: float,
-        demand: Demand,
-        throttles: int = 0,
-        max_wait: float = 0.0,
-        seq: int = 0,
-    ) -> RateLease:
-        """Renew (or ask for) a share of the rate."""
-        lease: RateLease = await self._call(
-            "lease_rate", holder, held, held_for, demand, throttles, max_wait, seq
-        )
-        return lease
-
-    async def leave_rate(self, holder: str) -> None:
-        """A holder makes no more calls."""
-        await self._call("leave_rate", holder)
-
-    async def lease_slots(
-        self, holder: str, held: int, want: int, max_wait: float
-    ) -> tuple[int, int]:
-        """Lease session slots."""
-        granted, excess = await self._call("lease_slots", holder, held, want, max_wait)
-        return int(granted), int(excess)
-
-    async def renew(self, holder: str, held: int) -> int:
-        """Renew a holding."""
-        return int(await self._call("renew", holder, held))
-
-    async def leave(self, holder: str, held: int) -> None:
-        """A holder closes."""
-        await self._call("leave", holder, held)
-
-    async def status(self) -> dict[str, Any]:
-        """A snapshot of the shared state."""
-        status: dict[str, Any] = await self._call("status")
-        return status
-
-
-class SharedLimits:
-    """This process's handle on one cluster-wide quota: ``rate`` and ``sessions``.
-
-    An async context manager: entering starts the lease loops (and checks that the actor
-    enforces this configuration); leaving stops them and gives back what is unused.
+    ``burst``: what the shared bucket hands out at once (default half a second's worth);
+    the runtime's own bucket holds a second's worth, the rest absorbs uneven delays.
 
     Example::
 
-        async with SharedLimits(backend, config) as limits:
-            await limits.sessions.acquire()
-            await limits.rate.acquire()
+        LimitsConfig(tps=25, sessions=500, slot_ttl=10)
+    """
+
+    tps: float
+    sessions: int
+    burst: float | None = None
+    slot_ttl: float = DEFAULT_SLOT_TTL
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tps, bool) or not isinstance(self.tps, (int, float)) or self.tps <= 0:
+            raise ConfigurationError(f"tps must be > 0 calls per second, got {self.tps!r}")
+        if (
+            isinstance(self.sessions, bool)
+            or not isinstance(self.sessions, int)
+            or self.sessions < 1
+        ):
+            raise ConfigurationError(f"sessions must be an int >= 1, got {self.sessions!r}")
+        if self.burst is not None and not self.burst >= 1:
+            raise ConfigurationError(f"burst must be >= 1 call, got {self.burst!r}")
+        if not self.slot_ttl > 0:
+            raise ConfigurationError(f"slot_ttl must be > 0 seconds, got {self.slot_ttl!r}")
+
+
+@dataclass
+class _Holder:
+    count: int  # slots it holds by the actor's books
+    grants: int  # slots granted to it so far
+    heard: float
+
+
+class LimitsActor:
+    """The books of one shared quota, as an async Ray actor.
+
+    The bucket starts empty, so a restarted actor adds no burst to calls just made. An
+    unknown holder that had grants means the books were lost (``restarted``): no slot is
+    granted for half a ``slot_ttl``, by when every live process has reported.
+
+    Example::
+
+        handle = ray.remote(LimitsActor).options(name="acr-math", lifetime="detached",
+                                                  max_restarts=-1).remote(config)
     """
 
     def __init__(
         self,
-        backend: LimitsBackend,
         config: LimitsConfig,
         *,
-        name: str = "",
-        unavailable_timeout: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.name = name
         self.config = config
-        self.backend = backend
-        self.rate = SharedRateLimiter(backend, config, unavailable_timeout=unavailable_timeout)
-        self.sessions = SharedSessionLimiter(
-            backend, config, unavailable_timeout=unavailable_timeout
-        )
+        self.restarted = False
+        self._clock = clock
+        burst = max(1.0, config.tps / 2) if config.burst is None else config.burst
+        self.bucket = TokenBucket(config.tps, burst, tokens=0.0, clock=clock, sleep=sleep)
+        self._holders: dict[str, _Holder] = {}
+        self._hold_until = 0.0
+        self._changed = asyncio.Event()
+        self.expired_holders = 0
+
+    def _notify(self) -> None:
+        # Waiters hold the event they saw; a fresh one is for the next change.
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _held(self) -> int:
+        now = self._clock()
+        for name, holder in list(self._holders.items()):
+            if now - holder.heard > self.config.slot_ttl:
+                del self._holders[name]
+                if holder.count > 0:
+                    self.expired_holders += 1
+                    self._notify()
+        return sum(h.count for h in self._holders.values())
+
+    def _sync(self, holder: str, in_use: int, seen: int) -> _Holder:
+        known, now = self._holders.get(holder), self._clock()
+        if known is None:  # new, lapsed, or from before a restart: take its word
+            known = self._holders[holder] = _Holder(count=0, grants=seen, heard=now)
+            if seen and not self.restarted:
+                self.restarted, self._hold_until = True, now + self.config.slot_ttl / 2
+        before, known.count = known.count, max(0, in_use + known.grants - seen)
+        known.heard = now
+        if known.count < before:
+            self._notify()
+        return known
+
+    async def acquire_token(self, priority: int) -> None:
+        """Wait for one call's token; lower ``priority`` values go first, cluster-wide."""
+        await self.bucket.acquire(priority)
+
+    async def throttled(self) -> None:
+        """A process was answered "too many requests": the shared rate backs off."""
+        self.bucket.on_throttle()
+
+    async def sync(self, holder: str, in_use: int, seen: int) -> None:
+        """``holder`` uses ``in_use`` slots and has received ``seen`` grants (a grant on
+        its way still counts as held)."""
+        self._sync(holder, in_use, seen)
+
+    async def acquire_slot(self, holder: str, in_use: int, seen: int) -> bool:
+        """Wait for a free slot and grant it to ``holder``; False if the holder lapsed
+        meanwhile (it stopped calling: nobody is left to receive the slot)."""
+        mine = self._sync(holder, in_use, seen)
+        while self._held() >= self.config.sessions or self._clock() < self._hold_until:
+            changed = self._changed
+            # Room also comes without a call: a holder lapsing, the restart hold ending.
+            with anyio.move_on_after(self.config.slot_ttl / 4):
+                await changed.wait()
+            if self._holders.get(holder) is not mine:
+                return False
+        mine.count += 1
+        mine.grants += 1
+        return True
+
+    async def status(self) -> dict[str, Any]:
+        """The configuration and a snapshot of the books (for checks and benchmarks)."""
+        return {
+            "config": asdict(self.config),
+            "restarted": self.restarted,
+            "rate": self.bucket.rate,
+            "slots_held": self._held(),
+            "expired_holders": self.expired_holders,
+            "throttles": self.bucket.throttles,
+        }
+
+
+class _Rate:
+    """The shared token bucket (the client's ``RateLimiter``)."""
+
+    def __init__(self, actor: SharedLimits) -> None:
+        self._actor = actor
+
+    async def acquire(self, priority: int = Priority.INVOKE) -> None:
+        """Wait for one call's token."""
+        await self._actor.call("acquire_token", int(priority))
+
+    def on_throttle(self) -> None:
+        """The runtime throttled a call: the shared rate backs off."""
+        self._actor.send("throttled")
+
+    def on_success(self) -> None:
+        """Nothing to do: the shared rate recovers with time."""
+
+
+class _Sessions:
+    """This process's slots of the shared budget (the client's ``SessionLimiter``).
+
+    Every call tells the actor what this process holds (slots in use, grants received);
+    ``report`` does so every ``slot_ttl / 3`` so that slots stay held while rollouts run.
+    """
+
+    def __init__(self, actor: SharedLimits) -> None:
+        self._actor = actor
+        self.holder = uuid.uuid4().hex
+        self.in_use = 0
+        self._seen = 0
         self._group: anyio.abc.TaskGroup | None = None
 
-    def __repr__(self) -> str:
-        return (
-            f"SharedLimits({self.name!r}, tps={self.config.tps:g}, sessions={self.config.sessions})"
-        )
+    def _view(self) -> tuple[str, int, int]:
+        return self.holder, self.in_use, self._seen
 
-    @property
-    def actor_calls(self) -> int:
-        """Calls this process made to the shared actor so far."""
-        return self.rate.actor_calls + self.sessions.actor_calls
+    async def acquire(self) -> None:
+        """Wait for a slot of the shared budget."""
+        while not await self._actor.call("acquire_slot", *self._view(), abandoned=self._lost):
+            pass  # this holder had lapsed at the actor (a long outage): ask again
+        self._seen += 1
+        self.in_use += 1
 
-    async def __aenter__(self) -> SharedLimits:
+    def _lost(self, ref: Any) -> None:
         if self._group is not None:
-            raise RuntimeError("SharedLimits is already entered")
-        await self._check_config()
-        group = anyio.create_task_group()
-        await group.__aenter__()
+            self._group.start_soon(self._collect, ref)
+
+    async def _collect(self, ref: Any) -> None:
+        # The abandoned wait was cancelled at the actor, or it had granted the slot:
+        # then the actor counts it held until told it was received (and is not in use).
+        with contextlib.suppress(Exception):
+            if await ref:
+                self._seen += 1
+                self._actor.send("sync", *self._view())
+
+    def release(self) -> None:
+        """Give a slot back (an actor call nobody waits for)."""
+        if self.in_use <= 0:
+            raise RuntimeError("release() without a matching acquire()")
+        self.in_use -= 1
+        self._actor.send("sync", *self._view())
+
+    async def report(self, group: anyio.abc.TaskGroup) -> None:
+        """Tell the actor what this process holds every ``slot_ttl / 3`` seconds."""
         self._group = group
-        await group.start(self.rate.run)
-        await group.start(self.sessions.run)
-        return self
+        while True:
+            await anyio.sleep(self._actor.config.slot_ttl / 3)
+            await self._actor.call("sync", *self._view())
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        group, self._group = self._group, None
-        if group is None:
-            return None
-        group.cancel_scope.cancel()
+    async def aclose(self) -> None:
+        """Tell the actor what is still in use (it lapses after ``slot_ttl``)."""
+        self._group = None
+        with anyio.move_on_after(5.0, shield=True):
+            await self._actor.call("sync", *self._view())
+
+
+class SharedLimits:
+    """This process's handle on one cluster-wide quota (what ``shared_limits`` yields):
+    ``rate`` and ``sessions`` for the rollout client. Its calls to the actor are retried
+    with back-off while Ray restarts it, up to ``unavailable_timeout`` seconds.
+
+    Example::
+
+        AsyncRolloutClient(..., rate_limiter=limits.rate, session_limiter=limits.sessions)
+    """
+
+    def __init__(self, handle: Any, config: LimitsConfig, *, name: str, timeout: float) -> None:
+        self.name = name
+        self.config = config
+        self._handle = handle
+        self._timeout = timeout
+        #: Calls this process made to the shared actor so far.
+        self.actor_calls = 0
+        self.rate = _Rate(self)
+        self.sessions = _Sessions(self)
+
+    def __repr__(self) -> str:
+        return f"SharedLimits({self.name!r}, {self.config!r})"
+
+    async def call(
+        self, method: str, *args: Any, abandoned: Callable[[Any], None] | None = None
+    ) -> Any:
+        """``method(*args)`` at the actor. A wait given up is cancelled there too and its
+        reference handed to ``abandoned``: its answer may be on its way already."""
+        import ray  # lazy: the ray extra, present once connected
+
+        since, delay = None, 0.05
+        while True:
+            self.actor_calls += 1
+            ref = getattr(self._handle, method).remote(*args)
+            try:
+                return await ref
+            except BaseException as exc:
+                if not isinstance(exc, ray.exceptions.RayActorError):
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref)
+                    if abandoned is not None:
+                        abandoned(ref)
+                    raise
+                now = time.monotonic()
+                if since is None:
+                    since = now
+                    logger.warning("shared limits unreachable, retrying: %s", exc)
+                elif now - since > self._timeout:
+                    raise SharedLimitsUnavailableError(
+                        f"the shared limits' actor stayed unreachable for {now - since:.0f} s: "
+                        f"{exc}"
+                    ) from exc
+            await anyio.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+    def send(self, method: str, *args: Any) -> None:
+        """A call whose answer nobody waits for (the next report corrects a lost one)."""
+        self.actor_calls += 1
         try:
-            return await group.__aexit__(exc_type, exc, tb)
-        finally:
-            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
-                await self.rate.aclose()
-                await self.sessions.aclose()
-
-    async def _check_config(self) -> None:
-        try:
-            status = await self.backend.status()
-        except BackendUnavailable as exc:
-            raise ConfigurationError(
-                f"cannot reach the shared limits {self.name!r}: {exc}"
-            ) from exc
-        theirs, ours = status["config"], asdict(self.config)
-        differ = [
-            f"{key}={theirs.get(key)!r} (asked {value!r})"
-            for key, value in ours.items()
-            if not _same(theirs.get(key), value)
-        ]
-        if differ:
-            raise ConfigurationError(
-                f"shared limits {self.name!r} already exist with other settings: "
-                f"{', '.join(differ)}; use the same settings or another name"
-            )
+            getattr(self._handle, method).remote(*args)
+        except Exception as exc:
+            logger.warning("shared limits: %s not sent: %s", method, exc)
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-        return a is not None and b is not None and math.isclose(a, b)
-    return bool(a == b)
+@contextlib.asynccontextmanager
+async def _opened(limits: SharedLimits) -> AsyncIterator[SharedLimits]:
+    theirs, ours = (await limits.call("status"))["config"], asdict(limits.config)
+    if theirs != ours:
+        raise ConfigurationError(
+            f"shared limits {limits.name!r} already exist with other settings: {theirs} "
+            f"(asked {ours}); use the same settings or another name"
+        )
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(limits.sessions.report, group)
+            yield limits
+            group.cancel_scope.cancel()
+    finally:
+        await limits.sessions.aclose()
 
 
-def _connect(name: str, namespace: str, config: LimitsConfig, recreate: bool) -> Any:
-    require("ray", "agentcore_rl.distributed.shared_limits", "ray")
-    import ray  # lazy: the [ray] extra, checked just above and imported only when used
+def _connect(name: str, namespace: str, config: LimitsConfig) -> Any:
+    import ray  # lazy: the [ray] extra, checked by shared_limits
 
     if not ray.is_initialized():
         raise ConfigurationError(
             "shared_limits needs Ray: call ray.init() first (inside a Ray task or actor it is)"
         )
-    actor_class = ray.remote(LimitsActor)
     # num_cpus=0: a bookkeeping actor must not take a CPU the trainer scheduled for.
-    # max_restarts=-1: Ray brings it back; it then starts conservatively (see LimitsActor).
-    return actor_class.options(
-        name=name,
-        namespace=namespace,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=-1,
-        num_cpus=0,
-        max_concurrency=1000,
-    ).remote(config, restarted=True if recreate else None)
+    # max_restarts=-1: Ray brings it back (see LimitsActor for what it then holds back).
+    options = {"lifetime": "detached", "get_if_exists": True, "max_restarts": -1}
+    return (
+        ray.remote(LimitsActor)
+        .options(name=name, namespace=namespace, num_cpus=0, max_concurrency=10_000, **options)
+        .remote(config)
+    )
 
 
 def shared_limits(
@@ -227,30 +349,26 @@ def shared_limits(
     *,
     tps: float,
     sessions: int,
+    burst: float | None = None,
+    slot_ttl: float = DEFAULT_SLOT_TTL,
     namespace: str = DEFAULT_NAMESPACE,
     unavailable_timeout: float = 60.0,
-    **tuning: Any,
-) -> SharedLimits:
+) -> contextlib.AbstractAsyncContextManager[SharedLimits]:
     """The cluster-wide limits called ``name`` (created on first use): ``tps`` calls per
-    second and ``sessions`` live sessions, shared by every process that asks by name.
-
-    ``tuning`` sets the other :class:`LimitsConfig` fields (``burst``, ``lease_period``,
-    ``slot_ttl``...); every process must ask with the same settings. Needs Ray
-    initialised (``pip install 'agentcore-rl[ray]'``).
+    second and ``sessions`` live sessions, shared by every process that asks by name with
+    the same settings (see :class:`LimitsConfig`). Callers fail with
+    ``SharedLimitsUnavailableError`` once the actor stayed unreachable for
+    ``unavailable_timeout`` seconds. Needs Ray initialised (``pip install
+    'agentcore-rl[ray]'``).
 
     Example::
 
         async with shared_limits("acr-math", tps=25, sessions=500) as limits:
             await limits.rate.acquire()
     """
-    known = {f.name for f in fields(LimitsConfig)} - {"tps", "sessions"}
-    unknown = set(tuning) - known
-    if unknown:
-        raise ConfigurationError(
-            f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
-        )
+    require("ray", "agentcore_rl.distributed.shared_limits", "ray")
     if not name:
         raise ConfigurationError("shared limits need a non-empty name")
-    config = LimitsConfig(tps=tps, sessions=sessions, **tuning)
-    backend = RayBackend(lambda recreate: _connect(name, namespace, config, recreate))
-    return SharedLimits(backend, config, name=name, unavailable_timeout=unavailable_timeout)
+    config = LimitsConfig(tps=tps, sessions=sessions, burst=burst, slot_ttl=slot_ttl)
+    handle = _connect(name, namespace, config)
+    return _opened(SharedLimits(handle, config, name=name, timeout=unavailable_timeout))

@@ -10,7 +10,7 @@ import asyncio
 from agentcore_rl import protocol
 from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.liveness import LivenessProber
-from agentcore_rl.client.stats import ClientCounters
+from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.transports.base import NotConnectedError
 from agentcore_rl.ratelimit import Priority, TokenBucket
 
@@ -66,7 +66,7 @@ async def test_probes_are_capped_and_only_for_long_pending_sessions() -> None:
     transport = Transport({sid: "http://a" for sid in live})
     config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=2, tick=1)
     prober = LivenessProber(
-        transport, TokenBucket(1000), live, ClientCounters(), config=config, clock=clock
+        transport, TokenBucket(1000), live, ClientStats(), config=config, clock=clock
     )
     await prober.round()  # first sight: nothing is due
     clock.now = 5.0
@@ -102,7 +102,7 @@ async def test_a_probe_starved_by_invocations_queues_among_them() -> None:
     transport = Transport({sid: "http://a" for sid in live})
     transport.lost = {"s0"}
     limiter = BusyLimiter()
-    counters = ClientCounters()
+    counters = ClientStats()
     config = LivenessConfig(probe_after=0, escalate_after=0, tick=1)
     prober = LivenessProber(
         transport,
@@ -130,7 +130,7 @@ async def test_the_longest_unconfirmed_session_is_probed_first() -> None:
         transport,
         TokenBucket(1000),
         live,
-        ClientCounters(),
+        ClientStats(),
         config=config,
         clock=clock,
     )
@@ -157,7 +157,7 @@ async def test_a_lost_session_makes_its_servers_sessions_suspects() -> None:
         transport,
         TokenBucket(1000),
         live,
-        ClientCounters(),
+        ClientStats(),
         config=config,
         clock=clock,
     )
@@ -190,7 +190,7 @@ async def test_an_agent_unreachable_for_lost_after_loses_its_sessions() -> None:
     live = _futures(2, lost)
     transport = DeadTransport({sid: "http://a" for sid in live})
     config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10, tick=1)
-    counters = ClientCounters()
+    counters = ClientStats()
     prober = LivenessProber(
         transport, TokenBucket(1000), live, counters, config=config, clock=clock
     )

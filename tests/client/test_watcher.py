@@ -264,7 +264,8 @@ async def test_client_holds_new_rollouts_during_an_outage_and_times_out_pending_
             min_interval=0.01, max_interval=0.02, error_backoff=0.01, error_backoff_max=0.02
         )
     )
-    fut = await client.invoke({"mode": "gate"}, rollout={"s3_bucket": "short-lived"}, timeout=0.5)
+    # The deadline leaves the watcher (polling every 0.02 s) ample time to see the outage.
+    fut = await client.invoke({"mode": "gate"}, rollout={"s3_bucket": "short-lived"}, timeout=3)
     s3.delete_bucket(Bucket="short-lived")
     with pytest.raises(RolloutTimeoutError, match="unreachable"):
         await asyncio.wait_for(fut, 10)

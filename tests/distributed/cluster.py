@@ -8,6 +8,7 @@ so it holds no test functions.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -104,6 +105,9 @@ class Worker:
 
     def ready(self) -> bool:
         return True
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def progress(self) -> int:
         return 0 if self.client is None else self.client.stats.invocations

@@ -8,8 +8,10 @@ quota. Waits are real but bounded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -38,12 +40,7 @@ pytestmark = pytest.mark.timeout(150)
 ROOT = Path(__file__).resolve().parents[2]
 TPS = 25
 SESSIONS = 8
-SETTINGS: dict[str, Any] = {
-    "tps": TPS,
-    "sessions": SESSIONS,
-    "slot_ttl": 3.0,
-    "lease_period": 2.0,
-}
+SETTINGS: dict[str, Any] = {"tps": TPS, "sessions": SESSIONS, "slot_ttl": 3.0}
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -125,12 +122,10 @@ async def test_four_workers_share_one_rate_and_one_session_budget(
         f"\nactor calls per invocation: {calls / (4 * rollouts):.2f}; "
         f"max calls in a 1 s window: {max_in_window(stack.arrivals)}"
     )
-    status = await _status(name)
-    assert status["slots_held"] == 0  # every worker gave its slots back on close
-    assert status["rate_committed"] == 0  # and its share
+    assert (await _status(name))["slots_held"] == 0  # every worker gave its slots back
 
 
-async def test_a_killed_worker_s_leases_come_back_and_the_others_finish(
+async def test_a_killed_worker_s_slots_come_back_and_the_others_finish(
     cluster: list[Any], stack: Stack
 ) -> None:
     name = _name()
@@ -148,7 +143,7 @@ async def test_a_killed_worker_s_leases_come_back_and_the_others_finish(
         w.run.remote(name, SETTINGS, stack.endpoint(), _sleeps(6, 0.1, 0.3, seed))
         for seed, w in enumerate(survivors)
     ]
-    ray.kill(doomed, no_restart=True)
+    os.kill(await doomed.pid.remote(), signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayActorError):
         await doomed_run
 
@@ -157,9 +152,8 @@ async def test_a_killed_worker_s_leases_come_back_and_the_others_finish(
     assert [r["ok"] for r in results] == [6] * 3
     assert stack.runtime.counts["ThrottlingException"] == 0
     status = await _status(name)
-    assert status["expired_holders"] >= 1  # the dead worker's slots lapsed
+    assert status["expired_holders"] == 1  # the dead worker's slots lapsed
     assert status["slots_held"] == 0
-    assert status["rate_committed"] == 0
 
 
 async def test_the_cluster_stays_within_the_quota_across_an_actor_restart(
@@ -167,14 +161,16 @@ async def test_the_cluster_stays_within_the_quota_across_an_actor_restart(
 ) -> None:
     name, rollouts = _name(), 10
     runs = [
-        w.run.remote(name, SETTINGS, stack.endpoint(), _sleeps(rollouts, 0.2, 0.5, seed))
+        w.run.remote(name, SETTINGS, stack.endpoint(), _sleeps(rollouts, 0.5, 1.5, seed))
         for seed, w in enumerate(cluster)
     ]
-    for _ in range(600):  # 60 s at most
-        if sum([await w.progress.remote() for w in cluster]) >= 10:
-            break
+    for _ in range(600):  # 60 s at most: until rollouts hold slots
+        with contextlib.suppress(ValueError):  # no actor yet
+            if (await _status(name))["slots_held"] >= 4:
+                break
         await anyio.sleep(0.1)
-    # The actor's process dies; Ray starts it again, and it starts conservatively.
+    # The actor's process dies with most rollouts still to run (their slots are asked
+    # of the restarted actor); Ray starts it again, and it starts conservatively.
     ray.kill(ray.get_actor(name, namespace=DEFAULT_NAMESPACE), no_restart=False)
 
     with anyio.fail_after(120):
@@ -182,6 +178,7 @@ async def test_the_cluster_stays_within_the_quota_across_an_actor_restart(
     assert [r["ok"] for r in results] == [rollouts] * 4
     _check_runtime(stack, sum(r["invocations"] + r["stops"] for r in results))
     assert stack.agents.max_running <= SESSIONS
+    # The workers' calls after the restart told the actor it had lost its books.
     assert (await _status(name))["restarted"] is True
 
 
