@@ -354,8 +354,9 @@ ERROR_NOT_JSON: Final = "result_not_json_serializable"
 ERROR_CANCELLED: Final = "cancelled"
 #: The handler refused its payload (raised InvalidPayloadError); ``status_code`` is 4xx.
 ERROR_INVALID_PAYLOAD: Final = "invalid_payload"
-#: The process running the rollout died (written by its successor from the run ledger,
-#: ``status_code`` 503); clients treat it as retryable: run it again in a new session.
+#: The process running the rollout died (``status_code`` 503; our server writes none, its
+#: client's probes detect the loss, but an agent or a supervisor may report one this way);
+#: clients treat it as retryable: run it again in a new session.
 ERROR_AGENT_LOST: Final = "agent_lost"
 
 
