@@ -28,32 +28,33 @@ if TYPE_CHECKING:
     from agentcore_rl.gateway.record import (
         CallRecord,
         Completion,
+        DirectorySink,
         SessionTrace,
+        TraceSink,
         dump_trace,
         load_trace,
         trace_key,
     )
     from agentcore_rl.gateway.render.mode import RenderMode
-    from agentcore_rl.gateway.sessions import DirectorySink, TraceSink
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
 # neither Starlette nor uvicorn, which the gateway app does.
-_LAZY: dict[str, str] = {
-    "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.app",
-    "DEFAULT_SESSION_TTL": "agentcore_rl.gateway.app",
-    "RolloutGateway": "agentcore_rl.gateway.app",
-    "GatewayError": "agentcore_rl.errors",
-    "TraceLostError": "agentcore_rl.errors",
-    "CallRecord": "agentcore_rl.gateway.record",
-    "Completion": "agentcore_rl.gateway.record",
-    "SessionTrace": "agentcore_rl.gateway.record",
-    "dump_trace": "agentcore_rl.gateway.record",
-    "load_trace": "agentcore_rl.gateway.record",
-    "trace_key": "agentcore_rl.gateway.record",
-    "RenderMode": "agentcore_rl.gateway.render.mode",
-    "DirectorySink": "agentcore_rl.gateway.sessions",
-    "TraceSink": "agentcore_rl.gateway.sessions",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "agentcore_rl.gateway.app": ("ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"),
+    "agentcore_rl.errors": ("GatewayError", "TraceLostError"),
+    "agentcore_rl.gateway.record": (
+        "CallRecord",
+        "Completion",
+        "DirectorySink",
+        "SessionTrace",
+        "TraceSink",
+        "dump_trace",
+        "load_trace",
+        "trace_key",
+    ),
+    "agentcore_rl.gateway.render.mode": ("RenderMode",),
 }
+_LAZY: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> object:

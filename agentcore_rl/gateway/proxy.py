@@ -16,28 +16,22 @@ from typing import Final
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import Backend, Capture, synthesize_sse
-from agentcore_rl.gateway.call import Call
-from agentcore_rl.gateway.jsonio import dumps
+from agentcore_rl.gateway.call import (
+    SSE_HEADERS,
+    Call,
+    Refuse,
+    down_message,
+    error_body,
+    respond,
+    send_sse,
+)
+from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
 
-__all__ = ["SSE_HEADERS", "ProxyMode", "send_sse"]
+__all__ = ["ProxyMode"]
 
-SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
-
-
-async def send_sse(send: Send, body: bytes) -> None:
-    """A whole SSE stream in one piece."""
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    await send({"type": "http.response.body", "body": body})
-
-
-def include_usage(call: Call) -> bool:
-    """Whether the agent asked for a usage chunk at the end of its stream."""
-    options = call.body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 class ProxyMode:
@@ -52,11 +46,11 @@ class ProxyMode:
     async def serve(self, call: Call, send: Send) -> None:
         """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
         endpoint = call.endpoint
-        stream, sse_usage = call.stream, include_usage(call)
+        stream = call.stream
         upstream_body, keep_logprobs = self.backend.prepare(dict(call.body), endpoint)
         payload = dumps(upstream_body)
         del upstream_body
-        capture = Capture(endpoint)
+        capture = Capture()
         # A stream's tokens are counted as they arrive: the resume after a suspend starts the
         # new version's span at the count (a whole answer's tokens keep the call's version).
         versions = call.versions
@@ -87,7 +81,7 @@ class ProxyMode:
         del content
         call.commit(200)
         if stream:  # the upstream could not stream with capture on: the whole answer
-            await send_sse(send, synthesize_sse(data, endpoint, sse_usage))
+            await send_sse(send, synthesize_sse(data, endpoint, call.include_usage))
         else:
             await respond(send, 200, dumps(data))
 
@@ -95,13 +89,13 @@ class ProxyMode:
         self, content: bytes, call: Call, capture: Capture, keep_logprobs: bool
     ) -> dict[str, object]:
         try:
-            data = capture.parse(content)
+            data = loads(content)
         except ValueError:
             data = None
         if not isinstance(data, dict):
             raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
         try:
-            self.backend.take_response(data, capture, keep_logprobs, call.endpoint)
+            self.backend.take(data, capture, keep_logprobs, call.endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refuse(502, message, "upstream_invalid") from None
@@ -140,7 +134,7 @@ class ProxyMode:
         unread: list[bytes] = []
         newline = False  # whether the last piece ended with a newline
         held: list[bytes] = []  # events before the first chunk (none from vLLM)
-        take, endpoint = self.backend.take_chunk, call.endpoint
+        take, endpoint = self.backend.take, call.endpoint
         try:
             async for piece in content:
                 ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
@@ -162,7 +156,8 @@ class ProxyMode:
                         done = True
                         continue
                     if event.startswith(b"data:"):
-                        data = capture.parse(event, 5)
+                        with memoryview(event) as view:
+                            data = loads(view[5:])
                         take(data, capture, keep_logprobs, endpoint)
                         out.append(b"data: ")
                         out.append(dumps(data))

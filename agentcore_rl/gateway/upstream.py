@@ -1,14 +1,11 @@
-"""The gateway's client for its inference servers: an aiohttp session per upstream with an
-OpenAI server's request shapes.
+"""The gateway's client for its inference servers: an aiohttp session per upstream.
 
-Every model call crosses it, so it keeps aiohttp's per-request work to what a proxy needs:
-the URL and headers are built once per endpoint (:meth:`UpstreamPool.target`), no cookie
-jar, no automatic headers or decompression, keep-alive connections reused. A body is read
-whole (one wake-up) or as it arrives (streaming: aiohttp pauses reading from the socket
-while the agent lags behind).
-
-Errors are one type, :class:`UpstreamError` (refused, reset, cut short, silent past the
-read timeout), so the gateway turns each into a 502 naming its upstream.
+Every model call crosses it, so it keeps aiohttp's per-request work to what a proxy needs
+(aiohttp over httpx by measurement: docs/benchmarks.md): the URL and headers are built once
+per endpoint (:meth:`UpstreamPool.target`), no cookie jar, no automatic headers or
+decompression, keep-alive connections reused. A body is read whole (one wake-up) or as it
+arrives (streaming: aiohttp pauses reading from the socket while the agent lags behind).
+Every failure is one type, :class:`UpstreamError`, which the gateway answers with a 502.
 
 Example::
 
@@ -24,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
@@ -115,17 +112,6 @@ class UpstreamPool:
     The aiohttp session is made on first use, in the running event loop.
     """
 
-    __slots__ = (
-        "_closed",
-        "_headers",
-        "_limits",
-        "_origin",
-        "_path",
-        "_session",
-        "_targets",
-        "base",
-    )
-
     def __init__(
         self,
         base_url: str,
@@ -203,16 +189,11 @@ class UpstreamPool:
         except _FAILURES as exc:
             raise _failed(exc) from exc
 
-    def stream(
-        self, target: UpstreamTarget, body: bytes | None
-    ) -> AbstractAsyncContextManager[UpstreamResponse]:
-        """An exchange whose body is read as it arrives (the connection is released after)."""
-        return self._stream(target, body)
-
     @asynccontextmanager
-    async def _stream(
+    async def stream(
         self, target: UpstreamTarget, body: bytes | None
     ) -> AsyncIterator[UpstreamResponse]:
+        """An exchange whose body is read as it arrives (the connection is released after)."""
         session = self._session or self._open()
         try:
             response = await session.request(

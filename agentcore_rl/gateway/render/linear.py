@@ -1,24 +1,13 @@
 """Linear history: each turn's prompt is the served ids of the turn it extends, plus the
 template's rendering of what is new (tool results, user turns, the generation prompt).
 
-A chat template re-renders the whole conversation on every request, and what it renders for
-the earlier turns is not what the model was fed and produced: thinking templates drop
-earlier reasoning, tool calls are re-serialised, a stop token becomes a separator. In linear
-history the session keeps, per answered request, the exact ids (prompt + completion) and
-the messages it was asked with. A new request *extends* a kept turn when its messages start
-with that turn's messages followed by the assistant message the gateway answered (content
-and tool calls; reasoning the agent dropped does not matter). Then
-
-    prompt = kept prompt + kept completion + ids(rendering after the answer's end-of-turn)
-
-where "after the answer's end-of-turn" is found by counting the answer's stop token: the new
-rendering is cut after as many of them as the rendering of the history up to and including
-the answer holds. An answer cut off before its stop token (``max_tokens``, a stop string) is
-closed as the template closes a turn: its end-of-turn token follows the served ids.
-Whatever the template renders for the earlier turns (reasoning dropped,
-calls re-serialised, separators) is replaced by what was served. A request that extends no
-kept turn (the agent truncated or edited its history, a sub-agent with a fresh context)
-starts afresh from the full rendering and is counted as a fork: never a silent mismatch.
+A request *extends* a kept turn when its messages are that turn's messages followed by the
+assistant message the gateway answered (content and tool calls). Then the prompt is the kept
+prompt + the kept completion + the ids of the new rendering after the answer's end-of-turn,
+found by counting the answer's stop token (as many as the rendering of the history up to the
+answer holds). An answer cut off before its stop token is closed as the template closes a
+turn. A request that extends no kept turn starts afresh from the full rendering: a fork,
+counted, never a silent mismatch (docs/gateway.md, "Two capture modes").
 
 Example::
 
@@ -114,12 +103,10 @@ def _end_of(text: str, needle: str, count: int) -> int | None:
 
 @dataclass
 class LinearHistory:
-    """One session's kept turns and its fork count (see the module doc)."""
+    """One session's kept turns (see the module doc)."""
 
     keep: int = DEFAULT_KEEP
     turns: list[Turn] = field(default_factory=list)
-    forks: int = 0
-    extends: int = 0
 
     def plan(
         self,
@@ -148,11 +135,8 @@ class LinearHistory:
             if isinstance(ids, str):
                 reason = ids
                 break
-            self.extends += 1
             return Plan(ids, key, turn)
         fork = bool(self.turns)
-        if fork:
-            self.forks += 1
         return Plan(template.encode(full), key, fork=fork, reason=reason if fork else None)
 
     @staticmethod
