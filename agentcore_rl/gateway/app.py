@@ -41,7 +41,7 @@ from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
-from agentcore_rl.gateway.call import Call, Mode, Refuse, down_message, error_body, respond
+from agentcore_rl.gateway.call import Call, Mode, Refuse, down_message, respond
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
@@ -138,18 +138,14 @@ class RolloutGateway:
         admin_token: str | None = None,
         upstream_api_key: str | None = None,
         session_ttl: float = DEFAULT_SESSION_TTL,
-        sweep_interval: float | None = None,
         sink: TraceSink | None = None,
         require_open: bool = False,
         max_body_bytes: int = 32 * 1024 * 1024,
         body_timeout: float = 60.0,
-        upstream_timeout: float = 600.0,
-        max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
         render: Mode | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
         if not urls:
@@ -170,7 +166,6 @@ class RolloutGateway:
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.session_ttl = session_ttl
-        self.sweep_interval = sweep_interval or min(60.0, session_ttl / 4)
         self.sink = sink
         self.require_open = require_open
         self.max_body_bytes = max_body_bytes
@@ -190,13 +185,10 @@ class RolloutGateway:
         if render is not None:
             self.stats["linear_forks"] = 0  # requests that did not extend their history
         self._clock = clock
-        self._wall = wall_clock
         self._sessions: dict[str, Session] = {}
         self._headers = {"content-type": "application/json"}
         if upstream_api_key:
             self._headers["authorization"] = f"Bearer {upstream_api_key}"
-        self._upstream_timeout = upstream_timeout
-        self._max_connections = max_connections
         self._upstreams: list[UpstreamPool] = []  # with their connections, while entered
         self._stack: contextlib.AsyncExitStack | None = None
         self._admin = _admin_app(self)
@@ -212,15 +204,7 @@ class RolloutGateway:
         if self._stack is not None:
             raise RuntimeError("the gateway is already running")
         async with contextlib.AsyncExitStack() as stack:
-            self._upstreams = [
-                UpstreamPool(
-                    url,
-                    headers=self._headers,
-                    max_connections=self._max_connections,
-                    read_timeout=self._upstream_timeout,
-                )
-                for url in self.upstreams
-            ]
+            self._upstreams = [UpstreamPool(url, headers=self._headers) for url in self.upstreams]
             for pool in self._upstreams:
                 stack.push_async_callback(pool.aclose)
             tg = await stack.enter_async_context(anyio.create_task_group())
@@ -247,7 +231,7 @@ class RolloutGateway:
 
     async def _sweep_forever(self) -> None:
         while True:
-            await anyio.sleep(self.sweep_interval)
+            await anyio.sleep(min(60.0, self.session_ttl / 4))
             await self.expire_idle()
 
     # ------------------------------------------------------------------ trainer API
@@ -463,12 +447,7 @@ class RolloutGateway:
             else:
                 await self._admin(scope, receive, send)
         except Refuse as refuse:
-            await respond(
-                send,
-                refuse.status,
-                error_body(refuse.status, refuse.message, refuse.kind),
-                refuse.headers,
-            )
+            await respond(send, refuse.status, refuse.body, refuse.headers)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: object) -> AsyncIterator[None]:
@@ -575,7 +554,7 @@ class RolloutGateway:
             policy_version_start=version,
             request_body=raw,
             overrides=overrides or None,
-            started_at=self._wall(),
+            started_at=time.time(),
             stream=bool(body.get("stream")),
             upstream=pool.base,
         )
@@ -599,7 +578,7 @@ class RolloutGateway:
             session.call_ended(record, self._clock())
 
         call = Call(
-            *(session, endpoint, raw, body, record, pool, self._wall, on_commit),
+            *(session, endpoint, raw, body, record, pool, on_commit),
             gate=self.gate,
             versions=Versions(version),
         )
@@ -628,12 +607,7 @@ class RolloutGateway:
         await respond(send, status, content)
 
     def _upstream_for(self, sid: str) -> UpstreamPool:
-        upstreams = self._upstreams
-        if len(upstreams) == 1:
-            return upstreams[0]
-        if not upstreams:
-            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
-        return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
+        return self._upstreams[zlib.crc32(sid.encode()) % len(self._upstreams)]
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:

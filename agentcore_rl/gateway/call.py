@@ -29,21 +29,45 @@ from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
-__all__ = ["SSE_HEADERS", "Call", "Mode", "Refuse", "down_message", "error_body", "respond"]
+__all__ = [
+    "SSE_HEADERS",
+    "Call",
+    "Mode",
+    "Refuse",
+    "down_message",
+    "error_body",
+    "passed_on",
+    "respond",
+    "send_sse",
+]
 
 SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON_TYPE: Final = (b"content-type", b"application/json")
 
 
 class Refuse(Exception):
-    """Answer the agent with ``status`` and an OpenAI-style JSON error."""
+    """Answer the agent with ``status`` and an OpenAI-style JSON error, or ``body``."""
 
-    def __init__(self, status: int, message: str, kind: str, headers: Sequence[Any] = ()):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        headers: Sequence[Any] = (),
+        body: bytes | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.kind = kind
         self.headers = list(headers)
+        self.body = error_body(status, message, kind) if body is None else body
+
+
+def passed_on(status: int, content: bytes) -> Refuse:
+    """An upstream's answer other than 200, for the agent as it is."""
+    text = content[:500].decode("utf-8", "replace")
+    return Refuse(status, f"upstream answered HTTP {status}: {text}", "upstream", body=content)
 
 
 def error_body(status: int, message: str, kind: str) -> bytes:
@@ -86,7 +110,6 @@ class Call:
     body: dict[str, Any]
     record: CallRecord
     upstream: UpstreamPool
-    wall: Callable[[], float]  # seconds since the epoch
     on_commit: Callable[[Call], None]
     gate: PolicyGate
     versions: Versions

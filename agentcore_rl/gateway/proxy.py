@@ -23,6 +23,7 @@ from agentcore_rl.gateway.call import (
     Refuse,
     down_message,
     error_body,
+    passed_on,
     respond,
     send_sse,
 )
@@ -73,10 +74,7 @@ class ProxyMode:
         finally:
             call.gate.live.discard(versions)
         if status != 200:
-            text = content[:500].decode("utf-8", "replace")
-            call.commit(status, f"upstream answered HTTP {status}: {text}")
-            await respond(send, status, content)
-            return
+            raise passed_on(status, content)
         data = self._whole(content, call, capture, keep_logprobs)
         del content
         call.commit(200)
@@ -99,21 +97,24 @@ class ProxyMode:
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refuse(502, message, "upstream_invalid") from None
-        missing = capture.missing(self.backend.name)
-        if missing:
-            raise Refuse(502, missing, "upstream_missing_token_ids")
-        try:
-            self._fill(call, capture)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise Refuse(502, f"the upstream sent {exc}", "upstream_invalid") from None
+        failed = self._fill(call, capture)
+        if failed:
+            raise Refuse(502, *failed)
         return data
 
-    @staticmethod
-    def _fill(call: Call, capture: Capture) -> None:
-        """The record's arrays from the capture, and where each version's tokens start."""
-        capture.fill(call.record)
+    def _fill(self, call: Call, capture: Capture) -> tuple[str, str] | None:
+        """The record's arrays from the capture, and where each version's tokens start;
+        -> (what is wrong, its kind) when the upstream's answer falls short."""
+        missing = capture.missing(self.backend.name)
+        if missing:
+            return missing, "upstream_missing_token_ids"
+        try:
+            capture.fill(call.record)
+        except (ValueError, TypeError, OverflowError) as exc:
+            return f"the upstream sent {exc}", "upstream_invalid"
         if len(call.versions.starts) > 1 and call.record.completions:
             call.record.completions[0].versions = call.versions.starts
+        return None
 
     async def _relay(
         self,
@@ -209,15 +210,10 @@ class ProxyMode:
         await self._end_stream(send, [*held, *unread], capture, call)
 
     async def _end_stream(self, send: Send, out: list[bytes], capture: Capture, call: Call) -> None:
-        missing, kind = capture.missing(self.backend.name), "upstream_missing_token_ids"
-        if not missing:
-            try:
-                self._fill(call, capture)
-            except (ValueError, TypeError, OverflowError) as exc:
-                missing, kind = f"the upstream sent {exc}", "upstream_invalid"
-        if missing:
-            call.commit(502, missing)
-            tail = b"data: " + error_body(502, missing, kind) + b"\n\n"
+        failed = self._fill(call, capture)
+        if failed:
+            call.commit(502, failed[0])
+            tail = b"data: " + error_body(502, *failed) + b"\n\n"
         else:
             call.commit(200)  # before the last byte: an envelope never overtakes its last record
             tail = _DONE + b"\n\n"

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gzip
 import json
@@ -357,28 +358,18 @@ class DirectorySink:
         return self.root / f"{session_id}.trace.json.gz"
 
     async def save(self, trace: SessionTrace) -> None:
-        blob = dump_trace(trace)
-        path = self._path(trace.session_id)
-
-        def write() -> None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(blob)
-            os.replace(tmp, path)  # readers never see half a file
-
-        await anyio.to_thread.run_sync(write)
+        path = anyio.Path(self._path(trace.session_id))
+        await path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        await tmp.write_bytes(dump_trace(trace))
+        await tmp.replace(path)  # readers never see half a file
 
     async def load(self, session_id: str) -> SessionTrace | None:
-        path = self._path(session_id)
-
-        def read() -> bytes | None:
-            try:
-                return path.read_bytes()
-            except FileNotFoundError:
-                return None
-
-        blob = await anyio.to_thread.run_sync(read)
-        return None if blob is None else load_trace(blob)
+        try:
+            blob = await anyio.Path(self._path(session_id)).read_bytes()
+        except FileNotFoundError:
+            return None
+        return load_trace(blob)
 
 
 @dataclass(slots=True, eq=False)
@@ -407,14 +398,7 @@ class Session:
 
     def call_ended(self, record: CallRecord, now: float) -> None:
         """Commit ``record`` (in index order) and count the call out."""
-        records = self.records
-        if records and records[-1].index > record.index:  # concurrent calls end out of order
-            pos = len(records)
-            while pos and records[pos - 1].index > record.index:
-                pos -= 1
-            records.insert(pos, record)
-        else:
-            records.append(record)
+        bisect.insort(self.records, record, key=lambda r: r.index)  # concurrent calls end unordered
         self.last_seen = now
         self.in_flight -= 1
         if self.in_flight == 0 and self.idle is not None:

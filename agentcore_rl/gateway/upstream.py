@@ -9,7 +9,7 @@ Every failure is one type, :class:`UpstreamError`, which the gateway answers wit
 
 Example::
 
-    async with UpstreamPool("http://127.0.0.1:8000/v1") as pool:
+    async with contextlib.aclosing(UpstreamPool("http://127.0.0.1:8000/v1")) as pool:
         status, body = await pool.fetch(pool.target("/chat/completions"), b'{"messages": []}')
         async with pool.stream(pool.target("/chat/completions"), body) as response:
             async for piece in response:
@@ -23,7 +23,6 @@ import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -136,17 +135,6 @@ class UpstreamPool:
 
     def __repr__(self) -> str:
         return f"UpstreamPool({self.base!r})"
-
-    async def __aenter__(self) -> UpstreamPool:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def target(self, path: str, method: str = "POST", *, root: bool = False) -> UpstreamTarget:
         """The method, URL and headers for ``path`` under the base (built once); ``root``:

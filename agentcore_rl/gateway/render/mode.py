@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from starlette.types import Send
 
 from agentcore_rl.gateway.backends import CHAT, Served, backend_named, max_tokens, synthesize_sse
-from agentcore_rl.gateway.call import Call, Refuse, respond, send_sse
+from agentcore_rl.gateway.call import Call, Refuse, passed_on, respond, send_sse
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
@@ -34,14 +35,6 @@ from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
 __all__ = ["RenderMode"]
 
 log = logging.getLogger("agentcore_rl.gateway")
-
-
-class _Answered(Exception):
-    """The upstream answered a status other than 200: passed to the agent as it is."""
-
-    def __init__(self, status: int, content: bytes) -> None:
-        super().__init__(status)
-        self.status, self.content = status, content
 
 
 class RenderMode:
@@ -112,13 +105,7 @@ class RenderMode:
         elif plan.extends is not None and not plan.retry:
             self.extends += 1
         record.prompt_ids = ids_array(plan.prompt_ids)
-        try:
-            served = await self._generate(call, plan.prompt_ids)
-        except _Answered as answered:  # the upstream refused: the agent gets its answer
-            text = answered.content[:500].decode("utf-8", "replace")
-            call.commit(answered.status, f"upstream answered HTTP {answered.status}: {text}")
-            await respond(send, answered.status, answered.content)
-            return
+        served = await self._generate(call, plan.prompt_ids)
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
         shown = ids[:-1] if stopped else ids
@@ -148,7 +135,7 @@ class RenderMode:
         answer = {
             "id": f"chatcmpl-{seed}",
             "object": "chat.completion",
-            "created": int(call.wall()),
+            "created": int(time.time()),
             "model": body.get("model") or "",
             "choices": [
                 {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
@@ -234,7 +221,7 @@ class RenderMode:
             finally:
                 running.discard(f"cmpl-{request_id}-0")
             if status != 200:
-                raise _Answered(status, content)
+                raise passed_on(status, content)
             try:
                 served = self.backend.read(loads(content))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
