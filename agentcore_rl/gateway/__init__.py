@@ -21,48 +21,37 @@ import importlib
 from typing import TYPE_CHECKING
 
 from agentcore_rl._extras import require
+from agentcore_rl.errors import GatewayError, TraceLostError
+from agentcore_rl.gateway.record import (
+    CallRecord,
+    Completion,
+    DirectorySink,
+    SessionTrace,
+    TraceSink,
+    dump_trace,
+    load_trace,
+    trace_key,
+)
 
 if TYPE_CHECKING:
-    from agentcore_rl.errors import GatewayError, TraceLostError
     from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, DEFAULT_SESSION_TTL, RolloutGateway
-    from agentcore_rl.gateway.record import (
-        CallRecord,
-        Completion,
-        DirectorySink,
-        SessionTrace,
-        TraceSink,
-        dump_trace,
-        load_trace,
-        trace_key,
-    )
     from agentcore_rl.gateway.render.mode import RenderMode
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
 # neither Starlette nor uvicorn, which the gateway app does.
-_MODULES: dict[str, tuple[str, ...]] = {
-    "agentcore_rl.gateway.app": ("ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"),
-    "agentcore_rl.errors": ("GatewayError", "TraceLostError"),
-    "agentcore_rl.gateway.record": (
-        "CallRecord",
-        "Completion",
-        "DirectorySink",
-        "SessionTrace",
-        "TraceSink",
-        "dump_trace",
-        "load_trace",
-        "trace_key",
-    ),
-    "agentcore_rl.gateway.render.mode": ("RenderMode",),
+_LAZY: dict[str, str] = {
+    "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.app",
+    "DEFAULT_SESSION_TTL": "agentcore_rl.gateway.app",
+    "RolloutGateway": "agentcore_rl.gateway.app",
+    "RenderMode": "agentcore_rl.gateway.render.mode",
 }
-_LAZY: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'agentcore_rl.gateway' has no attribute {name!r}")
-    if module == "agentcore_rl.gateway.app":
-        require("gateway", "agentcore_rl.gateway", "starlette", "orjson")
+    require("gateway", "agentcore_rl.gateway", "starlette", "orjson")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

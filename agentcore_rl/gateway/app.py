@@ -8,14 +8,6 @@ side is in-process (``open_session``, ``finish_session``, ``set_policy_version``
 or the token-protected admin routes (docs/gateway.md). The session routes are a small
 hand-written ASGI path (no per-request framework objects: they sit on every model call); the
 admin routes are an ordinary Starlette app.
-
-Example::
-
-    gateway = RolloutGateway("http://127.0.0.1:8000/v1", admin_token="s3cret")
-    async with gateway, BackgroundServer(gateway, port=9000):
-        gateway.open_session("sid-1", exp_id="e1", input_id="q7")
-        ...                                    # the agent calls .../sessions/sid-1/v1/...
-        trace = await gateway.finish_session("sid-1")
 """
 
 from __future__ import annotations

@@ -15,12 +15,6 @@ Linear mode (:meth:`Backend.request`, :meth:`Backend.read`): token-in, token-out
 ``POST {base}/completions`` with ``prompt`` a list of ids (``CompletionRequest`` in
 ``vllm/entrypoints/openai/completion/protocol.py``); SGLang: ``POST {root}/generate`` with
 ``input_ids`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``).
-
-Example::
-
-    backend = backend_named("vllm")
-    upstream_body, keep_logprobs = backend.prepare(dict(body), "chat.completions")
-    token_in_body = backend.request([151644, 872], {"temperature": 1.0}, stop_ids=[151645])
 """
 
 from __future__ import annotations
@@ -37,48 +31,24 @@ __all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
 
-# The chat request's fields linear mode serves itself: the conversation, the answer's form.
-_OWN: Final = frozenset(
-    [
-        "messages",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "chat_template_kwargs",
-        "model",
-        "stream",
-        "stream_options",
-        "n",
-        "max_tokens",
-        "max_completion_tokens",
-        "logprobs",
-        "top_logprobs",
-        "stop_token_ids",
-        "user",
-        "metadata",
-        "store",
-    ]
+# The chat request's fields linear mode serves itself: the conversation, the answer's form,
+# the budget, bookkeeping.
+_OWN: Final = frozenset[str]().union(
+    ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
+    ("stream", "stream_options", "n", "logprobs", "top_logprobs"),
+    ("max_tokens", "max_completion_tokens", "stop_token_ids"),
+    ("model", "user", "metadata", "store"),
 )
-# The sampling fields linear mode forwards: the agent's name -> the server's.
+# The sampling fields linear mode forwards (the agent's name -> the server's): sampling,
+# penalties, stopping, vLLM's own.
 _VLLM_FIELDS: Final = {
     name: name
-    for name in [
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "stop",
-        "seed",
-        "logit_bias",
-        "min_tokens",
-        "ignore_eos",
-        "include_stop_str_in_output",
-        "allowed_token_ids",
-        "bad_words",
-    ]
+    for name in frozenset[str]().union(
+        ("temperature", "top_p", "top_k", "min_p", "seed", "logit_bias"),
+        ("presence_penalty", "frequency_penalty", "repetition_penalty"),
+        ("stop", "min_tokens", "ignore_eos", "include_stop_str_in_output"),
+        ("allowed_token_ids", "bad_words"),
+    )
 }
 _SGLANG_FIELDS: Final = {
     **{k: k for k in _VLLM_FIELDS if k not in ("allowed_token_ids", "bad_words")},
@@ -249,9 +219,10 @@ class Backend:
         body: Mapping[str, Any],
         *,
         stop_ids: Iterable[int],
-        default_max_tokens: int = 4096,
+        budget: int,
     ) -> dict[str, Any]:
-        """The token-in request body for ``prompt_ids`` with the agent's sampling fields."""
+        """The token-in request body for ``prompt_ids`` with the agent's sampling fields, at
+        most ``budget`` tokens."""
         raise NotImplementedError
 
     def read(self, data: Mapping[str, Any]) -> Served:
@@ -291,13 +262,13 @@ class VLLMBackend(Backend):
         body: Mapping[str, Any],
         *,
         stop_ids: Iterable[int],
-        default_max_tokens: int = 4096,
+        budget: int,
     ) -> dict[str, Any]:
         out = self.sampling(body)
         out.update(
             model=body.get("model"),
             prompt=prompt_ids,
-            max_tokens=max_tokens(body, default_max_tokens),
+            max_tokens=budget,
             n=1,
             logprobs=_top(body),
             return_token_ids=True,
@@ -356,11 +327,11 @@ class SGLangBackend(Backend):
         body: Mapping[str, Any],
         *,
         stop_ids: Iterable[int],
-        default_max_tokens: int = 4096,
+        budget: int,
     ) -> dict[str, Any]:
         params = self.sampling(body)
         params.update(
-            max_new_tokens=max_tokens(body, default_max_tokens),
+            max_new_tokens=budget,
             stop_token_ids=_stop_ids(body, stop_ids),
             skip_special_tokens=False,
         )

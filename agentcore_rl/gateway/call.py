@@ -7,13 +7,6 @@ call, talks to ``call.upstream`` and answers the agent through ``send`` (:func:`
 :func:`send_sse`, or :class:`Refuse` for an OpenAI-style error); it commits the record
 (:meth:`Call.commit`) before the answer's last byte. What happens on commit (the version at
 the end, statistics, the session's order) is the app's ``on_commit``.
-
-Example::
-
-    class EchoMode:
-        async def serve(self, call: Call, send: Send) -> None:
-            call.commit(200)
-            await respond(send, 200, call.raw)
 """
 
 from __future__ import annotations

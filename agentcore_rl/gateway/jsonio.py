@@ -7,11 +7,6 @@ for the upstream, serve back and finish (the gzip trace): :func:`parse_object` r
 nesting deeper than it writes (1,024 levels against 254) and integers beyond 64 bits as
 floats; lone surrogates, ``NaN`` and ``Infinity`` it refuses on reading. Values given in
 Python (``open_session``'s sampling and ids) pass the same check (:func:`check_value`).
-
-Example::
-
-    body = parse_object(raw)          # Invalid: 400 naming the problem
-    check_value({"seed": 10**30})     # Invalid: an integer beyond 64 bits
 """
 
 from __future__ import annotations

@@ -4,13 +4,6 @@
 calls refused (429); ``suspend``: new calls wait and ``pause()`` returns at once, the
 generations in flight frozen at the upstream, each token keeping the version it was sampled
 under (:class:`Versions`). See docs/gateway.md, "Weight-sync recipe".
-
-Example::
-
-    gate = PolicyGate()
-    await gate.pause("suspend")    # returns at once; in-flight calls wait for the resume
-    gate.version = 8
-    gate.resume()
 """
 
 from __future__ import annotations

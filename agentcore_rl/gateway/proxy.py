@@ -3,11 +3,6 @@
 The agent's request goes upstream with the backend's capture flags (:mod:`.backends`); the
 answer (whole, or SSE event by event) comes back with the token ids and logprobs stripped
 unless the agent asked for logprobs. The record is committed before the answer's last byte.
-
-Example::
-
-    mode = ProxyMode(backend_named("vllm"))
-    await mode.serve(call, send)            # call: a :class:`~agentcore_rl.gateway.call.Call`
 """
 
 from __future__ import annotations

@@ -8,12 +8,6 @@ in a few kilobytes instead of tens of kilobytes of Python ints and dicts.
 A trace serializes to gzip-compressed JSON (``dump_trace``/``load_trace``), the format
 written beside a rollout's envelope as ``{exp_id}/{input_id}/{session_id}.trace.json.gz``
 (see :func:`trace_key`). A session idle past the gateway's TTL goes to a :class:`TraceSink`.
-
-Example::
-
-    blob = dump_trace(trace)                   # bytes, gzip
-    again = load_trace(blob)
-    again.records[0].completions[0].token_ids  # array('i', [...])
 """
 
 from __future__ import annotations
@@ -262,28 +256,18 @@ class SessionTrace:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return {
-            "format": TRACE_FORMAT,
-            "session_id": self.session_id,
-            "exp_id": self.exp_id,
-            "input_id": self.input_id,
-            "gateway_id": self.gateway_id,
-            "complete": self.complete,
-            "records": [r.to_json() for r in self.records],
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {"format": TRACE_FORMAT, **out, "records": [r.to_json() for r in self.records]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionTrace:
         """Inverse of :meth:`to_json`; refuses another format."""
         if data.get("format") != TRACE_FORMAT:
             raise ValueError(f"not a {TRACE_FORMAT} trace (format={data.get('format')!r})")
+        names = {f.name for f in fields(cls)} - {"records"}
         return cls(
-            session_id=str(data["session_id"]),
-            exp_id=data.get("exp_id"),
-            input_id=data.get("input_id"),
+            **{k: v for k, v in data.items() if k in names},
             records=[CallRecord.from_json(r) for r in data.get("records") or ()],
-            gateway_id=str(data.get("gateway_id", "")),
-            complete=bool(data.get("complete", True)),
         )
 
 

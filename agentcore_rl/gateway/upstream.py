@@ -6,14 +6,6 @@ per endpoint (:meth:`UpstreamPool.target`), no cookie jar, no automatic headers 
 decompression, keep-alive connections reused. A body is read whole (one wake-up) or as it
 arrives (streaming: aiohttp pauses reading from the socket while the agent lags behind).
 Every failure is one type, :class:`UpstreamError`, which the gateway answers with a 502.
-
-Example::
-
-    async with contextlib.aclosing(UpstreamPool("http://127.0.0.1:8000/v1")) as pool:
-        status, body = await pool.fetch(pool.target("/chat/completions"), b'{"messages": []}')
-        async with pool.stream(pool.target("/chat/completions"), body) as response:
-            async for piece in response:
-                ...
 """
 
 from __future__ import annotations
@@ -168,14 +160,8 @@ class UpstreamPool:
 
     async def fetch(self, target: UpstreamTarget, body: bytes | None) -> tuple[int, bytes]:
         """One whole exchange: -> (status, body). ``target`` from :meth:`target`."""
-        session = self._session or self._open()
-        try:
-            async with session.request(
-                target.method, target.url, data=_payload(body), headers=target.headers
-            ) as response:
-                return response.status, await response.read()
-        except _FAILURES as exc:
-            raise _failed(exc) from exc
+        async with self.stream(target, body) as response:
+            return response.status, await response.read()
 
     @asynccontextmanager
     async def stream(

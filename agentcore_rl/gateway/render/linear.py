@@ -8,25 +8,17 @@ found by counting the answer's stop token (as many as the rendering of the histo
 answer holds). An answer cut off before its stop token is closed as the template closes a
 turn. A request that extends no kept turn starts afresh from the full rendering: a fork,
 counted, never a silent mismatch (docs/gateway.md, "Two capture modes").
-
-Example::
-
-    history = LinearHistory()
-    plan = history.plan(template, messages, tools=tools)
-    ...                                     # call the server with plan.prompt_ids
-    history.remember(plan, messages, answer, completion_ids, stopped=True)
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from agentcore_rl.gateway.render.template import ChatTemplate
+from agentcore_rl.gateway.render.template import ChatTemplate, prepare_messages
 
 __all__ = ["LinearHistory", "Plan", "Turn"]
 
@@ -63,31 +55,18 @@ def _key(tools: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
     return json.dumps([tools or [], kwargs or {}], sort_keys=True, default=str)
 
 
-def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    out = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {} if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments)
-        out.append((str(function.get("name")), arguments))
-    return out
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return (content or "").strip() if isinstance(content, str) else ""
+def _gist(message: Mapping[str, Any]) -> tuple[str, list[tuple[Any, Any]]]:
+    calls = [c["function"] for c in message.get("tool_calls") or ()]
+    return str(message["content"]).strip(), [(f.get("name"), f.get("arguments")) for f in calls]
 
 
 def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
-    """Whether the agent's echo ``sent`` is the assistant message the gateway answered."""
+    """Whether the agent's echo ``sent`` is the assistant message the gateway answered
+    (content and tool calls, as the template sees them)."""
     if not isinstance(sent, Mapping) or sent.get("role") != "assistant":
         return False
-    return _text(sent.get("content")) == _text(answer.get("content")) and _calls(sent) == _calls(
-        answer
-    )
+    mine, theirs = prepare_messages([sent, answer])
+    return _gist(mine) == _gist(theirs)
 
 
 def _end_of(text: str, needle: str, count: int) -> int | None:

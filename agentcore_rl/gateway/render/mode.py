@@ -205,9 +205,9 @@ class RenderMode:
             resumes = gate.resumes
             request = self.backend.request(
                 prompt_ids + ids,
-                self._rest(call.body, budget, len(ids)),
+                self._rest(call.body, len(ids)),
                 stop_ids=self.stop_ids,
-                default_max_tokens=self.max_tokens,
+                budget=budget - len(ids),
             )
             # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
             # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
@@ -252,17 +252,10 @@ class RenderMode:
             versions.start(len(ids), gate.version)
 
     @staticmethod
-    def _rest(body: dict[str, Any], budget: int, done: int) -> dict[str, Any]:
-        """``body`` for the rest of a completion ``done`` tokens into its ``budget``."""
-        if not done:
-            return body
+    def _rest(body: dict[str, Any], done: int) -> dict[str, Any]:
+        """``body`` for the rest of a completion ``done`` tokens in (its ``min_tokens``)."""
         least = int(body.get("min_tokens") or 0) - done
-        return dict(
-            body,
-            max_tokens=budget - done,
-            max_completion_tokens=None,
-            min_tokens=least if least > 0 else None,
-        )
+        return dict(body, min_tokens=least if least > 0 else None) if done else body
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:

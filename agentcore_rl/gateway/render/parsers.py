@@ -4,11 +4,6 @@ and OpenAI ``tool_calls``, named as vLLM's ``--reasoning-parser`` / ``--tool-cal
 tokens, the stop token cut off. Each parser also writes its syntax (``format``): the stand-in
 policy answers with it in the template's own syntax, so a test parses what a model trained
 on that template emits.
-
-Example::
-
-    tools = tool_parser_named("hermes")
-    content, calls = tools.parse('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>')
 """
 
 from __future__ import annotations
