@@ -181,7 +181,7 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
         #: Builds a call's body and its validated ``_rollout`` block (no I/O).
         self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
         super().__init__(Service("agentcore-rl client", setup=self._start_workers))
-        self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
+        self._watcher = CompletionWatcher(self.store, watcher)
         self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._rollouts = Rollouts(
             transport=self.transport,

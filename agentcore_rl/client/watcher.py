@@ -25,8 +25,7 @@ it. Each rollout still ends at its own timeout. Only errors no waiting can cure 
 that is not JSON at once; access denied or bad credentials after ``error_threshold`` polls
 in a row) fail the affected futures, with a :class:`~agentcore_rl.errors.StorageError`.
 
-The rollout client runs :meth:`CompletionWatcher.run` in its own task group; a watcher
-used on its own owns one (``async with``, or opened by the first ``track``).
+The rollout client runs :meth:`CompletionWatcher.run` in its own task group.
 """
 
 from __future__ import annotations
@@ -38,14 +37,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Final
 
 import anyio
 
 from agentcore_rl._unwrap import unwrap
 from agentcore_rl.client.outage import StoreOutages
-from agentcore_rl.client.service import Service
 from agentcore_rl.errors import ConfigurationError, StorageError
 from agentcore_rl.s3 import ResultStore
 
@@ -176,18 +173,15 @@ def _prefix_of(key: str) -> str:
 
 
 class CompletionWatcher:
-    """Watches S3 for the results of all pending rollouts of one client, in one task.
-
-    ``run_by_owner``: the owner runs :meth:`run` in its task group (as the client does);
-    otherwise the watcher runs it in its own (``async with``, or from the first ``track``
-    until ``aclose``). ``clock`` and ``sleep`` pace the rounds.
+    """Watches S3 for the results of all pending rollouts of one client, in one task
+    (:meth:`run`, in its owner's task group). ``clock`` and ``sleep`` pace the rounds.
 
     Example::
 
         watcher = CompletionWatcher(store, WatcherConfig(min_interval=0.1))
+        task_group.start_soon(watcher.run)
         watcher.track(bucket, key, on_outcome)
         watcher.untrack(bucket, key)      # e.g. the caller cancelled
-        await watcher.aclose()
     """
 
     def __init__(
@@ -195,7 +189,6 @@ class CompletionWatcher:
         store: ResultStore,
         config: WatcherConfig = DEFAULT_WATCHER,
         *,
-        run_by_owner: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -206,16 +199,6 @@ class CompletionWatcher:
         self._groups: dict[tuple[str, str], _Group] = {}
         self._outages = StoreOutages(clock)
         self._wakeup = asyncio.Event()
-        self._service = (
-            None
-            if run_by_owner
-            else Service(
-                "agentcore-rl completion watcher",
-                setup=lambda service: service.start_soon(self.run, name="completion watcher"),
-            )
-        )
-        self._opened = False
-        self._closed = False
         self.rounds = 0
         self.lists = 0
         self.listed_keys = 0
@@ -246,11 +229,6 @@ class CompletionWatcher:
 
     def track(self, bucket: str, key: str, callback: Callback) -> None:
         """Watch ``s3://bucket/key``; call ``callback`` once with the envelope or an error."""
-        if self._closed:
-            raise RuntimeError("the completion watcher is closed")
-        if self._service is not None and not self._opened:
-            self._opened = True
-            self._service.open_hosted()
         gid = (bucket, _prefix_of(key))
         group = self._groups.get(gid)
         if group is None:
@@ -264,32 +242,6 @@ class CompletionWatcher:
         if group is not None:
             group.pending.pop(key, None)
             group.key_failures.pop(key, None)
-
-    async def __aenter__(self) -> CompletionWatcher:
-        if self._service is None:
-            raise RuntimeError("this watcher is run by its owner (run_by_owner=True)")
-        if self._closed or self._opened:
-            raise RuntimeError("a completion watcher can be opened only once")
-        self._opened = True
-        await self._service.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._closed = True
-        if self._service is not None:
-            await self._service.__aexit__(exc_type, exc, tb)
-
-    async def aclose(self) -> None:
-        """Stop watching (its own task, if it runs one); pending callbacks are not called.
-        Idempotent."""
-        self._closed = True
-        if self._service is not None:
-            await self._service.aclose()
 
     # --- the task ---------------------------------------------------------------------
 
