@@ -172,6 +172,7 @@ async def feed_and_read(
             feed.put(_Fed(started, error))
 
     try:
+        await service.ensure_open()
         await service.start(feeder, name=name)
         read = 0
         fed: _Fed | None = None
