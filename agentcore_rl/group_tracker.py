@@ -1,8 +1,8 @@
 """GroupTracker: the pure state machine deciding what happens to the members of GRPO groups.
 
 The client owns the I/O (admission, invocation, stopping sessions, futures); the tracker
-owns the decisions. The client tells it what happened to a member (``started``,
-``succeeded``, ``failed``, ``timed_out``) and carries out the actions it answers with, in
+owns the decisions. The client tells it what happened to a member (``succeeded``,
+``failed``, ``timed_out``) and carries out the actions it answers with, in
 order: :class:`StartMember` (run this member in this session), :class:`StopMember` (stop
 this session; its outcome no longer matters), :class:`GroupReady` (resolve the group's
 future with the group) and :class:`GroupDropped` (fail it with the error). Stops always
@@ -16,7 +16,6 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from enum import Enum
 from functools import partial
 from typing import Any
 
@@ -137,19 +136,14 @@ class GroupCounters:
 # --- State ----------------------------------------------------------------------------------
 
 
-class _State(Enum):
-    PENDING = "pending"  # StartMember issued, not yet accepted by the agent
-    RUNNING = "running"
-    ENDED = "ended"  # succeeded, failed, timed out or stopped: no further event matters
-
-
 @dataclass(kw_only=True)
 class _Attempt:
     index: int
     attempt: int
     session_id: str
     policy_version: int | None
-    state: _State = _State.PENDING
+    #: False once it succeeded, failed, timed out or was stopped: no further event matters.
+    active: bool = True
     outcome: MemberOutcome | None = None
     reward: float | None = None
     trajectory: Any = None
@@ -157,10 +151,6 @@ class _Attempt:
     error: str | None = None
     zeroed: bool = False
     drop_reason: DropReason | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.state is not _State.ENDED
 
     def frozen(self) -> GroupMember:
         named = {f.name: getattr(self, f.name) for f in fields(GroupMember)}
@@ -269,13 +259,6 @@ class GroupTracker:
         self._counts["groups_opened"] += 1
         return [self._start(group, index, 0) for index in range(rules.starts)]
 
-    def started(self, session_id: str) -> list[Action]:
-        """The agent accepted this attempt (it is running). Never yields actions."""
-        found = self._lookup(session_id)
-        if found is not None and found[1].state is _State.PENDING:
-            found[1].state = _State.RUNNING
-        return []
-
     def succeeded(
         self,
         session_id: str,
@@ -295,7 +278,7 @@ class GroupTracker:
             return []
         group, attempt = found
         self._counts["members_succeeded"] += 1
-        attempt.state = _State.ENDED
+        attempt.active = False
         attempt.outcome = MemberOutcome.SUCCEEDED
         attempt.reward = float(reward)
         attempt.trajectory = trajectory
@@ -383,7 +366,7 @@ class GroupTracker:
         group, attempt = found
         timed_out = outcome is MemberOutcome.TIMED_OUT
         self._counts["members_timed_out" if timed_out else "members_failed"] += 1
-        attempt.state = _State.ENDED
+        attempt.active = False
         attempt.outcome = outcome
         attempt.error = error
         attempt.trajectory = trajectory
@@ -465,7 +448,7 @@ class GroupTracker:
     ) -> list[Action]:
         actions: list[Action] = []
         for attempt in group.active():
-            attempt.state = _State.ENDED
+            attempt.active = False
             attempt.outcome = MemberOutcome.STOPPED
             if count_as_drop:
                 self._discard(attempt, reason)

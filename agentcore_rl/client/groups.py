@@ -247,14 +247,17 @@ class GroupRunner:
                     left.append(action)
         return list(pending.values()) + left
 
-    def _feed(self, end: MemberEnd) -> list[Action]:
+    def _feed(self, end: MemberEnd, trajectory: Any = None) -> list[Action]:
+        """Tell the tracker how a member ended (``trajectory``: this process's capture)."""
+        trajectory = end.trajectory if trajectory is None else trajectory
         if end.kind == "succeeded" and end.reward is not None:
             return self.tracker.succeeded(
-                end.session_id, end.reward, trajectory=end.trajectory, result=end.result
+                end.session_id, end.reward, trajectory=trajectory, result=end.result
             )
         if end.kind == "timed_out":
-            return self.tracker.timed_out(end.session_id)
-        return self.tracker.failed(end.session_id, end.error or "failed", result=end.result)
+            return self.tracker.timed_out(end.session_id, trajectory=trajectory)
+        error = end.error or "failed"
+        return self.tracker.failed(end.session_id, error, trajectory=trajectory, result=end.result)
 
     # -- members --
 
@@ -274,7 +277,6 @@ class GroupRunner:
 
         def started(fut: RolloutFuture) -> None:
             member.future = fut
-            self.tracker.started(sid)
 
         def journaled(fut: RolloutFuture) -> None:
             run.future.session_ids.append(sid)
@@ -332,7 +334,6 @@ class GroupRunner:
         if isinstance(exc, ClientClosedError) or self._closed is not None:
             self._close_run(run, exc or ClientClosedError("the client closed"))
             return
-        trajectory = fut.trajectory  # set when a gateway captured one
         end: MemberEnd
         if exc is None:
             result = fut.result()
@@ -350,18 +351,7 @@ class GroupRunner:
             )
         if run.journal is not None:
             run.journal.member_ended(end)  # before the decisions it leads to, as on replay
-        if end.kind == "succeeded":
-            assert end.reward is not None
-            actions = self.tracker.succeeded(
-                sid, end.reward, trajectory=trajectory, result=end.result
-            )
-        elif end.kind == "timed_out":
-            actions = self.tracker.timed_out(sid, trajectory=trajectory)
-        else:
-            actions = self.tracker.failed(
-                sid, end.error or "failed", trajectory=trajectory, result=end.result
-            )
-        self._apply(actions)
+        self._apply(self._feed(end, fut.trajectory))  # a gateway's capture, if any
 
     # -- actions --
 

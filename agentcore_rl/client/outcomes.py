@@ -62,32 +62,26 @@ DEFAULT_RETRY_ROLLOUTS: Final = 2
 #: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
 DEFAULT_RETRY_LOST: Final = 5
 
-#: The ``stop_reason`` words of an envelope written by a server cancelling on shutdown.
-_SHUTDOWN_WORDS: Final = "shutting down"
-_LEASE_WORDS: Final = "lease lapsed"
+
+def _cancelled_by_server(exc: BaseException, words: str) -> bool:
+    """Whether ``exc`` is the ``cancelled`` envelope of a server whose stop reason says
+    ``words`` (not a user's or client's cancel)."""
+    if not isinstance(exc, RolloutError):
+        return False
+    envelope = exc.envelope
+    reason = str(envelope.get(protocol.STOP_REASON, ""))
+    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and words in reason
 
 
 def is_shutdown_cancel(exc: BaseException) -> bool:
-    """Whether ``exc`` is the error envelope of a rollout the agent server cancelled
-    because it was shutting down (not a user's or client's cancel)."""
-    if not isinstance(exc, RolloutError):
-        return False
-    envelope = exc.envelope
-    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _SHUTDOWN_WORDS in str(
-        envelope.get(protocol.STOP_REASON, "")
-    )
+    """Whether the agent server cancelled the rollout because it was shutting down."""
+    return _cancelled_by_server(exc, "shutting down")
 
 
 def is_lease_cancel(exc: BaseException) -> bool:
-    """Whether ``exc`` is the error envelope of a rollout an agent server cancelled because
-    its client's lease lapsed: a live client reading it had stalled (or could not reach
-    S3) for the whole lease; the input itself is not at fault."""
-    if not isinstance(exc, RolloutError):
-        return False
-    envelope = exc.envelope
-    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _LEASE_WORDS in str(
-        envelope.get(protocol.STOP_REASON, "")
-    )
+    """Whether an agent server cancelled the rollout because its client's lease lapsed
+    (the client stalled or lost S3 for the whole lease; the input is not at fault)."""
+    return _cancelled_by_server(exc, "lease lapsed")
 
 
 def is_agent_loss(exc: BaseException) -> bool:
