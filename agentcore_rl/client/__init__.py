@@ -25,9 +25,14 @@ from agentcore_rl.client.liveness import LivenessConfig
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.sync import RolloutClient
 from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
-from agentcore_rl.ratelimit import Priority, RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import (
+    LocalSessionLimiter,
+    Priority,
+    RateLimiter,
+    SessionLimiter,
+    TokenBucket,
+)
 from agentcore_rl.retry import RetryPolicy
-from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 __all__ = [
     "AsyncRolloutClient",

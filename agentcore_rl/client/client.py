@@ -28,7 +28,6 @@ from agentcore_rl.client.config import (
     Timeouts,
 )
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.gateway_link import gateway_link
 from agentcore_rl.client.groups import (
     GroupFuture,
     GroupRunner,
@@ -36,8 +35,12 @@ from agentcore_rl.client.groups import (
     ResumedGroup,
     run_groups,
 )
-from agentcore_rl.client.lease import ClientLease
-from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
+from agentcore_rl.client.liveness import (
+    DEFAULT_LIVENESS,
+    ClientLease,
+    LivenessConfig,
+    LivenessProber,
+)
 from agentcore_rl.client.payload import (
     attached_config,
     build_invocation,
@@ -47,7 +50,7 @@ from agentcore_rl.client.payload import (
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import ClientState, Service
 from agentcore_rl.client.stats import ClientStats
-from agentcore_rl.client.traces import TraceJoiner
+from agentcore_rl.client.traces import TraceJoiner, gateway_link
 from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
@@ -55,9 +58,14 @@ from agentcore_rl.errors import ClientClosedError, ConfigurationError, TraceLost
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
-from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import (
+    DEFAULT_PACE_TICK,
+    LocalSessionLimiter,
+    RateLimiter,
+    SessionLimiter,
+    TokenBucket,
+)
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace

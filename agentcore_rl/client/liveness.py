@@ -19,6 +19,12 @@ invocation priority: a client whose invocations keep the TPS budget busy would o
 never probe, and a lost session holds a concurrency slot those invocations wait for. On
 HTTP one lost session makes every older session of the same server a suspect, probed next
 regardless of ``probe_after``: a server crash loses all of them.
+
+The other way round, :class:`ClientLease` is the client's proof of life: one small S3
+object (``{exp_id}/.leases/{lease_id}.json``) rewritten every ``lease_renew`` seconds and
+named in every invocation's ``_rollout.lease``; agent servers cancel the rollouts of a
+lease unrenewed for its ``ttl`` (:mod:`agentcore_rl.server.lease`), so a crashed trainer
+leaves no microVM busy for hours. A failed renewal is logged and retried next interval.
 """
 
 from __future__ import annotations
@@ -26,20 +32,33 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
-from agentcore_rl.errors import AgentLostError, ConfigurationError, InvalidPayloadError
+from agentcore_rl.errors import (
+    AgentLostError,
+    ConfigurationError,
+    InvalidPayloadError,
+    StorageError,
+)
 from agentcore_rl.ratelimit import Priority, RateLimiter
+from agentcore_rl.s3 import ResultStore
 
-__all__ = ["DEFAULT_LIVENESS", "LivenessConfig", "LivenessProber", "StatusTransport"]
+__all__ = [
+    "DEFAULT_LIVENESS",
+    "ClientLease",
+    "LivenessConfig",
+    "LivenessProber",
+    "StatusTransport",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -318,3 +337,79 @@ class LivenessProber:
                 session_id=session_id,
             ),
         )
+
+
+class ClientLease:
+    """One client's lease: where it lives, and the task that renews it.
+
+    ``config.lease`` must not be ``None`` (no lease: do not create one).
+    ``wall`` (epoch seconds) stamps renewals; ``sleep`` paces them.
+    """
+
+    def __init__(
+        self,
+        store: ResultStore,
+        bucket: str,
+        exp_id: str,
+        config: LivenessConfig,
+        *,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if config.lease is None:
+            raise ValueError("ClientLease needs a lease (seconds)")
+        self.store = store
+        self.bucket = bucket
+        self.lease_id = config.lease_id or secrets.token_hex(16)
+        self.key = protocol.lease_key(exp_id, self.lease_id)
+        self.ttl = config.lease
+        self.renew = config.lease_renew
+        self._sleep = sleep
+        self._wall = wall
+        self.seq = 0
+        self.failures = 0
+        self._failing = False
+        #: The ``_rollout.lease`` value of this client's invocations.
+        self.reference: dict[str, str] = protocol.lease_reference(bucket, self.key)
+
+    def __repr__(self) -> str:
+        return f"ClientLease(s3://{self.bucket}/{self.key}, ttl={self.ttl:g}, seq={self.seq})"
+
+    def body(self) -> dict[str, Any]:
+        """The next renewal's content."""
+        return protocol.lease_body(
+            self.lease_id,
+            seq=self.seq + 1,
+            renewed_at=self._wall(),
+            ttl=self.ttl,
+            renew=self.renew,
+        )
+
+    async def renew_once(self) -> bool:
+        """Write the next renewal; False (logged once per run of failures) when S3 refused."""
+        try:
+            await self.store.put_json(self.bucket, self.key, self.body())
+        except StorageError as exc:
+            self.failures += 1
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "could not renew the client's lease s3://%s/%s (%s); retrying every "
+                    "%g s. Agents do not count an unreadable lease as lapsed.",
+                    self.bucket,
+                    self.key,
+                    exc.code,
+                    self.renew,
+                )
+            return False
+        self.seq += 1
+        if self._failing:
+            self._failing = False
+            logger.info("the client's lease s3://%s/%s is renewed again", self.bucket, self.key)
+        return True
+
+    async def run(self) -> None:
+        """Renew every ``renew`` seconds until cancelled (the client's task group owns it)."""
+        while True:
+            await self.renew_once()
+            await self._sleep(self.renew)

@@ -56,8 +56,7 @@ from agentcore_rl.errors import (
     RolloutTimeoutError,
     StorageError,
 )
-from agentcore_rl.ratelimit import Priority, RateLimiter
-from agentcore_rl.sessionlimit import SessionLimiter
+from agentcore_rl.ratelimit import Priority, RateLimiter, SessionLimiter
 
 if TYPE_CHECKING:
     from agentcore_rl.client.service import Service
@@ -369,7 +368,7 @@ class Rollouts:
         """Send ``fut``'s invocation in its current session; the error that ended it."""
         body = r.spec.body
         # A result store that is down would read no result: hold rollouts until it answers.
-        await self.watcher.wait_reachable(fut.s3_bucket)
+        await self.watcher.outages.wait_reachable(fut.s3_bucket)
         try:
             if self.joiner is not None:
                 body = {**body, protocol.ROLLOUT_FIELD: dict(body[protocol.ROLLOUT_FIELD])}

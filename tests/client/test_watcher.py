@@ -188,7 +188,7 @@ async def test_deleted_bucket_is_an_outage_not_an_outcome(
     await store.put_json(bucket, "exp/000003/c.json", {"ok": 1})
     await outcomes.wait(1)
     assert outcomes.items == {"c": ({"ok": 1}, None)}
-    assert watcher.unreachable
+    assert watcher.outages.unreachable
     assert watcher.outages.down_buckets == [doomed]
     s3.create_bucket(Bucket=doomed)  # back: the spooled results land
     await store.put_json(doomed, "exp/000001/a.json", {"a": 1})
@@ -206,10 +206,10 @@ async def test_dead_endpoint_keeps_keys_pending_and_says_so(watching: Watching) 
     outcomes = Outcomes()
     watcher.track("bkt", "exp/000001/a.json", outcomes.callback("a"))
     for _ in range(1000):  # bounded: the first failed poll marks the bucket down
-        if watcher.unreachable:
+        if watcher.outages.unreachable:
             break
         await asyncio.sleep(0.01)
-    assert watcher.unreachable
+    assert watcher.outages.unreachable
     assert watcher.outages.describe("bkt") is not None
     assert outcomes.items == {}  # no outcome for an outage
     await dead.aclose()
@@ -226,7 +226,7 @@ def test_access_denied_is_final(store: ResultStore, bucket: str) -> None:
     for _ in range(FAST.error_threshold):
         watcher._group_failed(group, denied)
     assert isinstance(outcomes.items["k"][1], StorageError)
-    assert not watcher.unreachable
+    assert not watcher.outages.unreachable
 
 
 async def test_transient_fault_recovers_without_failing(
