@@ -22,7 +22,7 @@ from agentcore_rl.client.config import (
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.liveness import LivenessConfig
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.sync import RolloutClient
 from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
 from agentcore_rl.ratelimit import (

@@ -41,6 +41,7 @@ from agentcore_rl.client.liveness import (
     LivenessConfig,
     LivenessProber,
 )
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.payload import (
     attached_config,
     build_invocation,
@@ -49,7 +50,6 @@ from agentcore_rl.client.payload import (
 )
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import ClientState, Service
-from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.client.traces import TraceJoiner, gateway_link
 from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS

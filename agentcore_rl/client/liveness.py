@@ -41,7 +41,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import (
     AgentLostError,

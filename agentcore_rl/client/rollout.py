@@ -36,8 +36,7 @@ from anyio.abc import TaskStatus
 from agentcore_rl import protocol
 from agentcore_rl.client.config import Retries
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.outcomes import count_outcome, is_agent_loss, is_retryable
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats, count_outcome, is_agent_loss, is_retryable
 from agentcore_rl.client.transports.base import (
     NotConnectedError,
     RetryableError,
