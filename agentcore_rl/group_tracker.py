@@ -1,13 +1,9 @@
 """GroupTracker: the pure state machine deciding what happens to the members of GRPO groups.
 
-The client owns the I/O (admission, invocation, stopping sessions, futures); the tracker
-owns the decisions. The client tells it what happened to a member (``succeeded``,
-``failed``, ``timed_out``) and carries out the actions it answers with, in
-order: :class:`StartMember` (run this member in this session), :class:`StopMember` (stop
-this session; its outcome no longer matters), :class:`GroupReady` (resolve the group's
-future with the group) and :class:`GroupDropped` (fail it with the error). Stops always
-come before the resolution they lead to. Nothing here awaits or reads a clock, so every
-rule is tested by feeding events.
+The client tells it how each member ended (``succeeded``, ``failed``, ``timed_out``) and
+carries out the actions it answers with, in order: :class:`StartMember`,
+:class:`StopMember` (always before the resolution they lead to), :class:`GroupReady` and
+:class:`GroupDropped`. Nothing here awaits or reads a clock.
 """
 
 from __future__ import annotations

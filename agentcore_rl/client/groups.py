@@ -1,19 +1,12 @@
 """The client side of GRPO groups: run the members a GroupTracker asks for, feed it outcomes.
 
-:class:`GroupRunner` (one per client) carries out the tracker's actions: a
-:class:`~agentcore_rl.group_tracker.StartMember` becomes a rollout task
-(:meth:`Rollouts.run`, the same as any rollout's) under the member's derived session id,
-its ``_rollout`` stamped with the policy version; a ``StopMember`` cancels the member's
-future (its task stops the session); ``GroupReady`` / ``GroupDropped`` settle the group's
-:class:`GroupFuture`. A member's retries are its group's (the tracker decides them), so its
-rollout runs one session. Each member's outcome goes back to the tracker from its future's
-done callback, so the decisions stay in the pure state machine and nothing here polls.
-
-A :class:`MemberJournal` (the eval CLI's) is told of each member before it is invoked and
-of each outcome; a :class:`ResumedGroup` hands those records back to a new process, which
-replays the ended members in their order, invokes the started ones again under the same
-session id (an agent runs one rollout per session, so never twice) or reads their results,
-and starts only what was never started.
+:class:`GroupRunner` carries out the tracker's actions: ``StartMember`` becomes a rollout
+task (one session, under the member's derived session id, ``_rollout`` stamped with the
+policy version and seed; retries are the tracker's), ``StopMember`` cancels the member's
+future (its task stops the session), ``GroupReady``/``GroupDropped`` settle the
+:class:`GroupFuture`. A :class:`MemberJournal` is told of each start and end; a
+:class:`ResumedGroup` replays them in a new process, which re-invokes (as a repeat) or
+follows the started members and starts only what was never started.
 """
 
 from __future__ import annotations

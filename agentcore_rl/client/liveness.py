@@ -1,30 +1,19 @@
-"""Crash detection: ask the agents whether long-pending sessions still run.
+"""Crash detection both ways: probes of long-pending sessions, and the client's lease.
 
-A crashed agent writes no result, so without asking, its rollouts end only at their
-timeout, each holding a concurrency slot. The prober asks the session's agent (HTTP:
-``GET /sessions/{id}`` on its server; AgentCore Runtime: a status control request on the
-same session id, which a restarted or new microVM answers ``unknown``). The probes decide:
-an ``unknown`` answer means the session is lost, and so does an agent that stays
-unreachable (connection refused, the runtime's 424 or a 5xx) for ``lost_after`` seconds:
-it died and did not come back. A lost session wakes its rollout's task with an
-:class:`~agentcore_rl.errors.AgentLostError`, which runs the rollout again in a new session
-by policy (:mod:`agentcore_rl.client.outcomes`).
+A crashed agent writes no result, so its rollouts would end only at their timeout, each
+holding a slot. The prober asks the session's agent (HTTP: ``GET /sessions/{id}``; ACR: a
+status request on the session, which a restarted or new microVM answers ``unknown``). An
+``unknown`` answer, or an agent unreachable (refused, 424, 5xx) for ``lost_after`` seconds,
+wakes the rollout's task with an :class:`~agentcore_rl.errors.AgentLostError` (retried by
+policy). To stay cheap at 10,000 sessions in flight it probes only sessions pending longer
+than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first,
+at most ``max_rate`` per second, behind invocations (:attr:`Priority.PROBE`) until
+``escalate_after`` (a busy TPS budget would otherwise starve it). On HTTP, one lost session
+makes its server's older sessions suspects, probed next: a server crash loses them all.
 
-It must stay cheap at 10,000 sessions in flight, so it probes only sessions pending longer
-than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first
-(since its last probe, or since it was first seen), at most ``max_rate`` probes per second,
-and each probe takes a :attr:`Priority.PROBE` token (behind every invocation, before stop
-calls). A probe still waiting for its token after ``escalate_after`` seconds takes one at
-invocation priority: a client whose invocations keep the TPS budget busy would otherwise
-never probe, and a lost session holds a concurrency slot those invocations wait for. On
-HTTP one lost session makes every older session of the same server a suspect, probed next
-regardless of ``probe_after``: a server crash loses all of them.
-
-The other way round, :class:`ClientLease` is the client's proof of life: one small S3
-object (``{exp_id}/.leases/{lease_id}.json``) rewritten every ``lease_renew`` seconds and
-named in every invocation's ``_rollout.lease``; agent servers cancel the rollouts of a
-lease unrenewed for its ``ttl`` (:mod:`agentcore_rl.server.lease`), so a crashed trainer
-leaves no microVM busy for hours. A failed renewal is logged and retried next interval.
+:class:`ClientLease` is the client's proof of life: an S3 object rewritten every
+``lease_renew`` seconds and named in every invocation; agent servers cancel the rollouts of
+a lease unrenewed for its ``ttl`` (:mod:`agentcore_rl.server.lease`).
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
-"""Which rollout outcomes are final and which are worth running again with a new session,
-and the client's counters of them (:class:`ClientStats`).
+"""Which rollout outcomes are final and which are worth a new session, and the client's
+counters of them (:class:`ClientStats`).
 
-A rollout's outcome is *retryable* when it says nothing about the input: the agent lost the
-session (a crash or restart, :class:`~agentcore_rl.errors.AgentLostError`), the agent could
-not be reached or kept failing before it accepted the rollout (connection errors, 5xx, 424
-``RuntimeClientError``, throttling that outlived the retries), or the agent server cancelled
-the rollout because it was shutting down or because the client's lease lapsed. Running it
-again with a new session may succeed.
-
-Among them, *agent losses* (:func:`is_agent_loss`: the agent lost the session, or its
-server shut down under it) say nothing about the input nor about the agent's code: the
-process went away. They have a budget of their own (``Retries.lost``, larger than
-``Retries.rollouts``), so a rollout unlucky enough to meet three crashes still ends in a
-result, while an agent that keeps failing invocations is given up on sooner.
-
-Everything else is *final*: a result, the handler's own error envelope, a payload the
-agent refused (4xx, e.g. a result bucket that does not exist or refuses the agent), an
-agent no connection could be made to for the whole of its window
-(:class:`~agentcore_rl.errors.AgentUnreachableError`), the user's cancel, the client's
-close, a timeout (the rollout already spent its time budget; ``eval --resume``
-re-attaches instead), and a result that is not JSON.
-
-Example::
-
-    if is_retryable(exc) and attempts < 1 + retry_rollouts:
-        ...  # run it again with a new session
-    if is_agent_loss(exc) and losses < retry_lost:
-        ...  # the same, counted against the loss budget
+*Retryable* outcomes say nothing about the input: the agent lost the session (a crash or
+restart, :class:`~agentcore_rl.errors.AgentLostError`), could not be reached or kept
+failing before it accepted (connection errors, 5xx, 424, throttling past the retries), or
+its server cancelled the rollout on shutdown or because the client's lease lapsed. Among
+them, *agent losses* (:func:`is_agent_loss`) have their own, larger budget
+(``Retries.lost``): the process went away, which says nothing about the agent's code.
+Everything else is *final*: a result, the handler's error envelope, a 4xx refusal, an
+agent unreachable for its whole window (:class:`~agentcore_rl.errors.AgentUnreachableError`),
+a cancel, the client's close, a timeout, a result that is not JSON.
 """
 
 from __future__ import annotations

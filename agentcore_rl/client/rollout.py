@@ -1,23 +1,10 @@
-"""One rollout, one task: admission, invocation, the wait for its outcome, retries, stops.
-
-:meth:`Rollouts.run` is the whole life of one rollout, run as one task in the client's task
-group (``await tg.start(...)`` for ``invoke`` and ``attach``; ``start_soon`` for the
-rollouts of a batch or a group, whose feeder took the slot):
-
-1. take a concurrency slot and a token;
-2. per session: open its gateway session, tell ``on_session``, send the invocation (each
-   call retried in the same session, ``Retries.call``), report the future once the agent
-   accepted the first;
-3. wait for what ends the session: its result (the client's one completion watcher), its
-   loss (the liveness prober), the deadline, a cancel, or the client closing;
-4. a retryable outcome (:func:`~agentcore_rl.client.outcomes.is_retryable`) runs again
-   here, in a new session, within ``Retries``' budgets; anything else settles the future;
-5. ``finally``: give back the slot and stop the sessions that may still run.
-
-Example::
-
-    rollouts = Rollouts(...)                     # one per client
-    fut = await task_group.start(rollouts.run, RolloutSpec(body=body, config=config))
+"""One rollout, one task (:meth:`Rollouts.run`): take a slot and a token; per session,
+open its gateway session, tell ``on_session``, invoke (call retries in the same session);
+wait for the watcher's result, the prober's loss, the deadline, a cancel or the close; run
+a retryable outcome again in a new session within ``Retries``' budgets, else settle the
+future; finally give the slot back and stop the sessions that may still run. ``invoke``
+and ``attach`` start it with ``tg.start``; batch and group feeders (which took the slot)
+with ``start_soon``.
 """
 
 from __future__ import annotations

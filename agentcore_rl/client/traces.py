@@ -1,24 +1,12 @@
-"""Gateway links and TraceJoiner: each rollout's token trace, joined to its outcome, kept in S3.
+"""Gateway links, and each rollout's token trace joined to its outcome and kept in S3.
 
-A link reaches the gateway: :class:`InProcessGateway` calls a
-:class:`~agentcore_rl.gateway.RolloutGateway` on the client's event loop,
-:class:`RemoteGateway` one in another process over its admin routes (with its token).
-
-With a gateway, a rollout's session is opened at the gateway before the invocation, and
-its ``_rollout`` block points the agent at that session (``base_url`` = the session's
-gateway URL, ``api_key`` = its session id). When the result envelope arrives, the rollout's
-task finishes the session at the gateway, writes the trace beside the envelope
-(``exp/q-1/sid.json`` -> ``exp/q-1/sid.trace.json.gz``) and only then settles the future,
-with the trace on it (``fut.trace``). A trace that cannot be had ends the rollout in
-:class:`~agentcore_rl.errors.TraceLostError` (a trace already in S3, written by an earlier
-process before it died, counts as had). Sessions whose rollouts end otherwise (timeout,
-cancel, a failed invocation) are released at the gateway.
-
-Example::
-
-    joiner = TraceJoiner(link, store)
-    await joiner.open(fut, body)              # before the invocation is sent
-    error = await joiner.join(fut, envelope)  # when its envelope arrives: None, or why not
+:class:`InProcessGateway` calls a :class:`~agentcore_rl.gateway.RolloutGateway` on the
+client's event loop; :class:`RemoteGateway` drives one in another process over its admin
+routes. :class:`TraceJoiner` opens a rollout's gateway session before its invocation
+(pointing ``_rollout.base_url``/``api_key`` at it), and when the envelope arrives finishes
+it, writes the trace beside the result (``sid.json`` -> ``sid.trace.json.gz``) and only
+then settles the future (``fut.trace``). A trace that cannot be had (and is not in S3 from
+an earlier process) ends the rollout in :class:`~agentcore_rl.errors.TraceLostError`.
 """
 
 from __future__ import annotations
