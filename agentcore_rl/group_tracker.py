@@ -9,9 +9,8 @@ carries out the actions it answers with, in order: :class:`StartMember`,
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -88,7 +87,7 @@ Action = StartMember | StopMember | GroupReady | GroupDropped
 # --- Counters -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class GroupCounters:
     """A snapshot of what a tracker has decided so far.
 
@@ -115,18 +114,6 @@ class GroupCounters:
     ignored_events: int = 0
     members_dropped: dict[str, int] = field(default_factory=dict)
     groups_dropped: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, int]:
-        """Flat JSON-ready dict: ``groups_dropped_<reason>`` and ``members_dropped_<reason>``."""
-        out = {
-            name: getattr(self, name)
-            for name in self.__dataclass_fields__
-            if name not in ("members_dropped", "groups_dropped")
-        }
-        for reason in DropReason:
-            out[f"members_dropped_{reason.value}"] = self.members_dropped.get(reason.value, 0)
-            out[f"groups_dropped_{reason.value}"] = self.groups_dropped.get(reason.value, 0)
-        return out
 
 
 # --- State ----------------------------------------------------------------------------------
@@ -208,9 +195,7 @@ class GroupTracker:
         self._by_session: dict[str, tuple[_Group, _Attempt]] = {}
         # Digests of every group opened: an input_id names one group per experiment.
         self._seen: set[str] = set()
-        self._counts: Counter[str] = Counter()
-        self._members_dropped: Counter[str] = Counter()
-        self._groups_dropped: Counter[str] = Counter()
+        self._counts = GroupCounters()
 
     # -- inspection --
 
@@ -222,11 +207,12 @@ class GroupTracker:
     @property
     def counters(self) -> GroupCounters:
         """A snapshot of the counters."""
-        return GroupCounters(
-            **{name: self._counts[name] for name in _COUNTER_NAMES},
+        c = self._counts
+        return replace(
+            c,
             groups_open=len(self._groups),
-            members_dropped=dict(self._members_dropped),
-            groups_dropped=dict(self._groups_dropped),
+            members_dropped=dict(c.members_dropped),
+            groups_dropped=dict(c.groups_dropped),
         )
 
     def is_open(self, input_id: str) -> bool:
@@ -252,7 +238,7 @@ class GroupTracker:
         self._seen.add(digest)
         group = _Group(input_id=input_id, rules=rules)
         self._groups[input_id] = group
-        self._counts["groups_opened"] += 1
+        self._counts.groups_opened += 1
         return [self._start(group, index, 0) for index in range(rules.starts)]
 
     def succeeded(
@@ -270,10 +256,10 @@ class GroupTracker:
             raise ValueError(f"reward must be finite, got {reward!r}")
         found = self._lookup(session_id)
         if found is None or not found[1].active:
-            self._counts["ignored_events"] += 1
+            self._counts.ignored_events += 1
             return []
         group, attempt = found
-        self._counts["members_succeeded"] += 1
+        self._counts.members_succeeded += 1
         attempt.active = False
         attempt.outcome = MemberOutcome.SUCCEEDED
         attempt.reward = float(reward)
@@ -357,11 +343,14 @@ class GroupTracker:
     ) -> list[Action]:
         found = self._lookup(session_id)
         if found is None or not found[1].active:
-            self._counts["ignored_events"] += 1
+            self._counts.ignored_events += 1
             return []
         group, attempt = found
         timed_out = outcome is MemberOutcome.TIMED_OUT
-        self._counts["members_timed_out" if timed_out else "members_failed"] += 1
+        if timed_out:
+            self._counts.members_timed_out += 1
+        else:
+            self._counts.members_failed += 1
         attempt.active = False
         attempt.outcome = outcome
         attempt.error = error
@@ -376,7 +365,7 @@ class GroupTracker:
             return self._check_done(group)
         if attempt.attempt < rules.retry:
             self._discard(attempt, DropReason.RETRIED)
-            self._counts["members_retried"] += 1
+            self._counts.members_retried += 1
             return [self._start(group, attempt.index, attempt.attempt + 1)]
         if rules.on_failure == "drop_group":
             self._discard(attempt, reason)
@@ -384,7 +373,7 @@ class GroupTracker:
         if rules.on_failure == "zero":
             attempt.zeroed = True
             attempt.reward = 0.0
-            self._counts["members_zeroed"] += 1
+            self._counts.members_zeroed += 1
             if len(group.kept()) >= rules.n:
                 return self._finish(group)
             return self._check_done(group)
@@ -418,7 +407,7 @@ class GroupTracker:
             return actions + self._drop(group, DropReason.UNIFORM, detail)
         del self._groups[group.input_id]
         self._forget(group)
-        self._counts["groups_ready"] += 1
+        self._counts.groups_ready += 1
         actions.append(GroupReady(group=snapshot))
         return actions
 
@@ -435,7 +424,8 @@ class GroupTracker:
         error = make_error(snapshot) if make_error else GroupDroppedError(snapshot, reason, detail)
         del self._groups[group.input_id]
         self._forget(group)
-        self._groups_dropped[error.reason.value] += 1
+        dropped = self._counts.groups_dropped
+        dropped[error.reason.value] = dropped.get(error.reason.value, 0) + 1
         actions.append(GroupDropped(error=error))
         return actions
 
@@ -450,7 +440,7 @@ class GroupTracker:
                 self._discard(attempt, reason)
             else:
                 attempt.drop_reason = reason
-            self._counts["members_stopped"] += 1
+            self._counts.members_stopped += 1
             actions.append(
                 StopMember(input_id=group.input_id, session_id=attempt.session_id, reason=reason)
             )
@@ -465,7 +455,7 @@ class GroupTracker:
         )
         group.attempts.append(attempt)
         self._by_session[session_id] = (group, attempt)
-        self._counts["members_started"] += 1
+        self._counts.members_started += 1
         return StartMember(
             input_id=group.input_id,
             index=index,
@@ -476,7 +466,8 @@ class GroupTracker:
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:
         attempt.drop_reason = reason
-        self._members_dropped[reason.value] += 1
+        dropped = self._counts.members_dropped
+        dropped[reason.value] = dropped.get(reason.value, 0) + 1
 
     def _lookup(self, session_id: str) -> tuple[_Group, _Attempt] | None:
         """The open attempt, or ``None`` for a session of a group already closed."""
@@ -505,14 +496,6 @@ class GroupTracker:
             members=tuple(a.frozen() for a in kept[: group.rules.n]),
             discarded=tuple(a.frozen() for a in other),
         )
-
-
-# The counters a tracker counts as it goes; the others are computed in ``counters``.
-_COUNTER_NAMES = [
-    f.name
-    for f in fields(GroupCounters)
-    if f.name not in ("groups_open", "members_dropped", "groups_dropped")
-]
 
 
 def _check_version(version: object) -> int:

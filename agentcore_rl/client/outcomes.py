@@ -15,7 +15,7 @@ a cancel, the client's close, a timeout, a result that is not JSON.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentcore_rl import protocol
@@ -108,12 +108,6 @@ class ClientStats:
     def s3_total(self) -> int:
         """All S3 requests."""
         return sum(self.s3_requests.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-ready), with ``s3_total``."""
-        out = asdict(self)
-        out["s3_total"] = self.s3_total
-        return out
 
 
 def _cancelled_by_server(exc: BaseException, words: str) -> bool:

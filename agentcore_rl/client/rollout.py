@@ -78,7 +78,6 @@ class RolloutSpec:
     attach: bool = False
     retry: bool = True
     started_at: float | None = None
-    priority: int = Priority.INVOKE
     on_future: Callable[[RolloutFuture], None] | None = None
     on_session: Callable[[RolloutFuture], None] | None = None
     #: Whether ``on_future`` was told (the rollout has a future to report its outcome).
@@ -165,14 +164,14 @@ class Rollouts:
 
     # --- admission ------------------------------------------------------------------------
 
-    async def admit(self, *, token: bool = True, priority: int = Priority.INVOKE) -> None:
+    async def admit(self, *, token: bool = True) -> None:
         """Take a slot, then (``token``) a token; ``ClientClosedError`` once closing."""
         if self.closing:
             raise ClientClosedError("the client is closed; create a new one")
         await self.slots.acquire()
         try:
             if token:
-                await self.limiter.acquire(priority)
+                await self.limiter.acquire(Priority.INVOKE)
             if self.closing:
                 raise ClientClosedError("the client was closed while this invocation waited")
         except BaseException:
@@ -200,7 +199,7 @@ class Rollouts:
             with r.scope:
                 try:
                     if not slot:
-                        await self.admit(token=not spec.attach, priority=spec.priority)
+                        await self.admit(token=not spec.attach)
                         slot = True
                     result, error = await self._attempts(r, task_status)
                 except Exception as exc:  # a bug or a refusal: this rollout's outcome
