@@ -30,6 +30,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import anyio
 
 from agentcore_rl import protocol
+from agentcore_rl.client.config import check_numbers
 from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import (
@@ -123,21 +124,9 @@ class LivenessConfig:
     lease_id: str | None = None
 
     def __post_init__(self) -> None:
-        if not (self.probe_after >= 0 and self.probe_interval > 0 and self.tick > 0):
-            raise ConfigurationError(
-                "LivenessConfig needs probe_after >= 0, probe_interval > 0 and tick > 0"
-            )
-        if not self.max_rate > 0:
-            raise ConfigurationError(f"max_rate must be > 0, got {self.max_rate!r}")
-        if self.escalate_after is not None and not self.escalate_after >= 0:
-            raise ConfigurationError(
-                f"escalate_after must be >= 0 or None, got {self.escalate_after!r}"
-            )
-        for name in ("lost_after", "unreachable_after"):
-            if not getattr(self, name) >= 0:
-                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.lease_renew > 0:
-            raise ConfigurationError(f"lease_renew must be > 0, got {self.lease_renew!r}")
+        check_numbers(self, "probe_interval", "tick", "max_rate", "lease_renew", above=0)
+        check_numbers(self, "probe_after", "lost_after", "unreachable_after", at_least=0)
+        check_numbers(self, "escalate_after", at_least=0, optional=True)
         if self.lease is not None and not self.lease >= 2 * self.lease_renew:
             raise ConfigurationError(
                 f"lease ({self.lease!r}) must be at least twice lease_renew "

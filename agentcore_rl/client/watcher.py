@@ -28,7 +28,8 @@ from typing import Any, Final
 import anyio
 
 from agentcore_rl._unwrap import unwrap
-from agentcore_rl.errors import ConfigurationError, StorageError
+from agentcore_rl.client.config import check_numbers
+from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
 
 __all__ = [
@@ -184,10 +185,9 @@ class WatcherConfig:
     max_parallel: int = 32
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_interval <= self.max_interval:
-            raise ConfigurationError("WatcherConfig needs 0 < min_interval <= max_interval")
-        if self.error_threshold < 1 or self.max_parallel < 1:
-            raise ConfigurationError("error_threshold and max_parallel must be >= 1")
+        check_numbers(self, "min_interval", above=0)
+        check_numbers(self, "max_interval", at_least=self.min_interval)
+        check_numbers(self, "error_threshold", "max_parallel", at_least=1, integer=True)
 
     def __repr__(self) -> str:
         return (
