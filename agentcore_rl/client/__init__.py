@@ -11,7 +11,7 @@ Example::
 
 from agentcore_rl.client import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.client.batch import BatchItem
-from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
+from agentcore_rl.client.client import AsyncRolloutClient, ClientState
 from agentcore_rl.client.config import (
     AwsConfig,
     GatewayConfig,
@@ -56,5 +56,4 @@ __all__ = [
     "Timeouts",
     "TokenBucket",
     "WatcherConfig",
-    "run_batch",
 ]

@@ -70,7 +70,7 @@ from agentcore_rl.s3 import ResultStore
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
 
-__all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
+__all__ = ["AsyncRolloutClient", "ClientState"]
 
 logger = logging.getLogger(__name__)
 
@@ -600,22 +600,3 @@ class AsyncRolloutClient:
 
     def _limit(self, timeout: float | None) -> float | None:
         return self.timeouts.rollout if timeout is None else timeout
-
-
-@checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-def run_batch(
-    client: AsyncRolloutClient,
-    payloads: Iterable[Mapping[str, Any]],
-    *,
-    timeout: float | None = None,
-    rollout: Mapping[str, Any] | None = None,
-) -> AsyncGenerator[BatchItem, None]:
-    """``client.run_batch(payloads, timeout=timeout, rollout=rollout)``.
-
-    Example::
-
-        async with contextlib.aclosing(run_batch(client, payloads, timeout=600)) as items:
-            async for item in items:
-                print(item.index, item.success)
-    """
-    return client.run_batch(payloads, timeout=timeout, rollout=rollout)
