@@ -206,29 +206,14 @@ class Rollouts:
                     error = exc
             if r.scope.cancelled_caught:
                 error = ClientClosedError(_CLOSED) if r.closed else None
-            fut = r.fut
-            if fut is not None and not fut.done():
-                if error is None and result is None:
-                    fut.cancel()
-                else:
-                    fut._settle(result, error)
-            if fut is not None and not fut.resolved_at:
-                fut.resolved_at = time.time()
-            if fut is not None:
-                count_outcome(self.counters, fut)
-            if not r.reported and error is not None:
-                if fut is not None and not fut.cancelled():
-                    fut.exception()  # raised below; retrieved here
-                raise error
+            self._settle(r, result, error)
             if not r.reported:
-                task_status.started(fut)  # type: ignore[arg-type]  # cancelled: a future anyway
+                if error is not None:
+                    raise error
+                task_status.started(r.fut)  # type: ignore[arg-type]  # cancelled: a future anyway
         finally:
-            fut = r.fut
-            if fut is not None and not fut.done():  # this task was cancelled: the client closed
-                fut._settle(None, ClientClosedError(_CLOSED))
-                count_outcome(self.counters, fut)
-                if not r.reported and not fut.cancelled():
-                    fut.exception()  # nobody has it
+            if r.fut is not None and not r.fut.done():  # cancelled from outside: the client closed
+                self._settle(r, None, ClientClosedError(_CLOSED))
             if slot:
                 self.slots.release()
             for sid in r.to_stop:
@@ -238,6 +223,24 @@ class Rollouts:
                 self._idle.set()
             if r.gateway and self.joiner is not None:
                 await self._release_gateway(r)
+
+    def _settle(
+        self, r: Rollout, result: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
+        """Settle ``r``'s future (neither result nor error: cancelled) and count it."""
+        fut = r.fut
+        if fut is None:
+            return
+        if not fut.done():
+            if error is None and result is None:
+                fut.cancel()
+            else:
+                fut._settle(result, error)
+        if not fut.resolved_at:
+            fut.resolved_at = time.time()
+        count_outcome(self.counters, fut)
+        if not r.reported and not fut.cancelled():
+            fut.exception()  # retrieved: raised to invoke's caller, or nobody has it
 
     async def _attempts(
         self, r: Rollout, task_status: TaskStatus[RolloutFuture]
