@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol
 
 import anyio
 
@@ -73,9 +73,8 @@ DEFAULT_LEASE: Final = 180.0
 DEFAULT_LEASE_RENEW: Final = 5.0
 
 
-@runtime_checkable
 class StatusTransport(Protocol):
-    """A transport that can ask an agent about one session (both built-in ones can)."""
+    """What the prober needs of a transport: asking an agent about one session."""
 
     async def status(self, session_id: str) -> protocol.SessionState: ...
 
@@ -178,7 +177,7 @@ class LivenessProber:
 
     def __init__(
         self,
-        transport: StatusTransport | object,
+        transport: StatusTransport,
         limiter: RateLimiter,
         live: Mapping[str, Probed],
         counters: ClientStats,
@@ -202,14 +201,9 @@ class LivenessProber:
     def __repr__(self) -> str:
         return f"LivenessProber(tracked={len(self._seen)}, config={self.config!r})"
 
-    @property
-    def supported(self) -> bool:
-        """Whether the transport can answer status requests."""
-        return isinstance(self.transport, StatusTransport)
-
     async def run(self) -> None:
-        """Probe every ``tick`` until cancelled (no-op when disabled or unsupported)."""
-        if not (self.config.enabled and self.supported):
+        """Probe every ``tick`` until cancelled (no-op when disabled)."""
+        if not self.config.enabled:
             return
         while True:
             await self.sleep(self.config.tick)
@@ -281,7 +275,6 @@ class LivenessProber:
         if rollout is None or not rollout.waiting:
             return
         self.counters.probes += 1
-        assert isinstance(self.transport, StatusTransport)
         try:
             state = await self.transport.status(session_id)
         except Exception as exc:
