@@ -54,7 +54,7 @@ def trace_key_of(result_key: str) -> str:
     return stem + ".trace.json.gz"
 
 
-# The gateway's header naming its process on ``POST /admin/sessions`` (gateway.admin).
+# The gateway's header naming its process on ``POST /admin/sessions`` (gateway.app).
 _GATEWAY_ID_HEADER: Final = "x-gateway-id"
 
 
