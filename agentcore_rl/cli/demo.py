@@ -40,9 +40,9 @@ from typing import Final
 
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
-from agentcore_rl.cli.group_eval import group_record
-from agentcore_rl.cli.group_summary import GroupTally
+from agentcore_rl.cli.eval import group_record, run_eval
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.summary import GroupTally
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupDroppedError, GroupRules

@@ -1,11 +1,10 @@
 """What ``agentcore-rl eval`` checks before its first rollout: every service it was given.
 
-Each check is one cheap call that has no effect on the service, and a failure is raised as
-the error the CLI turns into one line and exit 3 (:class:`~agentcore_rl.errors.StorageError`,
-:class:`~agentcore_rl.errors.InvocationError`, :class:`~agentcore_rl.errors.GatewayError`):
+Each check is one cheap call that has no effect on the service; a failure is raised as the
+error the CLI turns into one line and exit 3 (``StorageError``, ``InvocationError``,
+``GatewayError``):
 
-- the S3 bucket: a LIST of a prefix no result key has
-  (:func:`~agentcore_rl.cli.eval.preflight_s3`);
+- the S3 bucket: a LIST of a prefix no result key has;
 - agent servers (``--agent-url``): ``GET /ping`` answers below 500;
 - an AgentCore runtime (``--agent-runtime-arn``): ``StopRuntimeSession`` for a session id
   that was never used. A runtime that serves the ARN answers that it knows no such session
@@ -21,16 +20,21 @@ import os
 from typing import Any, Final
 
 from agentcore_rl import protocol
-from agentcore_rl.cli.eval import check_bucket
 from agentcore_rl.cli.eval_config import EvalOptions
-from agentcore_rl.errors import GatewayError, InvocationError
+from agentcore_rl.errors import GatewayError, InvocationError, StorageError
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore
 
-__all__ = ["check_agents", "check_gateway", "check_runtime", "check_services"]
+__all__ = ["check_agents", "check_bucket", "check_gateway", "check_runtime", "check_services"]
 
 #: Seconds each check may take: a service that needs longer is not ready for a run.
 _TIMEOUT: Final = 5.0
 #: The flag the gateway's token comes from (named in errors: the user typed it).
 _TOKEN_FLAG: Final = "--gateway-admin-token"
+#: Fail fast when S3 is unreachable instead of backing off for tens of seconds.
+_QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
+# Key parts start with a letter or digit: listing this prefix proves the bucket readable.
+_PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 
 
 async def check_services(options: EvalOptions) -> None:
@@ -42,6 +46,27 @@ async def check_services(options: EvalOptions) -> None:
         await check_runtime(options.agent_runtime_arn, options.runtime_endpoint_url)
     if options.gateway_url is not None:
         await check_gateway(options.gateway_url, options.gateway_admin_token)
+
+
+async def check_bucket(options: EvalOptions) -> int:
+    """The run's bucket is reachable and readable, or StorageError names the bucket and
+    endpoint; -> the S3 requests it made."""
+    store = ResultStore(
+        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
+    )
+    async with store:
+        try:
+            await store.list_keys(options.s3_bucket, _PREFLIGHT_PREFIX)
+        except StorageError as exc:
+            where = options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise StorageError(
+                f"cannot use S3 bucket {options.s3_bucket!r} at {where}: {exc.code}: {cause}",
+                operation=exc.operation,
+                bucket=options.s3_bucket,
+                code=exc.code,
+            ) from exc
+    return store.total_requests
 
 
 async def check_agents(urls: list[str]) -> None:

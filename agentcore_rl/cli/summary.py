@@ -1,16 +1,9 @@
-"""The end-of-run summary shared by ``agentcore-rl demo`` and ``agentcore-rl eval``.
+"""The end-of-run summary of ``demo`` and ``eval``: outcomes tallied as they arrive,
+rendered as a small table; group figures (pass@1, pass@k, spread, drops) for group runs.
 
-Outcomes are tallied as they arrive; :meth:`RunSummary.render` prints a small table:
-done / failed / timed out (failures by error type, with the first reason of each), the
-mean reward over the rollouts that finished with one, latency p50/p95, throughput and S3
-requests per rollout.
-
-Example::
-
-    summary = RunSummary()
-    summary.add("done", elapsed=1.2, reward=1.0)
-    summary.add("failed", elapsed=0.4)
-    print(summary.render(wall_seconds=2.0, s3_requests=3))
+A group member counts as correct when its reward is above 0. pass@1 is the mean over whole
+groups of the share of correct members; pass@k (k = the group size) the unbiased estimator
+1 - C(m - c, k) / C(m, k) over a group's m kept members of which c are correct.
 """
 
 from __future__ import annotations
@@ -22,13 +15,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from agentcore_rl.cli import cost as _cost
-from agentcore_rl.cli.group_summary import GroupTally
 from agentcore_rl.groups import result_reward
 
 if TYPE_CHECKING:
     from agentcore_rl.trajectory import Trajectory
 
-__all__ = ["OUTCOMES", "RunSummary", "outcome_of", "percentile", "reward_of"]
+__all__ = [
+    "OUTCOMES",
+    "GroupTally",
+    "RunSummary",
+    "outcome_of",
+    "pass_at_k",
+    "percentile",
+    "reward_of",
+]
 
 #: The outcome kinds a rollout can end in, as written to the results file.
 OUTCOMES: Final = ("done", "failed", "timeout")
@@ -98,6 +98,77 @@ def _cost_line(cost: Mapping[str, Any]) -> str:
 
 def _usd(value: float) -> str:
     return f"${value:.6f}" if value >= 5e-7 else "< $0.000001"
+
+
+def pass_at_k(rewards: Sequence[float], k: int) -> float:
+    """The unbiased pass@k of one group's rewards (correct: reward > 0)."""
+    m = len(rewards)
+    c = sum(1 for r in rewards if r > 0)
+    if m == 0:
+        return 0.0
+    k = min(k, m)
+    if m - c < k:
+        return 1.0
+    return 1.0 - math.comb(m - c, k) / math.comb(m, k)
+
+
+@dataclass
+class GroupTally:
+    """Running group figures of one run (see the module docstring)."""
+
+    size: int
+    whole: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    pass1: list[float] = field(default_factory=list)
+    passk: list[float] = field(default_factory=list)
+    spreads: list[float] = field(default_factory=list)
+    uniform: int = 0
+
+    def add_record(self, record: Mapping[str, Any]) -> None:
+        """Count one group line of the results file (``outcome`` done or dropped)."""
+        if record.get("outcome") != "done":
+            self.dropped[str(record.get("reason") or "failed")] += 1
+            return
+        rewards = [float(r) for r in record.get("rewards") or ()]
+        self.whole += 1
+        if not rewards:
+            return
+        self.pass1.append(sum(1 for r in rewards if r > 0) / len(rewards))
+        self.passk.append(pass_at_k(rewards, self.size))
+        mean = math.fsum(rewards) / len(rewards)
+        self.spreads.append(math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)))
+        self.uniform += len(set(rewards)) <= 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as plain numbers."""
+
+        def mean(values: list[float]) -> float | None:
+            return math.fsum(values) / len(values) if values else None
+
+        return {
+            "group_size": self.size,
+            "groups_whole": self.whole,
+            "groups_dropped": dict(self.dropped),
+            "pass@1": mean(self.pass1),
+            f"pass@{self.size}": mean(self.passk),
+            "reward_std_mean": mean(self.spreads),
+            "groups_uniform": self.uniform,
+        }
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        data = self.as_dict()
+
+        def num(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+
+        drops = ", ".join(f"{n} {reason}" for reason, n in sorted(self.dropped.items()))
+        dropped = f"{sum(self.dropped.values())} dropped" + (f" ({drops})" if drops else "")
+        return (
+            f"{self.whole} whole, {dropped} | pass@1 {num(data['pass@1'])} | "
+            f"pass@{self.size} {num(data[f'pass@{self.size}'])} | "
+            f"reward std {num(data['reward_std_mean'])} | uniform {self.uniform}"
+        )
 
 
 @dataclass
