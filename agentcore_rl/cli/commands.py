@@ -27,7 +27,7 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, iter_lines, load_inputs
 from agentcore_rl.cli.journal import EvalJournal
-from agentcore_rl.cli.show import write_example
+from agentcore_rl.cli.show import load_run, render, write_example
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
@@ -39,7 +39,9 @@ __all__ = [
     "cmd_eval",
     "cmd_gateway",
     "cmd_local_runtime",
+    "cmd_report",
     "cmd_serve",
+    "cmd_show",
     "import_app",
     "print_run",
 ]
@@ -408,3 +410,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_async(
         lambda: _run_and_report(lambda run: run_demo(options, run=run), title="demo summary")
     )
+
+
+def _prices(args: argparse.Namespace) -> Prices | None:
+    """``--price`` given: every cost priced again at those prices; else as the run had it."""
+    return Prices.parse(args.price) if args.price else None
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
+    rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    try:
+        print(render(rollout, color=color))
+    except BrokenPipeError:  # `show ... | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``agentcore-rl report RESULTS.jsonl [--compare OTHER] [-o FILE]``: write the report."""
+    require("report", f"{PROG} report", "jinja2", "matplotlib")
+    # lazy: the report extra
+    from agentcore_rl.cli.report import build_report
+
+    results = Path(args.results)
+    out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
+    if not out.parent.is_dir():
+        raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
+    compare = Path(args.compare) if args.compare else None
+    out.write_text(build_report(results, compare=compare, prices=_prices(args)), "utf-8")
+    print(f"report: {out.resolve()}")
+    return EXIT_OK
