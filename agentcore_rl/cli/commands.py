@@ -260,8 +260,10 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
-def print_run(run: EvalRun, out: Path, *, title: str) -> None:
+def print_run(run: EvalRun, *, title: str) -> None:
     """The summary table and where the results are."""
+    out = run.out
+    assert out is not None
     if run.summary.resumed and out.exists():  # the summary covers the whole results file
         run.summary.replay(iter_lines(out))
     print(f"\n{title}")
@@ -274,61 +276,41 @@ def print_run(run: EvalRun, out: Path, *, title: str) -> None:
         print(f"one rollout to look at: {example.resolve()} (any other: {PROG} show)")
 
 
-def _exit_code(run: EvalRun) -> int:
-    counts = run.summary.counts
-    return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
-
-
 async def _run_and_report(
-    execute: Callable[[EvalRun], Awaitable[object]],
-    *,
-    title: str,
-    out: Path | None = None,
-    on_interrupt: str | None = None,
+    execute: Callable[[EvalRun], Awaitable[object]], *, title: str, on_interrupt: str = ""
 ) -> int:
-    """Run ``execute`` on a fresh :class:`EvalRun`, print its summary (also when
-    interrupted, then re-raise) and return the exit code. The summary names ``out``, or
-    the file the run reports (``run.out``) when ``out`` is None.
-    """
+    """Run ``execute`` on a fresh run, print its summary (also when interrupted, then
+    re-raise) and return the exit code."""
     run = EvalRun(RunSummary())
     try:
         await execute(run)
     except asyncio.CancelledError:
-        where = out if out is not None else run.out
-        if where is not None:
-            print_run(run, where, title=f"{title} (interrupted)")
-        if on_interrupt is not None:
+        if run.out is not None:
+            print_run(run, title=f"{title} (interrupted)")
+        if on_interrupt:
             print(f"{PROG}: {on_interrupt}", file=sys.stderr)
         raise
-    where = out if out is not None else run.out
-    assert where is not None
-    print_run(run, where, title=title)
-    return _exit_code(run)
+    print_run(run, title=title)
+    counts = run.summary.counts
+    return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed.
-
-    Example::
-
-        agentcore-rl eval problems.jsonl --agent-url http://127.0.0.1:8080 \\
-            --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
-    """
-    out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed."""
     level = args.log_level or ("info" if args.verbose else "warning")
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # lazy: the client extra, needed by `eval` only
     from agentcore_rl.cli.eval import run_eval
+    from agentcore_rl.cli.preflight import check_services
 
     token = args.gateway_admin_token
     if args.gateway_url is not None and not token:
         token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
-
     options = EvalOptions(
         data=Path(args.data),
-        out=out,
+        out=Path(args.out or f"results-{args.exp_id}.jsonl"),
         s3_bucket=args.s3_bucket,
         exp_id=args.exp_id,
         agent_runtime_arn=args.agent_runtime_arn,
@@ -347,10 +329,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         gateway_admin_token=token,
         group_size=args.group_size,
         redundancy=args.redundancy,
+        group_seed=args.group_seed,
         retry_lost=args.retry_lost,
         retry_rollouts=args.retry_rollouts,
         prices=Prices.parse(args.price),
-        group_seed=args.group_seed,
     )
     if options.gateway_url is not None and token is None:
         raise ConfigurationError(
@@ -364,15 +346,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
-        # lazy: the client extra (httpx), needed by `eval` only
-        from agentcore_rl.cli.preflight import check_services
-
         # Every service it was given, before the first rollout and before any file exists.
         await check_services(options)
         return await _run_and_report(
             lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
             title=f"eval {options.exp_id}",
-            out=out,
             on_interrupt="stopped; continue with the same command and --resume",
         )
 
