@@ -25,8 +25,8 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, iter_lines, load_inputs
-from agentcore_rl.cli.journal import EvalJournal
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.journal import EvalJournal, iter_lines
 from agentcore_rl.cli.show import load_run, render, write_example
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError

@@ -48,7 +48,6 @@ from agentcore_rl.client import (
     RolloutFuture,
     Timeouts,
 )
-from agentcore_rl.client.config import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
@@ -66,7 +65,7 @@ from agentcore_rl.trajectory import build_trajectory
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
 
-__all__ = ["EvalEngine", "Progress", "group_record", "make_client", "run_eval"]
+__all__ = ["EvalEngine", "Progress", "make_client", "run_eval"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +81,10 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
     for name, value in (("base_url", options.base_url), ("model_id", options.model_id)):
         if value is not None:
             rollout[name] = value
+    default = Retries()
     retries = Retries(
-        rollouts=DEFAULT_RETRY_ROLLOUTS
-        if options.retry_rollouts is None
-        else options.retry_rollouts,
-        lost=DEFAULT_RETRY_LOST if options.retry_lost is None else options.retry_lost,
+        rollouts=default.rollouts if options.retry_rollouts is None else options.retry_rollouts,
+        lost=default.lost if options.retry_lost is None else options.retry_lost,
     )
     # One lease per results file: a run resumed after a crash renews its predecessor's
     # lease, so the rollouts it re-attaches to are not cancelled under it.
@@ -182,37 +180,6 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
     }
 
 
-def group_record(
-    input_id: str,
-    group: RolloutGroup | None,
-    error: BaseException | None,
-    elapsed: float,
-    prices: Prices | None = None,
-) -> dict[str, Any]:
-    """One results line for a group: ``outcome`` ``done`` (whole) or ``dropped``."""
-    if isinstance(error, GroupDroppedError):
-        group = error.group
-    rewards = [] if group is None or error is not None else group.rewards
-    reason = getattr(error, "reason", None)
-    members = [] if group is None else group.members
-    discarded = [] if group is None else group.discarded
-    return {
-        "input_id": input_id,
-        "outcome": "done" if error is None else "dropped",
-        "reason": None if error is None else getattr(reason, "value", None) or "failed",
-        "n": None if group is None else group.n,
-        "rewards": rewards,
-        "reward": sum(rewards) / len(rewards) if rewards else None,
-        "pass@1": sum(1 for r in rewards if r > 0) / len(rewards) if rewards else None,
-        "pass@k": pass_at_k(rewards, len(rewards)) if rewards else None,
-        "elapsed": round(elapsed, 4),
-        "members": [_member(m, prices or Prices()) for m in members],
-        "discarded": [_member(m, prices or Prices()) for m in discarded],
-        "error": None if error is None else str(error),
-        "error_type": None if error is None else type(error).__name__,
-    }
-
-
 def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
     """The journaled members of each group, by input id, in journal order."""
     groups: dict[str, ResumedGroup] = {}
@@ -243,26 +210,6 @@ def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGro
     return groups
 
 
-class _MemberJournal:
-    """The client's MemberJournal of one run: journal lines, member outcomes in the summary."""
-
-    def __init__(self, journal: EvalJournal, summary: RunSummary) -> None:
-        self.journal = journal
-        self.summary = summary
-        self.started: dict[str, float] = {}
-
-    def member_started(self, start: MemberStart) -> None:
-        self.started[start.session_id] = start.started_at
-        self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
-
-    def member_ended(self, end: MemberEnd) -> None:
-        fields = ("input_id", "session_id", "kind", "reward", "error")
-        self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
-        started = self.started.get(end.session_id)
-        elapsed = None if started is None else time.time() - started
-        self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
-
-
 class EvalEngine:
     """The worker pool: ``concurrency`` workers take work from a queue, first the rollouts
     an earlier run left in flight (the ones that were stopped or lost run again at once),
@@ -290,7 +237,7 @@ class EvalEngine:
             asyncio.Queue()
         )
         self.rules: GroupRules | None = None
-        self.members = _MemberJournal(journal, summary)
+        self.member_starts: dict[str, float] = {}
         self.resumes: dict[str, ResumedGroup] = {}
         self.opening = anyio.Lock()  # groups open one at a time, in input order
         if options.group_size is not None:
@@ -374,7 +321,7 @@ class EvalEngine:
                     rules=rules,
                     input_id=item.input_id,
                     timeout=self.options.timeout,
-                    journal=self.members,
+                    journal=self,
                     resume=self.resumes.get(item.input_id),
                 )
             group = await fut
@@ -393,15 +340,50 @@ class EvalEngine:
         self._record_group(item, group, None, t0)
 
     def _record_group(
-        self, item: EvalInput, group: RolloutGroup | None, exc: Exception | None, t0: float
+        self, item: EvalInput, group: RolloutGroup | None, error: Exception | None, t0: float
     ) -> None:
-        elapsed = time.monotonic() - t0
-        record = group_record(item.input_id, group, exc, elapsed, self.options.prices)
-        self.summary.costs.extend(m["cost"] for m in record["members"] + record["discarded"])
+        """Write a group's one results line: ``outcome`` ``done`` (whole) or ``dropped``."""
+        if isinstance(error, GroupDroppedError):
+            group = error.group
+        rewards = [] if group is None or error is not None else group.rewards
+        reason = getattr(getattr(error, "reason", None), "value", None) or "failed"
+        members = [] if group is None else [_member(m, self.options.prices) for m in group.members]
+        discarded = (
+            [] if group is None else [_member(m, self.options.prices) for m in group.discarded]
+        )
+        record: dict[str, Any] = {
+            "input_id": item.input_id,
+            "outcome": "done" if error is None else "dropped",
+            "reason": None if error is None else reason,
+            "n": None if group is None else group.n,
+            "rewards": rewards,
+            "reward": sum(rewards) / len(rewards) if rewards else None,
+            "pass@1": sum(1 for r in rewards if r > 0) / len(rewards) if rewards else None,
+            "pass@k": pass_at_k(rewards, len(rewards)) if rewards else None,
+            "elapsed": round(time.monotonic() - t0, 4),
+            "members": members,
+            "discarded": discarded,
+            "error": None if error is None else str(error),
+            "error_type": None if error is None else type(error).__name__,
+        }
+        self.summary.costs.extend(m["cost"] for m in members + discarded)
         self.journal.record_outcome(record)
         assert self.summary.groups is not None
         self.summary.groups.add_record(record)
         self.bar.update(self.summary)
+
+    def member_started(self, start: MemberStart) -> None:
+        """The client's member journal: each member attempt before its invocation."""
+        self.member_starts[start.session_id] = start.started_at
+        self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
+
+    def member_ended(self, end: MemberEnd) -> None:
+        """... and each member outcome, also counted in the summary."""
+        fields = ("input_id", "session_id", "kind", "reward", "error")
+        self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
+        started = self.member_starts.get(end.session_id)
+        elapsed = None if started is None else time.time() - started
+        self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
 
     def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
         """The ``on_session`` hook of one input: journal each session before it is sent,

@@ -4,9 +4,8 @@ it reports."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
-__all__ = ["EvalInput", "EvalOptions", "EvalRun", "iter_lines", "load_inputs"]
+__all__ = ["EvalInput", "EvalOptions", "EvalRun", "load_inputs"]
 
 
 @dataclass(frozen=True)
@@ -133,13 +132,3 @@ class EvalRun:
     interrupted: bool = False
     out: Path | None = None
     trajectories: Path | None = None  # the trajectories file, with a gateway
-
-
-def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a results file (for scripts and tests)."""
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    yield record

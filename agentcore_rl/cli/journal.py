@@ -18,8 +18,10 @@ in flight when the previous run died: it is resumed by its session id and result
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
@@ -33,6 +35,7 @@ __all__ = [
     "EvalJournal",
     "JournalEntry",
     "TrajectoryFile",
+    "iter_lines",
     "journal_path_for",
     "rows_path_for",
     "trajectories_path_for",
@@ -90,24 +93,21 @@ def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    records = []
+def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file (a torn line skipped)."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
-            try:
+            with contextlib.suppress(ValueError):
                 record = json.loads(line)
-            except ValueError:
-                continue  # a torn line, cut off before we append
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+                if isinstance(record, dict):
+                    yield record
 
 
 def _earlier(path: Path, *, resume: bool) -> list[dict[str, Any]]:
     """With ``resume`` the lines already in ``path``; without, ``path`` is started empty."""
     if resume and path.exists():
         _cut_torn_tail(path)
-        return _read_lines(path)
+        return list(iter_lines(path))
     if not resume:
         path.unlink(missing_ok=True)
     return []

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl.cli.cost import Prices, price, total, usage_of
-from agentcore_rl.cli.eval_config import iter_lines
-from agentcore_rl.cli.journal import rows_path_for, trajectories_path_for
+from agentcore_rl.cli.journal import iter_lines, rows_path_for, trajectories_path_for
 from agentcore_rl.cli.summary import GroupTally, failure_of, outcome_of, percentile
 from agentcore_rl.errors import ConfigurationError
 
