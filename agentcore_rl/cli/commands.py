@@ -56,12 +56,7 @@ def _cwd_importable() -> None:
 
 def import_app(target: str) -> Any:
     """The object named by ``"package.module:attribute"`` (the current directory is
-    importable); ``ConfigurationError`` with a clear message otherwise.
-
-    Example::
-
-        app = import_app("examples.math_agent.agent:app")
-    """
+    importable); ``ConfigurationError`` with a clear message otherwise."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"{target!r} must look like 'package.module:app'")
@@ -137,12 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_local_runtime(args: argparse.Namespace) -> int:
-    """``agentcore-rl local-runtime --agent-url URL``: the ACR data plane on this machine.
-
-    Example::
-
-        agentcore-rl local-runtime --agent-url http://127.0.0.1:8080 --port 8081
-    """
+    """``agentcore-rl local-runtime --agent-url URL``: the ACR data plane on this machine."""
     # lazy: a command imports only what it runs (the CLI starts fast)
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
@@ -158,12 +148,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    """``agentcore-rl gateway --upstream URL``: the rollout gateway until Ctrl-C.
-
-    Example::
-
-        agentcore-rl gateway --upstream http://127.0.0.1:8000/v1 --port 9000 --admin-token T
-    """
+    """``agentcore-rl gateway --upstream URL``: the rollout gateway until Ctrl-C."""
     # lazy: the gateway extra, needed by `gateway` only
     from agentcore_rl.gateway import DirectorySink, RolloutGateway
 
@@ -188,10 +173,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         f"admin routes {admin}\n"
         f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
     )
-    # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
-    # httptools, from the gateway extra, when installed), no access log (CPU per call),
-    # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
-    # think time between turns. One process: sessions live in its memory.
+    # The hot path (docs/gateway.md): the fastest loop and parser installed, no access log,
+    # a deep backlog for bursts, keep-alive longer than an agent's think time.
     return _serve_asgi(
         gateway,
         args.host,
@@ -233,15 +216,9 @@ def _render_mode(args: argparse.Namespace) -> Any:
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    # The block's own fields have options of their own (--exp-id, --base-url...): they
-    # cannot be passed through as extra _rollout fields.
-    reserved = {
-        protocol.EXP_ID,
-        protocol.INPUT_ID,
-        protocol.S3_BUCKET,
-        protocol.BASE_URL,
-        protocol.MODEL_ID,
-    }
+    # The block's own fields have options of their own (--exp-id, --base-url...).
+    reserved = {protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET}
+    reserved |= {protocol.BASE_URL, protocol.MODEL_ID}
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -358,12 +335,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`).
-
-    Example::
-
-        agentcore-rl demo --n 50
-    """
+    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`)."""
     # Everything the demo's parts use, checked before it prints or starts anything.
     require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
     from agentcore_rl.cli.demo import DemoOptions, run_demo

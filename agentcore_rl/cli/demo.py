@@ -40,16 +40,13 @@ from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "demo_dir", "demo_package", "run_demo"]
 
-#: The math example as the wheel ships it (the one copy lives in examples/math_agent).
+# The math example as the wheel ships it, and in a checkout (examples/math_agent).
 _SHIPPED: Final = "agentcore_rl._examples.math_agent"
-#: The same example in a checkout (importable from the repository root).
 _CHECKOUT: Final = "examples.math_agent"
-#: The agent the demo serves, relative to :func:`demo_package`.
 DEMO_AGENT: Final = "agent:app"
 _AGENT_SERVERS: Final = 2
 # Generous: a rollout of the stand-in takes well under a second.
 _ROLLOUT_TIMEOUT: Final = 120.0
-#: The group phase: this many problems, as groups of this size.
 _GROUPS: Final = 6
 _GROUP_SIZE: Final = 4
 
@@ -87,12 +84,9 @@ def demo_package() -> str:
 
 
 def demo_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where the demo writes its files when not given ``--out``: one directory, emptied at
-    the start of each run, so runs leave nothing behind but the last run's results.
-
-    ``$XDG_STATE_HOME/agentcore-rl/demo`` (``~/.local/state/agentcore-rl/demo``), else,
-    when the home directory cannot be written, ``<tempdir>/agentcore-rl-demo-<uid>``.
-    """
+    """Where the demo writes without ``--out``: ``$XDG_STATE_HOME/agentcore-rl/demo``
+    (``~/.local/state/...``), else ``<tempdir>/agentcore-rl-demo-<uid>``, emptied at the start
+    of each run, so runs leave nothing behind but the last run's results."""
     state = environ.get("XDG_STATE_HOME", "").strip()
     candidates = [Path(tempfile.gettempdir()) / f"agentcore-rl-demo-{os.getuid()}"]
     with contextlib.suppress(RuntimeError):  # no home directory at all

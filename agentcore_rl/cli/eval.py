@@ -1,19 +1,9 @@
 """The run behind ``agentcore-rl eval`` (and ``demo``): a JSONL file of inputs through
 :class:`~agentcore_rl.client.AsyncRolloutClient`, every outcome recorded exactly once, an
-interrupted run resumed (see docs/cli.md).
-
-``concurrency`` workers take work from one queue: first the rollouts an earlier run left in
-flight (resumed by session id and result key), then the inputs. An input is one rollout,
-journaled before each session's invocation; or, with ``group_size``, a GRPO group
-(``invoke_group``) whose members are journaled when started and when ended, so that a
-resumed group replays its ended members and resumes its started ones.
-
-Example::
-
-    options = EvalOptions(data=Path("problems.jsonl"), out=Path("results.jsonl"),
-                          s3_bucket="rollouts", exp_id="eval-1",
-                          agent_urls=("http://127.0.0.1:8080",))
-    run = await run_eval(options)
+interrupted run resumed (see docs/cli.md). An input is one rollout, journaled before each
+session's invocation; or, with ``group_size``, a GRPO group whose members are journaled
+when started and when ended, so that a resumed group replays its ended members and
+resumes its started ones.
 """
 
 from __future__ import annotations
@@ -130,8 +120,7 @@ async def _task_group() -> AsyncIterator[TaskGroup]:
 
 
 def _bar_shape() -> dict[str, int]:
-    """tqdm's own size detection, unless the terminal reports a zero size (a pty nobody
-    sized, as under ``script`` or some CI runners): then tqdm would draw nothing."""
+    # A pty nobody sized (``script``, some CI runners) reports 0x0: tqdm would draw nothing.
     try:
         size = os.get_terminal_size(sys.stderr.fileno())
     except (OSError, ValueError, AttributeError):
@@ -140,7 +129,7 @@ def _bar_shape() -> dict[str, int]:
 
 
 class Progress:
-    """The progress bar on stderr (tqdm), showing failures and the mean reward so far."""
+    """The progress bar on stderr, with the failures and the mean reward so far."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         # lazy: tqdm is the cli extra; a library user of the engine may not have it
@@ -151,7 +140,6 @@ class Progress:
         )
 
     def update(self, summary: RunSummary) -> None:
-        """Count one more outcome; refresh the failure count and mean reward."""
         self.bar.update(1)
         mean = summary.mean_reward
         self.bar.set_postfix(
@@ -161,7 +149,6 @@ class Progress:
         )
 
     def close(self) -> None:
-        """Finish the bar. Idempotent."""
         self.bar.close()
 
 
@@ -212,9 +199,8 @@ def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGro
 
 class EvalEngine:
     """The worker pool: ``concurrency`` workers take work from a queue, first the rollouts
-    an earlier run left in flight (the ones that were stopped or lost run again at once),
-    then the inputs. Every outcome goes to the journal, the summary and the progress bar.
-    """
+    an earlier run left in flight, then the inputs (rollouts or groups). Every outcome goes
+    to the journal, the summary and the progress bar."""
 
     def __init__(
         self,
@@ -284,8 +270,7 @@ class EvalEngine:
 
     async def _collect_earlier(self) -> None:
         """What an earlier run left: its groups' journaled members (a succeeded member's
-        tokens from its trace in S3), and the trajectories of done rollouts it recorded but
-        never wrote (it died in between)."""
+        tokens from its trace in S3), the trajectories it died before writing."""
         if self.summary.groups is not None:
             for record in self.journal.finished.values():
                 self.summary.groups.add_record(record)
@@ -386,8 +371,7 @@ class EvalEngine:
         self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
 
     def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
-        """The ``on_session`` hook of one input: journal each session before it is sent,
-        so a resumed run finds it and never starts a second rollout for this input."""
+        """Journal each session of an input before it is sent: a resumed run finds it."""
 
         def journal(fut: RolloutFuture) -> None:
             entry = JournalEntry(
@@ -398,9 +382,7 @@ class EvalEngine:
         return journal
 
     async def _run_one(self, item: EvalInput) -> None:
-        """Run one input to its one results line. The client runs a retryable failure
-        again in a new session (an agent loss up to ``Retries.lost`` times, any other up
-        to ``Retries.rollouts``), journaling each session first; the line counts them."""
+        """Run one input (the client retries in new sessions) to its one results line."""
         t0 = time.monotonic()
         try:
             future = await self.client.invoke(
@@ -446,14 +428,10 @@ class EvalEngine:
             self._finish(input_id, "done", future, entry, result=result)
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
-        """Finish a rollout an earlier run journaled as started but never saw end.
-
-        Its invocation may or may not have reached the agent (the journal line is written
-        before the call). Within its deadline it is resumed under the same session id (its
-        result read, else the invocation sent again marked as a repeat, which an agent still
-        running it does not start twice); past its deadline, or journaled under another
-        experiment's key, the client only follows its result key (``attach``).
-        """
+        """Finish a rollout an earlier run journaled as started (its invocation may or may
+        not have been sent): within its deadline resumed under the same session id (its
+        result read, else sent again as a repeat, which an agent running it does not start
+        twice); past it, or under another experiment's key, its result key followed."""
         remaining = entry.started_at + self.options.timeout - time.time()
         config = protocol.RolloutConfig(
             exp_id=self.options.exp_id, input_id=entry.input_id, s3_bucket=self.options.s3_bucket
@@ -571,11 +549,9 @@ async def run_eval(
 ) -> EvalRun:
     """Run (or resume) an evaluation; every input ends in exactly one results line.
 
-    Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned, so
-    that ``--resume`` runs them again; a run that dies without cleanup leaves them in the
-    journal as started, and ``--resume`` re-attaches to them. ``inputs`` (from
-    :func:`load_inputs`) saves reading ``options.data`` again; ``run``, when given, is
-    filled in as the run goes (a caller keeps the partial figures after a cancellation).
+    Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned
+    (``--resume`` runs them again); a run that dies without cleanup leaves them journaled
+    as started (``--resume`` re-attaches). ``run``, when given, is filled in as the run goes.
     """
     if inputs is None:
         inputs = load_inputs(options.data, limit=options.limit)
@@ -611,9 +587,6 @@ async def run_eval(
                     client.stop_session(session_id)
                 try:
                     await engine.run(fresh, in_flight, by_id)
-                except asyncio.CancelledError:
-                    run.interrupted = True
-                    raise
                 finally:
                     run.s3_requests = preflight_requests + client.stats.s3_total
         finally:

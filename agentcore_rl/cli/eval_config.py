@@ -129,6 +129,5 @@ class EvalRun:
     summary: RunSummary
     wall_seconds: float = 0.0
     s3_requests: int = 0
-    interrupted: bool = False
     out: Path | None = None
     trajectories: Path | None = None  # the trajectories file, with a gateway

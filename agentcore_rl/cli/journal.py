@@ -1,19 +1,9 @@
-"""The files of an eval run: the results file, the journal that makes ``--resume`` work and
-the trajectories file. All are append-only JSONL, flushed line by line, so a run killed at
-any moment (even SIGKILL) leaves them readable; a torn last line is cut off before appending.
-
-- ``NAME.jsonl``: one line per outcome (done, failed or timed out), the run's product;
-- ``NAME.jsonl.journal``: one line per started rollout (input id, session id, bucket, result
-  key, start time) written just *before* its invocation is sent, one per rollout this run
-  stopped itself (Ctrl-C), which a resumed run starts again, and the sessions it could not
-  stop (``unstopped``), which a resumed run stops;
-- ``NAME.trajectories.jsonl`` (through a gateway): a done rollout's trajectory, written after
-  its results line; ``--resume`` writes the ones a killed run did not get to.
-
-On ``--resume`` an input with a results line is skipped, unless the line is a retryable
-failure: such lines are removed (the file rewritten atomically) and the input runs again,
-so every input has at most one line. An input journaled as started without an outcome was
-in flight when the previous run died: it is resumed by its session id and result key.
+"""The files of an eval run (see docs/cli.md): ``NAME.jsonl``, one line per outcome;
+``NAME.jsonl.journal``, one line per rollout started (written before its invocation is
+sent), stopped by this run or left unstopped; ``NAME.trajectories.jsonl`` through a gateway.
+All are append-only JSONL flushed line by line, so a run killed at any moment leaves them
+readable; a torn last line is cut off before appending. On ``--resume`` a retryable
+failure's results line is removed (the file rewritten atomically) and its input runs again.
 """
 
 from __future__ import annotations
@@ -48,24 +38,22 @@ _UNSTOPPED: Final = "unstopped"
 
 
 def journal_path_for(out: Path) -> Path:
-    """``results.jsonl`` -> ``results.jsonl.journal``."""
     return out.with_name(out.name + ".journal")
 
 
 def trajectories_path_for(out: Path) -> Path:
-    """``results.jsonl`` -> ``results.trajectories.jsonl``."""
     return out.with_name(out.name.removesuffix(".jsonl") + ".trajectories.jsonl")
 
 
 def rows_path_for(out: Path) -> Path:
-    """``results.jsonl`` -> ``results.groups.jsonl`` (the groups' training rows)."""
+    """Where the groups' training rows go."""
     return out.with_name(out.name.removesuffix(".jsonl") + ".groups.jsonl")
 
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One started rollout: enough to find its result in S3 later; ``started_at`` (epoch
-    seconds) lets a resumed run keep the original deadline."""
+    """One started rollout: where its result will be; ``started_at`` (epoch seconds) keeps
+    the original deadline on resume."""
 
     input_id: str
     session_id: str
@@ -75,7 +63,7 @@ class JournalEntry:
 
 
 def _cut_torn_tail(path: Path) -> None:
-    """Drop a last line without its newline: the writer died in the middle of it."""
+    # A last line without its newline: the writer died in the middle of it.
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         with path.open("rb+") as handle:
@@ -94,7 +82,7 @@ def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a JSONL file (a torn line skipped)."""
+    """The JSON objects of a JSONL file."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
             with contextlib.suppress(ValueError):
@@ -104,7 +92,7 @@ def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _earlier(path: Path, *, resume: bool) -> list[dict[str, Any]]:
-    """With ``resume`` the lines already in ``path``; without, ``path`` is started empty."""
+    """With ``resume`` the lines already in ``path``; without, it starts empty."""
     if resume and path.exists():
         _cut_torn_tail(path)
         return list(iter_lines(path))
@@ -123,12 +111,9 @@ def _write(handle: IO[str] | None, record: dict[str, Any]) -> None:
 
 @dataclass
 class EvalJournal:
-    """The open results file and journal of one eval run.
-
-    ``finished`` maps input ids to their outcome lines from earlier runs; ``in_flight``
-    maps input ids to rollouts an earlier run started but never saw finish; ``events`` is
-    every journal line an earlier run wrote, in order (group members are events of their own).
-    """
+    """The open results file and journal of one eval run: by input id, the outcome lines
+    (``finished``) and the rollouts started but never seen finish (``in_flight``) of earlier
+    runs; ``events`` is every journal line they wrote (group members' too), in order."""
 
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -151,8 +136,7 @@ class EvalJournal:
 
     @classmethod
     def open(cls, out: Path, *, resume: bool) -> EvalJournal:
-        """Open (or create) the files; with ``resume`` read what an earlier run left.
-        Without it an existing non-empty results file is an error (never overwritten)."""
+        """Open (or create) the files; with ``resume`` read what an earlier run left."""
         cls.check(out, resume=resume)
         self = cls(out)
         records = _earlier(out, resume=resume)
@@ -206,8 +190,7 @@ class EvalJournal:
         _write(self._journal, {_EVENT: _STARTED, **asdict(entry)})
 
     def record_abandoned(self, input_id: str) -> None:
-        """Note that this run stopped a started rollout (Ctrl-C): a resumed run starts it
-        again rather than waiting for a result that will not come."""
+        """Note that this run stopped a started rollout (Ctrl-C): a resumed run reruns it."""
         _write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
 
     def record_unstopped(self, session_ids: list[str]) -> None:
@@ -216,15 +199,11 @@ class EvalJournal:
             _write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
 
     def record_event(self, record: dict[str, Any]) -> None:
-        """Append one journal line of another kind (it must carry its own ``event``)."""
-        if not isinstance(record.get(_EVENT), str) or record[_EVENT] in (_STARTED, _ABANDONED):
-            raise ValueError("an event record needs its own string 'event'")
+        """Append one journal line of another kind (with an ``event`` of its own)."""
         _write(self._journal, record)
 
     def record_outcome(self, record: dict[str, Any]) -> None:
-        """Append one outcome line (it must carry ``input_id``) to the results file."""
-        if not isinstance(record.get("input_id"), str):
-            raise ValueError("an outcome record needs a string input_id")
+        """Append one outcome line to the results file."""
         _write(self._results, record)
         self.finished[record["input_id"]] = record
         self.in_flight.pop(record["input_id"], None)

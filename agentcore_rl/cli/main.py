@@ -1,21 +1,7 @@
-"""``agentcore-rl``: run the demo, evaluate a dataset, serve an agent, run a local runtime.
+"""``agentcore-rl``: the command table, the parser and the exit codes (docs/cli.md).
 
-Commands::
-
-    agentcore-rl demo            the whole stack on this machine, 200 math problems
-    agentcore-rl eval DATA.jsonl (--agent-runtime-arn ARN | --agent-url URL...) \\
-        --s3-bucket B --exp-id E [--resume ...]
-    agentcore-rl serve module:app [--host --port]
-    agentcore-rl local-runtime --agent-url URL [--agent-url URL...] [--port --tps --arn]
-    agentcore-rl gateway --upstream URL [--upstream URL...] [--model NAME] [--port 9000]
-    agentcore-rl show RESULTS.jsonl INPUT_ID
-    agentcore-rl report RESULTS.jsonl [--compare OTHER.jsonl] [-o report.html]
-
-Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, demo);
-2 usage error (bad argument, bad data file); 3 a service is unreachable or refuses us
-(S3, agent, runtime, a port in use); 4 an unexpected internal error; 130 interrupted
-(Ctrl-C), 143 terminated (SIGTERM). Errors are one line on stderr, never a traceback
-(set ``AGENTCORE_RL_DEBUG=1`` to see one).
+Errors are one line on stderr with an exit code scripts can use (:data:`EXIT_CODES_HELP`),
+never a traceback (set ``AGENTCORE_RL_DEBUG=1`` to see one).
 """
 
 from __future__ import annotations
@@ -393,24 +379,18 @@ _COMMANDS: Final[dict[str, tuple[Callable[[argparse.ArgumentParser], None], str,
         "local",
         "run the whole stack on this machine: 200 math problems through the ACR path",
         "Start embedded S3, a scripted stand-in policy (not a language model), the math "
-        "example agent on two servers, a local AgentCore Runtime and the rollout gateway "
-        "(which captures every model call's tokens), then run the problems through "
-        "AsyncRolloutClient over the ACR transport and print a summary, with the tokens "
-        "captured and the trajectories beside the results. Everything runs in this process "
-        "and stops on exit or Ctrl-C.",
+        "example agent on two servers, a local AgentCore Runtime and the rollout gateway in "
+        "this process, run the problems over the ACR transport and print a summary; "
+        "everything stops on exit or Ctrl-C.",
     ),
     "eval": (
         _eval,
         "cli",
         "evaluate a JSONL dataset against an agent (AgentCore Runtime or HTTP)",
         "Run every input of DATA (one JSON object per line, sent as the payload; its "
-        "'input_id' or 'id' field names it) through the agent, with a progress bar, and "
-        "write one line per outcome to --out. Re-running with --resume continues an "
-        "interrupted run: finished inputs are skipped; a rollout that was in flight is "
-        "resumed by its session id (its result taken from S3 if it is there, else it is "
-        "invoked again with the same session id, which an agent still running it does "
-        "not start twice); one that was stopped (Ctrl-C) or lost with its agent runs "
-        "again in a new session.",
+        "'input_id' or 'id' field names it) through the agent and write one line per outcome "
+        "to --out. --resume continues an interrupted run: finished inputs are skipped, "
+        "rollouts in flight resumed by session id, stopped or lost ones run again.",
     ),
     "serve": (
         _serve,
@@ -434,10 +414,8 @@ _COMMANDS: Final[dict[str, tuple[Callable[[argparse.ArgumentParser], None], str,
         "gateway",
         "serve the token-capturing rollout gateway in front of vLLM/SGLang",
         "An OpenAI-compatible proxy that files every model call (prompt and completion "
-        "token ids, logprobs) under its rollout's session. Agents call "
-        "http://HOST:PORT/sessions/<session id>/v1 (or /v1 with the session id as API "
-        "key); trainers drive it with AsyncRolloutClient(gateway=GatewayConfig(url=..., "
-        "admin_token=...)). See docs/gateway.md.",
+        "token ids, logprobs) under its rollout's session; agents call "
+        "http://HOST:PORT/sessions/<session id>/v1. See docs/gateway.md.",
     ),
     "show": (
         _show,

@@ -1,17 +1,8 @@
 """What ``agentcore-rl eval`` checks before its first rollout: every service it was given.
 
-Each check is one cheap call that has no effect on the service; a failure is raised as the
-error the CLI turns into one line and exit 3 (``StorageError``, ``InvocationError``,
-``GatewayError``):
-
-- the S3 bucket: a LIST of a prefix no result key has;
-- agent servers (``--agent-url``): ``GET /ping`` answers below 500;
-- an AgentCore runtime (``--agent-runtime-arn``): ``StopRuntimeSession`` for a session id
-  that was never used. A runtime that serves the ARN answers that it knows no such session
-  (or stops nothing); one that does not serve it answers ``ResourceNotFoundException``
-  about the runtime, ``AccessDeniedException`` when the credentials may not call it;
-- a gateway (``--gateway-url``): ``GET /health`` (reachable, a rollout gateway), then
-  ``GET /admin/stats`` with the admin token (the token is accepted).
+Each check is one cheap call that changes nothing (docs/cli.md lists them); a failure is
+raised as the error the CLI turns into one line and exit 3 (``StorageError``,
+``InvocationError``, ``GatewayError``).
 """
 
 from __future__ import annotations
@@ -89,14 +80,9 @@ async def check_agents(urls: list[str]) -> None:
                 )
 
 
-def _mentions_session(message: str, session_id: str) -> bool:
-    return session_id in message or "session" in message.lower()
-
-
 async def check_runtime(arn: str, endpoint_url: str | None) -> None:
-    """The runtime endpoint serves ``arn``: one ``StopRuntimeSession`` for a session id never
-    used (nothing is stopped, nothing starts), or InvocationError saying what is wrong.
-    """
+    """The runtime endpoint serves ``arn`` (a ``StopRuntimeSession`` for a session id never
+    used), or InvocationError saying what is wrong."""
     # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -116,8 +102,9 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
         error: Any = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
         message = str(error.get("Message", "")) or str(exc)
-        if code == "ResourceNotFoundException" and _mentions_session(message, session_id):
-            return  # it looked for the session: the runtime is there
+        looked_for_session = session_id in message or "session" in message.lower()
+        if code == "ResourceNotFoundException" and looked_for_session:
+            return  # the runtime is there
         if code in ("ThrottlingException", "ServiceQuotaExceededException"):
             return  # the runtime's own quota answered: it is there
         if code == "ResourceNotFoundException":
@@ -136,8 +123,7 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
 
 async def check_gateway(url: str, token: str | None) -> None:
     """The gateway at ``url`` answers ``/health`` and accepts ``token`` on its admin routes,
-    or GatewayError says which it does not.
-    """
+    or GatewayError says which it does not."""
     # lazy: as above (the client extra)
     import httpx
 

@@ -1,15 +1,7 @@
-"""A finished run read back from its files, and ``agentcore-rl show``: one rollout of it in
-the terminal (``report`` renders the whole run).
-
-The results file (one line per input, or per group), and beside it the trajectories and the
-groups' training rows when the run wrote them. Each rollout (a group's member too) becomes
-one :class:`Rollout`: its transcript, its tokens as the trainer sees them (each segment in
-runs of one loss mask: prompt and tool tokens ``.``, generated ``#``, with mean logprob and
-policy versions), its envelope and its cost. Colour only on a terminal without ``NO_COLOR``.
-
-Example::
-
-    print(render(load_run(Path("results.jsonl")).find("math-0005"), color=False))
+"""A finished run read back from its files (results, trajectories, groups' training rows),
+one :class:`Rollout` per rollout (a group's member too), and ``agentcore-rl show``: one of
+them in the terminal, its tokens in runs of one loss mask (prompt and tool tokens ``.``,
+generated ``#``). ``report`` renders the whole run.
 """
 
 from __future__ import annotations
@@ -307,9 +299,8 @@ def render(rollout: Rollout, *, color: bool) -> str:
 
 
 def write_example(out: Path) -> Path | None:
-    """Write a typical rollout of the run in ``out`` for a person to read, as ``show`` prints
-    it, to ``NAME.example.txt``: the first that finished having used a tool (most do), else
-    the first that finished. ``None`` when none finished."""
+    """Write a typical rollout of the run, as ``show`` prints it, to ``NAME.example.txt``:
+    the first done one that used a tool (most do), else the first done; ``None`` if none."""
     try:
         done = [r for r in load_run(out).rollouts if r.outcome == "done"]
     except ConfigurationError:  # no lines yet (an early Ctrl-C)
