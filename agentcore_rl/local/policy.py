@@ -1,32 +1,16 @@
-"""A scripted OpenAI-compatible server: a STAND-IN for vLLM/SGLang.
+"""A scripted OpenAI-compatible server: a STAND-IN for vLLM/SGLang, not a language model.
 
-No language model is available offline, so demos and tests talk to this instead. It speaks
-enough of the OpenAI API for the OpenAI SDK and for agents written against vLLM:
-``POST /v1/chat/completions`` (tool calls in the OpenAI ``tools``/``tool_calls`` format,
-``finish_reason`` ``"tool_calls"``), ``POST /v1/completions``, both streaming (SSE) or not,
-``GET /v1/models``, and vLLM's (>= 0.10.2) capture fields: ``prompt_token_ids`` (chat: on
-the response; completions: on each choice) and ``token_ids`` on each choice or streamed
-chunk, and ``logprobs`` when asked (``logprobs.content[j].logprob`` for chat,
-``logprobs.token_logprobs`` for completions). ``token_ids="always"`` (the default) sends the
-ids even unasked; ``"requested"`` only for ``return_token_ids: true``, as vLLM does;
-``"never"`` plays a server that cannot.
+It speaks enough of the OpenAI API for the OpenAI SDK and agents written against vLLM: chat
+(with OpenAI tool calls) and text completions, streamed (SSE) or not, ``/v1/models``, and
+vLLM's capture fields (``prompt_token_ids``, ``token_ids``, ``logprobs``). Its fake tokenizer
+renders each message as ``<role> text <end>`` and an assistant message exactly as the
+completion that produced it, so a conversation's prompts extend each other token for token.
+With ``tokenizer=DIR`` it uses a real chat template instead (:mod:`.policy_template`).
 
-With ``tokenizer=DIR`` it serves a real tokenizer and chat template instead (see
-:mod:`agentcore_rl.local.policy_template`; ``python -m agentcore_rl.local.policy --tokenizer
-DIR``). Otherwise its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`)
-works like a chat template with special tokens: each message is ``<role> text <end>`` and
-the prompt ends with ``<assistant>``; an assistant message renders exactly as the
-completion that produced it. So a multi-turn conversation's prompts extend each other
-token for token, as they do with a real model, and logprobs are a deterministic function
-of the tokens.
-
-How it "answers": it reads the first user message with a small pattern-based solver
-(:mod:`agentcore_rl.local.policy_solver`). When tools are offered, the first turn calls the
-first tool with the arithmetic expression; after the tool message it answers
-``"The answer is N."``. Without tools it answers at once. With probability
-``1 - accuracy`` it is wrong: it either slips when copying the tool's result or skips the
-tool and guesses. The choice is a stable hash of (``seed``, the problem, the request's own
-``seed`` if any, the choice index), so a run is reproducible and rewards still vary.
+It answers the first user message with a pattern-based solver (:mod:`.policy_solver`):
+offered tools, it first calls the first one with the arithmetic expression, then answers
+``"The answer is N."``. With probability ``1 - accuracy`` it slips or skips the tool,
+decided by a stable hash of (``seed``, problem, the request's ``seed``, choice index).
 """
 
 from __future__ import annotations
@@ -53,6 +37,7 @@ if TYPE_CHECKING:
 
 from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
+    fake_token_ids,
     fake_tokens,
     format_number,
     solve_word_problem,
@@ -111,7 +96,7 @@ def _text_of(message: Mapping[str, Any]) -> str:
 
 
 def _assistant_text(message: Mapping[str, Any]) -> str:
-    """What an assistant turn "generated": its text, then each tool call as tagged JSON."""
+    """An assistant turn's generated text: its content, then each tool call as tagged JSON."""
     parts = [_text_of(message)]
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {} if isinstance(call, Mapping) else {}
@@ -121,21 +106,17 @@ def _assistant_text(message: Mapping[str, Any]) -> str:
 
 
 def _prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> list[int]:
-    """A fake chat template: ``<tools>..<end>``, ``<role> text <end>`` per message, ``<assistant>``.
-
-    An assistant message renders as ``<assistant>`` + the tokens of the completion that
-    produced it, so each turn's prompt extends the previous prompt + completion.
-    """
+    """The fake chat template: ``<tools>..<end>``, ``<role> text <end>`` each, ``<assistant>``."""
     ids: list[int] = []
     if tools:
         ids.append(_TOOLS_ID)
-        ids.extend(i for _, i in fake_tokens(json.dumps(list(tools), sort_keys=True)))
+        ids.extend(fake_token_ids(json.dumps(list(tools), sort_keys=True)))
         ids.append(_END_ID)
     for message in messages:
         role = message.get("role")
         ids.append(_ROLE_IDS.get(str(role), _OTHER_ROLE_ID))
         text = _assistant_text(message) if role == "assistant" else _text_of(message)
-        ids.extend(i for _, i in fake_tokens(text))
+        ids.extend(fake_token_ids(text))
         ids.append(_END_ID)
     ids.append(_ROLE_IDS["assistant"])
     return ids
@@ -159,22 +140,18 @@ def _tool_argument_name(tool: Mapping[str, Any]) -> str:
 class ScriptedPolicy:
     """The stand-in policy server as an ASGI app (serve it with uvicorn/BackgroundServer).
 
-    ``accuracy`` (0..1) is how often it answers correctly; ``seed`` makes the run
-    reproducible; ``latency`` seconds are waited per request so that a demo looks like real
-    work (``sleep`` is injectable). ``token_ids``: ``"always"``, ``"requested"`` (vLLM's
-    ``return_token_ids``) or ``"never"``. ``requests`` counts the completion requests
-    received, bad ones included; ``answers`` keeps the last ``keep_answers`` answers
-    (``(prompt_ids, [(token_ids, logprobs) per choice])``) so tests can compare captures.
-    ``tokenizer`` (a Hugging Face tokenizer directory, with ``tool_call_parser``,
-    ``reasoning_parser`` and ``tool_rounds``): render that real chat template as vLLM does and
-    answer in its syntax, also token-in (``/v1/completions`` with token ids, SGLang's
-    ``/generate``); see :mod:`agentcore_rl.local.policy_template`. There, ``token_rate``
-    (tokens per second per request) makes token-in completions take their time, with vLLM's
-    weight-sync routes (``/pause?mode=keep|abort``, ``/resume``, ``/abort_requests``,
-    ``/update_weight_version``): a kept request stops generating until the resume, an aborted
-    one answers its tokens so far (``finish_reason`` ``"abort"``), and every choice says which
-    version generated which tokens (``weight_versions``, as vLLM's token-in API does; ``made``
-    keeps them all).
+    ``accuracy`` (0..1) is how often it answers correctly; ``seed`` makes runs reproducible;
+    ``latency`` seconds are waited per request (``sleep`` is injectable). ``token_ids``:
+    ``"always"``, ``"requested"`` (vLLM's ``return_token_ids``) or ``"never"``. ``requests``
+    counts completion requests, bad ones included; ``answers`` keeps the last
+    ``keep_answers`` ``(prompt_ids, [(token_ids, logprobs) per choice])``.
+    ``tokenizer`` (with ``tool_call_parser``, ``reasoning_parser``, ``tool_rounds``): answer
+    as that real chat template's model would, also token-in (``/v1/completions`` with token
+    ids, SGLang's ``/generate``). There ``token_rate`` (tokens per second) paces token-in
+    completions under vLLM's weight-sync routes (``/pause?mode=keep|abort``, ``/resume``,
+    ``/abort_requests``, ``/update_weight_version``): a kept request waits for the resume, an
+    aborted one answers its tokens so far (``finish_reason`` ``"abort"``), and each choice
+    says which version made which tokens (``weight_versions``; ``made`` keeps them all).
     ``min_tokens`` is honoured by repeating the answer before its end token.
 
     Example::
@@ -342,15 +319,15 @@ class ScriptedPolicy:
     async def _generate(self, request: Request) -> Response:
         """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
         self.requests += 1
-        if self.voice is None:
-            return _error(_BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))"))
         try:
-            body = await request.json()
-        except ValueError:
-            return _error(_BadRequest("request body is not valid JSON"))
-        ids = body.get("input_ids") if isinstance(body, Mapping) else None
-        if not _is_ids(ids):
-            return _error(_BadRequest("input_ids must be a non-empty list of token ids"))
+            if self.voice is None:
+                raise _BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))")
+            body = await _body(request)
+            ids = body.get("input_ids")
+            if not _is_ids(ids):
+                raise _BadRequest("input_ids must be a non-empty list of token ids")
+        except _BadRequest as exc:
+            return _error(exc)
         params = body.get("sampling_params") or {}
         completion, logprobs, finish, _ = self.voice.generate(ids, params.get("max_new_tokens"))
         self._remember(ids, [{"_ids": completion, "_logprobs": logprobs}])
@@ -373,15 +350,11 @@ class ScriptedPolicy:
         text = self.voice.template.tokenizer.decode(completion, skip_special_tokens=True)
         return JSONResponse({"text": text, "output_ids": completion, "meta_info": meta})
 
-    def _voiced_chat(self, body: object) -> dict[str, Any]:
+    def _voiced_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """A chat request rendered with the real template (vLLM's answer shape)."""
         voice = self.voice
         assert voice is not None
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("messages must be a non-empty list", "messages")
+        _messages(body)
         # lazy: the render extra, only with a real template (--tokenizer)
         from agentcore_rl.gateway.render.template import RenderError
 
@@ -410,19 +383,12 @@ class ScriptedPolicy:
         if self._wants_ids(body):
             choice["token_ids"] = ids
         choice["_ids"], choice["_logprobs"] = ids, logprobs
-        self._remember(prompt, [choice])
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        response = self._envelope(body, "chat.completion", model, prompt, [choice])
-        if self._wants_ids(body):
-            response["prompt_token_ids"] = prompt
-        return response
+        return self._envelope(body, "chat.completion", prompt, [choice])
 
-    def _voiced_text(self, body: object) -> dict[str, Any]:
+    def _voiced_text(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """``/v1/completions`` with a token-id (or text) prompt (vLLM's answer shape)."""
         voice = self.voice
         assert voice is not None
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             prompt = voice.template.encode(prompt)
@@ -469,19 +435,17 @@ class ScriptedPolicy:
             choice["token_ids"] = ids
             choice["prompt_token_ids"] = prompt
         choice["_ids"], choice["_logprobs"] = ids, logprobs
-        self._remember(prompt, [choice])
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        return self._envelope(body, "text_completion", model, prompt, [choice])
+        return self._envelope(body, "text_completion", prompt, [choice])
 
     async def _serve(
-        self, request: Request, answer: Callable[[object], dict[str, Any]], chunk_object: str
+        self,
+        request: Request,
+        answer: Callable[[Mapping[str, Any]], dict[str, Any]],
+        chunk_object: str,
     ) -> Response:
         self.requests += 1
         try:
-            body = self.last_request = await request.json()
-        except ValueError:
-            return _error(_BadRequest("request body is not valid JSON"))
-        try:
+            body = self.last_request = await _body(request)
             response = answer(body)
         except _BadRequest as exc:
             return _error(exc)
@@ -512,42 +476,28 @@ class ScriptedPolicy:
             self.answers.append((prompt_ids, taken))
             del self.answers[: -self.keep_answers]
 
-    def complete(self, body: object) -> dict[str, Any]:
+    def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one chat-completions request body (what the HTTP route serves)."""
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("messages must be a non-empty list", "messages")
+        messages = _messages(body)
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
             raise _BadRequest("every message must be an object with a string role", "messages")
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise _BadRequest("tools must be a list", "tools")
-        n = _choices_wanted(body)
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-
         prompt_ids = _prompt_ids(messages, tools)
         choices = [
             self._finish(i, self._choice(i, messages, tools, body.get("seed")), body, chat=True)
-            for i in range(n)
+            for i in range(_choices_wanted(body))
         ]
-        self._remember(prompt_ids, choices)
-        response = self._envelope(body, "chat.completion", model, prompt_ids, choices)
-        if self._wants_ids(body):
-            response["prompt_token_ids"] = prompt_ids
-        return response
+        return self._envelope(body, "chat.completion", prompt_ids, choices)
 
-    def complete_text(self, body: object) -> dict[str, Any]:
+    def complete_text(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one ``/v1/completions`` request body (a string ``prompt``)."""
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise _BadRequest("prompt must be a non-empty string", "prompt")
         n = _choices_wanted(body)
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        prompt_ids = [i for _, i in fake_tokens(prompt)]
+        prompt_ids = fake_token_ids(prompt)
         user = {"role": "user", "content": prompt}
         choices = []
         for i in range(n):
@@ -556,22 +506,23 @@ class ScriptedPolicy:
             if self._wants_ids(body):
                 choice["prompt_token_ids"] = prompt_ids
             choices.append(choice)
-        self._remember(prompt_ids, choices)
-        return self._envelope(body, "text_completion", model, prompt_ids, choices)
+        return self._envelope(body, "text_completion", prompt_ids, choices)
 
     def _envelope(
         self,
         body: Mapping[str, Any],
         kind: str,
-        model: Any,
         prompt_ids: list[int],
         choices: list[dict[str, Any]],
     ) -> dict[str, Any]:
+        """The response around ``choices`` (remembered first; their private keys dropped)."""
+        self._remember(prompt_ids, choices)
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model
         completion_tokens = sum(len(c.pop("_ids")) for c in choices)
         for choice in choices:
             choice.pop("_logprobs")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode())
-        return {
+        response = {
             "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + digest.hexdigest()[:24],
             "object": kind,
             "created": int(time.time()),
@@ -584,6 +535,9 @@ class ScriptedPolicy:
                 "total_tokens": len(prompt_ids) + completion_tokens,
             },
         }
+        if kind == "chat.completion" and self._wants_ids(body):
+            response["prompt_token_ids"] = prompt_ids
+        return response
 
     def _finish(
         self, index: int, said: tuple[dict[str, Any], str], body: Mapping[str, Any], chat: bool
@@ -681,6 +635,23 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _body(request: Request) -> Mapping[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _BadRequest("request body is not valid JSON") from None
+    if not isinstance(body, Mapping):
+        raise _BadRequest("request body must be a JSON object")
+    return body
+
+
+def _messages(body: Mapping[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("messages must be a non-empty list", "messages")
+    return messages
+
+
 def _is_ids(value: object) -> TypeGuard[list[int]]:
     return (
         isinstance(value, list)
@@ -708,32 +679,11 @@ def _say(text: str) -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": text}, "stop"
 
 
-def _voiced_chunks(
-    response: dict[str, Any], choice: dict[str, Any], event: Callable[..., str]
-) -> str:
-    index = choice["index"]
-    if "message" not in choice:  # completions: the whole text in one chunk
-        out = {k: v for k, v in choice.items() if k != "index"}
-        return event([{"index": index, **out}])
-    extra = {}
-    if "prompt_token_ids" in response and index == 0:
-        extra["prompt_token_ids"] = response["prompt_token_ids"]
-    role = {"index": index, "delta": {"role": "assistant", "content": ""}}
-    first = event([{**role, "logprobs": None, "finish_reason": None}], **extra)
-    message = {k: v for k, v in choice["message"].items() if k != "role"}
-    for i, call in enumerate(message.get("tool_calls") or ()):
-        call["index"] = i
-    out = {"index": index, "delta": message, "logprobs": choice.get("logprobs")}
-    if "token_ids" in choice:
-        out["token_ids"] = choice["token_ids"]
-    return first + event([{**out, "finish_reason": choice["finish_reason"]}])
-
-
 async def _sse(
     response: dict[str, Any], kind: str, usage: bool, voiced: bool = False
 ) -> AsyncIterator[str]:
-    """A whole answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per
-    token (its text, ``token_ids`` and logprobs), the finish reason on the last, usage, DONE."""
+    """An answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per token
+    (a tool call or a real template's answer: one chunk), the finish reason, usage, DONE."""
     head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
     head["object"] = kind
     chat = kind == "chat.completion.chunk"
@@ -742,28 +692,31 @@ async def _sse(
         return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
 
     for choice in response["choices"]:
-        if voiced:  # a real template's answer: one delta with the parsed message, all its ids
-            yield _voiced_chunks(response, choice, event)
-            continue
-        text = _assistant_text(choice["message"]) if chat else choice["text"]
-        pieces = [piece for piece, _ in fake_tokens(text)]
         index = choice["index"]
         ids = choice.get("token_ids")
         logprobs = choice.get("logprobs")
+        if voiced and not chat:  # completions: the whole text in one chunk
+            yield event([choice])
+            continue
         if chat:
             extra = {}
             if "prompt_token_ids" in response and index == 0:
                 extra["prompt_token_ids"] = response["prompt_token_ids"]
             role = {"index": index, "delta": {"role": "assistant", "content": ""}}
             yield event([{**role, "logprobs": None, "finish_reason": None}], **extra)
-            calls = choice["message"].get("tool_calls")
-            if calls:  # a tool call streams as one delta carrying all its tokens
-                delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+            message = choice["message"]
+            calls = message.get("tool_calls")
+            if voiced or calls:  # one delta carrying all its tokens
+                delta = {k: v for k, v in message.items() if k != "role"} if voiced else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
                 out = {"index": index, "delta": delta, "logprobs": logprobs}
                 if ids is not None:
                     out["token_ids"] = ids
                 yield event([{**out, "finish_reason": choice["finish_reason"]}])
                 continue
+        text = _assistant_text(choice["message"]) if chat else choice["text"]
+        pieces = [piece for piece, _ in fake_tokens(text)]
         for pos, piece in enumerate(pieces):
             last = pos == len(pieces) - 1
             out = {"index": index}
