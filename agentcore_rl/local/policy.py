@@ -5,7 +5,7 @@ It speaks enough of the OpenAI API for the OpenAI SDK and agents written against
 vLLM's capture fields (``prompt_token_ids``, ``token_ids``, ``logprobs``). Its fake tokenizer
 renders each message as ``<role> text <end>`` and an assistant message exactly as the
 completion that produced it, so a conversation's prompts extend each other token for token.
-With ``tokenizer=DIR`` it uses a real chat template instead (:mod:`.policy_template`).
+With ``tokenizer=DIR`` it uses a real chat template instead (:class:`TemplateVoice`).
 
 It answers the first user message with a pattern-based solver (:mod:`.policy_solver`):
 offered tools, it first calls the first one with the arithmetic expression, then answers
@@ -24,16 +24,13 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
+from typing import Any, Final, Literal, TypeGuard
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-
-if TYPE_CHECKING:
-    from agentcore_rl.local.policy_template import TemplateVoice
 
 from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
@@ -55,6 +52,8 @@ _ROLE_IDS: Final = {"system": 1, "user": 2, "assistant": 3, "tool": 4, "develope
 _OTHER_ROLE_ID: Final = 5
 _TOOLS_ID: Final = 6
 _END_ID: Final = 7
+_STEP_RE: Final = re.compile(r'"step":\s*(\d+)')
+_NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 
 TokenIdsMode = Literal["always", "requested", "never"]
 
@@ -122,9 +121,9 @@ def _prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> 
     return ids
 
 
-def _logprob(seed: int, index: int, position: int, token_id: int) -> float:
+def _logprob(salt: str, position: int, token_id: int) -> float:
     """A deterministic logprob in (-5, 0] for one sampled token."""
-    digest = hashlib.blake2b(f"{seed}:{index}:{position}:{token_id}".encode(), digest_size=4)
+    digest = hashlib.blake2b(f"{salt}:{position}:{token_id}".encode(), digest_size=4)
     return -round(int.from_bytes(digest.digest(), "big") % 100_000 / 20_000, 6)
 
 
@@ -135,6 +134,126 @@ def _tool_argument_name(tool: Mapping[str, Any]) -> str:
         return str(required[0])
     props = params.get("properties") or {}
     return next(iter(props), "expression")
+
+
+class TemplateVoice:
+    """The stand-in's voice on a real tokenizer and chat template.
+
+    It renders chat requests with the template (transformers, as vLLM does) and answers in
+    its syntax, written by the parsers the gateway reads with: a reasoning block when a
+    reasoning parser is named, tool calls in the tool-call parser's syntax, the stop token.
+    While fewer than ``tool_rounds`` of its own calls (each carries ``"step": k``) are in the
+    prompt it calls the tool again; then it answers with the prompt's last number. The
+    answer depends on the prompt's text only, so chat and token-in requests agree.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        *,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        tool_rounds: int = 1,
+        tool_name: str = "calculator",
+        seed: int = 0,
+    ) -> None:
+        if tool_rounds < 0:
+            raise ValueError(f"tool_rounds must be >= 0, got {tool_rounds}")
+        # lazy: the render extra, only with a real template (--tokenizer)
+        from agentcore_rl.gateway.render.parsers import reasoning_parser_named, tool_parser_named
+        from agentcore_rl.gateway.render.template import ChatTemplate
+
+        self.template = ChatTemplate.load(tokenizer)
+        self.tools = tool_parser_named(tool_call_parser)
+        self.reasoning = reasoning_parser_named(reasoning_parser)
+        self.tool_rounds = tool_rounds
+        self.tool_name = tool_name
+        self.seed = seed
+        eos = self.template.tokenizer.eos_token_id
+        if not isinstance(eos, int):
+            raise ValueError(f"the tokenizer in {tokenizer!r} names no EOS token")
+        self.stop_id = eos
+        self._call_stop = eos
+        if self.tools is not None and self.tools.call_stop is not None:
+            found = self.template.tokenizer.convert_tokens_to_ids(self.tools.call_stop)
+            if isinstance(found, int):
+                self._call_stop = found
+        self._stops = self.template.stop_ids()
+
+    def render(self, body: Mapping[str, Any]) -> list[int]:
+        """A chat request's prompt ids (raises ``RenderError``)."""
+        text = self.template.render(
+            body["messages"],
+            tools=body.get("tools") or None,
+            kwargs=body.get("chat_template_kwargs"),
+        )
+        return self.template.encode(text)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int | None = None,
+        *,
+        stop: Sequence[str] = (),
+        logit_bias: Mapping[str, float] | None = None,
+    ) -> tuple[list[int], list[float], str, str | None]:
+        """-> (completion ids, their logprobs, finish reason, the stop string that ended it)
+        for a prompt. As vLLM: a stop string ends the completion with the token that holds
+        it; a ``logit_bias`` of -100 on the stop token means it never stops by itself."""
+        text = self.template.decode(prompt_ids)
+        steps = [int(s) for s in _STEP_RE.findall(text)]
+        done = max(steps, default=0)
+        parts = []
+        if done < self.tool_rounds and self.tools is not None:
+            from agentcore_rl.gateway.render.parsers import ToolCall
+
+            step = done + 1
+            if self.reasoning is not None:
+                parts.append(self.reasoning.format(f"Step {step}: I ask the {self.tool_name}."))
+            call = ToolCall(self.tool_name, {"expression": f"{10 * step} + {step}", "step": step})
+            parts.append(self.tools.format([call]))
+            end_id = self._call_stop
+        else:
+            numbers = _NUMBER_RE.findall(text[text.rfind('"step"') :] if steps else text)
+            value = numbers[-1] if numbers else "unknown"
+            if self.reasoning is not None:
+                parts.append(self.reasoning.format("The tool has answered."))
+            content = f"The answer is {value}."
+            final = getattr(self.tools, "format_content", None)
+            parts.append(final(content) if final is not None else content)
+            end_id = self.stop_id
+        ids = [*self.template.encode("".join(parts)), end_id]
+        finish, reason = "stop", None
+        if float((logit_bias or {}).get(str(end_id), 0)) <= -100:  # it cannot stop: it rambles
+            ids, finish = ids[:-1] + self.template.encode(" and so on") * 16, "length"
+        decode = self.template.tokenizer.decode
+        for end in range(1, len(ids) + 1) if stop else ():
+            text = decode(ids[:end], skip_special_tokens=True)
+            found = [s for s in stop if s and s in text]
+            if found:
+                ids, reason, finish = ids[:end], min(found, key=text.find), "stop"
+                break
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, finish, reason = ids[:max_tokens], "length", None
+        return ids, [_logprob(str(self.seed), i, t) for i, t in enumerate(ids)], finish, reason
+
+    def message(
+        self, ids: list[int], call_seed: str, stop_reason: str | None = None
+    ) -> dict[str, Any]:
+        """The completion as an OpenAI assistant message, parsed as vLLM's parsers would
+        (the text ends before the stop string that ended it)."""
+        from agentcore_rl.gateway.render.parsers import parse_completion
+
+        stopped = bool(ids) and ids[-1] in self._stops
+        text = self.template.decode(ids[:-1] if stopped else ids)
+        if stop_reason:
+            text = text[: text.find(stop_reason)]
+        return parse_completion(text, self.reasoning, self.tools, call_seed)
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each id's text (for logprob entries)."""
+        convert: Callable[[list[int]], list[str]] = self.template.tokenizer.convert_ids_to_tokens
+        return [str(t) for t in convert(ids)]
 
 
 class ScriptedPolicy:
@@ -203,8 +322,6 @@ class ScriptedPolicy:
         self.tokens_made = 0  # so far, the ones being made included
         self.voice: TemplateVoice | None = None
         if tokenizer is not None:  # a real template: render and answer as that model would
-            from agentcore_rl.local.policy_template import TemplateVoice
-
             self.voice = TemplateVoice(
                 tokenizer,
                 tool_call_parser=tool_call_parser,
@@ -546,7 +663,7 @@ class ScriptedPolicy:
         message, finish = said
         tokens = fake_tokens(_assistant_text(message))
         ids = [i for _, i in tokens]
-        logprobs = [_logprob(self.seed, index, pos, i) for pos, i in enumerate(ids)]
+        logprobs = [_logprob(f"{self.seed}:{index}", pos, i) for pos, i in enumerate(ids)]
         choice: dict[str, Any] = {"index": index}
         if chat:
             choice["message"] = message
@@ -668,7 +785,7 @@ def _choices_wanted(body: Mapping[str, Any]) -> int:
 
 
 def _last_number(text: str) -> int | float | None:
-    found = re.findall(r"-?\d+(?:\.\d+)?", text)
+    found = _NUMBER_RE.findall(text)
     if not found:
         return None
     number = float(found[-1])
