@@ -1,41 +1,38 @@
-"""Groups -> trainer-neutral rows: one row per segment of every kept member.
-
-A member's trajectory (captured by the gateway) holds one or more segments; each segment is
-one token sequence (prompt, then generated and tool tokens) with a loss mask that is 1 on
-generated tokens. A row splits a segment at its first generated token: ``prompt_ids`` before
-it, ``response_ids`` from it on, ``loss_mask`` and ``logprobs`` aligned with
-``response_ids``. Every segment of a member carries the member's reward and advantage.
-
-Rows of failed members follow the group's rule: under ``on_failure="zero"`` the member's
-row has reward 0, an all-zero loss mask and logprobs 0.0 (its captured tokens, if any, train
-nothing; a member with no tokens at all gets one empty row); members dropped by
-``drop_member`` are not in the group, so they have no rows.
-
-A member with several segments counts once in its group: the advantage comes from one reward
-per member, and every one of its segments carries it. A group of one has no baseline: its
-advantage is its reward (what veRL's and SkyRL's GRPO give a lone sample), so ``n=1`` trains
-as plain REINFORCE instead of not at all.
+"""Groups -> trainer-neutral rows (one per segment of every kept member), fitted to a
+trainer's lengths, on disk as JSONL or Parquet. The rules are in docs/groups.md
+(trainer-ready rows): every segment carries its member's reward and advantage, a member
+counts once in its group, a group of one has its reward as its advantage.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
-from agentcore_rl.errors import AgentCoreRLError
+from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
 from agentcore_rl.groups import GroupMember, Normalize, RolloutGroup
 
 __all__ = [
+    "FitReport",
     "InvalidTrajectoryError",
     "MissingTrajectoryError",
     "SegmentLike",
     "TrainingRow",
     "TrajectoryLike",
+    "fit_row",
+    "fit_rows",
     "group_advantages",
     "group_rows",
+    "read_jsonl",
+    "read_parquet",
     "rows_from_groups",
     "trajectory_rows",
+    "write_jsonl",
+    "write_parquet",
 ]
 
 
@@ -361,3 +358,206 @@ def _distinct(versions: Iterable[int | None]) -> list[int]:
         if v is not None and int(v) >= 0:
             seen.setdefault(int(v), None)
     return list(seen)
+
+
+# --- Fitting to a trainer's lengths -----------------------------------------------------------
+# A response too long is cut (the kept tokens' logprobs stay exact: a causal model's logprob
+# depends only on what precedes it). A prompt too long keeps its last tokens, as veRL
+# left-truncates, and the whole row gets loss mask 0: its response followed a context the
+# trainer no longer sees. No row is dropped, so its reward still counts in its group.
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitReport:
+    """Fitted rows and what fitting changed.
+
+    Example::
+
+        report = fit_rows(rows, max_prompt_length=512, max_response_length=512)
+        metrics["rows/prompts_masked"] = report.prompts_masked
+    """
+
+    rows: list[TrainingRow]
+    responses_truncated: int = 0
+    prompts_masked: int = 0
+    response_tokens_cut: int = 0
+    prompt_tokens_cut: int = 0
+
+
+def _check(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def fit_row(row: TrainingRow, *, max_prompt_length: int, max_response_length: int) -> TrainingRow:
+    """One row fitted by the fitting rule (see above) (the same row when it already fits).
+
+    Example::
+
+        fit_row(row, max_prompt_length=512, max_response_length=512)
+    """
+    _check("max_prompt_length", max_prompt_length)
+    _check("max_response_length", max_response_length)
+    changes: dict[str, object] = {}
+    if len(row.response_ids) > max_response_length:
+        changes["response_ids"] = row.response_ids[:max_response_length]
+        changes["loss_mask"] = row.loss_mask[:max_response_length]
+        if row.logprobs is not None:
+            changes["logprobs"] = row.logprobs[:max_response_length]
+        changes["response_versions"] = row.response_versions[:max_response_length]
+    if len(row.prompt_ids) > max_prompt_length:
+        changes["prompt_ids"] = row.prompt_ids[-max_prompt_length:]
+        kept = changes.get("loss_mask", row.loss_mask)
+        assert isinstance(kept, list)
+        changes["loss_mask"] = [0] * len(kept)
+    return replace(row, **changes) if changes else row  # type: ignore[arg-type]
+
+
+def fit_rows(
+    rows: Iterable[TrainingRow], *, max_prompt_length: int, max_response_length: int
+) -> FitReport:
+    """Every row fitted by the fitting rule (see above), with counts of what was cut or masked.
+
+    Example::
+
+        report = fit_rows(rows, max_prompt_length=1024, max_response_length=2048)
+    """
+    _check("max_prompt_length", max_prompt_length)
+    _check("max_response_length", max_response_length)
+    out: list[TrainingRow] = []
+    truncated = masked = response_cut = prompt_cut = 0
+    for row in rows:
+        fitted = fit_row(
+            row, max_prompt_length=max_prompt_length, max_response_length=max_response_length
+        )
+        if len(fitted.response_ids) < len(row.response_ids):
+            truncated += 1
+            response_cut += len(row.response_ids) - len(fitted.response_ids)
+        if len(fitted.prompt_ids) < len(row.prompt_ids):
+            masked += 1
+            prompt_cut += len(row.prompt_ids) - len(fitted.prompt_ids)
+        out.append(fitted)
+    return FitReport(
+        rows=out,
+        responses_truncated=truncated,
+        prompts_masked=masked,
+        response_tokens_cut=response_cut,
+        prompt_tokens_cut=prompt_cut,
+    )
+
+
+# --- Files: JSONL always, Parquet with pyarrow (imported only then) ---------------------------
+
+
+PathOrFile = str | os.PathLike[str] | IO[str]
+
+
+def write_jsonl(rows: Iterable[TrainingRow], target: PathOrFile, *, append: bool = False) -> int:
+    """Write rows as JSON lines to a path (created, or appended to) or an open text file.
+
+    Returns the number of rows written.
+
+    Example::
+
+        write_jsonl(group_rows(group), "rows.jsonl", append=True)
+    """
+    if isinstance(target, (str, os.PathLike)):
+        with open(target, "a" if append else "w", encoding="utf-8") as file:
+            return _write_lines(rows, file)
+    return _write_lines(rows, target)
+
+
+def _write_lines(rows: Iterable[TrainingRow], file: IO[str]) -> int:
+    count = 0
+    for row in rows:
+        file.write(json.dumps(row.to_dict(), separators=(",", ":")))
+        file.write("\n")
+        count += 1
+    return count
+
+
+def read_jsonl(source: PathOrFile) -> list[TrainingRow]:
+    """Read rows written by :func:`write_jsonl` (blank lines are skipped).
+
+    Example::
+
+        rows = read_jsonl("rows.jsonl")
+    """
+    if isinstance(source, (str, os.PathLike)):
+        with open(source, encoding="utf-8") as file:
+            return _read_lines(file, str(source))
+    return _read_lines(source, getattr(source, "name", "<file>"))
+
+
+def _read_lines(file: IO[str], name: str) -> list[TrainingRow]:
+    rows = []
+    for number, line in enumerate(file, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(TrainingRow.from_dict(json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"{name}:{number} is not a training row: {exc}") from exc
+    return rows
+
+
+def _pyarrow() -> Any:
+    # import_module keeps pyarrow optional for the type checker as well as at run time.
+    try:
+        pyarrow = importlib.import_module("pyarrow")
+        importlib.import_module("pyarrow.parquet")
+    except ImportError as exc:
+        raise ConfigurationError(
+            "Parquet needs pyarrow, which is not installed: pip install pyarrow "
+            "(or write JSONL with write_jsonl)"
+        ) from exc
+    return pyarrow
+
+
+def _schema(pa: Any) -> Any:
+    return pa.schema(
+        [
+            ("exp_id", pa.string()),
+            ("group_id", pa.string()),
+            ("session_id", pa.string()),
+            ("member", pa.int64()),
+            ("attempt", pa.int64()),
+            ("segment", pa.int64()),
+            ("num_segments", pa.int64()),
+            ("prompt_ids", pa.list_(pa.int64())),
+            ("response_ids", pa.list_(pa.int64())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("logprobs", pa.list_(pa.float64())),
+            ("reward", pa.float64()),
+            ("advantage", pa.float64()),
+            ("policy_versions", pa.list_(pa.int64())),
+            ("response_versions", pa.list_(pa.int64())),
+            ("outcome", pa.string()),
+            ("zeroed", pa.bool_()),
+        ]
+    )
+
+
+def write_parquet(rows: Iterable[TrainingRow], path: str | os.PathLike[str]) -> int:
+    """Write rows to one Parquet file (needs pyarrow). Returns the number of rows.
+
+    Example::
+
+        write_parquet(rows_from_groups(groups), "step-12.parquet")
+    """
+    pa = _pyarrow()
+    records = [row.to_dict() for row in rows]
+    table = pa.Table.from_pylist(records, schema=_schema(pa))
+    pa.parquet.write_table(table, path)
+    return len(records)
+
+
+def read_parquet(path: str | os.PathLike[str]) -> list[TrainingRow]:
+    """Read rows written by :func:`write_parquet` (needs pyarrow).
+
+    Example::
+
+        rows = read_parquet("step-12.parquet")
+    """
+    pa = _pyarrow()
+    return [TrainingRow.from_dict(r) for r in pa.parquet.read_table(path).to_pylist()]
