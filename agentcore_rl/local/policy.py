@@ -36,7 +36,6 @@ from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
     fake_token_ids,
     fake_tokens,
-    format_number,
     solve_word_problem,
 )
 
@@ -738,7 +737,8 @@ class ScriptedPolicy:
     def _answer_text(value: int | float, draw: _Draw) -> str:
         if not draw.correct:
             value = value + draw.slip
-        return f"The answer is {format_number(value)}."
+        text = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+        return f"The answer is {text}."
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
