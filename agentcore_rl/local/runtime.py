@@ -325,16 +325,7 @@ class LocalAgentCoreRuntime:
         )
 
     def __repr__(self) -> str:
-        return f"LocalAgentCoreRuntime(arns={self.arns!r}, tps={self.tps!r})"
-
-    @property
-    def arns(self) -> list[str]:
-        """The runtime ARNs this stand-in answers to."""
-        return list(self._runtimes)
-
-    def agent_urls(self, arn: str) -> tuple[str, ...]:
-        """The agent servers behind one runtime ARN."""
-        return self._runtimes[arn].agent_urls
+        return f"LocalAgentCoreRuntime(arns={list(self._runtimes)!r}, tps={self.tps!r})"
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
         """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
