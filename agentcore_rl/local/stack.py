@@ -91,20 +91,10 @@ def load_app(target: str) -> Any:
     return value
 
 
-class _Environment:
-    """Set environment variables now; put the previous values back on ``restore()``."""
-
-    def __init__(self) -> None:
-        self._saved: dict[str, str | None] = {}
-
-    def set(self, name: str, value: str | None) -> None:
-        self._saved.setdefault(name, os.environ.get(name))
-        _put(name, value)
-
-    def restore(self) -> None:
-        saved, self._saved = self._saved, {}
-        for name, value in saved.items():
-            _put(name, value)
+def _set_env(stack: contextlib.AsyncExitStack, name: str, value: str | None) -> None:
+    """Set (``None``: unset) an environment variable until ``stack`` closes."""
+    stack.callback(_put, name, os.environ.get(name))
+    _put(name, value)
 
 
 def _put(name: str, value: str | None) -> None:
@@ -237,18 +227,16 @@ class LocalStack:
             stack.callback(s3.stop)
             self.s3_endpoint_url = s3.endpoint_url
 
-        env = _Environment()
-        stack.callback(env.restore)
         self.spool_dir = Path(tempfile.mkdtemp(prefix="agentcore-rl-stack-spool-"))
         stack.callback(self._remove_spool, self.spool_dir)
-        env.set(SPOOL_DIR_ENV, str(self.spool_dir))
+        _set_env(stack, SPOOL_DIR_ENV, str(self.spool_dir))
         if self.embedded_s3:
             for name, value in _FAKE_CREDENTIALS.items():
-                env.set(name, value)
-            env.set("AWS_SESSION_TOKEN", None)
-            env.set("AWS_DEFAULT_REGION", self.region)
+                _set_env(stack, name, value)
+            _set_env(stack, "AWS_SESSION_TOKEN", None)
+            _set_env(stack, "AWS_DEFAULT_REGION", self.region)
         if self.s3_endpoint_url is not None:
-            env.set("AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
+            _set_env(stack, "AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
             # Real S3 buckets are the user's to create; local ones are ours.
             async with ResultStore(
                 endpoint_url=self.s3_endpoint_url, region_name=self.region
@@ -285,7 +273,7 @@ class LocalStack:
             BackgroundServer(self.runtime, host=self.host, shutdown_timeout=self.shutdown_timeout)
         )
         self.runtime_endpoint_url = runtime_server.url
-        env.set("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
+        _set_env(stack, "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
 
     def _remove_spool(self, directory: Path) -> None:
         self.spool_dir = None
