@@ -1,13 +1,9 @@
 """``RolloutGateway``: an OpenAI-compatible proxy that files every model call under its rollout.
 
-Agents call ``POST {gateway}/sessions/{session_id}/v1/chat/completions`` (or
-``/v1/completions``, streaming or not; ``GET .../v1/models``), or the same routes under
-``/v1/...`` with ``Authorization: Bearer <session_id>``. Each call is admitted here (the
-session, the policy gate, the record begun) and served by a mode (:mod:`.call`). The trainer's
-side is in-process (``open_session``, ``finish_session``, ``set_policy_version``, ``paused``)
-or the token-protected admin routes (docs/gateway.md). The session routes are a small
-hand-written ASGI path (no per-request framework objects: they sit on every model call); the
-admin routes are an ordinary Starlette app.
+Agents call ``/sessions/{session_id}/v1/...`` (or ``/v1/...`` with ``Authorization: Bearer
+<session_id>``); each call is admitted here (session, policy gate, record) and served by a mode
+(:mod:`.call`). The session routes are hand-written ASGI (they sit on every model call); the
+admin routes (docs/gateway.md) are an ordinary Starlette app.
 """
 
 from __future__ import annotations
@@ -33,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
-from agentcore_rl.gateway.call import Call, Mode, Refuse, down_message, respond
+from agentcore_rl.gateway.call import JSON_TYPE, Call, Mode, Refuse, down_message, respond
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
@@ -55,9 +51,7 @@ _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
 
 async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
-    """The request body, refused with 413 when larger than ``limit`` (a declared length at
-    once, before reading any of it) and 408 when it does not arrive within ``within``
-    seconds: a slow body would hold its connection and buffer for as long as it liked."""
+    """The body: 413 past ``limit`` (a declared length before reading), 408 after ``within`` s."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -80,8 +74,7 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) 
                 raise Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
             chunks.append(chunk)
             if not message.get("more_body", False):
-                # One chunk is returned as itself; more are joined once, then dropped.
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return b"".join(chunks)
     assert deadline.cancelled_caught
     raise Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
 
@@ -120,7 +113,6 @@ class RolloutGateway:
         backend: str = "vllm",
         model: str | None = None,
         admin_token: str | None = None,
-        upstream_api_key: str | None = None,
         session_ttl: float = DEFAULT_SESSION_TTL,
         sink: TraceSink | None = None,
         require_open: bool = False,
@@ -143,9 +135,7 @@ class RolloutGateway:
             raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [u.rstrip("/") for u in urls]
         self.backend = backend_named(backend)
-        # The two modes (call.py): proxy (the server renders) serves every call unless
-        # linear history (render/mode.py: the gateway renders, token-in) serves chat.
-        self.proxy: Mode = ProxyMode(self.backend)
+        self.proxy: Mode = ProxyMode(self.backend)  # every call that ``render`` does not serve
         self.render = render
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
@@ -157,23 +147,15 @@ class RolloutGateway:
         self.finish_wait = finish_wait
         self.gateway_id = uuid.uuid4().hex
         self.gate = PolicyGate(retry_after=retry_after)
-        self.stats: dict[str, int] = {
-            "calls": 0,
-            "failed_calls": 0,
-            "sessions_finished": 0,
-            "sessions_expired": 0,
-            "expired_lost": 0,
-            "late_records": 0,
-            "straddled_calls": 0,  # calls a weight update came in the middle of
-        }
+        # straddled_calls: a weight update came in the middle of the call
+        counters = ["calls", "failed_calls", "sessions_finished", "sessions_expired"]
+        counters += ["expired_lost", "late_records", "straddled_calls"]
         if render is not None:
-            self.stats["linear_forks"] = 0  # requests that did not extend their history
+            counters.append("linear_forks")  # requests that did not extend their history
+        self.stats = dict.fromkeys(counters, 0)
         self._clock = clock
         self._sessions: dict[str, Session] = {}
-        self._headers = {"content-type": "application/json"}
-        if upstream_api_key:
-            self._headers["authorization"] = f"Bearer {upstream_api_key}"
-        self._upstreams: list[UpstreamPool] = []  # with their connections, while entered
+        self._upstreams: list[UpstreamPool] = []  # while entered
         self._stack: contextlib.AsyncExitStack | None = None
         self._admin = _admin_app(self)
 
@@ -188,7 +170,7 @@ class RolloutGateway:
         if self._stack is not None:
             raise RuntimeError("the gateway is already running")
         async with contextlib.AsyncExitStack() as stack:
-            self._upstreams = [UpstreamPool(url, headers=self._headers) for url in self.upstreams]
+            self._upstreams = [UpstreamPool(url) for url in self.upstreams]
             for pool in self._upstreams:
                 stack.push_async_callback(pool.aclose)
             tg = await stack.enter_async_context(anyio.create_task_group())
@@ -431,7 +413,7 @@ class RolloutGateway:
             else:
                 await self._admin(scope, receive, send)
         except Refuse as refuse:
-            await respond(send, refuse.status, refuse.body, refuse.headers)
+            await respond(send, refuse.status, refuse.body, [JSON_TYPE, *refuse.headers])
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: object) -> AsyncIterator[None]:
@@ -521,8 +503,7 @@ class RolloutGateway:
         body: dict[str, Any],
         version: int,
     ) -> None:
-        """Begin the call's record, hand the call to its mode, commit the record if the mode
-        did not (a refusal, an abandoned call)."""
+        """Begin the record, hand the call to its mode, commit it if the mode did not."""
         start = self._clock()
         overrides = dict(session.sampling or {})
         if self.model:
@@ -550,7 +531,7 @@ class RolloutGateway:
             self.stats["straddled_calls"] += record.straddled
             self.stats["failed_calls"] += not record.ok
             if call.forked:
-                self.stats["linear_forks"] = self.stats.get("linear_forks", 0) + 1
+                self.stats["linear_forks"] += 1
             if self._sessions.get(session.session_id) is not session:
                 self.stats["late_records"] += 1
                 log.warning(

@@ -1,8 +1,7 @@
 """How each inference server is asked for token ids and logprobs, in both modes (docs/gateway.md).
 
-Proxy mode (:meth:`Backend.prepare`, :meth:`Backend.take`): the agent's OpenAI request gets
-the server's capture flags, and the ids and logprobs are taken out of the answer (whole, or
-one SSE chunk at a time) and stripped, so the agent receives a plain OpenAI answer.
+Proxy mode (:meth:`Backend.prepare`, :meth:`Backend.take`): the request gets the server's
+capture flags; the ids and logprobs are taken out of the answer (or each SSE chunk) and stripped.
 
 - ``vllm`` (>= 0.10.2): ``return_token_ids`` gives ``prompt_token_ids`` (chat: at the root;
   completions: per choice) and ``token_ids`` per choice; ``logprobs`` the logprobs.
@@ -59,8 +58,7 @@ _SGLANG_FIELDS: Final = {
 
 
 class Capture:
-    """Token ids and logprobs gathered from one answer (or its stream of chunks), turned
-    into the record's arrays by :meth:`fill`."""
+    """Token ids and logprobs gathered from one answer (or its chunks), for :meth:`fill`."""
 
     __slots__ = ("finish", "ids", "logprobs", "prompt", "stop", "usage")
 
@@ -72,11 +70,6 @@ class Capture:
         self.logprobs: dict[int, list[Any]] = {}
         self.finish: dict[int, str | None] = {}
         self.stop: dict[int, str] = {}
-
-    def set_prompt(self, ids: Any) -> None:
-        """Keep the first prompt ids seen."""
-        if self.prompt is None:
-            self.prompt = ids
 
     def take(self, index: int, ids: Any, logprobs: list[Any], finish: Any, stop: Any) -> None:
         """One choice's (part of) token ids and logprobs (chat entries or floats)."""
@@ -91,8 +84,7 @@ class Capture:
             self.stop[index] = stop
 
     def fill(self, record: CallRecord) -> None:
-        """Put the captured ids and logprobs into ``record`` (``ValueError``/``TypeError``/
-        ``OverflowError`` when the upstream sent something else than ids and numbers)."""
+        """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""
         record.usage = self.usage
         record.prompt_ids = ids_array(self.prompt)
         record.completions = [
@@ -107,7 +99,7 @@ class Capture:
         ]
 
     def missing(self, backend: str) -> str | None:
-        """What the upstream failed to return, in words, or None when nothing is missing."""
+        """What the upstream failed to return, in words, or None."""
         what = []
         if self.prompt is None:
             what.append("prompt token ids")
@@ -127,8 +119,7 @@ class Capture:
 
 @dataclass(slots=True)
 class Served:
-    """What the server fed and generated token-in: ids, one logprob per generated id, the
-    reason, and, when asked, each token's text and its top alternatives."""
+    """A token-in answer: ids, a logprob per generated id, why it ended, maybe texts and tops."""
 
     prompt_ids: list[int] | None
     token_ids: list[int]
@@ -145,7 +136,7 @@ def max_tokens(body: Mapping[str, Any], default: int) -> int:
 
 
 def _top(body: Mapping[str, Any]) -> int:
-    """How many alternatives per token the agent asked for (0: none, or no logprobs)."""
+    """How many alternatives per token the agent asked for (0: none)."""
     top = body.get("top_logprobs")
     if not body.get("logprobs") or top is None:
         return 0
@@ -182,15 +173,14 @@ class Backend:
     def take(
         self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
     ) -> None:
-        """Read ids and logprobs from an answer or one streamed chunk, stripping the capture
-        fields in place (once per stream event: plain dict operations)."""
-        prompt = data.pop("prompt_token_ids", None)
-        if prompt is not None:  # vLLM chat: at the root
-            capture.set_prompt(prompt)
+        """Read ids and logprobs from an answer or a chunk, stripping them in place."""
+        prompt = data.pop("prompt_token_ids", None)  # vLLM chat: at the root
+        if capture.prompt is None:  # the first prompt ids seen
+            capture.prompt = prompt
         for ch in data.get("choices") or ():
-            prompt = ch.pop("prompt_token_ids", None)
-            if prompt is not None:  # per choice
-                capture.set_prompt(prompt)
+            prompt = ch.pop("prompt_token_ids", None)  # per choice
+            if capture.prompt is None:
+                capture.prompt = prompt
             ids, logprobs, stop = self._tokens(ch, endpoint)
             capture.take(int(ch.get("index", 0)), ids, logprobs, ch.get("finish_reason"), stop)
             if not keep_logprobs:
@@ -200,8 +190,7 @@ class Backend:
             capture.usage = usage
 
     def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The agent's sampling fields under the server's names; ``ValueError`` naming a
-        field this server does not take (never dropped in silence)."""
+        """The agent's sampling fields under the server's names; ValueError for one it lacks."""
         for name in body:
             if name not in _OWN and name not in self.fields:
                 raise ValueError(
@@ -221,8 +210,7 @@ class Backend:
         stop_ids: Iterable[int],
         budget: int,
     ) -> dict[str, Any]:
-        """The token-in request body for ``prompt_ids`` with the agent's sampling fields, at
-        most ``budget`` tokens."""
+        """The token-in request for ``prompt_ids``: the agent's sampling, ``budget`` tokens."""
         raise NotImplementedError
 
     def read(self, data: Mapping[str, Any]) -> Served:
@@ -373,8 +361,7 @@ def backend_named(name: str) -> Backend:
 
 
 def synthesize_sse(data: Mapping[str, Any], endpoint: str, include_usage: bool) -> bytes:
-    """A whole (already stripped) answer as an OpenAI SSE stream: one chunk per choice (an
-    upstream that cannot stream with capture on, linear mode)."""
+    """A whole (stripped) answer as an OpenAI SSE stream: one chunk per choice."""
     head = {
         "id": data.get("id", ""),
         "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",

@@ -1,12 +1,8 @@
 """The seam between the gateway and its two modes: one model call, and how an agent is answered.
 
-The app admits a call (session, policy gate, sampling overrides, the record begun) and hands
-it to a :class:`Mode`: proxy mode (:mod:`.proxy`, the server renders) or linear mode
-(:mod:`.render.mode`, the gateway renders and calls the server token-in). A mode reads the
-call, talks to ``call.upstream`` and answers the agent through ``send`` (:func:`respond`,
-:func:`send_sse`, or :class:`Refuse` for an OpenAI-style error); it commits the record
-(:meth:`Call.commit`) before the answer's last byte. What happens on commit (the version at
-the end, statistics, the session's order) is the app's ``on_commit``.
+The app admits a :class:`Call` and hands it to a :class:`Mode`: proxy (:mod:`.proxy`, the
+server renders) or linear (:mod:`.render.mode`, token-in). The mode answers through ``send``
+(or raises :class:`Refuse`) and commits the record before the answer's last byte.
 """
 
 from __future__ import annotations
@@ -18,11 +14,14 @@ from typing import Any, Final, Protocol
 
 from starlette.types import Send
 
+from agentcore_rl.gateway.backends import synthesize_sse
+from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
 __all__ = [
+    "JSON_TYPE",
     "SSE_HEADERS",
     "Call",
     "Mode",
@@ -31,11 +30,10 @@ __all__ = [
     "error_body",
     "passed_on",
     "respond",
-    "send_sse",
 ]
 
 SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_JSON_TYPE: Final = (b"content-type", b"application/json")
+JSON_TYPE: Final = (b"content-type", b"application/json")
 
 
 class Refuse(Exception):
@@ -68,19 +66,12 @@ def error_body(status: int, message: str, kind: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
 
 
-async def respond(send: Send, status: int, body: bytes, headers: Sequence[Any] = ()) -> None:
-    """Send a whole JSON response."""
-    # A content-length spares the server its chunked framing (a copy of the body).
+async def respond(
+    send: Send, status: int, body: bytes, headers: Sequence[Any] = (JSON_TYPE,)
+) -> None:
+    """Send a whole response (with a content-length: no chunked framing)."""
     length = (b"content-length", str(len(body)).encode())
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [_JSON_TYPE, length, *headers]}
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_sse(send: Send, body: bytes) -> None:
-    """A whole SSE stream in one piece."""
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, length]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -92,10 +83,8 @@ def down_message(base: str, exc: BaseException) -> str:
 
 @dataclass(slots=True, eq=False)
 class Call:
-    """One admitted model call: the agent's request (``raw`` as sent, ``body`` parsed with
-    the session's overrides applied), its session and record, the upstream that serves it;
-    ``gate`` (pauses, the current version) and ``versions``, where each policy version's
-    tokens start in its completion (a ``suspend`` pause can come in the middle)."""
+    """One admitted model call: ``raw`` as sent, ``body`` with the session's overrides, and
+    ``versions``: where each policy version's tokens start (a ``suspend`` can cut in)."""
 
     session: Session
     endpoint: str  # "chat.completions" or "completions"
@@ -111,12 +100,10 @@ class Call:
 
     @property
     def stream(self) -> bool:
-        """Whether the agent asked for an SSE stream."""
         return bool(self.body.get("stream"))
 
     @property
     def include_usage(self) -> bool:
-        """Whether the agent asked for a usage chunk at the end of its stream."""
         options = self.body.get("stream_options")
         return isinstance(options, dict) and bool(options.get("include_usage"))
 
@@ -127,6 +114,15 @@ class Call:
         self.committed = True
         self.record.status, self.record.error = status, error
         self.on_commit(self)
+
+    async def answer(self, send: Send, data: dict[str, Any]) -> None:
+        """Commit the record, then send the whole answer (one SSE piece when streaming)."""
+        self.commit(200)
+        if self.stream:
+            sse = synthesize_sse(data, self.endpoint, self.include_usage)
+            await respond(send, 200, sse, SSE_HEADERS)
+        else:
+            await respond(send, 200, dumps(data))
 
 
 class Mode(Protocol):

@@ -28,9 +28,8 @@ class Rejected(Exception):
 
 
 class Versions:
-    """Which policy version sampled which tokens of one generation: ``starts`` lists
-    ``(first token index, version)`` in order; ``count`` reads how many tokens have arrived
-    so far (a stream's), where a resume starts the new version's span."""
+    """``starts``: ``(first token index, policy version)`` of one generation, in order;
+    ``count``: how many tokens a stream has so far (where a resume starts a span)."""
 
     __slots__ = ("count", "starts")
 
@@ -39,7 +38,6 @@ class Versions:
         self.count = count
 
     def start(self, at: int, version: int) -> None:
-        """Tokens from index ``at`` on are sampled by ``version``."""
         if version == self.starts[-1][1]:
             return
         if at == self.starts[-1][0]:

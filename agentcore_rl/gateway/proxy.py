@@ -11,7 +11,7 @@ from typing import Final
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.backends import Backend, Capture, synthesize_sse
+from agentcore_rl.gateway.backends import Backend, Capture
 from agentcore_rl.gateway.call import (
     SSE_HEADERS,
     Call,
@@ -19,8 +19,6 @@ from agentcore_rl.gateway.call import (
     down_message,
     error_body,
     passed_on,
-    respond,
-    send_sse,
 )
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
@@ -69,11 +67,7 @@ class ProxyMode:
             raise passed_on(status, content)
         data = self._whole(content, call, capture, keep_logprobs)
         del content
-        call.commit(200)
-        if stream:  # the upstream could not stream with capture on: the whole answer
-            await send_sse(send, synthesize_sse(data, endpoint, call.include_usage))
-        else:
-            await respond(send, 200, dumps(data))
+        await call.answer(send, data)  # streamed too when the upstream cannot stream
 
     def _whole(
         self, content: bytes, call: Call, capture: Capture, keep_logprobs: bool

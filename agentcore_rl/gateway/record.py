@@ -1,13 +1,9 @@
 """What the gateway keeps per model call and per session, and how a trace is stored.
 
-Token ids and logprobs live in typed arrays (4 bytes per id, 8 per logprob), and the
-agent's request is kept as the raw JSON bytes it sent, parsed only when someone reads
-``messages``/``tools``/``sampling``. That keeps a 200-token call with a 1,000-token prompt
-in a few kilobytes instead of tens of kilobytes of Python ints and dicts.
-
-A trace serializes to gzip-compressed JSON (``dump_trace``/``load_trace``), the format
-written beside a rollout's envelope as ``{exp_id}/{input_id}/{session_id}.trace.json.gz``
-(see :func:`trace_key`). A session idle past the gateway's TTL goes to a :class:`TraceSink`.
+Token ids and logprobs live in typed arrays and the request stays the JSON bytes the agent
+sent (parsed when read): a 200-token call with a 1,000-token prompt takes a few kilobytes.
+A trace is gzip-compressed JSON (:func:`dump_trace`), stored beside a rollout's envelope
+(:func:`trace_key`); a session idle past the gateway's TTL goes to a :class:`TraceSink`.
 """
 
 from __future__ import annotations
@@ -52,8 +48,7 @@ _NOT_JSON: Final = frozenset({"request_body", "overrides", "prompt_ids", "comple
 
 def ids_array(values: Any = ()) -> array[int]:
     """Token ids as a compact int32 array."""
-    if isinstance(values, list) and values:
-        # struct packs a list twice as fast as array's per-item conversion
+    if isinstance(values, list) and values:  # struct packs twice as fast as array
         with contextlib.suppress(struct.error):  # not ints: array names the problem
             return array("i", struct.pack(f"{len(values)}i", *values))
     return array("i", values)
@@ -369,11 +364,9 @@ class Session:
     last_seen: float = 0.0
     in_flight: int = 0
     idle: anyio.Event | None = None  # set when in_flight drops to 0 while someone waits
-    # the rendering mode's linear history (render/linear.py), made on the first call
-    render: Any = None
+    render: Any = None  # linear mode's LinearHistory (render/linear.py)
 
     def call_started(self, now: float) -> int:
-        """Count a call in; -> its index in the session."""
         self.last_seen = now
         self.in_flight += 1
         index = self.next_index
@@ -381,7 +374,6 @@ class Session:
         return index
 
     def call_ended(self, record: CallRecord, now: float) -> None:
-        """Commit ``record`` (in index order) and count the call out."""
         bisect.insort(self.records, record, key=lambda r: r.index)  # concurrent calls end unordered
         self.last_seen = now
         self.in_flight -= 1

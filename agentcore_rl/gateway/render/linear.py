@@ -16,15 +16,13 @@ import json
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from agentcore_rl.gateway.render.template import ChatTemplate, prepare_messages
 
 __all__ = ["LinearHistory", "Plan", "Turn"]
 
-#: How many answered turns a session keeps as points a request can extend (a sub-agent's
-#: turns interleave with its parent's).
-DEFAULT_KEEP: Final = 8
+_KEEP = 8  # answered turns a request can extend (a sub-agent's interleave with its parent's)
 
 
 @dataclass(slots=True)
@@ -61,8 +59,7 @@ def _gist(message: Mapping[str, Any]) -> tuple[str, list[tuple[Any, Any]]]:
 
 
 def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
-    """Whether the agent's echo ``sent`` is the assistant message the gateway answered
-    (content and tool calls, as the template sees them)."""
+    """Whether the agent's echo ``sent`` is the gateway's ``answer`` (as the template sees it)."""
     if not isinstance(sent, Mapping) or sent.get("role") != "assistant":
         return False
     mine, theirs = prepare_messages([sent, answer])
@@ -70,7 +67,6 @@ def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
 
 
 def _end_of(text: str, needle: str, count: int) -> int | None:
-    """The index just after the ``count``-th occurrence of ``needle`` in ``text``."""
     at = 0
     for _ in range(count):
         found = text.find(needle, at)
@@ -84,7 +80,6 @@ def _end_of(text: str, needle: str, count: int) -> int | None:
 class LinearHistory:
     """One session's kept turns (see the module doc)."""
 
-    keep: int = DEFAULT_KEEP
     turns: list[Turn] = field(default_factory=list)
 
     def plan(
@@ -128,8 +123,7 @@ class LinearHistory:
         kwargs: Mapping[str, Any] | None,
     ) -> list[int] | str:
         """The extended prompt ids, or why the turn cannot be extended."""
-        # Everything the template renders up to the end of the answer is replaced by the
-        # served ids; the cut is after the answer's last stop token in the new rendering.
+        # The rendering up to the answer's last stop token is replaced by the served ids.
         upto = template.render(history, tools=tools, add_generation_prompt=False, kwargs=kwargs)
         close: list[int] = []
         if turn.stopped:
@@ -176,4 +170,4 @@ class LinearHistory:
         if plan.extends is not None and plan.extends in self.turns and not plan.retry:
             self.turns.remove(plan.extends)  # the extension replaces it
         self.turns.append(turn)
-        del self.turns[: -self.keep]
+        del self.turns[:-_KEEP]

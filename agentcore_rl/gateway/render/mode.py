@@ -20,8 +20,8 @@ from typing import Any
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.backends import CHAT, Served, backend_named, max_tokens, synthesize_sse
-from agentcore_rl.gateway.call import Call, Refuse, passed_on, respond, send_sse
+from agentcore_rl.gateway.backends import Served, backend_named, max_tokens
+from agentcore_rl.gateway.call import Call, Refuse, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
@@ -142,17 +142,12 @@ class RenderMode:
             ],
             "usage": record.usage,
         }
-        call.commit(200)  # before the answer's last byte
-        if call.stream:
-            await send_sse(send, synthesize_sse(answer, CHAT, call.include_usage))
-        else:
-            await respond(send, 200, dumps(answer))
+        await call.answer(send, answer)
 
     def _text(
         self, ids: list[int], served: Served, body: Mapping[str, Any]
     ) -> tuple[str, str | None]:
-        """The completion's text as vLLM's chat endpoint gives it: cut before the stop string
-        that ended it (after it with ``include_stop_str_in_output``); -> (text, that string
+        """The text as vLLM's chat endpoint cuts it at its stop string; -> (text, that string
         when the cut falls inside the served ids' text)."""
         text = self.template.decode(ids)
         stop = served.stop_reason
@@ -168,7 +163,6 @@ class RenderMode:
         return text[:end], stop if end < len(text) else None
 
     def _logprobs(self, ids: list[int], served: Served, body: Mapping[str, Any]) -> Any:
-        """The chat answer's ``logprobs`` for the tokens the agent's text came from."""
         top = body.get("top_logprobs") or 0
         tokens = served.tokens if len(served.tokens or ()) >= len(ids) else None
         tops = served.top or []
@@ -191,10 +185,8 @@ class RenderMode:
         return {"content": content}
 
     async def _generate(self, call: Call, prompt_ids: list[int]) -> Served:
-        """The completion of ``prompt_ids``, token-in, across weight updates: a ``suspend``
-        pause cuts the request (vLLM aborts it; the tokens so far come back) and, after the
-        resume, the prompt plus those tokens goes on with the rest of ``max_tokens``;
-        ``call.versions`` marks where each version's tokens start."""
+        """The completion of ``prompt_ids``, token-in; a ``suspend`` cuts it (vLLM aborts) and
+        the resume continues it from the tokens so far, ``call.versions`` marking each span."""
         gate, pool, versions = call.gate, call.upstream, call.versions
         budget = max_tokens(call.body, self.max_tokens)
         ids: list[int] = []
@@ -253,7 +245,6 @@ class RenderMode:
 
     @staticmethod
     def _rest(body: dict[str, Any], done: int) -> dict[str, Any]:
-        """``body`` for the rest of a completion ``done`` tokens in (its ``min_tokens``)."""
         least = int(body.get("min_tokens") or 0) - done
         return dict(body, min_tokens=least if least > 0 else None) if done else body
 

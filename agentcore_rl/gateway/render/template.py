@@ -21,23 +21,18 @@ class RenderError(ValueError):
     """The template refused the conversation (its own ``raise_exception``, a bad message)."""
 
 
-def _text(content: Any) -> Any:
-    if isinstance(content, list):  # content parts: the text ones, joined
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-    return content
-
-
 def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as vLLM gives them to the template: a null content is "", content parts
-    their text, a tool call's JSON-string ``arguments`` an object (templates write them with
-    ``tojson``), ``reasoning_content`` also as ``reasoning``/``thinking`` (other templates'
-    names)."""
+    """The messages as vLLM gives them to the template: content "" when null (templates read it
+    unguarded), content parts as their text, JSON-string tool ``arguments`` as objects
+    (templates write them with ``tojson``), ``reasoning_content`` also as ``reasoning`` and
+    ``thinking`` (other templates' names)."""
     out = []
     for message in messages:
         item = dict(message)
-        # A missing or null content renders as "" (transformers drops null keys, and most
-        # templates read ``message.content`` unguarded).
-        item["content"] = _text(item.get("content")) or ""
+        content = item.get("content")
+        if isinstance(content, list):  # content parts: the text ones, joined
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        item["content"] = content or ""
         calls = item.get("tool_calls")
         if calls:
             prepared = []
@@ -45,8 +40,7 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                 call = dict(call)
                 function = dict(call.get("function") or {})
                 arguments = function.get("arguments")
-                if isinstance(arguments, str):
-                    # not JSON: a template that takes strings still gets it
+                if isinstance(arguments, str):  # not JSON: kept as the string
                     with contextlib.suppress(ValueError):
                         function["arguments"] = json.loads(arguments)
                 call["function"] = function
@@ -62,8 +56,7 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, An
 
 @functools.lru_cache(maxsize=8)
 def _load(factory: Any, path: str) -> Any:
-    # Loading takes seconds; a process that serves and tests one model loads it once
-    # (rendering and encoding do not change the tokenizer).
+    # Loading takes seconds; rendering and encoding do not change the tokenizer.
     return factory.from_pretrained(path, local_files_only=True)
 
 
@@ -73,10 +66,6 @@ class ChatTemplate:
     def __init__(self, tokenizer: Any, source: str = "") -> None:
         self.tokenizer = tokenizer
         self.source = source
-        eos = tokenizer.eos_token_id
-        self.eos_ids: frozenset[int] = frozenset(
-            eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        )
         self._special: dict[int, str] = {
             int(i): str(t.content) for i, t in tokenizer.added_tokens_decoder.items()
         }
@@ -137,7 +126,8 @@ class ChatTemplate:
 
     def stop_ids(self) -> frozenset[int]:
         """Token ids that end a turn: the EOS and the template's other end-of-turn markers."""
-        ids = set(self.eos_ids)
+        eos = self.tokenizer.eos_token_id
+        ids = set(eos if isinstance(eos, list) else ([] if eos is None else [eos]))
         for name in ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|call|>", "<|return|>"):
             found = self.tokenizer.convert_tokens_to_ids(name)
             if isinstance(found, int) and self._special.get(found) == name:
