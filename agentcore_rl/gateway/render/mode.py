@@ -65,6 +65,7 @@ class RenderMode:
         self.tools = tool_parser_named(tool_call_parser)
         self.reasoning = reasoning_parser_named(reasoning_parser)
         self.max_tokens = max_tokens
+        self.parser_names = (tool_call_parser, reasoning_parser)
         self.stop_ids = template.stop_ids()
         self.forks = 0
         self.extends = 0
@@ -72,8 +73,7 @@ class RenderMode:
     def __repr__(self) -> str:
         return (
             f"RenderMode({self.template.source!r}, backend={self.backend.name!r}, "
-            f"tools={getattr(self.tools, 'name', None)!r}, "
-            f"reasoning={getattr(self.reasoning, 'name', None)!r})"
+            f"tools={self.parser_names[0]!r}, reasoning={self.parser_names[1]!r})"
         )
 
     @classmethod

@@ -56,8 +56,6 @@ def _arguments(value: Any) -> dict[str, Any]:
 class ReasoningParser:
     """Splits reasoning from content (see the module doc)."""
 
-    name = "?"
-
     def parse(self, text: str) -> tuple[str | None, str]:
         """-> (reasoning or None, content)."""
         raise NotImplementedError
@@ -69,8 +67,6 @@ class ReasoningParser:
 
 class Qwen3Reasoning(ReasoningParser):
     """``<think>reasoning</think>content``; no ``</think>``: all content."""
-
-    name = "qwen3"
 
     def parse(self, text: str) -> tuple[str | None, str]:
         if "</think>" not in text:
@@ -85,8 +81,6 @@ class Qwen3Reasoning(ReasoningParser):
 
 class DeepSeekR1Reasoning(ReasoningParser):
     """The prompt opened ``<think>``: reasoning up to ``</think>`` (all of it without one)."""
-
-    name = "deepseek_r1"
 
     def parse(self, text: str) -> tuple[str | None, str]:
         if text.startswith("<think>"):
@@ -103,7 +97,6 @@ class DeepSeekR1Reasoning(ReasoningParser):
 class ToolParser:
     """Finds tool calls in a completion's content (see the module doc)."""
 
-    name = "?"
     #: The token a model ends a turn of tool calls with, when not its EOS.
     call_stop: str | None = None
 
@@ -123,7 +116,6 @@ class ToolParser:
 class HermesTools(ToolParser):
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` per call."""
 
-    name = "hermes"
     _CALL: Final = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
@@ -150,8 +142,6 @@ class HermesTools(ToolParser):
 
 class Llama3JsonTools(ToolParser):
     """``{"name": ..., "parameters": {...}}`` (``; ``-separated), maybe after ``<|python_tag|>``."""
-
-    name = "llama3_json"
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         body = text.strip()
@@ -184,7 +174,6 @@ class DeepSeekV3Tools(ToolParser):
     """``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```
     <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``."""
 
-    name = "deepseek_v3"
     _BEGIN: Final = "<｜tool▁calls▁begin｜>"
     _CALL: Final = re.compile(
         r"<｜tool▁call▁begin｜>(?P<type>.*?)<｜tool▁sep｜>(?P<name>.*?)\n```json\n(?P<args>.*?)\n```"
@@ -220,7 +209,6 @@ class MistralTools(ToolParser):
     """``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11 and later), or the older
     ``[TOOL_CALLS][{"name": ..., "arguments": ...}]``; call ids are 9 letters and digits."""
 
-    name = "mistral"
     _TAG: Final = "[TOOL_CALLS]"
 
     def call_id(self, seed: str) -> str:
@@ -258,7 +246,6 @@ class HarmonyReasoning(ReasoningParser):
     """gpt-oss (harmony): the ``analysis`` channel is the reasoning; what follows it (a
     ``commentary`` call or the ``final`` message) is left for the tool parser."""
 
-    name = "openai_gptoss"
     _OPEN: Final = "<|channel|>analysis<|message|>"
 
     def parse(self, text: str) -> tuple[str | None, str]:
@@ -277,7 +264,6 @@ class HarmonyTools(ToolParser):
     """gpt-oss (harmony): ``<|channel|>commentary to=functions.NAME <|constrain|>json
     <|message|>{...}`` ends in ``<|call|>``; the ``final`` channel's message is the content."""
 
-    name = "openai"
     call_stop = "<|call|>"
     _CALL: Final = re.compile(
         r"to=functions\.(?P<name>[\w.-]+).*?<\|message\|>(?P<args>.*?)(?:<\|call\|>|$)",
