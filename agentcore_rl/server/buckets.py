@@ -7,11 +7,6 @@ invocations for a bucket S3 says is missing or forbidden. Only those answers are
 verdicts; an outage (timeouts, 5xx, throttling) leaves the rollout accepted, to be
 spooled and written when S3 is back. Concurrent invocations for an unchecked bucket share
 one request.
-
-Example::
-
-    check = BucketCheck(store, FaultChecks())
-    await check.require("rollouts")    # raises InvalidPayloadError for a missing bucket
 """
 
 from __future__ import annotations
@@ -29,14 +24,14 @@ import anyio
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError, StorageError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.faults import FaultChecks
+from agentcore_rl.server.config import FaultChecks
 
-__all__ = ["FINAL_BUCKET_CODES", "BucketCheck"]
+__all__ = ["BucketCheck"]
 
 logger = logging.getLogger(__name__)
 
-#: S3 answers about a bucket that no waiting cures, with what the user should do.
-FINAL_BUCKET_CODES: Final = {
+# S3 answers about a bucket that no waiting cures, with what the user should do.
+_FINAL_CODES: Final = {
     "NoSuchBucket": (400, "it does not exist; create it or fix {field}"),
     "AccessDenied": (403, "the agent server's credentials may not use it"),
     "AllAccessDisabled": (403, "all access to it is disabled"),
@@ -116,7 +111,7 @@ class BucketCheck:
 
 
 def _refusal(bucket: str, exc: StorageError, endpoint: str | None) -> InvalidPayloadError | None:
-    final = FINAL_BUCKET_CODES.get(exc.code)
+    final = _FINAL_CODES.get(exc.code)
     if final is None:
         return None
     status, advice = final
