@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError, StorageError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import FaultChecks
+from agentcore_rl.server.spool import s3_destination
 
 __all__ = ["BucketCheck"]
 
@@ -93,7 +93,7 @@ class BucketCheck:
                 try:
                     await self.store.head_bucket(bucket)
                 except StorageError as exc:
-                    refusal = _refusal(bucket, exc, self.store.endpoint_url)
+                    refusal = _refusal(bucket, exc, s3_destination(self.store)["endpoint_url"])
                     if refusal is None:
                         logger.info("could not check S3 bucket %s now (%s)", bucket, exc.code)
                         return None
@@ -116,8 +116,7 @@ def _refusal(bucket: str, exc: StorageError, endpoint: str | None) -> InvalidPay
         return None
     status, advice = final
     field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
-    where = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    at = f" at {where}" if where else " in AWS S3"
+    at = f" at {endpoint}" if endpoint else " in AWS S3"
     return InvalidPayloadError(
         f"result bucket {bucket!r}{at} cannot be used: {exc.code}: {advice.format(field=field)}",
         status_code=status,
