@@ -17,7 +17,6 @@ import logging
 import platform
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -115,17 +114,12 @@ async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
         yield client
 
 
-@dataclass
-class _LoopClient:
-    client: Any
-    holder: AsyncGenerator[Any, None]
-
-    async def aclose(self) -> None:
-        try:
-            await self.holder.aclose()
-        except Exception as exc:
-            # Closing is best effort: the connections go with the process either way.
-            logger.warning("closing an S3 client failed: %s: %s", type(exc).__name__, exc)
+async def _close(holder: AsyncGenerator[Any, None]) -> None:
+    try:
+        await holder.aclose()
+    except Exception as exc:
+        # Closing is best effort: the connections go with the process either way.
+        logger.warning("closing an S3 client failed: %s: %s", type(exc).__name__, exc)
 
 
 class ResultStore:
@@ -177,7 +171,7 @@ class ResultStore:
         # closes a loop's generators when it shuts the loop down (asyncio.run, anyio.run and
         # uvicorn all do), so a client is closed on its own loop even when nobody calls
         # aclose(), e.g. an app served by Starlette's TestClient without ``with``.
-        self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[Any, None]]] = {}
         self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._closed = False
 
@@ -212,11 +206,11 @@ class ResultStore:
         current = asyncio.get_running_loop()
         entries, self._clients = self._clients, {}
         self._locks.clear()
-        for loop, entry in entries.items():
+        for loop, (_, holder) in entries.items():
             if loop is current:
-                await entry.aclose()
+                await _close(holder)
             elif loop.is_running() and not loop.is_closed():
-                closing = asyncio.run_coroutine_threadsafe(entry.aclose(), loop)
+                closing = asyncio.run_coroutine_threadsafe(_close(holder), loop)
                 try:
                     await asyncio.wait_for(asyncio.wrap_future(closing), _CLOSE_TIMEOUT)
                 except asyncio.TimeoutError:
@@ -232,7 +226,7 @@ class ResultStore:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is not None:
-            return entry.client
+            return entry[0]
         if self._closed:
             raise RuntimeError("ResultStore is closed")
         self._forget_stopped_loops()
@@ -249,9 +243,8 @@ class ResultStore:
                         config=self._config,
                     )
                 )
-                entry = _LoopClient(await holder.__anext__(), holder)
-                self._clients[loop] = entry
-        return entry.client
+                entry = self._clients[loop] = (await holder.__anext__(), holder)
+        return entry[0]
 
     async def _call(
         self,

@@ -92,7 +92,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
     directory, retry intervals), ``workers``
     (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
-    interval) and ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`: a result
+    interval) and ``faults`` (:class:`~agentcore_rl.server.config.FaultChecks`: a result
     bucket that does not exist or refuses the server is refused with a 4xx naming it; the
     rollouts of a client whose lease lapsed are cancelled; a server whose event loop runs
     behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
@@ -210,8 +210,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             f"spooled={self.spool.pending}, closing={self._closing})"
         )
 
-    # --- registration -----------------------------------------------------------------
-
     def _register(self, func: Handler, *, rollout: bool) -> None:
         if self._spec is not None:
             raise ConfigurationError(
@@ -249,8 +247,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             raise ConfigurationError(f"a validator must be callable, got {type(func).__name__}")
         self._validator = func
         return func
-
-    # --- lifecycle --------------------------------------------------------------------
 
     @property
     def closing(self) -> bool:

@@ -65,9 +65,6 @@ class BucketCheck:
         #: HeadBucket requests sent (for tests and benchmarks).
         self.requests = 0
 
-    def __repr__(self) -> str:
-        return f"BucketCheck(known={sorted(self._verdicts)})"
-
     async def require(self, bucket: str) -> None:
         """Return when ``bucket`` is usable or S3 cannot tell now; raise the refusal
         (:class:`InvalidPayloadError`, 4xx, naming the bucket and the cause) when not."""

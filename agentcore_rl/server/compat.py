@@ -182,21 +182,17 @@ class BedrockCompat:
         """What ``/ping`` reports now: forced, else the custom handler's, else automatic."""
         return self._refresh_ping()
 
-    def _custom_status(self) -> PingStatus | None:
-        if self._ping_handler is None:
-            return None
-        try:
-            return _status(self._ping_handler())
-        except Exception as exc:
-            logger.warning(
-                "the custom ping handler failed (%s: %s); reporting the automatic status",
-                type(exc).__name__,
-                exc,
-            )
-            return None
-
     def _refresh_ping(self) -> PingStatus:
-        status = self._forced or self._custom_status()
+        status = self._forced
+        if status is None and self._ping_handler is not None:
+            try:
+                status = _status(self._ping_handler())
+            except Exception as exc:
+                logger.warning(
+                    "the custom ping handler failed (%s: %s); reporting the automatic status",
+                    type(exc).__name__,
+                    exc,
+                )
         if status is None:
             busy = self._busy or bool(self._async_tasks)
             status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY

@@ -20,13 +20,12 @@ renewal, so an outage never cancels anything; a client that died during one is c
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import anyio
 
@@ -62,14 +61,6 @@ class _Lease:
     renew: float = 0.0
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -99,9 +90,6 @@ class LeaseWatcher:
         self._leases: dict[LeaseRef, _Lease] = {}
         self.cancelled = 0
         self.reads = 0
-
-    def __repr__(self) -> str:
-        return f"LeaseWatcher(leases={len(self._leases)}, cancelled={self.cancelled})"
 
     async def run(self) -> None:
         """Check every ``lease_interval`` seconds until cancelled (the app's task group
@@ -149,24 +137,17 @@ class LeaseWatcher:
         async with limiter:
             self.reads += 1
             try:
-                raw = await self.store.get_bytes(*ref)
+                body = await self.store.get_json(*ref)
             except StorageError as exc:
                 logger.debug("lease s3://%s/%s unreadable (%s): not a lapse", *ref, exc.code)
-                raw = None
+                body = None
         now = self._clock()
-        body = None if raw is None else _parse(raw)
-        lease = self._leases.get(ref)
         seq = None if body is None else body.get(protocol.LEASE_SEQ)
+        lease = self._leases.setdefault(ref, _Lease(seq=seq, changed_at=now))
         if body is None or seq is None:
-            # Unreadable, missing or not a lease: no news is counted as a renewal.
-            if lease is None:
-                self._leases[ref] = _Lease(seq=None, changed_at=now)
-            else:
-                lease.changed_at = now
+            lease.changed_at = now  # unreadable, missing or not a lease: no news is a renewal
             return
-        if lease is None:
-            lease = self._leases[ref] = _Lease(seq=seq, changed_at=now)
-        elif seq != lease.seq:
+        if seq != lease.seq:
             lease.seq, lease.changed_at = seq, now
         lease.renewed_at = _number(body.get(protocol.LEASE_RENEWED_AT))
         lease.ttl = _number(body.get(protocol.LEASE_TTL))

@@ -69,9 +69,6 @@ class LoopLag:
         #: Invocations refused because of overload.
         self.refused = 0
 
-    def __repr__(self) -> str:
-        return f"LoopLag(lag={self.lag:.3f}, threshold={self.threshold}, refused={self.refused})"
-
     @property
     def overloaded(self) -> bool:
         """Whether the last ``samples`` measured lags were over the threshold."""

@@ -145,15 +145,12 @@ class ShutdownReport:
 class RolloutRunner:
     """Runs rollout handlers as owned tasks and delivers one envelope per rollout.
 
-    ``on_change`` is called whenever the number of running rollouts changes (the server
-    turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
-    ``exists`` (``ResultStore.head``) is asked before the handler of a re-send the client
-    marked (``_rollout.repeat``) runs: if the result key already holds an envelope (an
-    earlier run's, in this process or a predecessor), that envelope wins.
-
-    The sessions of the last ``remember`` finished rollouts are kept (session id and result
-    keys, a few hundred bytes each), so a liveness probe racing the client's read of a
-    just-written envelope hears ``finished``, not ``unknown``.
+    ``on_change`` is called whenever the number of running rollouts changes (the ``/ping``
+    status); ``clock`` stamps envelopes. ``exists`` (``ResultStore.head``) is asked before
+    the handler of a re-send the client marked (``_rollout.repeat``) runs: an envelope
+    already at its key (an earlier run's, here or in a predecessor) wins. The sessions of
+    the last ``remember`` finished rollouts are kept (a few hundred bytes each), so a
+    liveness probe racing the client's read of a just-written envelope hears ``finished``.
     """
 
     def __init__(
@@ -174,12 +171,8 @@ class RolloutRunner:
         self._starts = 0
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
-        self._by_key: dict[tuple[str, str], RolloutJob] = {}
         self._tasks: TaskGroup | None = None
         self._closed = False
-
-    def __repr__(self) -> str:
-        return f"RolloutRunner(active={len(self._jobs)}, closed={self._closed})"
 
     @property
     def active(self) -> int:
@@ -203,7 +196,8 @@ class RolloutRunner:
 
     def find(self, bucket: str, key: str) -> RolloutJob | None:
         """The running rollout that will write ``s3://bucket/key``, if any."""
-        return self._by_key.get((bucket, key))
+        session_jobs = self._by_session.get(protocol.parse_result_key(key)[2], ())
+        return next((job for job in session_jobs if job.target == (bucket, key)), None)
 
     def start(
         self,
@@ -234,8 +228,6 @@ class RolloutRunner:
         job.start_count = self._starts if not self._jobs else None  # alone, so far
         self._jobs.add(job)
         self._by_session.setdefault(job.session_id, set()).add(job)
-        if job.target is not None:
-            self._by_key[job.target] = job
         self._changed()
         return job
 
@@ -273,8 +265,6 @@ class RolloutRunner:
             session_jobs.discard(job)
             if not session_jobs:
                 del self._by_session[job.session_id]
-        if target is not None and self._by_key.get(target) is job:
-            del self._by_key[target]
         job._done.set()
         self._changed()
 
@@ -489,4 +479,4 @@ class RolloutRunner:
         job.body = body if body is not None else b""
         job.delivered = True
         if body is not None and job.target is not None:
-            await self._spool.add(*job.target, body)
+            await self._spool.add(*job.target, body, why="its rollout did not end at shutdown")

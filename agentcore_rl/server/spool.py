@@ -124,9 +124,6 @@ class Spool:
         self._retrying: anyio.CancelScope | None = None
         self._closed = False
 
-    def __repr__(self) -> str:
-        return f"Spool(directory={str(self._directory)!r}, pending={len(self._entries)})"
-
     @property
     def directory(self) -> Path:
         """The spool directory (a temporary one is created on first access if none was given)."""
@@ -179,10 +176,10 @@ class Spool:
         self._retrying = anyio.CancelScope()
         self._tasks.start_soon(self._retry_loop, self._retrying, name="agentcore-rl spool retry")
 
-    async def add(self, bucket: str, key: str, body: bytes) -> Path | None:
-        """Keep one envelope for later delivery; return its file (``None`` if even that
-        failed: the envelope is then logged in full at CRITICAL, the last place it can go).
-        """
+    async def add(self, bucket: str, key: str, body: bytes, *, why: str) -> Path | None:
+        """Keep one envelope for later delivery (``why``: what S3 said); return its file
+        (``None`` if even that failed: the envelope is then logged in full at CRITICAL,
+        the last place it can go)."""
         destination = s3_destination(self._store)
         record = {"bucket": bucket, "key": key, "owner": self.owner, "destination": destination}
         data = json.dumps({**record, "body": body.decode()}).encode()
@@ -206,10 +203,11 @@ class Spool:
             raise
         self._keep(path, bucket, key)
         logger.error(
-            "SPOOLED result for s3://%s/%s to %s; %d envelope(s) now wait for S3 and are "
-            "retried every %.3g s or more",
+            "SPOOLED result for s3://%s/%s (%s) to %s; %d envelope(s) now wait for S3 and "
+            "are retried every %.3g s or more",
             bucket,
             key,
+            why,
             path,
             len(self._entries),
             self.retry_interval,
@@ -222,14 +220,7 @@ class Spool:
         try:
             await self._store.put_bytes(bucket, key, body)
         except Exception as exc:
-            logger.error(
-                "writing the result to s3://%s/%s failed (%s: %s); spooling it",
-                bucket,
-                key,
-                type(exc).__name__,
-                exc,
-            )
-            await self.add(bucket, key, body)
+            await self.add(bucket, key, body, why=f"{type(exc).__name__}: {exc}")
             return False
         except BaseException:
             # Cancelled mid-write (shutdown, or the event loop itself closing): the envelope
@@ -241,20 +232,14 @@ class Spool:
         return True
 
     async def _finish_cancelled_write(self, bucket: str, key: str, body: bytes) -> None:
-        failure = f"did not finish within {_CANCELLED_WRITE_TIMEOUT:.3g} s"
+        why = f"a write after a cancellation did not finish in {_CANCELLED_WRITE_TIMEOUT:.3g} s"
         with anyio.move_on_after(_CANCELLED_WRITE_TIMEOUT):
             try:
                 await self._store.put_bytes(bucket, key, body)
                 return
             except Exception as exc:
-                failure = f"failed ({type(exc).__name__}: {exc})"
-        logger.error(
-            "writing the result to s3://%s/%s after a cancellation %s; spooling it",
-            bucket,
-            key,
-            failure,
-        )
-        await self.add(bucket, key, body)
+                why = f"a write after a cancellation failed: {type(exc).__name__}: {exc}"
+        await self.add(bucket, key, body, why=why)
 
     async def recover(self) -> int:
         """Adopt the envelope files a previous server of the same owner left in the
