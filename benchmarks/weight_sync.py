@@ -16,7 +16,8 @@ document:
   ``--duration`` seconds made fewer than the same workload without updates (``none``, run
   first in the same process), at that run's token rate, over the updates and the sessions;
 - ``tokens_discarded``: tokens the stand-in made that no record holds (target 0);
-- ``agent_errors``: calls that failed at the agent (target 0);
+- ``agent_errors``: calls that failed at the agent (target 0), and ``agent_error_kinds`` what
+  they saw;
 - ``exact``: every completion's tokens and per-token versions in the records equal what the
   stand-in made, under which weight version (``mismatched`` counts the others);
 - ``straddled_calls``: calls an update came in the middle of.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import random
@@ -95,7 +97,7 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
             vllm = control if args.vllm else None
             made_before = await _made(policy, vllm)
             lengths = iter(_lengths(args, 7))
-            errors = 0
+            errors: collections.Counter[str] = collections.Counter()
             calls = 0
             stop_at = time.monotonic() + args.duration
             sids: list[str] = []
@@ -122,8 +124,8 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
                                 max_tokens=length + 1,
                                 extra_body={"min_tokens": length},
                             )
-                        except Exception:  # counted: the agent saw an error
-                            errors += 1
+                        except Exception as exc:  # counted: the agent saw an error
+                            errors[f"{type(exc).__name__}: {exc}"[:300]] += 1
                         calls += 1
 
             pauses: list[float] = []
@@ -181,7 +183,8 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
         "tokens_made": made,
         "tokens_recorded": recorded,
         "tokens_discarded": made - recorded,
-        "agent_errors": errors,
+        "agent_errors": sum(errors.values()),
+        "agent_error_kinds": dict(errors),
         "straddled_calls": gateway.stats["straddled_calls"],
         "exact": {"checked": sum(len(t.records) for t in traces), "mismatched": mismatched},
     }

@@ -35,7 +35,7 @@ __all__ = [
     "session_base_url",
 ]
 
-# The gateway's header naming its process on ``POST /admin/sessions`` (gateway.admin).
+# The gateway's header naming its process on ``POST /admin/sessions`` (gateway.app).
 _GATEWAY_ID_HEADER: Final = "x-gateway-id"
 
 

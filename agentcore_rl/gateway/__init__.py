@@ -21,20 +21,21 @@ import importlib
 from typing import TYPE_CHECKING
 
 from agentcore_rl._extras import require
+from agentcore_rl.errors import GatewayError, TraceLostError
+from agentcore_rl.gateway.record import (
+    CallRecord,
+    Completion,
+    DirectorySink,
+    SessionTrace,
+    TraceSink,
+    dump_trace,
+    load_trace,
+    trace_key,
+)
 
 if TYPE_CHECKING:
-    from agentcore_rl.errors import GatewayError, TraceLostError
     from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, DEFAULT_SESSION_TTL, RolloutGateway
-    from agentcore_rl.gateway.record import (
-        CallRecord,
-        Completion,
-        SessionTrace,
-        dump_trace,
-        load_trace,
-        trace_key,
-    )
     from agentcore_rl.gateway.render.mode import RenderMode
-    from agentcore_rl.gateway.sessions import DirectorySink, TraceSink
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
 # neither Starlette nor uvicorn, which the gateway app does.
@@ -42,17 +43,7 @@ _LAZY: dict[str, str] = {
     "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.app",
     "DEFAULT_SESSION_TTL": "agentcore_rl.gateway.app",
     "RolloutGateway": "agentcore_rl.gateway.app",
-    "GatewayError": "agentcore_rl.errors",
-    "TraceLostError": "agentcore_rl.errors",
-    "CallRecord": "agentcore_rl.gateway.record",
-    "Completion": "agentcore_rl.gateway.record",
-    "SessionTrace": "agentcore_rl.gateway.record",
-    "dump_trace": "agentcore_rl.gateway.record",
-    "load_trace": "agentcore_rl.gateway.record",
-    "trace_key": "agentcore_rl.gateway.record",
     "RenderMode": "agentcore_rl.gateway.render.mode",
-    "DirectorySink": "agentcore_rl.gateway.sessions",
-    "TraceSink": "agentcore_rl.gateway.sessions",
 }
 
 
@@ -60,8 +51,7 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'agentcore_rl.gateway' has no attribute {name!r}")
-    if module == "agentcore_rl.gateway.app":
-        require("gateway", "agentcore_rl.gateway", "starlette", "orjson")
+    require("gateway", "agentcore_rl.gateway", "starlette", "orjson")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

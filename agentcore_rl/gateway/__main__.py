@@ -7,20 +7,9 @@ Example::
         --admin-token s3cret --sink-dir /var/lib/gateway/expired
 """
 
-from __future__ import annotations
-
 import sys
-from collections.abc import Sequence
 
 from agentcore_rl.cli import main
 
-__all__ = ["serve"]
-
-
-def serve(argv: Sequence[str] | None = None) -> int:
-    """Run ``agentcore-rl gateway`` with ``argv``; -> its exit code."""
-    return main(["gateway", *(sys.argv[1:] if argv is None else argv)])
-
-
 if __name__ == "__main__":
-    raise SystemExit(serve())
+    raise SystemExit(main(["gateway", *sys.argv[1:]]))

@@ -2,30 +2,18 @@
 
 Agents call ``POST {gateway}/sessions/{session_id}/v1/chat/completions`` (or
 ``/v1/completions``, streaming or not; ``GET .../v1/models``), or the same routes under
-``/v1/...`` with ``Authorization: Bearer <session_id>``. The gateway forwards each call to
-an inference server (vLLM or SGLang, several replicas: a session sticks to one by hash),
-asks it for token ids and logprobs, strips them from the answer, and commits one
-:class:`CallRecord` before the last byte of the answer reaches the agent.
-
-The trainer's side is in-process (``open_session``, ``finish_session``,
-``set_policy_version``, ``paused``) or the token-protected admin routes
-(:mod:`agentcore_rl.gateway.admin`). The proxy routes are a small hand-written ASGI path
-(no per-request framework objects) because they sit on every model call; the admin routes
-are an ordinary Starlette app. The upstream client is aiohttp (:mod:`.upstream`) and JSON
-goes through orjson (:mod:`.jsonio`), so the gateway runs on asyncio.
-
-Example::
-
-    gateway = RolloutGateway("http://127.0.0.1:8000/v1", admin_token="s3cret")
-    async with gateway, BackgroundServer(gateway, port=9000):
-        gateway.open_session("sid-1", exp_id="e1", input_id="q7")
-        ...                                    # the agent calls .../sessions/sid-1/v1/...
-        trace = await gateway.finish_session("sid-1")
+``/v1/...`` with ``Authorization: Bearer <session_id>``. Each call is admitted here (the
+session, the policy gate, the record begun) and served by a mode (:mod:`.call`). The trainer's
+side is in-process (``open_session``, ``finish_session``, ``set_policy_version``, ``paused``)
+or the token-protected admin routes (docs/gateway.md). The session routes are a small
+hand-written ASGI path (no per-request framework objects: they sit on every model call); the
+admin routes are an ordinary Starlette app.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import os
 import re
@@ -37,21 +25,22 @@ from types import TracebackType
 from typing import Any, Final
 
 import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.errors import TraceLostError
-from agentcore_rl.gateway.admin import admin_app
-from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
-from agentcore_rl.gateway.call import Call, Mode
+from agentcore_rl.gateway.call import Call, Mode, Refuse, down_message, respond
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
-from agentcore_rl.gateway.record import CallRecord, SessionTrace
-from agentcore_rl.gateway.sessions import Session, TraceSink
+from agentcore_rl.gateway.record import CallRecord, Session, SessionTrace, TraceSink, dump_trace
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
-__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "RolloutGateway"]
+__all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "GATEWAY_ID_HEADER", "RolloutGateway"]
 
 log = logging.getLogger("agentcore_rl.gateway")
 
@@ -59,6 +48,8 @@ log = logging.getLogger("agentcore_rl.gateway")
 ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 #: AgentCore Runtime's longest session (8 hours): a session idle this long has ended.
 DEFAULT_SESSION_TTL: Final = 8 * 3600.0
+#: The header of ``POST /admin/sessions``'s answer naming the gateway process (its id).
+GATEWAY_ID_HEADER: Final = "x-gateway-id"
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
@@ -139,18 +130,14 @@ class RolloutGateway:
         admin_token: str | None = None,
         upstream_api_key: str | None = None,
         session_ttl: float = DEFAULT_SESSION_TTL,
-        sweep_interval: float | None = None,
         sink: TraceSink | None = None,
         require_open: bool = False,
         max_body_bytes: int = 32 * 1024 * 1024,
         body_timeout: float = 60.0,
-        upstream_timeout: float = 600.0,
-        max_connections: int = 1024,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
         render: Mode | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
         if not urls:
@@ -171,7 +158,6 @@ class RolloutGateway:
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
         self.session_ttl = session_ttl
-        self.sweep_interval = sweep_interval or min(60.0, session_ttl / 4)
         self.sink = sink
         self.require_open = require_open
         self.max_body_bytes = max_body_bytes
@@ -191,17 +177,13 @@ class RolloutGateway:
         if render is not None:
             self.stats["linear_forks"] = 0  # requests that did not extend their history
         self._clock = clock
-        self._wall = wall_clock
         self._sessions: dict[str, Session] = {}
         self._headers = {"content-type": "application/json"}
         if upstream_api_key:
             self._headers["authorization"] = f"Bearer {upstream_api_key}"
-        self._upstream_timeout = upstream_timeout
-        self._max_connections = max_connections
         self._upstreams: list[UpstreamPool] = []  # with their connections, while entered
-        self._tg: anyio.abc.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
-        self._admin = admin_app(self)
+        self._admin = _admin_app(self)
 
     def __repr__(self) -> str:
         return (
@@ -213,31 +195,14 @@ class RolloutGateway:
     async def __aenter__(self) -> RolloutGateway:
         if self._stack is not None:
             raise RuntimeError("the gateway is already running")
-        stack = contextlib.AsyncExitStack()
-        try:
-            # No total deadline (a long generation is fine): a silent upstream is one that
-            # fails. Idle connections are not reused after 4 s, before uvicorn's (vLLM's) 5 s
-            # keep-alive closes them under a request. A stream's reading pauses when aiohttp's
-            # buffer fills, so a fast upstream cannot park whole answers in the gateway.
-            self._upstreams = [
-                UpstreamPool(
-                    url,
-                    headers=self._headers,
-                    max_connections=self._max_connections,
-                    read_timeout=self._upstream_timeout,
-                    idle_timeout=4.0,
-                )
-                for url in self.upstreams
-            ]
+        async with contextlib.AsyncExitStack() as stack:
+            self._upstreams = [UpstreamPool(url, headers=self._headers) for url in self.upstreams]
             for pool in self._upstreams:
                 stack.push_async_callback(pool.aclose)
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(self._tg.cancel_scope.cancel)  # runs first: stops the sweeper
-            self._tg.start_soon(self._sweep_forever)
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(tg.cancel_scope.cancel)  # runs first: stops the sweeper
+            tg.start_soon(self._sweep_forever)
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(
@@ -249,7 +214,6 @@ class RolloutGateway:
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
-        self._tg = None
         self._upstreams = []
 
     @property
@@ -259,7 +223,7 @@ class RolloutGateway:
 
     async def _sweep_forever(self) -> None:
         while True:
-            await anyio.sleep(self.sweep_interval)
+            await anyio.sleep(min(60.0, self.session_ttl / 4))
             await self.expire_idle()
 
     # ------------------------------------------------------------------ trainer API
@@ -300,11 +264,11 @@ class RolloutGateway:
         if mode != "suspend":
             return
         try:
-            await self._drive_upstreams("/pause?mode=keep", None)
+            await self._drive("/pause?mode=keep")
             for pool in self._upstreams:  # token-in calls: cut there, continued after the resume
                 running = self.gate.token_in.get(pool.base)
                 if running:
-                    await self._drive(pool, "/abort_requests", {"request_ids": sorted(running)})
+                    await self._drive("/abort_requests", {"request_ids": sorted(running)}, [pool])
         except BaseException:
             await self.resume()
             raise
@@ -318,29 +282,28 @@ class RolloutGateway:
         version = {"new_version": str(self.gate.version)}
         with anyio.CancelScope(shield=True):  # a cancelled trainer must not leave vLLM paused
             try:
-                await self._drive_upstreams("/update_weight_version", version)
+                await self._drive("/update_weight_version", version)
             finally:
                 self.gate.resume()  # the tokens from here on are the new version's
-                await self._drive_upstreams("/resume", None)
+                await self._drive("/resume")
 
-    async def _drive_upstreams(self, path: str, body: dict[str, Any] | None) -> None:
-        for pool in self._upstreams:
-            await self._drive(pool, path, body)
-
-    async def _drive(self, pool: UpstreamPool, path: str, body: dict[str, Any] | None) -> None:
-        """One control call to an upstream's root (vLLM's ``VLLM_SERVER_DEV_MODE`` routes)."""
-        try:
-            status, content = await pool.fetch(
-                pool.target(path, root=True), None if body is None else dumps(body)
-            )
-        except UpstreamError as exc:
-            raise UpstreamError(down_message(pool.base, exc)) from None
-        if status != 200:
-            raise UpstreamError(
-                f"{pool.base} answered {path} with HTTP {status} "
-                f"({content[:200].decode('utf-8', 'replace')}); a suspend needs vLLM >= 0.32 "
-                "started with VLLM_SERVER_DEV_MODE=1 (or pause with mode hold)"
-            )
+    async def _drive(
+        self, path: str, body: dict[str, Any] | None = None, pools: list[UpstreamPool] | None = None
+    ) -> None:
+        """A control call to each upstream's root (vLLM's ``VLLM_SERVER_DEV_MODE`` routes)."""
+        for pool in self._upstreams if pools is None else pools:
+            try:
+                status, content = await pool.fetch(
+                    pool.target(path, root=True), None if body is None else dumps(body)
+                )
+            except UpstreamError as exc:
+                raise UpstreamError(down_message(pool.base, exc)) from None
+            if status != 200:
+                raise UpstreamError(
+                    f"{pool.base} answered {path} with HTTP {status} "
+                    f"({content[:200].decode('utf-8', 'replace')}); a suspend needs vLLM >= 0.32 "
+                    "started with VLLM_SERVER_DEV_MODE=1 (or pause with mode hold)"
+                )
 
     def open_session(
         self,
@@ -370,7 +333,6 @@ class RolloutGateway:
             session = self._sessions[session_id] = Session(session_id, last_seen=self._clock())
         session.exp_id, session.input_id = exp_id, input_id
         session.sampling = dict(sampling) if sampling else None
-        session.opened = True
         for record in session.records:  # calls that raced ahead of the registration
             record.exp_id, record.input_id = exp_id, input_id
 
@@ -447,11 +409,6 @@ class RolloutGateway:
         return len(stale)
 
     @property
-    def max_upstream_connections(self) -> int:
-        """Connections the gateway may hold to its upstreams (``max_connections`` each)."""
-        return self._max_connections * len(self.upstreams)
-
-    @property
     def live_sessions(self) -> int:
         """Sessions held in memory."""
         return len(self._sessions)
@@ -463,11 +420,8 @@ class RolloutGateway:
 
     # ------------------------------------------------------------------ ASGI
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if kind != "http":
+        if scope["type"] != "http":  # the lifespan: the admin app's
+            await self._admin(scope, receive, send)
             return
         path: str = scope["path"]
         root = scope.get("root_path", "")
@@ -485,31 +439,15 @@ class RolloutGateway:
             else:
                 await self._admin(scope, receive, send)
         except Refuse as refuse:
-            await respond(
-                send,
-                refuse.status,
-                error_body(refuse.status, refuse.message, refuse.kind),
-                refuse.headers,
-            )
+            await respond(send, refuse.status, refuse.body, refuse.headers)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        message = await receive()
-        if message["type"] != "lifespan.startup":
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: object) -> AsyncIterator[None]:
+        if self.running:  # entered already (``async with gateway``): theirs to close
+            yield
             return
-        owner = not self.running  # entered already (``async with gateway``): theirs to close
-        if owner:
-            try:
-                await self.__aenter__()
-            except Exception as exc:
-                await send({"type": "lifespan.startup.failed", "message": repr(exc)})
-                return
-        await send({"type": "lifespan.startup.complete"})
-        try:
-            message = await receive()  # lifespan.shutdown
-        finally:
-            if owner:
-                await self.__aexit__(None, None, None)
-        await send({"type": "lifespan.shutdown.complete"})
+        async with self:
+            yield
 
     @staticmethod
     def _check_session_id(sid: str) -> None:
@@ -608,7 +546,7 @@ class RolloutGateway:
             policy_version_start=version,
             request_body=raw,
             overrides=overrides or None,
-            started_at=self._wall(),
+            started_at=time.time(),
             stream=bool(body.get("stream")),
             upstream=pool.base,
         )
@@ -632,7 +570,7 @@ class RolloutGateway:
             session.call_ended(record, self._clock())
 
         call = Call(
-            *(session, endpoint, raw, body, record, pool, self._clock, self._wall, on_commit),
+            *(session, endpoint, raw, body, record, pool, on_commit),
             gate=self.gate,
             versions=Versions(version),
         )
@@ -661,9 +599,115 @@ class RolloutGateway:
         await respond(send, status, content)
 
     def _upstream_for(self, sid: str) -> UpstreamPool:
-        upstreams = self._upstreams
-        if len(upstreams) == 1:
-            return upstreams[0]
-        if not upstreams:
-            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
-        return upstreams[zlib.crc32(sid.encode()) % len(upstreams)]
+        return self._upstreams[zlib.crc32(sid.encode()) % len(self._upstreams)]
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+
+
+def _admin_app(gateway: RolloutGateway) -> Starlette:
+    """The health and admin routes (docs/gateway.md, "The trainer's API"): every ``/admin/``
+    route needs the admin token (``Authorization: Bearer``, ``X-Admin-Token`` or ``?token=``)."""
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def check(request: Request) -> Response:
+            expected = gateway.admin_token
+            if not expected:
+                message = "admin routes are disabled: start the gateway with an admin token"
+                return _error(403, message, "forbidden")
+            given = request.headers.get("x-admin-token") or request.query_params.get("token") or ""
+            auth = request.headers.get("authorization", "")
+            if not given and auth.lower().startswith("bearer "):
+                given = auth[7:].strip()
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                return _error(401, "missing or wrong admin token", "unauthorized")
+            try:
+                response: Response = await handler(request)
+            except TraceLostError as exc:  # finishing answers 410, a peek 404
+                if request.method == "POST":
+                    return _error(410, str(exc), "trace_lost")
+                return _error(404, str(exc), "unknown_session")
+            except (ValueError, TypeError) as exc:  # the door (jsonio) and the trainer API's
+                return _error(400, str(exc), "invalid_request")
+            except RuntimeError as exc:
+                return _error(409, str(exc), "already_paused")
+            except UpstreamError as exc:  # an upstream that cannot freeze its generations
+                return _error(502, str(exc), "upstream_unavailable")
+            return response
+
+        return check
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        return parse_object(raw) if raw else {}
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok" if gateway.running else "stopped",
+                "gateway_id": gateway.gateway_id,
+                "policy_version": gateway.policy_version,
+                "paused": gateway.gate.paused,
+            }
+        )
+
+    async def open_session(request: Request) -> Response:
+        data = await body_of(request)
+        sid = data.get("session_id")
+        if not isinstance(sid, str):
+            raise ValueError("session_id (a string) is required")
+        gateway.open_session(
+            sid,
+            exp_id=data.get("exp_id"),
+            input_id=data.get("input_id"),
+            sampling=data.get("sampling"),
+        )
+        # Which gateway process holds the session: a client compares it with the trace's.
+        return Response(status_code=204, headers={GATEWAY_ID_HEADER: gateway.gateway_id})
+
+    async def finish(request: Request) -> Response:
+        trace = await gateway.finish_session(request.path_params["sid"])
+        if request.query_params.get("format") == "json":
+            return JSONResponse(trace.to_json())
+        return Response(dump_trace(trace), media_type="application/gzip")
+
+    async def peek(request: Request) -> Response:
+        return JSONResponse(gateway.peek_session(request.path_params["sid"]).to_json())
+
+    async def policy_version(request: Request) -> Response:
+        gateway.set_policy_version((await body_of(request)).get("version"))  # type: ignore[arg-type]
+        return JSONResponse({"policy_version": gateway.policy_version})
+
+    async def pause(request: Request) -> Response:
+        mode = (await body_of(request)).get("mode", "hold")
+        await gateway.pause(mode)
+        return JSONResponse({"paused": mode, "in_flight": gateway.gate.in_flight})
+
+    async def resume(request: Request) -> Response:
+        await gateway.resume()
+        return JSONResponse({"paused": None})
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(
+            {
+                **gateway.stats,
+                "live_sessions": gateway.live_sessions,
+                "in_flight": gateway.gate.in_flight,
+                "policy_version": gateway.policy_version,
+            }
+        )
+
+    return Starlette(
+        lifespan=gateway._lifespan,
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/admin/sessions", guarded(open_session), methods=["POST"]),
+            Route("/admin/sessions/{sid}/finish", guarded(finish), methods=["POST"]),
+            Route("/admin/sessions/{sid}/trace", guarded(peek), methods=["GET"]),
+            Route("/admin/policy_version", guarded(policy_version), methods=["POST"]),
+            Route("/admin/pause", guarded(pause), methods=["POST"]),
+            Route("/admin/resume", guarded(resume), methods=["POST"]),
+            Route("/admin/stats", guarded(stats), methods=["GET"]),
+        ],
+    )

@@ -1,54 +1,70 @@
-"""How each inference server is asked for token ids and logprobs, and how they are read back.
+"""How each inference server is asked for token ids and logprobs, in both modes (docs/gateway.md).
 
-A backend adds its capture flags to the request, then takes the ids and logprobs out of the
-answer (non-streaming, or one SSE chunk at a time) and strips what the agent did not ask
-for, so the agent receives a plain OpenAI answer.
+Proxy mode (:meth:`Backend.prepare`, :meth:`Backend.take`): the agent's OpenAI request gets
+the server's capture flags, and the ids and logprobs are taken out of the answer (whole, or
+one SSE chunk at a time) and stripped, so the agent receives a plain OpenAI answer.
 
-- ``vllm`` (>= 0.10.2): ``return_token_ids: true`` gives ``prompt_token_ids`` (chat: at the
-  root; completions: on each choice) and ``token_ids`` on each choice or streamed chunk;
-  ``logprobs`` gives ``choices[i].logprobs.content[j].logprob`` (chat) or
-  ``choices[i].logprobs.token_logprobs`` (completions).
+- ``vllm`` (>= 0.10.2): ``return_token_ids`` gives ``prompt_token_ids`` (chat: at the root;
+  completions: per choice) and ``token_ids`` per choice; ``logprobs`` the logprobs.
 - ``sglang``: ``return_prompt_token_ids`` and ``return_meta_info`` give
   ``choices[i].prompt_token_ids`` and ``choices[i].meta_info.output_token_logprobs``
-  (``[logprob, token_id, text]`` per token). SGLang refuses these flags when streaming, so
-  the gateway asks it without streaming and streams the answer to the agent itself.
+  (``[logprob, token_id, text]`` per token). SGLang refuses these flags when streaming: it is
+  asked without streaming and the whole answer is streamed to the agent (:func:`synthesize_sse`).
 
-Example::
-
-    backend = backend_named("vllm")
-    upstream_body, keep_logprobs = backend.prepare(dict(body), "chat.completions")
+Linear mode (:meth:`Backend.request`, :meth:`Backend.read`): token-in, token-out. vLLM:
+``POST {base}/completions`` with ``prompt`` a list of ids (``CompletionRequest`` in
+``vllm/entrypoints/openai/completion/protocol.py``); SGLang: ``POST {root}/generate`` with
+``input_ids`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
-from agentcore_rl.gateway.jsonio import loads
+from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 
-__all__ = ["Backend", "Capture", "SGLangBackend", "VLLMBackend", "backend_named", "synthesize_sse"]
+__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named", "synthesize_sse"]
 
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
 
+# The chat request's fields linear mode serves itself: the conversation, the answer's form,
+# the budget, bookkeeping.
+_OWN: Final = frozenset[str]().union(
+    ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
+    ("stream", "stream_options", "n", "logprobs", "top_logprobs"),
+    ("max_tokens", "max_completion_tokens", "stop_token_ids"),
+    ("model", "user", "metadata", "store"),
+)
+# The sampling fields linear mode forwards (the agent's name -> the server's): sampling,
+# penalties, stopping, vLLM's own.
+_VLLM_FIELDS: Final = {
+    name: name
+    for name in frozenset[str]().union(
+        ("temperature", "top_p", "top_k", "min_p", "seed", "logit_bias"),
+        ("presence_penalty", "frequency_penalty", "repetition_penalty"),
+        ("stop", "min_tokens", "ignore_eos", "include_stop_str_in_output"),
+        ("allowed_token_ids", "bad_words"),
+    )
+}
+_SGLANG_FIELDS: Final = {
+    **{k: k for k in _VLLM_FIELDS if k not in ("allowed_token_ids", "bad_words")},
+    "seed": "sampling_seed",
+    "min_tokens": "min_new_tokens",
+    "include_stop_str_in_output": "no_stop_trim",
+}
+
 
 class Capture:
     """Token ids and logprobs gathered from one answer (or its stream of chunks), turned
-    into the record's arrays by :meth:`fill`.
+    into the record's arrays by :meth:`fill`."""
 
-    Example::
+    __slots__ = ("finish", "ids", "logprobs", "prompt", "stop", "usage")
 
-        capture = Capture("chat.completions")
-        backend.take_response(answer, capture, keep_logprobs=False, endpoint=capture.endpoint)
-        capture.missing("vllm") or capture.fill(record)
-    """
-
-    __slots__ = ("endpoint", "finish", "ids", "logprobs", "prompt", "stop", "usage")
-
-    def __init__(self, endpoint: str = CHAT) -> None:
-        self.endpoint = endpoint
+    def __init__(self) -> None:
         self.prompt: Any = None  # the first prompt ids seen, as the upstream sent them
         self.usage: dict[str, Any] | None = None
         # per choice index: token ids, logprobs, finish reason, the stop string it ended on
@@ -61,13 +77,6 @@ class Capture:
         """Keep the first prompt ids seen."""
         if self.prompt is None:
             self.prompt = ids
-
-    def parse(self, content: bytes, offset: int = 0) -> Any:
-        """``content[offset:]`` parsed (``ValueError`` when it is not JSON)."""
-        if offset:
-            with memoryview(content) as view:
-                return loads(view[offset:])
-        return loads(content)
 
     def take(self, index: int, ids: Any, logprobs: list[Any], finish: Any, stop: Any) -> None:
         """One choice's (part of) token ids and logprobs (chat entries or floats)."""
@@ -116,34 +125,117 @@ class Capture:
         return f"the {backend} upstream returned no {' and no '.join(what)}; {hint}"
 
 
+@dataclass(slots=True)
+class Served:
+    """What the server fed and generated token-in: ids, one logprob per generated id, the
+    reason, and, when asked, each token's text and its top alternatives."""
+
+    prompt_ids: list[int] | None
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+    stop_reason: str | None = None  # the stop string that ended it
+    tokens: list[str] | None = None
+    top: list[dict[str, float]] | None = None
+
+
+def max_tokens(body: Mapping[str, Any], default: int) -> int:
+    """The completion budget the agent set, or ``default``."""
+    return int(body.get("max_completion_tokens") or body.get("max_tokens") or default)
+
+
+def _top(body: Mapping[str, Any]) -> int:
+    """How many alternatives per token the agent asked for (0: none, or no logprobs)."""
+    top = body.get("top_logprobs")
+    if not body.get("logprobs") or top is None:
+        return 0
+    if type(top) is not int or not 0 <= top <= 20:
+        raise ValueError("top_logprobs must be an integer in 0..20")
+    return top
+
+
+def _stop_ids(body: Mapping[str, Any], stop_ids: Iterable[int]) -> list[int]:
+    extra = body.get("stop_token_ids") or []
+    if not isinstance(extra, list) or not all(type(i) is int for i in extra):
+        raise ValueError("stop_token_ids must be a list of token ids")
+    return sorted({*stop_ids, *extra})
+
+
 class Backend:
-    """The capture protocol of one kind of inference server (see the module doc)."""
+    """One kind of inference server (see the module doc)."""
 
     name = "?"
-    #: Whether the upstream can stream while returning token ids.
+    #: Proxy mode: whether the upstream can stream while returning token ids.
     streams = True
+    #: Linear mode: the token-in route, and the sampling fields forwarded (see ``_OWN``).
+    path = "?"
+    fields: Mapping[str, str] = {}
 
     def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
         raise NotImplementedError
 
-    def take_response(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        """Read ids and logprobs from a whole answer, stripping the capture fields in place."""
+    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
+        """A choice's token ids, logprobs and stop string, its capture fields popped."""
         raise NotImplementedError
 
-    def take_chunk(
+    def take(
         self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
     ) -> None:
-        """Read ids and logprobs from one streamed chunk, stripping the capture fields."""
+        """Read ids and logprobs from an answer or one streamed chunk, stripping the capture
+        fields in place (once per stream event: plain dict operations)."""
+        prompt = data.pop("prompt_token_ids", None)
+        if prompt is not None:  # vLLM chat: at the root
+            capture.set_prompt(prompt)
+        for ch in data.get("choices") or ():
+            prompt = ch.pop("prompt_token_ids", None)
+            if prompt is not None:  # per choice
+                capture.set_prompt(prompt)
+            ids, logprobs, stop = self._tokens(ch, endpoint)
+            capture.take(int(ch.get("index", 0)), ids, logprobs, ch.get("finish_reason"), stop)
+            if not keep_logprobs:
+                ch["logprobs"] = None
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            capture.usage = usage
+
+    def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The agent's sampling fields under the server's names; ``ValueError`` naming a
+        field this server does not take (never dropped in silence)."""
+        for name in body:
+            if name not in _OWN and name not in self.fields:
+                raise ValueError(
+                    f"linear history cannot forward {name!r} to {self.name} (it forwards "
+                    f"{', '.join(sorted(self.fields))})"
+                )
+        if body.get("tool_choice") not in (None, "auto", "none"):
+            raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+        _top(body)
+        return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
+
+    def request(
+        self,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        *,
+        stop_ids: Iterable[int],
+        budget: int,
+    ) -> dict[str, Any]:
+        """The token-in request body for ``prompt_ids`` with the agent's sampling fields, at
+        most ``budget`` tokens."""
+        raise NotImplementedError
+
+    def read(self, data: Mapping[str, Any]) -> Served:
+        """The token-in answer's ids and logprobs (ValueError/KeyError/TypeError when malformed)."""
         raise NotImplementedError
 
 
 class VLLMBackend(Backend):
-    """vLLM >= 0.10.2 with ``return_token_ids``."""
+    """vLLM >= 0.10.2 (``return_token_ids``)."""
 
     name = "vllm"
+    path = "/completions"
+    fields = _VLLM_FIELDS
 
     def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         body["return_token_ids"] = True
@@ -157,45 +249,60 @@ class VLLMBackend(Backend):
                 body["logprobs"] = 0  # the sampled token's logprob only
         return body, keep
 
-    def take_response(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        self.take_chunk(data, capture, keep_logprobs, endpoint)
-
-    def take_chunk(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        # Once per stream event: plain dict operations.
-        root_prompt = data.pop("prompt_token_ids", None)
-        if root_prompt is not None:  # chat: at the root
-            capture.set_prompt(root_prompt)
+    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
+        logprobs = choice.get("logprobs")
         key = "content" if endpoint == CHAT else "token_logprobs"
-        for ch in data.get("choices") or ():
-            prompt = ch.pop("prompt_token_ids", None)
-            if prompt is not None:  # completions: per choice
-                capture.set_prompt(prompt)
-            logprobs = ch.get("logprobs")
-            items = logprobs.get(key) if type(logprobs) is dict else None
-            # vLLM names the stop string that cut the text inside the last token
-            capture.take(
-                int(ch.get("index", 0)),
-                ch.pop("token_ids", None),
-                items or [],
-                ch.get("finish_reason"),
-                ch.get("stop_reason"),
-            )
-            if not keep_logprobs:
-                ch["logprobs"] = None
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            capture.usage = usage
+        items = logprobs.get(key) if type(logprobs) is dict else None
+        # vLLM names the stop string that cut the text inside the last token
+        return choice.pop("token_ids", None), items or [], choice.get("stop_reason")
+
+    def request(
+        self,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        *,
+        stop_ids: Iterable[int],
+        budget: int,
+    ) -> dict[str, Any]:
+        out = self.sampling(body)
+        out.update(
+            model=body.get("model"),
+            prompt=prompt_ids,
+            max_tokens=budget,
+            n=1,
+            logprobs=_top(body),
+            return_token_ids=True,
+            skip_special_tokens=False,
+            stop_token_ids=_stop_ids(body, stop_ids),
+            stream=False,
+        )
+        return out
+
+    def read(self, data: Mapping[str, Any]) -> Served:
+        choice = data["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None:
+            raise ValueError("no token_ids (is it vLLM >= 0.10.2, given return_token_ids?)")
+        logprobs = choice.get("logprobs") or {}
+        reason = choice.get("stop_reason")
+        return Served(
+            prompt_ids=choice.get("prompt_token_ids"),
+            token_ids=[int(i) for i in ids],
+            logprobs=[float(x) for x in logprobs.get("token_logprobs") or ()],
+            finish_reason=choice.get("finish_reason"),
+            stop_reason=reason if isinstance(reason, str) else None,
+            tokens=logprobs.get("tokens"),
+            top=logprobs.get("top_logprobs"),
+        )
 
 
 class SGLangBackend(Backend):
-    """SGLang's OpenAI server with ``return_prompt_token_ids`` and ``return_meta_info``."""
+    """SGLang: its OpenAI server with ``return_meta_info``, and its native ``/generate``."""
 
     name = "sglang"
     streams = False
+    path = "/generate"
+    fields = _SGLANG_FIELDS
 
     def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         body["return_prompt_token_ids"] = True
@@ -207,35 +314,51 @@ class SGLangBackend(Backend):
             body["logprobs"] = True if endpoint == CHAT else 0
         return body, keep
 
-    def take_response(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        root_prompt = data.pop("prompt_token_ids", None)
-        if root_prompt is not None:
-            capture.set_prompt(root_prompt)
-        for ch in data.get("choices") or ():
-            prompt = ch.pop("prompt_token_ids", None)
-            if prompt is not None:
-                capture.set_prompt(prompt)
-            meta = ch.pop("meta_info", None)
-            entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
-            capture.take(
-                int(ch.get("index", 0)),
-                None if entries is None else [e[1] for e in entries],
-                [] if entries is None else [float(e[0]) for e in entries],
-                ch.get("finish_reason"),
-                None,
-            )
-            if not keep_logprobs:
-                ch["logprobs"] = None
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            capture.usage = usage
+    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
+        meta = choice.pop("meta_info", None)
+        entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
+        if entries is None:
+            return None, [], None
+        return [e[1] for e in entries], [float(e[0]) for e in entries], None
 
-    def take_chunk(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        raise NotImplementedError("SGLang is asked without streaming")
+    def request(
+        self,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        *,
+        stop_ids: Iterable[int],
+        budget: int,
+    ) -> dict[str, Any]:
+        params = self.sampling(body)
+        params.update(
+            max_new_tokens=budget,
+            stop_token_ids=_stop_ids(body, stop_ids),
+            skip_special_tokens=False,
+        )
+        out = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}
+        top = _top(body)
+        if top:
+            out.update(top_logprobs_num=top, return_text_in_logprobs=True)
+        return {**out, "stream": False}
+
+    def read(self, data: Mapping[str, Any]) -> Served:
+        meta = data["meta_info"]
+        entries = meta.get("output_token_logprobs")
+        if entries is None:
+            raise ValueError("no meta_info.output_token_logprobs (was return_logprob honoured?)")
+        finish = meta.get("finish_reason")
+        reason = finish.get("type") if isinstance(finish, Mapping) else finish
+        matched = finish.get("matched") if isinstance(finish, Mapping) else None
+        tops = meta.get("output_top_logprobs")
+        return Served(
+            prompt_ids=None,
+            token_ids=[int(e[1]) for e in entries],
+            logprobs=[float(e[0]) for e in entries],
+            finish_reason=reason,
+            stop_reason=matched if isinstance(matched, str) else None,
+            tokens=[e[2] for e in entries] if entries and entries[0][2] is not None else None,
+            top=[{str(t[2]): float(t[0]) for t in row} for row in tops] if tops else None,
+        )
 
 
 _BACKENDS: Final[dict[str, type[Backend]]] = {"vllm": VLLMBackend, "sglang": SGLangBackend}
@@ -250,11 +373,8 @@ def backend_named(name: str) -> Backend:
 
 
 def synthesize_sse(data: Mapping[str, Any], endpoint: str, include_usage: bool) -> bytes:
-    """A whole (already stripped) answer as an OpenAI SSE stream: one chunk per choice.
-
-    Used when the upstream cannot stream with capture on (SGLang): the agent still gets a
-    valid stream, in one piece.
-    """
+    """A whole (already stripped) answer as an OpenAI SSE stream: one chunk per choice (an
+    upstream that cannot stream with capture on, linear mode)."""
     head = {
         "id": data.get("id", ""),
         "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",
@@ -275,5 +395,4 @@ def synthesize_sse(data: Mapping[str, Any], endpoint: str, include_usage: bool) 
         parts.append({**head, "choices": [choice]})
     if include_usage and data.get("usage") is not None:
         parts.append({**head, "choices": [], "usage": data["usage"]})
-    out = b"".join(b"data: " + json.dumps(p).encode() + b"\n\n" for p in parts)
-    return out + b"data: [DONE]\n\n"
+    return b"".join(b"data: " + dumps(p) + b"\n\n" for p in parts) + b"data: [DONE]\n\n"

@@ -1,21 +1,12 @@
-"""JSON in and out of the gateway, and the one check of what it accepts (the door).
+"""JSON in and out of the gateway (orjson: every call is parsed and re-encoded once, about ten
+times cheaper than the json module), and the one check of what it accepts (the door).
 
-orjson on the hot path (every call is parsed and re-encoded once, a streamed one once per SSE
-event): about ten times cheaper than the json module.
-
-Whatever the gateway accepts, from an agent's request or the admin routes alike, it must be
-able to re-encode for the upstream, serve back (the trace views) and finish (the gzip trace):
-so :func:`parse_object` refuses, as :class:`Invalid` (a ``ValueError``, answered 400), what
-cannot make that trip. orjson reads JSON it cannot write back: nesting deeper than its
-encoder goes (it reads 1,024 levels, writes 254), and integers beyond 64 bits, which it reads
-as floats (``2**64`` would reach the upstream as ``1.8446744073709552e+19``). Lone
-surrogates (``"\\ud800"``), ``NaN`` and ``Infinity`` (not JSON) it refuses on reading. Values
-given in Python (``open_session``'s sampling and ids) pass the same check (:func:`check_value`).
-
-Example::
-
-    body = parse_object(raw)          # Invalid: 400 naming the problem
-    check_value({"seed": 10**30})     # Invalid: an integer beyond 64 bits
+Whatever the gateway accepts, from an agent or the admin routes, it must be able to re-encode
+for the upstream, serve back and finish (the gzip trace): :func:`parse_object` refuses, as
+:class:`Invalid` (a ``ValueError``, answered 400), what cannot make that trip. orjson reads
+nesting deeper than it writes (1,024 levels against 254) and integers beyond 64 bits as
+floats; lone surrogates, ``NaN`` and ``Infinity`` it refuses on reading. Values given in
+Python (``open_session``'s sampling and ids) pass the same check (:func:`check_value`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Policy versions and weight-sync pauses: which calls may start, and when the weights may go.
 
-Three pause modes. ``hold``: new calls wait until the pause ends, calls already running
-finish, and ``pause()`` returns once none runs. ``reject``: the same, but new calls are refused
-(the gateway answers 429 with ``Retry-After``). ``suspend``: new calls wait, and ``pause()``
-returns at once: the generations in flight are suspended where they are (the gateway has the
-upstream freeze them) and go on after ``resume()`` under the new weights, each token keeping
-the version it was sampled under (:class:`Versions`).
-
-Example::
-
-    gate = PolicyGate()
-    await gate.pause("suspend")    # returns at once; in-flight calls wait for the resume
-    gate.version = 8
-    gate.resume()
+``hold``: new calls wait and ``pause()`` returns once none runs; ``reject``: the same, new
+calls refused (429); ``suspend``: new calls wait and ``pause()`` returns at once, the
+generations in flight frozen at the upstream, each token keeping the version it was sampled
+under (:class:`Versions`). See docs/gateway.md, "Weight-sync recipe".
 """
 
 from __future__ import annotations
@@ -38,11 +29,8 @@ class Rejected(Exception):
 
 class Versions:
     """Which policy version sampled which tokens of one generation: ``starts`` lists
-    ``(first token index, version)`` in order (one entry when no update came in between).
-
-    ``count`` reads how many tokens have arrived so far (a stream's running count); at each
-    resume the gate starts the new version's span there.
-    """
+    ``(first token index, version)`` in order; ``count`` reads how many tokens have arrived
+    so far (a stream's), where a resume starts the new version's span."""
 
     __slots__ = ("count", "starts")
 
@@ -63,10 +51,10 @@ class Versions:
 class PolicyGate:
     """The current policy version, the pause state, and the calls in flight.
 
-    ``live`` holds the :class:`Versions` of generations whose tokens are counted as they
-    arrive (streams); a resume after a ``suspend`` starts the new version's span at each one's
-    count. ``resumes`` counts the ends of ``suspend`` pauses (a token-in call compares it
-    before and after each request).
+    ``live``: the :class:`Versions` of streams, whose tokens are counted as they arrive;
+    ``resumes`` counts the ends of ``suspend`` pauses (a token-in call compares it before and
+    after each request); ``token_in``: upstream base URL -> vLLM's ids of its token-in
+    requests running there (what a suspend aborts).
     """
 
     def __init__(self, *, version: int = 0, retry_after: float = 1.0) -> None:
@@ -75,7 +63,6 @@ class PolicyGate:
         self.in_flight = 0
         self.resumes = 0
         self.live: set[Versions] = set()
-        # upstream base URL -> vLLM's ids of the token-in requests running there
         self.token_in: dict[str, set[str]] = {}
         self._mode: PauseMode | None = None
         self._resumed = anyio.Event()

@@ -3,11 +3,6 @@
 The agent's request goes upstream with the backend's capture flags (:mod:`.backends`); the
 answer (whole, or SSE event by event) comes back with the token ids and logprobs stripped
 unless the agent asked for logprobs. The record is committed before the answer's last byte.
-
-Example::
-
-    mode = ProxyMode(backend_named("vllm"))
-    await mode.serve(call, send)            # call: a :class:`~agentcore_rl.gateway.call.Call`
 """
 
 from __future__ import annotations
@@ -16,28 +11,23 @@ from typing import Final
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.answers import Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.backends import Backend, Capture, synthesize_sse
-from agentcore_rl.gateway.call import Call
-from agentcore_rl.gateway.jsonio import dumps
+from agentcore_rl.gateway.call import (
+    SSE_HEADERS,
+    Call,
+    Refuse,
+    down_message,
+    error_body,
+    passed_on,
+    respond,
+    send_sse,
+)
+from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
 
-__all__ = ["SSE_HEADERS", "ProxyMode", "send_sse"]
+__all__ = ["ProxyMode"]
 
-SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _DONE: Final = b"data: [DONE]"
-
-
-async def send_sse(send: Send, body: bytes) -> None:
-    """A whole SSE stream in one piece."""
-    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-    await send({"type": "http.response.body", "body": body})
-
-
-def include_usage(call: Call) -> bool:
-    """Whether the agent asked for a usage chunk at the end of its stream."""
-    options = call.body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 class ProxyMode:
@@ -52,11 +42,11 @@ class ProxyMode:
     async def serve(self, call: Call, send: Send) -> None:
         """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
         endpoint = call.endpoint
-        stream, sse_usage = call.stream, include_usage(call)
+        stream = call.stream
         upstream_body, keep_logprobs = self.backend.prepare(dict(call.body), endpoint)
         payload = dumps(upstream_body)
         del upstream_body
-        capture = Capture(endpoint)
+        capture = Capture()
         # A stream's tokens are counted as they arrive: the resume after a suspend starts the
         # new version's span at the count (a whole answer's tokens keep the call's version).
         versions = call.versions
@@ -79,15 +69,12 @@ class ProxyMode:
         finally:
             call.gate.live.discard(versions)
         if status != 200:
-            text = content[:500].decode("utf-8", "replace")
-            call.commit(status, f"upstream answered HTTP {status}: {text}")
-            await respond(send, status, content)
-            return
+            raise passed_on(status, content)
         data = self._whole(content, call, capture, keep_logprobs)
         del content
         call.commit(200)
         if stream:  # the upstream could not stream with capture on: the whole answer
-            await send_sse(send, synthesize_sse(data, endpoint, sse_usage))
+            await send_sse(send, synthesize_sse(data, endpoint, call.include_usage))
         else:
             await respond(send, 200, dumps(data))
 
@@ -95,31 +82,34 @@ class ProxyMode:
         self, content: bytes, call: Call, capture: Capture, keep_logprobs: bool
     ) -> dict[str, object]:
         try:
-            data = capture.parse(content)
+            data = loads(content)
         except ValueError:
             data = None
         if not isinstance(data, dict):
             raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
         try:
-            self.backend.take_response(data, capture, keep_logprobs, call.endpoint)
+            self.backend.take(data, capture, keep_logprobs, call.endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refuse(502, message, "upstream_invalid") from None
-        missing = capture.missing(self.backend.name)
-        if missing:
-            raise Refuse(502, missing, "upstream_missing_token_ids")
-        try:
-            self._fill(call, capture)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise Refuse(502, f"the upstream sent {exc}", "upstream_invalid") from None
+        failed = self._fill(call, capture)
+        if failed:
+            raise Refuse(502, *failed)
         return data
 
-    @staticmethod
-    def _fill(call: Call, capture: Capture) -> None:
-        """The record's arrays from the capture, and where each version's tokens start."""
-        capture.fill(call.record)
+    def _fill(self, call: Call, capture: Capture) -> tuple[str, str] | None:
+        """The record's arrays from the capture, and where each version's tokens start;
+        -> (what is wrong, its kind) when the upstream's answer falls short."""
+        missing = capture.missing(self.backend.name)
+        if missing:
+            return missing, "upstream_missing_token_ids"
+        try:
+            capture.fill(call.record)
+        except (ValueError, TypeError, OverflowError) as exc:
+            return f"the upstream sent {exc}", "upstream_invalid"
         if len(call.versions.starts) > 1 and call.record.completions:
             call.record.completions[0].versions = call.versions.starts
+        return None
 
     async def _relay(
         self,
@@ -140,7 +130,7 @@ class ProxyMode:
         unread: list[bytes] = []
         newline = False  # whether the last piece ended with a newline
         held: list[bytes] = []  # events before the first chunk (none from vLLM)
-        take, endpoint = self.backend.take_chunk, call.endpoint
+        take, endpoint = self.backend.take, call.endpoint
         try:
             async for piece in content:
                 ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
@@ -162,7 +152,8 @@ class ProxyMode:
                         done = True
                         continue
                     if event.startswith(b"data:"):
-                        data = capture.parse(event, 5)
+                        with memoryview(event) as view:
+                            data = loads(view[5:])
                         take(data, capture, keep_logprobs, endpoint)
                         out.append(b"data: ")
                         out.append(dumps(data))
@@ -214,15 +205,10 @@ class ProxyMode:
         await self._end_stream(send, [*held, *unread], capture, call)
 
     async def _end_stream(self, send: Send, out: list[bytes], capture: Capture, call: Call) -> None:
-        missing, kind = capture.missing(self.backend.name), "upstream_missing_token_ids"
-        if not missing:
-            try:
-                self._fill(call, capture)
-            except (ValueError, TypeError, OverflowError) as exc:
-                missing, kind = f"the upstream sent {exc}", "upstream_invalid"
-        if missing:
-            call.commit(502, missing)
-            tail = b"data: " + error_body(502, missing, kind) + b"\n\n"
+        failed = self._fill(call, capture)
+        if failed:
+            call.commit(502, failed[0])
+            tail = b"data: " + error_body(502, *failed) + b"\n\n"
         else:
             call.commit(200)  # before the last byte: an envelope never overtakes its last record
             tail = _DONE + b"\n\n"

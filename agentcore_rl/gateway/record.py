@@ -1,4 +1,4 @@
-"""What the gateway keeps per model call, per session, and how a trace is stored.
+"""What the gateway keeps per model call and per session, and how a trace is stored.
 
 Token ids and logprobs live in typed arrays (4 bytes per id, 8 per logprob), and the
 agent's request is kept as the raw JSON bytes it sent, parsed only when someone reads
@@ -7,31 +7,33 @@ in a few kilobytes instead of tens of kilobytes of Python ints and dicts.
 
 A trace serializes to gzip-compressed JSON (``dump_trace``/``load_trace``), the format
 written beside a rollout's envelope as ``{exp_id}/{input_id}/{session_id}.trace.json.gz``
-(see :func:`trace_key`).
-
-Example::
-
-    blob = dump_trace(trace)                   # bytes, gzip
-    again = load_trace(blob)
-    again.records[0].completions[0].token_ids  # array('i', [...])
+(see :func:`trace_key`). A session idle past the gateway's TTL goes to a :class:`TraceSink`.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gzip
 import json
+import os
 import struct
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import anyio
 
 __all__ = [
     "TRACE_FORMAT",
     "CallRecord",
     "Completion",
+    "DirectorySink",
+    "Session",
     "SessionTrace",
+    "TraceSink",
     "dump_trace",
     "load_trace",
     "trace_key",
@@ -44,6 +46,8 @@ TRACE_FORMAT: Final = "agentcore-rl.trace.v1"
 _NOT_SAMPLING: Final = frozenset(
     {"messages", "prompt", "tools", "tool_choice", "model", "stream", "stream_options", "user"}
 )
+# CallRecord fields written otherwise (the request as JSON) or converted (the arrays).
+_NOT_JSON: Final = frozenset({"request_body", "overrides", "prompt_ids", "completions"})
 
 
 def ids_array(values: Any = ()) -> array[int]:
@@ -60,6 +64,7 @@ def logprob_array(values: Any = ()) -> array[float]:
     return array("d", values)
 
 
+@dataclass(slots=True, repr=False)
 class Completion:
     """One choice of a call: completion token ids, their logprobs, the finish reason, and
     ``versions``: ``[(first token index, policy version), ...]`` when a weight update came
@@ -75,36 +80,18 @@ class Completion:
         list(zip(completion.token_ids, completion.logprobs))
     """
 
-    __slots__ = ("finish_reason", "index", "logprobs", "stop_string", "token_ids", "versions")
-
-    def __init__(
-        self,
-        index: int = 0,
-        token_ids: array[int] | None = None,
-        logprobs: array[float] | None = None,
-        finish_reason: str | None = None,
-        stop_string: str | None = None,
-        versions: list[tuple[int, int]] | None = None,
-    ) -> None:
-        self.index = index
-        self.stop_string = stop_string
-        self.token_ids = ids_array() if token_ids is None else token_ids
-        self.logprobs = logprob_array() if logprobs is None else logprobs
-        self.finish_reason = finish_reason
-        self.versions = versions
+    index: int = 0
+    token_ids: array[int] = field(default_factory=ids_array)
+    logprobs: array[float] = field(default_factory=logprob_array)
+    finish_reason: str | None = None
+    stop_string: str | None = None
+    versions: list[tuple[int, int]] | None = None
 
     def __repr__(self) -> str:
         return (
             f"Completion(index={self.index}, tokens={len(self.logprobs)}, "
             f"finish_reason={self.finish_reason!r})"
         )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Completion):
-            return NotImplemented
-        return self.to_json() == other.to_json()
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
@@ -132,6 +119,7 @@ class Completion:
         )
 
 
+@dataclass(slots=True, repr=False)
 class CallRecord:
     """One model call the agent made through the gateway.
 
@@ -145,79 +133,30 @@ class CallRecord:
             print(record.index, record.status, len(record.prompt_ids), record.messages[-1])
     """
 
-    __slots__ = (
-        "completions",
-        "endpoint",
-        "error",
-        "exp_id",
-        "index",
-        "input_id",
-        "latency_s",
-        "overrides",
-        "policy_version_end",
-        "policy_version_start",
-        "prompt_ids",
-        "request_body",
-        "session_id",
-        "started_at",
-        "status",
-        "stream",
-        "upstream",
-        "usage",
-    )
-
-    def __init__(
-        self,
-        session_id: str,
-        index: int,
-        endpoint: str,  # "chat.completions" or "completions"
-        exp_id: str | None = None,
-        input_id: str | None = None,
-        policy_version_start: int | None = None,
-        policy_version_end: int | None = None,
-        request_body: bytes = b"{}",
-        overrides: Mapping[str, Any] | None = None,
-        prompt_ids: array[int] | None = None,
-        completions: list[Completion] | None = None,
-        usage: dict[str, Any] | None = None,
-        started_at: float = 0.0,  # wall clock (time.time) when the call arrived
-        latency_s: float = 0.0,
-        stream: bool = False,
-        upstream: str = "",
-        status: int = 0,
-        error: str | None = None,
-    ) -> None:
-        self.session_id = session_id
-        self.index = index
-        self.endpoint = endpoint
-        self.exp_id = exp_id
-        self.input_id = input_id
-        self.policy_version_start = policy_version_start
-        self.policy_version_end = policy_version_end
-        self.request_body = request_body  # the agent's request JSON, as it sent it
-        self.overrides = overrides
-        self.prompt_ids = ids_array() if prompt_ids is None else prompt_ids
-        self.completions: list[Completion] = [] if completions is None else completions
-        self.usage = usage
-        self.started_at = started_at
-        self.latency_s = latency_s
-        self.stream = stream
-        self.upstream = upstream
-        self.status = status
-        self.error = error
+    session_id: str
+    index: int
+    endpoint: str  # "chat.completions" or "completions"
+    exp_id: str | None = None
+    input_id: str | None = None
+    policy_version_start: int | None = None
+    policy_version_end: int | None = None
+    request_body: bytes = b"{}"  # the agent's request JSON, as it sent it
+    overrides: Mapping[str, Any] | None = None
+    prompt_ids: array[int] = field(default_factory=ids_array)
+    completions: list[Completion] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    started_at: float = 0.0  # wall clock (time.time) when the call arrived
+    latency_s: float = 0.0
+    stream: bool = False
+    upstream: str = ""
+    status: int = 0
+    error: str | None = None
 
     def __repr__(self) -> str:
         return (
             f"CallRecord(session_id={self.session_id!r}, index={self.index}, "
             f"status={self.status}, error={self.error!r}, completions={self.completions!r})"
         )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CallRecord):
-            return NotImplemented
-        return self.to_json() == other.to_json() and self.request_body == other.request_body
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
     @property
     def ok(self) -> bool:
@@ -256,47 +195,23 @@ class CallRecord:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form (the request embedded as JSON, not as bytes)."""
-        return {
-            "session_id": self.session_id,
-            "index": self.index,
-            "endpoint": self.endpoint,
-            "exp_id": self.exp_id,
-            "input_id": self.input_id,
-            "policy_version_start": self.policy_version_start,
-            "policy_version_end": self.policy_version_end,
-            "request": self.request,
-            "prompt_ids": self.prompt_ids.tolist(),
-            "completions": [c.to_json() for c in self.completions],
-            "usage": self.usage,
-            "started_at": self.started_at,
-            "latency_s": self.latency_s,
-            "stream": self.stream,
-            "upstream": self.upstream,
-            "status": self.status,
-            "error": self.error,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_JSON}
+        out.update(
+            request=self.request,
+            prompt_ids=self.prompt_ids.tolist(),
+            completions=[c.to_json() for c in self.completions],
+        )
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CallRecord:
         """Inverse of :meth:`to_json`."""
+        names = {f.name for f in fields(cls)} - _NOT_JSON
         return cls(
-            session_id=str(data["session_id"]),
-            index=int(data["index"]),
-            endpoint=str(data.get("endpoint", "chat.completions")),
-            exp_id=data.get("exp_id"),
-            input_id=data.get("input_id"),
-            policy_version_start=data.get("policy_version_start"),
-            policy_version_end=data.get("policy_version_end"),
+            **{k: v for k, v in data.items() if k in names},
             request_body=json.dumps(data.get("request") or {}).encode(),
             prompt_ids=ids_array(data.get("prompt_ids") or ()),
             completions=[Completion.from_json(c) for c in data.get("completions") or ()],
-            usage=data.get("usage"),
-            started_at=float(data.get("started_at", 0.0)),
-            latency_s=float(data.get("latency_s", 0.0)),
-            stream=bool(data.get("stream", False)),
-            upstream=str(data.get("upstream", "")),
-            status=int(data.get("status", 0)),
-            error=data.get("error"),
         )
 
 
@@ -341,28 +256,18 @@ class SessionTrace:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return {
-            "format": TRACE_FORMAT,
-            "session_id": self.session_id,
-            "exp_id": self.exp_id,
-            "input_id": self.input_id,
-            "gateway_id": self.gateway_id,
-            "complete": self.complete,
-            "records": [r.to_json() for r in self.records],
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {"format": TRACE_FORMAT, **out, "records": [r.to_json() for r in self.records]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SessionTrace:
         """Inverse of :meth:`to_json`; refuses another format."""
         if data.get("format") != TRACE_FORMAT:
             raise ValueError(f"not a {TRACE_FORMAT} trace (format={data.get('format')!r})")
+        names = {f.name for f in fields(cls)} - {"records"}
         return cls(
-            session_id=str(data["session_id"]),
-            exp_id=data.get("exp_id"),
-            input_id=data.get("input_id"),
+            **{k: v for k, v in data.items() if k in names},
             records=[CallRecord.from_json(r) for r in data.get("records") or ()],
-            gateway_id=str(data.get("gateway_id", "")),
-            complete=bool(data.get("complete", True)),
         )
 
 
@@ -396,3 +301,100 @@ def trace_key(exp_id: str | None, input_id: str | None, session_id: str) -> str:
         trace_key("e1", "q7", "sid-1")   # "e1/q7/sid-1.trace.json.gz"
     """
     return f"{exp_id or '_'}/{input_id or '_'}/{session_id}.trace.json.gz"
+
+
+class TraceSink(Protocol):
+    """Where traces of expired sessions are persisted (a directory, S3, ...).
+
+    Example::
+
+        class S3Sink:
+            async def save(self, trace): await store.put(key_of(trace), dump_trace(trace))
+            async def load(self, session_id): ...
+    """
+
+    async def save(self, trace: SessionTrace) -> None:
+        """Persist ``trace`` durably (raise if that is impossible)."""
+
+    async def load(self, session_id: str) -> SessionTrace | None:
+        """The trace saved for ``session_id``, or None."""
+
+
+class DirectorySink:
+    """Expired traces as ``{root}/{session_id}.trace.json.gz`` files.
+
+    Example::
+
+        sink = DirectorySink(tmp_path)
+        await sink.save(trace)
+        assert (await sink.load(trace.session_id)) is not None
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"DirectorySink({str(self.root)!r})"
+
+    def _path(self, session_id: str) -> Path:
+        if not session_id or "/" in session_id or session_id.startswith("."):
+            raise ValueError(f"not a session id: {session_id!r}")  # never a path outside root
+        return self.root / f"{session_id}.trace.json.gz"
+
+    async def save(self, trace: SessionTrace) -> None:
+        path = anyio.Path(self._path(trace.session_id))
+        await path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        await tmp.write_bytes(dump_trace(trace))
+        await tmp.replace(path)  # readers never see half a file
+
+    async def load(self, session_id: str) -> SessionTrace | None:
+        try:
+            blob = await anyio.Path(self._path(session_id)).read_bytes()
+        except FileNotFoundError:
+            return None
+        return load_trace(blob)
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One session's metadata and records so far."""
+
+    session_id: str
+    exp_id: str | None = None
+    input_id: str | None = None
+    sampling: dict[str, Any] | None = None
+    records: list[CallRecord] = field(default_factory=list)
+    next_index: int = 0
+    last_seen: float = 0.0
+    in_flight: int = 0
+    idle: anyio.Event | None = None  # set when in_flight drops to 0 while someone waits
+    # the rendering mode's linear history (render/linear.py), made on the first call
+    render: Any = None
+
+    def call_started(self, now: float) -> int:
+        """Count a call in; -> its index in the session."""
+        self.last_seen = now
+        self.in_flight += 1
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+    def call_ended(self, record: CallRecord, now: float) -> None:
+        """Commit ``record`` (in index order) and count the call out."""
+        bisect.insort(self.records, record, key=lambda r: r.index)  # concurrent calls end unordered
+        self.last_seen = now
+        self.in_flight -= 1
+        if self.in_flight == 0 and self.idle is not None:
+            self.idle.set()
+
+    def trace(self, gateway_id: str, *, complete: bool = True) -> SessionTrace:
+        """The records so far as a :class:`SessionTrace` (sharing the record objects)."""
+        return SessionTrace(
+            session_id=self.session_id,
+            exp_id=self.exp_id,
+            input_id=self.input_id,
+            records=list(self.records),
+            gateway_id=gateway_id,
+            complete=complete,
+        )

@@ -1,22 +1,11 @@
-"""The gateway's client for its inference servers: an aiohttp session per upstream with an
-OpenAI server's request shapes.
+"""The gateway's client for its inference servers: an aiohttp session per upstream.
 
-Every model call crosses it, so it keeps aiohttp's per-request work to what a proxy needs:
-the URL and headers are built once per endpoint (:meth:`UpstreamPool.target`), no cookie
-jar, no automatic headers or decompression, keep-alive connections reused. A body is read
-whole (one wake-up) or as it arrives (streaming: aiohttp pauses reading from the socket
-while the agent lags behind).
-
-Errors are one type, :class:`UpstreamError` (refused, reset, cut short, silent past the
-read timeout), so the gateway turns each into a 502 naming its upstream.
-
-Example::
-
-    async with UpstreamPool("http://127.0.0.1:8000/v1") as pool:
-        status, body = await pool.fetch(pool.target("/chat/completions"), b'{"messages": []}')
-        async with pool.stream(pool.target("/chat/completions"), body) as response:
-            async for piece in response:
-                ...
+Every model call crosses it, so it keeps aiohttp's per-request work to what a proxy needs
+(aiohttp over httpx by measurement: docs/benchmarks.md): the URL and headers are built once
+per endpoint (:meth:`UpstreamPool.target`), no cookie jar, no automatic headers or
+decompression, keep-alive connections reused. A body is read whole (one wake-up) or as it
+arrives (streaming: aiohttp pauses reading from the socket while the agent lags behind).
+Every failure is one type, :class:`UpstreamError`, which the gateway answers with a 502.
 """
 
 from __future__ import annotations
@@ -24,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -115,17 +103,6 @@ class UpstreamPool:
     The aiohttp session is made on first use, in the running event loop.
     """
 
-    __slots__ = (
-        "_closed",
-        "_headers",
-        "_limits",
-        "_origin",
-        "_path",
-        "_session",
-        "_targets",
-        "base",
-    )
-
     def __init__(
         self,
         base_url: str,
@@ -150,17 +127,6 @@ class UpstreamPool:
 
     def __repr__(self) -> str:
         return f"UpstreamPool({self.base!r})"
-
-    async def __aenter__(self) -> UpstreamPool:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def target(self, path: str, method: str = "POST", *, root: bool = False) -> UpstreamTarget:
         """The method, URL and headers for ``path`` under the base (built once); ``root``:
@@ -194,25 +160,14 @@ class UpstreamPool:
 
     async def fetch(self, target: UpstreamTarget, body: bytes | None) -> tuple[int, bytes]:
         """One whole exchange: -> (status, body). ``target`` from :meth:`target`."""
-        session = self._session or self._open()
-        try:
-            async with session.request(
-                target.method, target.url, data=_payload(body), headers=target.headers
-            ) as response:
-                return response.status, await response.read()
-        except _FAILURES as exc:
-            raise _failed(exc) from exc
-
-    def stream(
-        self, target: UpstreamTarget, body: bytes | None
-    ) -> AbstractAsyncContextManager[UpstreamResponse]:
-        """An exchange whose body is read as it arrives (the connection is released after)."""
-        return self._stream(target, body)
+        async with self.stream(target, body) as response:
+            return response.status, await response.read()
 
     @asynccontextmanager
-    async def _stream(
+    async def stream(
         self, target: UpstreamTarget, body: bytes | None
     ) -> AsyncIterator[UpstreamResponse]:
+        """An exchange whose body is read as it arrives (the connection is released after)."""
         session = self._session or self._open()
         try:
             response = await session.request(

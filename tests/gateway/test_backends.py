@@ -30,7 +30,7 @@ def test_sglang_request_flags_and_answer_capture() -> None:
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
     }
     capture = Capture()
-    backend.take_response(answer, capture, keep, "chat.completions")
+    backend.take(answer, capture, keep, "chat.completions")
     assert capture.missing("sglang") is None
     record = CallRecord("s", 0, "chat.completions")
     capture.fill(record)
@@ -51,7 +51,7 @@ def test_sglang_without_meta_info_names_what_is_missing() -> None:
     backend = backend_named("sglang")
     capture = Capture()
     answer = {"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
-    backend.take_response(answer, capture, False, "chat.completions")
+    backend.take(answer, capture, False, "chat.completions")
     message = capture.missing("sglang")
     assert message is not None
     assert "no prompt token ids and no completion token ids" in message

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.render.parsers import (
     REASONING_PARSERS,
     TOOL_PARSERS,
@@ -16,7 +17,6 @@ from agentcore_rl.gateway.render.parsers import (
     reasoning_parser_named,
     tool_parser_named,
 )
-from agentcore_rl.gateway.render.token_in import token_in_backend
 
 CALL = ToolCall("calculator", {"expression": "1 + 2", "step": 1})
 
@@ -69,20 +69,20 @@ def test_unknown_names_are_errors_that_list_the_choices() -> None:
     with pytest.raises(ValueError, match="qwen3"):
         reasoning_parser_named("nope")
     with pytest.raises(ValueError, match="sglang"):
-        token_in_backend("nope")
+        backend_named("nope")
 
 
 def test_token_in_request_shapes() -> None:
     body = {"model": "m", "messages": [], "temperature": 0.5, "max_tokens": 7, "seed": 3}
-    vllm = token_in_backend("vllm").request([1, 2], body, stop_ids=[9])
+    vllm = backend_named("vllm").request([1, 2], body, stop_ids=[9], budget=7)
     assert vllm["prompt"] == [1, 2]
     assert vllm["return_token_ids"] is True
     assert (vllm["max_tokens"], vllm["logprobs"], vllm["stop_token_ids"]) == (7, 0, [9])
-    sglang = token_in_backend("sglang").request([1, 2], body, stop_ids=[9])
+    sglang = backend_named("sglang").request([1, 2], body, stop_ids=[9], budget=7)
     assert sglang["input_ids"] == [1, 2]
     assert sglang["return_logprob"] is True
     assert sglang["sampling_params"]["max_new_tokens"] == 7
-    served = token_in_backend("sglang").read(
+    served = backend_named("sglang").read(
         {
             "meta_info": {
                 "output_token_logprobs": [[-0.5, 4, None]],

@@ -5,6 +5,7 @@ makes of answers a real server would not send."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -28,7 +29,7 @@ async def test_requests_go_under_the_base_path_and_failures_are_upstream_errors(
         with pytest.raises(UpstreamError, match="closed"):
             await pool.fetch(target, b"{}")
     assert counts == [2]
-    async with UpstreamPool(f"{origin}/v1") as pool:
+    async with contextlib.aclosing(UpstreamPool(f"{origin}/v1")) as pool:
         with pytest.raises(UpstreamError, match="cannot connect"):
             await pool.fetch(pool.target("/models", "GET"), None)
     with pytest.raises(ValueError, match="http"):
@@ -76,7 +77,10 @@ async def test_silence_and_a_body_cut_short_are_upstream_errors() -> None:
         await r.read()  # until the client gives up and closes
         return False
 
-    async with loopback(silent) as (origin, _), UpstreamPool(origin, read_timeout=0.2) as pool:
+    async with (
+        loopback(silent) as (origin, _),
+        contextlib.aclosing(UpstreamPool(origin, read_timeout=0.2)) as pool,
+    ):
         with pytest.raises(UpstreamError, match="read timeout"):
             await pool.fetch(pool.target("/completions"), b"{}")
 
@@ -85,7 +89,7 @@ async def test_silence_and_a_body_cut_short_are_upstream_errors() -> None:
         await w.drain()
         return False  # closes with 90 bytes missing
 
-    async with loopback(cut) as (origin, _), UpstreamPool(origin) as pool:
+    async with loopback(cut) as (origin, _), contextlib.aclosing(UpstreamPool(origin)) as pool:
         async with pool.stream(pool.target("/completions"), b"{}") as response:
             assert response.status == 200
             pieces: list[bytes] = []

@@ -9,6 +9,7 @@ generation going; each token's logprob then says which weights sampled it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -24,10 +25,18 @@ pytestmark = pytest.mark.timeout(600)
 LENGTH = 1500  # seconds of generation: the pause lands long before its end
 _OLD_OR_NEW = -13.0  # between the two models' logprobs of an ordinary token
 # vLLM shows no token of a running request (its /metrics counters moved only when a request
-# ended, in our runs), so the test lets the generation run this long before the pause: long
-# enough for its first tokens even on a loaded CPU, short against its whole length (1,500
-# tokens at a few hundred per second at most here).
-_HEAD_START = 1.0
+# ended, in our runs), so the pause comes after the time this machine takes for a tenth of the
+# generation, timed just before (speeds differ tenfold between machines; a fixed head start
+# either comes before the first token or after the last).
+_PROBE = 100  # tokens timed; the head start is the time of LENGTH / 10 of them
+
+
+async def _head_start(http: httpx.AsyncClient) -> float:
+    """Seconds this machine takes, now, to generate a tenth of LENGTH tokens."""
+    body = {"model": MODEL, "prompt": "Once", "max_tokens": _PROBE, "min_tokens": _PROBE}
+    started = time.perf_counter()
+    (await http.post("/v1/completions", json=body)).raise_for_status()
+    return (time.perf_counter() - started) * LENGTH / 10 / _PROBE
 
 
 async def _load(http: httpx.AsyncClient, directory: Any) -> None:
@@ -78,15 +87,16 @@ async def test_a_suspend_freezes_a_long_generation_that_goes_on_under_the_new_we
                 )
             )
 
+        head_start = await _head_start(http)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(agent)
                 gate = gateway.gate
-                # Running at vLLM, then some tokens out (see _HEAD_START).
+                # Running at vLLM, then some tokens out (see _PROBE).
                 with anyio.fail_after(240):
                     while not (gate.live or any(gate.token_in.values())):  # noqa: ASYNC110
                         await anyio.sleep(0.01)
-                await anyio.sleep(_HEAD_START)
+                await anyio.sleep(head_start)
                 async with gateway.paused("suspend"):
                     assert gateway.gate.in_flight == 1  # entered with the call still running
                     await _load(http, vllm_server.other_model_dir)

@@ -1,43 +1,24 @@
 """Linear history: each turn's prompt is the served ids of the turn it extends, plus the
 template's rendering of what is new (tool results, user turns, the generation prompt).
 
-A chat template re-renders the whole conversation on every request, and what it renders for
-the earlier turns is not what the model was fed and produced: thinking templates drop
-earlier reasoning, tool calls are re-serialised, a stop token becomes a separator. In linear
-history the session keeps, per answered request, the exact ids (prompt + completion) and
-the messages it was asked with. A new request *extends* a kept turn when its messages start
-with that turn's messages followed by the assistant message the gateway answered (content
-and tool calls; reasoning the agent dropped does not matter). Then
-
-    prompt = kept prompt + kept completion + ids(rendering after the answer's end-of-turn)
-
-where "after the answer's end-of-turn" is found by counting the answer's stop token: the new
-rendering is cut after as many of them as the rendering of the history up to and including
-the answer holds. An answer cut off before its stop token (``max_tokens``, a stop string) is
-closed as the template closes a turn: its end-of-turn token follows the served ids.
-Whatever the template renders for the earlier turns (reasoning dropped,
-calls re-serialised, separators) is replaced by what was served. A request that extends no
-kept turn (the agent truncated or edited its history, a sub-agent with a fresh context)
-starts afresh from the full rendering and is counted as a fork: never a silent mismatch.
-
-Example::
-
-    history = LinearHistory()
-    plan = history.plan(template, messages, tools=tools)
-    ...                                     # call the server with plan.prompt_ids
-    history.remember(plan, messages, answer, completion_ids, stopped=True)
+A request *extends* a kept turn when its messages are that turn's messages followed by the
+assistant message the gateway answered (content and tool calls). Then the prompt is the kept
+prompt + the kept completion + the ids of the new rendering after the answer's end-of-turn,
+found by counting the answer's stop token (as many as the rendering of the history up to the
+answer holds). An answer cut off before its stop token is closed as the template closes a
+turn. A request that extends no kept turn starts afresh from the full rendering: a fork,
+counted, never a silent mismatch (docs/gateway.md, "Two capture modes").
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from agentcore_rl.gateway.render.template import ChatTemplate
+from agentcore_rl.gateway.render.template import ChatTemplate, prepare_messages
 
 __all__ = ["LinearHistory", "Plan", "Turn"]
 
@@ -74,31 +55,18 @@ def _key(tools: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
     return json.dumps([tools or [], kwargs or {}], sort_keys=True, default=str)
 
 
-def _calls(message: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    out = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {} if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):
-                arguments = json.loads(arguments)
-        out.append((str(function.get("name")), arguments))
-    return out
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return (content or "").strip() if isinstance(content, str) else ""
+def _gist(message: Mapping[str, Any]) -> tuple[str, list[tuple[Any, Any]]]:
+    calls = [c["function"] for c in message.get("tool_calls") or ()]
+    return str(message["content"]).strip(), [(f.get("name"), f.get("arguments")) for f in calls]
 
 
 def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
-    """Whether the agent's echo ``sent`` is the assistant message the gateway answered."""
+    """Whether the agent's echo ``sent`` is the assistant message the gateway answered
+    (content and tool calls, as the template sees them)."""
     if not isinstance(sent, Mapping) or sent.get("role") != "assistant":
         return False
-    return _text(sent.get("content")) == _text(answer.get("content")) and _calls(sent) == _calls(
-        answer
-    )
+    mine, theirs = prepare_messages([sent, answer])
+    return _gist(mine) == _gist(theirs)
 
 
 def _end_of(text: str, needle: str, count: int) -> int | None:
@@ -114,12 +82,10 @@ def _end_of(text: str, needle: str, count: int) -> int | None:
 
 @dataclass
 class LinearHistory:
-    """One session's kept turns and its fork count (see the module doc)."""
+    """One session's kept turns (see the module doc)."""
 
     keep: int = DEFAULT_KEEP
     turns: list[Turn] = field(default_factory=list)
-    forks: int = 0
-    extends: int = 0
 
     def plan(
         self,
@@ -148,11 +114,8 @@ class LinearHistory:
             if isinstance(ids, str):
                 reason = ids
                 break
-            self.extends += 1
             return Plan(ids, key, turn)
         fork = bool(self.turns)
-        if fork:
-            self.forks += 1
         return Plan(template.encode(full), key, fork=fork, reason=reason if fork else None)
 
     @staticmethod

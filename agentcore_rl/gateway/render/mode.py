@@ -1,18 +1,11 @@
 """The gateway's rendering mode: it owns tokenization and keeps each session's history linear.
 
-In proxy mode the inference server renders the chat template and the gateway records what it
-fed the model. In rendering mode (``RolloutGateway(..., render=RenderMode.load(DIR))``,
-``agentcore-rl gateway --history linear --tokenizer DIR``) the gateway renders each chat
-request itself with the model's tokenizer and template (transformers, as vLLM does), replaces
-the session's earlier turns by the ids the model was actually fed and produced
-(:mod:`.linear`), and calls the server token-in (:mod:`.token_in`). The completion's ids are
-decoded and split by the reasoning and tool-call parsers (:mod:`.parsers`) into an ordinary
-chat completion for the agent (``content``, ``reasoning_content``, ``tool_calls``; SSE when
-it asked to stream). The record holds the prompt ids exactly as sent and the completion ids
-and logprobs as returned, so a session whose history only grows is one training sequence.
-
-The server is asked without streaming (the answer is parsed whole); an agent that streams
-gets the parsed answer as one SSE stream.
+``RolloutGateway(..., render=RenderMode.load(DIR))`` (``--history linear --tokenizer DIR``)
+renders each chat request with the model's own template (transformers, as vLLM does),
+replaces the session's earlier turns by the ids the model was fed and produced
+(:mod:`.linear`), and calls the server token-in (:mod:`..backends`), without streaming. The
+completion is decoded and split by the parsers (:mod:`.parsers`) into an ordinary chat
+completion (SSE in one piece when the agent streams). See docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -20,15 +13,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from agentcore_rl.gateway.answers import Refuse, respond
-from agentcore_rl.gateway.backends import CHAT, synthesize_sse
-from agentcore_rl.gateway.call import Call
+from starlette.types import Send
+
+from agentcore_rl.gateway.backends import CHAT, Served, backend_named, max_tokens, synthesize_sse
+from agentcore_rl.gateway.call import Call, Refuse, passed_on, respond, send_sse
 from agentcore_rl.gateway.jsonio import dumps, loads
-from agentcore_rl.gateway.proxy import include_usage, send_sse
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
@@ -37,27 +31,10 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
-from agentcore_rl.gateway.render.token_in import Served, _max_tokens, token_in_backend
 
-if TYPE_CHECKING:
-    from starlette.types import Send
-
-    from agentcore_rl.gateway.sessions import Session
-
-__all__ = ["HISTORY_MODES", "RenderMode"]
+__all__ = ["RenderMode"]
 
 log = logging.getLogger("agentcore_rl.gateway")
-
-#: ``--history``: ``proxy`` (the server renders) or ``linear`` (the gateway renders).
-HISTORY_MODES = ("proxy", "linear")
-
-
-class _Answered(Exception):
-    """The upstream answered a status other than 200: passed to the agent as it is."""
-
-    def __init__(self, status: int, content: bytes) -> None:
-        super().__init__(status)
-        self.status, self.content = status, content
 
 
 class RenderMode:
@@ -84,7 +61,7 @@ class RenderMode:
         max_tokens: int = 4096,
     ) -> None:
         self.template = template
-        self.backend = token_in_backend(backend)
+        self.backend = backend_named(backend)
         self.tools = tool_parser_named(tool_call_parser)
         self.reasoning = reasoning_parser_named(reasoning_parser)
         self.max_tokens = max_tokens
@@ -104,17 +81,12 @@ class RenderMode:
         """A rendering mode on the tokenizer directory ``directory`` (see the class doc)."""
         return cls(ChatTemplate.load(directory), **options)
 
-    def history(self, session: Session) -> LinearHistory:
-        """The session's linear history (made on its first call)."""
-        if session.render is None:
-            session.render = LinearHistory()
-        history: LinearHistory = session.render
-        return history
-
     async def serve(self, call: Call, send: Send) -> None:
         """Serve one chat call token-in; commit its record before the answer's last byte."""
         body, record = call.body, call.record
-        history = self.history(call.session)
+        if call.session.render is None:
+            call.session.render = LinearHistory()
+        history: LinearHistory = call.session.render
         messages, tools, kwargs = self._conversation(body)
         if body.get("n", 1) not in (1, None):
             raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
@@ -133,13 +105,7 @@ class RenderMode:
         elif plan.extends is not None and not plan.retry:
             self.extends += 1
         record.prompt_ids = ids_array(plan.prompt_ids)
-        try:
-            served = await self._generate(call, plan.prompt_ids)
-        except _Answered as answered:  # the upstream refused: the agent gets its answer
-            text = answered.content[:500].decode("utf-8", "replace")
-            call.commit(answered.status, f"upstream answered HTTP {answered.status}: {text}")
-            await respond(send, answered.status, answered.content)
-            return
+        served = await self._generate(call, plan.prompt_ids)
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
         shown = ids[:-1] if stopped else ids
@@ -169,7 +135,7 @@ class RenderMode:
         answer = {
             "id": f"chatcmpl-{seed}",
             "object": "chat.completion",
-            "created": int(call.wall()),
+            "created": int(time.time()),
             "model": body.get("model") or "",
             "choices": [
                 {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
@@ -178,7 +144,7 @@ class RenderMode:
         }
         call.commit(200)  # before the answer's last byte
         if call.stream:
-            await send_sse(send, synthesize_sse(answer, CHAT, include_usage(call)))
+            await send_sse(send, synthesize_sse(answer, CHAT, call.include_usage))
         else:
             await respond(send, 200, dumps(answer))
 
@@ -230,7 +196,7 @@ class RenderMode:
         resume, the prompt plus those tokens goes on with the rest of ``max_tokens``;
         ``call.versions`` marks where each version's tokens start."""
         gate, pool, versions = call.gate, call.upstream, call.versions
-        budget = _max_tokens(call.body, self.max_tokens)
+        budget = max_tokens(call.body, self.max_tokens)
         ids: list[int] = []
         logprobs: list[float] = []
         tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
@@ -239,9 +205,9 @@ class RenderMode:
             resumes = gate.resumes
             request = self.backend.request(
                 prompt_ids + ids,
-                self._rest(call.body, budget, len(ids)),
+                self._rest(call.body, len(ids)),
                 stop_ids=self.stop_ids,
-                default_max_tokens=self.max_tokens,
+                budget=budget - len(ids),
             )
             # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
             # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
@@ -255,7 +221,7 @@ class RenderMode:
             finally:
                 running.discard(f"cmpl-{request_id}-0")
             if status != 200:
-                raise _Answered(status, content)
+                raise passed_on(status, content)
             try:
                 served = self.backend.read(loads(content))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
@@ -286,17 +252,10 @@ class RenderMode:
             versions.start(len(ids), gate.version)
 
     @staticmethod
-    def _rest(body: dict[str, Any], budget: int, done: int) -> dict[str, Any]:
-        """``body`` for the rest of a completion ``done`` tokens into its ``budget``."""
-        if not done:
-            return body
+    def _rest(body: dict[str, Any], done: int) -> dict[str, Any]:
+        """``body`` for the rest of a completion ``done`` tokens in (its ``min_tokens``)."""
         least = int(body.get("min_tokens") or 0) - done
-        return dict(
-            body,
-            max_tokens=budget - done,
-            max_completion_tokens=None,
-            min_tokens=least if least > 0 else None,
-        )
+        return dict(body, min_tokens=least if least > 0 else None) if done else body
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:

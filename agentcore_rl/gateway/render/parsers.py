@@ -1,23 +1,9 @@
 """Reasoning and tool-call parsers: a completion's text -> ``reasoning_content``, ``content``
-and OpenAI ``tool_calls``, named as vLLM's ``--reasoning-parser`` / ``--tool-call-parser``.
-
-Each parser also writes its syntax (``format``): the stand-in policy answers in the
-template's own syntax with it, so a test exercises parsing on what a model trained on that
-template emits. The text parsed is the completion decoded with its special tokens, the stop
-token already cut off.
-
-- reasoning: ``qwen3`` (``<think>...</think>`` in the completion), ``deepseek_r1`` (the prompt
-  ends in ``<think>``: the completion is reasoning up to ``</think>``).
-- tool calls: ``hermes`` (``<tool_call>{"name", "arguments"}</tool_call>``: Qwen2.5, Qwen3),
-  ``llama3_json`` (``{"name", "parameters"}``, after an optional ``<|python_tag|>``: Llama
-  3.1-3.3), ``deepseek_v3`` (``<｜tool▁calls▁begin｜>...``: DeepSeek V3 and the R1 family),
-  ``mistral`` (``[TOOL_CALLS]name[ARGS]{...}``), ``openai`` (gpt-oss's harmony channels, with
-  the ``openai_gptoss`` reasoning parser).
-
-Example::
-
-    tools = tool_parser_named("hermes")
-    content, calls = tools.parse('<tool_call>\\n{"name": "f", "arguments": {}}\\n</tool_call>')
+and OpenAI ``tool_calls``, named as vLLM's ``--reasoning-parser`` / ``--tool-call-parser``
+(docs/gateway.md lists them). The text parsed is the completion decoded with its special
+tokens, the stop token cut off. Each parser also writes its syntax (``format``): the stand-in
+policy answers with it in the template's own syntax, so a test parses what a model trained
+on that template emits.
 """
 
 from __future__ import annotations
@@ -27,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 __all__ = [
     "REASONING_PARSERS",
@@ -39,6 +25,8 @@ __all__ = [
     "reasoning_parser_named",
     "tool_parser_named",
 ]
+
+_P = TypeVar("_P")
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,28 +326,22 @@ TOOL_PARSERS: Final[Mapping[str, type[ToolParser]]] = {
 }
 
 
-def reasoning_parser_named(name: str | None) -> ReasoningParser | None:
-    """The reasoning parser called ``name`` (None: no reasoning split)."""
+def _named(table: Mapping[str, type[_P]], name: str | None, what: str) -> _P | None:
     if name is None:
         return None
-    try:
-        return REASONING_PARSERS[name]()
-    except KeyError:
-        raise ValueError(
-            f"unknown reasoning parser {name!r}; choose one of {sorted(REASONING_PARSERS)}"
-        ) from None
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; choose one of {sorted(table)}")
+    return table[name]()
+
+
+def reasoning_parser_named(name: str | None) -> ReasoningParser | None:
+    """The reasoning parser called ``name`` (None: no reasoning split)."""
+    return _named(REASONING_PARSERS, name, "reasoning parser")
 
 
 def tool_parser_named(name: str | None) -> ToolParser | None:
     """The tool-call parser called ``name`` (None: calls stay content)."""
-    if name is None:
-        return None
-    try:
-        return TOOL_PARSERS[name]()
-    except KeyError:
-        raise ValueError(
-            f"unknown tool-call parser {name!r}; choose one of {sorted(TOOL_PARSERS)}"
-        ) from None
+    return _named(TOOL_PARSERS, name, "tool-call parser")
 
 
 def parse_completion(

@@ -1,20 +1,8 @@
 """A model's tokenizer and chat template, loaded with transformers (what vLLM renders with).
 
 :class:`ChatTemplate` renders an OpenAI chat request (messages, tools, ``chat_template_kwargs``)
-to the template's text, and turns text into token ids and back. Messages are prepared as vLLM
-prepares them before rendering: a null content is "", a tool call's JSON-string
-``arguments`` become an object (the templates serialise them with ``tojson``), content parts
-become their text, and an
-assistant's ``reasoning_content`` is also offered as ``reasoning``/``thinking`` (the names
-other templates read).
-
-Needs the ``render`` extra (``pip install 'agentcore-rl[render]'``).
-
-Example::
-
-    template = ChatTemplate.load("/models/Qwen3-8B")
-    text = template.render(messages, tools=tools)
-    ids = template.encode(text)
+to the template's text, and turns text into token ids and back, messages prepared as vLLM
+prepares them (:func:`prepare_messages`). Needs the ``render`` extra.
 """
 
 from __future__ import annotations
@@ -40,7 +28,10 @@ def _text(content: Any) -> Any:
 
 
 def prepare_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The messages as the template should see them (see the module doc)."""
+    """The messages as vLLM gives them to the template: a null content is "", content parts
+    their text, a tool call's JSON-string ``arguments`` an object (templates write them with
+    ``tojson``), ``reasoning_content`` also as ``reasoning``/``thinking`` (other templates'
+    names)."""
     out = []
     for message in messages:
         item = dict(message)
