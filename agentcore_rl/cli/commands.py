@@ -25,9 +25,9 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, iter_lines, load_inputs
-from agentcore_rl.cli.journal import EvalJournal
-from agentcore_rl.cli.show import write_example
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.journal import EvalJournal, iter_lines
+from agentcore_rl.cli.show import load_run, render, write_example
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
@@ -39,7 +39,9 @@ __all__ = [
     "cmd_eval",
     "cmd_gateway",
     "cmd_local_runtime",
+    "cmd_report",
     "cmd_serve",
+    "cmd_show",
     "import_app",
     "print_run",
 ]
@@ -54,12 +56,7 @@ def _cwd_importable() -> None:
 
 def import_app(target: str) -> Any:
     """The object named by ``"package.module:attribute"`` (the current directory is
-    importable); ``ConfigurationError`` with a clear message otherwise.
-
-    Example::
-
-        app = import_app("examples.math_agent.agent:app")
-    """
+    importable); ``ConfigurationError`` with a clear message otherwise."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"{target!r} must look like 'package.module:app'")
@@ -135,12 +132,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_local_runtime(args: argparse.Namespace) -> int:
-    """``agentcore-rl local-runtime --agent-url URL``: the ACR data plane on this machine.
-
-    Example::
-
-        agentcore-rl local-runtime --agent-url http://127.0.0.1:8080 --port 8081
-    """
+    """``agentcore-rl local-runtime --agent-url URL``: the ACR data plane on this machine."""
     # lazy: a command imports only what it runs (the CLI starts fast)
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
@@ -156,12 +148,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    """``agentcore-rl gateway --upstream URL``: the rollout gateway until Ctrl-C.
-
-    Example::
-
-        agentcore-rl gateway --upstream http://127.0.0.1:8000/v1 --port 9000 --admin-token T
-    """
+    """``agentcore-rl gateway --upstream URL``: the rollout gateway until Ctrl-C."""
     # lazy: the gateway extra, needed by `gateway` only
     from agentcore_rl.gateway import DirectorySink, RolloutGateway
 
@@ -186,10 +173,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         f"admin routes {admin}\n"
         f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
     )
-    # The hot path (see docs/gateway.md): uvicorn's fastest loop and HTTP parser (uvloop,
-    # httptools, from the gateway extra, when installed), no access log (CPU per call),
-    # a deep accept backlog for bursts of agents, and keep-alive longer than an agent's
-    # think time between turns. One process: sessions live in its memory.
+    # The hot path (docs/gateway.md): the fastest loop and parser installed, no access log,
+    # a deep backlog for bursts, keep-alive longer than an agent's think time.
     return _serve_asgi(
         gateway,
         args.host,
@@ -231,15 +216,9 @@ def _render_mode(args: argparse.Namespace) -> Any:
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    # The block's own fields have options of their own (--exp-id, --base-url...): they
-    # cannot be passed through as extra _rollout fields.
-    reserved = {
-        protocol.EXP_ID,
-        protocol.INPUT_ID,
-        protocol.S3_BUCKET,
-        protocol.BASE_URL,
-        protocol.MODEL_ID,
-    }
+    # The block's own fields have options of their own (--exp-id, --base-url...).
+    reserved = {protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET}
+    reserved |= {protocol.BASE_URL, protocol.MODEL_ID}
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
@@ -258,8 +237,10 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
-def print_run(run: EvalRun, out: Path, *, title: str) -> None:
+def print_run(run: EvalRun, *, title: str) -> None:
     """The summary table and where the results are."""
+    out = run.out
+    assert out is not None
     if run.summary.resumed and out.exists():  # the summary covers the whole results file
         run.summary.replay(iter_lines(out))
     print(f"\n{title}")
@@ -272,61 +253,41 @@ def print_run(run: EvalRun, out: Path, *, title: str) -> None:
         print(f"one rollout to look at: {example.resolve()} (any other: {PROG} show)")
 
 
-def _exit_code(run: EvalRun) -> int:
-    counts = run.summary.counts
-    return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
-
-
 async def _run_and_report(
-    execute: Callable[[EvalRun], Awaitable[object]],
-    *,
-    title: str,
-    out: Path | None = None,
-    on_interrupt: str | None = None,
+    execute: Callable[[EvalRun], Awaitable[object]], *, title: str, on_interrupt: str = ""
 ) -> int:
-    """Run ``execute`` on a fresh :class:`EvalRun`, print its summary (also when
-    interrupted, then re-raise) and return the exit code. The summary names ``out``, or
-    the file the run reports (``run.out``) when ``out`` is None.
-    """
+    """Run ``execute`` on a fresh run, print its summary (also when interrupted, then
+    re-raise) and return the exit code."""
     run = EvalRun(RunSummary())
     try:
         await execute(run)
     except asyncio.CancelledError:
-        where = out if out is not None else run.out
-        if where is not None:
-            print_run(run, where, title=f"{title} (interrupted)")
-        if on_interrupt is not None:
+        if run.out is not None:
+            print_run(run, title=f"{title} (interrupted)")
+        if on_interrupt:
             print(f"{PROG}: {on_interrupt}", file=sys.stderr)
         raise
-    where = out if out is not None else run.out
-    assert where is not None
-    print_run(run, where, title=title)
-    return _exit_code(run)
+    print_run(run, title=title)
+    counts = run.summary.counts
+    return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed.
-
-    Example::
-
-        agentcore-rl eval problems.jsonl --agent-url http://127.0.0.1:8080 \\
-            --s3-bucket rollouts --exp-id eval-1 --out results.jsonl
-    """
-    out = Path(args.out) if args.out else Path(f"results-{args.exp_id}.jsonl")
+    """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed."""
     level = args.log_level or ("info" if args.verbose else "warning")
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # lazy: the client extra, needed by `eval` only
     from agentcore_rl.cli.eval import run_eval
+    from agentcore_rl.cli.preflight import check_services
 
     token = args.gateway_admin_token
     if args.gateway_url is not None and not token:
         token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
-
     options = EvalOptions(
         data=Path(args.data),
-        out=out,
+        out=Path(args.out or f"results-{args.exp_id}.jsonl"),
         s3_bucket=args.s3_bucket,
         exp_id=args.exp_id,
         agent_runtime_arn=args.agent_runtime_arn,
@@ -345,10 +306,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         gateway_admin_token=token,
         group_size=args.group_size,
         redundancy=args.redundancy,
+        group_seed=args.group_seed,
         retry_lost=args.retry_lost,
         retry_rollouts=args.retry_rollouts,
         prices=Prices.parse(args.price),
-        group_seed=args.group_seed,
     )
     if options.gateway_url is not None and token is None:
         raise ConfigurationError(
@@ -362,15 +323,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
-        # lazy: the client extra (httpx), needed by `eval` only
-        from agentcore_rl.cli.preflight import check_services
-
         # Every service it was given, before the first rollout and before any file exists.
         await check_services(options)
         return await _run_and_report(
             lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
             title=f"eval {options.exp_id}",
-            out=out,
             on_interrupt="stopped; continue with the same command and --resume",
         )
 
@@ -378,12 +335,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`).
-
-    Example::
-
-        agentcore-rl demo --n 50
-    """
+    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`)."""
     # Everything the demo's parts use, checked before it prints or starts anything.
     require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
     from agentcore_rl.cli.demo import DemoOptions, run_demo
@@ -408,3 +360,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_async(
         lambda: _run_and_report(lambda run: run_demo(options, run=run), title="demo summary")
     )
+
+
+def _prices(args: argparse.Namespace) -> Prices | None:
+    """``--price`` given: every cost priced again at those prices; else as the run had it."""
+    return Prices.parse(args.price) if args.price else None
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
+    rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    try:
+        print(render(rollout, color=color))
+    except BrokenPipeError:  # `show ... | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``agentcore-rl report RESULTS.jsonl [--compare OTHER] [-o FILE]``: write the report."""
+    require("report", f"{PROG} report", "jinja2", "matplotlib")
+    # lazy: the report extra
+    from agentcore_rl.cli.report import build_report
+
+    results = Path(args.results)
+    out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
+    if not out.parent.is_dir():
+        raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
+    compare = Path(args.compare) if args.compare else None
+    out.write_text(build_report(results, compare=compare, prices=_prices(args)), "utf-8")
+    print(f"report: {out.resolve()}")
+    return EXIT_OK

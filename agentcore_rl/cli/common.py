@@ -1,12 +1,6 @@
-"""What the ``agentcore-rl`` commands share: exit codes and an event-loop runner that turns
-Ctrl-C into a clean shutdown.
-
-Example::
-
-    from agentcore_rl.cli.common import run_async
-
-    exit_code = run_async(lambda: run_demo(options))
-"""
+"""What the ``agentcore-rl`` commands share: the exit codes (see
+:data:`agentcore_rl.cli.main.EXIT_CODES_HELP`) and an event-loop runner that turns Ctrl-C
+into a clean shutdown."""
 
 from __future__ import annotations
 
@@ -33,22 +27,12 @@ __all__ = [
 PROG: Final = "agentcore-rl"
 
 EXIT_OK: Final = 0
-#: Some rollouts failed or timed out (the run itself completed).
 EXIT_FAILURES: Final = 1
-#: A bad argument or a bad data file.
 EXIT_USAGE: Final = 2
-#: A service is unreachable or refuses us (S3, agent, runtime), or a port is taken.
 EXIT_UNAVAILABLE: Final = 3
-#: A bug: an exception nobody expected.
 EXIT_INTERNAL: Final = 4
 EXIT_INTERRUPTED: Final = 130
 EXIT_TERMINATED: Final = 143
-
-
-class _Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def run_async(work: Callable[[], Awaitable[int]]) -> int:
@@ -85,21 +69,16 @@ def run_async(work: Callable[[], Awaitable[int]]) -> int:
         try:
             return await work()
         except asyncio.CancelledError:
-            if received:
-                raise _Interrupted(received[0]) from None
-            raise
+            if not received:
+                raise
+            return EXIT_INTERRUPTED  # the signal's own code is returned below
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.remove_signal_handler(sig)
 
-    try:
-        code = asyncio.run(supervised())
-    except _Interrupted as exc:
-        return _exit_code(exc.signum)
-    if received:  # the work swallowed the cancellation but a signal did arrive
-        return _exit_code(received[0])
-    return code
+    code = asyncio.run(supervised())
+    return _exit_code(received[0]) if received else code
 
 
 def _exit_code(signum: int) -> int:

@@ -1,15 +1,9 @@
 """What a rollout cost: an ESTIMATE from what was measured, at prices you can set.
 
 It counts the agent's compute as AgentCore Runtime bills it (consumed vCPU-seconds and peak
-memory over the rollout's runtime, from the envelope) and, when prices for them are given,
-the model's prompt and completion tokens (from the gateway's capture). It does not count
-S3, the trainer's machine, minimum charges, free tiers or the inference server's own GPUs.
-
-Example::
-
-    prices = Prices(input_mtok=0.5, output_mtok=1.5)
-    usage = usage_of(record, tokens={"prompt_tokens": 900, "completion_tokens": 120})
-    print(price(usage, prices)["usd"])
+memory over the rollout's runtime, from the envelope) and, when priced, the model's prompt
+and completion tokens (from the gateway's capture); not S3, the trainer's machine, minimum
+charges, free tiers or the inference server's GPUs (see docs/cli.md).
 """
 
 from __future__ import annotations

@@ -2,27 +2,18 @@
 
 Embedded S3 (moto), the scripted stand-in policy (NOT a language model: a pattern-based
 script that solves the example's word problems, right ``accuracy`` of the time), the math
-example agent on two agent servers, and the local AgentCore Runtime in front of them. The
-problems go through :class:`~agentcore_rl.client.AsyncRolloutClient` over the ACR
-transport, i.e. the real aiobotocore ``bedrock-agentcore`` client, reaching the local
-runtime through ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, exactly as it would reach AWS.
-Then (up to) the first 6 problems run again as GRPO groups of 4 (all at once), for one line of
-group statistics (pass@1, pass@4, reward spread) in the summary.
-
-Unless ``gateway=False``, the agents reach the policy through a
-:class:`~agentcore_rl.gateway.RolloutGateway` served on loopback, which captures every
-call's tokens: the summary adds tokens per rollout and how the trajectories were built,
-and the trajectories go beside the results.
-
-Example::
-
-    run = await run_demo(DemoOptions(n=50))
-    print(run.summary.counts, run.out)
+example agent on two agent servers and the local AgentCore Runtime in front of them; unless
+``gateway=False``, a :class:`~agentcore_rl.gateway.RolloutGateway` between the agents and
+the policy captures every call's tokens. The problems run as an eval over the ACR transport
+(the real aiobotocore client, reaching the local runtime through
+``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, as it would reach AWS); then up to 6 of them run
+again as GRPO groups of 4, for the summary's line of group statistics.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -40,26 +31,22 @@ from typing import Final
 
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.eval import EvalOptions, EvalRun, load_inputs, run_eval
-from agentcore_rl.cli.group_eval import group_record
-from agentcore_rl.cli.group_summary import GroupTally
-from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
+from agentcore_rl.cli.eval import make_client, run_eval
+from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.summary import GroupTally
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.groups import GroupDroppedError, GroupRules
+from agentcore_rl.groups import GroupRules
 from agentcore_rl.local.stack import LocalStack
 
 __all__ = ["DEMO_AGENT", "DemoOptions", "demo_dir", "demo_package", "run_demo"]
 
-#: The math example as the wheel ships it (the one copy lives in examples/math_agent).
+# The math example as the wheel ships it, and in a checkout (examples/math_agent).
 _SHIPPED: Final = "agentcore_rl._examples.math_agent"
-#: The same example in a checkout (importable from the repository root).
 _CHECKOUT: Final = "examples.math_agent"
-#: The agent the demo serves, relative to :func:`demo_package`.
 DEMO_AGENT: Final = "agent:app"
 _AGENT_SERVERS: Final = 2
 # Generous: a rollout of the stand-in takes well under a second.
 _ROLLOUT_TIMEOUT: Final = 120.0
-#: The group phase: this many problems, as groups of this size.
 _GROUPS: Final = 6
 _GROUP_SIZE: Final = 4
 
@@ -97,12 +84,9 @@ def demo_package() -> str:
 
 
 def demo_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where the demo writes its files when not given ``--out``: one directory, emptied at
-    the start of each run, so runs leave nothing behind but the last run's results.
-
-    ``$XDG_STATE_HOME/agentcore-rl/demo`` (``~/.local/state/agentcore-rl/demo``), else,
-    when the home directory cannot be written, ``<tempdir>/agentcore-rl-demo-<uid>``.
-    """
+    """Where the demo writes without ``--out``: ``$XDG_STATE_HOME/agentcore-rl/demo``
+    (``~/.local/state/...``), else ``<tempdir>/agentcore-rl-demo-<uid>``, emptied at the start
+    of each run, so runs leave nothing behind but the last run's results."""
     state = environ.get("XDG_STATE_HOME", "").strip()
     candidates = [Path(tempfile.gettempdir()) / f"agentcore-rl-demo-{os.getuid()}"]
     with contextlib.suppress(RuntimeError):  # no home directory at all
@@ -137,8 +121,7 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
 
 async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
     """Start the local stack, run the problems, stop everything; return the run
-    (``run.out`` is the results file). ``run``, when given, is filled in as the run goes.
-    """
+    (``run``, when given, is filled in as the run goes)."""
     # lazy: the local extra (starlette, moto), loaded when the demo runs
     from agentcore_rl.local.policy import ScriptedPolicy
 
@@ -174,28 +157,23 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
     previous_level = server_log.level
     server_log.setLevel(logging.ERROR)
     try:
-        async with stack:
-            if not options.gateway:
-                return await _run(stack, options, data, out, run)
-            return await _run_through_gateway(stack, options, data, out, run)
+        async with contextlib.AsyncExitStack() as scope:
+            await scope.enter_async_context(stack)
+            gateway = None
+            if options.gateway:
+                # lazy: the gateway extra, needed by the gateway only
+                from agentcore_rl.gateway import RolloutGateway
+                from agentcore_rl.local.background import BackgroundServer
+
+                assert stack.policy_base_url is not None
+                token = secrets.token_urlsafe(16)
+                served = RolloutGateway(stack.policy_base_url, admin_token=token)
+                server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
+                print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
+                gateway = (server.url, token)
+            return await _run(stack, options, data, out, run, gateway)
     finally:
         server_log.setLevel(previous_level)
-
-
-async def _run_through_gateway(
-    stack: LocalStack, options: DemoOptions, data: Path, out: Path, run: EvalRun | None
-) -> EvalRun:
-    """The same run with the rollout gateway between the agents and the policy."""
-    # lazy: the gateway extra, needed by the gateway phase only
-    from agentcore_rl.gateway import RolloutGateway
-    from agentcore_rl.local.background import BackgroundServer
-
-    assert stack.policy_base_url is not None
-    token = secrets.token_urlsafe(16)
-    gateway = RolloutGateway(stack.policy_base_url, admin_token=token)
-    async with BackgroundServer(gateway, host=stack.host) as server:
-        print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
-        return await _run(stack, options, data, out, run, gateway=(server.url, token))
 
 
 async def _run(
@@ -204,8 +182,7 @@ async def _run(
     data: Path,
     out: Path,
     run: EvalRun | None,
-    *,
-    gateway: tuple[str, str] | None = None,
+    gateway: tuple[str, str] | None,
 ) -> EvalRun:
     """The problems through the running stack, over the ACR transport."""
     print(
@@ -235,51 +212,24 @@ async def _run(
         prices=options.prices,
     )
     run = await run_eval(eval_options, progress=options.progress, run=run)
-    await _group_phase(stack, eval_options, run)
+    await _group_phase(eval_options, run)
     return run
 
 
-async def _group_phase(stack: LocalStack, eval_options: EvalOptions, run: EvalRun) -> None:
+async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     """A few problems again as GRPO groups (all at once: about one rollout's wall time),
-    for the summary's line of group statistics."""
+    through the run's stack and gateway, for the summary's line of group statistics."""
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
     tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)
-    # Through the run's gateway too, when it has one: members then carry trajectories.
-    gateway = rollout = None
-    if eval_options.gateway_url:
-        gateway = GatewayConfig(
-            url=eval_options.gateway_url, admin_token=eval_options.gateway_admin_token
-        )
-        rollout = {"model_id": stack.policy_model}
-    else:
-        rollout = {"base_url": stack.policy_base_url, "model_id": stack.policy_model}
-    async with AsyncRolloutClient(
-        agent_runtime_arn=stack.agent_runtime_arn,
-        s3_bucket=stack.bucket,
+    options = dataclasses.replace(
+        eval_options,
         exp_id=f"{eval_options.exp_id}-groups",
-        rollout=rollout,
-        limits=Limits(
-            max_concurrent_sessions=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
-            tps=eval_options.tps or 1e6,
-        ),
-        timeouts=Timeouts(rollout=_ROLLOUT_TIMEOUT),
-        aws=AwsConfig(
-            endpoint_url=stack.runtime_endpoint_url, s3_endpoint_url=stack.s3_endpoint_url
-        ),
-        gateway=gateway,
-    ) as client:
-        futures = [
-            await client.invoke_group(
-                item.payload,
-                rules=GroupRules(n=_GROUP_SIZE, member_seed=number * 100),
-                input_id=item.input_id,
-            )
-            for number, item in enumerate(inputs)
-        ]
-        for fut in futures:
-            try:
-                group, error = await fut, None
-            except GroupDroppedError as exc:
-                group, error = None, exc
-            tally.add_record(group_record(fut.input_id, group, error, 0.0))
+        concurrency=max(eval_options.concurrency, _GROUPS * _GROUP_SIZE),
+    )
+    # Each member its own seed: the stand-in then answers members of a group apart.
+    rules = GroupRules(n=_GROUP_SIZE, member_seed=0)
+    async with make_client(options) as client:
+        async for group in client.run_groups([item.payload for item in inputs], rules=rules):
+            tally.add_record({"outcome": "done", "rewards": group.rewards})
+        tally.dropped.update(client.group_stats.groups_dropped)

@@ -1,33 +1,33 @@
-"""The engine of ``agentcore-rl eval`` (and of ``demo``): run a JSONL file of inputs through
-:class:`~agentcore_rl.client.AsyncRolloutClient`, record every outcome exactly once, and
-resume an interrupted run.
-
-The inputs and options live in :mod:`agentcore_rl.cli.eval_config`, the worker pool in
-:mod:`agentcore_rl.cli.engine`.
-
-Example::
-
-    options = EvalOptions(data=Path("problems.jsonl"), out=Path("results.jsonl"),
-                          s3_bucket="rollouts", exp_id="eval-1",
-                          agent_urls=("http://127.0.0.1:8080",))
-    summary = await run_eval(options)
+"""The run behind ``agentcore-rl eval`` (and ``demo``): a JSONL file of inputs through
+:class:`~agentcore_rl.client.AsyncRolloutClient`, every outcome recorded exactly once, an
+interrupted run resumed (see docs/cli.md). An input is one rollout, journaled before each
+session's invocation; or, with ``group_size``, a GRPO group whose members are journaled
+when started and when ended, so that a resumed group replays its ended members and
+resumes its started ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import hashlib
+import logging
 import os
+import sys
 import time
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
-from agentcore_rl.cli.engine import EvalEngine, Progress
+import anyio
+from anyio.abc import TaskGroup
+
+from agentcore_rl import protocol
+from agentcore_rl.cli.cost import Prices, price, trace_messages, trace_tokens, usage_of
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
-from agentcore_rl.cli.group_eval import GroupEvalEngine
-from agentcore_rl.cli.journal import EvalJournal
-from agentcore_rl.cli.summary import RunSummary
-from agentcore_rl.cli.trajectories import TrajectoryFile
+from agentcore_rl.cli.journal import EvalJournal, JournalEntry, TrajectoryFile, rows_path_for
+from agentcore_rl.cli.preflight import check_bucket
+from agentcore_rl.cli.summary import GroupTally, RunSummary, failure_of, pass_at_k, reward_of
 from agentcore_rl.client import (
     AsyncRolloutClient,
     AwsConfig,
@@ -35,42 +35,46 @@ from agentcore_rl.client import (
     Limits,
     LivenessConfig,
     Retries,
+    RolloutFuture,
     Timeouts,
 )
-from agentcore_rl.client.config import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
-from agentcore_rl.errors import StorageError
-from agentcore_rl.retry import RetryPolicy
-from agentcore_rl.s3 import ResultStore
+from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
+from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
+from agentcore_rl.client.traces import trace_key_of
+from agentcore_rl.errors import (
+    ClientClosedError,
+    RolloutError,
+    RolloutTimeoutError,
+    StorageError,
+    TraceLostError,
+)
+from agentcore_rl.groups import GroupDroppedError, GroupMember, GroupRules, RolloutGroup
+from agentcore_rl.training import group_rows, write_jsonl
+from agentcore_rl.trajectory import build_trajectory
 
-__all__ = [
-    "EvalInput",
-    "EvalOptions",
-    "EvalRun",
-    "check_bucket",
-    "load_inputs",
-    "preflight_s3",
-    "run_eval",
-]
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.record import SessionTrace
 
-#: A quick retry policy for the preflight check and re-attaching: fail fast when S3 is
-#: unreachable instead of backing off for tens of seconds.
-_QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
+__all__ = ["EvalEngine", "Progress", "make_client", "run_eval"]
+
+logger = logging.getLogger(__name__)
+
 _UNLIMITED_TPS: Final = 1e6
-# A prefix no result key can have (key parts start with a letter or digit): listing it is
-# a cheap way to prove the bucket exists and is readable.
-_PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
+_MEMBER_STARTED: Final = "member_started"
+_MEMBER_ENDED: Final = "member_ended"
+_OUTCOME: Final = {"succeeded": "done", "failed": "failed", "timed_out": "timeout"}
 
 
-def _make_client(options: EvalOptions) -> AsyncRolloutClient:
+def make_client(options: EvalOptions) -> AsyncRolloutClient:
+    """The client of one run, configured from its options."""
     rollout: dict[str, Any] = dict(options.rollout_extra)
     for name, value in (("base_url", options.base_url), ("model_id", options.model_id)):
         if value is not None:
             rollout[name] = value
+    default = Retries()
     retries = Retries(
-        rollouts=DEFAULT_RETRY_ROLLOUTS
-        if options.retry_rollouts is None
-        else options.retry_rollouts,
-        lost=DEFAULT_RETRY_LOST if options.retry_lost is None else options.retry_lost,
+        rollouts=default.rollouts if options.retry_rollouts is None else options.retry_rollouts,
+        lost=default.lost if options.retry_lost is None else options.retry_lost,
     )
     # One lease per results file: a run resumed after a crash renews its predecessor's
     # lease, so the rollouts it re-attaches to are not cancelled under it.
@@ -101,34 +105,439 @@ def _make_client(options: EvalOptions) -> AsyncRolloutClient:
     )
 
 
-async def preflight_s3(store: ResultStore, bucket: str, endpoint_url: str | None = None) -> None:
-    """Prove the bucket is reachable and readable before starting anything.
-
-    Raises :class:`~agentcore_rl.errors.StorageError` naming the bucket and endpoint.
-    """
+@contextlib.asynccontextmanager
+async def _task_group() -> AsyncIterator[TaskGroup]:
+    """An anyio task group that raises a lone failure as itself, not in an ExceptionGroup:
+    the CLI maps exception types to exit codes."""
     try:
-        await store.list_keys(bucket, _PREFLIGHT_PREFIX)
-    except StorageError as exc:
-        where = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        raise StorageError(
-            f"cannot use S3 bucket {bucket!r} at {where}: {exc.code}: {cause}",
-            operation=exc.operation,
-            bucket=bucket,
-            code=exc.code,
-        ) from exc
+        async with anyio.create_task_group() as tasks:
+            yield tasks
+    except Exception as exc:
+        inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
+        if len(inner) == 1 and isinstance(inner[0], Exception):
+            raise inner[0] from exc
+        raise
 
 
-async def check_bucket(options: EvalOptions) -> int:
-    """:func:`preflight_s3` on the run's bucket with a quick retry policy; -> the S3
-    requests it made.
-    """
-    store = ResultStore(
-        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
-    )
-    async with store:
-        await preflight_s3(store, options.s3_bucket, options.s3_endpoint_url)
-    return store.total_requests
+def _bar_shape() -> dict[str, int]:
+    # A pty nobody sized (``script``, some CI runners) reports 0x0: tqdm would draw nothing.
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {} if size.columns > 0 and size.lines > 0 else {"ncols": 100, "nrows": 24}
+
+
+class Progress:
+    """The progress bar on stderr, with the failures and the mean reward so far."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        # lazy: tqdm is the cli extra; a library user of the engine may not have it
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total, initial=initial, unit="rollout", disable=not enabled, **_bar_shape()
+        )
+
+    def update(self, summary: RunSummary) -> None:
+        self.bar.update(1)
+        mean = summary.mean_reward
+        self.bar.set_postfix(
+            failed=summary.counts["failed"] + summary.counts["timeout"],
+            reward="-" if mean is None else f"{mean:.2f}",
+            refresh=False,
+        )
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
+    return {
+        "index": m.index,
+        "attempt": m.attempt,
+        "session_id": m.session_id,
+        "outcome": m.outcome.value,
+        "reward": m.reward,
+        "zeroed": m.zeroed,
+        "drop_reason": None if m.drop_reason is None else m.drop_reason.value,
+        "error": m.error,
+        "cost": price(usage_of({"result": m.result}), prices),
+        "result": m.result,
+    }
+
+
+def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
+    """The journaled members of each group, by input id, in journal order."""
+    groups: dict[str, ResumedGroup] = {}
+    for event in events:
+        kind, input_id = event.get("event"), event.get("input_id")
+        if kind not in (_MEMBER_STARTED, _MEMBER_ENDED) or not isinstance(input_id, str):
+            continue
+        group = groups.setdefault(input_id, ResumedGroup())
+        try:
+            if kind == _MEMBER_STARTED:
+                sid, bucket, key = (
+                    str(event[k]) for k in ("session_id", "s3_bucket", "result_key")
+                )
+                start = MemberStart(input_id, sid, bucket, key, float(event["started_at"]))
+                group.started[start.session_id] = start
+            else:
+                reward = event.get("reward")
+                end = MemberEnd(
+                    input_id,
+                    str(event["session_id"]),
+                    event["kind"],
+                    reward=None if reward is None else float(reward),
+                    error=event.get("error"),
+                )
+                group.ended.append(end)
+        except (KeyError, TypeError, ValueError):
+            continue  # a line this version cannot read: that member runs again
+    return groups
+
+
+class EvalEngine:
+    """The worker pool: ``concurrency`` workers take work from a queue, first the rollouts
+    an earlier run left in flight, then the inputs (rollouts or groups). Every outcome goes
+    to the journal, the summary and the progress bar."""
+
+    def __init__(
+        self,
+        options: EvalOptions,
+        client: AsyncRolloutClient,
+        journal: EvalJournal,
+        summary: RunSummary,
+        bar: Progress,
+        trajectories: TrajectoryFile | None = None,
+    ) -> None:
+        self.options = options
+        self.client = client
+        self.journal = journal
+        self.summary = summary
+        self.bar = bar
+        self.trajectories = trajectories  # with a gateway: one line per done rollout
+        # Work for the workers: rollouts an earlier run left in flight (first), inputs,
+        # and one None per worker to end it.
+        self.queue: asyncio.Queue[tuple[JournalEntry, EvalInput] | EvalInput | None] = (
+            asyncio.Queue()
+        )
+        self.rules: GroupRules | None = None
+        self.member_starts: dict[str, float] = {}
+        self.resumes: dict[str, ResumedGroup] = {}
+        self.opening = anyio.Lock()  # groups open one at a time, in input order
+        if options.group_size is not None:
+            self.rules = GroupRules(
+                n=options.group_size, redundancy=options.redundancy, member_seed=options.group_seed
+            )
+            summary.groups = summary.groups or GroupTally(size=options.group_size)
+
+    async def run(
+        self,
+        fresh: Sequence[EvalInput],
+        in_flight: Sequence[JournalEntry],
+        by_id: dict[str, EvalInput],
+    ) -> None:
+        """Run ``fresh`` inputs and resume ``in_flight`` ones until each has an outcome."""
+        await self._collect_earlier()
+        # The earlier run's rollouts first: queued behind the fresh inputs, one found lost
+        # would wait for every slot those take (the chaos run's detection tail).
+        for entry in in_flight:
+            self.queue.put_nowait((entry, by_id[entry.input_id]))
+        for item in fresh:
+            self.queue.put_nowait(item)
+        for _ in range(self.options.concurrency):
+            self.queue.put_nowait(None)
+        async with _task_group() as workers:
+            for n in range(self.options.concurrency):
+                workers.start_soon(self._worker, name=f"eval worker {n}")
+
+    async def _worker(self) -> None:
+        while (item := await self.queue.get()) is not None:
+            if isinstance(item, tuple):
+                await self._resume_one(*item)
+            elif self.rules is not None:
+                await self._run_group(item, self.rules)
+            else:
+                await self._run_one(item)
+
+    async def _trace(self, bucket: str, result_key: str, what: str) -> SessionTrace | None:
+        try:
+            return await self.client.store.get_trace(bucket, trace_key_of(result_key))
+        except StorageError as exc:
+            logger.warning("reading the trace of %s failed: %s", what, exc)
+            return None
+
+    async def _collect_earlier(self) -> None:
+        """What an earlier run left: its groups' journaled members (a succeeded member's
+        tokens from its trace in S3), the trajectories it died before writing."""
+        if self.summary.groups is not None:
+            for record in self.journal.finished.values():
+                self.summary.groups.add_record(record)
+            self.resumes = _resumed_groups(self.journal.events)
+            for group in self.resumes.values() if self.options.gateway_url else ():
+                for number, end in enumerate(group.ended):
+                    start = group.started.get(end.session_id)
+                    if end.kind != "succeeded" or start is None:
+                        continue
+                    trace = await self._trace(start.s3_bucket, start.result_key, end.session_id)
+                    if trace is not None:  # else its rows go without tokens
+                        trajectory = build_trajectory(trace, reward=end.reward)
+                        group.ended[number] = dataclasses.replace(end, trajectory=trajectory)
+        written = self.trajectories.sessions if self.trajectories else set()
+        for record in list(self.journal.finished.values()) if self.trajectories else ():
+            sid, key = record.get("session_id"), record.get("result_key")
+            if record.get("outcome") != "done" or not isinstance(sid, str):
+                continue
+            if sid in written or not isinstance(key, str):
+                continue
+            trace = await self._trace(self.options.s3_bucket, key, record["input_id"])
+            if trace is None:
+                self.summary.trajectories_missing += 1
+            else:
+                self._write_trajectory(trace, record.get("result"))
+
+    async def _run_group(self, item: EvalInput, rules: GroupRules) -> None:
+        t0 = time.monotonic()
+        try:
+            async with self.opening:  # waiting for its members' slots paces the run
+                fut = await self.client.invoke_group(
+                    item.payload,
+                    rules=rules,
+                    input_id=item.input_id,
+                    timeout=self.options.timeout,
+                    journal=self,
+                    resume=self.resumes.get(item.input_id),
+                )
+            group = await fut
+        except ClientClosedError:
+            raise  # interrupted: the journal has what --resume needs
+        except Exception as exc:  # a bad payload or a dropped group: the run goes on
+            self._record_group(item, None, exc, t0)
+            return
+        # Rows first: a kill between the two writes leaves a group that --resume replays
+        # from the journal (no member runs again) and whose rows are then written twice
+        # (one (group_id, session_id, segment) key each, easy to drop), never a results
+        # line without rows.
+        write_jsonl(
+            group_rows(group, require_tokens=False), rows_path_for(self.options.out), append=True
+        )
+        self._record_group(item, group, None, t0)
+
+    def _record_group(
+        self, item: EvalInput, group: RolloutGroup | None, error: Exception | None, t0: float
+    ) -> None:
+        """Write a group's one results line: ``outcome`` ``done`` (whole) or ``dropped``."""
+        if isinstance(error, GroupDroppedError):
+            group = error.group
+        rewards = [] if group is None or error is not None else group.rewards
+        reason = getattr(getattr(error, "reason", None), "value", None) or "failed"
+        members = [] if group is None else [_member(m, self.options.prices) for m in group.members]
+        discarded = (
+            [] if group is None else [_member(m, self.options.prices) for m in group.discarded]
+        )
+        record: dict[str, Any] = {
+            "input_id": item.input_id,
+            "outcome": "done" if error is None else "dropped",
+            "reason": None if error is None else reason,
+            "n": None if group is None else group.n,
+            "rewards": rewards,
+            "reward": sum(rewards) / len(rewards) if rewards else None,
+            "pass@1": sum(1 for r in rewards if r > 0) / len(rewards) if rewards else None,
+            "pass@k": pass_at_k(rewards, len(rewards)) if rewards else None,
+            "elapsed": round(time.monotonic() - t0, 4),
+            "members": members,
+            "discarded": discarded,
+            "error": None if error is None else str(error),
+            "error_type": None if error is None else type(error).__name__,
+        }
+        self.summary.costs.extend(m["cost"] for m in members + discarded)
+        self.journal.record_outcome(record)
+        assert self.summary.groups is not None
+        self.summary.groups.add_record(record)
+        self.bar.update(self.summary)
+
+    def member_started(self, start: MemberStart) -> None:
+        """The client's member journal: each member attempt before its invocation."""
+        self.member_starts[start.session_id] = start.started_at
+        self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
+
+    def member_ended(self, end: MemberEnd) -> None:
+        """... and each member outcome, also counted in the summary."""
+        fields = ("input_id", "session_id", "kind", "reward", "error")
+        self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
+        started = self.member_starts.get(end.session_id)
+        elapsed = None if started is None else time.time() - started
+        self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
+
+    def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
+        """Journal each session of an input before it is sent: a resumed run finds it."""
+
+        def journal(fut: RolloutFuture) -> None:
+            entry = JournalEntry(
+                item.input_id, fut.session_id, fut.s3_bucket, fut.result_key, fut.invoked_at
+            )
+            self.journal.record_started(entry)
+
+        return journal
+
+    async def _run_one(self, item: EvalInput) -> None:
+        """Run one input (the client retries in new sessions) to its one results line."""
+        t0 = time.monotonic()
+        try:
+            future = await self.client.invoke(
+                item.payload, input_id=item.input_id, on_session=self._journaled(item)
+            )
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(item.input_id)  # the client stops the session
+            raise
+        except Exception as exc:  # refused, or never reached: nothing runs
+            self._finish(item.input_id, "failed", error=exc, elapsed=time.monotonic() - t0)
+            return
+        await self._await(item, future)
+
+    async def _await(
+        self, item: EvalInput, future: RolloutFuture, entry: JournalEntry | None = None
+    ) -> None:
+        """Await a started rollout (``entry``: one resumed) and record its outcome."""
+        input_id = item.input_id
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(input_id)  # the client stops the session
+            raise
+        except RolloutError as exc:
+            cancelled = exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED
+            if entry is None or not cancelled:
+                self._finish(input_id, "failed", future, entry, error=exc)
+                return
+            # The previous run stopped it on its way out: it never ran to its end.
+            self.journal.record_abandoned(input_id)
+            await self._run_one(item)
+        except RolloutTimeoutError as exc:
+            if entry is not None:
+                exc = RolloutTimeoutError(
+                    f"{exc} (re-attached after a restart)",
+                    session_id=future.session_id,
+                    timeout=self.options.timeout,
+                )
+            self._finish(input_id, "timeout", future, entry, error=exc)
+        except Exception as exc:  # RolloutError, AgentLostError past its retries, StorageError...
+            self._finish(input_id, "failed", future, entry, error=exc)
+        else:
+            self._finish(input_id, "done", future, entry, result=result)
+
+    async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
+        """Finish a rollout an earlier run journaled as started (its invocation may or may
+        not have been sent): within its deadline resumed under the same session id (its
+        result read, else sent again as a repeat, which an agent running it does not start
+        twice); past it, or under another experiment's key, its result key followed."""
+        remaining = entry.started_at + self.options.timeout - time.time()
+        config = protocol.RolloutConfig(
+            exp_id=self.options.exp_id, input_id=entry.input_id, s3_bucket=self.options.s3_bucket
+        )
+        same_key = config.key_for(entry.session_id) == entry.result_key
+        try:
+            if remaining > 0 and same_key and entry.s3_bucket == self.options.s3_bucket:
+                future = await self.client.invoke(
+                    item.payload,
+                    input_id=item.input_id,
+                    session_id=entry.session_id,
+                    timeout=self.options.timeout,
+                    resume=True,
+                    started_at=entry.started_at,
+                    on_session=self._journaled(item),
+                )
+            else:
+                future = await self.client.attach(
+                    session_id=entry.session_id,
+                    result_key=entry.result_key,
+                    input_id=entry.input_id,
+                    s3_bucket=entry.s3_bucket,
+                    timeout=self.options.timeout,
+                    started_at=entry.started_at,
+                )
+        except asyncio.CancelledError:
+            self.journal.record_abandoned(entry.input_id)  # the client stops the session
+            raise
+        except Exception as exc:  # a journal line the client refuses, or closing
+            self._finish(entry.input_id, "failed", None, entry, error=exc)
+            return
+        await self._await(item, future, entry)
+
+    def _finish(
+        self,
+        input_id: str,
+        outcome: str,
+        future: RolloutFuture | None = None,
+        entry: JournalEntry | None = None,
+        *,
+        result: dict[str, Any] | None = None,
+        error: BaseException | None = None,
+        elapsed: float | None = None,
+    ) -> None:
+        """Write the one results line of an input (``entry``: one resumed from a journal)."""
+        if entry is not None:
+            self.summary.reattached += 1
+            elapsed = time.time() - entry.started_at
+        elif future is not None:
+            self.summary.retried += future.attempts - 1
+            elapsed = future.elapsed  # the whole time of the input: its retries included
+        if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
+            result = error.envelope  # what the agent wrote (for a lost trace: its result)
+        where: JournalEntry | RolloutFuture | None = entry if future is None else future
+        trace = None if future is None else future.trace
+        record: dict[str, Any] = {
+            "input_id": input_id,
+            "outcome": outcome,
+            "reward": reward_of(result) if outcome == "done" else None,
+            "elapsed": None if elapsed is None else round(elapsed, 4),
+            "session_id": where.session_id
+            if where is not None
+            else getattr(error, "session_id", None),
+            "result_key": where.result_key if where is not None else None,
+            "reattached": entry is not None,
+            "error": None if error is None else str(error),
+            "error_type": None if error is None else type(error).__name__,
+            "retryable": error is not None and is_retryable(error),
+            "agent_lost": error is not None and is_agent_loss(error),
+            "attempts": 1 if future is None else future.attempts,
+            "losses": 0 if future is None else future.losses,
+            "result": result,
+            "ended_at": round(time.time(), 3),
+            "cost": price(usage_of({"result": result}, trace_tokens(trace)), self.options.prices),
+        }
+        self.journal.record_outcome(record)
+        error_type, reason = failure_of(record)
+        self.summary.add(
+            outcome,
+            elapsed=record["elapsed"],
+            reward=record["reward"],
+            error_type=error_type,
+            error=reason,
+            cost=record["cost"],
+        )
+        # After the results line: a run killed in between has --resume read it from S3.
+        if trace is not None and outcome == "done":
+            self._write_trajectory(trace, result)
+        self.bar.update(self.summary)
+
+    def _write_trajectory(self, trace: SessionTrace, result: Any) -> None:
+        if self.trajectories is None:
+            return
+        metrics = result.get("metrics") if isinstance(result, dict) else None
+        trajectory = build_trajectory(
+            trace, reward=reward_of(result), metrics=metrics if isinstance(metrics, dict) else None
+        )
+        has_messages = isinstance(result, dict) and "messages" in result
+        transcript = None if has_messages else trace_messages(trace)
+        if self.trajectories.write(
+            trajectory,
+            tokens_captured=trace.tokens_captured,
+            **trace_tokens(trace),
+            **({} if transcript is None else {"messages": transcript}),
+        ):
+            self.summary.add_trajectory(trajectory, trace.tokens_captured)
 
 
 async def run_eval(
@@ -140,26 +549,21 @@ async def run_eval(
 ) -> EvalRun:
     """Run (or resume) an evaluation; every input ends in exactly one results line.
 
-    Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned, so
-    that ``--resume`` runs them again; a run that dies without cleanup leaves them in the
-    journal as started, and ``--resume`` re-attaches to them.
-
-    ``inputs`` (from :func:`load_inputs`) saves reading ``options.data`` again. ``run``,
-    when given, is filled in as the run goes, so a caller still has the partial figures
-    after a cancellation.
+    Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned
+    (``--resume`` runs them again); a run that dies without cleanup leaves them journaled
+    as started (``--resume`` re-attaches). ``run``, when given, is filled in as the run goes.
     """
     if inputs is None:
         inputs = load_inputs(options.data, limit=options.limit)
     by_id = {item.input_id: item for item in inputs}
-    if run is None:
-        run = EvalRun(RunSummary())
+    run = run or EvalRun(RunSummary())
     summary = run.summary
     run.out = options.out
     started = time.monotonic()
     # Before the results file is touched: a run that cannot start leaves nothing behind.
     preflight_requests = await check_bucket(options)
     EvalJournal.check(options.out, resume=options.resume)
-    client = _make_client(options)  # its own refusals come before any file, too
+    client = make_client(options)  # its own refusals come before any file, too
     journal = EvalJournal.open(options.out, resume=options.resume)
     trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
@@ -176,21 +580,13 @@ async def run_eval(
             if item.input_id not in journal.finished and item.input_id not in journal.in_flight
         ]
         bar = Progress(len(inputs), summary.resumed, progress)
+        engine = EvalEngine(options, client, journal, summary, bar, trajectories)
         try:
             async with client:
                 for session_id in journal.unstopped:  # left running by the previous run
                     client.stop_session(session_id)
                 try:
-                    if options.group_size is not None:
-                        groups = GroupEvalEngine(options, client, journal, summary, bar)
-                        await groups.run(inputs)
-                    else:
-                        engine = EvalEngine(options, client, journal, summary, bar, trajectories)
-                        await engine.collect_trajectories(journal.finished)  # an earlier run's
-                        await engine.run(fresh, in_flight, by_id)
-                except asyncio.CancelledError:
-                    run.interrupted = True
-                    raise
+                    await engine.run(fresh, in_flight, by_id)
                 finally:
                     run.s3_requests = preflight_requests + client.stats.s3_total
         finally:

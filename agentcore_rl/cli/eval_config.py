@@ -1,22 +1,11 @@
-"""What ``agentcore-rl eval`` works on: its inputs (a JSONL file), its options and what a
-run reports.
-
-Each input line is a JSON object, sent as the payload. Its ``input_id`` (or ``id``) field
-names it (the line number otherwise); ids must be unique and usable in an S3 key.
-
-Example::
-
-    inputs = load_inputs(Path("examples/math_agent/data/problems.jsonl"), limit=10)
-    options = EvalOptions(data=Path("problems.jsonl"), out=Path("results.jsonl"),
-                          s3_bucket="rollouts", exp_id="eval-1",
-                          agent_urls=("http://127.0.0.1:8080",))
-"""
+"""What an eval run works on: its inputs (a JSONL file; each line a JSON object sent as the
+payload, named by its ``input_id`` or ``id``, else its line number), its options and what
+it reports."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +15,7 @@ from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
-__all__ = ["EvalInput", "EvalOptions", "EvalRun", "iter_lines", "load_inputs"]
+__all__ = ["EvalInput", "EvalOptions", "EvalRun", "load_inputs"]
 
 
 @dataclass(frozen=True)
@@ -83,13 +72,9 @@ def load_inputs(path: Path, *, limit: int | None = None) -> list[EvalInput]:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions:
-    """Everything one eval run needs (the CLI's arguments, checked).
-
-    Exactly one of ``agent_runtime_arn`` and ``agent_urls`` is given. ``s3_endpoint_url``
-    and ``runtime_endpoint_url`` default to botocore's own resolution (``AWS_ENDPOINT_URL_S3``,
-    ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``). With ``gateway_url`` every rollout runs through
-    that rollout gateway and its trajectory is written beside ``out``.
-    """
+    """Everything one eval run needs: the CLI's arguments (see ``agentcore-rl eval --help``).
+    Exactly one of ``agent_runtime_arn`` and ``agent_urls`` is given; the endpoints default
+    to botocore's own resolution."""
 
     data: Path
     out: Path
@@ -109,19 +94,15 @@ class EvalOptions:
     rollout_extra: dict[str, Any] = field(default_factory=dict)
     gateway_url: str | None = None
     gateway_admin_token: str | None = None
-    #: Run each input as a GRPO group of this many members (``None``: one rollout each).
-    group_size: int | None = None
-    #: Extra members per group, stopped once ``group_size`` have succeeded.
+    group_size: int | None = None  # None: one rollout per input, not a group
     redundancy: int = 0
-    #: The client's retry budgets (``None``: its defaults): agent losses, other failures.
-    retry_lost: int | None = None
-    retry_rollouts: int | None = None
-    #: Prices of the cost estimate on each results line and in the summary.
-    prices: Prices = field(default_factory=Prices)
-    #: With ``group_size``: member i's ``_rollout.seed`` is ``group_seed + i`` (``None``: none).
     group_seed: int | None = None
+    retry_lost: int | None = None  # None: the client's default
+    retry_rollouts: int | None = None
+    prices: Prices = field(default_factory=Prices)
 
     def __post_init__(self) -> None:
+        # Ranges are the parser's (and the client's) to check; these span options.
         if (self.agent_runtime_arn is None) == (not self.agent_urls):
             raise ConfigurationError("give either an agent runtime ARN or agent URL(s)")
         protocol.validate_bucket(self.s3_bucket, name="--s3-bucket")
@@ -129,12 +110,6 @@ class EvalOptions:
             protocol.validate_key_part("--exp-id", self.exp_id)
         except InvalidRolloutConfig as exc:
             raise ConfigurationError(str(exc)) from None
-        if self.concurrency < 1:
-            raise ConfigurationError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.tps is not None and self.tps <= 0:
-            raise ConfigurationError(f"--tps must be > 0, got {self.tps}")
-        if self.timeout <= 0:
-            raise ConfigurationError(f"--timeout must be > 0 seconds, got {self.timeout}")
         if self.gateway_url is not None and self.base_url is not None:
             raise ConfigurationError(
                 "give --gateway-url or --base-url, not both: through the gateway each "
@@ -143,31 +118,16 @@ class EvalOptions:
             )
         if self.gateway_admin_token is not None and self.gateway_url is None:
             raise ConfigurationError("--gateway-admin-token needs --gateway-url")
-        if self.group_size is not None and self.group_size < 1:
-            raise ConfigurationError(f"--group-size must be >= 1, got {self.group_size}")
         if self.redundancy < 0 or (self.redundancy and self.group_size is None):
             raise ConfigurationError("--redundancy must be >= 0 and needs --group-size")
 
 
 @dataclass
 class EvalRun:
-    """What a finished (or interrupted) run reports: the summary, S3 request count and
-    where the results file is.
-    """
+    """What a finished (or interrupted) run reports."""
 
     summary: RunSummary
     wall_seconds: float = 0.0
     s3_requests: int = 0
-    interrupted: bool = False
     out: Path | None = None
     trajectories: Path | None = None  # the trajectories file, with a gateway
-
-
-def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON objects of a results file (for scripts and tests)."""
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    yield record

@@ -1,45 +1,35 @@
-"""The results file of ``agentcore-rl eval`` and the journal that makes ``--resume`` work.
-
-Two append-only JSONL files, flushed line by line so that a run killed at any moment (even
-with SIGKILL) leaves them readable:
-
-- ``results.jsonl``: one line per outcome (done, failed or timed out), the run's product;
-- ``results.jsonl.journal``: one line per started rollout (input id, session id, bucket,
-  result key, start time), written just *before* its invocation is sent, and one line per
-  rollout this run stopped itself (Ctrl-C), which a resumed run starts again.
-
-On ``--resume`` an input with a line in the results file is skipped, unless that line is a
-retryable failure (``"retryable": true``: a crashed or unreachable agent, a server shutdown):
-such lines are removed from the results file (rewritten atomically) and the input runs
-again, so every input still has at most one line. Sessions the previous run could not stop
-when it closed (``unstopped`` journal lines) are stopped by the resumed run. An input that
-the journal shows as started but that has no outcome was in flight when the previous run
-died: it is resumed by its session id and result key (its result collected from S3, or
-the invocation sent again with the same session id, which an agent still running it does
-not start twice), never started under a new session. A torn last line (the process died
-mid-write) is cut off before appending.
-
-Example::
-
-    journal = EvalJournal.open(Path("results.jsonl"), resume=True)
-    try:
-        journal.record_started(JournalEntry("q-1", sid, "rollouts", key))
-        journal.record_outcome({"input_id": "q-1", "outcome": "done", ...})
-    finally:
-        journal.close()
+"""The files of an eval run (see docs/cli.md): ``NAME.jsonl``, one line per outcome;
+``NAME.jsonl.journal``, one line per rollout started (written before its invocation is
+sent), stopped by this run or left unstopped; ``NAME.trajectories.jsonl`` through a gateway.
+All are append-only JSONL flushed line by line, so a run killed at any moment leaves them
+readable; a torn last line is cut off before appending. On ``--resume`` a retryable
+failure's results line is removed (the file rewritten atomically) and its input runs again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["EvalJournal", "JournalEntry", "journal_path_for"]
+if TYPE_CHECKING:
+    from agentcore_rl.trajectory import Trajectory
+
+__all__ = [
+    "EvalJournal",
+    "JournalEntry",
+    "TrajectoryFile",
+    "iter_lines",
+    "journal_path_for",
+    "rows_path_for",
+    "trajectories_path_for",
+]
 
 _EVENT: Final = "event"
 _STARTED: Final = "started"
@@ -48,16 +38,22 @@ _UNSTOPPED: Final = "unstopped"
 
 
 def journal_path_for(out: Path) -> Path:
-    """Where the journal of a results file lives: next to it, ``.journal`` appended."""
     return out.with_name(out.name + ".journal")
+
+
+def trajectories_path_for(out: Path) -> Path:
+    return out.with_name(out.name.removesuffix(".jsonl") + ".trajectories.jsonl")
+
+
+def rows_path_for(out: Path) -> Path:
+    """Where the groups' training rows go."""
+    return out.with_name(out.name.removesuffix(".jsonl") + ".groups.jsonl")
 
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One started rollout: enough to find its result in S3 later.
-
-    ``started_at`` (epoch seconds) lets a resumed run keep the original deadline.
-    """
+    """One started rollout: where its result will be; ``started_at`` (epoch seconds) keeps
+    the original deadline on resume."""
 
     input_id: str
     session_id: str
@@ -67,17 +63,11 @@ class JournalEntry:
 
 
 def _cut_torn_tail(path: Path) -> None:
-    """Drop a last line without its newline: the writer died in the middle of it."""
-    with path.open("rb+") as handle:
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        if size == 0:
-            return
-        handle.seek(size - 1)
-        if handle.read(1) == b"\n":
-            return
-        data = path.read_bytes()
-        handle.truncate(data.rfind(b"\n") + 1)
+    # A last line without its newline: the writer died in the middle of it.
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("rb+") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
 
 
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
@@ -91,34 +81,45 @@ def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    records = []
+def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a JSONL file."""
     with path.open(encoding="utf-8") as handle:
         for line in handle:
-            try:
+            with contextlib.suppress(ValueError):
                 record = json.loads(line)
-            except ValueError:
-                continue  # a torn line, cut off before we append
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+                if isinstance(record, dict):
+                    yield record
+
+
+def _earlier(path: Path, *, resume: bool) -> list[dict[str, Any]]:
+    """With ``resume`` the lines already in ``path``; without, it starts empty."""
+    if resume and path.exists():
+        _cut_torn_tail(path)
+        return list(iter_lines(path))
+    if not resume:
+        path.unlink(missing_ok=True)
+    return []
+
+
+def _write(handle: IO[str] | None, record: dict[str, Any]) -> None:
+    if handle is None:
+        raise RuntimeError("the file is closed")
+    # One write call per line, flushed at once: a kill leaves at most one torn line.
+    handle.write(json.dumps(record, default=str) + "\n")
+    handle.flush()
 
 
 @dataclass
 class EvalJournal:
-    """The open results file and journal of one eval run.
-
-    ``finished`` maps input ids to their outcome lines from earlier runs; ``in_flight``
-    maps input ids to rollouts an earlier run started but never saw finish.
-    """
+    """The open results file and journal of one eval run: by input id, the outcome lines
+    (``finished``) and the rollouts started but never seen finish (``in_flight``) of earlier
+    runs; ``events`` is every journal line they wrote (group members' too), in order."""
 
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
     unstopped: list[str] = field(default_factory=list)
     retrying: set[str] = field(default_factory=set)
-    #: Every journal line an earlier run wrote, in order (group members are journaled as
-    #: events of their own, read by :mod:`agentcore_rl.cli.group_eval`).
     events: list[dict[str, Any]] = field(default_factory=list)
     _results: IO[str] | None = None
     _journal: IO[str] | None = None
@@ -135,37 +136,23 @@ class EvalJournal:
 
     @classmethod
     def open(cls, out: Path, *, resume: bool) -> EvalJournal:
-        """Open (or create) the files; with ``resume`` read what an earlier run left.
-
-        Without ``resume`` an existing non-empty results file is an error, so that a
-        finished evaluation is never overwritten by accident.
-        """
-        journal_path = journal_path_for(out)
+        """Open (or create) the files; with ``resume`` read what an earlier run left."""
         cls.check(out, resume=resume)
         self = cls(out)
-        if resume:
-            for path in (out, journal_path):
-                if path.exists():
-                    _cut_torn_tail(path)
-            if out.exists():
-                records = _read_lines(out)
-                for record in records:
-                    input_id = record.get("input_id")
-                    if isinstance(input_id, str):
-                        self.finished[input_id] = record
-                self.retrying = {i for i, r in self.finished.items() if r.get("retryable")}
-                if self.retrying:
-                    _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
-                    for input_id in self.retrying:
-                        del self.finished[input_id]
-            if journal_path.exists():
-                for record in _read_lines(journal_path):
-                    self.events.append(record)
-                    self._replay(record)
-        else:
-            journal_path.unlink(missing_ok=True)
+        records = _earlier(out, resume=resume)
+        self.events = _earlier(journal_path_for(out), resume=resume)
+        for record in records:
+            if isinstance(record.get("input_id"), str):
+                self.finished[record["input_id"]] = record
+        self.retrying = {i for i, r in self.finished.items() if r.get("retryable")}
+        if self.retrying:
+            _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
+            for input_id in self.retrying:
+                del self.finished[input_id]
+        for record in self.events:
+            self._replay(record)
         self._results = out.open("a", encoding="utf-8")
-        self._journal = journal_path.open("a", encoding="utf-8")
+        self._journal = journal_path_for(out).open("a", encoding="utf-8")
         for input_id in sorted(self.retrying):
             # Its failed session is over: a later resume starts it afresh, never re-attaches.
             self.in_flight.pop(input_id, None)
@@ -181,11 +168,10 @@ class EvalJournal:
         input_id = record.get("input_id")
         if not isinstance(input_id, str) or input_id in self.finished:
             return
-        if record.get(_EVENT) not in (None, _STARTED, _ABANDONED):
-            return  # another kind of line (a group member's)
         if record.get(_EVENT) == _ABANDONED:
             self.in_flight.pop(input_id, None)
-            return
+        if record.get(_EVENT) not in (None, _STARTED):
+            return  # abandoned, or another kind of line (a group member's)
         try:
             entry = JournalEntry(
                 input_id,
@@ -200,40 +186,27 @@ class EvalJournal:
         self.in_flight[input_id] = entry
 
     def record_started(self, entry: JournalEntry) -> None:
-        """Append one started rollout to the journal and flush it."""
-        self._write(self._journal, {_EVENT: _STARTED, **asdict(entry)})
+        """Append one started rollout to the journal."""
+        _write(self._journal, {_EVENT: _STARTED, **asdict(entry)})
 
     def record_abandoned(self, input_id: str) -> None:
-        """Note that a started rollout was stopped by this run (Ctrl-C): a resumed run
-        starts it again rather than waiting for a result that will not come.
-        """
-        self._write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
+        """Note that this run stopped a started rollout (Ctrl-C): a resumed run reruns it."""
+        _write(self._journal, {_EVENT: _ABANDONED, "input_id": input_id})
 
     def record_unstopped(self, session_ids: list[str]) -> None:
         """Note sessions the client could not stop when it closed: ``--resume`` stops them."""
         if session_ids:
-            self._write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
+            _write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
 
     def record_event(self, record: dict[str, Any]) -> None:
-        """Append one journal line of another kind (it must carry ``event``) and flush it."""
-        if not isinstance(record.get(_EVENT), str) or record[_EVENT] in (_STARTED, _ABANDONED):
-            raise ValueError("an event record needs its own string 'event'")
-        self._write(self._journal, record)
+        """Append one journal line of another kind (with an ``event`` of its own)."""
+        _write(self._journal, record)
 
     def record_outcome(self, record: dict[str, Any]) -> None:
-        """Append one outcome line (must carry ``input_id``) and flush it."""
-        if not isinstance(record.get("input_id"), str):
-            raise ValueError("an outcome record needs a string input_id")
-        self._write(self._results, record)
+        """Append one outcome line to the results file."""
+        _write(self._results, record)
         self.finished[record["input_id"]] = record
         self.in_flight.pop(record["input_id"], None)
-
-    def _write(self, handle: IO[str] | None, record: dict[str, Any]) -> None:
-        if handle is None:
-            raise RuntimeError("the journal is closed")
-        # One write call per line, flushed at once: a kill leaves at most one torn line.
-        handle.write(json.dumps(record, default=str) + "\n")
-        handle.flush()
 
     def close(self) -> None:
         """Close both files. Idempotent."""
@@ -241,3 +214,35 @@ class EvalJournal:
             if handle is not None:
                 handle.close()
         self._results = self._journal = None
+
+
+@dataclass
+class TrajectoryFile:
+    """The open trajectories file; ``sessions`` holds the session ids it has lines for."""
+
+    path: Path
+    sessions: set[str] = field(default_factory=set)
+    _handle: IO[str] | None = None
+
+    @classmethod
+    def open(cls, out: Path, *, resume: bool) -> TrajectoryFile:
+        """Open (or create) the file beside ``out``; with ``resume`` keep what is there."""
+        self = cls(trajectories_path_for(out))
+        records = _earlier(self.path, resume=resume)
+        self._handle = self.path.open("a", encoding="utf-8")
+        self.sessions = {r["session_id"] for r in records if isinstance(r.get("session_id"), str)}
+        return self
+
+    def write(self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any) -> bool:
+        """Append one trajectory; False when its session already has a line."""
+        if trajectory.session_id in self.sessions:
+            return False
+        _write(self._handle, {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra})
+        self.sessions.add(trajectory.session_id)
+        return True
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None

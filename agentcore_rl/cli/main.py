@@ -1,21 +1,7 @@
-"""``agentcore-rl``: run the demo, evaluate a dataset, serve an agent, run a local runtime.
+"""``agentcore-rl``: the command table, the parser and the exit codes (docs/cli.md).
 
-Commands::
-
-    agentcore-rl demo            the whole stack on this machine, 200 math problems
-    agentcore-rl eval DATA.jsonl (--agent-runtime-arn ARN | --agent-url URL...) \\
-        --s3-bucket B --exp-id E [--resume ...]
-    agentcore-rl serve module:app [--host --port]
-    agentcore-rl local-runtime --agent-url URL [--agent-url URL...] [--port --tps --arn]
-    agentcore-rl gateway --upstream URL [--upstream URL...] [--model NAME] [--port 9000]
-    agentcore-rl show RESULTS.jsonl INPUT_ID
-    agentcore-rl report RESULTS.jsonl [--compare OTHER.jsonl] [-o report.html]
-
-Exit codes (for scripts): 0 success; 1 some rollouts failed or timed out (eval, demo);
-2 usage error (bad argument, bad data file); 3 a service is unreachable or refuses us
-(S3, agent, runtime, a port in use); 4 an unexpected internal error; 130 interrupted
-(Ctrl-C), 143 terminated (SIGTERM). Errors are one line on stderr, never a traceback
-(set ``AGENTCORE_RL_DEBUG=1`` to see one).
+Errors are one line on stderr with an exit code scripts can use (:data:`EXIT_CODES_HELP`),
+never a traceback (set ``AGENTCORE_RL_DEBUG=1`` to see one).
 """
 
 from __future__ import annotations
@@ -24,7 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, Final, NoReturn, TypeVar
+from typing import Final, NoReturn, TypeVar
 
 from agentcore_rl import __version__, protocol
 from agentcore_rl._extras import install_hint, is_ours
@@ -105,29 +91,7 @@ def _tps(text: str) -> float | None:
     return None if value == 0 else value
 
 
-def _add_run_options(
-    parser: argparse.ArgumentParser,
-    *,
-    tps_default: float,
-    tps_help: str,
-    base_url_help: str,
-    model_id_help: str,
-    out_help: str,
-) -> None:
-    """The options ``eval`` and ``demo`` share; only the defaults and help that differ
-    between the two are passed in."""
-    parser.add_argument(
-        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
-    )
-    parser.add_argument("--tps", type=_tps, default=tps_default, help=tps_help)
-    parser.add_argument("--base-url", type=_url, help=base_url_help)
-    parser.add_argument("--model-id", help=model_id_help)
-    parser.add_argument("--out", metavar="FILE", help=out_help)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _add_price_option(parser)
-
-
-def _add_price_option(parser: argparse.ArgumentParser) -> None:
+def _add_price(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--price",
         metavar="NAME=USD",
@@ -139,25 +103,34 @@ def _add_price_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_eval_parser(commands: Any) -> None:
-    # lazy: the CLI starts fast and --help works without extras
-    from agentcore_rl.cli.commands import cmd_eval
-
-    parser = commands.add_parser(
-        "eval",
-        help="evaluate a JSONL dataset against an agent (AgentCore Runtime or HTTP)",
-        description=(
-            "Run every input of DATA (one JSON object per line, sent as the payload; its "
-            "'input_id' or 'id' field names it) through the agent, with a progress bar, and "
-            "write one line per outcome to --out. Re-running with --resume continues an "
-            "interrupted run: finished inputs are skipped; a rollout that was in flight is "
-            "resumed by its session id (its result taken from S3 if it is there, else it is "
-            "invoked again with the same session id, which an agent still running it does "
-            "not start twice); one that was stopped (Ctrl-C) or lost with its agent runs "
-            "again in a new session."
-        ),
-        epilog=EXIT_CODES_HELP,
+def _add_run(
+    parser: argparse.ArgumentParser, tps: float, tps_help: str, base_url: str, out: str
+) -> None:
+    """The options ``eval`` and ``demo`` share, with the defaults and help that differ."""
+    parser.add_argument(
+        "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
     )
+    parser.add_argument("--tps", type=_tps, default=tps, help=tps_help)
+    parser.add_argument("--base-url", type=_url, help=base_url)
+    parser.add_argument("--model-id", help="model id put in every _rollout block")
+    parser.add_argument("--out", metavar="FILE", help=out)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_price(parser)
+
+
+def _add_server(parser: argparse.ArgumentParser, port: int, log_level: str) -> None:
+    """The options of the commands that serve: interface, port, uvicorn's log level."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=port, help=f"port (default {port})")
+    parser.add_argument(
+        "--log-level",
+        default=log_level,
+        choices=_LEVELS,
+        help=f"uvicorn log level (default {log_level})",
+    )
+
+
+def _eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", metavar="DATA.jsonl", help="inputs, one JSON object per line")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--agent-runtime-arn", metavar="ARN", help="AgentCore runtime ARN")
@@ -170,14 +143,13 @@ def _add_eval_parser(commands: Any) -> None:
     )
     parser.add_argument("--s3-bucket", required=True, help="bucket the agent writes results to")
     parser.add_argument("--exp-id", required=True, help="experiment id (the S3 key prefix)")
-    _add_run_options(
+    _add_run(
         parser,
-        tps_default=protocol.DEFAULT_TPS,
-        tps_help=f"invoke+stop calls per second (default {protocol.DEFAULT_TPS:g}, ACR's quota; "
+        protocol.DEFAULT_TPS,
+        f"invoke+stop calls per second (default {protocol.DEFAULT_TPS:g}, ACR's quota; "
         "0 = no limit)",
-        base_url_help="policy URL put in every _rollout block",
-        model_id_help="model id put in every _rollout block",
-        out_help="results file NAME.jsonl (default results-<exp-id>.jsonl); its journal "
+        "policy URL put in every _rollout block",
+        "results file NAME.jsonl (default results-<exp-id>.jsonl); its journal "
         "is NAME.jsonl.journal, its trajectories NAME.trajectories.jsonl",
     )
     parser.add_argument(
@@ -255,37 +227,19 @@ def _add_eval_parser(commands: Any) -> None:
         type=_url,
         help="AgentCore endpoint (default: AWS_ENDPOINT_URL_BEDROCK_AGENTCORE or AWS's own)",
     )
-    parser.set_defaults(handler=cmd_eval)
 
 
-def _add_demo_parser(commands: Any) -> None:
-    # lazy: as for cmd_eval
-    from agentcore_rl.cli.commands import cmd_demo
-
-    parser = commands.add_parser(
-        "demo",
-        epilog=EXIT_CODES_HELP,
-        help="run the whole stack on this machine: 200 math problems through the ACR path",
-        description=(
-            "Start embedded S3, a scripted stand-in policy (not a language model), the "
-            "math example agent on two servers, a local AgentCore Runtime and the rollout "
-            "gateway (which captures every model call's tokens), then run the problems "
-            "through AsyncRolloutClient over the ACR transport and print a summary, with the "
-            "tokens captured and the trajectories beside the results. "
-            "Everything runs in this process and stops on exit or Ctrl-C."
-        ),
-    )
+def _demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--n", type=_positive_int, default=200, help="problems to run (default 200)"
     )
-    _add_run_options(
+    _add_run(
         parser,
-        tps_default=100.0,
-        tps_help="local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
-        base_url_help="use this OpenAI-compatible server (e.g. vLLM at http://host:8000/v1) "
-        "instead of the stand-in policy",
-        model_id_help="model id for --base-url",
-        out_help="results file (default: a temp dir)",
+        100.0,
+        "local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
+        "use this OpenAI-compatible server (e.g. vLLM at http://host:8000/v1) instead of the "
+        "stand-in policy",
+        "results file (default: a temp dir)",
     )
     parser.add_argument(
         "--accuracy",
@@ -305,50 +259,14 @@ def _add_demo_parser(commands: Any) -> None:
         help="let the agents call the policy directly instead of through the rollout gateway "
         "(which captures every call's tokens and writes the trajectories)",
     )
-    parser.set_defaults(handler=cmd_demo)
 
 
-def _add_serve_parser(commands: Any) -> None:
-    # lazy: as for cmd_eval
-    from agentcore_rl.cli.commands import cmd_serve
-
-    parser = commands.add_parser(
-        "serve",
-        epilog=EXIT_CODES_HELP,
-        help="serve an agent app (module:app) with uvicorn",
-        description=(
-            "Serve an ASGI app, typically an AgentCoreRLApp, e.g. "
-            "'agentcore-rl serve examples.math_agent.agent:app'. The current directory is "
-            "importable. The default host is 127.0.0.1 (this machine only); in a container "
-            "use --host 0.0.0.0 so that AgentCore Runtime can reach port 8080."
-        ),
-    )
+def _serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="module:app", help="where the app object lives")
-    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8080, help="port (default 8080)")
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=_LEVELS,
-        help="uvicorn log level (default info)",
-    )
-    parser.set_defaults(handler=cmd_serve)
+    _add_server(parser, 8080, "info")
 
 
-def _add_local_runtime_parser(commands: Any) -> None:
-    # lazy: as for cmd_eval
-    from agentcore_rl.cli.commands import cmd_local_runtime
-
-    parser = commands.add_parser(
-        "local-runtime",
-        epilog=EXIT_CODES_HELP,
-        help="serve a local AgentCore Runtime stand-in in front of agent servers",
-        description=(
-            "Answer the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession) for one "
-            "runtime ARN and forward each session to one of the agent servers. Point clients "
-            "at it with AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://HOST:PORT."
-        ),
-    )
+def _local_runtime(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agent-url",
         metavar="URL",
@@ -357,8 +275,7 @@ def _add_local_runtime_parser(commands: Any) -> None:
         required=True,
         help="agent server URL; repeat for several",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8081, help="port (default 8081)")
+    _add_server(parser, 8081, "info")
     parser.add_argument(
         "--tps",
         type=_tps,
@@ -366,19 +283,29 @@ def _add_local_runtime_parser(commands: Any) -> None:
         help=f"invoke+stop quota per second (default {protocol.DEFAULT_TPS:g})",
     )
     parser.add_argument("--arn", help="the runtime ARN it answers to (default: a local one)")
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=_LEVELS,
-        help="uvicorn log level (default info)",
-    )
-    parser.set_defaults(handler=cmd_local_runtime)
 
 
-def _add_render_options(parser: argparse.ArgumentParser) -> None:
+def _gateway(parser: argparse.ArgumentParser) -> None:
     # lazy: only the gateway's parser reads these names
     from agentcore_rl.gateway.render.parsers import REASONING_PARSERS, TOOL_PARSERS
 
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        action="append",
+        type=_url,
+        required=True,
+        help="OpenAI base URL of the inference server (e.g. http://gpu1:8000/v1); repeat for "
+        "replicas (a session sticks to one)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="the inference server's kind: how token ids and logprobs are asked for and "
+        "read (default vllm)",
+    )
+    parser.add_argument("--model", help="pin this model name on every call")
     parser.add_argument(
         "--history",
         choices=["proxy", "linear"],
@@ -404,44 +331,7 @@ def _add_render_options(parser: argparse.ArgumentParser) -> None:
         choices=sorted(REASONING_PARSERS),
         help="linear history: how reasoning is split from content (vLLM's names)",
     )
-
-
-def _add_gateway_parser(commands: Any) -> None:
-    # lazy: as for cmd_eval
-    from agentcore_rl.cli.commands import cmd_gateway
-
-    parser = commands.add_parser(
-        "gateway",
-        epilog=EXIT_CODES_HELP,
-        help="serve the token-capturing rollout gateway in front of vLLM/SGLang",
-        description=(
-            "An OpenAI-compatible proxy that files every model call (prompt and completion "
-            "token ids, logprobs) under its rollout's session. Agents call "
-            "http://HOST:PORT/sessions/<session id>/v1 (or /v1 with the session id as API "
-            "key); trainers drive it with AsyncRolloutClient(gateway=GatewayConfig(url=..., "
-            "admin_token=...)). See docs/gateway.md."
-        ),
-    )
-    parser.add_argument(
-        "--upstream",
-        metavar="URL",
-        action="append",
-        type=_url,
-        required=True,
-        help="OpenAI base URL of the inference server (e.g. http://gpu1:8000/v1); repeat for "
-        "replicas (a session sticks to one)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=["vllm", "sglang"],
-        default="vllm",
-        help="the inference server's kind: how token ids and logprobs are asked for and "
-        "read (default vllm)",
-    )
-    parser.add_argument("--model", help="pin this model name on every call")
-    _add_render_options(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=9000, help="port (default 9000)")
+    _add_server(parser, 9000, "warning")
     parser.add_argument(
         "--admin-token",
         help="token of the admin routes (default: env AGENTCORE_RL_GATEWAY_ADMIN_TOKEN; "
@@ -464,43 +354,83 @@ def _add_gateway_parser(commands: Any) -> None:
         help="connections and requests served at once (uvicorn's limit_concurrency): past "
         "it requests are answered 503 (default: no limit)",
     )
+
+
+def _show(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
+    parser.add_argument("input_id", metavar="INPUT_ID", help="input id, ID#member or session id")
+    _add_price(parser)
+
+
+def _report(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
+    parser.add_argument("--compare", metavar="OTHER.jsonl", help="a second run, side by side")
     parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=_LEVELS,
-        help="uvicorn log level (default warning)",
-    )
-    parser.set_defaults(handler=cmd_gateway)
-
-
-def _add_look_parsers(commands: Any) -> None:
-    # lazy: as for cmd_eval
-    from agentcore_rl.cli.report import cmd_report, cmd_show
-
-    show = commands.add_parser(
-        "show",
-        epilog=EXIT_CODES_HELP,
-        help="one rollout of a results file in the terminal: transcript, tokens, envelope",
-        description="Print one rollout of an eval or demo run (see docs/cli.md).",
-    )
-    show.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
-    show.add_argument("input_id", metavar="INPUT_ID", help="input id, ID#member or session id")
-    _add_price_option(show)
-    show.set_defaults(handler=cmd_show)
-    report = commands.add_parser(
-        "report",
-        epilog=EXIT_CODES_HELP,
-        help="a run report: one self-contained HTML file (opens offline)",
-        description="Write the run's summary, charts, inputs and rollouts as one HTML file "
-        "that opens offline (see docs/cli.md). Needs the 'report' extra.",
-    )
-    report.add_argument("results", metavar="RESULTS.jsonl", help="an eval or demo results file")
-    report.add_argument("--compare", metavar="OTHER.jsonl", help="a second run, side by side")
-    report.add_argument(
         "-o", "--out", metavar="FILE", help="where to write it (default: RESULTS.report.html)"
     )
-    _add_price_option(report)
-    report.set_defaults(handler=cmd_report)
+    _add_price(parser)
+
+
+#: Each command: its options, the one extra it needs (it brings everything the command
+#: imports; none: the extra of the part that is missing), its help and its description.
+_COMMANDS: Final[dict[str, tuple[Callable[[argparse.ArgumentParser], None], str, str, str]]] = {
+    "demo": (
+        _demo,
+        "local",
+        "run the whole stack on this machine: 200 math problems through the ACR path",
+        "Start embedded S3, a scripted stand-in policy (not a language model), the math "
+        "example agent on two servers, a local AgentCore Runtime and the rollout gateway in "
+        "this process, run the problems over the ACR transport and print a summary; "
+        "everything stops on exit or Ctrl-C.",
+    ),
+    "eval": (
+        _eval,
+        "cli",
+        "evaluate a JSONL dataset against an agent (AgentCore Runtime or HTTP)",
+        "Run every input of DATA (one JSON object per line, sent as the payload; its "
+        "'input_id' or 'id' field names it) through the agent and write one line per outcome "
+        "to --out. --resume continues an interrupted run: finished inputs are skipped, "
+        "rollouts in flight resumed by session id, stopped or lost ones run again.",
+    ),
+    "serve": (
+        _serve,
+        "server",
+        "serve an agent app (module:app) with uvicorn",
+        "Serve an ASGI app, typically an AgentCoreRLApp, e.g. "
+        "'agentcore-rl serve examples.math_agent.agent:app'. The current directory is "
+        "importable. The default host is 127.0.0.1 (this machine only); in a container "
+        "use --host 0.0.0.0 so that AgentCore Runtime can reach port 8080.",
+    ),
+    "local-runtime": (
+        _local_runtime,
+        "cli",
+        "serve a local AgentCore Runtime stand-in in front of agent servers",
+        "Answer the AgentCore data plane (InvokeAgentRuntime, StopRuntimeSession) for one "
+        "runtime ARN and forward each session to one of the agent servers. Point clients "
+        "at it with AWS_ENDPOINT_URL_BEDROCK_AGENTCORE=http://HOST:PORT.",
+    ),
+    "gateway": (
+        _gateway,
+        "gateway",
+        "serve the token-capturing rollout gateway in front of vLLM/SGLang",
+        "An OpenAI-compatible proxy that files every model call (prompt and completion "
+        "token ids, logprobs) under its rollout's session; agents call "
+        "http://HOST:PORT/sessions/<session id>/v1. See docs/gateway.md.",
+    ),
+    "show": (
+        _show,
+        "",
+        "one rollout of a results file in the terminal: transcript, tokens, envelope",
+        "Print one rollout of an eval or demo run (see docs/cli.md).",
+    ),
+    "report": (
+        _report,
+        "report",
+        "a run report: one self-contained HTML file (opens offline)",
+        "Write the run's summary, charts, inputs and rollouts as one HTML file that opens "
+        "offline (see docs/cli.md). Needs the 'report' extra.",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -518,12 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
-    _add_demo_parser(commands)
-    _add_eval_parser(commands)
-    _add_serve_parser(commands)
-    _add_local_runtime_parser(commands)
-    _add_gateway_parser(commands)
-    _add_look_parsers(commands)
+    for name, (add_options, _, summary, description) in _COMMANDS.items():
+        command = commands.add_parser(
+            name, help=summary, description=description, epilog=EXIT_CODES_HELP
+        )
+        add_options(command)
     return parser
 
 
@@ -532,21 +461,10 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-#: The one extra each command needs (it brings everything the command imports).
-_COMMAND_EXTRA: Final = {
-    "demo": "local",
-    "eval": "cli",
-    "serve": "server",
-    "local-runtime": "cli",
-    "gateway": "gateway",
-    "report": "report",
-}
-
-
 def _fail_missing(exc: BaseException, command: str | None) -> int:
     """One line naming the extra to install: the command's, else the part's."""
     module = (getattr(exc, "name", None) or "").split(".")[0]
-    extra = _COMMAND_EXTRA.get(command or "") or getattr(exc, "extra", None) or "cli"
+    extra = (_COMMANDS[command][1] if command else "") or getattr(exc, "extra", None) or "cli"
     what = f"'{PROG} {command}'" if command else PROG
     return _fail(
         f"{what} needs the '{extra}' extra (module {module!r} is not installed): "
@@ -576,8 +494,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(arguments)
     except SystemExit as exc:  # --help, --version or a usage error: argparse printed it
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    handler: Callable[[argparse.Namespace], int] = args.handler
     try:
+        # lazy: the CLI starts fast and --help works without extras
+        from agentcore_rl.cli import commands
+
+        handler: Callable[[argparse.Namespace], int] = getattr(
+            commands, "cmd_" + args.command.replace("-", "_")
+        )
         return handler(args)
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)

@@ -1,18 +1,8 @@
 """What ``agentcore-rl eval`` checks before its first rollout: every service it was given.
 
-Each check is one cheap call that has no effect on the service, and a failure is raised as
-the error the CLI turns into one line and exit 3 (:class:`~agentcore_rl.errors.StorageError`,
-:class:`~agentcore_rl.errors.InvocationError`, :class:`~agentcore_rl.errors.GatewayError`):
-
-- the S3 bucket: a LIST of a prefix no result key has
-  (:func:`~agentcore_rl.cli.eval.preflight_s3`);
-- agent servers (``--agent-url``): ``GET /ping`` answers below 500;
-- an AgentCore runtime (``--agent-runtime-arn``): ``StopRuntimeSession`` for a session id
-  that was never used. A runtime that serves the ARN answers that it knows no such session
-  (or stops nothing); one that does not serve it answers ``ResourceNotFoundException``
-  about the runtime, ``AccessDeniedException`` when the credentials may not call it;
-- a gateway (``--gateway-url``): ``GET /health`` (reachable, a rollout gateway), then
-  ``GET /admin/stats`` with the admin token (the token is accepted).
+Each check is one cheap call that changes nothing (docs/cli.md lists them); a failure is
+raised as the error the CLI turns into one line and exit 3 (``StorageError``,
+``InvocationError``, ``GatewayError``).
 """
 
 from __future__ import annotations
@@ -21,16 +11,21 @@ import os
 from typing import Any, Final
 
 from agentcore_rl import protocol
-from agentcore_rl.cli.eval import check_bucket
 from agentcore_rl.cli.eval_config import EvalOptions
-from agentcore_rl.errors import GatewayError, InvocationError
+from agentcore_rl.errors import GatewayError, InvocationError, StorageError
+from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.s3 import ResultStore
 
-__all__ = ["check_agents", "check_gateway", "check_runtime", "check_services"]
+__all__ = ["check_agents", "check_bucket", "check_gateway", "check_runtime", "check_services"]
 
 #: Seconds each check may take: a service that needs longer is not ready for a run.
 _TIMEOUT: Final = 5.0
 #: The flag the gateway's token comes from (named in errors: the user typed it).
 _TOKEN_FLAG: Final = "--gateway-admin-token"
+#: Fail fast when S3 is unreachable instead of backing off for tens of seconds.
+_QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
+# Key parts start with a letter or digit: listing this prefix proves the bucket readable.
+_PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 
 
 async def check_services(options: EvalOptions) -> None:
@@ -42,6 +37,27 @@ async def check_services(options: EvalOptions) -> None:
         await check_runtime(options.agent_runtime_arn, options.runtime_endpoint_url)
     if options.gateway_url is not None:
         await check_gateway(options.gateway_url, options.gateway_admin_token)
+
+
+async def check_bucket(options: EvalOptions) -> int:
+    """The run's bucket is reachable and readable, or StorageError names the bucket and
+    endpoint; -> the S3 requests it made."""
+    store = ResultStore(
+        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
+    )
+    async with store:
+        try:
+            await store.list_keys(options.s3_bucket, _PREFLIGHT_PREFIX)
+        except StorageError as exc:
+            where = options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise StorageError(
+                f"cannot use S3 bucket {options.s3_bucket!r} at {where}: {exc.code}: {cause}",
+                operation=exc.operation,
+                bucket=options.s3_bucket,
+                code=exc.code,
+            ) from exc
+    return store.total_requests
 
 
 async def check_agents(urls: list[str]) -> None:
@@ -64,14 +80,9 @@ async def check_agents(urls: list[str]) -> None:
                 )
 
 
-def _mentions_session(message: str, session_id: str) -> bool:
-    return session_id in message or "session" in message.lower()
-
-
 async def check_runtime(arn: str, endpoint_url: str | None) -> None:
-    """The runtime endpoint serves ``arn``: one ``StopRuntimeSession`` for a session id never
-    used (nothing is stopped, nothing starts), or InvocationError saying what is wrong.
-    """
+    """The runtime endpoint serves ``arn`` (a ``StopRuntimeSession`` for a session id never
+    used), or InvocationError saying what is wrong."""
     # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -91,8 +102,9 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
         error: Any = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
         message = str(error.get("Message", "")) or str(exc)
-        if code == "ResourceNotFoundException" and _mentions_session(message, session_id):
-            return  # it looked for the session: the runtime is there
+        looked_for_session = session_id in message or "session" in message.lower()
+        if code == "ResourceNotFoundException" and looked_for_session:
+            return  # the runtime is there
         if code in ("ThrottlingException", "ServiceQuotaExceededException"):
             return  # the runtime's own quota answered: it is there
         if code == "ResourceNotFoundException":
@@ -111,8 +123,7 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
 
 async def check_gateway(url: str, token: str | None) -> None:
     """The gateway at ``url`` answers ``/health`` and accepts ``token`` on its admin routes,
-    or GatewayError says which it does not.
-    """
+    or GatewayError says which it does not."""
     # lazy: as above (the client extra)
     import httpx
 

@@ -1,9 +1,7 @@
-"""``agentcore-rl report`` and ``agentcore-rl show``: look at a finished run.
-
-The report is ONE self-contained HTML file that opens offline (clusters without internet):
-charts are drawn by matplotlib into inline SVG at build time, so the page needs no script
-library, no CDN and no font download; the page itself comes from jinja2 templates shipped in
-the package (``cli/templates``). Both come with the ``report`` extra.
+"""``agentcore-rl report``: a finished run as ONE self-contained HTML file that opens
+offline (clusters without internet). Charts are drawn by matplotlib into inline SVG at build
+time, so the page needs no script library, CDN or font download; the page comes from the
+jinja2 templates shipped in the package (``cli/templates``). Both are the ``report`` extra.
 
 Example::
 
@@ -12,54 +10,18 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import io
-import os
-import sys
 from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Final
 
-from agentcore_rl._extras import require
-from agentcore_rl.cli.common import EXIT_OK, PROG
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.runfile import RunData, load_run
-from agentcore_rl.cli.show import render, token_runs
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.cli.show import RunData, load_run, token_runs
 
-__all__ = ["build_report", "cmd_report", "cmd_show"]
+__all__ = ["build_report"]
 
 _PALETTE: Final = ("#1f6feb", "#d97706")
-
-
-def _prices(args: argparse.Namespace) -> Prices | None:
-    """``--price`` given: every cost priced again at those prices; else as the run had it."""
-    return Prices.parse(args.price) if args.price else None
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
-    rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
-    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    try:
-        print(render(rollout, color=color))
-    except BrokenPipeError:  # `show ... | head`: the reader had enough
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_OK
-
-
-def cmd_report(args: argparse.Namespace) -> int:
-    """``agentcore-rl report RESULTS.jsonl [--compare OTHER] [-o FILE]``: write the report."""
-    require("report", f"{PROG} report", "jinja2", "matplotlib")
-    results = Path(args.results)
-    out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
-    if not out.parent.is_dir():
-        raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
-    compare = Path(args.compare) if args.compare else None
-    out.write_text(build_report(results, compare=compare, prices=_prices(args)), "utf-8")
-    print(f"report: {out.resolve()}")
-    return EXIT_OK
 
 
 def _svg(figure: Any) -> str:

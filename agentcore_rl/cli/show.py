@@ -1,27 +1,215 @@
-"""``agentcore-rl show RESULTS.jsonl INPUT_ID``: one rollout in the terminal.
-
-Its outcome, reward, time and cost, the transcript as the agent saw it (messages, tool calls,
-tool results), the tokens as the trainer will see them (each segment in runs of one loss mask:
-prompt and tool tokens ``.``, generated ``#``, with mean logprob and policy versions) and a
-failure's traceback. Colour only on a terminal and without ``NO_COLOR``.
-
-Example::
-
-    print(render(load_run(Path("results.jsonl")).find("math-0005"), color=False))
+"""A finished run read back from its files (results, trajectories, groups' training rows),
+one :class:`Rollout` per rollout (a group's member too), and ``agentcore-rl show``: one of
+them in the terminal, its tokens in runs of one loss mask (prompt and tool tokens ``.``,
+generated ``#``). ``report`` renders the whole run.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Final
 
-from agentcore_rl.cli.runfile import Rollout, load_run
+from agentcore_rl.cli.cost import Prices, price, total, usage_of
+from agentcore_rl.cli.journal import iter_lines, rows_path_for, trajectories_path_for
+from agentcore_rl.cli.summary import GroupTally, failure_of, outcome_of, percentile
 from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["render", "token_runs", "write_example"]
+__all__ = ["Rollout", "RunData", "load_run", "render", "token_runs", "write_example"]
+
+_APART: Final = ("messages", "traceback")
+
+
+@dataclass
+class Rollout:
+    """One rollout of a run: ``key`` is its input id (``ID#member`` in a group)."""
+
+    key: str
+    input_id: str
+    outcome: str
+    reward: float | None
+    elapsed: float | None
+    session_id: str | None
+    record: Mapping[str, Any]
+    envelope: Mapping[str, Any] | None
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    tokens: Mapping[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def messages(self) -> list[Any]:
+        """The transcript: the envelope's ``messages``, else the last model call's."""
+        for source in (self.envelope, self.tokens):
+            found = (source or {}).get("messages")
+            if isinstance(found, list):
+                return found
+        return []
+
+    @property
+    def failure(self) -> tuple[str | None, str | None]:
+        """Its error type and reason (``None, None`` for a success)."""
+        return (None, None) if self.outcome == "done" else failure_of(self.record)
+
+    @property
+    def envelope_text(self) -> str:
+        """The envelope as indented JSON, less what is shown apart (transcript, traceback)."""
+        shown = {k: v for k, v in (self.envelope or {}).items() if k not in _APART}
+        return json.dumps(shown, indent=2, default=str)
+
+    @property
+    def traceback(self) -> str | None:
+        """The agent's traceback, when it wrote one."""
+        found = (self.envelope or {}).get("traceback")
+        return found if isinstance(found, str) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _span(rollout: Rollout) -> tuple[float, float] | None:
+    """When a rollout ran: as the client saw it (``ended_at`` less ``elapsed``, retries
+    included), else as its agent did (the envelope's ``started_at`` / ``finished_at``)."""
+    record, envelope = rollout.record, rollout.envelope or {}
+    if _is_number(record.get("ended_at")) and _is_number(record.get("elapsed")):
+        return float(record["ended_at"]) - float(record["elapsed"]), float(record["ended_at"])
+    if _is_number(envelope.get("started_at")) and _is_number(envelope.get("finished_at")):
+        return float(envelope["started_at"]), float(envelope["finished_at"])
+    return None
+
+
+def _row_segment(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A training row as a segment: its prompt (mask 0) then its response (a column the row
+    lacks is padded by :func:`token_runs`)."""
+    n, mask = len(row.get("prompt_ids") or []), list(row.get("loss_mask") or [])
+    segment = {"token_ids": list(row.get("prompt_ids") or []) + list(row.get("response_ids") or [])}
+    for key, pad in (("loss_mask", 0), ("logprobs", 0.0), ("policy_versions", -1)):
+        segment[key] = [pad] * n + list(row.get(key) or [])
+    versions = row.get("policy_versions") or []
+    if len(versions) == 1 and len(mask) > 1:  # one version for the row's generated tokens
+        segment["policy_versions"] = [-1] * n + [versions[0] if m else -1 for m in mask]
+    return {**segment, "advantage": row.get("advantage")}
+
+
+@dataclass
+class RunData:
+    """A run's rollouts and the raw lines; :meth:`summary` has the figures."""
+
+    path: Path
+    records: list[dict[str, Any]]
+    rollouts: list[Rollout]
+    group_size: int | None = None
+
+    def find(self, key: str) -> Rollout:
+        """The rollout ``key`` names (an input id, ``ID#member`` or a session id)."""
+        for found in [r for r in self.rollouts if key in (r.key, r.session_id, r.input_id)]:
+            return found
+        known = ", ".join(r.key for r in self.rollouts[:5])
+        raise ConfigurationError(f"{self.path} has no rollout {key!r} (it has e.g. {known})")
+
+    def summary(self) -> dict[str, Any]:
+        """The run's figures, every one from the files."""
+        rollouts = self.rollouts
+        rewards = [r.reward for r in rollouts if r.outcome == "done" and r.reward is not None]
+        mean = statistics.fmean(rewards) if rewards else None
+        # 95 % confidence, normal approximation
+        half = 1.96 * statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else None
+        latencies = [float(r["elapsed"]) for r in self.records if _is_number(r.get("elapsed"))]
+        spans = [span for span in (_span(r) for r in rollouts) if span is not None]
+        wall = max(b for _, b in spans) - min(a for a, _ in spans) if spans else None
+        failures: dict[str, dict[str, Any]] = {}  # by cause: a count and the first example
+        for r in (r for r in rollouts if r.outcome in ("failed", "timeout")):
+            kind, reason = r.failure
+            first = {"count": 0, "reason": reason, "traceback": r.traceback}
+            failures.setdefault(kind or r.outcome, first)["count"] += 1
+        tally = GroupTally(size=self.group_size or 1)
+        for record in self.records if self.group_size else ():
+            tally.add_record(record)
+        counts = {k: sum(r.outcome == k for r in rollouts) for k in ("done", "failed", "timeout")}
+        return {
+            "rollouts": len(rollouts),
+            **counts,
+            "mean_reward": mean,
+            "reward_ci95": half,
+            "latency_p50": percentile(latencies, 50),
+            "latency_p95": percentile(latencies, 95),
+            "latency_max": max(latencies) if latencies else None,
+            "wall_seconds": wall,
+            "throughput": len(spans) / wall if wall else None,
+            "retries": sum(max(0, int(r.get("attempts") or 1) - 1) for r in self.records),
+            "lost": sum(int(r.get("losses") or 0) for r in self.records),
+            "failures": failures,
+            "groups": tally.as_dict() if self.group_size else None,
+            "cost": total(r.cost for r in rollouts),
+            "spans": spans,  # what the charts draw
+            "rewards": rewards,
+            "latencies": latencies,
+            "costs": [r.cost["usd"] * 1e6 for r in rollouts if r.cost.get("usd") is not None],
+        }
+
+
+def _index(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
+    found: dict[str, list[dict[str, Any]]] = {}
+    if path.exists():
+        for line in iter_lines(path):
+            found.setdefault(str(line.get(key)), []).append(line)
+    return found
+
+
+def load_run(path: Path, prices: Prices | None = None) -> RunData:
+    """Read a results file and the files beside it; ``ConfigurationError`` when it cannot.
+    Costs are as each line has them, or priced at ``prices`` when given (or missing)."""
+    if not path.is_file():
+        raise ConfigurationError(f"no results file at {path}")
+    records = list(iter_lines(path))
+    if not records:
+        raise ConfigurationError(f"{path} has no results lines")
+    trajectories = _index(trajectories_path_for(path), "session_id")
+    rows = _index(rows_path_for(path), "session_id")
+    rollouts: list[Rollout] = []
+    group_size = None
+    for record in records:
+        members = record.get("members")
+        if isinstance(members, list):  # a group line: one rollout per member
+            group_size = group_size or int(record.get("n") or len(members) or 1)
+            items = [
+                (f"{record['input_id']}#{m.get('index')}", m, m.get("result"))
+                for m in members + list(record.get("discarded") or [])
+            ]
+        else:
+            items = [(str(record.get("input_id")), record, record.get("result"))]
+        for key, line, envelope in items:
+            sid = line.get("session_id")
+            tokens = (trajectories.get(str(sid)) or [{}])[0]
+            segments = list(tokens.get("segments") or []) or [
+                _row_segment(row) for row in rows.get(str(sid), [])
+            ]
+            rollout = Rollout(
+                key=key,
+                input_id=str(record.get("input_id")),
+                outcome=outcome_of(line),
+                reward=line.get("reward"),
+                elapsed=line.get("elapsed"),
+                session_id=sid if isinstance(sid, str) else None,
+                record=line,
+                envelope=envelope if isinstance(envelope, Mapping) else None,
+                segments=segments,
+                tokens=tokens,
+            )
+            if prices is None and isinstance(line.get("cost"), dict):
+                rollout.cost = line["cost"]  # as the run priced it
+            else:
+                usage = usage_of({"result": rollout.envelope}, tokens)
+                rollout.cost = price(usage, prices or Prices())
+            rollouts.append(rollout)
+    return RunData(path, records, rollouts, group_size)
+
 
 _IDS_SHOWN: Final = 16
 _CODES: Final = {"head": "1", "generated": "32", "prompt": "2", "error": "31", "role": "36"}
@@ -111,9 +299,8 @@ def render(rollout: Rollout, *, color: bool) -> str:
 
 
 def write_example(out: Path) -> Path | None:
-    """Write a typical rollout of the run in ``out`` for a person to read, as ``show`` prints
-    it, to ``NAME.example.txt``: the first that finished having used a tool (most do), else
-    the first that finished. ``None`` when none finished."""
+    """Write a typical rollout of the run, as ``show`` prints it, to ``NAME.example.txt``:
+    the first done one that used a tool (most do), else the first done; ``None`` if none."""
     try:
         done = [r for r in load_run(out).rollouts if r.outcome == "done"]
     except ConfigurationError:  # no lines yet (an early Ctrl-C)

@@ -1,16 +1,9 @@
-"""The end-of-run summary shared by ``agentcore-rl demo`` and ``agentcore-rl eval``.
+"""The end-of-run summary of ``demo`` and ``eval``: outcomes tallied as they arrive,
+rendered as a small table; group figures (pass@1, pass@k, spread, drops) for group runs.
 
-Outcomes are tallied as they arrive; :meth:`RunSummary.render` prints a small table:
-done / failed / timed out (failures by error type, with the first reason of each), the
-mean reward over the rollouts that finished with one, latency p50/p95, throughput and S3
-requests per rollout.
-
-Example::
-
-    summary = RunSummary()
-    summary.add("done", elapsed=1.2, reward=1.0)
-    summary.add("failed", elapsed=0.4)
-    print(summary.render(wall_seconds=2.0, s3_requests=3))
+A group member counts as correct when its reward is above 0. pass@1 is the mean over whole
+groups of the share of correct members; pass@k (k = the group size) the unbiased estimator
+1 - C(m - c, k) / C(m, k) over a group's m kept members of which c are correct.
 """
 
 from __future__ import annotations
@@ -22,13 +15,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from agentcore_rl.cli import cost as _cost
-from agentcore_rl.cli.group_summary import GroupTally
-from agentcore_rl.groups import result_reward
+from agentcore_rl.groups import result_reward as reward_of
 
 if TYPE_CHECKING:
     from agentcore_rl.trajectory import Trajectory
 
-__all__ = ["OUTCOMES", "RunSummary", "outcome_of", "percentile", "reward_of"]
+__all__ = [
+    "OUTCOMES",
+    "GroupTally",
+    "RunSummary",
+    "outcome_of",
+    "pass_at_k",
+    "percentile",
+    "reward_of",
+]
 
 #: The outcome kinds a rollout can end in, as written to the results file.
 OUTCOMES: Final = ("done", "failed", "timeout")
@@ -56,12 +56,9 @@ def _short(error: str) -> str:
 
 
 def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The kind and reason a results line's failure is summed up under.
-
-    A rollout the agent reported failed is told apart by what failed in the agent (its
-    envelope's ``stop_reason``, e.g. ``KeyError: 'a'``), not only by the client's exception,
-    so a run whose handler raised two kinds of errors shows both, each with its message.
-    """
+    """The kind and reason a results line's failure is summed up under: what failed in the
+    agent (its envelope's ``stop_reason``, e.g. ``KeyError: 'a'``) tells apart failures that
+    the client reports alike."""
     error_type, error = record.get("error_type"), record.get("error")
     envelope = record.get("result")
     if isinstance(envelope, Mapping):
@@ -81,12 +78,11 @@ def outcome_of(line: Mapping[str, Any]) -> str:
 
 
 def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    return math.fsum(values) / len(values) if values else None
 
 
-def reward_of(result: Any) -> float | None:
-    """The first reward of a result dict (``rewards: [r, ...]`` or ``reward: r``), if any."""
-    return result_reward(result)
+def _num(value: float | None, fmt: str = ".3f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{unit}"
 
 
 def _cost_line(cost: Mapping[str, Any]) -> str:
@@ -100,14 +96,74 @@ def _usd(value: float) -> str:
     return f"${value:.6f}" if value >= 5e-7 else "< $0.000001"
 
 
+def pass_at_k(rewards: Sequence[float], k: int) -> float:
+    """The unbiased pass@k of one group's rewards (correct: reward > 0)."""
+    m = len(rewards)
+    c = sum(1 for r in rewards if r > 0)
+    if m == 0:
+        return 0.0
+    k = min(k, m)
+    if m - c < k:
+        return 1.0
+    return 1.0 - math.comb(m - c, k) / math.comb(m, k)
+
+
+@dataclass
+class GroupTally:
+    """Running group figures of one run (see the module docstring)."""
+
+    size: int
+    whole: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    pass1: list[float] = field(default_factory=list)
+    passk: list[float] = field(default_factory=list)
+    spreads: list[float] = field(default_factory=list)
+    uniform: int = 0
+
+    def add_record(self, record: Mapping[str, Any]) -> None:
+        """Count one group line of the results file (``outcome`` done or dropped)."""
+        if record.get("outcome") != "done":
+            self.dropped[str(record.get("reason") or "failed")] += 1
+            return
+        rewards = [float(r) for r in record.get("rewards") or ()]
+        self.whole += 1
+        if not rewards:
+            return
+        self.pass1.append(sum(1 for r in rewards if r > 0) / len(rewards))
+        self.passk.append(pass_at_k(rewards, self.size))
+        mean = math.fsum(rewards) / len(rewards)
+        self.spreads.append(math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)))
+        self.uniform += len(set(rewards)) <= 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as plain numbers."""
+        return {
+            "group_size": self.size,
+            "groups_whole": self.whole,
+            "groups_dropped": dict(self.dropped),
+            "pass@1": _mean(self.pass1),
+            f"pass@{self.size}": _mean(self.passk),
+            "reward_std_mean": _mean(self.spreads),
+            "groups_uniform": self.uniform,
+        }
+
+    def line(self) -> str:
+        """One line for the terminal."""
+        num, data = _num, self.as_dict()
+        drops = ", ".join(f"{n} {reason}" for reason, n in sorted(self.dropped.items()))
+        dropped = f"{sum(self.dropped.values())} dropped" + (f" ({drops})" if drops else "")
+        return (
+            f"{self.whole} whole, {dropped} | pass@1 {num(data['pass@1'])} | "
+            f"pass@{self.size} {num(data[f'pass@{self.size}'])} | "
+            f"reward std {num(data['reward_std_mean'])} | uniform {self.uniform}"
+        )
+
+
 @dataclass
 class RunSummary:
-    """Running tallies of a batch: outcome counts, latencies and rewards.
-
-    ``resumed`` counts outcomes that an earlier (interrupted) run had already written, and
-    ``reattached`` those this run collected from rollouts the earlier run left in flight;
-    ``retried`` counts inputs run again in a new session after a retryable failure.
-    """
+    """Running tallies of a run. ``resumed`` counts outcomes an earlier run had written,
+    ``reattached`` those collected from rollouts it left in flight, ``retried`` the extra
+    sessions of retried inputs."""
 
     counts: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
@@ -115,20 +171,17 @@ class RunSummary:
     resumed: int = 0
     reattached: int = 0
     retried: int = 0
-    # Through a gateway: trajectories written, tokens captured per rollout, how segments
-    # were built, and done rollouts whose trace could not be found (resume).
+    # Through a gateway (trajectories_missing: done rollouts whose trace is lost).
     trajectories: int = 0
     tokens_captured: list[int] = field(default_factory=list)
     merges: int = 0
     splits: int = 0
     trajectories_missing: int = 0
-    #: Group figures, when the run ran groups (``eval --group-size``, the demo's groups).
     groups: GroupTally | None = None
-    #: Failed and timed-out outcomes by error type, and the first reason seen for each.
+    # Failed and timed-out outcomes by error type, and the first reason seen for each.
     errors: Counter[str] = field(default_factory=Counter)
     reasons: dict[str, str] = field(default_factory=dict)
-    #: Each outcome's cost estimate (:func:`agentcore_rl.cli.cost.price`), and the tokens of
-    #: each trajectory's training segments (no call's prompt counted twice).
+    # Each outcome's cost estimate, and the tokens of each trajectory's training segments.
     costs: list[Mapping[str, Any]] = field(default_factory=list)
     segment_tokens: list[int] = field(default_factory=list)
 
@@ -195,7 +248,7 @@ class RunSummary:
     @property
     def mean_reward(self) -> float | None:
         """Mean of the rewards seen, ``None`` before the first."""
-        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+        return _mean(self.rewards)
 
     def as_dict(self, *, wall_seconds: float, s3_requests: int | None = None) -> dict[str, Any]:
         """The summary as plain numbers (for JSON output and tests)."""
@@ -227,20 +280,12 @@ class RunSummary:
             "errors": dict(self.errors),
         }
 
-    def _mean_reward_text(self) -> str:
-        mean = self.mean_reward
-        if mean is None:
-            return "- (no finished rollout with a reward)"
-        # Over the rollouts that finished with a reward: failures have none to average.
-        return f"{mean:.3f} ({len(self.rewards)} finished)"
-
     def render(self, *, wall_seconds: float, s3_requests: int | None = None) -> str:
         """A small aligned table for the terminal."""
         data = self.as_dict(wall_seconds=wall_seconds, s3_requests=s3_requests)
-
-        def num(value: float | None, fmt: str, unit: str = "") -> str:
-            return "-" if value is None else f"{value:{fmt}}{unit}"
-
+        num, mean = _num, self.mean_reward
+        # Over the rollouts that finished with a reward: failures have none to average.
+        reward = f"{mean:.3f} ({len(self.rewards)} finished)" if mean is not None else None
         rows = [
             ("rollouts", f"{data['total']}"),
             ("  done", f"{data['done']}"),
@@ -255,7 +300,7 @@ class RunSummary:
         if self.reattached:
             rows.append(("re-attached in-flight rollouts", f"{self.reattached}"))
         rows += [
-            ("mean reward", self._mean_reward_text()),
+            ("mean reward", reward or "- (no finished rollout with a reward)"),
             ("latency p50", num(data["latency_p50"], ".2f", " s")),
             ("latency p95", num(data["latency_p95"], ".2f", " s")),
             ("wall time", num(wall_seconds, ".1f", " s")),
@@ -275,8 +320,7 @@ class RunSummary:
             rows.append(("done without a trace in S3", f"{self.trajectories_missing}"))
         if self.groups is not None:
             rows.append((f"groups of {self.groups.size}", self.groups.line()))
-        cost = data["cost"]
         if self.costs:
-            rows.append(("cost (estimate)", _cost_line(cost)))
+            rows.append(("cost (estimate)", _cost_line(data["cost"])))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentcore_rl.cli.engine import EvalEngine, Progress
+from agentcore_rl.cli.eval import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary

@@ -20,7 +20,7 @@ import pytest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentcore_rl import protocol
-from agentcore_rl.cli.engine import EvalEngine, Progress
+from agentcore_rl.cli.eval import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.summary import RunSummary

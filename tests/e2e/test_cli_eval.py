@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl.cli import main
-from agentcore_rl.cli.eval import _make_client
+from agentcore_rl.cli.eval import make_client
 from agentcore_rl.cli.eval_config import EvalOptions
 from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST
 from agentcore_rl.local.policy import ScriptedPolicy
@@ -366,12 +366,12 @@ async def test_retry_budgets_reach_the_client(tmp_path: Path) -> None:
         retry_lost=0,
         retry_rollouts=4,
     )
-    client = _make_client(options)
+    client = make_client(options)
     try:
         assert (client.retries.lost, client.retries.rollouts) == (0, 4)
     finally:
         await client.aclose()
-    default = _make_client(dataclasses.replace(options, retry_lost=None))
+    default = make_client(dataclasses.replace(options, retry_lost=None))
     try:
         assert default.retries.lost == DEFAULT_RETRY_LOST
     finally:

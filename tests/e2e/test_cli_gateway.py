@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from agentcore_rl.cli import main
-from agentcore_rl.cli.trajectories import trajectories_path_for
+from agentcore_rl.cli.journal import trajectories_path_for
 from agentcore_rl.local.policy import ScriptedPolicy
 from tests.e2e.test_cli_eval import REPO, Gate, _lines, _spawn_eval, _stack, _wait_until
 from tests.e2e.test_cli_eval import _write_problems as write_problems

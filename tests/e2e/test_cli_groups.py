@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.cli import main
-from agentcore_rl.cli.group_eval import rows_path_for
+from agentcore_rl.cli.journal import rows_path_for
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.training import read_jsonl

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.cli import main
-from agentcore_rl.cli.group_eval import rows_path_for
+from agentcore_rl.cli.journal import rows_path_for
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy

@@ -13,7 +13,7 @@ import pytest
 
 from agentcore_rl.cli import main
 from agentcore_rl.cli.cost import Prices, price, usage_of
-from agentcore_rl.cli.runfile import load_run
+from agentcore_rl.cli.show import load_run
 from agentcore_rl.trajectory import Segment, Trajectory
 
 TRANSCRIPT = [
