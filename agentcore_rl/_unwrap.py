@@ -1,16 +1,5 @@
-"""Errors leave our objects as themselves: a task group's one error, not its group.
-
-anyio's task groups raise an exception group even for one error; the task groups are our
-business, so what leaves an ``async with`` of ours is that one error (a group stays a
-group only when several things failed at once).
-
-Example::
-
-    try:
-        await owner.aclose()
-    except BaseException as exc:
-        raise_unwrapped(exc)
-"""
+"""Errors leave our objects as themselves: what leaves an ``async with`` of ours is a task
+group's one error, not its exception group (a group stays one only when several failed)."""
 
 from __future__ import annotations
 
@@ -21,7 +10,7 @@ __all__ = ["raise_unwrapped", "unwrap"]
 
 def unwrap(exc: BaseException) -> BaseException:
     """The one error inside an exception group (nested groups flattened), else ``exc``."""
-    # Duck-typed: the builtin group from Python 3.11, the exceptiongroup backport before.
+    # Duck-typed: the builtin group and the exceptiongroup backport alike.
     leaves: list[BaseException] = []
     pending: list[BaseException] = [exc]
     while pending:

@@ -1,13 +1,5 @@
-"""Unknown keywords are errors that say where the right one is.
-
-Python already refuses an unknown keyword; :func:`checked` adds the closest known one
-(difflib), or where a keyword moved to (``max_concurrent_sessions`` ->
-``limits=Limits(max_concurrent_sessions=...)``), to the ``TypeError``.
-
-Example::
-
-    @checked(moved={"tps_limit": "limits=Limits(tps=...)"})
-    def __init__(self, *, limits: Limits = DEFAULT_LIMITS) -> None: ...
+"""Unknown keywords are ``TypeError``s naming the closest known one (difflib) or where a
+keyword moved (``max_concurrent_sessions`` -> ``limits=Limits(max_concurrent_sessions=...)``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The wire contract between the agent server, the trainer's client and S3.
+"""The wire contract between the agent server, the trainer's client and S3: the single
+source of every header, route, key layout and envelope field. Pure (no I/O), so anything
+may import it.
 
-This module is the single source of every header name, route, key layout and envelope
-field: server and client import them from here and never spell them out themselves. It is
-pure (no I/O, no framework imports) so that anything may import it cheaply.
-
-The contract is compatible with the reference toolkit (agentcore-rl-toolkit 0.1.3): a
-``_rollout`` block in the payload, result keys ``{exp_id}/{input_id}/{session_id}.json``,
-and an envelope with ``status_code``, ``stop_reason``, ``input_id``, ``s3_bucket``,
-``result_key`` and ``payload`` beside the handler's own fields.
+Compatible with the reference toolkit (agentcore-rl-toolkit 0.1.3): a ``_rollout`` block in
+the payload, result keys ``{exp_id}/{input_id}/{session_id}.json``, and an envelope with
+``status_code``, ``stop_reason``, ``input_id``, ``s3_bucket``, ``result_key`` and
+``payload`` beside the handler's own fields.
 """
 
 from __future__ import annotations
@@ -30,12 +28,9 @@ REQUEST_ID_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Request-Id"
 
 INVOCATIONS_PATH: Final = "/invocations"
 PING_PATH: Final = "/ping"
-#: Our own extension (not part of ACR): stop one session's rollout on this server. The
-#: HTTP transport calls it where ACR would call StopRuntimeSession.
+#: Our extension: stop one session's rollout (the HTTP transport's StopRuntimeSession).
 STOP_SESSION_PATH: Final = "/sessions/{session_id}/stop"
-
-#: Our own extension: ``GET`` answers whether this server runs, has finished or does not
-#: know a session (see :func:`session_status`).
+#: Our extension: ``GET`` answers :func:`session_status`.
 SESSION_STATUS_PATH: Final = "/sessions/{session_id}"
 
 #: The container port AgentCore Runtime talks to.
@@ -64,13 +59,11 @@ INPUT_ID: Final = "input_id"
 S3_BUCKET: Final = "s3_bucket"
 BASE_URL: Final = "base_url"
 MODEL_ID: Final = "model_id"
-#: Set to ``true`` by a client sending an invocation again (its answer was lost, or a
-#: resume re-sends it): the server then checks S3 for an earlier run's envelope before
-#: running it. Kept in ``RolloutConfig.extra``.
+#: ``true`` on an invocation sent again: the server first looks for an earlier envelope
+#: in S3. Kept in ``RolloutConfig.extra``.
 REPEAT: Final = "repeat"
 
-# Key parts become S3 path segments. A conservative alphabet keeps them from escaping the
-# experiment prefix ("/", ".."), from needing URL escaping, and from confusing listings.
+# Key parts become S3 path segments: no "/", "..", URL escaping or listing confusion.
 KEY_PART_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@:-]*")
 MAX_KEY_PART_LENGTH: Final = 200
 # ACR's own rule for session ids: 33-256 characters of letters, digits and single hyphens.
@@ -125,11 +118,8 @@ def validate_key_part(name: str, value: object, *, max_length: int = MAX_KEY_PAR
 
 
 def validate_session_id(value: object, *, name: str = "session id") -> str:
-    """Return ``value`` if it is a session id we can use in a result key, else raise.
-
-    Accepts ACR's alphabet (letters, digits, hyphens; no leading or trailing hyphen), up to
-    256 characters. ACR also requires at least 33 characters; :func:`new_session_id`
-    produces such ids, but a locally supplied shorter id is accepted."""
+    """Return ``value`` if it is a session id usable in a result key (ACR's alphabet, up to
+    256 characters; shorter than ACR's 33 is accepted locally), else raise."""
     if not isinstance(value, str) or not value:
         raise InvalidRolloutConfig(f"{name} must be a non-empty string", field="session_id")
     if len(value) > MAX_SESSION_ID_LENGTH:
@@ -182,9 +172,6 @@ class RuntimeArn(NamedTuple):
 
 def parse_runtime_arn(arn: object) -> RuntimeArn:
     """Split an AgentCore Runtime ARN into its fields, or raise ``ConfigurationError``.
-
-    The client takes its region from it; the local runtime stand-in checks the ARNs it
-    serves with it.
 
     Example::
 
@@ -331,16 +318,11 @@ FINISHED_AT: Final = "finished_at"
 ERROR_TYPE: Final = "error_type"
 TRACEBACK: Final = "traceback"
 
-#: What a rollout cost, as the agent server measured it (every envelope it writes):
-#: wall seconds from acceptance to the envelope;
+#: What a rollout cost, as the agent server measured it: wall seconds from acceptance to
+#: the envelope; the process's CPU seconds over that span (``null`` when other rollouts
+#: ran in the process meanwhile); its peak resident memory in bytes (``ru_maxrss``).
 RUNTIME_SECONDS: Final = "runtime_seconds"
-#: the process's CPU seconds (all threads) over the same span, present only when no other
-#: rollout ran in the process meanwhile (one rollout per microVM on AgentCore Runtime: the
-#: session's consumed CPU), ``null`` on a server shared by concurrent rollouts;
 CPU_SECONDS: Final = "cpu_seconds"
-#: the process's peak resident memory so far in bytes (``ru_maxrss``; ``null`` where the
-#: platform has none): the session's peak with one rollout per microVM, an upper bound
-#: on a shared server.
 PEAK_MEMORY_BYTES: Final = "peak_memory_bytes"
 
 DEFAULT_STATUS_CODE: Final = 200
@@ -354,9 +336,8 @@ ERROR_NOT_JSON: Final = "result_not_json_serializable"
 ERROR_CANCELLED: Final = "cancelled"
 #: The handler refused its payload (raised InvalidPayloadError); ``status_code`` is 4xx.
 ERROR_INVALID_PAYLOAD: Final = "invalid_payload"
-#: The process running the rollout died (``status_code`` 503; our server writes none, its
-#: client's probes detect the loss, but an agent or a supervisor may report one this way);
-#: clients treat it as retryable: run it again in a new session.
+#: The process running the rollout died (``status_code`` 503, written by an agent or a
+#: supervisor; our client's probes detect it otherwise): retryable in a new session.
 ERROR_AGENT_LOST: Final = "agent_lost"
 
 
@@ -392,16 +373,13 @@ def envelope_metadata(
     }
 
 
-#: Fields of the stand-in an envelope carries instead of a large payload (the server's
-#: ``envelope_payload_max_bytes``): the SHA-256 and size of the request body as received.
+#: What an envelope carries instead of a payload over ``envelope_payload_max_bytes``.
 PAYLOAD_SHA256: Final = "payload_sha256"
 PAYLOAD_BYTES: Final = "payload_bytes"
 
 
 def payload_digest(sha256_hex: str, size: int, rollout: object = None) -> dict[str, Any]:
-    """What an envelope's ``payload`` holds when the payload itself was too large to copy.
-
-    The ``_rollout`` block is kept, so the envelope still says what it answers."""
+    """An envelope's ``payload`` when it was too large to copy (its ``_rollout`` kept)."""
     digest: dict[str, Any] = {PAYLOAD_SHA256: sha256_hex, PAYLOAD_BYTES: size}
     if rollout is not None:
         digest[ROLLOUT_FIELD] = rollout
@@ -440,10 +418,9 @@ def error_envelope(
 
 # --- Control requests and session status -------------------------------------------------
 
-#: A payload holding this (reserved) top-level key is a control request to the agent
-#: server itself, answered at once without running the handler; over AgentCore Runtime it
-#: is the only way to reach the process that holds a session. Its value is
-#: ``{"op": <operation>}``; a payload with this key and anything else is refused (400).
+#: A payload with only this reserved key, ``{"op": <operation>}``, is a control request to
+#: the agent server itself (over ACR the only way to reach a session's process); with other
+#: keys beside it the payload is refused (400).
 CONTROL_FIELD: Final = "_agentcore_rl_control"
 CONTROL_OP: Final = "op"
 #: The one operation: the answer is :func:`session_status` for the invocation's session.
@@ -456,10 +433,8 @@ RESULT_KEYS: Final = "result_keys"
 
 
 class SessionState(str, Enum):
-    """What an agent server knows about a session.
-
-    ``unknown`` from a server that should hold the session means it lost it (the process
-    restarted, or the request reached another instance): the rollout will not finish.
+    """What an agent server knows about a session (``unknown`` from the one that should
+    hold it: the process restarted or the request reached another; it will not finish).
 
     Example::
 
@@ -499,8 +474,7 @@ def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
 
 #: ``_rollout`` field naming the invoking client's lease: ``{"bucket": ..., "key": ...}``.
 LEASE: Final = "lease"
-#: Folder of the leases under an experiment's prefix. It starts with a dot, which no input
-#: id can, so a lease key is never a result key and sorts before all of them.
+#: Folder of the leases under an experiment's prefix (a dot: never an input id).
 LEASE_FOLDER: Final = ".leases"
 LEASE_ID: Final = "lease_id"
 #: The lease reference's field holding the lease object's key.
@@ -568,10 +542,7 @@ LEASE_LAPSED_REASON: Final = (
     "or lost its connection to S3)"
 )
 
-# --- Defaults ----------------------------------------------------------------------------
-# Shared by more than one side (client, CLI, local runtime); one place to change them.
+# --- Defaults shared by client, CLI and local runtime -------------------------------------
 
-#: AgentCore Runtime's published default quota: invoke + stop calls per second per
-#: endpoint. The client's token bucket, ``agentcore-rl eval --tps`` and the local runtime
-#: stand-in all start from it.
+#: AgentCore Runtime's published default quota: invoke + stop calls per second per endpoint.
 DEFAULT_TPS: Final = 25.0

@@ -1,15 +1,11 @@
 """From a session's captured calls to training sequences (pure Python, no torch).
 
-The rule every serious trainer uses: a call whose prompt token ids start with the
-previous call's prompt + completion (the conversation only grew) extends the same
-segment; its new prompt tokens (tool results, user turns) get loss mask 0 and its
-completion tokens mask 1. Any other call (history truncated, re-templated, a sub-agent)
-starts a new segment. Merges and splits are counted, so a trainer can see when an agent
-breaks the prefix. A call retried with an identical request and prompt (a timeout, a
-429) keeps only its last answer. Failed calls (no tokens) are skipped and counted.
-
-Token ids are the served ones, never re-tokenised text (re-tokenising causes train/
-inference mismatch).
+A call whose prompt ids start with the previous call's prompt + completion (the
+conversation only grew) extends the same segment: its new prompt tokens get loss mask 0,
+its completion mask 1. Any other call (history truncated, re-templated, a sub-agent)
+starts a new segment; merges and splits are counted. A call retried with an identical
+request and prompt keeps only its last answer; failed calls are skipped and counted. Token
+ids are the served ones, never re-tokenised text.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Adapters that plug rollouts into trainers: veRL, slime and SkyRL.
-
-Each adapter is a module imported only when used, each with its extra
-(``pip install 'agentcore-rl[verl]'``, ``[slime]``, ``[skyrl]``):
-
-- ``agentcore_rl.integrations.verl``: ``AgentCoreAgentLoop``, a veRL agent loop.
-- ``agentcore_rl.integrations.slime``: ``generate_rollout`` (slime's custom rollout
-  function) and ``reward_post_process`` (its group-aware reward hook).
-- ``agentcore_rl.integrations.skyrl``: ``AgentCoreGenerator``, a SkyRL generator.
-
-All three share :class:`AgentCoreSettings` (where the agent runs, S3, the gateway, limits,
-the group rules that still apply) and run every rollout through ``AsyncRolloutClient``.
+"""Adapters that plug rollouts into trainers, each imported only when used, with its extra:
+``integrations.verl`` (``AgentCoreAgentLoop``), ``integrations.slime`` (``generate_rollout``,
+``reward_post_process``) and ``integrations.skyrl`` (``AgentCoreGenerator``); all three share
+:class:`AgentCoreSettings` and run every rollout through ``AsyncRolloutClient``
+(docs/trainers.md).
 
 Example::
 

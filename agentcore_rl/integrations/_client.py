@@ -1,9 +1,5 @@
-"""The adapters' one door to the rollout client: every call the adapters make is here.
-
-A trainer process keeps one client per settings and event loop, open for as long as that
-loop runs (a trainer's rollout worker lives as long as the training run), together with
-its Ray-wide limits when the settings name some.
-"""
+"""The adapters' one door to the rollout client: one client per settings and event loop,
+open as long as that loop runs (with its Ray-wide limits when the settings name some)."""
 
 from __future__ import annotations
 
@@ -15,15 +11,13 @@ from typing import Any
 
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
-from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup
+from agentcore_rl.groups import GroupRules, RolloutGroup
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.trajectory import Trajectory
 
 __all__ = [
-    "GroupDroppedError",
     "SampleOutcome",
     "close_shared_clients",
-    "open_client",
     "run_group",
     "run_sample",
     "set_policy_version",
@@ -41,10 +35,30 @@ class SampleOutcome:
     error: str | None = None
 
 
-async def open_client(
+class _Owner:
+    """The task that holds one shared client open: a client's task group must be entered
+    and left by one task, and the trainer's per-sample tasks come and go."""
+
+    def __init__(self, settings: AgentCoreSettings) -> None:
+        self.settings = settings
+        self.ready: asyncio.Future[AsyncRolloutClient] = asyncio.get_running_loop().create_future()
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                self.ready.set_result(await _open_client(self.settings, stack))
+                await self.stop.wait()
+        except BaseException as exc:
+            if not self.ready.done():
+                self.ready.set_exception(exc)
+            raise
+
+
+async def _open_client(
     settings: AgentCoreSettings, stack: contextlib.AsyncExitStack
 ) -> AsyncRolloutClient:
-    """A client for ``settings``, entered on ``stack`` (with its shared limits, if any)."""
     limiters: dict[str, Any] = {}
     if settings.shared_limits is not None:
         # lazy: shared limits run on Ray (the ray extra), only when configured
@@ -75,28 +89,6 @@ async def open_client(
         **limiters,
     )
     return await stack.enter_async_context(client)
-
-
-class _Owner:
-    """The task that holds one shared client open: a client's task group must be entered
-    and left by one task, and the trainer's per-sample tasks come and go."""
-
-    def __init__(self, settings: AgentCoreSettings) -> None:
-        self.settings = settings
-        self.ready: asyncio.Future[AsyncRolloutClient] = asyncio.get_running_loop().create_future()
-        self.stop = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-
-    async def run(self) -> None:
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                client = await open_client(self.settings, stack)
-                self.ready.set_result(client)
-                await self.stop.wait()
-        except BaseException as exc:
-            if not self.ready.done():
-                self.ready.set_exception(exc)
-            raise
 
 
 _Key = tuple[AgentCoreSettings, int]
@@ -170,21 +162,15 @@ async def run_sample(
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            trajectory = _partial(fut)
+            trajectory = None
+            with contextlib.suppress(Exception):  # the tokens its trace kept, if any
+                trajectory = fut.trajectory
             continue
         trajectory = fut.trajectory
         rewards = result.get("rewards") if isinstance(result, Mapping) else None
         reward = float(rewards[0]) if isinstance(rewards, list) and rewards else 0.0
         return SampleOutcome(session_id, reward, trajectory)
     return SampleOutcome(session_id, 0.0, trajectory, error)
-
-
-def _partial(fut: Any) -> Trajectory | None:
-    try:
-        trajectory: Trajectory | None = fut.trajectory
-    except Exception:
-        return None
-    return trajectory
 
 
 async def run_group(

@@ -1,20 +1,8 @@
 """SkyRL: a generator that runs each prompt's samples as one GRPO group (extra ``[skyrl]``).
 
-SkyRL hands its generator a batch in which every prompt appears ``n_samples_per_prompt``
-times (``trajectory_ids``: ``instance_id``, ``repetition_id``). ``AgentCoreGenerator`` runs
-the repetitions of each instance as one group through ``AsyncRolloutClient.invoke_group``
-(so the project's rules apply: ``retry`` in fresh sessions, ``redundancy`` spares, a
-failed member kept zeroed) and returns SkyRL's ``GeneratorOutput`` in SkyRL's input order:
-
-- without ``step_wise``: one entry per input, the member's final segment (a sub-agent
-  member's earlier segments are counted in ``rollout_metrics["agentcore/dropped_segments"]``);
-- with ``step_wise`` (SkyRL's ``generator.step_wise_trajectories``): every segment, the
-  member's segments contiguous and ``is_last_step`` on its last one, so SkyRL's step-wise
-  GRPO takes each member's reward once;
-- a failed member under ``on_failure="zero"``: its placeholder (one pad token, loss mask 0,
-  reward 0) counts in the group; under ``"drop_group"`` the group's rows are all
-  placeholders (SkyRL's own rule for a failed trial: the group is masked);
-- rows fitted to ``max_prompt_length`` / ``max_response_length`` when given.
+The repetitions of each ``instance_id`` run as one group through
+``AsyncRolloutClient.invoke_group``; the output is SkyRL's ``GeneratorOutput`` in its input
+order. Configuration and behaviour: docs/trainers.md#skyrl.
 """
 
 from __future__ import annotations
@@ -29,9 +17,8 @@ from agentcore_rl._extras import require
 from agentcore_rl.groups import GroupDroppedError, RolloutGroup
 from agentcore_rl.integrations._client import run_group, set_policy_version, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
-from agentcore_rl.training.fit import fit_rows
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_skyrl
-from agentcore_rl.training.rows import TrainingRow, group_rows, trajectory_rows
+from agentcore_rl.training.rows import TrainingRow, fit_rows, group_rows, trajectory_rows
 
 require("skyrl", "agentcore_rl.integrations.skyrl", "skyrl")
 

@@ -1,34 +1,9 @@
 """slime: a custom rollout function and a group-aware reward hook (extra ``[slime]``).
 
-slime (installed from its source; it is not on PyPI) calls a rollout function for each
-step with its data source; ``generate_rollout`` takes the step's prompt groups from it
-(``n_samples_per_prompt`` samples each), runs each group through
-``AsyncRolloutClient.invoke_group`` (the project's rules apply: ``retry`` in fresh
-sessions, ``redundancy`` spares, a failed member kept zeroed) and fills slime's own
-``Sample`` objects, grouped per prompt:
-
-- each sample keeps slime's ``group_index`` and ``index``; a member with several segments
-  (a sub-agent call with a fresh context) becomes one sample per segment, all with the
-  member's ``rollout_id``, so slime's loss averages within the rollout;
-- ``status`` is slime's ``Sample.Status`` (``FAILED`` for a zeroed member); a member that
-  captured no tokens is a placeholder sample (one pad token, loss mask 0,
-  ``remove_sample``) that keeps its group's size;
-- ``weight_versions`` are the gateway's policy versions.
-
-slime's default reward normalization is positional (rewards reshaped to
-``n_samples_per_prompt`` columns), so a step with split members needs the hook
-``reward_post_process`` (``--custom-reward-post-process-path``): it counts each rollout
-once in its group's mean and standard deviation and gives every sample its rollout's
-advantage; a group of one gets its reward (slime's own std of one sample is NaN).
-
-Configure it with two flags and the settings::
-
-    --rollout-function-path agentcore_rl.integrations.slime.generate_rollout
-    --custom-reward-post-process-path agentcore_rl.integrations.slime.reward_post_process
-
-The settings are ``args.agentcore`` (a mapping or :class:`AgentCoreSettings`) or the JSON
-file named by ``AGENTCORE_RL_SETTINGS``. Each sample's ``metadata["agentcore_payload"]`` is
-the agent's payload; without one it is ``{"prompt": sample.prompt, "label": sample.label}``.
+``generate_rollout`` runs each of the step's prompt groups through
+``AsyncRolloutClient.invoke_group`` and fills slime's own ``Sample`` objects;
+``reward_post_process`` counts each rollout once in its group (a member with several
+segments is several samples). Configuration and behaviour: docs/trainers.md#slime.
 """
 
 from __future__ import annotations

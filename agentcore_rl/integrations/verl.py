@@ -1,36 +1,8 @@
 """veRL: an agent loop that runs each sample as a rollout of your agent (extra ``[verl]``).
 
-veRL runs ``rollout.n`` samples per prompt itself, each through an agent loop. This one
-sends the sample's payload to the agent (AgentCore Runtime or HTTP) through
-``AsyncRolloutClient`` and the token gateway, and returns veRL's own ``AgentLoopOutput``:
-
-- one output per segment of the trajectory (a sub-agent call with a fresh context is a
-  segment) when veRL accepts a list (its v1 trainer, whose GRPO takes each session's
-  final output once and gives its advantage to every output of the session); under the
-  classic trainer, which takes one output per sample, the final segment, with
-  ``extra_fields["dropped_segments"]`` counting the others;
-- rows fitted to ``rollout.prompt_length`` / ``response_length``
-  (:mod:`agentcore_rl.training.fit`);
-- ``reward_score`` the agent's reward (veRL's reward manager is not called),
-  ``extra_fields`` with ``reward_extra_info`` and integer ``min_global_steps`` /
-  ``max_global_steps`` (the gateway's policy versions, else the trainer's step);
-- a failed sample (after ``retry`` fresh sessions) under ``on_failure="zero"``: a
-  placeholder (one pad token, loss mask 0, reward 0) that still counts in its group; under
-  ``"drop_group"`` the error propagates (veRL's v1 trainer then drops the prompt).
-
-The client is opened once per worker process and event loop; with ``shared_limits`` its
-rate and session limits are shared by every worker on the Ray cluster.
-
-Configure it with an agent-loop config file (``rollout.agent.agent_loop_config_path``)::
-
-    - name: agentcore
-      _target_: agentcore_rl.integrations.verl.AgentCoreAgentLoop
-      agentcore: {agent_url: "http://10.0.0.5:8080", s3_bucket: rollouts, exp_id: grpo-1,
-                  gateway_url: "http://10.0.0.6:9000", shared_limits: acr-math}
-
-and ``rollout.agent.default_agent_loop=agentcore``. Each dataset row's
-``agentcore_payload`` (a dict; the name is ``payload_key``) is the agent's payload; without
-one, the payload is ``{"prompt": raw_prompt}`` plus the row's ``extra_info``.
+Each sample goes to the agent through ``AsyncRolloutClient`` and the token gateway and comes
+back as veRL's own ``AgentLoopOutput`` (one per segment under veRL's v1 trainer, else the
+final one). Configuration and behaviour: docs/trainers.md#verl.
 """
 
 from __future__ import annotations
@@ -43,9 +15,8 @@ from typing import Any
 from agentcore_rl._extras import require
 from agentcore_rl.integrations._client import run_sample, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
-from agentcore_rl.training.fit import fit_rows
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_verl
-from agentcore_rl.training.rows import trajectory_rows
+from agentcore_rl.training.rows import fit_rows, trajectory_rows
 
 require("verl", "agentcore_rl.integrations.verl", "verl", "omegaconf")
 

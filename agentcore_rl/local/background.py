@@ -1,12 +1,9 @@
-"""Run an ASGI app under real uvicorn on a loopback port, inside the current event loop.
-
-Used by the local stack, the tests and the benchmarks, so that every part of the toolkit is
-exercised over real HTTP without spawning processes. Signals are left to the caller: the
-embedding program decides what Ctrl-C means, not each embedded server.
+"""Run an ASGI app under real uvicorn on a loopback port, inside the current event loop
+(signals are left to the embedding program).
 
 Its one task (uvicorn's ``serve``) is owned by the server object and always awaited by
-``aclose()``, not by a task group: test fixtures (pytest-asyncio) enter a server in one
-task and leave it in another, which an anyio task group forbids.
+``aclose()``, not by a task group: test fixtures enter a server in one task and leave it
+in another, which an anyio task group forbids.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ __all__ = ["BackgroundServer"]
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host`` (IPv4 or IPv6) and ``port`` (0: a free one), not yet
-    listening (uvicorn listens on it); closed again if binding fails."""
+    """A TCP socket bound to ``host`` and ``port`` (0: a free one), for uvicorn to listen on."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -48,11 +44,10 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class BackgroundServer:
     """uvicorn serving ``app`` on ``host`` (loopback) and a free port, as an asyncio task.
 
-    The socket is bound before uvicorn starts, so ``url`` is known at once and two servers
-    never race for a port. ``aclose()`` asks uvicorn to shut down gracefully and, after
-    ``shutdown_timeout`` seconds, to stop waiting for open connections (uvicorn's
-    ``force_exit``, which also skips a lifespan shutdown not yet begun; one under way is
-    waited for, never interrupted).
+    The socket is bound first, so ``url`` is known at once and no two servers race for a
+    port. ``aclose()`` shuts down gracefully and, after ``shutdown_timeout`` seconds, stops
+    waiting for open connections (uvicorn's ``force_exit``; a lifespan shutdown under way
+    is still waited for).
 
     Example::
 
@@ -125,8 +120,7 @@ class BackgroundServer:
         try:
             done, _ = await asyncio.wait({task}, timeout=self.shutdown_timeout)
             if not done:
-                # Connections still open: uvicorn stops waiting for them and returns (a
-                # lifespan shutdown under way, bounded by the app's grace, is finished).
+                # Connections still open: uvicorn stops waiting for them.
                 self._server.force_exit = True
             await task
         finally:

@@ -1,8 +1,5 @@
 """Embedded S3: moto's S3 app on uvicorn on a free loopback port, for demos and tests.
-
-moto and a2wsgi are optional dependencies (the ``local`` extra); importing this module
-without them works, starting the server explains how to install them.
-"""
+moto and a2wsgi (the ``local`` extra) are imported when the server starts."""
 
 from __future__ import annotations
 
@@ -22,17 +19,12 @@ __all__ = ["EmbeddedS3"]
 
 _log = logging.getLogger(__name__)
 
-#: Threads running moto's WSGI app. Its handlers are Python holding the GIL, so more
-#: threads add no throughput, only switching; a few let requests that wait on the event
-#: loop (reading a body, handing over a response) overlap with one that computes. Requests
-#: beyond them wait in the pool's queue, none is refused.
+# moto's handlers hold the GIL, so more threads add only switching; a few let requests
+# waiting on the loop overlap with one that computes (the rest queue, none is refused).
 _WORKERS = 8
-#: Idle seconds before the server closes a kept-alive connection: real S3 keeps idle
-#: connections for about 20 s, and well above aiobotocore's 12 s pool keep-alive it is
-#: always the client that retires an idle connection, so none is reused just as the server
-#: closes it.
+# Well above aiobotocore's 12 s pool keep-alive: the client always retires an idle
+# connection first, so none is reused just as the server closes it.
 _KEEP_ALIVE = 60
-#: Bounds on start() and stop(), in seconds.
 _STARTUP_TIMEOUT = 10.0
 _SHUTDOWN_TIMEOUT = 10.0
 
@@ -54,10 +46,8 @@ class _ThreadedUvicorn(_EmbeddedUvicorn):
 
 
 def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
-    """Give moto's app the environ its own server (werkzeug's, with moto's request handler)
-    builds, where a2wsgi's differs in what moto reads: the undecoded request target
-    (``RAW_URI``, which moto matches S3 keys against), chunked bodies, and headers with
-    underscores in their names."""
+    """Give moto's app the environ werkzeug (moto's own server) builds where a2wsgi's differs:
+    the undecoded target (``RAW_URI``), chunked bodies, headers with underscores."""
     # lazy: moto is the local extra, loaded when the server starts
     from moto.core.request import (
         PRESERVED_HEADER_NAMES_ENVIRON_KEY,
@@ -76,10 +66,8 @@ def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
         headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"]]
         names: dict[str, str] = {}
         if any("_" in name for name, _ in headers):
-            # WSGI folds "-" and "_" into one key and a2wsgi joins both spellings' values.
-            # werkzeug drops underscored names, so that one cannot spoof the other; moto puts
-            # back S3 metadata keys (x-amz-meta-my_key) unless a dashed header has the key,
-            # and records their spelling for its Request.headers.
+            # WSGI folds "-" and "_" into one key; werkzeug drops underscored names (no
+            # spoofing) and moto puts back S3 metadata keys unless a dashed header has the key.
             dashed: dict[str, list[str]] = {}
             kept: dict[str, list[str]] = {}
             for name, value in headers:
@@ -107,14 +95,10 @@ def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
 class EmbeddedS3:
     """A real S3 API (moto's) on ``127.0.0.1`` and a free port, with HTTP/1.1 keep-alive.
 
-    moto's own server is werkzeug's development server, which answers every request with
-    ``Connection: close``: each S3 call would open a new TCP connection, and a client would
-    spend CPU on connecting that real S3, which keeps connections alive, never costs. So
-    moto's WSGI app is served by uvicorn (through a2wsgi), in a daemon thread with its own
-    event loop: it works the same from synchronous code and from any event loop.
-
-    The server keeps its state in memory and dies with the process. ``stop()`` is
-    idempotent. Its own request log is quiet unless ``verbose`` is set.
+    moto's own werkzeug server closes every connection, which real S3 does not, so its WSGI
+    app is served by uvicorn (through a2wsgi) in a daemon thread with its own event loop:
+    it works from synchronous code and from any event loop. State is in memory; ``stop()``
+    is idempotent; the request log is quiet unless ``verbose``.
 
     Example::
 
@@ -161,8 +145,7 @@ class EmbeddedS3:
         # lazy: the server extra, loaded when the server starts
         import uvicorn
 
-        # The app moto's ThreadedMotoServer serves: every service, routed by request.
-        # (Typed Any: a2wsgi types environ as a TypedDict of the CGI keys only.)
+        # What moto's ThreadedMotoServer serves (Any: a2wsgi's environ type is too narrow).
         moto_app: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
         wsgi = WSGIMiddleware(moto_app, workers=_WORKERS)
         sock = bind_socket(self.host, self.port)

@@ -1,32 +1,16 @@
-"""A scripted OpenAI-compatible server: a STAND-IN for vLLM/SGLang.
+"""A scripted OpenAI-compatible server: a STAND-IN for vLLM/SGLang, not a language model.
 
-No language model is available offline, so demos and tests talk to this instead. It speaks
-enough of the OpenAI API for the OpenAI SDK and for agents written against vLLM:
-``POST /v1/chat/completions`` (tool calls in the OpenAI ``tools``/``tool_calls`` format,
-``finish_reason`` ``"tool_calls"``), ``POST /v1/completions``, both streaming (SSE) or not,
-``GET /v1/models``, and vLLM's (>= 0.10.2) capture fields: ``prompt_token_ids`` (chat: on
-the response; completions: on each choice) and ``token_ids`` on each choice or streamed
-chunk, and ``logprobs`` when asked (``logprobs.content[j].logprob`` for chat,
-``logprobs.token_logprobs`` for completions). ``token_ids="always"`` (the default) sends the
-ids even unasked; ``"requested"`` only for ``return_token_ids: true``, as vLLM does;
-``"never"`` plays a server that cannot.
+It speaks enough of the OpenAI API for the OpenAI SDK and agents written against vLLM: chat
+(with OpenAI tool calls) and text completions, streamed (SSE) or not, ``/v1/models``, and
+vLLM's capture fields (``prompt_token_ids``, ``token_ids``, ``logprobs``). Its fake tokenizer
+renders each message as ``<role> text <end>`` and an assistant message exactly as the
+completion that produced it, so a conversation's prompts extend each other token for token.
+With ``tokenizer=DIR`` it uses a real chat template instead (:class:`TemplateVoice`).
 
-With ``tokenizer=DIR`` it serves a real tokenizer and chat template instead (see
-:mod:`agentcore_rl.local.policy_template`; ``python -m agentcore_rl.local.policy --tokenizer
-DIR``). Otherwise its fake tokenizer (:func:`~agentcore_rl.local.policy_solver.fake_tokens`)
-works like a chat template with special tokens: each message is ``<role> text <end>`` and
-the prompt ends with ``<assistant>``; an assistant message renders exactly as the
-completion that produced it. So a multi-turn conversation's prompts extend each other
-token for token, as they do with a real model, and logprobs are a deterministic function
-of the tokens.
-
-How it "answers": it reads the first user message with a small pattern-based solver
-(:mod:`agentcore_rl.local.policy_solver`). When tools are offered, the first turn calls the
-first tool with the arithmetic expression; after the tool message it answers
-``"The answer is N."``. Without tools it answers at once. With probability
-``1 - accuracy`` it is wrong: it either slips when copying the tool's result or skips the
-tool and guesses. The choice is a stable hash of (``seed``, the problem, the request's own
-``seed`` if any, the choice index), so a run is reproducible and rewards still vary.
+It answers the first user message with a pattern-based solver (:mod:`.policy_solver`):
+offered tools, it first calls the first one with the arithmetic expression, then answers
+``"The answer is N."``. With probability ``1 - accuracy`` it slips or skips the tool,
+decided by a stable hash of (``seed``, problem, the request's ``seed``, choice index).
 """
 
 from __future__ import annotations
@@ -40,7 +24,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeGuard
+from typing import Any, Final, Literal, TypeGuard
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -48,13 +32,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from agentcore_rl.local.policy_template import TemplateVoice
-
 from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
+    fake_token_ids,
     fake_tokens,
-    format_number,
     solve_word_problem,
 )
 
@@ -70,6 +51,8 @@ _ROLE_IDS: Final = {"system": 1, "user": 2, "assistant": 3, "tool": 4, "develope
 _OTHER_ROLE_ID: Final = 5
 _TOOLS_ID: Final = 6
 _END_ID: Final = 7
+_STEP_RE: Final = re.compile(r'"step":\s*(\d+)')
+_NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 
 TokenIdsMode = Literal["always", "requested", "never"]
 
@@ -111,7 +94,7 @@ def _text_of(message: Mapping[str, Any]) -> str:
 
 
 def _assistant_text(message: Mapping[str, Any]) -> str:
-    """What an assistant turn "generated": its text, then each tool call as tagged JSON."""
+    """An assistant turn's generated text: its content, then each tool call as tagged JSON."""
     parts = [_text_of(message)]
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {} if isinstance(call, Mapping) else {}
@@ -121,29 +104,25 @@ def _assistant_text(message: Mapping[str, Any]) -> str:
 
 
 def _prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> list[int]:
-    """A fake chat template: ``<tools>..<end>``, ``<role> text <end>`` per message, ``<assistant>``.
-
-    An assistant message renders as ``<assistant>`` + the tokens of the completion that
-    produced it, so each turn's prompt extends the previous prompt + completion.
-    """
+    """The fake chat template: ``<tools>..<end>``, ``<role> text <end>`` each, ``<assistant>``."""
     ids: list[int] = []
     if tools:
         ids.append(_TOOLS_ID)
-        ids.extend(i for _, i in fake_tokens(json.dumps(list(tools), sort_keys=True)))
+        ids.extend(fake_token_ids(json.dumps(list(tools), sort_keys=True)))
         ids.append(_END_ID)
     for message in messages:
         role = message.get("role")
         ids.append(_ROLE_IDS.get(str(role), _OTHER_ROLE_ID))
         text = _assistant_text(message) if role == "assistant" else _text_of(message)
-        ids.extend(i for _, i in fake_tokens(text))
+        ids.extend(fake_token_ids(text))
         ids.append(_END_ID)
     ids.append(_ROLE_IDS["assistant"])
     return ids
 
 
-def _logprob(seed: int, index: int, position: int, token_id: int) -> float:
+def _logprob(salt: str, position: int, token_id: int) -> float:
     """A deterministic logprob in (-5, 0] for one sampled token."""
-    digest = hashlib.blake2b(f"{seed}:{index}:{position}:{token_id}".encode(), digest_size=4)
+    digest = hashlib.blake2b(f"{salt}:{position}:{token_id}".encode(), digest_size=4)
     return -round(int.from_bytes(digest.digest(), "big") % 100_000 / 20_000, 6)
 
 
@@ -156,25 +135,141 @@ def _tool_argument_name(tool: Mapping[str, Any]) -> str:
     return next(iter(props), "expression")
 
 
+class TemplateVoice:
+    """The stand-in's voice on a real tokenizer and chat template.
+
+    It renders chat requests with the template (transformers, as vLLM does) and answers in
+    its syntax, written by the parsers the gateway reads with: a reasoning block when a
+    reasoning parser is named, tool calls in the tool-call parser's syntax, the stop token.
+    While fewer than ``tool_rounds`` of its own calls (each carries ``"step": k``) are in the
+    prompt it calls the tool again; then it answers with the prompt's last number. The
+    answer depends on the prompt's text only, so chat and token-in requests agree.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        *,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        tool_rounds: int = 1,
+        tool_name: str = "calculator",
+        seed: int = 0,
+    ) -> None:
+        if tool_rounds < 0:
+            raise ValueError(f"tool_rounds must be >= 0, got {tool_rounds}")
+        # lazy: the render extra, only with a real template (--tokenizer)
+        from agentcore_rl.gateway.render.parsers import reasoning_parser_named, tool_parser_named
+        from agentcore_rl.gateway.render.template import ChatTemplate
+
+        self.template = ChatTemplate.load(tokenizer)
+        self.tools = tool_parser_named(tool_call_parser)
+        self.reasoning = reasoning_parser_named(reasoning_parser)
+        self.tool_rounds = tool_rounds
+        self.tool_name = tool_name
+        self.seed = seed
+        eos = self.template.tokenizer.eos_token_id
+        if not isinstance(eos, int):
+            raise ValueError(f"the tokenizer in {tokenizer!r} names no EOS token")
+        self.stop_id = eos
+        self._call_stop = eos
+        if self.tools is not None and self.tools.call_stop is not None:
+            found = self.template.tokenizer.convert_tokens_to_ids(self.tools.call_stop)
+            if isinstance(found, int):
+                self._call_stop = found
+        self._stops = self.template.stop_ids()
+
+    def render(self, body: Mapping[str, Any]) -> list[int]:
+        """A chat request's prompt ids (raises ``RenderError``)."""
+        text = self.template.render(
+            body["messages"],
+            tools=body.get("tools") or None,
+            kwargs=body.get("chat_template_kwargs"),
+        )
+        return self.template.encode(text)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int | None = None,
+        *,
+        stop: Sequence[str] = (),
+        logit_bias: Mapping[str, float] | None = None,
+    ) -> tuple[list[int], list[float], str, str | None]:
+        """-> (completion ids, their logprobs, finish reason, the stop string that ended it)
+        for a prompt. As vLLM: a stop string ends the completion with the token that holds
+        it; a ``logit_bias`` of -100 on the stop token means it never stops by itself."""
+        text = self.template.decode(prompt_ids)
+        steps = [int(s) for s in _STEP_RE.findall(text)]
+        done = max(steps, default=0)
+        parts = []
+        if done < self.tool_rounds and self.tools is not None:
+            from agentcore_rl.gateway.render.parsers import ToolCall
+
+            step = done + 1
+            if self.reasoning is not None:
+                parts.append(self.reasoning.format(f"Step {step}: I ask the {self.tool_name}."))
+            call = ToolCall(self.tool_name, {"expression": f"{10 * step} + {step}", "step": step})
+            parts.append(self.tools.format([call]))
+            end_id = self._call_stop
+        else:
+            numbers = _NUMBER_RE.findall(text[text.rfind('"step"') :] if steps else text)
+            value = numbers[-1] if numbers else "unknown"
+            if self.reasoning is not None:
+                parts.append(self.reasoning.format("The tool has answered."))
+            content = f"The answer is {value}."
+            final = getattr(self.tools, "format_content", None)
+            parts.append(final(content) if final is not None else content)
+            end_id = self.stop_id
+        ids = [*self.template.encode("".join(parts)), end_id]
+        finish, reason = "stop", None
+        if float((logit_bias or {}).get(str(end_id), 0)) <= -100:  # it cannot stop: it rambles
+            ids, finish = ids[:-1] + self.template.encode(" and so on") * 16, "length"
+        decode = self.template.tokenizer.decode
+        for end in range(1, len(ids) + 1) if stop else ():
+            text = decode(ids[:end], skip_special_tokens=True)
+            found = [s for s in stop if s and s in text]
+            if found:
+                ids, reason, finish = ids[:end], min(found, key=text.find), "stop"
+                break
+        if max_tokens is not None and len(ids) > max_tokens:
+            ids, finish, reason = ids[:max_tokens], "length", None
+        return ids, [_logprob(str(self.seed), i, t) for i, t in enumerate(ids)], finish, reason
+
+    def message(
+        self, ids: list[int], call_seed: str, stop_reason: str | None = None
+    ) -> dict[str, Any]:
+        """The completion as an OpenAI assistant message, parsed as vLLM's parsers would
+        (the text ends before the stop string that ended it)."""
+        from agentcore_rl.gateway.render.parsers import parse_completion
+
+        stopped = bool(ids) and ids[-1] in self._stops
+        text = self.template.decode(ids[:-1] if stopped else ids)
+        if stop_reason:
+            text = text[: text.find(stop_reason)]
+        return parse_completion(text, self.reasoning, self.tools, call_seed)
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each id's text (for logprob entries)."""
+        convert: Callable[[list[int]], list[str]] = self.template.tokenizer.convert_ids_to_tokens
+        return [str(t) for t in convert(ids)]
+
+
 class ScriptedPolicy:
     """The stand-in policy server as an ASGI app (serve it with uvicorn/BackgroundServer).
 
-    ``accuracy`` (0..1) is how often it answers correctly; ``seed`` makes the run
-    reproducible; ``latency`` seconds are waited per request so that a demo looks like real
-    work (``sleep`` is injectable). ``token_ids``: ``"always"``, ``"requested"`` (vLLM's
-    ``return_token_ids``) or ``"never"``. ``requests`` counts the completion requests
-    received, bad ones included; ``answers`` keeps the last ``keep_answers`` answers
-    (``(prompt_ids, [(token_ids, logprobs) per choice])``) so tests can compare captures.
-    ``tokenizer`` (a Hugging Face tokenizer directory, with ``tool_call_parser``,
-    ``reasoning_parser`` and ``tool_rounds``): render that real chat template as vLLM does and
-    answer in its syntax, also token-in (``/v1/completions`` with token ids, SGLang's
-    ``/generate``); see :mod:`agentcore_rl.local.policy_template`. There, ``token_rate``
-    (tokens per second per request) makes token-in completions take their time, with vLLM's
-    weight-sync routes (``/pause?mode=keep|abort``, ``/resume``, ``/abort_requests``,
-    ``/update_weight_version``): a kept request stops generating until the resume, an aborted
-    one answers its tokens so far (``finish_reason`` ``"abort"``), and every choice says which
-    version generated which tokens (``weight_versions``, as vLLM's token-in API does; ``made``
-    keeps them all).
+    ``accuracy`` (0..1) is how often it answers correctly; ``seed`` makes runs reproducible;
+    ``latency`` seconds are waited per request (``sleep`` is injectable). ``token_ids``:
+    ``"always"``, ``"requested"`` (vLLM's ``return_token_ids``) or ``"never"``. ``requests``
+    counts completion requests, bad ones included; ``answers`` keeps the last
+    ``keep_answers`` ``(prompt_ids, [(token_ids, logprobs) per choice])``.
+    ``tokenizer`` (with ``tool_call_parser``, ``reasoning_parser``, ``tool_rounds``): answer
+    as that real chat template's model would, also token-in (``/v1/completions`` with token
+    ids, SGLang's ``/generate``). There ``token_rate`` (tokens per second) paces token-in
+    completions under vLLM's weight-sync routes (``/pause?mode=keep|abort``, ``/resume``,
+    ``/abort_requests``, ``/update_weight_version``): a kept request waits for the resume, an
+    aborted one answers its tokens so far (``finish_reason`` ``"abort"``), and each choice
+    says which version made which tokens (``weight_versions``; ``made`` keeps them all).
     ``min_tokens`` is honoured by repeating the answer before its end token.
 
     Example::
@@ -226,8 +321,6 @@ class ScriptedPolicy:
         self.tokens_made = 0  # so far, the ones being made included
         self.voice: TemplateVoice | None = None
         if tokenizer is not None:  # a real template: render and answer as that model would
-            from agentcore_rl.local.policy_template import TemplateVoice
-
             self.voice = TemplateVoice(
                 tokenizer,
                 tool_call_parser=tool_call_parser,
@@ -342,15 +435,15 @@ class ScriptedPolicy:
     async def _generate(self, request: Request) -> Response:
         """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
         self.requests += 1
-        if self.voice is None:
-            return _error(_BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))"))
         try:
-            body = await request.json()
-        except ValueError:
-            return _error(_BadRequest("request body is not valid JSON"))
-        ids = body.get("input_ids") if isinstance(body, Mapping) else None
-        if not _is_ids(ids):
-            return _error(_BadRequest("input_ids must be a non-empty list of token ids"))
+            if self.voice is None:
+                raise _BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))")
+            body = await _body(request)
+            ids = body.get("input_ids")
+            if not _is_ids(ids):
+                raise _BadRequest("input_ids must be a non-empty list of token ids")
+        except _BadRequest as exc:
+            return _error(exc)
         params = body.get("sampling_params") or {}
         completion, logprobs, finish, _ = self.voice.generate(ids, params.get("max_new_tokens"))
         self._remember(ids, [{"_ids": completion, "_logprobs": logprobs}])
@@ -373,15 +466,11 @@ class ScriptedPolicy:
         text = self.voice.template.tokenizer.decode(completion, skip_special_tokens=True)
         return JSONResponse({"text": text, "output_ids": completion, "meta_info": meta})
 
-    def _voiced_chat(self, body: object) -> dict[str, Any]:
+    def _voiced_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """A chat request rendered with the real template (vLLM's answer shape)."""
         voice = self.voice
         assert voice is not None
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("messages must be a non-empty list", "messages")
+        _messages(body)
         # lazy: the render extra, only with a real template (--tokenizer)
         from agentcore_rl.gateway.render.template import RenderError
 
@@ -410,19 +499,12 @@ class ScriptedPolicy:
         if self._wants_ids(body):
             choice["token_ids"] = ids
         choice["_ids"], choice["_logprobs"] = ids, logprobs
-        self._remember(prompt, [choice])
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        response = self._envelope(body, "chat.completion", model, prompt, [choice])
-        if self._wants_ids(body):
-            response["prompt_token_ids"] = prompt
-        return response
+        return self._envelope(body, "chat.completion", prompt, [choice])
 
-    def _voiced_text(self, body: object) -> dict[str, Any]:
+    def _voiced_text(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """``/v1/completions`` with a token-id (or text) prompt (vLLM's answer shape)."""
         voice = self.voice
         assert voice is not None
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
         prompt = body.get("prompt")
         if isinstance(prompt, str) and prompt:
             prompt = voice.template.encode(prompt)
@@ -469,19 +551,17 @@ class ScriptedPolicy:
             choice["token_ids"] = ids
             choice["prompt_token_ids"] = prompt
         choice["_ids"], choice["_logprobs"] = ids, logprobs
-        self._remember(prompt, [choice])
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        return self._envelope(body, "text_completion", model, prompt, [choice])
+        return self._envelope(body, "text_completion", prompt, [choice])
 
     async def _serve(
-        self, request: Request, answer: Callable[[object], dict[str, Any]], chunk_object: str
+        self,
+        request: Request,
+        answer: Callable[[Mapping[str, Any]], dict[str, Any]],
+        chunk_object: str,
     ) -> Response:
         self.requests += 1
         try:
-            body = self.last_request = await request.json()
-        except ValueError:
-            return _error(_BadRequest("request body is not valid JSON"))
-        try:
+            body = self.last_request = await _body(request)
             response = answer(body)
         except _BadRequest as exc:
             return _error(exc)
@@ -512,42 +592,28 @@ class ScriptedPolicy:
             self.answers.append((prompt_ids, taken))
             del self.answers[: -self.keep_answers]
 
-    def complete(self, body: object) -> dict[str, Any]:
+    def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one chat-completions request body (what the HTTP route serves)."""
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _BadRequest("messages must be a non-empty list", "messages")
+        messages = _messages(body)
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
             raise _BadRequest("every message must be an object with a string role", "messages")
         tools = body.get("tools") or []
         if not isinstance(tools, list):
             raise _BadRequest("tools must be a list", "tools")
-        n = _choices_wanted(body)
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-
         prompt_ids = _prompt_ids(messages, tools)
         choices = [
             self._finish(i, self._choice(i, messages, tools, body.get("seed")), body, chat=True)
-            for i in range(n)
+            for i in range(_choices_wanted(body))
         ]
-        self._remember(prompt_ids, choices)
-        response = self._envelope(body, "chat.completion", model, prompt_ids, choices)
-        if self._wants_ids(body):
-            response["prompt_token_ids"] = prompt_ids
-        return response
+        return self._envelope(body, "chat.completion", prompt_ids, choices)
 
-    def complete_text(self, body: object) -> dict[str, Any]:
+    def complete_text(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one ``/v1/completions`` request body (a string ``prompt``)."""
-        if not isinstance(body, Mapping):
-            raise _BadRequest("request body must be a JSON object")
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise _BadRequest("prompt must be a non-empty string", "prompt")
         n = _choices_wanted(body)
-        model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        prompt_ids = [i for _, i in fake_tokens(prompt)]
+        prompt_ids = fake_token_ids(prompt)
         user = {"role": "user", "content": prompt}
         choices = []
         for i in range(n):
@@ -556,22 +622,23 @@ class ScriptedPolicy:
             if self._wants_ids(body):
                 choice["prompt_token_ids"] = prompt_ids
             choices.append(choice)
-        self._remember(prompt_ids, choices)
-        return self._envelope(body, "text_completion", model, prompt_ids, choices)
+        return self._envelope(body, "text_completion", prompt_ids, choices)
 
     def _envelope(
         self,
         body: Mapping[str, Any],
         kind: str,
-        model: Any,
         prompt_ids: list[int],
         choices: list[dict[str, Any]],
     ) -> dict[str, Any]:
+        """The response around ``choices`` (remembered first; their private keys dropped)."""
+        self._remember(prompt_ids, choices)
+        model = body.get("model") if isinstance(body.get("model"), str) else self.model
         completion_tokens = sum(len(c.pop("_ids")) for c in choices)
         for choice in choices:
             choice.pop("_logprobs")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode())
-        return {
+        response = {
             "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + digest.hexdigest()[:24],
             "object": kind,
             "created": int(time.time()),
@@ -584,6 +651,9 @@ class ScriptedPolicy:
                 "total_tokens": len(prompt_ids) + completion_tokens,
             },
         }
+        if kind == "chat.completion" and self._wants_ids(body):
+            response["prompt_token_ids"] = prompt_ids
+        return response
 
     def _finish(
         self, index: int, said: tuple[dict[str, Any], str], body: Mapping[str, Any], chat: bool
@@ -592,7 +662,7 @@ class ScriptedPolicy:
         message, finish = said
         tokens = fake_tokens(_assistant_text(message))
         ids = [i for _, i in tokens]
-        logprobs = [_logprob(self.seed, index, pos, i) for pos, i in enumerate(ids)]
+        logprobs = [_logprob(f"{self.seed}:{index}", pos, i) for pos, i in enumerate(ids)]
         choice: dict[str, Any] = {"index": index}
         if chat:
             choice["message"] = message
@@ -667,7 +737,8 @@ class ScriptedPolicy:
     def _answer_text(value: int | float, draw: _Draw) -> str:
         if not draw.correct:
             value = value + draw.slip
-        return f"The answer is {format_number(value)}."
+        text = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+        return f"The answer is {text}."
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -679,6 +750,23 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         "stop": [s for s in stops if isinstance(s, str)],
         "logit_bias": bias if isinstance(bias, Mapping) else None,
     }
+
+
+async def _body(request: Request) -> Mapping[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _BadRequest("request body is not valid JSON") from None
+    if not isinstance(body, Mapping):
+        raise _BadRequest("request body must be a JSON object")
+    return body
+
+
+def _messages(body: Mapping[str, Any]) -> list[Any]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadRequest("messages must be a non-empty list", "messages")
+    return messages
 
 
 def _is_ids(value: object) -> TypeGuard[list[int]]:
@@ -697,7 +785,7 @@ def _choices_wanted(body: Mapping[str, Any]) -> int:
 
 
 def _last_number(text: str) -> int | float | None:
-    found = re.findall(r"-?\d+(?:\.\d+)?", text)
+    found = _NUMBER_RE.findall(text)
     if not found:
         return None
     number = float(found[-1])
@@ -708,32 +796,11 @@ def _say(text: str) -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": text}, "stop"
 
 
-def _voiced_chunks(
-    response: dict[str, Any], choice: dict[str, Any], event: Callable[..., str]
-) -> str:
-    index = choice["index"]
-    if "message" not in choice:  # completions: the whole text in one chunk
-        out = {k: v for k, v in choice.items() if k != "index"}
-        return event([{"index": index, **out}])
-    extra = {}
-    if "prompt_token_ids" in response and index == 0:
-        extra["prompt_token_ids"] = response["prompt_token_ids"]
-    role = {"index": index, "delta": {"role": "assistant", "content": ""}}
-    first = event([{**role, "logprobs": None, "finish_reason": None}], **extra)
-    message = {k: v for k, v in choice["message"].items() if k != "role"}
-    for i, call in enumerate(message.get("tool_calls") or ()):
-        call["index"] = i
-    out = {"index": index, "delta": message, "logprobs": choice.get("logprobs")}
-    if "token_ids" in choice:
-        out["token_ids"] = choice["token_ids"]
-    return first + event([{**out, "finish_reason": choice["finish_reason"]}])
-
-
 async def _sse(
     response: dict[str, Any], kind: str, usage: bool, voiced: bool = False
 ) -> AsyncIterator[str]:
-    """A whole answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per
-    token (its text, ``token_ids`` and logprobs), the finish reason on the last, usage, DONE."""
+    """An answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per token
+    (a tool call or a real template's answer: one chunk), the finish reason, usage, DONE."""
     head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
     head["object"] = kind
     chat = kind == "chat.completion.chunk"
@@ -742,28 +809,31 @@ async def _sse(
         return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
 
     for choice in response["choices"]:
-        if voiced:  # a real template's answer: one delta with the parsed message, all its ids
-            yield _voiced_chunks(response, choice, event)
-            continue
-        text = _assistant_text(choice["message"]) if chat else choice["text"]
-        pieces = [piece for piece, _ in fake_tokens(text)]
         index = choice["index"]
         ids = choice.get("token_ids")
         logprobs = choice.get("logprobs")
+        if voiced and not chat:  # completions: the whole text in one chunk
+            yield event([choice])
+            continue
         if chat:
             extra = {}
             if "prompt_token_ids" in response and index == 0:
                 extra["prompt_token_ids"] = response["prompt_token_ids"]
             role = {"index": index, "delta": {"role": "assistant", "content": ""}}
             yield event([{**role, "logprobs": None, "finish_reason": None}], **extra)
-            calls = choice["message"].get("tool_calls")
-            if calls:  # a tool call streams as one delta carrying all its tokens
-                delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+            message = choice["message"]
+            calls = message.get("tool_calls")
+            if voiced or calls:  # one delta carrying all its tokens
+                delta = {k: v for k, v in message.items() if k != "role"} if voiced else {}
+                if calls:
+                    delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
                 out = {"index": index, "delta": delta, "logprobs": logprobs}
                 if ids is not None:
                     out["token_ids"] = ids
                 yield event([{**out, "finish_reason": choice["finish_reason"]}])
                 continue
+        text = _assistant_text(choice["message"]) if chat else choice["text"]
+        pieces = [piece for piece, _ in fake_tokens(text)]
         for pos, piece in enumerate(pieces):
             last = pos == len(pieces) - 1
             out = {"index": index}

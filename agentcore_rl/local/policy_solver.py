@@ -1,26 +1,15 @@
 """The scripted policy's "reasoning": a pattern-based solver for simple arithmetic word
-problems, a safe arithmetic evaluator and a deterministic fake tokeniser.
+problems (the phrase language of ``examples/math_agent/dataset.py``), a safe arithmetic
+evaluator and a deterministic fake tokeniser. Not a language model.
 
-This is not a language model. It recognises a small phrase language (the one the example
-dataset generator in ``examples/math_agent/dataset.py`` writes) and turns a problem into an
-arithmetic expression, so that the stand-in policy can call a calculator tool with a
-plausible argument. The phrases it understands:
-
-- the first sentence with a number and no operation word sets the starting value
-  ("Maya has 12 apples.");
-- ``more``, ``buys``, ``finds``, ``receives``, ``earns``, ``picks`` ... add the number;
-- ``gives away``, ``loses``, ``eats``, ``sells``, ``spends``, ``uses`` ... subtract it;
-- ``times as many``, ``doubles``, ``triples`` multiply;
-- ``equally among N``, ``splits ... into N``, ``half`` divide.
-
-A prompt that already contains an arithmetic expression ("What is 3 + 4 * 2?") is taken
-as it is.
+The first sentence with a number and no operation word sets the starting value; ``more``,
+``buys``, ``finds``... add; ``gives away``, ``loses``, ``eats``... subtract; ``times as
+many``, ``doubles``, ``triples`` multiply; ``equally among N``, ``splits``, ``half``
+divide. A prompt that already holds an expression ("What is 3 + 4 * 2?") is taken as is.
 
 Example::
 
-    expr = solve_word_problem("Maya has 12 apples. She buys 5 more. She eats 3.")
-    expr                        # "12 + 5 - 3"
-    evaluate_arithmetic(expr)   # 14
+    solve_word_problem("Maya has 12 apples. She buys 5 more. She eats 3.")   # "12 + 5 - 3"
 """
 
 from __future__ import annotations
@@ -34,17 +23,15 @@ from fractions import Fraction
 from typing import Final
 
 __all__ = [
-    "VOCAB_SIZE",
     "evaluate_arithmetic",
     "fake_token_ids",
     "fake_tokens",
-    "format_number",
     "solve_word_problem",
 ]
 
-#: Size of the fake vocabulary token ids are drawn from (like a small real tokenizer).
-VOCAB_SIZE: Final = 32_000
-# Ids below this are kept free, as real tokenizers reserve them for special tokens.
+# The fake vocabulary's size, like a small real tokenizer's; ids below 100 are kept free
+# for special tokens.
+_VOCAB_SIZE: Final = 32_000
 _FIRST_ORDINARY_ID: Final = 100
 
 _TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]|\s+")
@@ -165,20 +152,10 @@ def evaluate_arithmetic(expression: str) -> int | float:
     return int(value) if value.denominator == 1 else float(value)
 
 
-def format_number(value: int | float) -> str:
-    """A number as a person would write it: ``6`` rather than ``6.0``."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value) if isinstance(value, int) else f"{value:.6g}"
-
-
 def fake_tokens(text: str) -> list[tuple[str, int]]:
-    """The stand-in tokenizer: (piece, id) per word, punctuation mark or space run.
-
-    The same text always gives the same ids (a stable hash, not Python's salted ``hash``),
-    so token-capture code can be tested end to end without a real tokenizer.
-    """
-    span = VOCAB_SIZE - _FIRST_ORDINARY_ID
+    """The stand-in tokenizer: (piece, id) per word, punctuation mark or space run, by a
+    stable hash (not Python's salted ``hash``), so the same text always gives the same ids."""
+    span = _VOCAB_SIZE - _FIRST_ORDINARY_ID
     out = []
     for piece in _TOKEN_RE.findall(text):
         digest = hashlib.blake2b(piece.encode(), digest_size=4).digest()

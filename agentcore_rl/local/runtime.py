@@ -1,30 +1,24 @@
 """A local stand-in for AgentCore Runtime's data plane, in front of ordinary agent servers.
 
-:class:`LocalAgentCoreRuntime` is an ASGI app that answers the ``bedrock-agentcore``
-operations a trainer calls, ``InvokeAgentRuntime`` and ``StopRuntimeSession``, on the same
-paths, headers and error shapes as the real service, so the real (aio)botocore client works
-against it unchanged: point ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (or ``endpoint_url``) at
-it. Behind it, each configured runtime ARN maps to one or more agent servers (our
-:class:`~agentcore_rl.server.AgentCoreRLApp` or any server with ``POST /invocations``).
-
-What it emulates: session affinity (a session id sticks to one agent server until it is
-stopped, as a session sticks to its microVM), ACR's session-id rules (400
-``ValidationException``), unknown runtimes (404 ``ResourceNotFoundException``), agent
-failures (424 ``RuntimeClientError``), a per-runtime TPS quota shared by invoke and stop
-(429 ``ThrottlingException``), the payload size limit. What it does not: SigV4 checks
-(any credentials work), microVM isolation, idle-session reclamation, qualifiers (accepted
-and ignored), streaming over HTTP/2, quotas other than TPS.
+:class:`LocalAgentCoreRuntime` answers ``InvokeAgentRuntime`` and ``StopRuntimeSession`` on
+the real service's paths, headers and error shapes, so the real (aio)botocore client works
+against it unchanged (point ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` at it). It emulates
+session affinity, ACR's session-id rules (400), unknown runtimes (404), agent failures (424),
+a per-runtime TPS quota shared by invoke and stop (429) and the payload size limit; not
+SigV4, microVM isolation, idle-session reclamation, qualifiers or HTTP/2 streaming.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Any, Final
+from urllib.parse import unquote
 
 import httpx
 from starlette.applications import Starlette
@@ -35,26 +29,6 @@ from starlette.types import Receive, Scope, Send
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.local.runtime_wire import (
-    AWS_REQUEST_ID_HEADER,
-    INTERNAL,
-    INVOKE_OPERATION,
-    NOT_FOUND,
-    REASON_CANNOT_PARSE,
-    RUNTIME_CLIENT_ERROR,
-    STOP_OPERATION,
-    THROTTLING,
-    UNKNOWN_OPERATION,
-    VALIDATION,
-    acr_error,
-    agent_failure,
-    agent_message,
-    agent_unreachable,
-    bad_session_id,
-    parse_client_token,
-    parse_runtime_path,
-    payload_too_large,
-)
 from agentcore_rl.protocol import (
     INVOCATIONS_PATH,
     REQUEST_ID_HEADER,
@@ -68,7 +42,6 @@ from agentcore_rl.ratelimit import TokenBucket
 
 __all__ = [
     "DEFAULT_AGENT_RUNTIME_ARN",
-    "DEFAULT_LOCAL_RUNTIME_PORT",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_RUNTIME_TIMEOUT",
     "DEFAULT_TPS",
@@ -81,8 +54,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_AGENT_RUNTIME_ARN: Final = (
     "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/local-agent"
 )
-#: Where ``agentcore-rl local-runtime`` listens by default (agents use 8080).
-DEFAULT_LOCAL_RUNTIME_PORT: Final = 8081
 #: ACR's published default quota (see :data:`agentcore_rl.protocol.DEFAULT_TPS`).
 DEFAULT_TPS: Final = protocol.DEFAULT_TPS
 #: ACR's payload limit.
@@ -90,6 +61,29 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 100_000_000
 #: Forwarding timeouts; the read timeout is ACR's 15-minute limit on a synchronous request.
 DEFAULT_RUNTIME_TIMEOUT: Final = httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0)
 
+# botocore's REST-JSON parser reads the error code from this header, the request id from
+# the other.
+_ERROR_TYPE_HEADER: Final = "x-amzn-ErrorType"
+_AWS_REQUEST_ID_HEADER: Final = "x-amzn-RequestId"
+_INVOKE: Final = "invocations"
+_STOP: Final = "stopruntimesession"
+# Error codes with their HTTP status, as in botocore's bedrock-agentcore service model
+# (UnknownOperationException is what AWS REST services answer for a path of no operation).
+_VALIDATION: Final = "ValidationException"
+_NOT_FOUND: Final = "ResourceNotFoundException"
+_RUNTIME_CLIENT_ERROR: Final = "RuntimeClientError"
+_THROTTLING: Final = "ThrottlingException"
+_INTERNAL: Final = "InternalServerException"
+_UNKNOWN_OPERATION: Final = "UnknownOperationException"
+_ERROR_STATUS: Final = {
+    _VALIDATION: 400,
+    _NOT_FOUND: 404,
+    _RUNTIME_CLIENT_ERROR: 424,
+    _THROTTLING: 429,
+    _INTERNAL: 500,
+    _UNKNOWN_OPERATION: 404,
+}
+_MAX_AGENT_MESSAGE: Final = 1000
 # A StopRuntimeSession body holds only a client token.
 _MAX_STOP_BODY_BYTES: Final = 64 * 1024
 # Completed stops remembered by client token, so that botocore's retry of a stop whose
@@ -106,6 +100,106 @@ _FORWARDED_HEADERS: Final = (
     "baggage",
 )
 _ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:
+    """``(arn, operation)`` of a raw path ``/runtimes/{arn}/{operation}``, else ``None``.
+
+    botocore percent-encodes the whole ARN into one segment, so the raw path is split first
+    and the ARN decoded afterwards; an unencoded ARN works too.
+    """
+    parts = raw_path.split(b"/")
+    if len(parts) < 4 or parts[0] or parts[1] != b"runtimes":
+        return None
+    encoded_arn = b"/".join(parts[2:-1])
+    if not encoded_arn:
+        return None
+    # latin-1 maps bytes 1:1, so decoding cannot fail; unquote then yields UTF-8 text.
+    return unquote(encoded_arn.decode("latin-1")), parts[-1].decode("latin-1")
+
+
+def _error(
+    code: str,
+    message: str,
+    request_id: str,
+    *,
+    reason: str = "FieldValidationFailed",
+    field: str | None = None,
+    session_id: str | None = None,
+) -> JSONResponse:
+    """An error response exactly as botocore parses it into ``ClientError``."""
+    body: dict[str, Any] = {"message": message}
+    if code == _VALIDATION:
+        body["reason"] = reason
+        if field is not None:
+            body["fieldList"] = [{"name": field, "message": message}]
+    headers = {_ERROR_TYPE_HEADER: code, _AWS_REQUEST_ID_HEADER: request_id}
+    if session_id is not None:
+        headers[SESSION_ID_HEADER] = session_id
+    return JSONResponse(body, status_code=_ERROR_STATUS[code], headers=headers)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _agent_message(status: int, body: bytes) -> str:
+    """The agent's own error text: its JSON body's ``error``/``message``/``detail``, or the body."""
+    text = body.decode("utf-8", errors="replace").strip()
+    data = _json_object(body) or {}
+    text = next(
+        (data[k] for k in ("error", "message", "detail") if isinstance(data.get(k), str)), text
+    )
+    return text[:_MAX_AGENT_MESSAGE] or f"HTTP {status} with an empty body"
+
+
+def _bad_session_id(session_id: str, request_id: str) -> Response:
+    return _error(
+        _VALIDATION,
+        f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it must "
+        "be 33-256 letters, digits and single hyphens, starting and ending with a letter or digit",
+        request_id,
+        field="runtimeSessionId",
+    )
+
+
+def _agent_unreachable(
+    url: str, exc: httpx.HTTPError, request_id: str, session_id: str
+) -> Response:
+    what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
+    return _error(
+        _RUNTIME_CLIENT_ERROR,
+        f"the agent at {url} {what} ({type(exc).__name__}: {exc})",
+        request_id,
+        session_id=session_id,
+    )
+
+
+def _agent_failure(
+    url: str, status: int, body: bytes, request_id: str, session_id: str
+) -> Response:
+    """An agent's 4xx is the caller's fault (``ValidationException``), a 429 stays a throttle,
+    anything else is the agent failing (``RuntimeClientError``)."""
+    message = _agent_message(status, body)
+    if 400 <= status < 500 and status != 429:
+        field = (_json_object(body) or {}).get("field")
+        return _error(
+            _VALIDATION,
+            f"the agent rejected the request (HTTP {status}): {message}",
+            request_id,
+            field=field if isinstance(field, str) else "payload",
+            session_id=session_id,
+        )
+    return _error(
+        _THROTTLING if status == 429 else _RUNTIME_CLIENT_ERROR,
+        f"Received error ({status}) from the agent at {url}: {message}",
+        request_id,
+        session_id=session_id,
+    )
 
 
 class _Runtime:
@@ -231,16 +325,7 @@ class LocalAgentCoreRuntime:
         )
 
     def __repr__(self) -> str:
-        return f"LocalAgentCoreRuntime(arns={self.arns!r}, tps={self.tps!r})"
-
-    @property
-    def arns(self) -> list[str]:
-        """The runtime ARNs this stand-in answers to."""
-        return list(self._runtimes)
-
-    def agent_urls(self, arn: str) -> tuple[str, ...]:
-        """The agent servers behind one runtime ARN."""
-        return self._runtimes[arn].agent_urls
+        return f"LocalAgentCoreRuntime(arns={list(self._runtimes)!r}, tps={self.tps!r})"
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
         """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
@@ -289,9 +374,7 @@ class LocalAgentCoreRuntime:
             response = await self._route(request, request_id)
         except Exception:
             logger.exception("local AgentCore Runtime failed on %s", request.url.path)
-            response = acr_error(
-                INTERNAL, "the local runtime failed; see its log", request_id=request_id
-            )
+            response = _error(_INTERNAL, "the local runtime failed; see its log", request_id)
         error = response.headers.get("x-amzn-errortype")
         if error is not None:
             self.counts[error] += 1
@@ -301,32 +384,28 @@ class LocalAgentCoreRuntime:
         raw_path = request.scope.get("raw_path") or request.scope["path"].encode()
         parsed = parse_runtime_path(raw_path)
         operation = parsed[1] if parsed is not None else None
-        if (
-            parsed is None
-            or request.method != "POST"
-            or operation not in (INVOKE_OPERATION, STOP_OPERATION)
-        ):
-            return acr_error(
-                UNKNOWN_OPERATION,
+        if parsed is None or request.method != "POST" or operation not in (_INVOKE, _STOP):
+            return _error(
+                _UNKNOWN_OPERATION,
                 f"{request.method} {request.url.path} is not an operation of this runtime; "
                 "use POST /runtimes/{arn}/invocations or /runtimes/{arn}/stopruntimesession",
-                request_id=request_id,
+                request_id,
             )
         arn = parsed[0]
         runtime = self._runtimes.get(arn)
         if runtime is None:
-            return acr_error(
-                NOT_FOUND,
+            return _error(
+                _NOT_FOUND,
                 f"no agent runtime {arn}; this local runtime serves {', '.join(self._runtimes)}",
-                request_id=request_id,
+                request_id,
             )
         if runtime.bucket is not None and not runtime.bucket.try_acquire():
-            return acr_error(
-                THROTTLING,
+            return _error(
+                _THROTTLING,
                 f"Rate exceeded: runtime {arn} allows {self.tps:g} requests per second",
-                request_id=request_id,
+                request_id,
             )
-        if operation == INVOKE_OPERATION:
+        if operation == _INVOKE:
             return await self._invoke(request, runtime, request_id)
         return await self._stop(request, runtime, request_id)
 
@@ -338,14 +417,12 @@ class LocalAgentCoreRuntime:
             # botocore always sends one (an idempotency token); a raw HTTP caller may not.
             session_id = new_session_id()
         elif not is_acr_session_id(session_id):
-            return bad_session_id(session_id, request_id)
+            return _bad_session_id(session_id, request_id)
         payload = await self._read_body(request, self.max_payload_bytes, request_id)
         if isinstance(payload, Response):
             return payload
         if not payload:
-            return acr_error(
-                VALIDATION, "payload must not be empty", request_id=request_id, field="payload"
-            )
+            return _error(_VALIDATION, "payload must not be empty", request_id, field="payload")
         index, is_new = runtime.bind(session_id)
         url = runtime.agent_urls[index]
         headers = {
@@ -373,7 +450,7 @@ class LocalAgentCoreRuntime:
             if is_new:
                 runtime.release(session_id)
             logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
-            return agent_unreachable(url, exc, request_id, session_id)
+            return _agent_unreachable(url, exc, request_id, session_id)
         if not 200 <= upstream.status_code < 300:
             try:
                 body = await upstream.aread()
@@ -384,11 +461,11 @@ class LocalAgentCoreRuntime:
             # A session no agent accepted holds no affinity: nothing runs there to stop.
             if is_new:
                 runtime.release(session_id)
-            return agent_failure(url, upstream.status_code, body, request_id, session_id)
+            return _agent_failure(url, upstream.status_code, body, request_id, session_id)
         self.counts["InvokeAgentRuntime"] += 1
         out_headers = {
             SESSION_ID_HEADER: session_id,
-            AWS_REQUEST_ID_HEADER: request_id,
+            _AWS_REQUEST_ID_HEADER: request_id,
             "content-type": upstream.headers.get("content-type", "application/json"),
         }
         if "content-length" in upstream.headers:
@@ -397,15 +474,22 @@ class LocalAgentCoreRuntime:
 
     async def _read_body(self, request: Request, limit: int, request_id: str) -> bytes | Response:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return payload_too_large(int(declared), limit, request_id)
+        size = int(declared) if declared is not None and declared.isdigit() else 0
         chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                return payload_too_large(size, limit, request_id)
-            chunks.append(chunk)
+        if size <= limit:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    break
+                chunks.append(chunk)
+        if size > limit:
+            return _error(
+                _VALIDATION,
+                f"payload of {size} bytes exceeds the limit of {limit} bytes",
+                request_id,
+                field="payload",
+            )
         return b"".join(chunks)
 
     # --- StopRuntimeSession --------------------------------------------------------------------
@@ -413,42 +497,43 @@ class LocalAgentCoreRuntime:
     async def _stop(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
         session_id = request.headers.get(SESSION_ID_HEADER)
         if session_id is None:
-            return acr_error(
-                VALIDATION,
+            return _error(
+                _VALIDATION,
                 f"runtimeSessionId is required (header {SESSION_ID_HEADER})",
-                request_id=request_id,
+                request_id,
                 field="runtimeSessionId",
             )
         if not is_acr_session_id(session_id):
-            return bad_session_id(session_id, request_id)
+            return _bad_session_id(session_id, request_id)
         body = await self._read_body(request, _MAX_STOP_BODY_BYTES, request_id)
         if isinstance(body, Response):
             return body
-        valid, token = parse_client_token(body)
-        if not valid:
-            return acr_error(
-                VALIDATION,
+        data = _json_object(body) if body.strip() else {}
+        token = None if data is None else data.get("clientToken")
+        if data is None or not (token is None or isinstance(token, str)):
+            return _error(
+                _VALIDATION,
                 "the StopRuntimeSession body must be a JSON object with a string clientToken",
-                request_id=request_id,
-                reason=REASON_CANNOT_PARSE,
+                request_id,
+                reason="CannotParse",
             )
         stopped = JSONResponse(
-            {}, headers={SESSION_ID_HEADER: session_id, AWS_REQUEST_ID_HEADER: request_id}
+            {}, headers={SESSION_ID_HEADER: session_id, _AWS_REQUEST_ID_HEADER: request_id}
         )
         if token is not None and token in runtime.stop_tokens:
             self.counts["StopRuntimeSession"] += 1
             return stopped
         index = runtime.sessions.get(session_id)
         if index is None:
-            return acr_error(
-                NOT_FOUND,
+            return _error(
+                _NOT_FOUND,
                 f"session {session_id} is not live on runtime {runtime.arn} "
                 "(never invoked, or already stopped)",
-                request_id=request_id,
+                request_id,
             )
         url = runtime.agent_urls[index]
         if url in self._stop_unsupported:
-            return self._stopped_without_agent(runtime, session_id, token, stopped)
+            return self._finish_stop(runtime, session_id, token, stopped, unsupported=True)
         try:
             answer = await self._client().post(
                 url + STOP_SESSION_PATH.format(session_id=session_id),
@@ -456,7 +541,7 @@ class LocalAgentCoreRuntime:
             )
         except httpx.HTTPError as exc:
             logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
-            return agent_unreachable(url, exc, request_id, session_id)
+            return _agent_unreachable(url, exc, request_id, session_id)
         # 404/405: an agent without our stop extension; like ACR ending the microVM, the
         # session is over for the runtime either way.
         if answer.status_code in (404, 405):
@@ -467,27 +552,29 @@ class LocalAgentCoreRuntime:
                 url,
                 answer.status_code,
             )
-            return self._stopped_without_agent(runtime, session_id, token, stopped)
+            return self._finish_stop(runtime, session_id, token, stopped, unsupported=True)
         if not 200 <= answer.status_code < 300:
-            message = agent_message(answer.status_code, answer.content)
-            return acr_error(
-                RUNTIME_CLIENT_ERROR,
+            message = _agent_message(answer.status_code, answer.content)
+            return _error(
+                _RUNTIME_CLIENT_ERROR,
                 f"the agent at {url} failed to stop session {session_id} "
                 f"(HTTP {answer.status_code}): {message}",
-                request_id=request_id,
-                headers={SESSION_ID_HEADER: session_id},
+                request_id,
+                session_id=session_id,
             )
         return self._finish_stop(runtime, session_id, token, stopped)
 
-    def _stopped_without_agent(
-        self, runtime: _Runtime, session_id: str, token: str | None, stopped: Response
-    ) -> Response:
-        self.counts["AgentStopUnsupported"] += 1
-        return self._finish_stop(runtime, session_id, token, stopped)
-
     def _finish_stop(
-        self, runtime: _Runtime, session_id: str, token: str | None, stopped: Response
+        self,
+        runtime: _Runtime,
+        session_id: str,
+        token: str | None,
+        stopped: Response,
+        *,
+        unsupported: bool = False,
     ) -> Response:
+        if unsupported:
+            self.counts["AgentStopUnsupported"] += 1
         runtime.release(session_id)
         if token is not None:
             runtime.remember_stop(token)

@@ -1,19 +1,10 @@
 """LocalStack: a whole AgentCore-style deployment on one machine, inside one event loop.
 
-It starts, in order: S3 (moto's server on loopback, unless an S3 endpoint is given or
-real AWS is asked for with ``s3="aws"``), the result bucket, a private spool directory,
-the scripted stand-in policy (unless ``policy_base_url`` points at a real
-OpenAI-compatible server), N agent servers for your ASGI app and the local AgentCore
-Runtime in front of them. On exit (also on cancellation, e.g. Ctrl-C) it
-stops them in reverse order and restores the environment.
-
-The agents and the trainer reach the parts through the standard AWS environment
-variables the stack sets for its lifetime, exactly as they would reach real AWS:
-``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (the local runtime), ``AWS_ENDPOINT_URL_S3`` and,
-with embedded S3, fake credentials and the ARN's region. The agents' spool is the
-stack's own temporary directory (``AGENTCORE_RL_SPOOL_DIR``), removed on exit: they never
-see, deliver or report envelopes other agents spooled. The environment is process-wide,
-so run one stack per process at a time.
+It starts S3 (embedded moto unless an endpoint or ``s3="aws"`` is given), the result bucket,
+a private spool directory, the stand-in policy (unless ``policy_base_url`` names a real
+one), N agent servers and the local AgentCore Runtime; on exit (also on cancellation) it
+stops them in reverse order. Agents and trainer reach the parts through the standard AWS
+environment variables it sets meanwhile (process-wide: one stack per process at a time).
 """
 
 from __future__ import annotations
@@ -72,11 +63,9 @@ def _find_module(target: str) -> tuple[str, str, importlib.machinery.ModuleSpec]
 
 
 def load_app(target: str) -> Any:
-    """A FRESH instance of the ASGI app named by ``"package.module:attribute"``.
-
-    The module is executed anew on every call (its dependencies are imported once, as
-    usual), so each agent server gets its own app, as each AgentCore Runtime session gets
-    its own container. ``sys.modules`` is left as it was.
+    """A FRESH instance of the ASGI app named by ``"package.module:attribute"``: the module
+    runs anew on every call (its dependencies are imported once), so each agent server has
+    its own app, as each ACR session has its own container; ``sys.modules`` is left as it was.
     """
     module_name, attribute, spec = _find_module(target)
     assert spec.loader is not None
@@ -102,44 +91,29 @@ def load_app(target: str) -> Any:
     return value
 
 
-class _Environment:
-    """Set environment variables now; put the previous values back on ``restore()``."""
+def _set_env(stack: contextlib.AsyncExitStack, name: str, value: str | None) -> None:
+    """Set (``None``: unset) an environment variable until ``stack`` closes."""
+    stack.callback(_put, name, os.environ.get(name))
+    _put(name, value)
 
-    def __init__(self) -> None:
-        self._saved: dict[str, str | None] = {}
 
-    def set(self, name: str, value: str | None) -> None:
-        self._saved.setdefault(name, os.environ.get(name))
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-    def restore(self) -> None:
-        saved, self._saved = self._saved, {}
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+def _put(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 class LocalStack:
     """Embedded S3, a stand-in policy, N agent servers and the local runtime, in-process.
 
-    ``app`` is the agent: an ASGI app object (served as is by every agent server), or a
-    ``"module:attribute"`` string (imported afresh for each agent server, which keeps them
-    as independent as separate containers), or ``None`` with ``app_factory`` (called once
-    per agent server).
-
-    S3: by default moto's server is embedded and ``bucket`` (default
-    ``agentcore-rl-local``) is created in it. With ``s3_endpoint_url`` (MinIO, a shared
-    moto...) that endpoint is used and the bucket is created there. Only ``s3="aws"``
-    reaches real S3, with your own credentials; then ``bucket`` must be given and exist.
-
-    Policy: the scripted stand-in (``policy``, default ``ScriptedPolicy()``) is served
-    unless ``policy_base_url`` names an OpenAI-compatible server (then ``policy_model``
-    names its model).
+    ``app`` is the agent: an ASGI app (served by every agent server), a
+    ``"module:attribute"`` string (imported afresh for each agent server), or ``None`` with
+    ``app_factory`` (called once per agent server). S3: embedded moto with ``bucket``
+    (default ``agentcore-rl-local``) created in it; or ``s3_endpoint_url`` (the bucket is
+    created there); only ``s3="aws"`` reaches real S3, with your credentials and your
+    existing ``bucket``. Policy: ``policy`` (default ``ScriptedPolicy()``) is served unless
+    ``policy_base_url`` names an OpenAI-compatible server (``policy_model`` its model).
 
     Example::
 
@@ -248,23 +222,21 @@ class LocalStack:
 
     async def _start_parts(self, stack: contextlib.AsyncExitStack) -> None:
         if self.embedded_s3:
-            # Blocking, but short, and nothing else runs on the loop before the stack is up.
+            # Blocking, but short, and nothing else runs on the loop yet.
             s3 = EmbeddedS3(host=self.host).start()
             stack.callback(s3.stop)
             self.s3_endpoint_url = s3.endpoint_url
 
-        env = _Environment()
-        stack.callback(env.restore)
         self.spool_dir = Path(tempfile.mkdtemp(prefix="agentcore-rl-stack-spool-"))
         stack.callback(self._remove_spool, self.spool_dir)
-        env.set(SPOOL_DIR_ENV, str(self.spool_dir))
+        _set_env(stack, SPOOL_DIR_ENV, str(self.spool_dir))
         if self.embedded_s3:
             for name, value in _FAKE_CREDENTIALS.items():
-                env.set(name, value)
-            env.set("AWS_SESSION_TOKEN", None)
-            env.set("AWS_DEFAULT_REGION", self.region)
+                _set_env(stack, name, value)
+            _set_env(stack, "AWS_SESSION_TOKEN", None)
+            _set_env(stack, "AWS_DEFAULT_REGION", self.region)
         if self.s3_endpoint_url is not None:
-            env.set("AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
+            _set_env(stack, "AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
             # Real S3 buckets are the user's to create; local ones are ours.
             async with ResultStore(
                 endpoint_url=self.s3_endpoint_url, region_name=self.region
@@ -301,7 +273,7 @@ class LocalStack:
             BackgroundServer(self.runtime, host=self.host, shutdown_timeout=self.shutdown_timeout)
         )
         self.runtime_endpoint_url = runtime_server.url
-        env.set("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
+        _set_env(stack, "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
 
     def _remove_spool(self, directory: Path) -> None:
         self.spool_dir = None
@@ -318,8 +290,7 @@ class LocalStack:
 
     @staticmethod
     async def _close_all(servers: list[BackgroundServer]) -> None:
-        # Together: each agent may wait its shutdown grace for running rollouts, so all are
-        # told first; then each is waited for (the slowest sets the time, not the sum).
+        # All are told first, so the slowest agent's shutdown grace sets the time, not the sum.
         for server in servers:
             server.request_exit()
         failures: list[BaseException] = []

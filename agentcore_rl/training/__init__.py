@@ -1,11 +1,8 @@
 """Trainer-ready data from GRPO groups: rows, files, and the shapes trainers take.
 
-``rows``: groups (or one trajectory) -> :class:`TrainingRow` (prompt and response token
-ids, loss mask, logprobs, reward, advantage, group id, policy versions, session id).
-``fit``: rows fitted to a trainer's lengths. ``files``: JSONL and, with pyarrow, Parquet.
-``formats``: converters to veRL's agent-loop output, slime's ``Sample`` and SkyRL's
-``GeneratorOutput`` as plain dicts. No trainer is imported (the adapters that import one
-are in ``agentcore_rl.integrations``).
+``rows``: groups (or one trajectory) -> :class:`TrainingRow`, fitted to a trainer's lengths,
+as JSONL or Parquet. ``formats``: veRL's, slime's and SkyRL's shapes as plain dicts (no
+trainer is imported; the adapters that import one are in ``agentcore_rl.integrations``).
 
 Example::
 
@@ -16,8 +13,6 @@ Example::
     outputs = [to_verl(row) for row in rows]
 """
 
-from agentcore_rl.training.files import read_jsonl, read_parquet, write_jsonl, write_parquet
-from agentcore_rl.training.fit import FitReport, fit_row, fit_rows
 from agentcore_rl.training.formats import (
     DEFAULT_PAD_TOKEN_ID,
     SkyRLGeneratorOutput,
@@ -28,15 +23,22 @@ from agentcore_rl.training.formats import (
     to_verl,
 )
 from agentcore_rl.training.rows import (
+    FitReport,
     InvalidTrajectoryError,
     MissingTrajectoryError,
     SegmentLike,
     TrainingRow,
     TrajectoryLike,
+    fit_row,
+    fit_rows,
     group_advantages,
     group_rows,
+    read_jsonl,
+    read_parquet,
     rows_from_groups,
     trajectory_rows,
+    write_jsonl,
+    write_parquet,
 )
 
 __all__ = [

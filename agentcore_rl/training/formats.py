@@ -1,28 +1,14 @@
 """Training rows in the shapes veRL, slime and SkyRL take, as plain dicts (no trainer import).
 
-The shapes follow each project's public source (checked in their main branches, 2026):
+The fields follow each project's source (main branches, 2026): veRL's ``AgentLoopOutput``
+(``verl/experimental/agent_loop/agent_loop.py``), slime's ``Sample``
+(``slime/utils/types.py``) and SkyRL's ``GeneratorOutput``
+(``skyrl/train/generators/base.py``, one per batch; ``trajectory_ids`` as dicts).
 
-- veRL ``verl/experimental/agent_loop/agent_loop.py`` ``AgentLoopOutput`` (pydantic):
-  ``prompt_ids``, ``response_ids``, ``response_mask`` (1 = generated), ``response_logprobs``,
-  ``reward_score``, ``metrics`` (``AgentLoopMetrics``), ``extra_fields`` (with
-  ``reward_extra_info`` and the integer ``min_global_steps`` / ``max_global_steps`` its v1
-  trainer reads). Build one with ``AgentLoopOutput(**to_verl(row))``; veRL groups by its own
-  ``uid``.
-- slime ``slime/utils/types.py`` ``Sample`` (dataclass): ``group_index``, ``index``,
-  ``rollout_id`` (shared by the samples of one rollout), ``tokens`` (prompt + response),
-  ``response_length``, ``reward``, ``loss_mask`` (response only), ``rollout_log_probs``,
-  ``weight_versions`` (strings), ``status``, ``metadata``, ``session_id``, ``remove_sample``.
-  Build one with ``Sample(**{**d, "status": Sample.Status(d["status"])})``.
-- SkyRL ``skyrl/train/generators/base.py`` ``GeneratorOutput`` (TypedDict, one per batch):
-  ``prompt_token_ids``, ``response_ids``, ``rewards``, ``loss_masks``, ``rollout_logprobs``,
-  ``trajectory_ids`` (``TrajectoryID(instance_id, repetition_id)``; here as dicts), and
-  optional keys set to ``None``; ``is_last_step`` always set (one entry per row).
-
-Every trainer takes every row: a row without response tokens (a zeroed member that captured
-nothing) becomes a placeholder of one ``pad_token_id`` response token with loss mask 0,
-logprob 0.0 and the member's reward (veRL and SkyRL write the reward on the last response
-token, so an empty response cannot carry it); an empty prompt gets one ``pad_token_id`` too.
-Logprobs are never ``None``: a row without captured logprobs gets 0.0 per token.
+Every trainer takes every row: a row without response tokens becomes a placeholder of one
+``pad_token_id`` with loss mask 0, logprob 0.0 and the member's reward (veRL and SkyRL put
+the reward on the last response token); an empty prompt gets one ``pad_token_id`` too;
+logprobs are never ``None`` (0.0 per token when not captured).
 """
 
 from __future__ import annotations

@@ -26,8 +26,11 @@ from starlette.routing import Route
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
-from agentcore_rl.local.runtime_wire import parse_runtime_path
+from agentcore_rl.local.runtime import (
+    DEFAULT_AGENT_RUNTIME_ARN,
+    LocalAgentCoreRuntime,
+    parse_runtime_path,
+)
 from agentcore_rl.protocol import (
     REQUEST_ID_HEADER,
     SESSION_ID_HEADER,
