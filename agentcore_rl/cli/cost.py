@@ -36,8 +36,7 @@ class Prices:
 
     @classmethod
     def parse(cls, pairs: Iterable[str]) -> Prices:
-        """From ``NAME=USD`` strings (``--price output_mtok=1.5``); ``ConfigurationError``
-        naming a bad one."""
+        """From ``NAME=USD`` strings (``--price output_mtok=1.5``)."""
         names = [f.name for f in fields(cls)]
         values: dict[str, float] = {}
         for pair in pairs:
