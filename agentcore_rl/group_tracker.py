@@ -219,11 +219,6 @@ class GroupTracker:
         """True while the group has not been resolved or dropped."""
         return input_id in self._groups
 
-    def active_sessions(self, input_id: str) -> list[str]:
-        """Session ids of the group's attempts that have not ended (for a stop on close)."""
-        group = self._groups.get(input_id)
-        return [] if group is None else [a.session_id for a in group.active()]
-
     # -- events --
 
     def open(self, input_id: str, rules: GroupRules) -> list[Action]:
