@@ -7,21 +7,19 @@ import random
 import pytest
 
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
-from agentcore_rl.group_tracker import (
-    Action,
-    GroupDropped,
-    GroupReady,
-    GroupTracker,
-    StartMember,
-    StopMember,
-)
 from agentcore_rl.groups import (
+    Action,
     DropReason,
+    GroupDropped,
     GroupDroppedError,
+    GroupReady,
     GroupRules,
+    GroupTracker,
     MemberOutcome,
     RolloutGroup,
     StaleGroupError,
+    StartMember,
+    StopMember,
     advantages,
     group_digest,
     member_session_id,

@@ -40,8 +40,7 @@ from agentcore_rl.client.traces import gateway_link, trace_of
 from agentcore_rl.client.transports import Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
-from agentcore_rl.group_tracker import GroupCounters
-from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.groups import GroupCounters, GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import (
     DEFAULT_PACE_TICK,
