@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -34,34 +32,32 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
-from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
+    DEFAULT_FAULT_CHECKS,
     DEFAULT_REQUEST_LIMITS,
     DEFAULT_SHUTDOWN,
     DEFAULT_SPOOL,
     DEFAULT_WORKERS,
     MOVED_KEYWORDS,
+    FaultChecks,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
 )
-from agentcore_rl.server.faults import DEFAULT_FAULT_CHECKS, FaultChecks
-from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec
 from agentcore_rl.server.lease import LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
-from agentcore_rl.server.parsing import allowed_buckets_from
-from agentcore_rl.server.routes import RolloutRoutes
+from agentcore_rl.server.routes import BodyBudget, RolloutRoutes
 from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
 from agentcore_rl.server.settings import (
-    SPOOL_DIR_ENV,
+    allowed_buckets_from,
     app_name_from_env,
-    app_spool_dir,
     check_app_name,
     default_host,
     handler_app_name,
+    spool_directory,
 )
 from agentcore_rl.server.spool import Spool
 
@@ -96,7 +92,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
     directory, retry intervals), ``workers``
     (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
-    interval) and ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`: a result
+    interval) and ``faults`` (:class:`~agentcore_rl.server.config.FaultChecks`: a result
     bucket that does not exist or refuses the server is refused with a 4xx naming it; the
     rollouts of a client whose lease lapsed are cancelled; a server whose event loop runs
     behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
@@ -161,8 +157,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             # First: overload is answered ahead of everything else.
             middleware=[Middleware(OverloadGuard, lag=lambda: self.overload), *(middleware or ())],
         )
+        self._init_compat(clock)
         self._user_lifespan = lifespan
-        self.handlers = {}
         self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.limits = limits
@@ -185,8 +181,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         )
         if self.app_name is not None:
             self._place_spool(self.app_name)
-        self._clock = clock
-        self.health = HealthTracker(clock=clock)
         self.runner = RolloutRunner(
             spool=self.spool, clock=clock, on_change=self._refresh_health, exists=self.store.head
         )
@@ -206,9 +200,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self.last_shutdown: ShutdownReport | None = None
 
     def _place_spool(self, name: str) -> None:
-        configured = self.spool_config.directory or os.environ.get(SPOOL_DIR_ENV) or None
-        directory = Path(configured) if configured is not None else app_spool_dir(name)
-        self.spool.place(directory, owner=name)
+        self.spool.place(spool_directory(self.spool_config.directory, name), owner=name)
 
     def __repr__(self) -> str:
         handler = self._spec.name if self._spec is not None else None
@@ -217,8 +209,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             f"AgentCoreRLApp({kind}={handler!r}, active={self.runner.active}, "
             f"spooled={self.spool.pending}, closing={self._closing})"
         )
-
-    # --- registration -----------------------------------------------------------------
 
     def _register(self, func: Handler, *, rollout: bool) -> None:
         if self._spec is not None:
@@ -258,15 +248,13 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._validator = func
         return func
 
-    # --- lifecycle --------------------------------------------------------------------
-
     @property
     def closing(self) -> bool:
         """True once shutdown has begun (new invocations get 503)."""
         return self._closing
 
     def _refresh_health(self) -> None:
-        self.health.set_busy(self.runner.active > 0 or self.spool.pending > 0)
+        self._set_busy(self.runner.active > 0 or self.spool.pending > 0)
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
         # Created on first use so the app can be built before any event loop runs.

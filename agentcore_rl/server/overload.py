@@ -6,10 +6,6 @@ caller set them (keep-alive longer than clients keep theirs, a deep accept backl
 an ASGI middleware, answers ``POST /invocations`` 503 with ``Retry-After`` while it is
 overloaded: a refusal costs a fraction of an acceptance, so the backlog drains instead of
 every request waiting seconds. ``/ping`` always passes.
-
-Example::
-
-    uvicorn.run(app, host="0.0.0.0", port=8080, **serve_options({"limit_concurrency": 2048}))
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentcore_rl import protocol
 
-__all__ = ["DEFAULT_OVERLOAD_LAG", "LoopLag", "OverloadGuard", "serve_options"]
+__all__ = ["LoopLag", "OverloadGuard", "serve_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +31,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_KEEP_ALIVE: Final = 20.0
 #: Pending connections the kernel queues before refusing more (uvicorn's default: 2,048).
 DEFAULT_BACKLOG: Final = 4096
-#: Seconds between two measurements of the event loop's lag.
-DEFAULT_LAG_INTERVAL: Final = 0.1
-#: Seconds of event loop lag past which new invocations are refused (503, Retry-After).
-DEFAULT_OVERLOAD_LAG: Final = 1.0
 
 
 def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,18 +48,13 @@ class LoopLag:
     ``threshold`` seconds longer (a sustained backlog, not one blocking call such as a
     slow import at startup), :attr:`overloaded` is true. ``threshold`` ``None``: never.
     ``clock``/``sleep`` are injectable.
-
-    Example::
-
-        lag = LoopLag(1.0)
-        task_group.start_soon(lag.run)
     """
 
     def __init__(
         self,
         threshold: float | None,
         *,
-        interval: float = DEFAULT_LAG_INTERVAL,
+        interval: float = 0.1,
         samples: int = 2,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -81,9 +68,6 @@ class LoopLag:
         self._late = 0  # measurements in a row over the threshold
         #: Invocations refused because of overload.
         self.refused = 0
-
-    def __repr__(self) -> str:
-        return f"LoopLag(lag={self.lag:.3f}, threshold={self.threshold}, refused={self.refused})"
 
     @property
     def overloaded(self) -> bool:
@@ -119,11 +103,6 @@ class OverloadGuard:
     """ASGI middleware: while the :class:`LoopLag` that ``lag`` returns is overloaded,
     ``POST /invocations`` is answered 503 with ``Retry-After: 1`` before its body is read;
     every other request passes.
-
-    Example::
-
-        monitor = LoopLag(1.0)
-        Middleware(OverloadGuard, lag=lambda: monitor)
     """
 
     def __init__(self, app: ASGIApp, lag: Callable[[], LoopLag]) -> None:

@@ -1,12 +1,5 @@
-"""The agent server's defaults, environment variable names and listening-host rule.
-
-Example::
-
-    from agentcore_rl.server.settings import DEFAULT_SHUTDOWN_GRACE, default_host
-
-    app = AgentCoreRLApp(shutdown=ShutdownConfig(grace=2 * DEFAULT_SHUTDOWN_GRACE))
-    app.run(host=default_host())
-"""
+"""The agent server's environment: variable names, the listening host, the app's name
+and its default spool directory."""
 
 from __future__ import annotations
 
@@ -15,40 +8,27 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.server.parsing import ALLOWED_BUCKETS_ENV
+from agentcore_rl import protocol
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 
 __all__ = [
     "ALLOWED_BUCKETS_ENV",
     "APP_NAME_ENV",
     "DEFAULT_GIL_SWITCH_INTERVAL",
-    "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_SYNC_WORKERS",
-    "DEFAULT_SHUTDOWN_GRACE",
-    "DEFAULT_STOP_WAIT",
     "HOST_ENV",
     "SPOOL_DIR_ENV",
+    "allowed_buckets_from",
     "app_name_from_env",
-    "app_spool_dir",
     "check_app_name",
     "default_host",
     "default_spool_dir",
     "handler_app_name",
+    "spool_directory",
 ]
-
-#: ACR accepts payloads up to 100 MB; so does the server unless told otherwise.
-DEFAULT_MAX_BODY_BYTES: Final = 100 * 1024 * 1024
-#: Seconds running rollouts get to finish at shutdown before they are cancelled.
-DEFAULT_SHUTDOWN_GRACE: Final = 20.0
-#: Worker threads for sync handlers (more than anyio's default of 40, since rollout
-#: handlers mostly wait on a model server).
-DEFAULT_MAX_SYNC_WORKERS: Final = 64
-#: Seconds a stop request waits for the stopped rollouts' envelopes to be written.
-DEFAULT_STOP_WAIT: Final = 5.0
 
 #: Seconds between GIL hand-offs set at startup. Python's default (5 ms) lets two threads
 #: that burn CPU hold the event loop off the GIL long enough that /ping answers take
@@ -57,6 +37,9 @@ DEFAULT_GIL_SWITCH_INTERVAL: Final = 0.001
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 
+#: Comma-separated bucket names; when set (and no allow-list is passed to the app), a
+#: payload naming any other bucket is refused with 403.
+ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
 #: Directory for envelopes S3 refused (default: :func:`default_spool_dir`).
 SPOOL_DIR_ENV: Final = "AGENTCORE_RL_SPOOL_DIR"
 #: A name for the agent: its default spool directory is a subdirectory of that name.
@@ -90,9 +73,9 @@ def check_app_name(name: str) -> str:
     return name
 
 
-def app_name_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
+def app_name_from_env() -> str | None:
     """``$AGENTCORE_RL_APP_NAME`` (checked), or ``None`` when unset."""
-    name = environ.get(APP_NAME_ENV, "").strip()
+    name = os.environ.get(APP_NAME_ENV, "").strip()
     return check_app_name(name) if name else None
 
 
@@ -114,18 +97,9 @@ def handler_app_name(func: Callable[..., Any]) -> str:
     return check_app_name(name or "app")
 
 
-def app_spool_dir(name: str, environ: Mapping[str, str] = os.environ) -> Path:
-    """The default spool directory of the agent called ``name``: ``default_spool_dir() /
-    name``, so two different agents on one host keep their spools apart
-    while restarts of one agent find each other's.
-    """
-    return default_spool_dir(environ) / check_app_name(name)
-
-
 def _usable(directory: Path) -> bool:
-    """Whether this user can keep a spool in ``directory``, without creating it (the spool
-    creates it when it first writes): an existing directory must be ours and writable,
-    else the nearest existing parent writable."""
+    # Without creating it (the spool does on its first write): an existing directory must
+    # be ours and writable, else the nearest existing parent writable.
     try:
         if directory.exists():
             # Another user's directory (a shared /tmp) must not receive our envelopes.
@@ -157,3 +131,30 @@ def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
         return fallback
     # Neither is writable: the spool reports the failure (and logs the envelope) on use.
     return preferred
+
+
+def spool_directory(configured: Path | str | None, name: str) -> Path:
+    """The spool directory of the app called ``name``: ``configured``, else
+    ``$AGENTCORE_RL_SPOOL_DIR``, else its own under :func:`default_spool_dir`, so restarts
+    of one agent find each other's envelopes and two agents keep theirs apart."""
+    chosen = configured or os.environ.get(SPOOL_DIR_ENV) or None
+    return Path(chosen) if chosen is not None else default_spool_dir() / check_app_name(name)
+
+
+def allowed_buckets_from(allowed: Iterable[str] | None) -> frozenset[str] | None:
+    """The bucket allow-list: the argument, else ``$AGENTCORE_RL_ALLOWED_BUCKETS``, else
+    ``None``; a name that is not a valid bucket is a :class:`ConfigurationError`."""
+    source = "allowed_buckets"
+    if allowed is None:
+        raw = os.environ.get(ALLOWED_BUCKETS_ENV, "")
+        names = [part.strip() for part in raw.split(",") if part.strip()]
+        if not names:
+            return None
+        allowed, source = names, ALLOWED_BUCKETS_ENV
+    elif isinstance(allowed, str):
+        # A lone string would otherwise be taken as a set of one-letter buckets.
+        allowed = [allowed]
+    try:
+        return frozenset(protocol.validate_bucket(b, name="allowed bucket") for b in allowed)
+    except InvalidPayloadError as exc:
+        raise ConfigurationError(f"{source}: {exc.message}") from None
