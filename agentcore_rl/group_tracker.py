@@ -1,22 +1,16 @@
 """GroupTracker: the pure state machine deciding what happens to the members of GRPO groups.
 
-The client owns the I/O (admission, invocation, stopping sessions, futures); the tracker
-owns the decisions. The client tells it what happened to a member (``started``,
-``succeeded``, ``failed``, ``timed_out``) and carries out the actions it answers with, in
-order: :class:`StartMember` (run this member in this session), :class:`StopMember` (stop
-this session; its outcome no longer matters), :class:`GroupReady` (resolve the group's
-future with the group) and :class:`GroupDropped` (fail it with the error). Stops always
-come before the resolution they lead to. Nothing here awaits or reads a clock, so every
-rule is tested by feeding events.
+The client tells it how each member ended (``succeeded``, ``failed``, ``timed_out``) and
+carries out the actions it answers with, in order: :class:`StartMember`,
+:class:`StopMember` (always before the resolution they lead to), :class:`GroupReady` and
+:class:`GroupDropped`. Nothing here awaits or reads a clock.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from enum import Enum
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -93,7 +87,7 @@ Action = StartMember | StopMember | GroupReady | GroupDropped
 # --- Counters -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class GroupCounters:
     """A snapshot of what a tracker has decided so far.
 
@@ -121,26 +115,8 @@ class GroupCounters:
     members_dropped: dict[str, int] = field(default_factory=dict)
     groups_dropped: dict[str, int] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, int]:
-        """Flat JSON-ready dict: ``groups_dropped_<reason>`` and ``members_dropped_<reason>``."""
-        out = {
-            name: getattr(self, name)
-            for name in self.__dataclass_fields__
-            if name not in ("members_dropped", "groups_dropped")
-        }
-        for reason in DropReason:
-            out[f"members_dropped_{reason.value}"] = self.members_dropped.get(reason.value, 0)
-            out[f"groups_dropped_{reason.value}"] = self.groups_dropped.get(reason.value, 0)
-        return out
-
 
 # --- State ----------------------------------------------------------------------------------
-
-
-class _State(Enum):
-    PENDING = "pending"  # StartMember issued, not yet accepted by the agent
-    RUNNING = "running"
-    ENDED = "ended"  # succeeded, failed, timed out or stopped: no further event matters
 
 
 @dataclass(kw_only=True)
@@ -149,7 +125,8 @@ class _Attempt:
     attempt: int
     session_id: str
     policy_version: int | None
-    state: _State = _State.PENDING
+    #: False once it succeeded, failed, timed out or was stopped: no further event matters.
+    active: bool = True
     outcome: MemberOutcome | None = None
     reward: float | None = None
     trajectory: Any = None
@@ -157,10 +134,6 @@ class _Attempt:
     error: str | None = None
     zeroed: bool = False
     drop_reason: DropReason | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.state is not _State.ENDED
 
     def frozen(self) -> GroupMember:
         named = {f.name: getattr(self, f.name) for f in fields(GroupMember)}
@@ -222,9 +195,7 @@ class GroupTracker:
         self._by_session: dict[str, tuple[_Group, _Attempt]] = {}
         # Digests of every group opened: an input_id names one group per experiment.
         self._seen: set[str] = set()
-        self._counts: Counter[str] = Counter()
-        self._members_dropped: Counter[str] = Counter()
-        self._groups_dropped: Counter[str] = Counter()
+        self._counts = GroupCounters()
 
     # -- inspection --
 
@@ -236,11 +207,12 @@ class GroupTracker:
     @property
     def counters(self) -> GroupCounters:
         """A snapshot of the counters."""
-        return GroupCounters(
-            **{name: self._counts[name] for name in _COUNTER_NAMES},
+        c = self._counts
+        return replace(
+            c,
             groups_open=len(self._groups),
-            members_dropped=dict(self._members_dropped),
-            groups_dropped=dict(self._groups_dropped),
+            members_dropped=dict(c.members_dropped),
+            groups_dropped=dict(c.groups_dropped),
         )
 
     def is_open(self, input_id: str) -> bool:
@@ -266,15 +238,8 @@ class GroupTracker:
         self._seen.add(digest)
         group = _Group(input_id=input_id, rules=rules)
         self._groups[input_id] = group
-        self._counts["groups_opened"] += 1
+        self._counts.groups_opened += 1
         return [self._start(group, index, 0) for index in range(rules.starts)]
-
-    def started(self, session_id: str) -> list[Action]:
-        """The agent accepted this attempt (it is running). Never yields actions."""
-        found = self._lookup(session_id)
-        if found is not None and found[1].state is _State.PENDING:
-            found[1].state = _State.RUNNING
-        return []
 
     def succeeded(
         self,
@@ -291,11 +256,11 @@ class GroupTracker:
             raise ValueError(f"reward must be finite, got {reward!r}")
         found = self._lookup(session_id)
         if found is None or not found[1].active:
-            self._counts["ignored_events"] += 1
+            self._counts.ignored_events += 1
             return []
         group, attempt = found
-        self._counts["members_succeeded"] += 1
-        attempt.state = _State.ENDED
+        self._counts.members_succeeded += 1
+        attempt.active = False
         attempt.outcome = MemberOutcome.SUCCEEDED
         attempt.reward = float(reward)
         attempt.trajectory = trajectory
@@ -378,12 +343,15 @@ class GroupTracker:
     ) -> list[Action]:
         found = self._lookup(session_id)
         if found is None or not found[1].active:
-            self._counts["ignored_events"] += 1
+            self._counts.ignored_events += 1
             return []
         group, attempt = found
         timed_out = outcome is MemberOutcome.TIMED_OUT
-        self._counts["members_timed_out" if timed_out else "members_failed"] += 1
-        attempt.state = _State.ENDED
+        if timed_out:
+            self._counts.members_timed_out += 1
+        else:
+            self._counts.members_failed += 1
+        attempt.active = False
         attempt.outcome = outcome
         attempt.error = error
         attempt.trajectory = trajectory
@@ -397,7 +365,7 @@ class GroupTracker:
             return self._check_done(group)
         if attempt.attempt < rules.retry:
             self._discard(attempt, DropReason.RETRIED)
-            self._counts["members_retried"] += 1
+            self._counts.members_retried += 1
             return [self._start(group, attempt.index, attempt.attempt + 1)]
         if rules.on_failure == "drop_group":
             self._discard(attempt, reason)
@@ -405,7 +373,7 @@ class GroupTracker:
         if rules.on_failure == "zero":
             attempt.zeroed = True
             attempt.reward = 0.0
-            self._counts["members_zeroed"] += 1
+            self._counts.members_zeroed += 1
             if len(group.kept()) >= rules.n:
                 return self._finish(group)
             return self._check_done(group)
@@ -439,7 +407,7 @@ class GroupTracker:
             return actions + self._drop(group, DropReason.UNIFORM, detail)
         del self._groups[group.input_id]
         self._forget(group)
-        self._counts["groups_ready"] += 1
+        self._counts.groups_ready += 1
         actions.append(GroupReady(group=snapshot))
         return actions
 
@@ -456,7 +424,8 @@ class GroupTracker:
         error = make_error(snapshot) if make_error else GroupDroppedError(snapshot, reason, detail)
         del self._groups[group.input_id]
         self._forget(group)
-        self._groups_dropped[error.reason.value] += 1
+        dropped = self._counts.groups_dropped
+        dropped[error.reason.value] = dropped.get(error.reason.value, 0) + 1
         actions.append(GroupDropped(error=error))
         return actions
 
@@ -465,13 +434,13 @@ class GroupTracker:
     ) -> list[Action]:
         actions: list[Action] = []
         for attempt in group.active():
-            attempt.state = _State.ENDED
+            attempt.active = False
             attempt.outcome = MemberOutcome.STOPPED
             if count_as_drop:
                 self._discard(attempt, reason)
             else:
                 attempt.drop_reason = reason
-            self._counts["members_stopped"] += 1
+            self._counts.members_stopped += 1
             actions.append(
                 StopMember(input_id=group.input_id, session_id=attempt.session_id, reason=reason)
             )
@@ -486,7 +455,7 @@ class GroupTracker:
         )
         group.attempts.append(attempt)
         self._by_session[session_id] = (group, attempt)
-        self._counts["members_started"] += 1
+        self._counts.members_started += 1
         return StartMember(
             input_id=group.input_id,
             index=index,
@@ -497,7 +466,8 @@ class GroupTracker:
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:
         attempt.drop_reason = reason
-        self._members_dropped[reason.value] += 1
+        dropped = self._counts.members_dropped
+        dropped[reason.value] = dropped.get(reason.value, 0) + 1
 
     def _lookup(self, session_id: str) -> tuple[_Group, _Attempt] | None:
         """The open attempt, or ``None`` for a session of a group already closed."""
@@ -526,14 +496,6 @@ class GroupTracker:
             members=tuple(a.frozen() for a in kept[: group.rules.n]),
             discarded=tuple(a.frozen() for a in other),
         )
-
-
-# The counters a tracker counts as it goes; the others are computed in ``counters``.
-_COUNTER_NAMES = [
-    f.name
-    for f in fields(GroupCounters)
-    if f.name not in ("groups_open", "members_dropped", "groups_dropped")
-]
 
 
 def _check_version(version: object) -> int:

@@ -1,15 +1,10 @@
 """GRPO groups: n rollouts of one input, their rewards, advantages and the rules they follow.
 
-Pure (no I/O): the client runs the members, :class:`~agentcore_rl.group_tracker.GroupTracker`
-decides what happens to them, and this module holds what both share: the group's rules
-(:class:`GroupRules`), its result (:class:`RolloutGroup` of :class:`GroupMember`), why
-something was dropped (:class:`DropReason`), the errors a dropped group ends in, and the
-session ids members run under.
-
-Member session ids are derived from ``(exp_id, input_id, member index, attempt)`` so that a
-new process (``attach()``, ``eval --resume``) finds a half-finished group's sessions again.
-Hence an ``input_id`` names one group per experiment: sample the same prompt again under a
-new ``input_id`` (``"q-17@step3"``) or a new ``exp_id``.
+Pure: the rules (:class:`GroupRules`), the result (:class:`RolloutGroup`), drop reasons and
+errors, and member session ids, derived from ``(exp_id, input_id, index, attempt)`` so a
+new process (``attach()``, ``eval --resume``) finds a half-finished group's sessions. So an
+``input_id`` names one group per experiment: sample a prompt again under a new one
+(``"q-17@step3"``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Rate limiting of calls to the agent runtime: the RateLimiter protocol and TokenBucket.
+"""The client's two limits: calls per second (:class:`RateLimiter`, :class:`TokenBucket`)
+and sessions at once (:class:`SessionLimiter`, :class:`LocalSessionLimiter`).
 
 A :class:`RateLimiter` paces the calls a rollout client makes (invocations and stop calls);
 any object with its three methods can stand in (``agentcore_rl.distributed`` shares one
@@ -12,6 +13,9 @@ slow forever.
 which a token is there, so the waiters of one tick go out together on one wakeup of the
 process (measured on a 2-core VM: 70-230 µs of CPU per wakeup from a sleep, against about
 150 µs for a whole request on a kept connection). Rate and burst are kept exactly.
+
+A rollout holds one slot of its client's :class:`SessionLimiter` from admission until its
+outcome; ``agentcore_rl.distributed`` shares both limits across a cluster.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ __all__ = [
     "DEFAULT_RATE",
     "DEFAULT_RECOVERY",
     "DEFAULT_THROTTLE_FACTOR",
+    "LocalSessionLimiter",
     "Priority",
     "RateLimiter",
+    "SessionLimiter",
     "TokenBucket",
 ]
 
@@ -285,3 +291,52 @@ class TokenBucket:
 
     def on_success(self) -> None:
         """Nothing to do: the rate recovers with time, not with successes."""
+
+
+@runtime_checkable
+class SessionLimiter(Protocol):
+    """What a rollout client needs from a concurrency limit (``session_limiter=``).
+
+    ``acquire`` waits for a free slot; cancelling the wait takes none. ``release`` gives
+    one back; it must not block, as outcomes (future callbacks) call it.
+
+    Example::
+
+        class SharedSlots:                         # e.g. backed by a cluster-wide actor
+            async def acquire(self) -> None: ...
+            def release(self) -> None: ...
+
+        AsyncRolloutClient(..., session_limiter=SharedSlots())
+    """
+
+    async def acquire(self) -> None:
+        """Wait for a free slot and take it."""
+
+    def release(self) -> None:
+        """Give one slot back, without blocking."""
+
+
+class LocalSessionLimiter:
+    """``slots`` slots in this process (an asyncio semaphore): the client's default.
+
+    Example::
+
+        AsyncRolloutClient(..., session_limiter=LocalSessionLimiter(64))
+    """
+
+    def __init__(self, slots: int) -> None:
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ConfigurationError(f"a session limit must be an int >= 1, got {slots!r}")
+        self.slots = slots
+        self._semaphore = asyncio.Semaphore(slots)
+
+    def __repr__(self) -> str:
+        return f"LocalSessionLimiter(slots={self.slots})"
+
+    async def acquire(self) -> None:
+        """Wait for a free slot and take it."""
+        await self._semaphore.acquire()
+
+    def release(self) -> None:
+        """Give one slot back."""
+        self._semaphore.release()

@@ -137,8 +137,6 @@ def test_group_resolves_when_all_members_succeed() -> None:
     tracker = GroupTracker(exp_id="e1", policy_version=3)
     sids = open_group(tracker, n=3)
     assert len(sids) == 3
-    for sid in sids:
-        assert tracker.started(sid) == []
     assert tracker.succeeded(sids[2], 1.0, result={"rewards": [1.0]}) == []
     assert tracker.succeeded(sids[0], 0.0) == []
     group = ready(tracker.succeeded(sids[1], 0.5, trajectory="traj-1"))
@@ -450,15 +448,17 @@ def test_unknown_sessions_and_reused_input_ids_are_refused() -> None:
         GroupTracker(exp_id="a/b")
 
 
-def test_counters_as_dict_is_flat() -> None:
+def test_counters_count_drops_by_reason_and_are_a_snapshot() -> None:
     tracker = GroupTracker(exp_id="e1")
     sids = open_group(tracker, n=2, filter_uniform=True)
     tracker.succeeded(sids[0], 1.0)
+    before = tracker.counters
     tracker.succeeded(sids[1], 1.0)
-    flat = tracker.counters.as_dict()
-    assert flat["groups_dropped_uniform"] == 1
-    assert flat["members_dropped_redundant"] == 0
-    assert all(isinstance(v, int) for v in flat.values())
+    counters = tracker.counters
+    assert counters.groups_dropped == {"uniform": 1}
+    assert counters.members_dropped.get("redundant", 0) == 0
+    assert (counters.members_succeeded, counters.groups_open) == (2, 0)
+    assert (before.groups_dropped, before.members_succeeded, before.groups_open) == ({}, 1, 1)
 
 
 # --- every group ends once, every attempt is accounted for ----------------------------------

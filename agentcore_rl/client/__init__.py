@@ -11,7 +11,7 @@ Example::
 
 from agentcore_rl.client import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.client.batch import BatchItem
-from agentcore_rl.client.client import AsyncRolloutClient, ClientState, run_batch
+from agentcore_rl.client.client import AsyncRolloutClient, ClientState
 from agentcore_rl.client.config import (
     AwsConfig,
     GatewayConfig,
@@ -22,12 +22,17 @@ from agentcore_rl.client.config import (
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.liveness import LivenessConfig
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.sync import RolloutClient
 from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
-from agentcore_rl.ratelimit import Priority, RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import (
+    LocalSessionLimiter,
+    Priority,
+    RateLimiter,
+    SessionLimiter,
+    TokenBucket,
+)
 from agentcore_rl.retry import RetryPolicy
-from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 __all__ = [
     "AsyncRolloutClient",
@@ -51,5 +56,4 @@ __all__ = [
     "Timeouts",
     "TokenBucket",
     "WatcherConfig",
-    "run_batch",
 ]

@@ -1,10 +1,7 @@
-"""``run_batch``: many rollouts, one :class:`BatchItem` each, in completion order.
-
-A feeder task in the client's task group walks the payloads, takes a slot and a token for
-each (which paces it) and starts its rollout task (:meth:`Rollouts.run`) there too; each
-outcome becomes an item in one memory stream, which is all the ``async for`` loop reads.
-A loop that is left ends the feeding and cancels the batch's rollouts (their tasks stop
-their sessions); a client that closes ends them with ``ClientClosedError``.
+"""``run_batch`` and the feeder both batch and group loops use: a task in the client's task
+group walks the payloads (waiting for slots paces it) and starts their work there; outcomes
+go through one memory stream, all the ``async for`` loop reads. Leaving the loop cancels
+the work (tasks stop their sessions); a closing client ends it in ``ClientClosedError``.
 """
 
 from __future__ import annotations
@@ -172,6 +169,7 @@ async def feed_and_read(
             feed.put(_Fed(started, error))
 
     try:
+        await service.ensure_open()
         await service.start(feeder, name=name)
         read = 0
         fed: _Fed | None = None

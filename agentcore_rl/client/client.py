@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -29,10 +28,20 @@ from agentcore_rl.client.config import (
     Timeouts,
 )
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.gateway_link import gateway_link
-from agentcore_rl.client.groups import GroupMethods, GroupRunner
-from agentcore_rl.client.lease import ClientLease
-from agentcore_rl.client.liveness import DEFAULT_LIVENESS, LivenessConfig, LivenessProber
+from agentcore_rl.client.groups import (
+    GroupFuture,
+    GroupRunner,
+    MemberJournal,
+    ResumedGroup,
+    run_groups,
+)
+from agentcore_rl.client.liveness import (
+    DEFAULT_LIVENESS,
+    ClientLease,
+    LivenessConfig,
+    LivenessProber,
+)
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.payload import (
     attached_config,
     build_invocation,
@@ -40,29 +49,33 @@ from agentcore_rl.client.payload import (
     rollout_extras,
 )
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
-from agentcore_rl.client.service import ClientState, Service, ServiceOwner
-from agentcore_rl.client.stats import ClientStats
-from agentcore_rl.client.traces import TraceJoiner
+from agentcore_rl.client.service import ClientState, Service
+from agentcore_rl.client.traces import TraceJoiner, gateway_link
 from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
 from agentcore_rl.errors import ClientClosedError, ConfigurationError, TraceLostError
+from agentcore_rl.group_tracker import GroupCounters
+from agentcore_rl.groups import GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
-from agentcore_rl.ratelimit import DEFAULT_PACE_TICK, RateLimiter, TokenBucket
+from agentcore_rl.ratelimit import (
+    DEFAULT_PACE_TICK,
+    LocalSessionLimiter,
+    RateLimiter,
+    SessionLimiter,
+    TokenBucket,
+)
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.sessionlimit import LocalSessionLimiter, SessionLimiter
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
 
-__all__ = ["AsyncRolloutClient", "ClientState", "run_batch"]
+__all__ = ["AsyncRolloutClient", "ClientState"]
 
 logger = logging.getLogger(__name__)
 
-_CLOSED = "the client is closed; create a new one"
 
-
-class AsyncRolloutClient(ServiceOwner, GroupMethods):
+class AsyncRolloutClient:
     """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
 
     Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN) and ``agent_url``
@@ -180,8 +193,9 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
         self._counters = ClientStats()
         #: Builds a call's body and its validated ``_rollout`` block (no I/O).
         self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
-        super().__init__(Service("agentcore-rl client", setup=self._start_workers))
-        self._watcher = CompletionWatcher(self.store, watcher, run_by_owner=True)
+        self._service = Service("agentcore-rl client", setup=self._start_workers)
+        self._in_block = False  # inside ``async with`` (entered once at a time)
+        self._watcher = CompletionWatcher(self.store, watcher)
         self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._rollouts = Rollouts(
             transport=self.transport,
@@ -207,10 +221,15 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
     def __repr__(self) -> str:
         return (
             f"AsyncRolloutClient(transport={self.transport!r}, exp_id={self.exp_id!r}, "
-            f"s3_bucket={self.s3_bucket!r}, state={self._state.name}, in_flight={self.in_flight})"
+            f"s3_bucket={self.s3_bucket!r}, state={self.state.name}, in_flight={self.in_flight})"
         )
 
     # --- public API ----------------------------------------------------------------------
+
+    @property
+    def state(self) -> ClientState:
+        """Where the client is in its life (see :class:`ClientState`)."""
+        return self._service.state
 
     @property
     def stop_finished_sessions(self) -> bool:
@@ -371,16 +390,94 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
         """
         self._check_not_closed()
         prepare = functools.partial(self._prepare, input_id=None, overrides=rollout_extras(rollout))
-        return self._batch(prepare, payloads, self._limit(timeout))
+        return batch.run_batch(
+            self._service, self._rollouts, prepare, payloads, self._limit(timeout)
+        )
 
-    async def _batch(
-        self, prepare: batch.Prepare, payloads: Iterable[Mapping[str, Any]], limit: float | None
-    ) -> AsyncGenerator[BatchItem, None]:
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
+    async def invoke_group(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        rules: GroupRules,
+        input_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
+        rollout: Mapping[str, Any] | None = None,
+        journal: MemberJournal | None = None,
+        resume: ResumedGroup | None = None,
+    ) -> GroupFuture:
+        """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
+        its members are admitted (``n + redundancy`` slots taken).
+
+        ``input_id`` is the group key (default: a fresh id): member session ids derive
+        from it, so each group of an experiment needs its own. ``rules``
+        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
+        retried and when the group counts as whole. The future ends in a
+        :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
+        (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
+        cancelling it stops the members. ``timeout`` and ``rollout`` are as in
+        :meth:`invoke`, for each member. ``journal``
+        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
+        its invocation and of each outcome; ``resume``
+        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
+        the group where an earlier process left it: ended members are replayed, started
+        ones resumed by session id, only the others started.
+        """
+        check_config_types(("rules", rules, GroupRules))
         await self._ensure_open()
-        items = batch.run_batch(self._service, self._rollouts, prepare, payloads, limit)
-        async with contextlib.aclosing(items):
-            async for item in items:
-                yield item
+        return await self._groups.open(
+            payload,
+            rules=rules,
+            input_id=input_id,
+            timeout=self._limit(timeout),
+            overrides=rollout_extras(rollout),
+            journal=journal,
+            resume=resume,
+        )
+
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
+    def run_groups(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        rules: GroupRules,
+        timeout: float | None = None,
+        rollout: Mapping[str, Any] | None = None,
+    ) -> AsyncGenerator[RolloutGroup, None]:
+        """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
+        groups in completion order.
+
+        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
+        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
+        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
+        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
+        """
+        self._check_not_closed()
+        check_config_types(("rules", rules, GroupRules))
+        options = {
+            "rules": rules,
+            "timeout": self._limit(timeout),
+            "overrides": rollout_extras(rollout),
+        }
+        return run_groups(self._groups, payloads, options)
+
+    def set_policy_version(self, version: int) -> None:
+        """Stamp ``_rollout.policy_version = version`` into every member started from now
+        on (retries included). Versions only move forward.
+        """
+        self._groups.tracker.set_policy_version(version)
+
+    def advance_policy(self, version: int, *, max_staleness: int) -> int:
+        """Move to ``version`` and stop every open group with a member started under a
+        version older than ``version - max_staleness``: their futures end in
+        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
+        """
+        return self._groups.advance_policy(version, max_staleness=max_staleness)
+
+    @property
+    def group_stats(self) -> GroupCounters:
+        """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
+        return self._groups.tracker.counters
 
     @property
     def gateway_url(self) -> str | None:
@@ -432,10 +529,10 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
         ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
         again.
         """
-        if self._state is ClientState.CLOSED:
+        if self.state is ClientState.CLOSED:
             await self._closed.wait()
             return
-        self._state = ClientState.CLOSED
+        self._service.state = ClientState.CLOSED
         self._groups.close(ClientClosedError("the client was closed before this group finished"))
         self._rollouts.close()
         try:
@@ -455,12 +552,39 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
             finally:
                 self._closed.set()
 
-    async def _opening(self) -> None:
-        # Create the S3 client now rather than in the first watcher round, so the first
-        # results are not detected late (short timeouts would fire first).
-        await self.store.__aenter__()
-        if isinstance(self.transport, AcrTransport):
-            await self.transport.connect()
+    async def __aenter__(self) -> AsyncRolloutClient:
+        self._check_not_closed()
+        if self._in_block:
+            raise RuntimeError(
+                "this AsyncRolloutClient is already entered with 'async with'; it is entered "
+                "once (leaving a block closes it): use it inside the first block"
+            )
+        self._in_block = True
+        try:
+            if await self._service.enter():
+                # The S3 client now rather than in the first watcher round, so the first
+                # results are not detected late (short timeouts would fire first).
+                await self.store.__aenter__()
+                if isinstance(self.transport, AcrTransport):
+                    await self.transport.connect()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close; the block's exception, if any, goes on as itself."""
+        self._in_block = False
+        try:
+            await self.aclose()
+        finally:
+            await self._service.leave()  # the task that entered the task group leaves it
+
+    def _check_not_closed(self) -> None:
+        self._service.check_open()
+
+    async def _ensure_open(self) -> None:
+        await self._service.ensure_open()
 
     def _start_workers(self, service: Service) -> None:
         service.start_soon(self._watcher.run, name="completion watcher")
@@ -471,29 +595,8 @@ class AsyncRolloutClient(ServiceOwner, GroupMethods):
     async def _start(self, spec: RolloutSpec) -> RolloutFuture:
         """Run ``spec``'s rollout as a task of the client's; its future once accepted."""
         await self._ensure_open()
-        if not self._service.running:
-            raise ClientClosedError(_CLOSED)
         fut: RolloutFuture = await self._service.start(self._rollouts.run, spec, name="rollout")
         return fut
 
     def _limit(self, timeout: float | None) -> float | None:
         return self.timeouts.rollout if timeout is None else timeout
-
-
-@checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-def run_batch(
-    client: AsyncRolloutClient,
-    payloads: Iterable[Mapping[str, Any]],
-    *,
-    timeout: float | None = None,
-    rollout: Mapping[str, Any] | None = None,
-) -> AsyncGenerator[BatchItem, None]:
-    """``client.run_batch(payloads, timeout=timeout, rollout=rollout)``.
-
-    Example::
-
-        async with contextlib.aclosing(run_batch(client, payloads, timeout=600)) as items:
-            async for item in items:
-                print(item.index, item.success)
-    """
-    return client.run_batch(payloads, timeout=timeout, rollout=rollout)

@@ -40,6 +40,7 @@ __all__ = [
     "Limits",
     "Retries",
     "Timeouts",
+    "check_numbers",
 ]
 
 #: Rollouts in flight at once (a slot is held from invoke until the outcome).
@@ -54,17 +55,34 @@ DEFAULT_RETRY: Final = RetryPolicy()
 GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
 
-def _count(name: str, value: object, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigurationError(f"{name} must be an int >= {low}, got {value!r}")
-
-
-def _seconds(name: str, value: object, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        also = " or None" if optional else ""
-        raise ConfigurationError(f"{name} must be a number of seconds > 0{also}, got {value!r}")
+def check_numbers(
+    config: object,
+    *names: str,
+    above: float | None = None,
+    at_least: float | None = None,
+    integer: bool = False,
+    optional: bool = False,
+    finite: bool = False,
+) -> None:
+    """``ConfigurationError`` naming ``Class.field`` unless each field of ``config`` is a
+    number (an int with ``integer``; ``None`` too with ``optional``) ``> above`` or
+    ``>= at_least``, and finite with ``finite``."""
+    for name in names:
+        value = getattr(config, name)
+        if value is None and optional:
+            continue
+        kind = int if integer else int | float
+        ok = isinstance(value, kind) and not isinstance(value, bool) and value == value
+        if ok and (finite and not math.isfinite(value)):
+            ok = False
+        if ok and not (value > above if above is not None else value >= (at_least or 0)):
+            ok = False
+        if not ok:
+            bound = f"> {above:g}" if above is not None else f">= {at_least or 0:g}"
+            raise ConfigurationError(
+                f"{type(config).__name__}.{name} must be {'an int' if integer else 'a number'} "
+                f"{bound}{' or None' if optional else ''}, got {value!r}"
+            )
 
 
 @checked_init
@@ -87,17 +105,9 @@ class Limits:
     burst: float | None = None
 
     def __post_init__(self) -> None:
-        _count("Limits.max_concurrent_sessions", self.max_concurrent_sessions, 1)
-        for name in ("tps", "burst"):
-            value = getattr(self, name)
-            if name == "burst" and value is None:
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value < math.inf
-            ):
-                raise ConfigurationError(f"Limits.{name} must be a number > 0, got {value!r}")
+        check_numbers(self, "max_concurrent_sessions", at_least=1, integer=True)
+        check_numbers(self, "tps", above=0, finite=True)
+        check_numbers(self, "burst", above=0, finite=True, optional=True)
 
 
 @checked_init
@@ -118,8 +128,8 @@ class Timeouts:
     close: float = DEFAULT_CLOSE_TIMEOUT
 
     def __post_init__(self) -> None:
-        _seconds("Timeouts.rollout", self.rollout, optional=True)
-        _seconds("Timeouts.close", self.close, optional=False)
+        check_numbers(self, "rollout", above=0, optional=True)
+        check_numbers(self, "close", above=0)
 
 
 @checked_init
@@ -147,8 +157,7 @@ class Retries:
             raise ConfigurationError(
                 f"Retries.call must be a RetryPolicy, got {type(self.call).__name__}"
             )
-        _count("Retries.rollouts", self.rollouts, 0)
-        _count("Retries.lost", self.lost, 0)
+        check_numbers(self, "rollouts", "lost", at_least=0, integer=True)
 
 
 @checked_init

@@ -64,12 +64,6 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         #: How many of those sessions its agent lost (crash, restart, shutdown).
         self.losses = 0
         self.previous_sessions: list[str] = []
-        # Set by the client when it may run the rollout again: (body, config, timeout).
-        self._resend: tuple[Any, Any, float | None] | None = None
-        self._followed = False
-        # True while a retry's invocation is on its way (paused by a Retry-After, say): the
-        # agent cannot know the session yet, so liveness probes leave it alone.
-        self._sending = False
 
     def __repr__(self) -> str:
         if self.cancelled():
@@ -107,14 +101,13 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         )
         return self._trajectory
 
-    def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> bool:
+    def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> None:
         """Resolve once; later outcomes (a result after a timeout...) are dropped."""
         if self.done():
-            return False
+            return
         self.resolved_at = time.time()
         if error is not None:
             self.set_exception(error)
         else:
             assert result is not None
             self.set_result(result)
-        return True

@@ -1,19 +1,12 @@
 """The client side of GRPO groups: run the members a GroupTracker asks for, feed it outcomes.
 
-:class:`GroupRunner` (one per client) carries out the tracker's actions: a
-:class:`~agentcore_rl.group_tracker.StartMember` becomes a rollout task
-(:meth:`Rollouts.run`, the same as any rollout's) under the member's derived session id,
-its ``_rollout`` stamped with the policy version; a ``StopMember`` cancels the member's
-future (its task stops the session); ``GroupReady`` / ``GroupDropped`` settle the group's
-:class:`GroupFuture`. A member's retries are its group's (the tracker decides them), so its
-rollout runs one session. Each member's outcome goes back to the tracker from its future's
-done callback, so the decisions stay in the pure state machine and nothing here polls.
-
-A :class:`MemberJournal` (the eval CLI's) is told of each member before it is invoked and
-of each outcome; a :class:`ResumedGroup` hands those records back to a new process, which
-replays the ended members in their order, invokes the started ones again under the same
-session id (an agent runs one rollout per session, so never twice) or reads their results,
-and starts only what was never started.
+:class:`GroupRunner` carries out the tracker's actions: ``StartMember`` becomes a rollout
+task (one session, under the member's derived session id, ``_rollout`` stamped with the
+policy version and seed; retries are the tracker's), ``StopMember`` cancels the member's
+future (its task stops the session), ``GroupReady``/``GroupDropped`` settle the
+:class:`GroupFuture`. A :class:`MemberJournal` is told of each start and end; a
+:class:`ResumedGroup` replays them in a new process, which re-invokes (as a repeat) or
+follows the started members and starts only what was never started.
 """
 
 from __future__ import annotations
@@ -27,20 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from agentcore_rl.client.batch import Feed, Prepare, feed_and_read
-from agentcore_rl.client.config import MOVED_CALL_OPTIONS
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.payload import rollout_extras
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import (
     ClientClosedError,
-    ConfigurationError,
     RolloutError,
     RolloutTimeoutError,
 )
 from agentcore_rl.group_tracker import (
     Action,
-    GroupCounters,
     GroupDropped,
     GroupReady,
     GroupTracker,
@@ -48,11 +37,9 @@ from agentcore_rl.group_tracker import (
     StopMember,
 )
 from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
-from agentcore_rl.keywords import checked
 
 __all__ = [
     "GroupFuture",
-    "GroupMethods",
     "GroupRunner",
     "MemberEnd",
     "MemberJournal",
@@ -179,11 +166,6 @@ class GroupRunner:
     def __repr__(self) -> str:
         return f"GroupRunner(open={len(self._runs)})"
 
-    @property
-    def counters(self) -> GroupCounters:
-        """The tracker's counters (opened, ready, dropped by reason, members...)."""
-        return self.tracker.counters
-
     # -- opening --
 
     async def open(
@@ -258,14 +240,17 @@ class GroupRunner:
                     left.append(action)
         return list(pending.values()) + left
 
-    def _feed(self, end: MemberEnd) -> list[Action]:
+    def _feed(self, end: MemberEnd, trajectory: Any = None) -> list[Action]:
+        """Tell the tracker how a member ended (``trajectory``: this process's capture)."""
+        trajectory = end.trajectory if trajectory is None else trajectory
         if end.kind == "succeeded" and end.reward is not None:
             return self.tracker.succeeded(
-                end.session_id, end.reward, trajectory=end.trajectory, result=end.result
+                end.session_id, end.reward, trajectory=trajectory, result=end.result
             )
         if end.kind == "timed_out":
-            return self.tracker.timed_out(end.session_id)
-        return self.tracker.failed(end.session_id, end.error or "failed", result=end.result)
+            return self.tracker.timed_out(end.session_id, trajectory=trajectory)
+        error = end.error or "failed"
+        return self.tracker.failed(end.session_id, error, trajectory=trajectory, result=end.result)
 
     # -- members --
 
@@ -285,7 +270,6 @@ class GroupRunner:
 
         def started(fut: RolloutFuture) -> None:
             member.future = fut
-            self.tracker.started(sid)
 
         def journaled(fut: RolloutFuture) -> None:
             run.future.session_ids.append(sid)
@@ -343,7 +327,6 @@ class GroupRunner:
         if isinstance(exc, ClientClosedError) or self._closed is not None:
             self._close_run(run, exc or ClientClosedError("the client closed"))
             return
-        trajectory = fut.trajectory  # set when a gateway captured one
         end: MemberEnd
         if exc is None:
             result = fut.result()
@@ -361,18 +344,7 @@ class GroupRunner:
             )
         if run.journal is not None:
             run.journal.member_ended(end)  # before the decisions it leads to, as on replay
-        if end.kind == "succeeded":
-            assert end.reward is not None
-            actions = self.tracker.succeeded(
-                sid, end.reward, trajectory=trajectory, result=end.result
-            )
-        elif end.kind == "timed_out":
-            actions = self.tracker.timed_out(sid, trajectory=trajectory)
-        else:
-            actions = self.tracker.failed(
-                sid, end.error or "failed", trajectory=trajectory, result=end.result
-            )
-        self._apply(actions)
+        self._apply(self._feed(end, fut.trajectory))  # a gateway's capture, if any
 
     # -- actions --
 
@@ -428,10 +400,6 @@ class GroupRunner:
 
     # -- policy and closing --
 
-    def set_policy_version(self, version: int) -> None:
-        """Stamp ``version`` into every member started from now on."""
-        self.tracker.set_policy_version(version)
-
     def advance_policy(self, version: int, *, max_staleness: int) -> int:
         """Move to ``version``; stop the groups that went stale. Returns how many."""
         actions = self.tracker.advance_policy(version, max_staleness=max_staleness)
@@ -443,125 +411,6 @@ class GroupRunner:
         self._closed = error
         for run in list(self._runs.values()):
             self._close_run(run, error)
-
-
-# --- the client's group methods -------------------------------------------------------------
-
-
-def _check_rules(rules: object) -> None:
-    if not isinstance(rules, GroupRules):
-        raise ConfigurationError(
-            f"rules must be a GroupRules, e.g. rules=GroupRules(n=8), got {rules!r:.80}"
-        )
-
-
-class GroupMethods:
-    """The GRPO group methods of :class:`~agentcore_rl.client.AsyncRolloutClient`, which
-    mixes them in (documented there): the client's half that carries out a tracker."""
-
-    _groups: GroupRunner
-
-    def _check_not_closed(self) -> None:
-        raise NotImplementedError
-
-    async def _ensure_open(self) -> None:
-        raise NotImplementedError
-
-    def _limit(self, timeout: float | None) -> float | None:
-        raise NotImplementedError
-
-    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-    async def invoke_group(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        rules: GroupRules,
-        input_id: str | None = None,
-        timeout: float | None = None,
-        rollout: Mapping[str, Any] | None = None,
-        journal: MemberJournal | None = None,
-        resume: ResumedGroup | None = None,
-    ) -> GroupFuture:
-        """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
-        its members are admitted (``n + redundancy`` slots taken).
-
-        ``input_id`` is the group key (default: a fresh id): member session ids derive
-        from it, so each group of an experiment needs its own. ``rules``
-        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
-        retried and when the group counts as whole. The future ends in a
-        :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
-        (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
-        cancelling it stops the members. ``timeout`` and ``rollout`` are as in
-        :meth:`invoke`, for each member. ``journal``
-        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
-        its invocation and of each outcome; ``resume``
-        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
-        the group where an earlier process left it: ended members are replayed, started
-        ones resumed by session id, only the others started.
-        """
-        _check_rules(rules)
-        await self._ensure_open()
-        return await self._groups.open(
-            payload,
-            rules=rules,
-            input_id=input_id,
-            timeout=self._limit(timeout),
-            overrides=rollout_extras(rollout),
-            journal=journal,
-            resume=resume,
-        )
-
-    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-    def run_groups(
-        self,
-        payloads: Iterable[Mapping[str, Any]],
-        *,
-        rules: GroupRules,
-        timeout: float | None = None,
-        rollout: Mapping[str, Any] | None = None,
-    ) -> AsyncGenerator[RolloutGroup, None]:
-        """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
-        groups in completion order.
-
-        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
-        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
-        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
-        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
-        """
-        self._check_not_closed()
-        _check_rules(rules)
-        options = {
-            "rules": rules,
-            "timeout": self._limit(timeout),
-            "overrides": rollout_extras(rollout),
-        }
-        return self._run_groups(payloads, options)
-
-    async def _run_groups(
-        self, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
-    ) -> AsyncGenerator[RolloutGroup, None]:
-        await self._ensure_open()
-        async with contextlib.aclosing(run_groups(self._groups, payloads, options)) as it:
-            async for group in it:
-                yield group
-
-    def set_policy_version(self, version: int) -> None:
-        """Stamp ``_rollout.policy_version = version`` into every member started from now
-        on (retries included). Versions only move forward.
-        """
-        self._groups.set_policy_version(version)
-
-    def advance_policy(self, version: int, *, max_staleness: int) -> int:
-        """Move to ``version`` and stop every open group with a member started under a
-        version older than ``version - max_staleness``: their futures end in
-        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
-        """
-        return self._groups.advance_policy(version, max_staleness=max_staleness)
-
-    @property
-    def group_stats(self) -> GroupCounters:
-        """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
-        return self._groups.counters
 
 
 # --- run_groups -----------------------------------------------------------------------------

@@ -1,24 +1,19 @@
-"""Crash detection: ask the agents whether long-pending sessions still run.
+"""Crash detection both ways: probes of long-pending sessions, and the client's lease.
 
-A crashed agent writes no result, so without asking, its rollouts end only at their
-timeout, each holding a concurrency slot. The prober asks the session's agent (HTTP:
-``GET /sessions/{id}`` on its server; AgentCore Runtime: a status control request on the
-same session id, which a restarted or new microVM answers ``unknown``). The probes decide:
-an ``unknown`` answer means the session is lost, and so does an agent that stays
-unreachable (connection refused, the runtime's 424 or a 5xx) for ``lost_after`` seconds:
-it died and did not come back. A lost session wakes its rollout's task with an
-:class:`~agentcore_rl.errors.AgentLostError`, which runs the rollout again in a new session
-by policy (:mod:`agentcore_rl.client.outcomes`).
+A crashed agent writes no result, so its rollouts would end only at their timeout, each
+holding a slot. The prober asks the session's agent (HTTP: ``GET /sessions/{id}``; ACR: a
+status request on the session, which a restarted or new microVM answers ``unknown``). An
+``unknown`` answer, or an agent unreachable (refused, 424, 5xx) for ``lost_after`` seconds,
+wakes the rollout's task with an :class:`~agentcore_rl.errors.AgentLostError` (retried by
+policy). To stay cheap at 10,000 sessions in flight it probes only sessions pending longer
+than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first,
+at most ``max_rate`` per second, behind invocations (:attr:`Priority.PROBE`) until
+``escalate_after`` (a busy TPS budget would otherwise starve it). On HTTP, one lost session
+makes its server's older sessions suspects, probed next: a server crash loses them all.
 
-It must stay cheap at 10,000 sessions in flight, so it probes only sessions pending longer
-than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first
-(since its last probe, or since it was first seen), at most ``max_rate`` probes per second,
-and each probe takes a :attr:`Priority.PROBE` token (behind every invocation, before stop
-calls). A probe still waiting for its token after ``escalate_after`` seconds takes one at
-invocation priority: a client whose invocations keep the TPS budget busy would otherwise
-never probe, and a lost session holds a concurrency slot those invocations wait for. On
-HTTP one lost session makes every older session of the same server a suspect, probed next
-regardless of ``probe_after``: a server crash loses all of them.
+:class:`ClientLease` is the client's proof of life: an S3 object rewritten every
+``lease_renew`` seconds and named in every invocation; agent servers cancel the rollouts of
+a lease unrenewed for its ``ttl`` (:mod:`agentcore_rl.server.lease`).
 """
 
 from __future__ import annotations
@@ -26,20 +21,34 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol
 
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.config import check_numbers
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
-from agentcore_rl.errors import AgentLostError, ConfigurationError, InvalidPayloadError
+from agentcore_rl.errors import (
+    AgentLostError,
+    ConfigurationError,
+    InvalidPayloadError,
+    StorageError,
+)
 from agentcore_rl.ratelimit import Priority, RateLimiter
+from agentcore_rl.s3 import ResultStore
 
-__all__ = ["DEFAULT_LIVENESS", "LivenessConfig", "LivenessProber", "StatusTransport"]
+__all__ = [
+    "DEFAULT_LIVENESS",
+    "ClientLease",
+    "LivenessConfig",
+    "LivenessProber",
+    "StatusTransport",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +73,8 @@ DEFAULT_LEASE: Final = 180.0
 DEFAULT_LEASE_RENEW: Final = 5.0
 
 
-@runtime_checkable
 class StatusTransport(Protocol):
-    """A transport that can ask an agent about one session (both built-in ones can)."""
+    """What the prober needs of a transport: asking an agent about one session."""
 
     async def status(self, session_id: str) -> protocol.SessionState: ...
 
@@ -115,21 +123,9 @@ class LivenessConfig:
     lease_id: str | None = None
 
     def __post_init__(self) -> None:
-        if not (self.probe_after >= 0 and self.probe_interval > 0 and self.tick > 0):
-            raise ConfigurationError(
-                "LivenessConfig needs probe_after >= 0, probe_interval > 0 and tick > 0"
-            )
-        if not self.max_rate > 0:
-            raise ConfigurationError(f"max_rate must be > 0, got {self.max_rate!r}")
-        if self.escalate_after is not None and not self.escalate_after >= 0:
-            raise ConfigurationError(
-                f"escalate_after must be >= 0 or None, got {self.escalate_after!r}"
-            )
-        for name in ("lost_after", "unreachable_after"):
-            if not getattr(self, name) >= 0:
-                raise ConfigurationError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.lease_renew > 0:
-            raise ConfigurationError(f"lease_renew must be > 0, got {self.lease_renew!r}")
+        check_numbers(self, "probe_interval", "tick", "max_rate", "lease_renew", above=0)
+        check_numbers(self, "probe_after", "lost_after", "unreachable_after", at_least=0)
+        check_numbers(self, "escalate_after", at_least=0, optional=True)
         if self.lease is not None and not self.lease >= 2 * self.lease_renew:
             raise ConfigurationError(
                 f"lease ({self.lease!r}) must be at least twice lease_renew "
@@ -181,7 +177,7 @@ class LivenessProber:
 
     def __init__(
         self,
-        transport: StatusTransport | object,
+        transport: StatusTransport,
         limiter: RateLimiter,
         live: Mapping[str, Probed],
         counters: ClientStats,
@@ -205,14 +201,9 @@ class LivenessProber:
     def __repr__(self) -> str:
         return f"LivenessProber(tracked={len(self._seen)}, config={self.config!r})"
 
-    @property
-    def supported(self) -> bool:
-        """Whether the transport can answer status requests."""
-        return isinstance(self.transport, StatusTransport)
-
     async def run(self) -> None:
-        """Probe every ``tick`` until cancelled (no-op when disabled or unsupported)."""
-        if not (self.config.enabled and self.supported):
+        """Probe every ``tick`` until cancelled (no-op when disabled)."""
+        if not self.config.enabled:
             return
         while True:
             await self.sleep(self.config.tick)
@@ -284,7 +275,6 @@ class LivenessProber:
         if rollout is None or not rollout.waiting:
             return
         self.counters.probes += 1
-        assert isinstance(self.transport, StatusTransport)
         try:
             state = await self.transport.status(session_id)
         except Exception as exc:
@@ -318,3 +308,79 @@ class LivenessProber:
                 session_id=session_id,
             ),
         )
+
+
+class ClientLease:
+    """One client's lease: where it lives, and the task that renews it.
+
+    ``config.lease`` must not be ``None`` (no lease: do not create one).
+    ``wall`` (epoch seconds) stamps renewals; ``sleep`` paces them.
+    """
+
+    def __init__(
+        self,
+        store: ResultStore,
+        bucket: str,
+        exp_id: str,
+        config: LivenessConfig,
+        *,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if config.lease is None:
+            raise ValueError("ClientLease needs a lease (seconds)")
+        self.store = store
+        self.bucket = bucket
+        self.lease_id = config.lease_id or secrets.token_hex(16)
+        self.key = protocol.lease_key(exp_id, self.lease_id)
+        self.ttl = config.lease
+        self.renew = config.lease_renew
+        self._sleep = sleep
+        self._wall = wall
+        self.seq = 0
+        self.failures = 0
+        self._failing = False
+        #: The ``_rollout.lease`` value of this client's invocations.
+        self.reference: dict[str, str] = protocol.lease_reference(bucket, self.key)
+
+    def __repr__(self) -> str:
+        return f"ClientLease(s3://{self.bucket}/{self.key}, ttl={self.ttl:g}, seq={self.seq})"
+
+    def body(self) -> dict[str, Any]:
+        """The next renewal's content."""
+        return protocol.lease_body(
+            self.lease_id,
+            seq=self.seq + 1,
+            renewed_at=self._wall(),
+            ttl=self.ttl,
+            renew=self.renew,
+        )
+
+    async def renew_once(self) -> bool:
+        """Write the next renewal; False (logged once per run of failures) when S3 refused."""
+        try:
+            await self.store.put_json(self.bucket, self.key, self.body())
+        except StorageError as exc:
+            self.failures += 1
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "could not renew the client's lease s3://%s/%s (%s); retrying every "
+                    "%g s. Agents do not count an unreadable lease as lapsed.",
+                    self.bucket,
+                    self.key,
+                    exc.code,
+                    self.renew,
+                )
+            return False
+        self.seq += 1
+        if self._failing:
+            self._failing = False
+            logger.info("the client's lease s3://%s/%s is renewed again", self.bucket, self.key)
+        return True
+
+    async def run(self) -> None:
+        """Renew every ``renew`` seconds until cancelled (the client's task group owns it)."""
+        while True:
+            await self.renew_once()
+            await self._sleep(self.renew)

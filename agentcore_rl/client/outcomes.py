@@ -1,40 +1,24 @@
-"""Which rollout outcomes are final and which are worth running again with a new session.
+"""Which rollout outcomes are final and which are worth a new session, and the client's
+counters of them (:class:`ClientStats`).
 
-A rollout's outcome is *retryable* when it says nothing about the input: the agent lost the
-session (a crash or restart, :class:`~agentcore_rl.errors.AgentLostError`), the agent could
-not be reached or kept failing before it accepted the rollout (connection errors, 5xx, 424
-``RuntimeClientError``, throttling that outlived the retries), or the agent server cancelled
-the rollout because it was shutting down or because the client's lease lapsed. Running it
-again with a new session may succeed.
-
-Among them, *agent losses* (:func:`is_agent_loss`: the agent lost the session, or its
-server shut down under it) say nothing about the input nor about the agent's code: the
-process went away. They have a budget of their own (``Retries.lost``, larger than
-``Retries.rollouts``), so a rollout unlucky enough to meet three crashes still ends in a
-result, while an agent that keeps failing invocations is given up on sooner.
-
-Everything else is *final*: a result, the handler's own error envelope, a payload the
-agent refused (4xx, e.g. a result bucket that does not exist or refuses the agent), an
-agent no connection could be made to for the whole of its window
-(:class:`~agentcore_rl.errors.AgentUnreachableError`), the user's cancel, the client's
-close, a timeout (the rollout already spent its time budget; ``eval --resume``
-re-attaches instead), and a result that is not JSON.
-
-Example::
-
-    if is_retryable(exc) and attempts < 1 + retry_rollouts:
-        ...  # run it again with a new session
-    if is_agent_loss(exc) and losses < retry_lost:
-        ...  # the same, counted against the loss budget
+*Retryable* outcomes say nothing about the input: the agent lost the session (a crash or
+restart, :class:`~agentcore_rl.errors.AgentLostError`), could not be reached or kept
+failing before it accepted (connection errors, 5xx, 424, throttling past the retries), or
+its server cancelled the rollout on shutdown or because the client's lease lapsed. Among
+them, *agent losses* (:func:`is_agent_loss`) have their own, larger budget
+(``Retries.lost``): the process went away, which says nothing about the agent's code.
+Everything else is *final*: a result, the handler's error envelope, a 4xx refusal, an
+agent unreachable for its whole window (:class:`~agentcore_rl.errors.AgentUnreachableError`),
+a cancel, the client's close, a timeout, a result that is not JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentcore_rl import protocol
-from agentcore_rl.client.stats import ClientStats
 from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
@@ -48,6 +32,7 @@ from agentcore_rl.errors import (
 __all__ = [
     "DEFAULT_RETRY_LOST",
     "DEFAULT_RETRY_ROLLOUTS",
+    "ClientStats",
     "count_outcome",
     "is_agent_loss",
     "is_lease_cancel",
@@ -62,32 +47,88 @@ DEFAULT_RETRY_ROLLOUTS: Final = 2
 #: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
 DEFAULT_RETRY_LOST: Final = 5
 
-#: The ``stop_reason`` words of an envelope written by a server cancelling on shutdown.
-_SHUTDOWN_WORDS: Final = "shutting down"
-_LEASE_WORDS: Final = "lease lapsed"
+
+@dataclass(slots=True, kw_only=True)
+class ClientStats:
+    """A client's counters, written by its parts; ``client.stats`` is a snapshot (a copy).
+
+    ``invocations`` counts every invocation request sent (retries included), ``retries``
+    the repeated ones, ``throttles`` the 429 / ThrottlingException answers; ``stops`` the
+    stop calls that completed, ``stop_failures`` those given up and ``stops_unsupported``
+    those an agent server without a stop route could not take. Outcomes: ``results``,
+    ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
+    ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
+    but its token trace could not be had), ``agents_lost`` (a probe found the session unknown
+    to its agent, or its agent unreachable for ``lost_after``, or an ``agent_lost``
+    envelope came: crashed).
+    ``rollout_retries``: rollouts run again in a new session after a retryable outcome,
+    ``lost_retries`` those of them after an agent loss (``Retries.lost``); ``probes`` /
+    ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
+    waited ``escalate_after`` behind invocations and then queued among them;
+    ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
+    ``client.unstopped_sessions``). ``in_flight``: accepted rollouts without an outcome yet.
+    ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
+    ``store_unreachable``: whether the result store is down now (new invocations wait);
+    ``store_outages`` and ``degraded_seconds``: how often and how long it was.
+
+    Example::
+
+        stats = client.stats
+        print(stats.results, stats.in_flight, stats.s3_total)
+    """
+
+    invocations: int = 0
+    retries: int = 0
+    throttles: int = 0
+    stops: int = 0
+    stop_failures: int = 0
+    stops_unsupported: int = 0
+    results: int = 0
+    rollout_errors: int = 0
+    timeouts: int = 0
+    invocation_errors: int = 0
+    storage_errors: int = 0
+    cancelled: int = 0
+    closed: int = 0
+    traces_lost: int = 0
+    agents_lost: int = 0
+    rollout_retries: int = 0
+    lost_retries: int = 0
+    probes: int = 0
+    probe_failures: int = 0
+    probes_escalated: int = 0
+    unstopped: int = 0
+    in_flight: int = 0
+    s3_requests: dict[str, int] = field(default_factory=dict)
+    store_unreachable: bool = False
+    store_outages: int = 0
+    degraded_seconds: float = 0.0
+
+    @property
+    def s3_total(self) -> int:
+        """All S3 requests."""
+        return sum(self.s3_requests.values())
+
+
+def _cancelled_by_server(exc: BaseException, words: str) -> bool:
+    """Whether ``exc`` is the ``cancelled`` envelope of a server whose stop reason says
+    ``words`` (not a user's or client's cancel)."""
+    if not isinstance(exc, RolloutError):
+        return False
+    envelope = exc.envelope
+    reason = str(envelope.get(protocol.STOP_REASON, ""))
+    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and words in reason
 
 
 def is_shutdown_cancel(exc: BaseException) -> bool:
-    """Whether ``exc`` is the error envelope of a rollout the agent server cancelled
-    because it was shutting down (not a user's or client's cancel)."""
-    if not isinstance(exc, RolloutError):
-        return False
-    envelope = exc.envelope
-    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _SHUTDOWN_WORDS in str(
-        envelope.get(protocol.STOP_REASON, "")
-    )
+    """Whether the agent server cancelled the rollout because it was shutting down."""
+    return _cancelled_by_server(exc, "shutting down")
 
 
 def is_lease_cancel(exc: BaseException) -> bool:
-    """Whether ``exc`` is the error envelope of a rollout an agent server cancelled because
-    its client's lease lapsed: a live client reading it had stalled (or could not reach
-    S3) for the whole lease; the input itself is not at fault."""
-    if not isinstance(exc, RolloutError):
-        return False
-    envelope = exc.envelope
-    return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and _LEASE_WORDS in str(
-        envelope.get(protocol.STOP_REASON, "")
-    )
+    """Whether an agent server cancelled the rollout because its client's lease lapsed
+    (the client stalled or lost S3 for the whole lease; the input is not at fault)."""
+    return _cancelled_by_server(exc, "lease lapsed")
 
 
 def is_agent_loss(exc: BaseException) -> bool:

@@ -1,23 +1,10 @@
-"""One rollout, one task: admission, invocation, the wait for its outcome, retries, stops.
-
-:meth:`Rollouts.run` is the whole life of one rollout, run as one task in the client's task
-group (``await tg.start(...)`` for ``invoke`` and ``attach``; ``start_soon`` for the
-rollouts of a batch or a group, whose feeder took the slot):
-
-1. take a concurrency slot and a token;
-2. per session: open its gateway session, tell ``on_session``, send the invocation (each
-   call retried in the same session, ``Retries.call``), report the future once the agent
-   accepted the first;
-3. wait for what ends the session: its result (the client's one completion watcher), its
-   loss (the liveness prober), the deadline, a cancel, or the client closing;
-4. a retryable outcome (:func:`~agentcore_rl.client.outcomes.is_retryable`) runs again
-   here, in a new session, within ``Retries``' budgets; anything else settles the future;
-5. ``finally``: give back the slot and stop the sessions that may still run.
-
-Example::
-
-    rollouts = Rollouts(...)                     # one per client
-    fut = await task_group.start(rollouts.run, RolloutSpec(body=body, config=config))
+"""One rollout, one task (:meth:`Rollouts.run`): take a slot and a token; per session,
+open its gateway session, tell ``on_session``, invoke (call retries in the same session);
+wait for the watcher's result, the prober's loss, the deadline, a cancel or the close; run
+a retryable outcome again in a new session within ``Retries``' budgets, else settle the
+future; finally give the slot back and stop the sessions that may still run. ``invoke``
+and ``attach`` start it with ``tg.start``; batch and group feeders (which took the slot)
+with ``start_soon``.
 """
 
 from __future__ import annotations
@@ -36,8 +23,7 @@ from anyio.abc import TaskStatus
 from agentcore_rl import protocol
 from agentcore_rl.client.config import Retries
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.outcomes import count_outcome, is_agent_loss, is_retryable
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats, count_outcome, is_agent_loss, is_retryable
 from agentcore_rl.client.transports.base import (
     NotConnectedError,
     RetryableError,
@@ -56,8 +42,7 @@ from agentcore_rl.errors import (
     RolloutTimeoutError,
     StorageError,
 )
-from agentcore_rl.ratelimit import Priority, RateLimiter
-from agentcore_rl.sessionlimit import SessionLimiter
+from agentcore_rl.ratelimit import Priority, RateLimiter, SessionLimiter
 
 if TYPE_CHECKING:
     from agentcore_rl.client.service import Service
@@ -93,7 +78,6 @@ class RolloutSpec:
     attach: bool = False
     retry: bool = True
     started_at: float | None = None
-    priority: int = Priority.INVOKE
     on_future: Callable[[RolloutFuture], None] | None = None
     on_session: Callable[[RolloutFuture], None] | None = None
     #: Whether ``on_future`` was told (the rollout has a future to report its outcome).
@@ -180,14 +164,14 @@ class Rollouts:
 
     # --- admission ------------------------------------------------------------------------
 
-    async def admit(self, *, token: bool = True, priority: int = Priority.INVOKE) -> None:
+    async def admit(self, *, token: bool = True) -> None:
         """Take a slot, then (``token``) a token; ``ClientClosedError`` once closing."""
         if self.closing:
             raise ClientClosedError("the client is closed; create a new one")
         await self.slots.acquire()
         try:
             if token:
-                await self.limiter.acquire(priority)
+                await self.limiter.acquire(Priority.INVOKE)
             if self.closing:
                 raise ClientClosedError("the client was closed while this invocation waited")
         except BaseException:
@@ -215,36 +199,21 @@ class Rollouts:
             with r.scope:
                 try:
                     if not slot:
-                        await self.admit(token=not spec.attach, priority=spec.priority)
+                        await self.admit(token=not spec.attach)
                         slot = True
                     result, error = await self._attempts(r, task_status)
                 except Exception as exc:  # a bug or a refusal: this rollout's outcome
                     error = exc
             if r.scope.cancelled_caught:
                 error = ClientClosedError(_CLOSED) if r.closed else None
-            fut = r.fut
-            if fut is not None and not fut.done():
-                if error is None and result is None:
-                    fut.cancel()
-                else:
-                    fut._settle(result, error)
-            if fut is not None and not fut.resolved_at:
-                fut.resolved_at = time.time()
-            if fut is not None:
-                count_outcome(self.counters, fut)
-            if not r.reported and error is not None:
-                if fut is not None and not fut.cancelled():
-                    fut.exception()  # raised below; retrieved here
-                raise error
+            self._settle(r, result, error)
             if not r.reported:
-                task_status.started(fut)  # type: ignore[arg-type]  # cancelled: a future anyway
+                if error is not None:
+                    raise error
+                task_status.started(r.fut)  # type: ignore[arg-type]  # cancelled: a future anyway
         finally:
-            fut = r.fut
-            if fut is not None and not fut.done():  # this task was cancelled: the client closed
-                fut._settle(None, ClientClosedError(_CLOSED))
-                count_outcome(self.counters, fut)
-                if not r.reported and not fut.cancelled():
-                    fut.exception()  # nobody has it
+            if r.fut is not None and not r.fut.done():  # cancelled from outside: the client closed
+                self._settle(r, None, ClientClosedError(_CLOSED))
             if slot:
                 self.slots.release()
             for sid in r.to_stop:
@@ -254,6 +223,24 @@ class Rollouts:
                 self._idle.set()
             if r.gateway and self.joiner is not None:
                 await self._release_gateway(r)
+
+    def _settle(
+        self, r: Rollout, result: dict[str, Any] | None, error: BaseException | None
+    ) -> None:
+        """Settle ``r``'s future (neither result nor error: cancelled) and count it."""
+        fut = r.fut
+        if fut is None:
+            return
+        if not fut.done():
+            if error is None and result is None:
+                fut.cancel()
+            else:
+                fut._settle(result, error)
+        if not fut.resolved_at:
+            fut.resolved_at = time.time()
+        count_outcome(self.counters, fut)
+        if not r.reported and not fut.cancelled():
+            fut.exception()  # retrieved: raised to invoke's caller, or nobody has it
 
     async def _attempts(
         self, r: Rollout, task_status: TaskStatus[RolloutFuture]
@@ -369,7 +356,7 @@ class Rollouts:
         """Send ``fut``'s invocation in its current session; the error that ended it."""
         body = r.spec.body
         # A result store that is down would read no result: hold rollouts until it answers.
-        await self.watcher.wait_reachable(fut.s3_bucket)
+        await self.watcher.outages.wait_reachable(fut.s3_bucket)
         try:
             if self.joiner is not None:
                 body = {**body, protocol.ROLLOUT_FIELD: dict(body[protocol.ROLLOUT_FIELD])}

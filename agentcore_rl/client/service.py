@@ -1,22 +1,13 @@
-"""Service: the task group that owns an object's background work (watcher, stop workers,
-batch runs), and closing it by cancelling one scope.
+"""Service: the task group that owns the client's work (watcher, prober, rollouts, stops,
+feeders), its life (unopened, open, closed), and closing it by cancelling one scope.
 
-anyio wants a task group exited by the task that entered it. An object entered with
-``async with`` opens its service there (:meth:`Service.__aenter__`), so the work belongs
-to the caller's task. An object used without ``async with`` (created in one task, closed
-from another, e.g. a fixture's teardown) opens it lazily with :meth:`Service.open_hosted`:
-one host task enters the task group, and :meth:`Service.aclose` cancels the work and
-joins that task, so it never outlives the object.
-
-The task group is the object's own business: an exception raised in the caller's
-``async with`` block leaves it as itself, never inside an ``ExceptionGroup``.
-
-Example::
-
-    service = Service("agentcore-rl client", setup=lambda s: s.start_soon(watcher.run, name="w"))
-    async with service:
-        ...
-    # or, without ``async with``: service.open_hosted() ... await service.aclose()
+anyio wants a task group exited by the task that entered it. A client entered with
+``async with`` opens its service there (:meth:`Service.enter`), so the work belongs to the
+caller's task. A client used without it (created in one task, closed from another, e.g. a
+fixture's teardown) is opened by its first use (:meth:`Service.ensure_open`): one host task
+enters the task group, and :meth:`Service.aclose` cancels the work and joins that task, so
+it never outlives the client. Either way an exception raised in the caller's block leaves
+as itself, never inside an ``ExceptionGroup``.
 """
 
 from __future__ import annotations
@@ -25,8 +16,7 @@ import asyncio
 import enum
 import sys
 from collections.abc import Callable, Coroutine
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -39,23 +29,32 @@ if sys.version_info < (3, 11):
         BaseExceptionGroup,
     )
 
-__all__ = ["ClientState", "Service", "ServiceOwner"]
+__all__ = ["ClientState", "Service"]
 
-_Owner = TypeVar("_Owner", bound="ServiceOwner")
+
+class ClientState(enum.Enum):
+    """Where a client is in its life: not opened yet, open (entered with ``async with``,
+    or opened by its first rollout), or closed for good."""
+
+    UNOPENED = 1
+    OPENED = 2
+    CLOSED = 3
 
 
 class Service:
-    """One task group that runs ``start_soon``/``start`` work until :meth:`aclose`."""
+    """One task group that runs ``start_soon``/``start`` work until :meth:`aclose`;
+    ``setup`` starts the long-lived work once it is open."""
 
-    def __init__(self, name: str, *, setup: Callable[[Service], None] | None = None) -> None:
+    def __init__(self, name: str, *, setup: Callable[[Service], None]) -> None:
         self.name = name
-        self.setup = setup  # starts the long-lived work once the task group is open
+        self.setup = setup
+        self.state = ClientState.UNOPENED
         self._outer: TaskGroup | None = None  # entered by ``async with``
-        self._host: asyncio.Task[None] | None = None  # or by this task (``open_hosted``)
+        self._host: asyncio.Task[None] | None = None  # or by this task (first use)
+        self._ready: asyncio.Future[None] | None = None
         self._workers: TaskGroup | None = None
         self._scope: anyio.CancelScope | None = None
         self._ended: anyio.Event | None = None
-        self._ready: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
         mode = "entered" if self._outer else "hosted" if self._host else "not open"
@@ -66,41 +65,45 @@ class Service:
         """Whether work can be started."""
         return self._workers is not None
 
-    async def __aenter__(self) -> Service:
+    def check_open(self) -> None:
+        """``ClientClosedError`` once closed."""
+        if self.state is ClientState.CLOSED:
+            raise ClientClosedError("the client is closed; create a new one")
+
+    async def enter(self) -> bool:
+        """Open the task group in this task (``async with``); False when already open."""
+        self.check_open()
+        if self.state is not ClientState.UNOPENED:
+            return False
+        self.state = ClientState.OPENED
         outer = anyio.create_task_group()
         await outer.__aenter__()
         self._outer = outer
-        try:
-            await outer.start(self._serve)
-        except BaseException:
-            self._outer = None
-            await _leave(outer)
-            raise
-        return self
+        await outer.start(self._serve)
+        return True
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def leave(self) -> None:
+        """Close the work, then exit the task group if this task entered it."""
         outer, self._outer = self._outer, None
         try:
             await self.aclose()
         finally:
-            if outer is not None:  # the task that entered it exits it
-                await _leave(outer)
-        return None  # the block's own exception, if any, goes on as itself
+            if outer is not None:
+                # Not handed the block's exception, which it would wrap in a group.
+                try:
+                    await outer.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:
+                    raise unwrap(group) from None
 
-    def open_hosted(self) -> None:
-        """Open without ``async with``: a host task owns the task group until ``aclose``.
-        Returns at once; :meth:`wait_ready` waits until work can be started."""
-        ready = self._ready = asyncio.get_running_loop().create_future()
-        # The one task not started by a task group: it *is* the owner, and aclose joins it.
-        self._host = asyncio.create_task(self._run_host(ready), name=self.name)
-
-    async def wait_ready(self) -> None:
-        """Wait until a hosted service runs (raise what stopped it from starting)."""
+    async def ensure_open(self) -> None:
+        """Open the task group if ``async with`` has not: hosted by one task until
+        :meth:`aclose`. Raises what stopped it from starting."""
+        self.check_open()
+        if self.state is ClientState.UNOPENED:
+            self.state = ClientState.OPENED
+            self._ready = asyncio.get_running_loop().create_future()
+            # The one task not started by a task group: it *is* the owner; aclose joins it.
+            self._host = asyncio.create_task(self._run_host(self._ready), name=self.name)
         if self._ready is not None:
             await asyncio.shield(self._ready)
 
@@ -112,7 +115,7 @@ class Service:
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
-                ready.exception()  # retrieved here; wait_ready re-raises it
+                ready.exception()  # retrieved here; ensure_open re-raises it
             raise
 
     async def _serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -121,8 +124,7 @@ class Service:
             with anyio.CancelScope() as self._scope:
                 async with anyio.create_task_group() as workers:
                     self._workers = workers
-                    if self.setup is not None:
-                        self.setup(self)
+                    self.setup(self)
                     task_status.started()
                     await anyio.sleep_forever()
         finally:
@@ -143,7 +145,7 @@ class Service:
         """Run ``func(*args, task_status=...)`` in the task group; return what it reports
         through ``task_status.started()``."""
         if self._workers is None:
-            raise RuntimeError(f"{self.name}: the service is not running")
+            raise ClientClosedError("the client is closed; create a new one")
         return await self._workers.start(func, *args, name=name)
 
     async def aclose(self) -> None:
@@ -160,98 +162,3 @@ class Service:
                 await host
             except BaseExceptionGroup as group:
                 raise unwrap(group) from None
-
-
-async def _leave(outer: TaskGroup) -> None:
-    """Exit ``outer`` (its work has ended) without handing it the block's exception, which
-    it would wrap in an ``ExceptionGroup``; a failure of its own leaves unwrapped when it
-    is one exception."""
-    try:
-        await outer.__aexit__(None, None, None)
-    except BaseExceptionGroup as group:
-        raise unwrap(group) from None
-
-
-class ClientState(enum.Enum):
-    """Where a client is in its life: not opened yet, open (entered with ``async with``,
-    or opened by its first rollout), or closed for good."""
-
-    UNOPENED = 1
-    OPENED = 2
-    CLOSED = 3
-
-
-class ServiceOwner:
-    """The lifecycle of an object whose work runs in a :class:`Service`: entered once with
-    ``async with`` (leaving closes it; the block's exception leaves as itself), or opened
-    by its first use and hosted until ``aclose``. Subclasses give ``aclose`` and
-    ``_opening`` (what entering prepares)."""
-
-    def __init__(self, service: Service) -> None:
-        self._service = service
-        self._state = ClientState.UNOPENED
-        self._entered = False  # the service was entered by ``async with`` (not hosted)
-        self._in_block = False  # inside ``async with`` (entered once at a time)
-
-    @property
-    def state(self) -> ClientState:
-        """Where the client is in its life (see :class:`ClientState`)."""
-        return self._state
-
-    async def aclose(self) -> None:
-        raise NotImplementedError
-
-    async def _opening(self) -> None:
-        """Prepare what the first uses need (connections), once entered."""
-
-    def _check_not_closed(self) -> None:
-        if self._state is ClientState.CLOSED:
-            raise ClientClosedError("the client is closed; create a new one")
-
-    async def _ensure_open(self) -> None:
-        """Open the task group if ``async with`` has not: the first use of an object used
-        without it opens one, hosted until ``aclose``."""
-        self._check_not_closed()
-        if self._state is ClientState.UNOPENED:
-            self._state = ClientState.OPENED
-            self._service.open_hosted()
-        await self._service.wait_ready()
-
-    async def __aenter__(self: _Owner) -> _Owner:
-        self._check_not_closed()
-        if self._in_block:
-            raise RuntimeError(
-                f"this {type(self).__name__} is already entered with 'async with'; it is "
-                "entered once (leaving a block closes it): use it inside the first block"
-            )
-        self._in_block = True
-        if self._state is ClientState.UNOPENED:
-            self._state = ClientState.OPENED
-            try:
-                await self._service.__aenter__()
-                self._entered = True
-                await self._opening()
-            except BaseException:
-                self._in_block = False
-                await self._exit_service()
-                raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._in_block = False
-        await self._exit_service()
-        # The block's exception, if any, goes on as itself.
-
-    async def _exit_service(self) -> None:
-        """Close, then leave the task group this task entered (anyio: the same task)."""
-        try:
-            await self.aclose()
-        finally:
-            if self._entered:
-                self._entered = False
-                await self._service.__aexit__(None, None, None)

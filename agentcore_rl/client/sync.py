@@ -1,26 +1,27 @@
 """RolloutClient: the synchronous facade over AsyncRolloutClient.
 
 The async client runs on a private event-loop thread (an anyio blocking portal, as
-Starlette's TestClient does); every method here forwards to it and waits. No logic of its
-own: behaviour, errors and defaults are the async client's.
+Starlette's TestClient does). Each method here is made by :func:`_forward` from the async
+client's own: its parameters, keyword checks and docstring, run on that thread and waited
+for. No logic of its own: behaviour, errors and defaults are the async client's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.client import AsyncRolloutClient
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.groups import RolloutGroup
 from agentcore_rl.keywords import same_parameters
@@ -30,30 +31,35 @@ if TYPE_CHECKING:
 
 __all__ = ["RolloutClient"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
 T = TypeVar("T")
 
 
-async def _create(*args: Any, **kwargs: Any) -> AsyncRolloutClient:
-    # Built inside the loop thread: its primitives belong to that loop.
-    return AsyncRolloutClient(*args, **kwargs)
+def _forward(
+    source: Callable[Concatenate[AsyncRolloutClient, P], Any],
+    adapt: Callable[[RolloutClient, Any], T],
+) -> Callable[Concatenate[RolloutClient, P], T]:
+    """The facade's method for the async client's ``source``: called (and awaited) on the
+    loop thread, its value handed to ``adapt``."""
+    name = source.__name__
+
+    def method(self: RolloutClient, *args: P.args, **kwargs: P.kwargs) -> T:
+        call = functools.partial(getattr(self._client, name), *args, **kwargs)
+        return adapt(self, self._portal.call(call))
+
+    method.__name__ = name
+    method.__qualname__ = f"RolloutClient.{name}"
+    method.__doc__ = f"As :meth:`AsyncRolloutClient.{name}`, on its thread.\n\n{source.__doc__}"
+    return same_parameters(source)(method)
 
 
-async def _stats(client: AsyncRolloutClient) -> ClientStats:
-    # Read on the loop thread: the counters change there.
-    return client.stats
+def _as_is(client: RolloutClient, value: R) -> R:
+    return value
 
 
-async def _trace_of(client: AsyncRolloutClient, fut: RolloutFuture) -> SessionTrace:
-    return client.trace_of(fut)
-
-
-async def _outcome(fut: RolloutFuture) -> dict[str, Any]:
+async def _outcome(fut: asyncio.Future[T]) -> T:
     # Cancelling the concurrent future cancels this task, and with it ``fut``.
-    return await fut
-
-
-async def _group_outcome(fut: GroupFuture) -> RolloutGroup:
-    # As _outcome: cancelling the concurrent future stops the group's members.
     return await fut
 
 
@@ -61,10 +67,6 @@ async def _aclose(items: AsyncIterator[Any]) -> None:
     aclose: Callable[[], Any] | None = getattr(items, "aclose", None)
     if aclose is not None:
         await aclose()
-
-
-async def _group_stats(client: AsyncRolloutClient) -> GroupCounters:
-    return client.group_stats
 
 
 class RolloutClient:
@@ -91,11 +93,13 @@ class RolloutClient:
 
     @same_parameters(AsyncRolloutClient.__init__)
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        create = functools.partial(_create, *args, **kwargs)
         self._stack = contextlib.ExitStack()
         self._portal: BlockingPortal = self._stack.enter_context(start_blocking_portal())
         try:
-            self._client: AsyncRolloutClient = self._portal.call(create)
+            # Built on the loop thread: its primitives belong to that loop.
+            self._client: AsyncRolloutClient = self._portal.call(
+                functools.partial(AsyncRolloutClient, *args, **kwargs)
+            )
             # Entered and exited by one task of the portal, as anyio's task groups require.
             self._stack.enter_context(self._portal.wrap_async_context_manager(self._client))
         except BaseException:
@@ -107,83 +111,36 @@ class RolloutClient:
         return f"RolloutClient({getattr(self, '_client', None)!r})"
 
     @property
-    def async_client(self) -> AsyncRolloutClient:
-        """The async client underneath (use it only through this object's portal)."""
-        return self._client
+    def stats(self) -> ClientStats:
+        """See :attr:`AsyncRolloutClient.stats` (read on the loop thread, where it changes)."""
+        stats: ClientStats = self._portal.call(getattr, self._client, "stats")
+        return stats
 
     @property
-    def stats(self) -> ClientStats:
-        """See :attr:`AsyncRolloutClient.stats`."""
-        return self._portal.call(_stats, self._client)
+    def group_stats(self) -> GroupCounters:
+        """See :attr:`AsyncRolloutClient.group_stats`."""
+        counters: GroupCounters = self._portal.call(getattr, self._client, "group_stats")
+        return counters
 
-    @same_parameters(AsyncRolloutClient.invoke)
-    def invoke(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[dict[str, Any]]:
-        """Start a rollout (blocks until accepted); return a future for its outcome (see
-        :meth:`AsyncRolloutClient.invoke`)."""
-        call = functools.partial(self._client.invoke, *args, **kwargs)
-        return self._outcome_future(self._portal.call(call))
-
-    @same_parameters(AsyncRolloutClient.attach)
-    def attach(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[dict[str, Any]]:
-        """Follow a rollout already running (see :meth:`AsyncRolloutClient.attach`);
-        return a future for its outcome."""
-        call = functools.partial(self._client.attach, *args, **kwargs)
-        return self._outcome_future(self._portal.call(call))
-
-    def _outcome_future(
-        self, rollout_future: RolloutFuture
-    ) -> concurrent.futures.Future[dict[str, Any]]:
-        fut = self._portal.start_task_soon(_outcome, rollout_future)
+    def _outcome_future(self, fut: RolloutFuture) -> concurrent.futures.Future[dict[str, Any]]:
+        outcome: concurrent.futures.Future[dict[str, Any]] = self._portal.start_task_soon(
+            _outcome, fut
+        )
         for name in ("session_id", "input_id", "s3_bucket", "result_key"):
-            setattr(fut, name, getattr(rollout_future, name))
-        fut.rollout_future = rollout_future  # type: ignore[attr-defined]  # for trace_of
-        return fut
+            setattr(outcome, name, getattr(fut, name))
+        outcome.rollout_future = fut  # type: ignore[attr-defined]  # for trace_of
+        return outcome
 
-    def trace_of(self, fut: concurrent.futures.Future[dict[str, Any]]) -> SessionTrace:
-        """The token trace of a finished rollout run through the client's gateway (see
-        :meth:`AsyncRolloutClient.trace_of`).
-        """
-        rollout_future: RolloutFuture | None = getattr(fut, "rollout_future", None)
-        if rollout_future is None:
-            raise TypeError("trace_of takes a future returned by this client's invoke/attach")
-        fut.result()  # the rollout's own error, if it failed
-        trace: SessionTrace = self._portal.call(_trace_of, self._client, rollout_future)
-        return trace
-
-    @same_parameters(AsyncRolloutClient.rollout)
-    def rollout(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """Run one rollout and return its result dict (or raise its error)."""
-        call = functools.partial(self._client.rollout, *args, **kwargs)
-        result: dict[str, Any] = self._portal.call(call)
-        return result
-
-    @same_parameters(AsyncRolloutClient.run_batch)
-    def run_batch(self, *args: Any, **kwargs: Any) -> Iterator[BatchItem]:
-        """Yield a :class:`BatchItem` per payload in completion order; leaving the loop
-        early stops the sessions still running (see :meth:`AsyncRolloutClient.run_batch`)."""
-        return self._iterate(self._client.run_batch(*args, **kwargs))
-
-    @same_parameters(AsyncRolloutClient.invoke_group)
-    def invoke_group(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future[RolloutGroup]:
-        """Start a group (blocks until its members are admitted); return a future for the
-        :class:`~agentcore_rl.groups.RolloutGroup` (see
-        :meth:`AsyncRolloutClient.invoke_group`). It has ``input_id`` and ``session_ids``."""
-        call = functools.partial(self._client.invoke_group, *args, **kwargs)
-        group_future: GroupFuture = self._portal.call(call)
-        fut = self._portal.start_task_soon(_group_outcome, group_future)
-        fut.input_id = group_future.input_id  # type: ignore[attr-defined]
-        fut.session_ids = group_future.session_ids  # type: ignore[attr-defined]
-        return fut
-
-    @same_parameters(AsyncRolloutClient.run_groups)
-    def run_groups(self, *args: Any, **kwargs: Any) -> Iterator[RolloutGroup]:
-        """Yield whole groups in completion order (see :meth:`AsyncRolloutClient.run_groups`);
-        leaving the loop early stops the groups still running."""
-        return self._iterate(self._client.run_groups(*args, **kwargs))
+    def _group_future(self, fut: GroupFuture) -> concurrent.futures.Future[RolloutGroup]:
+        outcome: concurrent.futures.Future[RolloutGroup] = self._portal.start_task_soon(
+            _outcome, fut
+        )
+        outcome.input_id = fut.input_id  # type: ignore[attr-defined]
+        outcome.session_ids = fut.session_ids  # type: ignore[attr-defined]
+        return outcome
 
     def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
-        # The async generator is created here and stepped on the loop thread: its body
-        # (the client's checks included) runs there.
+        # Made and stepped on the loop thread; leaving the loop closes it there.
         try:
             while True:
                 try:
@@ -195,27 +152,26 @@ class RolloutClient:
             if not self._closed:
                 self._portal.call(_aclose, items)
 
-    @same_parameters(AsyncRolloutClient.stop_session)
-    def stop_session(self, *args: Any, **kwargs: Any) -> None:
-        """See :meth:`AsyncRolloutClient.stop_session`."""
-        self._portal.call(functools.partial(self._client.stop_session, *args, **kwargs))
+    invoke = _forward(AsyncRolloutClient.invoke, _outcome_future)
+    attach = _forward(AsyncRolloutClient.attach, _outcome_future)
+    rollout = _forward(AsyncRolloutClient.rollout, _as_is)
+    run_batch = _forward(AsyncRolloutClient.run_batch, _iterate)
+    invoke_group = _forward(AsyncRolloutClient.invoke_group, _group_future)
+    run_groups = _forward(AsyncRolloutClient.run_groups, _iterate)
+    stop_session = _forward(AsyncRolloutClient.stop_session, _as_is)
+    set_policy_version = _forward(AsyncRolloutClient.set_policy_version, _as_is)
+    advance_policy = _forward(AsyncRolloutClient.advance_policy, _as_is)
 
-    @same_parameters(AsyncRolloutClient.set_policy_version)
-    def set_policy_version(self, *args: Any, **kwargs: Any) -> None:
-        """See :meth:`AsyncRolloutClient.set_policy_version`."""
-        self._portal.call(functools.partial(self._client.set_policy_version, *args, **kwargs))
-
-    @same_parameters(AsyncRolloutClient.advance_policy)
-    def advance_policy(self, *args: Any, **kwargs: Any) -> int:
-        """See :meth:`AsyncRolloutClient.advance_policy`; returns the groups stopped."""
-        call = functools.partial(self._client.advance_policy, *args, **kwargs)
-        stopped: int = self._portal.call(call)
-        return stopped
-
-    @property
-    def group_stats(self) -> GroupCounters:
-        """See :attr:`AsyncRolloutClient.group_stats`."""
-        return self._portal.call(_group_stats, self._client)
+    def trace_of(self, fut: concurrent.futures.Future[dict[str, Any]]) -> SessionTrace:
+        """The token trace of a finished rollout run through the client's gateway (see
+        :meth:`AsyncRolloutClient.trace_of`).
+        """
+        rollout_future: RolloutFuture | None = getattr(fut, "rollout_future", None)
+        if rollout_future is None:
+            raise TypeError("trace_of takes a future returned by this client's invoke/attach")
+        fut.result()  # the rollout's own error, if it failed
+        trace: SessionTrace = self._portal.call(self._client.trace_of, rollout_future)
+        return trace
 
     def close(self) -> None:
         """Close the async client (stopping live sessions) and its thread. Idempotent."""

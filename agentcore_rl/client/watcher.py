@@ -1,32 +1,17 @@
 """The completion watcher: one task per client that finds every pending result in S3.
 
-Pending keys are grouped by experiment prefix (``{exp_id}/``). Each round, for each group,
-the watcher picks the cheapest way to learn which of its keys exist:
+Pending keys are grouped by experiment prefix (``{exp_id}/``). Each round picks, per group,
+the cheaper way to learn which keys exist: LIST from the smallest pending key (S3 lists in
+key order, so ``StartAfter`` skips finished inputs; 1,000 keys a page) or GET each key (a
+miss costs what a HEAD does, a hit brings the result). Keys seen in listings are
+remembered, so stragglers far before a dense block are probed while the block is listed.
+An empty round lengthens the pause (up to ``max_interval``, which bounds detection delay).
 
-- LIST the prefix from the smallest pending key onwards (S3 lists in key order, so the
-  results of finished experiments' earlier inputs are skipped with ``StartAfter``), one
-  request per 1,000 keys; or
-- GET each pending key directly: a miss costs one request, like a HEAD, and a hit brings
-  the result with it, saving the HEAD + GET pair.
-
-The choice uses the keys the watcher has already seen under the prefix (remembered, never
-re-fetched): a few stragglers far before a dense block of pending keys are probed one by
-one while the block is listed. A round that finds nothing lengthens the pause before the
-next one (up to ``max_interval``, which bounds the detection delay); a round that finds
-something resets it.
-
-S3 errors never end the task, and an unreachable store is a degraded state, not an outcome:
-while a bucket's requests fail (connection errors, 5xx, throttling, even ``NoSuchBucket``:
-a bucket re-created minutes later still receives the agents' spooled results) its keys stay
-pending, the watcher backs off (``error_backoff`` doubling to ``error_backoff_max``), checks
-the bucket even when nothing is pending there, and reports the state (:attr:`unreachable`,
-:meth:`wait_reachable`, ``degraded_seconds``), logging once on entering and once on leaving
-it. Each rollout still ends at its own timeout. Only errors no waiting can cure (a result
-that is not JSON at once; access denied or bad credentials after ``error_threshold`` polls
-in a row) fail the affected futures, with a :class:`~agentcore_rl.errors.StorageError`.
-
-The rollout client runs :meth:`CompletionWatcher.run` in its own task group; a watcher
-used on its own owns one (``async with``, or opened by the first ``track``).
+An unreachable store (connection errors, 5xx, throttling, even ``NoSuchBucket``: agents
+spool and deliver later) is a degraded state, not an outcome (:class:`StoreOutages`): keys
+stay pending, polls back off, and new invocations wait. Only what waiting cannot cure (a
+result that is not JSON; access denied after ``error_threshold`` polls) fails the affected
+futures, with a :class:`~agentcore_rl.errors.StorageError`.
 """
 
 from __future__ import annotations
@@ -36,17 +21,15 @@ import bisect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Final
 
 import anyio
 
 from agentcore_rl._unwrap import unwrap
-from agentcore_rl.client.outage import StoreOutages
-from agentcore_rl.client.service import Service
-from agentcore_rl.errors import ConfigurationError, StorageError
+from agentcore_rl.client.config import check_numbers
+from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
 
 __all__ = [
@@ -54,6 +37,7 @@ __all__ = [
     "DEFAULT_MIN_INTERVAL",
     "FINAL_CODES",
     "CompletionWatcher",
+    "StoreOutages",
     "WatcherConfig",
 ]
 
@@ -78,6 +62,100 @@ LISTED_KEY_COST: Final = 0.02
 
 #: ``callback(envelope, None)`` when the result arrived, ``callback(None, error)`` on failure.
 Callback = Callable[[dict[str, Any] | None, BaseException | None], None]
+
+
+@dataclass
+class _Down:
+    since: float
+    probe_key: str
+    failures: int = 0
+    last_error: str = ""
+
+
+class StoreOutages:
+    """Per-bucket reachability of the result store, as the watcher sees it."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._down: dict[str, _Down] = {}
+        self._back: dict[str, asyncio.Event] = {}
+        self._closed_seconds = 0.0
+        self.outages = 0
+
+    def __repr__(self) -> str:
+        return f"StoreOutages(down={sorted(self._down)}, outages={self.outages})"
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether some bucket is down now."""
+        return bool(self._down)
+
+    @property
+    def down_buckets(self) -> list[str]:
+        """The buckets down now."""
+        return sorted(self._down)
+
+    @property
+    def degraded_seconds(self) -> float:
+        """Seconds spent with at least one bucket down (outages overlapping count per bucket)."""
+        now = self._clock()
+        return self._closed_seconds + sum(now - d.since for d in self._down.values())
+
+    def failed(self, bucket: str, key: str, exc: StorageError) -> None:
+        """A request to ``bucket`` failed after its retries: enter (or stay in) an outage."""
+        down = self._down.get(bucket)
+        if down is None:
+            down = self._down[bucket] = _Down(since=self._clock(), probe_key=key)
+            self.outages += 1
+            self._back.setdefault(bucket, asyncio.Event()).clear()
+            logger.warning(
+                "S3 bucket %s is unreachable (%s): pending rollouts keep waiting within "
+                "their timeouts and new invocations to it are held until it answers",
+                bucket,
+                exc,
+            )
+        down.failures += 1
+        down.last_error = f"{exc.code}: {exc}"
+
+    def succeeded(self, bucket: str) -> None:
+        """A request to ``bucket`` succeeded: leave its outage, release held invocations."""
+        down = self._down.pop(bucket, None)
+        if down is None:
+            return
+        seconds = self._clock() - down.since
+        self._closed_seconds += seconds
+        self._back[bucket].set()
+        logger.warning(
+            "S3 bucket %s is reachable again after %.1f s (%d failed polls)",
+            bucket,
+            seconds,
+            down.failures,
+        )
+
+    def describe(self, bucket: str) -> str | None:
+        """Why ``bucket`` is down, for error messages; ``None`` when it is not."""
+        down = self._down.get(bucket)
+        if down is None:
+            return None
+        return (
+            f"s3://{bucket} unreachable for {self._clock() - down.since:.0f} s ({down.last_error})"
+        )
+
+    async def wait_reachable(self, bucket: str) -> None:
+        """Return once ``bucket`` is not down."""
+        if bucket in self._down:
+            await self._back[bucket].wait()
+
+    def backoff(self, initial: float, maximum: float) -> float:
+        """The pause before the next poll while something is down: doubling per failure."""
+        failures = min((d.failures for d in self._down.values()), default=1)
+        return min(maximum, initial * 2.0 ** min(failures - 1, 30))
+
+    def probe_targets(self, busy: Iterable[str]) -> list[tuple[str, str]]:
+        """(bucket, key) to GET for every down bucket not in ``busy`` (nothing pending
+        there, so no poll will notice its return)."""
+        skip = set(busy)
+        return [(b, d.probe_key) for b, d in self._down.items() if b not in skip]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,10 +185,9 @@ class WatcherConfig:
     max_parallel: int = 32
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_interval <= self.max_interval:
-            raise ConfigurationError("WatcherConfig needs 0 < min_interval <= max_interval")
-        if self.error_threshold < 1 or self.max_parallel < 1:
-            raise ConfigurationError("error_threshold and max_parallel must be >= 1")
+        check_numbers(self, "min_interval", above=0)
+        check_numbers(self, "max_interval", at_least=self.min_interval)
+        check_numbers(self, "error_threshold", "max_parallel", at_least=1, integer=True)
 
     def __repr__(self) -> str:
         return (
@@ -176,18 +253,15 @@ def _prefix_of(key: str) -> str:
 
 
 class CompletionWatcher:
-    """Watches S3 for the results of all pending rollouts of one client, in one task.
-
-    ``run_by_owner``: the owner runs :meth:`run` in its task group (as the client does);
-    otherwise the watcher runs it in its own (``async with``, or from the first ``track``
-    until ``aclose``). ``clock`` and ``sleep`` pace the rounds.
+    """Watches S3 for the results of all pending rollouts of one client, in one task
+    (:meth:`run`, in its owner's task group). ``clock`` and ``sleep`` pace the rounds.
 
     Example::
 
         watcher = CompletionWatcher(store, WatcherConfig(min_interval=0.1))
+        task_group.start_soon(watcher.run)
         watcher.track(bucket, key, on_outcome)
         watcher.untrack(bucket, key)      # e.g. the caller cancelled
-        await watcher.aclose()
     """
 
     def __init__(
@@ -195,7 +269,6 @@ class CompletionWatcher:
         store: ResultStore,
         config: WatcherConfig = DEFAULT_WATCHER,
         *,
-        run_by_owner: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -204,18 +277,9 @@ class CompletionWatcher:
         self.clock = clock
         self.sleep = sleep
         self._groups: dict[tuple[str, str], _Group] = {}
-        self._outages = StoreOutages(clock)
+        #: The store's reachability: buckets down, outages, degraded seconds.
+        self.outages = StoreOutages(clock)
         self._wakeup = asyncio.Event()
-        self._service = (
-            None
-            if run_by_owner
-            else Service(
-                "agentcore-rl completion watcher",
-                setup=lambda service: service.start_soon(self.run, name="completion watcher"),
-            )
-        )
-        self._opened = False
-        self._closed = False
         self.rounds = 0
         self.lists = 0
         self.listed_keys = 0
@@ -226,31 +290,12 @@ class CompletionWatcher:
         return f"CompletionWatcher(pending={self.pending}, groups={len(self._groups)})"
 
     @property
-    def unreachable(self) -> bool:
-        """Whether some bucket's S3 requests are failing (a degraded state, not an outcome)."""
-        return self._outages.unreachable
-
-    @property
-    def outages(self) -> StoreOutages:
-        """The store's reachability: buckets down, outages, degraded seconds."""
-        return self._outages
-
-    async def wait_reachable(self, bucket: str) -> None:
-        """Return once ``bucket`` answers (at once unless the watcher saw it fail)."""
-        await self._outages.wait_reachable(bucket)
-
-    @property
     def pending(self) -> int:
         """How many keys are being watched."""
         return sum(len(g.pending) for g in self._groups.values())
 
     def track(self, bucket: str, key: str, callback: Callback) -> None:
         """Watch ``s3://bucket/key``; call ``callback`` once with the envelope or an error."""
-        if self._closed:
-            raise RuntimeError("the completion watcher is closed")
-        if self._service is not None and not self._opened:
-            self._opened = True
-            self._service.open_hosted()
         gid = (bucket, _prefix_of(key))
         group = self._groups.get(gid)
         if group is None:
@@ -265,32 +310,6 @@ class CompletionWatcher:
             group.pending.pop(key, None)
             group.key_failures.pop(key, None)
 
-    async def __aenter__(self) -> CompletionWatcher:
-        if self._service is None:
-            raise RuntimeError("this watcher is run by its owner (run_by_owner=True)")
-        if self._closed or self._opened:
-            raise RuntimeError("a completion watcher can be opened only once")
-        self._opened = True
-        await self._service.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._closed = True
-        if self._service is not None:
-            await self._service.__aexit__(exc_type, exc, tb)
-
-    async def aclose(self) -> None:
-        """Stop watching (its own task, if it runs one); pending callbacks are not called.
-        Idempotent."""
-        self._closed = True
-        if self._service is not None:
-            await self._service.aclose()
-
     # --- the task ---------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -298,15 +317,15 @@ class CompletionWatcher:
         cfg = self.config
         interval = cfg.min_interval
         while True:
-            if not any(g.pending for g in self._groups.values()) and not self.unreachable:
+            if not any(g.pending for g in self._groups.values()) and not self.outages.unreachable:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 interval = cfg.min_interval
             # Results take at least a moment: sleeping first saves a useless first poll.
             # During an outage the pause backs off instead.
             await self.sleep(
-                self._outages.backoff(cfg.error_backoff, cfg.error_backoff_max)
-                if self.unreachable
+                self.outages.backoff(cfg.error_backoff, cfg.error_backoff_max)
+                if self.outages.unreachable
                 else interval
             )
             try:
@@ -346,7 +365,7 @@ class CompletionWatcher:
                 keys = []
             else:
                 group.failures = 0
-                self._outages.succeeded(group.bucket)
+                self.outages.succeeded(group.bucket)
             self.listed_keys += len(keys)
             for key in keys:
                 group.remember(key)
@@ -384,10 +403,10 @@ class CompletionWatcher:
                 if count >= self.config.error_threshold:
                     self._deliver(group, key, None, self._persistent(exc, count))
             else:
-                self._outages.failed(group.bucket, key, exc)
+                self.outages.failed(group.bucket, key, exc)
             return
         group.key_failures.pop(key, None)
-        self._outages.succeeded(group.bucket)
+        self.outages.succeeded(group.bucket)
         if envelope is None:
             return
         group.remember(key)
@@ -414,7 +433,7 @@ class CompletionWatcher:
         group.retry_at = self.clock() + delay
         if exc.code not in FINAL_CODES:
             # An outage: keep the keys pending (the outage tracker logs it once).
-            self._outages.failed(group.bucket, group.prefix, exc)
+            self.outages.failed(group.bucket, group.prefix, exc)
             return
         logger.warning(
             "listing s3://%s/%s failed (%d in a row): %s",
@@ -434,13 +453,13 @@ class CompletionWatcher:
         """Ask every down bucket with nothing pending whether it is back: new invocations
         wait for it, so nobody else would."""
         busy = {g.bucket for g in self._groups.values() if g.pending}
-        for bucket, key in self._outages.probe_targets(busy):
+        for bucket, key in self.outages.probe_targets(busy):
             try:
                 await self.store.get_json(bucket, key)
             except StorageError as exc:
-                self._outages.failed(bucket, key, exc)
+                self.outages.failed(bucket, key, exc)
             else:
-                self._outages.succeeded(bucket)
+                self.outages.succeeded(bucket)
 
     def _deliver(
         self, group: _Group, key: str, envelope: dict[str, Any] | None, error: BaseException | None

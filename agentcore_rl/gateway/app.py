@@ -54,27 +54,19 @@ _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
 
-def _declared_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                raise Refuse(400, "malformed content-length header", "bad_request") from None
-    return None
-
-
 async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
     """The request body, refused with 413 when larger than ``limit`` (a declared length at
     once, before reading any of it) and 408 when it does not arrive within ``within``
     seconds: a slow body would hold its connection and buffer for as long as it liked."""
-    declared = _declared_length(scope)
-    if declared is not None and declared > limit:
-        raise Refuse(
-            413,
-            f"request body of {declared} bytes is larger than {limit} bytes",
-            "request_too_large",
-        )
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise Refuse(400, "malformed content-length header", "bad_request") from None
+            if declared > limit:
+                why = f"request body of {declared} bytes is larger than {limit} bytes"
+                raise Refuse(413, why, "request_too_large")
     chunks: list[bytes] = []
     size = 0
     with anyio.move_on_after(within) as deadline:
@@ -556,8 +548,7 @@ class RolloutGateway:
             record.latency_s = self._clock() - start
             self.stats["calls"] += 1
             self.stats["straddled_calls"] += record.straddled
-            if not record.ok:
-                self.stats["failed_calls"] += 1
+            self.stats["failed_calls"] += not record.ok
             if call.forked:
                 self.stats["linear_forks"] = self.stats.get("linear_forks", 0) + 1
             if self._sessions.get(session.session_id) is not session:

@@ -36,9 +36,6 @@ class ProxyMode:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
-    def __repr__(self) -> str:
-        return f"ProxyMode({self.backend.name!r})"
-
     async def serve(self, call: Call, send: Send) -> None:
         """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
         endpoint = call.endpoint

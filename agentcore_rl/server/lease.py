@@ -1,7 +1,7 @@
 """LeaseWatcher: cancel the rollouts of clients that are gone.
 
 Each invocation of a client with a lease names it (``_rollout.lease``, see
-:mod:`agentcore_rl.client.lease`). Every ``lease_interval`` seconds the watcher reads each
+:mod:`agentcore_rl.client.liveness`). Every ``lease_interval`` seconds the watcher reads each
 distinct lease its running rollouts name (one GET per lease) and cancels, with a
 ``cancelled`` envelope saying why, the rollouts of a lease that has lapsed.
 

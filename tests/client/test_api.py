@@ -97,7 +97,7 @@ def test_config_objects_name_unknown_keywords_and_bad_values() -> None:
         (lambda: Limits(max_concurrent_sessions=0), "Limits.max_concurrent_sessions must be"),
         (lambda: Limits(tps=0), "Limits.tps must be a number > 0, got 0"),
         (lambda: Limits(burst=-1.0), "Limits.burst"),
-        (lambda: Timeouts(rollout=0), "Timeouts.rollout must be a number of seconds > 0"),
+        (lambda: Timeouts(rollout=0), "Timeouts.rollout must be a number > 0 or None, got 0"),
         (lambda: Timeouts(close=None), "Timeouts.close"),  # type: ignore[arg-type]
         (lambda: Retries(rollouts=-1), "Retries.rollouts must be an int >= 0"),
         (lambda: Retries(call=3), "Retries.call must be a RetryPolicy"),  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import pytest
 
 from agentcore_rl import protocol
 from agentcore_rl.client import LivenessConfig
-from agentcore_rl.client.lease import ClientLease
+from agentcore_rl.client.liveness import ClientLease
 from agentcore_rl.client.outcomes import is_retryable
 from agentcore_rl.errors import RolloutError
 from agentcore_rl.local.background import BackgroundServer

@@ -16,7 +16,7 @@ from agentcore_rl.client import (
     TokenBucket,
 )
 from agentcore_rl.errors import ClientClosedError
-from agentcore_rl.sessionlimit import LocalSessionLimiter
+from agentcore_rl.ratelimit import LocalSessionLimiter
 from tests.client.agents import Recorder
 from tests.client.conftest import ClientFactory
 

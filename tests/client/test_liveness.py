@@ -10,7 +10,7 @@ import asyncio
 from agentcore_rl import protocol
 from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.liveness import LivenessProber
-from agentcore_rl.client.stats import ClientStats
+from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.transports.base import NotConnectedError
 from agentcore_rl.ratelimit import Priority, TokenBucket
 

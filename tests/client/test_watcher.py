@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import boto3
@@ -44,6 +44,25 @@ class Outcomes:
         await asyncio.wait_for(loop(), 10)
 
 
+Watching = Callable[..., CompletionWatcher]
+
+
+@pytest.fixture
+async def watching() -> AsyncIterator[Watching]:
+    """Makes watchers whose task runs until the test ends (the client's task group's job)."""
+    tasks: list[asyncio.Task[None]] = []
+
+    def start(store: ResultStore, config: WatcherConfig = FAST) -> CompletionWatcher:
+        watcher = CompletionWatcher(store, config)
+        tasks.append(asyncio.create_task(watcher.run()))
+        return watcher
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @pytest.fixture
 def s3(s3_endpoint: str) -> Any:
     return boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
@@ -67,8 +86,10 @@ def warnings_seen() -> Iterator[asyncio.Event]:
         logger.removeHandler(handler)
 
 
-async def test_single_key_is_probed_with_get(store: ResultStore, bucket: str) -> None:
-    watcher = CompletionWatcher(store, FAST)
+async def test_single_key_is_probed_with_get(
+    watching: Watching, store: ResultStore, bucket: str
+) -> None:
+    watcher = watching(store)
     outcomes = Outcomes()
     watcher.track(bucket, "exp/q-1/s1.json", outcomes.callback("s1"))
     await store.put_json(bucket, "exp/q-1/s1.json", {"rewards": [1]})
@@ -76,25 +97,10 @@ async def test_single_key_is_probed_with_get(store: ResultStore, bucket: str) ->
     assert outcomes.items["s1"] == ({"rewards": [1]}, None)
     assert store.request_counts["ListObjectsV2"] == 0
     assert watcher.pending == 0
-    await watcher.aclose()
-    await watcher.aclose()
 
 
-async def test_a_watcher_entered_with_async_with_owns_its_task(
-    store: ResultStore, bucket: str
-) -> None:
-    outcomes = Outcomes()
-    async with CompletionWatcher(store, FAST) as watcher:
-        watcher.track(bucket, "exp/q-2/s2.json", outcomes.callback("s2"))
-        await store.put_json(bucket, "exp/q-2/s2.json", {"rewards": [0]})
-        await outcomes.wait(1)
-    assert outcomes.items["s2"] == ({"rewards": [0]}, None)
-    with pytest.raises(RuntimeError, match="closed"):
-        watcher.track(bucket, "exp/q-3/s3.json", outcomes.callback("s3"))
-
-
-async def test_many_keys_are_listed(store: ResultStore, bucket: str) -> None:
-    watcher = CompletionWatcher(store, FAST)
+async def test_many_keys_are_listed(watching: Watching, store: ResultStore, bucket: str) -> None:
+    watcher = watching(store)
     outcomes = Outcomes()
     keys = [f"exp/{i:06d}/s{i}.json" for i in range(6)]
     for key in keys:
@@ -106,7 +112,6 @@ async def test_many_keys_are_listed(store: ResultStore, bucket: str) -> None:
     assert all(outcomes.items[k] == ({"key": k}, None) for k in keys)
     assert store.request_counts["ListObjectsV2"] >= 1
     assert store.request_counts["GetObject"] == 6  # no probes: the listing found them
-    await watcher.aclose()
 
 
 class BuggyStore(ResultStore):
@@ -124,11 +129,11 @@ class BuggyStore(ResultStore):
 
 
 async def test_a_bug_in_one_fetch_ends_the_round_s_keys_and_the_watcher_goes_on(
-    s3_endpoint: str, bucket: str
+    watching: Watching, s3_endpoint: str, bucket: str
 ) -> None:
     keys = [f"exp/{i:06d}/s{i}.json" for i in range(4)]
     store = BuggyStore(keys[1], endpoint_url=s3_endpoint, retry=FAST_RETRY)
-    watcher = CompletionWatcher(store, FAST)
+    watcher = watching(store)
     try:
         for key in keys:
             await store.put_json(bucket, key, {"key": key})
@@ -147,7 +152,6 @@ async def test_a_bug_in_one_fetch_ends_the_round_s_keys_and_the_watcher_goes_on(
         await outcomes.wait(5)
         assert outcomes.items[later] == ({"key": later}, None)
     finally:
-        await watcher.aclose()
         await store.aclose()
 
 
@@ -168,11 +172,11 @@ def test_plan_probes_stragglers_and_lists_the_dense_block() -> None:
 
 
 async def test_deleted_bucket_is_an_outage_not_an_outcome(
-    store: ResultStore, bucket: str, s3: Any, warnings_seen: asyncio.Event
+    watching: Watching, store: ResultStore, bucket: str, s3: Any, warnings_seen: asyncio.Event
 ) -> None:
     # The results of a bucket deleted and re-created still arrive; its
     # keys stay pending meanwhile and the other bucket's keys are unaffected.
-    watcher = CompletionWatcher(store, FAST)
+    watcher = watching(store)
     outcomes = Outcomes()
     doomed = "doomed-bucket"
     s3.create_bucket(Bucket=doomed)
@@ -184,7 +188,7 @@ async def test_deleted_bucket_is_an_outage_not_an_outcome(
     await store.put_json(bucket, "exp/000003/c.json", {"ok": 1})
     await outcomes.wait(1)
     assert outcomes.items == {"c": ({"ok": 1}, None)}
-    assert watcher.unreachable
+    assert watcher.outages.unreachable
     assert watcher.outages.down_buckets == [doomed]
     s3.create_bucket(Bucket=doomed)  # back: the spooled results land
     await store.put_json(doomed, "exp/000001/a.json", {"a": 1})
@@ -194,26 +198,24 @@ async def test_deleted_bucket_is_an_outage_not_an_outcome(
     assert outcomes.items["b"] == ({"b": 1}, None)
     assert watcher.outages.down_buckets == []
     assert watcher.outages.outages == 1
-    await watcher.aclose()
 
 
-async def test_dead_endpoint_keeps_keys_pending_and_says_so() -> None:
+async def test_dead_endpoint_keeps_keys_pending_and_says_so(watching: Watching) -> None:
     dead = ResultStore(endpoint_url="http://127.0.0.1:9", retry=FAST_RETRY)
-    watcher = CompletionWatcher(dead, FAST)
+    watcher = watching(dead)
     outcomes = Outcomes()
     watcher.track("bkt", "exp/000001/a.json", outcomes.callback("a"))
     for _ in range(1000):  # bounded: the first failed poll marks the bucket down
-        if watcher.unreachable:
+        if watcher.outages.unreachable:
             break
         await asyncio.sleep(0.01)
-    assert watcher.unreachable
+    assert watcher.outages.unreachable
     assert watcher.outages.describe("bkt") is not None
     assert outcomes.items == {}  # no outcome for an outage
-    await watcher.aclose()
     await dead.aclose()
 
 
-async def test_access_denied_is_final(store: ResultStore, bucket: str) -> None:
+def test_access_denied_is_final(store: ResultStore, bucket: str) -> None:
     watcher = CompletionWatcher(store, FAST)
     outcomes = Outcomes()
     group = _Group(bucket, "exp/")
@@ -224,12 +226,11 @@ async def test_access_denied_is_final(store: ResultStore, bucket: str) -> None:
     for _ in range(FAST.error_threshold):
         watcher._group_failed(group, denied)
     assert isinstance(outcomes.items["k"][1], StorageError)
-    assert not watcher.unreachable
-    await watcher.aclose()
+    assert not watcher.outages.unreachable
 
 
 async def test_transient_fault_recovers_without_failing(
-    store: ResultStore, s3: Any, warnings_seen: asyncio.Event
+    watching: Watching, store: ResultStore, s3: Any, warnings_seen: asyncio.Event
 ) -> None:
     patient = WatcherConfig(
         min_interval=0.01,
@@ -238,7 +239,7 @@ async def test_transient_fault_recovers_without_failing(
         error_backoff_max=0.02,
         error_threshold=1000,
     )
-    watcher = CompletionWatcher(store, patient)
+    watcher = watching(store, patient)
     outcomes = Outcomes()
     name = "flaky-bucket"
     keys = [f"exp/{i:06d}/s.json" for i in range(3)]
@@ -250,7 +251,6 @@ async def test_transient_fault_recovers_without_failing(
         await store.put_json(name, key, {"key": key})
     await outcomes.wait(3)
     assert all(error is None for _, error in outcomes.items.values())
-    await watcher.aclose()
 
 
 async def test_client_holds_new_rollouts_during_an_outage_and_times_out_pending_ones(

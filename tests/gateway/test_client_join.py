@@ -27,7 +27,8 @@ from agentcore_rl import (
     TraceLostError,
     build_trajectory,
 )
-from agentcore_rl.client.gateway_link import GATEWAY_TOKEN_ENV, RemoteGateway
+from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
+from agentcore_rl.client.traces import RemoteGateway
 from agentcore_rl.gateway import ADMIN_TOKEN_ENV, dump_trace, trace_key
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy

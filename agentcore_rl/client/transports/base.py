@@ -118,6 +118,10 @@ class Transport(Protocol):
         """Stop the session; True when something was running."""
         ...
 
+    async def status(self, session_id: str) -> protocol.SessionState:
+        """Ask the agent about the session (a restarted agent answers unknown)."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
         ...

@@ -148,19 +148,13 @@ class HttpTransport:
             return pinned
         return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
 
-    @property
-    def unhealthy(self) -> list[str]:
-        """Servers new sessions avoid now (they refused a connection lately)."""
-        now = self._clock()
-        return [url for url, until in self._unhealthy.items() if until > now]
-
     def _assign(self, session_id: str) -> str:
         """The server of ``session_id``: its own if it has one, else a healthy one."""
         pinned = self._pins.get(session_id)
         if pinned is not None:
             return pinned
-        avoid = set(self.unhealthy) if self._unhealthy else set()
-        healthy = [url for url in self.urls if url not in avoid] or self.urls
+        now = self._clock()
+        healthy = [url for url in self.urls if self._unhealthy.get(url, 0.0) <= now] or self.urls
         url = healthy[zlib.crc32(session_id.encode()) % len(healthy)]
         self._pins[session_id] = url
         if len(self._pins) > MAX_PINNED_SESSIONS:
@@ -197,13 +191,11 @@ class HttpTransport:
             )
         return response
 
-    def reassign(self, session_id: str) -> bool:
-        """Move a session that has not reached its server (every attempt so far failed to
-        connect) to another server that has not refused a connection lately; True when
-        it moved. Nothing started on the old one, so nothing can run twice."""
-        old = self._pins.pop(session_id, None)
-        new = self._assign(session_id)
-        return old is not None and new != old
+    def reassign(self, session_id: str) -> None:
+        """Move a session none of whose attempts connected to a server that has not refused
+        a connection lately (nothing started on the old one, so nothing runs twice)."""
+        self._pins.pop(session_id, None)
+        self._assign(session_id)
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
