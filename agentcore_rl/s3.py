@@ -1,16 +1,12 @@
-"""ResultStore: the only door to S3 in agentcore-rl (aioboto3, retried with tenacity).
+"""ResultStore: the only door to S3 in agentcore-rl (aioboto3, one :class:`RetryPolicy`).
 
-Server and client both talk to S3 through one :class:`ResultStore` each. It creates an
-aioboto3 client on first use in each event loop (an aiohttp session belongs to the loop
-that made it) and closes it in :meth:`ResultStore.aclose`, or when that loop shuts down,
-whichever comes first. Transient
-failures (throttling, 5xx, dropped connections) are retried with exponential backoff and
-jitter; anything else, or a failure that outlasts the retries, raises
-:class:`~agentcore_rl.errors.StorageError`. botocore's own retries are switched off so
-that one policy, visible here, governs every request.
-
-It counts the requests it sends per operation (``request_counts``) so that benchmarks can
-report S3 requests per rollout.
+It creates an aioboto3 client on first use in each event loop (an aiohttp session belongs
+to the loop that made it) and closes it in :meth:`ResultStore.aclose`, or when that loop
+shuts down, whichever comes first. Transient failures (throttling, 5xx, dropped
+connections) are retried with exponential backoff and jitter; anything else, or a failure
+that outlasts the retries, raises :class:`~agentcore_rl.errors.StorageError`. botocore's
+own retries are off, so one policy, visible here, governs every request. Requests are
+counted per operation (``request_counts``: S3 requests per rollout in benchmarks).
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ import logging
 import platform
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -107,23 +102,24 @@ def is_transient_s3_error(exc: BaseException) -> bool:
     return isinstance(exc, BotoConnectionError | HTTPClientError | asyncio.TimeoutError)
 
 
+def _unreadable(bucket: str, key: str, problem: str, code: str) -> StorageError:
+    return StorageError(
+        f"s3://{bucket}/{key} {problem}", operation="GetObject", bucket=bucket, key=key, code=code
+    )
+
+
 async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
     """Enter the client's context and stay suspended until closed (see ResultStore)."""
     async with context as client:
         yield client
 
 
-@dataclass
-class _LoopClient:
-    client: Any
-    holder: AsyncGenerator[Any, None]
-
-    async def aclose(self) -> None:
-        try:
-            await self.holder.aclose()
-        except Exception as exc:
-            # Closing is best effort: the connections go with the process either way.
-            logger.warning("closing an S3 client failed: %s: %s", type(exc).__name__, exc)
+async def _close(holder: AsyncGenerator[Any, None]) -> None:
+    try:
+        await holder.aclose()
+    except Exception as exc:
+        # Closing is best effort: the connections go with the process either way.
+        logger.warning("closing an S3 client failed: %s: %s", type(exc).__name__, exc)
 
 
 class ResultStore:
@@ -175,7 +171,7 @@ class ResultStore:
         # closes a loop's generators when it shuts the loop down (asyncio.run, anyio.run and
         # uvicorn all do), so a client is closed on its own loop even when nobody calls
         # aclose(), e.g. an app served by Starlette's TestClient without ``with``.
-        self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[Any, None]]] = {}
         self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._closed = False
 
@@ -210,11 +206,11 @@ class ResultStore:
         current = asyncio.get_running_loop()
         entries, self._clients = self._clients, {}
         self._locks.clear()
-        for loop, entry in entries.items():
+        for loop, (_, holder) in entries.items():
             if loop is current:
-                await entry.aclose()
+                await _close(holder)
             elif loop.is_running() and not loop.is_closed():
-                closing = asyncio.run_coroutine_threadsafe(entry.aclose(), loop)
+                closing = asyncio.run_coroutine_threadsafe(_close(holder), loop)
                 try:
                     await asyncio.wait_for(asyncio.wrap_future(closing), _CLOSE_TIMEOUT)
                 except asyncio.TimeoutError:
@@ -227,13 +223,10 @@ class ResultStore:
             self._locks.pop(loop, None)
 
     async def _get_client(self) -> Any:
-        return (await self._get_entry()).client
-
-    async def _get_entry(self) -> _LoopClient:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is not None:
-            return entry
+            return entry[0]
         if self._closed:
             raise RuntimeError("ResultStore is closed")
         self._forget_stopped_loops()
@@ -250,29 +243,28 @@ class ResultStore:
                         config=self._config,
                     )
                 )
-                entry = _LoopClient(await holder.__anext__(), holder)
-                self._clients[loop] = entry
-        return entry
+                entry = self._clients[loop] = (await holder.__anext__(), holder)
+        return entry[0]
 
     async def _call(
         self,
         operation: str,
         bucket: str,
         key: str | None,
-        request: Callable[[_LoopClient], Awaitable[T]],
+        request: Callable[[Any], Awaitable[T]],
         *,
         missing_ok: bool = False,
     ) -> T | None:
-        """Run one S3 request with the retry policy; map failures to StorageError."""
-        entry = await self._get_entry()
+        """Run ``request(client)`` with the retry policy; map failures to StorageError."""
+        client = await self._get_client()
 
         async def attempt(_: int) -> T:
             self.request_counts[operation] += 1
-            return await request(entry)
+            return await request(client)
 
         try:
             return await self.retry.run(attempt, is_transient_s3_error)
-        except ClientError as exc:
+        except (ClientError, BotoCoreError, asyncio.TimeoutError) as exc:
             code = _error_code(exc)
             if missing_ok and code in _MISSING_CODES:
                 return None
@@ -283,26 +275,17 @@ class ResultStore:
                 key=key,
                 code=code,
             ) from exc
-        except (BotoCoreError, asyncio.TimeoutError) as exc:
-            raise StorageError(
-                f"S3 {operation} s3://{bucket}/{key or ''} failed: {type(exc).__name__}: {exc}",
-                operation=operation,
-                bucket=bucket,
-                key=key,
-                code=type(exc).__name__,
-            ) from exc
 
     async def put_bytes(
         self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json"
     ) -> None:
         """Write one object (retried on transient errors)."""
-
-        async def request(entry: _LoopClient) -> None:
-            await entry.client.put_object(
-                Bucket=bucket, Key=key, Body=body, ContentType=content_type
-            )
-
-        await self._call("PutObject", bucket, key, request)
+        await self._call(
+            "PutObject",
+            bucket,
+            key,
+            lambda s3: s3.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type),
+        )
 
     async def put_json(self, bucket: str, key: str, obj: Mapping[str, Any]) -> None:
         """Serialise ``obj`` as JSON and write it. Raises ``TypeError`` for non-JSON values."""
@@ -311,8 +294,8 @@ class ResultStore:
     async def get_bytes(self, bucket: str, key: str) -> bytes | None:
         """Read one object; ``None`` when the key does not exist (a missing bucket raises)."""
 
-        async def request(entry: _LoopClient) -> bytes:
-            response = await entry.client.get_object(Bucket=bucket, Key=key)
+        async def request(s3: Any) -> bytes:
+            response = await s3.get_object(Bucket=bucket, Key=key)
             async with response["Body"] as stream:
                 data: bytes = await stream.read()
             return data
@@ -330,21 +313,10 @@ class ResultStore:
         try:
             value = json.loads(body)
         except ValueError as exc:
-            raise StorageError(
-                f"s3://{bucket}/{key} is not valid JSON: {exc}",
-                operation="GetObject",
-                bucket=bucket,
-                key=key,
-                code="InvalidJSON",
-            ) from exc
+            raise _unreadable(bucket, key, f"is not valid JSON: {exc}", "InvalidJSON") from exc
         if not isinstance(value, dict):
-            raise StorageError(
-                f"s3://{bucket}/{key} holds JSON {type(value).__name__}, not an object",
-                operation="GetObject",
-                bucket=bucket,
-                key=key,
-                code="InvalidJSON",
-            )
+            kind = type(value).__name__
+            raise _unreadable(bucket, key, f"holds JSON {kind}, not an object", "InvalidJSON")
         return value
 
     async def put_trace(self, bucket: str, key: str, trace: SessionTrace) -> None:
@@ -369,13 +341,8 @@ class ResultStore:
         try:
             return load_trace(blob)
         except (ValueError, KeyError, OSError, EOFError) as exc:  # gzip raises OSError/EOF
-            raise StorageError(
-                f"s3://{bucket}/{key} is not a readable trace: {type(exc).__name__}: {exc}",
-                operation="GetObject",
-                bucket=bucket,
-                key=key,
-                code="InvalidTrace",
-            ) from exc
+            problem = f"is not a readable trace: {type(exc).__name__}: {exc}"
+            raise _unreadable(bucket, key, problem, "InvalidTrace") from exc
 
     async def head(self, bucket: str, key: str) -> bool:
         """True when the object exists.
@@ -384,11 +351,14 @@ class ResultStore:
         :meth:`get_json` and :meth:`list_keys` report it as ``NoSuchBucket``.
         """
 
-        async def request(entry: _LoopClient) -> bool:
-            await entry.client.head_object(Bucket=bucket, Key=key)
-            return True
-
-        return bool(await self._call("HeadObject", bucket, key, request, missing_ok=True))
+        found = await self._call(
+            "HeadObject",
+            bucket,
+            key,
+            lambda s3: s3.head_object(Bucket=bucket, Key=key),
+            missing_ok=True,
+        )
+        return found is not None
 
     async def head_bucket(self, bucket: str) -> None:
         """Check that the bucket exists and lets us in; raise ``StorageError`` if not.
@@ -397,9 +367,9 @@ class ResultStore:
         (404), ``AccessDenied`` (403) or ``PermanentRedirect`` (301: another region).
         """
 
-        async def request(entry: _LoopClient) -> None:
+        async def request(s3: Any) -> None:
             try:
-                await entry.client.head_bucket(Bucket=bucket)
+                await s3.head_bucket(Bucket=bucket)
             except ClientError as exc:
                 named = _HEAD_BUCKET_CODES.get(_http_status(exc))
                 if named is not None:
@@ -422,8 +392,8 @@ class ResultStore:
             elif start_after is not None:
                 params["StartAfter"] = start_after
 
-            async def request(entry: _LoopClient, params: dict[str, Any] = params) -> Any:
-                return await entry.client.list_objects_v2(**params)
+            async def request(s3: Any, params: dict[str, Any] = params) -> Any:
+                return await s3.list_objects_v2(**params)
 
             page = await self._call("ListObjectsV2", bucket, prefix, request)
             assert page is not None
@@ -435,15 +405,14 @@ class ResultStore:
     async def ensure_bucket(self, bucket: str) -> None:
         """Create the bucket if it does not exist yet (for local stacks and tests)."""
 
-        async def request(entry: _LoopClient) -> None:
-            client = entry.client
+        async def request(s3: Any) -> None:
             params: dict[str, Any] = {"Bucket": bucket}
-            region = client.meta.region_name
+            region = s3.meta.region_name
             # us-east-1 is S3's default location and refuses an explicit constraint.
             if region and region != "us-east-1":
                 params["CreateBucketConfiguration"] = {"LocationConstraint": region}
             try:
-                await client.create_bucket(**params)
+                await s3.create_bucket(**params)
             except ClientError as exc:
                 if _error_code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
                     raise

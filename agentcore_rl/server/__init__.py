@@ -15,13 +15,13 @@ Example::
 from agentcore_rl.server import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.server.app import AgentCoreRLApp
 from agentcore_rl.server.config import (
+    FaultChecks,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
 )
-from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.faults import FaultChecks
+from agentcore_rl.server.invoke import RequestContext
 
 __all__ = [
     "AgentCoreRLApp",

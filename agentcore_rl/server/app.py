@@ -1,10 +1,6 @@
 """AgentCoreRLApp: an ASGI server that runs an agent as fire-and-forget rollouts.
 
-Swap ``BedrockAgentCoreApp`` for :class:`AgentCoreRLApp` and ``@app.entrypoint`` for
-``@app.rollout_entrypoint``: each invocation is answered at once with where its result
-will appear, the handler runs in an owned background task, and its result (or what went
-wrong) is written to S3 as a JSON envelope. The app's lifespan (or ``async with app``)
-owns one task group: every rollout and the spool's retry task run in it.
+The app's lifespan (or ``async with app``) owns one task group for every task it starts.
 """
 
 from __future__ import annotations
@@ -12,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -34,34 +28,32 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
-from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
+    DEFAULT_FAULT_CHECKS,
     DEFAULT_REQUEST_LIMITS,
     DEFAULT_SHUTDOWN,
     DEFAULT_SPOOL,
     DEFAULT_WORKERS,
     MOVED_KEYWORDS,
+    FaultChecks,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
 )
-from agentcore_rl.server.faults import DEFAULT_FAULT_CHECKS, FaultChecks
-from agentcore_rl.server.health import HealthTracker
 from agentcore_rl.server.invoke import Handler, HandlerSpec
 from agentcore_rl.server.lease import LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
-from agentcore_rl.server.parsing import allowed_buckets_from
-from agentcore_rl.server.routes import RolloutRoutes
+from agentcore_rl.server.routes import BodyBudget, RolloutRoutes
 from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
 from agentcore_rl.server.settings import (
-    SPOOL_DIR_ENV,
+    allowed_buckets_from,
     app_name_from_env,
-    app_spool_dir,
     check_app_name,
     default_host,
     handler_app_name,
+    spool_directory,
 )
 from agentcore_rl.server.spool import Spool
 
@@ -73,7 +65,7 @@ F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
 
 
-# The name of an app that starts without a handler (its spool never holds anything).
+# An app started without a handler (its spool never holds anything).
 _UNNAMED: Final = "unnamed-app"
 
 
@@ -96,7 +88,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
     directory, retry intervals), ``workers``
     (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
-    interval) and ``faults`` (:class:`~agentcore_rl.server.faults.FaultChecks`: a result
+    interval) and ``faults`` (:class:`~agentcore_rl.server.config.FaultChecks`: a result
     bucket that does not exist or refuses the server is refused with a 4xx naming it; the
     rollouts of a client whose lease lapsed are cancelled; a server whose event loop runs
     behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
@@ -161,8 +153,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             # First: overload is answered ahead of everything else.
             middleware=[Middleware(OverloadGuard, lag=lambda: self.overload), *(middleware or ())],
         )
+        self._init_compat(clock)
         self._user_lifespan = lifespan
-        self.handlers = {}
         self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
         self.limits = limits
@@ -174,9 +166,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self.store = store if store is not None else ResultStore()
         #: The agent's identity (its spool's owner); from the handler if not given.
         self.app_name = check_app_name(app_name) if app_name is not None else app_name_from_env()
-        # Placed (directory and owner) once the app's name is known: now, or when the
-        # handler is registered, which names it; placed for good at startup, with the
-        # environment as it is then (a local stack gives its agents a private spool).
+        # Placed once the name is known (now or at registration), for good at startup with
+        # the environment as it is then (a local stack gives its agents a private spool).
         self.spool = Spool(
             self.store,
             retry_interval=spool.retry_interval,
@@ -185,12 +176,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         )
         if self.app_name is not None:
             self._place_spool(self.app_name)
-        self._clock = clock
-        self.health = HealthTracker(clock=clock)
         self.runner = RolloutRunner(
             spool=self.spool, clock=clock, on_change=self._refresh_health, exists=self.store.head
         )
-        # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
         self._spec: HandlerSpec | None = None
@@ -200,15 +188,12 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._started = False
         self._closing = False
         self._close_lock = asyncio.Lock()
-        # The task group of `async with app` (the lifespan's), owning every rollout task.
         self._owner: contextlib.AsyncExitStack | None = None
         self._tasks: TaskGroup | None = None
         self.last_shutdown: ShutdownReport | None = None
 
     def _place_spool(self, name: str) -> None:
-        configured = self.spool_config.directory or os.environ.get(SPOOL_DIR_ENV) or None
-        directory = Path(configured) if configured is not None else app_spool_dir(name)
-        self.spool.place(directory, owner=name)
+        self.spool.place(spool_directory(self.spool_config.directory, name), owner=name)
 
     def __repr__(self) -> str:
         handler = self._spec.name if self._spec is not None else None
@@ -217,8 +202,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             f"AgentCoreRLApp({kind}={handler!r}, active={self.runner.active}, "
             f"spooled={self.spool.pending}, closing={self._closing})"
         )
-
-    # --- registration -----------------------------------------------------------------
 
     def _register(self, func: Handler, *, rollout: bool) -> None:
         if self._spec is not None:
@@ -258,18 +241,16 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._validator = func
         return func
 
-    # --- lifecycle --------------------------------------------------------------------
-
     @property
     def closing(self) -> bool:
         """True once shutdown has begun (new invocations get 503)."""
         return self._closing
 
     def _refresh_health(self) -> None:
-        self.health.set_busy(self.runner.active > 0 or self.spool.pending > 0)
+        self._set_busy(self.runner.active > 0 or self.spool.pending > 0)
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
-        # Created on first use so the app can be built before any event loop runs.
+        # Lazy: the app can be built before any event loop runs.
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.workers.max_sync_workers)
         return self._limiter
@@ -288,9 +269,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             self.app_name = _UNNAMED
         self._place_spool(self.app_name)
         if await self.spool.recover():
-            self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
+            self.spool.kick()
         for _, key in self.spool.pending_keys:
-            # A predecessor's spooled rollout has finished: a probe of its session says so.
+            # A predecessor's spooled rollout has finished; a status probe should say so.
             self.runner.remember_finished(protocol.parse_result_key(key)[2], key)
 
     def tune_process(self) -> None:
@@ -300,8 +281,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         """
         wanted = self.workers.gil_switch_interval
         if wanted is not None and sys.getswitchinterval() > wanted:
-            # Process-wide, but so is the GIL: the thread that answers /ping must get it
-            # back quickly even while sync handlers compute. Only ever lowered.
+            # /ping must get the GIL back quickly while sync handlers compute; only lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
 
@@ -382,8 +362,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             self.spool.attach(None)
             self._owner = self._tasks = None
             if owner is not None and tasks is not None:
-                # aclose() waited for every rollout and cancelled the late ones once; what
-                # still runs (a handler ignoring cancellation) is cancelled for good here.
+                # What still runs ignored aclose()'s cancel; cancel it for good.
                 tasks.cancel_scope.cancel()
                 try:
                     await owner.aclose()

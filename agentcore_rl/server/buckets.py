@@ -1,24 +1,14 @@
-"""BucketCheck: is a result bucket usable? Asked once per bucket, answered from memory.
+"""BucketCheck: a remembered HeadBucket per result bucket.
 
-A rollout whose bucket does not exist or refuses the server would run, fail to write its
-envelope, be spooled and retried for ever, while its client waits out its timeout. So the
-server asks S3 (HeadBucket) before accepting the first rollout for a bucket and refuses
-invocations for a bucket S3 says is missing or forbidden. Only those answers are
-verdicts; an outage (timeouts, 5xx, throttling) leaves the rollout accepted, to be
-spooled and written when S3 is back. Concurrent invocations for an unchecked bucket share
-one request.
-
-Example::
-
-    check = BucketCheck(store, FaultChecks())
-    await check.require("rollouts")    # raises InvalidPayloadError for a missing bucket
+Without it, a rollout for a missing or forbidden bucket would be spooled and retried for
+ever while its client times out. Only such answers refuse; an outage accepts (the spool
+covers it). Concurrent invocations share one request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,14 +19,15 @@ import anyio
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError, StorageError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.faults import FaultChecks
+from agentcore_rl.server.config import FaultChecks
+from agentcore_rl.server.spool import s3_destination
 
-__all__ = ["FINAL_BUCKET_CODES", "BucketCheck"]
+__all__ = ["BucketCheck"]
 
 logger = logging.getLogger(__name__)
 
-#: S3 answers about a bucket that no waiting cures, with what the user should do.
-FINAL_BUCKET_CODES: Final = {
+# S3 answers about a bucket that no waiting cures, with what the user should do.
+_FINAL_CODES: Final = {
     "NoSuchBucket": (400, "it does not exist; create it or fix {field}"),
     "AccessDenied": (403, "the agent server's credentials may not use it"),
     "AllAccessDisabled": (403, "all access to it is disabled"),
@@ -53,8 +44,6 @@ class _Verdict:
 
 
 class BucketCheck:
-    """Remembered HeadBucket answers, one per bucket (see the module docstring)."""
-
     def __init__(
         self,
         store: ResultStore,
@@ -67,15 +56,10 @@ class BucketCheck:
         self._clock = clock
         self._verdicts: dict[str, _Verdict] = {}
         self._checking: dict[str, asyncio.Event] = {}
-        #: HeadBucket requests sent (for tests and benchmarks).
         self.requests = 0
 
-    def __repr__(self) -> str:
-        return f"BucketCheck(known={sorted(self._verdicts)})"
-
     async def require(self, bucket: str) -> None:
-        """Return when ``bucket`` is usable or S3 cannot tell now; raise the refusal
-        (:class:`InvalidPayloadError`, 4xx, naming the bucket and the cause) when not."""
+        """Return when ``bucket`` is usable or S3 cannot tell now, else raise a 4xx refusal."""
         if not self.config.check_buckets:
             return
         verdict = self._verdicts.get(bucket)
@@ -86,7 +70,7 @@ class BucketCheck:
 
     async def _check(self, bucket: str) -> _Verdict | None:
         running = self._checking.get(bucket)
-        if running is not None:  # another invocation is asking: share its answer
+        if running is not None:  # share another invocation's answer
             with anyio.move_on_after(self.config.bucket_wait):
                 await running.wait()
             return self._verdicts.get(bucket)
@@ -98,7 +82,7 @@ class BucketCheck:
                 try:
                     await self.store.head_bucket(bucket)
                 except StorageError as exc:
-                    refusal = _refusal(bucket, exc, self.store.endpoint_url)
+                    refusal = _refusal(bucket, exc, s3_destination(self.store)["endpoint_url"])
                     if refusal is None:
                         logger.info("could not check S3 bucket %s now (%s)", bucket, exc.code)
                         return None
@@ -116,13 +100,12 @@ class BucketCheck:
 
 
 def _refusal(bucket: str, exc: StorageError, endpoint: str | None) -> InvalidPayloadError | None:
-    final = FINAL_BUCKET_CODES.get(exc.code)
+    final = _FINAL_CODES.get(exc.code)
     if final is None:
         return None
     status, advice = final
     field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
-    where = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    at = f" at {where}" if where else " in AWS S3"
+    at = f" at {endpoint}" if endpoint else " in AWS S3"
     return InvalidPayloadError(
         f"result bucket {bucket!r}{at} cannot be used: {exc.code}: {advice.format(field=field)}",
         status_code=status,

@@ -1,18 +1,8 @@
-"""The part of AWS's ``BedrockAgentCoreApp`` surface that :class:`AgentCoreRLApp` keeps.
+"""The part of AWS's ``BedrockAgentCoreApp`` surface that :class:`AgentCoreRLApp` keeps,
+and the ``/ping`` status behind it (docs/server.md lists what is left out).
 
-A mixin, so that the app's own module holds only the rollout server: ``handlers``,
-``@app.entrypoint`` (plain request/response, whose function gets a ``.run()``),
-``@app.ping``, ``@app.async_task``, ``add_async_task``/``complete_async_task``,
-``get_async_task_info``, ``force_ping_status``/``clear_forced_ping_status`` and
-``get_current_ping_status``. docs/server.md lists what is left out and why.
-
-Example::
-
-    app = AgentCoreRLApp()
-
-    @app.ping
-    def status() -> PingStatus:
-        return PingStatus.HEALTHY_BUSY if indexing else PingStatus.HEALTHY
+``time_of_last_update`` changes with the status only: AgentCore Runtime reclaims a session
+that reports ``Healthy`` for too long.
 """
 
 from __future__ import annotations
@@ -20,33 +10,41 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
+import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.protocol import PingStatus
-from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.health import HealthTracker, PingHandler
-from agentcore_rl.server.invoke import Handler, HandlerSpec, call_handler
+from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
 
-__all__ = ["BedrockCompat"]
+__all__ = ["BedrockCompat", "PingHandler"]
+
+logger = logging.getLogger(__name__)
+
+#: A custom ping handler: returns a :class:`PingStatus` (ours or AWS's) or its value.
+PingHandler = Callable[[], Any]
 
 F = TypeVar("F", bound=Handler)
 P = TypeVar("P", bound=PingHandler)
 A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 
 
+def _status(value: Any) -> PingStatus:
+    # An enum of AWS's SDK or a plain string: both carry the wire value.
+    return PingStatus(getattr(value, "value", value))
+
+
 class BedrockCompat:
-    """``BedrockAgentCoreApp``'s registration and health API, over the app's
-    :class:`~agentcore_rl.server.health.HealthTracker`.
+    """``BedrockAgentCoreApp``'s registration and health API (a mixin of the app)."""
 
-    The app provides ``health``, ``_register``, ``_get_limiter`` and ``run``.
-    """
-
-    health: HealthTracker
     #: The registered entrypoint under ``"main"`` as a ``(payload, context)`` coroutine
     #: function named after it (as in ``BedrockAgentCoreApp``); for inspection and for
     #: calling the handler directly, not a way to replace it.
@@ -61,25 +59,32 @@ class BedrockCompat:
     def run(self, port: int = protocol.DEFAULT_PORT, host: str | None = None) -> None:
         raise NotImplementedError
 
-    def _registered(self, func: Handler, spec: HandlerSpec) -> None:
-        """Called by the app once ``func`` is its entrypoint."""
-        self.handlers["main"] = self._main_handler(spec)
-        # BedrockAgentCoreApp lets ``@app.entrypoint`` functions start the server themselves.
-        with contextlib.suppress(AttributeError, TypeError):
-            func.run = self.run  # type: ignore[attr-defined]
+    def _init_compat(self, clock: Callable[[], float]) -> None:
+        self.handlers = {}
+        self._clock = clock
+        self._busy = False
+        self._forced: PingStatus | None = None
+        self._ping_handler: PingHandler | None = None
+        self._status = PingStatus.HEALTHY
+        self._last_update = int(clock())
+        # add/complete_async_task may be called from sync handlers' threads.
+        self._tasks_lock = threading.Lock()
+        self._async_tasks: dict[int, tuple[str, float]] = {}
+        self._task_ids = itertools.count(1)
 
-    def _main_handler(self, spec: HandlerSpec) -> Callable[..., Awaitable[Any]]:
+    def _registered(self, func: Handler, spec: HandlerSpec) -> None:
         async def main(payload: dict[str, Any], context: Any = None) -> Any:
             if context is None:
                 context = RequestContext(session_id=protocol.new_session_id())
             return await call_handler(spec, payload, context, limiter=self._get_limiter())
 
-        # Named after the handler but without __wrapped__, so that inspect.signature
-        # reports (payload, context) like the SDK's wrapper does.
+        # No __wrapped__: inspect.signature reports (payload, context) like the SDK's.
         for name in ("__module__", "__name__", "__qualname__", "__doc__"):
             with contextlib.suppress(AttributeError):
                 setattr(main, name, getattr(spec.func, name))
-        return main
+        self.handlers["main"] = main
+        with contextlib.suppress(AttributeError, TypeError):
+            func.run = self.run  # type: ignore[attr-defined]
 
     def entrypoint(self, func: F) -> F:
         """Register a plain request/response handler (as with AWS's ``BedrockAgentCoreApp``).
@@ -97,7 +102,7 @@ class BedrockCompat:
         """
         if not callable(func):
             raise ConfigurationError(f"a ping handler must be callable, got {type(func).__name__}")
-        self.health.ping_handler = func
+        self._ping_handler = func
         return func
 
     def async_task(self, func: A) -> A:
@@ -118,24 +123,78 @@ class BedrockCompat:
     def add_async_task(self, name: str, metadata: Mapping[str, Any] | None = None) -> int:
         """Track background work the app does not run itself; ``HealthyBusy`` until it
         completes. Returns the id for :meth:`complete_async_task`. Thread-safe."""
-        return self.health.add_task(name, metadata)
+        with self._tasks_lock:
+            task_id = next(self._task_ids)
+            self._async_tasks[task_id] = (name, self._clock())
+        logger.info("async task started: %s (id %d)", name, task_id)
+        self._automatic_changed()
+        return task_id
 
     def complete_async_task(self, task_id: int) -> bool:
         """Stop tracking a task from :meth:`add_async_task`; False for an unknown id."""
-        return self.health.complete_task(task_id)
+        with self._tasks_lock:
+            task = self._async_tasks.pop(task_id, None)
+        if task is None:
+            logger.warning("complete_async_task: unknown task id %r", task_id)
+            return False
+        name, started = task
+        duration = self._clock() - started
+        logger.info("async task completed: %s (id %d, %.2f s)", name, task_id, duration)
+        self._automatic_changed()
+        return True
 
     def get_async_task_info(self) -> dict[str, Any]:
         """The tracked tasks: ``{"active_count": n, "running_jobs": [{"name", "duration"}]}``."""
-        return self.health.task_info()
+        now = self._clock()
+        with self._tasks_lock:
+            tasks = list(self._async_tasks.values())
+        return {
+            "active_count": len(tasks),
+            "running_jobs": [{"name": name, "duration": now - began} for name, began in tasks],
+        }
 
     def force_ping_status(self, status: PingStatus | str) -> None:
         """Report ``status`` on ``/ping`` whatever else holds, until cleared."""
-        self.health.force(status)
+        self._forced = _status(status)
+        self._refresh_ping()
 
     def clear_forced_ping_status(self) -> None:
         """Go back to the custom or automatic ``/ping`` status."""
-        self.health.force(None)
+        self._forced = None
+        self._refresh_ping()
 
     def get_current_ping_status(self) -> PingStatus:
         """What ``/ping`` reports now: forced, else the custom handler's, else automatic."""
-        return self.health.status
+        return self._refresh_ping()
+
+    def _refresh_ping(self) -> PingStatus:
+        status = self._forced
+        if status is None and self._ping_handler is not None:
+            try:
+                status = _status(self._ping_handler())
+            except Exception as exc:
+                logger.warning(
+                    "the custom ping handler failed (%s: %s); reporting the automatic status",
+                    type(exc).__name__,
+                    exc,
+                )
+        if status is None:
+            busy = self._busy or bool(self._async_tasks)
+            status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY
+        if status is not self._status:
+            self._status = status
+            self._last_update = int(self._clock())
+        return status
+
+    def _automatic_changed(self) -> None:
+        # A custom handler is asked at ping time only: it may be slow.
+        if self._forced is None and self._ping_handler is None:
+            self._refresh_ping()
+
+    def _set_busy(self, busy: bool) -> None:
+        self._busy = busy
+        self._automatic_changed()
+
+    async def _ping(self, request: Request) -> Response:
+        status = self._refresh_ping()
+        return JSONResponse({"status": status.value, "time_of_last_update": self._last_update})

@@ -1,10 +1,5 @@
-"""The agent server's configuration: small frozen keyword-only objects with defaults.
-
-Each groups the knobs of one concern of :class:`~agentcore_rl.server.AgentCoreRLApp`;
-the module-level ``DEFAULT_*`` objects are what the app uses when none is given. A bad
-value is a :class:`~agentcore_rl.errors.ConfigurationError`, an unknown keyword a
-``TypeError`` naming it and the closest known one.
-"""
+"""The agent server's configuration: frozen keyword-only objects, one per concern of
+:class:`~agentcore_rl.server.AgentCoreRLApp`, and the ``DEFAULT_*`` the app uses."""
 
 from __future__ import annotations
 
@@ -14,26 +9,15 @@ from typing import Final
 
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.keywords import checked_init
-from agentcore_rl.server.budget import DEFAULT_MAX_INFLIGHT_BODY_BYTES
-from agentcore_rl.server.parsing import DEFAULT_MAX_JSON_DEPTH
-from agentcore_rl.server.runner import DEFAULT_CANCEL_TIMEOUT
-from agentcore_rl.server.settings import (
-    DEFAULT_GIL_SWITCH_INTERVAL,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_SYNC_WORKERS,
-    DEFAULT_SHUTDOWN_GRACE,
-    DEFAULT_STOP_WAIT,
-)
-from agentcore_rl.server.spool import (
-    DEFAULT_SPOOL_MAX_RETRY_INTERVAL,
-    DEFAULT_SPOOL_RETRY_INTERVAL,
-)
+from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
 __all__ = [
+    "DEFAULT_FAULT_CHECKS",
     "DEFAULT_REQUEST_LIMITS",
     "DEFAULT_SHUTDOWN",
     "DEFAULT_SPOOL",
     "DEFAULT_WORKERS",
+    "FaultChecks",
     "RequestLimits",
     "ShutdownConfig",
     "SpoolConfig",
@@ -46,19 +30,22 @@ __all__ = [
 class RequestLimits:
     """What one invocation body may be.
 
-    A body over ``max_body_bytes`` gets 413, nesting deeper than ``max_json_depth`` 400;
-    once the bodies being received hold ``max_inflight_body_bytes`` together, more get
-    503 with ``Retry-After``. A body over ``envelope_payload_max_bytes`` (``None``: never)
-    is stored in its envelope as its SHA-256 and size instead of a copy of the payload.
+    A body over ``max_body_bytes`` (default: ACR's 100 MB) gets 413, nesting deeper than
+    ``max_json_depth`` 400; once the bodies being received hold
+    ``max_inflight_body_bytes`` together, more get 503 with ``Retry-After``. A body over
+    ``envelope_payload_max_bytes`` (``None``: never) is stored in its envelope as its
+    SHA-256 and size instead of a copy of the payload.
 
     Example::
 
         RequestLimits(max_body_bytes=10 * 1024 * 1024, envelope_payload_max_bytes=65536)
     """
 
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
-    max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
+    max_body_bytes: int = 100 * 1024 * 1024
+    # Far deeper payloads only exhaust the recursion of whatever walks them later.
+    max_json_depth: int = 100
+    # Room for two bodies of ACR's 100 MB maximum, plus change.
+    max_inflight_body_bytes: int = 256 * 1024 * 1024
     envelope_payload_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
@@ -90,9 +77,9 @@ class ShutdownConfig:
         ShutdownConfig(grace=60.0, stop_wait=2.0)
     """
 
-    grace: float = DEFAULT_SHUTDOWN_GRACE
-    stop_wait: float = DEFAULT_STOP_WAIT
-    cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT
+    grace: float = 20.0
+    stop_wait: float = 5.0
+    cancel_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if self.grace < 0 or self.stop_wait < 0 or self.cancel_timeout < 0:
@@ -116,8 +103,8 @@ class SpoolConfig:
     """
 
     directory: Path | str | None = None
-    retry_interval: float = DEFAULT_SPOOL_RETRY_INTERVAL
-    max_retry_interval: float = DEFAULT_SPOOL_MAX_RETRY_INTERVAL
+    retry_interval: float = 5.0
+    max_retry_interval: float = 300.0
 
     def __post_init__(self) -> None:
         if not 0 < self.retry_interval <= self.max_retry_interval:
@@ -132,7 +119,8 @@ class SpoolConfig:
 class WorkerConfig:
     """Threads for sync handlers, and the GIL setting that keeps ``/ping`` fast beside them.
 
-    Sync handlers run in up to ``max_sync_workers`` threads. When the app owns the process
+    Sync handlers run in up to ``max_sync_workers`` threads (more than anyio's default of
+    40: rollout handlers mostly wait on a model server). When the app owns the process
     (``app.run()``, ``agentcore-rl serve``) the GIL switch interval is lowered to
     ``gil_switch_interval`` (``None``: leave it).
 
@@ -141,7 +129,7 @@ class WorkerConfig:
         WorkerConfig(max_sync_workers=16, gil_switch_interval=None)
     """
 
-    max_sync_workers: int = DEFAULT_MAX_SYNC_WORKERS
+    max_sync_workers: int = 64
     gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL
 
     def __post_init__(self) -> None:
@@ -153,13 +141,61 @@ class WorkerConfig:
             )
 
 
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class FaultChecks:
+    """How the agent server tells final faults from passing ones.
+
+    **Result bucket.** Before accepting a rollout the server checks its bucket once
+    (HeadBucket) and remembers the answer: ``bucket_ttl`` seconds when the bucket is
+    usable, ``bucket_miss_ttl`` when it is not (it may be created meanwhile). A bucket
+    that does not exist or refuses the server's credentials gets the invocation refused
+    with a 4xx naming the bucket and the cause, so the client fails at once instead of
+    waiting for a result that cannot come. An S3 outage (no answer within ``bucket_wait``
+    seconds, 5xx, throttling) is not a verdict: the rollout is accepted and its envelope
+    spooled until S3 is back, as without the check. ``check_buckets=False``: no check.
+
+    **Leases.** Every ``lease_interval`` seconds the server reads the lease of each client
+    with running rollouts (one GET per lease) and cancels, with a ``cancelled`` envelope,
+    the rollouts of a client whose lease went unrenewed for its ``ttl``. A lease that
+    cannot be read (S3 down) or is missing counts as renewed. ``check_leases=False``: no
+    check.
+
+    **Overload.** While the event loop runs more than ``overload_lag`` seconds behind,
+    new invocations are answered 503 with ``Retry-After: 1`` before their body is read
+    (the client waits and sends again) rather than queued for seconds. ``None``: never.
+
+    Example::
+
+        FaultChecks(lease_interval=2.0)
+    """
+
+    check_buckets: bool = True
+    bucket_ttl: float = 300.0
+    bucket_miss_ttl: float = 10.0
+    bucket_wait: float = 2.0
+    check_leases: bool = True
+    lease_interval: float = 10.0
+    overload_lag: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("bucket_ttl", "bucket_miss_ttl", "bucket_wait", "lease_interval"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0):
+                raise ConfigurationError(f"FaultChecks.{name} must be > 0, got {value!r}")
+        if self.overload_lag is not None and not self.overload_lag > 0:
+            raise ConfigurationError(
+                f"FaultChecks.overload_lag must be > 0 or None, got {self.overload_lag!r}"
+            )
+
+
 DEFAULT_REQUEST_LIMITS: Final = RequestLimits()
 DEFAULT_SHUTDOWN: Final = ShutdownConfig()
 DEFAULT_SPOOL: Final = SpoolConfig()
 DEFAULT_WORKERS: Final = WorkerConfig()
+DEFAULT_FAULT_CHECKS: Final = FaultChecks()
 
-#: The app's keyword for each config object: a field given to the app itself (``grace=``,
-#: ``shutdown_grace=``) is named where it belongs in the ``TypeError`` it gets.
+#: A config field given to the app itself (``grace=``) gets a TypeError naming its home.
 _CONFIGS: Final[dict[str, type[object]]] = {
     "limits": RequestLimits,
     "shutdown": ShutdownConfig,

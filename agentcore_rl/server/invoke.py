@@ -1,30 +1,61 @@
-"""Calling a user's handler however it is written: async or sync, with or without context.
+"""Calling a user's handler however it is written, and the :class:`RequestContext` it gets.
 
-Sync handlers run in worker threads bounded by a :class:`anyio.CapacityLimiter`, so a
-handler that blocks (``time.sleep``, blocking I/O, a CPU loop) never freezes the event
-loop that answers ``/ping``. Async handlers run on the event loop and must not block.
-
-Example::
-
-    spec = HandlerSpec.inspect(my_handler)
-    result = await call_handler(spec, payload, context, limiter=anyio.CapacityLimiter(8))
+Sync handlers run in bounded worker threads so a blocking one never freezes ``/ping``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.server.context import RequestContext
+from agentcore_rl.protocol import RolloutConfig
 
-__all__ = ["Handler", "HandlerSpec", "call_handler"]
+__all__ = ["Handler", "HandlerSpec", "RequestContext", "call_handler"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestContext:
+    """The invocation's session id, request id, HTTP headers and parsed ``_rollout`` block.
+
+    ``session_id`` is the AgentCore Runtime session header, or a fresh id when the caller
+    sent none. ``request_id`` is ``None`` when the caller sent no request id header.
+    ``headers`` has lower-case names and, when it comes from a request, looks names up
+    case-insensitively. ``rollout`` is the validated ``_rollout`` block of a rollout
+    invocation (``None`` for plain entrypoints and payloads that name no S3 location).
+    ``request`` is the Starlette request (its body is already read; a rollout outlives
+    it). ``request_headers`` is ``headers`` under the name AWS's ``RequestContext`` uses.
+
+    Example::
+
+        def handler(payload: dict, context: RequestContext) -> dict:
+            return {"session": context.session_id, "ua": context.headers.get("user-agent")}
+    """
+
+    session_id: str
+    request_id: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    rollout: RolloutConfig | None = None
+    # Any, not starlette's Request: contexts are also built by hand, in tests and tools.
+    request: Any = field(default=None, compare=False)
+
+    @property
+    def request_headers(self) -> Mapping[str, str]:
+        """The request headers (``BedrockAgentCoreApp``'s name for :attr:`headers`)."""
+        return self.headers
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestContext(session_id={self.session_id!r}, request_id={self.request_id!r}, "
+            f"rollout={self.rollout!r})"
+        )
+
 
 #: A user's entrypoint: ``(payload)`` or ``(payload, context)``, sync or async.
 Handler = Callable[..., Any]
@@ -59,8 +90,7 @@ def _takes_context(func: Callable[..., Any], name: str) -> bool:
     if len(positional) == 1:
         return False
     second = positional[1]
-    # A second parameter with a default is an option of the handler's own, unless its
-    # name says it wants the context.
+    # A defaulted second parameter is the handler's own option unless named "context".
     return second.default is inspect.Parameter.empty or second.name == "context"
 
 
@@ -75,7 +105,6 @@ class HandlerSpec:
 
     @classmethod
     def inspect(cls, func: Handler) -> HandlerSpec:
-        """Inspect ``func``; raise :class:`ConfigurationError` if it cannot be a handler."""
         if not callable(func):
             raise ConfigurationError(f"an entrypoint must be callable, got {type(func).__name__}")
         name = getattr(func, "__qualname__", None) or repr(func)
@@ -94,12 +123,7 @@ async def call_handler(
     *,
     limiter: anyio.CapacityLimiter,
 ) -> Any:
-    """Call the handler and return what it returns (exceptions propagate).
-
-    A sync handler runs in a worker thread taken from ``limiter``. If the calling task is
-    cancelled, the thread is abandoned: Python cannot stop a thread, so the handler runs
-    on until it returns and its result is discarded.
-    """
+    """Call the handler; a cancelled sync one's thread is abandoned (it cannot be stopped)."""
     args: tuple[Any, ...] = (payload, context) if spec.takes_context else (payload,)
     if spec.is_async:
         return await spec.func(*args)
@@ -107,6 +131,6 @@ async def call_handler(
         functools.partial(spec.func, *args), limiter=limiter, abandon_on_cancel=True
     )
     if inspect.isawaitable(result):
-        # A sync wrapper around an async function (some decorators produce these).
+        # A sync wrapper around an async function, as some decorators make.
         return await result
     return result

@@ -1,17 +1,18 @@
-"""The agent server's routes: ``/invocations``, ``/ping``, ``/sessions/{id}`` and its stop.
+"""The agent server's HTTP side: reading and checking an invocation, and the routes.
 
-A mixin of :class:`~agentcore_rl.server.AgentCoreRLApp`: reading and checking an
-invocation, accepting a rollout (once: a repeat of a running one is recognised, a
-marked re-send checks S3 first), calling a plain entrypoint, and the session routes. The
-app provides the state they use (declared below).
+Refusals are :class:`~agentcore_rl.errors.InvalidPayloadError` answered as
+``{"error": <message>, "field": <field>}``. :class:`RolloutRoutes` is a mixin of
+:class:`~agentcore_rl.server.AgentCoreRLApp`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -20,28 +21,210 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InvalidPayloadError
+from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
 from agentcore_rl.server.buckets import BucketCheck
-from agentcore_rl.server.budget import BodyBudget
 from agentcore_rl.server.config import RequestLimits, ShutdownConfig
-from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.health import HealthTracker
-from agentcore_rl.server.invoke import HandlerSpec, call_handler
-from agentcore_rl.server.lease import check_lease_reference
-from agentcore_rl.server.parsing import (
-    control_op,
-    parse_payload,
-    parse_rollout,
-    read_body,
-    session_id_from,
-)
+from agentcore_rl.server.invoke import HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.runner import RolloutRunner
 
-__all__ = ["RolloutRoutes"]
+__all__ = ["BodyBudget", "RolloutRoutes"]
 
 logger = logging.getLogger("agentcore_rl.server")
 
+# All of them, or none (run without saving).
+_S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
 _STOP_REASON: Final = "the session was stopped"
+
+
+class BodyBudget:
+    """Request-body bytes held by all invocations being received (one event loop, no lock).
+
+    ``max_body_bytes`` bounds one request, this the sum; a body that does not fit gets 503.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def reserve(self, size: int) -> None:
+        if self.in_flight + size > self.limit:
+            raise InvalidPayloadError(
+                f"the server holds {self.in_flight} bytes of request bodies and this one does "
+                f"not fit its budget of {self.limit} bytes (max_inflight_body_bytes); retry "
+                "shortly",
+                status_code=503,
+            )
+        self.in_flight += size
+
+    def release(self, size: int) -> None:
+        self.in_flight = max(0, self.in_flight - size)
+
+
+def _too_large(limit: int, detail: str) -> InvalidPayloadError:
+    return InvalidPayloadError(
+        f"request body {detail}; the limit is {limit} bytes (max_body_bytes)", status_code=413
+    )
+
+
+async def read_body(request: Request, *, limit: int, budget: BodyBudget) -> bytearray:
+    """The body in one buffer; 413 over ``limit``. The caller releases ``len(body)`` from
+    ``budget`` once done with it."""
+    declared = request.headers.get("content-length")
+    reserved = 0
+    if declared is not None:
+        try:
+            reserved = int(declared)
+        except ValueError:
+            raise InvalidPayloadError(
+                f"Content-Length header {declared!r} is not a number", field="content-length"
+            ) from None
+        if reserved > limit:
+            raise _too_large(limit, f"is {reserved} bytes")
+        budget.reserve(reserved)
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            size = len(body) + len(chunk)
+            if size > limit:
+                raise _too_large(limit, f"exceeds {len(body)} + {len(chunk)} bytes")
+            if size > reserved:
+                budget.reserve(size - reserved)
+                reserved = size
+            body += chunk
+    except BaseException:
+        budget.release(reserved)
+        raise
+    budget.release(reserved - len(body))  # shorter than declared
+    return body
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class _OutOfRange(ValueError):
+    """A JSON number too large for a float: Python would read it as infinity."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        # Accepted, it would make the envelope unserialisable long after the caller's 200.
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise _OutOfRange(
+            f"number {shown} in the request body is out of range for a 64-bit float "
+            "(it would become infinity)"
+        )
+    return value
+
+
+def _deeper_than(value: dict[str, Any] | list[Any], limit: int) -> bool:
+    # Iterative, so the check itself cannot exhaust the recursion limit.
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _too_deep(limit: int) -> InvalidPayloadError:
+    return InvalidPayloadError(
+        f"request body nests objects/arrays deeper than {limit} levels (max_json_depth)"
+    )
+
+
+# Built once: json.loads with hooks builds a decoder per request (a measurable cost).
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_JSON_KINDS: Final = {list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+def parse_payload(body: bytes | bytearray, *, max_depth: int) -> dict[str, Any]:
+    """The body as a JSON object, else 400 (also NaN, ``1e400``, nesting over ``max_depth``)."""
+    try:
+        payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
+    except _OutOfRange as exc:
+        raise InvalidPayloadError(str(exc)) from None
+    except RecursionError:
+        raise _too_deep(max_depth) from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise InvalidPayloadError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        kind = _JSON_KINDS.get(type(payload), "number")
+        raise InvalidPayloadError(f"request body must be a JSON object, got a JSON {kind}")
+    # Depth <= the count of opening brackets, a cheap C loop: most payloads skip the walk.
+    if body.count(b"{") + body.count(b"[") > max_depth and _deeper_than(payload, max_depth):
+        raise _too_deep(max_depth)
+    return payload
+
+
+def _not_allowed(bucket: str, allowed: frozenset[str] | None, field: str) -> None:
+    if allowed is not None and bucket not in allowed:
+        refusal = BucketNotAllowedError(bucket, allowed)
+        refusal.field = field
+        raise refusal
+
+
+def parse_rollout(
+    payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
+) -> protocol.RolloutConfig | None:
+    """The validated ``_rollout`` block (None: run without saving); 400 if bad, 403 if a
+    bucket it names is not allowed."""
+    if protocol.ROLLOUT_FIELD not in payload:
+        return None
+    block = payload[protocol.ROLLOUT_FIELD]
+    if isinstance(block, Mapping):
+        given = [name for name in _S3_FIELDS if block.get(name) is not None]
+        if not given:
+            return None  # the reference toolkit's rule
+        if len(given) < len(_S3_FIELDS):
+            missing = next(name for name in _S3_FIELDS if name not in given)
+            raise InvalidRolloutConfig(
+                f"{protocol.ROLLOUT_FIELD}.{missing} is required: give all of "
+                f"{', '.join(_S3_FIELDS)} to save the result to S3, or none of them to run "
+                "without saving",
+                field=f"{protocol.ROLLOUT_FIELD}.{missing}",
+            )
+    try:
+        config = protocol.RolloutConfig.from_dict(block)
+    except InvalidRolloutConfig as exc:
+        if exc.field and not exc.field.startswith(protocol.ROLLOUT_FIELD):
+            exc.field = f"{protocol.ROLLOUT_FIELD}.{exc.field}"
+        raise
+    field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
+    _not_allowed(config.s3_bucket, allowed_buckets, field)
+    if protocol.LEASE in config.extra:
+        bucket, _ = protocol.parse_lease_reference(config.extra[protocol.LEASE])
+        lease_field = f"{protocol.ROLLOUT_FIELD}.{protocol.LEASE}.{protocol.S3_BUCKET}"
+        _not_allowed(bucket, allowed_buckets, lease_field)
+    return config
+
+
+def control_op(payload: Mapping[str, Any]) -> str | None:
+    """The operation of a control request (None for an ordinary payload); 400 if bad."""
+    if protocol.CONTROL_FIELD not in payload:
+        return None
+    field = protocol.CONTROL_FIELD
+    block = payload[field]
+    if len(payload) != 1:
+        raise InvalidPayloadError(
+            f"a control request holds only {field}; this payload also has other keys",
+            field=field,
+        )
+    if not isinstance(block, dict) or set(block) != {protocol.CONTROL_OP}:
+        raise InvalidPayloadError(
+            f'{field} must be {{"{protocol.CONTROL_OP}": <operation>}}', field=field
+        )
+    op = block[protocol.CONTROL_OP]
+    if op not in protocol.CONTROL_OPS:
+        raise InvalidPayloadError(
+            f"unknown control operation {op!r}; known: {sorted(protocol.CONTROL_OPS)}",
+            field=f"{field}.{protocol.CONTROL_OP}",
+        )
+    return str(op)
 
 
 def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
@@ -49,7 +232,6 @@ def _error_response(message: str, status_code: int, field: str | None = None) ->
 
 
 def _path_session_id(request: Request) -> str | Response:
-    """The session id in the path, or the 400 answer when it is unusable."""
     session_id: str = request.path_params["session_id"]
     try:
         return protocol.validate_session_id(session_id, name="session id in the path")
@@ -65,7 +247,6 @@ class RolloutRoutes:
     shutdown: ShutdownConfig
     body_budget: BodyBudget
     bucket_check: BucketCheck
-    health: HealthTracker
     runner: RolloutRunner
     _spec: HandlerSpec | None
     _rollout_mode: bool
@@ -77,12 +258,6 @@ class RolloutRoutes:
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
         raise NotImplementedError
-
-    def session_state(self, session_id: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    async def _ping(self, request: Request) -> Response:
-        return JSONResponse(self.health.snapshot())
 
     def _shutting_down(self) -> JSONResponse:
         return _error_response(
@@ -111,18 +286,23 @@ class RolloutRoutes:
                 envelope_payload = self._envelope_payload(body, payload)
             finally:
                 self.body_budget.release(len(body))
-                del body  # the raw bytes are not needed past parsing
-            session_id = session_id_from(request.headers)
+                del body
+            header = request.headers.get(protocol.SESSION_ID_HEADER.lower())
+            session_id = (
+                protocol.new_session_id()
+                if header is None
+                else protocol.validate_session_id(
+                    header, name=f"{protocol.SESSION_ID_HEADER} header"
+                )
+            )
             if control_op(payload) == protocol.CONTROL_OP_STATUS:
-                # Answered at once, handler untouched: the client's liveness probe.
-                return JSONResponse(self.session_state(session_id))
+                return JSONResponse(self.runner.session_state(session_id))
             config = (
                 parse_rollout(payload, allowed_buckets=self.allowed_buckets)
                 if self._rollout_mode
                 else None
             )
             if config is not None:
-                check_lease_reference(config, self.allowed_buckets)
                 await self.bucket_check.require(config.s3_bucket)
             if self._validator is not None:
                 checked = self._validator(payload)
@@ -135,8 +315,7 @@ class RolloutRoutes:
                 refusal.headers["Retry-After"] = "1"
             return refusal
         except ClientDisconnect:
-            # The caller went away mid-body: nothing was accepted and nobody reads an
-            # answer. Routine on a busy network, so no traceback.
+            # Routine, so no traceback.
             logger.info("a client disconnected before sending the whole invocation body")
             return Response(status_code=400)
         except Exception as exc:
@@ -166,7 +345,7 @@ class RolloutRoutes:
         spec: HandlerSpec,
         payload: dict[str, Any],
         context: RequestContext,
-        envelope_payload: dict[str, Any] | None = None,
+        envelope_payload: dict[str, Any] | None,
     ) -> Response:
         # No await between this check and runner.start: shutdown cannot slip in between.
         if self._closing:
@@ -179,24 +358,19 @@ class RolloutRoutes:
                 context.session_id,
                 protocol.ROLLOUT_FIELD,
             )
-        else:
-            key = config.key_for(context.session_id)
-            if self.runner.find(config.s3_bucket, key) is not None:
-                # A retried invocation (same session, same result key): one rollout only.
-                logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
-                return JSONResponse(protocol.processing_response(config, context.session_id))
+        elif self.runner.find(config.s3_bucket, key := config.key_for(context.session_id)):
+            logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
+            return JSONResponse(protocol.processing_response(config, context.session_id))
         job = self.runner.start(
             spec,
             payload,
             context,
             limiter=self._get_limiter(),
             envelope_payload=envelope_payload,
-            # Only a re-send the client marked can have an earlier run (a first send has a
-            # fresh session id): one HEAD for those, none for the rest.
+            # Only a marked re-send can have an earlier run, so only it costs a HEAD.
             check_existing=config is not None and config.extra.get(protocol.REPEAT) is True,
         )
-        # Mounted where no lifespan runs there is no task group: the rollout runs after
-        # the answer, in the request's own task, which the ASGI server owns.
+        # No lifespan task group: run after the answer, in the request's own task.
         background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
         return JSONResponse(
             protocol.processing_response(config, context.session_id), background=background
@@ -208,12 +382,11 @@ class RolloutRoutes:
         try:
             result = await call_handler(spec, payload, context, limiter=self._get_limiter())
         except InvalidPayloadError as exc:
-            # The handler refused its input: that is the caller's error, not a crash.
             logger.warning("entrypoint %s refused its payload: %s", spec.name, exc.message)
             return _error_response(exc.message, exc.status_code, exc.field)
         except Exception as exc:
             logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
-            # BedrockAgentCoreApp's answer: the message alone (its clients parse it so).
+            # The message alone, as BedrockAgentCoreApp's clients parse it.
             return _error_response(str(exc) or type(exc).__name__, 500)
         if isinstance(result, Response):
             return result
@@ -227,7 +400,7 @@ class RolloutRoutes:
         session_id = _path_session_id(request)
         if isinstance(session_id, Response):
             return session_id
-        return JSONResponse(self.session_state(session_id))
+        return JSONResponse(self.runner.session_state(session_id))
 
     async def _stop_session(self, request: Request) -> Response:
         session_id = _path_session_id(request)

@@ -1,31 +1,19 @@
-"""RolloutRunner: the tasks that run rollout handlers to one outcome each.
+"""RolloutRunner: owned tasks that run rollout handlers to exactly one envelope each.
 
-Each accepted rollout becomes a :class:`RolloutJob` whose task calls the handler, turns
-the outcome into an envelope and hands it to the :class:`~agentcore_rl.server.spool.Spool`
-(S3, else local disk). The tasks belong to the task group the app's lifespan gives the
-runner (:meth:`RolloutRunner.attach`); without one (an app mounted where no lifespan runs)
-the caller runs the job itself (:meth:`RolloutRunner.run`, e.g. as the response's
-background task). Jobs are indexed by session id (so ``/sessions/{id}/stop`` can cancel
-them) and by result key (so a retried invocation does not start a second copy).
-
-Example::
-
-    async with anyio.create_task_group() as tasks:
-        runner = RolloutRunner(spool=spool, clock=time.time)
-        runner.attach(tasks)
-        job = runner.start(spec, payload, context, limiter=limiter)
-        runner.stop_session(context.session_id, reason="stopped by request")
-        report = await runner.shutdown(grace=20.0)
+Without the lifespan's task group (an app mounted where no lifespan runs) the response's
+background task runs the job. Jobs are indexed by session (for ``/sessions/{id}/stop``) and
+by result key (so a retried invocation does not start a second copy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,13 +22,7 @@ from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError
-from agentcore_rl.server.context import RequestContext
-from agentcore_rl.server.envelopes import (
-    describe_exception,
-    error_envelope_bytes,
-    outcome_envelope,
-)
-from agentcore_rl.server.invoke import HandlerSpec, call_handler
+from agentcore_rl.server.invoke import HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.spool import Spool
 
 __all__ = ["RolloutJob", "RolloutRunner", "ShutdownReport"]
@@ -49,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 # Reasons of "cancelled" envelopes: the error type already says "cancelled".
 SHUTDOWN_REASON: Final = "the agent server is shutting down"
-DEFAULT_CANCEL_TIMEOUT: Final = 5.0
 #: Finished sessions remembered for status probes: at 100 rollouts/s, the last 100 s.
 DEFAULT_REMEMBERED_SESSIONS: Final = 10_000
 
@@ -57,7 +38,6 @@ DEFAULT_REMEMBERED_SESSIONS: Final = 10_000
 def peak_memory_bytes() -> int | None:
     """The process's peak resident memory so far (``ru_maxrss``), or None without it."""
     try:
-        # lazy: resource is POSIX-only (the ImportError below is Windows)
         import resource
     except ImportError:  # pragma: no cover - Windows
         return None
@@ -66,12 +46,28 @@ def peak_memory_bytes() -> int | None:
 
 
 def _uncancel() -> None:
-    """Forget a cancellation this task asked for and has handled (Python 3.11+ counts
-    them, and timeouts inside the envelope write would otherwise misread the count)."""
-    task = asyncio.current_task()
-    uncancel = getattr(task, "uncancel", None)
+    """Forget a handled cancellation, or timeouts in the envelope write misread the count."""
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
     if uncancel is not None:
         uncancel()
+
+
+def _describe(exc: BaseException) -> str:
+    # The type always ("KeyError: 'a'"): some messages mean nothing alone.
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _dumps(obj: Any) -> bytes:
+    # NaN and infinities refused: readers of the envelope choke on them.
+    return json.dumps(obj, allow_nan=False).encode()
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error_type: str
+    reason: str
+    traceback: str | None = None
+    status_code: int = protocol.ERROR_STATUS_CODE
 
 
 @dataclass(eq=False)
@@ -83,24 +79,18 @@ class RolloutJob:
     started_at: float
     spec: HandlerSpec
     limiter: anyio.CapacityLimiter
-    # The task running the handler, set when it starts. Stopping a rollout cancels this
-    # task once, as asyncio does (not a level-triggered scope): a handler may catch the
-    # cancellation and still await its own cleanup.
+    # Cancelled once (edge-triggered), so a handler may catch it and await its cleanup.
     task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
-    # What the envelope's "payload" field holds instead of the payload (a digest), if set.
+    # A digest for the envelope's "payload" field instead of the payload.
     envelope_payload: dict[str, Any] | None = None
-    # Whether to ask S3 for an earlier run's envelope before running (see ``exists``).
-    check_existing: bool = True
-    started: bool = False
-    # True while the job asks S3 whether an earlier run already wrote its envelope.
+    check_existing: bool = False
     checking: bool = False
     handler_done: bool = False
-    # Set once an envelope is claimed for delivery, so no job is ever written twice.
+    # The envelope claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
     delivered: bool = False
-    # For the envelope's cost fields: monotonic and process CPU seconds at acceptance, and
-    # the runner's start count then (another start meanwhile: the CPU is not this one's).
+    # Cost fields; another start meanwhile means the process CPU is not this job's alone.
     began: float = field(default_factory=time.monotonic)
     cpu_began: float = field(default_factory=time.process_time)
     start_count: int | None = None
@@ -108,14 +98,13 @@ class RolloutJob:
 
     @property
     def session_id(self) -> str:
-        """The session this rollout runs in."""
         return self.context.session_id
 
     @property
-    def result_key(self) -> str | None:
-        """Where the envelope goes (``None`` when the payload had no ``_rollout`` block)."""
+    def target(self) -> tuple[str, str] | None:
+        """``(bucket, key)`` of its envelope, None if the payload named no S3 location."""
         config = self.context.rollout
-        return None if config is None else config.key_for(self.session_id)
+        return None if config is None else (config.s3_bucket, config.key_for(self.session_id))
 
     def cancel(self, reason: str) -> bool:
         """Ask the handler to stop; True if it was still running."""
@@ -123,9 +112,8 @@ class RolloutJob:
             return False
         if self.cancel_reason is None:
             self.cancel_reason = reason
-            # A task that has not started yet checks cancel_reason on its first step;
-            # cancelling it before then would kill it before it can write its envelope.
-            if self.started and self.task is not None:
+            # An unstarted task checks cancel_reason itself; cancelling it would skip its envelope.
+            if self.task is not None:
                 self.task.cancel(reason)
         return True
 
@@ -142,15 +130,9 @@ class ShutdownReport:
 class RolloutRunner:
     """Runs rollout handlers as owned tasks and delivers one envelope per rollout.
 
-    ``on_change`` is called whenever the number of running rollouts changes (the server
-    turns it into the ``/ping`` status). ``clock`` gives the envelope timestamps.
-    ``exists`` (``ResultStore.head``) is asked before the handler of a re-send the client
-    marked (``_rollout.repeat``) runs: if the result key already holds an envelope (an
-    earlier run's, in this process or a predecessor), that envelope wins.
-
-    The sessions of the last ``remember`` finished rollouts are kept (session id and result
-    keys, a few hundred bytes each), so a liveness probe racing the client's read of a
-    just-written envelope hears ``finished``, not ``unknown``.
+    ``exists`` is asked before a marked re-send (``_rollout.repeat``) runs: an earlier run's
+    envelope wins. The last ``remember`` finished sessions are kept so a status probe racing
+    the client's read of a fresh envelope hears ``finished``.
     """
 
     def __init__(
@@ -171,12 +153,8 @@ class RolloutRunner:
         self._starts = 0
         self._jobs: set[RolloutJob] = set()
         self._by_session: dict[str, set[RolloutJob]] = {}
-        self._by_key: dict[tuple[str, str], RolloutJob] = {}
         self._tasks: TaskGroup | None = None
         self._closed = False
-
-    def __repr__(self) -> str:
-        return f"RolloutRunner(active={len(self._jobs)}, closed={self._closed})"
 
     @property
     def active(self) -> int:
@@ -185,7 +163,6 @@ class RolloutRunner:
 
     @property
     def jobs(self) -> frozenset[RolloutJob]:
-        """A snapshot of the running rollouts."""
         return frozenset(self._jobs)
 
     @property
@@ -194,13 +171,13 @@ class RolloutRunner:
         return self._tasks is not None
 
     def attach(self, tasks: TaskGroup | None) -> None:
-        """Run the jobs :meth:`start` accepts from now on in ``tasks`` (the owner's task
-        group, which must outlive them); ``None`` detaches."""
+        """Run future jobs in ``tasks``, which must outlive them; ``None`` detaches."""
         self._tasks = tasks
 
     def find(self, bucket: str, key: str) -> RolloutJob | None:
         """The running rollout that will write ``s3://bucket/key``, if any."""
-        return self._by_key.get((bucket, key))
+        session_jobs = self._by_session.get(protocol.parse_result_key(key)[2], ())
+        return next((job for job in session_jobs if job.target == (bucket, key)), None)
 
     def start(
         self,
@@ -210,13 +187,9 @@ class RolloutRunner:
         *,
         limiter: anyio.CapacityLimiter,
         envelope_payload: dict[str, Any] | None = None,
-        check_existing: bool = True,
+        check_existing: bool = False,
     ) -> RolloutJob:
-        """Accept a rollout and return its job; with a task group attached, its handler
-        starts there at once, else the caller must ``await runner.run(job)``.
-
-        ``envelope_payload`` replaces the payload in the envelope (a digest of a large one).
-        """
+        """Accept a rollout; without an attached task group the caller awaits ``run(job)``."""
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
         job = RolloutJob(
@@ -234,9 +207,6 @@ class RolloutRunner:
         job.start_count = self._starts if not self._jobs else None  # alone, so far
         self._jobs.add(job)
         self._by_session.setdefault(job.session_id, set()).add(job)
-        config = context.rollout
-        if config is not None:
-            self._by_key[(config.s3_bucket, config.key_for(job.session_id))] = job
         self._changed()
         return job
 
@@ -253,10 +223,10 @@ class RolloutRunner:
 
     def session_state(self, session_id: str) -> dict[str, Any]:
         """What this server knows of a session: the ``/sessions/{id}`` answer."""
-        running = sorted(
-            key for job in self._by_session.get(session_id, ()) if (key := job.result_key)
-        )
         if session_id in self._by_session:
+            running = sorted(
+                target[1] for job in self._by_session[session_id] if (target := job.target)
+            )
             return protocol.session_status(session_id, protocol.SessionState.RUNNING, running)
         finished = self._finished.get(session_id)
         if finished:
@@ -265,26 +235,30 @@ class RolloutRunner:
         return protocol.session_status(session_id, protocol.SessionState.UNKNOWN)
 
     def _forget(self, job: RolloutJob) -> None:
-        if job.delivered and job.result_key is not None:
-            self.remember_finished(job.session_id, job.result_key)
+        target = job.target
+        if job.delivered and target is not None:
+            self.remember_finished(job.session_id, target[1])
         self._jobs.discard(job)
         session_jobs = self._by_session.get(job.session_id)
         if session_jobs is not None:
             session_jobs.discard(job)
             if not session_jobs:
                 del self._by_session[job.session_id]
-        config = job.context.rollout
-        if config is not None:
-            key = (config.s3_bucket, config.key_for(job.session_id))
-            if self._by_key.get(key) is job:
-                del self._by_key[key]
         job._done.set()
         self._changed()
 
-    def _metadata(self, job: RolloutJob) -> dict[str, Any] | None:
+    def _envelope(
+        self, job: RolloutJob, result: object, failure: _Failure | None
+    ) -> tuple[bytes | None, _Failure | None]:
+        """The envelope's bytes (None without an S3 location) and the failure it reports."""
+        if failure is None and not isinstance(result, Mapping):
+            kind = type(result).__name__
+            failure = _Failure(
+                protocol.ERROR_NOT_A_DICT, f"handler returned {kind}, expected a dict"
+            )
         config = job.context.rollout
         if config is None:
-            return None
+            return None, failure
         metadata = protocol.envelope_metadata(
             config,
             session_id=job.session_id,
@@ -294,175 +268,137 @@ class RolloutRunner:
         )
         alone = job.start_count == self._starts
         metadata[protocol.RUNTIME_SECONDS] = round(time.monotonic() - job.began, 6)
-        cpu = time.process_time() - job.cpu_began if alone else None
-        metadata[protocol.CPU_SECONDS] = None if cpu is None else round(cpu, 6)
+        cpu = round(time.process_time() - job.cpu_began, 6) if alone else None
+        metadata[protocol.CPU_SECONDS] = cpu
         metadata[protocol.PEAK_MEMORY_BYTES] = peak_memory_bytes()
-        return metadata
-
-    def _cancelled_body(self, job: RolloutJob, reason: str) -> bytes | None:
-        metadata = self._metadata(job)
-        if metadata is None:
-            return None
-        return error_envelope_bytes(metadata, error_type=protocol.ERROR_CANCELLED, reason=reason)
+        if failure is None:
+            try:
+                return _dumps(protocol.success_envelope(result, metadata)), None  # type: ignore[arg-type]
+            except (TypeError, ValueError) as exc:
+                reason = f"handler result is not JSON-serialisable: {exc}"
+                failure = _Failure(protocol.ERROR_NOT_JSON, reason)
+        envelope = protocol.error_envelope(
+            error_type=failure.error_type,
+            stop_reason=failure.reason,
+            metadata=metadata,
+            traceback=failure.traceback,
+            status_code=failure.status_code,
+        )
+        try:
+            return _dumps(envelope), failure
+        except (TypeError, ValueError):
+            # The payload came from JSON, but a handler may have put anything into it since.
+            envelope[protocol.PAYLOAD] = {"unserialisable_payload": repr(metadata["payload"])}
+            return _dumps(envelope), failure
 
     async def run(self, job: RolloutJob) -> None:
-        """Run a job :meth:`start` accepted to its one envelope (what the attached task
-        group does for each job)."""
-        spec, limiter = job.spec, job.limiter
+        """Run an accepted job to its one envelope."""
         job.task = asyncio.current_task()
-        job.started = True
         foreign_cancel: asyncio.CancelledError | None = None
-        body: bytes | None = None
-        error_type: str | None = None
-        reason = ""
+        result: object = None
+        failure: _Failure | None = None
         try:
             try:
                 if job.cancel_reason is not None:
                     raise asyncio.CancelledError(job.cancel_reason)
                 if await self._already_written(job):
                     return
-                result = await call_handler(spec, job.payload, job.context, limiter=limiter)
+                result = await call_handler(job.spec, job.payload, job.context, limiter=job.limiter)
             except asyncio.CancelledError as exc:
                 if job.cancel_reason is None:
-                    # Not our stop: the event loop itself is going away. Record it, then
-                    # let the cancellation proceed.
+                    # Not our stop: the event loop is going away; re-raised at the end.
                     foreign_cancel = exc
                     job.cancel_reason = "the event loop is shutting down"
                 else:
                     _uncancel()
                 if job.checking:
-                    # Stopped while asking S3: an existing envelope still wins over a
-                    # "cancelled" one. Shielded like the delivery below: the owner's task
-                    # group may be the one cancelling.
+                    # An existing envelope still beats "cancelled"; shielded as the
+                    # owner's task group may be the one cancelling.
                     with anyio.CancelScope(shield=True):
-                        found = await self._already_written(job)
-                    if found:
-                        return
-                error_type, reason = protocol.ERROR_CANCELLED, job.cancel_reason
-                body = self._cancelled_body(job, reason)
+                        if await self._already_written(job):
+                            return
+                failure = _Failure(protocol.ERROR_CANCELLED, job.cancel_reason)
             except InvalidPayloadError as exc:
-                # The handler refused its input: the caller's error, reported as such.
-                error_type, reason = protocol.ERROR_INVALID_PAYLOAD, exc.message
-                metadata = self._metadata(job)
-                if metadata is not None:
-                    body = error_envelope_bytes(
-                        metadata, error_type=error_type, reason=reason, status_code=exc.status_code
-                    )
+                invalid = protocol.ERROR_INVALID_PAYLOAD
+                failure = _Failure(invalid, exc.message, status_code=exc.status_code)
             except Exception as exc:
-                error_type = protocol.ERROR_HANDLER_RAISED
-                reason = describe_exception(exc)
                 tb = traceback.format_exc()
-                metadata = self._metadata(job)
-                if metadata is not None:
-                    body = error_envelope_bytes(
-                        metadata, error_type=error_type, reason=reason, traceback=tb
-                    )
+                failure = _Failure(protocol.ERROR_HANDLER_RAISED, _describe(exc), tb)
                 logger.error(
                     "rollout handler %s raised in session %s: %s\n%s",
-                    spec.name,
+                    job.spec.name,
                     job.session_id,
-                    reason,
+                    failure.reason,
                     tb,
                 )
-            else:
-                metadata = self._metadata(job)
-                if metadata is not None:
-                    body, error_type = outcome_envelope(metadata, result)
-                    if error_type is not None:
-                        reason = f"handler result rejected ({error_type})"
-                elif not isinstance(result, dict):
-                    error_type = protocol.ERROR_NOT_A_DICT
-                    reason = f"handler returned {type(result).__name__}, expected a dict"
+            body, failure = self._envelope(job, result, failure)
             job.handler_done = True
-            # Shielded: the one envelope of an accepted rollout is written even when the
-            # owner's task group is being cancelled (the store's retries bound the wait).
+            # Shielded so the envelope is written under cancellation; store retries bound it.
             with anyio.CancelScope(shield=True):
-                if error_type == protocol.ERROR_CANCELLED:
-                    # A mass cancel (shutdown, a client's lapsed lease) ends every handler
-                    # first: the envelope writes' CPU would otherwise hold back the rest.
+                if failure is not None and failure.error_type == protocol.ERROR_CANCELLED:
+                    # On a mass cancel, let every handler end before the writes' CPU.
                     await anyio.lowlevel.checkpoint()
-                await self._deliver(job, body, error_type, reason)
+                await self._deliver(job, body, failure)
         finally:
             self._forget(job)
             if foreign_cancel is not None:
                 raise foreign_cancel
 
     async def _already_written(self, job: RolloutJob) -> bool:
-        """Whether the job's key already holds an envelope; if so the job is done."""
-        config = job.context.rollout
-        if self._exists is None or config is None or not job.check_existing:
+        """Whether the job's key already holds an envelope (the job is then done)."""
+        if self._exists is None or job.target is None or not job.check_existing:
             return False
-        key = config.key_for(job.session_id)
+        bucket, key = job.target
         # Left set if the check is cancelled, so the stop path knows to check again.
         job.checking = True
         try:
-            # The envelope is in S3, or in this process's spool while S3 refuses it.
-            found = self._spool.holds(config.s3_bucket, key) or await self._exists(
-                config.s3_bucket, key
-            )
+            found = self._spool.holds(bucket, key) or await self._exists(bucket, key)
         except Exception as exc:
             # Running twice beats never running: S3 trouble does not block the rollout.
-            logger.warning(
-                "could not check s3://%s/%s before running: %s", config.s3_bucket, key, exc
-            )
+            logger.warning("could not check s3://%s/%s before running: %s", bucket, key, exc)
             found = False
         job.checking = False
         if found:
             logger.info(
                 "s3://%s/%s already holds this rollout's envelope (an earlier run's); "
                 "not running it again",
-                config.s3_bucket,
+                bucket,
                 key,
             )
-            job.handler_done = True
+            job.handler_done = job.delivered = True
             job.body = b""
-            job.delivered = True
         return found
 
-    async def _deliver(
-        self, job: RolloutJob, body: bytes | None, error_type: str | None, reason: str
-    ) -> None:
+    async def _deliver(self, job: RolloutJob, body: bytes | None, failure: _Failure | None) -> None:
         if job.body is not None or job.delivered:
             return  # the shutdown path already took care of this job
         elapsed = self._clock() - job.started_at
-        config = job.context.rollout
-        if config is None or body is None:
+        outcome = "success" if failure is None else f"{failure.error_type}: {failure.reason}"
+        if job.target is None or body is None:
             job.delivered = True
             logger.warning(
                 "rollout in session %s ended (%s) after %.1f s, but its payload had no %s "
                 "block, so the result was not written anywhere",
                 job.session_id,
-                f"{error_type}: {reason}" if error_type else "success",
+                outcome,
                 elapsed,
                 protocol.ROLLOUT_FIELD,
             )
             return
         job.body = body
-        key = config.key_for(job.session_id)
-        await self._spool.deliver(config.s3_bucket, key, body)
+        await self._spool.deliver(*job.target, body)
         job.delivered = True
-        if error_type is None:
-            logger.info(
-                "rollout %s finished in %.1f s -> s3://%s/%s",
-                job.session_id,
-                elapsed,
-                config.s3_bucket,
-                key,
-            )
-        else:
-            logger.warning(
-                "rollout %s failed after %.1f s (%s: %s) -> s3://%s/%s",
-                job.session_id,
-                elapsed,
-                error_type,
-                reason,
-                config.s3_bucket,
-                key,
-            )
+        logger.log(
+            logging.INFO if failure is None else logging.WARNING,
+            "rollout %s ended (%s) after %.1f s -> s3://%s/%s",
+            job.session_id,
+            outcome,
+            elapsed,
+            *job.target,
+        )
 
     def stop_session(self, session_id: str, reason: str) -> list[RolloutJob]:
-        """Cancel every running rollout of a session; return those that were still running.
-        Their "cancelled" envelopes are written by their own tasks."""
+        """Cancel a session's running rollouts; return those that were still running."""
         jobs = list(self._by_session.get(session_id, ()))
         return [job for job in jobs if job.cancel(reason)]
 
@@ -475,14 +411,10 @@ class RolloutRunner:
             return True
         return False
 
-    async def shutdown(
-        self, grace: float, *, cancel_timeout: float = DEFAULT_CANCEL_TIMEOUT
-    ) -> ShutdownReport:
+    async def shutdown(self, grace: float, *, cancel_timeout: float) -> ShutdownReport:
         """Refuse new rollouts, give running ones ``grace`` seconds, then cancel the rest.
 
-        Cancelled rollouts write their "cancelled" envelopes. A job that does not finish
-        within ``cancel_timeout`` after being cancelled (a handler that swallows
-        cancellation, an S3 write that hangs) has its envelope spooled instead.
+        A job still running ``cancel_timeout`` after its cancel has its envelope spooled.
         """
         self._closed = True
         before = len(self._jobs)
@@ -490,6 +422,7 @@ class RolloutRunner:
             await self.wait(self._jobs, within=grace)
         finished = before - len(self._jobs)
         cancelled = [job for job in list(self._jobs) if job.cancel(SHUTDOWN_REASON)]
+        stuck = []
         if self._jobs and not await self.wait(self._jobs, within=cancel_timeout):
             stuck = list(self._jobs)
             for job in stuck:
@@ -500,8 +433,7 @@ class RolloutRunner:
                 len(stuck),
                 cancel_timeout,
             )
-            return ShutdownReport(finished=finished, cancelled=len(cancelled), stuck=len(stuck))
-        return ShutdownReport(finished=finished, cancelled=len(cancelled), stuck=0)
+        return ShutdownReport(finished=finished, cancelled=len(cancelled), stuck=len(stuck))
 
     async def _spool_stuck(self, job: RolloutJob) -> None:
         if job.task is not None:
@@ -510,11 +442,9 @@ class RolloutRunner:
             return
         body = job.body
         if body is None:
-            body = self._cancelled_body(
-                job, "the agent server shut down and the handler did not stop"
-            )
+            reason = "the agent server shut down and the handler did not stop"
+            body, _ = self._envelope(job, None, _Failure(protocol.ERROR_CANCELLED, reason))
         job.body = body if body is not None else b""
         job.delivered = True
-        config = job.context.rollout
-        if config is not None and body is not None:
-            await self._spool.add(config.s3_bucket, config.key_for(job.session_id), body)
+        if body is not None and job.target is not None:
+            await self._spool.add(*job.target, body, why="its rollout did not end at shutdown")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.test_cli_eval import REPO
 
 
@@ -21,6 +23,8 @@ def _demo(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+# Two whole demo runs (each starts the local stack): the suite's 60 s is one run's bound.
+@pytest.mark.timeout(240)
 def test_the_demo_leaves_no_temp_directory_and_shows_a_typical_trajectory(
     tmp_path: Path,
 ) -> None:

@@ -35,12 +35,11 @@ def spool_record(
     store: ResultStore, bucket: str, key: str, body: str, *, owner: str | None
 ) -> dict[str, Any]:
     """A spool file's content as ``owner`` writes it for ``store``'s S3."""
-    destination = s3_destination(store)
     return {
         "bucket": bucket,
         "key": key,
         "owner": owner,
-        "destination": {"endpoint_url": destination.endpoint_url, "region": destination.region},
+        "destination": s3_destination(store),
         "body": body,
     }
 

@@ -221,5 +221,5 @@ async def test_the_spool_directory_is_made_private_on_first_write(
     directory = tmp_path / "state" / "spool" / "math"
     spool = Spool(store, directory=directory, owner="math")
     assert not directory.exists()
-    assert await spool.add("bucket-x", "exp/q-1/s.json", b"{}") is not None
+    assert await spool.add("bucket-x", "exp/q-1/s.json", b"{}", why="a test") is not None
     assert directory.stat().st_mode & 0o777 == 0o700
