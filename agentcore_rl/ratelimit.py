@@ -37,8 +37,6 @@ __all__ = [
     "DEFAULT_BURST",
     "DEFAULT_PACE_TICK",
     "DEFAULT_RATE",
-    "DEFAULT_RECOVERY",
-    "DEFAULT_THROTTLE_FACTOR",
     "LocalSessionLimiter",
     "Priority",
     "RateLimiter",
@@ -50,14 +48,12 @@ __all__ = [
 DEFAULT_RATE: Final = DEFAULT_TPS
 #: Default burst: one second's worth of tokens at the default rate.
 DEFAULT_BURST: Final = DEFAULT_TPS
-#: On a throttle the rate is multiplied by this factor.
-DEFAULT_THROTTLE_FACTOR: Final = 0.5
-#: After a throttle the rate regains this fraction of the configured rate per second.
-DEFAULT_RECOVERY: Final = 0.05
+#: On a throttle the rate is multiplied by this factor...
+_THROTTLE_FACTOR: Final = 0.5
+#: ...then regains this fraction of the configured rate per second.
+_RECOVERY: Final = 0.05
 #: Throttles closer together than this count as one (many calls in flight see the same one).
-DEFAULT_THROTTLE_COOLDOWN: Final = 1.0
-#: The rate never falls below this fraction of the configured rate.
-DEFAULT_MIN_RATE_FRACTION: Final = 0.02
+_THROTTLE_COOLDOWN: Final = 1.0
 
 #: The rollout client's wait grid (``tick``): at 25 TPS, five calls per wakeup.
 DEFAULT_PACE_TICK: Final = 0.2
@@ -142,10 +138,6 @@ class TokenBucket:
         rate: float = DEFAULT_RATE,
         burst: float | None = None,
         *,
-        throttle_factor: float = DEFAULT_THROTTLE_FACTOR,
-        recovery: float = DEFAULT_RECOVERY,
-        throttle_cooldown: float = DEFAULT_THROTTLE_COOLDOWN,
-        min_rate: float | None = None,
         tick: float = 0.0,
         tokens: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -156,24 +148,11 @@ class TokenBucket:
         burst = rate if burst is None else burst
         if not burst >= 1:
             raise ConfigurationError(f"burst must be >= 1 token, got {burst!r}")
-        if not 0 < throttle_factor <= 1:
-            raise ConfigurationError(f"throttle_factor must be in (0, 1], got {throttle_factor}")
         if not tick >= 0:
             raise ConfigurationError(f"tick must be >= 0 seconds, got {tick!r}")
-        if recovery < 0 or throttle_cooldown < 0:
-            raise ConfigurationError("recovery and throttle_cooldown must be >= 0")
         self.max_rate = float(rate)
         self.burst = float(burst)
-        self.throttle_factor = throttle_factor
-        self.recovery = recovery
-        self.throttle_cooldown = throttle_cooldown
         self.tick = float(tick)
-        self.min_rate = min(
-            self.max_rate,
-            self.max_rate * DEFAULT_MIN_RATE_FRACTION if min_rate is None else min_rate,
-        )
-        if not self.min_rate > 0:
-            raise ConfigurationError(f"min_rate must be > 0, got {min_rate!r}")
         self._clock = clock
         self._sleep = sleep
         self._tokens = self.burst if tokens is None else min(self.burst, float(tokens))
@@ -194,7 +173,7 @@ class TokenBucket:
         """The current refill rate in tokens per second (lower after a throttle)."""
         if self._throttled_at is None:
             return self.max_rate
-        regained = self.recovery * self.max_rate * (self._clock() - self._throttled_at)
+        regained = _RECOVERY * self.max_rate * (self._clock() - self._throttled_at)
         rate = self._throttled_rate + regained
         if rate >= self.max_rate:
             self._throttled_at = None
@@ -278,15 +257,15 @@ class TokenBucket:
 
     def on_throttle(self) -> None:
         """The runtime said "too many requests" (429 / ``ThrottlingException``): cut the
-        rate and empty the bucket. Throttles within ``throttle_cooldown`` seconds of the
-        last cut are one event."""
+        rate in half and empty the bucket. Throttles within a second of the last cut are
+        one event."""
         now = self._clock()
         self.throttles += 1
         self._refill()
         self._tokens = min(self._tokens, 0.0)
-        if self._throttled_at is not None and now - self._throttled_at < self.throttle_cooldown:
+        if self._throttled_at is not None and now - self._throttled_at < _THROTTLE_COOLDOWN:
             return
-        self._throttled_rate = max(self.min_rate, self.rate * self.throttle_factor)
+        self._throttled_rate = self.rate * _THROTTLE_FACTOR
         self._throttled_at = now
 
     def on_success(self) -> None:

@@ -7,21 +7,19 @@ import random
 import pytest
 
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
-from agentcore_rl.group_tracker import (
-    Action,
-    GroupDropped,
-    GroupReady,
-    GroupTracker,
-    StartMember,
-    StopMember,
-)
 from agentcore_rl.groups import (
+    Action,
     DropReason,
+    GroupDropped,
     GroupDroppedError,
+    GroupReady,
     GroupRules,
+    GroupTracker,
     MemberOutcome,
     RolloutGroup,
     StaleGroupError,
+    StartMember,
+    StopMember,
     advantages,
     group_digest,
     member_session_id,
@@ -432,7 +430,7 @@ def test_cancel_stops_every_running_member() -> None:
     assert {s.session_id for s in stops(actions)} == set(sids[1:])
     assert dropped(actions).reason is DropReason.CANCELLED
     assert tracker.cancel("q-1") == []
-    assert tracker.active_sessions("q-1") == []
+    assert not tracker.is_open("q-1")
 
 
 def test_unknown_sessions_and_reused_input_ids_are_refused() -> None:
@@ -487,7 +485,7 @@ def test_random_event_orders_resolve_every_group_exactly_once(seed: int) -> None
                     assert len(group.members) >= rules.keep_at_least
                     if rules.on_failure != "drop_member":
                         assert len(group.members) == rules.n
-                assert not tracker.active_sessions(group.input_id)
+                assert not tracker.is_open(group.input_id)
 
     for g in range(6):
         rules = GroupRules(

@@ -1,9 +1,5 @@
-"""The ``agentcore-rl`` commands: each takes parsed arguments and returns an exit code.
-
-Errors are raised (``ConfigurationError`` -> exit 2; ``StorageError``, ``InvocationError``,
-``GatewayError`` or ``OSError`` for an unreachable service or a taken port -> exit 3) and
-turned into one line on stderr by :func:`agentcore_rl.cli.main`.
-"""
+"""The ``agentcore-rl`` commands: each takes parsed arguments and returns an exit code;
+errors are raised and mapped to exit codes by :func:`agentcore_rl.cli.main`."""
 
 from __future__ import annotations
 
@@ -31,7 +27,6 @@ from agentcore_rl.cli.show import load_run, render, write_example
 from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError
 
-#: Where the gateway's admin token comes from when --gateway-admin-token is not given.
 _GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
 __all__ = [
@@ -48,15 +43,14 @@ __all__ = [
 
 
 def _cwd_importable() -> None:
-    """Like ``python -m`` and uvicorn: modules in the current directory can be imported."""
+    """Like ``python -m`` and uvicorn."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
 
 
 def import_app(target: str) -> Any:
-    """The object named by ``"package.module:attribute"`` (the current directory is
-    importable); ``ConfigurationError`` with a clear message otherwise."""
+    """The object named by ``"package.module:attribute"``, else ConfigurationError."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigurationError(f"{target!r} must look like 'package.module:app'")
@@ -67,7 +61,7 @@ def import_app(target: str) -> Any:
         raise ConfigurationError(
             f"cannot import {module_name!r}: {exc} (run from the directory that contains it)"
         ) from None
-    except Exception as exc:  # the user's module failed while importing
+    except Exception as exc:
         raise ConfigurationError(
             f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
         ) from exc
@@ -96,7 +90,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def _serve_asgi(
     app: Any, host: str, port: int, log_level: str, banner: str, **uvicorn_options: Any
 ) -> int:
-    # lazy: uvicorn is the server extra, loaded by the commands that serve
+    # lazy: the server extra
     import uvicorn
 
     from agentcore_rl.server.overload import serve_options
@@ -109,8 +103,7 @@ def _serve_asgi(
     sock = _bind(host, port)
     print(banner, file=sys.stderr)
     try:
-        # uvicorn owns SIGINT/SIGTERM here: it stops accepting, runs the app's lifespan
-        # shutdown (rollouts get their grace period) and returns. Options as app.run().
+        # uvicorn owns SIGINT/SIGTERM: the lifespan shutdown gives rollouts their grace.
         options = serve_options({"log_level": log_level, **uvicorn_options})
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
         server.run(sockets=[sock])
@@ -120,24 +113,22 @@ def _serve_asgi(
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``agentcore-rl serve module:app``: serve an agent with uvicorn until Ctrl-C."""
-    # lazy: the server extra, needed by `serve` only
+    # lazy: the server extra
     from agentcore_rl.server import AgentCoreRLApp
 
     app = import_app(args.target)
     if isinstance(app, AgentCoreRLApp):
-        app.tune_process()  # the app owns this process: process-wide settings are its call
+        app.tune_process()  # the app owns this process
     banner = f"{PROG}: serving {args.target} on http://{args.host}:{args.port}"
     return _serve_asgi(app, args.host, args.port, args.log_level, banner)
 
 
 def cmd_local_runtime(args: argparse.Namespace) -> int:
-    """``agentcore-rl local-runtime --agent-url URL``: the ACR data plane on this machine."""
-    # lazy: a command imports only what it runs (the CLI starts fast)
+    # lazy: a command imports only what it runs
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
     arn = args.arn or DEFAULT_AGENT_RUNTIME_ARN
-    protocol.parse_runtime_arn(arn)  # a bad --arn is a usage error, before anything starts
+    protocol.parse_runtime_arn(arn)  # usage error before anything starts
     runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
     banner = (
         f"{PROG}: local AgentCore Runtime for {arn}\n"
@@ -148,8 +139,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    """``agentcore-rl gateway --upstream URL``: the rollout gateway until Ctrl-C."""
-    # lazy: the gateway extra, needed by `gateway` only
+    # lazy: the gateway extra
     from agentcore_rl.gateway import DirectorySink, RolloutGateway
 
     render = _render_mode(args)
@@ -173,8 +163,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         f"admin routes {admin}\n"
         f"  agents: base_url=http://{args.host}:{args.port}/sessions/<session id>/v1"
     )
-    # The hot path (docs/gateway.md): the fastest loop and parser installed, no access log,
-    # a deep backlog for bursts, keep-alive longer than an agent's think time.
+    # The hot path (docs/gateway.md): keep-alive longer than an agent's think time.
     return _serve_asgi(
         gateway,
         args.host,
@@ -191,7 +180,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _render_mode(args: argparse.Namespace) -> Any:
-    """``--history linear``'s RenderMode (None in proxy mode); a bad option is a usage error."""
+    """``--history linear``'s RenderMode (None in proxy mode)."""
     history = getattr(args, "history", "proxy")
     if history == "proxy":
         if args.tokenizer or args.tool_call_parser or args.reasoning_parser:
@@ -201,7 +190,7 @@ def _render_mode(args: argparse.Namespace) -> Any:
         return None
     if not args.tokenizer:
         raise ConfigurationError("--history linear needs --tokenizer DIR (the model's tokenizer)")
-    # lazy: the render extra, needed by `--history linear` only
+    # lazy: the render extra
     from agentcore_rl.gateway.render.mode import RenderMode
 
     try:
@@ -216,7 +205,7 @@ def _render_mode(args: argparse.Namespace) -> Any:
 
 
 def _parse_params(pairs: list[str]) -> dict[str, Any]:
-    # The block's own fields have options of their own (--exp-id, --base-url...).
+    # These have options of their own (--exp-id, --base-url...).
     reserved = {protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET}
     reserved |= {protocol.BASE_URL, protocol.MODEL_ID}
     params: dict[str, Any] = {}
@@ -238,10 +227,9 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def print_run(run: EvalRun, *, title: str) -> None:
-    """The summary table and where the results are."""
     out = run.out
     assert out is not None
-    if run.summary.resumed and out.exists():  # the summary covers the whole results file
+    if run.summary.resumed and out.exists():  # summarise the whole file
         run.summary.replay(iter_lines(out))
     print(f"\n{title}")
     print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
@@ -256,8 +244,7 @@ def print_run(run: EvalRun, *, title: str) -> None:
 async def _run_and_report(
     execute: Callable[[EvalRun], Awaitable[object]], *, title: str, on_interrupt: str = ""
 ) -> int:
-    """Run ``execute`` on a fresh run, print its summary (also when interrupted, then
-    re-raise) and return the exit code."""
+    """Run ``execute``, print its summary (also when interrupted), return the exit code."""
     run = EvalRun(RunSummary())
     try:
         await execute(run)
@@ -273,12 +260,11 @@ async def _run_and_report(
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """``agentcore-rl eval``: evaluate a dataset; exit 1 if any rollout failed."""
     level = args.log_level or ("info" if args.verbose else "warning")
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # lazy: the client extra, needed by `eval` only
+    # lazy: the client extra
     from agentcore_rl.cli.eval import run_eval
     from agentcore_rl.cli.preflight import check_services
 
@@ -318,12 +304,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)
-    # A bad data file or --out is a usage error: report it before touching the network.
+    # Usage errors before touching the network.
     inputs = load_inputs(options.data, limit=options.limit)
     EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
-        # Every service it was given, before the first rollout and before any file exists.
         await check_services(options)
         return await _run_and_report(
             lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
@@ -335,13 +320,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``agentcore-rl demo``: the whole stack on this machine (see :mod:`agentcore_rl.cli.demo`)."""
-    # Everything the demo's parts use, checked before it prints or starts anything.
+    # Checked before anything prints or starts.
     require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
     from agentcore_rl.cli.demo import DemoOptions, run_demo
 
     _cwd_importable()
-    if args.out:  # as eval: a bad --out is a usage error before anything starts
+    if args.out:
         EvalJournal.check(Path(args.out), resume=False)
     options = DemoOptions(
         n=args.n,
@@ -363,23 +347,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _prices(args: argparse.Namespace) -> Prices | None:
-    """``--price`` given: every cost priced again at those prices; else as the run had it."""
+    """``--price`` re-prices every cost; without it, as the run had it."""
     return Prices.parse(args.price) if args.price else None
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """``agentcore-rl show RESULTS.jsonl INPUT_ID``: print one rollout."""
     rollout = load_run(Path(args.results), _prices(args)).find(args.input_id)
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     try:
         print(render(rollout, color=color))
-    except BrokenPipeError:  # `show ... | head`: the reader had enough
+    except BrokenPipeError:  # `show ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``agentcore-rl report RESULTS.jsonl [--compare OTHER] [-o FILE]``: write the report."""
     require("report", f"{PROG} report", "jinja2", "matplotlib")
     # lazy: the report extra
     from agentcore_rl.cli.report import build_report

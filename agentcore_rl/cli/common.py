@@ -1,6 +1,5 @@
-"""What the ``agentcore-rl`` commands share: the exit codes (see
-:data:`agentcore_rl.cli.main.EXIT_CODES_HELP`) and an event-loop runner that turns Ctrl-C
-into a clean shutdown."""
+"""The ``agentcore-rl`` exit codes and an event-loop runner that turns Ctrl-C into a clean
+shutdown."""
 
 from __future__ import annotations
 
@@ -36,10 +35,8 @@ EXIT_TERMINATED: Final = 143
 
 
 def run_async(work: Callable[[], Awaitable[int]]) -> int:
-    """Run ``work`` on a fresh event loop; Ctrl-C/SIGTERM cancel it so that every
-    ``async with`` unwinds (servers stop, sessions are stopped), then 130/143 is returned.
-    A second Ctrl-C exits at once (``os._exit``), without waiting for the clean shutdown.
-    """
+    """Run ``work``; Ctrl-C/SIGTERM cancel it so every ``async with`` unwinds (130/143).
+    A second Ctrl-C exits at once."""
     received: list[int] = []
 
     async def supervised() -> int:
@@ -50,9 +47,7 @@ def run_async(work: Callable[[], Awaitable[int]]) -> int:
         def on_signal(signum: int) -> None:
             received.append(signum)
             if len(received) > 1:
-                # Asked twice: stop now. Files were flushed line by line and every server
-                # runs in this process, so nothing is left behind (like a SIGKILL, which
-                # `eval --resume` recovers from).
+                # Nothing is left behind: files are flushed per line, servers are in-process.
                 print(f"\n{PROG}: interrupted again; exiting at once", file=sys.stderr)
                 sys.stderr.flush()
                 os._exit(_exit_code(signum))

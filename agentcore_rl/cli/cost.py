@@ -1,10 +1,5 @@
-"""What a rollout cost: an ESTIMATE from what was measured, at prices you can set.
-
-It counts the agent's compute as AgentCore Runtime bills it (consumed vCPU-seconds and peak
-memory over the rollout's runtime, from the envelope) and, when priced, the model's prompt
-and completion tokens (from the gateway's capture); not S3, the trainer's machine, minimum
-charges, free tiers or the inference server's GPUs (see docs/cli.md).
-"""
+"""What a rollout cost: an ESTIMATE from what was measured, at prices you can set
+(docs/cli.md says what is and is not counted)."""
 
 from __future__ import annotations
 
@@ -25,9 +20,7 @@ _TOKENS: Final = ("prompt_tokens", "completion_tokens")
 
 @dataclass(frozen=True, kw_only=True)
 class Prices:
-    """USD prices: ``vcpu_hour`` and ``gb_hour`` (defaults: AgentCore Runtime's published
-    rates), ``input_mtok`` and ``output_mtok`` per million prompt / completion tokens
-    (unset: model calls are not priced)."""
+    """USD prices; the compute defaults are AgentCore Runtime's, token prices unset."""
 
     vcpu_hour: float = 0.0895
     gb_hour: float = 0.00945
@@ -63,9 +56,7 @@ def _number(value: Any) -> float | None:
 
 
 def usage_of(record: Mapping[str, Any], tokens: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What one results line measured: ``runtime_s``, ``cpu_s``, ``peak_memory_gb`` (from
-    its envelope; the runtime falls back to ``finished_at - started_at``) and
-    ``prompt_tokens`` / ``completion_tokens`` (from ``tokens``, the gateway's counts)."""
+    """What one results line measured (envelope figures, gateway token counts)."""
     envelope = record.get("result")
     envelope = envelope if isinstance(envelope, Mapping) else {}
     runtime = _number(envelope.get(protocol.RUNTIME_SECONDS))
@@ -84,8 +75,7 @@ def usage_of(record: Mapping[str, Any], tokens: Mapping[str, Any] | None = None)
 
 
 def trace_tokens(trace: Any) -> dict[str, int]:
-    """The prompt and completion tokens a session's model calls were billed for (every
-    call's whole prompt: each turn resends the conversation), from its gateway trace."""
+    """The billed tokens of a session's model calls (each turn resends the conversation)."""
     ok = [r for r in (trace.records if trace is not None else ()) if r.ok]
     if not ok:
         return {}
@@ -100,9 +90,7 @@ def trace_messages(trace: Any) -> list[Any] | None:
 
 
 def price(usage: Mapping[str, Any], prices: Prices) -> dict[str, Any]:
-    """``usage`` plus its estimated USD: ``cpu_usd`` (vCPU-seconds consumed), ``memory_usd``
-    (peak GB x runtime), ``model_usd`` (tokens, when priced) and their sum ``usd``. A part
-    that was not measured is ``None`` and left out of the sum."""
+    """``usage`` plus its estimated USD per part and ``usd``; an unmeasured part is None."""
     cpu, runtime, memory = usage.get("cpu_s"), usage.get("runtime_s"), usage.get("peak_memory_gb")
     rates = (prices.input_mtok, prices.output_mtok)
     model = [

@@ -1,14 +1,5 @@
-"""``agentcore-rl demo``: every part of the toolkit on one machine, in one process.
-
-Embedded S3 (moto), the scripted stand-in policy (NOT a language model: a pattern-based
-script that solves the example's word problems, right ``accuracy`` of the time), the math
-example agent on two agent servers and the local AgentCore Runtime in front of them; unless
-``gateway=False``, a :class:`~agentcore_rl.gateway.RolloutGateway` between the agents and
-the policy captures every call's tokens. The problems run as an eval over the ACR transport
-(the real aiobotocore client, reaching the local runtime through
-``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE``, as it would reach AWS); then up to 6 of them run
-again as GRPO groups of 4, for the summary's line of group statistics.
-"""
+"""``agentcore-rl demo``: every part of the toolkit on one machine, in one process
+(docs/cli.md). The policy is a scripted stand-in, NOT a language model."""
 
 from __future__ import annotations
 
@@ -69,8 +60,7 @@ class DemoOptions:
 
 
 def demo_package() -> str:
-    """The package of the demo's math agent: the copy shipped in the wheel, else (in an
-    editable checkout, where the wheel's copy does not exist) ``examples.math_agent``."""
+    """The wheel's copy of the math agent, else (a checkout) ``examples.math_agent``."""
     for name in (_SHIPPED, _CHECKOUT):
         try:
             if importlib.util.find_spec(name) is not None:
@@ -84,9 +74,7 @@ def demo_package() -> str:
 
 
 def demo_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where the demo writes without ``--out``: ``$XDG_STATE_HOME/agentcore-rl/demo``
-    (``~/.local/state/...``), else ``<tempdir>/agentcore-rl-demo-<uid>``, emptied at the start
-    of each run, so runs leave nothing behind but the last run's results."""
+    """Where the demo writes without ``--out``, emptied at each start (only the last run stays)."""
     state = environ.get("XDG_STATE_HOME", "").strip()
     candidates = [Path(tempfile.gettempdir()) / f"agentcore-rl-demo-{os.getuid()}"]
     with contextlib.suppress(RuntimeError):  # no home directory at all
@@ -106,8 +94,7 @@ def demo_dir(environ: Mapping[str, str] = os.environ) -> Path:
 
 
 def _dataset(package: str, n: int, generated: Path) -> Path:
-    """The shipped problems when there are enough, else ``n`` freshly generated ones
-    (written to ``generated``)."""
+    """The shipped problems when there are enough, else ``n`` generated into ``generated``."""
     dataset = importlib.import_module(f"{package}.dataset")
     shipped: Path = dataset.DEFAULT_DATA_PATH
     with shipped.open(encoding="utf-8") as lines:
@@ -120,9 +107,8 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
 
 
 async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
-    """Start the local stack, run the problems, stop everything; return the run
-    (``run``, when given, is filled in as the run goes)."""
-    # lazy: the local extra (starlette, moto), loaded when the demo runs
+    """Start the local stack, run the problems, stop everything; return the run."""
+    # lazy: the local extra
     from agentcore_rl.local.policy import ScriptedPolicy
 
     out = options.out or demo_dir() / "results.jsonl"
@@ -161,7 +147,7 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
             await scope.enter_async_context(stack)
             gateway = None
             if options.gateway:
-                # lazy: the gateway extra, needed by the gateway only
+                # lazy: the gateway extra
                 from agentcore_rl.gateway import RolloutGateway
                 from agentcore_rl.local.background import BackgroundServer
 
@@ -217,8 +203,7 @@ async def _run(
 
 
 async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
-    """A few problems again as GRPO groups (all at once: about one rollout's wall time),
-    through the run's stack and gateway, for the summary's line of group statistics."""
+    """A few problems again as GRPO groups, for the summary's group statistics."""
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
     tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)

@@ -1,10 +1,5 @@
-"""The run behind ``agentcore-rl eval`` (and ``demo``): a JSONL file of inputs through
-:class:`~agentcore_rl.client.AsyncRolloutClient`, every outcome recorded exactly once, an
-interrupted run resumed (see docs/cli.md). An input is one rollout, journaled before each
-session's invocation; or, with ``group_size``, a GRPO group whose members are journaled
-when started and when ended, so that a resumed group replays its ended members and
-resumes its started ones.
-"""
+"""The run behind ``agentcore-rl eval`` (and ``demo``): every input's outcome recorded
+exactly once, an interrupted run resumed from its journal (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -66,7 +61,6 @@ _OUTCOME: Final = {"succeeded": "done", "failed": "failed", "timed_out": "timeou
 
 
 def make_client(options: EvalOptions) -> AsyncRolloutClient:
-    """The client of one run, configured from its options."""
     rollout: dict[str, Any] = dict(options.rollout_extra)
     for name, value in (("base_url", options.base_url), ("model_id", options.model_id)):
         if value is not None:
@@ -76,8 +70,7 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
         rollouts=default.rollouts if options.retry_rollouts is None else options.retry_rollouts,
         lost=default.lost if options.retry_lost is None else options.retry_lost,
     )
-    # One lease per results file: a run resumed after a crash renews its predecessor's
-    # lease, so the rollouts it re-attaches to are not cancelled under it.
+    # One lease per results file, so a resumed run renews the lease of what it re-attaches.
     run_key = f"{options.exp_id}\0{options.out.resolve()}".encode()
     liveness = LivenessConfig(lease_id="eval-" + hashlib.sha256(run_key).hexdigest()[:32])
     gateway = None
@@ -91,7 +84,7 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
         rollout=rollout,
         limits=Limits(
             max_concurrent_sessions=options.concurrency,
-            # The client's bucket needs a finite rate; "no limit" becomes one nobody reaches.
+            # The token bucket needs a finite rate.
             tps=options.tps if options.tps is not None else _UNLIMITED_TPS,
         ),
         timeouts=Timeouts(rollout=options.timeout),
@@ -107,8 +100,7 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
 
 @contextlib.asynccontextmanager
 async def _task_group() -> AsyncIterator[TaskGroup]:
-    """An anyio task group that raises a lone failure as itself, not in an ExceptionGroup:
-    the CLI maps exception types to exit codes."""
+    """A task group raising a lone failure bare: the CLI maps exception types to exit codes."""
     try:
         async with anyio.create_task_group() as tasks:
             yield tasks
@@ -120,7 +112,7 @@ async def _task_group() -> AsyncIterator[TaskGroup]:
 
 
 def _bar_shape() -> dict[str, int]:
-    # A pty nobody sized (``script``, some CI runners) reports 0x0: tqdm would draw nothing.
+    # An unsized pty (``script``, some CI) reports 0x0 and tqdm would draw nothing.
     try:
         size = os.get_terminal_size(sys.stderr.fileno())
     except (OSError, ValueError, AttributeError):
@@ -132,7 +124,7 @@ class Progress:
     """The progress bar on stderr, with the failures and the mean reward so far."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        # lazy: tqdm is the cli extra; a library user of the engine may not have it
+        # lazy: tqdm is the cli extra
         from tqdm import tqdm
 
         self.bar = tqdm(
@@ -168,7 +160,6 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
 
 
 def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
-    """The journaled members of each group, by input id, in journal order."""
     groups: dict[str, ResumedGroup] = {}
     for event in events:
         kind, input_id = event.get("event"), event.get("input_id")
@@ -193,14 +184,12 @@ def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGro
                 )
                 group.ended.append(end)
         except (KeyError, TypeError, ValueError):
-            continue  # a line this version cannot read: that member runs again
+            continue  # unreadable: that member runs again
     return groups
 
 
 class EvalEngine:
-    """The worker pool: ``concurrency`` workers take work from a queue, first the rollouts
-    an earlier run left in flight, then the inputs (rollouts or groups). Every outcome goes
-    to the journal, the summary and the progress bar."""
+    """``concurrency`` workers on one queue: an earlier run's in-flight rollouts, then inputs."""
 
     def __init__(
         self,
@@ -216,9 +205,8 @@ class EvalEngine:
         self.journal = journal
         self.summary = summary
         self.bar = bar
-        self.trajectories = trajectories  # with a gateway: one line per done rollout
-        # Work for the workers: rollouts an earlier run left in flight (first), inputs,
-        # and one None per worker to end it.
+        self.trajectories = trajectories
+        # One None per worker ends it.
         self.queue: asyncio.Queue[tuple[JournalEntry, EvalInput] | EvalInput | None] = (
             asyncio.Queue()
         )
@@ -238,10 +226,8 @@ class EvalEngine:
         in_flight: Sequence[JournalEntry],
         by_id: dict[str, EvalInput],
     ) -> None:
-        """Run ``fresh`` inputs and resume ``in_flight`` ones until each has an outcome."""
         await self._collect_earlier()
-        # The earlier run's rollouts first: queued behind the fresh inputs, one found lost
-        # would wait for every slot those take (the chaos run's detection tail).
+        # Resumed ones first: behind fresh inputs, a lost one would wait for every slot.
         for entry in in_flight:
             self.queue.put_nowait((entry, by_id[entry.input_id]))
         for item in fresh:
@@ -269,8 +255,7 @@ class EvalEngine:
             return None
 
     async def _collect_earlier(self) -> None:
-        """What an earlier run left: its groups' journaled members (a succeeded member's
-        tokens from its trace in S3), the trajectories it died before writing."""
+        """An earlier run's group members (with traces) and the trajectories it did not write."""
         if self.summary.groups is not None:
             for record in self.journal.finished.values():
                 self.summary.groups.add_record(record)
@@ -281,7 +266,7 @@ class EvalEngine:
                     if end.kind != "succeeded" or start is None:
                         continue
                     trace = await self._trace(start.s3_bucket, start.result_key, end.session_id)
-                    if trace is not None:  # else its rows go without tokens
+                    if trace is not None:
                         trajectory = build_trajectory(trace, reward=end.reward)
                         group.ended[number] = dataclasses.replace(end, trajectory=trajectory)
         written = self.trajectories.sessions if self.trajectories else set()
@@ -300,7 +285,7 @@ class EvalEngine:
     async def _run_group(self, item: EvalInput, rules: GroupRules) -> None:
         t0 = time.monotonic()
         try:
-            async with self.opening:  # waiting for its members' slots paces the run
+            async with self.opening:  # waiting for members' slots paces the run
                 fut = await self.client.invoke_group(
                     item.payload,
                     rules=rules,
@@ -312,13 +297,11 @@ class EvalEngine:
             group = await fut
         except ClientClosedError:
             raise  # interrupted: the journal has what --resume needs
-        except Exception as exc:  # a bad payload or a dropped group: the run goes on
+        except Exception as exc:  # the run goes on
             self._record_group(item, None, exc, t0)
             return
-        # Rows first: a kill between the two writes leaves a group that --resume replays
-        # from the journal (no member runs again) and whose rows are then written twice
-        # (one (group_id, session_id, segment) key each, easy to drop), never a results
-        # line without rows.
+        # Rows first: a kill in between may duplicate rows (keyed, easy to drop) on
+        # --resume, but never leaves a results line without rows.
         write_jsonl(
             group_rows(group, require_tokens=False), rows_path_for(self.options.out), append=True
         )
@@ -327,7 +310,6 @@ class EvalEngine:
     def _record_group(
         self, item: EvalInput, group: RolloutGroup | None, error: Exception | None, t0: float
     ) -> None:
-        """Write a group's one results line: ``outcome`` ``done`` (whole) or ``dropped``."""
         if isinstance(error, GroupDroppedError):
             group = error.group
         rewards = [] if group is None or error is not None else group.rewards
@@ -358,12 +340,10 @@ class EvalEngine:
         self.bar.update(self.summary)
 
     def member_started(self, start: MemberStart) -> None:
-        """The client's member journal: each member attempt before its invocation."""
         self.member_starts[start.session_id] = start.started_at
         self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
 
     def member_ended(self, end: MemberEnd) -> None:
-        """... and each member outcome, also counted in the summary."""
         fields = ("input_id", "session_id", "kind", "reward", "error")
         self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
         started = self.member_starts.get(end.session_id)
@@ -371,8 +351,6 @@ class EvalEngine:
         self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
 
     def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
-        """Journal each session of an input before it is sent: a resumed run finds it."""
-
         def journal(fut: RolloutFuture) -> None:
             entry = JournalEntry(
                 item.input_id, fut.session_id, fut.s3_bucket, fut.result_key, fut.invoked_at
@@ -382,7 +360,6 @@ class EvalEngine:
         return journal
 
     async def _run_one(self, item: EvalInput) -> None:
-        """Run one input (the client retries in new sessions) to its one results line."""
         t0 = time.monotonic()
         try:
             future = await self.client.invoke(
@@ -399,7 +376,6 @@ class EvalEngine:
     async def _await(
         self, item: EvalInput, future: RolloutFuture, entry: JournalEntry | None = None
     ) -> None:
-        """Await a started rollout (``entry``: one resumed) and record its outcome."""
         input_id = item.input_id
         try:
             result = await future
@@ -411,7 +387,7 @@ class EvalEngine:
             if entry is None or not cancelled:
                 self._finish(input_id, "failed", future, entry, error=exc)
                 return
-            # The previous run stopped it on its way out: it never ran to its end.
+            # The previous run stopped it on its way out.
             self.journal.record_abandoned(input_id)
             await self._run_one(item)
         except RolloutTimeoutError as exc:
@@ -422,16 +398,14 @@ class EvalEngine:
                     timeout=self.options.timeout,
                 )
             self._finish(input_id, "timeout", future, entry, error=exc)
-        except Exception as exc:  # RolloutError, AgentLostError past its retries, StorageError...
+        except Exception as exc:
             self._finish(input_id, "failed", future, entry, error=exc)
         else:
             self._finish(input_id, "done", future, entry, result=result)
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
-        """Finish a rollout an earlier run journaled as started (its invocation may or may
-        not have been sent): within its deadline resumed under the same session id (its
-        result read, else sent again as a repeat, which an agent running it does not start
-        twice); past it, or under another experiment's key, its result key followed."""
+        """Finish a rollout an earlier run journaled: within its deadline re-sent as a repeat
+        under the same session; past it (or another key), its result key followed."""
         remaining = entry.started_at + self.options.timeout - time.time()
         config = protocol.RolloutConfig(
             exp_id=self.options.exp_id, input_id=entry.input_id, s3_bucket=self.options.s3_bucket
@@ -476,15 +450,14 @@ class EvalEngine:
         error: BaseException | None = None,
         elapsed: float | None = None,
     ) -> None:
-        """Write the one results line of an input (``entry``: one resumed from a journal)."""
         if entry is not None:
             self.summary.reattached += 1
             elapsed = time.time() - entry.started_at
         elif future is not None:
             self.summary.retried += future.attempts - 1
-            elapsed = future.elapsed  # the whole time of the input: its retries included
+            elapsed = future.elapsed  # retries included
         if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
-            result = error.envelope  # what the agent wrote (for a lost trace: its result)
+            result = error.envelope
         where: JournalEntry | RolloutFuture | None = entry if future is None else future
         trace = None if future is None else future.trace
         record: dict[str, Any] = {
@@ -549,9 +522,7 @@ async def run_eval(
 ) -> EvalRun:
     """Run (or resume) an evaluation; every input ends in exactly one results line.
 
-    Cancelling it (Ctrl-C) stops the rollouts in flight and journals them as abandoned
-    (``--resume`` runs them again); a run that dies without cleanup leaves them journaled
-    as started (``--resume`` re-attaches). ``run``, when given, is filled in as the run goes.
+    ``run``, when given, is filled in as the run goes.
     """
     if inputs is None:
         inputs = load_inputs(options.data, limit=options.limit)
@@ -568,7 +539,7 @@ async def run_eval(
     trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
     try:
-        # A group's trajectories go into its training rows (FILE.groups.jsonl) instead.
+        # A group's trajectories go into its rows file instead.
         if options.gateway_url is not None and options.group_size is None:
             trajectories = TrajectoryFile.open(options.out, resume=options.resume)
             run.trajectories = trajectories.path
@@ -590,7 +561,6 @@ async def run_eval(
                 finally:
                     run.s3_requests = preflight_requests + client.stats.s3_total
         finally:
-            # What the client could not stop on its way out: --resume stops it.
             journal.record_unstopped(client.unstopped_sessions)
     finally:
         if bar is not None:

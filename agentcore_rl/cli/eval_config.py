@@ -1,6 +1,4 @@
-"""What an eval run works on: its inputs (a JSONL file; each line a JSON object sent as the
-payload, named by its ``input_id`` or ``id``, else its line number), its options and what
-it reports."""
+"""What an eval run works on: its inputs, its options and what it reports."""
 
 from __future__ import annotations
 
@@ -72,9 +70,7 @@ def load_inputs(path: Path, *, limit: int | None = None) -> list[EvalInput]:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions:
-    """Everything one eval run needs: the CLI's arguments (see ``agentcore-rl eval --help``).
-    Exactly one of ``agent_runtime_arn`` and ``agent_urls`` is given; the endpoints default
-    to botocore's own resolution."""
+    """The arguments of one eval run (``agentcore-rl eval --help``)."""
 
     data: Path
     out: Path

@@ -1,10 +1,5 @@
-"""The files of an eval run (see docs/cli.md): ``NAME.jsonl``, one line per outcome;
-``NAME.jsonl.journal``, one line per rollout started (written before its invocation is
-sent), stopped by this run or left unstopped; ``NAME.trajectories.jsonl`` through a gateway.
-All are append-only JSONL flushed line by line, so a run killed at any moment leaves them
-readable; a torn last line is cut off before appending. On ``--resume`` a retryable
-failure's results line is removed (the file rewritten atomically) and its input runs again.
-"""
+"""The files of an eval run (docs/cli.md): append-only JSONL flushed line by line, so a
+run killed at any moment leaves them readable (a torn last line is cut off)."""
 
 from __future__ import annotations
 
@@ -52,8 +47,7 @@ def rows_path_for(out: Path) -> Path:
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One started rollout: where its result will be; ``started_at`` (epoch seconds) keeps
-    the original deadline on resume."""
+    """One started rollout; ``started_at`` keeps the original deadline on resume."""
 
     input_id: str
     session_id: str
@@ -63,7 +57,6 @@ class JournalEntry:
 
 
 def _cut_torn_tail(path: Path) -> None:
-    # A last line without its newline: the writer died in the middle of it.
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         with path.open("rb+") as handle:
@@ -111,9 +104,8 @@ def _write(handle: IO[str] | None, record: dict[str, Any]) -> None:
 
 @dataclass
 class EvalJournal:
-    """The open results file and journal of one eval run: by input id, the outcome lines
-    (``finished``) and the rollouts started but never seen finish (``in_flight``) of earlier
-    runs; ``events`` is every journal line they wrote (group members' too), in order."""
+    """The open results file and journal of one eval run, with what earlier runs left
+    (``finished``, ``in_flight`` and every journal line as ``events``)."""
 
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -154,7 +146,7 @@ class EvalJournal:
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path_for(out).open("a", encoding="utf-8")
         for input_id in sorted(self.retrying):
-            # Its failed session is over: a later resume starts it afresh, never re-attaches.
+            # Its session is over: a later resume starts afresh, never re-attaches.
             self.in_flight.pop(input_id, None)
             self.record_abandoned(input_id)
         return self
@@ -182,7 +174,7 @@ class EvalJournal:
             )
         except (KeyError, TypeError, ValueError):
             return
-        # The latest start wins: an input run again after its earlier session was stopped.
+        # The latest start wins (a rerun after a stop).
         self.in_flight[input_id] = entry
 
     def record_started(self, entry: JournalEntry) -> None:

@@ -1,7 +1,6 @@
 """``agentcore-rl``: the command table, the parser and the exit codes (docs/cli.md).
 
-Errors are one line on stderr with an exit code scripts can use (:data:`EXIT_CODES_HELP`),
-never a traceback (set ``AGENTCORE_RL_DEBUG=1`` to see one).
+Errors are one line on stderr, never a traceback (unless ``AGENTCORE_RL_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -35,13 +34,12 @@ _DEBUG_ENV: Final = "AGENTCORE_RL_DEBUG"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one clear line (plus a pointer to --help)."""
+    """argparse, but a bad argument is one clear line."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-#: The exit codes, the same in every command's help (and in docs/cli.md).
 EXIT_CODES_HELP: Final = (
     "exit codes: 0 ok; 1 some rollouts failed or timed out; 2 usage error (a bad argument "
     "or data file, a missing extra); 3 a service is unreachable or refuses us (S3, the "
@@ -56,14 +54,14 @@ _LEVELS: Final = ["critical", "error", "warning", "info", "debug"]
 def _number(
     convert: Callable[[str], _N], kind: str, accept: Callable[[_N], bool], rule: str
 ) -> Callable[[str], _N]:
-    """An argparse ``type=`` that parses a number and checks its range in one clear line."""
+    """An argparse ``type=`` that parses a number and checks its range."""
 
     def parse(text: str) -> _N:
         try:
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-        # Written as "not accepted" so that NaN, which fails every comparison, is refused.
+        # "not accepted" so that NaN is refused.
         if not accept(value):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return value
@@ -86,7 +84,7 @@ def _url(text: str) -> str:
 
 
 def _tps(text: str) -> float | None:
-    """Transactions per second; 0 means no limit."""
+    """0 means no limit."""
     value = _non_negative_float(text)
     return None if value == 0 else value
 
@@ -106,7 +104,6 @@ def _add_price(parser: argparse.ArgumentParser) -> None:
 def _add_run(
     parser: argparse.ArgumentParser, tps: float, tps_help: str, base_url: str, out: str
 ) -> None:
-    """The options ``eval`` and ``demo`` share, with the defaults and help that differ."""
     parser.add_argument(
         "--concurrency", type=_positive_int, default=32, help="rollouts in flight (default 32)"
     )
@@ -119,7 +116,6 @@ def _add_run(
 
 
 def _add_server(parser: argparse.ArgumentParser, port: int, log_level: str) -> None:
-    """The options of the commands that serve: interface, port, uvicorn's log level."""
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=port, help=f"port (default {port})")
     parser.add_argument(
@@ -371,8 +367,7 @@ def _report(parser: argparse.ArgumentParser) -> None:
     _add_price(parser)
 
 
-#: Each command: its options, the one extra it needs (it brings everything the command
-#: imports; none: the extra of the part that is missing), its help and its description.
+#: Each command: its options, its extra ("": the missing part's), help and description.
 _COMMANDS: Final[dict[str, tuple[Callable[[argparse.ArgumentParser], None], str, str, str]]] = {
     "demo": (
         _demo,
@@ -462,7 +457,6 @@ def _fail(message: str, code: int) -> int:
 
 
 def _fail_missing(exc: BaseException, command: str | None) -> int:
-    """One line naming the extra to install: the command's, else the part's."""
     module = (getattr(exc, "name", None) or "").split(".")[0]
     extra = (_COMMANDS[command][1] if command else "") or getattr(exc, "extra", None) or "cli"
     what = f"'{PROG} {command}'" if command else PROG
@@ -487,12 +481,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _fail_missing(exc, None)
     arguments = sys.argv[1:] if argv is None else list(argv)
-    if not arguments:  # a bare `agentcore-rl`: show what there is to run
+    if not arguments:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
         args = parser.parse_args(arguments)
-    except SystemExit as exc:  # --help, --version or a usage error: argparse printed it
+    except SystemExit as exc:  # argparse printed it
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         # lazy: the CLI starts fast and --help works without extras
@@ -508,10 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigurationError, InvalidPayloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)
     except (StorageError, InvocationError, GatewayError, OSError) as exc:
-        # S3, the agent, the runtime or the gateway cannot be reached or refuse us; a port is taken.
         return _fail(str(exc), EXIT_UNAVAILABLE)
-    except Exception as exc:  # a bug: say so in one line unless asked for the traceback
-        if is_ours(exc):  # installed without the command's extra
+    except Exception as exc:  # a bug
+        if is_ours(exc):  # a missing extra
             return _fail_missing(exc, args.command)
         if os.environ.get(_DEBUG_ENV):
             raise

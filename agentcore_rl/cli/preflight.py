@@ -1,9 +1,5 @@
-"""What ``agentcore-rl eval`` checks before its first rollout: every service it was given.
-
-Each check is one cheap call that changes nothing (docs/cli.md lists them); a failure is
-raised as the error the CLI turns into one line and exit 3 (``StorageError``,
-``InvocationError``, ``GatewayError``).
-"""
+"""What ``agentcore-rl eval`` checks before its first rollout: one cheap call per service
+it was given (docs/cli.md); a failure exits 3."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ async def check_services(options: EvalOptions) -> None:
 
 
 async def check_bucket(options: EvalOptions) -> int:
-    """The run's bucket is reachable and readable, or StorageError names the bucket and
-    endpoint; -> the S3 requests it made."""
+    """Check the bucket is readable; return the S3 requests it made."""
     store = ResultStore(
         endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
     )
@@ -81,8 +76,7 @@ async def check_agents(urls: list[str]) -> None:
 
 
 async def check_runtime(arn: str, endpoint_url: str | None) -> None:
-    """The runtime endpoint serves ``arn`` (a ``StopRuntimeSession`` for a session id never
-    used), or InvocationError saying what is wrong."""
+    """Check the endpoint serves ``arn`` (a ``StopRuntimeSession`` of an unused session)."""
     # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -122,8 +116,7 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
 
 
 async def check_gateway(url: str, token: str | None) -> None:
-    """The gateway at ``url`` answers ``/health`` and accepts ``token`` on its admin routes,
-    or GatewayError says which it does not."""
+    """Check the gateway answers ``/health`` and accepts ``token``."""
     # lazy: as above (the client extra)
     import httpx
 

@@ -1,8 +1,5 @@
 """``agentcore-rl report``: a finished run as ONE self-contained HTML file that opens
-offline (clusters without internet). Charts are drawn by matplotlib into inline SVG at build
-time, so the page needs no script library, CDN or font download; the page comes from the
-jinja2 templates shipped in the package (``cli/templates``). Both are the ``report`` extra.
-"""
+offline (clusters without internet), so charts are inline SVG drawn at build time."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""A finished run read back from its files (results, trajectories, groups' training rows),
-one :class:`Rollout` per rollout (a group's member too), and ``agentcore-rl show``: one of
-them in the terminal, its tokens in runs of one loss mask (prompt and tool tokens ``.``,
-generated ``#``). ``report`` renders the whole run.
-"""
+"""A finished run read back from its files, one :class:`Rollout` per rollout, and
+``agentcore-rl show`` printing one of them (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -74,8 +71,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _span(rollout: Rollout) -> tuple[float, float] | None:
-    """When a rollout ran: as the client saw it (``ended_at`` less ``elapsed``, retries
-    included), else as its agent did (the envelope's ``started_at`` / ``finished_at``)."""
+    """When a rollout ran: as the client saw it, else as its envelope says."""
     record, envelope = rollout.record, rollout.envelope or {}
     if _is_number(record.get("ended_at")) and _is_number(record.get("elapsed")):
         return float(record["ended_at"]) - float(record["elapsed"]), float(record["ended_at"])
@@ -85,8 +81,7 @@ def _span(rollout: Rollout) -> tuple[float, float] | None:
 
 
 def _row_segment(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A training row as a segment: its prompt (mask 0) then its response (a column the row
-    lacks is padded by :func:`token_runs`)."""
+    """A training row as a segment: its prompt (mask 0), then its response."""
     n, mask = len(row.get("prompt_ids") or []), list(row.get("loss_mask") or [])
     segment = {"token_ids": list(row.get("prompt_ids") or []) + list(row.get("response_ids") or [])}
     for key, pad in (("loss_mask", 0), ("logprobs", 0.0), ("policy_versions", -1)):
@@ -163,8 +158,7 @@ def _index(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def load_run(path: Path, prices: Prices | None = None) -> RunData:
-    """Read a results file and the files beside it; ``ConfigurationError`` when it cannot.
-    Costs are as each line has them, or priced at ``prices`` when given (or missing)."""
+    """Read a results file and the files beside it (costs re-priced at ``prices`` if given)."""
     if not path.is_file():
         raise ConfigurationError(f"no results file at {path}")
     records = list(iter_lines(path))
@@ -227,8 +221,7 @@ def _text(message: Any) -> str:
 
 
 def token_runs(segment: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each run of one loss mask: ``mask``, ``tokens`` (id, logprob, policy version), ``ids``,
-    mean ``logprob`` (generated runs) and policy ``versions``."""
+    """The segment's tokens grouped into runs of one loss mask."""
     ids = segment.get("token_ids") or []
     columns = [
         list(segment.get(key) or []) + [pad] * len(ids)  # a short column reads as padding
@@ -299,8 +292,7 @@ def render(rollout: Rollout, *, color: bool) -> str:
 
 
 def write_example(out: Path) -> Path | None:
-    """Write a typical rollout of the run, as ``show`` prints it, to ``NAME.example.txt``:
-    the first done one that used a tool (most do), else the first done; ``None`` if none."""
+    """Write a typical rollout (the first done one using a tool) to ``NAME.example.txt``."""
     try:
         done = [r for r in load_run(out).rollouts if r.outcome == "done"]
     except ConfigurationError:  # no lines yet (an early Ctrl-C)

@@ -1,9 +1,7 @@
-"""The end-of-run summary of ``demo`` and ``eval``: outcomes tallied as they arrive,
-rendered as a small table; group figures (pass@1, pass@k, spread, drops) for group runs.
+"""The end-of-run summary of ``demo`` and ``eval``, tallied as outcomes arrive.
 
-A group member counts as correct when its reward is above 0. pass@1 is the mean over whole
-groups of the share of correct members; pass@k (k = the group size) the unbiased estimator
-1 - C(m - c, k) / C(m, k) over a group's m kept members of which c are correct.
+A group member is correct when its reward is above 0; pass@k is the unbiased estimator
+1 - C(m - c, k) / C(m, k) over a group's m kept members, c correct.
 """
 
 from __future__ import annotations
@@ -56,9 +54,8 @@ def _short(error: str) -> str:
 
 
 def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The kind and reason a results line's failure is summed up under: what failed in the
-    agent (its envelope's ``stop_reason``, e.g. ``KeyError: 'a'``) tells apart failures that
-    the client reports alike."""
+    """A failure's kind and reason; the envelope's ``stop_reason`` tells apart failures the
+    client reports alike."""
     error_type, error = record.get("error_type"), record.get("error")
     envelope = record.get("result")
     if isinstance(envelope, Mapping):
@@ -161,9 +158,7 @@ class GroupTally:
 
 @dataclass
 class RunSummary:
-    """Running tallies of a run. ``resumed`` counts outcomes an earlier run had written,
-    ``reattached`` those collected from rollouts it left in flight, ``retried`` the extra
-    sessions of retried inputs."""
+    """Running tallies of a run (``resumed``: outcomes an earlier run had written)."""
 
     counts: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
@@ -171,14 +166,12 @@ class RunSummary:
     resumed: int = 0
     reattached: int = 0
     retried: int = 0
-    # Through a gateway (trajectories_missing: done rollouts whose trace is lost).
     trajectories: int = 0
     tokens_captured: list[int] = field(default_factory=list)
     merges: int = 0
     splits: int = 0
     trajectories_missing: int = 0
     groups: GroupTally | None = None
-    # Failed and timed-out outcomes by error type, and the first reason seen for each.
     errors: Counter[str] = field(default_factory=Counter)
     reasons: dict[str, str] = field(default_factory=dict)
     # Each outcome's cost estimate, and the tokens of each trajectory's training segments.
@@ -195,8 +188,7 @@ class RunSummary:
         error: str | None = None,
         cost: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record one outcome (``"done"``, ``"failed"`` or ``"timeout"``); a failure's
-        ``error_type`` is counted, and the first ``error`` of each type kept as its reason."""
+        """Record one outcome; the first ``error`` of each type is kept as its reason."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
         self.counts[outcome] += 1
@@ -221,8 +213,7 @@ class RunSummary:
         self.splits += trajectory.splits
 
     def replay(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Outcomes, latencies, rewards, errors and costs again from a whole results file
-        (after ``--resume``: the summary covers the run, not only this invocation)."""
+        """Tally a whole results file again (after ``--resume``: cover the whole run)."""
         self.counts, self.latencies, self.rewards, self.costs = Counter(), [], [], []
         self.errors, self.reasons = Counter(), {}
         for record in records:
@@ -284,7 +275,6 @@ class RunSummary:
         """A small aligned table for the terminal."""
         data = self.as_dict(wall_seconds=wall_seconds, s3_requests=s3_requests)
         num, mean = _num, self.mean_reward
-        # Over the rollouts that finished with a reward: failures have none to average.
         reward = f"{mean:.3f} ({len(self.rewards)} finished)" if mean is not None else None
         rows = [
             ("rollouts", f"{data['total']}"),
@@ -310,8 +300,7 @@ class RunSummary:
         if self.trajectories or self.trajectories_missing:
             rows += [
                 ("trajectories", f"{self.trajectories}"),
-                # Every call's prompt and completion (what the model server processed; each
-                # turn resends the conversation) vs the training sequences' tokens.
+                # Tokens the model server processed vs the training sequences' tokens.
                 ("tokens per rollout, all calls", num(data["tokens_per_rollout"], ".1f")),
                 ("tokens per rollout, training", num(data["segment_tokens_per_rollout"], ".1f")),
                 ("segment merges / splits", f"{self.merges} / {self.splits}"),

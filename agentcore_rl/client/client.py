@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
-import logging
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.client import batch
@@ -27,36 +23,24 @@ from agentcore_rl.client.config import (
     Retries,
     Timeouts,
 )
+from agentcore_rl.client.core import ClientCore
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import (
     GroupFuture,
-    GroupRunner,
     MemberJournal,
     ResumedGroup,
     run_groups,
 )
-from agentcore_rl.client.liveness import (
-    DEFAULT_LIVENESS,
-    ClientLease,
-    LivenessConfig,
-    LivenessProber,
-)
+from agentcore_rl.client.liveness import DEFAULT_LIVENESS, ClientLease, LivenessConfig
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.client.payload import (
-    attached_config,
-    build_invocation,
-    client_defaults,
-    rollout_extras,
-)
-from agentcore_rl.client.rollout import Rollouts, RolloutSpec
-from agentcore_rl.client.service import ClientState, Service
-from agentcore_rl.client.traces import TraceJoiner, gateway_link
-from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
+from agentcore_rl.client.payload import attached_config, client_defaults, rollout_extras
+from agentcore_rl.client.rollout import RolloutSpec
+from agentcore_rl.client.service import ClientState
+from agentcore_rl.client.traces import gateway_link, trace_of
+from agentcore_rl.client.transports import Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
-from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
-from agentcore_rl.errors import ClientClosedError, ConfigurationError, TraceLostError
-from agentcore_rl.group_tracker import GroupCounters
-from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
+from agentcore_rl.groups import GroupCounters, GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import (
     DEFAULT_PACE_TICK,
@@ -72,10 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncRolloutClient", "ClientState"]
 
-logger = logging.getLogger(__name__)
 
-
-class AsyncRolloutClient:
+class AsyncRolloutClient(ClientCore):
     """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
 
     Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN) and ``agent_url``
@@ -147,11 +129,6 @@ class AsyncRolloutClient:
         stop_finished_sessions: bool | None = None,
         gateway: GatewayConfig | None = None,
     ) -> None:
-        if (agent_runtime_arn is None) == (agent_url is None):
-            raise ConfigurationError(
-                "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
-                "(agent servers over HTTP)"
-            )
         check_config_types(
             ("limits", limits, Limits),
             ("timeouts", timeouts, Timeouts),
@@ -160,20 +137,9 @@ class AsyncRolloutClient:
             ("liveness", liveness, LivenessConfig),
             ("aws", aws, AwsConfig),
         )
-        if gateway is not None and not isinstance(gateway, GatewayConfig):
-            raise ConfigurationError(
-                f"gateway must be a GatewayConfig, got {type(gateway).__name__} "
-                "(an in-process gateway: GatewayConfig(url=..., app=gateway))"
-            )
         link = gateway_link(gateway)
         self.defaults = client_defaults(
             rollout, exp_id=exp_id, s3_bucket=s3_bucket, gateway=link is not None
-        )
-        self.exp_id, self.s3_bucket = exp_id, s3_bucket
-        self.limits, self.timeouts, self.retries, self.aws = limits, timeouts, retries, aws
-        self.liveness = liveness
-        self.transport: Transport = make_transport(
-            agent_runtime_arn, agent_url, aws, min(limits.max_concurrent_sessions, MAX_CONNECTIONS)
         )
         self._owns_store = store is None
         self.store = store or ResultStore(endpoint_url=aws.s3_endpoint_url)
@@ -183,46 +149,19 @@ class AsyncRolloutClient:
         if self._lease is not None:  # every invocation names it
             extra = {**self.defaults.extra, protocol.LEASE: self._lease.reference}
             self.defaults = dataclasses.replace(self.defaults, extra=extra)
+        self.exp_id, self.s3_bucket = exp_id, s3_bucket
+        self.limits, self.timeouts, self.retries, self.aws = limits, timeouts, retries, aws
+        self.liveness = liveness
+        self.transport: Transport = make_transport(
+            agent_runtime_arn, agent_url, aws, min(limits.max_concurrent_sessions, MAX_CONNECTIONS)
+        )
         self.rate_limiter: RateLimiter = rate_limiter or TokenBucket(
             limits.tps, limits.burst, tick=DEFAULT_PACE_TICK
         )
         self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
             limits.max_concurrent_sessions
         )
-        self._closed = asyncio.Event()
-        self._counters = ClientStats()
-        #: Builds a call's body and its validated ``_rollout`` block (no I/O).
-        self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
-        self._service = Service("agentcore-rl client", setup=self._start_workers)
-        self._in_block = False  # inside ``async with`` (entered once at a time)
-        self._watcher = CompletionWatcher(self.store, watcher)
-        self._joiner = None if link is None else TraceJoiner(link, self.store)
-        self._rollouts = Rollouts(
-            transport=self.transport,
-            limiter=self.rate_limiter,
-            slots=self.session_limiter,
-            watcher=self._watcher,
-            counters=self._counters,
-            retries=retries,
-            service=self._service,
-            stop_finished_sessions=self.transport.stop_after_result
-            if stop_finished_sessions is None
-            else stop_finished_sessions,
-            unreachable_after=liveness.unreachable_after,
-            joiner=self._joiner,
-        )
-        self._prober = LivenessProber(
-            self.transport, self.rate_limiter, self._rollouts.live, self._counters, config=liveness
-        )
-        self._groups = GroupRunner(
-            exp_id=exp_id, service=self._service, rollouts=self._rollouts, prepare=self._prepare
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"AsyncRolloutClient(transport={self.transport!r}, exp_id={self.exp_id!r}, "
-            f"s3_bucket={self.s3_bucket!r}, state={self.state.name}, in_flight={self.in_flight})"
-        )
+        self._build(link, watcher, stop_finished_sessions)
 
     # --- public API ----------------------------------------------------------------------
 
@@ -266,7 +205,7 @@ class AsyncRolloutClient:
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
+        timeout: float | None = None,
         rollout: Mapping[str, Any] | None = None,
         on_session: Callable[[RolloutFuture], None] | None = None,
         resume: bool = False,
@@ -318,7 +257,7 @@ class AsyncRolloutClient:
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
+        timeout: float | None = None,
         rollout: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``invoke`` and wait for the outcome: the result dict, or its exception."""
@@ -334,7 +273,7 @@ class AsyncRolloutClient:
         result_key: str,
         input_id: str | None = None,
         s3_bucket: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
+        timeout: float | None = None,
         started_at: float | None = None,
     ) -> RolloutFuture:
         """Follow a rollout that is already running (started by another client or an
@@ -351,7 +290,7 @@ class AsyncRolloutClient:
         future before it is returned; then the client's completion watcher takes over.
         ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
         """
-        self._check_not_closed()
+        self._service.check_open()
         sid = self.check_session_id(session_id)
         bucket = self.s3_bucket if s3_bucket is None else s3_bucket
         config = attached_config(self.defaults, sid, result_key, input_id, bucket)
@@ -388,7 +327,7 @@ class AsyncRolloutClient:
         its rollouts to run until ``aclose``. Raises ``ClientClosedError`` (after the items
         of the rollouts already started) when the client closes meanwhile.
         """
-        self._check_not_closed()
+        self._service.check_open()
         prepare = functools.partial(self._prepare, input_id=None, overrides=rollout_extras(rollout))
         return batch.run_batch(
             self._service, self._rollouts, prepare, payloads, self._limit(timeout)
@@ -401,7 +340,7 @@ class AsyncRolloutClient:
         *,
         rules: GroupRules,
         input_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (each member's deadline)
+        timeout: float | None = None,
         rollout: Mapping[str, Any] | None = None,
         journal: MemberJournal | None = None,
         resume: ResumedGroup | None = None,
@@ -424,7 +363,7 @@ class AsyncRolloutClient:
         ones resumed by session id, only the others started.
         """
         check_config_types(("rules", rules, GroupRules))
-        await self._ensure_open()
+        await self._service.ensure_open()
         return await self._groups.open(
             payload,
             rules=rules,
@@ -452,7 +391,7 @@ class AsyncRolloutClient:
         digits, unless its ``_rollout`` names one. The work runs in the client's task group,
         as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
         """
-        self._check_not_closed()
+        self._service.check_open()
         check_config_types(("rules", rules, GroupRules))
         options = {
             "rules": rules,
@@ -492,14 +431,7 @@ class AsyncRolloutClient:
         the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
         the rollout's own error when it failed.
         """
-        if self._joiner is None:
-            raise ConfigurationError(
-                "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
-            )
-        fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
-        if fut.trace is None:
-            raise TraceLostError(fut.session_id, "this client did not collect it")
-        return fut.trace
+        return trace_of(self._joiner, fut)
 
     def check_session_id(self, session_id: object) -> str:
         """Return ``session_id`` if this client can use it for a new rollout, else raise.
@@ -529,74 +461,4 @@ class AsyncRolloutClient:
         ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
         again.
         """
-        if self.state is ClientState.CLOSED:
-            await self._closed.wait()
-            return
-        self._service.state = ClientState.CLOSED
-        self._groups.close(ClientClosedError("the client was closed before this group finished"))
-        self._rollouts.close()
-        try:
-            with anyio.move_on_after(self.timeouts.close):
-                await self._rollouts.wait_closed()
-        finally:
-            try:
-                # Shielded: a close that was itself cancelled still ends the work it owns.
-                with anyio.CancelScope(shield=True):
-                    await self._service.aclose()
-                    self._counters.unstopped = self._rollouts.report_unstopped(self.timeouts.close)
-                    await self.transport.aclose()
-                    if self._joiner is not None:
-                        await self._joiner.link.aclose()
-                    if self._owns_store:
-                        await self.store.aclose()
-            finally:
-                self._closed.set()
-
-    async def __aenter__(self) -> AsyncRolloutClient:
-        self._check_not_closed()
-        if self._in_block:
-            raise RuntimeError(
-                "this AsyncRolloutClient is already entered with 'async with'; it is entered "
-                "once (leaving a block closes it): use it inside the first block"
-            )
-        self._in_block = True
-        try:
-            if await self._service.enter():
-                # The S3 client now rather than in the first watcher round, so the first
-                # results are not detected late (short timeouts would fire first).
-                await self.store.__aenter__()
-                if isinstance(self.transport, AcrTransport):
-                    await self.transport.connect()
-        except BaseException:
-            await self.__aexit__(None, None, None)
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        """Close; the block's exception, if any, goes on as itself."""
-        self._in_block = False
-        try:
-            await self.aclose()
-        finally:
-            await self._service.leave()  # the task that entered the task group leaves it
-
-    def _check_not_closed(self) -> None:
-        self._service.check_open()
-
-    async def _ensure_open(self) -> None:
-        await self._service.ensure_open()
-
-    def _start_workers(self, service: Service) -> None:
-        service.start_soon(self._watcher.run, name="completion watcher")
-        service.start_soon(self._prober.run, name="liveness prober")
-        if self._lease is not None:
-            service.start_soon(self._lease.run, name="client lease")
-
-    async def _start(self, spec: RolloutSpec) -> RolloutFuture:
-        """Run ``spec``'s rollout as a task of the client's; its future once accepted."""
-        await self._ensure_open()
-        fut: RolloutFuture = await self._service.start(self._rollouts.run, spec, name="rollout")
-        return fut
-
-    def _limit(self, timeout: float | None) -> float | None:
-        return self.timeouts.rollout if timeout is None else timeout
+        await self._close()

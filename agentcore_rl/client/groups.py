@@ -28,15 +28,18 @@ from agentcore_rl.errors import (
     RolloutError,
     RolloutTimeoutError,
 )
-from agentcore_rl.group_tracker import (
+from agentcore_rl.groups import (
     Action,
     GroupDropped,
+    GroupDroppedError,
     GroupReady,
+    GroupRules,
     GroupTracker,
+    RolloutGroup,
     StartMember,
     StopMember,
+    result_reward,
 )
-from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 
 __all__ = [
     "GroupFuture",

@@ -131,7 +131,7 @@ class Rollouts:
         counters: ClientStats,
         retries: Retries,
         service: Service,
-        stop_finished_sessions: bool,
+        stop_finished_sessions: bool | None,
         unreachable_after: float,
         joiner: TraceJoiner | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -143,7 +143,11 @@ class Rollouts:
         self.counters = counters
         self.retries = retries
         self.service = service
-        self.stop_finished_sessions = stop_finished_sessions
+        self.stop_finished_sessions = (
+            transport.stop_after_result
+            if stop_finished_sessions is None
+            else stop_finished_sessions
+        )
         self.unreachable_after = unreachable_after
         self.joiner = joiner
         self.clock = clock

@@ -22,8 +22,7 @@ from agentcore_rl.client.client import AsyncRolloutClient
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.group_tracker import GroupCounters
-from agentcore_rl.groups import RolloutGroup
+from agentcore_rl.groups import GroupCounters, RolloutGroup
 from agentcore_rl.keywords import same_parameters
 
 if TYPE_CHECKING:

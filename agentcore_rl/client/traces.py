@@ -19,6 +19,7 @@ from agentcore_rl.client.config import GatewayConfig
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.errors import (
     AgentCoreRLError,
+    ConfigurationError,
     GatewayError,
     InvalidRolloutConfig,
     TraceLostError,
@@ -40,6 +41,7 @@ __all__ = [
     "gateway_link",
     "session_base_url",
     "trace_key_of",
+    "trace_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -192,10 +194,27 @@ def gateway_link(config: GatewayConfig | None) -> GatewayLink | None:
     """The link for the client's ``gateway=`` option (None: no gateway)."""
     if config is None:
         return None
+    if not isinstance(config, GatewayConfig):
+        raise ConfigurationError(
+            f"gateway must be a GatewayConfig, got {type(config).__name__} "
+            "(an in-process gateway: GatewayConfig(url=..., app=gateway))"
+        )
     if config.app is not None:
         return InProcessGateway(config.app, config.url)
     assert config.admin_token is not None  # GatewayConfig checked it
     return RemoteGateway(config.url, config.admin_token)
+
+
+def trace_of(joiner: TraceJoiner | None, fut: RolloutFuture) -> SessionTrace:
+    """``AsyncRolloutClient.trace_of``: ``fut``'s trace, once it succeeded."""
+    if joiner is None:
+        raise ConfigurationError(
+            "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
+        )
+    fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
+    if fut.trace is None:
+        raise TraceLostError(fut.session_id, "this client did not collect it")
+    return fut.trace
 
 
 class TraceJoiner:

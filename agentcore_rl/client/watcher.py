@@ -162,14 +162,13 @@ class StoreOutages:
 class WatcherConfig:
     """How the completion watcher paces itself and copes with S3 errors.
 
-    ``min_interval``..``max_interval``: pause between rounds, growing by ``backoff`` per
-    round that found nothing. While a bucket is unreachable its polls (each already
+    ``min_interval``..``max_interval``: pause between rounds, growing by half per round
+    that found nothing. While a bucket is unreachable its polls (each already
     retried by the ResultStore) wait ``error_backoff`` seconds, doubling up to
     ``error_backoff_max``. ``error_threshold``: failed polls in a row with an error in
-    :data:`FINAL_CODES` (access denied...) before the affected futures fail.
-    ``max_parallel``: concurrent GETs per round. A GET tells a missing key (not written
-    yet) from a missing bucket (``NoSuchBucket``, a failure), so probing by GET alone
-    notices a deleted bucket.
+    :data:`FINAL_CODES` (access denied...) before the affected futures fail. A GET tells a
+    missing key (not written yet) from a missing bucket (``NoSuchBucket``, a failure), so
+    probing by GET alone notices a deleted bucket.
 
     Example::
 
@@ -178,25 +177,26 @@ class WatcherConfig:
 
     min_interval: float = DEFAULT_MIN_INTERVAL
     max_interval: float = DEFAULT_MAX_INTERVAL
-    backoff: float = 1.5
     error_threshold: int = DEFAULT_ERROR_THRESHOLD
     error_backoff: float = 0.5
     error_backoff_max: float = 10.0
-    max_parallel: int = 32
 
     def __post_init__(self) -> None:
         check_numbers(self, "min_interval", above=0)
         check_numbers(self, "max_interval", at_least=self.min_interval)
-        check_numbers(self, "error_threshold", "max_parallel", at_least=1, integer=True)
+        check_numbers(self, "error_threshold", at_least=1, integer=True)
 
     def __repr__(self) -> str:
         return (
             f"WatcherConfig(min_interval={self.min_interval}, max_interval={self.max_interval}, "
-            f"error_threshold={self.error_threshold}, max_parallel={self.max_parallel})"
+            f"error_threshold={self.error_threshold})"
         )
 
 
 DEFAULT_WATCHER: Final = WatcherConfig()
+#: Growth of the pause per round that found nothing; GETs of one round at once.
+_BACKOFF: Final = 1.5
+_MAX_PARALLEL: Final = 32
 
 
 @dataclass(eq=False)
@@ -336,7 +336,7 @@ class CompletionWatcher:
                 error = unwrap(exc)
                 self._fail_all(error if isinstance(error, Exception) else exc)
                 found = 0
-            interval = cfg.min_interval if found else min(cfg.max_interval, interval * cfg.backoff)
+            interval = cfg.min_interval if found else min(cfg.max_interval, interval * _BACKOFF)
 
     async def _round(self) -> int:
         self.rounds += 1
@@ -377,7 +377,7 @@ class CompletionWatcher:
             return
         if not candidates:
             return
-        # ``max_parallel`` fetchers share the round's keys.
+        # ``_MAX_PARALLEL`` fetchers share the round's keys.
         shared = iter(candidates)
 
         async def fetcher() -> None:
@@ -385,7 +385,7 @@ class CompletionWatcher:
                 await self._fetch(group, key)
 
         async with anyio.create_task_group() as fetchers:
-            for _ in range(min(len(candidates), self.config.max_parallel)):
+            for _ in range(min(len(candidates), _MAX_PARALLEL)):
                 fetchers.start_soon(fetcher)
 
     async def _fetch(self, group: _Group, key: str) -> None:

@@ -24,6 +24,8 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import accumulate
 from typing import Any, Final, Literal, TypeGuard
 
 from starlette.applications import Starlette
@@ -196,9 +198,9 @@ class TemplateVoice:
         stop: Sequence[str] = (),
         logit_bias: Mapping[str, float] | None = None,
     ) -> tuple[list[int], list[float], str, str | None]:
-        """-> (completion ids, their logprobs, finish reason, the stop string that ended it)
-        for a prompt. As vLLM: a stop string ends the completion with the token that holds
-        it; a ``logit_bias`` of -100 on the stop token means it never stops by itself."""
+        """-> (completion ids, logprobs, finish reason, the stop string that ended it), as vLLM:
+        a stop string ends it with the token that holds it; a ``logit_bias`` of -100 on the
+        stop token means it never stops by itself."""
         text = self.template.decode(prompt_ids)
         steps = [int(s) for s in _STEP_RE.findall(text)]
         done = max(steps, default=0)
@@ -239,8 +241,7 @@ class TemplateVoice:
     def message(
         self, ids: list[int], call_seed: str, stop_reason: str | None = None
     ) -> dict[str, Any]:
-        """The completion as an OpenAI assistant message, parsed as vLLM's parsers would
-        (the text ends before the stop string that ended it)."""
+        """The completion as vLLM's parsers would read it (cut before its stop string)."""
         from agentcore_rl.gateway.render.parsers import parse_completion
 
         stopped = bool(ids) and ids[-1] in self._stops
@@ -250,9 +251,7 @@ class TemplateVoice:
         return parse_completion(text, self.reasoning, self.tools, call_seed)
 
     def token_texts(self, ids: list[int]) -> list[str]:
-        """Each id's text (for logprob entries)."""
-        convert: Callable[[list[int]], list[str]] = self.template.tokenizer.convert_ids_to_tokens
-        return [str(t) for t in convert(ids)]
+        return [str(t) for t in self.template.tokenizer.convert_ids_to_tokens(ids)]
 
 
 class ScriptedPolicy:
@@ -328,11 +327,24 @@ class ScriptedPolicy:
                 tool_rounds=tool_rounds,
                 seed=seed,
             )
+        chat, text = (
+            (self._voiced_chat, self._voiced_text)
+            if self.voice is not None
+            else (self.complete, self.complete_text)
+        )
         self.app = Starlette(
             routes=[
-                Route("/v1/chat/completions", self._chat_completions, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/generate", self._generate, methods=["POST"]),
+                Route(
+                    "/v1/chat/completions",
+                    partial(self._serve, answer=chat, chunk_object="chat.completion.chunk"),
+                    methods=["POST"],
+                ),
+                Route(
+                    "/v1/completions",
+                    partial(self._serve, answer=text, chunk_object="text_completion"),
+                    methods=["POST"],
+                ),
+                Route("/generate", partial(self._serve, answer=self._generate), methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/health", self._health, methods=["GET"]),
                 Route("/pause", self._pause, methods=["POST"]),
@@ -340,12 +352,6 @@ class ScriptedPolicy:
                 Route("/abort_requests", self._abort, methods=["POST"]),
                 Route("/update_weight_version", self._set_version, methods=["POST"]),
             ]
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"ScriptedPolicy(accuracy={self.accuracy}, seed={self.seed}, "
-            f"latency={self.latency}, model={self.model!r})"
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -422,33 +428,16 @@ class ScriptedPolicy:
             }
         )
 
-    async def _chat_completions(self, request: Request) -> Response:
-        if self.voice is not None:
-            return await self._serve(request, self._voiced_chat, "chat.completion.chunk")
-        return await self._serve(request, self.complete, "chat.completion.chunk")
-
-    async def _completions(self, request: Request) -> Response:
-        if self.voice is not None:
-            return await self._serve(request, self._voiced_text, "text_completion")
-        return await self._serve(request, self.complete_text, "text_completion")
-
-    async def _generate(self, request: Request) -> Response:
+    def _generate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
-        self.requests += 1
-        try:
-            if self.voice is None:
-                raise _BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))")
-            body = await _body(request)
-            ids = body.get("input_ids")
-            if not _is_ids(ids):
-                raise _BadRequest("input_ids must be a non-empty list of token ids")
-        except _BadRequest as exc:
-            return _error(exc)
+        if self.voice is None:
+            raise _BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))")
+        ids = body.get("input_ids")
+        if not _is_ids(ids):
+            raise _BadRequest("input_ids must be a non-empty list of token ids")
         params = body.get("sampling_params") or {}
         completion, logprobs, finish, _ = self.voice.generate(ids, params.get("max_new_tokens"))
         self._remember(ids, [{"_ids": completion, "_logprobs": logprobs}])
-        if self.latency:
-            await self._sleep(self.latency)
         reason: dict[str, Any] = {"type": finish}
         if finish == "stop":
             reason["matched"] = completion[-1]
@@ -464,7 +453,7 @@ class ScriptedPolicy:
                 [lp, t, None] for lp, t in zip(logprobs, completion, strict=True)
             ]
         text = self.voice.template.tokenizer.decode(completion, skip_special_tokens=True)
-        return JSONResponse({"text": text, "output_ids": completion, "meta_info": meta})
+        return {"text": text, "output_ids": completion, "meta_info": meta}
 
     def _voiced_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """A chat request rendered with the real template (vLLM's answer shape)."""
@@ -556,9 +545,11 @@ class ScriptedPolicy:
     async def _serve(
         self,
         request: Request,
+        *,
         answer: Callable[[Mapping[str, Any]], dict[str, Any]],
-        chunk_object: str,
+        chunk_object: str = "",
     ) -> Response:
+        """Count, parse and answer a request; pace and stream the answer when asked."""
         self.requests += 1
         try:
             body = self.last_request = await _body(request)
@@ -567,12 +558,12 @@ class ScriptedPolicy:
             return _error(exc)
         if self.latency:
             await self._sleep(self.latency)
-        if self.token_rate and self.voice is not None and "token_ids" in response["choices"][0]:
-            choice = response["choices"][0]
+        choice = (response.get("choices") or [{}])[0]  # /generate: no choices, never paced
+        if self.token_rate and self.voice is not None and "token_ids" in choice:
             await self._decode(choice, f"cmpl-{body.get('request_id')}-0")
             choice["text"] = self.voice.template.tokenizer.decode(choice["token_ids"])
             response["usage"]["completion_tokens"] = len(choice["token_ids"])
-        if not body.get("stream"):
+        if not (body.get("stream") and chunk_object):
             return JSONResponse(response)
         options = body.get("stream_options")
         usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
@@ -678,15 +669,11 @@ class ScriptedPolicy:
                 ]
             }
         elif not chat and wanted is not None and wanted is not False:
-            offsets, at = [], 0
-            for t, _ in tokens:
-                offsets.append(at)
-                at += len(t)
             choice["logprobs"] = {
                 "tokens": [t for t, _ in tokens],
                 "token_logprobs": logprobs,
                 "top_logprobs": None,
-                "text_offset": offsets,
+                "text_offset": [0, *accumulate(len(t) for t, _ in tokens)][:-1],
             }
         else:
             choice["logprobs"] = None

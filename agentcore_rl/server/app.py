@@ -1,10 +1,6 @@
 """AgentCoreRLApp: an ASGI server that runs an agent as fire-and-forget rollouts.
 
-Swap ``BedrockAgentCoreApp`` for :class:`AgentCoreRLApp` and ``@app.entrypoint`` for
-``@app.rollout_entrypoint``: each invocation is answered at once with where its result
-will appear, the handler runs in an owned background task, and its result (or what went
-wrong) is written to S3 as a JSON envelope. The app's lifespan (or ``async with app``)
-owns one task group: every rollout and the spool's retry task run in it.
+The app's lifespan (or ``async with app``) owns one task group for every task it starts.
 """
 
 from __future__ import annotations
@@ -69,7 +65,7 @@ F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
 
 
-# The name of an app that starts without a handler (its spool never holds anything).
+# An app started without a handler (its spool never holds anything).
 _UNNAMED: Final = "unnamed-app"
 
 
@@ -170,9 +166,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self.store = store if store is not None else ResultStore()
         #: The agent's identity (its spool's owner); from the handler if not given.
         self.app_name = check_app_name(app_name) if app_name is not None else app_name_from_env()
-        # Placed (directory and owner) once the app's name is known: now, or when the
-        # handler is registered, which names it; placed for good at startup, with the
-        # environment as it is then (a local stack gives its agents a private spool).
+        # Placed once the name is known (now or at registration), for good at startup with
+        # the environment as it is then (a local stack gives its agents a private spool).
         self.spool = Spool(
             self.store,
             retry_interval=spool.retry_interval,
@@ -184,7 +179,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self.runner = RolloutRunner(
             spool=self.spool, clock=clock, on_change=self._refresh_health, exists=self.store.head
         )
-        # Final S3 faults are refused at once; rollouts of vanished clients are cancelled.
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
         self._spec: HandlerSpec | None = None
@@ -194,7 +188,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._started = False
         self._closing = False
         self._close_lock = asyncio.Lock()
-        # The task group of `async with app` (the lifespan's), owning every rollout task.
         self._owner: contextlib.AsyncExitStack | None = None
         self._tasks: TaskGroup | None = None
         self.last_shutdown: ShutdownReport | None = None
@@ -257,7 +250,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._set_busy(self.runner.active > 0 or self.spool.pending > 0)
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
-        # Created on first use so the app can be built before any event loop runs.
+        # Lazy: the app can be built before any event loop runs.
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.workers.max_sync_workers)
         return self._limiter
@@ -276,9 +269,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             self.app_name = _UNNAMED
         self._place_spool(self.app_name)
         if await self.spool.recover():
-            self.spool.kick()  # a predecessor's envelopes go out now, not after a backoff
+            self.spool.kick()
         for _, key in self.spool.pending_keys:
-            # A predecessor's spooled rollout has finished: a probe of its session says so.
+            # A predecessor's spooled rollout has finished; a status probe should say so.
             self.runner.remember_finished(protocol.parse_result_key(key)[2], key)
 
     def tune_process(self) -> None:
@@ -288,8 +281,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         """
         wanted = self.workers.gil_switch_interval
         if wanted is not None and sys.getswitchinterval() > wanted:
-            # Process-wide, but so is the GIL: the thread that answers /ping must get it
-            # back quickly even while sync handlers compute. Only ever lowered.
+            # /ping must get the GIL back quickly while sync handlers compute; only lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
 
@@ -370,8 +362,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             self.spool.attach(None)
             self._owner = self._tasks = None
             if owner is not None and tasks is not None:
-                # aclose() waited for every rollout and cancelled the late ones once; what
-                # still runs (a handler ignoring cancellation) is cancelled for good here.
+                # What still runs ignored aclose()'s cancel; cancel it for good.
                 tasks.cancel_scope.cancel()
                 try:
                     await owner.aclose()

@@ -1,12 +1,8 @@
-"""BucketCheck: is a result bucket usable? Asked once per bucket, answered from memory.
+"""BucketCheck: a remembered HeadBucket per result bucket.
 
-A rollout whose bucket does not exist or refuses the server would run, fail to write its
-envelope, be spooled and retried for ever, while its client waits out its timeout. So the
-server asks S3 (HeadBucket) before accepting the first rollout for a bucket and refuses
-invocations for a bucket S3 says is missing or forbidden. Only those answers are
-verdicts; an outage (timeouts, 5xx, throttling) leaves the rollout accepted, to be
-spooled and written when S3 is back. Concurrent invocations for an unchecked bucket share
-one request.
+Without it, a rollout for a missing or forbidden bucket would be spooled and retried for
+ever while its client times out. Only such answers refuse; an outage accepts (the spool
+covers it). Concurrent invocations share one request.
 """
 
 from __future__ import annotations
@@ -48,8 +44,6 @@ class _Verdict:
 
 
 class BucketCheck:
-    """Remembered HeadBucket answers, one per bucket (see the module docstring)."""
-
     def __init__(
         self,
         store: ResultStore,
@@ -62,12 +56,10 @@ class BucketCheck:
         self._clock = clock
         self._verdicts: dict[str, _Verdict] = {}
         self._checking: dict[str, asyncio.Event] = {}
-        #: HeadBucket requests sent (for tests and benchmarks).
         self.requests = 0
 
     async def require(self, bucket: str) -> None:
-        """Return when ``bucket`` is usable or S3 cannot tell now; raise the refusal
-        (:class:`InvalidPayloadError`, 4xx, naming the bucket and the cause) when not."""
+        """Return when ``bucket`` is usable or S3 cannot tell now, else raise a 4xx refusal."""
         if not self.config.check_buckets:
             return
         verdict = self._verdicts.get(bucket)
@@ -78,7 +70,7 @@ class BucketCheck:
 
     async def _check(self, bucket: str) -> _Verdict | None:
         running = self._checking.get(bucket)
-        if running is not None:  # another invocation is asking: share its answer
+        if running is not None:  # share another invocation's answer
             with anyio.move_on_after(self.config.bucket_wait):
                 await running.wait()
             return self._verdicts.get(bucket)

@@ -1,15 +1,8 @@
 """The part of AWS's ``BedrockAgentCoreApp`` surface that :class:`AgentCoreRLApp` keeps,
-and the ``/ping`` status behind it.
+and the ``/ping`` status behind it (docs/server.md lists what is left out).
 
-A mixin: ``handlers``, ``@app.entrypoint`` (plain request/response, whose function gets a
-``.run()``), ``@app.ping``, ``@app.async_task``, ``add_async_task``/``complete_async_task``,
-``get_async_task_info``, ``force_ping_status``/``clear_forced_ping_status`` and
-``get_current_ping_status``. docs/server.md lists what is left out and why.
-
-The status is, as in AWS's app: a forced one if set, else what the custom ping handler
-says, else ``HealthyBusy`` while rollouts run, envelopes wait in the spool or tracked
-async tasks are open, else ``Healthy``. ``time_of_last_update`` changes with the status
-only: AgentCore Runtime reclaims a session that reports ``Healthy`` for too long.
+``time_of_last_update`` changes with the status only: AgentCore Runtime reclaims a session
+that reports ``Healthy`` for too long.
 """
 
 from __future__ import annotations
@@ -50,11 +43,7 @@ def _status(value: Any) -> PingStatus:
 
 
 class BedrockCompat:
-    """``BedrockAgentCoreApp``'s registration and health API.
-
-    The app calls :meth:`_init_compat` and provides ``_register``, ``_get_limiter`` and
-    ``run``.
-    """
+    """``BedrockAgentCoreApp``'s registration and health API (a mixin of the app)."""
 
     #: The registered entrypoint under ``"main"`` as a ``(payload, context)`` coroutine
     #: function named after it (as in ``BedrockAgentCoreApp``); for inspection and for
@@ -78,26 +67,22 @@ class BedrockCompat:
         self._ping_handler: PingHandler | None = None
         self._status = PingStatus.HEALTHY
         self._last_update = int(clock())
-        # add/complete_async_task may be called from handler threads (sync handlers).
+        # add/complete_async_task may be called from sync handlers' threads.
         self._tasks_lock = threading.Lock()
         self._async_tasks: dict[int, tuple[str, float]] = {}
         self._task_ids = itertools.count(1)
 
     def _registered(self, func: Handler, spec: HandlerSpec) -> None:
-        """Called by the app once ``func`` is its entrypoint."""
-
         async def main(payload: dict[str, Any], context: Any = None) -> Any:
             if context is None:
                 context = RequestContext(session_id=protocol.new_session_id())
             return await call_handler(spec, payload, context, limiter=self._get_limiter())
 
-        # Named after the handler but without __wrapped__, so that inspect.signature
-        # reports (payload, context) like the SDK's wrapper does.
+        # No __wrapped__: inspect.signature reports (payload, context) like the SDK's.
         for name in ("__module__", "__name__", "__qualname__", "__doc__"):
             with contextlib.suppress(AttributeError):
                 setattr(main, name, getattr(spec.func, name))
         self.handlers["main"] = main
-        # BedrockAgentCoreApp lets ``@app.entrypoint`` functions start the server themselves.
         with contextlib.suppress(AttributeError, TypeError):
             func.run = self.run  # type: ignore[attr-defined]
 
@@ -202,13 +187,11 @@ class BedrockCompat:
         return status
 
     def _automatic_changed(self) -> None:
-        # A custom handler is asked at ping time only: it may be slow, and the runner
-        # reports every rollout start and end.
+        # A custom handler is asked at ping time only: it may be slow.
         if self._forced is None and self._ping_handler is None:
             self._refresh_ping()
 
     def _set_busy(self, busy: bool) -> None:
-        """Whether rollouts run or envelopes wait (a change of status is timestamped)."""
         self._busy = busy
         self._automatic_changed()
 

@@ -1,10 +1,5 @@
-"""The agent server's configuration: small frozen keyword-only objects with defaults.
-
-Each groups the knobs of one concern of :class:`~agentcore_rl.server.AgentCoreRLApp`;
-the module-level ``DEFAULT_*`` objects are what the app uses when none is given. A bad
-value is a :class:`~agentcore_rl.errors.ConfigurationError`, an unknown keyword a
-``TypeError`` naming it and the closest known one.
-"""
+"""The agent server's configuration: frozen keyword-only objects, one per concern of
+:class:`~agentcore_rl.server.AgentCoreRLApp`, and the ``DEFAULT_*`` the app uses."""
 
 from __future__ import annotations
 
@@ -47,8 +42,7 @@ class RequestLimits:
     """
 
     max_body_bytes: int = 100 * 1024 * 1024
-    # Real payloads nest a few levels; far deeper ones only exhaust the recursion of
-    # whatever walks them later (json.dumps of the envelope, the handler's own code).
+    # Far deeper payloads only exhaust the recursion of whatever walks them later.
     max_json_depth: int = 100
     # Room for two bodies of ACR's 100 MB maximum, plus change.
     max_inflight_body_bytes: int = 256 * 1024 * 1024
@@ -201,8 +195,7 @@ DEFAULT_SPOOL: Final = SpoolConfig()
 DEFAULT_WORKERS: Final = WorkerConfig()
 DEFAULT_FAULT_CHECKS: Final = FaultChecks()
 
-#: The app's keyword for each config object: a field given to the app itself (``grace=``,
-#: ``shutdown_grace=``) is named where it belongs in the ``TypeError`` it gets.
+#: A config field given to the app itself (``grace=``) gets a TypeError naming its home.
 _CONFIGS: Final[dict[str, type[object]]] = {
     "limits": RequestLimits,
     "shutdown": ShutdownConfig,

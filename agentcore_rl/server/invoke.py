@@ -1,8 +1,6 @@
 """Calling a user's handler however it is written, and the :class:`RequestContext` it gets.
 
-Sync handlers run in worker threads bounded by a :class:`anyio.CapacityLimiter`, so a
-handler that blocks never freezes the event loop that answers ``/ping``; async handlers
-run on the event loop and must not block.
+Sync handlers run in bounded worker threads so a blocking one never freezes ``/ping``.
 """
 
 from __future__ import annotations
@@ -92,8 +90,7 @@ def _takes_context(func: Callable[..., Any], name: str) -> bool:
     if len(positional) == 1:
         return False
     second = positional[1]
-    # A second parameter with a default is an option of the handler's own, unless its
-    # name says it wants the context.
+    # A defaulted second parameter is the handler's own option unless named "context".
     return second.default is inspect.Parameter.empty or second.name == "context"
 
 
@@ -108,7 +105,6 @@ class HandlerSpec:
 
     @classmethod
     def inspect(cls, func: Handler) -> HandlerSpec:
-        """Inspect ``func``; raise :class:`ConfigurationError` if it cannot be a handler."""
         if not callable(func):
             raise ConfigurationError(f"an entrypoint must be callable, got {type(func).__name__}")
         name = getattr(func, "__qualname__", None) or repr(func)
@@ -127,12 +123,7 @@ async def call_handler(
     *,
     limiter: anyio.CapacityLimiter,
 ) -> Any:
-    """Call the handler and return what it returns (exceptions propagate).
-
-    A sync handler runs in a worker thread taken from ``limiter``. If the calling task is
-    cancelled, the thread is abandoned: Python cannot stop a thread, so the handler runs
-    on until it returns and its result is discarded.
-    """
+    """Call the handler; a cancelled sync one's thread is abandoned (it cannot be stopped)."""
     args: tuple[Any, ...] = (payload, context) if spec.takes_context else (payload,)
     if spec.is_async:
         return await spec.func(*args)
@@ -140,6 +131,6 @@ async def call_handler(
         functools.partial(spec.func, *args), limiter=limiter, abandon_on_cancel=True
     )
     if inspect.isawaitable(result):
-        # A sync wrapper around an async function (some decorators produce these).
+        # A sync wrapper around an async function, as some decorators make.
         return await result
     return result

@@ -1,20 +1,9 @@
-"""LeaseWatcher: cancel the rollouts of clients that are gone.
+"""LeaseWatcher: cancel the rollouts of clients whose lease (``_rollout.lease``) lapsed.
 
-Each invocation of a client with a lease names it (``_rollout.lease``, see
-:mod:`agentcore_rl.client.liveness`). Every ``lease_interval`` seconds the watcher reads each
-distinct lease its running rollouts name (one GET per lease) and cancels, with a
-``cancelled`` envelope saying why, the rollouts of a lease that has lapsed.
-
-A lease has lapsed when its ``seq`` has not changed for a whole renewal period plus one
-interval and its ``renewed_at`` (the client's clock) is ``ttl`` seconds old by this
-server's clock, or, whatever the clocks say, when its ``seq`` has not changed for ``ttl``
-seconds of this server's own time. So a live client is never cancelled for a skewed clock
-(its ``seq`` keeps changing), and a dead one is cancelled about ``ttl`` seconds after its
-last renewal (at most ``ttl`` plus two intervals if the clocks disagree).
-
-A read that fails (S3 down, throttled) or finds no object is not a lapse: it counts as a
-renewal, so an outage never cancels anything; a client that died during one is cancelled
-``ttl`` after S3 answers again.
+A lease lapses when its ``seq`` is unchanged for ``ttl`` of this server's time, or for a
+renewal period plus an interval while its ``renewed_at`` is ``ttl`` old: a skewed clock never
+cancels a live client. An unreadable lease counts as renewed, so an S3 outage cancels
+nothing. docs/failure-model.md has the full rule.
 """
 
 from __future__ import annotations
@@ -46,7 +35,7 @@ LeaseRef = tuple[str, str]  # (bucket, key)
 
 
 def _lease_of(job: RolloutJob) -> LeaseRef | None:
-    config = job.context.rollout  # its lease reference was checked on acceptance
+    config = job.context.rollout
     if config is None or protocol.LEASE not in config.extra:
         return None
     return protocol.parse_lease_reference(config.extra[protocol.LEASE])
@@ -68,10 +57,7 @@ def _number(value: object) -> float | None:
 
 
 class LeaseWatcher:
-    """Reads the leases of running rollouts and cancels those whose lease lapsed.
-
-    ``cancelled`` counts the rollouts it cancelled, ``reads`` the lease GETs.
-    """
+    """Reads the leases of running rollouts and cancels those whose lease lapsed."""
 
     def __init__(
         self,
@@ -92,8 +78,7 @@ class LeaseWatcher:
         self.reads = 0
 
     async def run(self) -> None:
-        """Check every ``lease_interval`` seconds until cancelled (the app's task group
-        owns it)."""
+        """Check every ``lease_interval`` seconds until cancelled."""
         if not self.config.check_leases:
             return
         while True:
@@ -101,8 +86,7 @@ class LeaseWatcher:
             await self.check()
 
     async def check(self) -> int:
-        """One round: read each lease named by a running rollout; cancel the rollouts of
-        lapsed ones. Returns how many rollouts it cancelled."""
+        """One round, one GET per lease; return how many rollouts it cancelled."""
         by_lease: dict[LeaseRef, list[RolloutJob]] = {}
         for job in self.runner.jobs:
             ref = _lease_of(job)
@@ -145,7 +129,7 @@ class LeaseWatcher:
         seq = None if body is None else body.get(protocol.LEASE_SEQ)
         lease = self._leases.setdefault(ref, _Lease(seq=seq, changed_at=now))
         if body is None or seq is None:
-            lease.changed_at = now  # unreadable, missing or not a lease: no news is a renewal
+            lease.changed_at = now  # no news is a renewal
             return
         if seq != lease.seq:
             lease.seq, lease.changed_at = seq, now
@@ -155,8 +139,7 @@ class LeaseWatcher:
 
     def _lapsed(self, lease: _Lease, ttl: float) -> bool:
         unchanged = self._clock() - lease.changed_at
-        # A renewal is due every `renew` seconds and seen within one interval: a lease
-        # unchanged for longer is not being renewed; its own stamp says for how long.
+        # Unchanged past renew + interval: not being renewed; its stamp says how long.
         return unchanged >= ttl or (
             unchanged > lease.renew + self.config.lease_interval
             and lease.renewed_at is not None

@@ -1,11 +1,7 @@
-"""Serving on uvicorn's own options, and refusing invocations while the event loop runs behind.
+"""uvicorn defaults, and refusing invocations (503) while the event loop runs behind.
 
-:func:`serve_options` fills in the uvicorn options the agent server wants unless the
-caller set them (keep-alive longer than clients keep theirs, a deep accept backlog).
-:class:`LoopLag` measures how far behind the event loop runs, and :class:`OverloadGuard`,
-an ASGI middleware, answers ``POST /invocations`` 503 with ``Retry-After`` while it is
-overloaded: a refusal costs a fraction of an acceptance, so the backlog drains instead of
-every request waiting seconds. ``/ping`` always passes.
+A refusal costs a fraction of an acceptance, so the backlog drains instead of every
+request waiting seconds.
 """
 
 from __future__ import annotations
@@ -25,30 +21,21 @@ __all__ = ["LoopLag", "OverloadGuard", "serve_options"]
 
 logger = logging.getLogger(__name__)
 
-#: Keep-alive: an idle connection between requests is closed after this many seconds.
-#: Longer than common clients' own idle expiry (httpx 5 s, aiohttp 15 s): a server that
-#: closes first races the client's next request, which then meets a reset connection.
+#: Longer than clients' idle expiry (httpx 5 s, aiohttp 15 s): closing first races their
+#: next request into a reset connection.
 DEFAULT_KEEP_ALIVE: Final = 20.0
-#: Pending connections the kernel queues before refusing more (uvicorn's default: 2,048).
+#: uvicorn's default is 2,048.
 DEFAULT_BACKLOG: Final = 4096
 
 
 def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """uvicorn keyword arguments: ``options`` plus our defaults for those it does not set
-    (``timeout_keep_alive`` 20 s, ``backlog`` 4,096). Every other uvicorn option
-    (``limit_concurrency``, ``h11_max_incomplete_event_size``, ...) passes through."""
+    """``options`` plus our defaults for the uvicorn options it does not set."""
     return {"timeout_keep_alive": DEFAULT_KEEP_ALIVE, "backlog": DEFAULT_BACKLOG, **options}
 
 
 class LoopLag:
-    """How far behind the event loop runs, and whether that is overload.
-
-    :meth:`run` sleeps ``interval`` seconds at a time and records how much longer each
-    sleep took (``lag``). While the last ``samples`` sleeps each took more than
-    ``threshold`` seconds longer (a sustained backlog, not one blocking call such as a
-    slow import at startup), :attr:`overloaded` is true. ``threshold`` ``None``: never.
-    ``clock``/``sleep`` are injectable.
-    """
+    """How far behind the event loop runs; overloaded after ``samples`` late sleeps in a row
+    (a sustained backlog, not one blocking call). ``threshold`` None: never."""
 
     def __init__(
         self,
@@ -66,23 +53,21 @@ class LoopLag:
         self.samples = samples
         self.lag = 0.0
         self._late = 0  # measurements in a row over the threshold
-        #: Invocations refused because of overload.
         self.refused = 0
 
     @property
     def overloaded(self) -> bool:
-        """Whether the last ``samples`` measured lags were over the threshold."""
         return self.threshold is not None and self._late >= self.samples
 
     async def run(self) -> None:
-        """Measure until cancelled (the app's task group owns it)."""
+        """Measure until cancelled."""
         if self.threshold is None:
             return
         while True:
             await self.measure()
 
     async def measure(self) -> float:
-        """Sleep ``interval`` once; record and return how much longer it took."""
+        """Sleep ``interval`` once; return how much longer it took."""
         started = self._clock()
         await self._sleep(self.interval)
         lag = max(0.0, self._clock() - started - self.interval)
@@ -100,10 +85,7 @@ class LoopLag:
 
 
 class OverloadGuard:
-    """ASGI middleware: while the :class:`LoopLag` that ``lag`` returns is overloaded,
-    ``POST /invocations`` is answered 503 with ``Retry-After: 1`` before its body is read;
-    every other request passes.
-    """
+    """ASGI middleware: 503 to ``POST /invocations`` before its body is read while overloaded."""
 
     def __init__(self, app: ASGIApp, lag: Callable[[], LoopLag]) -> None:
         self.app = app

@@ -1,11 +1,8 @@
 """The agent server's HTTP side: reading and checking an invocation, and the routes.
 
-Every refusal is an :class:`~agentcore_rl.errors.InvalidPayloadError` carrying the HTTP
-status (400, 403, 413 or 503) and, where there is one, the offending field, answered as
+Refusals are :class:`~agentcore_rl.errors.InvalidPayloadError` answered as
 ``{"error": <message>, "field": <field>}``. :class:`RolloutRoutes` is a mixin of
-:class:`~agentcore_rl.server.AgentCoreRLApp`: accepting a rollout once (a repeat of a
-running one is recognised, a marked re-send checks S3 first), calling a plain
-entrypoint and the session routes, over the app's state (declared below).
+:class:`~agentcore_rl.server.AgentCoreRLApp`.
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ __all__ = ["BodyBudget", "RolloutRoutes"]
 
 logger = logging.getLogger("agentcore_rl.server")
 
-# The fields that say where a result is saved: all of them, or none (run without saving).
+# All of them, or none (run without saving).
 _S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
 _STOP_REASON: Final = "the session was stopped"
 
@@ -42,8 +39,7 @@ _STOP_REASON: Final = "the session was stopped"
 class BodyBudget:
     """Request-body bytes held by all invocations being received (one event loop, no lock).
 
-    ``max_body_bytes`` bounds one request, this the sum: a body is held from its first
-    byte until it is parsed, and one that does not fit gets 503 with ``Retry-After``.
+    ``max_body_bytes`` bounds one request, this the sum; a body that does not fit gets 503.
     """
 
     def __init__(self, limit: int) -> None:
@@ -51,7 +47,6 @@ class BodyBudget:
         self.in_flight = 0
 
     def reserve(self, size: int) -> None:
-        """Hold ``size`` more bytes, or refuse the body (503) when they do not fit."""
         if self.in_flight + size > self.limit:
             raise InvalidPayloadError(
                 f"the server holds {self.in_flight} bytes of request bodies and this one does "
@@ -62,7 +57,6 @@ class BodyBudget:
         self.in_flight += size
 
     def release(self, size: int) -> None:
-        """Give back bytes reserved earlier."""
         self.in_flight = max(0, self.in_flight - size)
 
 
@@ -73,12 +67,8 @@ def _too_large(limit: int, detail: str) -> InvalidPayloadError:
 
 
 async def read_body(request: Request, *, limit: int, budget: BodyBudget) -> bytearray:
-    """The body in one buffer (not chunks plus a joined copy); more than ``limit`` bytes is
-    a 413, by ``Content-Length`` before reading or while a chunked body streams in.
-
-    Its bytes are reserved from ``budget`` (the declared length up front, else chunk by
-    chunk); the caller releases ``len(body)`` once done with it.
-    """
+    """The body in one buffer; 413 over ``limit``. The caller releases ``len(body)`` from
+    ``budget`` once done with it."""
     declared = request.headers.get("content-length")
     reserved = 0
     if declared is not None:
@@ -119,8 +109,7 @@ class _OutOfRange(ValueError):
 def _finite_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
-        # Accepted, it would turn the handler's good result into an envelope JSON cannot
-        # hold (result_not_json_serializable) long after the caller got its 200.
+        # Accepted, it would make the envelope unserialisable long after the caller's 200.
         shown = text if len(text) <= 40 else text[:37] + "..."
         raise _OutOfRange(
             f"number {shown} in the request body is out of range for a 64-bit float "
@@ -148,15 +137,13 @@ def _too_deep(limit: int) -> InvalidPayloadError:
     )
 
 
-# Built once: json.loads with custom hooks would build a new decoder per request (a
-# measurable share of an accept). Decoding bytes as json.loads does (UTF-8/16/32).
+# Built once: json.loads with hooks builds a decoder per request (a measurable cost).
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 _JSON_KINDS: Final = {list: "array", str: "string", bool: "boolean", type(None): "null"}
 
 
 def parse_payload(body: bytes | bytearray, *, max_depth: int) -> dict[str, Any]:
-    """The body as a JSON object, else 400: also for NaN and Infinity, numbers out of a
-    float's range (``1e400``) and nesting deeper than ``max_depth`` objects/arrays."""
+    """The body as a JSON object, else 400 (also NaN, ``1e400``, nesting over ``max_depth``)."""
     try:
         payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except _OutOfRange as exc:
@@ -168,8 +155,7 @@ def parse_payload(body: bytes | bytearray, *, max_depth: int) -> dict[str, Any]:
     if not isinstance(payload, dict):
         kind = _JSON_KINDS.get(type(payload), "number")
         raise InvalidPayloadError(f"request body must be a JSON object, got a JSON {kind}")
-    # Depth cannot exceed the number of opening brackets; counting them is a C loop over
-    # the bytes, so ordinary payloads skip the walk.
+    # Depth <= the count of opening brackets, a cheap C loop: most payloads skip the walk.
     if body.count(b"{") + body.count(b"[") > max_depth and _deeper_than(payload, max_depth):
         raise _too_deep(max_depth)
     return payload
@@ -185,21 +171,15 @@ def _not_allowed(bucket: str, allowed: frozenset[str] | None, field: str) -> Non
 def parse_rollout(
     payload: Mapping[str, Any], *, allowed_buckets: frozenset[str] | None
 ) -> protocol.RolloutConfig | None:
-    """The validated ``_rollout`` block; 400 if bad, 403 if a bucket it names (the result's,
-    the lease's) is not allowed.
-
-    ``None`` when there is no block or it names none of ``exp_id``, ``input_id`` and
-    ``s3_bucket`` (the rollout then runs without saving); naming only some is a 400.
-    """
+    """The validated ``_rollout`` block (None: run without saving); 400 if bad, 403 if a
+    bucket it names is not allowed."""
     if protocol.ROLLOUT_FIELD not in payload:
         return None
     block = payload[protocol.ROLLOUT_FIELD]
     if isinstance(block, Mapping):
         given = [name for name in _S3_FIELDS if block.get(name) is not None]
         if not given:
-            # The reference toolkit's rule: without any S3 field the rollout runs but its
-            # result is not saved (e.g. only base_url/model_id while trying an agent).
-            return None
+            return None  # the reference toolkit's rule
         if len(given) < len(_S3_FIELDS):
             missing = next(name for name in _S3_FIELDS if name not in given)
             raise InvalidRolloutConfig(
@@ -211,14 +191,12 @@ def parse_rollout(
     try:
         config = protocol.RolloutConfig.from_dict(block)
     except InvalidRolloutConfig as exc:
-        # Name the field by its full path in the payload, whichever check caught it.
         if exc.field and not exc.field.startswith(protocol.ROLLOUT_FIELD):
             exc.field = f"{protocol.ROLLOUT_FIELD}.{exc.field}"
         raise
     field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
     _not_allowed(config.s3_bucket, allowed_buckets, field)
     if protocol.LEASE in config.extra:
-        # The server reads the lease it names: a lease reference, in an allowed bucket.
         bucket, _ = protocol.parse_lease_reference(config.extra[protocol.LEASE])
         lease_field = f"{protocol.ROLLOUT_FIELD}.{protocol.LEASE}.{protocol.S3_BUCKET}"
         _not_allowed(bucket, allowed_buckets, lease_field)
@@ -226,7 +204,7 @@ def parse_rollout(
 
 
 def control_op(payload: Mapping[str, Any]) -> str | None:
-    """The operation of a control request (``None`` for an ordinary payload); 400 if bad."""
+    """The operation of a control request (None for an ordinary payload); 400 if bad."""
     if protocol.CONTROL_FIELD not in payload:
         return None
     field = protocol.CONTROL_FIELD
@@ -254,7 +232,6 @@ def _error_response(message: str, status_code: int, field: str | None = None) ->
 
 
 def _path_session_id(request: Request) -> str | Response:
-    """The session id in the path, or the 400 answer when it is unusable."""
     session_id: str = request.path_params["session_id"]
     try:
         return protocol.validate_session_id(session_id, name="session id in the path")
@@ -309,7 +286,7 @@ class RolloutRoutes:
                 envelope_payload = self._envelope_payload(body, payload)
             finally:
                 self.body_budget.release(len(body))
-                del body  # the raw bytes are not needed past parsing
+                del body
             header = request.headers.get(protocol.SESSION_ID_HEADER.lower())
             session_id = (
                 protocol.new_session_id()
@@ -319,7 +296,6 @@ class RolloutRoutes:
                 )
             )
             if control_op(payload) == protocol.CONTROL_OP_STATUS:
-                # Answered at once, handler untouched: the client's liveness probe.
                 return JSONResponse(self.runner.session_state(session_id))
             config = (
                 parse_rollout(payload, allowed_buckets=self.allowed_buckets)
@@ -339,7 +315,7 @@ class RolloutRoutes:
                 refusal.headers["Retry-After"] = "1"
             return refusal
         except ClientDisconnect:
-            # Nothing was accepted and nobody reads an answer; routine, so no traceback.
+            # Routine, so no traceback.
             logger.info("a client disconnected before sending the whole invocation body")
             return Response(status_code=400)
         except Exception as exc:
@@ -383,7 +359,6 @@ class RolloutRoutes:
                 protocol.ROLLOUT_FIELD,
             )
         elif self.runner.find(config.s3_bucket, key := config.key_for(context.session_id)):
-            # A retried invocation (same session, same result key): one rollout only.
             logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
             return JSONResponse(protocol.processing_response(config, context.session_id))
         job = self.runner.start(
@@ -392,12 +367,10 @@ class RolloutRoutes:
             context,
             limiter=self._get_limiter(),
             envelope_payload=envelope_payload,
-            # Only a re-send the client marked can have an earlier run (a first send has a
-            # fresh session id): one HEAD for those, none for the rest.
+            # Only a marked re-send can have an earlier run, so only it costs a HEAD.
             check_existing=config is not None and config.extra.get(protocol.REPEAT) is True,
         )
-        # Mounted where no lifespan runs there is no task group: the rollout runs after
-        # the answer, in the request's own task, which the ASGI server owns.
+        # No lifespan task group: run after the answer, in the request's own task.
         background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
         return JSONResponse(
             protocol.processing_response(config, context.session_id), background=background
@@ -409,12 +382,11 @@ class RolloutRoutes:
         try:
             result = await call_handler(spec, payload, context, limiter=self._get_limiter())
         except InvalidPayloadError as exc:
-            # The handler refused its input: that is the caller's error, not a crash.
             logger.warning("entrypoint %s refused its payload: %s", spec.name, exc.message)
             return _error_response(exc.message, exc.status_code, exc.field)
         except Exception as exc:
             logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
-            # BedrockAgentCoreApp's answer: the message alone (its clients parse it so).
+            # The message alone, as BedrockAgentCoreApp's clients parse it.
             return _error_response(str(exc) or type(exc).__name__, 500)
         if isinstance(result, Response):
             return result

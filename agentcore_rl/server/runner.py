@@ -1,13 +1,8 @@
-"""RolloutRunner: the tasks that run rollout handlers to one envelope each.
+"""RolloutRunner: owned tasks that run rollout handlers to exactly one envelope each.
 
-Each accepted rollout becomes a :class:`RolloutJob` whose task calls the handler, turns
-the outcome into an envelope (the handler's dict, or an error envelope whose
-``error_type`` says what went wrong) and hands it to the
-:class:`~agentcore_rl.server.spool.Spool` (S3, else local disk). The tasks belong to the
-task group the app's lifespan attaches; without one (an app mounted where no lifespan
-runs) the caller runs the job itself (:meth:`RolloutRunner.run`, as the response's
-background task). Jobs are indexed by session id (so ``/sessions/{id}/stop`` can cancel
-them) and by result key (so a retried invocation does not start a second copy).
+Without the lifespan's task group (an app mounted where no lifespan runs) the response's
+background task runs the job. Jobs are indexed by session (for ``/sessions/{id}/stop``) and
+by result key (so a retried invocation does not start a second copy).
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ DEFAULT_REMEMBERED_SESSIONS: Final = 10_000
 def peak_memory_bytes() -> int | None:
     """The process's peak resident memory so far (``ru_maxrss``), or None without it."""
     try:
-        # lazy: resource is POSIX-only (the ImportError below is Windows)
         import resource
     except ImportError:  # pragma: no cover - Windows
         return None
@@ -52,8 +46,7 @@ def peak_memory_bytes() -> int | None:
 
 
 def _uncancel() -> None:
-    """Forget a cancellation this task asked for and has handled (Python 3.11+ counts
-    them, and timeouts inside the envelope write would otherwise misread the count)."""
+    """Forget a handled cancellation, or timeouts in the envelope write misread the count."""
     uncancel = getattr(asyncio.current_task(), "uncancel", None)
     if uncancel is not None:
         uncancel()
@@ -86,24 +79,18 @@ class RolloutJob:
     started_at: float
     spec: HandlerSpec
     limiter: anyio.CapacityLimiter
-    # The task running the handler, set when it starts. Stopping a rollout cancels this
-    # task once, as asyncio does (not a level-triggered scope): a handler may catch the
-    # cancellation and still await its own cleanup.
+    # Cancelled once (edge-triggered), so a handler may catch it and await its cleanup.
     task: asyncio.Task[Any] | None = None
     cancel_reason: str | None = None
-    # What the envelope's "payload" field holds instead of the payload (a digest), if set.
+    # A digest for the envelope's "payload" field instead of the payload.
     envelope_payload: dict[str, Any] | None = None
-    # Whether to ask S3 for an earlier run's envelope before running.
     check_existing: bool = False
-    # True while the job asks S3 whether an earlier run already wrote its envelope.
     checking: bool = False
     handler_done: bool = False
-    # The envelope claimed for delivery (so no job is ever written twice), and whether it
-    # has been delivered (to S3 or the spool).
+    # The envelope claimed for delivery, so no job is ever written twice.
     body: bytes | None = None
     delivered: bool = False
-    # For the envelope's cost fields: monotonic and process CPU seconds at acceptance, and
-    # the runner's start count then (another start meanwhile: the CPU is not this one's).
+    # Cost fields; another start meanwhile means the process CPU is not this job's alone.
     began: float = field(default_factory=time.monotonic)
     cpu_began: float = field(default_factory=time.process_time)
     start_count: int | None = None
@@ -111,12 +98,11 @@ class RolloutJob:
 
     @property
     def session_id(self) -> str:
-        """The session this rollout runs in."""
         return self.context.session_id
 
     @property
     def target(self) -> tuple[str, str] | None:
-        """``(bucket, key)`` of its envelope (``None``: the payload named no S3 location)."""
+        """``(bucket, key)`` of its envelope, None if the payload named no S3 location."""
         config = self.context.rollout
         return None if config is None else (config.s3_bucket, config.key_for(self.session_id))
 
@@ -126,8 +112,7 @@ class RolloutJob:
             return False
         if self.cancel_reason is None:
             self.cancel_reason = reason
-            # A task that has not started yet checks cancel_reason on its first step;
-            # cancelling it before then would kill it before it can write its envelope.
+            # An unstarted task checks cancel_reason itself; cancelling it would skip its envelope.
             if self.task is not None:
                 self.task.cancel(reason)
         return True
@@ -145,12 +130,9 @@ class ShutdownReport:
 class RolloutRunner:
     """Runs rollout handlers as owned tasks and delivers one envelope per rollout.
 
-    ``on_change`` is called whenever the number of running rollouts changes (the ``/ping``
-    status); ``clock`` stamps envelopes. ``exists`` (``ResultStore.head``) is asked before
-    the handler of a re-send the client marked (``_rollout.repeat``) runs: an envelope
-    already at its key (an earlier run's, here or in a predecessor) wins. The sessions of
-    the last ``remember`` finished rollouts are kept (a few hundred bytes each), so a
-    liveness probe racing the client's read of a just-written envelope hears ``finished``.
+    ``exists`` is asked before a marked re-send (``_rollout.repeat``) runs: an earlier run's
+    envelope wins. The last ``remember`` finished sessions are kept so a status probe racing
+    the client's read of a fresh envelope hears ``finished``.
     """
 
     def __init__(
@@ -181,7 +163,6 @@ class RolloutRunner:
 
     @property
     def jobs(self) -> frozenset[RolloutJob]:
-        """A snapshot of the running rollouts."""
         return frozenset(self._jobs)
 
     @property
@@ -190,8 +171,7 @@ class RolloutRunner:
         return self._tasks is not None
 
     def attach(self, tasks: TaskGroup | None) -> None:
-        """Run the jobs :meth:`start` accepts from now on in ``tasks`` (the owner's task
-        group, which must outlive them); ``None`` detaches."""
+        """Run future jobs in ``tasks``, which must outlive them; ``None`` detaches."""
         self._tasks = tasks
 
     def find(self, bucket: str, key: str) -> RolloutJob | None:
@@ -209,8 +189,7 @@ class RolloutRunner:
         envelope_payload: dict[str, Any] | None = None,
         check_existing: bool = False,
     ) -> RolloutJob:
-        """Accept a rollout and return its job; with a task group attached, its handler
-        starts there at once, else the caller must ``await runner.run(job)``."""
+        """Accept a rollout; without an attached task group the caller awaits ``run(job)``."""
         if self._closed:
             raise RuntimeError("the rollout runner is shut down")
         job = RolloutJob(
@@ -271,8 +250,7 @@ class RolloutRunner:
     def _envelope(
         self, job: RolloutJob, result: object, failure: _Failure | None
     ) -> tuple[bytes | None, _Failure | None]:
-        """The envelope's bytes (``None`` for a rollout that names no S3 location) and the
-        failure it reports, if any."""
+        """The envelope's bytes (None without an S3 location) and the failure it reports."""
         if failure is None and not isinstance(result, Mapping):
             kind = type(result).__name__
             failure = _Failure(
@@ -314,8 +292,7 @@ class RolloutRunner:
             return _dumps(envelope), failure
 
     async def run(self, job: RolloutJob) -> None:
-        """Run a job :meth:`start` accepted to its one envelope (what the attached task
-        group does for each job)."""
+        """Run an accepted job to its one envelope."""
         job.task = asyncio.current_task()
         foreign_cancel: asyncio.CancelledError | None = None
         result: object = None
@@ -329,22 +306,19 @@ class RolloutRunner:
                 result = await call_handler(job.spec, job.payload, job.context, limiter=job.limiter)
             except asyncio.CancelledError as exc:
                 if job.cancel_reason is None:
-                    # Not our stop: the event loop itself is going away. Record it, then
-                    # let the cancellation proceed.
+                    # Not our stop: the event loop is going away; re-raised at the end.
                     foreign_cancel = exc
                     job.cancel_reason = "the event loop is shutting down"
                 else:
                     _uncancel()
                 if job.checking:
-                    # Stopped while asking S3: an existing envelope still wins over a
-                    # "cancelled" one. Shielded like the delivery below: the owner's task
-                    # group may be the one cancelling.
+                    # An existing envelope still beats "cancelled"; shielded as the
+                    # owner's task group may be the one cancelling.
                     with anyio.CancelScope(shield=True):
                         if await self._already_written(job):
                             return
                 failure = _Failure(protocol.ERROR_CANCELLED, job.cancel_reason)
             except InvalidPayloadError as exc:
-                # The handler refused its input: the caller's error, reported as such.
                 invalid = protocol.ERROR_INVALID_PAYLOAD
                 failure = _Failure(invalid, exc.message, status_code=exc.status_code)
             except Exception as exc:
@@ -359,12 +333,10 @@ class RolloutRunner:
                 )
             body, failure = self._envelope(job, result, failure)
             job.handler_done = True
-            # Shielded: the one envelope of an accepted rollout is written even when the
-            # owner's task group is being cancelled (the store's retries bound the wait).
+            # Shielded so the envelope is written under cancellation; store retries bound it.
             with anyio.CancelScope(shield=True):
                 if failure is not None and failure.error_type == protocol.ERROR_CANCELLED:
-                    # A mass cancel (shutdown, a client's lapsed lease) ends every handler
-                    # first: the envelope writes' CPU would otherwise hold back the rest.
+                    # On a mass cancel, let every handler end before the writes' CPU.
                     await anyio.lowlevel.checkpoint()
                 await self._deliver(job, body, failure)
         finally:
@@ -373,14 +345,13 @@ class RolloutRunner:
                 raise foreign_cancel
 
     async def _already_written(self, job: RolloutJob) -> bool:
-        """Whether the job's key already holds an envelope; if so the job is done."""
+        """Whether the job's key already holds an envelope (the job is then done)."""
         if self._exists is None or job.target is None or not job.check_existing:
             return False
         bucket, key = job.target
         # Left set if the check is cancelled, so the stop path knows to check again.
         job.checking = True
         try:
-            # The envelope is in S3, or in this process's spool while S3 refuses it.
             found = self._spool.holds(bucket, key) or await self._exists(bucket, key)
         except Exception as exc:
             # Running twice beats never running: S3 trouble does not block the rollout.
@@ -427,8 +398,7 @@ class RolloutRunner:
         )
 
     def stop_session(self, session_id: str, reason: str) -> list[RolloutJob]:
-        """Cancel every running rollout of a session; return those that were still running.
-        Their "cancelled" envelopes are written by their own tasks."""
+        """Cancel a session's running rollouts; return those that were still running."""
         jobs = list(self._by_session.get(session_id, ()))
         return [job for job in jobs if job.cancel(reason)]
 
@@ -444,9 +414,7 @@ class RolloutRunner:
     async def shutdown(self, grace: float, *, cancel_timeout: float) -> ShutdownReport:
         """Refuse new rollouts, give running ones ``grace`` seconds, then cancel the rest.
 
-        Cancelled rollouts write their "cancelled" envelopes. A job that does not finish
-        within ``cancel_timeout`` after being cancelled (a handler that swallows
-        cancellation, an S3 write that hangs) has its envelope spooled instead.
+        A job still running ``cancel_timeout`` after its cancel has its envelope spooled.
         """
         self._closed = True
         before = len(self._jobs)

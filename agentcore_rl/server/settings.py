@@ -1,5 +1,4 @@
-"""The agent server's environment: variable names, the listening host, the app's name
-and its default spool directory."""
+"""The agent server's environment: variables, listening host, app name, spool directory."""
 
 from __future__ import annotations
 
@@ -30,31 +29,22 @@ __all__ = [
     "spool_directory",
 ]
 
-#: Seconds between GIL hand-offs set at startup. Python's default (5 ms) lets two threads
-#: that burn CPU hold the event loop off the GIL long enough that /ping answers take
-#: 100+ ms; 1 ms keeps them near 10 ms (see benchmarks/server.py).
+#: GIL hand-off interval set at startup: at Python's 5 ms, CPU-bound handler threads push
+#: /ping past 100 ms; 1 ms keeps it near 10 ms (benchmarks/server.py).
 DEFAULT_GIL_SWITCH_INTERVAL: Final = 0.001
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
 
-#: Comma-separated bucket names; when set (and no allow-list is passed to the app), a
-#: payload naming any other bucket is refused with 403.
+#: Comma-separated bucket allow-list, used when the app is given none.
 ALLOWED_BUCKETS_ENV: Final = "AGENTCORE_RL_ALLOWED_BUCKETS"
-#: Directory for envelopes S3 refused (default: :func:`default_spool_dir`).
 SPOOL_DIR_ENV: Final = "AGENTCORE_RL_SPOOL_DIR"
-#: A name for the agent: its default spool directory is a subdirectory of that name.
 APP_NAME_ENV: Final = "AGENTCORE_RL_APP_NAME"
-#: Interface :meth:`AgentCoreRLApp.run` listens on when no host is passed.
 HOST_ENV: Final = "AGENTCORE_RL_HOST"
 
 
 def default_host() -> str:
-    """``$AGENTCORE_RL_HOST``, else ``0.0.0.0`` inside a container, else ``127.0.0.1``.
-
-    A container is recognised by ``DOCKER_CONTAINER`` in the environment (AWS's AgentCore
-    starter Dockerfiles set it), ``/.dockerenv`` or ``/run/.containerenv``. Outside one,
-    the server only listens on loopback so a laptop does not expose the agent.
-    """
+    """``$AGENTCORE_RL_HOST``, else ``0.0.0.0`` inside a container, else ``127.0.0.1``
+    (so a laptop does not expose the agent)."""
     host = os.environ.get(HOST_ENV, "").strip()
     if host:
         return host
@@ -65,7 +55,7 @@ def default_host() -> str:
 
 
 def check_app_name(name: str) -> str:
-    """``name`` if it can name an app (and its spool directory), else ConfigurationError."""
+    """``name`` if it can name an app (and a directory), else ConfigurationError."""
     if not _NAME.fullmatch(name):
         raise ConfigurationError(
             f"app name {name!r}: use 1-64 letters, digits, '.', '_' or '-' (it names a directory)"
@@ -74,16 +64,13 @@ def check_app_name(name: str) -> str:
 
 
 def app_name_from_env() -> str | None:
-    """``$AGENTCORE_RL_APP_NAME`` (checked), or ``None`` when unset."""
     name = os.environ.get(APP_NAME_ENV, "").strip()
     return check_app_name(name) if name else None
 
 
 def handler_app_name(func: Callable[..., Any]) -> str:
-    """The app name derived from its handler: ``module.qualname`` (a script's file name
-    for ``__main__``), so every restart of one agent finds the same spool and two
-    different agents never share one.
-    """
+    """``module.qualname`` of the handler: restarts of one agent share a spool, two agents
+    never do."""
     module = getattr(func, "__module__", None) or "app"
     if module == "__main__":
         main_file = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -91,18 +78,15 @@ def handler_app_name(func: Callable[..., Any]) -> str:
     qualname = getattr(func, "__qualname__", None) or type(func).__qualname__
     name = re.sub(r"[^A-Za-z0-9._-]", "_", f"{module}.{qualname}").lstrip(".")
     if len(name) > 64:
-        # Still one name per handler: the tail says which, the digest keeps them apart.
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
         name = f"{name[-51:].lstrip('.')}-{digest}"
     return check_app_name(name or "app")
 
 
 def _usable(directory: Path) -> bool:
-    # Without creating it (the spool does on its first write): an existing directory must
-    # be ours and writable, else the nearest existing parent writable.
+    # Without creating it. Another user's directory (a shared /tmp) must not get our envelopes.
     try:
         if directory.exists():
-            # Another user's directory (a shared /tmp) must not receive our envelopes.
             return directory.stat().st_uid == os.getuid() and os.access(directory, os.W_OK)
         parent = next(p for p in directory.parents if p.exists())
         return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
@@ -111,13 +95,8 @@ def _usable(directory: Path) -> bool:
 
 
 def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """The spool directory used when none is configured: the same one across restarts.
-
-    ``$XDG_STATE_HOME/agentcore-rl/spool`` (``~/.local/state/agentcore-rl/spool`` by the
-    XDG rule: state that should survive a restart but is not worth backing up), else, when
-    the home directory cannot be written (containers running as a user without one),
-    ``<tempdir>/agentcore-rl-spool-<uid>``. Created (mode 0700) by the spool's first write.
-    """
+    """``$XDG_STATE_HOME/agentcore-rl/spool`` (XDG state survives restarts), else
+    ``<tempdir>/agentcore-rl-spool-<uid>`` when the home directory is not writable."""
     fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
     state = environ.get("XDG_STATE_HOME", "").strip()
     try:
@@ -129,21 +108,18 @@ def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
         return preferred
     if _usable(fallback):
         return fallback
-    # Neither is writable: the spool reports the failure (and logs the envelope) on use.
+    # Neither writable: the spool reports it (and logs the envelope) on use.
     return preferred
 
 
 def spool_directory(configured: Path | str | None, name: str) -> Path:
-    """The spool directory of the app called ``name``: ``configured``, else
-    ``$AGENTCORE_RL_SPOOL_DIR``, else its own under :func:`default_spool_dir`, so restarts
-    of one agent find each other's envelopes and two agents keep theirs apart."""
+    """``configured``, else ``$AGENTCORE_RL_SPOOL_DIR``, else ``name`` under the default."""
     chosen = configured or os.environ.get(SPOOL_DIR_ENV) or None
     return Path(chosen) if chosen is not None else default_spool_dir() / check_app_name(name)
 
 
 def allowed_buckets_from(allowed: Iterable[str] | None) -> frozenset[str] | None:
-    """The bucket allow-list: the argument, else ``$AGENTCORE_RL_ALLOWED_BUCKETS``, else
-    ``None``; a name that is not a valid bucket is a :class:`ConfigurationError`."""
+    """The argument, else ``$AGENTCORE_RL_ALLOWED_BUCKETS``, else None; checked."""
     source = "allowed_buckets"
     if allowed is None:
         raw = os.environ.get(ALLOWED_BUCKETS_ENV, "")

@@ -1,15 +1,7 @@
-"""Spool: envelopes that could not be written to S3 wait on local disk and are retried.
+"""Spool: envelopes S3 refused (after the store's retries) wait on local disk, retried.
 
-When a write still fails after :class:`~agentcore_rl.s3.ResultStore`'s own retries (the
-bucket is missing, credentials expired, S3 is down for minutes), the envelope goes to a
-file in the spool directory instead of being dropped. A task in the owner's task group
-(the app's lifespan) retries the files with exponential backoff, and the server makes one
-more attempt at shutdown; what is left stays on disk for a server of the same app started
-later with the same directory.
-
-Each file names the app that spooled it (``owner``) and the S3 it was meant for
-(:func:`s3_destination`): a spool adopts only its own owner's files for its own S3 and
-leaves the others on disk, untouched and unreported, for the server they belong to.
+What is left at shutdown stays for a later server of the same app and directory. Each file
+names its ``owner`` app and :func:`s3_destination`; a spool adopts only its own files.
 """
 
 from __future__ import annotations
@@ -37,13 +29,11 @@ __all__ = ["Spool", "s3_destination"]
 logger = logging.getLogger(__name__)
 
 _SUFFIX: Final = ".json"
-# Seconds a write interrupted by cancellation gets to finish before its envelope is spooled.
 _CANCELLED_WRITE_TIMEOUT: Final = 10.0
 
 
 def s3_destination(store: ResultStore) -> dict[str, str | None]:
-    """Where ``store`` writes (``endpoint_url``, ``region``; ``None``: AWS's default) as its
-    client will resolve it: its own settings, else the AWS variables as they are now."""
+    """Where ``store`` writes (``endpoint_url``, ``region``), resolved as its client will."""
     env = os.environ
     endpoint = store.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = store.region_name or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
@@ -51,14 +41,14 @@ def s3_destination(store: ResultStore) -> dict[str, str | None]:
 
 
 def _write_file(directory: Path, name: str, data: bytes, tmp_suffix: str = ".tmp") -> Path:
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # created when first needed
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / name
     tmp = path.with_suffix(tmp_suffix)
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
-    # The rename makes the file appear complete or not at all, also across a crash.
+    # Atomic, also across a crash.
     tmp.replace(path)
     return path
 
@@ -84,17 +74,11 @@ def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
 
 
 class Spool:
-    """Envelopes waiting on local disk for S3, retried by a task in its owner's task group.
+    """Envelopes waiting on local disk for S3, retried with doubling backoff.
 
-    ``directory`` defaults to a fresh temporary directory (created on first use); give a
-    persistent one so a restarted server delivers what its predecessor could not.
-    ``owner`` names the app whose envelopes these are: :meth:`recover` adopts only files
-    of the same owner meant for the same S3 (:func:`s3_destination` of ``store``).
-    ``retry_interval`` is the first wait before a retry; it doubles after each failed pass
-    up to ``max_retry_interval`` and resets after a success. ``on_change`` is called when
-    the number of pending files changes (the server reports ``HealthyBusy`` meanwhile).
-    Its owner (the app) lends it a task group with :meth:`attach` for the retry task;
-    without one, retries happen at :meth:`drain` and :meth:`aclose` only.
+    ``directory`` defaults to a fresh temporary one; a persistent one lets a restarted
+    server deliver what its predecessor could not. Without a task group from
+    :meth:`attach`, retries happen at :meth:`drain` and :meth:`aclose` only.
     """
 
     def __init__(
@@ -113,8 +97,7 @@ class Spool:
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
         self._on_change = on_change
-        # (bucket, key) of each pending file, so a repeated invocation of a spooled
-        # rollout is recognised as finished without reading files.
+        # (bucket, key) per file: a repeated invocation is recognised without reading files.
         self._entries: dict[Path, tuple[str, str]] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -126,7 +109,6 @@ class Spool:
 
     @property
     def directory(self) -> Path:
-        """The spool directory (a temporary one is created on first access if none was given)."""
         if self._directory is None:
             self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
         return self._directory
@@ -140,21 +122,17 @@ class Spool:
 
     @property
     def pending(self) -> int:
-        """How many envelopes wait for delivery."""
         return len(self._entries)
 
     @property
     def pending_keys(self) -> list[tuple[str, str]]:
-        """``(bucket, key)`` of every pending envelope."""
         return list(self._entries.values())
 
     def holds(self, bucket: str, key: str) -> bool:
-        """True when an envelope for ``s3://bucket/key`` waits in the spool."""
         return (bucket, key) in self._entries.values()
 
     def attach(self, tasks: TaskGroup | None) -> None:
-        """Run the retry task in ``tasks`` (the owner's task group, which must outlive the
-        spool's use); ``None`` detaches."""
+        """Run the retry task in ``tasks``, which must outlive the spool; ``None`` detaches."""
         self._tasks = tasks
         self._ensure_retrying()
 
@@ -177,9 +155,8 @@ class Spool:
         self._tasks.start_soon(self._retry_loop, self._retrying, name="agentcore-rl spool retry")
 
     async def add(self, bucket: str, key: str, body: bytes, *, why: str) -> Path | None:
-        """Keep one envelope for later delivery (``why``: what S3 said); return its file
-        (``None`` if even that failed: the envelope is then logged in full at CRITICAL,
-        the last place it can go)."""
+        """Keep an envelope for later delivery; return its file, or None if even that failed
+        (the envelope is then logged in full at CRITICAL)."""
         destination = s3_destination(self._store)
         record = {"bucket": bucket, "key": key, "owner": self.owner, "destination": destination}
         data = json.dumps({**record, "body": body.decode()}).encode()
@@ -190,9 +167,8 @@ class Spool:
             _log_lost(bucket, key, exc, body)
             return None
         except asyncio.CancelledError as cancel:
-            # The event loop is shutting down while the thread writes: write here instead,
-            # in a temporary file of its own (the thread may still be writing the other);
-            # the same name replaces the file if the thread got there too.
+            # The loop is closing mid-write: write here, via a temp file of our own as the
+            # thread may still be writing.
             try:
                 kept = _write_file(self.directory, name, data, ".tmp-final")
             except OSError as disk_error:
@@ -223,9 +199,7 @@ class Spool:
             await self.add(bucket, key, body, why=f"{type(exc).__name__}: {exc}")
             return False
         except BaseException:
-            # Cancelled mid-write (shutdown, or the event loop itself closing): the envelope
-            # exists and delivering it is all that is left, so finish that, then let the
-            # cancellation go on.
+            # Cancelled mid-write: finish delivering, then let the cancellation go on.
             with anyio.CancelScope(shield=True):
                 await self._finish_cancelled_write(bucket, key, body)
             raise
@@ -242,9 +216,7 @@ class Spool:
         await self.add(bucket, key, body, why=why)
 
     async def recover(self) -> int:
-        """Adopt the envelope files a previous server of the same owner left in the
-        directory for the same S3; return how many. Other files are left alone.
-        """
+        """Adopt files a previous server of this owner left for this S3; return how many."""
         directory = self._directory
         if directory is None or not directory.is_dir():
             return 0
@@ -257,7 +229,6 @@ class Spool:
                     doc = _read_record(path)
                 except (OSError, ValueError):
                     continue  # unreadable, or delivered by another server meanwhile
-                # Another app's or another S3's file is not ours to deliver or report.
                 if doc.get("owner") == self.owner and doc.get("destination") == ours:
                     found[path] = (doc["bucket"], doc["key"])
             return found
@@ -279,18 +250,16 @@ class Spool:
         return len(new)
 
     def kick(self) -> None:
-        """Make the background task retry now instead of waiting out its backoff."""
+        """Retry now instead of waiting out the backoff."""
         self._wake.set()
 
     async def wait_drained(self) -> None:
-        """Wait until nothing is pending (returns at once when the spool is empty)."""
         await self._drained.wait()
 
     async def drain(self) -> int:
-        """Try to deliver every pending envelope once; return how many remain.
+        """Try every pending envelope once; return how many remain.
 
-        After a failure, the rest of that bucket's files wait for the next pass, so an
-        unreachable bucket costs one request per pass, not one per file.
+        A bucket that fails is skipped for the rest of the pass (one request, not one per file).
         """
         async with self._lock:
             failed_buckets: set[str] = set()
@@ -357,13 +326,10 @@ class Spool:
                 self._retrying = None
 
     async def aclose(self) -> int:
-        """Stop retrying in the background, try once more, and return how many remain.
-
-        Idempotent. What remains stays on disk and is logged loudly.
-        """
+        """Stop retrying, try once more, return how many remain on disk. Idempotent."""
         self._closed = True
         if self._retrying is not None:
-            self._retrying.cancel()  # its task ends in its owner's task group
+            self._retrying.cancel()
         remaining = await self.drain() if self._entries else 0
         if remaining:
             logger.critical(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import RetryableError, Transport
 from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from agentcore_rl.client.config import AwsConfig
@@ -25,11 +26,14 @@ __all__ = ["AcrTransport", "HttpTransport", "RetryableError", "Transport", "make
 def make_transport(
     arn: str | None, urls: str | Sequence[str] | None, aws: AwsConfig, connections: int
 ) -> Transport:
-    """The transport for a runtime ARN, else for agent URL(s) (the client checked that it
-    has exactly one)."""
-    if arn is not None:
+    """The transport for a runtime ARN, else for agent URL(s)."""
+    if arn is not None and urls is None:
         return AcrTransport(
             arn, endpoint_url=aws.endpoint_url, qualifier=aws.qualifier, max_connections=connections
         )
-    assert urls is not None
+    if urls is None or arn is not None:
+        raise ConfigurationError(
+            "give exactly one of agent_runtime_arn (AgentCore Runtime) and agent_url "
+            "(agent servers over HTTP)"
+        )
     return HttpTransport(urls, max_connections=connections)
