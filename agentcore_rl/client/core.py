@@ -114,8 +114,8 @@ class ClientCore:
             await self._closed.wait()
             return
         self._service.state = ClientState.CLOSED
+        self._rollouts.close()  # first: no group member starts again
         self._groups.close(ClientClosedError("the client was closed before this group finished"))
-        self._rollouts.close()
         try:
             with anyio.move_on_after(self.timeouts.close):
                 await self._rollouts.wait_closed()

@@ -100,14 +100,3 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
             metrics=metrics if isinstance(metrics, dict) else None,
         )
         return self._trajectory
-
-    def _settle(self, result: dict[str, Any] | None, error: BaseException | None) -> None:
-        """Resolve once; later outcomes (a result after a timeout...) are dropped."""
-        if self.done():
-            return
-        self.resolved_at = time.time()
-        if error is not None:
-            self.set_exception(error)
-        else:
-            assert result is not None
-            self.set_result(result)

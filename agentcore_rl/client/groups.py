@@ -162,7 +162,6 @@ class GroupRunner:
         self.prepare = prepare
         self.tracker = GroupTracker(exp_id=exp_id)
         self._runs: dict[str, _Run] = {}
-        self._closed: BaseException | None = None
 
     # -- opening --
 
@@ -187,7 +186,7 @@ class GroupRunner:
         _, config = self.prepare(
             payload, input_id=input_id, overrides=overrides, default_input_id=default_input_id
         )
-        if self._closed is not None or self.rollouts.closing:
+        if self.rollouts.closing:
             raise ClientClosedError("the client is closed; create a new one")
         starts = self.tracker.open(config.input_id, rules)
         fut = GroupFuture(input_id=config.input_id, rules=rules)
@@ -320,7 +319,7 @@ class GroupRunner:
             self._apply(self.tracker.failed(sid, "the member's rollout was cancelled"))
             return
         error = fut.exception()
-        if isinstance(error, ClientClosedError) or self._closed is not None:
+        if isinstance(error, ClientClosedError) or self.rollouts.closing:
             self._close_run(run, error or ClientClosedError("the client closed"))
             return
         end: MemberEnd
@@ -352,7 +351,7 @@ class GroupRunner:
         for action in actions:
             if isinstance(action, StartMember):
                 run = self._runs.get(action.input_id)
-                if run is not None and self._closed is None and self.service.running:
+                if run is not None and not self.rollouts.closing and self.service.running:
                     self._start(run, action, admitted=False)  # a retry: admitted by its task
             elif isinstance(action, StopMember):
                 run = self._runs.get(action.input_id)
@@ -399,8 +398,7 @@ class GroupRunner:
         return sum(isinstance(a, GroupDropped) for a in actions)
 
     def close(self, error: BaseException) -> None:
-        """The client closes: every open group ends in ``error``; no member starts again."""
-        self._closed = error
+        """The client closes (its rollouts first): every open group ends in ``error``."""
         for run in list(self._runs.values()):
             self._close_run(run, error)
 

@@ -5,11 +5,9 @@ holding a slot. The prober asks the session's agent (HTTP: ``GET /sessions/{id}`
 status request on the session, which a restarted or new microVM answers ``unknown``). An
 ``unknown`` answer, or an agent unreachable (refused, 424, 5xx) for ``lost_after`` seconds,
 wakes the rollout's task with an :class:`~agentcore_rl.errors.AgentLostError` (retried by
-policy). To stay cheap at 10,000 sessions in flight it probes only sessions pending longer
-than ``probe_after``, each at most every ``probe_interval``, the longest-unconfirmed first,
-at most ``max_rate`` per second, behind invocations (:attr:`Priority.PROBE`) until
-``escalate_after`` (a busy TPS budget would otherwise starve it). On HTTP, one lost session
-makes its server's older sessions suspects, probed next: a server crash loses them all.
+policy). Its pacing (:class:`LivenessConfig`) keeps it cheap at 10,000 sessions in flight.
+On HTTP, one lost session makes its server's older sessions suspects, probed next: a server
+crash loses them all.
 
 :class:`ClientLease` is the client's proof of life: an S3 object rewritten every
 ``lease_renew`` seconds and named in every invocation; agent servers cancel the rollouts of

@@ -1,15 +1,10 @@
 """Which rollout outcomes are final and which are worth a new session, and the client's
 counters of them (:class:`ClientStats`).
 
-*Retryable* outcomes say nothing about the input: the agent lost the session (a crash or
-restart, :class:`~agentcore_rl.errors.AgentLostError`), could not be reached or kept
-failing before it accepted (connection errors, 5xx, 424, throttling past the retries), or
-its server cancelled the rollout on shutdown or because the client's lease lapsed. Among
-them, *agent losses* (:func:`is_agent_loss`) have their own, larger budget
-(``Retries.lost``): the process went away, which says nothing about the agent's code.
-Everything else is *final*: a result, the handler's error envelope, a 4xx refusal, an
-agent unreachable for its whole window (:class:`~agentcore_rl.errors.AgentUnreachableError`),
-a cancel, the client's close, a timeout, a result that is not JSON.
+*Retryable* outcomes (:func:`is_retryable`) say nothing about the input; among them,
+*agent losses* (:func:`is_agent_loss`) have their own, larger budget (``Retries.lost``):
+the process went away, which says nothing about the agent's code. Everything else is
+final (docs/failure-model.md has the table).
 """
 
 from __future__ import annotations
@@ -127,7 +122,7 @@ def is_agent_loss(exc: BaseException) -> bool:
 
 def is_retryable(exc: BaseException) -> bool:
     """Whether a rollout that ended with ``exc`` is worth running again with a new session
-    (see the module docstring for the rule)."""
+    (the rule and its reasons: docs/failure-model.md)."""
     if isinstance(exc, AgentLostError):
         return True
     if isinstance(exc, AgentUnreachableError):

@@ -231,11 +231,13 @@ class Rollouts:
         fut = r.fut
         if fut is None:
             return
-        if not fut.done():
-            if error is None and result is None:
-                fut.cancel()
+        if not fut.done():  # else a later outcome (a result after a timeout...) is dropped
+            if error is not None:
+                fut.set_exception(error)
+            elif result is not None:
+                fut.set_result(result)
             else:
-                fut._settle(result, error)
+                fut.cancel()
         if not fut.resolved_at:
             fut.resolved_at = time.time()
         count_outcome(self.counters, fut)

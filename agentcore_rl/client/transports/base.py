@@ -110,19 +110,15 @@ class Transport(Protocol):
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """Send one invocation; return the JSON object the agent answered."""
-        ...
 
     async def stop(self, session_id: str) -> bool:
         """Stop the session; True when something was running."""
-        ...
 
     async def status(self, session_id: str) -> protocol.SessionState:
         """Ask the agent about the session (a restarted agent answers unknown)."""
-        ...
 
     async def aclose(self) -> None:
         """Release connections. Idempotent."""
-        ...
 
 
 def session_state(
