@@ -206,7 +206,7 @@ async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     """A few problems again as GRPO groups, for the summary's group statistics."""
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
-    tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)
+    tally = run.groups = GroupTally(size=_GROUP_SIZE)
     options = dataclasses.replace(
         eval_options,
         exp_id=f"{eval_options.exp_id}-groups",

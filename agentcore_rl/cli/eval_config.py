@@ -6,12 +6,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
+
+if TYPE_CHECKING:
+    from agentcore_rl.cli.summary import GroupTally
 
 __all__ = ["EvalInput", "EvalOptions", "EvalRun", "load_inputs"]
 
@@ -120,10 +122,12 @@ class EvalOptions:
 
 @dataclass
 class EvalRun:
-    """What a finished (or interrupted) run reports."""
+    """What a finished (or interrupted) run reports beyond its files' figures."""
 
-    summary: RunSummary
     wall_seconds: float = 0.0
     s3_requests: int = 0
     out: Path | None = None
     trajectories: Path | None = None  # the trajectories file, with a gateway
+    resumed: int = 0  # inputs an earlier run had finished
+    trajectories_missing: int = 0  # done rollouts whose trace an earlier run left unread
+    groups: GroupTally | None = None  # the demo's group phase, which writes no file
