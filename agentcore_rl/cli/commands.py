@@ -21,9 +21,10 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.show import load_run, render, write_example
+from agentcore_rl.cli.summary import EvalRun
 from agentcore_rl.cli.summary import render as render_summary
 from agentcore_rl.errors import ConfigurationError
 

@@ -23,8 +23,8 @@ from typing import Final
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval import make_client, run_eval
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
-from agentcore_rl.cli.summary import GroupTally
+from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
+from agentcore_rl.cli.summary import EvalRun, GroupTally
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
 from agentcore_rl.local.stack import LocalStack

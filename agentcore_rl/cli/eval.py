@@ -19,9 +19,9 @@ from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.cost import Prices, price, trace_messages, trace_tokens, usage_of
-from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, load_inputs
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry, TrajectoryFile, rows_path_for
-from agentcore_rl.cli.summary import outcome_of, pass_at_k, reward_of
+from agentcore_rl.cli.summary import EvalRun, outcome_of, pass_at_k, reward_of
 from agentcore_rl.client import (
     AsyncRolloutClient,
     AwsConfig,

@@ -6,16 +6,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
-if TYPE_CHECKING:
-    from agentcore_rl.cli.summary import GroupTally
-
-__all__ = ["EvalInput", "EvalOptions", "EvalRun", "load_inputs"]
+__all__ = ["EvalInput", "EvalOptions", "load_inputs"]
 
 
 @dataclass(frozen=True)
@@ -118,16 +115,3 @@ class EvalOptions:
             raise ConfigurationError("--gateway-admin-token needs --gateway-url")
         if self.redundancy < 0 or (self.redundancy and self.group_size is None):
             raise ConfigurationError("--redundancy must be >= 0 and needs --group-size")
-
-
-@dataclass
-class EvalRun:
-    """What a finished (or interrupted) run reports beyond its files' figures."""
-
-    wall_seconds: float = 0.0
-    s3_requests: int = 0
-    out: Path | None = None
-    trajectories: Path | None = None  # the trajectories file, with a gateway
-    resumed: int = 0  # inputs an earlier run had finished
-    trajectories_missing: int = 0  # done rollouts whose trace an earlier run left unread
-    groups: GroupTally | None = None  # the demo's group phase, which writes no file

@@ -10,14 +10,13 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from pathlib import Path
+from typing import Any, Final
 
 from agentcore_rl.groups import result_reward as reward_of
 
-if TYPE_CHECKING:
-    from agentcore_rl.cli.eval_config import EvalRun
-
 __all__ = [
+    "EvalRun",
     "GroupTally",
     "failure_of",
     "outcome_of",
@@ -150,6 +149,19 @@ class GroupTally:
             "reward_std_mean": _mean(self.spreads),
             "groups_uniform": self.uniform,
         }
+
+
+@dataclass
+class EvalRun:
+    """What a finished (or interrupted) run reports beyond its files' figures."""
+
+    wall_seconds: float = 0.0
+    s3_requests: int = 0
+    out: Path | None = None
+    trajectories: Path | None = None  # the trajectories file, with a gateway
+    resumed: int = 0  # inputs an earlier run had finished
+    trajectories_missing: int = 0  # done rollouts whose trace an earlier run left unread
+    groups: GroupTally | None = None  # the demo's group phase, which writes no file
 
 
 def render(s: Mapping[str, Any], run: EvalRun) -> str:

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentcore_rl.cli.eval_config import EvalRun
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry, journal_path_for
 from agentcore_rl.cli.show import load_run
-from agentcore_rl.cli.summary import percentile, render, reward_of
+from agentcore_rl.cli.summary import EvalRun, percentile, render, reward_of
 from agentcore_rl.errors import ConfigurationError
 
 
