@@ -1,20 +1,6 @@
-"""How each inference server is asked for token ids and logprobs, in both modes (docs/gateway.md).
-
-Proxy mode (:meth:`Backend.prepare`, :meth:`Backend.take`): the request gets the server's
-capture flags; the ids and logprobs are taken out of the answer (or each SSE chunk) and stripped.
-
-- ``vllm`` (>= 0.10.2): ``return_token_ids`` gives ``prompt_token_ids`` (chat: at the root;
-  completions: per choice) and ``token_ids`` per choice; ``logprobs`` the logprobs.
-- ``sglang``: ``return_prompt_token_ids`` and ``return_meta_info`` give
-  ``choices[i].prompt_token_ids`` and ``choices[i].meta_info.output_token_logprobs``
-  (``[logprob, token_id, text]`` per token). SGLang refuses these flags when streaming: it is
-  asked without streaming and the whole answer is streamed to the agent (:func:`synthesize_sse`).
-
-Linear mode (:meth:`Backend.request`, :meth:`Backend.read`): token-in, token-out. vLLM:
-``POST {base}/completions`` with ``prompt`` a list of ids (``CompletionRequest`` in
-``vllm/entrypoints/openai/completion/protocol.py``); SGLang: ``POST {root}/generate`` with
-``input_ids`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``).
-"""
+"""How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode
+(:meth:`Backend.prepare`, :meth:`Backend.take`: capture flags on, ids stripped from the answer)
+and linear mode (:meth:`Backend.request`, :meth:`Backend.read`: token-in, token-out)."""
 
 from __future__ import annotations
 

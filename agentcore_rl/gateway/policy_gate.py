@@ -1,10 +1,5 @@
-"""Policy versions and weight-sync pauses: which calls may start, and when the weights may go.
-
-``hold``: new calls wait and ``pause()`` returns once none runs; ``reject``: the same, new
-calls refused (429); ``suspend``: new calls wait and ``pause()`` returns at once, the
-generations in flight frozen at the upstream, each token keeping the version it was sampled
-under (:class:`Versions`). See docs/gateway.md, "Weight-sync recipe".
-"""
+"""Policy versions and weight-sync pauses (``hold``, ``reject``, ``suspend``: docs/gateway.md,
+"Weight-sync recipe"): which calls may start, and when the weights may go."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Linear history: each turn's prompt is the served ids of the turn it extends, plus the
-template's rendering of what is new (tool results, user turns, the generation prompt).
-
-A request *extends* a kept turn when its messages are that turn's messages followed by the
-assistant message the gateway answered (content and tool calls). Then the prompt is the kept
-prompt + the kept completion + the ids of the new rendering after the answer's end-of-turn,
-found by counting the answer's stop token (as many as the rendering of the history up to the
-answer holds). An answer cut off before its stop token is closed as the template closes a
-turn. A request that extends no kept turn starts afresh from the full rendering: a fork,
-counted, never a silent mismatch (docs/gateway.md, "Two capture modes").
-"""
+"""Linear history: a request that extends a kept turn is sent that turn's served ids plus the
+rendering of what is new; any other starts afresh (a fork). docs/gateway.md, "Two capture
+modes", says when a request extends a turn."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The gateway's rendering mode: it owns tokenization and keeps each session's history linear.
-
-``RolloutGateway(..., render=RenderMode.load(DIR))`` (``--history linear --tokenizer DIR``)
-renders each chat request with the model's own template (transformers, as vLLM does),
-replaces the session's earlier turns by the ids the model was fed and produced
-(:mod:`.linear`), and calls the server token-in (:mod:`..backends`), without streaming. The
-completion is decoded and split by the parsers (:mod:`.parsers`) into an ordinary chat
-completion (SSE in one piece when the agent streams). See docs/gateway.md.
-"""
+"""The gateway's rendering mode (``--history linear``): the template renders (:mod:`.template`),
+the history stays linear (:mod:`.linear`), the server is called token-in (:mod:`..backends`)
+and the parsers (:mod:`.parsers`) make the answer. See docs/gateway.md."""
 
 from __future__ import annotations
 
@@ -40,11 +34,9 @@ log = logging.getLogger("agentcore_rl.gateway")
 class RenderMode:
     """Rendering with linear history, for :class:`~agentcore_rl.gateway.RolloutGateway`.
 
-    ``backend``: ``vllm`` (``/completions`` under the OpenAI base URL) or ``sglang``
-    (``/generate`` under the server's root URL). ``tool_call_parser``/``reasoning_parser``:
-    vLLM's names. ``max_tokens``: the completion budget when the agent sets none.
-    ``forks``/``extends`` count requests rendered afresh in a session that had turns, and
-    requests that extended a kept turn.
+    ``tool_call_parser``/``reasoning_parser``: vLLM's names; ``max_tokens``: the budget when
+    the agent sets none; ``forks``/``extends``: requests rendered afresh in a session that had
+    turns, and requests that extended a kept turn.
 
     Example::
 

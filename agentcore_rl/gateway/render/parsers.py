@@ -1,10 +1,6 @@
-"""Reasoning and tool-call parsers: a completion's text -> ``reasoning_content``, ``content``
-and OpenAI ``tool_calls``, named as vLLM's ``--reasoning-parser`` / ``--tool-call-parser``
-(docs/gateway.md lists them). The text parsed is the completion decoded with its special
-tokens, the stop token cut off. Each parser also writes its syntax (``format``): the stand-in
-policy answers with it in the template's own syntax, so a test parses what a model trained
-on that template emits.
-"""
+"""Reasoning and tool-call parsers by vLLM's names (docs/gateway.md): the completion decoded
+with its special tokens, stop token cut off -> ``reasoning_content``, ``content``, ``tool_calls``.
+Each also writes its syntax (``format``), which the stand-in policy answers in."""
 
 from __future__ import annotations
 

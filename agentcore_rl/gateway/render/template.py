@@ -1,9 +1,5 @@
-"""A model's tokenizer and chat template, loaded with transformers (what vLLM renders with).
-
-:class:`ChatTemplate` renders an OpenAI chat request (messages, tools, ``chat_template_kwargs``)
-to the template's text, and turns text into token ids and back, messages prepared as vLLM
-prepares them (:func:`prepare_messages`). Needs the ``render`` extra.
-"""
+"""A model's tokenizer and chat template, loaded with transformers (what vLLM renders with;
+the ``render`` extra)."""
 
 from __future__ import annotations
 
