@@ -27,7 +27,7 @@ from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
 from agentcore_rl.gateway.call import JSON_TYPE, Call, Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
-from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
+from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.record import CallRecord, Session, SessionTrace, TraceSink, dump_trace
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
@@ -155,12 +155,6 @@ class RolloutGateway:
         self._stack: contextlib.AsyncExitStack | None = None
         self._admin = _admin_app(self)
 
-    def __repr__(self) -> str:
-        return (
-            f"RolloutGateway(upstreams={self.upstreams!r}, backend={self.backend.name!r}, "
-            f"model={self.model!r})"
-        )
-
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RolloutGateway:
         if self._stack is not None:
@@ -208,13 +202,8 @@ class RolloutGateway:
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: PauseMode = "hold") -> AsyncIterator[None]:
-        """Pause for a weight update; the block is where the weights may be pushed.
-
-        ``"hold"``: new calls wait, the block is entered once no call runs. ``"reject"``: the
-        same, new calls are answered 429. ``"suspend"``: new calls wait and the block is
-        entered at once: every upstream freezes its generations in flight (vLLM
-        ``/pause?mode=keep``), token-in ones are cut there and continued after the block, and
-        each token keeps the version it was sampled under (docs/gateway.md).
+        """Pause for a weight update; the block is where the weights may be pushed (``hold``,
+        ``reject``, ``suspend``: docs/gateway.md, "Weight-sync recipe").
 
         Example::
 
@@ -464,15 +453,7 @@ class RolloutGateway:
             raise Refuse(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
-        try:
-            version = await self.gate.enter()
-        except Rejected as rejected:
-            raise Refuse(
-                429,
-                str(rejected),
-                "paused",
-                [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
-            ) from None
+        version = await self.gate.enter()
         try:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)

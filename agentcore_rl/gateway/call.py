@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.types import Send
 
 from agentcore_rl.gateway.backends import synthesize_sse
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 
 __all__ = [
     "JSON_TYPE",
@@ -99,11 +101,6 @@ class Call:
     def stream(self) -> bool:
         return bool(self.body.get("stream"))
 
-    @property
-    def include_usage(self) -> bool:
-        options = self.body.get("stream_options")
-        return isinstance(options, dict) and bool(options.get("include_usage"))
-
     def commit(self, status: int, error: str | None = None) -> None:
         """File the record with its outcome (once; before the answer's last byte)."""
         if self.committed:
@@ -116,7 +113,9 @@ class Call:
         """Commit the record, then send the whole answer (one SSE piece when streaming)."""
         self.commit(200)
         if self.stream:
-            sse = synthesize_sse(data, self.endpoint, self.include_usage)
+            options = self.body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            sse = synthesize_sse(data, self.endpoint, usage)
             await respond(send, 200, sse, SSE_HEADERS)
         else:
             await respond(send, 200, dumps(data))

@@ -8,18 +8,12 @@ from typing import Final, Literal
 
 import anyio
 
-__all__ = ["PauseMode", "PolicyGate", "Rejected", "Versions"]
+from agentcore_rl.gateway.call import Refuse
+
+__all__ = ["PauseMode", "PolicyGate", "Versions"]
 
 PauseMode = Literal["hold", "reject", "suspend"]
 _MODES: Final = ("hold", "reject", "suspend")
-
-
-class Rejected(Exception):
-    """A call arrived during a ``reject`` pause; retry after ``retry_after`` seconds."""
-
-    def __init__(self, retry_after: float) -> None:
-        super().__init__(f"the gateway is paused for a weight update; retry in {retry_after}s")
-        self.retry_after = retry_after
 
 
 class Versions:
@@ -73,10 +67,13 @@ class PolicyGate:
             await self._resumed.wait()
 
     async def enter(self) -> int:
-        """Admit one call (waiting out a ``hold`` pause); -> the version it starts under."""
+        """Admit one call (waiting out a ``hold`` pause, refusing in a ``reject`` one); -> the
+        version it starts under."""
         while self._mode is not None:
             if self._mode == "reject":
-                raise Rejected(self.retry_after)
+                retry = [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
+                why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
+                raise Refuse(429, why, "paused", retry)
             await self._resumed.wait()
         self.in_flight += 1
         return self.version
