@@ -60,14 +60,9 @@ def _check_session_id(sid: object) -> None:
 async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
     """The body: 413 past ``limit`` (a declared length before reading), 408 after ``within`` s."""
     for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                declared = int(value)
-            except ValueError:
-                raise Refuse(400, "malformed content-length header", "bad_request") from None
-            if declared > limit:
-                why = f"request body of {declared} bytes is larger than {limit} bytes"
-                raise Refuse(413, why, "request_too_large")
+        if name == b"content-length" and int(value) > limit:  # the server checked it is a number
+            why = f"request body of {int(value)} bytes is larger than {limit} bytes"
+            raise Refuse(413, why, "request_too_large")
     chunks: list[bytes] = []
     size = 0
     with anyio.move_on_after(within) as deadline:
@@ -145,10 +140,7 @@ class RolloutGateway:
         self.gate = PolicyGate(retry_after=retry_after)
         # straddled_calls: a weight update came in the middle of the call
         counters = ["calls", "failed_calls", "sessions_finished", "sessions_expired"]
-        counters += ["expired_lost", "late_records", "straddled_calls"]
-        if render is not None:
-            counters.append("linear_forks")  # requests that did not extend their history
-        self.stats = dict.fromkeys(counters, 0)
+        self._counts = dict.fromkeys([*counters, "expired_lost", "straddled_calls"], 0)
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._upstreams: list[UpstreamPool] = []  # while entered
@@ -334,7 +326,7 @@ class RolloutGateway:
                     session.in_flight,
                 )
         self._sessions.pop(session_id, None)
-        self.stats["sessions_finished"] += 1
+        self._counts["sessions_finished"] += 1
         return session.trace(self.gateway_id)
 
     async def expire_idle(self) -> int:
@@ -348,7 +340,7 @@ class RolloutGateway:
         for session in stale:
             trace = session.trace(self.gateway_id, complete=False)
             if self.sink is None:
-                self.stats["expired_lost"] += 1
+                self._counts["expired_lost"] += 1
                 log.warning(
                     "session %s expired after %.0fs idle with %d record(s) and no sink: "
                     "its trace is dropped (configure a sink to keep it)",
@@ -363,13 +355,21 @@ class RolloutGateway:
                     log.exception("could not persist expired session %s", session.session_id)
                     continue  # kept in memory; the next sweep tries again
             self._sessions.pop(session.session_id, None)
-            self.stats["sessions_expired"] += 1
+            self._counts["sessions_expired"] += 1
         return len(stale)
 
     @property
     def live_sessions(self) -> int:
         """Sessions held in memory."""
         return len(self._sessions)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """What ``GET /admin/stats`` answers: the counters, live sessions, calls in flight."""
+        live = {"live_sessions": len(self._sessions), "in_flight": self.gate.in_flight}
+        if self.render is not None:  # requests that did not extend their history
+            live["linear_forks"] = self.render.forks
+        return {**self._counts, **live, "policy_version": self.gate.version}
 
     @staticmethod
     def session_base_url(gateway_url: str, session_id: str) -> str:
@@ -495,18 +495,9 @@ class RolloutGateway:
         def on_commit(call: Call) -> None:
             record.policy_version_end = self.gate.version
             record.latency_s = self._clock() - start
-            self.stats["calls"] += 1
-            self.stats["straddled_calls"] += record.straddled
-            self.stats["failed_calls"] += not record.ok
-            if call.forked:
-                self.stats["linear_forks"] += 1
-            if self._sessions.get(session.session_id) is not session:
-                self.stats["late_records"] += 1
-                log.warning(
-                    "call %d of session %s ended after the session was finished or expired",
-                    record.index,
-                    session.session_id,
-                )
+            self._counts["calls"] += 1
+            self._counts["straddled_calls"] += record.straddled
+            self._counts["failed_calls"] += not record.ok
             session.call_ended(record, self._clock())
 
         call = Call(
@@ -624,9 +615,7 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
         return {"paused": None}
 
     async def stats(request: Request, data: dict[str, Any]) -> Any:
-        gate = gateway.gate
-        live = {"live_sessions": gateway.live_sessions, "in_flight": gate.in_flight}
-        return {**gateway.stats, **live, "policy_version": gateway.policy_version}
+        return gateway.stats
 
     return Starlette(
         lifespan=gateway._lifespan,

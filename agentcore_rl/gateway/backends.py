@@ -116,11 +116,6 @@ class Served:
     top: list[dict[str, float]] | None = None
 
 
-def max_tokens(body: Mapping[str, Any], default: int) -> int:
-    """The completion budget the agent set, or ``default``."""
-    return int(body.get("max_completion_tokens") or body.get("max_tokens") or default)
-
-
 def _top(body: Mapping[str, Any]) -> int:
     """How many alternatives per token the agent asked for (0: none)."""
     top = body.get("top_logprobs")

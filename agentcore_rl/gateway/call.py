@@ -94,7 +94,6 @@ class Call:
     on_commit: Callable[[Call], None]
     gate: PolicyGate
     versions: Versions
-    forked: bool = False  # linear mode: rendered afresh although the session had turns
     committed: bool = False
 
     @property

@@ -61,28 +61,17 @@ class ProxyMode:
             call.gate.live.discard(versions)
         if status != 200:
             raise passed_on(status, content)
-        data = self._whole(content, call, capture, keep_logprobs)
-        del content
-        await call.answer(send, data)  # streamed too when the upstream cannot stream
-
-    def _whole(
-        self, content: bytes, call: Call, capture: Capture, keep_logprobs: bool
-    ) -> dict[str, object]:
-        try:
+        try:  # not JSON, not an object (an AttributeError), or malformed
             data = loads(content)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
-        try:
-            self.backend.take(data, capture, keep_logprobs, call.endpoint)
+            del content
+            self.backend.take(data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refuse(502, message, "upstream_invalid") from None
         failed = self._fill(call, capture)
         if failed:
             raise Refuse(502, *failed)
-        return data
+        await call.answer(send, data)  # streamed too when the upstream cannot stream
 
     def _fill(self, call: Call, capture: Capture) -> tuple[str, str] | None:
         """The record's arrays from the capture, and where each version's tokens start;

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.backends import Served, backend_named, max_tokens
+from agentcore_rl.gateway.backends import Served, backend_named
 from agentcore_rl.gateway.call import Call, Refuse, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
@@ -34,9 +34,8 @@ log = logging.getLogger("agentcore_rl.gateway")
 class RenderMode:
     """Rendering with linear history, for :class:`~agentcore_rl.gateway.RolloutGateway`.
 
-    ``tool_call_parser``/``reasoning_parser``: vLLM's names; ``max_tokens``: the budget when
-    the agent sets none; ``forks``/``extends``: requests rendered afresh in a session that had
-    turns, and requests that extended a kept turn.
+    ``tool_call_parser``/``reasoning_parser``: vLLM's names; ``forks``/``extends``: requests
+    rendered afresh in a session that had turns, and requests that extended a kept turn.
 
     Example::
 
@@ -50,13 +49,11 @@ class RenderMode:
         backend: str = "vllm",
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
-        max_tokens: int = 4096,
     ) -> None:
         self.template = template
         self.backend = backend_named(backend)
         self.tools = tool_parser_named(tool_call_parser)
         self.reasoning = reasoning_parser_named(reasoning_parser)
-        self.max_tokens = max_tokens
         self.parser_names = (tool_call_parser, reasoning_parser)
         self.stop_ids = template.stop_ids()
         self.forks = 0
@@ -92,7 +89,6 @@ class RenderMode:
             raise Refuse(400, str(exc), "invalid_request") from None
         if plan.fork:
             self.forks += 1
-            call.forked = True
             log.info("session %s forks: %s", call.session.session_id, plan.reason)
         elif plan.extends is not None and not plan.retry:
             self.extends += 1
@@ -180,7 +176,8 @@ class RenderMode:
         """The completion of ``prompt_ids``, token-in; a ``suspend`` cuts it (vLLM aborts) and
         the resume continues it from the tokens so far, ``call.versions`` marking each span."""
         gate, pool, versions = call.gate, call.upstream, call.versions
-        budget = max_tokens(call.body, self.max_tokens)
+        body = call.body  # the agent's budget, or 4,096 tokens
+        budget = int(body.get("max_completion_tokens") or body.get("max_tokens") or 4096)
         ids: list[int] = []
         logprobs: list[float] = []
         tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
@@ -189,7 +186,7 @@ class RenderMode:
             resumes = gate.resumes
             request = self.backend.request(
                 prompt_ids + ids,
-                self._rest(call.body, len(ids)),
+                self._rest(body, len(ids)),
                 stop_ids=self.stop_ids,
                 budget=budget - len(ids),
             )
