@@ -396,8 +396,8 @@ class RolloutGateway:
                 await self._openai(scope, receive, send, self._bearer_session(scope), path[4:])
             else:
                 await self._admin(scope, receive, send)
-        except Invalid as exc:  # the session id
-            await respond(send, 400, error_body(400, str(exc), "invalid_session_id"))
+        except Invalid as exc:  # the session id or the body (jsonio: the door)
+            await respond(send, 400, error_body(400, str(exc), "invalid_request"))
         except Refuse as refuse:
             await respond(send, refuse.status, refuse.body, [JSON_TYPE, *refuse.headers])
 
@@ -442,10 +442,7 @@ class RolloutGateway:
         if method != "POST":
             raise Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
         raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
-        try:
-            body = parse_object(raw)
-        except Invalid as exc:
-            raise Refuse(400, str(exc), "invalid_json") from None
+        body = parse_object(raw)
         key = "messages" if endpoint == CHAT else "prompt"
         if key not in body:
             raise Refuse(400, f"request body has no {key!r}", "invalid_request")

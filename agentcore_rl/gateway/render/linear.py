@@ -36,8 +36,7 @@ class Plan:
     prompt_ids: list[int]
     key: str
     extends: Turn | None = None  # the turn it extends (None: rendered afresh)
-    fork: bool = False  # rendered afresh although the session had turns
-    reason: str | None = None  # why it forked
+    fork: str | None = None  # why it was rendered afresh although the session had turns
     retry: bool = False  # the same request as a kept turn's: its prompt again
 
 
@@ -102,8 +101,7 @@ class LinearHistory:
                 reason = ids
                 break
             return Plan(ids, key, turn)
-        fork = bool(self.turns)
-        return Plan(template.encode(full), key, fork=fork, reason=reason if fork else None)
+        return Plan(template.encode(full), key, fork=reason if self.turns else None)
 
     @staticmethod
     def _extend(

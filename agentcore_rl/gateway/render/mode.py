@@ -24,7 +24,7 @@ from agentcore_rl.gateway.render.parsers import (
     reasoning_parser_named,
     tool_parser_named,
 )
-from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
+from agentcore_rl.gateway.render.template import ChatTemplate
 
 __all__ = ["RenderMode"]
 
@@ -34,8 +34,8 @@ log = logging.getLogger("agentcore_rl.gateway")
 class RenderMode:
     """Rendering with linear history, for :class:`~agentcore_rl.gateway.RolloutGateway`.
 
-    ``tool_call_parser``/``reasoning_parser``: vLLM's names; ``forks``/``extends``: requests
-    rendered afresh in a session that had turns, and requests that extended a kept turn.
+    ``tool_call_parser``/``reasoning_parser``: vLLM's names; ``forks`` counts the requests
+    rendered afresh in a session that had turns.
 
     Example::
 
@@ -57,7 +57,6 @@ class RenderMode:
         self.parser_names = (tool_call_parser, reasoning_parser)
         self.stop_ids = template.stop_ids()
         self.forks = 0
-        self.extends = 0
 
     def __repr__(self) -> str:
         return (
@@ -79,19 +78,14 @@ class RenderMode:
         messages, tools, kwargs = self._conversation(body)
         if body.get("n", 1) not in (1, None):
             raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
-        try:
-            self.backend.sampling(body)  # every field forwarded or refused, before any work
-        except ValueError as exc:
-            raise Refuse(400, str(exc), "unsupported_field") from None
-        try:
+        try:  # every field forwarded or refused before any work; a template that refuses
+            self.backend.sampling(body)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
-        except RenderError as exc:
+        except ValueError as exc:  # RenderError included
             raise Refuse(400, str(exc), "invalid_request") from None
-        if plan.fork:
+        if plan.fork is not None:
             self.forks += 1
-            log.info("session %s forks: %s", call.session.session_id, plan.reason)
-        elif plan.extends is not None and not plan.retry:
-            self.extends += 1
+            log.info("session %s forks: %s", call.session.session_id, plan.fork)
         record.prompt_ids = ids_array(plan.prompt_ids)
         served = await self._generate(call, plan.prompt_ids)
         ids = served.token_ids
