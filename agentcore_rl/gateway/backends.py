@@ -57,18 +57,6 @@ class Capture:
         self.finish: dict[int, str | None] = {}
         self.stop: dict[int, str] = {}
 
-    def take(self, index: int, ids: Any, logprobs: list[Any], finish: Any, stop: Any) -> None:
-        """One choice's (part of) token ids and logprobs (chat entries or floats)."""
-        if ids is not None:
-            self.ids.setdefault(index, []).extend(ids)
-        if logprobs and type(logprobs[0]) is dict:
-            logprobs = [float(e["logprob"]) for e in logprobs]
-        self.logprobs.setdefault(index, []).extend(logprobs)
-        if finish is not None or index not in self.finish:
-            self.finish[index] = finish
-        if type(stop) is str:
-            self.stop[index] = stop
-
     def fill(self, record: CallRecord) -> None:
         """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""
         record.usage = self.usage
@@ -84,7 +72,7 @@ class Capture:
             for i in sorted(self.finish)
         ]
 
-    def missing(self, backend: str) -> str | None:
+    def missing(self, backend: Backend) -> str | None:
         """What the upstream failed to return, in words, or None."""
         what = []
         if self.prompt is None:
@@ -95,12 +83,7 @@ class Capture:
             what.append("one logprob per completion token")
         if not what:
             return None
-        hint = (
-            "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
-            if backend == "vllm"
-            else "does this SGLang accept return_prompt_token_ids and return_meta_info?"
-        )
-        return f"the {backend} upstream returned no {' and no '.join(what)}; {hint}"
+        return f"the {backend.name} upstream returned no {' and no '.join(what)}; {backend.hint}"
 
 
 @dataclass(slots=True)
@@ -137,18 +120,29 @@ class Backend:
     """One kind of inference server (see the module doc)."""
 
     name = "?"
-    #: Proxy mode: whether the upstream can stream while returning token ids.
+    #: Proxy mode: the capture flags, whether the upstream can stream with them on, and what
+    #: to check when it returns no ids.
+    flags: Mapping[str, bool] = {}
     streams = True
+    hint = ""
     #: Linear mode: the token-in route, and the sampling fields forwarded (see ``_OWN``).
     path = "?"
     fields: Mapping[str, str] = {}
 
     def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
-        raise NotImplementedError
+        body.update(self.flags)
+        if not self.streams:  # asked whole: the gateway streams the answer to the agent
+            body.pop("stream", None)
+            body.pop("stream_options", None)
+        asked = body.get("logprobs")
+        keep = bool(asked) if endpoint == CHAT else asked is not None
+        if not keep:  # completions: 0, the sampled token's logprob only
+            body["logprobs"] = True if endpoint == CHAT else 0
+        return body, keep
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        """A choice's token ids, logprobs and stop string, its capture fields popped."""
+        """A choice's token ids, logprobs (floats) and stop string, its capture fields popped."""
         raise NotImplementedError
 
     def take(
@@ -162,8 +156,15 @@ class Backend:
             prompt = ch.pop("prompt_token_ids", None)  # per choice
             if capture.prompt is None:
                 capture.prompt = prompt
+            i, finish = int(ch.get("index", 0)), ch.get("finish_reason")
             ids, logprobs, stop = self._tokens(ch, endpoint)
-            capture.take(int(ch.get("index", 0)), ids, logprobs, ch.get("finish_reason"), stop)
+            if ids is not None:
+                capture.ids.setdefault(i, []).extend(ids)
+            capture.logprobs.setdefault(i, []).extend(logprobs)
+            if finish is not None or i not in capture.finish:
+                capture.finish[i] = finish
+            if type(stop) is str:
+                capture.stop[i] = stop
             if not keep_logprobs:
                 ch["logprobs"] = None
         usage = data.get("usage")
@@ -203,27 +204,19 @@ class VLLMBackend(Backend):
     """vLLM >= 0.10.2 (``return_token_ids``)."""
 
     name = "vllm"
+    flags = {"return_token_ids": True}
+    hint = "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
     path = "/completions"
     fields = _VLLM_FIELDS
-
-    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
-        body["return_token_ids"] = True
-        if endpoint == CHAT:
-            keep = bool(body.get("logprobs"))
-            if not keep:
-                body["logprobs"] = True
-        else:
-            keep = body.get("logprobs") is not None
-            if not keep:
-                body["logprobs"] = 0  # the sampled token's logprob only
-        return body, keep
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
         logprobs = choice.get("logprobs")
         key = "content" if endpoint == CHAT else "token_logprobs"
-        items = logprobs.get(key) if type(logprobs) is dict else None
+        items = (logprobs.get(key) if type(logprobs) is dict else None) or []
+        if items and type(items[0]) is dict:  # chat: entries
+            items = [float(e["logprob"]) for e in items]
         # vLLM names the stop string that cut the text inside the last token
-        return choice.pop("token_ids", None), items or [], choice.get("stop_reason")
+        return choice.pop("token_ids", None), items, choice.get("stop_reason")
 
     def request(
         self,
@@ -269,19 +262,11 @@ class SGLangBackend(Backend):
     """SGLang: its OpenAI server with ``return_meta_info``, and its native ``/generate``."""
 
     name = "sglang"
+    flags = {"return_prompt_token_ids": True, "return_meta_info": True}
     streams = False
+    hint = "does this SGLang accept return_prompt_token_ids and return_meta_info?"
     path = "/generate"
     fields = _SGLANG_FIELDS
-
-    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
-        body["return_prompt_token_ids"] = True
-        body["return_meta_info"] = True
-        body.pop("stream", None)
-        body.pop("stream_options", None)
-        keep = bool(body.get("logprobs"))
-        if not keep:
-            body["logprobs"] = True if endpoint == CHAT else 0
-        return body, keep
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
         meta = choice.pop("meta_info", None)

@@ -76,7 +76,7 @@ class ProxyMode:
     def _fill(self, call: Call, capture: Capture) -> tuple[str, str] | None:
         """The record's arrays from the capture, and where each version's tokens start;
         -> (what is wrong, its kind) when the upstream's answer falls short."""
-        missing = capture.missing(self.backend.name)
+        missing = capture.missing(self.backend)
         if missing:
             return missing, "upstream_missing_token_ids"
         try:
@@ -154,7 +154,7 @@ class ProxyMode:
     async def _start(self, send: Send, capture: Capture) -> bool:
         # vLLM sends the prompt ids on the first chunk: without them, refuse before any byte
         if capture.prompt is None:
-            what = capture.missing(self.backend.name) or "no prompt token ids"
+            what = capture.missing(self.backend) or "no prompt token ids"
             raise Refuse(502, what, "upstream_missing_token_ids")
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         return True
