@@ -1,10 +1,5 @@
-"""The token-capturing rollout gateway: every model call an agent makes, filed under its rollout.
-
-See ``docs/gateway.md``. The pieces: :class:`RolloutGateway` (the ASGI app and the trainer's
-API), :class:`CallRecord` / :class:`SessionTrace` (what is captured, with
-:func:`dump_trace` / :func:`load_trace`), :class:`DirectorySink` (where expired sessions go),
-:class:`RenderMode` (linear history: the gateway renders and calls the server token-in; the
-``render`` extra) and :class:`TraceLostError`.
+"""The token-capturing rollout gateway: every model call an agent makes, filed under its rollout
+(docs/gateway.md).
 
 Example::
 

@@ -359,11 +359,6 @@ class RolloutGateway:
         return len(stale)
 
     @property
-    def live_sessions(self) -> int:
-        """Sessions held in memory."""
-        return len(self._sessions)
-
-    @property
     def stats(self) -> dict[str, Any]:
         """What ``GET /admin/stats`` answers: the counters, live sessions, calls in flight."""
         live = {"live_sessions": len(self._sessions), "in_flight": self.gate.in_flight}

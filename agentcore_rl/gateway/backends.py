@@ -109,13 +109,6 @@ def _top(body: Mapping[str, Any]) -> int:
     return top
 
 
-def _stop_ids(body: Mapping[str, Any], stop_ids: Iterable[int]) -> list[int]:
-    extra = body.get("stop_token_ids") or []
-    if not isinstance(extra, list) or not all(type(i) is int for i in extra):
-        raise ValueError("stop_token_ids must be a list of token ids")
-    return sorted({*stop_ids, *extra})
-
-
 class Backend:
     """One kind of inference server (see the module doc)."""
 
@@ -171,8 +164,9 @@ class Backend:
         if isinstance(usage, dict):
             capture.usage = usage
 
-    def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The agent's sampling fields under the server's names; ValueError for one it lacks."""
+    def check(self, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
+        """Refuse (ValueError) a request linear mode cannot serve as asked, before any work;
+        ``stop_token_ids`` become the agent's and ``stop_ids``."""
         for name in body:
             if name not in _OWN and name not in self.fields:
                 raise ValueError(
@@ -181,18 +175,23 @@ class Backend:
                 )
         if body.get("tool_choice") not in (None, "auto", "none"):
             raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+        if body.get("n", 1) not in (1, None):
+            raise ValueError("linear history follows one choice: n must be 1")
         _top(body)
+        extra = body.get("stop_token_ids") or []
+        if not isinstance(extra, list) or not all(type(i) is int for i in extra):
+            raise ValueError("stop_token_ids must be a list of token ids")
+        body["stop_token_ids"] = sorted({*stop_ids, *extra})
+
+    def _sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The agent's sampling fields under the server's names."""
         return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
 
     def request(
-        self,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        *,
-        stop_ids: Iterable[int],
-        budget: int,
+        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> dict[str, Any]:
-        """The token-in request for ``prompt_ids``: the agent's sampling, ``budget`` tokens."""
+        """The token-in request for ``prompt_ids``: the agent's sampling (:meth:`check`ed),
+        ``budget`` tokens."""
         raise NotImplementedError
 
     def read(self, data: Mapping[str, Any]) -> Served:
@@ -219,14 +218,9 @@ class VLLMBackend(Backend):
         return choice.pop("token_ids", None), items, choice.get("stop_reason")
 
     def request(
-        self,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        *,
-        stop_ids: Iterable[int],
-        budget: int,
+        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> dict[str, Any]:
-        out = self.sampling(body)
+        out = self._sampling(body)
         out.update(
             model=body.get("model"),
             prompt=prompt_ids,
@@ -235,7 +229,7 @@ class VLLMBackend(Backend):
             logprobs=_top(body),
             return_token_ids=True,
             skip_special_tokens=False,
-            stop_token_ids=_stop_ids(body, stop_ids),
+            stop_token_ids=body["stop_token_ids"],
             stream=False,
         )
         return out
@@ -276,17 +270,12 @@ class SGLangBackend(Backend):
         return [e[1] for e in entries], [float(e[0]) for e in entries], None
 
     def request(
-        self,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        *,
-        stop_ids: Iterable[int],
-        budget: int,
+        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> dict[str, Any]:
-        params = self.sampling(body)
+        params = self._sampling(body)
         params.update(
             max_new_tokens=budget,
-            stop_token_ids=_stop_ids(body, stop_ids),
+            stop_token_ids=body["stop_token_ids"],
             skip_special_tokens=False,
         )
         out = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}

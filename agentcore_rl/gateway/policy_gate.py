@@ -51,26 +51,21 @@ class PolicyGate:
         self.resumes = 0
         self.live: set[Versions] = set()
         self.token_in: dict[str, set[str]] = {}
-        self._mode: PauseMode | None = None
+        self.paused: PauseMode | None = None  # None: calls flow
         self._resumed = anyio.Event()
         self._resumed.set()
         self._drained: anyio.Event | None = None
 
-    @property
-    def paused(self) -> PauseMode | None:
-        """The pause mode, or None when calls flow."""
-        return self._mode
-
     async def flowing(self) -> None:
         """Wait until no pause is on (a suspended generation waits here to go on)."""
-        while self._mode is not None:
+        while self.paused is not None:
             await self._resumed.wait()
 
     async def enter(self) -> int:
         """Admit one call (waiting out a ``hold`` pause, refusing in a ``reject`` one); -> the
         version it starts under."""
-        while self._mode is not None:
-            if self._mode == "reject":
+        while self.paused is not None:
+            if self.paused == "reject":
                 retry = [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
                 why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
                 raise Refuse(429, why, "paused", retry)
@@ -88,9 +83,9 @@ class PolicyGate:
         """Stop admitting calls; then (``hold``, ``reject``) wait until none is running."""
         if mode not in _MODES:
             raise ValueError(f"pause mode must be one of {_MODES}, got {mode!r}")
-        if self._mode is not None:
+        if self.paused is not None:
             raise RuntimeError("the gateway is already paused")
-        self._mode = mode
+        self.paused = mode
         self._resumed = anyio.Event()
         if mode == "suspend":
             return
@@ -107,9 +102,9 @@ class PolicyGate:
     def resume(self) -> None:
         """Admit calls again; held ones proceed, suspended streams' new tokens get the
         current version."""
-        if self._mode == "suspend":
+        if self.paused == "suspend":
             self.resumes += 1
             for versions in self.live:
                 versions.start(versions.count(), self.version)
-        self._mode = None
+        self.paused = None
         self._resumed.set()

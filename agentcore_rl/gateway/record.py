@@ -313,9 +313,6 @@ class DirectorySink:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
-    def __repr__(self) -> str:
-        return f"DirectorySink({str(self.root)!r})"
-
     def _path(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):
             raise ValueError(f"not a session id: {session_id!r}")  # never a path outside root

@@ -76,10 +76,8 @@ class RenderMode:
             call.session.render = LinearHistory()
         history: LinearHistory = call.session.render
         messages, tools, kwargs = self._conversation(body)
-        if body.get("n", 1) not in (1, None):
-            raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
         try:  # every field forwarded or refused before any work; a template that refuses
-            self.backend.sampling(body)
+            self.backend.check(body, self.stop_ids)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
         except ValueError as exc:  # RenderError included
             raise Refuse(400, str(exc), "invalid_request") from None
@@ -179,10 +177,7 @@ class RenderMode:
         while True:
             resumes = gate.resumes
             request = self.backend.request(
-                prompt_ids + ids,
-                self._rest(body, len(ids)),
-                stop_ids=self.stop_ids,
-                budget=budget - len(ids),
+                prompt_ids + ids, self._rest(body, len(ids)), budget - len(ids)
             )
             # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
             # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
