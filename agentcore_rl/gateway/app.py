@@ -137,7 +137,8 @@ class RolloutGateway:
         self.body_timeout = body_timeout
         self.finish_wait = finish_wait
         self.gateway_id = uuid.uuid4().hex
-        self.gate = PolicyGate(retry_after=retry_after)
+        self.gate = PolicyGate()
+        self.retry_after = retry_after
         # straddled_calls: a weight update came in the middle of the call
         counters = ["calls", "failed_calls", "sessions_finished", "sessions_expired"]
         self._counts = dict.fromkeys([*counters, "expired_lost", "straddled_calls"], 0)
@@ -446,6 +447,10 @@ class RolloutGateway:
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
         version = await self.gate.enter()
+        if version is None:  # a reject pause
+            retry = [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
+            why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
+            raise Refuse(429, why, "paused", retry)
         try:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)

@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from starlette.types import Send
 
 from agentcore_rl.gateway.backends import synthesize_sse
 from agentcore_rl.gateway.jsonio import dumps
+from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
-
-if TYPE_CHECKING:
-    from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 
 __all__ = [
     "JSON_TYPE",

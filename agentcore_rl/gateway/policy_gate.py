@@ -8,8 +8,6 @@ from typing import Final, Literal
 
 import anyio
 
-from agentcore_rl.gateway.call import Refuse
-
 __all__ = ["PauseMode", "PolicyGate", "Versions"]
 
 PauseMode = Literal["hold", "reject", "suspend"]
@@ -44,9 +42,8 @@ class PolicyGate:
     requests running there (what a suspend aborts).
     """
 
-    def __init__(self, *, version: int = 0, retry_after: float = 1.0) -> None:
-        self.version = version
-        self.retry_after = retry_after
+    def __init__(self) -> None:
+        self.version = 0
         self.in_flight = 0
         self.resumes = 0
         self.live: set[Versions] = set()
@@ -61,14 +58,12 @@ class PolicyGate:
         while self.paused is not None:
             await self._resumed.wait()
 
-    async def enter(self) -> int:
-        """Admit one call (waiting out a ``hold`` pause, refusing in a ``reject`` one); -> the
-        version it starts under."""
+    async def enter(self) -> int | None:
+        """Admit one call (waiting out a ``hold`` pause); -> the version it starts under, or
+        None in a ``reject`` pause."""
         while self.paused is not None:
             if self.paused == "reject":
-                retry = [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
-                why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
-                raise Refuse(429, why, "paused", retry)
+                return None
             await self._resumed.wait()
         self.in_flight += 1
         return self.version

@@ -57,16 +57,6 @@ def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
     return _gist(mine) == _gist(theirs)
 
 
-def _end_of(text: str, needle: str, count: int) -> int | None:
-    at = 0
-    for _ in range(count):
-        found = text.find(needle, at)
-        if found < 0:
-            return None
-        at = found + len(needle)
-    return at
-
-
 @dataclass
 class LinearHistory:
     """One session's kept turns (see the module doc)."""
@@ -129,14 +119,14 @@ class LinearHistory:
                 return "the template renders no end-of-turn token after the answer"
             close = [end_id]
         count = upto.count(stop_text)
-        cut = _end_of(full, stop_text, count) if count else None
-        if cut is None:
+        parts = full.split(stop_text, count)  # the last: what follows the answer's end
+        if not count or len(parts) <= count:
             return f"the template does not render the answer's end {stop_text!r} as served"
         return [
             *turn.prompt_ids.tolist(),
             *turn.completion_ids.tolist(),
             *close,
-            *template.encode(full[cut:]),
+            *template.encode(parts[-1]),
         ]
 
     def remember(

@@ -176,9 +176,9 @@ class RenderMode:
         top: list[dict[str, float]] | None = []
         while True:
             resumes = gate.resumes
-            request = self.backend.request(
-                prompt_ids + ids, self._rest(body, len(ids)), budget - len(ids)
-            )
+            least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
+            rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
+            request = self.backend.request(prompt_ids + ids, rest, budget - len(ids))
             # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
             # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
             request_id = uuid.uuid4().hex
@@ -220,11 +220,6 @@ class RenderMode:
                 )
             await gate.flowing()
             versions.start(len(ids), gate.version)
-
-    @staticmethod
-    def _rest(body: dict[str, Any], done: int) -> dict[str, Any]:
-        least = int(body.get("min_tokens") or 0) - done
-        return dict(body, min_tokens=least if least > 0 else None) if done else body
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
