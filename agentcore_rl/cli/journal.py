@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 __all__ = [
     "EvalJournal",
     "JournalEntry",
-    "TrajectoryFile",
     "iter_lines",
     "journal_path_for",
     "rows_path_for",
@@ -104,8 +103,9 @@ def _write(handle: IO[str] | None, record: dict[str, Any]) -> None:
 
 @dataclass
 class EvalJournal:
-    """The open results file and journal of one eval run, with what earlier runs left
-    (``finished``, ``in_flight`` and every journal line as ``events``)."""
+    """The open results file, journal and (with a gateway) trajectories file of one eval run,
+    with what earlier runs left (``finished``, ``in_flight``, every journal line as
+    ``events``, the sessions with a trajectory line as ``traced``)."""
 
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -113,8 +113,11 @@ class EvalJournal:
     unstopped: list[str] = field(default_factory=list)
     retrying: set[str] = field(default_factory=set)
     events: list[dict[str, Any]] = field(default_factory=list)
+    trajectories: Path | None = None
+    traced: set[str] = field(default_factory=set)
     _results: IO[str] | None = None
     _journal: IO[str] | None = None
+    _trajectories: IO[str] | None = None
 
     @classmethod
     def check(cls, out: Path, *, resume: bool) -> None:
@@ -127,10 +130,15 @@ class EvalJournal:
             raise ConfigurationError(f"the directory of --out does not exist: {out.parent}")
 
     @classmethod
-    def open(cls, out: Path, *, resume: bool) -> EvalJournal:
+    def open(cls, out: Path, *, resume: bool, trajectories: bool = False) -> EvalJournal:
         """Open (or create) the files; with ``resume`` read what an earlier run left."""
         cls.check(out, resume=resume)
         self = cls(out)
+        if trajectories:
+            self.trajectories = trajectories_path_for(out)
+            traced = _earlier(self.trajectories, resume=resume)
+            self.traced = {r["session_id"] for r in traced if isinstance(r.get("session_id"), str)}
+            self._trajectories = self.trajectories.open("a", encoding="utf-8")
         records = _earlier(out, resume=resume)
         self.events = _earlier(journal_path_for(out), resume=resume)
         for record in records:
@@ -200,41 +208,18 @@ class EvalJournal:
         self.finished[record["input_id"]] = record
         self.in_flight.pop(record["input_id"], None)
 
+    def record_trajectory(
+        self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any
+    ) -> None:
+        """Append one trajectory, unless its session already has a line."""
+        if trajectory.session_id not in self.traced:
+            line = {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra}
+            _write(self._trajectories, line)
+            self.traced.add(trajectory.session_id)
+
     def close(self) -> None:
-        """Close both files. Idempotent."""
-        for handle in (self._results, self._journal):
+        """Close the files. Idempotent."""
+        for handle in (self._results, self._journal, self._trajectories):
             if handle is not None:
                 handle.close()
-        self._results = self._journal = None
-
-
-@dataclass
-class TrajectoryFile:
-    """The open trajectories file; ``sessions`` holds the session ids it has lines for."""
-
-    path: Path
-    sessions: set[str] = field(default_factory=set)
-    _handle: IO[str] | None = None
-
-    @classmethod
-    def open(cls, out: Path, *, resume: bool) -> TrajectoryFile:
-        """Open (or create) the file beside ``out``; with ``resume`` keep what is there."""
-        self = cls(trajectories_path_for(out))
-        records = _earlier(self.path, resume=resume)
-        self._handle = self.path.open("a", encoding="utf-8")
-        self.sessions = {r["session_id"] for r in records if isinstance(r.get("session_id"), str)}
-        return self
-
-    def write(self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any) -> None:
-        """Append one trajectory, unless its session already has a line."""
-        if trajectory.session_id not in self.sessions:
-            _write(
-                self._handle, {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra}
-            )
-            self.sessions.add(trajectory.session_id)
-
-    def close(self) -> None:
-        """Close the file. Idempotent."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        self._results = self._journal = self._trajectories = None
