@@ -31,7 +31,6 @@ from agentcore_rl.client import (
     RolloutFuture,
     Timeouts,
 )
-from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
@@ -53,8 +52,6 @@ __all__ = ["EvalEngine", "Progress", "make_client", "run_eval"]
 logger = logging.getLogger(__name__)
 
 _UNLIMITED_TPS: Final = 1e6
-_MEMBER_STARTED: Final = "member_started"
-_MEMBER_ENDED: Final = "member_ended"
 
 
 def make_client(options: EvalOptions) -> AsyncRolloutClient:
@@ -149,35 +146,6 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
     }
 
 
-def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
-    groups: dict[str, ResumedGroup] = {}
-    for event in events:
-        kind, input_id = event.get("event"), event.get("input_id")
-        if kind not in (_MEMBER_STARTED, _MEMBER_ENDED) or not isinstance(input_id, str):
-            continue
-        group = groups.setdefault(input_id, ResumedGroup())
-        try:
-            if kind == _MEMBER_STARTED:
-                sid, bucket, key = (
-                    str(event[k]) for k in ("session_id", "s3_bucket", "result_key")
-                )
-                start = MemberStart(input_id, sid, bucket, key, float(event["started_at"]))
-                group.started[start.session_id] = start
-            else:
-                reward = event.get("reward")
-                end = MemberEnd(
-                    input_id,
-                    str(event["session_id"]),
-                    event["kind"],
-                    reward=None if reward is None else float(reward),
-                    error=event.get("error"),
-                )
-                group.ended.append(end)
-        except (KeyError, TypeError, ValueError):
-            continue  # unreadable: that member runs again
-    return groups
-
-
 class EvalEngine:
     """``concurrency`` workers on one queue: an earlier run's in-flight rollouts, then inputs."""
 
@@ -195,7 +163,6 @@ class EvalEngine:
         # One None per worker ends it.
         self.queue: asyncio.Queue[tuple[JournalEntry | None, EvalInput] | None] = asyncio.Queue()
         self.rules: GroupRules | None = None
-        self.resumes: dict[str, ResumedGroup] = {}
         self.opening = anyio.Lock()  # groups open one at a time, in input order
         self.trajectories_missing = 0
         if options.group_size is not None:
@@ -246,8 +213,7 @@ class EvalEngine:
     async def _collect_earlier(self) -> None:
         """An earlier run's group members (with traces) and the trajectories it did not write."""
         if self.rules is not None:
-            self.resumes = _resumed_groups(self.journal.events)
-            for group in self.resumes.values() if self.options.gateway_url else ():
+            for group in self.journal.groups.values() if self.options.gateway_url else ():
                 for number, end in enumerate(group.ended):
                     start = group.started.get(end.session_id)
                     if end.kind != "succeeded" or start is None:
@@ -278,8 +244,8 @@ class EvalEngine:
                     rules=rules,
                     input_id=item.input_id,
                     timeout=self.options.timeout,
-                    journal=self,
-                    resume=self.resumes.get(item.input_id),
+                    journal=self.journal,
+                    resume=self.journal.groups.get(item.input_id),
                 )
             group = await fut
         except ClientClosedError:
@@ -322,13 +288,6 @@ class EvalEngine:
         }
         self.journal.record_outcome(record)
         self.bar.update(record)
-
-    def member_started(self, start: MemberStart) -> None:
-        self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
-
-    def member_ended(self, end: MemberEnd) -> None:
-        fields = ("input_id", "session_id", "kind", "reward", "error")
-        self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
 
     def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
         def journal(fut: RolloutFuture) -> None:

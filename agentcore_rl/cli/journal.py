@@ -14,6 +14,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
     from agentcore_rl.trajectory import Trajectory
 
 __all__ = [
@@ -29,6 +30,8 @@ _EVENT: Final = "event"
 _STARTED: Final = "started"
 _ABANDONED: Final = "abandoned"
 _UNSTOPPED: Final = "unstopped"
+_MEMBER_STARTED: Final = "member_started"
+_MEMBER_ENDED: Final = "member_ended"
 
 
 def journal_path_for(out: Path) -> Path:
@@ -104,15 +107,16 @@ def _write(handle: IO[str] | None, record: dict[str, Any]) -> None:
 @dataclass
 class EvalJournal:
     """The open results file, journal and (with a gateway) trajectories file of one eval run,
-    with what earlier runs left (``finished``, ``in_flight``, every journal line as
-    ``events``, the sessions with a trajectory line as ``traced``)."""
+    with what earlier runs left (``finished``, ``in_flight``, unfinished ``groups``, the
+    sessions with a trajectory line as ``traced``). It is the client's journal of group
+    members too."""
 
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
     unstopped: list[str] = field(default_factory=list)
     retrying: set[str] = field(default_factory=set)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    groups: dict[str, ResumedGroup] = field(default_factory=dict)
     trajectories: Path | None = None
     traced: set[str] = field(default_factory=set)
     _results: IO[str] | None = None
@@ -140,7 +144,7 @@ class EvalJournal:
             self.traced = {r["session_id"] for r in traced if isinstance(r.get("session_id"), str)}
             self._trajectories = self.trajectories.open("a", encoding="utf-8")
         records = _earlier(out, resume=resume)
-        self.events = _earlier(journal_path_for(out), resume=resume)
+        events = _earlier(journal_path_for(out), resume=resume)
         for record in records:
             if isinstance(record.get("input_id"), str):
                 self.finished[record["input_id"]] = record
@@ -149,7 +153,7 @@ class EvalJournal:
             _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
             for input_id in self.retrying:
                 del self.finished[input_id]
-        for record in self.events:
+        for record in events:
             self._replay(record)
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path_for(out).open("a", encoding="utf-8")
@@ -168,10 +172,14 @@ class EvalJournal:
         input_id = record.get("input_id")
         if not isinstance(input_id, str) or input_id in self.finished:
             return
+        if record.get(_EVENT) in (_MEMBER_STARTED, _MEMBER_ENDED):
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # else it runs again
+                self._replay_member(input_id, record)
+            return
         if record.get(_EVENT) == _ABANDONED:
             self.in_flight.pop(input_id, None)
         if record.get(_EVENT) not in (None, _STARTED):
-            return  # abandoned, or another kind of line (a group member's)
+            return
         try:
             entry = JournalEntry(
                 input_id,
@@ -184,6 +192,20 @@ class EvalJournal:
             return
         # The latest start wins (a rerun after a stop).
         self.in_flight[input_id] = entry
+
+    def _replay_member(self, input_id: str, record: dict[str, Any]) -> None:
+        # lazy: the client extra (commands check --out without it)
+        from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
+
+        group = self.groups.setdefault(input_id, ResumedGroup())
+        sid = str(record["session_id"])
+        if record[_EVENT] == _MEMBER_STARTED:
+            where = (str(record["s3_bucket"]), str(record["result_key"]))
+            group.started[sid] = MemberStart(input_id, sid, *where, float(record["started_at"]))
+        else:
+            reward = None if record.get("reward") is None else float(record["reward"])
+            end = MemberEnd(input_id, sid, record["kind"], reward=reward, error=record.get("error"))
+            group.ended.append(end)
 
     def record_started(self, entry: JournalEntry) -> None:
         """Append one started rollout to the journal."""
@@ -198,9 +220,14 @@ class EvalJournal:
         if session_ids:
             _write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
 
-    def record_event(self, record: dict[str, Any]) -> None:
-        """Append one journal line of another kind (with an ``event`` of its own)."""
-        _write(self._journal, record)
+    def member_started(self, start: MemberStart) -> None:
+        """Journal a group member's attempt before it is invoked (the client calls this)."""
+        _write(self._journal, {_EVENT: _MEMBER_STARTED, **asdict(start)})
+
+    def member_ended(self, end: MemberEnd) -> None:
+        """Journal how a group member's attempt ended (the client calls this)."""
+        fields = ("input_id", "session_id", "kind", "reward", "error")
+        _write(self._journal, {_EVENT: _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
 
     def record_outcome(self, record: dict[str, Any]) -> None:
         """Append one outcome line to the results file."""
