@@ -172,13 +172,10 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             self.store,
             retry_interval=spool.retry_interval,
             max_retry_interval=spool.max_retry_interval,
-            on_change=self._refresh_health,
         )
         if self.app_name is not None:
             self._place_spool(self.app_name)
-        self.runner = RolloutRunner(
-            spool=self.spool, clock=clock, on_change=self._refresh_health, exists=self.store.head
-        )
+        self.runner = RolloutRunner(spool=self.spool, clock=clock, exists=self.store.head)
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
         self._spec: HandlerSpec | None = None
@@ -246,8 +243,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         """True once shutdown has begun (new invocations get 503)."""
         return self._closing
 
-    def _refresh_health(self) -> None:
-        self._set_busy(self.runner.active > 0 or self.spool.pending > 0)
+    def _owes_results(self) -> bool:
+        return self.runner.active > 0 or self.spool.pending > 0
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
         # Lazy: the app can be built before any event loop runs.
