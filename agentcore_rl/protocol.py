@@ -209,11 +209,6 @@ def result_key(exp_id: str, input_id: str, session_id: str) -> str:
     return f"{exp_id}/{input_id}/{session_id}.json"
 
 
-def result_prefix(exp_id: str, input_id: str | None = None) -> str:
-    """The shared prefix of all results of an experiment (or of one input in it)."""
-    return f"{exp_id}/" if input_id is None else f"{exp_id}/{input_id}/"
-
-
 def parse_result_key(key: str) -> tuple[str, str, str]:
     """Split a result key into ``(exp_id, input_id, session_id)``; raise if it is not one."""
     parts = key.split("/")
@@ -268,7 +263,9 @@ class RolloutConfig:
         for name in (EXP_ID, INPUT_ID, S3_BUCKET):
             if block.get(name) is None:
                 raise InvalidRolloutConfig(
-                    f"{ROLLOUT_FIELD}.{name} is required", field=f"{ROLLOUT_FIELD}.{name}"
+                    f"{ROLLOUT_FIELD}.{name} is required: give all of {EXP_ID}, {INPUT_ID}, "
+                    f"{S3_BUCKET} to save the result to S3, or none of them to run without saving",
+                    field=f"{ROLLOUT_FIELD}.{name}",
                 )
         known = {EXP_ID, INPUT_ID, S3_BUCKET, BASE_URL, MODEL_ID}
         return cls(

@@ -34,9 +34,7 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.protocol import DEFAULT_TPS
 
 __all__ = [
-    "DEFAULT_BURST",
     "DEFAULT_PACE_TICK",
-    "DEFAULT_RATE",
     "LocalSessionLimiter",
     "Priority",
     "RateLimiter",
@@ -44,10 +42,6 @@ __all__ = [
     "TokenBucket",
 ]
 
-#: AgentCore Runtime's published default quota (invocations per second per endpoint).
-DEFAULT_RATE: Final = DEFAULT_TPS
-#: Default burst: one second's worth of tokens at the default rate.
-DEFAULT_BURST: Final = DEFAULT_TPS
 #: On a throttle the rate is multiplied by this factor...
 _THROTTLE_FACTOR: Final = 0.5
 #: ...then regains this fraction of the configured rate per second.
@@ -135,7 +129,7 @@ class TokenBucket:
 
     def __init__(
         self,
-        rate: float = DEFAULT_RATE,
+        rate: float = DEFAULT_TPS,
         burst: float | None = None,
         *,
         tick: float = 0.0,

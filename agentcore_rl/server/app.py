@@ -41,13 +41,6 @@ from agentcore_rl.server.config import (
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
-)
-from agentcore_rl.server.invoke import Handler, HandlerSpec
-from agentcore_rl.server.lease import LeaseWatcher
-from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
-from agentcore_rl.server.routes import BodyBudget, RolloutRoutes
-from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
-from agentcore_rl.server.settings import (
     allowed_buckets_from,
     app_name_from_env,
     check_app_name,
@@ -55,6 +48,11 @@ from agentcore_rl.server.settings import (
     handler_app_name,
     spool_directory,
 )
+from agentcore_rl.server.invoke import Handler, HandlerSpec
+from agentcore_rl.server.lease import LeaseWatcher
+from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
+from agentcore_rl.server.routes import BodyBudget, RolloutRoutes
+from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
 from agentcore_rl.server.spool import Spool
 
 __all__ = ["AgentCoreRLApp"]
@@ -281,10 +279,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             # /ping must get the GIL back quickly while sync handlers compute; only lowered.
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
-
-    def session_state(self, session_id: str) -> dict[str, Any]:
-        """What this server knows of a session: the ``/sessions/{id}`` answer."""
-        return self.runner.session_state(session_id)
 
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
