@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tenacity import (
@@ -39,19 +39,13 @@ class RetryPolicy:
     initial: float = 0.5
     maximum: float = 10.0
     jitter: float = 0.5
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ConfigurationError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
         if min(self.initial, self.maximum, self.jitter) < 0:
             raise ConfigurationError("RetryPolicy delays must be >= 0")
-
-    def __repr__(self) -> str:
-        return (
-            f"RetryPolicy(attempts={self.attempts}, initial={self.initial}, "
-            f"maximum={self.maximum}, jitter={self.jitter})"
-        )
 
     async def run(
         self,

@@ -292,23 +292,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         async with self._close_lock:
             if self.last_shutdown is not None:
                 return self.last_shutdown
-            active = self.runner.active
-            if active:
-                logger.info(
-                    "shutting down: waiting up to %.3g s for %d running rollout(s)",
-                    self.shutdown.grace,
-                    active,
-                )
             report = await self.runner.shutdown(
                 self.shutdown.grace, cancel_timeout=self.shutdown.cancel_timeout
             )
-            if report.cancelled:
-                logger.warning(
-                    "cancelled %d rollout(s) still running after the %.3g s grace period; "
-                    "their 'cancelled' envelopes were written",
-                    report.cancelled,
-                    self.shutdown.grace,
-                )
             await self.spool.aclose()
             if self._owns_store:
                 await self.store.aclose()
