@@ -36,10 +36,11 @@ from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.payload import attached_config, client_defaults, rollout_extras
 from agentcore_rl.client.rollout import RolloutSpec
 from agentcore_rl.client.service import ClientState
-from agentcore_rl.client.traces import gateway_link, trace_of
+from agentcore_rl.client.traces import gateway_link
 from agentcore_rl.client.transports import Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
+from agentcore_rl.errors import ConfigurationError, TraceLostError
 from agentcore_rl.groups import GroupCounters, GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import (
@@ -174,10 +175,6 @@ class AsyncRolloutClient(ClientCore):
     def stop_finished_sessions(self) -> bool:
         """Whether a stop call follows every result too (not only timeouts, cancels...)."""
         return self._rollouts.stop_finished_sessions
-
-    @stop_finished_sessions.setter
-    def stop_finished_sessions(self, value: bool) -> None:
-        self._rollouts.stop_finished_sessions = value
 
     @property
     def stats(self) -> ClientStats:
@@ -431,7 +428,14 @@ class AsyncRolloutClient(ClientCore):
         the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
         the rollout's own error when it failed.
         """
-        return trace_of(self._joiner, fut)
+        if self._joiner is None:
+            raise ConfigurationError(
+                "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
+            )
+        fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
+        if fut.trace is None:
+            raise TraceLostError(fut.session_id, "this client did not collect it")
+        return fut.trace
 
     def check_session_id(self, session_id: object) -> str:
         """Return ``session_id`` if this client can use it for a new rollout, else raise.

@@ -79,8 +79,6 @@ class GroupFuture(asyncio.Future[RolloutGroup]):
         self.rules = rules
         #: Session ids of every attempt started so far, in start order.
         self.session_ids: list[str] = []
-        self.opened_at = time.time()
-        self.resolved_at: float | None = None
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else "cancelled" if self.cancelled() else "done"
@@ -165,9 +163,6 @@ class GroupRunner:
         self.tracker = GroupTracker(exp_id=exp_id)
         self._runs: dict[str, _Run] = {}
         self._closed: BaseException | None = None
-
-    def __repr__(self) -> str:
-        return f"GroupRunner(open={len(self._runs)})"
 
     # -- opening --
 
@@ -382,7 +377,6 @@ class GroupRunner:
         run = self._runs.pop(input_id, None)
         if run is None or run.future.done():
             return
-        run.future.resolved_at = time.time()
         if error is not None:
             run.future.set_exception(error)
         else:

@@ -23,9 +23,9 @@ import heapq
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import anyio
 
@@ -138,14 +138,6 @@ class LivenessConfig:
             except InvalidPayloadError as exc:
                 raise ConfigurationError(f"LivenessConfig: {exc.message}") from None
 
-    def __repr__(self) -> str:
-        return (
-            f"LivenessConfig(probe_after={self.probe_after}, probe_interval="
-            f"{self.probe_interval}, max_rate={self.max_rate}, enabled={self.enabled}, "
-            f"lost_after={self.lost_after}, "
-            f"unreachable_after={self.unreachable_after}, lease={self.lease})"
-        )
-
 
 DEFAULT_LIVENESS: Final = LivenessConfig()
 
@@ -172,7 +164,6 @@ class LivenessProber:
     """Probes the long-pending sessions of ``live`` and wakes the lost ones' tasks.
 
     ``counters`` gets ``probes``, ``probe_failures``, ``probes_escalated`` and ``agents_lost``.
-    ``clock`` and ``sleep`` pace the rounds.
     """
 
     def __init__(
@@ -184,7 +175,6 @@ class LivenessProber:
         *,
         config: LivenessConfig = DEFAULT_LIVENESS,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
@@ -192,21 +182,17 @@ class LivenessProber:
         self.counters = counters
         self.config = config
         self.clock = clock
-        self.sleep = sleep
         self._seen: dict[str, _Seen] = {}
         self._credit = 0.0
         # HTTP: server URL -> clock time a session there was found lost.
         self._suspects: dict[str, float] = {}
-
-    def __repr__(self) -> str:
-        return f"LivenessProber(tracked={len(self._seen)}, config={self.config!r})"
 
     async def run(self) -> None:
         """Probe every ``tick`` until cancelled (no-op when disabled)."""
         if not self.config.enabled:
             return
         while True:
-            await self.sleep(self.config.tick)
+            await asyncio.sleep(self.config.tick)
             await self.round()
 
     def _url(self, session_id: str) -> str | None:
@@ -314,52 +300,35 @@ class ClientLease:
     """One client's lease: where it lives, and the task that renews it.
 
     ``config.lease`` must not be ``None`` (no lease: do not create one).
-    ``wall`` (epoch seconds) stamps renewals; ``sleep`` paces them.
     """
 
     def __init__(
-        self,
-        store: ResultStore,
-        bucket: str,
-        exp_id: str,
-        config: LivenessConfig,
-        *,
-        wall: Callable[[], float] = time.time,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        self, store: ResultStore, bucket: str, exp_id: str, config: LivenessConfig
     ) -> None:
-        if config.lease is None:
-            raise ValueError("ClientLease needs a lease (seconds)")
+        assert config.lease is not None
         self.store = store
         self.bucket = bucket
         self.lease_id = config.lease_id or secrets.token_hex(16)
         self.key = protocol.lease_key(exp_id, self.lease_id)
         self.ttl = config.lease
         self.renew = config.lease_renew
-        self._sleep = sleep
-        self._wall = wall
         self.seq = 0
         self.failures = 0
         self._failing = False
         #: The ``_rollout.lease`` value of this client's invocations.
         self.reference: dict[str, str] = protocol.lease_reference(bucket, self.key)
 
-    def __repr__(self) -> str:
-        return f"ClientLease(s3://{self.bucket}/{self.key}, ttl={self.ttl:g}, seq={self.seq})"
-
-    def body(self) -> dict[str, Any]:
-        """The next renewal's content."""
-        return protocol.lease_body(
-            self.lease_id,
-            seq=self.seq + 1,
-            renewed_at=self._wall(),
-            ttl=self.ttl,
-            renew=self.renew,
-        )
-
     async def renew_once(self) -> bool:
         """Write the next renewal; False (logged once per run of failures) when S3 refused."""
         try:
-            await self.store.put_json(self.bucket, self.key, self.body())
+            body = protocol.lease_body(
+                self.lease_id,
+                seq=self.seq + 1,
+                renewed_at=time.time(),
+                ttl=self.ttl,
+                renew=self.renew,
+            )
+            await self.store.put_json(self.bucket, self.key, body)
         except StorageError as exc:
             self.failures += 1
             if not self._failing:
@@ -383,4 +352,4 @@ class ClientLease:
         """Renew every ``renew`` seconds until cancelled (the client's task group owns it)."""
         while True:
             await self.renew_once()
-            await self._sleep(self.renew)
+            await asyncio.sleep(self.renew)

@@ -134,7 +134,6 @@ class Rollouts:
         stop_finished_sessions: bool | None,
         unreachable_after: float,
         joiner: TraceJoiner | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
@@ -150,7 +149,7 @@ class Rollouts:
         )
         self.unreachable_after = unreachable_after
         self.joiner = joiner
-        self.clock = clock
+        self.clock: Callable[[], float] = time.monotonic  # the unreachable window's
         self.live: dict[str, Rollout] = {}
         self.closing = False
         self._running: set[Rollout] = set()
@@ -162,9 +161,6 @@ class Rollouts:
         self._stops_done.set()
         #: Sessions whose stop failed or never ran before the client closed.
         self.unstopped: list[str] = []
-
-    def __repr__(self) -> str:
-        return f"Rollouts(running={len(self._running)}, stopping={len(self._stopping)})"
 
     # --- admission ------------------------------------------------------------------------
 

@@ -56,10 +56,6 @@ class Service:
         self._scope: anyio.CancelScope | None = None
         self._ended: anyio.Event | None = None
 
-    def __repr__(self) -> str:
-        mode = "entered" if self._outer else "hosted" if self._host else "not open"
-        return f"Service({self.name!r}, {mode}, running={self.running})"
-
     @property
     def running(self) -> bool:
         """Whether work can be started."""

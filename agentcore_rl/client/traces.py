@@ -39,9 +39,7 @@ __all__ = [
     "RemoteGateway",
     "TraceJoiner",
     "gateway_link",
-    "session_base_url",
     "trace_key_of",
-    "trace_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -58,11 +56,6 @@ def trace_key_of(result_key: str) -> str:
 
 # The gateway's header naming its process on ``POST /admin/sessions`` (gateway.app).
 _GATEWAY_ID_HEADER: Final = "x-gateway-id"
-
-
-def session_base_url(gateway_url: str, session_id: str) -> str:
-    """The OpenAI ``base_url`` of one session at a gateway (``.../sessions/{sid}/v1``)."""
-    return f"{gateway_url.rstrip('/')}/sessions/{session_id}/v1"
 
 
 class GatewayLink(Protocol):
@@ -205,18 +198,6 @@ def gateway_link(config: GatewayConfig | None) -> GatewayLink | None:
     return RemoteGateway(config.url, config.admin_token)
 
 
-def trace_of(joiner: TraceJoiner | None, fut: RolloutFuture) -> SessionTrace:
-    """``AsyncRolloutClient.trace_of``: ``fut``'s trace, once it succeeded."""
-    if joiner is None:
-        raise ConfigurationError(
-            "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
-        )
-    fut.result()  # raises InvalidStateError, CancelledError or the rollout's error
-    if fut.trace is None:
-        raise TraceLostError(fut.session_id, "this client did not collect it")
-    return fut.trace
-
-
 class TraceJoiner:
     """Opens gateway sessions, finishes them when envelopes arrive, keeps the traces."""
 
@@ -225,16 +206,14 @@ class TraceJoiner:
         self.store = store
         self._gateway_ids: dict[str, str | None] = {}  # sessions we owe a finish, by id
 
-    def __repr__(self) -> str:
-        return f"TraceJoiner({self.link!r}, open={len(self._gateway_ids)})"
-
     async def open(self, fut: RolloutFuture, body: dict[str, Any]) -> None:
         """Open ``fut``'s session at the gateway and point ``body``'s ``_rollout`` at it."""
         sid = fut.session_id
         exp_id = _exp_id_of(fut)
         self._gateway_ids[sid] = await self.link.open(sid, exp_id=exp_id, input_id=fut.input_id)
         block = body[protocol.ROLLOUT_FIELD]
-        block[protocol.BASE_URL] = session_base_url(self.link.url, sid)
+        # The session's OpenAI base_url (the gateway's RolloutGateway.session_base_url).
+        block[protocol.BASE_URL] = f"{self.link.url}/sessions/{sid}/v1"
         block[API_KEY] = sid
 
     async def release(self, sid: str) -> None:

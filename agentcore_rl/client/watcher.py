@@ -21,7 +21,7 @@ import bisect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -75,15 +75,11 @@ class _Down:
 class StoreOutages:
     """Per-bucket reachability of the result store, as the watcher sees it."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._down: dict[str, _Down] = {}
         self._back: dict[str, asyncio.Event] = {}
         self._closed_seconds = 0.0
         self.outages = 0
-
-    def __repr__(self) -> str:
-        return f"StoreOutages(down={sorted(self._down)}, outages={self.outages})"
 
     @property
     def unreachable(self) -> bool:
@@ -91,21 +87,16 @@ class StoreOutages:
         return bool(self._down)
 
     @property
-    def down_buckets(self) -> list[str]:
-        """The buckets down now."""
-        return sorted(self._down)
-
-    @property
     def degraded_seconds(self) -> float:
         """Seconds spent with at least one bucket down (outages overlapping count per bucket)."""
-        now = self._clock()
+        now = time.monotonic()
         return self._closed_seconds + sum(now - d.since for d in self._down.values())
 
     def failed(self, bucket: str, key: str, exc: StorageError) -> None:
         """A request to ``bucket`` failed after its retries: enter (or stay in) an outage."""
         down = self._down.get(bucket)
         if down is None:
-            down = self._down[bucket] = _Down(since=self._clock(), probe_key=key)
+            down = self._down[bucket] = _Down(since=time.monotonic(), probe_key=key)
             self.outages += 1
             self._back.setdefault(bucket, asyncio.Event()).clear()
             logger.warning(
@@ -122,7 +113,7 @@ class StoreOutages:
         down = self._down.pop(bucket, None)
         if down is None:
             return
-        seconds = self._clock() - down.since
+        seconds = time.monotonic() - down.since
         self._closed_seconds += seconds
         self._back[bucket].set()
         logger.warning(
@@ -137,9 +128,8 @@ class StoreOutages:
         down = self._down.get(bucket)
         if down is None:
             return None
-        return (
-            f"s3://{bucket} unreachable for {self._clock() - down.since:.0f} s ({down.last_error})"
-        )
+        seconds = time.monotonic() - down.since
+        return f"s3://{bucket} unreachable for {seconds:.0f} s ({down.last_error})"
 
     async def wait_reachable(self, bucket: str) -> None:
         """Return once ``bucket`` is not down."""
@@ -151,11 +141,10 @@ class StoreOutages:
         failures = min((d.failures for d in self._down.values()), default=1)
         return min(maximum, initial * 2.0 ** min(failures - 1, 30))
 
-    def probe_targets(self, busy: Iterable[str]) -> list[tuple[str, str]]:
+    def probe_targets(self, busy: set[str]) -> list[tuple[str, str]]:
         """(bucket, key) to GET for every down bucket not in ``busy`` (nothing pending
         there, so no poll will notice its return)."""
-        skip = set(busy)
-        return [(b, d.probe_key) for b, d in self._down.items() if b not in skip]
+        return [(b, d.probe_key) for b, d in self._down.items() if b not in busy]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,12 +174,6 @@ class WatcherConfig:
         check_numbers(self, "min_interval", above=0)
         check_numbers(self, "max_interval", at_least=self.min_interval)
         check_numbers(self, "error_threshold", at_least=1, integer=True)
-
-    def __repr__(self) -> str:
-        return (
-            f"WatcherConfig(min_interval={self.min_interval}, max_interval={self.max_interval}, "
-            f"error_threshold={self.error_threshold})"
-        )
 
 
 DEFAULT_WATCHER: Final = WatcherConfig()
@@ -254,7 +237,7 @@ def _prefix_of(key: str) -> str:
 
 class CompletionWatcher:
     """Watches S3 for the results of all pending rollouts of one client, in one task
-    (:meth:`run`, in its owner's task group). ``clock`` and ``sleep`` pace the rounds.
+    (:meth:`run`, in its owner's task group).
 
     Example::
 
@@ -264,30 +247,18 @@ class CompletionWatcher:
         watcher.untrack(bucket, key)      # e.g. the caller cancelled
     """
 
-    def __init__(
-        self,
-        store: ResultStore,
-        config: WatcherConfig = DEFAULT_WATCHER,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
+    def __init__(self, store: ResultStore, config: WatcherConfig = DEFAULT_WATCHER) -> None:
         self.store = store
         self.config = config
-        self.clock = clock
-        self.sleep = sleep
         self._groups: dict[tuple[str, str], _Group] = {}
         #: The store's reachability: buckets down, outages, degraded seconds.
-        self.outages = StoreOutages(clock)
+        self.outages = StoreOutages()
         self._wakeup = asyncio.Event()
         self.rounds = 0
         self.lists = 0
         self.listed_keys = 0
         self.probes = 0
         self.found = 0
-
-    def __repr__(self) -> str:
-        return f"CompletionWatcher(pending={self.pending}, groups={len(self._groups)})"
 
     @property
     def pending(self) -> int:
@@ -323,7 +294,7 @@ class CompletionWatcher:
                 interval = cfg.min_interval
             # Results take at least a moment: sleeping first saves a useless first poll.
             # During an outage the pause backs off instead.
-            await self.sleep(
+            await asyncio.sleep(
                 self.outages.backoff(cfg.error_backoff, cfg.error_backoff_max)
                 if self.outages.unreachable
                 else interval
@@ -340,7 +311,7 @@ class CompletionWatcher:
 
     async def _round(self) -> int:
         self.rounds += 1
-        now = self.clock()
+        now = time.monotonic()
         due = [g for g in self._groups.values() if g.pending and g.retry_at <= now]
         found = self.found
         if len(due) == 1:  # the usual case (one experiment): no task to spawn
@@ -430,7 +401,7 @@ class CompletionWatcher:
         cfg = self.config
         group.failures += 1
         delay = min(cfg.error_backoff_max, cfg.error_backoff * 2 ** (group.failures - 1))
-        group.retry_at = self.clock() + delay
+        group.retry_at = time.monotonic() + delay
         if exc.code not in FINAL_CODES:
             # An outage: keep the keys pending (the outage tracker logs it once).
             self.outages.failed(group.bucket, group.prefix, exc)

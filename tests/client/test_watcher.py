@@ -189,14 +189,15 @@ async def test_deleted_bucket_is_an_outage_not_an_outcome(
     await outcomes.wait(1)
     assert outcomes.items == {"c": ({"ok": 1}, None)}
     assert watcher.outages.unreachable
-    assert watcher.outages.down_buckets == [doomed]
+    assert watcher.outages.describe(doomed) is not None
+    assert watcher.outages.describe(bucket) is None
     s3.create_bucket(Bucket=doomed)  # back: the spooled results land
     await store.put_json(doomed, "exp/000001/a.json", {"a": 1})
     await store.put_json(doomed, "exp/000002/b.json", {"b": 1})
     await outcomes.wait(3)
     assert outcomes.items["a"] == ({"a": 1}, None)
     assert outcomes.items["b"] == ({"b": 1}, None)
-    assert watcher.outages.down_buckets == []
+    assert watcher.outages.describe(doomed) is None
     assert watcher.outages.outages == 1
 
 

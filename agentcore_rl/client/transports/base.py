@@ -11,7 +11,7 @@ client knows nothing started); any other failure is an
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from agentcore_rl import protocol
@@ -72,16 +72,14 @@ def json_object_answer(
     source: str,
     session_id: str,
     status_code: int | None = None,
-    excerpt: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
     """Parse an agent's answer, which must be a JSON object; else raise ``InvocationError``
-    naming ``source`` (and ``status_code``) and showing ``excerpt()`` (default: the first
-    200 bytes)."""
+    naming ``source`` (and ``status_code``) and showing its first 200 bytes."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
         status = "" if status_code is None else f" HTTP {status_code}"
-        shown = raw[:200] if excerpt is None else excerpt()
+        shown = raw[:200].decode(errors="replace")
         raise InvocationError(
             f"{source} answered{status} with a body that is not JSON: {shown!r}",
             session_id=session_id,

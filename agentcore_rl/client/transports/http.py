@@ -11,7 +11,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -112,7 +112,6 @@ class HttpTransport:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         cooldown: float = DEFAULT_COOLDOWN,
         stop_answer_timeout: float = DEFAULT_STOP_ANSWER_TIMEOUT,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
@@ -123,7 +122,6 @@ class HttpTransport:
         self.cooldown = cooldown
         self.timeout = timeout
         self.stop_answer_timeout = stop_answer_timeout
-        self._clock = clock
         self._unhealthy: dict[str, float] = {}  # url -> clock time it may be used again
         self._pins: OrderedDict[str, str] = OrderedDict()  # session id -> its server
         # Agent servers that answered 404 to a stop (no stop route): not asked again.
@@ -153,7 +151,7 @@ class HttpTransport:
         pinned = self._pins.get(session_id)
         if pinned is not None:
             return pinned
-        now = self._clock()
+        now = time.monotonic()
         healthy = [url for url in self.urls if self._unhealthy.get(url, 0.0) <= now] or self.urls
         url = healthy[zlib.crc32(session_id.encode()) % len(healthy)]
         self._pins[session_id] = url
@@ -168,7 +166,7 @@ class HttpTransport:
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             base = next((u for u in self.urls if url.startswith(u)), None)
             if base is not None and len(self.urls) > 1:
-                self._unhealthy[base] = self._clock() + self.cooldown
+                self._unhealthy[base] = time.monotonic() + self.cooldown
             raise NotConnectedError(
                 f"{url}: {type(exc).__name__}: {exc or 'connection failed'}", session_id=session_id
             ) from exc
@@ -208,7 +206,6 @@ class HttpTransport:
             source=url,
             session_id=session_id,
             status_code=response.status_code,
-            excerpt=lambda: response.text[:200],
         )
 
     async def stop(self, session_id: str) -> bool:
