@@ -74,36 +74,19 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     to S3) or :meth:`entrypoint` (plain request/response). Handlers may be async or sync
     (sync ones run in worker threads) and take ``(payload)`` or ``(payload, context)``.
 
-    ``store`` is the S3 door (default: a ``ResultStore()``, whose endpoint is found when
-    the first envelope is written: ``AWS_ENDPOINT_URL_S3`` as it is then).
-    ``allowed_buckets`` (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated)
-    limits which buckets a payload may name. ``app_name`` (default:
-    ``$AGENTCORE_RL_APP_NAME``, else the handler's module and name) is the agent's
-    identity: its spool lives in a directory of that name, and envelopes
-    another app spooled are never delivered by this one. The rest is grouped by concern:
-    ``limits`` (:class:`~agentcore_rl.server.config.RequestLimits`: body size, nesting,
-    bodies in flight), ``shutdown`` (:class:`~agentcore_rl.server.config.ShutdownConfig`:
-    grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
-    directory, retry intervals), ``workers``
-    (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
-    interval) and ``faults`` (:class:`~agentcore_rl.server.config.FaultChecks`: a result
-    bucket that does not exist or refuses the server is refused with a 4xx naming it; the
-    rollouts of a client whose lease lapsed are cancelled; a server whose event loop runs
-    behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
-    and ``/ping``.
-
-    At startup the app delivers what its spool holds. A repeated invocation (same session
-    id and result key) does not run twice: while it runs it is recognised, and a re-send
-    the client marked (``_rollout.repeat``) first checks S3 for an earlier run's envelope.
-
-    It is an ordinary Starlette app: add routes or middleware, or mount it in another app
-    (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
-    where no lifespan reaches it, each rollout runs as its invocation's background task
-    and the spool is retried only at ``aclose()``).
-    ``lifespan`` (run inside the app's own) and ``middleware`` are passed on as with
-    AWS's ``BedrockAgentCoreApp``, whose public surface it keeps
-    (:class:`~agentcore_rl.server.compat.BedrockCompat`; docs/server.md lists what is
-    left out and why).
+    ``store`` is the S3 door (default: a ``ResultStore()``), ``allowed_buckets`` the
+    buckets a payload may name, ``app_name`` the agent's identity (its spool's directory
+    and owner); the rest is grouped by concern: ``limits``
+    (:class:`~agentcore_rl.server.config.RequestLimits`), ``shutdown``
+    (:class:`~agentcore_rl.server.config.ShutdownConfig`), ``spool``
+    (:class:`~agentcore_rl.server.config.SpoolConfig`), ``workers``
+    (:class:`~agentcore_rl.server.config.WorkerConfig`) and ``faults``
+    (:class:`~agentcore_rl.server.config.FaultChecks`). ``clock`` (epoch seconds) stamps
+    envelopes and ``/ping``; ``debug``, ``lifespan`` (run inside the app's own) and
+    ``middleware`` are Starlette's, as in AWS's ``BedrockAgentCoreApp``, whose public
+    surface it keeps. It is an ordinary Starlette app: add routes, or mount it (then enter
+    it from the parent's lifespan). docs/server.md has the defaults, the environment
+    variables, repeated invocations and what is left out of AWS's app.
 
     Example::
 

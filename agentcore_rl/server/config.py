@@ -257,26 +257,17 @@ class WorkerConfig:
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class FaultChecks:
-    """How the agent server tells final faults from passing ones.
+    """How the agent server tells final faults from passing ones (docs/failure-model.md).
 
-    **Result bucket.** Before accepting a rollout the server checks its bucket once
-    (HeadBucket) and remembers the answer: ``bucket_ttl`` seconds when the bucket is
-    usable, ``bucket_miss_ttl`` when it is not (it may be created meanwhile). A bucket
-    that does not exist or refuses the server's credentials gets the invocation refused
-    with a 4xx naming the bucket and the cause, so the client fails at once instead of
-    waiting for a result that cannot come. An S3 outage (no answer within ``bucket_wait``
-    seconds, 5xx, throttling) is not a verdict: the rollout is accepted and its envelope
-    spooled until S3 is back, as without the check. ``check_buckets=False``: no check.
-
-    **Leases.** Every ``lease_interval`` seconds the server reads the lease of each client
-    with running rollouts (one GET per lease) and cancels, with a ``cancelled`` envelope,
-    the rollouts of a client whose lease went unrenewed for its ``ttl``. A lease that
-    cannot be read (S3 down) or is missing counts as renewed. ``check_leases=False``: no
-    check.
-
-    **Overload.** While the event loop runs more than ``overload_lag`` seconds behind,
-    new invocations are answered 503 with ``Retry-After: 1`` before their body is read
-    (the client waits and sends again) rather than queued for seconds. ``None``: never.
+    **Result bucket.** A rollout's bucket is checked once (HeadBucket) and the answer kept
+    ``bucket_ttl`` seconds (``bucket_miss_ttl`` when unusable): a bucket that does not exist
+    or refuses the server's credentials gets the invocation refused with a 4xx; an S3 that
+    gives no verdict within ``bucket_wait`` seconds accepts it (the spool covers it).
+    **Leases.** Every ``lease_interval`` seconds the leases of running rollouts are read; a
+    client's lease unrenewed for its ``ttl`` cancels its rollouts (an unreadable or missing
+    lease counts as renewed). **Overload.** While the event loop runs more than
+    ``overload_lag`` seconds behind, new invocations get 503 with ``Retry-After: 1`` before
+    their body is read (``None``: never). ``check_buckets`` / ``check_leases`` False: no check.
 
     Example::
 
