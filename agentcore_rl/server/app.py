@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import uvicorn
@@ -30,6 +31,7 @@ from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
+    APP_NAME_ENV,
     DEFAULT_FAULT_CHECKS,
     DEFAULT_REQUEST_LIMITS,
     DEFAULT_SHUTDOWN,
@@ -42,7 +44,6 @@ from agentcore_rl.server.config import (
     SpoolConfig,
     WorkerConfig,
     allowed_buckets_from,
-    app_name_from_env,
     check_app_name,
     default_host,
     handler_app_name,
@@ -61,10 +62,6 @@ logger = logging.getLogger("agentcore_rl.server")
 
 F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
-
-
-# An app started without a handler (its spool never holds anything).
-_UNNAMED: Final = "unnamed-app"
 
 
 class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
@@ -146,7 +143,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._owns_store = store is None
         self.store = store if store is not None else ResultStore()
         #: The agent's identity (its spool's owner); from the handler if not given.
-        self.app_name = check_app_name(app_name) if app_name is not None else app_name_from_env()
+        name = app_name if app_name is not None else os.environ.get(APP_NAME_ENV, "").strip()
+        self.app_name = check_app_name(name) if name or app_name is not None else None
         # Placed once the name is known (now or at registration), for good at startup with
         # the environment as it is then (a local stack gives its agents a private spool).
         self.spool = Spool(
@@ -244,7 +242,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             return
         self._started = True
         if self.app_name is None:  # no handler: nothing of its own to spool
-            self.app_name = _UNNAMED
+            self.app_name = "unnamed-app"
         self._place_spool(self.app_name)
         if await self.spool.recover():
             self.spool.kick()

@@ -65,11 +65,6 @@ def check_app_name(name: str) -> str:
     return name
 
 
-def app_name_from_env() -> str | None:
-    name = os.environ.get(APP_NAME_ENV, "").strip()
-    return check_app_name(name) if name else None
-
-
 def handler_app_name(func: Callable[..., Any]) -> str:
     """``module.qualname`` of the handler: restarts of one agent share a spool, two agents
     never do."""
