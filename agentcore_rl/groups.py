@@ -433,14 +433,9 @@ class GroupReady:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupDropped:
-    """The group was dropped: fail its future with ``error`` (``reason`` says why)."""
+    """The group was dropped: fail its future with ``error`` (``error.reason`` says why)."""
 
     error: GroupDroppedError
-
-    @property
-    def reason(self) -> DropReason:
-        """Why the group was dropped."""
-        return self.error.reason
 
 
 Action = StartMember | StopMember | GroupReady | GroupDropped
@@ -611,20 +606,7 @@ class GroupTracker:
             raise ValueError(f"reward must be a number, got {type(reward).__name__}")
         if not math.isfinite(reward):
             raise ValueError(f"reward must be finite, got {reward!r}")
-        found = self._lookup(session_id)
-        if found is None or not found[1].active:
-            self._counts.ignored_events += 1
-            return []
-        group, attempt = found
-        self._counts.members_succeeded += 1
-        attempt.active = False
-        attempt.outcome = MemberOutcome.SUCCEEDED
-        attempt.reward = float(reward)
-        attempt.trajectory = trajectory
-        attempt.result = result
-        if len(group.kept()) >= group.rules.n:
-            return self._finish(group)
-        return self._check_done(group)
+        return self._ended(session_id, MemberOutcome.SUCCEEDED, float(reward), trajectory, result)
 
     def failed(
         self,
@@ -635,13 +617,11 @@ class GroupTracker:
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
         """This attempt failed (agent error, invocation error...): retry it or apply the rule."""
-        return self._ended_badly(
-            session_id, MemberOutcome.FAILED, _describe(error), trajectory, result
-        )
+        return self._ended(session_id, MemberOutcome.FAILED, _describe(error), trajectory, result)
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
         """This attempt gave no result in time (the client stops its session itself)."""
-        return self._ended_badly(
+        return self._ended(
             session_id, MemberOutcome.TIMED_OUT, "no result within the timeout", trajectory, None
         )
 
@@ -690,29 +670,34 @@ class GroupTracker:
 
     # -- decisions --
 
-    def _ended_badly(
+    def _ended(
         self,
         session_id: str,
         outcome: MemberOutcome,
-        error: str,
+        reward_or_error: float | str,
         trajectory: Any,
         result: Mapping[str, Any] | None,
     ) -> list[Action]:
+        """Record how an attempt ended (a late event is ignored), then decide."""
         found = self._lookup(session_id)
         if found is None or not found[1].active:
             self._counts.ignored_events += 1
             return []
         group, attempt = found
+        attempt.active = False
+        attempt.outcome = outcome
+        attempt.trajectory = trajectory
+        attempt.result = result
+        if isinstance(reward_or_error, float):
+            self._counts.members_succeeded += 1
+            attempt.reward = reward_or_error
+            return self._check_done(group)
+        error = attempt.error = reward_or_error
         timed_out = outcome is MemberOutcome.TIMED_OUT
         if timed_out:
             self._counts.members_timed_out += 1
         else:
             self._counts.members_failed += 1
-        attempt.active = False
-        attempt.outcome = outcome
-        attempt.error = error
-        attempt.trajectory = trajectory
-        attempt.result = result
         reason = DropReason.TIMED_OUT if timed_out else DropReason.FAILED
         rules = group.rules
         needed = rules.n - len(group.kept())
@@ -731,8 +716,6 @@ class GroupTracker:
             attempt.zeroed = True
             attempt.reward = 0.0
             self._counts.members_zeroed += 1
-            if len(group.kept()) >= rules.n:
-                return self._finish(group)
             return self._check_done(group)
         self._discard(attempt, reason)
         reachable = group.succeeded() + len(group.active())
@@ -742,7 +725,9 @@ class GroupTracker:
         return self._check_done(group)
 
     def _check_done(self, group: _Group) -> list[Action]:
-        """Resolve a group none of whose attempts is still running."""
+        """Resolve a group with n kept members, or none of whose attempts still runs."""
+        if len(group.kept()) >= group.rules.n:
+            return self._finish(group)
         if group.active():
             return []
         if len(group.kept()) < group.rules.keep_at_least:

@@ -187,7 +187,7 @@ def ideal(args: argparse.Namespace, plan: dict[str, Any], redundancy: int) -> di
                 first = now if first is None else first
                 last = now
             elif isinstance(action, GroupDropped):
-                dropped[action.reason.value] += 1
+                dropped[action.error.reason.value] += 1
                 last = now
 
     while initial or retries or ends:

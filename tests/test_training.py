@@ -23,7 +23,6 @@ from agentcore_rl.training import (
     TrainingRow,
     TrajectoryLike,
     fit_rows,
-    group_advantages,
     group_rows,
     read_jsonl,
     read_parquet,
@@ -390,7 +389,7 @@ def test_rows_to_dict_round_trip() -> None:
 def test_a_group_of_one_has_its_reward_as_advantage() -> None:
     group = run_group([("ok", 0.75, Trajectory([turn([1], [2]), turn([3], [4])]))])
     assert [r.advantage for r in group_rows(group, "mean_std")] == [0.75, 0.75]
-    assert group_advantages(group) == [0.75]
+    assert group.advantages() == [0.75]
 
 
 def test_a_member_with_several_segments_counts_once() -> None:

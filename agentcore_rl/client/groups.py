@@ -313,32 +313,34 @@ class GroupRunner:
             if member.future is None:
                 self._close_run(run, exc)  # not admitted: the client is closing
                 return
-        assert spec.session_id is not None
-        assert member.future is not None
-        self._member_done(run, spec.session_id, member.future)
-
-    def _member_done(self, run: _Run, sid: str, fut: RolloutFuture) -> None:
+        sid, fut = spec.session_id, member.future
+        assert sid is not None
+        assert fut is not None
         if fut.cancelled():
             self._apply(self.tracker.failed(sid, "the member's rollout was cancelled"))
             return
-        exc = fut.exception()
-        if isinstance(exc, ClientClosedError) or self._closed is not None:
-            self._close_run(run, exc or ClientClosedError("the client closed"))
+        error = fut.exception()
+        if isinstance(error, ClientClosedError) or self._closed is not None:
+            self._close_run(run, error or ClientClosedError("the client closed"))
             return
         end: MemberEnd
-        if exc is None:
+        if error is None:
             result = fut.result()
             reward = result_reward(result)
             if reward is None:
                 end = MemberEnd(run.input_id, sid, "failed", error="result has no reward")
             else:
                 end = MemberEnd(run.input_id, sid, "succeeded", reward=reward, result=result)
-        elif isinstance(exc, RolloutTimeoutError):
-            end = MemberEnd(run.input_id, sid, "timed_out", error=str(exc))
+        elif isinstance(error, RolloutTimeoutError):
+            end = MemberEnd(run.input_id, sid, "timed_out", error=str(error))
         else:
-            envelope = exc.envelope if isinstance(exc, RolloutError) else None
+            envelope = error.envelope if isinstance(error, RolloutError) else None
             end = MemberEnd(
-                run.input_id, sid, "failed", error=f"{type(exc).__name__}: {exc}", result=envelope
+                run.input_id,
+                sid,
+                "failed",
+                error=f"{type(error).__name__}: {error}",
+                result=envelope,
             )
         if run.journal is not None:
             run.journal.member_ended(end)  # before the decisions it leads to, as on replay
@@ -361,27 +363,20 @@ class GroupRunner:
                 if member.future is not None:
                     member.future.cancel()  # its task stops the session
             elif isinstance(action, GroupReady):
-                self._settle(action.group.input_id, result=action.group)
+                self._settle(action.group.input_id, action.group)
             elif isinstance(action, GroupDropped):
                 # A dropped group trains nothing: say why where a default log level shows it.
                 logger.warning("%s", action.error)
-                self._settle(action.error.input_id, error=action.error)
+                self._settle(action.error.input_id, action.error)
 
-    def _settle(
-        self,
-        input_id: str,
-        *,
-        result: RolloutGroup | None = None,
-        error: BaseException | None = None,
-    ) -> None:
+    def _settle(self, input_id: str, outcome: RolloutGroup | BaseException) -> None:
         run = self._runs.pop(input_id, None)
         if run is None or run.future.done():
             return
-        if error is not None:
-            run.future.set_exception(error)
+        if isinstance(outcome, BaseException):
+            run.future.set_exception(outcome)
         else:
-            assert result is not None
-            run.future.set_result(result)
+            run.future.set_result(outcome)
 
     def _group_done(self, fut: asyncio.Future[RolloutGroup]) -> None:
         assert isinstance(fut, GroupFuture)
@@ -393,7 +388,7 @@ class GroupRunner:
         """End a group with ``error`` (the client closing): stop what still runs."""
         if self.tracker.is_open(run.input_id):
             self._apply(a for a in self.tracker.cancel(run.input_id) if isinstance(a, StopMember))
-        self._settle(run.input_id, error=error)
+        self._settle(run.input_id, error)
 
     # -- policy and closing --
 

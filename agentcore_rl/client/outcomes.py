@@ -35,9 +35,7 @@ __all__ = [
     "ClientStats",
     "count_outcome",
     "is_agent_loss",
-    "is_lease_cancel",
     "is_retryable",
-    "is_shutdown_cancel",
 ]
 
 #: Extra attempts (each with a new session) for a rollout whose outcome is retryable and
@@ -120,22 +118,11 @@ def _cancelled_by_server(exc: BaseException, words: str) -> bool:
     return envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED and words in reason
 
 
-def is_shutdown_cancel(exc: BaseException) -> bool:
-    """Whether the agent server cancelled the rollout because it was shutting down."""
-    return _cancelled_by_server(exc, "shutting down")
-
-
-def is_lease_cancel(exc: BaseException) -> bool:
-    """Whether an agent server cancelled the rollout because its client's lease lapsed
-    (the client stalled or lost S3 for the whole lease; the input is not at fault)."""
-    return _cancelled_by_server(exc, "lease lapsed")
-
-
 def is_agent_loss(exc: BaseException) -> bool:
     """Whether ``exc`` says the process running the rollout went away under it (a crash
     or restart found by a probe or a successor's ``agent_lost`` envelope, or the server's
     shutdown cancelling it): retryable, on the ``Retries.lost`` budget."""
-    return isinstance(exc, AgentLostError) or is_shutdown_cancel(exc)
+    return isinstance(exc, AgentLostError) or _cancelled_by_server(exc, "shutting down")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -149,7 +136,8 @@ def is_retryable(exc: BaseException) -> bool:
         status = exc.status_code
         # No status: the agent was not reached (connection refused, reset, timeout).
         return status is None or status in (424, 429) or status >= 500
-    return is_shutdown_cancel(exc) or is_lease_cancel(exc)
+    # A lapsed lease: the client stalled or lost S3 for the whole lease, not the input's fault.
+    return _cancelled_by_server(exc, "shutting down") or _cancelled_by_server(exc, "lease lapsed")
 
 
 def count_outcome(counters: ClientStats, fut: asyncio.Future[Any]) -> None:

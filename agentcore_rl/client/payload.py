@@ -21,7 +21,6 @@ __all__ = [
     "attached_config",
     "build_invocation",
     "client_defaults",
-    "fresh_input_id",
     "rollout_extras",
 ]
 
@@ -89,14 +88,6 @@ def attached_config(
     return dataclasses.replace(defaults, input_id=input_id, s3_bucket=bucket)
 
 
-def fresh_input_id() -> str:
-    """A default input id: microseconds since the epoch.
-
-    Unique enough (result keys also hold the session id) and time-ordered, so the
-    watcher's LIST from the oldest pending key skips older results."""
-    return str(time.time_ns() // 1000)
-
-
 def _check_json(value: Any, where: str, input_id: str) -> None:
     """Refuse what JSON cannot carry (a set, a datetime, NaN or infinity) before sending,
     naming the field and the input."""
@@ -130,7 +121,8 @@ def build_invocation(
 
     ``_rollout`` = ``defaults`` (its ``input_id`` ignored), then the payload's own
     ``_rollout`` keys, then ``overrides``, then ``input_id``; without any input id,
-    ``default_input_id`` or a :func:`fresh_input_id`.
+    ``default_input_id`` or microseconds since the epoch: unique enough (result keys also
+    hold the session id) and time-ordered, so the watcher's LIST skips older results.
     """
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(
@@ -149,7 +141,7 @@ def build_invocation(
     if input_id is not None:
         block[protocol.INPUT_ID] = input_id
     elif block.get(protocol.INPUT_ID) is None:
-        block[protocol.INPUT_ID] = default_input_id or fresh_input_id()
+        block[protocol.INPUT_ID] = default_input_id or str(time.time_ns() // 1000)
     config = protocol.RolloutConfig.from_dict(block)
     _check_json(payload, "payload", config.input_id)
     body = dict(payload)

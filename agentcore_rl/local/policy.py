@@ -2,10 +2,9 @@
 
 It speaks enough of the OpenAI API for the OpenAI SDK and agents written against vLLM: chat
 (with OpenAI tool calls) and text completions, streamed (SSE) or not, ``/v1/models``, and
-vLLM's capture fields (``prompt_token_ids``, ``token_ids``, ``logprobs``). Its fake tokenizer
-renders each message as ``<role> text <end>`` and an assistant message exactly as the
-completion that produced it, so a conversation's prompts extend each other token for token.
-With ``tokenizer=DIR`` it uses a real chat template instead (:class:`TemplateVoice`).
+vLLM's capture fields (``prompt_token_ids``, ``token_ids``, ``logprobs``), in one of two
+voices: a fake tokenizer (:class:`_ScriptVoice`), or with ``tokenizer=DIR`` a real chat
+template (:class:`TemplateVoice`).
 
 It answers the first user message with a pattern-based solver (:mod:`.policy_solver`):
 offered tools, it first calls the first one with the arithmetic expression, then answers
@@ -23,7 +22,7 @@ import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate
 from typing import Any, Final, Literal, TypeGuard
@@ -105,23 +104,6 @@ def _assistant_text(message: Mapping[str, Any]) -> str:
     return "".join(parts)
 
 
-def _prompt_ids(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any]) -> list[int]:
-    """The fake chat template: ``<tools>..<end>``, ``<role> text <end>`` each, ``<assistant>``."""
-    ids: list[int] = []
-    if tools:
-        ids.append(_TOOLS_ID)
-        ids.extend(fake_token_ids(json.dumps(list(tools), sort_keys=True)))
-        ids.append(_END_ID)
-    for message in messages:
-        role = message.get("role")
-        ids.append(_ROLE_IDS.get(str(role), _OTHER_ROLE_ID))
-        text = _assistant_text(message) if role == "assistant" else _text_of(message)
-        ids.extend(fake_token_ids(text))
-        ids.append(_END_ID)
-    ids.append(_ROLE_IDS["assistant"])
-    return ids
-
-
 def _logprob(salt: str, position: int, token_id: int) -> float:
     """A deterministic logprob in (-5, 0] for one sampled token."""
     digest = hashlib.blake2b(f"{salt}:{position}:{token_id}".encode(), digest_size=4)
@@ -135,6 +117,119 @@ def _tool_argument_name(tool: Mapping[str, Any]) -> str:
         return str(required[0])
     props = params.get("properties") or {}
     return next(iter(props), "expression")
+
+
+@dataclass
+class _Said:
+    """One choice as a voice says it: its tokens (ids, logprobs, texts), why it ended, and
+    the chat message or completion text they spell."""
+
+    ids: list[int]
+    logprobs: list[float]
+    tokens: list[str]
+    finish: str
+    stop_reason: str | None = None
+    message: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+class _ScriptVoice:
+    """The default voice: a fake tokenizer and the pattern-based solver.
+
+    The fake chat template renders ``<tools>..<end>``, then ``<role> text <end>`` per message
+    and ``<assistant>``; an assistant message renders exactly as the completion that produced
+    it, so a conversation's prompts extend each other token for token. Its completions
+    stream token by token. Token-in requests need a real tokenizer."""
+
+    def __init__(self, accuracy: float, seed: int) -> None:
+        self.accuracy = accuracy
+        self.seed = seed
+        self._pieces: dict[int, str] = {}  # each id said so far -> its text (at most the vocab)
+
+    def render(self, body: Mapping[str, Any]) -> list[int]:
+        ids: list[int] = []
+        if tools := body.get("tools"):
+            ids.append(_TOOLS_ID)
+            ids.extend(fake_token_ids(json.dumps(list(tools), sort_keys=True)))
+            ids.append(_END_ID)
+        for message in body["messages"]:
+            role = message.get("role")
+            ids.append(_ROLE_IDS.get(str(role), _OTHER_ROLE_ID))
+            text = _assistant_text(message) if role == "assistant" else _text_of(message)
+            ids.extend(fake_token_ids(text))
+            ids.append(_END_ID)
+        ids.append(_ROLE_IDS["assistant"])
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return fake_token_ids(text)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(self._pieces.get(i, "") for i in ids)
+
+    def pieces(self, text: str) -> list[str] | None:
+        return [piece for piece, _ in fake_tokens(text)]
+
+    def generate(self, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
+        raise _BadRequest("token-in needs a tokenizer (ScriptedPolicy(tokenizer=))")
+
+    def chat(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
+        return self._answer(index, body["messages"], body.get("tools") or [], body.get("seed"))
+
+    def text(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
+        prompt = body["prompt"]
+        if not isinstance(prompt, str):
+            self.generate(prompt_ids)
+        return self._answer(index, [{"role": "user", "content": prompt}], [], body.get("seed"))
+
+    def _answer(
+        self, index: int, messages: list[Any], tools: list[Any], request_seed: object
+    ) -> _Said:
+        message, finish = self._choose(index, messages, tools, request_seed)
+        text = _assistant_text(message)
+        tokens = fake_tokens(text)
+        self._pieces.update((i, piece) for piece, i in tokens)
+        ids = [i for _, i in tokens]
+        logprobs = [_logprob(f"{self.seed}:{index}", pos, i) for pos, i in enumerate(ids)]
+        pieces = [piece for piece, _ in tokens]
+        return _Said(ids, logprobs, pieces, finish, message=message, text=text)
+
+    def _choose(
+        self, index: int, messages: list[Any], tools: list[Any], request_seed: object
+    ) -> tuple[dict[str, Any], str]:
+        problem = next((_text_of(m) for m in messages if m.get("role") == "user"), "")
+        draw = _Draw.roll(f"{self.seed}\x00{request_seed}\x00{index}\x00{problem}", self.accuracy)
+        expression = solve_word_problem(problem)
+        last = messages[-1]
+        function_tools = [t for t in tools if isinstance(t, Mapping) and "function" in t]
+
+        if last.get("role") == "tool":
+            # The tool answered: report its (last) number, or slip when copying it.
+            value = _last_number(_text_of(last))
+            if value is None:
+                return _say("I could not read the tool's result.")
+            return _say(_answer_text(value, draw))
+        if expression is None:
+            return _say("I am not sure how to solve this problem.")
+        value = evaluate_arithmetic(expression)
+        if function_tools and (draw.correct or not draw.skip_tool):
+            tool = function_tools[0]
+            name = str(tool["function"].get("name", "calculator"))
+            arguments = json.dumps({_tool_argument_name(tool): expression})
+            call_id = "call_" + hashlib.sha256(f"{index}{problem}".encode()).hexdigest()[:16]
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    }
+                ],
+            }
+            return message, "tool_calls"
+        return _say(_answer_text(value, draw))
 
 
 class TemplateVoice:
@@ -182,13 +277,28 @@ class TemplateVoice:
         self._stops = self.template.stop_ids()
 
     def render(self, body: Mapping[str, Any]) -> list[int]:
-        """A chat request's prompt ids (raises ``RenderError``)."""
-        text = self.template.render(
-            body["messages"],
-            tools=body.get("tools") or None,
-            kwargs=body.get("chat_template_kwargs"),
-        )
+        """A chat request's prompt ids."""
+        # lazy: the render extra, only with a real template (--tokenizer)
+        from agentcore_rl.gateway.render.template import RenderError
+
+        try:
+            text = self.template.render(
+                body["messages"],
+                tools=body.get("tools") or None,
+                kwargs=body.get("chat_template_kwargs"),
+            )
+            return self.template.encode(text)
+        except RenderError as exc:
+            raise _BadRequest(str(exc), "messages") from None
+
+    def encode(self, text: str) -> list[int]:
         return self.template.encode(text)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self.template.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def pieces(self, text: str) -> list[str] | None:
+        return None  # streamed in one chunk: parsed reasoning and calls do not cut per token
 
     def generate(
         self,
@@ -197,10 +307,12 @@ class TemplateVoice:
         *,
         stop: Sequence[str] = (),
         logit_bias: Mapping[str, float] | None = None,
+        min_tokens: int = 0,
     ) -> tuple[list[int], list[float], str, str | None]:
         """-> (completion ids, logprobs, finish reason, the stop string that ended it), as vLLM:
         a stop string ends it with the token that holds it; a ``logit_bias`` of -100 on the
-        stop token means it never stops by itself."""
+        stop token means it never stops by itself; ``min_tokens`` repeats the answer before
+        its end token."""
         text = self.template.decode(prompt_ids)
         steps = [int(s) for s in _STEP_RE.findall(text)]
         done = max(steps, default=0)
@@ -227,31 +339,54 @@ class TemplateVoice:
         finish, reason = "stop", None
         if float((logit_bias or {}).get(str(end_id), 0)) <= -100:  # it cannot stop: it rambles
             ids, finish = ids[:-1] + self.template.encode(" and so on") * 16, "length"
-        decode = self.template.tokenizer.decode
         for end in range(1, len(ids) + 1) if stop else ():
-            text = decode(ids[:end], skip_special_tokens=True)
+            text = self.decode(ids[:end], skip_special_tokens=True)
             found = [s for s in stop if s and s in text]
             if found:
                 ids, reason, finish = ids[:end], min(found, key=text.find), "stop"
                 break
+        if finish == "stop" and reason is None and 1 < len(ids) <= min_tokens:
+            ids = [*(ids[:-1] * (min_tokens // (len(ids) - 1) + 1))[:min_tokens], ids[-1]]
         if max_tokens is not None and len(ids) > max_tokens:
             ids, finish, reason = ids[:max_tokens], "length", None
         return ids, [_logprob(str(self.seed), i, t) for i, t in enumerate(ids)], finish, reason
 
-    def message(
-        self, ids: list[int], call_seed: str, stop_reason: str | None = None
-    ) -> dict[str, Any]:
+    def chat(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
         """The completion as vLLM's parsers would read it (cut before its stop string)."""
         from agentcore_rl.gateway.render.parsers import parse_completion
 
-        stopped = bool(ids) and ids[-1] in self._stops
-        text = self.template.decode(ids[:-1] if stopped else ids)
-        if stop_reason:
-            text = text[: text.find(stop_reason)]
-        return parse_completion(text, self.reasoning, self.tools, call_seed)
+        said = self._say(
+            prompt_ids, body.get("max_completion_tokens") or body.get("max_tokens"), body
+        )
+        ids = said.ids
+        text = self.template.decode(ids[:-1] if ids and ids[-1] in self._stops else ids)
+        if said.stop_reason:
+            text = text[: text.find(said.stop_reason)]
+        seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        said.message = parse_completion(text, self.reasoning, self.tools, seed)
+        if said.message.get("tool_calls"):
+            said.finish = "tool_calls"
+        return said
 
-    def token_texts(self, ids: list[int]) -> list[str]:
-        return [str(t) for t in self.template.tokenizer.convert_ids_to_tokens(ids)]
+    def text(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
+        said = self._say(prompt_ids, body.get("max_tokens"), body)
+        text = self.decode(said.ids, skip_special_tokens=body.get("skip_special_tokens", True))
+        said.text = text[: text.find(said.stop_reason)] if said.stop_reason else text
+        return said
+
+    def _say(self, prompt_ids: list[int], budget: int | None, body: Mapping[str, Any]) -> _Said:
+        stop = body.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+        bias = body.get("logit_bias")
+        ids, logprobs, finish, reason = self.generate(
+            prompt_ids,
+            budget,
+            stop=[s for s in stops if isinstance(s, str)],
+            logit_bias=bias if isinstance(bias, Mapping) else None,
+            min_tokens=int(body.get("min_tokens") or 0),
+        )
+        tokens = [str(t) for t in self.template.tokenizer.convert_ids_to_tokens(ids)]
+        return _Said(ids, logprobs, tokens, finish, reason)
 
 
 class ScriptedPolicy:
@@ -318,30 +453,29 @@ class ScriptedPolicy:
         # paced completions as made: (prompt ids, token ids, each token's weight version)
         self.made: list[tuple[list[int], list[int], list[str]]] = []
         self.tokens_made = 0  # so far, the ones being made included
-        self.voice: TemplateVoice | None = None
-        if tokenizer is not None:  # a real template: render and answer as that model would
-            self.voice = TemplateVoice(
+        self.voice: _ScriptVoice | TemplateVoice = (
+            _ScriptVoice(accuracy, seed)
+            if tokenizer is None  # else a real template: render and answer as that model would
+            else TemplateVoice(
                 tokenizer,
                 tool_call_parser=tool_call_parser,
                 reasoning_parser=reasoning_parser,
                 tool_rounds=tool_rounds,
                 seed=seed,
             )
-        chat, text = (
-            (self._voiced_chat, self._voiced_text)
-            if self.voice is not None
-            else (self.complete, self.complete_text)
         )
         self.app = Starlette(
             routes=[
                 Route(
                     "/v1/chat/completions",
-                    partial(self._serve, answer=chat, chunk_object="chat.completion.chunk"),
+                    partial(
+                        self._serve, answer=self.complete, chunk_object="chat.completion.chunk"
+                    ),
                     methods=["POST"],
                 ),
                 Route(
                     "/v1/completions",
-                    partial(self._serve, answer=text, chunk_object="text_completion"),
+                    partial(self._serve, answer=self.complete_text, chunk_object="text_completion"),
                     methods=["POST"],
                 ),
                 Route("/generate", partial(self._serve, answer=self._generate), methods=["POST"]),
@@ -430,14 +564,12 @@ class ScriptedPolicy:
 
     def _generate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
-        if self.voice is None:
-            raise _BadRequest("/generate needs a tokenizer (ScriptedPolicy(tokenizer=))")
         ids = body.get("input_ids")
         if not _is_ids(ids):
             raise _BadRequest("input_ids must be a non-empty list of token ids")
         params = body.get("sampling_params") or {}
         completion, logprobs, finish, _ = self.voice.generate(ids, params.get("max_new_tokens"))
-        self._remember(ids, [{"_ids": completion, "_logprobs": logprobs}])
+        self._remember(ids, [(completion, logprobs)])
         reason: dict[str, Any] = {"type": finish}
         if finish == "stop":
             reason["matched"] = completion[-1]
@@ -452,95 +584,8 @@ class ScriptedPolicy:
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(logprobs, completion, strict=True)
             ]
-        text = self.voice.template.tokenizer.decode(completion, skip_special_tokens=True)
+        text = self.voice.decode(completion, skip_special_tokens=True)
         return {"text": text, "output_ids": completion, "meta_info": meta}
-
-    def _voiced_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """A chat request rendered with the real template (vLLM's answer shape)."""
-        voice = self.voice
-        assert voice is not None
-        _messages(body)
-        # lazy: the render extra, only with a real template (--tokenizer)
-        from agentcore_rl.gateway.render.template import RenderError
-
-        try:
-            prompt = voice.render(body)
-        except RenderError as exc:
-            raise _BadRequest(str(exc), "messages") from None
-        budget = body.get("max_completion_tokens") or body.get("max_tokens")
-        ids, logprobs, finish, reason = voice.generate(prompt, budget, **_sampling(body))
-        seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-        message = voice.message(ids, seed, reason)
-        if message.get("tool_calls"):
-            finish = "tool_calls"
-        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
-        choice["stop_reason"] = reason
-        choice["logprobs"] = (
-            {
-                "content": [
-                    {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(voice.token_texts(ids), logprobs, strict=True)
-                ]
-            }
-            if body.get("logprobs")
-            else None
-        )
-        if self._wants_ids(body):
-            choice["token_ids"] = ids
-        choice["_ids"], choice["_logprobs"] = ids, logprobs
-        return self._envelope(body, "chat.completion", prompt, [choice])
-
-    def _voiced_text(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """``/v1/completions`` with a token-id (or text) prompt (vLLM's answer shape)."""
-        voice = self.voice
-        assert voice is not None
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) and prompt:
-            prompt = voice.template.encode(prompt)
-        if not _is_ids(prompt):
-            raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
-        ids, logprobs, finish, reason = voice.generate(
-            prompt, body.get("max_tokens"), **_sampling(body)
-        )
-        least = int(body.get("min_tokens") or 0)
-        if (
-            finish == "stop" and reason is None and 1 < len(ids) <= least
-        ):  # say it again until min_tokens are out
-            times = least // (len(ids) - 1) + 1
-            ids = [*(ids[:-1] * times)[:least], ids[-1]]
-            logprobs = [*(logprobs[:-1] * times)[:least], logprobs[-1]]
-            budget = body.get("max_tokens")
-            if budget is not None and len(ids) > budget:
-                ids, logprobs, finish = ids[:budget], logprobs[:budget], "length"
-        skip = body.get("skip_special_tokens", True)
-        text = voice.template.tokenizer.decode(ids, skip_special_tokens=skip)
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": text[: text.find(reason)] if reason else text,
-            "finish_reason": finish,
-            "stop_reason": reason,
-            "logprobs": None,
-        }
-        top = body.get("logprobs")
-        if top is not None:
-            tokens = voice.token_texts(ids)
-            choice["logprobs"] = {
-                "tokens": tokens,
-                "token_logprobs": logprobs,
-                # the sampled token first, then made-up runners-up (vLLM: the top ``top``)
-                "top_logprobs": [
-                    {t: lp, **{f"<alt{j}>": lp - j for j in range(1, top)}}
-                    for t, lp in zip(tokens, logprobs, strict=True)
-                ]
-                if top
-                else None,
-                "text_offset": [],
-            }
-        if self._wants_ids(body):
-            choice["token_ids"] = ids
-            choice["prompt_token_ids"] = prompt
-        choice["_ids"], choice["_logprobs"] = ids, logprobs
-        return self._envelope(body, "text_completion", prompt, [choice])
 
     async def _serve(
         self,
@@ -559,16 +604,16 @@ class ScriptedPolicy:
         if self.latency:
             await self._sleep(self.latency)
         choice = (response.get("choices") or [{}])[0]  # /generate: no choices, never paced
-        if self.token_rate and self.voice is not None and "token_ids" in choice:
+        if self.token_rate and "token_ids" in choice:
             await self._decode(choice, f"cmpl-{body.get('request_id')}-0")
-            choice["text"] = self.voice.template.tokenizer.decode(choice["token_ids"])
+            choice["text"] = self.voice.decode(choice["token_ids"])
             response["usage"]["completion_tokens"] = len(choice["token_ids"])
         if not (body.get("stream") and chunk_object):
             return JSONResponse(response)
         options = body.get("stream_options")
         usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
         return StreamingResponse(
-            _sse(response, chunk_object, usage, self.voice is not None),
+            _sse(response, chunk_object, usage, self.voice.pieces),
             media_type="text/event-stream",
         )
 
@@ -577,43 +622,62 @@ class ScriptedPolicy:
             return bool(body.get("return_token_ids"))
         return self.token_ids == "always"
 
-    def _remember(self, prompt_ids: list[int], choices: list[dict[str, Any]]) -> None:
+    def _remember(self, prompt_ids: list[int], taken: list[tuple[list[int], list[float]]]) -> None:
         if self.keep_answers:
-            taken = [(c["_ids"], c["_logprobs"]) for c in choices]
             self.answers.append((prompt_ids, taken))
             del self.answers[: -self.keep_answers]
 
     def complete(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Answer one chat-completions request body (what the HTTP route serves)."""
-        messages = _messages(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _BadRequest("messages must be a non-empty list", "messages")
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
             raise _BadRequest("every message must be an object with a string role", "messages")
-        tools = body.get("tools") or []
-        if not isinstance(tools, list):
+        if not isinstance(body.get("tools") or [], list):
             raise _BadRequest("tools must be a list", "tools")
-        prompt_ids = _prompt_ids(messages, tools)
-        choices = [
-            self._finish(i, self._choice(i, messages, tools, body.get("seed")), body, chat=True)
-            for i in range(_choices_wanted(body))
-        ]
-        return self._envelope(body, "chat.completion", prompt_ids, choices)
+        prompt_ids = self.voice.render(body)
+        said = [self.voice.chat(body, prompt_ids, i) for i in range(_choices_wanted(body))]
+        choices = []
+        for i, one in enumerate(said):
+            choice = {"index": i, "message": one.message, "logprobs": None}
+            if body.get("logprobs"):
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                        for t, lp in zip(one.tokens, one.logprobs, strict=True)
+                    ]
+                }
+            choices.append(choice)
+        return self._envelope(body, "chat.completion", prompt_ids, choices, said)
 
     def complete_text(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Answer one ``/v1/completions`` request body (a string ``prompt``)."""
+        """Answer one ``/v1/completions`` request body (a string or token-id ``prompt``)."""
         prompt = body.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise _BadRequest("prompt must be a non-empty string", "prompt")
-        n = _choices_wanted(body)
-        prompt_ids = fake_token_ids(prompt)
-        user = {"role": "user", "content": prompt}
+        prompt_ids = self.voice.encode(prompt) if isinstance(prompt, str) and prompt else prompt
+        if not _is_ids(prompt_ids):
+            raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
+        said = [self.voice.text(body, prompt_ids, i) for i in range(_choices_wanted(body))]
+        top = body.get("logprobs")
+        alternatives = top if isinstance(top, int) else 0
         choices = []
-        for i in range(n):
-            said = self._choice(i, [user], [], body.get("seed"))
-            choice = self._finish(i, said, body, chat=False)
-            if self._wants_ids(body):
-                choice["prompt_token_ids"] = prompt_ids
+        for i, one in enumerate(said):
+            choice: dict[str, Any] = {"index": i, "text": one.text, "logprobs": None}
+            if top is not None and top is not False:
+                choice["logprobs"] = {
+                    "tokens": one.tokens,
+                    "token_logprobs": one.logprobs,
+                    # the sampled token first, then made-up runners-up (vLLM: the top ``top``)
+                    "top_logprobs": [
+                        {t: lp, **{f"<alt{j}>": lp - j for j in range(1, alternatives)}}
+                        for t, lp in zip(one.tokens, one.logprobs, strict=True)
+                    ]
+                    if alternatives
+                    else None,
+                    "text_offset": [0, *accumulate(len(t) for t in one.tokens)][:-1],
+                }
             choices.append(choice)
-        return self._envelope(body, "text_completion", prompt_ids, choices)
+        return self._envelope(body, "text_completion", prompt_ids, choices, said)
 
     def _envelope(
         self,
@@ -621,13 +685,19 @@ class ScriptedPolicy:
         kind: str,
         prompt_ids: list[int],
         choices: list[dict[str, Any]],
+        said: list[_Said],
     ) -> dict[str, Any]:
-        """The response around ``choices`` (remembered first; their private keys dropped)."""
-        self._remember(prompt_ids, choices)
+        """The response around ``choices`` (remembered first), with what every choice says."""
+        self._remember(prompt_ids, [(one.ids, one.logprobs) for one in said])
+        wants_ids = self._wants_ids(body)
+        for choice, one in zip(choices, said, strict=True):
+            choice["finish_reason"], choice["stop_reason"] = one.finish, one.stop_reason
+            if wants_ids:
+                choice["token_ids"] = one.ids
+                if kind == "text_completion":
+                    choice["prompt_token_ids"] = prompt_ids
         model = body.get("model") if isinstance(body.get("model"), str) else self.model
-        completion_tokens = sum(len(c.pop("_ids")) for c in choices)
-        for choice in choices:
-            choice.pop("_logprobs")
+        completion_tokens = sum(len(one.ids) for one in said)
         digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode())
         response = {
             "id": ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + digest.hexdigest()[:24],
@@ -642,101 +712,16 @@ class ScriptedPolicy:
                 "total_tokens": len(prompt_ids) + completion_tokens,
             },
         }
-        if kind == "chat.completion" and self._wants_ids(body):
+        if kind == "chat.completion" and wants_ids:
             response["prompt_token_ids"] = prompt_ids
         return response
 
-    def _finish(
-        self, index: int, said: tuple[dict[str, Any], str], body: Mapping[str, Any], chat: bool
-    ) -> dict[str, Any]:
-        """A choice with its token ids and (when asked) logprobs, chat or completions shaped."""
-        message, finish = said
-        tokens = fake_tokens(_assistant_text(message))
-        ids = [i for _, i in tokens]
-        logprobs = [_logprob(f"{self.seed}:{index}", pos, i) for pos, i in enumerate(ids)]
-        choice: dict[str, Any] = {"index": index}
-        if chat:
-            choice["message"] = message
-        else:
-            choice["text"] = _assistant_text(message)
-        choice["finish_reason"] = finish
-        wanted = body.get("logprobs")
-        if chat and wanted:
-            choice["logprobs"] = {
-                "content": [
-                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                    for (t, _), lp in zip(tokens, logprobs, strict=True)
-                ]
-            }
-        elif not chat and wanted is not None and wanted is not False:
-            choice["logprobs"] = {
-                "tokens": [t for t, _ in tokens],
-                "token_logprobs": logprobs,
-                "top_logprobs": None,
-                "text_offset": [0, *accumulate(len(t) for t, _ in tokens)][:-1],
-            }
-        else:
-            choice["logprobs"] = None
-        if self._wants_ids(body):
-            choice["token_ids"] = ids
-        choice["_ids"] = ids
-        choice["_logprobs"] = logprobs
-        return choice
 
-    def _choice(
-        self, index: int, messages: list[Any], tools: list[Any], request_seed: object
-    ) -> tuple[dict[str, Any], str]:
-        problem = next((_text_of(m) for m in messages if m.get("role") == "user"), "")
-        draw = _Draw.roll(f"{self.seed}\x00{request_seed}\x00{index}\x00{problem}", self.accuracy)
-        expression = solve_word_problem(problem)
-        last = messages[-1]
-        function_tools = [t for t in tools if isinstance(t, Mapping) and "function" in t]
-
-        if last.get("role") == "tool":
-            # The tool answered: report its (last) number, or slip when copying it.
-            value = _last_number(_text_of(last))
-            if value is None:
-                return _say("I could not read the tool's result.")
-            return _say(self._answer_text(value, draw))
-        if expression is None:
-            return _say("I am not sure how to solve this problem.")
-        value = evaluate_arithmetic(expression)
-        if function_tools and (draw.correct or not draw.skip_tool):
-            tool = function_tools[0]
-            name = str(tool["function"].get("name", "calculator"))
-            arguments = json.dumps({_tool_argument_name(tool): expression})
-            call_id = "call_" + hashlib.sha256(f"{index}{problem}".encode()).hexdigest()[:16]
-            message = {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": name, "arguments": arguments},
-                    }
-                ],
-            }
-            return message, "tool_calls"
-        return _say(self._answer_text(value, draw))
-
-    @staticmethod
-    def _answer_text(value: int | float, draw: _Draw) -> str:
-        if not draw.correct:
-            value = value + draw.slip
-        text = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
-        return f"The answer is {text}."
-
-
-def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The stop strings and logit bias of a request, as the voice takes them."""
-    stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
-    bias = body.get("logit_bias")
-    return {
-        "stop": [s for s in stops if isinstance(s, str)],
-        "logit_bias": bias if isinstance(bias, Mapping) else None,
-    }
+def _answer_text(value: int | float, draw: _Draw) -> str:
+    if not draw.correct:
+        value = value + draw.slip
+    text = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+    return f"The answer is {text}."
 
 
 async def _body(request: Request) -> Mapping[str, Any]:
@@ -747,13 +732,6 @@ async def _body(request: Request) -> Mapping[str, Any]:
     if not isinstance(body, Mapping):
         raise _BadRequest("request body must be a JSON object")
     return body
-
-
-def _messages(body: Mapping[str, Any]) -> list[Any]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("messages must be a non-empty list", "messages")
-    return messages
 
 
 def _is_ids(value: object) -> TypeGuard[list[int]]:
@@ -784,10 +762,14 @@ def _say(text: str) -> tuple[dict[str, Any], str]:
 
 
 async def _sse(
-    response: dict[str, Any], kind: str, usage: bool, voiced: bool = False
+    response: dict[str, Any],
+    kind: str,
+    usage: bool,
+    pieces_of: Callable[[str], list[str] | None],
 ) -> AsyncIterator[str]:
-    """An answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per token
-    (a tool call or a real template's answer: one chunk), the finish reason, usage, DONE."""
+    """An answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per piece
+    of text the voice cuts it into (tool calls, or text the voice does not cut: one chunk),
+    the finish reason, usage, DONE."""
     head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
     head["object"] = kind
     chat = kind == "chat.completion.chunk"
@@ -799,9 +781,6 @@ async def _sse(
         index = choice["index"]
         ids = choice.get("token_ids")
         logprobs = choice.get("logprobs")
-        if voiced and not chat:  # completions: the whole text in one chunk
-            yield event([choice])
-            continue
         if chat:
             extra = {}
             if "prompt_token_ids" in response and index == 0:
@@ -810,38 +789,30 @@ async def _sse(
             yield event([{**role, "logprobs": None, "finish_reason": None}], **extra)
             message = choice["message"]
             calls = message.get("tool_calls")
-            if voiced or calls:  # one delta carrying all its tokens
-                delta = {k: v for k, v in message.items() if k != "role"} if voiced else {}
+            pieces = None if calls else pieces_of(message.get("content") or "")
+            if pieces is None:  # one delta carrying all its tokens
+                delta = {k: v for k, v in message.items() if k != "role"}
                 if calls:
                     delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-                out = {"index": index, "delta": delta, "logprobs": logprobs}
-                if ids is not None:
-                    out["token_ids"] = ids
-                yield event([{**out, "finish_reason": choice["finish_reason"]}])
+                yield event(
+                    [{**{k: v for k, v in choice.items() if k != "message"}, "delta": delta}]
+                )
                 continue
-        text = _assistant_text(choice["message"]) if chat else choice["text"]
-        pieces = [piece for piece, _ in fake_tokens(text)]
+        else:
+            pieces = pieces_of(choice["text"])
+            if pieces is None:  # the whole text in one chunk
+                yield event([choice])
+                continue
         for pos, piece in enumerate(pieces):
-            last = pos == len(pieces) - 1
             out = {"index": index}
-            if chat:
-                out["delta"] = {"content": piece}
-                if logprobs:
-                    out["logprobs"] = {"content": logprobs["content"][pos : pos + 1]}
-                else:
-                    out["logprobs"] = None
-            else:
-                out["text"] = piece
-                if logprobs:
-                    out["logprobs"] = {
-                        k: v[pos : pos + 1] if isinstance(v, list) else v
-                        for k, v in logprobs.items()
-                    }
-                else:
-                    out["logprobs"] = None
-                if pos == 0 and "prompt_token_ids" in choice:
-                    out["prompt_token_ids"] = choice["prompt_token_ids"]
-            out["finish_reason"] = choice["finish_reason"] if last else None
+            out.update({"delta": {"content": piece}} if chat else {"text": piece})
+            # a slice of each list: chat's "content", completions' "tokens", "token_logprobs"...
+            out["logprobs"] = logprobs and {
+                k: v[pos : pos + 1] if isinstance(v, list) else v for k, v in logprobs.items()
+            }
+            if pos == 0 and "prompt_token_ids" in choice:  # completions: the prompt's ids
+                out["prompt_token_ids"] = choice["prompt_token_ids"]
+            out["finish_reason"] = choice["finish_reason"] if pos == len(pieces) - 1 else None
             if ids is not None:
                 out["token_ids"] = ids[pos : pos + 1]
             yield event([out])

@@ -25,7 +25,6 @@ __all__ = [
     "TrajectoryLike",
     "fit_row",
     "fit_rows",
-    "group_advantages",
     "group_rows",
     "read_jsonl",
     "read_parquet",
@@ -159,12 +158,6 @@ class TrainingRow:
         return replace(self, loss_mask=mask)
 
 
-def group_advantages(group: RolloutGroup, normalize: Normalize = "mean") -> list[float]:
-    """The advantage of each kept member, one reward per member however many segments it has
-    (a group of one: its reward, see :func:`agentcore_rl.groups.advantages`)."""
-    return group.advantages(normalize)
-
-
 def group_rows(
     group: RolloutGroup, normalize: Normalize = "mean", *, require_tokens: bool = True
 ) -> list[TrainingRow]:
@@ -177,7 +170,7 @@ def group_rows(
         rows = group_rows(group, normalize="mean_std")
     """
     out: list[TrainingRow] = []
-    for member, advantage in zip(group.members, group_advantages(group, normalize), strict=True):
+    for member, advantage in zip(group.members, group.advantages(normalize), strict=True):
         out.extend(_member_rows(group, member, advantage, require_tokens=require_tokens))
     return out
 
@@ -406,8 +399,6 @@ def fit_rows(
 
         report = fit_rows(rows, max_prompt_length=1024, max_response_length=2048)
     """
-    _check("max_prompt_length", max_prompt_length)
-    _check("max_response_length", max_response_length)
     out: list[TrainingRow] = []
     truncated = masked = response_cut = prompt_cut = 0
     for row in rows:
