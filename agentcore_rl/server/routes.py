@@ -163,9 +163,7 @@ def parse_payload(body: bytes | bytearray, *, max_depth: int) -> dict[str, Any]:
 
 def _not_allowed(bucket: str, allowed: frozenset[str] | None, field: str) -> None:
     if allowed is not None and bucket not in allowed:
-        refusal = BucketNotAllowedError(bucket, allowed)
-        refusal.field = field
-        raise refusal
+        raise BucketNotAllowedError(bucket, allowed, field=field)
 
 
 def parse_rollout(
