@@ -69,9 +69,8 @@ class BackgroundServer:
         self.host = host
         self.port = port
         self.shutdown_timeout = shutdown_timeout
-        self._config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, lifespan="auto", **uvicorn_options
-        )
+        options = {"lifespan": "auto", **uvicorn_options}
+        self._config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **options)
         self._server = _EmbeddedUvicorn(self._config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
