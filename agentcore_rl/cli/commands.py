@@ -21,10 +21,11 @@ from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
-from agentcore_rl.cli.journal import EvalJournal, iter_lines
+from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
+from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.show import load_run, render, write_example
-from agentcore_rl.cli.summary import RunSummary
+from agentcore_rl.cli.summary import EvalRun
+from agentcore_rl.cli.summary import render as render_summary
 from agentcore_rl.errors import ConfigurationError
 
 _GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
@@ -226,26 +227,28 @@ def _parse_params(pairs: list[str]) -> dict[str, Any]:
     return params
 
 
-def print_run(run: EvalRun, *, title: str) -> None:
+def print_run(run: EvalRun, *, title: str) -> dict[str, Any]:
+    """Print the summary of the whole results file (after ``--resume`` too); return its figures."""
     out = run.out
     assert out is not None
-    if run.summary.resumed and out.exists():  # summarise the whole file
-        run.summary.replay(iter_lines(out))
+    data = load_run(out, partial=True)
+    figures = data.summary()
     print(f"\n{title}")
-    print(run.summary.render(wall_seconds=run.wall_seconds, s3_requests=run.s3_requests))
+    print(render_summary(figures, run))
     print(f"results: {out.resolve()}")
     if run.trajectories is not None:
         print(f"trajectories: {run.trajectories.resolve()}")
-    example = write_example(out) if out.exists() else None
+    example = write_example(data)
     if example is not None:
         print(f"one rollout to look at: {example.resolve()} (any other: {PROG} show)")
+    return figures
 
 
 async def _run_and_report(
     execute: Callable[[EvalRun], Awaitable[object]], *, title: str, on_interrupt: str = ""
 ) -> int:
     """Run ``execute``, print its summary (also when interrupted), return the exit code."""
-    run = EvalRun(RunSummary())
+    run = EvalRun()
     try:
         await execute(run)
     except asyncio.CancelledError:
@@ -254,9 +257,8 @@ async def _run_and_report(
         if on_interrupt:
             print(f"{PROG}: {on_interrupt}", file=sys.stderr)
         raise
-    print_run(run, title=title)
-    counts = run.summary.counts
-    return EXIT_FAILURES if counts["failed"] or counts["timeout"] else EXIT_OK
+    figures = print_run(run, title=title)
+    return EXIT_FAILURES if figures["failed"] or figures["timeout"] else EXIT_OK
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -23,8 +23,8 @@ from typing import Final
 from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval import make_client, run_eval
-from agentcore_rl.cli.eval_config import EvalOptions, EvalRun, load_inputs
-from agentcore_rl.cli.summary import GroupTally
+from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
+from agentcore_rl.cli.summary import EvalRun, GroupTally
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
 from agentcore_rl.local.stack import LocalStack
@@ -206,7 +206,7 @@ async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     """A few problems again as GRPO groups, for the summary's group statistics."""
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
-    tally = run.summary.groups = GroupTally(size=_GROUP_SIZE)
+    tally = run.groups = GroupTally(size=_GROUP_SIZE)
     options = dataclasses.replace(
         eval_options,
         exp_id=f"{eval_options.exp_id}-groups",

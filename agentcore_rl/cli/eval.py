@@ -19,10 +19,9 @@ from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.cost import Prices, price, trace_messages, trace_tokens, usage_of
-from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, EvalRun, load_inputs
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, load_inputs
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry, TrajectoryFile, rows_path_for
-from agentcore_rl.cli.preflight import check_bucket
-from agentcore_rl.cli.summary import GroupTally, RunSummary, failure_of, pass_at_k, reward_of
+from agentcore_rl.cli.summary import EvalRun, outcome_of, pass_at_k, reward_of
 from agentcore_rl.client import (
     AsyncRolloutClient,
     AwsConfig,
@@ -57,7 +56,6 @@ logger = logging.getLogger(__name__)
 _UNLIMITED_TPS: Final = 1e6
 _MEMBER_STARTED: Final = "member_started"
 _MEMBER_ENDED: Final = "member_ended"
-_OUTCOME: Final = {"succeeded": "done", "failed": "failed", "timed_out": "timeout"}
 
 
 def make_client(options: EvalOptions) -> AsyncRolloutClient:
@@ -130,14 +128,20 @@ class Progress:
         self.bar = tqdm(
             total=total, initial=initial, unit="rollout", disable=not enabled, **_bar_shape()
         )
+        self.failed = 0
+        self.rewards: list[float] = []
 
-    def update(self, summary: RunSummary) -> None:
+    def update(self, record: Mapping[str, Any]) -> None:
+        """One results line more (a group's counts each of its members)."""
+        for line in record.get("members") or [record]:
+            outcome = outcome_of(line)
+            self.failed += outcome in ("failed", "timeout")
+            if outcome == "done" and line.get("reward") is not None:
+                self.rewards.append(line["reward"])
         self.bar.update(1)
-        mean = summary.mean_reward
+        mean = sum(self.rewards) / len(self.rewards) if self.rewards else None
         self.bar.set_postfix(
-            failed=summary.counts["failed"] + summary.counts["timeout"],
-            reward="-" if mean is None else f"{mean:.2f}",
-            refresh=False,
+            failed=self.failed, reward="-" if mean is None else f"{mean:.2f}", refresh=False
         )
 
     def close(self) -> None:
@@ -196,14 +200,12 @@ class EvalEngine:
         options: EvalOptions,
         client: AsyncRolloutClient,
         journal: EvalJournal,
-        summary: RunSummary,
         bar: Progress,
         trajectories: TrajectoryFile | None = None,
     ) -> None:
         self.options = options
         self.client = client
         self.journal = journal
-        self.summary = summary
         self.bar = bar
         self.trajectories = trajectories
         # One None per worker ends it.
@@ -211,14 +213,13 @@ class EvalEngine:
             asyncio.Queue()
         )
         self.rules: GroupRules | None = None
-        self.member_starts: dict[str, float] = {}
         self.resumes: dict[str, ResumedGroup] = {}
         self.opening = anyio.Lock()  # groups open one at a time, in input order
+        self.trajectories_missing = 0
         if options.group_size is not None:
             self.rules = GroupRules(
                 n=options.group_size, redundancy=options.redundancy, member_seed=options.group_seed
             )
-            summary.groups = summary.groups or GroupTally(size=options.group_size)
 
     async def run(
         self,
@@ -256,9 +257,7 @@ class EvalEngine:
 
     async def _collect_earlier(self) -> None:
         """An earlier run's group members (with traces) and the trajectories it did not write."""
-        if self.summary.groups is not None:
-            for record in self.journal.finished.values():
-                self.summary.groups.add_record(record)
+        if self.rules is not None:
             self.resumes = _resumed_groups(self.journal.events)
             for group in self.resumes.values() if self.options.gateway_url else ():
                 for number, end in enumerate(group.ended):
@@ -278,7 +277,7 @@ class EvalEngine:
                 continue
             trace = await self._trace(self.options.s3_bucket, key, record["input_id"])
             if trace is None:
-                self.summary.trajectories_missing += 1
+                self.trajectories_missing += 1
             else:
                 self._write_trajectory(trace, record.get("result"))
 
@@ -333,22 +332,15 @@ class EvalEngine:
             "error": None if error is None else str(error),
             "error_type": None if error is None else type(error).__name__,
         }
-        self.summary.costs.extend(m["cost"] for m in members + discarded)
         self.journal.record_outcome(record)
-        assert self.summary.groups is not None
-        self.summary.groups.add_record(record)
-        self.bar.update(self.summary)
+        self.bar.update(record)
 
     def member_started(self, start: MemberStart) -> None:
-        self.member_starts[start.session_id] = start.started_at
         self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
 
     def member_ended(self, end: MemberEnd) -> None:
         fields = ("input_id", "session_id", "kind", "reward", "error")
         self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
-        started = self.member_starts.get(end.session_id)
-        elapsed = None if started is None else time.time() - started
-        self.summary.add(_OUTCOME[end.kind], elapsed=elapsed, reward=end.reward, error=end.error)
 
     def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
         def journal(fut: RolloutFuture) -> None:
@@ -451,10 +443,8 @@ class EvalEngine:
         elapsed: float | None = None,
     ) -> None:
         if entry is not None:
-            self.summary.reattached += 1
             elapsed = time.time() - entry.started_at
         elif future is not None:
-            self.summary.retried += future.attempts - 1
             elapsed = future.elapsed  # retries included
         if isinstance(error, RolloutError | TraceLostError) and error.envelope is not None:
             result = error.envelope
@@ -481,19 +471,10 @@ class EvalEngine:
             "cost": price(usage_of({"result": result}, trace_tokens(trace)), self.options.prices),
         }
         self.journal.record_outcome(record)
-        error_type, reason = failure_of(record)
-        self.summary.add(
-            outcome,
-            elapsed=record["elapsed"],
-            reward=record["reward"],
-            error_type=error_type,
-            error=reason,
-            cost=record["cost"],
-        )
         # After the results line: a run killed in between has --resume read it from S3.
         if trace is not None and outcome == "done":
             self._write_trajectory(trace, result)
-        self.bar.update(self.summary)
+        self.bar.update(record)
 
     def _write_trajectory(self, trace: SessionTrace, result: Any) -> None:
         if self.trajectories is None:
@@ -504,13 +485,12 @@ class EvalEngine:
         )
         has_messages = isinstance(result, dict) and "messages" in result
         transcript = None if has_messages else trace_messages(trace)
-        if self.trajectories.write(
+        self.trajectories.write(
             trajectory,
             tokens_captured=trace.tokens_captured,
             **trace_tokens(trace),
             **({} if transcript is None else {"messages": transcript}),
-        ):
-            self.summary.add_trajectory(trajectory, trace.tokens_captured)
+        )
 
 
 async def run_eval(
@@ -527,14 +507,10 @@ async def run_eval(
     if inputs is None:
         inputs = load_inputs(options.data, limit=options.limit)
     by_id = {item.input_id: item for item in inputs}
-    run = run or EvalRun(RunSummary())
-    summary = run.summary
+    run = run or EvalRun()
     run.out = options.out
     started = time.monotonic()
-    # Before the results file is touched: a run that cannot start leaves nothing behind.
-    preflight_requests = await check_bucket(options)
-    EvalJournal.check(options.out, resume=options.resume)
-    client = make_client(options)  # its own refusals come before any file, too
+    client = make_client(options)  # its refusals come before any file is touched
     journal = EvalJournal.open(options.out, resume=options.resume)
     trajectories: TrajectoryFile | None = None
     bar: Progress | None = None
@@ -543,15 +519,15 @@ async def run_eval(
         if options.gateway_url is not None and options.group_size is None:
             trajectories = TrajectoryFile.open(options.out, resume=options.resume)
             run.trajectories = trajectories.path
-        summary.resumed = sum(1 for i in by_id if i in journal.finished)
+        run.resumed = sum(1 for i in by_id if i in journal.finished)
         in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
         fresh = [
             item
             for item in inputs
             if item.input_id not in journal.finished and item.input_id not in journal.in_flight
         ]
-        bar = Progress(len(inputs), summary.resumed, progress)
-        engine = EvalEngine(options, client, journal, summary, bar, trajectories)
+        bar = Progress(len(inputs), run.resumed, progress)
+        engine = EvalEngine(options, client, journal, bar, trajectories)
         try:
             async with client:
                 for session_id in journal.unstopped:  # left running by the previous run
@@ -559,7 +535,8 @@ async def run_eval(
                 try:
                     await engine.run(fresh, in_flight, by_id)
                 finally:
-                    run.s3_requests = preflight_requests + client.stats.s3_total
+                    run.s3_requests = client.stats.s3_total
+                    run.trajectories_missing = engine.trajectories_missing
         finally:
             journal.record_unstopped(client.unstopped_sessions)
     finally:

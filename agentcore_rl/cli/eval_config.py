@@ -10,10 +10,9 @@ from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.summary import RunSummary
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
-__all__ = ["EvalInput", "EvalOptions", "EvalRun", "load_inputs"]
+__all__ = ["EvalInput", "EvalOptions", "load_inputs"]
 
 
 @dataclass(frozen=True)
@@ -116,14 +115,3 @@ class EvalOptions:
             raise ConfigurationError("--gateway-admin-token needs --gateway-url")
         if self.redundancy < 0 or (self.redundancy and self.group_size is None):
             raise ConfigurationError("--redundancy must be >= 0 and needs --group-size")
-
-
-@dataclass
-class EvalRun:
-    """What a finished (or interrupted) run reports."""
-
-    summary: RunSummary
-    wall_seconds: float = 0.0
-    s3_requests: int = 0
-    out: Path | None = None
-    trajectories: Path | None = None  # the trajectories file, with a gateway

@@ -225,13 +225,13 @@ class TrajectoryFile:
         self.sessions = {r["session_id"] for r in records if isinstance(r.get("session_id"), str)}
         return self
 
-    def write(self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any) -> bool:
-        """Append one trajectory; False when its session already has a line."""
-        if trajectory.session_id in self.sessions:
-            return False
-        _write(self._handle, {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra})
-        self.sessions.add(trajectory.session_id)
-        return True
+    def write(self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any) -> None:
+        """Append one trajectory, unless its session already has a line."""
+        if trajectory.session_id not in self.sessions:
+            _write(
+                self._handle, {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra}
+            )
+            self.sessions.add(trajectory.session_id)
 
     def close(self) -> None:
         """Close the file. Idempotent."""

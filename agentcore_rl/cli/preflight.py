@@ -35,8 +35,8 @@ async def check_services(options: EvalOptions) -> None:
         await check_gateway(options.gateway_url, options.gateway_admin_token)
 
 
-async def check_bucket(options: EvalOptions) -> int:
-    """Check the bucket is readable; return the S3 requests it made."""
+async def check_bucket(options: EvalOptions) -> None:
+    """Check the bucket is readable."""
     store = ResultStore(
         endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
     )
@@ -52,7 +52,6 @@ async def check_bucket(options: EvalOptions) -> int:
                 bucket=options.s3_bucket,
                 code=exc.code,
             ) from exc
-    return store.total_requests
 
 
 async def check_agents(urls: list[str]) -> None:

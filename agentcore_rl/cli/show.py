@@ -121,8 +121,10 @@ class RunData:
         failures: dict[str, dict[str, Any]] = {}  # by cause: a count and the first example
         for r in (r for r in rollouts if r.outcome in ("failed", "timeout")):
             kind, reason = r.failure
+            kind = kind or ("RolloutTimeoutError" if r.outcome == "timeout" else "error")
             first = {"count": 0, "reason": reason, "traceback": r.traceback}
-            failures.setdefault(kind or r.outcome, first)["count"] += 1
+            failures.setdefault(kind, first)["count"] += 1
+        traced = [r.tokens for r in rollouts if r.tokens]  # the trajectories file's lines
         tally = GroupTally(size=self.group_size or 1)
         for record in self.records if self.group_size else ():
             tally.add_record(record)
@@ -139,14 +141,30 @@ class RunData:
             "throughput": len(spans) / wall if wall else None,
             "retries": sum(max(0, int(r.get("attempts") or 1) - 1) for r in self.records),
             "lost": sum(int(r.get("losses") or 0) for r in self.records),
+            "reattached": sum(bool(r.get("reattached")) for r in self.records),
             "failures": failures,
             "groups": tally.as_dict() if self.group_size else None,
             "cost": total(r.cost for r in rollouts),
+            "trajectories": len(traced),
+            # Tokens the model server processed vs the training sequences' tokens.
+            "tokens_per_rollout": _mean([t.get("tokens_captured") or 0 for t in traced]),
+            "segment_tokens_per_rollout": _mean(
+                [
+                    sum(len(s.get("token_ids") or ()) for s in t.get("segments") or ())
+                    for t in traced
+                ]
+            ),
+            "merges": sum(int(t.get("merges") or 0) for t in traced),
+            "splits": sum(int(t.get("splits") or 0) for t in traced),
             "spans": spans,  # what the charts draw
             "rewards": rewards,
             "latencies": latencies,
             "costs": [r.cost["usd"] * 1e6 for r in rollouts if r.cost.get("usd") is not None],
         }
+
+
+def _mean(values: list[int]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def _index(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
@@ -157,12 +175,13 @@ def _index(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def load_run(path: Path, prices: Prices | None = None) -> RunData:
-    """Read a results file and the files beside it (costs re-priced at ``prices`` if given)."""
-    if not path.is_file():
+def load_run(path: Path, prices: Prices | None = None, *, partial: bool = False) -> RunData:
+    """Read a results file and the files beside it (costs re-priced at ``prices`` if given);
+    ``partial``: a run interrupted before its first line is an empty one."""
+    if not path.is_file() and not partial:
         raise ConfigurationError(f"no results file at {path}")
-    records = list(iter_lines(path))
-    if not records:
+    records = list(iter_lines(path)) if path.is_file() else []
+    if not records and not partial:
         raise ConfigurationError(f"{path} has no results lines")
     trajectories = _index(trajectories_path_for(path), "session_id")
     rows = _index(rows_path_for(path), "session_id")
@@ -291,18 +310,15 @@ def render(rollout: Rollout, *, color: bool) -> str:
     return "\n".join(lines)
 
 
-def write_example(out: Path) -> Path | None:
+def write_example(run: RunData) -> Path | None:
     """Write a typical rollout (the first done one using a tool) to ``NAME.example.txt``."""
-    try:
-        done = [r for r in load_run(out).rollouts if r.outcome == "done"]
-    except ConfigurationError:  # no lines yet (an early Ctrl-C)
-        return None
+    done = [r for r in run.rollouts if r.outcome == "done"]
     if not done:
         return None
     tool = next(
         (r for r in done for m in r.messages if isinstance(m, dict) and m.get("role") == "tool"),
         None,
     )
-    path = out.with_name(out.name.removesuffix(".jsonl") + ".example.txt")
+    path = run.path.with_name(run.path.name.removesuffix(".jsonl") + ".example.txt")
     path.write_text(render(tool or done[0], color=False) + "\n", encoding="utf-8")
     return path

@@ -1,10 +1,5 @@
-"""The token-capturing rollout gateway: every model call an agent makes, filed under its rollout.
-
-See ``docs/gateway.md``. The pieces: :class:`RolloutGateway` (the ASGI app and the trainer's
-API), :class:`CallRecord` / :class:`SessionTrace` (what is captured, with
-:func:`dump_trace` / :func:`load_trace`), :class:`DirectorySink` (where expired sessions go),
-:class:`RenderMode` (linear history: the gateway renders and calls the server token-in; the
-``render`` extra) and :class:`TraceLostError`.
+"""The token-capturing rollout gateway: every model call an agent makes, filed under its rollout
+(docs/gateway.md).
 
 Example::
 
@@ -34,14 +29,13 @@ from agentcore_rl.gateway.record import (
 )
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, DEFAULT_SESSION_TTL, RolloutGateway
+    from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, RolloutGateway
     from agentcore_rl.gateway.render.mode import RenderMode
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
 # neither Starlette nor uvicorn, which the gateway app does.
 _LAZY: dict[str, str] = {
     "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.app",
-    "DEFAULT_SESSION_TTL": "agentcore_rl.gateway.app",
     "RolloutGateway": "agentcore_rl.gateway.app",
     "RenderMode": "agentcore_rl.gateway.render.mode",
 }
@@ -63,7 +57,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "ADMIN_TOKEN_ENV",
-    "DEFAULT_SESSION_TTL",
     "CallRecord",
     "Completion",
     "DirectorySink",

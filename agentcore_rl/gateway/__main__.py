@@ -1,11 +1,4 @@
-"""``python -m agentcore_rl.gateway ...`` = ``agentcore-rl gateway ...`` (one implementation:
-:func:`agentcore_rl.cli.commands.cmd_gateway`).
-
-Example::
-
-    python -m agentcore_rl.gateway --upstream http://127.0.0.1:8000/v1 --port 9000 \\
-        --admin-token s3cret --sink-dir /var/lib/gateway/expired
-"""
+"""``python -m agentcore_rl.gateway ...`` = ``agentcore-rl gateway ...`` (docs/gateway.md)."""
 
 import sys
 

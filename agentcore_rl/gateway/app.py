@@ -1,10 +1,6 @@
-"""``RolloutGateway``: an OpenAI-compatible proxy that files every model call under its rollout.
-
-Agents call ``/sessions/{session_id}/v1/...`` (or ``/v1/...`` with ``Authorization: Bearer
-<session_id>``); each call is admitted here (session, policy gate, record) and served by a mode
-(:mod:`.call`). The session routes are hand-written ASGI (they sit on every model call); the
-admin routes (docs/gateway.md) are an ordinary Starlette app.
-"""
+"""``RolloutGateway``: admits each model call (session, policy gate, record) and hands it to
+a mode (:mod:`.call`). The session routes are hand-written ASGI (they sit on every model call);
+the admin routes are an ordinary Starlette app (docs/gateway.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from starlette.applications import Starlette
@@ -29,12 +25,15 @@ from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
-from agentcore_rl.gateway.call import JSON_TYPE, Call, Mode, Refuse, down_message, respond
+from agentcore_rl.gateway.call import JSON_TYPE, Call, Refuse, down_message, error_body, respond
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
-from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Rejected, Versions
+from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.record import CallRecord, Session, SessionTrace, TraceSink, dump_trace
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
+
+if TYPE_CHECKING:
+    from agentcore_rl.gateway.render.mode import RenderMode
 
 __all__ = ["ADMIN_TOKEN_ENV", "DEFAULT_SESSION_TTL", "GATEWAY_ID_HEADER", "RolloutGateway"]
 
@@ -50,17 +49,20 @@ _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
 
+def _check_session_id(sid: object) -> None:
+    if not isinstance(sid, str) or not _SESSION_ID_RE.fullmatch(sid):
+        raise Invalid(
+            f"malformed session id {str(sid)[:80]!r}: expected 1-256 characters of letters, "
+            "digits and . _ : - (starting with a letter or digit)"
+        )
+
+
 async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
     """The body: 413 past ``limit`` (a declared length before reading), 408 after ``within`` s."""
     for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                declared = int(value)
-            except ValueError:
-                raise Refuse(400, "malformed content-length header", "bad_request") from None
-            if declared > limit:
-                why = f"request body of {declared} bytes is larger than {limit} bytes"
-                raise Refuse(413, why, "request_too_large")
+        if name == b"content-length" and int(value) > limit:  # the server checked it is a number
+            why = f"request body of {int(value)} bytes is larger than {limit} bytes"
+            raise Refuse(413, why, "request_too_large")
     chunks: list[bytes] = []
     size = 0
     with anyio.move_on_after(within) as deadline:
@@ -82,20 +84,9 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) 
 class RolloutGateway:
     """The token-capturing gateway as an ASGI app and an async context manager.
 
-    ``upstreams``: one or more OpenAI base URLs (``http://vllm:8000/v1``); a session sticks
-    to one by hash. ``backend``: ``"vllm"`` or ``"sglang"``. ``model``: pin the model name
-    sent upstream. ``admin_token`` (or env ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``) guards the
-    admin routes; without one they answer 403. ``session_ttl``: seconds of idleness after
-    which a session is persisted to ``sink`` and released. ``require_open``: refuse calls
-    for sessions the client did not open (404), instead of opening them implicitly.
-    ``max_body_bytes`` bounds a request body (413, a declared length before any of it is
-    read) and ``body_timeout`` the seconds it may take to arrive (408).
-    ``render``: a :class:`~agentcore_rl.gateway.render.mode.RenderMode` serves chat calls
-    with linear history (the gateway renders and calls the server token-in; docs/gateway.md).
-
-    Serving: mount it, or serve it with uvicorn (its lifespan enters it); when mounted in
-    another app, enter it yourself (``async with gateway``). Background work (expiry) runs
-    in the gateway's own task group.
+    The options are the ``agentcore-rl gateway`` command's (docs/gateway.md); ``render``: a
+    :class:`~agentcore_rl.gateway.render.mode.RenderMode` serves chat calls with linear
+    history. Served by uvicorn its lifespan enters it; mounted, enter it yourself.
 
     Example::
 
@@ -120,7 +111,7 @@ class RolloutGateway:
         body_timeout: float = 60.0,
         finish_wait: float = 30.0,
         retry_after: float = 1.0,
-        render: Mode | None = None,
+        render: RenderMode | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
@@ -135,7 +126,7 @@ class RolloutGateway:
             raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [u.rstrip("/") for u in urls]
         self.backend = backend_named(backend)
-        self.proxy: Mode = ProxyMode(self.backend)  # every call that ``render`` does not serve
+        self.proxy = ProxyMode(self.backend)  # every call that ``render`` does not serve
         self.render = render
         self.model = model
         self.admin_token = admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None
@@ -146,24 +137,16 @@ class RolloutGateway:
         self.body_timeout = body_timeout
         self.finish_wait = finish_wait
         self.gateway_id = uuid.uuid4().hex
-        self.gate = PolicyGate(retry_after=retry_after)
+        self.gate = PolicyGate()
+        self.retry_after = retry_after
         # straddled_calls: a weight update came in the middle of the call
         counters = ["calls", "failed_calls", "sessions_finished", "sessions_expired"]
-        counters += ["expired_lost", "late_records", "straddled_calls"]
-        if render is not None:
-            counters.append("linear_forks")  # requests that did not extend their history
-        self.stats = dict.fromkeys(counters, 0)
+        self._counts = dict.fromkeys([*counters, "expired_lost", "straddled_calls"], 0)
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._upstreams: list[UpstreamPool] = []  # while entered
         self._stack: contextlib.AsyncExitStack | None = None
         self._admin = _admin_app(self)
-
-    def __repr__(self) -> str:
-        return (
-            f"RolloutGateway(upstreams={self.upstreams!r}, backend={self.backend.name!r}, "
-            f"model={self.model!r})"
-        )
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RolloutGateway:
@@ -212,13 +195,8 @@ class RolloutGateway:
 
     @contextlib.asynccontextmanager
     async def paused(self, mode: PauseMode = "hold") -> AsyncIterator[None]:
-        """Pause for a weight update; the block is where the weights may be pushed.
-
-        ``"hold"``: new calls wait, the block is entered once no call runs. ``"reject"``: the
-        same, new calls are answered 429. ``"suspend"``: new calls wait and the block is
-        entered at once: every upstream freezes its generations in flight (vLLM
-        ``/pause?mode=keep``), token-in ones are cut there and continued after the block, and
-        each token keeps the version it was sampled under (docs/gateway.md).
+        """Pause for a weight update; the block is where the weights may be pushed (``hold``,
+        ``reject``, ``suspend``: docs/gateway.md, "Weight-sync recipe").
 
         Example::
 
@@ -293,8 +271,7 @@ class RolloutGateway:
 
             gateway.open_session(sid, exp_id="e1", input_id="q7", sampling={"temperature": 1.0})
         """
-        if not isinstance(session_id, str) or not _SESSION_ID_RE.fullmatch(session_id):
-            raise ValueError(f"malformed session id {str(session_id)[:80]!r}")
+        _check_session_id(session_id)
         for name, value in (("exp_id", exp_id), ("input_id", input_id)):
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {type(value).__name__}")
@@ -350,7 +327,7 @@ class RolloutGateway:
                     session.in_flight,
                 )
         self._sessions.pop(session_id, None)
-        self.stats["sessions_finished"] += 1
+        self._counts["sessions_finished"] += 1
         return session.trace(self.gateway_id)
 
     async def expire_idle(self) -> int:
@@ -364,7 +341,7 @@ class RolloutGateway:
         for session in stale:
             trace = session.trace(self.gateway_id, complete=False)
             if self.sink is None:
-                self.stats["expired_lost"] += 1
+                self._counts["expired_lost"] += 1
                 log.warning(
                     "session %s expired after %.0fs idle with %d record(s) and no sink: "
                     "its trace is dropped (configure a sink to keep it)",
@@ -379,13 +356,16 @@ class RolloutGateway:
                     log.exception("could not persist expired session %s", session.session_id)
                     continue  # kept in memory; the next sweep tries again
             self._sessions.pop(session.session_id, None)
-            self.stats["sessions_expired"] += 1
+            self._counts["sessions_expired"] += 1
         return len(stale)
 
     @property
-    def live_sessions(self) -> int:
-        """Sessions held in memory."""
-        return len(self._sessions)
+    def stats(self) -> dict[str, Any]:
+        """What ``GET /admin/stats`` answers: the counters, live sessions, calls in flight."""
+        live = {"live_sessions": len(self._sessions), "in_flight": self.gate.in_flight}
+        if self.render is not None:  # requests that did not extend their history
+            live["linear_forks"] = self.render.forks
+        return {**self._counts, **live, "policy_version": self.gate.version}
 
     @staticmethod
     def session_base_url(gateway_url: str, session_id: str) -> str:
@@ -404,7 +384,7 @@ class RolloutGateway:
         try:
             if path.startswith("/sessions/"):
                 sid, _, rest = path[len("/sessions/") :].partition("/")
-                self._check_session_id(sid)
+                _check_session_id(sid)
                 if not rest.startswith("v1/"):
                     raise Refuse(404, f"no route {path}", "not_found")
                 await self._openai(scope, receive, send, sid, rest[3:])
@@ -412,6 +392,8 @@ class RolloutGateway:
                 await self._openai(scope, receive, send, self._bearer_session(scope), path[4:])
             else:
                 await self._admin(scope, receive, send)
+        except Invalid as exc:  # the session id or the body (jsonio: the door)
+            await respond(send, 400, error_body(400, str(exc), "invalid_request"))
         except Refuse as refuse:
             await respond(send, refuse.status, refuse.body, [JSON_TYPE, *refuse.headers])
 
@@ -423,16 +405,6 @@ class RolloutGateway:
         async with self:
             yield
 
-    @staticmethod
-    def _check_session_id(sid: str) -> None:
-        if not _SESSION_ID_RE.fullmatch(sid):
-            raise Refuse(
-                400,
-                f"malformed session id {sid[:80]!r}: expected 1-256 characters of letters, "
-                "digits and . _ : - (starting with a letter or digit)",
-                "invalid_session_id",
-            )
-
     def _bearer_session(self, scope: Scope) -> str:
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -440,7 +412,7 @@ class RolloutGateway:
                 scheme, _, token = header.decode("latin-1").partition(" ")
                 if scheme.lower() == "bearer" and token.strip():
                     sid = token.strip()
-                    self._check_session_id(sid)
+                    _check_session_id(sid)
                     return sid
         raise Refuse(
             401,
@@ -466,10 +438,7 @@ class RolloutGateway:
         if method != "POST":
             raise Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
         raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
-        try:
-            body = parse_object(raw)
-        except Invalid as exc:
-            raise Refuse(400, str(exc), "invalid_json") from None
+        body = parse_object(raw)
         key = "messages" if endpoint == CHAT else "prompt"
         if key not in body:
             raise Refuse(400, f"request body has no {key!r}", "invalid_request")
@@ -477,15 +446,11 @@ class RolloutGateway:
             raise Refuse(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
-        try:
-            version = await self.gate.enter()
-        except Rejected as rejected:
-            raise Refuse(
-                429,
-                str(rejected),
-                "paused",
-                [(b"retry-after", str(max(1, round(rejected.retry_after))).encode())],
-            ) from None
+        version = await self.gate.enter()
+        if version is None:  # a reject pause
+            retry = [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
+            why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
+            raise Refuse(429, why, "paused", retry)
         try:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
@@ -527,18 +492,9 @@ class RolloutGateway:
         def on_commit(call: Call) -> None:
             record.policy_version_end = self.gate.version
             record.latency_s = self._clock() - start
-            self.stats["calls"] += 1
-            self.stats["straddled_calls"] += record.straddled
-            self.stats["failed_calls"] += not record.ok
-            if call.forked:
-                self.stats["linear_forks"] += 1
-            if self._sessions.get(session.session_id) is not session:
-                self.stats["late_records"] += 1
-                log.warning(
-                    "call %d of session %s ended after the session was finished or expired",
-                    record.index,
-                    session.session_id,
-                )
+            self._counts["calls"] += 1
+            self._counts["straddled_calls"] += record.straddled
+            self._counts["failed_calls"] += not record.ok
             session.call_ended(record, self._clock())
 
         call = Call(
@@ -546,7 +502,8 @@ class RolloutGateway:
             gate=self.gate,
             versions=Versions(version),
         )
-        mode = self.render if self.render is not None and endpoint == CHAT else self.proxy
+        render = self.render if endpoint == CHAT else None
+        mode: RenderMode | ProxyMode = render or self.proxy
         try:
             await mode.serve(call, send)
         except Refuse as refuse:
@@ -582,7 +539,9 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
     """The health and admin routes (docs/gateway.md, "The trainer's API"): every ``/admin/``
     route needs the admin token (``Authorization: Bearer``, ``X-Admin-Token`` or ``?token=``)."""
 
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    # A guarded handler gets the request and its JSON body ({} when empty); a dict it returns
+    # is answered as JSON.
+    def guarded(handler: Callable[[Request, dict[str, Any]], Any]) -> Callable[[Request], Any]:
         async def check(request: Request) -> Response:
             expected = gateway.admin_token
             if not expected:
@@ -595,7 +554,8 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
             if not hmac.compare_digest(given.encode(), expected.encode()):
                 return _error(401, "missing or wrong admin token", "unauthorized")
             try:
-                response: Response = await handler(request)
+                raw = await request.body()
+                answer = await handler(request, parse_object(raw) if raw else {})
             except TraceLostError as exc:  # finishing answers 410, a peek 404
                 if request.method == "POST":
                     return _error(410, str(exc), "trace_lost")
@@ -606,13 +566,9 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
                 return _error(409, str(exc), "already_paused")
             except UpstreamError as exc:  # an upstream that cannot freeze its generations
                 return _error(502, str(exc), "upstream_unavailable")
-            return response
+            return answer if isinstance(answer, Response) else JSONResponse(answer)
 
         return check
-
-    async def body_of(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        return parse_object(raw) if raw else {}
 
     async def health(request: Request) -> Response:
         return JSONResponse(
@@ -624,13 +580,9 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
             }
         )
 
-    async def open_session(request: Request) -> Response:
-        data = await body_of(request)
-        sid = data.get("session_id")
-        if not isinstance(sid, str):
-            raise ValueError("session_id (a string) is required")
+    async def open_session(request: Request, data: dict[str, Any]) -> Response:
         gateway.open_session(
-            sid,
+            data.get("session_id", ""),  # checked there
             exp_id=data.get("exp_id"),
             input_id=data.get("input_id"),
             sampling=data.get("sampling"),
@@ -638,37 +590,29 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
         # Which gateway process holds the session: a client compares it with the trace's.
         return Response(status_code=204, headers={GATEWAY_ID_HEADER: gateway.gateway_id})
 
-    async def finish(request: Request) -> Response:
+    async def finish(request: Request, data: dict[str, Any]) -> Any:
         trace = await gateway.finish_session(request.path_params["sid"])
         if request.query_params.get("format") == "json":
-            return JSONResponse(trace.to_json())
+            return trace.to_json()
         return Response(dump_trace(trace), media_type="application/gzip")
 
-    async def peek(request: Request) -> Response:
-        return JSONResponse(gateway.peek_session(request.path_params["sid"]).to_json())
+    async def peek(request: Request, data: dict[str, Any]) -> Any:
+        return gateway.peek_session(request.path_params["sid"]).to_json()
 
-    async def policy_version(request: Request) -> Response:
-        gateway.set_policy_version((await body_of(request)).get("version"))  # type: ignore[arg-type]
-        return JSONResponse({"policy_version": gateway.policy_version})
+    async def policy_version(request: Request, data: dict[str, Any]) -> Any:
+        gateway.set_policy_version(data.get("version"))  # type: ignore[arg-type]
+        return {"policy_version": gateway.policy_version}
 
-    async def pause(request: Request) -> Response:
-        mode = (await body_of(request)).get("mode", "hold")
-        await gateway.pause(mode)
-        return JSONResponse({"paused": mode, "in_flight": gateway.gate.in_flight})
+    async def pause(request: Request, data: dict[str, Any]) -> Any:
+        await gateway.pause(data.get("mode", "hold"))
+        return {"paused": gateway.gate.paused, "in_flight": gateway.gate.in_flight}
 
-    async def resume(request: Request) -> Response:
+    async def resume(request: Request, data: dict[str, Any]) -> Any:
         await gateway.resume()
-        return JSONResponse({"paused": None})
+        return {"paused": None}
 
-    async def stats(request: Request) -> Response:
-        return JSONResponse(
-            {
-                **gateway.stats,
-                "live_sessions": gateway.live_sessions,
-                "in_flight": gateway.gate.in_flight,
-                "policy_version": gateway.policy_version,
-            }
-        )
+    async def stats(request: Request, data: dict[str, Any]) -> Any:
+        return gateway.stats
 
     return Starlette(
         lifespan=gateway._lifespan,

@@ -1,20 +1,6 @@
-"""How each inference server is asked for token ids and logprobs, in both modes (docs/gateway.md).
-
-Proxy mode (:meth:`Backend.prepare`, :meth:`Backend.take`): the request gets the server's
-capture flags; the ids and logprobs are taken out of the answer (or each SSE chunk) and stripped.
-
-- ``vllm`` (>= 0.10.2): ``return_token_ids`` gives ``prompt_token_ids`` (chat: at the root;
-  completions: per choice) and ``token_ids`` per choice; ``logprobs`` the logprobs.
-- ``sglang``: ``return_prompt_token_ids`` and ``return_meta_info`` give
-  ``choices[i].prompt_token_ids`` and ``choices[i].meta_info.output_token_logprobs``
-  (``[logprob, token_id, text]`` per token). SGLang refuses these flags when streaming: it is
-  asked without streaming and the whole answer is streamed to the agent (:func:`synthesize_sse`).
-
-Linear mode (:meth:`Backend.request`, :meth:`Backend.read`): token-in, token-out. vLLM:
-``POST {base}/completions`` with ``prompt`` a list of ids (``CompletionRequest`` in
-``vllm/entrypoints/openai/completion/protocol.py``); SGLang: ``POST {root}/generate`` with
-``input_ids`` (``GenerateReqInput`` in ``python/sglang/srt/managers/io_struct.py``).
-"""
+"""How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode
+(:meth:`Backend.prepare`, :meth:`Backend.take`: capture flags on, ids stripped from the answer)
+and linear mode (:meth:`Backend.request`, :meth:`Backend.read`: token-in, token-out)."""
 
 from __future__ import annotations
 
@@ -71,18 +57,6 @@ class Capture:
         self.finish: dict[int, str | None] = {}
         self.stop: dict[int, str] = {}
 
-    def take(self, index: int, ids: Any, logprobs: list[Any], finish: Any, stop: Any) -> None:
-        """One choice's (part of) token ids and logprobs (chat entries or floats)."""
-        if ids is not None:
-            self.ids.setdefault(index, []).extend(ids)
-        if logprobs and type(logprobs[0]) is dict:
-            logprobs = [float(e["logprob"]) for e in logprobs]
-        self.logprobs.setdefault(index, []).extend(logprobs)
-        if finish is not None or index not in self.finish:
-            self.finish[index] = finish
-        if type(stop) is str:
-            self.stop[index] = stop
-
     def fill(self, record: CallRecord) -> None:
         """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""
         record.usage = self.usage
@@ -98,7 +72,7 @@ class Capture:
             for i in sorted(self.finish)
         ]
 
-    def missing(self, backend: str) -> str | None:
+    def missing(self, backend: Backend) -> str | None:
         """What the upstream failed to return, in words, or None."""
         what = []
         if self.prompt is None:
@@ -109,12 +83,7 @@ class Capture:
             what.append("one logprob per completion token")
         if not what:
             return None
-        hint = (
-            "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
-            if backend == "vllm"
-            else "does this SGLang accept return_prompt_token_ids and return_meta_info?"
-        )
-        return f"the {backend} upstream returned no {' and no '.join(what)}; {hint}"
+        return f"the {backend.name} upstream returned no {' and no '.join(what)}; {backend.hint}"
 
 
 @dataclass(slots=True)
@@ -130,11 +99,6 @@ class Served:
     top: list[dict[str, float]] | None = None
 
 
-def max_tokens(body: Mapping[str, Any], default: int) -> int:
-    """The completion budget the agent set, or ``default``."""
-    return int(body.get("max_completion_tokens") or body.get("max_tokens") or default)
-
-
 def _top(body: Mapping[str, Any]) -> int:
     """How many alternatives per token the agent asked for (0: none)."""
     top = body.get("top_logprobs")
@@ -145,29 +109,33 @@ def _top(body: Mapping[str, Any]) -> int:
     return top
 
 
-def _stop_ids(body: Mapping[str, Any], stop_ids: Iterable[int]) -> list[int]:
-    extra = body.get("stop_token_ids") or []
-    if not isinstance(extra, list) or not all(type(i) is int for i in extra):
-        raise ValueError("stop_token_ids must be a list of token ids")
-    return sorted({*stop_ids, *extra})
-
-
 class Backend:
     """One kind of inference server (see the module doc)."""
 
     name = "?"
-    #: Proxy mode: whether the upstream can stream while returning token ids.
+    #: Proxy mode: the capture flags, whether the upstream can stream with them on, and what
+    #: to check when it returns no ids.
+    flags: Mapping[str, bool] = {}
     streams = True
+    hint = ""
     #: Linear mode: the token-in route, and the sampling fields forwarded (see ``_OWN``).
     path = "?"
     fields: Mapping[str, str] = {}
 
     def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
-        raise NotImplementedError
+        body.update(self.flags)
+        if not self.streams:  # asked whole: the gateway streams the answer to the agent
+            body.pop("stream", None)
+            body.pop("stream_options", None)
+        asked = body.get("logprobs")
+        keep = bool(asked) if endpoint == CHAT else asked is not None
+        if not keep:  # completions: 0, the sampled token's logprob only
+            body["logprobs"] = True if endpoint == CHAT else 0
+        return body, keep
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        """A choice's token ids, logprobs and stop string, its capture fields popped."""
+        """A choice's token ids, logprobs (floats) and stop string, its capture fields popped."""
         raise NotImplementedError
 
     def take(
@@ -181,16 +149,24 @@ class Backend:
             prompt = ch.pop("prompt_token_ids", None)  # per choice
             if capture.prompt is None:
                 capture.prompt = prompt
+            i, finish = int(ch.get("index", 0)), ch.get("finish_reason")
             ids, logprobs, stop = self._tokens(ch, endpoint)
-            capture.take(int(ch.get("index", 0)), ids, logprobs, ch.get("finish_reason"), stop)
+            if ids is not None:
+                capture.ids.setdefault(i, []).extend(ids)
+            capture.logprobs.setdefault(i, []).extend(logprobs)
+            if finish is not None or i not in capture.finish:
+                capture.finish[i] = finish
+            if type(stop) is str:
+                capture.stop[i] = stop
             if not keep_logprobs:
                 ch["logprobs"] = None
         usage = data.get("usage")
         if isinstance(usage, dict):
             capture.usage = usage
 
-    def sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The agent's sampling fields under the server's names; ValueError for one it lacks."""
+    def check(self, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
+        """Refuse (ValueError) a request linear mode cannot serve as asked, before any work;
+        ``stop_token_ids`` become the agent's and ``stop_ids``."""
         for name in body:
             if name not in _OWN and name not in self.fields:
                 raise ValueError(
@@ -199,18 +175,23 @@ class Backend:
                 )
         if body.get("tool_choice") not in (None, "auto", "none"):
             raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+        if body.get("n", 1) not in (1, None):
+            raise ValueError("linear history follows one choice: n must be 1")
         _top(body)
+        extra = body.get("stop_token_ids") or []
+        if not isinstance(extra, list) or not all(type(i) is int for i in extra):
+            raise ValueError("stop_token_ids must be a list of token ids")
+        body["stop_token_ids"] = sorted({*stop_ids, *extra})
+
+    def _sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The agent's sampling fields under the server's names."""
         return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
 
     def request(
-        self,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        *,
-        stop_ids: Iterable[int],
-        budget: int,
+        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> dict[str, Any]:
-        """The token-in request for ``prompt_ids``: the agent's sampling, ``budget`` tokens."""
+        """The token-in request for ``prompt_ids``: the agent's sampling (:meth:`check`ed),
+        ``budget`` tokens."""
         raise NotImplementedError
 
     def read(self, data: Mapping[str, Any]) -> Served:
@@ -222,37 +203,24 @@ class VLLMBackend(Backend):
     """vLLM >= 0.10.2 (``return_token_ids``)."""
 
     name = "vllm"
+    flags = {"return_token_ids": True}
+    hint = "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
     path = "/completions"
     fields = _VLLM_FIELDS
-
-    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
-        body["return_token_ids"] = True
-        if endpoint == CHAT:
-            keep = bool(body.get("logprobs"))
-            if not keep:
-                body["logprobs"] = True
-        else:
-            keep = body.get("logprobs") is not None
-            if not keep:
-                body["logprobs"] = 0  # the sampled token's logprob only
-        return body, keep
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
         logprobs = choice.get("logprobs")
         key = "content" if endpoint == CHAT else "token_logprobs"
-        items = logprobs.get(key) if type(logprobs) is dict else None
+        items = (logprobs.get(key) if type(logprobs) is dict else None) or []
+        if items and type(items[0]) is dict:  # chat: entries
+            items = [float(e["logprob"]) for e in items]
         # vLLM names the stop string that cut the text inside the last token
-        return choice.pop("token_ids", None), items or [], choice.get("stop_reason")
+        return choice.pop("token_ids", None), items, choice.get("stop_reason")
 
     def request(
-        self,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        *,
-        stop_ids: Iterable[int],
-        budget: int,
+        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> dict[str, Any]:
-        out = self.sampling(body)
+        out = self._sampling(body)
         out.update(
             model=body.get("model"),
             prompt=prompt_ids,
@@ -261,7 +229,7 @@ class VLLMBackend(Backend):
             logprobs=_top(body),
             return_token_ids=True,
             skip_special_tokens=False,
-            stop_token_ids=_stop_ids(body, stop_ids),
+            stop_token_ids=body["stop_token_ids"],
             stream=False,
         )
         return out
@@ -288,19 +256,11 @@ class SGLangBackend(Backend):
     """SGLang: its OpenAI server with ``return_meta_info``, and its native ``/generate``."""
 
     name = "sglang"
+    flags = {"return_prompt_token_ids": True, "return_meta_info": True}
     streams = False
+    hint = "does this SGLang accept return_prompt_token_ids and return_meta_info?"
     path = "/generate"
     fields = _SGLANG_FIELDS
-
-    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
-        body["return_prompt_token_ids"] = True
-        body["return_meta_info"] = True
-        body.pop("stream", None)
-        body.pop("stream_options", None)
-        keep = bool(body.get("logprobs"))
-        if not keep:
-            body["logprobs"] = True if endpoint == CHAT else 0
-        return body, keep
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
         meta = choice.pop("meta_info", None)
@@ -310,17 +270,12 @@ class SGLangBackend(Backend):
         return [e[1] for e in entries], [float(e[0]) for e in entries], None
 
     def request(
-        self,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        *,
-        stop_ids: Iterable[int],
-        budget: int,
+        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> dict[str, Any]:
-        params = self.sampling(body)
+        params = self._sampling(body)
         params.update(
             max_new_tokens=budget,
-            stop_token_ids=_stop_ids(body, stop_ids),
+            stop_token_ids=body["stop_token_ids"],
             skip_special_tokens=False,
         )
         out = {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True}

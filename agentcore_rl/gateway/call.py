@@ -1,16 +1,14 @@
-"""The seam between the gateway and its two modes: one model call, and how an agent is answered.
-
-The app admits a :class:`Call` and hands it to a :class:`Mode`: proxy (:mod:`.proxy`, the
-server renders) or linear (:mod:`.render.mode`, token-in). The mode answers through ``send``
-(or raises :class:`Refuse`) and commits the record before the answer's last byte.
-"""
+"""The seam between the gateway and its two modes, proxy (:mod:`.proxy`) and linear
+(:mod:`.render.mode`): one admitted :class:`Call`, and how an agent is answered. A mode's
+``serve(call, send)`` answers (or raises :class:`Refuse`), committing the record before the
+answer's last byte."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from starlette.types import Send
 
@@ -24,7 +22,6 @@ __all__ = [
     "JSON_TYPE",
     "SSE_HEADERS",
     "Call",
-    "Mode",
     "Refuse",
     "down_message",
     "error_body",
@@ -95,17 +92,11 @@ class Call:
     on_commit: Callable[[Call], None]
     gate: PolicyGate
     versions: Versions
-    forked: bool = False  # linear mode: rendered afresh although the session had turns
     committed: bool = False
 
     @property
     def stream(self) -> bool:
         return bool(self.body.get("stream"))
-
-    @property
-    def include_usage(self) -> bool:
-        options = self.body.get("stream_options")
-        return isinstance(options, dict) and bool(options.get("include_usage"))
 
     def commit(self, status: int, error: str | None = None) -> None:
         """File the record with its outcome (once; before the answer's last byte)."""
@@ -119,15 +110,9 @@ class Call:
         """Commit the record, then send the whole answer (one SSE piece when streaming)."""
         self.commit(200)
         if self.stream:
-            sse = synthesize_sse(data, self.endpoint, self.include_usage)
+            options = self.body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            sse = synthesize_sse(data, self.endpoint, usage)
             await respond(send, 200, sse, SSE_HEADERS)
         else:
             await respond(send, 200, dumps(data))
-
-
-class Mode(Protocol):
-    """How calls are served (see the module doc)."""
-
-    async def serve(self, call: Call, send: Send) -> None:
-        """Answer ``call`` through ``send``, committing its record before the last byte;
-        raise :class:`Refuse` to answer with an error."""

@@ -1,12 +1,7 @@
-"""JSON in and out of the gateway (orjson: every call is parsed and re-encoded once, about ten
-times cheaper than the json module), and the one check of what it accepts (the door).
-
-Whatever the gateway accepts, from an agent or the admin routes, it must be able to re-encode
-for the upstream, serve back and finish (the gzip trace): :func:`parse_object` refuses, as
-:class:`Invalid` (a ``ValueError``, answered 400), what cannot make that trip. orjson reads
-nesting deeper than it writes (1,024 levels against 254) and integers beyond 64 bits as
-floats; lone surrogates, ``NaN`` and ``Infinity`` it refuses on reading. Values given in
-Python (``open_session``'s sampling and ids) pass the same check (:func:`check_value`).
+"""JSON in and out of the gateway (orjson, about ten times cheaper than the json module), and
+the one check of what it accepts (docs/gateway.md, "Input checked at the door"): what it cannot
+re-encode for the upstream, serve back and finish is :class:`Invalid` (a 400). orjson reads
+nesting deeper than it writes (1,024 levels against 254) and integers beyond 64 bits as floats.
 """
 
 from __future__ import annotations

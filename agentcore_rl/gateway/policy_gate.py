@@ -1,10 +1,5 @@
-"""Policy versions and weight-sync pauses: which calls may start, and when the weights may go.
-
-``hold``: new calls wait and ``pause()`` returns once none runs; ``reject``: the same, new
-calls refused (429); ``suspend``: new calls wait and ``pause()`` returns at once, the
-generations in flight frozen at the upstream, each token keeping the version it was sampled
-under (:class:`Versions`). See docs/gateway.md, "Weight-sync recipe".
-"""
+"""Policy versions and weight-sync pauses (``hold``, ``reject``, ``suspend``: docs/gateway.md,
+"Weight-sync recipe"): which calls may start, and when the weights may go."""
 
 from __future__ import annotations
 
@@ -13,18 +8,10 @@ from typing import Final, Literal
 
 import anyio
 
-__all__ = ["PauseMode", "PolicyGate", "Rejected", "Versions"]
+__all__ = ["PauseMode", "PolicyGate", "Versions"]
 
 PauseMode = Literal["hold", "reject", "suspend"]
 _MODES: Final = ("hold", "reject", "suspend")
-
-
-class Rejected(Exception):
-    """A call arrived during a ``reject`` pause; retry after ``retry_after`` seconds."""
-
-    def __init__(self, retry_after: float) -> None:
-        super().__init__(f"the gateway is paused for a weight update; retry in {retry_after}s")
-        self.retry_after = retry_after
 
 
 class Versions:
@@ -55,33 +42,28 @@ class PolicyGate:
     requests running there (what a suspend aborts).
     """
 
-    def __init__(self, *, version: int = 0, retry_after: float = 1.0) -> None:
-        self.version = version
-        self.retry_after = retry_after
+    def __init__(self) -> None:
+        self.version = 0
         self.in_flight = 0
         self.resumes = 0
         self.live: set[Versions] = set()
         self.token_in: dict[str, set[str]] = {}
-        self._mode: PauseMode | None = None
+        self.paused: PauseMode | None = None  # None: calls flow
         self._resumed = anyio.Event()
         self._resumed.set()
         self._drained: anyio.Event | None = None
 
-    @property
-    def paused(self) -> PauseMode | None:
-        """The pause mode, or None when calls flow."""
-        return self._mode
-
     async def flowing(self) -> None:
         """Wait until no pause is on (a suspended generation waits here to go on)."""
-        while self._mode is not None:
+        while self.paused is not None:
             await self._resumed.wait()
 
-    async def enter(self) -> int:
-        """Admit one call (waiting out a ``hold`` pause); -> the version it starts under."""
-        while self._mode is not None:
-            if self._mode == "reject":
-                raise Rejected(self.retry_after)
+    async def enter(self) -> int | None:
+        """Admit one call (waiting out a ``hold`` pause); -> the version it starts under, or
+        None in a ``reject`` pause."""
+        while self.paused is not None:
+            if self.paused == "reject":
+                return None
             await self._resumed.wait()
         self.in_flight += 1
         return self.version
@@ -96,9 +78,9 @@ class PolicyGate:
         """Stop admitting calls; then (``hold``, ``reject``) wait until none is running."""
         if mode not in _MODES:
             raise ValueError(f"pause mode must be one of {_MODES}, got {mode!r}")
-        if self._mode is not None:
+        if self.paused is not None:
             raise RuntimeError("the gateway is already paused")
-        self._mode = mode
+        self.paused = mode
         self._resumed = anyio.Event()
         if mode == "suspend":
             return
@@ -115,9 +97,9 @@ class PolicyGate:
     def resume(self) -> None:
         """Admit calls again; held ones proceed, suspended streams' new tokens get the
         current version."""
-        if self._mode == "suspend":
+        if self.paused == "suspend":
             self.resumes += 1
             for versions in self.live:
                 versions.start(versions.count(), self.version)
-        self._mode = None
+        self.paused = None
         self._resumed.set()

@@ -1,9 +1,5 @@
-"""Proxy mode: the inference server renders; the gateway records what it fed the model.
-
-The agent's request goes upstream with the backend's capture flags (:mod:`.backends`); the
-answer (whole, or SSE event by event) comes back with the token ids and logprobs stripped
-unless the agent asked for logprobs. The record is committed before the answer's last byte.
-"""
+"""Proxy mode: the inference server renders; the gateway records what it fed the model (the
+backend's capture flags, :mod:`.backends`) and strips the ids from the answer it relays."""
 
 from __future__ import annotations
 
@@ -65,33 +61,22 @@ class ProxyMode:
             call.gate.live.discard(versions)
         if status != 200:
             raise passed_on(status, content)
-        data = self._whole(content, call, capture, keep_logprobs)
-        del content
-        await call.answer(send, data)  # streamed too when the upstream cannot stream
-
-    def _whole(
-        self, content: bytes, call: Call, capture: Capture, keep_logprobs: bool
-    ) -> dict[str, object]:
-        try:
+        try:  # not JSON, not an object (an AttributeError), or malformed
             data = loads(content)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            raise Refuse(502, "upstream answered with invalid JSON", "upstream_invalid")
-        try:
-            self.backend.take(data, capture, keep_logprobs, call.endpoint)
+            del content
+            self.backend.take(data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refuse(502, message, "upstream_invalid") from None
         failed = self._fill(call, capture)
         if failed:
             raise Refuse(502, *failed)
-        return data
+        await call.answer(send, data)  # streamed too when the upstream cannot stream
 
     def _fill(self, call: Call, capture: Capture) -> tuple[str, str] | None:
         """The record's arrays from the capture, and where each version's tokens start;
         -> (what is wrong, its kind) when the upstream's answer falls short."""
-        missing = capture.missing(self.backend.name)
+        missing = capture.missing(self.backend)
         if missing:
             return missing, "upstream_missing_token_ids"
         try:
@@ -110,17 +95,14 @@ class ProxyMode:
         capture: Capture,
         keep_logprobs: bool,
     ) -> None:
-        """Forward the upstream's SSE events as they arrive, capturing and stripping each.
-
-        The first event goes out alone, as soon as it is read (time to first byte); after
-        it, whatever arrived in one read goes out in one write: under load the upstream's
-        one-write-per-event stream coalesces, and so do the gateway's writes.
-        """
+        """Forward the upstream's SSE events as they arrive, capturing and stripping each: the
+        first event alone, as soon as it is read (time to first byte); after it, whatever
+        arrived in one read in one write (under load the upstream's events coalesce)."""
         started = False
-        # What arrived after the last complete event, joined once an event ends in it.
-        unread: list[bytes] = []
+        unread: list[bytes] = []  # what arrived after the last complete event
         newline = False  # whether the last piece ended with a newline
-        held: list[bytes] = []  # events before the first chunk (none from vLLM)
+        out: list[bytes] = []  # events not sent yet (held until a chunk carries token ids)
+        done = False
         take, endpoint = self.backend.take, call.endpoint
         try:
             async for piece in content:
@@ -130,56 +112,30 @@ class ProxyMode:
                 if not ends:
                     continue
                 pending = unread[0] if len(unread) == 1 else b"".join(unread)
-                cut = pending.rfind(b"\n\n")
-                events = pending[: cut + 2]
-                unread = [pending[cut + 2 :]] if cut + 2 < len(pending) else []
+                cut = pending.rfind(b"\n\n") + 2
+                events, unread = pending[:cut], [pending[cut:]] if cut < len(pending) else []
                 del pending
-                out, held = held, []
-                done = False
                 for event in events.split(b"\n\n"):
-                    if not event:
-                        continue
                     if event.startswith(_DONE):
                         done = True
-                        continue
-                    if event.startswith(b"data:"):
+                    elif event.startswith(b"data:"):
                         with memoryview(event) as view:
                             data = loads(view[5:])
                         take(data, capture, keep_logprobs, endpoint)
-                        out.append(b"data: ")
-                        out.append(dumps(data))
-                    else:
-                        out.append(event)
-                    out.append(b"\n\n")
+                        out += (b"data: ", dumps(data), b"\n\n")
+                    elif event:
+                        out += (event, b"\n\n")
                     if not started and (capture.prompt is not None or capture.finish):
-                        # vLLM sends the prompt ids on the first chunk: refuse before any byte
-                        if capture.prompt is None:
-                            what = capture.missing(self.backend.name) or "no prompt token ids"
-                            raise Refuse(502, what, "upstream_missing_token_ids")
-                        started = True
-                        await send(
-                            {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
-                        )
+                        started = await self._start(send, capture)
                         first, out = b"".join(out), []
                         await send({"type": "http.response.body", "body": first, "more_body": True})
-                if not started:
-                    if not done:
-                        held = out
-                        continue
-                    missing = capture.missing(self.backend.name)  # a stream without chunks
-                    if missing:
-                        raise Refuse(502, missing, "upstream_missing_token_ids")
-                    started = True
-                    await send(
-                        {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
-                    )
                 if done:
-                    await self._end_stream(send, out, capture, call)
-                    return
-                if out:
+                    break
+                if started and out:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}
                     )
+                    out = []
         except (UpstreamError, ValueError, TypeError, KeyError, AttributeError) as exc:
             if isinstance(exc, UpstreamError):
                 message = down_message(call.upstream.base, exc)
@@ -191,9 +147,17 @@ class ProxyMode:
             tail = b"data: " + error_body(502, message, "upstream_unavailable") + b"\n\n"
             await send({"type": "http.response.body", "body": tail})
             return
-        if not started:
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await self._end_stream(send, [*held, *unread], capture, call)
+        if not started:  # a stream without chunks
+            await self._start(send, capture)
+        await self._end_stream(send, out if done else [*out, *unread], capture, call)
+
+    async def _start(self, send: Send, capture: Capture) -> bool:
+        # vLLM sends the prompt ids on the first chunk: without them, refuse before any byte
+        if capture.prompt is None:
+            what = capture.missing(self.backend) or "no prompt token ids"
+            raise Refuse(502, what, "upstream_missing_token_ids")
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        return True
 
     async def _end_stream(self, send: Send, out: list[bytes], capture: Capture, call: Call) -> None:
         failed = self._fill(call, capture)

@@ -1,10 +1,5 @@
-"""What the gateway keeps per model call and per session, and how a trace is stored.
-
-Token ids and logprobs live in typed arrays and the request stays the JSON bytes the agent
-sent (parsed when read): a 200-token call with a 1,000-token prompt takes a few kilobytes.
-A trace is gzip-compressed JSON (:func:`dump_trace`), stored beside a rollout's envelope
-(:func:`trace_key`); a session idle past the gateway's TTL goes to a :class:`TraceSink`.
-"""
+"""What the gateway keeps per model call and per session, and how a trace is stored
+(docs/gateway.md, "The record format")."""
 
 from __future__ import annotations
 
@@ -61,13 +56,9 @@ def logprob_array(values: Any = ()) -> array[float]:
 
 @dataclass(slots=True, repr=False)
 class Completion:
-    """One choice of a call: completion token ids, their logprobs, the finish reason, and
-    ``versions``: ``[(first token index, policy version), ...]`` when a weight update came
-    while it was generated (``None``: every token has the call's starting version).
-
-    ``stop_string``: the stop string that ended the text the agent got inside the last
-    token (vLLM and OpenAI cut the text before it): the ids decode to more than the agent's
-    text. None when they decode to it.
+    """One choice of a call: completion token ids, their logprobs, the finish reason,
+    ``versions`` (``[(first token index, policy version), ...]`` when a weight update came in
+    the middle) and ``stop_string`` (docs/gateway.md, "The record format").
 
     Example::
 
@@ -116,11 +107,7 @@ class Completion:
 
 @dataclass(slots=True, repr=False)
 class CallRecord:
-    """One model call the agent made through the gateway.
-
-    ``status`` is the HTTP status the agent got (200 on success); ``error`` says why a call
-    failed (upstream down, no token ids, ...). ``request_body`` is the agent's JSON as sent;
-    ``overrides`` the per-session sampling and pinned model the gateway applied on top.
+    """One model call the agent made through the gateway (docs/gateway.md, "The record format").
 
     Example::
 
@@ -212,10 +199,8 @@ class CallRecord:
 
 @dataclass(slots=True)
 class SessionTrace:
-    """Every call of one session, in call order, and where it came from.
-
-    ``complete`` is False when the trace was persisted because the session expired rather
-    than finished. ``gateway_id`` names the gateway process that captured it.
+    """Every call of one session, in call order; ``complete`` is False for a session that
+    expired rather than finished, ``gateway_id`` names the gateway process that captured it.
 
     Example::
 
@@ -327,9 +312,6 @@ class DirectorySink:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-
-    def __repr__(self) -> str:
-        return f"DirectorySink({str(self.root)!r})"
 
     def _path(self, session_id: str) -> Path:
         if not session_id or "/" in session_id or session_id.startswith("."):

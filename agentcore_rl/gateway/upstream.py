@@ -1,12 +1,6 @@
-"""The gateway's client for its inference servers: an aiohttp session per upstream.
-
-Every model call crosses it, so it keeps aiohttp's per-request work to what a proxy needs
-(aiohttp over httpx by measurement: docs/benchmarks.md): the URL and headers are built once
-per endpoint (:meth:`UpstreamPool.target`), no cookie jar, no automatic headers or
-decompression, keep-alive connections reused. A body is read whole (one wake-up) or as it
-arrives (streaming: aiohttp pauses reading from the socket while the agent lags behind).
-Every failure is one type, :class:`UpstreamError`, which the gateway answers with a 502.
-"""
+"""The gateway's client for its inference servers: an aiohttp session per upstream, kept to
+what a proxy needs (docs/gateway.md, "Where a call's time goes"). Every failure is one type,
+:class:`UpstreamError`, which the gateway answers with a 502."""
 
 from __future__ import annotations
 
@@ -30,6 +24,10 @@ _FAILURES: Final = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 # aiohttp adds these to every request unless told not to; an inference server reads none.
 _SKIP_HEADERS: Final = ("Accept", "Accept-Encoding", "User-Agent")
 _JSON: Final = "application/json"
+_HEADERS: Final = (
+    CIMultiDictProxy(CIMultiDict({"Content-Type": _JSON})),
+    CIMultiDictProxy[str](CIMultiDict()),
+)
 # Bodies larger than this make aiohttp warn (ResourceWarning) that sending them "might lock
 # the event loop"; a socket write of them queues in the transport either way.
 _LARGE: Final = 1 << 20
@@ -95,63 +93,39 @@ class UpstreamResponse:
 
 
 class UpstreamPool:
-    """Keep-alive connections to one upstream (``http(s)://host:port/base``).
+    """Keep-alive connections to one upstream (``http(s)://host:port/base``), made on first use
+    in the running event loop; ``read_timeout``: silence (no byte) that fails a call."""
 
-    ``max_connections`` bounds the open connections (callers beyond it wait); a connection
-    idle for ``idle_timeout`` s is not reused (closed before a server's keep-alive of 5 s
-    closes it under a request); ``read_timeout``: silence (no byte) that fails a call.
-    The aiohttp session is made on first use, in the running event loop.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        headers: dict[str, str] | None = None,
-        max_connections: int = 1024,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 600.0,
-        idle_timeout: float = 4.0,
-    ) -> None:
+    def __init__(self, base_url: str, *, read_timeout: float = 600.0) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"upstream must be an http(s) URL, got {base_url!r}")
         self.base = base_url
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._path = parts.path.rstrip("/")
-        self._headers = dict(headers or {})
-        self._limits = (max_connections, connect_timeout, read_timeout, idle_timeout)
+        self._read_timeout = read_timeout
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._targets: dict[tuple[str, str, bool], UpstreamTarget] = {}
 
-    def __repr__(self) -> str:
-        return f"UpstreamPool({self.base!r})"
-
     def target(self, path: str, method: str = "POST", *, root: bool = False) -> UpstreamTarget:
         """The method, URL and headers for ``path`` under the base (built once); ``root``:
         under the server's root instead (the base without its ``/v1``)."""
-        found = self._targets.get((path, method, root))
-        if found is not None:
-            return found
-        headers = CIMultiDict(self._headers)
-        if method != "GET":
-            headers.setdefault("Content-Type", _JSON)
-        under = self._path.removesuffix("/v1") if root else self._path
-        url = URL(f"{self._origin}{under}{path}", encoded=True)
-        target = self._targets[path, method, root] = UpstreamTarget(
-            method, url, CIMultiDictProxy(headers)
-        )
-        return target
+        key = (path, method, root)
+        if key not in self._targets:
+            under = self._path.removesuffix("/v1") if root else self._path
+            url = URL(f"{self._origin}{under}{path}", encoded=True)
+            self._targets[key] = UpstreamTarget(method, url, _HEADERS[method == "GET"])
+        return self._targets[key]
 
     def _open(self) -> aiohttp.ClientSession:
         if self._closed:
             raise UpstreamError("the upstream pool is closed")
-        limit, connect, read, idle = self._limits
+        # A connection idle for 4 s is not reused: closed before a server's keep-alive of 5 s
+        # closes it under a request. No total deadline (a long generation is fine).
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=idle),
-            # No total deadline (a long generation is fine): a silent upstream is one that fails.
-            timeout=aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read),
+            connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=4.0),
+            timeout=aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=self._read_timeout),
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=_SKIP_HEADERS,
             auto_decompress=False,

@@ -20,7 +20,7 @@ import pytest
 from agentcore_rl.cli.eval import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal
-from agentcore_rl.cli.summary import RunSummary
+from agentcore_rl.cli.show import load_run
 from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.errors import (
@@ -224,8 +224,7 @@ async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
         data=tmp_path / "in.jsonl", out=out, s3_bucket=bucket, exp_id="exp", agent_urls=[agent_url]
     )
     journal = EvalJournal.open(out, resume=False)
-    summary = RunSummary()
-    engine = EvalEngine(options, client, journal, summary, Progress(1, 0, enabled=False))
+    engine = EvalEngine(options, client, journal, Progress(1, 0, enabled=False))
     try:
         item = EvalInput("q-1", {"mode": "shutdown", "shutdowns": 3, "n": 1})
         await asyncio.wait_for(engine.run([item], [], {"q-1": item}), 20)
@@ -234,7 +233,7 @@ async def test_eval_reruns_an_input_its_agents_lost_on_the_loss_budget(
     (line,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert line["outcome"] == "done"
     assert (line["attempts"], line["losses"], line["agent_lost"]) == (4, 3, False)
-    assert summary.retried == 3
+    assert load_run(out).summary()["retries"] == 3
     assert len(recorder.sessions) == 4
 
 
@@ -273,7 +272,7 @@ async def test_a_resumed_eval_reruns_a_lost_rollout_at_once_not_behind_the_queue
     journal = EvalJournal.open(out, resume=True)
     items = {f"q-{n}": EvalInput(f"q-{n}", {"mode": "gate", "n": n}) for n in (1, 2, 3)}
     items["q-lost"] = EvalInput("q-lost", {"n": 0})
-    engine = EvalEngine(options, client, journal, RunSummary(), Progress(4, 0, enabled=False))
+    engine = EvalEngine(options, client, journal, Progress(4, 0, enabled=False))
     try:
         fresh = [items[f"q-{n}"] for n in (1, 2, 3)]
         with anyio.fail_after(20):

@@ -23,7 +23,7 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.eval import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal
-from agentcore_rl.cli.summary import RunSummary
+from agentcore_rl.cli.show import load_run
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, LivenessConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
@@ -153,8 +153,7 @@ async def test_the_eval_latency_counts_the_retries(
     client = make_client()
     options = _options(tmp_path, bucket, agent_url)
     journal = EvalJournal.open(options.out, resume=False)
-    summary = RunSummary()
-    engine = EvalEngine(options, client, journal, summary, Progress(1, 0, enabled=False))
+    engine = EvalEngine(options, client, journal, Progress(1, 0, enabled=False))
     item = EvalInput("q-1", {"mode": "shutdown", "hold": True, "n": 1})
     try:
         run = asyncio.create_task(engine.run([item], [], {"q-1": item}))
@@ -171,8 +170,8 @@ async def test_the_eval_latency_counts_the_retries(
     assert (line["outcome"], line["attempts"]) == ("done", 2)
     first_sent = journaled[0]["started_at"]
     assert line["elapsed"] >= round(opened - first_sent, 4) - 1e-3  # both sessions
-    assert summary.latencies == [line["elapsed"]]
-    assert summary.retried == 1
+    summary = load_run(options.out).summary()
+    assert (summary["latencies"], summary["retries"]) == ([line["elapsed"]], 1)
 
 
 class Restarting:
@@ -223,9 +222,7 @@ async def test_a_resumed_rollout_whose_resend_meets_a_restarting_agent_runs_anew
                 aws=AwsConfig(endpoint_url=server.url),
             )
             journal = EvalJournal.open(options.out, resume=True)
-            engine = EvalEngine(
-                options, client, journal, RunSummary(), Progress(1, 0, enabled=False)
-            )
+            engine = EvalEngine(options, client, journal, Progress(1, 0, enabled=False))
             item = EvalInput("q-1", {"n": 5})
             try:
                 in_flight = list(journal.in_flight.values())

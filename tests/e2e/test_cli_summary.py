@@ -44,23 +44,34 @@ async def test_the_summary_shows_failures_by_type_and_the_reward_s_basis(
     assert "prompt must be a string" in rows["InvocationError"], done.stdout
 
 
-def test_agent_failures_are_told_apart_by_what_failed_in_the_agent() -> None:
-    from agentcore_rl.cli.summary import RunSummary, failure_of
+def test_agent_failures_are_told_apart_by_what_failed_in_the_agent(tmp_path: Path) -> None:
+    from agentcore_rl.cli.show import load_run
 
-    def failed(reason: str) -> dict[str, object]:
+    def failed(n: int, reason: str) -> dict[str, object]:
         envelope = {"status_code": 500, "error_type": "handler_exception", "stop_reason": reason}
-        return {"error_type": "RolloutError", "error": "rollout 0f31... failed", "result": envelope}
+        return {
+            "input_id": f"q-{n}",
+            "outcome": "failed",
+            "error_type": "RolloutError",
+            "error": "rollout 0f31... failed",
+            "result": envelope,
+        }
 
-    summary = RunSummary()
-    for record in (failed("KeyError: 'a'"), failed("KeyError: 'b'"), failed("RuntimeError: boom")):
-        kind, reason = failure_of(record)
-        summary.add("failed", elapsed=1.0, error_type=kind, error=reason)
-    timeout = {"error_type": "RolloutTimeoutError", "error": "no result in 5 s", "result": None}
-    summary.add("timeout", elapsed=5.0, error_type=failure_of(timeout)[0], error="no result in 5 s")
-    assert dict(summary.errors) == {
+    lines = [
+        failed(1, "KeyError: 'a'"),
+        failed(2, "KeyError: 'b'"),
+        failed(3, "RuntimeError: boom"),
+    ]
+    timeout = {"input_id": "q-4", "outcome": "timeout", "error_type": "RolloutTimeoutError"}
+    out = tmp_path / "results.jsonl"
+    out.write_text(
+        "".join(json.dumps(x) + "\n" for x in [*lines, {**timeout, "error": "no result"}])
+    )
+    failures = load_run(out).summary()["failures"]
+    assert {kind: f["count"] for kind, f in failures.items()} == {
         "RolloutError (KeyError)": 2,
         "RolloutError (RuntimeError)": 1,
         "RolloutTimeoutError": 1,
     }
-    assert summary.reasons["RolloutError (KeyError)"] == "KeyError: 'a'"
-    assert summary.reasons["RolloutError (RuntimeError)"] == "RuntimeError: boom"
+    assert failures["RolloutError (KeyError)"]["reason"] == "KeyError: 'a'"
+    assert failures["RolloutError (RuntimeError)"]["reason"] == "RuntimeError: boom"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry, journal_path_for
-from agentcore_rl.cli.summary import RunSummary, percentile, reward_of
+from agentcore_rl.cli.show import load_run
+from agentcore_rl.cli.summary import EvalRun, percentile, render, reward_of
 from agentcore_rl.errors import ConfigurationError
 
 
@@ -105,32 +106,35 @@ def test_percentile_and_reward_of() -> None:
     assert reward_of(None) is None
 
 
-def test_summary_table() -> None:
-    summary = RunSummary()
-    summary.add("done", elapsed=1.0, reward=1.0)
-    summary.add("done", elapsed=3.0, reward=0.0)
-    summary.add("timeout", elapsed=5.0)
-    summary.reattached = 1
-    data = summary.as_dict(wall_seconds=2.0, s3_requests=6)
-    assert data["total"] == 3
-    assert data["mean_reward"] == 0.5
-    assert data["latency_p50"] == 3.0
-    assert data["throughput"] == 1.5
-    assert data["s3_requests_per_rollout"] == 2.0
-    table = summary.render(wall_seconds=2.0, s3_requests=6)
-    rows = {line[:32].strip(): line[32:].strip() for line in table.splitlines()}
-    assert rows["timed out"] == "1"
+def _summary(tmp_path: Path, lines: list[dict[str, object]], run: EvalRun) -> dict[str, str]:
+    out = tmp_path / "results.jsonl"
+    out.write_text(
+        "".join(json.dumps({"input_id": f"i{n}", **x}) + "\n" for n, x in enumerate(lines))
+    )
+    table = render(load_run(out).summary(), run)
+    return {line[:32].strip(): line[32:].strip() for line in table.splitlines()}
+
+
+def test_summary_table(tmp_path: Path) -> None:
+    lines: list[dict[str, object]] = [
+        {"outcome": "done", "elapsed": 1.0, "reward": 1.0, "reattached": True},
+        {"outcome": "done", "elapsed": 3.0, "reward": 0.0},
+        {"outcome": "timeout", "elapsed": 5.0},
+    ]
+    rows = _summary(tmp_path, lines, EvalRun(wall_seconds=2.0, s3_requests=6))
+    assert (rows["rollouts"], rows["timed out"]) == ("3", "1")
     assert rows["re-attached in-flight rollouts"] == "1"
-    assert rows["latency p95"] == "4.80 s"
+    assert (rows["latency p50"], rows["latency p95"]) == ("3.00 s", "4.80 s")
     assert rows["mean reward"] == "0.500 (2 finished)"  # over the finished rollouts only
-    summary.add("failed", elapsed=1.0, error_type="RolloutError", error="handler_exception: x")
-    summary.add("failed", elapsed=1.0, error_type="RolloutError", error="another reason")
-    summary.add("failed", elapsed=1.0, error_type="InvocationError", error="refused " * 40)
-    rows = {line[:32].strip(): line[32:].strip() for line in summary.render(wall_seconds=2.0)
-            .splitlines()}  # fmt: skip
+    assert (rows["throughput"], rows["S3 requests per rollout"]) == ("1.5 rollouts/s", "2.00")
+    failed = {"outcome": "failed", "elapsed": 1.0, "error_type": "RolloutError"}
+    lines += [
+        {**failed, "error": "handler_exception: x"},
+        {**failed, "error": "another reason"},
+        {**failed, "error_type": "InvocationError", "error": "refused " * 40},
+    ]
+    rows = _summary(tmp_path, lines, EvalRun(wall_seconds=2.0))
     assert rows["RolloutError"] == "2  (handler_exception: x)"
     assert rows["InvocationError"].startswith("1  (refused refused")
     assert rows["InvocationError"].endswith("...)")
     assert rows["RolloutTimeoutError"] == "1"
-    with pytest.raises(ValueError, match="unknown outcome"):
-        summary.add("maybe", elapsed=None)

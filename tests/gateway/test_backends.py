@@ -31,7 +31,7 @@ def test_sglang_request_flags_and_answer_capture() -> None:
     }
     capture = Capture()
     backend.take(answer, capture, keep, "chat.completions")
-    assert capture.missing("sglang") is None
+    assert capture.missing(backend) is None
     record = CallRecord("s", 0, "chat.completions")
     capture.fill(record)
     assert record.prompt_ids.tolist() == [1, 2, 3]
@@ -52,7 +52,7 @@ def test_sglang_without_meta_info_names_what_is_missing() -> None:
     capture = Capture()
     answer = {"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
     backend.take(answer, capture, False, "chat.completions")
-    message = capture.missing("sglang")
+    message = capture.missing(backend)
     assert message is not None
     assert "no prompt token ids and no completion token ids" in message
     assert "return_meta_info" in message

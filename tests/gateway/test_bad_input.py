@@ -145,7 +145,7 @@ async def test_idle_sessions_expire_into_the_sink_and_finish_from_it(tmp_path: P
         assert await stack.gateway.expire_idle() == 0
         clock.now += 31
         assert await stack.gateway.expire_idle() == 2
-        assert stack.gateway.live_sessions == 0
+        assert stack.gateway.stats["live_sessions"] == 0
         trace = await stack.gateway.finish_session("e1")
     assert not trace.complete
     assert len(trace.records) == 1

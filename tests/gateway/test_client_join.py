@@ -119,7 +119,7 @@ async def test_the_outcome_carries_the_trace_and_s3_keeps_it(s3_endpoint: str, w
             assert client.gateway_url == rig.url
             fut = await client.invoke(PROBLEM, input_id="q-1")
             result = await fut
-            assert rig.gateway.live_sessions == 0  # finished at the gateway, not left open
+            assert rig.gateway.stats["live_sessions"] == 0  # finished at the gateway, not left open
 
         # The agent built its OpenAI client from _rollout: the session's gateway URL and id.
         block = result["payload"][ROLLOUT_FIELD]
@@ -159,7 +159,7 @@ async def test_every_batch_item_carries_its_trace(s3_endpoint: str) -> None:
             assert item.trace.input_id == item.input_id
             assert len(item.trace.records) == 2
             assert item.trace.tokens_captured > 0
-        assert rig.gateway.live_sessions == 0
+        assert rig.gateway.stats["live_sessions"] == 0
 
 
 async def test_a_group_through_the_gateway_gives_rows_with_token_ids(s3_endpoint: str) -> None:
@@ -262,11 +262,11 @@ async def test_a_cancelled_rollout_releases_its_gateway_session(s3_endpoint: str
         async with rig.client() as client:
             fut = await client.invoke(PROBLEM, input_id="q-c")
             await wait_until(lambda: latch.waiting == 1, 15)
-            assert rig.gateway.live_sessions == 1
+            assert rig.gateway.stats["live_sessions"] == 1
             fut.cancel()
             # Releasing waits (bounded) for the call in flight, which the latch holds.
             latch.release()
-            await wait_until(lambda: rig.gateway.live_sessions == 0, 15)
+            await wait_until(lambda: rig.gateway.stats["live_sessions"] == 0, 15)
         assert fut.cancelled()
 
 
@@ -360,7 +360,7 @@ async def test_a_retried_rollout_runs_in_a_new_gateway_session(s3_endpoint: str)
             async with rig.client(agent_url=srv.url) as client:
                 fut = await client.invoke(PROBLEM, input_id="q-t")
                 result = await fut
-            assert rig.gateway.live_sessions == 0  # the given-up session was released too
+            assert rig.gateway.stats["live_sessions"] == 0  # the given-up session was released too
         assert result["rewards"] == [1.0]
         assert (fut.attempts, client.stats.rollout_retries) == (2, 1)
         assert sessions == [*fut.previous_sessions, fut.session_id]

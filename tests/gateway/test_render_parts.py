@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import pytest
 
@@ -73,12 +74,13 @@ def test_unknown_names_are_errors_that_list_the_choices() -> None:
 
 
 def test_token_in_request_shapes() -> None:
-    body = {"model": "m", "messages": [], "temperature": 0.5, "max_tokens": 7, "seed": 3}
-    vllm = backend_named("vllm").request([1, 2], body, stop_ids=[9], budget=7)
+    body: dict[str, Any] = {"model": "m", "messages": [], "temperature": 0.5, "seed": 3}
+    backend_named("vllm").check(body, [9])
+    vllm = backend_named("vllm").request([1, 2], body, 7)
     assert vllm["prompt"] == [1, 2]
     assert vllm["return_token_ids"] is True
     assert (vllm["max_tokens"], vllm["logprobs"], vllm["stop_token_ids"]) == (7, 0, [9])
-    sglang = backend_named("sglang").request([1, 2], body, stop_ids=[9], budget=7)
+    sglang = backend_named("sglang").request([1, 2], body, 7)
     assert sglang["input_ids"] == [1, 2]
     assert sglang["return_logprob"] is True
     assert sglang["sampling_params"]["max_new_tokens"] == 7

@@ -1,14 +1,6 @@
-"""Linear history: each turn's prompt is the served ids of the turn it extends, plus the
-template's rendering of what is new (tool results, user turns, the generation prompt).
-
-A request *extends* a kept turn when its messages are that turn's messages followed by the
-assistant message the gateway answered (content and tool calls). Then the prompt is the kept
-prompt + the kept completion + the ids of the new rendering after the answer's end-of-turn,
-found by counting the answer's stop token (as many as the rendering of the history up to the
-answer holds). An answer cut off before its stop token is closed as the template closes a
-turn. A request that extends no kept turn starts afresh from the full rendering: a fork,
-counted, never a silent mismatch (docs/gateway.md, "Two capture modes").
-"""
+"""Linear history: a request that extends a kept turn is sent that turn's served ids plus the
+rendering of what is new; any other starts afresh (a fork). docs/gateway.md, "Two capture
+modes", says when a request extends a turn."""
 
 from __future__ import annotations
 
@@ -44,8 +36,7 @@ class Plan:
     prompt_ids: list[int]
     key: str
     extends: Turn | None = None  # the turn it extends (None: rendered afresh)
-    fork: bool = False  # rendered afresh although the session had turns
-    reason: str | None = None  # why it forked
+    fork: str | None = None  # why it was rendered afresh although the session had turns
     retry: bool = False  # the same request as a kept turn's: its prompt again
 
 
@@ -64,16 +55,6 @@ def same_answer(sent: Any, answer: Mapping[str, Any]) -> bool:
         return False
     mine, theirs = prepare_messages([sent, answer])
     return _gist(mine) == _gist(theirs)
-
-
-def _end_of(text: str, needle: str, count: int) -> int | None:
-    at = 0
-    for _ in range(count):
-        found = text.find(needle, at)
-        if found < 0:
-            return None
-        at = found + len(needle)
-    return at
 
 
 @dataclass
@@ -110,8 +91,7 @@ class LinearHistory:
                 reason = ids
                 break
             return Plan(ids, key, turn)
-        fork = bool(self.turns)
-        return Plan(template.encode(full), key, fork=fork, reason=reason if fork else None)
+        return Plan(template.encode(full), key, fork=reason if self.turns else None)
 
     @staticmethod
     def _extend(
@@ -139,14 +119,14 @@ class LinearHistory:
                 return "the template renders no end-of-turn token after the answer"
             close = [end_id]
         count = upto.count(stop_text)
-        cut = _end_of(full, stop_text, count) if count else None
-        if cut is None:
+        parts = full.split(stop_text, count)  # the last: what follows the answer's end
+        if not count or len(parts) <= count:
             return f"the template does not render the answer's end {stop_text!r} as served"
         return [
             *turn.prompt_ids.tolist(),
             *turn.completion_ids.tolist(),
             *close,
-            *template.encode(full[cut:]),
+            *template.encode(parts[-1]),
         ]
 
     def remember(

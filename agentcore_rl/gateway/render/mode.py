@@ -1,12 +1,6 @@
-"""The gateway's rendering mode: it owns tokenization and keeps each session's history linear.
-
-``RolloutGateway(..., render=RenderMode.load(DIR))`` (``--history linear --tokenizer DIR``)
-renders each chat request with the model's own template (transformers, as vLLM does),
-replaces the session's earlier turns by the ids the model was fed and produced
-(:mod:`.linear`), and calls the server token-in (:mod:`..backends`), without streaming. The
-completion is decoded and split by the parsers (:mod:`.parsers`) into an ordinary chat
-completion (SSE in one piece when the agent streams). See docs/gateway.md.
-"""
+"""The gateway's rendering mode (``--history linear``): the template renders (:mod:`.template`),
+the history stays linear (:mod:`.linear`), the server is called token-in (:mod:`..backends`)
+and the parsers (:mod:`.parsers`) make the answer. See docs/gateway.md."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ from typing import Any
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.backends import Served, backend_named, max_tokens
+from agentcore_rl.gateway.backends import Served, backend_named
 from agentcore_rl.gateway.call import Call, Refuse, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
@@ -30,7 +24,7 @@ from agentcore_rl.gateway.render.parsers import (
     reasoning_parser_named,
     tool_parser_named,
 )
-from agentcore_rl.gateway.render.template import ChatTemplate, RenderError
+from agentcore_rl.gateway.render.template import ChatTemplate
 
 __all__ = ["RenderMode"]
 
@@ -40,11 +34,8 @@ log = logging.getLogger("agentcore_rl.gateway")
 class RenderMode:
     """Rendering with linear history, for :class:`~agentcore_rl.gateway.RolloutGateway`.
 
-    ``backend``: ``vllm`` (``/completions`` under the OpenAI base URL) or ``sglang``
-    (``/generate`` under the server's root URL). ``tool_call_parser``/``reasoning_parser``:
-    vLLM's names. ``max_tokens``: the completion budget when the agent sets none.
-    ``forks``/``extends`` count requests rendered afresh in a session that had turns, and
-    requests that extended a kept turn.
+    ``tool_call_parser``/``reasoning_parser``: vLLM's names; ``forks`` counts the requests
+    rendered afresh in a session that had turns.
 
     Example::
 
@@ -58,17 +49,14 @@ class RenderMode:
         backend: str = "vllm",
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
-        max_tokens: int = 4096,
     ) -> None:
         self.template = template
         self.backend = backend_named(backend)
         self.tools = tool_parser_named(tool_call_parser)
         self.reasoning = reasoning_parser_named(reasoning_parser)
-        self.max_tokens = max_tokens
         self.parser_names = (tool_call_parser, reasoning_parser)
         self.stop_ids = template.stop_ids()
         self.forks = 0
-        self.extends = 0
 
     def __repr__(self) -> str:
         return (
@@ -88,22 +76,14 @@ class RenderMode:
             call.session.render = LinearHistory()
         history: LinearHistory = call.session.render
         messages, tools, kwargs = self._conversation(body)
-        if body.get("n", 1) not in (1, None):
-            raise Refuse(400, "linear history follows one choice: n must be 1", "bad_n")
-        try:
-            self.backend.sampling(body)  # every field forwarded or refused, before any work
-        except ValueError as exc:
-            raise Refuse(400, str(exc), "unsupported_field") from None
-        try:
+        try:  # every field forwarded or refused before any work; a template that refuses
+            self.backend.check(body, self.stop_ids)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
-        except RenderError as exc:
+        except ValueError as exc:  # RenderError included
             raise Refuse(400, str(exc), "invalid_request") from None
-        if plan.fork:
+        if plan.fork is not None:
             self.forks += 1
-            call.forked = True
-            log.info("session %s forks: %s", call.session.session_id, plan.reason)
-        elif plan.extends is not None and not plan.retry:
-            self.extends += 1
+            log.info("session %s forks: %s", call.session.session_id, plan.fork)
         record.prompt_ids = ids_array(plan.prompt_ids)
         served = await self._generate(call, plan.prompt_ids)
         ids = served.token_ids
@@ -188,19 +168,17 @@ class RenderMode:
         """The completion of ``prompt_ids``, token-in; a ``suspend`` cuts it (vLLM aborts) and
         the resume continues it from the tokens so far, ``call.versions`` marking each span."""
         gate, pool, versions = call.gate, call.upstream, call.versions
-        budget = max_tokens(call.body, self.max_tokens)
+        body = call.body  # the agent's budget, or 4,096 tokens
+        budget = int(body.get("max_completion_tokens") or body.get("max_tokens") or 4096)
         ids: list[int] = []
         logprobs: list[float] = []
         tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
         top: list[dict[str, float]] | None = []
         while True:
             resumes = gate.resumes
-            request = self.backend.request(
-                prompt_ids + ids,
-                self._rest(call.body, len(ids)),
-                stop_ids=self.stop_ids,
-                budget=budget - len(ids),
-            )
+            least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
+            rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
+            request = self.backend.request(prompt_ids + ids, rest, budget - len(ids))
             # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
             # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
             request_id = uuid.uuid4().hex
@@ -242,11 +220,6 @@ class RenderMode:
                 )
             await gate.flowing()
             versions.start(len(ids), gate.version)
-
-    @staticmethod
-    def _rest(body: dict[str, Any], done: int) -> dict[str, Any]:
-        least = int(body.get("min_tokens") or 0) - done
-        return dict(body, min_tokens=least if least > 0 else None) if done else body
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:

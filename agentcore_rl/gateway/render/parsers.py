@@ -1,10 +1,6 @@
-"""Reasoning and tool-call parsers: a completion's text -> ``reasoning_content``, ``content``
-and OpenAI ``tool_calls``, named as vLLM's ``--reasoning-parser`` / ``--tool-call-parser``
-(docs/gateway.md lists them). The text parsed is the completion decoded with its special
-tokens, the stop token cut off. Each parser also writes its syntax (``format``): the stand-in
-policy answers with it in the template's own syntax, so a test parses what a model trained
-on that template emits.
-"""
+"""Reasoning and tool-call parsers by vLLM's names (docs/gateway.md): the completion decoded
+with its special tokens, stop token cut off -> ``reasoning_content``, ``content``, ``tool_calls``.
+Each also writes its syntax (``format``), which the stand-in policy answers in."""
 
 from __future__ import annotations
 
@@ -99,6 +95,8 @@ class ToolParser:
 
     #: The token a model ends a turn of tool calls with, when not its EOS.
     call_stop: str | None = None
+    #: Where the calls start: the content is what comes before.
+    start = ""
 
     def call_id(self, seed: str) -> str:
         """A stable id for a parsed call (``call_`` and 24 hex digits)."""
@@ -106,6 +104,15 @@ class ToolParser:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """-> (content without the calls, calls). Malformed calls stay content."""
+        at = text.find(self.start)
+        try:
+            calls = self._calls(text[at:]) if at >= 0 else []
+        except (ValueError, KeyError, TypeError, AttributeError):
+            calls = []
+        return (text[:at].rstrip("\n"), calls) if calls else (text, [])
+
+    def _calls(self, text: str) -> list[ToolCall]:
+        """The calls in ``text`` (which starts with :attr:`start`)."""
         raise NotImplementedError
 
     def format(self, calls: Sequence[ToolCall]) -> str:
@@ -116,20 +123,14 @@ class ToolParser:
 class HermesTools(ToolParser):
     """``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` per call."""
 
+    start = "<tool_call>"
     _CALL: Final = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        start = text.find("<tool_call>")
-        if start < 0:
-            return text, []
-        calls = []
-        try:
-            for body in self._CALL.findall(text[start:]):
-                data = json.loads(body)
-                calls.append(ToolCall(str(data["name"]), _arguments(data.get("arguments", {}))))
-        except (ValueError, KeyError, TypeError):
-            return text, []
-        return text[:start].rstrip("\n"), calls
+    def _calls(self, text: str) -> list[ToolCall]:
+        return [
+            ToolCall(str(data["name"]), _arguments(data.get("arguments", {})))
+            for data in map(json.loads, self._CALL.findall(text))
+        ]
 
     def format(self, calls: Sequence[ToolCall]) -> str:
         return "\n".join(
@@ -174,27 +175,17 @@ class DeepSeekV3Tools(ToolParser):
     """``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```
     <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``."""
 
-    _BEGIN: Final = "<｜tool▁calls▁begin｜>"
+    start = "<｜tool▁calls▁begin｜>"
     _CALL: Final = re.compile(
         r"<｜tool▁call▁begin｜>(?P<type>.*?)<｜tool▁sep｜>(?P<name>.*?)\n```json\n(?P<args>.*?)\n```"
         r"<｜tool▁call▁end｜>",
         re.DOTALL,
     )
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        start = text.find(self._BEGIN)
-        if start < 0:
-            return text, []
-        try:
-            calls = [
-                ToolCall(m["name"].strip(), _arguments(m["args"]))
-                for m in self._CALL.finditer(text, start)
-            ]
-        except ValueError:
-            return text, []
-        if not calls:
-            return text, []
-        return text[:start].rstrip("\n"), calls
+    def _calls(self, text: str) -> list[ToolCall]:
+        return [
+            ToolCall(m["name"].strip(), _arguments(m["args"])) for m in self._CALL.finditer(text)
+        ]
 
     def format(self, calls: Sequence[ToolCall]) -> str:
         inner = "\n".join(
@@ -202,43 +193,37 @@ class DeepSeekV3Tools(ToolParser):
             f"{json.dumps(c.arguments, ensure_ascii=False)}\n```<｜tool▁call▁end｜>"
             for c in calls
         )
-        return f"{self._BEGIN}{inner}<｜tool▁calls▁end｜>"
+        return f"{self.start}{inner}<｜tool▁calls▁end｜>"
 
 
 class MistralTools(ToolParser):
     """``[TOOL_CALLS]name[ARGS]{...}`` per call (tokenizer v11 and later), or the older
     ``[TOOL_CALLS][{"name": ..., "arguments": ...}]``; call ids are 9 letters and digits."""
 
-    _TAG: Final = "[TOOL_CALLS]"
+    start = "[TOOL_CALLS]"
 
     def call_id(self, seed: str) -> str:
         digest = hashlib.sha256(seed.encode()).hexdigest()
         return "".join(c for c in digest if c.isalnum())[:9]
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        start = text.find(self._TAG)
-        if start < 0:
-            return text, []
+    def _calls(self, text: str) -> list[ToolCall]:
         calls = []
-        try:
-            for part in text[start:].split(self._TAG)[1:]:
-                part = part.strip()
-                if part.startswith("["):
-                    for item in json.loads(part):
-                        calls.append(ToolCall(str(item["name"]), _arguments(item["arguments"])))
-                    continue
-                name, sep, arguments = part.partition("[ARGS]")
-                name = name.split("[CALL_ID]")[0]
-                if not sep:
-                    raise ValueError("no [ARGS]")
-                calls.append(ToolCall(name.strip(), _arguments(arguments)))
-        except (ValueError, KeyError, TypeError):
-            return text, []
-        return text[:start].rstrip("\n"), calls
+        for part in text.split(self.start)[1:]:
+            part = part.strip()
+            if part.startswith("["):
+                for item in json.loads(part):
+                    calls.append(ToolCall(str(item["name"]), _arguments(item["arguments"])))
+                continue
+            name, sep, arguments = part.partition("[ARGS]")
+            if not sep:
+                raise ValueError("no [ARGS]")
+            calls.append(ToolCall(name.split("[CALL_ID]")[0].strip(), _arguments(arguments)))
+        return calls
 
     def format(self, calls: Sequence[ToolCall]) -> str:
         return "".join(
-            f"{self._TAG}{c.name}[ARGS]{json.dumps(c.arguments, ensure_ascii=False)}" for c in calls
+            f"{self.start}{c.name}[ARGS]{json.dumps(c.arguments, ensure_ascii=False)}"
+            for c in calls
         )
 
 

@@ -1,9 +1,5 @@
-"""A model's tokenizer and chat template, loaded with transformers (what vLLM renders with).
-
-:class:`ChatTemplate` renders an OpenAI chat request (messages, tools, ``chat_template_kwargs``)
-to the template's text, and turns text into token ids and back, messages prepared as vLLM
-prepares them (:func:`prepare_messages`). Needs the ``render`` extra.
-"""
+"""A model's tokenizer and chat template, loaded with transformers (what vLLM renders with;
+the ``render`` extra)."""
 
 from __future__ import annotations
 
@@ -13,6 +9,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from agentcore_rl._extras import require
 
 __all__ = ["ChatTemplate", "RenderError"]
 
@@ -70,19 +68,12 @@ class ChatTemplate:
             int(i): str(t.content) for i, t in tokenizer.added_tokens_decoder.items()
         }
 
-    def __repr__(self) -> str:
-        return f"ChatTemplate({self.source!r})"
-
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ChatTemplate:
         """Load a local Hugging Face tokenizer directory (its chat template included)."""
-        try:
-            # lazy: transformers is the render extra (and slow to import)
-            from transformers import AutoTokenizer
-        except ImportError:
-            raise ImportError(
-                "rendering chat templates needs transformers: pip install 'agentcore-rl[render]'"
-            ) from None
+        require("render", "rendering chat templates", "transformers")
+        from transformers import AutoTokenizer  # lazy: the render extra, slow to import
+
         path = os.fspath(directory)
         if not os.path.isdir(path):
             raise ValueError(f"tokenizer directory {path!r} does not exist")
