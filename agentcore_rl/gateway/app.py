@@ -531,8 +531,8 @@ class RolloutGateway:
         return self._upstreams[zlib.crc32(sid.encode()) % len(self._upstreams)]
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+def _error(status: int, message: str, kind: str) -> Response:
+    return Response(error_body(status, message, kind), status, media_type="application/json")
 
 
 def _admin_app(gateway: RolloutGateway) -> Starlette:
