@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Final
 
@@ -273,31 +274,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     token = args.gateway_admin_token
     if args.gateway_url is not None and not token:
         token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
+    # The options the parser names as EvalOptions does, then those it names or holds otherwise.
+    same = {f.name: getattr(args, f.name) for f in fields(EvalOptions) if hasattr(args, f.name)}
     options = EvalOptions(
-        data=Path(args.data),
-        out=Path(args.out or f"results-{args.exp_id}.jsonl"),
-        s3_bucket=args.s3_bucket,
-        exp_id=args.exp_id,
-        agent_runtime_arn=args.agent_runtime_arn,
-        agent_urls=tuple(args.agent_url or ()),
-        concurrency=args.concurrency,
-        tps=args.tps,
-        timeout=args.timeout,
-        base_url=args.base_url,
-        model_id=args.model_id,
-        resume=args.resume,
-        limit=args.limit,
-        s3_endpoint_url=args.s3_endpoint_url,
-        runtime_endpoint_url=args.endpoint_url,
-        rollout_extra=_parse_params(args.param),
-        gateway_url=args.gateway_url,
-        gateway_admin_token=token,
-        group_size=args.group_size,
-        redundancy=args.redundancy,
-        group_seed=args.group_seed,
-        retry_lost=args.retry_lost,
-        retry_rollouts=args.retry_rollouts,
-        prices=Prices.parse(args.price),
+        **{
+            **same,
+            "data": Path(args.data),
+            "out": Path(args.out or f"results-{args.exp_id}.jsonl"),
+            "agent_urls": tuple(args.agent_url or ()),
+            "runtime_endpoint_url": args.endpoint_url,
+            "rollout_extra": _parse_params(args.param),
+            "gateway_admin_token": token,
+            "prices": Prices.parse(args.price),
+        }
     )
     if options.gateway_url is not None and token is None:
         raise ConfigurationError(
@@ -324,27 +313,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     # Checked before anything prints or starts.
     require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
-    from agentcore_rl.cli.demo import DemoOptions, run_demo
+    from agentcore_rl.cli.demo import run_demo
 
     _cwd_importable()
     if args.out:
         EvalJournal.check(Path(args.out), resume=False)
-    options = DemoOptions(
-        n=args.n,
-        concurrency=args.concurrency,
-        accuracy=args.accuracy,
-        latency=args.latency,
-        tps=args.tps,
-        base_url=args.base_url,
-        model_id=args.model_id,
-        out=Path(args.out) if args.out else None,
-        progress=not args.no_progress,
-        gateway=not args.no_gateway,
-        prices=Prices.parse(args.price),
-    )
-
     return run_async(
-        lambda: _run_and_report(lambda run: run_demo(options, run=run), title="demo summary")
+        lambda: _run_and_report(lambda run: run_demo(args, run=run), title="demo summary")
     )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import importlib
@@ -16,7 +17,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -29,7 +29,7 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
 from agentcore_rl.local.stack import LocalStack
 
-__all__ = ["DEMO_AGENT", "DemoOptions", "demo_dir", "demo_package", "run_demo"]
+__all__ = ["DEMO_AGENT", "demo_dir", "demo_package", "run_demo"]
 
 # The math example as the wheel ships it, and in a checkout (examples/math_agent).
 _SHIPPED: Final = "agentcore_rl._examples.math_agent"
@@ -40,23 +40,6 @@ _AGENT_SERVERS: Final = 2
 _ROLLOUT_TIMEOUT: Final = 120.0
 _GROUPS: Final = 6
 _GROUP_SIZE: Final = 4
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoOptions:
-    """The demo's knobs (see ``agentcore-rl demo --help``)."""
-
-    n: int = 200
-    concurrency: int = 32
-    accuracy: float = 0.8
-    latency: float = 0.05
-    tps: float | None = 100.0
-    base_url: str | None = None
-    model_id: str | None = None
-    out: Path | None = None
-    progress: bool = True
-    gateway: bool = True
-    prices: Prices = field(default_factory=Prices)
 
 
 def demo_package() -> str:
@@ -106,12 +89,14 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
     return generated
 
 
-async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalRun:
-    """Start the local stack, run the problems, stop everything; return the run."""
+async def run_demo(options: argparse.Namespace, *, run: EvalRun | None = None) -> EvalRun:
+    """Start the local stack, run the problems (``agentcore-rl demo``'s parsed ``options``),
+    stop everything; return the run."""
     # lazy: the local extra
     from agentcore_rl.local.policy import ScriptedPolicy
 
-    out = options.out or demo_dir() / "results.jsonl"
+    prices = Prices.parse(options.price)
+    out = Path(options.out) if options.out else demo_dir() / "results.jsonl"
     package = demo_package()
     data = _dataset(
         package, options.n, out.with_name(out.name.removesuffix(".jsonl") + ".problems.jsonl")
@@ -146,7 +131,7 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
         async with contextlib.AsyncExitStack() as scope:
             await scope.enter_async_context(stack)
             gateway = None
-            if options.gateway:
+            if not options.no_gateway:
                 # lazy: the gateway extra
                 from agentcore_rl.gateway import RolloutGateway
                 from agentcore_rl.local.background import BackgroundServer
@@ -157,18 +142,19 @@ async def run_demo(options: DemoOptions, *, run: EvalRun | None = None) -> EvalR
                 server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
                 print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
                 gateway = (server.url, token)
-            return await _run(stack, options, data, out, run, gateway)
+            return await _run(stack, options, data, out, run, gateway, prices)
     finally:
         server_log.setLevel(previous_level)
 
 
 async def _run(
     stack: LocalStack,
-    options: DemoOptions,
+    options: argparse.Namespace,
     data: Path,
     out: Path,
     run: EvalRun | None,
     gateway: tuple[str, str] | None,
+    prices: Prices,
 ) -> EvalRun:
     """The problems through the running stack, over the ACR transport."""
     print(
@@ -195,9 +181,9 @@ async def _run(
         limit=options.n,
         s3_endpoint_url=stack.s3_endpoint_url,
         runtime_endpoint_url=stack.runtime_endpoint_url,
-        prices=options.prices,
+        prices=prices,
     )
-    run = await run_eval(eval_options, progress=options.progress, run=run)
+    run = await run_eval(eval_options, progress=not options.no_progress, run=run)
     await _group_phase(eval_options, run)
     return run
 

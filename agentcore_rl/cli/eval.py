@@ -4,23 +4,22 @@ exactly once, an interrupted run resumed from its journal (docs/cli.md)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
+from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.cli.cost import Prices, price, trace_messages, trace_tokens, usage_of
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, load_inputs
-from agentcore_rl.cli.journal import EvalJournal, JournalEntry, TrajectoryFile, rows_path_for
+from agentcore_rl.cli.journal import EvalJournal, JournalEntry, rows_path_for
 from agentcore_rl.cli.summary import EvalRun, outcome_of, pass_at_k, reward_of
 from agentcore_rl.client import (
     AsyncRolloutClient,
@@ -32,7 +31,6 @@ from agentcore_rl.client import (
     RolloutFuture,
     Timeouts,
 )
-from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
@@ -54,8 +52,6 @@ __all__ = ["EvalEngine", "Progress", "make_client", "run_eval"]
 logger = logging.getLogger(__name__)
 
 _UNLIMITED_TPS: Final = 1e6
-_MEMBER_STARTED: Final = "member_started"
-_MEMBER_ENDED: Final = "member_ended"
 
 
 def make_client(options: EvalOptions) -> AsyncRolloutClient:
@@ -94,19 +90,6 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
         ),
         gateway=gateway,
     )
-
-
-@contextlib.asynccontextmanager
-async def _task_group() -> AsyncIterator[TaskGroup]:
-    """A task group raising a lone failure bare: the CLI maps exception types to exit codes."""
-    try:
-        async with anyio.create_task_group() as tasks:
-            yield tasks
-    except Exception as exc:
-        inner: Sequence[BaseException] = getattr(exc, "exceptions", ())
-        if len(inner) == 1 and isinstance(inner[0], Exception):
-            raise inner[0] from exc
-        raise
 
 
 def _bar_shape() -> dict[str, int]:
@@ -163,35 +146,6 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
     }
 
 
-def _resumed_groups(events: Sequence[Mapping[str, Any]]) -> dict[str, ResumedGroup]:
-    groups: dict[str, ResumedGroup] = {}
-    for event in events:
-        kind, input_id = event.get("event"), event.get("input_id")
-        if kind not in (_MEMBER_STARTED, _MEMBER_ENDED) or not isinstance(input_id, str):
-            continue
-        group = groups.setdefault(input_id, ResumedGroup())
-        try:
-            if kind == _MEMBER_STARTED:
-                sid, bucket, key = (
-                    str(event[k]) for k in ("session_id", "s3_bucket", "result_key")
-                )
-                start = MemberStart(input_id, sid, bucket, key, float(event["started_at"]))
-                group.started[start.session_id] = start
-            else:
-                reward = event.get("reward")
-                end = MemberEnd(
-                    input_id,
-                    str(event["session_id"]),
-                    event["kind"],
-                    reward=None if reward is None else float(reward),
-                    error=event.get("error"),
-                )
-                group.ended.append(end)
-        except (KeyError, TypeError, ValueError):
-            continue  # unreadable: that member runs again
-    return groups
-
-
 class EvalEngine:
     """``concurrency`` workers on one queue: an earlier run's in-flight rollouts, then inputs."""
 
@@ -201,19 +155,14 @@ class EvalEngine:
         client: AsyncRolloutClient,
         journal: EvalJournal,
         bar: Progress,
-        trajectories: TrajectoryFile | None = None,
     ) -> None:
         self.options = options
         self.client = client
         self.journal = journal
         self.bar = bar
-        self.trajectories = trajectories
         # One None per worker ends it.
-        self.queue: asyncio.Queue[tuple[JournalEntry, EvalInput] | EvalInput | None] = (
-            asyncio.Queue()
-        )
+        self.queue: asyncio.Queue[tuple[JournalEntry | None, EvalInput] | None] = asyncio.Queue()
         self.rules: GroupRules | None = None
-        self.resumes: dict[str, ResumedGroup] = {}
         self.opening = anyio.Lock()  # groups open one at a time, in input order
         self.trajectories_missing = 0
         if options.group_size is not None:
@@ -232,21 +181,27 @@ class EvalEngine:
         for entry in in_flight:
             self.queue.put_nowait((entry, by_id[entry.input_id]))
         for item in fresh:
-            self.queue.put_nowait(item)
+            self.queue.put_nowait((None, item))
         for _ in range(self.options.concurrency):
             self.queue.put_nowait(None)
-        async with _task_group() as workers:
-            for n in range(self.options.concurrency):
-                workers.start_soon(self._worker, name=f"eval worker {n}")
+        try:
+            async with anyio.create_task_group() as workers:
+                for n in range(self.options.concurrency):
+                    workers.start_soon(self._worker, name=f"eval worker {n}")
+        except Exception as exc:  # the CLI maps a lone failure's type to an exit code
+            raise_unwrapped(exc)
 
     async def _worker(self) -> None:
-        while (item := await self.queue.get()) is not None:
-            if isinstance(item, tuple):
-                await self._resume_one(*item)
-            elif self.rules is not None:
+        while (queued := await self.queue.get()) is not None:
+            entry, item = queued
+            if self.rules is not None:
                 await self._run_group(item, self.rules)
-            else:
-                await self._run_one(item)
+                continue
+            try:
+                await (self._run_one(item) if entry is None else self._resume_one(entry, item))
+            except asyncio.CancelledError:
+                self.journal.record_abandoned(item.input_id)  # the client stops the session
+                raise
 
     async def _trace(self, bucket: str, result_key: str, what: str) -> SessionTrace | None:
         try:
@@ -258,8 +213,7 @@ class EvalEngine:
     async def _collect_earlier(self) -> None:
         """An earlier run's group members (with traces) and the trajectories it did not write."""
         if self.rules is not None:
-            self.resumes = _resumed_groups(self.journal.events)
-            for group in self.resumes.values() if self.options.gateway_url else ():
+            for group in self.journal.groups.values() if self.options.gateway_url else ():
                 for number, end in enumerate(group.ended):
                     start = group.started.get(end.session_id)
                     if end.kind != "succeeded" or start is None:
@@ -268,8 +222,8 @@ class EvalEngine:
                     if trace is not None:
                         trajectory = build_trajectory(trace, reward=end.reward)
                         group.ended[number] = dataclasses.replace(end, trajectory=trajectory)
-        written = self.trajectories.sessions if self.trajectories else set()
-        for record in list(self.journal.finished.values()) if self.trajectories else ():
+        written = self.journal.traced
+        for record in list(self.journal.finished.values()) if self.journal.trajectories else ():
             sid, key = record.get("session_id"), record.get("result_key")
             if record.get("outcome") != "done" or not isinstance(sid, str):
                 continue
@@ -290,8 +244,8 @@ class EvalEngine:
                     rules=rules,
                     input_id=item.input_id,
                     timeout=self.options.timeout,
-                    journal=self,
-                    resume=self.resumes.get(item.input_id),
+                    journal=self.journal,
+                    resume=self.journal.groups.get(item.input_id),
                 )
             group = await fut
         except ClientClosedError:
@@ -335,13 +289,6 @@ class EvalEngine:
         self.journal.record_outcome(record)
         self.bar.update(record)
 
-    def member_started(self, start: MemberStart) -> None:
-        self.journal.record_event({"event": _MEMBER_STARTED, **dataclasses.asdict(start)})
-
-    def member_ended(self, end: MemberEnd) -> None:
-        fields = ("input_id", "session_id", "kind", "reward", "error")
-        self.journal.record_event({"event": _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
-
     def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
         def journal(fut: RolloutFuture) -> None:
             entry = JournalEntry(
@@ -357,9 +304,6 @@ class EvalEngine:
             future = await self.client.invoke(
                 item.payload, input_id=item.input_id, on_session=self._journaled(item)
             )
-        except asyncio.CancelledError:
-            self.journal.record_abandoned(item.input_id)  # the client stops the session
-            raise
         except Exception as exc:  # refused, or never reached: nothing runs
             self._finish(item.input_id, "failed", error=exc, elapsed=time.monotonic() - t0)
             return
@@ -371,9 +315,6 @@ class EvalEngine:
         input_id = item.input_id
         try:
             result = await future
-        except asyncio.CancelledError:
-            self.journal.record_abandoned(input_id)  # the client stops the session
-            raise
         except RolloutError as exc:
             cancelled = exc.envelope.get(protocol.ERROR_TYPE) == protocol.ERROR_CANCELLED
             if entry is None or not cancelled:
@@ -423,9 +364,6 @@ class EvalEngine:
                     timeout=self.options.timeout,
                     started_at=entry.started_at,
                 )
-        except asyncio.CancelledError:
-            self.journal.record_abandoned(entry.input_id)  # the client stops the session
-            raise
         except Exception as exc:  # a journal line the client refuses, or closing
             self._finish(entry.input_id, "failed", None, entry, error=exc)
             return
@@ -477,7 +415,7 @@ class EvalEngine:
         self.bar.update(record)
 
     def _write_trajectory(self, trace: SessionTrace, result: Any) -> None:
-        if self.trajectories is None:
+        if self.journal.trajectories is None:
             return
         metrics = result.get("metrics") if isinstance(result, dict) else None
         trajectory = build_trajectory(
@@ -485,7 +423,7 @@ class EvalEngine:
         )
         has_messages = isinstance(result, dict) and "messages" in result
         transcript = None if has_messages else trace_messages(trace)
-        self.trajectories.write(
+        self.journal.record_trajectory(
             trajectory,
             tokens_captured=trace.tokens_captured,
             **trace_tokens(trace),
@@ -511,14 +449,12 @@ async def run_eval(
     run.out = options.out
     started = time.monotonic()
     client = make_client(options)  # its refusals come before any file is touched
-    journal = EvalJournal.open(options.out, resume=options.resume)
-    trajectories: TrajectoryFile | None = None
+    # A group's trajectories go into its rows file instead.
+    traced = options.gateway_url is not None and options.group_size is None
+    journal = EvalJournal.open(options.out, resume=options.resume, trajectories=traced)
+    run.trajectories = journal.trajectories
     bar: Progress | None = None
     try:
-        # A group's trajectories go into its rows file instead.
-        if options.gateway_url is not None and options.group_size is None:
-            trajectories = TrajectoryFile.open(options.out, resume=options.resume)
-            run.trajectories = trajectories.path
         run.resumed = sum(1 for i in by_id if i in journal.finished)
         in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
         fresh = [
@@ -527,7 +463,7 @@ async def run_eval(
             if item.input_id not in journal.finished and item.input_id not in journal.in_flight
         ]
         bar = Progress(len(inputs), run.resumed, progress)
-        engine = EvalEngine(options, client, journal, bar, trajectories)
+        engine = EvalEngine(options, client, journal, bar)
         try:
             async with client:
                 for session_id in journal.unstopped:  # left running by the previous run
@@ -543,7 +479,5 @@ async def run_eval(
         if bar is not None:
             bar.close()
         journal.close()
-        if trajectories is not None:
-            trajectories.close()
         run.wall_seconds = time.monotonic() - started
     return run

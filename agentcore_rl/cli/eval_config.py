@@ -97,14 +97,10 @@ class EvalOptions:
     prices: Prices = field(default_factory=Prices)
 
     def __post_init__(self) -> None:
-        # Ranges are the parser's (and the client's) to check; these span options.
-        if (self.agent_runtime_arn is None) == (not self.agent_urls):
-            raise ConfigurationError("give either an agent runtime ARN or agent URL(s)")
+        # Ranges and the choice of agent are the parser's (and the client's) to check; these
+        # values name S3 keys, and the rest span options. (A bad one is a usage error either way.)
         protocol.validate_bucket(self.s3_bucket, name="--s3-bucket")
-        try:
-            protocol.validate_key_part("--exp-id", self.exp_id)
-        except InvalidRolloutConfig as exc:
-            raise ConfigurationError(str(exc)) from None
+        protocol.validate_key_part("--exp-id", self.exp_id)
         if self.gateway_url is not None and self.base_url is not None:
             raise ConfigurationError(
                 "give --gateway-url or --base-url, not both: through the gateway each "
@@ -113,5 +109,5 @@ class EvalOptions:
             )
         if self.gateway_admin_token is not None and self.gateway_url is None:
             raise ConfigurationError("--gateway-admin-token needs --gateway-url")
-        if self.redundancy < 0 or (self.redundancy and self.group_size is None):
-            raise ConfigurationError("--redundancy must be >= 0 and needs --group-size")
+        if self.redundancy and self.group_size is None:
+            raise ConfigurationError("--redundancy needs --group-size")

@@ -14,12 +14,12 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
     from agentcore_rl.trajectory import Trajectory
 
 __all__ = [
     "EvalJournal",
     "JournalEntry",
-    "TrajectoryFile",
     "iter_lines",
     "journal_path_for",
     "rows_path_for",
@@ -30,6 +30,8 @@ _EVENT: Final = "event"
 _STARTED: Final = "started"
 _ABANDONED: Final = "abandoned"
 _UNSTOPPED: Final = "unstopped"
+_MEMBER_STARTED: Final = "member_started"
+_MEMBER_ENDED: Final = "member_ended"
 
 
 def journal_path_for(out: Path) -> Path:
@@ -104,17 +106,22 @@ def _write(handle: IO[str] | None, record: dict[str, Any]) -> None:
 
 @dataclass
 class EvalJournal:
-    """The open results file and journal of one eval run, with what earlier runs left
-    (``finished``, ``in_flight`` and every journal line as ``events``)."""
+    """The open results file, journal and (with a gateway) trajectories file of one eval run,
+    with what earlier runs left (``finished``, ``in_flight``, unfinished ``groups``, the
+    sessions with a trajectory line as ``traced``). It is the client's journal of group
+    members too."""
 
     out: Path
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
     unstopped: list[str] = field(default_factory=list)
     retrying: set[str] = field(default_factory=set)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    groups: dict[str, ResumedGroup] = field(default_factory=dict)
+    trajectories: Path | None = None
+    traced: set[str] = field(default_factory=set)
     _results: IO[str] | None = None
     _journal: IO[str] | None = None
+    _trajectories: IO[str] | None = None
 
     @classmethod
     def check(cls, out: Path, *, resume: bool) -> None:
@@ -127,12 +134,17 @@ class EvalJournal:
             raise ConfigurationError(f"the directory of --out does not exist: {out.parent}")
 
     @classmethod
-    def open(cls, out: Path, *, resume: bool) -> EvalJournal:
+    def open(cls, out: Path, *, resume: bool, trajectories: bool = False) -> EvalJournal:
         """Open (or create) the files; with ``resume`` read what an earlier run left."""
         cls.check(out, resume=resume)
         self = cls(out)
+        if trajectories:
+            self.trajectories = trajectories_path_for(out)
+            traced = _earlier(self.trajectories, resume=resume)
+            self.traced = {r["session_id"] for r in traced if isinstance(r.get("session_id"), str)}
+            self._trajectories = self.trajectories.open("a", encoding="utf-8")
         records = _earlier(out, resume=resume)
-        self.events = _earlier(journal_path_for(out), resume=resume)
+        events = _earlier(journal_path_for(out), resume=resume)
         for record in records:
             if isinstance(record.get("input_id"), str):
                 self.finished[record["input_id"]] = record
@@ -141,7 +153,7 @@ class EvalJournal:
             _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
             for input_id in self.retrying:
                 del self.finished[input_id]
-        for record in self.events:
+        for record in events:
             self._replay(record)
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path_for(out).open("a", encoding="utf-8")
@@ -160,10 +172,14 @@ class EvalJournal:
         input_id = record.get("input_id")
         if not isinstance(input_id, str) or input_id in self.finished:
             return
+        if record.get(_EVENT) in (_MEMBER_STARTED, _MEMBER_ENDED):
+            with contextlib.suppress(KeyError, TypeError, ValueError):  # else it runs again
+                self._replay_member(input_id, record)
+            return
         if record.get(_EVENT) == _ABANDONED:
             self.in_flight.pop(input_id, None)
         if record.get(_EVENT) not in (None, _STARTED):
-            return  # abandoned, or another kind of line (a group member's)
+            return
         try:
             entry = JournalEntry(
                 input_id,
@@ -176,6 +192,20 @@ class EvalJournal:
             return
         # The latest start wins (a rerun after a stop).
         self.in_flight[input_id] = entry
+
+    def _replay_member(self, input_id: str, record: dict[str, Any]) -> None:
+        # lazy: the client extra (commands check --out without it)
+        from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
+
+        group = self.groups.setdefault(input_id, ResumedGroup())
+        sid = str(record["session_id"])
+        if record[_EVENT] == _MEMBER_STARTED:
+            where = (str(record["s3_bucket"]), str(record["result_key"]))
+            group.started[sid] = MemberStart(input_id, sid, *where, float(record["started_at"]))
+        else:
+            reward = None if record.get("reward") is None else float(record["reward"])
+            end = MemberEnd(input_id, sid, record["kind"], reward=reward, error=record.get("error"))
+            group.ended.append(end)
 
     def record_started(self, entry: JournalEntry) -> None:
         """Append one started rollout to the journal."""
@@ -190,9 +220,14 @@ class EvalJournal:
         if session_ids:
             _write(self._journal, {_EVENT: _UNSTOPPED, "session_ids": list(session_ids)})
 
-    def record_event(self, record: dict[str, Any]) -> None:
-        """Append one journal line of another kind (with an ``event`` of its own)."""
-        _write(self._journal, record)
+    def member_started(self, start: MemberStart) -> None:
+        """Journal a group member's attempt before it is invoked (the client calls this)."""
+        _write(self._journal, {_EVENT: _MEMBER_STARTED, **asdict(start)})
+
+    def member_ended(self, end: MemberEnd) -> None:
+        """Journal how a group member's attempt ended (the client calls this)."""
+        fields = ("input_id", "session_id", "kind", "reward", "error")
+        _write(self._journal, {_EVENT: _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
 
     def record_outcome(self, record: dict[str, Any]) -> None:
         """Append one outcome line to the results file."""
@@ -200,41 +235,18 @@ class EvalJournal:
         self.finished[record["input_id"]] = record
         self.in_flight.pop(record["input_id"], None)
 
+    def record_trajectory(
+        self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any
+    ) -> None:
+        """Append one trajectory, unless its session already has a line."""
+        if trajectory.session_id not in self.traced:
+            line = {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra}
+            _write(self._trajectories, line)
+            self.traced.add(trajectory.session_id)
+
     def close(self) -> None:
-        """Close both files. Idempotent."""
-        for handle in (self._results, self._journal):
+        """Close the files. Idempotent."""
+        for handle in (self._results, self._journal, self._trajectories):
             if handle is not None:
                 handle.close()
-        self._results = self._journal = None
-
-
-@dataclass
-class TrajectoryFile:
-    """The open trajectories file; ``sessions`` holds the session ids it has lines for."""
-
-    path: Path
-    sessions: set[str] = field(default_factory=set)
-    _handle: IO[str] | None = None
-
-    @classmethod
-    def open(cls, out: Path, *, resume: bool) -> TrajectoryFile:
-        """Open (or create) the file beside ``out``; with ``resume`` keep what is there."""
-        self = cls(trajectories_path_for(out))
-        records = _earlier(self.path, resume=resume)
-        self._handle = self.path.open("a", encoding="utf-8")
-        self.sessions = {r["session_id"] for r in records if isinstance(r.get("session_id"), str)}
-        return self
-
-    def write(self, trajectory: Trajectory, *, tokens_captured: int, **extra: Any) -> None:
-        """Append one trajectory, unless its session already has a line."""
-        if trajectory.session_id not in self.sessions:
-            _write(
-                self._handle, {**trajectory.to_json(), "tokens_captured": tokens_captured, **extra}
-            )
-            self.sessions.add(trajectory.session_id)
-
-    def close(self) -> None:
-        """Close the file. Idempotent."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        self._results = self._journal = self._trajectories = None

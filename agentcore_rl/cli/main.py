@@ -202,7 +202,7 @@ def _eval(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--redundancy",
-        type=int,
+        type=_non_negative_int,
         default=0,
         help="with --group-size: start N+R members, keep the first N (default 0)",
     )
