@@ -30,37 +30,47 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
-    from agentcore_rl.client import (
-        AsyncRolloutClient,
-        AwsConfig,
-        BatchItem,
-        GatewayConfig,
-        Limits,
-        LivenessConfig,
-        Retries,
-        RolloutClient,
-        RolloutFuture,
-        Timeouts,
+# What type checkers see (`X as X` exports X; I001 would split these into one import per
+# name); at run time, __getattr__ below.
+if TYPE_CHECKING:
+    from agentcore_rl.client import (  # noqa: I001
+        AsyncRolloutClient as AsyncRolloutClient,
+        AwsConfig as AwsConfig,
+        BatchItem as BatchItem,
+        GatewayConfig as GatewayConfig,
+        Limits as Limits,
+        LivenessConfig as LivenessConfig,
+        Retries as Retries,
+        RolloutClient as RolloutClient,
+        RolloutFuture as RolloutFuture,
+        Timeouts as Timeouts,
     )
     from agentcore_rl.errors import (
-        AgentLostError,
-        AgentUnreachableError,
-        ClientClosedError,
-        ConfigurationError,
-        InvalidPayloadError,
-        InvocationError,
-        RolloutError,
-        RolloutTimeoutError,
-        StorageError,
-        TraceLostError,
+        AgentLostError as AgentLostError,
+        AgentUnreachableError as AgentUnreachableError,
+        ClientClosedError as ClientClosedError,
+        ConfigurationError as ConfigurationError,
+        InvalidPayloadError as InvalidPayloadError,
+        InvocationError as InvocationError,
+        RolloutError as RolloutError,
+        RolloutTimeoutError as RolloutTimeoutError,
+        StorageError as StorageError,
+        TraceLostError as TraceLostError,
     )
-    from agentcore_rl.gateway import RolloutGateway
-    from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, StaleGroupError
-    from agentcore_rl.retry import RetryPolicy
-    from agentcore_rl.s3 import ResultStore
-    from agentcore_rl.server import AgentCoreRLApp, RequestContext
-    from agentcore_rl.trajectory import build_trajectory
+    from agentcore_rl.gateway import RolloutGateway as RolloutGateway
+    from agentcore_rl.groups import (
+        GroupDroppedError as GroupDroppedError,
+        GroupRules as GroupRules,
+        RolloutGroup as RolloutGroup,
+        StaleGroupError as StaleGroupError,
+    )
+    from agentcore_rl.retry import RetryPolicy as RetryPolicy
+    from agentcore_rl.s3 import ResultStore as ResultStore
+    from agentcore_rl.server import (
+        AgentCoreRLApp as AgentCoreRLApp,
+        RequestContext as RequestContext,
+    )
+    from agentcore_rl.trajectory import build_trajectory as build_trajectory
 
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that the
 # agent container (the `server` extra) never imports the client's dependencies, nor the
@@ -99,6 +109,9 @@ _LAZY: dict[str, str] = {
 }
 
 
+__all__ = sorted(_LAZY)
+
+
 def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
@@ -110,37 +123,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-__all__ = [
-    "AgentCoreRLApp",
-    "AgentLostError",
-    "AgentUnreachableError",
-    "AsyncRolloutClient",
-    "AwsConfig",
-    "BatchItem",
-    "ClientClosedError",
-    "ConfigurationError",
-    "GatewayConfig",
-    "GroupDroppedError",
-    "GroupRules",
-    "InvalidPayloadError",
-    "InvocationError",
-    "Limits",
-    "LivenessConfig",
-    "RequestContext",
-    "ResultStore",
-    "Retries",
-    "RetryPolicy",
-    "RolloutClient",
-    "RolloutError",
-    "RolloutFuture",
-    "RolloutGateway",
-    "RolloutGroup",
-    "RolloutTimeoutError",
-    "StaleGroupError",
-    "StorageError",
-    "Timeouts",
-    "TraceLostError",
-    "build_trajectory",
-]

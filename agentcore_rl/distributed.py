@@ -1,20 +1,6 @@
 """shared_limits: one quota (calls per second, live sessions) shared by many trainer
-processes on a Ray cluster (extra ``[ray]``).
-
-One named, detached Ray actor (:class:`LimitsActor`) holds the token bucket and the count
-of session slots; each process asks it for every token and slot (batching saved no CPU in
-``benchmarks/distributed.py``: Ray's own threads cost the same either way). A slot call
-carries the caller's own view (slots in use, grants received), so the next call corrects
-a lost one, and a process not heard from for ``slot_ttl`` loses its slots.
-
-Example::
-
-    from agentcore_rl.distributed import shared_limits
-
-    async with shared_limits("acr-math", tps=25, sessions=500) as limits:
-        async with AsyncRolloutClient(..., rate_limiter=limits.rate,
-                                      session_limiter=limits.sessions) as client:
-            ...
+processes on a Ray cluster (extra ``[ray]``): one named, detached Ray actor
+(:class:`LimitsActor`) holds the books. docs/distributed.md has the design.
 """
 
 from __future__ import annotations

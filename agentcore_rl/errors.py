@@ -105,13 +105,13 @@ class BucketNotAllowedError(InvalidPayloadError):
         AgentCoreRLApp(allowed_buckets=["rollouts"])  # a payload naming "other" gets a 403
     """
 
-    def __init__(self, bucket: str, allowed: frozenset[str]):
+    def __init__(self, bucket: str, allowed: frozenset[str], *, field: str = "s3_bucket"):
         super().__init__(
             f"bucket {bucket!r} is not in this server's allow-list "
             f"({', '.join(sorted(allowed))}); ask the agent's operator to add it "
             "(AgentCoreRLApp(allowed_buckets=...) or AGENTCORE_RL_ALLOWED_BUCKETS)",
             status_code=403,
-            field="s3_bucket",
+            field=field,
         )
         self.bucket = bucket
 

@@ -12,7 +12,7 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["check_config_types", "checked", "checked_init", "same_parameters", "unexpected_keyword"]
+__all__ = ["check_config_types", "checked", "checked_init", "same_parameters"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -26,36 +26,12 @@ def _call_name(qualname: str) -> str:
     return f"{owner}()" if name == "__init__" else f"{qualname}()"
 
 
-def unexpected_keyword(
-    call: str,
-    name: str,
-    known: Iterable[str],
-    *,
-    moved: Mapping[str, str] | None = None,
-    extras: str | None = None,
-) -> TypeError:
-    """The ``TypeError`` for ``call(..., name=...)``: the closest of ``known`` (or of the
-    ``moved`` names, shown as where they live now), else a hint that ``extras`` (a mapping
-    parameter) takes free-form keys."""
-    moved = moved or {}
-    message = f"{call} got an unexpected keyword argument {name!r}"
-    hint = moved.get(name)
-    if hint is None:
-        close = difflib.get_close_matches(name, [*known, *moved], n=1)
-        if close:
-            hint = moved.get(close[0], close[0])
-    if hint is not None:
-        return TypeError(f"{message} (did you mean {hint!r}?)")
-    if extras is not None:
-        return TypeError(f"{message} (free-form keys go in {extras}={{{name!r}: ...}})")
-    return TypeError(message)
-
-
 def checked(
     *, moved: Mapping[str, str] | None = None, extras: str | None = None
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorate a function whose keywords are fixed: an unknown one raises
-    :func:`unexpected_keyword`'s ``TypeError`` before the call."""
+    """Decorate a function whose keywords are fixed: an unknown one raises a ``TypeError``
+    naming the closest known one (or, for a ``moved`` one, where it lives now; else a hint
+    that ``extras``, a mapping parameter, takes free-form keys) before the call."""
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         return _guard(func, inspect.signature(func), func.__qualname__, moved, extras)
@@ -71,6 +47,22 @@ def checked_init(cls: C) -> C:
     return cls
 
 
+def _unexpected(
+    call: str, name: str, known: Iterable[str], moved: Mapping[str, str], extras: str | None
+) -> TypeError:
+    message = f"{call} got an unexpected keyword argument {name!r}"
+    hint = moved.get(name)
+    if hint is None:
+        close = difflib.get_close_matches(name, [*known, *moved], n=1)
+        if close:
+            hint = moved.get(close[0], close[0])
+    if hint is not None:
+        return TypeError(f"{message} (did you mean {hint!r}?)")
+    if extras is not None:
+        return TypeError(f"{message} (free-form keys go in {extras}={{{name!r}: ...}})")
+    return TypeError(message)
+
+
 def _guard(
     func: Callable[P, R],
     signature: inspect.Signature,
@@ -84,8 +76,7 @@ def _guard(
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         if not known.issuperset(kwargs):
-            unknown = sorted(set(kwargs) - known)[0]
-            raise unexpected_keyword(call, unknown, known, moved=moved, extras=extras)
+            raise _unexpected(call, sorted(set(kwargs) - known)[0], known, moved or {}, extras)
         return func(*args, **kwargs)
 
     wrapper.__signature__ = signature  # type: ignore[attr-defined]

@@ -80,17 +80,8 @@ def _describe(value: object) -> str:
 
 
 def validate_key_part(name: str, value: object, *, max_length: int = MAX_KEY_PART_LENGTH) -> str:
-    """Return ``value`` if it is safe as one segment of a result key, else raise.
-
-    Safe means: a non-empty string of at most ``max_length`` characters from
-    ``[A-Za-z0-9._=+@:-]`` that starts with a letter or digit (so no ``/``, no ``..``,
-    no control characters, no spaces).
-
-    Example::
-
-        validate_key_part("input_id", "q-17")      # "q-17"
-        validate_key_part("input_id", "../etc")    # raises InvalidRolloutConfig
-    """
+    """Return ``value`` if it is safe as one segment of a result key (1 to ``max_length``
+    characters of ``[A-Za-z0-9._=+@:-]``, starting with a letter or digit), else raise."""
     if not isinstance(value, str):
         raise InvalidRolloutConfig(
             f"{name} must be a string, got {type(value).__name__}", field=name
@@ -157,12 +148,7 @@ RUNTIME_ARN_PATTERN: Final = re.compile(
 
 
 class RuntimeArn(NamedTuple):
-    """The fields of an AgentCore Runtime ARN (see :func:`parse_runtime_arn`).
-
-    Example::
-
-        parse_runtime_arn(arn).region   # "us-west-2"
-    """
+    """The fields of an AgentCore Runtime ARN (see :func:`parse_runtime_arn`)."""
 
     partition: str
     region: str
@@ -171,15 +157,7 @@ class RuntimeArn(NamedTuple):
 
 
 def parse_runtime_arn(arn: object) -> RuntimeArn:
-    """Split an AgentCore Runtime ARN into its fields, or raise ``ConfigurationError``.
-
-    Example::
-
-        parse_runtime_arn("arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/math")
-        # RuntimeArn(partition="aws", region="us-west-2", account="123456789012",
-        #            runtime_id="math")
-        parse_runtime_arn("arn:aws:s3:::bucket")   # raises ConfigurationError
-    """
+    """Split an AgentCore Runtime ARN into its fields, or raise ``ConfigurationError``."""
     match = RUNTIME_ARN_PATTERN.fullmatch(arn) if isinstance(arn, str) else None
     if match is None:
         raise ConfigurationError(
@@ -207,11 +185,6 @@ def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:
 def result_key(exp_id: str, input_id: str, session_id: str) -> str:
     """The S3 key of one rollout's result: ``{exp_id}/{input_id}/{session_id}.json``."""
     return f"{exp_id}/{input_id}/{session_id}.json"
-
-
-def result_prefix(exp_id: str, input_id: str | None = None) -> str:
-    """The shared prefix of all results of an experiment (or of one input in it)."""
-    return f"{exp_id}/" if input_id is None else f"{exp_id}/{input_id}/"
 
 
 def parse_result_key(key: str) -> tuple[str, str, str]:
@@ -268,7 +241,9 @@ class RolloutConfig:
         for name in (EXP_ID, INPUT_ID, S3_BUCKET):
             if block.get(name) is None:
                 raise InvalidRolloutConfig(
-                    f"{ROLLOUT_FIELD}.{name} is required", field=f"{ROLLOUT_FIELD}.{name}"
+                    f"{ROLLOUT_FIELD}.{name} is required: give all of {EXP_ID}, {INPUT_ID}, "
+                    f"{S3_BUCKET} to save the result to S3, or none of them to run without saving",
+                    field=f"{ROLLOUT_FIELD}.{name}",
                 )
         known = {EXP_ID, INPUT_ID, S3_BUCKET, BASE_URL, MODEL_ID}
         return cls(

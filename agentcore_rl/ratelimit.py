@@ -1,21 +1,10 @@
 """The client's two limits: calls per second (:class:`RateLimiter`, :class:`TokenBucket`)
 and sessions at once (:class:`SessionLimiter`, :class:`LocalSessionLimiter`).
 
-A :class:`RateLimiter` paces the calls a rollout client makes (invocations and stop calls);
-any object with its three methods can stand in (``agentcore_rl.distributed`` shares one
-across a cluster). :class:`TokenBucket` is the local one, used by the client by default
-and by the local runtime to answer 429. When the runtime answers ``ThrottlingException``
-/ 429, the bucket cuts its rate multiplicatively, then climbs back linearly to the
-configured rate (AIMD, as TCP does), so a burst of throttles does not leave the client
-slow forever.
-
-``tick`` puts the waits on a grid: waiters wake at the next multiple of ``tick`` seconds at
-which a token is there, so the waiters of one tick go out together on one wakeup of the
-process (measured on a 2-core VM: 70-230 µs of CPU per wakeup from a sleep, against about
-150 µs for a whole request on a kept connection). Rate and burst are kept exactly.
-
-A rollout holds one slot of its client's :class:`SessionLimiter` from admission until its
-outcome; ``agentcore_rl.distributed`` shares both limits across a cluster.
+Any object with a protocol's methods can stand in (``agentcore_rl.distributed`` shares both
+across a cluster). On a throttle (429 / ``ThrottlingException``) the bucket halves its
+rate, then climbs back linearly (AIMD, as TCP does), so a burst of throttles does not leave
+the client slow for ever. docs/client.md ("Pacing") explains ``tick``.
 """
 
 from __future__ import annotations
@@ -34,9 +23,7 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.protocol import DEFAULT_TPS
 
 __all__ = [
-    "DEFAULT_BURST",
     "DEFAULT_PACE_TICK",
-    "DEFAULT_RATE",
     "LocalSessionLimiter",
     "Priority",
     "RateLimiter",
@@ -44,10 +31,6 @@ __all__ = [
     "TokenBucket",
 ]
 
-#: AgentCore Runtime's published default quota (invocations per second per endpoint).
-DEFAULT_RATE: Final = DEFAULT_TPS
-#: Default burst: one second's worth of tokens at the default rate.
-DEFAULT_BURST: Final = DEFAULT_TPS
 #: On a throttle the rate is multiplied by this factor...
 _THROTTLE_FACTOR: Final = 0.5
 #: ...then regains this fraction of the configured rate per second.
@@ -121,7 +104,7 @@ class TokenBucket:
     ``tokens``).
     ``clock`` returns monotonic seconds; ``sleep`` waits that many seconds. Both default to
     the real ones; tests pass a fake clock whose sleep advances it. ``tick`` (seconds,
-    0 = exact) is the grid waits end on (see the module's text); the rollout client uses
+    0 = exact) is the grid waits end on (docs/client.md); the rollout client uses
     :data:`DEFAULT_PACE_TICK`.
 
     Example::
@@ -135,7 +118,7 @@ class TokenBucket:
 
     def __init__(
         self,
-        rate: float = DEFAULT_RATE,
+        rate: float = DEFAULT_TPS,
         burst: float | None = None,
         *,
         tick: float = 0.0,

@@ -5,16 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
-
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
 
 from agentcore_rl.errors import ConfigurationError
 
@@ -39,7 +31,7 @@ class RetryPolicy:
     initial: float = 0.5
     maximum: float = 10.0
     jitter: float = 0.5
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -47,43 +39,22 @@ class RetryPolicy:
         if min(self.initial, self.maximum, self.jitter) < 0:
             raise ConfigurationError("RetryPolicy delays must be >= 0")
 
-    def __repr__(self) -> str:
-        return (
-            f"RetryPolicy(attempts={self.attempts}, initial={self.initial}, "
-            f"maximum={self.maximum}, jitter={self.jitter})"
-        )
-
     async def run(
         self,
         attempt: Callable[[int], Awaitable[T]],
         retryable: Callable[[BaseException], bool],
     ) -> T:
         """``attempt(1)``, then ``attempt(2)``... until one returns, one raises what
-        ``retryable`` refuses, or the attempts run out (the last error is raised), waiting
-        with exponential waits from ``initial`` up to ``maximum`` plus the jitter.
-
-        The first attempt runs without tenacity: building its loop costs about 35 us of
-        CPU, paid on every one of the client's requests although few are retried.
+        ``retryable`` refuses, or the attempts run out (the last error is raised). The wait
+        after try ``n`` is ``initial * 2**(n-1)`` up to ``maximum``, plus the jitter.
         """
-        try:
-            return await attempt(1)
-        except Exception as exc:
-            if self.attempts == 1 or not retryable(exc):
-                raise
-        # The wait after try 1, then tenacity for tries 2..attempts: its n-th wait
-        # (initial * 2**(n-1)) is the policy's (n+1)-th, hence the doubled multiplier.
-        await self.sleep(min(self.initial, self.maximum) + random.uniform(0, self.jitter))
-        rest = AsyncRetrying(
-            stop=stop_after_attempt(self.attempts - 1),
-            wait=wait_exponential(multiplier=self.initial * 2, max=self.maximum)
-            + wait_random(0, self.jitter),
-            retry=retry_if_exception(retryable),
-            sleep=self.sleep,
-            reraise=True,
-        )
         number = 1
-        async for state in rest:
-            with state:
-                number += 1
+        while True:
+            try:
                 return await attempt(number)
-        raise AssertionError("unreachable: tenacity either returns or raises")
+            except Exception as exc:
+                if number >= self.attempts or not retryable(exc):
+                    raise
+            backoff = min(self.initial * 2 ** (number - 1), self.maximum)
+            await self.sleep(backoff + random.uniform(0, self.jitter))
+            number += 1

@@ -1,12 +1,6 @@
-"""ResultStore: the only door to S3 in agentcore-rl (aioboto3, one :class:`RetryPolicy`).
-
-It creates an aioboto3 client on first use in each event loop (an aiohttp session belongs
-to the loop that made it) and closes it in :meth:`ResultStore.aclose`, or when that loop
-shuts down, whichever comes first. Transient failures (throttling, 5xx, dropped
-connections) are retried with exponential backoff and jitter; anything else, or a failure
-that outlasts the retries, raises :class:`~agentcore_rl.errors.StorageError`. botocore's
-own retries are off, so one policy, visible here, governs every request. Requests are
-counted per operation (``request_counts``: S3 requests per rollout in benchmarks).
+"""ResultStore: the only door to S3 in agentcore-rl (aioboto3). botocore's own retries are
+off: one :class:`RetryPolicy` governs every request; what outlasts it, or is not transient,
+raises :class:`~agentcore_rl.errors.StorageError`. Requests are counted per operation.
 """
 
 from __future__ import annotations

@@ -46,9 +46,8 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import ShutdownConfig, WorkerConfig
+from agentcore_rl.server.config import DEFAULT_GIL_SWITCH_INTERVAL, ShutdownConfig, WorkerConfig
 from agentcore_rl.server.overload import serve_options
-from agentcore_rl.server.settings import DEFAULT_GIL_SWITCH_INTERVAL
 
 BUCKET = "bench-rollouts"
 # Embedded S3 accepts any credentials; fixed fake ones keep real ones out of the picture.

@@ -1,4 +1,4 @@
-"""RetryPolicy.run: the first try outside tenacity, the later ones on the policy's waits."""
+"""RetryPolicy.run: tries on the policy's waits until one succeeds or may not be retried."""
 
 from __future__ import annotations
 

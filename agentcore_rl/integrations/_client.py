@@ -11,8 +11,9 @@ from typing import Any
 
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
-from agentcore_rl.groups import GroupRules, RolloutGroup
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup
 from agentcore_rl.integrations.settings import AgentCoreSettings
+from agentcore_rl.training.rows import TrainingRow, group_rows
 from agentcore_rl.trajectory import Trajectory
 
 __all__ = [
@@ -180,21 +181,27 @@ async def run_group(
     n: int,
     input_id: str,
     settings: AgentCoreSettings,
-    member_seed: int | None = None,
     overrides: Mapping[str, Any],
-) -> RolloutGroup:
-    """One GRPO group run by the client under the settings' rules.
-
-    ``on_failure="zero"`` keeps a failed member as a zeroed one; ``"drop_group"`` raises
-    ``GroupDroppedError`` for the caller's trainer to drop the prompt.
+) -> list[list[TrainingRow]] | None:
+    """One GRPO group run by the client under the settings' rules (member seeds from 0):
+    each kept member's rows, in member order, or ``None`` when ``on_failure="drop_group"``
+    dropped the group. ``on_failure="zero"`` keeps a failed member as a zeroed one.
     """
     rules = GroupRules(
         n=n,
         retry=settings.retry,
         on_failure=settings.on_failure,
         redundancy=settings.redundancy,
-        member_seed=member_seed,
+        member_seed=0,
     )
-    group = await client.invoke_group(payload, rules=rules, input_id=input_id, rollout=overrides)
-    result: RolloutGroup = await group
-    return result
+    try:
+        group = await client.invoke_group(
+            payload, rules=rules, input_id=input_id, rollout=overrides
+        )
+        result: RolloutGroup = await group
+    except GroupDroppedError:
+        return None
+    by_member: dict[int, list[TrainingRow]] = {}
+    for row in group_rows(result, require_tokens=False):
+        by_member.setdefault(row.member, []).append(row)
+    return [by_member[member.index] for member in result.members]

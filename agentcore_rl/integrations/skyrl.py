@@ -14,11 +14,10 @@ from typing import Any
 import anyio
 
 from agentcore_rl._extras import require
-from agentcore_rl.groups import GroupDroppedError, RolloutGroup
 from agentcore_rl.integrations._client import run_group, set_policy_version, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_skyrl
-from agentcore_rl.training.rows import TrainingRow, fit_rows, group_rows, trajectory_rows
+from agentcore_rl.training.rows import TrainingRow, fit_rows, trajectory_rows
 
 require("skyrl", "agentcore_rl.integrations.skyrl", "skyrl")
 
@@ -87,22 +86,18 @@ class AgentCoreGenerator(GeneratorInterface):  # type: ignore[misc]
             first = positions[0]
             payload = self.payload(prompts[first], extras[first] if extras else None)
             input_id = f"{_UNSAFE.sub('-', instance)}@{phase}{step}"
-            try:
-                group: RolloutGroup | None = await run_group(
-                    client,
-                    payload,
-                    n=len(positions),
-                    input_id=input_id,
-                    settings=self.settings,
-                    member_seed=0,
-                    overrides=overrides,
-                )
-            except GroupDroppedError:
-                group = None
+            members = await run_group(
+                client,
+                payload,
+                n=len(positions),
+                input_id=input_id,
+                settings=self.settings,
+                overrides=overrides,
+            )
+            if members is None:
                 dropped += 1
-            if group is None:
-                for position in positions:
-                    member_rows[position] = trajectory_rows(
+                members = [
+                    trajectory_rows(
                         None,
                         exp_id=self.settings.exp_id,
                         group_id=input_id,
@@ -111,12 +106,9 @@ class AgentCoreGenerator(GeneratorInterface):  # type: ignore[misc]
                         outcome="dropped",
                         zeroed=True,
                     )
-                return
-            by_member: dict[int, list[TrainingRow]] = {}
-            for row in group_rows(group, require_tokens=False):
-                by_member.setdefault(row.member, []).append(row)
-            for rank, member in enumerate(group.members):
-                member_rows[positions[rank]] = by_member[member.index]
+                ] * len(positions)
+            for position, rows in zip(positions, members, strict=False):
+                member_rows[position] = rows
 
         async with anyio.create_task_group() as tg:
             for instance, positions in instances.items():

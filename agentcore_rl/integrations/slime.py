@@ -18,7 +18,7 @@ from typing import Any, Final
 import anyio
 
 from agentcore_rl._extras import require
-from agentcore_rl.groups import GroupDroppedError, RolloutGroup, advantages
+from agentcore_rl.groups import advantages
 from agentcore_rl.integrations._client import (
     close_shared_clients,
     run_group,
@@ -27,7 +27,7 @@ from agentcore_rl.integrations._client import (
 )
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_slime
-from agentcore_rl.training.rows import TrainingRow, group_rows
+from agentcore_rl.training.rows import TrainingRow
 
 require("slime", "agentcore_rl.integrations.slime", "torch")
 
@@ -116,24 +116,19 @@ async def _run_groups(
         nonlocal dropped
         first = group_samples[0]
         input_id = f"r{rollout_id}-g{first.group_index}"
-        try:
-            group: RolloutGroup = await run_group(
-                client,
-                _payload(first, settings.payload_key),
-                n=len(group_samples),
-                input_id=input_id,
-                settings=settings,
-                member_seed=0,
-                overrides={},
-            )
-        except GroupDroppedError:
+        members = await run_group(
+            client,
+            _payload(first, settings.payload_key),
+            n=len(group_samples),
+            input_id=input_id,
+            settings=settings,
+            overrides={},
+        )
+        if members is None:
             dropped += 1  # slime's own rule for a dropped group: it is not trained
             return
-        by_member: dict[int, list[TrainingRow]] = {}
-        for row in group_rows(group, require_tokens=False):
-            by_member.setdefault(row.member, []).append(row)
-        for rank, member in enumerate(group.members):
-            out[position].extend(_fill(group_samples[rank], by_member[member.index], pad))
+        for sample, rows in zip(group_samples, members, strict=False):
+            out[position].extend(_fill(sample, rows, pad))
 
     try:
         async with anyio.create_task_group() as tg:

@@ -20,19 +20,6 @@ import uvicorn
 __all__ = ["BackgroundServer"]
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host`` and ``port`` (0: a free one), for uvicorn to listen on."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn without signal capture: several can share one process and one loop."""
 
@@ -69,9 +56,8 @@ class BackgroundServer:
         self.host = host
         self.port = port
         self.shutdown_timeout = shutdown_timeout
-        self._config = uvicorn.Config(
-            app, host=host, port=port, log_level=log_level, lifespan="auto", **uvicorn_options
-        )
+        options = {"lifespan": "auto", **uvicorn_options}
+        self._config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **options)
         self._server = _EmbeddedUvicorn(self._config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
@@ -93,7 +79,13 @@ class BackgroundServer:
         """Bind, start uvicorn and wait until it accepts connections."""
         if self._task is not None:
             return self
-        sock = bind_socket(self.host, self.port)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
         self.port = sock.getsockname()[1]
         self._socket = sock
         self._task = asyncio.create_task(

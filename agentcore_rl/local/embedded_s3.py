@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.local.background import _EmbeddedUvicorn, bind_socket
+from agentcore_rl.local.background import BackgroundServer
 
 __all__ = ["EmbeddedS3"]
 
@@ -29,20 +28,6 @@ _STARTUP_TIMEOUT = 10.0
 _SHUTDOWN_TIMEOUT = 10.0
 
 _WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-
-
-class _ThreadedUvicorn(_EmbeddedUvicorn):
-    """uvicorn that reports, to another thread, when its startup is over."""
-
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.startup_done = threading.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        try:
-            await super().startup(sockets)
-        finally:
-            self.startup_done.set()
 
 
 def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
@@ -113,24 +98,24 @@ class EmbeddedS3:
         self.host = host
         self.port = port
         self.verbose = verbose
-        self._server: _ThreadedUvicorn | None = None
+        self._stop: Callable[[], object] | None = None  # tells the server's thread to stop
         self._thread: threading.Thread | None = None
         self._executor: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
-        state = "running" if self._server is not None else "stopped"
+        state = "running" if self._stop is not None else "stopped"
         return f"EmbeddedS3(host={self.host!r}, port={self.port}, {state})"
 
     @property
     def endpoint_url(self) -> str:
         """``http://host:port`` of the running server."""
-        if self._server is None:
+        if self._stop is None:
             raise RuntimeError("EmbeddedS3 is not running; call start() first")
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> EmbeddedS3:
         """Start the server (no-op when running) and return ``self``."""
-        if self._server is not None:
+        if self._stop is not None:
             return self
         try:  # lazy: a2wsgi and moto are the local extra
             from a2wsgi import WSGIMiddleware
@@ -142,57 +127,62 @@ class EmbeddedS3:
             raise ConfigurationError(
                 "embedded S3 needs moto and a2wsgi: pip install 'agentcore-rl[local]'"
             ) from exc
-        # lazy: the server extra, loaded when the server starts
-        import uvicorn
 
         # What moto's ThreadedMotoServer serves (Any: a2wsgi's environ type is too narrow).
         moto_app: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
         wsgi = WSGIMiddleware(moto_app, workers=_WORKERS)
-        sock = bind_socket(self.host, self.port)
-        try:
-            config = uvicorn.Config(
-                wsgi,
-                log_level="info" if self.verbose else "warning",
-                access_log=self.verbose,
-                lifespan="off",
-                timeout_keep_alive=_KEEP_ALIVE,
-                backlog=4096,
-                server_header=False,  # moto names its own server, as werkzeug lets it
-            )
-        except BaseException:
-            sock.close()
-            raise
-        self.port = sock.getsockname()[1]
-        server = _ThreadedUvicorn(config)
+        server = BackgroundServer(
+            wsgi,
+            host=self.host,
+            port=self.port,
+            log_level="info" if self.verbose else "warning",
+            shutdown_timeout=_SHUTDOWN_TIMEOUT,
+            access_log=self.verbose,
+            lifespan="off",
+            timeout_keep_alive=_KEEP_ALIVE,
+            backlog=4096,
+            server_header=False,  # moto names its own server, as werkzeug lets it
+        )
+        started = threading.Event()
+        outcome: list[Callable[[], object] | Exception] = []  # how to stop it, or its failure
 
-        def serve() -> None:
+        async def serve() -> None:
+            stop = asyncio.Event()
             try:
-                asyncio.run(server.serve(sockets=[sock]))
+                await server.start(startup_timeout=_STARTUP_TIMEOUT)
+                loop = asyncio.get_running_loop()
+                outcome.append(lambda: loop.call_soon_threadsafe(stop.set))
+            except Exception as exc:
+                outcome.append(exc)
+                return
             finally:
-                sock.close()
-                server.startup_done.set()  # serve() failed before its startup
+                started.set()
+            try:
+                await stop.wait()
+            finally:
+                await server.aclose()
 
-        thread = threading.Thread(target=serve, name=f"EmbeddedS3 :{self.port}", daemon=True)
+        thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
         thread.start()
-        self._server, self._thread, self._executor = server, thread, wsgi.executor
-        if not server.startup_done.wait(_STARTUP_TIMEOUT) or not server.started:
+        started.wait()
+        self._thread, self._executor = thread, wsgi.executor
+        if isinstance(outcome[0], Exception):
             self.stop()
-            raise RuntimeError(f"embedded S3 on port {self.port} did not start")
+            raise outcome[0]
+        self._stop, self.port = outcome[0], server.port
+        thread.name = f"EmbeddedS3 :{self.port}"
         return self
 
     def stop(self) -> None:
         """Stop the server, waiting a bounded time for requests in flight. Idempotent."""
-        server, self._server = self._server, None
+        stop, self._stop = self._stop, None
         thread, self._thread = self._thread, None
         executor, self._executor = self._executor, None
-        if server is None or thread is None or executor is None:
+        if thread is None or executor is None:
             return
-        server.should_exit = True
-        thread.join(_SHUTDOWN_TIMEOUT)
-        if thread.is_alive():
-            # Connections still busy: uvicorn stops waiting for them.
-            server.force_exit = True
-            thread.join(_SHUTDOWN_TIMEOUT)
+        if stop is not None:
+            stop()  # a graceful shutdown, forced after _SHUTDOWN_TIMEOUT
+        thread.join(2 * _SHUTDOWN_TIMEOUT)
         if thread.is_alive():  # pragma: no cover - a request stuck in moto
             _log.warning("embedded S3 on port %s did not stop in time", self.port)
         # a2wsgi never closes its thread pool; idle workers end now, not at exit.

@@ -55,6 +55,8 @@ _END_ID: Final = 7
 _STEP_RE: Final = re.compile(r'"step":\s*(\d+)')
 _NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 
+_TOKEN_IN: Final = "token-in needs a tokenizer (ScriptedPolicy(tokenizer=))"
+
 TokenIdsMode = Literal["always", "requested", "never"]
 
 
@@ -171,7 +173,7 @@ class _ScriptVoice:
         return [piece for piece, _ in fake_tokens(text)]
 
     def generate(self, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
-        raise _BadRequest("token-in needs a tokenizer (ScriptedPolicy(tokenizer=))")
+        raise _BadRequest(_TOKEN_IN)
 
     def chat(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
         return self._answer(index, body["messages"], body.get("tools") or [], body.get("seed"))
@@ -179,7 +181,7 @@ class _ScriptVoice:
     def text(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
         prompt = body["prompt"]
         if not isinstance(prompt, str):
-            self.generate(prompt_ids)
+            raise _BadRequest(_TOKEN_IN, "prompt")
         return self._answer(index, [{"role": "user", "content": prompt}], [], body.get("seed"))
 
     def _answer(
@@ -250,7 +252,6 @@ class TemplateVoice:
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
         tool_rounds: int = 1,
-        tool_name: str = "calculator",
         seed: int = 0,
     ) -> None:
         if tool_rounds < 0:
@@ -263,7 +264,6 @@ class TemplateVoice:
         self.tools = tool_parser_named(tool_call_parser)
         self.reasoning = reasoning_parser_named(reasoning_parser)
         self.tool_rounds = tool_rounds
-        self.tool_name = tool_name
         self.seed = seed
         eos = self.template.tokenizer.eos_token_id
         if not isinstance(eos, int):
@@ -322,8 +322,8 @@ class TemplateVoice:
 
             step = done + 1
             if self.reasoning is not None:
-                parts.append(self.reasoning.format(f"Step {step}: I ask the {self.tool_name}."))
-            call = ToolCall(self.tool_name, {"expression": f"{10 * step} + {step}", "step": step})
+                parts.append(self.reasoning.format(f"Step {step}: I ask the calculator."))
+            call = ToolCall("calculator", {"expression": f"{10 * step} + {step}", "step": step})
             parts.append(self.tools.format([call]))
             end_id = self._call_stop
         else:
@@ -435,8 +435,6 @@ class ScriptedPolicy:
             raise ValueError(f"latency must be >= 0 seconds, got {latency}")
         if token_ids not in ("always", "requested", "never"):
             raise ValueError(f"token_ids must be always, requested or never, got {token_ids!r}")
-        self.accuracy = accuracy
-        self.seed = seed
         self.latency = latency
         self.model = model
         self.token_ids = token_ids

@@ -33,7 +33,7 @@ from agentcore_rl.local.runtime import (
 )
 from agentcore_rl.protocol import parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.settings import SPOOL_DIR_ENV
+from agentcore_rl.server.config import SPOOL_DIR_ENV
 
 logger = logging.getLogger(__name__)
 

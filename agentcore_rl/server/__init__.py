@@ -1,16 +1,5 @@
 """The agent side: :class:`AgentCoreRLApp`, an ASGI rollout server, its config objects
-and its request context.
-
-Example::
-
-    from agentcore_rl.server import AgentCoreRLApp, RequestContext
-
-    app = AgentCoreRLApp()
-
-    @app.rollout_entrypoint
-    async def solve(payload: dict, context: RequestContext) -> dict:
-        return {"rewards": [1.0]}
-"""
+and its request context (docs/server.md)."""
 
 from agentcore_rl.server import _extra  # noqa: F401  (first: a missing extra is named)
 from agentcore_rl.server.app import AgentCoreRLApp

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import uvicorn
@@ -30,6 +31,7 @@ from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
 from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
+    APP_NAME_ENV,
     DEFAULT_FAULT_CHECKS,
     DEFAULT_REQUEST_LIMITS,
     DEFAULT_SHUTDOWN,
@@ -41,20 +43,17 @@ from agentcore_rl.server.config import (
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
+    allowed_buckets_from,
+    check_app_name,
+    default_host,
+    handler_app_name,
+    spool_directory,
 )
 from agentcore_rl.server.invoke import Handler, HandlerSpec
 from agentcore_rl.server.lease import LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
 from agentcore_rl.server.routes import BodyBudget, RolloutRoutes
 from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
-from agentcore_rl.server.settings import (
-    allowed_buckets_from,
-    app_name_from_env,
-    check_app_name,
-    default_host,
-    handler_app_name,
-    spool_directory,
-)
 from agentcore_rl.server.spool import Spool
 
 __all__ = ["AgentCoreRLApp"]
@@ -65,10 +64,6 @@ F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
 
 
-# An app started without a handler (its spool never holds anything).
-_UNNAMED: Final = "unnamed-app"
-
-
 class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     """The agent server: ``POST /invocations``, ``GET /ping``, ``POST /sessions/{id}/stop``.
 
@@ -76,36 +71,19 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     to S3) or :meth:`entrypoint` (plain request/response). Handlers may be async or sync
     (sync ones run in worker threads) and take ``(payload)`` or ``(payload, context)``.
 
-    ``store`` is the S3 door (default: a ``ResultStore()``, whose endpoint is found when
-    the first envelope is written: ``AWS_ENDPOINT_URL_S3`` as it is then).
-    ``allowed_buckets`` (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, comma-separated)
-    limits which buckets a payload may name. ``app_name`` (default:
-    ``$AGENTCORE_RL_APP_NAME``, else the handler's module and name) is the agent's
-    identity: its spool lives in a directory of that name, and envelopes
-    another app spooled are never delivered by this one. The rest is grouped by concern:
-    ``limits`` (:class:`~agentcore_rl.server.config.RequestLimits`: body size, nesting,
-    bodies in flight), ``shutdown`` (:class:`~agentcore_rl.server.config.ShutdownConfig`:
-    grace period, stop wait), ``spool`` (:class:`~agentcore_rl.server.config.SpoolConfig`:
-    directory, retry intervals), ``workers``
-    (:class:`~agentcore_rl.server.config.WorkerConfig`: sync handler threads, GIL switch
-    interval) and ``faults`` (:class:`~agentcore_rl.server.config.FaultChecks`: a result
-    bucket that does not exist or refuses the server is refused with a 4xx naming it; the
-    rollouts of a client whose lease lapsed are cancelled; a server whose event loop runs
-    behind answers 503 with ``Retry-After``). ``clock`` (epoch seconds) stamps envelopes
-    and ``/ping``.
-
-    At startup the app delivers what its spool holds. A repeated invocation (same session
-    id and result key) does not run twice: while it runs it is recognised, and a re-send
-    the client marked (``_rollout.repeat``) first checks S3 for an earlier run's envelope.
-
-    It is an ordinary Starlette app: add routes or middleware, or mount it in another app
-    (then enter it from the parent's lifespan: ``async with agent_app: yield``; mounted
-    where no lifespan reaches it, each rollout runs as its invocation's background task
-    and the spool is retried only at ``aclose()``).
-    ``lifespan`` (run inside the app's own) and ``middleware`` are passed on as with
-    AWS's ``BedrockAgentCoreApp``, whose public surface it keeps
-    (:class:`~agentcore_rl.server.compat.BedrockCompat`; docs/server.md lists what is
-    left out and why).
+    ``store`` is the S3 door (default: a ``ResultStore()``), ``allowed_buckets`` the
+    buckets a payload may name, ``app_name`` the agent's identity (its spool's directory
+    and owner); the rest is grouped by concern: ``limits``
+    (:class:`~agentcore_rl.server.config.RequestLimits`), ``shutdown``
+    (:class:`~agentcore_rl.server.config.ShutdownConfig`), ``spool``
+    (:class:`~agentcore_rl.server.config.SpoolConfig`), ``workers``
+    (:class:`~agentcore_rl.server.config.WorkerConfig`) and ``faults``
+    (:class:`~agentcore_rl.server.config.FaultChecks`). ``clock`` (epoch seconds) stamps
+    envelopes and ``/ping``; ``debug``, ``lifespan`` (run inside the app's own) and
+    ``middleware`` are Starlette's, as in AWS's ``BedrockAgentCoreApp``, whose public
+    surface it keeps. It is an ordinary Starlette app: add routes, or mount it (then enter
+    it from the parent's lifespan). docs/server.md has the defaults, the environment
+    variables, repeated invocations and what is left out of AWS's app.
 
     Example::
 
@@ -165,20 +143,18 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         self._owns_store = store is None
         self.store = store if store is not None else ResultStore()
         #: The agent's identity (its spool's owner); from the handler if not given.
-        self.app_name = check_app_name(app_name) if app_name is not None else app_name_from_env()
+        name = app_name if app_name is not None else os.environ.get(APP_NAME_ENV, "").strip()
+        self.app_name = check_app_name(name) if name or app_name is not None else None
         # Placed once the name is known (now or at registration), for good at startup with
         # the environment as it is then (a local stack gives its agents a private spool).
         self.spool = Spool(
             self.store,
             retry_interval=spool.retry_interval,
             max_retry_interval=spool.max_retry_interval,
-            on_change=self._refresh_health,
         )
         if self.app_name is not None:
             self._place_spool(self.app_name)
-        self.runner = RolloutRunner(
-            spool=self.spool, clock=clock, on_change=self._refresh_health, exists=self.store.head
-        )
+        self.runner = RolloutRunner(spool=self.spool, clock=clock, exists=self.store.head)
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
         self._spec: HandlerSpec | None = None
@@ -246,8 +222,8 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         """True once shutdown has begun (new invocations get 503)."""
         return self._closing
 
-    def _refresh_health(self) -> None:
-        self._set_busy(self.runner.active > 0 or self.spool.pending > 0)
+    def _owes_results(self) -> bool:
+        return self.runner.active > 0 or self.spool.pending > 0
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
         # Lazy: the app can be built before any event loop runs.
@@ -266,7 +242,7 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             return
         self._started = True
         if self.app_name is None:  # no handler: nothing of its own to spool
-            self.app_name = _UNNAMED
+            self.app_name = "unnamed-app"
         self._place_spool(self.app_name)
         if await self.spool.recover():
             self.spool.kick()
@@ -285,10 +261,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             sys.setswitchinterval(wanted)
             logger.info("GIL switch interval set to %.3g s so /ping stays responsive", wanted)
 
-    def session_state(self, session_id: str) -> dict[str, Any]:
-        """What this server knows of a session: the ``/sessions/{id}`` answer."""
-        return self.runner.session_state(session_id)
-
     async def aclose(self) -> ShutdownReport:
         """Shut down gracefully; idempotent (later calls wait for the first and return its
         report).
@@ -301,23 +273,9 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         async with self._close_lock:
             if self.last_shutdown is not None:
                 return self.last_shutdown
-            active = self.runner.active
-            if active:
-                logger.info(
-                    "shutting down: waiting up to %.3g s for %d running rollout(s)",
-                    self.shutdown.grace,
-                    active,
-                )
             report = await self.runner.shutdown(
                 self.shutdown.grace, cancel_timeout=self.shutdown.cancel_timeout
             )
-            if report.cancelled:
-                logger.warning(
-                    "cancelled %d rollout(s) still running after the %.3g s grace period; "
-                    "their 'cancelled' envelopes were written",
-                    report.cancelled,
-                    self.shutdown.grace,
-                )
             await self.spool.aclose()
             if self._owns_store:
                 await self.store.aclose()

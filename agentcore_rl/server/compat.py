@@ -59,10 +59,12 @@ class BedrockCompat:
     def run(self, port: int = protocol.DEFAULT_PORT, host: str | None = None) -> None:
         raise NotImplementedError
 
+    def _owes_results(self) -> bool:
+        raise NotImplementedError
+
     def _init_compat(self, clock: Callable[[], float]) -> None:
         self.handlers = {}
         self._clock = clock
-        self._busy = False
         self._forced: PingStatus | None = None
         self._ping_handler: PingHandler | None = None
         self._status = PingStatus.HEALTHY
@@ -127,7 +129,6 @@ class BedrockCompat:
             task_id = next(self._task_ids)
             self._async_tasks[task_id] = (name, self._clock())
         logger.info("async task started: %s (id %d)", name, task_id)
-        self._automatic_changed()
         return task_id
 
     def complete_async_task(self, task_id: int) -> bool:
@@ -140,7 +141,6 @@ class BedrockCompat:
         name, started = task
         duration = self._clock() - started
         logger.info("async task completed: %s (id %d, %.2f s)", name, task_id, duration)
-        self._automatic_changed()
         return True
 
     def get_async_task_info(self) -> dict[str, Any]:
@@ -179,21 +179,12 @@ class BedrockCompat:
                     exc,
                 )
         if status is None:
-            busy = self._busy or bool(self._async_tasks)
+            busy = self._owes_results() or bool(self._async_tasks)
             status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY
         if status is not self._status:
             self._status = status
             self._last_update = int(self._clock())
         return status
-
-    def _automatic_changed(self) -> None:
-        # A custom handler is asked at ping time only: it may be slow.
-        if self._forced is None and self._ping_handler is None:
-            self._refresh_ping()
-
-    def _set_busy(self, busy: bool) -> None:
-        self._busy = busy
-        self._automatic_changed()
 
     async def _ping(self, request: Request) -> Response:
         status = self._refresh_ping()

@@ -51,7 +51,6 @@ class LoopLag:
         self._clock = clock
         self._sleep = sleep
         self.samples = samples
-        self.lag = 0.0
         self._late = 0  # measurements in a row over the threshold
         self.refused = 0
 
@@ -72,7 +71,6 @@ class LoopLag:
         await self._sleep(self.interval)
         lag = max(0.0, self._clock() - started - self.interval)
         was = self.overloaded
-        self.lag = lag
         over = self.threshold is not None and lag > self.threshold
         self._late = self._late + 1 if over else 0
         if self.overloaded and not was:

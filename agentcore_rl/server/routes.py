@@ -163,9 +163,7 @@ def parse_payload(body: bytes | bytearray, *, max_depth: int) -> dict[str, Any]:
 
 def _not_allowed(bucket: str, allowed: frozenset[str] | None, field: str) -> None:
     if allowed is not None and bucket not in allowed:
-        refusal = BucketNotAllowedError(bucket, allowed)
-        refusal.field = field
-        raise refusal
+        raise BucketNotAllowedError(bucket, allowed, field=field)
 
 
 def parse_rollout(
@@ -176,18 +174,8 @@ def parse_rollout(
     if protocol.ROLLOUT_FIELD not in payload:
         return None
     block = payload[protocol.ROLLOUT_FIELD]
-    if isinstance(block, Mapping):
-        given = [name for name in _S3_FIELDS if block.get(name) is not None]
-        if not given:
-            return None  # the reference toolkit's rule
-        if len(given) < len(_S3_FIELDS):
-            missing = next(name for name in _S3_FIELDS if name not in given)
-            raise InvalidRolloutConfig(
-                f"{protocol.ROLLOUT_FIELD}.{missing} is required: give all of "
-                f"{', '.join(_S3_FIELDS)} to save the result to S3, or none of them to run "
-                "without saving",
-                field=f"{protocol.ROLLOUT_FIELD}.{missing}",
-            )
+    if isinstance(block, Mapping) and all(block.get(name) is None for name in _S3_FIELDS):
+        return None  # the reference toolkit's rule
     try:
         config = protocol.RolloutConfig.from_dict(block)
     except InvalidRolloutConfig as exc:

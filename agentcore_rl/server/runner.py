@@ -140,13 +140,11 @@ class RolloutRunner:
         *,
         spool: Spool,
         clock: Callable[[], float],
-        on_change: Callable[[], None] | None = None,
         exists: Callable[[str, str], Awaitable[bool]] | None = None,
         remember: int = DEFAULT_REMEMBERED_SESSIONS,
     ) -> None:
         self._spool = spool
         self._clock = clock
-        self._on_change = on_change
         self._exists = exists
         self._remember = remember
         self._finished: dict[str, tuple[str, ...]] = {}
@@ -207,12 +205,7 @@ class RolloutRunner:
         job.start_count = self._starts if not self._jobs else None  # alone, so far
         self._jobs.add(job)
         self._by_session.setdefault(job.session_id, set()).add(job)
-        self._changed()
         return job
-
-    def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change()
 
     def remember_finished(self, session_id: str, key: str) -> None:
         """Record that the session's rollout writing ``key`` has finished (or is spooled)."""
@@ -245,7 +238,6 @@ class RolloutRunner:
             if not session_jobs:
                 del self._by_session[job.session_id]
         job._done.set()
-        self._changed()
 
     def _envelope(
         self, job: RolloutJob, result: object, failure: _Failure | None

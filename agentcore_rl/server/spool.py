@@ -14,7 +14,6 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -89,20 +88,16 @@ class Spool:
         owner: str | None = None,
         retry_interval: float = 5.0,
         max_retry_interval: float = 300.0,
-        on_change: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._directory = directory
         self.owner = owner
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
-        self._on_change = on_change
         # (bucket, key) per file: a repeated invocation is recognised without reading files.
         self._entries: dict[Path, tuple[str, str]] = {}
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._drained = asyncio.Event()
-        self._drained.set()
         self._tasks: TaskGroup | None = None
         self._retrying: anyio.CancelScope | None = None
         self._closed = False
@@ -136,18 +131,6 @@ class Spool:
         self._tasks = tasks
         self._ensure_retrying()
 
-    def _changed(self) -> None:
-        if self._entries:
-            self._drained.clear()
-        else:
-            self._drained.set()
-        if self._on_change is not None:
-            self._on_change()
-
-    def _keep(self, path: Path, bucket: str, key: str) -> None:
-        self._entries[path] = (bucket, key)
-        self._changed()
-
     def _ensure_retrying(self) -> None:
         if self._closed or not self._entries or self._tasks is None or self._retrying:
             return
@@ -174,10 +157,10 @@ class Spool:
             except OSError as disk_error:
                 _log_lost(bucket, key, disk_error, body)
                 raise cancel from None
-            self._keep(kept, bucket, key)
+            self._entries[kept] = (bucket, key)
             logger.error("SPOOLED result for s3://%s/%s during cancellation", bucket, key)
             raise
-        self._keep(path, bucket, key)
+        self._entries[path] = (bucket, key)
         logger.error(
             "SPOOLED result for s3://%s/%s (%s) to %s; %d envelope(s) now wait for S3 and "
             "are retried every %.3g s or more",
@@ -240,7 +223,6 @@ class Spool:
         }
         if new:
             self._entries.update(new)
-            self._changed()
             logger.warning(
                 "found %d undelivered envelope(s) in spool %s; delivering them",
                 len(new),
@@ -252,9 +234,6 @@ class Spool:
     def kick(self) -> None:
         """Retry now instead of waiting out the backoff."""
         self._wake.set()
-
-    async def wait_drained(self) -> None:
-        await self._drained.wait()
 
     async def drain(self) -> int:
         """Try every pending envelope once; return how many remain.
@@ -286,7 +265,6 @@ class Spool:
                 with contextlib.suppress(FileNotFoundError):
                     await anyio.to_thread.run_sync(path.unlink)
                 del self._entries[path]
-                self._changed()
                 logger.warning(
                     "delivered spooled result s3://%s/%s; %d still pending",
                     bucket,
@@ -302,7 +280,6 @@ class Spool:
         except OSError:
             target = path
         del self._entries[path]
-        self._changed()
         logger.error(
             "spool file %s is unreadable (%s); left at %s for inspection", path, exc, target
         )

@@ -28,7 +28,6 @@ from agentcore_rl.cli.eval_config import EvalOptions
 from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
-from agentcore_rl.protocol import result_prefix
 from agentcore_rl.s3 import ResultStore
 from tests.conftest import FAST_RETRY
 
@@ -211,7 +210,7 @@ async def test_resume_after_sigkill_collects_every_outcome_exactly_once(
         # Re-attached, not re-run: the agent ran that input once.
         store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
         async with store:
-            keys = await store.list_keys(stack.bucket, result_prefix("resume", in_flight))
+            keys = await store.list_keys(stack.bucket, f"resume/{in_flight}/")
         assert len(keys) == 1
         assert policy.requests == 2 * n
 
@@ -276,7 +275,7 @@ async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
         # The stopped session left its "cancelled" envelope; the re-run wrote a second key.
         store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
         async with store:
-            keys = await store.list_keys(stack.bucket, result_prefix("ctrl-c", stopped["input_id"]))
+            keys = await store.list_keys(stack.bucket, f"ctrl-c/{stopped['input_id']}/")
             envelopes = [await store.get_json(stack.bucket, key) for key in keys]
         assert sorted(e["status_code"] for e in envelopes if e) == [200, 500]
 

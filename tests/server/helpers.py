@@ -7,13 +7,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 
 from agentcore_rl import protocol
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.spool import s3_destination
+from agentcore_rl.server.spool import Spool, s3_destination
 
 SESSION = "session-" + "a" * 40
 
@@ -65,6 +66,15 @@ def session_headers(session_id: str = SESSION) -> dict[str, str]:
 async def settle(app: AgentCoreRLApp, within: float = 5.0) -> None:
     """Wait until every accepted rollout has delivered its envelope."""
     assert await app.runner.wait(app.runner.jobs, within=within), "rollouts did not finish"
+
+
+async def drained(spool: Spool, within: float = 5.0) -> None:
+    """Wait until the spool has delivered everything it holds."""
+    for _ in range(int(within / 0.01)):
+        if not spool.pending:
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError("the spool did not drain")
 
 
 @contextlib.asynccontextmanager

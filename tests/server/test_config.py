@@ -19,9 +19,9 @@ from agentcore_rl.server.config import (
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
+    default_host,
 )
 from agentcore_rl.server.invoke import HandlerSpec
-from agentcore_rl.server.settings import default_host
 
 
 @pytest.fixture

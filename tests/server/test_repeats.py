@@ -126,7 +126,7 @@ async def test_spooled_rollout_counts_as_finished(
         await resend(http, bucket)
         await settle(app)
         assert handler.runs == 1
-        assert app.session_state(SESSION)["state"] == "finished"
+        assert app.runner.session_state(SESSION)["state"] == "finished"
     # The next process adopts the spool; the re-invoke finds the rollout there.
     later = Counting()
     app = rollout_app(
@@ -137,7 +137,7 @@ async def test_spooled_rollout_counts_as_finished(
     )
     async with served(app) as http:
         assert app.spool.pending == 1
-        assert app.session_state(SESSION)["state"] == "finished"
+        assert app.runner.session_state(SESSION)["state"] == "finished"
         await resend(http, bucket)
         await settle(app)
         assert later.runs == 0

@@ -90,7 +90,7 @@ async def test_sigterm_writes_cancelled_envelope(
             proc.kill()
             await proc.wait()
     text = "".join(log)
-    assert "cancelled 1 rollout(s)" in text
+    assert "1 cancelled" in text
     envelope = await store.get_json(bucket, f"exp/q-1/{SESSION}.json")
     assert envelope is not None
     assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_CANCELLED

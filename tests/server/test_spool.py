@@ -18,8 +18,7 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, FaultChecks
-from agentcore_rl.server.config import SpoolConfig
-from agentcore_rl.server.settings import default_spool_dir
+from agentcore_rl.server.config import SpoolConfig, default_spool_dir
 from agentcore_rl.server.spool import Spool
 
 from ..conftest import FAST_RETRY
@@ -27,6 +26,7 @@ from .flaky_s3 import FlakyS3
 from .helpers import (
     SESSION,
     accept,
+    drained,
     read_envelope,
     rollout_app,
     run_to_end,
@@ -96,7 +96,7 @@ async def test_spooled_then_delivered_when_bucket_appears(
         assert (await http.get("/ping")).json()["status"] == "HealthyBusy"
 
         await store.ensure_bucket(bucket)
-        await asyncio.wait_for(app.spool.wait_drained(), 5)
+        await drained(app.spool)
         envelope = await read_envelope(store, bucket, KEY)
         assert envelope[protocol.STATUS_CODE] == 200
         assert spool_files(tmp_path) == []
@@ -117,7 +117,7 @@ async def test_spool_survives_a_restart(store: ResultStore, tmp_path: Path) -> N
     second = rollout_app(store, solve, spool=SpoolConfig(directory=tmp_path, retry_interval=0.02))
     async with second:
         assert second.spool.pending == 1
-        await asyncio.wait_for(second.spool.wait_drained(), 5)
+        await drained(second.spool)
     assert await store.head(bucket, KEY)
     assert spool_files(tmp_path) == []
 
@@ -161,7 +161,7 @@ async def test_default_spool_is_delivered_by_the_next_instance(
     second = rollout_app(store, solve, spool=SpoolConfig(retry_interval=60))
     assert second.spool.directory == first.spool.directory
     async with second:
-        await asyncio.wait_for(second.spool.wait_drained(), 5)
+        await drained(second.spool)
     assert (await read_envelope(store, bucket, KEY))[protocol.STATUS_CODE] == 200
     assert spool_files(second.spool.directory) == []
 
@@ -208,7 +208,7 @@ async def test_the_spool_retries_in_its_owners_task_group(
         assert spool.pending == 1
         await store.ensure_bucket(bucket)
         spool.kick()
-        await asyncio.wait_for(spool.wait_drained(), 5)
+        await drained(spool)
         await spool.aclose()
         spool.attach(None)
     assert asyncio.all_tasks() <= before
