@@ -19,6 +19,8 @@ import uvicorn
 
 __all__ = ["BackgroundServer"]
 
+_STARTUP_TIMEOUT = 10.0  # seconds
+
 
 class _EmbeddedUvicorn(uvicorn.Server):
     """uvicorn without signal capture: several can share one process and one loop."""
@@ -75,7 +77,7 @@ class BackgroundServer:
         owner of several servers stop them together."""
         self._server.should_exit = True
 
-    async def start(self, *, startup_timeout: float = 10.0) -> BackgroundServer:
+    async def start(self) -> BackgroundServer:
         """Bind, start uvicorn and wait until it accepts connections."""
         if self._task is not None:
             return self
@@ -92,14 +94,14 @@ class BackgroundServer:
             self._server.serve(sockets=[sock]), name=f"uvicorn {self.url}"
         )
         # uvicorn has no "started" event; its flag flips within a few loop iterations.
-        deadline = asyncio.get_running_loop().time() + startup_timeout
+        deadline = asyncio.get_running_loop().time() + _STARTUP_TIMEOUT
         while not self._server.started:
             if self._task.done():
                 await self._task  # startup failed: surface uvicorn's exception
                 raise RuntimeError(f"uvicorn on {self.url} exited during startup")
             if asyncio.get_running_loop().time() > deadline:
                 await self.aclose()
-                raise TimeoutError(f"uvicorn on {self.url} did not start in {startup_timeout} s")
+                raise TimeoutError(f"uvicorn on {self.url} did not start in {_STARTUP_TIMEOUT} s")
             await asyncio.sleep(0.005)
         return self
 

@@ -24,7 +24,6 @@ _WORKERS = 8
 # Well above aiobotocore's 12 s pool keep-alive: the client always retires an idle
 # connection first, so none is reused just as the server closes it.
 _KEEP_ALIVE = 60
-_STARTUP_TIMEOUT = 10.0
 _SHUTDOWN_TIMEOUT = 10.0
 
 _WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -83,7 +82,7 @@ class EmbeddedS3:
     moto's own werkzeug server closes every connection, which real S3 does not, so its WSGI
     app is served by uvicorn (through a2wsgi) in a daemon thread with its own event loop:
     it works from synchronous code and from any event loop. State is in memory; ``stop()``
-    is idempotent; the request log is quiet unless ``verbose``.
+    is idempotent; the request log is quiet.
 
     Example::
 
@@ -94,10 +93,9 @@ class EmbeddedS3:
             s3.stop()
     """
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, verbose: bool = False):
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0):
         self.host = host
         self.port = port
-        self.verbose = verbose
         self._stop: Callable[[], object] | None = None  # tells the server's thread to stop
         self._thread: threading.Thread | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -135,9 +133,8 @@ class EmbeddedS3:
             wsgi,
             host=self.host,
             port=self.port,
-            log_level="info" if self.verbose else "warning",
             shutdown_timeout=_SHUTDOWN_TIMEOUT,
-            access_log=self.verbose,
+            access_log=False,
             lifespan="off",
             timeout_keep_alive=_KEEP_ALIVE,
             backlog=4096,
@@ -149,7 +146,7 @@ class EmbeddedS3:
         async def serve() -> None:
             stop = asyncio.Event()
             try:
-                await server.start(startup_timeout=_STARTUP_TIMEOUT)
+                await server.start()
                 loop = asyncio.get_running_loop()
                 outcome.append(lambda: loop.call_soon_threadsafe(stop.set))
             except Exception as exc:
