@@ -117,14 +117,11 @@ class RolloutGateway:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
         if not urls:
             raise ValueError("at least one upstream URL is needed")
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"upstream must be an http(s) URL, got {url!r}")
         if session_ttl <= 0:
             raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
         if not body_timeout > 0:
             raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
-        self.upstreams = [u.rstrip("/") for u in urls]
+        self.upstreams = [UpstreamPool(u.rstrip("/")).base for u in urls]  # the URLs checked
         self.backend = backend_named(backend)
         self.proxy = ProxyMode(self.backend)  # every call that ``render`` does not serve
         self.render = render
@@ -428,7 +425,12 @@ class RolloutGateway:
             raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         method = scope["method"]
         if rest == "models" and method == "GET":
-            await self._models(send, sid)
+            pool = self._upstream_for(sid)
+            try:
+                status, content = await pool.fetch(pool.target("/models", "GET"), None)
+            except UpstreamError as exc:
+                raise Refuse(502, down_message(pool.base, exc), "upstream_unavailable") from None
+            await respond(send, status, content)
             return
         endpoint = _ENDPOINTS.get(rest)
         if endpoint is None:
@@ -519,20 +521,12 @@ class RolloutGateway:
             call.commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
             raise
 
-    async def _models(self, send: Send, sid: str) -> None:
-        pool = self._upstream_for(sid)
-        try:
-            status, content = await pool.fetch(pool.target("/models", "GET"), None)
-        except UpstreamError as exc:
-            raise Refuse(502, down_message(pool.base, exc), "upstream_unavailable") from None
-        await respond(send, status, content)
-
     def _upstream_for(self, sid: str) -> UpstreamPool:
         return self._upstreams[zlib.crc32(sid.encode()) % len(self._upstreams)]
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
+def _error(status: int, message: str, kind: str) -> Response:
+    return Response(error_body(status, message, kind), status, media_type="application/json")
 
 
 def _admin_app(gateway: RolloutGateway) -> Starlette:

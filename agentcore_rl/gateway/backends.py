@@ -5,7 +5,7 @@ and linear mode (:meth:`Backend.request`, :meth:`Backend.read`: token-in, token-
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from agentcore_rl.gateway.jsonio import dumps
@@ -43,19 +43,17 @@ _SGLANG_FIELDS: Final = {
 }
 
 
+@dataclass(slots=True)
 class Capture:
-    """Token ids and logprobs gathered from one answer (or its chunks), for :meth:`fill`."""
+    """Token ids and logprobs gathered from one answer (or its chunks), for :meth:`fill`; per
+    choice index: token ids, logprobs, finish reason, the stop string it ended on."""
 
-    __slots__ = ("finish", "ids", "logprobs", "prompt", "stop", "usage")
-
-    def __init__(self) -> None:
-        self.prompt: Any = None  # the first prompt ids seen, as the upstream sent them
-        self.usage: dict[str, Any] | None = None
-        # per choice index: token ids, logprobs, finish reason, the stop string it ended on
-        self.ids: dict[int, list[Any]] = {}
-        self.logprobs: dict[int, list[Any]] = {}
-        self.finish: dict[int, str | None] = {}
-        self.stop: dict[int, str] = {}
+    prompt: Any = None  # the first prompt ids seen, as the upstream sent them
+    usage: dict[str, Any] | None = None
+    ids: dict[int, list[Any]] = field(default_factory=dict)
+    logprobs: dict[int, list[Any]] = field(default_factory=dict)
+    finish: dict[int, str | None] = field(default_factory=dict)
+    stop: dict[int, str] = field(default_factory=dict)
 
     def fill(self, record: CallRecord) -> None:
         """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""

@@ -47,7 +47,6 @@ class Refuse(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.kind = kind
         self.headers = list(headers)
         self.body = error_body(status, message, kind) if body is None else body
 
@@ -72,10 +71,9 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-def down_message(base: str, exc: BaseException) -> str:
+def down_message(base: str, exc: UpstreamError) -> str:
     """Say that the upstream at ``base`` failed, and how."""
-    what = str(exc) if isinstance(exc, UpstreamError) else f"{type(exc).__name__}: {exc}"
-    return f"upstream {base} failed: {what}".rstrip(": ")
+    return f"upstream {base} failed: {exc}".rstrip(": ")
 
 
 @dataclass(slots=True, eq=False)

@@ -66,25 +66,23 @@ class Qwen3Reasoning(ReasoningParser):
 
     def parse(self, text: str) -> tuple[str | None, str]:
         if "</think>" not in text:
-            return None, text
+            return self._unclosed(text)
         reasoning, _, content = text.partition("</think>")
         reasoning = reasoning.split("<think>", 1)[-1]
         return reasoning.strip("\n"), content.lstrip("\n")
+
+    def _unclosed(self, text: str) -> tuple[str | None, str]:
+        return None, text
 
     def format(self, reasoning: str) -> str:
         return f"<think>\n{reasoning}\n</think>\n\n"
 
 
-class DeepSeekR1Reasoning(ReasoningParser):
+class DeepSeekR1Reasoning(Qwen3Reasoning):
     """The prompt opened ``<think>``: reasoning up to ``</think>`` (all of it without one)."""
 
-    def parse(self, text: str) -> tuple[str | None, str]:
-        if text.startswith("<think>"):
-            text = text[len("<think>") :]
-        if "</think>" not in text:
-            return text.strip("\n") or None, ""
-        reasoning, _, content = text.partition("</think>")
-        return reasoning.strip("\n"), content.lstrip("\n")
+    def _unclosed(self, text: str) -> tuple[str | None, str]:
+        return text.removeprefix("<think>").strip("\n") or None, ""
 
     def format(self, reasoning: str) -> str:
         return f"{reasoning}\n</think>\n\n"
