@@ -30,7 +30,7 @@ from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dum
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.record import CallRecord, Session, SessionTrace, TraceSink, dump_trace
-from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
+from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, checked_url
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.render.mode import RenderMode
@@ -121,7 +121,7 @@ class RolloutGateway:
             raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
         if not body_timeout > 0:
             raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
-        self.upstreams = [UpstreamPool(u.rstrip("/")).base for u in urls]  # the URLs checked
+        self.upstreams = [checked_url(u.rstrip("/")) for u in urls]
         self.backend = backend_named(backend)
         self.proxy = ProxyMode(self.backend)  # every call that ``render`` does not serve
         self.render = render

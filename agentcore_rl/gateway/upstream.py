@@ -17,7 +17,7 @@ from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse", "UpstreamTarget"]
+__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse", "UpstreamTarget", "checked_url"]
 
 # What a failed exchange raises inside aiohttp: its own errors, a socket's, a timeout.
 _FAILURES: Final = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
@@ -92,14 +92,20 @@ class UpstreamResponse:
             raise _failed(exc) from exc
 
 
+def checked_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host, else ValueError."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"upstream must be an http(s) URL, got {url!r}")
+    return url
+
+
 class UpstreamPool:
     """Keep-alive connections to one upstream (``http(s)://host:port/base``), made on first use
     in the running event loop; ``read_timeout``: silence (no byte) that fails a call."""
 
     def __init__(self, base_url: str, *, read_timeout: float = 600.0) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"upstream must be an http(s) URL, got {base_url!r}")
+        parts = urlsplit(checked_url(base_url))
         self.base = base_url
         self._origin = f"{parts.scheme}://{parts.netloc}"
         self._path = parts.path.rstrip("/")
