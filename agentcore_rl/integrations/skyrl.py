@@ -107,7 +107,7 @@ class AgentCoreGenerator(GeneratorInterface):  # type: ignore[misc]
                         zeroed=True,
                     )
                 ] * len(positions)
-            for position, rows in zip(positions, members, strict=False):
+            for position, rows in zip(positions, members, strict=True):
                 member_rows[position] = rows
 
         async with anyio.create_task_group() as tg:

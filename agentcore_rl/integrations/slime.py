@@ -127,7 +127,7 @@ async def _run_groups(
         if members is None:
             dropped += 1  # slime's own rule for a dropped group: it is not trained
             return
-        for sample, rows in zip(group_samples, members, strict=False):
+        for sample, rows in zip(group_samples, members, strict=True):
             out[position].extend(_fill(sample, rows, pad))
 
     try:
