@@ -11,7 +11,7 @@ from typing import Any
 
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
-from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.rows import TrainingRow, group_rows
 from agentcore_rl.trajectory import Trajectory
@@ -167,10 +167,7 @@ async def run_sample(
             with contextlib.suppress(Exception):  # the tokens its trace kept, if any
                 trajectory = fut.trajectory
             continue
-        trajectory = fut.trajectory
-        rewards = result.get("rewards") if isinstance(result, Mapping) else None
-        reward = float(rewards[0]) if isinstance(rewards, list) and rewards else 0.0
-        return SampleOutcome(session_id, reward, trajectory)
+        return SampleOutcome(session_id, result_reward(result) or 0.0, fut.trajectory)
     return SampleOutcome(session_id, 0.0, trajectory, error)
 
 

@@ -183,12 +183,8 @@ def reward_post_process(args: Any, samples: Sequence[Any]) -> tuple[list[float],
         members.setdefault(sample.group_index, {}).setdefault(rollout, reward)
     values: dict[tuple[Any, Any], float] = {}
     for group, rewards in members.items():
-        keys = list(rewards)
-        if len(keys) == 1:
-            scaled = [rewards[keys[0]]]
-        else:
-            scaled = advantages([rewards[k] for k in keys], "mean_std" if std else "mean")
-        values.update({(group, k): v for k, v in zip(keys, scaled, strict=True)})
+        scaled = advantages(list(rewards.values()), "mean_std" if std else "mean")
+        values.update({(group, k): v for k, v in zip(rewards, scaled, strict=True)})
     out = []
     for sample in samples:
         rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
