@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import anyio
 
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
@@ -19,7 +21,7 @@ from agentcore_rl.trajectory import Trajectory
 __all__ = [
     "SampleOutcome",
     "close_shared_clients",
-    "run_group",
+    "run_groups",
     "run_sample",
     "set_policy_version",
     "shared_client",
@@ -171,34 +173,41 @@ async def run_sample(
     return SampleOutcome(session_id, 0.0, trajectory, error)
 
 
-async def run_group(
+async def run_groups(
     client: AsyncRolloutClient,
-    payload: Mapping[str, Any],
+    groups: Sequence[tuple[Mapping[str, Any], int, str]],
     *,
-    n: int,
-    input_id: str,
     settings: AgentCoreSettings,
     overrides: Mapping[str, Any],
-) -> list[list[TrainingRow]] | None:
-    """One GRPO group run by the client under the settings' rules (member seeds from 0):
-    each kept member's rows, in member order, or ``None`` when ``on_failure="drop_group"``
-    dropped the group. ``on_failure="zero"`` keeps a failed member as a zeroed one.
+) -> list[list[list[TrainingRow]] | None]:
+    """GRPO groups, each ``(payload, n, input_id)``, run at once by the client under the
+    settings' rules (member seeds from 0): each group's kept members' rows, in member order,
+    or ``None`` when ``on_failure="drop_group"`` dropped it. ``on_failure="zero"`` keeps a
+    failed member as a zeroed one.
     """
-    rules = GroupRules(
-        n=n,
-        retry=settings.retry,
-        on_failure=settings.on_failure,
-        redundancy=settings.redundancy,
-        member_seed=0,
-    )
-    try:
-        group = await client.invoke_group(
-            payload, rules=rules, input_id=input_id, rollout=overrides
+    out: list[list[list[TrainingRow]] | None] = [None] * len(groups)
+
+    async def one(position: int, payload: Mapping[str, Any], n: int, input_id: str) -> None:
+        rules = GroupRules(
+            n=n,
+            retry=settings.retry,
+            on_failure=settings.on_failure,
+            redundancy=settings.redundancy,
+            member_seed=0,
         )
-        result: RolloutGroup = await group
-    except GroupDroppedError:
-        return None
-    by_member: dict[int, list[TrainingRow]] = {}
-    for row in group_rows(result, require_tokens=False):
-        by_member.setdefault(row.member, []).append(row)
-    return [by_member[member.index] for member in result.members]
+        try:
+            group = await client.invoke_group(
+                payload, rules=rules, input_id=input_id, rollout=overrides
+            )
+            result: RolloutGroup = await group
+        except GroupDroppedError:
+            return
+        by_member: dict[int, list[TrainingRow]] = {}
+        for row in group_rows(result, require_tokens=False):
+            by_member.setdefault(row.member, []).append(row)
+        out[position] = [by_member[member.index] for member in result.members]
+
+    async with anyio.create_task_group() as tg:
+        for position, (payload, n, input_id) in enumerate(groups):
+            tg.start_soon(one, position, payload, n, input_id)
+    return out
