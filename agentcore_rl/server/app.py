@@ -399,9 +399,8 @@ class AgentCoreRLApp(Starlette):
         if self.app_name is None:  # no handler: nothing of its own to spool
             self.app_name = "unnamed-app"
         self._place_spool(self.app_name)
-        if await self.spool.recover():
+        for _, key in await self.spool.recover():
             self.spool.kick()
-        for _, key in self.spool.pending_keys:
             # A predecessor's spooled rollout has finished; a status probe should say so.
             self.runner.remember_finished(protocol.parse_result_key(key)[2], key)
 

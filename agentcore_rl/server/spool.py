@@ -119,10 +119,6 @@ class Spool:
     def pending(self) -> int:
         return len(self._entries)
 
-    @property
-    def pending_keys(self) -> list[tuple[str, str]]:
-        return list(self._entries.values())
-
     def holds(self, bucket: str, key: str) -> bool:
         return (bucket, key) in self._entries.values()
 
@@ -198,11 +194,12 @@ class Spool:
                 why = f"a write after a cancellation failed: {type(exc).__name__}: {exc}"
         await self.add(bucket, key, body, why=why)
 
-    async def recover(self) -> int:
-        """Adopt files a previous server of this owner left for this S3; return how many."""
+    async def recover(self) -> list[tuple[str, str]]:
+        """Adopt files a previous server of this owner left for this S3; return their
+        ``(bucket, key)``."""
         directory = self._directory
         if directory is None or not directory.is_dir():
-            return 0
+            return []
         ours = s3_destination(self._store)
 
         def scan() -> dict[Path, tuple[str, str]]:
@@ -229,7 +226,7 @@ class Spool:
                 directory,
             )
             self._ensure_retrying()
-        return len(new)
+        return list(new.values())
 
     def kick(self) -> None:
         """Retry now instead of waiting out the backoff."""
