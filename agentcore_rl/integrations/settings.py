@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.groups import GroupRules
 from agentcore_rl.keywords import checked_init
 
 __all__ = ["AdapterFailure", "AgentCoreSettings"]
@@ -69,10 +70,7 @@ class AgentCoreSettings:
                 f"on_failure must be one of {', '.join(get_args(AdapterFailure))}, "
                 f"got {self.on_failure!r}"
             )
-        for name in ("retry", "redundancy"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigurationError(f"{name} must be an integer >= 0, got {value!r}")
+        GroupRules(n=1, retry=self.retry, redundancy=self.redundancy)  # their checks
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> AgentCoreSettings:

@@ -135,7 +135,7 @@ class RolloutRunner:
         *,
         spool: Spool,
         clock: Callable[[], float],
-        exists: Callable[[str, str], Awaitable[bool]] | None = None,
+        exists: Callable[[str, str], Awaitable[bool]],
         remember: int = DEFAULT_REMEMBERED_SESSIONS,
     ) -> None:
         self._spool = spool
@@ -335,7 +335,7 @@ class RolloutRunner:
 
     async def _already_written(self, job: RolloutJob) -> bool:
         """Whether the job's key already holds an envelope (the job is then done)."""
-        if self._exists is None or job.target is None or not job.check_existing:
+        if job.target is None or not job.check_existing:
             return False
         bucket, key = job.target
         # Left set if the check is cancelled, so the stop path knows to check again.
