@@ -24,7 +24,7 @@ from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval import make_client, run_eval
 from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
-from agentcore_rl.cli.summary import EvalRun, GroupTally
+from agentcore_rl.cli.summary import EvalRun, group_figures
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
 from agentcore_rl.local.stack import LocalStack
@@ -192,7 +192,6 @@ async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     """A few problems again as GRPO groups, for the summary's group statistics."""
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
-    tally = run.groups = GroupTally(size=_GROUP_SIZE)
     options = dataclasses.replace(
         eval_options,
         exp_id=f"{eval_options.exp_id}-groups",
@@ -201,6 +200,8 @@ async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     # Each member its own seed: the stand-in then answers members of a group apart.
     rules = GroupRules(n=_GROUP_SIZE, member_seed=0)
     async with make_client(options) as client:
-        async for group in client.run_groups([item.payload for item in inputs], rules=rules):
-            tally.add_record({"outcome": "done", "rewards": group.rewards})
-        tally.dropped.update(client.group_stats.groups_dropped)
+        groups = client.run_groups([item.payload for item in inputs], rules=rules)
+        lines = [{"outcome": "done", "rewards": group.rewards} async for group in groups]
+        for reason, count in client.group_stats.groups_dropped.items():
+            lines += [{"reason": reason}] * count
+    run.groups = group_figures(_GROUP_SIZE, lines)

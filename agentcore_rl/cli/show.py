@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from agentcore_rl.cli.cost import Prices, price, total, usage_of
 from agentcore_rl.cli.journal import iter_lines, rows_path_for, trajectories_path_for
-from agentcore_rl.cli.summary import GroupTally, failure_of, outcome_of, percentile
+from agentcore_rl.cli.summary import failure_of, group_figures, outcome_of, percentile
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["Rollout", "RunData", "load_run", "render", "token_runs", "write_example"]
@@ -125,9 +125,6 @@ class RunData:
             first = {"count": 0, "reason": reason, "traceback": r.traceback}
             failures.setdefault(kind, first)["count"] += 1
         traced = [r.tokens for r in rollouts if r.tokens]  # the trajectories file's lines
-        tally = GroupTally(size=self.group_size or 1)
-        for record in self.records if self.group_size else ():
-            tally.add_record(record)
         counts = {k: sum(r.outcome == k for r in rollouts) for k in ("done", "failed", "timeout")}
         return {
             "rollouts": len(rollouts),
@@ -143,7 +140,7 @@ class RunData:
             "lost": sum(int(r.get("losses") or 0) for r in self.records),
             "reattached": sum(bool(r.get("reattached")) for r in self.records),
             "failures": failures,
-            "groups": tally.as_dict() if self.group_size else None,
+            "groups": group_figures(self.group_size, self.records) if self.group_size else None,
             "cost": total(r.cost for r in rollouts),
             "trajectories": len(traced),
             # Tokens the model server processed vs the training sequences' tokens.
