@@ -89,9 +89,9 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
     return generated
 
 
-async def run_demo(options: argparse.Namespace, *, run: EvalRun | None = None) -> EvalRun:
-    """Start the local stack, run the problems (``agentcore-rl demo``'s parsed ``options``),
-    stop everything; return the run."""
+async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
+    """Start the local stack, run the problems (``agentcore-rl demo``'s parsed ``options``)
+    into ``run``, stop everything."""
     # lazy: the local extra
     from agentcore_rl.local.policy import ScriptedPolicy
 
@@ -142,7 +142,7 @@ async def run_demo(options: argparse.Namespace, *, run: EvalRun | None = None) -
                 server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
                 print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
                 gateway = (server.url, token)
-            return await _run(stack, options, data, out, run, gateway, prices)
+            await _run(stack, options, data, out, run, gateway, prices)
     finally:
         server_log.setLevel(previous_level)
 
@@ -152,10 +152,10 @@ async def _run(
     options: argparse.Namespace,
     data: Path,
     out: Path,
-    run: EvalRun | None,
+    run: EvalRun,
     gateway: tuple[str, str] | None,
     prices: Prices,
-) -> EvalRun:
+) -> None:
     """The problems through the running stack, over the ACR transport."""
     print(
         f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
@@ -183,9 +183,9 @@ async def _run(
         runtime_endpoint_url=stack.runtime_endpoint_url,
         prices=prices,
     )
-    run = await run_eval(eval_options, progress=not options.no_progress, run=run)
+    inputs = load_inputs(data, limit=options.n)
+    await run_eval(eval_options, inputs, run, progress=not options.no_progress)
     await _group_phase(eval_options, run)
-    return run
 
 
 async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:

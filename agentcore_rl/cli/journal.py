@@ -58,13 +58,6 @@ class JournalEntry:
     started_at: float = 0.0
 
 
-def _cut_torn_tail(path: Path) -> None:
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("rb+") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
-
-
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace ``path`` with ``records`` atomically (a kill leaves the old or the new file)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -89,7 +82,10 @@ def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
 def _earlier(path: Path, *, resume: bool) -> list[dict[str, Any]]:
     """With ``resume`` the lines already in ``path``; without, it starts empty."""
     if resume and path.exists():
-        _cut_torn_tail(path)
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):  # a torn last line
+            with path.open("rb+") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
         return list(iter_lines(path))
     if not resume:
         path.unlink(missing_ok=True)
@@ -115,7 +111,6 @@ class EvalJournal:
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
     unstopped: list[str] = field(default_factory=list)
-    retrying: set[str] = field(default_factory=set)
     groups: dict[str, ResumedGroup] = field(default_factory=dict)
     trajectories: Path | None = None
     traced: set[str] = field(default_factory=set)
@@ -148,16 +143,16 @@ class EvalJournal:
         for record in records:
             if isinstance(record.get("input_id"), str):
                 self.finished[record["input_id"]] = record
-        self.retrying = {i for i, r in self.finished.items() if r.get("retryable")}
-        if self.retrying:
-            _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
-            for input_id in self.retrying:
+        retrying = {i for i, r in self.finished.items() if r.get("retryable")}
+        if retrying:
+            _rewrite(out, [r for r in records if r.get("input_id") not in retrying])
+            for input_id in retrying:
                 del self.finished[input_id]
         for record in events:
             self._replay(record)
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path_for(out).open("a", encoding="utf-8")
-        for input_id in sorted(self.retrying):
+        for input_id in sorted(retrying):
             # Its session is over: a later resume starts afresh, never re-attaches.
             self.in_flight.pop(input_id, None)
             self.record_abandoned(input_id)

@@ -17,6 +17,7 @@ from agentcore_rl.groups import result_reward as reward_of
 
 __all__ = [
     "EvalRun",
+    "average",
     "failure_of",
     "group_figures",
     "outcome_of",
@@ -69,7 +70,8 @@ def outcome_of(line: Mapping[str, Any]) -> str:
     return {"succeeded": "done", "timed_out": "timeout"}.get(outcome, outcome)
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def average(values: Sequence[float]) -> float | None:
+    """The mean, ``None`` if empty."""
     return math.fsum(values) / len(values) if values else None
 
 
@@ -135,9 +137,9 @@ def group_figures(size: int, records: Iterable[Mapping[str, Any]]) -> dict[str, 
         "group_size": size,
         "groups_whole": whole,
         "groups_dropped": dict(dropped),
-        "pass@1": _mean(pass1),
-        f"pass@{size}": _mean(passk),
-        "reward_std_mean": _mean(spreads),
+        "pass@1": average(pass1),
+        f"pass@{size}": average(passk),
+        "reward_std_mean": average(spreads),
         "groups_uniform": uniform,
     }
 
