@@ -130,7 +130,6 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
     arn = args.arn or DEFAULT_AGENT_RUNTIME_ARN
-    protocol.parse_runtime_arn(arn)  # usage error before anything starts
     runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
     banner = (
         f"{PROG}: local AgentCore Runtime for {arn}\n"

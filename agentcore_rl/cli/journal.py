@@ -111,6 +111,7 @@ class EvalJournal:
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     in_flight: dict[str, JournalEntry] = field(default_factory=dict)
     unstopped: list[str] = field(default_factory=list)
+    retrying: set[str] = field(default_factory=set)
     groups: dict[str, ResumedGroup] = field(default_factory=dict)
     trajectories: Path | None = None
     traced: set[str] = field(default_factory=set)
@@ -143,16 +144,16 @@ class EvalJournal:
         for record in records:
             if isinstance(record.get("input_id"), str):
                 self.finished[record["input_id"]] = record
-        retrying = {i for i, r in self.finished.items() if r.get("retryable")}
-        if retrying:
-            _rewrite(out, [r for r in records if r.get("input_id") not in retrying])
-            for input_id in retrying:
+        self.retrying = {i for i, r in self.finished.items() if r.get("retryable")}
+        if self.retrying:
+            _rewrite(out, [r for r in records if r.get("input_id") not in self.retrying])
+            for input_id in self.retrying:
                 del self.finished[input_id]
         for record in events:
             self._replay(record)
         self._results = out.open("a", encoding="utf-8")
         self._journal = journal_path_for(out).open("a", encoding="utf-8")
-        for input_id in sorted(retrying):
+        for input_id in sorted(self.retrying):
             # Its session is over: a later resume starts afresh, never re-attaches.
             self.in_flight.pop(input_id, None)
             self.record_abandoned(input_id)
