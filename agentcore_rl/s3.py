@@ -141,7 +141,6 @@ class ResultStore:
         retry: RetryPolicy = DEFAULT_S3_RETRY,
         max_pool_connections: int = 64,
         connect_timeout: float = 10.0,
-        read_timeout: float = 30.0,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region_name = region_name
@@ -154,7 +153,7 @@ class ResultStore:
         self._config = Config(
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            read_timeout=30.0,
             retries={"total_max_attempts": 1},
             parameter_validation=False,
             user_agent=AWS_USER_AGENT,
