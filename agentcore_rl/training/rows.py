@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Protocol, runtime_checkable
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
-from agentcore_rl.groups import GroupMember, Normalize, RolloutGroup
+from agentcore_rl.groups import Normalize, RolloutGroup
 
 __all__ = [
     "FitReport",
@@ -172,7 +172,29 @@ def group_rows(
     """
     out: list[TrainingRow] = []
     for member, advantage in zip(group.members, group.advantages(normalize), strict=True):
-        out.extend(_member_rows(group, member, advantage, require_tokens=require_tokens))
+        trajectory = member.trajectory
+        tokenless = trajectory is None or (
+            isinstance(trajectory, TrajectoryLike) and not trajectory.segments
+        )
+        if tokenless and require_tokens and not member.zeroed:
+            raise MissingTrajectoryError(
+                f"member {member.index} of group {group.input_id!r} (session "
+                f"{member.session_id}) has no captured tokens; configure a gateway so "
+                "rollouts carry trajectories, or pass require_tokens=False"
+            )
+        out += trajectory_rows(
+            trajectory,
+            exp_id=group.exp_id,
+            group_id=group.input_id,
+            session_id=member.session_id,
+            reward=0.0 if member.reward is None else member.reward,
+            advantage=advantage,
+            member=member.index,
+            attempt=member.attempt,
+            policy_version=member.policy_version,
+            outcome=member.outcome.value,
+            zeroed=member.zeroed,
+        )
     return out
 
 
@@ -187,34 +209,6 @@ def rows_from_groups(
     """
     for group in groups:
         yield from group_rows(group, normalize, require_tokens=require_tokens)
-
-
-def _member_rows(
-    group: RolloutGroup, member: GroupMember, advantage: float, *, require_tokens: bool
-) -> list[TrainingRow]:
-    trajectory = member.trajectory
-    tokenless = trajectory is None or (
-        isinstance(trajectory, TrajectoryLike) and not trajectory.segments
-    )
-    if tokenless and require_tokens and not member.zeroed:
-        raise MissingTrajectoryError(
-            f"member {member.index} of group {group.input_id!r} (session "
-            f"{member.session_id}) has no captured tokens; configure a gateway so "
-            "rollouts carry trajectories, or pass require_tokens=False"
-        )
-    return trajectory_rows(
-        trajectory,
-        exp_id=group.exp_id,
-        group_id=group.input_id,
-        session_id=member.session_id,
-        reward=0.0 if member.reward is None else member.reward,
-        advantage=advantage,
-        member=member.index,
-        attempt=member.attempt,
-        policy_version=member.policy_version,
-        outcome=member.outcome.value,
-        zeroed=member.zeroed,
-    )
 
 
 def trajectory_rows(
