@@ -270,7 +270,9 @@ def trajectory_rows(
     rows = []
     for number, segment in enumerate(segments):
         prompt, response, mask, logprobs = _split(segment, session_id)
+        # None, or the trajectory's NO_VERSION (-1) on prompt tokens, is no version.
         versions = [-1 if v is None else int(v) for v in segment.policy_versions]
+        distinct = list(dict.fromkeys(v for v in versions if v >= 0))
         per_token = versions[len(prompt) :] if len(versions) == len(segment.token_ids) else []
         if zeroed:
             mask = [0] * len(mask)
@@ -285,7 +287,7 @@ def trajectory_rows(
                 response_ids=response,
                 loss_mask=mask,
                 logprobs=logprobs,
-                policy_versions=_distinct(segment.policy_versions) or fallback,
+                policy_versions=distinct or fallback,
                 response_versions=per_token,
             )
         )
@@ -321,15 +323,6 @@ def _split(
             session_id=session_id,
         )
     return tokens[:start], tokens[start:], mask[start:], logprobs
-
-
-def _distinct(versions: Iterable[int | None]) -> list[int]:
-    seen: dict[int, None] = {}
-    for v in versions:
-        # None, or the trajectory's NO_VERSION (-1) on prompt tokens, is no version.
-        if v is not None and int(v) >= 0:
-            seen.setdefault(int(v), None)
-    return list(seen)
 
 
 # --- Fitting to a trainer's lengths -----------------------------------------------------------
