@@ -531,7 +531,12 @@ class AgentCoreRLApp(Starlette):
             )
             try:
                 payload = parse_payload(body, max_depth=self.limits.max_json_depth)
-                envelope_payload = self._envelope_payload(body, payload)
+                cap = self.limits.envelope_payload_max_bytes
+                envelope_payload = None  # a copy of the payload, unless over the cap
+                if self._rollout_mode and cap is not None and len(body) > cap:
+                    digest = hashlib.sha256(body).hexdigest()
+                    rollout = payload.get(protocol.ROLLOUT_FIELD)
+                    envelope_payload = protocol.payload_digest(digest, len(body), rollout)
             finally:
                 self.body_budget.release(len(body))
                 del body
@@ -579,14 +584,6 @@ class AgentCoreRLApp(Starlette):
         if self._rollout_mode:
             return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
-
-    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
-        cap = self.limits.envelope_payload_max_bytes
-        if cap is None or len(body) <= cap or not self._rollout_mode:
-            return None
-        return protocol.payload_digest(
-            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
-        )
 
     def _accept_rollout(
         self,
