@@ -36,8 +36,7 @@ def checked(
 
 def checked_init(cls: C) -> C:
     """Class decorator: the class's ``__init__`` checks its keywords (see :func:`checked`)."""
-    # setattr: mypy refuses assigning __init__. A dataclass's generated one is qualified by
-    # its class, as a written one is.
+    # setattr, as mypy refuses assigning __init__; a generated one is qualified by its class.
     setattr(cls, "__init__", checked()(cls.__dict__["__init__"]))  # noqa: B010
     return cls
 
