@@ -201,17 +201,12 @@ class LocalStack:
         return env
 
     async def start(self) -> LocalStack:
-        """Start every part (no-op when running). On failure, what started is stopped."""
-        if self._stack is not None:
-            return self
-        stack = contextlib.AsyncExitStack()
-        self._stack = stack
-        try:
-            await self._start_parts(stack)
-        except BaseException:
-            # Also on cancellation: nothing started may outlive a failed start.
-            await self.aclose()
-            raise
+        """Start every part (no-op when running). On failure, also on cancellation, what
+        started is stopped."""
+        if self._stack is None:
+            async with contextlib.AsyncExitStack() as stack:
+                await self._start_parts(stack)
+                self._stack = stack.pop_all()
         return self
 
     async def _start_parts(self, stack: contextlib.AsyncExitStack) -> None:
@@ -254,7 +249,12 @@ class LocalStack:
             )
             for _ in range(self.agents)
         ]
-        stack.push_async_callback(self._close_all, agents)
+        for agent in agents:
+            stack.push_async_callback(agent.aclose)
+        # All are told first (callbacks run last in, first out), so the slowest agent's shutdown
+        # grace sets the time, not the sum.
+        for agent in agents:
+            stack.callback(agent.request_exit)
         for agent in agents:
             await agent.start()
         self.agent_urls = [agent.url for agent in agents]
@@ -281,20 +281,6 @@ class LocalStack:
             )
             return
         shutil.rmtree(directory, ignore_errors=True)
-
-    @staticmethod
-    async def _close_all(servers: list[BackgroundServer]) -> None:
-        # All are told first, so the slowest agent's shutdown grace sets the time, not the sum.
-        for server in servers:
-            server.request_exit()
-        failures: list[BaseException] = []
-        for server in servers:
-            try:
-                await server.aclose()
-            except Exception as exc:
-                failures.append(exc)
-        if failures:
-            raise failures[0]
 
     async def aclose(self) -> None:
         """Stop everything in reverse order and restore the environment. Idempotent."""
