@@ -597,11 +597,6 @@ class ScriptedPolicy:
             media_type="text/event-stream",
         )
 
-    def _wants_ids(self, body: Mapping[str, Any]) -> bool:
-        if self.token_ids == "requested":
-            return bool(body.get("return_token_ids"))
-        return self.token_ids == "always"
-
     def _remember(self, prompt_ids: list[int], taken: list[tuple[list[int], list[float]]]) -> None:
         if self.keep_answers:
             self.answers.append((prompt_ids, taken))
@@ -669,7 +664,9 @@ class ScriptedPolicy:
     ) -> dict[str, Any]:
         """The response around ``choices`` (remembered first), with what every choice says."""
         self._remember(prompt_ids, [(one.ids, one.logprobs) for one in said])
-        wants_ids = self._wants_ids(body)
+        wants_ids = self.token_ids == "always" or (
+            self.token_ids == "requested" and bool(body.get("return_token_ids"))
+        )
         for choice, one in zip(choices, said, strict=True):
             choice["finish_reason"], choice["stop_reason"] = one.finish, one.stop_reason
             if wants_ids:

@@ -328,9 +328,6 @@ class LocalAgentCoreRuntime:
             lifespan=self._lifespan,
         )
 
-    def __repr__(self) -> str:
-        return f"LocalAgentCoreRuntime(arns={list(self._runtimes)!r}, tps={self.tps!r})"
-
     def session_agent(self, arn: str, session_id: str) -> str | None:
         """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
         runtime = self._runtimes[arn]

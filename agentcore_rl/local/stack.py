@@ -170,12 +170,6 @@ class LocalStack:
         self._external_policy = policy_base_url is not None
         self._stack: contextlib.AsyncExitStack | None = None
 
-    def __repr__(self) -> str:
-        return (
-            f"LocalStack(agents={self.agents}, bucket={self.bucket!r}, "
-            f"runtime={self.runtime_endpoint_url!r}, s3={self.s3_endpoint_url!r})"
-        )
-
     @staticmethod
     def _app_maker(app: Any, app_factory: Callable[[], Any] | None) -> Callable[[], Any]:
         if app_factory is not None:
