@@ -20,12 +20,8 @@ from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.runtime import (
-    DEFAULT_AGENT_RUNTIME_ARN,
-    DEFAULT_TPS,
-    LocalAgentCoreRuntime,
-)
-from agentcore_rl.protocol import parse_runtime_arn, validate_bucket
+from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
+from agentcore_rl.protocol import DEFAULT_TPS, parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import SPOOL_DIR_ENV
 
