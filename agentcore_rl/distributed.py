@@ -204,7 +204,7 @@ class _Sessions:
 
     async def acquire(self) -> None:
         """Wait for a slot of the shared budget."""
-        while not await self._actor.call("acquire_slot", *self._view(), abandoned=self._lost):
+        while not await self._actor.call("acquire_slot", view=self._view, abandoned=self._lost):
             pass  # this holder had lapsed at the actor (a long outage): ask again
         self._seen += 1
         self.in_use += 1
@@ -233,13 +233,13 @@ class _Sessions:
         self._group = group
         while True:
             await anyio.sleep(self._actor.config.slot_ttl / 3)
-            await self._actor.call("sync", *self._view())
+            await self._actor.call("sync", view=self._view)
 
     async def aclose(self) -> None:
         """Tell the actor what is still in use (it lapses after ``slot_ttl``)."""
         self._group = None
         with anyio.move_on_after(5.0, shield=True):
-            await self._actor.call("sync", *self._view())
+            await self._actor.call("sync", view=self._view)
 
 
 class SharedLimits:
@@ -266,16 +266,26 @@ class SharedLimits:
         return f"SharedLimits({self.name!r}, {self.config!r})"
 
     async def call(
-        self, method: str, *args: Any, abandoned: Callable[[Any], None] | None = None
+        self,
+        method: str,
+        *args: Any,
+        view: Callable[[], tuple[Any, ...]] | None = None,
+        abandoned: Callable[[Any], None] | None = None,
     ) -> Any:
-        """``method(*args)`` at the actor. A wait given up is cancelled there too and its
-        reference handed to ``abandoned``: its answer may be on its way already."""
+        """``method(*args, *view())`` at the actor. A wait given up is cancelled there too
+        and its reference handed to ``abandoned``: its answer may be on its way already.
+
+        ``view`` is read for every try: a restarted actor takes a holder's first view as
+        its baseline, and one older than grants received since would undercount it. Tries
+        are at most ``slot_ttl / 6`` apart, so every live process reaches a restarted
+        actor well within the half ``slot_ttl`` it grants nothing."""
         import ray  # lazy: the ray extra, present once connected
 
         since, delay = None, 0.05
+        longest = min(2.0, self.config.slot_ttl / 6)
         while True:
             self.actor_calls += 1
-            ref = getattr(self._handle, method).remote(*args)
+            ref = getattr(self._handle, method).remote(*args, *(view() if view else ()))
             try:
                 return await ref
             except BaseException as exc:
@@ -295,7 +305,7 @@ class SharedLimits:
                         f"{exc}"
                     ) from exc
             await anyio.sleep(delay)
-            delay = min(2.0, delay * 2)
+            delay = min(longest, delay * 2)
 
     def send(self, method: str, *args: Any) -> None:
         """A call whose answer nobody waits for (the next report corrects a lost one)."""

@@ -9,8 +9,8 @@ new process (``attach()``, ``eval --resume``) finds a half-finished group's sess
 :class:`GroupTracker` is the pure state machine deciding what happens to the members: the
 client tells it how each ended (``succeeded``, ``failed``, ``timed_out``) and carries out
 the actions it answers with, in order: :class:`StartMember`, :class:`StopMember` (always
-before the resolution they lead to), :class:`GroupReady` and :class:`GroupDropped`.
-Nothing here awaits or reads a clock.
+before the resolution they lead to), then the group's outcome itself, a
+:class:`RolloutGroup` or a :class:`GroupDroppedError`. Nothing here awaits or reads a clock.
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ __all__ = [
     "Action",
     "DropReason",
     "GroupCounters",
-    "GroupDropped",
     "GroupDroppedError",
     "GroupMember",
-    "GroupReady",
     "GroupRules",
     "GroupStats",
     "GroupTracker",
@@ -424,21 +422,8 @@ class StopMember:
     reason: DropReason
 
 
-@dataclass(frozen=True, kw_only=True)
-class GroupReady:
-    """The group is whole by its rules: resolve its future with ``group``."""
-
-    group: RolloutGroup
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupDropped:
-    """The group was dropped: fail its future with ``error`` (``error.reason`` says why)."""
-
-    error: GroupDroppedError
-
-
-Action = StartMember | StopMember | GroupReady | GroupDropped
+#: What the tracker answers an event with; a group's outcome (whole, or dropped) comes last.
+Action = StartMember | StopMember | RolloutGroup | GroupDroppedError
 
 
 # --- Counters -------------------------------------------------------------------------------
@@ -547,7 +532,9 @@ class GroupTracker:
     def __init__(self, *, exp_id: str, policy_version: int | None = None) -> None:
         group_digest(exp_id, "probe")  # validates exp_id as session ids will use it
         self.exp_id = exp_id
-        self._version = _check_version(policy_version) if policy_version is not None else None
+        self._version: int | None = None
+        if policy_version is not None:
+            self.set_policy_version(policy_version)
         self._groups: dict[str, _Group] = {}
         self._by_session: dict[str, tuple[_Group, _Attempt]] = {}
         # Digests of every group opened: an input_id names one group per experiment.
@@ -617,7 +604,9 @@ class GroupTracker:
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
         """This attempt failed (agent error, invocation error...): retry it or apply the rule."""
-        return self._ended(session_id, MemberOutcome.FAILED, _describe(error), trajectory, result)
+        if not isinstance(error, str):
+            error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return self._ended(session_id, MemberOutcome.FAILED, error, trajectory, result)
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
         """This attempt gave no result in time (the client stops its session itself)."""
@@ -634,7 +623,8 @@ class GroupTracker:
 
     def set_policy_version(self, version: int) -> None:
         """Stamp ``version`` into every member started from now on (retries included)."""
-        version = _check_version(version)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ConfigurationError(f"policy version must be an integer >= 0, got {version!r}")
         if self._version is not None and version < self._version:
             raise ConfigurationError(
                 f"policy version {version} is older than the current {self._version}; "
@@ -647,10 +637,14 @@ class GroupTracker:
         ``version - max_staleness`` (running or kept members count, discarded attempts do
         not; a member started before any version counts as 0).
         """
-        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int):
-            raise ConfigurationError(f"max_staleness must be an integer, got {max_staleness!r}")
-        if max_staleness < 0:
-            raise ConfigurationError(f"max_staleness must be >= 0, got {max_staleness}")
+        if (
+            isinstance(max_staleness, bool)
+            or not isinstance(max_staleness, int)
+            or max_staleness < 0
+        ):
+            raise ConfigurationError(
+                f"max_staleness must be an integer >= 0, got {max_staleness!r}"
+            )
         self.set_policy_version(version)
         actions: list[Action] = []
         for group in list(self._groups.values()):
@@ -747,11 +741,9 @@ class GroupTracker:
                     "_rollout.seed, which the agent passes to its model"
                 )
             return actions + self._drop(group, DropReason.UNIFORM, detail)
-        del self._groups[group.input_id]
-        self._forget(group)
+        self._close(group)
         self._counts.groups_ready += 1
-        actions.append(GroupReady(group=snapshot))
-        return actions
+        return [*actions, snapshot]
 
     def _drop(
         self,
@@ -764,12 +756,10 @@ class GroupTracker:
         actions = self._stop_active(group, reason, count_as_drop=False)
         snapshot = self._snapshot(group)
         error = make_error(snapshot) if make_error else GroupDroppedError(snapshot, reason, detail)
-        del self._groups[group.input_id]
-        self._forget(group)
+        self._close(group)
         dropped = self._counts.groups_dropped
         dropped[error.reason.value] = dropped.get(error.reason.value, 0) + 1
-        actions.append(GroupDropped(error=error))
-        return actions
+        return [*actions, error]
 
     def _stop_active(
         self, group: _Group, reason: DropReason, *, count_as_drop: bool
@@ -821,9 +811,10 @@ class GroupTracker:
             return None
         raise KeyError(f"session {session_id!r} is not a member this tracker started")
 
-    def _forget(self, group: _Group) -> None:
+    def _close(self, group: _Group) -> None:
         # A closed group leaves the index, so memory does not grow with every attempt ever
         # run; its sessions stay recognisable through the group's digest in _seen.
+        del self._groups[group.input_id]
         for attempt in group.attempts:
             self._by_session.pop(attempt.session_id, None)
 
@@ -838,16 +829,3 @@ class GroupTracker:
             members=tuple(a.frozen() for a in kept[: group.rules.n]),
             discarded=tuple(a.frozen() for a in other),
         )
-
-
-def _check_version(version: object) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ConfigurationError(f"policy version must be an integer >= 0, got {version!r}")
-    return version
-
-
-def _describe(error: BaseException | str) -> str:
-    if isinstance(error, str):
-        return error
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

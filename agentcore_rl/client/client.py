@@ -40,7 +40,7 @@ from agentcore_rl.client.traces import gateway_link
 from agentcore_rl.client.transports import Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
-from agentcore_rl.errors import ConfigurationError, TraceLostError
+from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig, TraceLostError
 from agentcore_rl.groups import GroupCounters, GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import (
@@ -444,7 +444,20 @@ class AsyncRolloutClient(ClientCore):
         33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
         of this client already uses it.
         """
-        return self._rollouts.check_session_id(session_id)
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self._rollouts.live:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
 
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
