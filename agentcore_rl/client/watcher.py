@@ -1,17 +1,9 @@
-"""The completion watcher: one task per client that finds every pending result in S3.
+"""The completion watcher: one task per client that finds every pending result in S3
+(docs/client.md, "One watcher for all results"; docs/failure-model.md for S3 failures).
 
-Pending keys are grouped by experiment prefix (``{exp_id}/``). Each round picks, per group,
-the cheaper way to learn which keys exist: LIST from the smallest pending key (S3 lists in
-key order, so ``StartAfter`` skips finished inputs; 1,000 keys a page) or GET each key (a
-miss costs what a HEAD does, a hit brings the result). Keys seen in listings are
-remembered, so stragglers far before a dense block are probed while the block is listed.
-An empty round lengthens the pause (up to ``max_interval``, which bounds detection delay).
-
-An unreachable store (connection errors, 5xx, throttling, even ``NoSuchBucket``: agents
-spool and deliver later) is a degraded state, not an outcome (:class:`StoreOutages`): keys
-stay pending, polls back off, and new invocations wait. Only what waiting cannot cure (a
-result that is not JSON; access denied after ``error_threshold`` polls) fails the affected
-futures, with a :class:`~agentcore_rl.errors.StorageError`.
+Keys are grouped by experiment prefix; keys seen in listings are remembered, so
+stragglers far before a dense block are probed while the block is listed. ``NoSuchBucket``
+is an outage too: agents spool and deliver later.
 """
 
 from __future__ import annotations

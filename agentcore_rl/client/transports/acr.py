@@ -96,7 +96,6 @@ class AcrTransport:
         endpoint_url: str | None = None,
         qualifier: str | None = None,
         session: AioSession | None = None,
-        timeout: float = 60.0,
         max_connections: int = 64,
     ) -> None:
         self.agent_runtime_arn = agent_runtime_arn
@@ -111,8 +110,8 @@ class AcrTransport:
             parameter_validation=False,
             user_agent=AWS_USER_AGENT,
             max_pool_connections=max_connections,
-            connect_timeout=timeout,
-            read_timeout=timeout,
+            connect_timeout=60.0,
+            read_timeout=60.0,
         )
         self._limit = asyncio.Semaphore(max_connections)  # queue here, not in the pool
         self._client: Any = None
