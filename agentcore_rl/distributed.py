@@ -19,6 +19,7 @@ import anyio.abc
 
 from agentcore_rl._extras import require
 from agentcore_rl.errors import ConfigurationError, SharedLimitsUnavailableError
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.ratelimit import Priority, TokenBucket
 
 __all__ = ["DEFAULT_NAMESPACE", "LimitsActor", "LimitsConfig", "SharedLimits", "shared_limits"]
@@ -49,18 +50,9 @@ class LimitsConfig:
     slot_ttl: float = DEFAULT_SLOT_TTL
 
     def __post_init__(self) -> None:
-        if isinstance(self.tps, bool) or not isinstance(self.tps, (int, float)) or self.tps <= 0:
-            raise ConfigurationError(f"tps must be > 0 calls per second, got {self.tps!r}")
-        if (
-            isinstance(self.sessions, bool)
-            or not isinstance(self.sessions, int)
-            or self.sessions < 1
-        ):
-            raise ConfigurationError(f"sessions must be an int >= 1, got {self.sessions!r}")
-        if self.burst is not None and not self.burst >= 1:
-            raise ConfigurationError(f"burst must be >= 1 call, got {self.burst!r}")
-        if not self.slot_ttl > 0:
-            raise ConfigurationError(f"slot_ttl must be > 0 seconds, got {self.slot_ttl!r}")
+        check_numbers(self, "tps", "slot_ttl", above=0, finite=True)
+        check_numbers(self, "sessions", at_least=1, integer=True)
+        check_numbers(self, "burst", at_least=1, finite=True, optional=True)
 
 
 @dataclass

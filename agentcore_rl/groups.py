@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, Final, Literal, get_args
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
-from agentcore_rl.keywords import checked_init
+from agentcore_rl.keywords import check_numbers, checked_init
 from agentcore_rl.protocol import validate_key_part
 
 __all__ = [
@@ -127,10 +127,8 @@ class GroupRules:
     member_seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("n", 1), ("redundancy", 0), ("retry", 0), ("min_members", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigurationError(f"{name} must be an integer >= {low}, got {value!r}")
+        check_numbers(self, "n", "min_members", at_least=1, integer=True)
+        check_numbers(self, "redundancy", "retry", at_least=0, integer=True)
         if self.on_failure not in get_args(OnFailure):
             raise ConfigurationError(
                 f"on_failure must be one of {', '.join(get_args(OnFailure))}, "

@@ -6,14 +6,13 @@ naming the closest known one, and a bad value a ``ConfigurationError`` naming th
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.keywords import checked_init
+from agentcore_rl.keywords import check_numbers, checked_init
 from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.retry import RetryPolicy
 
@@ -40,7 +39,6 @@ __all__ = [
     "Limits",
     "Retries",
     "Timeouts",
-    "check_numbers",
 ]
 
 #: Rollouts in flight at once (a slot is held from invoke until the outcome).
@@ -53,36 +51,6 @@ DEFAULT_CLOSE_TIMEOUT: Final = 30.0
 DEFAULT_RETRY: Final = RetryPolicy()
 #: Where a remote gateway's admin token is read from when none is given.
 GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
-
-
-def check_numbers(
-    config: object,
-    *names: str,
-    above: float | None = None,
-    at_least: float | None = None,
-    integer: bool = False,
-    optional: bool = False,
-    finite: bool = False,
-) -> None:
-    """``ConfigurationError`` naming ``Class.field`` unless each field of ``config`` is a
-    number (an int with ``integer``; ``None`` too with ``optional``) ``> above`` or
-    ``>= at_least``, and finite with ``finite``."""
-    for name in names:
-        value = getattr(config, name)
-        if value is None and optional:
-            continue
-        kind = int if integer else int | float
-        ok = isinstance(value, kind) and not isinstance(value, bool) and value == value
-        if ok and (finite and not math.isfinite(value)):
-            ok = False
-        if ok and not (value > above if above is not None else value >= (at_least or 0)):
-            ok = False
-        if not ok:
-            bound = f"> {above:g}" if above is not None else f">= {at_least or 0:g}"
-            raise ConfigurationError(
-                f"{type(config).__name__}.{name} must be {'an int' if integer else 'a number'} "
-                f"{bound}{' or None' if optional else ''}, got {value!r}"
-            )
 
 
 @checked_init

@@ -20,7 +20,6 @@ from typing import Final, Protocol
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.config import check_numbers
 from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import (
@@ -29,6 +28,7 @@ from agentcore_rl.errors import (
     InvalidPayloadError,
     StorageError,
 )
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.ratelimit import Priority, RateLimiter
 from agentcore_rl.s3 import ResultStore
 

@@ -20,8 +20,8 @@ from typing import Any, Final
 import anyio
 
 from agentcore_rl._unwrap import unwrap
-from agentcore_rl.client.config import check_numbers
 from agentcore_rl.errors import StorageError
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.s3 import ResultStore
 
 __all__ = [
