@@ -38,10 +38,6 @@ class LimitsConfig:
 
     ``burst``: what the shared bucket hands out at once (default half a second's worth);
     the runtime's own bucket holds a second's worth, the rest absorbs uneven delays.
-
-    Example::
-
-        LimitsConfig(tps=25, sessions=500, slot_ttl=10)
     """
 
     tps: float
@@ -68,11 +64,6 @@ class LimitsActor:
     The bucket starts empty, so a restarted actor adds no burst to calls just made. An
     unknown holder that had grants means the books were lost (``restarted``): no slot is
     granted for half a ``slot_ttl``, by when every live process has reported.
-
-    Example::
-
-        handle = ray.remote(LimitsActor).options(name="acr-math", lifetime="detached",
-                                                  max_restarts=-1).remote(config)
     """
 
     def __init__(

@@ -1,10 +1,7 @@
 """GRPO groups: n rollouts of one input, their rewards, advantages and the rules they follow.
 
 Pure: the rules (:class:`GroupRules`), the result (:class:`RolloutGroup`), drop reasons and
-errors, and member session ids, derived from ``(exp_id, input_id, index, attempt)`` so a
-new process (``attach()``, ``eval --resume``) finds a half-finished group's sessions. So an
-``input_id`` names one group per experiment: sample a prompt again under a new one
-(``"q-17@step3"``).
+errors, and member session ids (docs/groups.md, "Session ids").
 
 :class:`GroupTracker` is the pure state machine deciding what happens to the members: the
 client tells it how each ended (``succeeded``, ``failed``, ``timed_out``) and carries out
@@ -465,8 +462,7 @@ class _Attempt:
     attempt: int
     session_id: str
     policy_version: int | None
-    #: False once it succeeded, failed, timed out or was stopped: no further event matters.
-    active: bool = True
+    #: None while it runs; once set (stopped included), no further event matters.
     outcome: MemberOutcome | None = None
     reward: float | None = None
     trajectory: Any = None
@@ -487,7 +483,7 @@ class _Group:
     attempts: list[_Attempt] = field(default_factory=list)
 
     def active(self) -> list[_Attempt]:
-        return [a for a in self.attempts if a.active]
+        return [a for a in self.attempts if a.outcome is None]
 
     def kept(self) -> list[_Attempt]:
         return [
@@ -506,7 +502,7 @@ class _Group:
         members were all replaced by retries under a newer policy is not stale. A member
         started before any version was set counts as version 0.
         """
-        live = [a for a in self.attempts if a.active] + self.kept()
+        live = self.active() + self.kept()
         return min((a.policy_version or 0) for a in live or self.attempts)
 
 
@@ -672,11 +668,10 @@ class GroupTracker:
     ) -> list[Action]:
         """Record how an attempt ended (a late event is ignored), then decide."""
         found = self._lookup(session_id)
-        if found is None or not found[1].active:
+        if found is None or found[1].outcome is not None:
             self._counts.ignored_events += 1
             return []
         group, attempt = found
-        attempt.active = False
         attempt.outcome = outcome
         attempt.trajectory = trajectory
         attempt.result = result
@@ -764,7 +759,6 @@ class GroupTracker:
     ) -> list[Action]:
         actions: list[Action] = []
         for attempt in group.active():
-            attempt.active = False
             attempt.outcome = MemberOutcome.STOPPED
             if count_as_drop:
                 self._discard(attempt, reason)

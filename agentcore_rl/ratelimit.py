@@ -2,9 +2,7 @@
 and sessions at once (:class:`SessionLimiter`, :class:`LocalSessionLimiter`).
 
 Any object with a protocol's methods can stand in (``agentcore_rl.distributed`` shares both
-across a cluster). On a throttle (429 / ``ThrottlingException``) the bucket halves its
-rate, then climbs back linearly (AIMD, as TCP does), so a burst of throttles does not leave
-the client slow for ever. docs/client.md ("Pacing") explains ``tick``.
+across a cluster). docs/client.md ("Pacing") explains the throttle back-off and ``tick``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.keywords import check_numbers, checked_init
+from agentcore_rl.keywords import check_config_types, check_numbers, checked_init
 from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.retry import RetryPolicy
 
@@ -121,10 +121,7 @@ class Retries:
     lost: int = DEFAULT_RETRY_LOST
 
     def __post_init__(self) -> None:
-        if not isinstance(self.call, RetryPolicy):
-            raise ConfigurationError(
-                f"Retries.call must be a RetryPolicy, got {type(self.call).__name__}"
-            )
+        check_config_types(("Retries.call", self.call, RetryPolicy))
         check_numbers(self, "rollouts", "lost", at_least=0, integer=True)
 
 
@@ -149,11 +146,7 @@ class AwsConfig:
 
     def __post_init__(self) -> None:
         for name in ("endpoint_url", "s3_endpoint_url"):
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, str) or not value.startswith(("http://", "https://"))
-            ):
-                raise ConfigurationError(f"AwsConfig.{name} must be an http(s) URL, got {value!r}")
+            _check_url(self, name, "an http(s) URL", optional=True)
         if self.qualifier is not None and (
             not isinstance(self.qualifier, str) or not self.qualifier
         ):
@@ -183,11 +176,7 @@ class GatewayConfig:
     app: RolloutGateway | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"GatewayConfig.url must be the http(s) URL agents reach the gateway at, "
-                f"got {self.url!r}"
-            )
+        _check_url(self, "url", "the http(s) URL agents reach the gateway at")
         if self.app is not None:
             return
         if self.admin_token is None:
@@ -197,6 +186,14 @@ class GatewayConfig:
                 f"a remote gateway needs its admin token: GatewayConfig(admin_token=...) or "
                 f"{GATEWAY_TOKEN_ENV} (the token it was started with, --admin-token)"
             )
+
+
+def _check_url(config: object, name: str, what: str, *, optional: bool = False) -> None:
+    value = getattr(config, name)
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ConfigurationError(f"{type(config).__name__}.{name} must be {what}, got {value!r}")
 
 
 DEFAULT_LIMITS: Final = Limits()

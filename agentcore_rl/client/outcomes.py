@@ -1,11 +1,5 @@
-"""Which rollout outcomes are final and which are worth a new session, and the client's
-counters of them (:class:`ClientStats`).
-
-*Retryable* outcomes (:func:`is_retryable`) say nothing about the input; among them,
-*agent losses* (:func:`is_agent_loss`) have their own, larger budget (``Retries.lost``):
-the process went away, which says nothing about the agent's code. Everything else is
-final (docs/failure-model.md has the table).
-"""
+"""Which rollout outcomes are final and which are worth a new session (the table is in
+docs/failure-model.md), and the client's counters of them (:class:`ClientStats`)."""
 
 from __future__ import annotations
 

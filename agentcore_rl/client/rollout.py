@@ -82,7 +82,6 @@ class Rollout:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     fut: RolloutFuture | None = None
     reported: bool = False
-    closed: bool = False
     waiter: asyncio.Future[tuple[str, Any]] | None = None
     to_stop: list[str] = field(default_factory=list)
     gateway: list[str] = field(default_factory=list)
@@ -193,7 +192,7 @@ class Rollouts:
                 except Exception as exc:  # a bug or a refusal: this rollout's outcome
                     error = exc
             if r.scope.cancelled_caught:
-                error = ClientClosedError(_CLOSED) if r.closed else None
+                error = ClientClosedError(_CLOSED) if self.closing else None
             self._settle(r, result, error)
             if not r.reported:
                 if error is not None and not (spec.on_future and r.fut):
@@ -558,7 +557,6 @@ class Rollouts:
         ones waiting for a slot alike); their tasks then stop their sessions."""
         self.closing = True
         for r in list(self._running):
-            r.closed = True
             r.scope.cancel()
 
     async def wait_closed(self) -> None:

@@ -1,13 +1,5 @@
-"""ACR transport: AgentCore Runtime's data plane through aiobotocore.
-
-``InvokeAgentRuntime`` carries the payload (the response body streams back and is read
-whole: a rollout entrypoint answers with a small "processing" object);
-``StopRuntimeSession`` frees the session's microVM. The region comes from the ARN; the
-endpoint from ``endpoint_url`` or, as botocore does by itself,
-``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (how the local runtime stand-in is reached).
-botocore's own retries are off: the client's retry policy governs. One aiobotocore client,
-created on first use (or :meth:`AcrTransport.connect`), serves every call.
-"""
+"""ACR transport: AgentCore Runtime's data plane through one aiobotocore client
+(docs/client.md, "Transports")."""
 
 from __future__ import annotations
 
@@ -73,16 +65,7 @@ def _classify(exc: ClientError, session_id: str) -> InvocationError:
 
 
 class AcrTransport:
-    """Invoke and stop sessions of one AgentCore runtime.
-
-    Example::
-
-        transport = AcrTransport(arn, endpoint_url="http://127.0.0.1:9000")
-        try:
-            await transport.invoke(sid, payload)
-        finally:
-            await transport.aclose()
-    """
+    """Invoke and stop sessions of one AgentCore runtime."""
 
     name = "acr"
     #: A finished session keeps its microVM (and a slot of the active-session quota) until
