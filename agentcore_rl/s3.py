@@ -172,11 +172,6 @@ class ResultStore:
     def __repr__(self) -> str:
         return f"ResultStore(endpoint_url={self.endpoint_url!r}, region_name={self.region_name!r})"
 
-    @property
-    def total_requests(self) -> int:
-        """All S3 requests sent so far (retries included)."""
-        return sum(self.request_counts.values())
-
     async def __aenter__(self) -> ResultStore:
         await self._get_client()
         return self

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
-from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.rows import TrainingRow, group_rows
 from agentcore_rl.trajectory import Trajectory
@@ -19,7 +21,7 @@ from agentcore_rl.trajectory import Trajectory
 __all__ = [
     "SampleOutcome",
     "close_shared_clients",
-    "run_group",
+    "run_groups",
     "run_sample",
     "set_policy_version",
     "shared_client",
@@ -167,41 +169,45 @@ async def run_sample(
             with contextlib.suppress(Exception):  # the tokens its trace kept, if any
                 trajectory = fut.trajectory
             continue
-        trajectory = fut.trajectory
-        rewards = result.get("rewards") if isinstance(result, Mapping) else None
-        reward = float(rewards[0]) if isinstance(rewards, list) and rewards else 0.0
-        return SampleOutcome(session_id, reward, trajectory)
+        return SampleOutcome(session_id, result_reward(result) or 0.0, fut.trajectory)
     return SampleOutcome(session_id, 0.0, trajectory, error)
 
 
-async def run_group(
+async def run_groups(
     client: AsyncRolloutClient,
-    payload: Mapping[str, Any],
+    groups: Sequence[tuple[Mapping[str, Any], int, str]],
     *,
-    n: int,
-    input_id: str,
     settings: AgentCoreSettings,
     overrides: Mapping[str, Any],
-) -> list[list[TrainingRow]] | None:
-    """One GRPO group run by the client under the settings' rules (member seeds from 0):
-    each kept member's rows, in member order, or ``None`` when ``on_failure="drop_group"``
-    dropped the group. ``on_failure="zero"`` keeps a failed member as a zeroed one.
+) -> list[list[list[TrainingRow]] | None]:
+    """GRPO groups, each ``(payload, n, input_id)``, run at once by the client under the
+    settings' rules (member seeds from 0): each group's kept members' rows, in member order,
+    or ``None`` when ``on_failure="drop_group"`` dropped it. ``on_failure="zero"`` keeps a
+    failed member as a zeroed one.
     """
-    rules = GroupRules(
-        n=n,
-        retry=settings.retry,
-        on_failure=settings.on_failure,
-        redundancy=settings.redundancy,
-        member_seed=0,
-    )
-    try:
-        group = await client.invoke_group(
-            payload, rules=rules, input_id=input_id, rollout=overrides
+    out: list[list[list[TrainingRow]] | None] = [None] * len(groups)
+
+    async def one(position: int, payload: Mapping[str, Any], n: int, input_id: str) -> None:
+        rules = GroupRules(
+            n=n,
+            retry=settings.retry,
+            on_failure=settings.on_failure,
+            redundancy=settings.redundancy,
+            member_seed=0,
         )
-        result: RolloutGroup = await group
-    except GroupDroppedError:
-        return None
-    by_member: dict[int, list[TrainingRow]] = {}
-    for row in group_rows(result, require_tokens=False):
-        by_member.setdefault(row.member, []).append(row)
-    return [by_member[member.index] for member in result.members]
+        try:
+            group = await client.invoke_group(
+                payload, rules=rules, input_id=input_id, rollout=overrides
+            )
+            result: RolloutGroup = await group
+        except GroupDroppedError:
+            return
+        by_member: dict[int, list[TrainingRow]] = {}
+        for row in group_rows(result, require_tokens=False):
+            by_member.setdefault(row.member, []).append(row)
+        out[position] = [by_member[member.index] for member in result.members]
+
+    async with anyio.create_task_group() as tg:
+        for position, (payload, n, input_id) in enumerate(groups):
+            tg.start_soon(one, position, payload, n, input_id)
+    return out

@@ -11,10 +11,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import anyio
-
 from agentcore_rl._extras import require
-from agentcore_rl.integrations._client import run_group, set_policy_version, shared_client
+from agentcore_rl.integrations._client import run_groups, set_policy_version, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_skyrl
 from agentcore_rl.training.rows import TrainingRow, fit_rows, trajectory_rows
@@ -78,41 +76,28 @@ class AgentCoreGenerator(GeneratorInterface):  # type: ignore[misc]
         sampling = dict(input_batch.get("sampling_params") or {})
         overrides = {k: sampling[k] for k in ("temperature", "top_p") if k in sampling}
 
-        member_rows: dict[int, list[TrainingRow]] = {}
-        dropped = 0
-
-        async def one(instance: str, positions: list[int]) -> None:
-            nonlocal dropped
+        jobs = []
+        for instance, positions in instances.items():
             first = positions[0]
             payload = self.payload(prompts[first], extras[first] if extras else None)
-            input_id = f"{_UNSAFE.sub('-', instance)}@{phase}{step}"
-            members = await run_group(
-                client,
-                payload,
-                n=len(positions),
-                input_id=input_id,
-                settings=self.settings,
-                overrides=overrides,
-            )
-            if members is None:
-                dropped += 1
-                members = [
-                    trajectory_rows(
-                        None,
-                        exp_id=self.settings.exp_id,
-                        group_id=input_id,
-                        session_id="",
-                        reward=0.0,
-                        outcome="dropped",
-                        zeroed=True,
-                    )
-                ] * len(positions)
-            for position, rows in zip(positions, members, strict=True):
-                member_rows[position] = rows
-
-        async with anyio.create_task_group() as tg:
-            for instance, positions in instances.items():
-                tg.start_soon(one, instance, positions)
+            jobs.append((payload, len(positions), f"{_UNSAFE.sub('-', instance)}@{phase}{step}"))
+        results = await run_groups(client, jobs, settings=self.settings, overrides=overrides)
+        member_rows: dict[int, list[TrainingRow]] = {}
+        for positions, (_, _, input_id), members in zip(
+            instances.values(), jobs, results, strict=True
+        ):
+            if members is None:  # SkyRL's own rule for a failed group: placeholders
+                placeholder = trajectory_rows(
+                    None,
+                    exp_id=self.settings.exp_id,
+                    group_id=input_id,
+                    session_id="",
+                    reward=0.0,
+                    outcome="dropped",
+                    zeroed=True,
+                )
+                members = [placeholder] * len(positions)
+            member_rows.update(zip(positions, members, strict=True))
 
         rows: list[TrainingRow] = []
         trajectory_ids: list[Any] = []
@@ -137,7 +122,7 @@ class AgentCoreGenerator(GeneratorInterface):  # type: ignore[misc]
         output["stop_reasons"] = ["stop"] * len(rows)
         output["rollout_metrics"] = {
             "agentcore/dropped_segments": dropped_segments,
-            "agentcore/groups_dropped": dropped,
+            "agentcore/groups_dropped": results.count(None),
             "agentcore/responses_truncated": fitted.responses_truncated if fitted else 0,
             "agentcore/prompts_masked": fitted.prompts_masked if fitted else 0,
         }

@@ -21,7 +21,7 @@ from agentcore_rl._extras import require
 from agentcore_rl.groups import advantages
 from agentcore_rl.integrations._client import (
     close_shared_clients,
-    run_group,
+    run_groups,
     set_policy_version,
     shared_client,
 )
@@ -109,35 +109,21 @@ async def _run_groups(
     set_policy_version(client, rollout_id)
     pad = getattr(args, "pad_token_id", None)
     pad = DEFAULT_PAD_TOKEN_ID if pad is None else int(pad)
-    out: list[list[Any]] = [[] for _ in groups]
-    dropped = 0
-
-    async def one(position: int, group_samples: Sequence[Any]) -> None:
-        nonlocal dropped
-        first = group_samples[0]
-        input_id = f"r{rollout_id}-g{first.group_index}"
-        members = await run_group(
-            client,
-            _payload(first, settings.payload_key),
-            n=len(group_samples),
-            input_id=input_id,
-            settings=settings,
-            overrides={},
-        )
-        if members is None:
-            dropped += 1  # slime's own rule for a dropped group: it is not trained
-            return
-        for sample, rows in zip(group_samples, members, strict=True):
-            out[position].extend(_fill(sample, rows, pad))
-
     try:
-        async with anyio.create_task_group() as tg:
-            for position, group_samples in enumerate(groups):
-                tg.start_soon(one, position, group_samples)
+        jobs = [
+            (_payload(g[0], settings.payload_key), len(g), f"r{rollout_id}-g{g[0].group_index}")
+            for g in groups
+        ]
+        results = await run_groups(client, jobs, settings=settings, overrides={})
     finally:
         # Each step runs on its own event loop (slime calls this function synchronously).
         await close_shared_clients()
-    return [g for g in out if g], {"agentcore/groups_dropped": dropped}
+    samples = [
+        [out for sample, rows in zip(g, members, strict=True) for out in _fill(sample, rows, pad)]
+        for g, members in zip(groups, results, strict=True)
+        if members is not None  # slime's own rule for a dropped group: it is not trained
+    ]
+    return samples, {"agentcore/groups_dropped": results.count(None)}
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -183,12 +169,8 @@ def reward_post_process(args: Any, samples: Sequence[Any]) -> tuple[list[float],
         members.setdefault(sample.group_index, {}).setdefault(rollout, reward)
     values: dict[tuple[Any, Any], float] = {}
     for group, rewards in members.items():
-        keys = list(rewards)
-        if len(keys) == 1:
-            scaled = [rewards[keys[0]]]
-        else:
-            scaled = advantages([rewards[k] for k in keys], "mean_std" if std else "mean")
-        values.update({(group, k): v for k, v in zip(keys, scaled, strict=True)})
+        scaled = advantages(list(rewards.values()), "mean_std" if std else "mean")
+        values.update({(group, k): v for k, v in zip(rewards, scaled, strict=True)})
     out = []
     for sample in samples:
         rollout = sample.rollout_id if sample.rollout_id is not None else sample.index

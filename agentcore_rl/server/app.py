@@ -1,35 +1,47 @@
-"""AgentCoreRLApp: an ASGI server that runs an agent as fire-and-forget rollouts.
+"""AgentCoreRLApp: an ASGI server that runs an agent as fire-and-forget rollouts, with the
+part of AWS's ``BedrockAgentCoreApp`` surface it keeps (docs/server.md lists what is left
+out) and the ``/ping`` status behind it.
 
 The app's lifespan (or ``async with app``) owns one task group for every task it starts.
+``/ping``'s ``time_of_last_update`` changes with the status only: AgentCore Runtime
+reclaims a session that reports ``Healthy`` for too long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
+import inspect
+import itertools
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import uvicorn
 from anyio.abc import TaskGroup
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan
 
 from agentcore_rl import protocol
 from agentcore_rl._unwrap import raise_unwrapped
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.keywords import check_config_types, checked
+from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
-from agentcore_rl.server.compat import BedrockCompat
 from agentcore_rl.server.config import (
     APP_NAME_ENV,
     DEFAULT_FAULT_CHECKS,
@@ -49,10 +61,18 @@ from agentcore_rl.server.config import (
     handler_app_name,
     spool_directory,
 )
-from agentcore_rl.server.invoke import Handler, HandlerSpec
+from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.lease import LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
-from agentcore_rl.server.routes import BodyBudget, RolloutRoutes
+from agentcore_rl.server.routes import (
+    BodyBudget,
+    control_op,
+    error_response,
+    parse_payload,
+    parse_rollout,
+    path_session_id,
+    read_body,
+)
 from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
 from agentcore_rl.server.spool import Spool
 
@@ -60,11 +80,23 @@ __all__ = ["AgentCoreRLApp"]
 
 logger = logging.getLogger("agentcore_rl.server")
 
+#: A custom ping handler: returns a :class:`PingStatus` (ours or AWS's) or its value.
+PingHandler = Callable[[], Any]
+
 F = TypeVar("F", bound=Handler)
 V = TypeVar("V", bound=Callable[[dict[str, Any]], Any])
+P = TypeVar("P", bound=PingHandler)
+A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
+
+_STOP_REASON: Final = "the session was stopped"
 
 
-class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
+def _status(value: Any) -> PingStatus:
+    # An enum of AWS's SDK or a plain string: both carry the wire value.
+    return PingStatus(getattr(value, "value", value))
+
+
+class AgentCoreRLApp(Starlette):
     """The agent server: ``POST /invocations``, ``GET /ping``, ``POST /sessions/{id}/stop``.
 
     Register one handler with :meth:`rollout_entrypoint` (fire and forget; the result goes
@@ -131,7 +163,19 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             # First: overload is answered ahead of everything else.
             middleware=[Middleware(OverloadGuard, lag=lambda: self.overload), *(middleware or ())],
         )
-        self._init_compat(clock)
+        #: The registered entrypoint under ``"main"`` as a ``(payload, context)`` coroutine
+        #: function named after it (as in ``BedrockAgentCoreApp``); for inspection and for
+        #: calling the handler directly, not a way to replace it.
+        self.handlers: dict[str, Callable[..., Awaitable[Any]]] = {}
+        self._clock = clock
+        self._forced: PingStatus | None = None
+        self._ping_handler: PingHandler | None = None
+        self._status = PingStatus.HEALTHY
+        self._last_update = int(clock())
+        # add/complete_async_task may be called from sync handlers' threads.
+        self._tasks_lock = threading.Lock()
+        self._async_tasks: dict[int, tuple[str, float]] = {}
+        self._task_ids = itertools.count(1)
         self._user_lifespan = lifespan
         self.logger = logger
         self.allowed_buckets = allowed_buckets_from(allowed_buckets)
@@ -184,12 +228,24 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             raise ConfigurationError(
                 f"this app already has an entrypoint ({self._spec.name}); an app serves one"
             )
-        self._spec = HandlerSpec.inspect(func)
+        self._spec = spec = HandlerSpec.inspect(func)
         self._rollout_mode = rollout
         if self.app_name is None:
             self.app_name = handler_app_name(func)
             self._place_spool(self.app_name)
-        self._registered(func, self._spec)
+
+        async def main(payload: dict[str, Any], context: Any = None) -> Any:
+            if context is None:
+                context = RequestContext(session_id=protocol.new_session_id())
+            return await call_handler(spec, payload, context, limiter=self._get_limiter())
+
+        # No __wrapped__: inspect.signature reports (payload, context) like the SDK's.
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            with contextlib.suppress(AttributeError):
+                setattr(main, name, getattr(spec.func, name))
+        self.handlers["main"] = main
+        with contextlib.suppress(AttributeError, TypeError):
+            func.run = self.run  # type: ignore[attr-defined]
 
     def rollout_entrypoint(self, func: F) -> F:
         """Register a fire-and-forget rollout handler whose result is written to S3.
@@ -200,6 +256,108 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
         """
         self._register(func, rollout=True)
         return func
+
+    def entrypoint(self, func: F) -> F:
+        """Register a plain request/response handler (as with AWS's ``BedrockAgentCoreApp``).
+
+        Its return value is the response body (JSON; a Starlette ``Response`` is passed
+        through). If it raises, the answer is ``500 {"error": "<message>"}``.
+        """
+        self._register(func, rollout=False)
+        return func
+
+    def ping(self, func: P) -> P:
+        """Register a custom ``/ping`` status: a function returning a ``PingStatus`` (ours or
+        AWS's) or its string value. It is asked at every ping unless a status is forced;
+        if it raises, the automatic status is reported.
+        """
+        if not callable(func):
+            raise ConfigurationError(f"a ping handler must be callable, got {type(func).__name__}")
+        self._ping_handler = func
+        return func
+
+    def async_task(self, func: A) -> A:
+        """Decorate an async function so that ``/ping`` says ``HealthyBusy`` while it runs."""
+        if not inspect.iscoroutinefunction(func):
+            raise ConfigurationError("@app.async_task can only decorate async functions")
+
+        @functools.wraps(func)
+        async def tracked(*args: Any, **kwargs: Any) -> Any:
+            task_id = self.add_async_task(func.__name__)
+            try:
+                return await func(*args, **kwargs)
+            finally:
+                self.complete_async_task(task_id)
+
+        return tracked  # type: ignore[return-value]
+
+    def add_async_task(self, name: str, metadata: Mapping[str, Any] | None = None) -> int:
+        """Track background work the app does not run itself; ``HealthyBusy`` until it
+        completes. Returns the id for :meth:`complete_async_task`. Thread-safe."""
+        with self._tasks_lock:
+            task_id = next(self._task_ids)
+            self._async_tasks[task_id] = (name, self._clock())
+        logger.info("async task started: %s (id %d)", name, task_id)
+        return task_id
+
+    def complete_async_task(self, task_id: int) -> bool:
+        """Stop tracking a task from :meth:`add_async_task`; False for an unknown id."""
+        with self._tasks_lock:
+            task = self._async_tasks.pop(task_id, None)
+        if task is None:
+            logger.warning("complete_async_task: unknown task id %r", task_id)
+            return False
+        name, started = task
+        duration = self._clock() - started
+        logger.info("async task completed: %s (id %d, %.2f s)", name, task_id, duration)
+        return True
+
+    def get_async_task_info(self) -> dict[str, Any]:
+        """The tracked tasks: ``{"active_count": n, "running_jobs": [{"name", "duration"}]}``."""
+        now = self._clock()
+        with self._tasks_lock:
+            tasks = list(self._async_tasks.values())
+        return {
+            "active_count": len(tasks),
+            "running_jobs": [{"name": name, "duration": now - began} for name, began in tasks],
+        }
+
+    def force_ping_status(self, status: PingStatus | str) -> None:
+        """Report ``status`` on ``/ping`` whatever else holds, until cleared."""
+        self._forced = _status(status)
+        self._refresh_ping()
+
+    def clear_forced_ping_status(self) -> None:
+        """Go back to the custom or automatic ``/ping`` status."""
+        self._forced = None
+        self._refresh_ping()
+
+    def get_current_ping_status(self) -> PingStatus:
+        """What ``/ping`` reports now: forced, else the custom handler's, else automatic."""
+        return self._refresh_ping()
+
+    def _refresh_ping(self) -> PingStatus:
+        status = self._forced
+        if status is None and self._ping_handler is not None:
+            try:
+                status = _status(self._ping_handler())
+            except Exception as exc:
+                logger.warning(
+                    "the custom ping handler failed (%s: %s); reporting the automatic status",
+                    type(exc).__name__,
+                    exc,
+                )
+        if status is None:
+            busy = self.runner.active > 0 or self.spool.pending > 0 or bool(self._async_tasks)
+            status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY
+        if status is not self._status:
+            self._status = status
+            self._last_update = int(self._clock())
+        return status
+
+    async def _ping(self, request: Request) -> Response:
+        status = self._refresh_ping()
+        return JSONResponse({"status": status.value, "time_of_last_update": self._last_update})
 
     def payload_validator(self, func: V) -> V:
         """Register a check that runs on every invocation before it is accepted.
@@ -221,9 +379,6 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
     def closing(self) -> bool:
         """True once shutdown has begun (new invocations get 503)."""
         return self._closing
-
-    def _owes_results(self) -> bool:
-        return self.runner.active > 0 or self.spool.pending > 0
 
     def _get_limiter(self) -> anyio.CapacityLimiter:
         # Lazy: the app can be built before any event loop runs.
@@ -356,3 +511,161 @@ class AgentCoreRLApp(RolloutRoutes, BedrockCompat, Starlette):
             )
         logger.info("agent server listening on http://%s:%d", chosen, port)
         uvicorn.run(self, host=chosen, port=port, **serve_options(options))
+
+    def _shutting_down(self) -> JSONResponse:
+        return error_response(
+            "the agent server is shutting down and takes no new invocations; retry on "
+            "another instance",
+            503,
+        )
+
+    async def _invocations(self, request: Request) -> Response:
+        if self._closing:
+            return self._shutting_down()
+        spec = self._spec
+        if spec is None:
+            return error_response(
+                "no entrypoint is registered: decorate a function with @app.rollout_entrypoint "
+                "or @app.entrypoint",
+                500,
+            )
+        await self.startup()
+        try:
+            body = await read_body(
+                request, limit=self.limits.max_body_bytes, budget=self.body_budget
+            )
+            try:
+                payload = parse_payload(body, max_depth=self.limits.max_json_depth)
+                envelope_payload = self._envelope_payload(body, payload)
+            finally:
+                self.body_budget.release(len(body))
+                del body
+            header = request.headers.get(protocol.SESSION_ID_HEADER.lower())
+            session_id = (
+                protocol.new_session_id()
+                if header is None
+                else protocol.validate_session_id(
+                    header, name=f"{protocol.SESSION_ID_HEADER} header"
+                )
+            )
+            if control_op(payload) == protocol.CONTROL_OP_STATUS:
+                return JSONResponse(self.runner.session_state(session_id))
+            config = (
+                parse_rollout(payload, allowed_buckets=self.allowed_buckets)
+                if self._rollout_mode
+                else None
+            )
+            if config is not None:
+                await self.bucket_check.require(config.s3_bucket)
+            if self._validator is not None:
+                checked = self._validator(payload)
+                if inspect.isawaitable(checked):
+                    await checked
+        except InvalidPayloadError as exc:
+            logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
+            refusal = error_response(exc.message, exc.status_code, exc.field)
+            if exc.status_code == 503:
+                refusal.headers["Retry-After"] = "1"
+            return refusal
+        except ClientDisconnect:
+            # Routine, so no traceback.
+            logger.info("a client disconnected before sending the whole invocation body")
+            return Response(status_code=400)
+        except Exception as exc:
+            logger.exception("the payload validator raised")
+            return error_response(f"payload validator failed: {exc}", 500)
+        context = RequestContext(
+            session_id=session_id,
+            request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
+            headers=request.headers,
+            rollout=config,
+            request=request,
+        )
+        if self._rollout_mode:
+            return self._accept_rollout(spec, payload, context, envelope_payload)
+        return await self._call_plain(spec, payload, context)
+
+    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
+        cap = self.limits.envelope_payload_max_bytes
+        if cap is None or len(body) <= cap or not self._rollout_mode:
+            return None
+        return protocol.payload_digest(
+            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
+        )
+
+    def _accept_rollout(
+        self,
+        spec: HandlerSpec,
+        payload: dict[str, Any],
+        context: RequestContext,
+        envelope_payload: dict[str, Any] | None,
+    ) -> Response:
+        # No await between this check and runner.start: shutdown cannot slip in between.
+        if self._closing:
+            return self._shutting_down()
+        config = context.rollout
+        if config is None:
+            logger.warning(
+                "rollout invocation in session %s names no S3 location (%s.exp_id, input_id, "
+                "s3_bucket): the handler runs without saving its result, which is only logged",
+                context.session_id,
+                protocol.ROLLOUT_FIELD,
+            )
+        elif self.runner.find(config.s3_bucket, key := config.key_for(context.session_id)):
+            logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
+            return JSONResponse(protocol.processing_response(config, context.session_id))
+        job = self.runner.start(
+            spec,
+            payload,
+            context,
+            limiter=self._get_limiter(),
+            envelope_payload=envelope_payload,
+            # Only a marked re-send can have an earlier run, so only it costs a HEAD.
+            check_existing=config is not None and config.extra.get(protocol.REPEAT) is True,
+        )
+        # No lifespan task group: run after the answer, in the request's own task.
+        background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
+        return JSONResponse(
+            protocol.processing_response(config, context.session_id), background=background
+        )
+
+    async def _call_plain(
+        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
+    ) -> Response:
+        try:
+            result = await call_handler(spec, payload, context, limiter=self._get_limiter())
+        except InvalidPayloadError as exc:
+            logger.warning("entrypoint %s refused its payload: %s", spec.name, exc.message)
+            return error_response(exc.message, exc.status_code, exc.field)
+        except Exception as exc:
+            logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
+            # The message alone, as BedrockAgentCoreApp's clients parse it.
+            return error_response(str(exc) or type(exc).__name__, 500)
+        if isinstance(result, Response):
+            return result
+        try:
+            return JSONResponse(result)
+        except (TypeError, ValueError) as exc:
+            logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
+            return error_response(f"handler result is not JSON-serialisable: {exc}", 500)
+
+    async def _session_status(self, request: Request) -> Response:
+        session_id = path_session_id(request)
+        if isinstance(session_id, Response):
+            return session_id
+        return JSONResponse(self.runner.session_state(session_id))
+
+    async def _stop_session(self, request: Request) -> Response:
+        session_id = path_session_id(request)
+        if isinstance(session_id, Response):
+            return session_id
+        stopped = self.runner.stop_session(session_id, _STOP_REASON)
+        if stopped:
+            logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
+            if not await self.runner.wait(stopped, within=self.shutdown.stop_wait):
+                logger.warning(
+                    "session %s: rollout(s) still finishing %.3g s after the stop request",
+                    session_id,
+                    self.shutdown.stop_wait,
+                )
+        return JSONResponse({"session_id": session_id, "stopped": bool(stopped)})

@@ -1,39 +1,37 @@
-"""The agent server's HTTP side: reading and checking an invocation, and the routes.
-
-Refusals are :class:`~agentcore_rl.errors.InvalidPayloadError` answered as
-``{"error": <message>, "field": <field>}``. :class:`RolloutRoutes` is a mixin of
-:class:`~agentcore_rl.server.AgentCoreRLApp`.
+"""Reading and checking an invocation: its body within the bytes in flight, its JSON, its
+``_rollout`` block and control requests. Refusals are
+:class:`~agentcore_rl.errors.InvalidPayloadError`, answered as ``{"error": <message>,
+"field": <field>}``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
-import anyio
-from starlette.background import BackgroundTask
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
-from agentcore_rl.server.buckets import BucketCheck
-from agentcore_rl.server.config import RequestLimits, ShutdownConfig
-from agentcore_rl.server.invoke import HandlerSpec, RequestContext, call_handler
-from agentcore_rl.server.runner import RolloutRunner
 
-__all__ = ["BodyBudget", "RolloutRoutes"]
+__all__ = [
+    "BodyBudget",
+    "control_op",
+    "error_response",
+    "parse_payload",
+    "parse_rollout",
+    "path_session_id",
+    "read_body",
+]
 
 logger = logging.getLogger("agentcore_rl.server")
 
 # All of them, or none (run without saving).
 _S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
-_STOP_REASON: Final = "the session was stopped"
 
 
 class BodyBudget:
@@ -215,192 +213,13 @@ def control_op(payload: Mapping[str, Any]) -> str | None:
     return str(op)
 
 
-def _error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
+def error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status_code=status_code)
 
 
-def _path_session_id(request: Request) -> str | Response:
+def path_session_id(request: Request) -> str | Response:
     session_id: str = request.path_params["session_id"]
     try:
         return protocol.validate_session_id(session_id, name="session id in the path")
     except InvalidPayloadError as exc:
-        return _error_response(exc.message, 400, exc.field)
-
-
-class RolloutRoutes:
-    """The route handlers of the agent server, over the app's state."""
-
-    allowed_buckets: frozenset[str] | None
-    limits: RequestLimits
-    shutdown: ShutdownConfig
-    body_budget: BodyBudget
-    bucket_check: BucketCheck
-    runner: RolloutRunner
-    _spec: HandlerSpec | None
-    _rollout_mode: bool
-    _closing: bool
-    _validator: Callable[[dict[str, Any]], Any] | None
-
-    async def startup(self) -> None:
-        raise NotImplementedError
-
-    def _get_limiter(self) -> anyio.CapacityLimiter:
-        raise NotImplementedError
-
-    def _shutting_down(self) -> JSONResponse:
-        return _error_response(
-            "the agent server is shutting down and takes no new invocations; retry on "
-            "another instance",
-            503,
-        )
-
-    async def _invocations(self, request: Request) -> Response:
-        if self._closing:
-            return self._shutting_down()
-        spec = self._spec
-        if spec is None:
-            return _error_response(
-                "no entrypoint is registered: decorate a function with @app.rollout_entrypoint "
-                "or @app.entrypoint",
-                500,
-            )
-        await self.startup()
-        try:
-            body = await read_body(
-                request, limit=self.limits.max_body_bytes, budget=self.body_budget
-            )
-            try:
-                payload = parse_payload(body, max_depth=self.limits.max_json_depth)
-                envelope_payload = self._envelope_payload(body, payload)
-            finally:
-                self.body_budget.release(len(body))
-                del body
-            header = request.headers.get(protocol.SESSION_ID_HEADER.lower())
-            session_id = (
-                protocol.new_session_id()
-                if header is None
-                else protocol.validate_session_id(
-                    header, name=f"{protocol.SESSION_ID_HEADER} header"
-                )
-            )
-            if control_op(payload) == protocol.CONTROL_OP_STATUS:
-                return JSONResponse(self.runner.session_state(session_id))
-            config = (
-                parse_rollout(payload, allowed_buckets=self.allowed_buckets)
-                if self._rollout_mode
-                else None
-            )
-            if config is not None:
-                await self.bucket_check.require(config.s3_bucket)
-            if self._validator is not None:
-                checked = self._validator(payload)
-                if inspect.isawaitable(checked):
-                    await checked
-        except InvalidPayloadError as exc:
-            logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
-            refusal = _error_response(exc.message, exc.status_code, exc.field)
-            if exc.status_code == 503:
-                refusal.headers["Retry-After"] = "1"
-            return refusal
-        except ClientDisconnect:
-            # Routine, so no traceback.
-            logger.info("a client disconnected before sending the whole invocation body")
-            return Response(status_code=400)
-        except Exception as exc:
-            logger.exception("the payload validator raised")
-            return _error_response(f"payload validator failed: {exc}", 500)
-        context = RequestContext(
-            session_id=session_id,
-            request_id=request.headers.get(protocol.REQUEST_ID_HEADER.lower()),
-            headers=request.headers,
-            rollout=config,
-            request=request,
-        )
-        if self._rollout_mode:
-            return self._accept_rollout(spec, payload, context, envelope_payload)
-        return await self._call_plain(spec, payload, context)
-
-    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
-        cap = self.limits.envelope_payload_max_bytes
-        if cap is None or len(body) <= cap or not self._rollout_mode:
-            return None
-        return protocol.payload_digest(
-            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
-        )
-
-    def _accept_rollout(
-        self,
-        spec: HandlerSpec,
-        payload: dict[str, Any],
-        context: RequestContext,
-        envelope_payload: dict[str, Any] | None,
-    ) -> Response:
-        # No await between this check and runner.start: shutdown cannot slip in between.
-        if self._closing:
-            return self._shutting_down()
-        config = context.rollout
-        if config is None:
-            logger.warning(
-                "rollout invocation in session %s names no S3 location (%s.exp_id, input_id, "
-                "s3_bucket): the handler runs without saving its result, which is only logged",
-                context.session_id,
-                protocol.ROLLOUT_FIELD,
-            )
-        elif self.runner.find(config.s3_bucket, key := config.key_for(context.session_id)):
-            logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
-            return JSONResponse(protocol.processing_response(config, context.session_id))
-        job = self.runner.start(
-            spec,
-            payload,
-            context,
-            limiter=self._get_limiter(),
-            envelope_payload=envelope_payload,
-            # Only a marked re-send can have an earlier run, so only it costs a HEAD.
-            check_existing=config is not None and config.extra.get(protocol.REPEAT) is True,
-        )
-        # No lifespan task group: run after the answer, in the request's own task.
-        background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
-        return JSONResponse(
-            protocol.processing_response(config, context.session_id), background=background
-        )
-
-    async def _call_plain(
-        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
-    ) -> Response:
-        try:
-            result = await call_handler(spec, payload, context, limiter=self._get_limiter())
-        except InvalidPayloadError as exc:
-            logger.warning("entrypoint %s refused its payload: %s", spec.name, exc.message)
-            return _error_response(exc.message, exc.status_code, exc.field)
-        except Exception as exc:
-            logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
-            # The message alone, as BedrockAgentCoreApp's clients parse it.
-            return _error_response(str(exc) or type(exc).__name__, 500)
-        if isinstance(result, Response):
-            return result
-        try:
-            return JSONResponse(result)
-        except (TypeError, ValueError) as exc:
-            logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
-            return _error_response(f"handler result is not JSON-serialisable: {exc}", 500)
-
-    async def _session_status(self, request: Request) -> Response:
-        session_id = _path_session_id(request)
-        if isinstance(session_id, Response):
-            return session_id
-        return JSONResponse(self.runner.session_state(session_id))
-
-    async def _stop_session(self, request: Request) -> Response:
-        session_id = _path_session_id(request)
-        if isinstance(session_id, Response):
-            return session_id
-        stopped = self.runner.stop_session(session_id, _STOP_REASON)
-        if stopped:
-            logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
-            if not await self.runner.wait(stopped, within=self.shutdown.stop_wait):
-                logger.warning(
-                    "session %s: rollout(s) still finishing %.3g s after the stop request",
-                    session_id,
-                    self.shutdown.stop_wait,
-                )
-        return JSONResponse({"session_id": session_id, "stopped": bool(stopped)})
+        return error_response(exc.message, 400, exc.field)

@@ -13,8 +13,9 @@ logprobs are never ``None`` (0.0 per token when not captured).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, TypedDict
 
 from agentcore_rl.training.rows import TrainingRow
@@ -57,25 +58,16 @@ def _tokens(row: TrainingRow, pad_token_id: int) -> _Tokens:
     )
 
 
-def _steps(row: TrainingRow, default: int) -> tuple[int, int]:
-    low, high = row.min_policy_version, row.max_policy_version
-    return (default if low is None else low, default if high is None else high)
+# The token arrays and what every trainer has a field for; the rest goes in _extra.
+_HAS_FIELD: Final = frozenset(
+    {"prompt_ids", "response_ids", "loss_mask", "logprobs", "reward", "outcome"}
+)
 
 
 def _extra(row: TrainingRow) -> dict[str, Any]:
     """What the trainers have no field for, kept so a sample traces back to its session."""
     return {
-        "exp_id": row.exp_id,
-        "group_id": row.group_id,
-        "session_id": row.session_id,
-        "member": row.member,
-        "attempt": row.attempt,
-        "segment": row.segment,
-        "num_segments": row.num_segments,
-        "advantage": row.advantage,
-        "policy_versions": list(row.policy_versions),
-        "response_versions": list(row.response_versions),
-        "zeroed": row.zeroed,
+        f.name: copy.copy(getattr(row, f.name)) for f in fields(row) if f.name not in _HAS_FIELD
     }
 
 
@@ -109,12 +101,12 @@ def to_verl(
         AgentLoopOutput(**to_verl(row, global_steps=12))
     """
     tokens = _tokens(row, pad_token_id)
-    low, high = _steps(row, global_steps)
+    versions = row.policy_versions or [global_steps]
     extra = _extra(row)
     extra.update(
         reward_extra_info={"agentcore_reward": row.reward},
-        min_global_steps=low,
-        max_global_steps=high,
+        min_global_steps=min(versions),
+        max_global_steps=max(versions),
         placeholder=tokens.placeholder,
     )
     return VerlAgentLoopOutput(

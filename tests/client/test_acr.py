@@ -12,7 +12,7 @@ from aiobotocore.session import get_session
 
 from agentcore_rl import protocol
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Retries, TokenBucket
-from agentcore_rl.client.transports.acr import AcrTransport, parse_runtime_arn
+from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.errors import ConfigurationError, InvocationError, RolloutError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
@@ -142,7 +142,7 @@ async def test_calls_carry_the_fixed_user_agent(
 
 
 def test_runtime_arn_is_checked() -> None:
-    assert parse_runtime_arn(DEFAULT_AGENT_RUNTIME_ARN) == "us-west-2"
+    assert protocol.parse_runtime_arn(DEFAULT_AGENT_RUNTIME_ARN).region == "us-west-2"
     arn = "arn:aws-cn:bedrock-agentcore:cn-north-1:123456789012:runtime/math_agent-x1"
     assert protocol.parse_runtime_arn(arn) == (
         "aws-cn",
@@ -154,7 +154,7 @@ def test_runtime_arn_is_checked() -> None:
         with pytest.raises(ConfigurationError, match="not an AgentCore Runtime ARN; expected"):
             protocol.parse_runtime_arn(wrong)
     for bad in ("arn:aws:s3:::bucket", "arn:aws:bedrock-agentcore:us-west-2:123:runtime/x", ""):
-        with pytest.raises(ConfigurationError, match="not an AgentCore runtime ARN"):
+        with pytest.raises(ConfigurationError, match="not an AgentCore Runtime ARN"):
             AsyncRolloutClient(agent_runtime_arn=bad, s3_bucket="bkt", exp_id="e")
 
 

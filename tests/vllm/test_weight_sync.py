@@ -15,8 +15,10 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from openai import AsyncOpenAI
 
 from agentcore_rl import build_trajectory
+from agentcore_rl.gateway.policy_gate import PolicyGate
 from tests.vllm.conftest import MODEL, VLLMServer
 from tests.vllm.rig import ask, gateway_on
 
@@ -24,10 +26,20 @@ pytestmark = pytest.mark.timeout(600)
 
 LENGTH = 1500  # seconds of generation: the pause lands long before its end
 _OLD_OR_NEW = -13.0  # between the two models' logprobs of an ordinary token
-# vLLM shows no token of a running request (its /metrics counters moved only when a request
-# ended, in our runs), so the pause comes after the time this machine takes for a tenth of the
-# generation, timed just before (speeds differ tenfold between machines; a fixed head start
-# either comes before the first token or after the last).
+
+
+def _tokens_out(gate: PolicyGate) -> bool:
+    """Whether a proxied stream has tokens out (the gate counts them as they arrive)."""
+    return any(versions.count() for versions in gate.live)
+
+
+# A proxied stream is paused once its first tokens are out. In token-in modes vLLM shows no
+# token of a running request (its /metrics counters moved only when a request ended, in our
+# runs), so the pause comes after the time this machine takes for a tenth of the generation,
+# timed just before (speeds differ tenfold between machines; a fixed head start either comes
+# before the first token or after the last). On a loaded machine the pause can still reach
+# vLLM after the last token: that run does not straddle, and runs again, with a shorter head
+# start.
 _PROBE = 100  # tokens timed; the head start is the time of LENGTH / 10 of them
 
 
@@ -61,6 +73,9 @@ async def _prompt_logprobs(http: httpx.AsyncClient, ids: list[int]) -> list[floa
     return [entry[str(token)]["logprob"] for entry, token in zip(entries, ids[1:], strict=True)]
 
 
+_ATTEMPTS = 3  # a run whose generation ended before the pause took hold is run again
+
+
 @pytest.mark.parametrize(
     ("linear", "stream"),
     [(True, False), (True, True), (False, True)],
@@ -70,39 +85,46 @@ async def test_a_suspend_freezes_a_long_generation_that_goes_on_under_the_new_we
     vllm_server: VLLMServer, linear: bool, stream: bool
 ) -> None:
     messages: Any = [{"role": "user", "content": "Tell me a long story."}]
-    answer: list[Any] = []
     http = httpx.AsyncClient(base_url=vllm_server.root, timeout=120)
     async with http, gateway_on(vllm_server, linear=linear) as rig:
-        gateway = rig.gateway
-        llm = rig.llm("suspended")
-
-        async def agent() -> None:
-            answer.append(
-                await ask(
-                    llm,
-                    messages,
-                    stream=stream,
-                    max_tokens=LENGTH,
-                    extra_body={"min_tokens": LENGTH},
-                )
-            )
-
-        head_start = await _head_start(http)
+        gateway, gate = rig.gateway, rig.gateway.gate
+        head_start = await _head_start(http) if linear else 0.0
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(agent)
-                gate = gateway.gate
-                # Running at vLLM, then some tokens out (see _PROBE).
-                with anyio.fail_after(240):
-                    while not (gate.live or any(gate.token_in.values())):  # noqa: ASYNC110
-                        await anyio.sleep(0.01)
-                await anyio.sleep(head_start)
-                async with gateway.paused("suspend"):
-                    assert gateway.gate.in_flight == 1  # entered with the call still running
-                    await _load(http, vllm_server.other_model_dir)
-                    gateway.set_policy_version(1)
-            await llm.close()
-            trace = await gateway.finish_session("suspended")
+            for attempt in range(_ATTEMPTS):
+                answer: list[Any] = []
+                sid = f"suspended-{attempt}"
+                llm = rig.llm(sid)
+
+                async def agent(llm: AsyncOpenAI = llm, answer: list[Any] = answer) -> None:
+                    answer.append(
+                        await ask(
+                            llm,
+                            messages,
+                            stream=stream,
+                            max_tokens=LENGTH,
+                            extra_body={"min_tokens": LENGTH},
+                        )
+                    )
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(agent)
+                    # Running at vLLM, then some tokens out (see _PROBE).
+                    with anyio.fail_after(240):
+                        while not (_tokens_out(gate) or any(gate.token_in.values())):  # noqa: ASYNC110
+                            await anyio.sleep(0.01)
+                    if linear:  # after a loaded run, a shorter head start
+                        await anyio.sleep(head_start / 4**attempt)
+                    async with gateway.paused("suspend"):
+                        straddles = gate.in_flight == 1  # the call still running
+                        if straddles:
+                            await _load(http, vllm_server.other_model_dir)
+                            gateway.set_policy_version(1)
+                await llm.close()
+                trace = await gateway.finish_session(sid)
+                if straddles:
+                    break
+            else:
+                pytest.fail(f"in {_ATTEMPTS} runs the generation ended before the pause")
             (record,) = trace.records
             served = [*record.prompt_ids.tolist(), *record.completions[0].token_ids.tolist()]
             new = await _prompt_logprobs(http, served)

@@ -20,10 +20,10 @@ from agentcore_rl.client.transports.base import (
     json_object_answer,
     session_state,
 )
-from agentcore_rl.errors import ConfigurationError, InvocationError
+from agentcore_rl.errors import InvocationError
 from agentcore_rl.s3 import AWS_USER_AGENT
 
-__all__ = ["AcrTransport", "parse_runtime_arn"]
+__all__ = ["AcrTransport"]
 
 
 #: The botocore service name of AgentCore's data plane.
@@ -34,18 +34,6 @@ _THROTTLED: Final = frozenset({"ThrottlingException", "ServiceQuotaExceededExcep
 _RETRYABLE: Final = frozenset(
     {"InternalServerException", "RetryableConflictException", "ConflictException"}
 )
-
-
-def parse_runtime_arn(arn: str) -> str:
-    """Validate an agent runtime ARN and return its region (the rules are
-    :func:`agentcore_rl.protocol.parse_runtime_arn`'s; the message names the argument)."""
-    try:
-        return protocol.parse_runtime_arn(arn).region
-    except ConfigurationError:
-        raise ConfigurationError(
-            f"agent_runtime_arn {arn!r} is not an AgentCore runtime ARN like "
-            "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/my_agent"
-        ) from None
 
 
 def _classify(exc: ClientError, session_id: str) -> InvocationError:
@@ -82,7 +70,7 @@ class AcrTransport:
         max_connections: int = 64,
     ) -> None:
         self.agent_runtime_arn = agent_runtime_arn
-        self.region = parse_runtime_arn(agent_runtime_arn)
+        self.region = protocol.parse_runtime_arn(agent_runtime_arn).region
         self.endpoint_url = endpoint_url
         self.qualifier = qualifier
         self._session = session or get_session()
