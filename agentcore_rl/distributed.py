@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -61,9 +62,10 @@ class _Holder:
 class LimitsActor:
     """The books of one shared quota, as an async Ray actor.
 
-    The bucket starts empty, so a restarted actor adds no burst to calls just made. An
-    unknown holder that had grants means the books were lost (``restarted``): no slot is
-    granted for half a ``slot_ttl``, by when every live process has reported.
+    The bucket starts empty, so a restarted actor adds no burst to calls just made. When
+    the books were lost (``restarted``: Ray restarted the actor, or an unknown holder had
+    grants) no slot is granted for half a ``slot_ttl``, by when every live process has
+    reported.
     """
 
     def __init__(
@@ -82,6 +84,12 @@ class LimitsActor:
         self._hold_until = 0.0
         self._changed = asyncio.Event()
         self.expired_holders = 0
+        # Ray's word is needed too: the first holder to call may never have had a grant.
+        if _reconstructed():
+            self._lost_books()
+
+    def _lost_books(self) -> None:
+        self.restarted, self._hold_until = True, self._clock() + self.config.slot_ttl / 2
 
     def _notify(self) -> None:
         # Waiters hold the event they saw; a fresh one is for the next change.
@@ -103,7 +111,7 @@ class LimitsActor:
         if known is None:  # new, lapsed, or from before a restart: take its word
             known = self._holders[holder] = _Holder(count=0, grants=seen, heard=now)
             if seen and not self.restarted:
-                self.restarted, self._hold_until = True, now + self.config.slot_ttl / 2
+                self._lost_books()
         before, known.count = known.count, max(0, in_use + known.grants - seen)
         known.heard = now
         if known.count < before:
@@ -148,6 +156,14 @@ class LimitsActor:
             "expired_holders": self.expired_holders,
             "throttles": self.bucket.throttles,
         }
+
+
+def _reconstructed() -> bool:
+    """Whether this runs in a Ray actor that Ray has restarted."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 class _Rate:
