@@ -42,9 +42,9 @@ def checked(
 
 def checked_init(cls: C) -> C:
     """Class decorator: the class's ``__init__`` checks its keywords (see :func:`checked`)."""
-    init = cls.__dict__["__init__"]
-    guarded = _guard(init, inspect.signature(init), f"{cls.__qualname__}.__init__", None, None)
-    setattr(cls, "__init__", guarded)  # noqa: B010 (mypy refuses assigning __init__)
+    # setattr: mypy refuses assigning __init__. A dataclass's generated one is qualified by
+    # its class, as a written one is.
+    setattr(cls, "__init__", checked()(cls.__dict__["__init__"]))  # noqa: B010
     return cls
 
 

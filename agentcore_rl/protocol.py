@@ -463,9 +463,7 @@ LEASE_TTL: Final = "ttl"
 #: Seconds between renewals.
 LEASE_RENEW: Final = "renew"
 _LEASE_KEY: Final = re.compile(
-    r"([A-Za-z0-9][A-Za-z0-9._=+@:-]*)/"
-    + re.escape(LEASE_FOLDER)
-    + r"/([A-Za-z0-9][A-Za-z0-9._=+@:-]*)\.json"
+    rf"{KEY_PART_PATTERN.pattern}/{re.escape(LEASE_FOLDER)}/{KEY_PART_PATTERN.pattern}\.json"
 )
 
 

@@ -1,9 +1,4 @@
-"""The ``agentcore-rl`` command line: one module per concern.
-
-``main`` parses and dispatches, ``commands`` holds one function per subcommand,
-``eval_config``/``eval``/``journal``/``summary`` are the evaluation run (inputs, worker
-pool, resumable files, figures), ``demo`` is the whole stack on one machine, ``show`` and
-``report`` read a finished run, ``common`` has the exit codes and the Ctrl-C-aware runner.
+"""The ``agentcore-rl`` command line (docs/cli.md; its modules: docs/architecture.md).
 
 Example::
 

@@ -130,7 +130,6 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
     from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 
     arn = args.arn or DEFAULT_AGENT_RUNTIME_ARN
-    protocol.parse_runtime_arn(arn)  # usage error before anything starts
     runtime = LocalAgentCoreRuntime({arn: list(args.agent_url)}, tps=args.tps)
     banner = (
         f"{PROG}: local AgentCore Runtime for {arn}\n"
@@ -302,7 +301,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     async def work() -> int:
         await check_services(options)
         return await _run_and_report(
-            lambda run: run_eval(options, progress=not args.no_progress, inputs=inputs, run=run),
+            lambda run: run_eval(options, inputs, run, progress=not args.no_progress),
             title=f"eval {options.exp_id}",
             on_interrupt="stopped; continue with the same command and --resume",
         )
@@ -318,9 +317,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _cwd_importable()
     if args.out:
         EvalJournal.check(Path(args.out), resume=False)
-    return run_async(
-        lambda: _run_and_report(lambda run: run_demo(args, run=run), title="demo summary")
-    )
+    return run_async(lambda: _run_and_report(lambda run: run_demo(args, run), title="demo summary"))
 
 
 def _prices(args: argparse.Namespace) -> Prices | None:

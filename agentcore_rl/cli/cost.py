@@ -12,7 +12,7 @@ from typing import Any, Final
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["Prices", "price", "total", "trace_messages", "trace_tokens", "usage_of"]
+__all__ = ["Prices", "number", "price", "total", "trace_messages", "trace_tokens", "usage_of"]
 
 _GB: Final = 1024**3
 _TOKENS: Final = ("prompt_tokens", "completion_tokens")
@@ -50,7 +50,8 @@ class Prices:
         return f"${self.vcpu_hour:g}/vCPU-h, ${self.gb_hour:g}/GB-h, {tokens}"
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else ``None``."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     return float(value) if ok else None
 
@@ -59,18 +60,18 @@ def usage_of(record: Mapping[str, Any], tokens: Mapping[str, Any] | None = None)
     """What one results line measured (envelope figures, gateway token counts)."""
     envelope = record.get("result")
     envelope = envelope if isinstance(envelope, Mapping) else {}
-    runtime = _number(envelope.get(protocol.RUNTIME_SECONDS))
-    start = _number(envelope.get(protocol.STARTED_AT))
-    end = _number(envelope.get(protocol.FINISHED_AT))
+    runtime = number(envelope.get(protocol.RUNTIME_SECONDS))
+    start = number(envelope.get(protocol.STARTED_AT))
+    end = number(envelope.get(protocol.FINISHED_AT))
     if runtime is None and start is not None and end is not None and end >= start:
         runtime = end - start
-    memory = _number(envelope.get(protocol.PEAK_MEMORY_BYTES))
+    memory = number(envelope.get(protocol.PEAK_MEMORY_BYTES))
     tokens = tokens or {}
     return {
         "runtime_s": None if runtime is None else round(runtime, 3),
-        "cpu_s": _number(envelope.get(protocol.CPU_SECONDS)),
+        "cpu_s": number(envelope.get(protocol.CPU_SECONDS)),
         "peak_memory_gb": None if memory is None else round(memory / _GB, 6),
-        **{k: tokens.get(k) if _number(tokens.get(k)) is not None else None for k in _TOKENS},
+        **{k: tokens.get(k) if number(tokens.get(k)) is not None else None for k in _TOKENS},
     }
 
 

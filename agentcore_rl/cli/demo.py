@@ -24,7 +24,7 @@ from agentcore_rl.cli.common import PROG
 from agentcore_rl.cli.cost import Prices
 from agentcore_rl.cli.eval import make_client, run_eval
 from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
-from agentcore_rl.cli.summary import EvalRun, GroupTally
+from agentcore_rl.cli.summary import EvalRun, group_figures
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
 from agentcore_rl.local.stack import LocalStack
@@ -89,9 +89,9 @@ def _dataset(package: str, n: int, generated: Path) -> Path:
     return generated
 
 
-async def run_demo(options: argparse.Namespace, *, run: EvalRun | None = None) -> EvalRun:
-    """Start the local stack, run the problems (``agentcore-rl demo``'s parsed ``options``),
-    stop everything; return the run."""
+async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
+    """Start the local stack, run the problems (``agentcore-rl demo``'s parsed ``options``)
+    into ``run``, stop everything."""
     # lazy: the local extra
     from agentcore_rl.local.policy import ScriptedPolicy
 
@@ -142,7 +142,7 @@ async def run_demo(options: argparse.Namespace, *, run: EvalRun | None = None) -
                 server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
                 print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
                 gateway = (server.url, token)
-            return await _run(stack, options, data, out, run, gateway, prices)
+            await _run(stack, options, data, out, run, gateway, prices)
     finally:
         server_log.setLevel(previous_level)
 
@@ -152,10 +152,10 @@ async def _run(
     options: argparse.Namespace,
     data: Path,
     out: Path,
-    run: EvalRun | None,
+    run: EvalRun,
     gateway: tuple[str, str] | None,
     prices: Prices,
-) -> EvalRun:
+) -> None:
     """The problems through the running stack, over the ACR transport."""
     print(
         f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
@@ -183,16 +183,15 @@ async def _run(
         runtime_endpoint_url=stack.runtime_endpoint_url,
         prices=prices,
     )
-    run = await run_eval(eval_options, progress=not options.no_progress, run=run)
+    inputs = load_inputs(data, limit=options.n)
+    await run_eval(eval_options, inputs, run, progress=not options.no_progress)
     await _group_phase(eval_options, run)
-    return run
 
 
 async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     """A few problems again as GRPO groups, for the summary's group statistics."""
     # At most as many problems as the run had (demo --n 4 stays small).
     inputs = load_inputs(eval_options.data, limit=min(_GROUPS, eval_options.limit or _GROUPS))
-    tally = run.groups = GroupTally(size=_GROUP_SIZE)
     options = dataclasses.replace(
         eval_options,
         exp_id=f"{eval_options.exp_id}-groups",
@@ -201,6 +200,8 @@ async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:
     # Each member its own seed: the stand-in then answers members of a group apart.
     rules = GroupRules(n=_GROUP_SIZE, member_seed=0)
     async with make_client(options) as client:
-        async for group in client.run_groups([item.payload for item in inputs], rules=rules):
-            tally.add_record({"outcome": "done", "rewards": group.rewards})
-        tally.dropped.update(client.group_stats.groups_dropped)
+        groups = client.run_groups([item.payload for item in inputs], rules=rules)
+        lines = [{"outcome": "done", "rewards": group.rewards} async for group in groups]
+        for reason, count in client.group_stats.groups_dropped.items():
+            lines += [{"reason": reason}] * count
+    run.groups = group_figures(_GROUP_SIZE, lines)

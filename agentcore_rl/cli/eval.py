@@ -10,7 +10,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -18,7 +19,7 @@ import anyio
 from agentcore_rl import protocol
 from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.cli.cost import Prices, price, trace_messages, trace_tokens, usage_of
-from agentcore_rl.cli.eval_config import EvalInput, EvalOptions, load_inputs
+from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry, rows_path_for
 from agentcore_rl.cli.summary import EvalRun, outcome_of, pass_at_k, reward_of
 from agentcore_rl.client import (
@@ -289,20 +290,17 @@ class EvalEngine:
         self.journal.record_outcome(record)
         self.bar.update(record)
 
-    def _journaled(self, item: EvalInput) -> Callable[[RolloutFuture], None]:
-        def journal(fut: RolloutFuture) -> None:
-            entry = JournalEntry(
-                item.input_id, fut.session_id, fut.s3_bucket, fut.result_key, fut.invoked_at
-            )
-            self.journal.record_started(entry)
-
-        return journal
+    def _journaled(self, item: EvalInput, fut: RolloutFuture) -> None:
+        entry = JournalEntry(
+            item.input_id, fut.session_id, fut.s3_bucket, fut.result_key, fut.invoked_at
+        )
+        self.journal.record_started(entry)
 
     async def _run_one(self, item: EvalInput) -> None:
         t0 = time.monotonic()
         try:
             future = await self.client.invoke(
-                item.payload, input_id=item.input_id, on_session=self._journaled(item)
+                item.payload, input_id=item.input_id, on_session=partial(self._journaled, item)
             )
         except Exception as exc:  # refused, or never reached: nothing runs
             self._finish(item.input_id, "failed", error=exc, elapsed=time.monotonic() - t0)
@@ -353,7 +351,7 @@ class EvalEngine:
                     timeout=self.options.timeout,
                     resume=True,
                     started_at=entry.started_at,
-                    on_session=self._journaled(item),
+                    on_session=partial(self._journaled, item),
                 )
             else:
                 future = await self.client.attach(
@@ -432,20 +430,11 @@ class EvalEngine:
 
 
 async def run_eval(
-    options: EvalOptions,
-    *,
-    progress: bool = True,
-    inputs: Sequence[EvalInput] | None = None,
-    run: EvalRun | None = None,
-) -> EvalRun:
-    """Run (or resume) an evaluation; every input ends in exactly one results line.
-
-    ``run``, when given, is filled in as the run goes.
-    """
-    if inputs is None:
-        inputs = load_inputs(options.data, limit=options.limit)
+    options: EvalOptions, inputs: Sequence[EvalInput], run: EvalRun, *, progress: bool
+) -> None:
+    """Run (or resume) an evaluation, filling in ``run`` as it goes; every input ends in
+    exactly one results line."""
     by_id = {item.input_id: item for item in inputs}
-    run = run or EvalRun()
     run.out = options.out
     started = time.monotonic()
     client = make_client(options)  # its refusals come before any file is touched
@@ -480,4 +469,3 @@ async def run_eval(
             bar.close()
         journal.close()
         run.wall_seconds = time.monotonic() - started
-    return run

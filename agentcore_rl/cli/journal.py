@@ -58,13 +58,6 @@ class JournalEntry:
     started_at: float = 0.0
 
 
-def _cut_torn_tail(path: Path) -> None:
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("rb+") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
-
-
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     """Replace ``path`` with ``records`` atomically (a kill leaves the old or the new file)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -89,7 +82,10 @@ def iter_lines(path: Path) -> Iterator[dict[str, Any]]:
 def _earlier(path: Path, *, resume: bool) -> list[dict[str, Any]]:
     """With ``resume`` the lines already in ``path``; without, it starts empty."""
     if resume and path.exists():
-        _cut_torn_tail(path)
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):  # a torn last line
+            with path.open("rb+") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
         return list(iter_lines(path))
     if not resume:
         path.unlink(missing_ok=True)

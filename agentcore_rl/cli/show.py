@@ -13,9 +13,9 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any, Final
 
-from agentcore_rl.cli.cost import Prices, price, total, usage_of
+from agentcore_rl.cli.cost import Prices, number, price, total, usage_of
 from agentcore_rl.cli.journal import iter_lines, rows_path_for, trajectories_path_for
-from agentcore_rl.cli.summary import GroupTally, failure_of, outcome_of, percentile
+from agentcore_rl.cli.summary import average, failure_of, group_figures, outcome_of, percentile
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = ["Rollout", "RunData", "load_run", "render", "token_runs", "write_example"]
@@ -66,18 +66,14 @@ class Rollout:
         return found if isinstance(found, str) else None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _span(rollout: Rollout) -> tuple[float, float] | None:
     """When a rollout ran: as the client saw it, else as its envelope says."""
     record, envelope = rollout.record, rollout.envelope or {}
-    if _is_number(record.get("ended_at")) and _is_number(record.get("elapsed")):
-        return float(record["ended_at"]) - float(record["elapsed"]), float(record["ended_at"])
-    if _is_number(envelope.get("started_at")) and _is_number(envelope.get("finished_at")):
-        return float(envelope["started_at"]), float(envelope["finished_at"])
-    return None
+    end, elapsed = number(record.get("ended_at")), number(record.get("elapsed"))
+    if end is not None and elapsed is not None:
+        return end - elapsed, end
+    start, end = number(envelope.get("started_at")), number(envelope.get("finished_at"))
+    return None if start is None or end is None else (start, end)
 
 
 def _row_segment(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,10 +108,9 @@ class RunData:
         """The run's figures, every one from the files."""
         rollouts = self.rollouts
         rewards = [r.reward for r in rollouts if r.outcome == "done" and r.reward is not None]
-        mean = statistics.fmean(rewards) if rewards else None
         # 95 % confidence, normal approximation
         half = 1.96 * statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else None
-        latencies = [float(r["elapsed"]) for r in self.records if _is_number(r.get("elapsed"))]
+        latencies = [v for r in self.records if (v := number(r.get("elapsed"))) is not None]
         spans = [span for span in (_span(r) for r in rollouts) if span is not None]
         wall = max(b for _, b in spans) - min(a for a, _ in spans) if spans else None
         failures: dict[str, dict[str, Any]] = {}  # by cause: a count and the first example
@@ -125,14 +120,11 @@ class RunData:
             first = {"count": 0, "reason": reason, "traceback": r.traceback}
             failures.setdefault(kind, first)["count"] += 1
         traced = [r.tokens for r in rollouts if r.tokens]  # the trajectories file's lines
-        tally = GroupTally(size=self.group_size or 1)
-        for record in self.records if self.group_size else ():
-            tally.add_record(record)
         counts = {k: sum(r.outcome == k for r in rollouts) for k in ("done", "failed", "timeout")}
         return {
             "rollouts": len(rollouts),
             **counts,
-            "mean_reward": mean,
+            "mean_reward": average(rewards),
             "reward_ci95": half,
             "latency_p50": percentile(latencies, 50),
             "latency_p95": percentile(latencies, 95),
@@ -143,12 +135,12 @@ class RunData:
             "lost": sum(int(r.get("losses") or 0) for r in self.records),
             "reattached": sum(bool(r.get("reattached")) for r in self.records),
             "failures": failures,
-            "groups": tally.as_dict() if self.group_size else None,
+            "groups": group_figures(self.group_size, self.records) if self.group_size else None,
             "cost": total(r.cost for r in rollouts),
             "trajectories": len(traced),
             # Tokens the model server processed vs the training sequences' tokens.
-            "tokens_per_rollout": _mean([t.get("tokens_captured") or 0 for t in traced]),
-            "segment_tokens_per_rollout": _mean(
+            "tokens_per_rollout": average([t.get("tokens_captured") or 0 for t in traced]),
+            "segment_tokens_per_rollout": average(
                 [
                     sum(len(s.get("token_ids") or ()) for s in t.get("segments") or ())
                     for t in traced
@@ -161,10 +153,6 @@ class RunData:
             "latencies": latencies,
             "costs": [r.cost["usd"] * 1e6 for r in rollouts if r.cost.get("usd") is not None],
         }
-
-
-def _mean(values: list[int]) -> float | None:
-    return statistics.fmean(values) if values else None
 
 
 def _index(path: Path, key: str) -> dict[str, list[dict[str, Any]]]:
@@ -290,9 +278,9 @@ def render(rollout: Rollout, *, color: bool) -> str:
         role = message.get("role", "?") if isinstance(message, dict) else "?"
         body = textwrap.indent(_text(message) or "(empty)", "    ")
         lines.append(f"  {paint('role', f'[{role}]')}\n{body}")
-    for number, segment in enumerate(rollout.segments, 1):
+    for position, segment in enumerate(rollout.segments, 1):
         mask = segment.get("loss_mask") or []
-        head = f"tokens: segment {number} of {len(rollout.segments)}: {len(mask)} tokens, "
+        head = f"tokens: segment {position} of {len(rollout.segments)}: {len(mask)} tokens, "
         lines += ["", paint("head", head + f"{sum(mask)} generated (loss mask 1)")]
         for run in token_runs(segment):
             shown = " ".join(map(str, run["ids"][:_IDS_SHOWN]))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -17,8 +17,9 @@ from agentcore_rl.groups import result_reward as reward_of
 
 __all__ = [
     "EvalRun",
-    "GroupTally",
+    "average",
     "failure_of",
+    "group_figures",
     "outcome_of",
     "pass_at_k",
     "percentile",
@@ -69,7 +70,8 @@ def outcome_of(line: Mapping[str, Any]) -> str:
     return {"succeeded": "done", "timed_out": "timeout"}.get(outcome, outcome)
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def average(values: Sequence[float]) -> float | None:
+    """The mean, ``None`` if empty."""
     return math.fsum(values) / len(values) if values else None
 
 
@@ -111,44 +113,35 @@ def pass_at_k(rewards: Sequence[float], k: int) -> float:
     return 1.0 - math.comb(m - c, k) / math.comb(m, k)
 
 
-@dataclass
-class GroupTally:
-    """The group figures of one run (see the module docstring)."""
-
-    size: int
-    whole: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    pass1: list[float] = field(default_factory=list)
-    passk: list[float] = field(default_factory=list)
-    spreads: list[float] = field(default_factory=list)
-    uniform: int = 0
-
-    def add_record(self, record: Mapping[str, Any]) -> None:
-        """Count one group line of the results file (``outcome`` done or dropped)."""
+def group_figures(size: int, records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The group figures of a run's group lines (``outcome`` done, else dropped for its
+    ``reason``), as plain numbers (see the module docstring)."""
+    dropped: Counter[str] = Counter()
+    whole = uniform = 0
+    pass1: list[float] = []
+    passk: list[float] = []
+    spreads: list[float] = []
+    for record in records:
         if record.get("outcome") != "done":
-            self.dropped[str(record.get("reason") or "failed")] += 1
-            return
+            dropped[str(record.get("reason") or "failed")] += 1
+            continue
+        whole += 1
         rewards = [float(r) for r in record.get("rewards") or ()]
-        self.whole += 1
-        if not rewards:
-            return
-        self.pass1.append(sum(1 for r in rewards if r > 0) / len(rewards))
-        self.passk.append(pass_at_k(rewards, self.size))
-        mean = math.fsum(rewards) / len(rewards)
-        self.spreads.append(math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)))
-        self.uniform += len(set(rewards)) <= 1
-
-    def as_dict(self) -> dict[str, Any]:
-        """The figures as plain numbers."""
-        return {
-            "group_size": self.size,
-            "groups_whole": self.whole,
-            "groups_dropped": dict(self.dropped),
-            "pass@1": _mean(self.pass1),
-            f"pass@{self.size}": _mean(self.passk),
-            "reward_std_mean": _mean(self.spreads),
-            "groups_uniform": self.uniform,
-        }
+        if rewards:
+            pass1.append(sum(1 for r in rewards if r > 0) / len(rewards))
+            passk.append(pass_at_k(rewards, size))
+            mean = math.fsum(rewards) / len(rewards)
+            spreads.append(math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)))
+            uniform += len(set(rewards)) <= 1
+    return {
+        "group_size": size,
+        "groups_whole": whole,
+        "groups_dropped": dict(dropped),
+        "pass@1": average(pass1),
+        f"pass@{size}": average(passk),
+        "reward_std_mean": average(spreads),
+        "groups_uniform": uniform,
+    }
 
 
 @dataclass
@@ -161,7 +154,7 @@ class EvalRun:
     trajectories: Path | None = None  # the trajectories file, with a gateway
     resumed: int = 0  # inputs an earlier run had finished
     trajectories_missing: int = 0  # done rollouts whose trace an earlier run left unread
-    groups: GroupTally | None = None  # the demo's group phase, which writes no file
+    groups: dict[str, Any] | None = None  # the demo's group phase, which writes no file
 
 
 def render(s: Mapping[str, Any], run: EvalRun) -> str:
@@ -201,7 +194,7 @@ def render(s: Mapping[str, Any], run: EvalRun) -> str:
         ]
     if run.trajectories_missing:
         rows.append(("done without a trace in S3", f"{run.trajectories_missing}"))
-    groups = run.groups.as_dict() if run.groups is not None else s["groups"]
+    groups = run.groups if run.groups is not None else s["groups"]
     if groups is not None:
         rows.append((f"groups of {groups['group_size']}", _group_line(groups)))
     if total:

@@ -75,9 +75,7 @@ async def _open_client(
             )
         )
         limiters = {"rate_limiter": limits.rate, "session_limiter": limits.sessions}
-    rollout: dict[str, Any] = {}
-    if settings.model_id is not None:
-        rollout["model_id"] = settings.model_id
+    rollout = {} if settings.model_id is None else {"model_id": settings.model_id}
     assert settings.gateway_url is not None  # checked by the settings
     client = AsyncRolloutClient(
         agent_runtime_arn=settings.agent_runtime_arn,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.groups import GroupRules
+from agentcore_rl.keywords import checked_init
 
 __all__ = ["AdapterFailure", "AgentCoreSettings"]
 
@@ -16,6 +16,7 @@ __all__ = ["AdapterFailure", "AgentCoreSettings"]
 AdapterFailure = Literal["zero", "drop_group"]
 
 
+@checked_init
 @dataclass(frozen=True, kw_only=True)
 class AgentCoreSettings:
     """Where rollouts run and which of the project's group rules apply in a trainer.
@@ -69,22 +70,16 @@ class AgentCoreSettings:
                 f"on_failure must be one of {', '.join(get_args(AdapterFailure))}, "
                 f"got {self.on_failure!r}"
             )
-        for name in ("retry", "redundancy"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigurationError(f"{name} must be an integer >= 0, got {value!r}")
+        GroupRules(n=1, retry=self.retry, redundancy=self.redundancy)  # their checks
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> AgentCoreSettings:
         """Settings from a mapping (a trainer's config section); unknown keys are errors."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in data:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigurationError(f"unknown agentcore setting {key!r}{hint}")
         values = dict(data)
         url = values.get("agent_url")
         if url is not None and not isinstance(url, str):
             values["agent_url"] = tuple(str(u) for u in url)
-        return cls(**values)
+        try:
+            return cls(**values)
+        except TypeError as exc:  # an unknown key (named with the closest known one), a missing one
+            raise ConfigurationError(f"agentcore settings: {exc}") from None

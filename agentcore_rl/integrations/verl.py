@@ -129,10 +129,8 @@ class AgentCoreAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 prompts_masked=fitted.prompts_masked,
                 error=outcome.error,
             )
-            fields["metrics"] = {"generate_sequences": elapsed}
-            outputs.append(
-                AgentLoopOutput(**{**fields, "metrics": AgentLoopMetrics(**fields["metrics"])})
-            )
+            metrics = AgentLoopMetrics(generate_sequences=elapsed)
+            outputs.append(AgentLoopOutput(**{**fields, "metrics": metrics}))
         # veRL's v1 worker passes the repetition as session_id and takes a list.
         if "session_id" in kwargs:
             return outputs

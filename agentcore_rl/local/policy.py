@@ -169,12 +169,6 @@ class _ScriptVoice:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(self._pieces.get(i, "") for i in ids)
 
-    def pieces(self, text: str) -> list[str] | None:
-        return [piece for piece, _ in fake_tokens(text)]
-
-    def generate(self, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
-        raise _BadRequest(_TOKEN_IN)
-
     def chat(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
         return self._answer(index, body["messages"], body.get("tools") or [], body.get("seed"))
 
@@ -296,9 +290,6 @@ class TemplateVoice:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return str(self.template.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
-
-    def pieces(self, text: str) -> list[str] | None:
-        return None  # streamed in one chunk: parsed reasoning and calls do not cut per token
 
     def generate(
         self,
@@ -563,6 +554,8 @@ class ScriptedPolicy:
     def _generate(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
         ids = body.get("input_ids")
+        if not isinstance(self.voice, TemplateVoice):
+            raise _BadRequest(_TOKEN_IN)
         if not _is_ids(ids):
             raise _BadRequest("input_ids must be a non-empty list of token ids")
         params = body.get("sampling_params") or {}
@@ -610,8 +603,11 @@ class ScriptedPolicy:
             return JSONResponse(response)
         options = body.get("stream_options")
         usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        # A real template's answer streams in one chunk: parsed reasoning and calls do not cut
+        # per token.
+        by_token = isinstance(self.voice, _ScriptVoice)
         return StreamingResponse(
-            _sse(response, chunk_object, usage, self.voice.pieces),
+            _sse(response, chunk_object, usage, by_token),
             media_type="text/event-stream",
         )
 
@@ -763,11 +759,10 @@ async def _sse(
     response: dict[str, Any],
     kind: str,
     usage: bool,
-    pieces_of: Callable[[str], list[str] | None],
+    by_token: bool,
 ) -> AsyncIterator[str]:
-    """An answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per piece
-    of text the voice cuts it into (tool calls, or text the voice does not cut: one chunk),
-    the finish reason, usage, DONE."""
+    """An answer as vLLM streams it: a role chunk (with the prompt ids), one chunk per token
+    when ``by_token`` (else, and for tool calls, one chunk), the finish reason, usage, DONE."""
     head = {k: response[k] for k in ("id", "created", "model", "system_fingerprint")}
     head["object"] = kind
     chat = kind == "chat.completion.chunk"
@@ -787,8 +782,7 @@ async def _sse(
             yield event([{**role, "logprobs": None, "finish_reason": None}], **extra)
             message = choice["message"]
             calls = message.get("tool_calls")
-            pieces = None if calls else pieces_of(message.get("content") or "")
-            if pieces is None:  # one delta carrying all its tokens
+            if calls or not by_token:  # one delta carrying all its tokens
                 delta = {k: v for k, v in message.items() if k != "role"}
                 if calls:
                     delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
@@ -796,11 +790,11 @@ async def _sse(
                     [{**{k: v for k, v in choice.items() if k != "message"}, "delta": delta}]
                 )
                 continue
-        else:
-            pieces = pieces_of(choice["text"])
-            if pieces is None:  # the whole text in one chunk
-                yield event([choice])
-                continue
+        elif not by_token:  # the whole text in one chunk
+            yield event([choice])
+            continue
+        text = (message.get("content") or "") if chat else choice["text"]
+        pieces = [piece for piece, _ in fake_tokens(text)]
         for pos, piece in enumerate(pieces):
             out = {"index": index}
             out.update({"delta": {"content": piece}} if chat else {"text": piece})

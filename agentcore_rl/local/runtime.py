@@ -1,12 +1,6 @@
-"""A local stand-in for AgentCore Runtime's data plane, in front of ordinary agent servers.
-
-:class:`LocalAgentCoreRuntime` answers ``InvokeAgentRuntime`` and ``StopRuntimeSession`` on
-the real service's paths, headers and error shapes, so the real (aio)botocore client works
-against it unchanged (point ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` at it). It emulates
-session affinity, ACR's session-id rules (400), unknown runtimes (404), agent failures (424),
-a per-runtime TPS quota shared by invoke and stop (429) and the payload size limit; not
-SigV4, microVM isolation, idle-session reclamation, qualifiers or HTTP/2 streaming.
-"""
+"""A local stand-in for AgentCore Runtime's data plane, in front of ordinary agent servers:
+the real (aio)botocore client works against it unchanged (docs/local.md says what it emulates
+and what not)."""
 
 from __future__ import annotations
 
@@ -118,25 +112,33 @@ def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:
     return unquote(encoded_arn.decode("latin-1")), parts[-1].decode("latin-1")
 
 
-def _error(
-    code: str,
-    message: str,
-    request_id: str,
-    *,
-    reason: str = "FieldValidationFailed",
-    field: str | None = None,
-    session_id: str | None = None,
-) -> JSONResponse:
-    """An error response exactly as botocore parses it into ``ClientError``."""
-    body: dict[str, Any] = {"message": message}
-    if code == _VALIDATION:
-        body["reason"] = reason
-        if field is not None:
-            body["fieldList"] = [{"name": field, "message": message}]
-    headers = {_ERROR_TYPE_HEADER: code, _AWS_REQUEST_ID_HEADER: request_id}
-    if session_id is not None:
-        headers[SESSION_ID_HEADER] = session_id
-    return JSONResponse(body, status_code=_ERROR_STATUS[code], headers=headers)
+class _Refusal(Exception):
+    """An error answer; ``_dispatch`` turns it into a response exactly as botocore parses it
+    into ``ClientError``."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        reason: str = "FieldValidationFailed",
+        field: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code, self.message, self.reason = code, message, reason
+        self.field, self.session_id = field, session_id
+
+    def response(self, request_id: str) -> JSONResponse:
+        body: dict[str, Any] = {"message": self.message}
+        if self.code == _VALIDATION:
+            body["reason"] = self.reason
+            if self.field is not None:
+                body["fieldList"] = [{"name": self.field, "message": self.message}]
+        headers = {_ERROR_TYPE_HEADER: self.code, _AWS_REQUEST_ID_HEADER: request_id}
+        if self.session_id is not None:
+            headers[SESSION_ID_HEADER] = self.session_id
+        return JSONResponse(body, status_code=_ERROR_STATUS[self.code], headers=headers)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
@@ -157,47 +159,49 @@ def _agent_message(status: int, body: bytes) -> str:
     return text[:_MAX_AGENT_MESSAGE] or f"HTTP {status} with an empty body"
 
 
-def _bad_session_id(session_id: str, request_id: str) -> Response:
-    return _error(
-        _VALIDATION,
-        f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it must "
-        "be 33-256 letters, digits and single hyphens, starting and ending with a letter or digit",
-        request_id,
-        field="runtimeSessionId",
-    )
+def _check_session_id(session_id: str | None) -> str:
+    if session_id is None:
+        raise _Refusal(
+            _VALIDATION,
+            f"runtimeSessionId is required (header {SESSION_ID_HEADER})",
+            field="runtimeSessionId",
+        )
+    if not is_acr_session_id(session_id):
+        raise _Refusal(
+            _VALIDATION,
+            f"runtimeSessionId {session_id[:60]!r} (length {len(session_id)}) is invalid: it "
+            "must be 33-256 letters, digits and single hyphens, starting and ending with a "
+            "letter or digit",
+            field="runtimeSessionId",
+        )
+    return session_id
 
 
-def _agent_unreachable(
-    url: str, exc: httpx.HTTPError, request_id: str, session_id: str
-) -> Response:
+def _agent_unreachable(url: str, exc: httpx.HTTPError, session_id: str) -> _Refusal:
+    logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
     what = "did not answer in time" if isinstance(exc, httpx.TimeoutException) else "is unreachable"
-    return _error(
+    return _Refusal(
         _RUNTIME_CLIENT_ERROR,
         f"the agent at {url} {what} ({type(exc).__name__}: {exc})",
-        request_id,
         session_id=session_id,
     )
 
 
-def _agent_failure(
-    url: str, status: int, body: bytes, request_id: str, session_id: str
-) -> Response:
+def _agent_failure(url: str, status: int, body: bytes, session_id: str) -> _Refusal:
     """An agent's 4xx is the caller's fault (``ValidationException``), a 429 stays a throttle,
     anything else is the agent failing (``RuntimeClientError``)."""
     message = _agent_message(status, body)
     if 400 <= status < 500 and status != 429:
         field = (_json_object(body) or {}).get("field")
-        return _error(
+        return _Refusal(
             _VALIDATION,
             f"the agent rejected the request (HTTP {status}): {message}",
-            request_id,
             field=field if isinstance(field, str) else "payload",
             session_id=session_id,
         )
-    return _error(
+    return _Refusal(
         _THROTTLING if status == 429 else _RUNTIME_CLIENT_ERROR,
         f"Received error ({status}) from the agent at {url}: {message}",
-        request_id,
         session_id=session_id,
     )
 
@@ -372,9 +376,13 @@ class LocalAgentCoreRuntime:
         request_id = str(uuid.uuid4())
         try:
             response = await self._route(request, request_id)
+        except _Refusal as refusal:
+            response = refusal.response(request_id)
         except Exception:
             logger.exception("local AgentCore Runtime failed on %s", request.url.path)
-            response = _error(_INTERNAL, "the local runtime failed; see its log", request_id)
+            response = _Refusal(_INTERNAL, "the local runtime failed; see its log").response(
+                request_id
+            )
         error = response.headers.get("x-amzn-errortype")
         if error is not None:
             self.counts[error] += 1
@@ -385,25 +393,22 @@ class LocalAgentCoreRuntime:
         parsed = parse_runtime_path(raw_path)
         operation = parsed[1] if parsed is not None else None
         if parsed is None or request.method != "POST" or operation not in (_INVOKE, _STOP):
-            return _error(
+            raise _Refusal(
                 _UNKNOWN_OPERATION,
                 f"{request.method} {request.url.path} is not an operation of this runtime; "
                 "use POST /runtimes/{arn}/invocations or /runtimes/{arn}/stopruntimesession",
-                request_id,
             )
         arn = parsed[0]
         runtime = self._runtimes.get(arn)
         if runtime is None:
-            return _error(
+            raise _Refusal(
                 _NOT_FOUND,
                 f"no agent runtime {arn}; this local runtime serves {', '.join(self._runtimes)}",
-                request_id,
             )
         if runtime.bucket is not None and not runtime.bucket.try_acquire():
-            return _error(
+            raise _Refusal(
                 _THROTTLING,
                 f"Rate exceeded: runtime {arn} allows {self.tps:g} requests per second",
-                request_id,
             )
         if operation == _INVOKE:
             return await self._invoke(request, runtime, request_id)
@@ -412,17 +417,11 @@ class LocalAgentCoreRuntime:
     # --- InvokeAgentRuntime --------------------------------------------------------------------
 
     async def _invoke(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
-        session_id = request.headers.get(SESSION_ID_HEADER)
-        if session_id is None:
-            # botocore always sends one (an idempotency token); a raw HTTP caller may not.
-            session_id = new_session_id()
-        elif not is_acr_session_id(session_id):
-            return _bad_session_id(session_id, request_id)
-        payload = await self._read_body(request, self.max_payload_bytes, request_id)
-        if isinstance(payload, Response):
-            return payload
+        # botocore always sends a session id (an idempotency token); a raw HTTP caller may not.
+        session_id = _check_session_id(request.headers.get(SESSION_ID_HEADER, new_session_id()))
+        payload = await _read_body(request, self.max_payload_bytes)
         if not payload:
-            return _error(_VALIDATION, "payload must not be empty", request_id, field="payload")
+            raise _Refusal(_VALIDATION, "payload must not be empty", field="payload")
         index, is_new = runtime.bind(session_id)
         url = runtime.agent_urls[index]
         headers = {
@@ -449,8 +448,7 @@ class LocalAgentCoreRuntime:
         except httpx.HTTPError as exc:
             if is_new:
                 runtime.release(session_id)
-            logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
-            return _agent_unreachable(url, exc, request_id, session_id)
+            raise _agent_unreachable(url, exc, session_id) from None
         if not 200 <= upstream.status_code < 300:
             try:
                 body = await upstream.aread()
@@ -461,7 +459,7 @@ class LocalAgentCoreRuntime:
             # A session no agent accepted holds no affinity: nothing runs there to stop.
             if is_new:
                 runtime.release(session_id)
-            return _agent_failure(url, upstream.status_code, body, request_id, session_id)
+            raise _agent_failure(url, upstream.status_code, body, session_id)
         self.counts["InvokeAgentRuntime"] += 1
         out_headers = {
             SESSION_ID_HEADER: session_id,
@@ -472,76 +470,49 @@ class LocalAgentCoreRuntime:
             out_headers["content-length"] = upstream.headers["content-length"]
         return _ProxiedResponse(upstream, out_headers)
 
-    async def _read_body(self, request: Request, limit: int, request_id: str) -> bytes | Response:
-        declared = request.headers.get("content-length")
-        size = int(declared) if declared is not None and declared.isdigit() else 0
-        chunks: list[bytes] = []
-        if size <= limit:
-            size = 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    break
-                chunks.append(chunk)
-        if size > limit:
-            return _error(
-                _VALIDATION,
-                f"payload of {size} bytes exceeds the limit of {limit} bytes",
-                request_id,
-                field="payload",
-            )
-        return b"".join(chunks)
-
     # --- StopRuntimeSession --------------------------------------------------------------------
 
     async def _stop(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
-        session_id = request.headers.get(SESSION_ID_HEADER)
-        if session_id is None:
-            return _error(
-                _VALIDATION,
-                f"runtimeSessionId is required (header {SESSION_ID_HEADER})",
-                request_id,
-                field="runtimeSessionId",
-            )
-        if not is_acr_session_id(session_id):
-            return _bad_session_id(session_id, request_id)
-        body = await self._read_body(request, _MAX_STOP_BODY_BYTES, request_id)
-        if isinstance(body, Response):
-            return body
+        session_id = _check_session_id(request.headers.get(SESSION_ID_HEADER))
+        body = await _read_body(request, _MAX_STOP_BODY_BYTES)
         data = _json_object(body) if body.strip() else {}
         token = None if data is None else data.get("clientToken")
         if data is None or not (token is None or isinstance(token, str)):
-            return _error(
+            raise _Refusal(
                 _VALIDATION,
                 "the StopRuntimeSession body must be a JSON object with a string clientToken",
-                request_id,
                 reason="CannotParse",
             )
-        stopped = JSONResponse(
+        if token is None or token not in runtime.stop_tokens:
+            index = runtime.sessions.get(session_id)
+            if index is None:
+                raise _Refusal(
+                    _NOT_FOUND,
+                    f"session {session_id} is not live on runtime {runtime.arn} "
+                    "(never invoked, or already stopped)",
+                )
+            url = runtime.agent_urls[index]
+            if url in self._stop_unsupported or not await self._agent_stops(
+                url, session_id, request_id
+            ):
+                self.counts["AgentStopUnsupported"] += 1
+            runtime.release(session_id)
+            if token is not None:
+                runtime.remember_stop(token)
+        self.counts["StopRuntimeSession"] += 1
+        return JSONResponse(
             {}, headers={SESSION_ID_HEADER: session_id, _AWS_REQUEST_ID_HEADER: request_id}
         )
-        if token is not None and token in runtime.stop_tokens:
-            self.counts["StopRuntimeSession"] += 1
-            return stopped
-        index = runtime.sessions.get(session_id)
-        if index is None:
-            return _error(
-                _NOT_FOUND,
-                f"session {session_id} is not live on runtime {runtime.arn} "
-                "(never invoked, or already stopped)",
-                request_id,
-            )
-        url = runtime.agent_urls[index]
-        if url in self._stop_unsupported:
-            return self._finish_stop(runtime, session_id, token, stopped, unsupported=True)
+
+    async def _agent_stops(self, url: str, session_id: str, request_id: str) -> bool:
+        """Stop the session on its agent; ``False``: the agent has no stop route."""
         try:
             answer = await self._client().post(
                 url + STOP_SESSION_PATH.format(session_id=session_id),
                 headers={SESSION_ID_HEADER: session_id, REQUEST_ID_HEADER: request_id},
             )
         except httpx.HTTPError as exc:
-            logger.warning("agent at %s unreachable: %s: %s", url, type(exc).__name__, exc)
-            return _agent_unreachable(url, exc, request_id, session_id)
+            raise _agent_unreachable(url, exc, session_id) from None
         # 404/405: an agent without our stop extension; like ACR ending the microVM, the
         # session is over for the runtime either way.
         if answer.status_code in (404, 405):
@@ -552,31 +523,33 @@ class LocalAgentCoreRuntime:
                 url,
                 answer.status_code,
             )
-            return self._finish_stop(runtime, session_id, token, stopped, unsupported=True)
+            return False
         if not 200 <= answer.status_code < 300:
             message = _agent_message(answer.status_code, answer.content)
-            return _error(
+            raise _Refusal(
                 _RUNTIME_CLIENT_ERROR,
                 f"the agent at {url} failed to stop session {session_id} "
                 f"(HTTP {answer.status_code}): {message}",
-                request_id,
                 session_id=session_id,
             )
-        return self._finish_stop(runtime, session_id, token, stopped)
+        return True
 
-    def _finish_stop(
-        self,
-        runtime: _Runtime,
-        session_id: str,
-        token: str | None,
-        stopped: Response,
-        *,
-        unsupported: bool = False,
-    ) -> Response:
-        if unsupported:
-            self.counts["AgentStopUnsupported"] += 1
-        runtime.release(session_id)
-        if token is not None:
-            runtime.remember_stop(token)
-        self.counts["StopRuntimeSession"] += 1
-        return stopped
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    size = int(declared) if declared is not None and declared.isdigit() else 0
+    chunks: list[bytes] = []
+    if size <= limit:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                break
+            chunks.append(chunk)
+    if size > limit:
+        raise _Refusal(
+            _VALIDATION,
+            f"payload of {size} bytes exceeds the limit of {limit} bytes",
+            field="payload",
+        )
+    return b"".join(chunks)

@@ -1,11 +1,5 @@
-"""LocalStack: a whole AgentCore-style deployment on one machine, inside one event loop.
-
-It starts S3 (embedded moto unless an endpoint or ``s3="aws"`` is given), the result bucket,
-a private spool directory, the stand-in policy (unless ``policy_base_url`` names a real
-one), N agent servers and the local AgentCore Runtime; on exit (also on cancellation) it
-stops them in reverse order. Agents and trainer reach the parts through the standard AWS
-environment variables it sets meanwhile (process-wide: one stack per process at a time).
-"""
+"""LocalStack: a whole AgentCore-style deployment on one machine, inside one event loop,
+reached through the standard AWS environment variables it sets meanwhile (docs/local.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """AgentCoreRLApp: an ASGI server that runs an agent as fire-and-forget rollouts, with the
-part of AWS's ``BedrockAgentCoreApp`` surface it keeps (docs/server.md lists what is left
-out) and the ``/ping`` status behind it.
+part of AWS's ``BedrockAgentCoreApp`` surface it keeps (docs/server.md lists what is left out).
 
 The app's lifespan (or ``async with app``) owns one task group for every task it starts.
-``/ping``'s ``time_of_last_update`` changes with the status only: AgentCore Runtime
-reclaims a session that reports ``Healthy`` for too long.
 """
 
 from __future__ import annotations
@@ -350,6 +347,7 @@ class AgentCoreRLApp(Starlette):
         if status is None:
             busy = self.runner.active > 0 or self.spool.pending > 0 or bool(self._async_tasks)
             status = PingStatus.HEALTHY_BUSY if busy else PingStatus.HEALTHY
+        # Changed with the status only: ACR reclaims a session that says Healthy for too long.
         if status is not self._status:
             self._status = status
             self._last_update = int(self._clock())
@@ -399,9 +397,8 @@ class AgentCoreRLApp(Starlette):
         if self.app_name is None:  # no handler: nothing of its own to spool
             self.app_name = "unnamed-app"
         self._place_spool(self.app_name)
-        if await self.spool.recover():
+        for _, key in await self.spool.recover():
             self.spool.kick()
-        for _, key in self.spool.pending_keys:
             # A predecessor's spooled rollout has finished; a status probe should say so.
             self.runner.remember_finished(protocol.parse_result_key(key)[2], key)
 

@@ -26,6 +26,7 @@ __all__ = ["BucketCheck"]
 
 logger = logging.getLogger(__name__)
 
+_FIELD: Final = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
 # S3 answers about a bucket that no waiting cures, with what the user should do.
 _FINAL_CODES: Final = {
     "NoSuchBucket": (400, "it does not exist; create it or fix {field}"),
@@ -82,10 +83,18 @@ class BucketCheck:
                 try:
                     await self.store.head_bucket(bucket)
                 except StorageError as exc:
-                    refusal = _refusal(bucket, exc, s3_destination(self.store)["endpoint_url"])
-                    if refusal is None:
+                    if exc.code not in _FINAL_CODES:
                         logger.info("could not check S3 bucket %s now (%s)", bucket, exc.code)
                         return None
+                    status, advice = _FINAL_CODES[exc.code]
+                    endpoint = s3_destination(self.store)["endpoint_url"]
+                    at = f" at {endpoint}" if endpoint else " in AWS S3"
+                    refusal = InvalidPayloadError(
+                        f"result bucket {bucket!r}{at} cannot be used: {exc.code}: "
+                        + advice.format(field=_FIELD),
+                        status_code=status,
+                        field=_FIELD,
+                    )
             if waited.cancelled_caught:
                 logger.info("no answer from S3 about bucket %s in time", bucket)
                 return None
@@ -97,17 +106,3 @@ class BucketCheck:
         finally:
             del self._checking[bucket]
             done.set()
-
-
-def _refusal(bucket: str, exc: StorageError, endpoint: str | None) -> InvalidPayloadError | None:
-    final = _FINAL_CODES.get(exc.code)
-    if final is None:
-        return None
-    status, advice = final
-    field = f"{protocol.ROLLOUT_FIELD}.{protocol.S3_BUCKET}"
-    at = f" at {endpoint}" if endpoint else " in AWS S3"
-    return InvalidPayloadError(
-        f"result bucket {bucket!r}{at} cannot be used: {exc.code}: {advice.format(field=field)}",
-        status_code=status,
-        field=field,
-    )

@@ -64,13 +64,9 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 
 def _is_async(func: Callable[..., Any]) -> bool:
-    target: Any = func
-    while isinstance(target, functools.partial):
-        target = target.func
-    if inspect.iscoroutinefunction(target):
-        return True
-    call = getattr(target, "__call__", None)  # noqa: B004 - an object with async __call__
-    return call is not None and inspect.iscoroutinefunction(call)
+    # iscoroutinefunction sees through functools.partial; an object's async __call__ it does not.
+    call = getattr(func, "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
 
 
 def _takes_context(func: Callable[..., Any], name: str) -> bool:

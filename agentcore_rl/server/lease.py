@@ -34,13 +34,6 @@ _READERS: Final = 16
 LeaseRef = tuple[str, str]  # (bucket, key)
 
 
-def _lease_of(job: RolloutJob) -> LeaseRef | None:
-    config = job.context.rollout
-    if config is None or protocol.LEASE not in config.extra:
-        return None
-    return protocol.parse_lease_reference(config.extra[protocol.LEASE])
-
-
 @dataclass
 class _Lease:
     seq: object  # as read: compared for change only
@@ -89,8 +82,9 @@ class LeaseWatcher:
         """One round, one GET per lease; return how many rollouts it cancelled."""
         by_lease: dict[LeaseRef, list[RolloutJob]] = {}
         for job in self.runner.jobs:
-            ref = _lease_of(job)
-            if ref is not None and job.cancel_reason is None:
+            config = job.context.rollout
+            if config is not None and protocol.LEASE in config.extra and job.cancel_reason is None:
+                ref = protocol.parse_lease_reference(config.extra[protocol.LEASE])
                 by_lease.setdefault(ref, []).append(job)
         for gone in self._leases.keys() - by_lease.keys():
             del self._leases[gone]

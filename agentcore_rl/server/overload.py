@@ -34,7 +34,7 @@ def serve_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class LoopLag:
-    """How far behind the event loop runs; overloaded after ``samples`` late sleeps in a row
+    """How far behind the event loop runs; overloaded after two late sleeps in a row
     (a sustained backlog, not one blocking call). ``threshold`` None: never."""
 
     def __init__(
@@ -42,7 +42,6 @@ class LoopLag:
         threshold: float | None,
         *,
         interval: float = 0.1,
-        samples: int = 2,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -50,13 +49,12 @@ class LoopLag:
         self.interval = interval
         self._clock = clock
         self._sleep = sleep
-        self.samples = samples
         self._late = 0  # measurements in a row over the threshold
         self.refused = 0
 
     @property
     def overloaded(self) -> bool:
-        return self.threshold is not None and self._late >= self.samples
+        return self.threshold is not None and self._late >= 2
 
     async def run(self) -> None:
         """Measure until cancelled."""

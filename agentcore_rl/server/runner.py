@@ -52,11 +52,6 @@ def _uncancel() -> None:
         uncancel()
 
 
-def _describe(exc: BaseException) -> str:
-    # The type always ("KeyError: 'a'"): some messages mean nothing alone.
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 def _dumps(obj: Any) -> bytes:
     # NaN and infinities refused: readers of the envelope choke on them.
     return json.dumps(obj, allow_nan=False).encode()
@@ -140,7 +135,7 @@ class RolloutRunner:
         *,
         spool: Spool,
         clock: Callable[[], float],
-        exists: Callable[[str, str], Awaitable[bool]] | None = None,
+        exists: Callable[[str, str], Awaitable[bool]],
         remember: int = DEFAULT_REMEMBERED_SESSIONS,
     ) -> None:
         self._spool = spool
@@ -315,7 +310,9 @@ class RolloutRunner:
                 failure = _Failure(invalid, exc.message, status_code=exc.status_code)
             except Exception as exc:
                 tb = traceback.format_exc()
-                failure = _Failure(protocol.ERROR_HANDLER_RAISED, _describe(exc), tb)
+                # The type always ("KeyError: 'a'"): some messages mean nothing alone.
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                failure = _Failure(protocol.ERROR_HANDLER_RAISED, reason, tb)
                 logger.error(
                     "rollout handler %s raised in session %s: %s\n%s",
                     job.spec.name,
@@ -338,7 +335,7 @@ class RolloutRunner:
 
     async def _already_written(self, job: RolloutJob) -> bool:
         """Whether the job's key already holds an envelope (the job is then done)."""
-        if self._exists is None or job.target is None or not job.check_existing:
+        if job.target is None or not job.check_existing:
             return False
         bucket, key = job.target
         # Left set if the check is cancelled, so the stop path knows to check again.

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import secrets
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -75,8 +74,8 @@ def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
 class Spool:
     """Envelopes waiting on local disk for S3, retried with doubling backoff.
 
-    ``directory`` defaults to a fresh temporary one; a persistent one lets a restarted
-    server deliver what its predecessor could not. Without a task group from
+    ``directory`` (given, or set by :meth:`place` before the first envelope) persists: a
+    restarted server delivers what its predecessor could not. Without a task group from
     :meth:`attach`, retries happen at :meth:`drain` and :meth:`aclose` only.
     """
 
@@ -90,7 +89,7 @@ class Spool:
         max_retry_interval: float = 300.0,
     ) -> None:
         self._store = store
-        self._directory = directory
+        self.directory = directory
         self.owner = owner
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
@@ -102,26 +101,16 @@ class Spool:
         self._retrying: anyio.CancelScope | None = None
         self._closed = False
 
-    @property
-    def directory(self) -> Path:
-        if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix="agentcore-rl-spool-"))
-        return self._directory
-
     def place(self, directory: Path | None, owner: str | None) -> None:
         """Set the directory and owner once they are known (before the spool is used)."""
         if self._entries:
             raise RuntimeError("a spool holding envelopes cannot move")
-        self._directory = directory
+        self.directory = directory
         self.owner = owner
 
     @property
     def pending(self) -> int:
         return len(self._entries)
-
-    @property
-    def pending_keys(self) -> list[tuple[str, str]]:
-        return list(self._entries.values())
 
     def holds(self, bucket: str, key: str) -> bool:
         return (bucket, key) in self._entries.values()
@@ -144,8 +133,10 @@ class Spool:
         record = {"bucket": bucket, "key": key, "owner": self.owner, "destination": destination}
         data = json.dumps({**record, "body": body.decode()}).encode()
         name = f"{time.time_ns():020d}-{secrets.token_hex(4)}{_SUFFIX}"
+        directory = self.directory
+        assert directory is not None, "a spool is placed before its first envelope"
         try:
-            path = await anyio.to_thread.run_sync(_write_file, self.directory, name, data)
+            path = await anyio.to_thread.run_sync(_write_file, directory, name, data)
         except OSError as exc:
             _log_lost(bucket, key, exc, body)
             return None
@@ -153,7 +144,7 @@ class Spool:
             # The loop is closing mid-write: write here, via a temp file of our own as the
             # thread may still be writing.
             try:
-                kept = _write_file(self.directory, name, data, ".tmp-final")
+                kept = _write_file(directory, name, data, ".tmp-final")
             except OSError as disk_error:
                 _log_lost(bucket, key, disk_error, body)
                 raise cancel from None
@@ -198,11 +189,12 @@ class Spool:
                 why = f"a write after a cancellation failed: {type(exc).__name__}: {exc}"
         await self.add(bucket, key, body, why=why)
 
-    async def recover(self) -> int:
-        """Adopt files a previous server of this owner left for this S3; return how many."""
-        directory = self._directory
+    async def recover(self) -> list[tuple[str, str]]:
+        """Adopt files a previous server of this owner left for this S3; return their
+        ``(bucket, key)``."""
+        directory = self.directory
         if directory is None or not directory.is_dir():
-            return 0
+            return []
         ours = s3_destination(self._store)
 
         def scan() -> dict[Path, tuple[str, str]]:
@@ -229,7 +221,7 @@ class Spool:
                 directory,
             )
             self._ensure_retrying()
-        return len(new)
+        return list(new.values())
 
     def kick(self) -> None:
         """Retry now instead of waiting out the backoff."""

@@ -6,6 +6,7 @@ counts once in its group, a group of one has its reward as its advantage.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -427,6 +428,12 @@ def fit_rows(
 PathOrFile = str | os.PathLike[str] | IO[str]
 
 
+def _opened(target: PathOrFile, mode: str) -> contextlib.AbstractContextManager[IO[str]]:
+    if isinstance(target, (str, os.PathLike)):
+        return open(target, mode, encoding="utf-8")
+    return contextlib.nullcontext(target)  # the caller's to close
+
+
 def write_jsonl(rows: Iterable[TrainingRow], target: PathOrFile, *, append: bool = False) -> int:
     """Write rows as JSON lines to a path (created, or appended to) or an open text file;
     returns how many.
@@ -435,18 +442,11 @@ def write_jsonl(rows: Iterable[TrainingRow], target: PathOrFile, *, append: bool
 
         write_jsonl(group_rows(group), "rows.jsonl", append=True)
     """
-    if isinstance(target, (str, os.PathLike)):
-        with open(target, "a" if append else "w", encoding="utf-8") as file:
-            return _write_lines(rows, file)
-    return _write_lines(rows, target)
-
-
-def _write_lines(rows: Iterable[TrainingRow], file: IO[str]) -> int:
     count = 0
-    for row in rows:
-        file.write(json.dumps(row.to_dict(), separators=(",", ":")))
-        file.write("\n")
-        count += 1
+    with _opened(target, "a" if append else "w") as file:
+        for row in rows:
+            file.write(json.dumps(row.to_dict(), separators=(",", ":")) + "\n")
+            count += 1
     return count
 
 
@@ -457,21 +457,16 @@ def read_jsonl(source: PathOrFile) -> list[TrainingRow]:
 
         rows = read_jsonl("rows.jsonl")
     """
-    if isinstance(source, (str, os.PathLike)):
-        with open(source, encoding="utf-8") as file:
-            return _read_lines(file, str(source))
-    return _read_lines(source, getattr(source, "name", "<file>"))
-
-
-def _read_lines(file: IO[str], name: str) -> list[TrainingRow]:
+    name = source if isinstance(source, (str, os.PathLike)) else getattr(source, "name", "<file>")
     rows = []
-    for number, line in enumerate(file, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(TrainingRow.from_dict(json.loads(line)))
-        except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"{name}:{number} is not a training row: {exc}") from exc
+    with _opened(source, "r") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(TrainingRow.from_dict(json.loads(line)))
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(f"{name}:{number} is not a training row: {exc}") from exc
     return rows
 
 

@@ -147,7 +147,7 @@ async def test_spooled_rollout_counts_as_finished(
 
 
 def test_finished_sessions_remembered_are_bounded(store: ResultStore) -> None:
-    runner = RolloutRunner(spool=Spool(store), clock=FakeClock(), remember=2)
+    runner = RolloutRunner(spool=Spool(store), clock=FakeClock(), exists=store.head, remember=2)
     for n in (1, 2, 3):  # over the count: s1 goes
         runner.remember_finished(f"s{n}", f"e/{n}/s{n}.json")
     assert runner.session_state("s1")["state"] == "unknown"

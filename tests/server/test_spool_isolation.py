@@ -101,5 +101,7 @@ async def test_another_apps_envelope_is_not_delivered_by_this_one(
 async def test_two_agents_by_default_keep_their_spools_apart(tmp_path: Path) -> None:
     one = rollout_app(ResultStore(), solve)
     two = rollout_app(ResultStore(), other_agent)
+    assert one.spool.directory is not None
+    assert two.spool.directory is not None
     assert one.spool.directory != two.spool.directory
     assert one.spool.directory.parent == two.spool.directory.parent
