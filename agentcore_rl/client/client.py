@@ -232,10 +232,10 @@ class AsyncRolloutClient:
     def stats(self) -> ClientStats:
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
         outages = self._watcher.outages
-        self._counters.unstopped = len(self._rollouts.unstopped)
         return dataclasses.replace(
             self._counters,
             in_flight=self.in_flight,
+            unstopped=len(self._rollouts.unstopped),
             s3_requests=dict(self.store.request_counts),
             store_unreachable=outages.unreachable,
             store_outages=outages.outages,
@@ -544,7 +544,7 @@ class AsyncRolloutClient:
                 # Shielded: a close that was itself cancelled still ends the work it owns.
                 with anyio.CancelScope(shield=True):
                     await self._service.aclose()
-                    self._counters.unstopped = self._rollouts.report_unstopped(self.timeouts.close)
+                    self._rollouts.report_unstopped(self.timeouts.close)
                     await self.transport.aclose()
                     if self._joiner is not None:
                         await self._joiner.link.aclose()

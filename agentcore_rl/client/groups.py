@@ -372,14 +372,13 @@ class GroupRunner:
 
     def _group_done(self, fut: asyncio.Future[RolloutGroup]) -> None:
         assert isinstance(fut, GroupFuture)
-        if fut.cancelled() and self.tracker.is_open(fut.input_id):
+        if fut.cancelled():
             self._apply(self.tracker.cancel(fut.input_id))
         self._runs.pop(fut.input_id, None)
 
     def _close_run(self, run: _Run, error: BaseException) -> None:
         """End a group with ``error`` (the client closing): stop what still runs."""
-        if self.tracker.is_open(run.input_id):
-            self._apply(a for a in self.tracker.cancel(run.input_id) if isinstance(a, StopMember))
+        self._apply(a for a in self.tracker.cancel(run.input_id) if isinstance(a, StopMember))
         self._settle(run.input_id, error)
 
     # -- policy and closing --

@@ -563,8 +563,8 @@ class Rollouts:
         """Wait until every rollout task and stop call has ended (the caller bounds it)."""
         await self._idle.wait()
 
-    def report_unstopped(self, close_timeout: float) -> int:
-        """Log the sessions that may still run (if any); how many."""
+    def report_unstopped(self, close_timeout: float) -> None:
+        """Log the sessions that may still run (if any)."""
         if self.unstopped:
             logger.warning(
                 "%d session(s) could not be stopped (within %s s of closing, or their stop "
@@ -573,7 +573,6 @@ class Rollouts:
                 close_timeout,
                 ", ".join(self.unstopped[:3]),
             )
-        return len(self.unstopped)
 
 
 def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
