@@ -123,69 +123,53 @@ async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
         policy_model=options.model_id,
         tps=options.tps,
     )
-    # The agents log each cancelled or failed rollout; the summary reports them instead.
     server_log = logging.getLogger("agentcore_rl.server")
-    previous_level = server_log.level
-    server_log.setLevel(logging.ERROR)
-    try:
-        async with contextlib.AsyncExitStack() as scope:
-            await scope.enter_async_context(stack)
-            gateway = None
-            if not options.no_gateway:
-                # lazy: the gateway extra
-                from agentcore_rl.gateway import RolloutGateway
-                from agentcore_rl.local.background import BackgroundServer
+    async with contextlib.AsyncExitStack() as scope:
+        # The agents log each cancelled or failed rollout; the summary reports them instead.
+        scope.callback(server_log.setLevel, server_log.level)
+        server_log.setLevel(logging.ERROR)
+        await scope.enter_async_context(stack)
+        gateway_url = token = None
+        if not options.no_gateway:
+            # lazy: the gateway extra
+            from agentcore_rl.gateway import RolloutGateway
+            from agentcore_rl.local.background import BackgroundServer
 
-                assert stack.policy_base_url is not None
-                token = secrets.token_urlsafe(16)
-                served = RolloutGateway(stack.policy_base_url, admin_token=token)
-                server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
-                print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
-                gateway = (server.url, token)
-            await _run(stack, options, data, out, run, gateway, prices)
-    finally:
-        server_log.setLevel(previous_level)
-
-
-async def _run(
-    stack: LocalStack,
-    options: argparse.Namespace,
-    data: Path,
-    out: Path,
-    run: EvalRun,
-    gateway: tuple[str, str] | None,
-    prices: Prices,
-) -> None:
-    """The problems through the running stack, over the ACR transport."""
-    print(
-        f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
-        f"{stack.policy_base_url} | agents {' '.join(stack.agent_urls)}\n"
-        f"  AgentCore Runtime {stack.runtime_endpoint_url} ({stack.agent_runtime_arn})\n"
-        f"  running {options.n} problems, {options.concurrency} at a time, over the ACR "
-        "transport...",
-        file=sys.stderr,
-    )
-    eval_options = EvalOptions(
-        data=data,
-        out=out,
-        s3_bucket=stack.bucket,
-        exp_id=time.strftime("demo-%Y%m%d-%H%M%S"),
-        agent_runtime_arn=stack.agent_runtime_arn,
-        concurrency=options.concurrency,
-        tps=options.tps,
-        timeout=_ROLLOUT_TIMEOUT,
-        base_url=None if gateway else stack.policy_base_url,
-        model_id=stack.policy_model,
-        gateway_url=gateway[0] if gateway else None,
-        gateway_admin_token=gateway[1] if gateway else None,
-        limit=options.n,
-        s3_endpoint_url=stack.s3_endpoint_url,
-        runtime_endpoint_url=stack.runtime_endpoint_url,
-        prices=prices,
-    )
-    inputs = load_inputs(data, limit=options.n)
-    await run_eval(eval_options, inputs, run, progress=not options.no_progress)
-    await _group_phase(eval_options, run)
+            assert stack.policy_base_url is not None
+            token = secrets.token_urlsafe(16)
+            served = RolloutGateway(stack.policy_base_url, admin_token=token)
+            server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
+            print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
+            gateway_url = server.url
+        print(
+            f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
+            f"{stack.policy_base_url} | agents {' '.join(stack.agent_urls)}\n"
+            f"  AgentCore Runtime {stack.runtime_endpoint_url} ({stack.agent_runtime_arn})\n"
+            f"  running {options.n} problems, {options.concurrency} at a time, over the ACR "
+            "transport...",
+            file=sys.stderr,
+        )
+        eval_options = EvalOptions(
+            data=data,
+            out=out,
+            s3_bucket=stack.bucket,
+            exp_id=time.strftime("demo-%Y%m%d-%H%M%S"),
+            agent_runtime_arn=stack.agent_runtime_arn,
+            concurrency=options.concurrency,
+            tps=options.tps,
+            timeout=_ROLLOUT_TIMEOUT,
+            base_url=None if gateway_url else stack.policy_base_url,
+            model_id=stack.policy_model,
+            gateway_url=gateway_url,
+            gateway_admin_token=token,
+            limit=options.n,
+            s3_endpoint_url=stack.s3_endpoint_url,
+            runtime_endpoint_url=stack.runtime_endpoint_url,
+            prices=prices,
+        )
+        inputs = load_inputs(data, limit=options.n)
+        await run_eval(eval_options, inputs, run, progress=not options.no_progress)
+        await _group_phase(eval_options, run)
 
 
 async def _group_phase(eval_options: EvalOptions, run: EvalRun) -> None:

@@ -442,30 +442,25 @@ async def run_eval(
     traced = options.gateway_url is not None and options.group_size is None
     journal = EvalJournal.open(options.out, resume=options.resume, trajectories=traced)
     run.trajectories = journal.trajectories
-    bar: Progress | None = None
+    run.resumed = sum(1 for i in by_id if i in journal.finished)
+    in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
+    fresh = [
+        item
+        for item in inputs
+        if item.input_id not in journal.finished and item.input_id not in journal.in_flight
+    ]
+    engine = EvalEngine(options, client, journal, Progress(len(inputs), run.resumed, progress))
     try:
-        run.resumed = sum(1 for i in by_id if i in journal.finished)
-        in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
-        fresh = [
-            item
-            for item in inputs
-            if item.input_id not in journal.finished and item.input_id not in journal.in_flight
-        ]
-        bar = Progress(len(inputs), run.resumed, progress)
-        engine = EvalEngine(options, client, journal, bar)
-        try:
-            async with client:
-                for session_id in journal.unstopped:  # left running by the previous run
-                    client.stop_session(session_id)
-                try:
-                    await engine.run(fresh, in_flight, by_id)
-                finally:
-                    run.s3_requests = client.stats.s3_total
-                    run.trajectories_missing = engine.trajectories_missing
-        finally:
-            journal.record_unstopped(client.unstopped_sessions)
+        async with client:
+            for session_id in journal.unstopped:  # left running by the previous run
+                client.stop_session(session_id)
+            try:
+                await engine.run(fresh, in_flight, by_id)
+            finally:
+                run.s3_requests = client.stats.s3_total
+                run.trajectories_missing = engine.trajectories_missing
     finally:
-        if bar is not None:
-            bar.close()
+        journal.record_unstopped(client.unstopped_sessions)
+        engine.bar.close()
         journal.close()
         run.wall_seconds = time.monotonic() - started

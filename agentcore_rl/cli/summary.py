@@ -30,8 +30,6 @@ __all__ = [
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0-100) with linear interpolation; ``None`` if empty."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be between 0 and 100, got {q}")
     if not values:
         return None
     ordered = sorted(values)
@@ -105,8 +103,6 @@ def pass_at_k(rewards: Sequence[float], k: int) -> float:
     """The unbiased pass@k of one group's rewards (correct: reward > 0)."""
     m = len(rewards)
     c = sum(1 for r in rewards if r > 0)
-    if m == 0:
-        return 0.0
     k = min(k, m)
     if m - c < k:
         return 1.0

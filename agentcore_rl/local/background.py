@@ -64,9 +64,6 @@ class BackgroundServer:
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
 
-    def __repr__(self) -> str:
-        return f"BackgroundServer(host={self.host!r}, port={self.port})"
-
     @property
     def url(self) -> str:
         """``http://host:port`` (known once started)."""

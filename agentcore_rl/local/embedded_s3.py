@@ -100,10 +100,6 @@ class EmbeddedS3:
         self._thread: threading.Thread | None = None
         self._executor: ThreadPoolExecutor | None = None
 
-    def __repr__(self) -> str:
-        state = "running" if self._stop is not None else "stopped"
-        return f"EmbeddedS3(host={self.host!r}, port={self.port}, {state})"
-
     @property
     def endpoint_url(self) -> str:
         """``http://host:port`` of the running server."""

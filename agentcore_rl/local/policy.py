@@ -169,19 +169,15 @@ class _ScriptVoice:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return "".join(self._pieces.get(i, "") for i in ids)
 
-    def chat(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
-        return self._answer(index, body["messages"], body.get("tools") or [], body.get("seed"))
-
-    def text(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
-        prompt = body["prompt"]
-        if not isinstance(prompt, str):
+    def say(self, body: Mapping[str, Any], prompt_ids: list[int], index: int, chat: bool) -> _Said:
+        """Choice ``index`` of a chat request (``chat``), else of a string prompt's completion."""
+        if chat:
+            messages, tools = body["messages"], body.get("tools") or []
+        elif isinstance(body["prompt"], str):
+            messages, tools = [{"role": "user", "content": body["prompt"]}], []
+        else:
             raise _BadRequest(_TOKEN_IN, "prompt")
-        return self._answer(index, [{"role": "user", "content": prompt}], [], body.get("seed"))
-
-    def _answer(
-        self, index: int, messages: list[Any], tools: list[Any], request_seed: object
-    ) -> _Said:
-        message, finish = self._choose(index, messages, tools, request_seed)
+        message, finish = self._choose(index, messages, tools, body.get("seed"))
         text = _assistant_text(message)
         tokens = fake_tokens(text)
         self._pieces.update((i, piece) for piece, i in tokens)
@@ -342,42 +338,34 @@ class TemplateVoice:
             ids, finish, reason = ids[:max_tokens], "length", None
         return ids, [_logprob(str(self.seed), i, t) for i, t in enumerate(ids)], finish, reason
 
-    def chat(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
-        """The completion as vLLM's parsers would read it (cut before its stop string)."""
+    def say(self, body: Mapping[str, Any], prompt_ids: list[int], index: int, chat: bool) -> _Said:
+        """The completion cut before its stop string; a chat one as vLLM's parsers read it."""
         from agentcore_rl.gateway.render.parsers import parse_completion
 
-        said = self._say(
-            prompt_ids, body.get("max_completion_tokens") or body.get("max_tokens"), body
-        )
-        ids = said.ids
-        text = self.template.decode(ids[:-1] if ids and ids[-1] in self._stops else ids)
-        if said.stop_reason:
-            text = text[: text.find(said.stop_reason)]
-        seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-        said.message = parse_completion(text, self.reasoning, self.tools, seed)
-        if said.message.get("tool_calls"):
-            said.finish = "tool_calls"
-        return said
-
-    def text(self, body: Mapping[str, Any], prompt_ids: list[int], index: int) -> _Said:
-        said = self._say(prompt_ids, body.get("max_tokens"), body)
-        text = self.decode(said.ids, skip_special_tokens=body.get("skip_special_tokens", True))
-        said.text = text[: text.find(said.stop_reason)] if said.stop_reason else text
-        return said
-
-    def _say(self, prompt_ids: list[int], budget: int | None, body: Mapping[str, Any]) -> _Said:
         stop = body.get("stop")
         stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
         bias = body.get("logit_bias")
         ids, logprobs, finish, reason = self.generate(
             prompt_ids,
-            budget,
+            (body.get("max_completion_tokens") if chat else None) or body.get("max_tokens"),
             stop=[s for s in stops if isinstance(s, str)],
             logit_bias=bias if isinstance(bias, Mapping) else None,
             min_tokens=int(body.get("min_tokens") or 0),
         )
         tokens = [str(t) for t in self.template.tokenizer.convert_ids_to_tokens(ids)]
-        return _Said(ids, logprobs, tokens, finish, reason)
+        said = _Said(ids, logprobs, tokens, finish, reason)
+        if not chat:
+            text = self.decode(ids, skip_special_tokens=body.get("skip_special_tokens", True))
+            said.text = text[: text.find(reason)] if reason else text
+            return said
+        text = self.template.decode(ids[:-1] if ids and ids[-1] in self._stops else ids)
+        if reason:
+            text = text[: text.find(reason)]
+        seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+        said.message = parse_completion(text, self.reasoning, self.tools, seed)
+        if said.message.get("tool_calls"):
+            said.finish = "tool_calls"
+        return said
 
 
 class ScriptedPolicy:
@@ -424,8 +412,6 @@ class ScriptedPolicy:
             raise ValueError(f"accuracy must be between 0 and 1, got {accuracy}")
         if latency < 0:
             raise ValueError(f"latency must be >= 0 seconds, got {latency}")
-        if token_ids not in ("always", "requested", "never"):
-            raise ValueError(f"token_ids must be always, requested or never, got {token_ids!r}")
         self.latency = latency
         self.model = model
         self.token_ids = token_ids
@@ -611,11 +597,6 @@ class ScriptedPolicy:
             media_type="text/event-stream",
         )
 
-    def _wants_ids(self, body: Mapping[str, Any]) -> bool:
-        if self.token_ids == "requested":
-            return bool(body.get("return_token_ids"))
-        return self.token_ids == "always"
-
     def _remember(self, prompt_ids: list[int], taken: list[tuple[list[int], list[float]]]) -> None:
         if self.keep_answers:
             self.answers.append((prompt_ids, taken))
@@ -631,7 +612,7 @@ class ScriptedPolicy:
         if not isinstance(body.get("tools") or [], list):
             raise _BadRequest("tools must be a list", "tools")
         prompt_ids = self.voice.render(body)
-        said = [self.voice.chat(body, prompt_ids, i) for i in range(_choices_wanted(body))]
+        said = [self.voice.say(body, prompt_ids, i, True) for i in range(_choices_wanted(body))]
         choices = []
         for i, one in enumerate(said):
             choice = {"index": i, "message": one.message, "logprobs": None}
@@ -651,7 +632,7 @@ class ScriptedPolicy:
         prompt_ids = self.voice.encode(prompt) if isinstance(prompt, str) and prompt else prompt
         if not _is_ids(prompt_ids):
             raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
-        said = [self.voice.text(body, prompt_ids, i) for i in range(_choices_wanted(body))]
+        said = [self.voice.say(body, prompt_ids, i, False) for i in range(_choices_wanted(body))]
         top = body.get("logprobs")
         alternatives = top if isinstance(top, int) else 0
         choices = []
@@ -683,7 +664,9 @@ class ScriptedPolicy:
     ) -> dict[str, Any]:
         """The response around ``choices`` (remembered first), with what every choice says."""
         self._remember(prompt_ids, [(one.ids, one.logprobs) for one in said])
-        wants_ids = self._wants_ids(body)
+        wants_ids = self.token_ids == "always" or (
+            self.token_ids == "requested" and bool(body.get("return_token_ids"))
+        )
         for choice, one in zip(choices, said, strict=True):
             choice["finish_reason"], choice["stop_reason"] = one.finish, one.stop_reason
             if wants_ids:

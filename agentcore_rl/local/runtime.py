@@ -38,7 +38,6 @@ __all__ = [
     "DEFAULT_AGENT_RUNTIME_ARN",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_RUNTIME_TIMEOUT",
-    "DEFAULT_TPS",
     "LocalAgentCoreRuntime",
 ]
 
@@ -48,8 +47,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_AGENT_RUNTIME_ARN: Final = (
     "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/local-agent"
 )
-#: ACR's published default quota (see :data:`agentcore_rl.protocol.DEFAULT_TPS`).
-DEFAULT_TPS: Final = protocol.DEFAULT_TPS
 #: ACR's payload limit.
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 100_000_000
 #: Forwarding timeouts; the read timeout is ACR's 15-minute limit on a synchronous request.
@@ -289,7 +286,7 @@ class LocalAgentCoreRuntime:
         self,
         runtimes: Mapping[str, Sequence[str]],
         *,
-        tps: float | None = DEFAULT_TPS,
+        tps: float | None = protocol.DEFAULT_TPS,
         burst: float | None = None,
         timeout: httpx.Timeout | float = DEFAULT_RUNTIME_TIMEOUT,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -327,9 +324,6 @@ class LocalAgentCoreRuntime:
             routes=[Route("/{path:path}", self._dispatch, methods=_ALL_METHODS)],
             lifespan=self._lifespan,
         )
-
-    def __repr__(self) -> str:
-        return f"LocalAgentCoreRuntime(arns={list(self._runtimes)!r}, tps={self.tps!r})"
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
         """The agent URL a live session is bound to; ``None`` if unknown or stopped."""

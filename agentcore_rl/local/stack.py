@@ -20,12 +20,8 @@ from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.runtime import (
-    DEFAULT_AGENT_RUNTIME_ARN,
-    DEFAULT_TPS,
-    LocalAgentCoreRuntime,
-)
-from agentcore_rl.protocol import parse_runtime_arn, validate_bucket
+from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
+from agentcore_rl.protocol import DEFAULT_TPS, parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import SPOOL_DIR_ENV
 
@@ -170,12 +166,6 @@ class LocalStack:
         self._external_policy = policy_base_url is not None
         self._stack: contextlib.AsyncExitStack | None = None
 
-    def __repr__(self) -> str:
-        return (
-            f"LocalStack(agents={self.agents}, bucket={self.bucket!r}, "
-            f"runtime={self.runtime_endpoint_url!r}, s3={self.s3_endpoint_url!r})"
-        )
-
     @staticmethod
     def _app_maker(app: Any, app_factory: Callable[[], Any] | None) -> Callable[[], Any]:
         if app_factory is not None:
@@ -201,17 +191,12 @@ class LocalStack:
         return env
 
     async def start(self) -> LocalStack:
-        """Start every part (no-op when running). On failure, what started is stopped."""
-        if self._stack is not None:
-            return self
-        stack = contextlib.AsyncExitStack()
-        self._stack = stack
-        try:
-            await self._start_parts(stack)
-        except BaseException:
-            # Also on cancellation: nothing started may outlive a failed start.
-            await self.aclose()
-            raise
+        """Start every part (no-op when running). On failure, also on cancellation, what
+        started is stopped."""
+        if self._stack is None:
+            async with contextlib.AsyncExitStack() as stack:
+                await self._start_parts(stack)
+                self._stack = stack.pop_all()
         return self
 
     async def _start_parts(self, stack: contextlib.AsyncExitStack) -> None:
@@ -254,7 +239,12 @@ class LocalStack:
             )
             for _ in range(self.agents)
         ]
-        stack.push_async_callback(self._close_all, agents)
+        for agent in agents:
+            stack.push_async_callback(agent.aclose)
+        # All are told first (callbacks run last in, first out), so the slowest agent's shutdown
+        # grace sets the time, not the sum.
+        for agent in agents:
+            stack.callback(agent.request_exit)
         for agent in agents:
             await agent.start()
         self.agent_urls = [agent.url for agent in agents]
@@ -281,20 +271,6 @@ class LocalStack:
             )
             return
         shutil.rmtree(directory, ignore_errors=True)
-
-    @staticmethod
-    async def _close_all(servers: list[BackgroundServer]) -> None:
-        # All are told first, so the slowest agent's shutdown grace sets the time, not the sum.
-        for server in servers:
-            server.request_exit()
-        failures: list[BaseException] = []
-        for server in servers:
-            try:
-                await server.aclose()
-            except Exception as exc:
-                failures.append(exc)
-        if failures:
-            raise failures[0]
 
     async def aclose(self) -> None:
         """Stop everything in reverse order and restore the environment. Idempotent."""
