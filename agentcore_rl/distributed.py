@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +20,7 @@ import anyio.abc
 
 from agentcore_rl._extras import require
 from agentcore_rl.errors import ConfigurationError, SharedLimitsUnavailableError
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.ratelimit import Priority, TokenBucket
 
 __all__ = ["DEFAULT_NAMESPACE", "LimitsActor", "LimitsConfig", "SharedLimits", "shared_limits"]
@@ -37,10 +39,6 @@ class LimitsConfig:
 
     ``burst``: what the shared bucket hands out at once (default half a second's worth);
     the runtime's own bucket holds a second's worth, the rest absorbs uneven delays.
-
-    Example::
-
-        LimitsConfig(tps=25, sessions=500, slot_ttl=10)
     """
 
     tps: float
@@ -49,18 +47,9 @@ class LimitsConfig:
     slot_ttl: float = DEFAULT_SLOT_TTL
 
     def __post_init__(self) -> None:
-        if isinstance(self.tps, bool) or not isinstance(self.tps, (int, float)) or self.tps <= 0:
-            raise ConfigurationError(f"tps must be > 0 calls per second, got {self.tps!r}")
-        if (
-            isinstance(self.sessions, bool)
-            or not isinstance(self.sessions, int)
-            or self.sessions < 1
-        ):
-            raise ConfigurationError(f"sessions must be an int >= 1, got {self.sessions!r}")
-        if self.burst is not None and not self.burst >= 1:
-            raise ConfigurationError(f"burst must be >= 1 call, got {self.burst!r}")
-        if not self.slot_ttl > 0:
-            raise ConfigurationError(f"slot_ttl must be > 0 seconds, got {self.slot_ttl!r}")
+        check_numbers(self, "tps", "slot_ttl", above=0, finite=True)
+        check_numbers(self, "sessions", at_least=1, integer=True)
+        check_numbers(self, "burst", at_least=1, finite=True, optional=True)
 
 
 @dataclass
@@ -73,14 +62,10 @@ class _Holder:
 class LimitsActor:
     """The books of one shared quota, as an async Ray actor.
 
-    The bucket starts empty, so a restarted actor adds no burst to calls just made. An
-    unknown holder that had grants means the books were lost (``restarted``): no slot is
-    granted for half a ``slot_ttl``, by when every live process has reported.
-
-    Example::
-
-        handle = ray.remote(LimitsActor).options(name="acr-math", lifetime="detached",
-                                                  max_restarts=-1).remote(config)
+    The bucket starts empty, so a restarted actor adds no burst to calls just made. When
+    the books were lost (``restarted``: Ray restarted the actor, or an unknown holder had
+    grants) no slot is granted for half a ``slot_ttl``, by when every live process has
+    reported.
     """
 
     def __init__(
@@ -99,6 +84,12 @@ class LimitsActor:
         self._hold_until = 0.0
         self._changed = asyncio.Event()
         self.expired_holders = 0
+        # Ray's word is needed too: the first holder to call may never have had a grant.
+        if _reconstructed():
+            self._lost_books()
+
+    def _lost_books(self) -> None:
+        self.restarted, self._hold_until = True, self._clock() + self.config.slot_ttl / 2
 
     def _notify(self) -> None:
         # Waiters hold the event they saw; a fresh one is for the next change.
@@ -120,7 +111,7 @@ class LimitsActor:
         if known is None:  # new, lapsed, or from before a restart: take its word
             known = self._holders[holder] = _Holder(count=0, grants=seen, heard=now)
             if seen and not self.restarted:
-                self.restarted, self._hold_until = True, now + self.config.slot_ttl / 2
+                self._lost_books()
         before, known.count = known.count, max(0, in_use + known.grants - seen)
         known.heard = now
         if known.count < before:
@@ -167,6 +158,14 @@ class LimitsActor:
         }
 
 
+def _reconstructed() -> bool:
+    """Whether this runs in a Ray actor that Ray has restarted."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
 class _Rate:
     """The shared token bucket (the client's ``RateLimiter``)."""
 
@@ -204,7 +203,7 @@ class _Sessions:
 
     async def acquire(self) -> None:
         """Wait for a slot of the shared budget."""
-        while not await self._actor.call("acquire_slot", *self._view(), abandoned=self._lost):
+        while not await self._actor.call("acquire_slot", view=self._view, abandoned=self._lost):
             pass  # this holder had lapsed at the actor (a long outage): ask again
         self._seen += 1
         self.in_use += 1
@@ -233,13 +232,13 @@ class _Sessions:
         self._group = group
         while True:
             await anyio.sleep(self._actor.config.slot_ttl / 3)
-            await self._actor.call("sync", *self._view())
+            await self._actor.call("sync", view=self._view)
 
     async def aclose(self) -> None:
         """Tell the actor what is still in use (it lapses after ``slot_ttl``)."""
         self._group = None
         with anyio.move_on_after(5.0, shield=True):
-            await self._actor.call("sync", *self._view())
+            await self._actor.call("sync", view=self._view)
 
 
 class SharedLimits:
@@ -266,16 +265,26 @@ class SharedLimits:
         return f"SharedLimits({self.name!r}, {self.config!r})"
 
     async def call(
-        self, method: str, *args: Any, abandoned: Callable[[Any], None] | None = None
+        self,
+        method: str,
+        *args: Any,
+        view: Callable[[], tuple[Any, ...]] | None = None,
+        abandoned: Callable[[Any], None] | None = None,
     ) -> Any:
-        """``method(*args)`` at the actor. A wait given up is cancelled there too and its
-        reference handed to ``abandoned``: its answer may be on its way already."""
+        """``method(*args, *view())`` at the actor. A wait given up is cancelled there too
+        and its reference handed to ``abandoned``: its answer may be on its way already.
+
+        ``view`` is read for every try: a restarted actor takes a holder's first view as
+        its baseline, and one older than grants received since would undercount it. Tries
+        are at most ``slot_ttl / 6`` apart, so every live process reaches a restarted
+        actor well within the half ``slot_ttl`` it grants nothing."""
         import ray  # lazy: the ray extra, present once connected
 
         since, delay = None, 0.05
+        longest = min(2.0, self.config.slot_ttl / 6)
         while True:
             self.actor_calls += 1
-            ref = getattr(self._handle, method).remote(*args)
+            ref = getattr(self._handle, method).remote(*args, *(view() if view else ()))
             try:
                 return await ref
             except BaseException as exc:
@@ -295,7 +304,7 @@ class SharedLimits:
                         f"{exc}"
                     ) from exc
             await anyio.sleep(delay)
-            delay = min(2.0, delay * 2)
+            delay = min(longest, delay * 2)
 
     def send(self, method: str, *args: Any) -> None:
         """A call whose answer nobody waits for (the next report corrects a lost one)."""

@@ -1,16 +1,13 @@
 """GRPO groups: n rollouts of one input, their rewards, advantages and the rules they follow.
 
 Pure: the rules (:class:`GroupRules`), the result (:class:`RolloutGroup`), drop reasons and
-errors, and member session ids, derived from ``(exp_id, input_id, index, attempt)`` so a
-new process (``attach()``, ``eval --resume``) finds a half-finished group's sessions. So an
-``input_id`` names one group per experiment: sample a prompt again under a new one
-(``"q-17@step3"``).
+errors, and member session ids (docs/groups.md, "Session ids").
 
 :class:`GroupTracker` is the pure state machine deciding what happens to the members: the
 client tells it how each ended (``succeeded``, ``failed``, ``timed_out``) and carries out
 the actions it answers with, in order: :class:`StartMember`, :class:`StopMember` (always
-before the resolution they lead to), :class:`GroupReady` and :class:`GroupDropped`.
-Nothing here awaits or reads a clock.
+before the resolution they lead to), then the group's outcome itself, a
+:class:`RolloutGroup` or a :class:`GroupDroppedError`. Nothing here awaits or reads a clock.
 """
 
 from __future__ import annotations
@@ -25,17 +22,15 @@ from functools import partial
 from typing import Any, Final, Literal, get_args
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
-from agentcore_rl.keywords import checked_init
+from agentcore_rl.keywords import check_numbers, checked_init
 from agentcore_rl.protocol import validate_key_part
 
 __all__ = [
     "Action",
     "DropReason",
     "GroupCounters",
-    "GroupDropped",
     "GroupDroppedError",
     "GroupMember",
-    "GroupReady",
     "GroupRules",
     "GroupStats",
     "GroupTracker",
@@ -129,10 +124,8 @@ class GroupRules:
     member_seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name, low in (("n", 1), ("redundancy", 0), ("retry", 0), ("min_members", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigurationError(f"{name} must be an integer >= {low}, got {value!r}")
+        check_numbers(self, "n", "min_members", at_least=1, integer=True)
+        check_numbers(self, "redundancy", "retry", at_least=0, integer=True)
         if self.on_failure not in get_args(OnFailure):
             raise ConfigurationError(
                 f"on_failure must be one of {', '.join(get_args(OnFailure))}, "
@@ -424,21 +417,8 @@ class StopMember:
     reason: DropReason
 
 
-@dataclass(frozen=True, kw_only=True)
-class GroupReady:
-    """The group is whole by its rules: resolve its future with ``group``."""
-
-    group: RolloutGroup
-
-
-@dataclass(frozen=True, kw_only=True)
-class GroupDropped:
-    """The group was dropped: fail its future with ``error`` (``error.reason`` says why)."""
-
-    error: GroupDroppedError
-
-
-Action = StartMember | StopMember | GroupReady | GroupDropped
+#: What the tracker answers an event with; a group's outcome (whole, or dropped) comes last.
+Action = StartMember | StopMember | RolloutGroup | GroupDroppedError
 
 
 # --- Counters -------------------------------------------------------------------------------
@@ -482,8 +462,7 @@ class _Attempt:
     attempt: int
     session_id: str
     policy_version: int | None
-    #: False once it succeeded, failed, timed out or was stopped: no further event matters.
-    active: bool = True
+    #: None while it runs; once set (stopped included), no further event matters.
     outcome: MemberOutcome | None = None
     reward: float | None = None
     trajectory: Any = None
@@ -504,7 +483,7 @@ class _Group:
     attempts: list[_Attempt] = field(default_factory=list)
 
     def active(self) -> list[_Attempt]:
-        return [a for a in self.attempts if a.active]
+        return [a for a in self.attempts if a.outcome is None]
 
     def kept(self) -> list[_Attempt]:
         return [
@@ -523,7 +502,7 @@ class _Group:
         members were all replaced by retries under a newer policy is not stale. A member
         started before any version was set counts as version 0.
         """
-        live = [a for a in self.attempts if a.active] + self.kept()
+        live = self.active() + self.kept()
         return min((a.policy_version or 0) for a in live or self.attempts)
 
 
@@ -547,7 +526,9 @@ class GroupTracker:
     def __init__(self, *, exp_id: str, policy_version: int | None = None) -> None:
         group_digest(exp_id, "probe")  # validates exp_id as session ids will use it
         self.exp_id = exp_id
-        self._version = _check_version(policy_version) if policy_version is not None else None
+        self._version: int | None = None
+        if policy_version is not None:
+            self.set_policy_version(policy_version)
         self._groups: dict[str, _Group] = {}
         self._by_session: dict[str, tuple[_Group, _Attempt]] = {}
         # Digests of every group opened: an input_id names one group per experiment.
@@ -617,7 +598,9 @@ class GroupTracker:
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
         """This attempt failed (agent error, invocation error...): retry it or apply the rule."""
-        return self._ended(session_id, MemberOutcome.FAILED, _describe(error), trajectory, result)
+        if not isinstance(error, str):
+            error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return self._ended(session_id, MemberOutcome.FAILED, error, trajectory, result)
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
         """This attempt gave no result in time (the client stops its session itself)."""
@@ -634,7 +617,8 @@ class GroupTracker:
 
     def set_policy_version(self, version: int) -> None:
         """Stamp ``version`` into every member started from now on (retries included)."""
-        version = _check_version(version)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ConfigurationError(f"policy version must be an integer >= 0, got {version!r}")
         if self._version is not None and version < self._version:
             raise ConfigurationError(
                 f"policy version {version} is older than the current {self._version}; "
@@ -647,10 +631,14 @@ class GroupTracker:
         ``version - max_staleness`` (running or kept members count, discarded attempts do
         not; a member started before any version counts as 0).
         """
-        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int):
-            raise ConfigurationError(f"max_staleness must be an integer, got {max_staleness!r}")
-        if max_staleness < 0:
-            raise ConfigurationError(f"max_staleness must be >= 0, got {max_staleness}")
+        if (
+            isinstance(max_staleness, bool)
+            or not isinstance(max_staleness, int)
+            or max_staleness < 0
+        ):
+            raise ConfigurationError(
+                f"max_staleness must be an integer >= 0, got {max_staleness!r}"
+            )
         self.set_policy_version(version)
         actions: list[Action] = []
         for group in list(self._groups.values()):
@@ -680,11 +668,10 @@ class GroupTracker:
     ) -> list[Action]:
         """Record how an attempt ended (a late event is ignored), then decide."""
         found = self._lookup(session_id)
-        if found is None or not found[1].active:
+        if found is None or found[1].outcome is not None:
             self._counts.ignored_events += 1
             return []
         group, attempt = found
-        attempt.active = False
         attempt.outcome = outcome
         attempt.trajectory = trajectory
         attempt.result = result
@@ -747,11 +734,9 @@ class GroupTracker:
                     "_rollout.seed, which the agent passes to its model"
                 )
             return actions + self._drop(group, DropReason.UNIFORM, detail)
-        del self._groups[group.input_id]
-        self._forget(group)
+        self._close(group)
         self._counts.groups_ready += 1
-        actions.append(GroupReady(group=snapshot))
-        return actions
+        return [*actions, snapshot]
 
     def _drop(
         self,
@@ -764,19 +749,16 @@ class GroupTracker:
         actions = self._stop_active(group, reason, count_as_drop=False)
         snapshot = self._snapshot(group)
         error = make_error(snapshot) if make_error else GroupDroppedError(snapshot, reason, detail)
-        del self._groups[group.input_id]
-        self._forget(group)
+        self._close(group)
         dropped = self._counts.groups_dropped
         dropped[error.reason.value] = dropped.get(error.reason.value, 0) + 1
-        actions.append(GroupDropped(error=error))
-        return actions
+        return [*actions, error]
 
     def _stop_active(
         self, group: _Group, reason: DropReason, *, count_as_drop: bool
     ) -> list[Action]:
         actions: list[Action] = []
         for attempt in group.active():
-            attempt.active = False
             attempt.outcome = MemberOutcome.STOPPED
             if count_as_drop:
                 self._discard(attempt, reason)
@@ -821,9 +803,10 @@ class GroupTracker:
             return None
         raise KeyError(f"session {session_id!r} is not a member this tracker started")
 
-    def _forget(self, group: _Group) -> None:
+    def _close(self, group: _Group) -> None:
         # A closed group leaves the index, so memory does not grow with every attempt ever
         # run; its sessions stay recognisable through the group's digest in _seen.
+        del self._groups[group.input_id]
         for attempt in group.attempts:
             self._by_session.pop(attempt.session_id, None)
 
@@ -838,16 +821,3 @@ class GroupTracker:
             members=tuple(a.frozen() for a in kept[: group.rules.n]),
             discarded=tuple(a.frozen() for a in other),
         )
-
-
-def _check_version(version: object) -> int:
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ConfigurationError(f"policy version must be an integer >= 0, got {version!r}")
-    return version
-
-
-def _describe(error: BaseException | str) -> str:
-    if isinstance(error, str):
-        return error
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

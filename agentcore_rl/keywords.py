@@ -7,12 +7,13 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from agentcore_rl.errors import ConfigurationError
 
-__all__ = ["check_config_types", "checked", "checked_init", "same_parameters"]
+__all__ = ["check_config_types", "check_numbers", "checked", "checked_init", "same_parameters"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -103,4 +104,34 @@ def check_config_types(*configs: tuple[str, object, type]) -> None:
         if not isinstance(value, kind):
             raise ConfigurationError(
                 f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+            )
+
+
+def check_numbers(
+    config: object,
+    *names: str,
+    above: float | None = None,
+    at_least: float | None = None,
+    integer: bool = False,
+    optional: bool = False,
+    finite: bool = False,
+) -> None:
+    """``ConfigurationError`` naming ``Class.field`` unless each field of ``config`` is a
+    number (an int with ``integer``; ``None`` too with ``optional``) ``> above`` or
+    ``>= at_least``, and finite with ``finite``."""
+    for name in names:
+        value = getattr(config, name)
+        if value is None and optional:
+            continue
+        kind = int if integer else int | float
+        ok = isinstance(value, kind) and not isinstance(value, bool) and value == value
+        if ok and (finite and not math.isfinite(value)):
+            ok = False
+        if ok and not (value > above if above is not None else value >= (at_least or 0)):
+            ok = False
+        if not ok:
+            bound = f"> {above:g}" if above is not None else f">= {at_least or 0:g}"
+            raise ConfigurationError(
+                f"{type(config).__name__}.{name} must be {'an int' if integer else 'a number'} "
+                f"{bound}{' or None' if optional else ''}, got {value!r}"
             )

@@ -2,9 +2,7 @@
 and sessions at once (:class:`SessionLimiter`, :class:`LocalSessionLimiter`).
 
 Any object with a protocol's methods can stand in (``agentcore_rl.distributed`` shares both
-across a cluster). On a throttle (429 / ``ThrottlingException``) the bucket halves its
-rate, then climbs back linearly (AIMD, as TCP does), so a burst of throttles does not leave
-the client slow for ever. docs/client.md ("Pacing") explains ``tick``.
+across a cluster). docs/client.md ("Pacing") explains the throttle back-off and ``tick``.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final, Protocol, runtime_checkable
 
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.protocol import DEFAULT_TPS
 
 __all__ = [
@@ -126,16 +124,11 @@ class TokenBucket:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        if not rate > 0:
-            raise ConfigurationError(f"rate must be > 0 tokens per second, got {rate!r}")
-        burst = rate if burst is None else burst
-        if not burst >= 1:
-            raise ConfigurationError(f"burst must be >= 1 token, got {burst!r}")
-        if not tick >= 0:
-            raise ConfigurationError(f"tick must be >= 0 seconds, got {tick!r}")
-        self.max_rate = float(rate)
-        self.burst = float(burst)
-        self.tick = float(tick)
+        self.max_rate, self.burst, self.tick = rate, rate if burst is None else burst, tick
+        check_numbers(self, "max_rate", above=0)
+        check_numbers(self, "burst", at_least=1)
+        check_numbers(self, "tick", at_least=0)
+        self.max_rate, self.burst, self.tick = float(rate), float(self.burst), float(tick)
         self._clock = clock
         self._sleep = sleep
         self._tokens = self.burst if tokens is None else min(self.burst, float(tokens))
@@ -287,9 +280,8 @@ class LocalSessionLimiter:
     """
 
     def __init__(self, slots: int) -> None:
-        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            raise ConfigurationError(f"a session limit must be an int >= 1, got {slots!r}")
         self.slots = slots
+        check_numbers(self, "slots", at_least=1, integer=True)
         self._semaphore = asyncio.Semaphore(slots)
 
     def __repr__(self) -> str:

@@ -146,10 +146,10 @@ def start_stack(agents: int, verbose: bool) -> tuple[Any, dict[str, Any]]:
 def ideal(args: argparse.Namespace, plan: dict[str, Any], redundancy: int) -> dict[str, Any]:
     """The plan under the real GroupTracker with zero latency (see the module docstring)."""
     from agentcore_rl.groups import (
-        GroupDropped,
-        GroupReady,
+        GroupDroppedError,
         GroupRules,
         GroupTracker,
+        RolloutGroup,
         StartMember,
         StopMember,
     )
@@ -182,12 +182,12 @@ def ideal(args: argparse.Namespace, plan: dict[str, Any], redundancy: int) -> di
             elif isinstance(action, StopMember):
                 running.discard(action.session_id)
                 stopped.add(action.session_id)
-            elif isinstance(action, GroupReady):
+            elif isinstance(action, RolloutGroup):
                 ready += 1
                 first = now if first is None else first
                 last = now
-            elif isinstance(action, GroupDropped):
-                dropped[action.error.reason.value] += 1
+            elif isinstance(action, GroupDroppedError):
+                dropped[action.reason.value] += 1
                 last = now
 
     while initial or retries or ends:

@@ -10,9 +10,7 @@ from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 from agentcore_rl.groups import (
     Action,
     DropReason,
-    GroupDropped,
     GroupDroppedError,
-    GroupReady,
     GroupRules,
     GroupTracker,
     MemberOutcome,
@@ -37,15 +35,15 @@ def stops(actions: list[Action]) -> list[StopMember]:
 
 
 def ready(actions: list[Action]) -> RolloutGroup:
-    [last] = [a for a in actions if isinstance(a, GroupReady)]
+    [last] = [a for a in actions if isinstance(a, RolloutGroup)]
     assert actions[-1] is last, "the resolution comes after the stops it leads to"
-    return last.group
+    return last
 
 
 def dropped(actions: list[Action]) -> GroupDroppedError:
-    [last] = [a for a in actions if isinstance(a, GroupDropped)]
+    [last] = [a for a in actions if isinstance(a, GroupDroppedError)]
     assert actions[-1] is last
-    return last.error
+    return last
 
 
 def open_group(tracker: GroupTracker, input_id: str = "q-1", **rules: object) -> list[str]:
@@ -477,11 +475,11 @@ def test_random_event_orders_resolve_every_group_exactly_once(seed: int) -> None
             elif isinstance(action, StopMember):
                 live.remove(action.session_id)
             else:
-                group = action.group if isinstance(action, GroupReady) else action.error.group
+                group = action if isinstance(action, RolloutGroup) else action.group
                 resolved[group.input_id] = resolved.get(group.input_id, 0) + 1
                 rules = rules_of[group.input_id]
                 assert len(group.members) <= rules.n
-                if isinstance(action, GroupReady):
+                if isinstance(action, RolloutGroup):
                     assert len(group.members) >= rules.keep_at_least
                     if rules.on_failure != "drop_member":
                         assert len(group.members) == rules.n

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.groups import GroupReady, GroupRules, GroupTracker, RolloutGroup, StartMember
+from agentcore_rl.groups import GroupRules, GroupTracker, RolloutGroup, StartMember
 from agentcore_rl.integrations import AgentCoreSettings
 from agentcore_rl.training import (
     InvalidTrajectoryError,
@@ -79,8 +79,8 @@ def run_group(
             result = tracker.succeeded(sid, reward, trajectory=trajectory)
         else:
             result = tracker.failed(sid, "injected", trajectory=trajectory)
-    assert isinstance(result[-1], GroupReady)
-    return result[-1].group
+    assert isinstance(result[-1], RolloutGroup)
+    return result[-1]
 
 
 def test_protocols_bind_to_plain_and_array_backed_segments() -> None:

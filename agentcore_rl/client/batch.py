@@ -214,9 +214,8 @@ async def run_batch(
             return
         try:
             await rollouts.run(spec, admitted=True)
-        except Exception as exc:  # refused before acceptance: its future's item says so
-            if not spec.watched:
-                feed.put(_error_item(index, exc, spec.config.input_id))
+        except Exception as exc:  # refused before it had a future
+            feed.put(_error_item(index, exc, spec.config.input_id))
 
     async def start(feed: Feed, index: int, payload: Mapping[str, Any]) -> None:
         try:

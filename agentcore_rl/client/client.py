@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.client import batch
@@ -23,24 +26,39 @@ from agentcore_rl.client.config import (
     Retries,
     Timeouts,
 )
-from agentcore_rl.client.core import ClientCore
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import (
     GroupFuture,
+    GroupRunner,
     MemberJournal,
     ResumedGroup,
     run_groups,
 )
-from agentcore_rl.client.liveness import DEFAULT_LIVENESS, ClientLease, LivenessConfig
+from agentcore_rl.client.liveness import (
+    DEFAULT_LIVENESS,
+    ClientLease,
+    LivenessConfig,
+    LivenessProber,
+)
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.client.payload import attached_config, client_defaults, rollout_extras
-from agentcore_rl.client.rollout import RolloutSpec
-from agentcore_rl.client.service import ClientState
-from agentcore_rl.client.traces import gateway_link
-from agentcore_rl.client.transports import Transport, make_transport
+from agentcore_rl.client.payload import (
+    attached_config,
+    build_invocation,
+    client_defaults,
+    rollout_extras,
+)
+from agentcore_rl.client.rollout import Rollouts, RolloutSpec
+from agentcore_rl.client.service import ClientState, Service
+from agentcore_rl.client.traces import TraceJoiner, gateway_link
+from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
-from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
-from agentcore_rl.errors import ConfigurationError, TraceLostError
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
+from agentcore_rl.errors import (
+    ClientClosedError,
+    ConfigurationError,
+    InvalidRolloutConfig,
+    TraceLostError,
+)
 from agentcore_rl.groups import GroupCounters, GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import (
@@ -57,8 +75,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncRolloutClient", "ClientState"]
 
+_C = TypeVar("_C", bound="AsyncRolloutClient")
 
-class AsyncRolloutClient(ClientCore):
+
+class AsyncRolloutClient:
     """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
 
     Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN) and ``agent_url``
@@ -162,7 +182,39 @@ class AsyncRolloutClient(ClientCore):
         self.session_limiter: SessionLimiter = session_limiter or LocalSessionLimiter(
             limits.max_concurrent_sessions
         )
-        self._build(link, watcher, stop_finished_sessions)
+        self._closed = asyncio.Event()
+        self._counters = ClientStats()
+        #: Builds a call's body and its validated ``_rollout`` block (no I/O).
+        self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
+        self._service = Service("agentcore-rl client", setup=self._start_workers)
+        self._in_block = False  # inside ``async with`` (entered once at a time)
+        self._watcher = CompletionWatcher(self.store, watcher)
+        self._joiner = None if link is None else TraceJoiner(link, self.store)
+        self._rollouts = Rollouts(
+            transport=self.transport,
+            limiter=self.rate_limiter,
+            slots=self.session_limiter,
+            watcher=self._watcher,
+            counters=self._counters,
+            retries=self.retries,
+            service=self._service,
+            stop_finished_sessions=stop_finished_sessions,
+            unreachable_after=self.liveness.unreachable_after,
+            joiner=self._joiner,
+        )
+        self._prober = LivenessProber(
+            self.transport,
+            self.rate_limiter,
+            self._rollouts.live,
+            self._counters,
+            config=self.liveness,
+        )
+        self._groups = GroupRunner(
+            exp_id=self.exp_id,
+            service=self._service,
+            rollouts=self._rollouts,
+            prepare=self._prepare,
+        )
 
     # --- public API ----------------------------------------------------------------------
 
@@ -180,10 +232,10 @@ class AsyncRolloutClient(ClientCore):
     def stats(self) -> ClientStats:
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
         outages = self._watcher.outages
-        self._counters.unstopped = len(self._rollouts.unstopped)
         return dataclasses.replace(
             self._counters,
             in_flight=self.in_flight,
+            unstopped=len(self._rollouts.unstopped),
             s3_requests=dict(self.store.request_counts),
             store_unreachable=outages.unreachable,
             store_outages=outages.outages,
@@ -202,7 +254,7 @@ class AsyncRolloutClient(ClientCore):
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         rollout: Mapping[str, Any] | None = None,
         on_session: Callable[[RolloutFuture], None] | None = None,
         resume: bool = False,
@@ -254,7 +306,7 @@ class AsyncRolloutClient(ClientCore):
         *,
         input_id: str | None = None,
         session_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         rollout: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``invoke`` and wait for the outcome: the result dict, or its exception."""
@@ -270,7 +322,7 @@ class AsyncRolloutClient(ClientCore):
         result_key: str,
         input_id: str | None = None,
         s3_bucket: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         started_at: float | None = None,
     ) -> RolloutFuture:
         """Follow a rollout that is already running (started by another client or an
@@ -337,7 +389,7 @@ class AsyncRolloutClient(ClientCore):
         *,
         rules: GroupRules,
         input_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
         rollout: Mapping[str, Any] | None = None,
         journal: MemberJournal | None = None,
         resume: ResumedGroup | None = None,
@@ -444,7 +496,20 @@ class AsyncRolloutClient(ClientCore):
         33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
         of this client already uses it.
         """
-        return self._rollouts.check_session_id(session_id)
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self._rollouts.live:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
 
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
@@ -465,4 +530,75 @@ class AsyncRolloutClient(ClientCore):
         ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
         again.
         """
-        await self._close()
+        if self._service.state is ClientState.CLOSED:
+            await self._closed.wait()
+            return
+        self._service.state = ClientState.CLOSED
+        self._rollouts.close()  # first: no group member starts again
+        self._groups.close(ClientClosedError("the client was closed before this group finished"))
+        try:
+            with anyio.move_on_after(self.timeouts.close):
+                await self._rollouts.wait_closed()
+        finally:
+            try:
+                # Shielded: a close that was itself cancelled still ends the work it owns.
+                with anyio.CancelScope(shield=True):
+                    await self._service.aclose()
+                    self._rollouts.report_unstopped(self.timeouts.close)
+                    await self.transport.aclose()
+                    if self._joiner is not None:
+                        await self._joiner.link.aclose()
+                    if self._owns_store:
+                        await self.store.aclose()
+            finally:
+                self._closed.set()
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncRolloutClient(transport={self.transport!r}, exp_id={self.exp_id!r}, "
+            f"s3_bucket={self.s3_bucket!r}, state={self._service.state.name}, "
+            f"in_flight={len(self._rollouts.live)})"
+        )
+
+    async def __aenter__(self: _C) -> _C:
+        self._service.check_open()
+        if self._in_block:
+            raise RuntimeError(
+                "this AsyncRolloutClient is already entered with 'async with'; it is entered "
+                "once (leaving a block closes it): use it inside the first block"
+            )
+        self._in_block = True
+        try:
+            if await self._service.enter():
+                # The S3 client now rather than in the first watcher round, so the first
+                # results are not detected late (short timeouts would fire first).
+                await self.store.__aenter__()
+                if isinstance(self.transport, AcrTransport):
+                    await self.transport.connect()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close; the block's exception, if any, goes on as itself."""
+        self._in_block = False
+        try:
+            await self.aclose()
+        finally:
+            await self._service.leave()  # the task that entered the task group leaves it
+
+    def _start_workers(self, service: Service) -> None:
+        service.start_soon(self._watcher.run, name="completion watcher")
+        service.start_soon(self._prober.run, name="liveness prober")
+        if self._lease is not None:
+            service.start_soon(self._lease.run, name="client lease")
+
+    async def _start(self, spec: RolloutSpec) -> RolloutFuture:
+        """Run ``spec``'s rollout as a task of the client's; its future once accepted."""
+        await self._service.ensure_open()
+        fut: RolloutFuture = await self._service.start(self._rollouts.run, spec, name="rollout")
+        return fut
+
+    def _limit(self, timeout: float | None) -> float | None:
+        return self.timeouts.rollout if timeout is None else timeout

@@ -6,14 +6,12 @@ naming the closest known one, and a bad value a ``ConfigurationError`` naming th
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.keywords import checked_init
+from agentcore_rl.keywords import check_config_types, check_numbers, checked_init
 from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.retry import RetryPolicy
 
@@ -22,16 +20,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_AWS",
-    "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_LIMITS",
-    "DEFAULT_MAX_CONCURRENT_SESSIONS",
     "DEFAULT_RETRIES",
-    "DEFAULT_RETRY",
     "DEFAULT_RETRY_LOST",
     "DEFAULT_RETRY_ROLLOUTS",
-    "DEFAULT_TIMEOUT",
     "DEFAULT_TIMEOUTS",
-    "DEFAULT_TPS",
     "GATEWAY_TOKEN_ENV",
     "MOVED_CALL_OPTIONS",
     "MOVED_CLIENT_OPTIONS",
@@ -40,49 +33,16 @@ __all__ = [
     "Limits",
     "Retries",
     "Timeouts",
-    "check_numbers",
 ]
 
-#: Rollouts in flight at once (a slot is held from invoke until the outcome).
-DEFAULT_MAX_CONCURRENT_SESSIONS: Final = 100
-#: Seconds a rollout may take, counted from when the agent accepted it.
-DEFAULT_TIMEOUT: Final = 3600.0
-#: Seconds ``aclose`` waits for the stop calls of live sessions before giving up on them.
-DEFAULT_CLOSE_TIMEOUT: Final = 30.0
-#: Retries of one invocation or stop call (throttling, a 5xx, a dropped connection).
-DEFAULT_RETRY: Final = RetryPolicy()
+#: Extra attempts (each with a new session) for a rollout whose outcome is retryable and
+#: not an agent loss (the agent unreachable, failing or throttling past the retries).
+DEFAULT_RETRY_ROLLOUTS: Final = 2
+#: Extra attempts for a rollout whose agent process went away under it (crash, restart,
+#: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
+DEFAULT_RETRY_LOST: Final = 5
 #: Where a remote gateway's admin token is read from when none is given.
 GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
-
-
-def check_numbers(
-    config: object,
-    *names: str,
-    above: float | None = None,
-    at_least: float | None = None,
-    integer: bool = False,
-    optional: bool = False,
-    finite: bool = False,
-) -> None:
-    """``ConfigurationError`` naming ``Class.field`` unless each field of ``config`` is a
-    number (an int with ``integer``; ``None`` too with ``optional``) ``> above`` or
-    ``>= at_least``, and finite with ``finite``."""
-    for name in names:
-        value = getattr(config, name)
-        if value is None and optional:
-            continue
-        kind = int if integer else int | float
-        ok = isinstance(value, kind) and not isinstance(value, bool) and value == value
-        if ok and (finite and not math.isfinite(value)):
-            ok = False
-        if ok and not (value > above if above is not None else value >= (at_least or 0)):
-            ok = False
-        if not ok:
-            bound = f"> {above:g}" if above is not None else f">= {at_least or 0:g}"
-            raise ConfigurationError(
-                f"{type(config).__name__}.{name} must be {'an int' if integer else 'a number'} "
-                f"{bound}{' or None' if optional else ''}, got {value!r}"
-            )
 
 
 @checked_init
@@ -100,7 +60,7 @@ class Limits:
         Limits(max_concurrent_sessions=500, tps=25.0)
     """
 
-    max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS
+    max_concurrent_sessions: int = 100
     tps: float = DEFAULT_TPS
     burst: float | None = None
 
@@ -124,8 +84,8 @@ class Timeouts:
         Timeouts(rollout=900.0, close=60.0)
     """
 
-    rollout: float | None = DEFAULT_TIMEOUT
-    close: float = DEFAULT_CLOSE_TIMEOUT
+    rollout: float | None = 3600.0
+    close: float = 30.0
 
     def __post_init__(self) -> None:
         check_numbers(self, "rollout", above=0, optional=True)
@@ -148,15 +108,12 @@ class Retries:
         Retries(call=RetryPolicy(attempts=8, maximum=30.0), rollouts=1, lost=3)
     """
 
-    call: RetryPolicy = DEFAULT_RETRY
+    call: RetryPolicy = field(default_factory=RetryPolicy)
     rollouts: int = DEFAULT_RETRY_ROLLOUTS
     lost: int = DEFAULT_RETRY_LOST
 
     def __post_init__(self) -> None:
-        if not isinstance(self.call, RetryPolicy):
-            raise ConfigurationError(
-                f"Retries.call must be a RetryPolicy, got {type(self.call).__name__}"
-            )
+        check_config_types(("Retries.call", self.call, RetryPolicy))
         check_numbers(self, "rollouts", "lost", at_least=0, integer=True)
 
 
@@ -181,11 +138,7 @@ class AwsConfig:
 
     def __post_init__(self) -> None:
         for name in ("endpoint_url", "s3_endpoint_url"):
-            value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, str) or not value.startswith(("http://", "https://"))
-            ):
-                raise ConfigurationError(f"AwsConfig.{name} must be an http(s) URL, got {value!r}")
+            _check_url(self, name, "an http(s) URL", optional=True)
         if self.qualifier is not None and (
             not isinstance(self.qualifier, str) or not self.qualifier
         ):
@@ -215,11 +168,7 @@ class GatewayConfig:
     app: RolloutGateway | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
-            raise ConfigurationError(
-                f"GatewayConfig.url must be the http(s) URL agents reach the gateway at, "
-                f"got {self.url!r}"
-            )
+        _check_url(self, "url", "the http(s) URL agents reach the gateway at")
         if self.app is not None:
             return
         if self.admin_token is None:
@@ -229,6 +178,14 @@ class GatewayConfig:
                 f"a remote gateway needs its admin token: GatewayConfig(admin_token=...) or "
                 f"{GATEWAY_TOKEN_ENV} (the token it was started with, --admin-token)"
             )
+
+
+def _check_url(config: object, name: str, what: str, *, optional: bool = False) -> None:
+    value = getattr(config, name)
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ConfigurationError(f"{type(config).__name__}.{name} must be {what}, got {value!r}")
 
 
 DEFAULT_LIMITS: Final = Limits()

@@ -1,12 +1,9 @@
-"""The client side of GRPO groups: run the members a GroupTracker asks for, feed it outcomes.
+"""The client side of GRPO groups (docs/groups.md, "How it works" and "--resume").
 
-:class:`GroupRunner` carries out the tracker's actions: ``StartMember`` becomes a rollout
-task (one session, under the member's derived session id, ``_rollout`` stamped with the
-policy version and seed; retries are the tracker's), ``StopMember`` cancels the member's
-future (its task stops the session), ``GroupReady``/``GroupDropped`` settle the
-:class:`GroupFuture`. A :class:`MemberJournal` is told of each start and end; a
-:class:`ResumedGroup` replays them in a new process, which re-invokes (as a repeat) or
-follows the started members and starts only what was never started.
+:class:`GroupRunner` carries out a :class:`~agentcore_rl.groups.GroupTracker`'s actions:
+``StartMember`` becomes a rollout task, ``StopMember`` cancels the member's future, the
+group's outcome settles its :class:`GroupFuture`. A :class:`MemberJournal` is told of each
+start and end; a :class:`ResumedGroup` replays them in a new process.
 """
 
 from __future__ import annotations
@@ -30,9 +27,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.groups import (
     Action,
-    GroupDropped,
     GroupDroppedError,
-    GroupReady,
     GroupRules,
     GroupTracker,
     RolloutGroup,
@@ -308,10 +303,9 @@ class GroupRunner:
             return
         try:
             await self.rollouts.run(spec, admitted=admitted)
-        except Exception as exc:  # refused before acceptance: its future says so, if any
-            if member.future is None:
-                self._close_run(run, exc)  # not admitted: the client is closing
-                return
+        except Exception as exc:  # not admitted (the client closing, a shared limit down...)
+            self._close_run(run, exc)
+            return
         sid, fut = spec.session_id, member.future
         assert sid is not None
         assert fut is not None
@@ -361,12 +355,11 @@ class GroupRunner:
                 member.stopped = True
                 if member.future is not None:
                     member.future.cancel()  # its task stops the session
-            elif isinstance(action, GroupReady):
-                self._settle(action.group.input_id, action.group)
-            elif isinstance(action, GroupDropped):
-                # A dropped group trains nothing: say why where a default log level shows it.
-                logger.warning("%s", action.error)
-                self._settle(action.error.input_id, action.error)
+            else:
+                if isinstance(action, GroupDroppedError):
+                    # A dropped group trains nothing: say why where a default log level shows it.
+                    logger.warning("%s", action)
+                self._settle(action.input_id, action)
 
     def _settle(self, input_id: str, outcome: RolloutGroup | BaseException) -> None:
         run = self._runs.pop(input_id, None)
@@ -379,14 +372,13 @@ class GroupRunner:
 
     def _group_done(self, fut: asyncio.Future[RolloutGroup]) -> None:
         assert isinstance(fut, GroupFuture)
-        if fut.cancelled() and self.tracker.is_open(fut.input_id):
+        if fut.cancelled():
             self._apply(self.tracker.cancel(fut.input_id))
         self._runs.pop(fut.input_id, None)
 
     def _close_run(self, run: _Run, error: BaseException) -> None:
         """End a group with ``error`` (the client closing): stop what still runs."""
-        if self.tracker.is_open(run.input_id):
-            self._apply(a for a in self.tracker.cancel(run.input_id) if isinstance(a, StopMember))
+        self._apply(a for a in self.tracker.cancel(run.input_id) if isinstance(a, StopMember))
         self._settle(run.input_id, error)
 
     # -- policy and closing --
@@ -395,7 +387,7 @@ class GroupRunner:
         """Move to ``version``; stop the groups that went stale. Returns how many."""
         actions = self.tracker.advance_policy(version, max_staleness=max_staleness)
         self._apply(actions)
-        return sum(isinstance(a, GroupDropped) for a in actions)
+        return sum(isinstance(a, GroupDroppedError) for a in actions)
 
     def close(self, error: BaseException) -> None:
         """The client closes (its rollouts first): every open group ends in ``error``."""

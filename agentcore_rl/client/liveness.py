@@ -1,17 +1,9 @@
-"""Crash detection both ways: probes of long-pending sessions, and the client's lease.
+"""Crash detection both ways (docs/client.md, "Crash detection" and "The lease"): the
+prober of long-pending sessions, and :class:`ClientLease`, the client's proof of life that
+agent servers read (:mod:`agentcore_rl.server.lease`).
 
-A crashed agent writes no result, so its rollouts would end only at their timeout, each
-holding a slot. The prober asks the session's agent (HTTP: ``GET /sessions/{id}``; ACR: a
-status request on the session, which a restarted or new microVM answers ``unknown``). An
-``unknown`` answer, or an agent unreachable (refused, 424, 5xx) for ``lost_after`` seconds,
-wakes the rollout's task with an :class:`~agentcore_rl.errors.AgentLostError` (retried by
-policy). Its pacing (:class:`LivenessConfig`) keeps it cheap at 10,000 sessions in flight.
-On HTTP, one lost session makes its server's older sessions suspects, probed next: a server
-crash loses them all.
-
-:class:`ClientLease` is the client's proof of life: an S3 object rewritten every
-``lease_renew`` seconds and named in every invocation; agent servers cancel the rollouts of
-a lease unrenewed for its ``ttl`` (:mod:`agentcore_rl.server.lease`).
+On HTTP, one lost session makes its server's older sessions suspects, probed next: a
+server crash loses them all.
 """
 
 from __future__ import annotations
@@ -28,7 +20,6 @@ from typing import Final, Protocol
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client.config import check_numbers
 from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.transports.base import RetryableError
 from agentcore_rl.errors import (
@@ -37,6 +28,7 @@ from agentcore_rl.errors import (
     InvalidPayloadError,
     StorageError,
 )
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.ratelimit import Priority, RateLimiter
 from agentcore_rl.s3 import ResultStore
 

@@ -1,17 +1,11 @@
-"""Which rollout outcomes are final and which are worth a new session, and the client's
-counters of them (:class:`ClientStats`).
-
-*Retryable* outcomes (:func:`is_retryable`) say nothing about the input; among them,
-*agent losses* (:func:`is_agent_loss`) have their own, larger budget (``Retries.lost``):
-the process went away, which says nothing about the agent's code. Everything else is
-final (docs/failure-model.md has the table).
-"""
+"""Which rollout outcomes are final and which are worth a new session (the table is in
+docs/failure-model.md), and the client's counters of them (:class:`ClientStats`)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import (
@@ -25,20 +19,11 @@ from agentcore_rl.errors import (
 )
 
 __all__ = [
-    "DEFAULT_RETRY_LOST",
-    "DEFAULT_RETRY_ROLLOUTS",
     "ClientStats",
     "count_outcome",
     "is_agent_loss",
     "is_retryable",
 ]
-
-#: Extra attempts (each with a new session) for a rollout whose outcome is retryable and
-#: not an agent loss (the agent unreachable, failing or throttling past the retries).
-DEFAULT_RETRY_ROLLOUTS: Final = 2
-#: Extra attempts for a rollout whose agent process went away under it (crash, restart,
-#: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
-DEFAULT_RETRY_LOST: Final = 5
 
 
 @dataclass(slots=True, kw_only=True)

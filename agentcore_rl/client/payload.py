@@ -1,10 +1,4 @@
-"""Building an invocation body: the payload plus its validated ``_rollout`` block.
-
-Example::
-
-    body, config = build_invocation(defaults, {"prompt": "2+2?"}, input_id="q-1",
-                                    overrides={"temperature": 1.0})
-"""
+"""Building an invocation body: the payload plus its validated ``_rollout`` block."""
 
 from __future__ import annotations
 

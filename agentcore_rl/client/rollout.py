@@ -1,11 +1,4 @@
-"""One rollout, one task (:meth:`Rollouts.run`): take a slot and a token; per session,
-open its gateway session, tell ``on_session``, invoke (call retries in the same session);
-wait for the watcher's result, the prober's loss, the deadline, a cancel or the close; run
-a retryable outcome again in a new session within ``Retries``' budgets, else settle the
-future; finally give the slot back and stop the sessions that may still run. ``invoke``
-and ``attach`` start it with ``tg.start``; batch and group feeders (which took the slot)
-with ``start_soon``.
-"""
+"""One rollout, one task (:meth:`Rollouts.run`); docs/architecture.md draws its way."""
 
 from __future__ import annotations
 
@@ -35,8 +28,6 @@ from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
     ClientClosedError,
-    ConfigurationError,
-    InvalidRolloutConfig,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
@@ -65,7 +56,8 @@ class RolloutSpec:
     follow the first session, send nothing. ``started_at``: the epoch time its deadline
     counts from (default: its first invocation). ``retry`` False: a retryable
     outcome is final (a group's members: their group retries them). ``on_future`` is told
-    of the future once, ``on_session`` before each session's invocation.
+    of the future once (a failure before acceptance then settles it instead of being
+    raised), ``on_session`` before each session's invocation.
     """
 
     body: dict[str, Any]
@@ -80,8 +72,6 @@ class RolloutSpec:
     started_at: float | None = None
     on_future: Callable[[RolloutFuture], None] | None = None
     on_session: Callable[[RolloutFuture], None] | None = None
-    #: Whether ``on_future`` was told (the rollout has a future to report its outcome).
-    watched: bool = False
 
 
 @dataclass(eq=False)
@@ -92,7 +82,6 @@ class Rollout:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     fut: RolloutFuture | None = None
     reported: bool = False
-    closed: bool = False
     waiter: asyncio.Future[tuple[str, Any]] | None = None
     to_stop: list[str] = field(default_factory=list)
     gateway: list[str] = field(default_factory=list)
@@ -154,11 +143,9 @@ class Rollouts:
         self.closing = False
         self._running: set[Rollout] = set()
         self._stopping: set[str] = set()
-        # asyncio's: clearable, and made before the loop runs.
+        # No rollout task and no stop call (asyncio's: clearable, made before the loop runs).
         self._idle = asyncio.Event()
         self._idle.set()
-        self._stops_done = asyncio.Event()
-        self._stops_done.set()
         #: Sessions whose stop failed or never ran before the client closed.
         self.unstopped: list[str] = []
 
@@ -187,8 +174,8 @@ class Rollouts:
         admitted: bool = False,
         task_status: TaskStatus[RolloutFuture] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Run one rollout to its outcome (see the module text). Before the agent accepted
-        it, its failure is raised (to ``invoke``'s caller); after, it settles the future."""
+        """Run one rollout to its outcome. A failure before the agent accepted it is raised
+        (to ``invoke``'s caller) unless ``on_future`` has the future it settles."""
         r = Rollout(spec)
         self._running.add(r)
         self._idle.clear()
@@ -205,10 +192,10 @@ class Rollouts:
                 except Exception as exc:  # a bug or a refusal: this rollout's outcome
                     error = exc
             if r.scope.cancelled_caught:
-                error = ClientClosedError(_CLOSED) if r.closed else None
+                error = ClientClosedError(_CLOSED) if self.closing else None
             self._settle(r, result, error)
             if not r.reported:
-                if error is not None:
+                if error is not None and not (spec.on_future and r.fut):
                     raise error
                 task_status.started(r.fut)  # type: ignore[arg-type]  # cancelled: a future anyway
         finally:
@@ -219,8 +206,7 @@ class Rollouts:
             for sid in r.to_stop:
                 self.stop_soon(sid)
             self._running.discard(r)
-            if not self._running:
-                self._idle.set()
+            self._check_idle()
             if r.gateway and self.joiner is not None:
                 await self._release_gateway(r)
 
@@ -302,7 +288,6 @@ class Rollouts:
             fut.add_done_callback(r.cancelled)
             if spec.on_future is not None:
                 spec.on_future(fut)
-                spec.watched = True
         else:
             fut.previous_sessions.append(fut.session_id)
             fut.session_id, fut.s3_bucket, fut.result_key = sid, bucket, key
@@ -529,7 +514,7 @@ class Rollouts:
             self.unstopped.append(session_id)
             return
         self._stopping.add(session_id)
-        self._stops_done.clear()
+        self._idle.clear()
         self.service.start_soon(self._stop, session_id, name=f"stop {session_id}")
 
     async def _stop(self, session_id: str) -> None:
@@ -553,31 +538,17 @@ class Rollouts:
             self._stopping.discard(session_id)
             if not stopped:
                 self.unstopped.append(session_id)
-            if not self._stopping:
-                self._stops_done.set()
+            self._check_idle()
+
+    def _check_idle(self) -> None:
+        if not self._running and not self._stopping:
+            self._idle.set()
 
     async def _release_gateway(self, r: Rollout) -> None:
         assert self.joiner is not None
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             for sid in r.gateway:
                 await self.joiner.release(sid)
-
-    def check_session_id(self, session_id: object) -> str:
-        """See :meth:`AsyncRolloutClient.check_session_id`."""
-        sid = protocol.validate_session_id(session_id, name="session_id")
-        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
-            raise InvalidRolloutConfig(
-                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
-                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
-                "(protocol.new_session_id() makes one)",
-                field="session_id",
-            )
-        if sid in self.live:
-            raise ConfigurationError(
-                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
-                "yet; wait for it (or cancel it) before reusing the id"
-            )
-        return sid
 
     # --- closing --------------------------------------------------------------------------
 
@@ -586,16 +557,14 @@ class Rollouts:
         ones waiting for a slot alike); their tasks then stop their sessions."""
         self.closing = True
         for r in list(self._running):
-            r.closed = True
             r.scope.cancel()
 
     async def wait_closed(self) -> None:
         """Wait until every rollout task and stop call has ended (the caller bounds it)."""
         await self._idle.wait()
-        await self._stops_done.wait()
 
-    def report_unstopped(self, close_timeout: float) -> int:
-        """Log the sessions that may still run (if any); how many."""
+    def report_unstopped(self, close_timeout: float) -> None:
+        """Log the sessions that may still run (if any)."""
         if self.unstopped:
             logger.warning(
                 "%d session(s) could not be stopped (within %s s of closing, or their stop "
@@ -604,7 +573,6 @@ class Rollouts:
                 close_timeout,
                 ", ".join(self.unstopped[:3]),
             )
-        return len(self.unstopped)
 
 
 def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,13 +1,9 @@
-"""Service: the task group that owns the client's work (watcher, prober, rollouts, stops,
-feeders), its life (unopened, open, closed), and closing it by cancelling one scope.
+"""Service: the task group that owns the client's work, its life (unopened, open, closed),
+and closing it by cancelling one scope (docs/architecture.md, "Who owns which task").
 
-anyio wants a task group exited by the task that entered it. A client entered with
-``async with`` opens its service there (:meth:`Service.enter`), so the work belongs to the
-caller's task. A client used without it (created in one task, closed from another, e.g. a
-fixture's teardown) is opened by its first use (:meth:`Service.ensure_open`): one host task
-enters the task group, and :meth:`Service.aclose` cancels the work and joins that task, so
-it never outlives the client. Either way an exception raised in the caller's block leaves
-as itself, never inside an ``ExceptionGroup``.
+anyio wants a task group exited by the task that entered it: ``async with`` enters it in
+the caller's task (:meth:`Service.enter`); a client used without it (created in one task,
+closed from another, e.g. a fixture's teardown) gets one host task (:meth:`ensure_open`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -20,9 +20,8 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from agentcore_rl.client.client import AsyncRolloutClient
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.groups import GroupFuture
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.groups import GroupCounters, RolloutGroup
+from agentcore_rl.groups import GroupCounters
 from agentcore_rl.keywords import same_parameters
 
 if TYPE_CHECKING:
@@ -60,12 +59,6 @@ def _as_is(client: RolloutClient, value: R) -> R:
 async def _outcome(fut: asyncio.Future[T]) -> T:
     # Cancelling the concurrent future cancels this task, and with it ``fut``.
     return await fut
-
-
-async def _aclose(items: AsyncIterator[Any]) -> None:
-    aclose: Callable[[], Any] | None = getattr(items, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 class RolloutClient:
@@ -121,24 +114,16 @@ class RolloutClient:
         counters: GroupCounters = self._portal.call(getattr, self._client, "group_stats")
         return counters
 
-    def _outcome_future(self, fut: RolloutFuture) -> concurrent.futures.Future[dict[str, Any]]:
-        outcome: concurrent.futures.Future[dict[str, Any]] = self._portal.start_task_soon(
-            _outcome, fut
-        )
-        for name in ("session_id", "input_id", "s3_bucket", "result_key"):
-            setattr(outcome, name, getattr(fut, name))
-        outcome.rollout_future = fut  # type: ignore[attr-defined]  # for trace_of
+    def _future(self, fut: asyncio.Future[T]) -> concurrent.futures.Future[T]:
+        """``fut`` as a concurrent future, with its coordinates (``session_id``...)."""
+        outcome: concurrent.futures.Future[T] = self._portal.start_task_soon(_outcome, fut)
+        for name in ("session_id", "input_id", "s3_bucket", "result_key", "session_ids"):
+            if hasattr(fut, name):
+                setattr(outcome, name, getattr(fut, name))
+        outcome.source = fut  # type: ignore[attr-defined]  # for trace_of
         return outcome
 
-    def _group_future(self, fut: GroupFuture) -> concurrent.futures.Future[RolloutGroup]:
-        outcome: concurrent.futures.Future[RolloutGroup] = self._portal.start_task_soon(
-            _outcome, fut
-        )
-        outcome.input_id = fut.input_id  # type: ignore[attr-defined]
-        outcome.session_ids = fut.session_ids  # type: ignore[attr-defined]
-        return outcome
-
-    def _iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+    def _iterate(self, items: AsyncGenerator[T, None]) -> Iterator[T]:
         # Made and stepped on the loop thread; leaving the loop closes it there.
         try:
             while True:
@@ -149,13 +134,13 @@ class RolloutClient:
                 yield item
         finally:
             if not self._closed:
-                self._portal.call(_aclose, items)
+                self._portal.call(items.aclose)
 
-    invoke = _forward(AsyncRolloutClient.invoke, _outcome_future)
-    attach = _forward(AsyncRolloutClient.attach, _outcome_future)
+    invoke = _forward(AsyncRolloutClient.invoke, _future)
+    attach = _forward(AsyncRolloutClient.attach, _future)
     rollout = _forward(AsyncRolloutClient.rollout, _as_is)
     run_batch = _forward(AsyncRolloutClient.run_batch, _iterate)
-    invoke_group = _forward(AsyncRolloutClient.invoke_group, _group_future)
+    invoke_group = _forward(AsyncRolloutClient.invoke_group, _future)
     run_groups = _forward(AsyncRolloutClient.run_groups, _iterate)
     stop_session = _forward(AsyncRolloutClient.stop_session, _as_is)
     set_policy_version = _forward(AsyncRolloutClient.set_policy_version, _as_is)
@@ -165,8 +150,8 @@ class RolloutClient:
         """The token trace of a finished rollout run through the client's gateway (see
         :meth:`AsyncRolloutClient.trace_of`).
         """
-        rollout_future: RolloutFuture | None = getattr(fut, "rollout_future", None)
-        if rollout_future is None:
+        rollout_future = getattr(fut, "source", None)
+        if not isinstance(rollout_future, RolloutFuture):
             raise TypeError("trace_of takes a future returned by this client's invoke/attach")
         fut.result()  # the rollout's own error, if it failed
         trace: SessionTrace = self._portal.call(self._client.trace_of, rollout_future)

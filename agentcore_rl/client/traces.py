@@ -1,13 +1,5 @@
-"""Gateway links, and each rollout's token trace joined to its outcome and kept in S3.
-
-:class:`InProcessGateway` calls a :class:`~agentcore_rl.gateway.RolloutGateway` on the
-client's event loop; :class:`RemoteGateway` drives one in another process over its admin
-routes. :class:`TraceJoiner` opens a rollout's gateway session before its invocation
-(pointing ``_rollout.base_url``/``api_key`` at it), and when the envelope arrives finishes
-it, writes the trace beside the result (``sid.json`` -> ``sid.trace.json.gz``) and only
-then settles the future (``fut.trace``). A trace that cannot be had (and is not in S3 from
-an earlier process) ends the rollout in :class:`~agentcore_rl.errors.TraceLostError`.
-"""
+"""Gateway links, and each rollout's token trace joined to its outcome and kept in S3
+(docs/client.md, "Through a rollout gateway")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""The completion watcher: one task per client that finds every pending result in S3.
+"""The completion watcher: one task per client that finds every pending result in S3
+(docs/client.md, "One watcher for all results"; docs/failure-model.md for S3 failures).
 
-Pending keys are grouped by experiment prefix (``{exp_id}/``). Each round picks, per group,
-the cheaper way to learn which keys exist: LIST from the smallest pending key (S3 lists in
-key order, so ``StartAfter`` skips finished inputs; 1,000 keys a page) or GET each key (a
-miss costs what a HEAD does, a hit brings the result). Keys seen in listings are
-remembered, so stragglers far before a dense block are probed while the block is listed.
-An empty round lengthens the pause (up to ``max_interval``, which bounds detection delay).
-
-An unreachable store (connection errors, 5xx, throttling, even ``NoSuchBucket``: agents
-spool and deliver later) is a degraded state, not an outcome (:class:`StoreOutages`): keys
-stay pending, polls back off, and new invocations wait. Only what waiting cannot cure (a
-result that is not JSON; access denied after ``error_threshold`` polls) fails the affected
-futures, with a :class:`~agentcore_rl.errors.StorageError`.
+Keys are grouped by experiment prefix; keys seen in listings are remembered, so
+stragglers far before a dense block are probed while the block is listed. ``NoSuchBucket``
+is an outage too: agents spool and deliver later.
 """
 
 from __future__ import annotations
@@ -28,8 +20,8 @@ from typing import Any, Final
 import anyio
 
 from agentcore_rl._unwrap import unwrap
-from agentcore_rl.client.config import check_numbers
 from agentcore_rl.errors import StorageError
+from agentcore_rl.keywords import check_numbers
 from agentcore_rl.s3 import ResultStore
 
 __all__ = [
@@ -154,8 +146,9 @@ class WatcherConfig:
     ``min_interval``..``max_interval``: pause between rounds, growing by half per round
     that found nothing. While a bucket is unreachable its polls (each already
     retried by the ResultStore) wait ``error_backoff`` seconds, doubling up to
-    ``error_backoff_max``. ``error_threshold``: failed polls in a row with an error in
-    :data:`FINAL_CODES` (access denied...) before the affected futures fail. A GET tells a
+    ``error_backoff_max``. ``error_threshold``: failed polls (LISTs or GETs) of one
+    experiment prefix in a row with an error in :data:`FINAL_CODES` (access denied...)
+    before its pending futures fail. A GET tells a
     missing key (not written yet) from a missing bucket (``NoSuchBucket``, a failure), so
     probing by GET alone notices a deleted bucket.
 
@@ -193,7 +186,6 @@ class _Group:
     known_set: set[str] = field(default_factory=set)
     failures: int = 0
     retry_at: float = 0.0
-    key_failures: dict[str, int] = field(default_factory=dict)
 
     def remember(self, key: str) -> None:
         if key not in self.known_set:
@@ -279,7 +271,6 @@ class CompletionWatcher:
         group = self._groups.get((bucket, _prefix_of(key)))
         if group is not None:
             group.pending.pop(key, None)
-            group.key_failures.pop(key, None)
 
     # --- the task ---------------------------------------------------------------------
 
@@ -367,16 +358,12 @@ class CompletionWatcher:
         except StorageError as exc:
             if exc.code == "InvalidJSON":  # the result itself is broken: an outcome
                 self._deliver(group, key, None, self._persistent(exc, 1))
-                return
-            count = group.key_failures.get(key, 0) + 1
-            group.key_failures[key] = count
-            if exc.code in FINAL_CODES:
-                if count >= self.config.error_threshold:
-                    self._deliver(group, key, None, self._persistent(exc, count))
+            elif exc.code in FINAL_CODES:
+                self._group_failed(group, exc)
             else:
                 self.outages.failed(group.bucket, key, exc)
             return
-        group.key_failures.pop(key, None)
+        group.failures = 0
         self.outages.succeeded(group.bucket)
         if envelope is None:
             return
@@ -407,7 +394,7 @@ class CompletionWatcher:
             self.outages.failed(group.bucket, group.prefix, exc)
             return
         logger.warning(
-            "listing s3://%s/%s failed (%d in a row): %s",
+            "polling s3://%s/%s failed (%d in a row): %s",
             group.bucket,
             group.prefix,
             group.failures,
@@ -436,7 +423,6 @@ class CompletionWatcher:
         self, group: _Group, key: str, envelope: dict[str, Any] | None, error: BaseException | None
     ) -> None:
         callback = group.pending.pop(key, None)
-        group.key_failures.pop(key, None)
         if callback is None:
             return
         try:

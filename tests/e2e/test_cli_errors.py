@@ -244,7 +244,7 @@ def test_a_missing_extra_is_told_from_a_user_s_missing_module() -> None:
 def test_eval_help_states_the_client_s_retry_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     # The CLI's parser must not import the client (the agent side shares it), so the help
     # text writes the defaults out: this keeps them equal to the client's constants.
-    from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
+    from agentcore_rl.client.config import DEFAULT_RETRY_LOST, DEFAULT_RETRY_ROLLOUTS
 
     assert main(["eval", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())

@@ -25,7 +25,7 @@ import pytest
 from agentcore_rl.cli import main
 from agentcore_rl.cli.eval import make_client
 from agentcore_rl.cli.eval_config import EvalOptions
-from agentcore_rl.client.outcomes import DEFAULT_RETRY_LOST
+from agentcore_rl.client.config import DEFAULT_RETRY_LOST
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.s3 import ResultStore

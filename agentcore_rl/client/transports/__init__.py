@@ -1,11 +1,4 @@
-"""How the client reaches agents: AgentCore Runtime (ACR) or plain HTTP.
-
-Example::
-
-    from agentcore_rl.client.transports import HttpTransport
-
-    transport = HttpTransport("http://127.0.0.1:8080")
-"""
+"""How the client reaches agents: AgentCore Runtime (ACR) or plain HTTP."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""ACR transport: AgentCore Runtime's data plane through aiobotocore.
-
-``InvokeAgentRuntime`` carries the payload (the response body streams back and is read
-whole: a rollout entrypoint answers with a small "processing" object);
-``StopRuntimeSession`` frees the session's microVM. The region comes from the ARN; the
-endpoint from ``endpoint_url`` or, as botocore does by itself,
-``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` (how the local runtime stand-in is reached).
-botocore's own retries are off: the client's retry policy governs. One aiobotocore client,
-created on first use (or :meth:`AcrTransport.connect`), serves every call.
-"""
+"""ACR transport: AgentCore Runtime's data plane through one aiobotocore client
+(docs/client.md, "Transports")."""
 
 from __future__ import annotations
 
@@ -61,16 +53,7 @@ def _classify(exc: ClientError, session_id: str) -> InvocationError:
 
 
 class AcrTransport:
-    """Invoke and stop sessions of one AgentCore runtime.
-
-    Example::
-
-        transport = AcrTransport(arn, endpoint_url="http://127.0.0.1:9000")
-        try:
-            await transport.invoke(sid, payload)
-        finally:
-            await transport.aclose()
-    """
+    """Invoke and stop sessions of one AgentCore runtime."""
 
     name = "acr"
     #: A finished session keeps its microVM (and a slot of the active-session quota) until
@@ -84,7 +67,6 @@ class AcrTransport:
         endpoint_url: str | None = None,
         qualifier: str | None = None,
         session: AioSession | None = None,
-        timeout: float = 60.0,
         max_connections: int = 64,
     ) -> None:
         self.agent_runtime_arn = agent_runtime_arn
@@ -99,8 +81,8 @@ class AcrTransport:
             parameter_validation=False,
             user_agent=AWS_USER_AGENT,
             max_pool_connections=max_connections,
-            connect_timeout=timeout,
-            read_timeout=timeout,
+            connect_timeout=60.0,
+            read_timeout=60.0,
         )
         self._limit = asyncio.Semaphore(max_connections)  # queue here, not in the pool
         self._client: Any = None

@@ -1,12 +1,6 @@
-"""What a transport is: the way the client reaches agents (ACR or plain HTTP).
-
-A transport sends one invocation for a session id and returns the agent's JSON answer, or
-stops a session. It classifies failures: :class:`RetryableError` (throttling, 5xx,
-connection errors; ``throttled`` for 429 / ThrottlingException) is retried by the client
-with the same session id (:class:`NotConnectedError` when no connection was made, so the
-client knows nothing started); any other failure is an
-:class:`~agentcore_rl.errors.InvocationError` carrying the server's message.
-"""
+"""What a transport is (the way the client reaches agents) and how it classifies failures:
+:class:`RetryableError` is retried in the same session, anything else is an
+:class:`~agentcore_rl.errors.InvocationError` carrying the server's message."""
 
 from __future__ import annotations
 
@@ -33,10 +27,6 @@ class RetryableError(InvocationError):
     The client retries it and, when the attempts run out, raises an ``InvocationError``
     that wraps the last one. One with ``retry_after`` (an overloaded server's 503 or a 429
     with ``Retry-After``) is a pause: waited out and sent again, using up no attempt.
-
-    Example::
-
-        raise RetryableError("HTTP 503: shutting down", session_id=sid, status_code=503)
     """
 
     def __init__(
@@ -99,10 +89,6 @@ class Transport(Protocol):
 
     ``stop_after_result`` says whether a finished session still holds resources worth
     freeing with a stop call (an ACR microVM does; an HTTP server's finished task does not).
-
-    Example::
-
-        answer = await transport.invoke(session_id, {"prompt": "hi", "_rollout": {...}})
     """
 
     name: str

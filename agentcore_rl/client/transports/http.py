@@ -28,14 +28,14 @@ from agentcore_rl.client.transports.base import (
 from agentcore_rl.errors import ConfigurationError, InvocationError
 from agentcore_rl.protocol import INVOCATIONS_PATH, SESSION_ID_HEADER, STOP_SESSION_PATH
 
-__all__ = ["DEFAULT_HTTP_TIMEOUT", "DEFAULT_MAX_CONNECTIONS", "HttpTransport", "error_message"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "HttpTransport", "error_message"]
 
 logger = logging.getLogger(__name__)
 
 #: Requests in flight at once (an invocation is answered at once, so few are needed).
 DEFAULT_MAX_CONNECTIONS: Final = 16
-#: Seconds for connect/read/write of one call (invocations answer at once: "processing").
-DEFAULT_HTTP_TIMEOUT: Final = 60.0
+#: Seconds for read/write of one call (invocations answer at once: "processing").
+HTTP_TIMEOUT: Final = 60.0
 #: Seconds a stop call waits for its answer; a stop delivered without one counts as done
 #: (the server cancels on receipt and only then waits for the rollout to end).
 DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
@@ -108,7 +108,6 @@ class HttpTransport:
         self,
         urls: str | Sequence[str],
         *,
-        timeout: float = DEFAULT_HTTP_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         cooldown: float = DEFAULT_COOLDOWN,
         stop_answer_timeout: float = DEFAULT_STOP_ANSWER_TIMEOUT,
@@ -120,7 +119,6 @@ class HttpTransport:
         # Failover: a server that refused a connection gets no new session for
         # ``cooldown`` seconds; every session stays on the server it started on.
         self.cooldown = cooldown
-        self.timeout = timeout
         self.stop_answer_timeout = stop_answer_timeout
         self._unhealthy: dict[str, float] = {}  # url -> clock time it may be used again
         self._pins: OrderedDict[str, str] = OrderedDict()  # session id -> its server
@@ -130,7 +128,7 @@ class HttpTransport:
         # cost quadratic CPU. Queue here instead, in an O(1) semaphore.
         self._limit = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, DEFAULT_CONNECT_TIMEOUT)),
+            timeout=httpx.Timeout(HTTP_TIMEOUT, connect=DEFAULT_CONNECT_TIMEOUT),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -220,7 +218,7 @@ class HttpTransport:
             response = await self._post(
                 session_id,
                 url + path,
-                timeout=httpx.Timeout(self.timeout, read=self.stop_answer_timeout),
+                timeout=httpx.Timeout(HTTP_TIMEOUT, read=self.stop_answer_timeout),
             )
         except RetryableError as exc:
             if isinstance(exc.__cause__, httpx.ReadTimeout):
