@@ -616,7 +616,7 @@ class AgentCoreRLApp(Starlette):
             check_existing=config is not None and config.extra.get(protocol.REPEAT) is True,
         )
         # No lifespan task group: run after the answer, in the request's own task.
-        background = None if self.runner.owns_tasks else BackgroundTask(self.runner.run, job)
+        background = None if self._tasks is not None else BackgroundTask(self.runner.run, job)
         return JSONResponse(
             protocol.processing_response(config, context.session_id), background=background
         )

@@ -40,21 +40,15 @@ class RequestContext:
 
     session_id: str
     request_id: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     rollout: RolloutConfig | None = None
     # Any, not starlette's Request: contexts are also built by hand, in tests and tools.
-    request: Any = field(default=None, compare=False)
+    request: Any = field(default=None, compare=False, repr=False)
 
     @property
     def request_headers(self) -> Mapping[str, str]:
         """The request headers (``BedrockAgentCoreApp``'s name for :attr:`headers`)."""
         return self.headers
-
-    def __repr__(self) -> str:
-        return (
-            f"RequestContext(session_id={self.session_id!r}, request_id={self.request_id!r}, "
-            f"rollout={self.rollout!r})"
-        )
 
 
 #: A user's entrypoint: ``(payload)`` or ``(payload, context)``, sync or async.

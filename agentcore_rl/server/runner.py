@@ -151,11 +151,6 @@ class RolloutRunner:
     def jobs(self) -> frozenset[RolloutJob]:
         return frozenset(self._jobs)
 
-    @property
-    def owns_tasks(self) -> bool:
-        """True when :meth:`start` runs jobs in the attached task group."""
-        return self._tasks is not None
-
     def attach(self, tasks: TaskGroup | None) -> None:
         """Run future jobs in ``tasks``, which must outlive them; ``None`` detaches."""
         self._tasks = tasks
