@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
@@ -148,7 +148,7 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
 
 
 class EvalEngine:
-    """``concurrency`` workers on one queue: an earlier run's in-flight rollouts, then inputs."""
+    """``concurrency`` workers taking in turn an earlier run's in-flight rollouts, then inputs."""
 
     def __init__(
         self,
@@ -161,11 +161,9 @@ class EvalEngine:
         self.client = client
         self.journal = journal
         self.bar = bar
-        # One None per worker ends it.
-        self.queue: asyncio.Queue[tuple[JournalEntry | None, EvalInput] | None] = asyncio.Queue()
-        self.rules: GroupRules | None = None
         self.opening = anyio.Lock()  # groups open one at a time, in input order
         self.trajectories_missing = 0
+        self.rules = None
         if options.group_size is not None:
             self.rules = GroupRules(
                 n=options.group_size, redundancy=options.redundancy, member_seed=options.group_seed
@@ -179,22 +177,16 @@ class EvalEngine:
     ) -> None:
         await self._collect_earlier()
         # Resumed ones first: behind fresh inputs, a lost one would wait for every slot.
-        for entry in in_flight:
-            self.queue.put_nowait((entry, by_id[entry.input_id]))
-        for item in fresh:
-            self.queue.put_nowait((None, item))
-        for _ in range(self.options.concurrency):
-            self.queue.put_nowait(None)
+        work = iter([*((e, by_id[e.input_id]) for e in in_flight), *((None, i) for i in fresh)])
         try:
             async with anyio.create_task_group() as workers:
                 for n in range(self.options.concurrency):
-                    workers.start_soon(self._worker, name=f"eval worker {n}")
+                    workers.start_soon(self._worker, work, name=f"eval worker {n}")
         except Exception as exc:  # the CLI maps a lone failure's type to an exit code
             raise_unwrapped(exc)
 
-    async def _worker(self) -> None:
-        while (queued := await self.queue.get()) is not None:
-            entry, item = queued
+    async def _worker(self, work: Iterator[tuple[JournalEntry | None, EvalInput]]) -> None:
+        for entry, item in work:  # shared by the workers: each takes the next one
             if self.rules is not None:
                 await self._run_group(item, self.rules)
                 continue

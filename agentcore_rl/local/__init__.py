@@ -15,7 +15,7 @@ Example::
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agentcore_rl.local import _extra  # noqa: F401  (first: a missing extra is named)
+from agentcore_rl._extras import require
 
 if TYPE_CHECKING:
     from agentcore_rl.local.background import BackgroundServer
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from agentcore_rl.local.policy import ScriptedPolicy
     from agentcore_rl.local.runtime import LocalAgentCoreRuntime
     from agentcore_rl.local.stack import LocalStack
+
+# What importing needs; the embedded S3 names the extra again for moto when it starts.
+require("local", "agentcore_rl.local", "starlette", "uvicorn", "httpx")
 
 _HOMES = {
     "BackgroundServer": "background",

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -136,20 +136,18 @@ class EmbeddedS3:
             backlog=4096,
             server_header=False,  # moto names its own server, as werkzeug lets it
         )
-        started = threading.Event()
-        outcome: list[Callable[[], object] | Exception] = []  # how to stop it, or its failure
+        # How to stop it, or why it did not start.
+        ready: Future[Callable[[], object]] = Future()
 
         async def serve() -> None:
             stop = asyncio.Event()
             try:
                 await server.start()
-                loop = asyncio.get_running_loop()
-                outcome.append(lambda: loop.call_soon_threadsafe(stop.set))
-            except Exception as exc:
-                outcome.append(exc)
+            except BaseException as exc:
+                ready.set_exception(exc)
                 return
-            finally:
-                started.set()
+            loop = asyncio.get_running_loop()
+            ready.set_result(lambda: loop.call_soon_threadsafe(stop.set))
             try:
                 await stop.wait()
             finally:
@@ -157,12 +155,12 @@ class EmbeddedS3:
 
         thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
         thread.start()
-        started.wait()
         self._thread, self._executor = thread, wsgi.executor
-        if isinstance(outcome[0], Exception):
+        try:
+            self._stop, self.port = ready.result(), server.port
+        except BaseException:
             self.stop()
-            raise outcome[0]
-        self._stop, self.port = outcome[0], server.port
+            raise
         thread.name = f"EmbeddedS3 :{self.port}"
         return self
 
