@@ -22,11 +22,6 @@ C = TypeVar("C", bound=type)
 _NAMED: Final = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _call_name(qualname: str) -> str:
-    owner, _, name = qualname.rpartition(".")
-    return f"{owner}()" if name == "__init__" else f"{qualname}()"
-
-
 def checked(
     *, moved: Mapping[str, str] | None = None, extras: str | None = None
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -42,8 +37,7 @@ def checked(
 
 def checked_init(cls: C) -> C:
     """Class decorator: the class's ``__init__`` checks its keywords (see :func:`checked`)."""
-    # setattr: mypy refuses assigning __init__. A dataclass's generated one is qualified by
-    # its class, as a written one is.
+    # setattr, as mypy refuses assigning __init__; a generated one is qualified by its class.
     setattr(cls, "__init__", checked()(cls.__dict__["__init__"]))  # noqa: B010
     return cls
 
@@ -72,7 +66,8 @@ def _guard(
     extras: str | None,
 ) -> Callable[P, R]:
     known = frozenset(n for n, p in signature.parameters.items() if p.kind in _NAMED)
-    call = _call_name(qualname)
+    owner, _, name = qualname.rpartition(".")
+    call = f"{owner}()" if name == "__init__" else f"{qualname}()"
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

@@ -65,6 +65,7 @@ REPEAT: Final = "repeat"
 
 # Key parts become S3 path segments: no "/", "..", URL escaping or listing confusion.
 KEY_PART_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@:-]*")
+_NOT_IN_KEY_PART: Final = re.compile(r"[^A-Za-z0-9._=+@:-]")
 MAX_KEY_PART_LENGTH: Final = 200
 # ACR's own rule for session ids: 33-256 characters of letters, digits and single hyphens.
 SESSION_ID_PATTERN: Final = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9])*")
@@ -93,13 +94,8 @@ def validate_key_part(name: str, value: object, *, max_length: int = MAX_KEY_PAR
             f"{name} is {len(value)} characters long; the limit is {max_length}", field=name
         )
     if KEY_PART_PATTERN.fullmatch(value) is None:
-        bad = next(
-            (c for c in value if not (c.isascii() and (c.isalnum() or c in "._=+@:-"))), None
-        )
-        if bad is not None:
-            reason = f"contains character {bad!r}"
-        else:
-            reason = "must start with a letter or digit"
+        bad = _NOT_IN_KEY_PART.search(value)
+        reason = f"contains character {bad[0]!r}" if bad else "must start with a letter or digit"
         raise InvalidRolloutConfig(
             f"{name} {_describe(value)} {reason}; use letters, digits and ._=+@:- "
             "(it becomes part of the S3 key)",

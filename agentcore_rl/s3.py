@@ -141,7 +141,6 @@ class ResultStore:
         retry: RetryPolicy = DEFAULT_S3_RETRY,
         max_pool_connections: int = 64,
         connect_timeout: float = 10.0,
-        read_timeout: float = 30.0,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.region_name = region_name
@@ -154,7 +153,7 @@ class ResultStore:
         self._config = Config(
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            read_timeout=30.0,
             retries={"total_max_attempts": 1},
             parameter_validation=False,
             user_agent=AWS_USER_AGENT,
@@ -205,12 +204,6 @@ class ResultStore:
                 except asyncio.TimeoutError:
                     logger.warning("an S3 client on another event loop did not close in time")
 
-    def _forget_stopped_loops(self) -> None:
-        # A closed loop has closed its generators, and with them its client.
-        for loop in [loop for loop in self._clients if loop.is_closed()]:
-            del self._clients[loop]
-            self._locks.pop(loop, None)
-
     async def _get_client(self) -> Any:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
@@ -218,7 +211,10 @@ class ResultStore:
             return entry[0]
         if self._closed:
             raise RuntimeError("ResultStore is closed")
-        self._forget_stopped_loops()
+        # A closed loop has closed its generators, and with them its client.
+        for stopped in [other for other in self._clients if other.is_closed()]:
+            del self._clients[stopped]
+            self._locks.pop(stopped, None)
         lock = self._locks.setdefault(loop, asyncio.Lock())
         async with lock:
             # Another task may have created the client while this one waited for the lock.

@@ -159,9 +159,7 @@ async def run_sample(
         session_id = fut.session_id
         try:
             result = await fut
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # a cancellation is no Exception: it goes on
             error = f"{type(exc).__name__}: {exc}"
             trajectory = None
             with contextlib.suppress(Exception):  # the tokens its trace kept, if any

@@ -15,7 +15,7 @@ from agentcore_rl._extras import require
 from agentcore_rl.integrations._client import run_groups, set_policy_version, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_skyrl
-from agentcore_rl.training.rows import TrainingRow, fit_rows, trajectory_rows
+from agentcore_rl.training.rows import FitReport, TrainingRow, fit_rows, trajectory_rows
 
 require("skyrl", "agentcore_rl.integrations.skyrl", "skyrl")
 
@@ -109,21 +109,21 @@ class AgentCoreGenerator(GeneratorInterface):  # type: ignore[misc]
                 segments = segments[-1:]
             rows.extend(segments)
             trajectory_ids.extend([tid] * len(segments))
-        fitted = None
+        fitted = FitReport(rows=rows)
         if self.max_prompt_length is not None and self.max_response_length is not None:
             fitted = fit_rows(
                 rows,
                 max_prompt_length=self.max_prompt_length,
                 max_response_length=self.max_response_length,
             )
-            rows = fitted.rows
+        rows = fitted.rows
         output: dict[str, Any] = dict(to_skyrl(rows, pad_token_id=self.pad_token_id))
         output["trajectory_ids"] = trajectory_ids
         output["stop_reasons"] = ["stop"] * len(rows)
         output["rollout_metrics"] = {
             "agentcore/dropped_segments": dropped_segments,
             "agentcore/groups_dropped": results.count(None),
-            "agentcore/responses_truncated": fitted.responses_truncated if fitted else 0,
-            "agentcore/prompts_masked": fitted.prompts_masked if fitted else 0,
+            "agentcore/responses_truncated": fitted.responses_truncated,
+            "agentcore/prompts_masked": fitted.prompts_masked,
         }
         return output

@@ -163,17 +163,13 @@ def reward_post_process(args: Any, samples: Sequence[Any]) -> tuple[list[float],
     std = getattr(args, "advantage_estimator", None) in _STD_NORMALIZED and getattr(
         args, "grpo_std_normalization", False
     )
-    members: dict[Any, dict[Any, float]] = {}
-    for sample, reward in zip(samples, raw, strict=True):
-        rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
-        members.setdefault(sample.group_index, {}).setdefault(rollout, reward)
+    # A rollout is (group, rollout_id), or (group, index) for a sample of its own.
+    keys = [(s.group_index, s.index if s.rollout_id is None else s.rollout_id) for s in samples]
+    members: dict[Any, dict[tuple[Any, Any], float]] = {}
+    for key, reward in zip(keys, raw, strict=True):
+        members.setdefault(key[0], {}).setdefault(key, reward)
     values: dict[tuple[Any, Any], float] = {}
-    for group, rewards in members.items():
+    for rewards in members.values():
         scaled = advantages(list(rewards.values()), "mean_std" if std else "mean")
-        values.update({(group, k): v for k, v in zip(rewards, scaled, strict=True)})
-    out = []
-    for sample in samples:
-        rollout = sample.rollout_id if sample.rollout_id is not None else sample.index
-        value = values[(sample.group_index, rollout)]
-        out.append(value if math.isfinite(value) else 0.0)
-    return raw, out
+        values.update(zip(rewards, scaled, strict=True))
+    return raw, [values[key] if math.isfinite(values[key]) else 0.0 for key in keys]

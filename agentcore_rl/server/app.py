@@ -205,7 +205,6 @@ class AgentCoreRLApp(Starlette):
         self._started = False
         self._closing = False
         self._close_lock = asyncio.Lock()
-        self._owner: contextlib.AsyncExitStack | None = None
         self._tasks: TaskGroup | None = None
         self.last_shutdown: ShutdownReport | None = None
 
@@ -442,15 +441,14 @@ class AgentCoreRLApp(Starlette):
             return report
 
     async def __aenter__(self) -> AgentCoreRLApp:
-        if self._owner is not None:
+        if self._tasks is not None:
             raise RuntimeError("this AgentCoreRLApp is already entered")
-        owner = contextlib.AsyncExitStack()
-        self._tasks = await owner.enter_async_context(anyio.create_task_group())
-        self._owner = owner
-        self.runner.attach(self._tasks)
-        self.spool.attach(self._tasks)
-        self._tasks.start_soon(self.leases.run, name="lease watcher")
-        self._tasks.start_soon(self.overload.run, name="loop lag")
+        self._tasks = tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        self.runner.attach(tasks)
+        self.spool.attach(tasks)
+        tasks.start_soon(self.leases.run, name="lease watcher")
+        tasks.start_soon(self.overload.run, name="loop lag")
         try:
             await self.startup()
         except BaseException:
@@ -464,18 +462,18 @@ class AgentCoreRLApp(Starlette):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        owner, tasks = self._owner, self._tasks
+        tasks = self._tasks
         try:
             await self.aclose()
         finally:
             self.runner.attach(None)
             self.spool.attach(None)
-            self._owner = self._tasks = None
-            if owner is not None and tasks is not None:
+            self._tasks = None
+            if tasks is not None:
                 # What still runs ignored aclose()'s cancel; cancel it for good.
                 tasks.cancel_scope.cancel()
                 try:
-                    await owner.aclose()
+                    await tasks.__aexit__(None, None, None)
                 except BaseException as exc:
                     raise_unwrapped(exc)
 
@@ -533,7 +531,12 @@ class AgentCoreRLApp(Starlette):
             )
             try:
                 payload = parse_payload(body, max_depth=self.limits.max_json_depth)
-                envelope_payload = self._envelope_payload(body, payload)
+                cap = self.limits.envelope_payload_max_bytes
+                envelope_payload = None  # a copy of the payload, unless over the cap
+                if self._rollout_mode and cap is not None and len(body) > cap:
+                    digest = hashlib.sha256(body).hexdigest()
+                    rollout = payload.get(protocol.ROLLOUT_FIELD)
+                    envelope_payload = protocol.payload_digest(digest, len(body), rollout)
             finally:
                 self.body_budget.release(len(body))
                 del body
@@ -581,14 +584,6 @@ class AgentCoreRLApp(Starlette):
         if self._rollout_mode:
             return self._accept_rollout(spec, payload, context, envelope_payload)
         return await self._call_plain(spec, payload, context)
-
-    def _envelope_payload(self, body: bytearray, payload: dict[str, Any]) -> dict[str, Any] | None:
-        cap = self.limits.envelope_payload_max_bytes
-        if cap is None or len(body) <= cap or not self._rollout_mode:
-            return None
-        return protocol.payload_digest(
-            hashlib.sha256(body).hexdigest(), len(body), payload.get(protocol.ROLLOUT_FIELD)
-        )
 
     def _accept_rollout(
         self,

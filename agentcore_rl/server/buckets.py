@@ -11,8 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import anyio
 
@@ -38,8 +37,7 @@ _FINAL_CODES: Final = {
 }
 
 
-@dataclass
-class _Verdict:
+class _Verdict(NamedTuple):
     until: float
     refusal: InvalidPayloadError | None
 

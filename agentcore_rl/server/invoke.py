@@ -63,12 +63,6 @@ Handler = Callable[..., Any]
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _is_async(func: Callable[..., Any]) -> bool:
-    # iscoroutinefunction sees through functools.partial; an object's async __call__ it does not.
-    call = getattr(func, "__call__", None)  # noqa: B004
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call)
-
-
 def _takes_context(func: Callable[..., Any], name: str) -> bool:
     try:
         signature = inspect.signature(func)
@@ -104,10 +98,12 @@ class HandlerSpec:
         if not callable(func):
             raise ConfigurationError(f"an entrypoint must be callable, got {type(func).__name__}")
         name = getattr(func, "__qualname__", None) or repr(func)
+        # iscoroutinefunction sees through a partial, not into an async __call__.
+        call = getattr(func, "__call__", None)  # noqa: B004
         return cls(
             func=func,
             name=name,
-            is_async=_is_async(func),
+            is_async=inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call),
             takes_context=_takes_context(func, name),
         )
 

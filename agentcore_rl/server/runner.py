@@ -45,13 +45,6 @@ def peak_memory_bytes() -> int | None:
     return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS counts bytes
 
 
-def _uncancel() -> None:
-    """Forget a handled cancellation, or timeouts in the envelope write misread the count."""
-    uncancel = getattr(asyncio.current_task(), "uncancel", None)
-    if uncancel is not None:
-        uncancel()
-
-
 def _dumps(obj: Any) -> bytes:
     # NaN and infinities refused: readers of the envelope choke on them.
     return json.dumps(obj, allow_nan=False).encode()
@@ -296,8 +289,8 @@ class RolloutRunner:
                     # Not our stop: the event loop is going away; re-raised at the end.
                     foreign_cancel = exc
                     job.cancel_reason = "the event loop is shutting down"
-                else:
-                    _uncancel()
+                elif uncancel := getattr(asyncio.current_task(), "uncancel", None):
+                    uncancel()  # handled: timeouts in the envelope write must not count it
                 if job.checking:
                     # An existing envelope still beats "cancelled"; shielded as the
                     # owner's task group may be the one cancelling.

@@ -237,8 +237,14 @@ class Spool:
             for path in sorted(self._entries):
                 try:
                     doc = await anyio.to_thread.run_sync(_read_record, path)
-                except (OSError, ValueError) as exc:
-                    await self._set_aside(path, exc)
+                except (OSError, ValueError) as exc:  # set aside, for a person to look at
+                    kept = path
+                    with contextlib.suppress(OSError):
+                        kept = await anyio.to_thread.run_sync(
+                            path.replace, path.with_suffix(".bad")
+                        )
+                    del self._entries[path]
+                    logger.error("spool file %s is unreadable (%s); left at %s", path, exc, kept)
                     continue
                 bucket, key = doc["bucket"], doc["key"]
                 if bucket in failed_buckets:
@@ -264,17 +270,6 @@ class Spool:
                     len(self._entries),
                 )
             return len(self._entries)
-
-    async def _set_aside(self, path: Path, exc: Exception) -> None:
-        target = path.with_suffix(".bad")
-        try:
-            await anyio.to_thread.run_sync(path.replace, target)
-        except OSError:
-            target = path
-        del self._entries[path]
-        logger.error(
-            "spool file %s is unreadable (%s); left at %s for inspection", path, exc, target
-        )
 
     async def _retry_loop(self, scope: anyio.CancelScope) -> None:
         try:

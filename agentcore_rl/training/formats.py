@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
-from typing import Any, Final, TypedDict
+from dataclasses import fields
+from typing import Any, Final, NamedTuple, TypedDict
 
 from agentcore_rl.training.rows import TrainingRow
 
@@ -35,8 +35,7 @@ __all__ = [
 DEFAULT_PAD_TOKEN_ID: Final = 0
 
 
-@dataclass(frozen=True)
-class _Tokens:
+class _Tokens(NamedTuple):
     prompt: list[int]
     response: list[int]
     mask: list[int]

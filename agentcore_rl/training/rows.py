@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import IO, Any, Protocol, runtime_checkable
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
-from agentcore_rl.groups import GroupMember, Normalize, RolloutGroup
+from agentcore_rl.groups import Normalize, RolloutGroup
 
 __all__ = [
     "FitReport",
@@ -172,7 +172,29 @@ def group_rows(
     """
     out: list[TrainingRow] = []
     for member, advantage in zip(group.members, group.advantages(normalize), strict=True):
-        out.extend(_member_rows(group, member, advantage, require_tokens=require_tokens))
+        trajectory = member.trajectory
+        tokenless = trajectory is None or (
+            isinstance(trajectory, TrajectoryLike) and not trajectory.segments
+        )
+        if tokenless and require_tokens and not member.zeroed:
+            raise MissingTrajectoryError(
+                f"member {member.index} of group {group.input_id!r} (session "
+                f"{member.session_id}) has no captured tokens; configure a gateway so "
+                "rollouts carry trajectories, or pass require_tokens=False"
+            )
+        out += trajectory_rows(
+            trajectory,
+            exp_id=group.exp_id,
+            group_id=group.input_id,
+            session_id=member.session_id,
+            reward=0.0 if member.reward is None else member.reward,
+            advantage=advantage,
+            member=member.index,
+            attempt=member.attempt,
+            policy_version=member.policy_version,
+            outcome=member.outcome.value,
+            zeroed=member.zeroed,
+        )
     return out
 
 
@@ -187,34 +209,6 @@ def rows_from_groups(
     """
     for group in groups:
         yield from group_rows(group, normalize, require_tokens=require_tokens)
-
-
-def _member_rows(
-    group: RolloutGroup, member: GroupMember, advantage: float, *, require_tokens: bool
-) -> list[TrainingRow]:
-    trajectory = member.trajectory
-    tokenless = trajectory is None or (
-        isinstance(trajectory, TrajectoryLike) and not trajectory.segments
-    )
-    if tokenless and require_tokens and not member.zeroed:
-        raise MissingTrajectoryError(
-            f"member {member.index} of group {group.input_id!r} (session "
-            f"{member.session_id}) has no captured tokens; configure a gateway so "
-            "rollouts carry trajectories, or pass require_tokens=False"
-        )
-    return trajectory_rows(
-        trajectory,
-        exp_id=group.exp_id,
-        group_id=group.input_id,
-        session_id=member.session_id,
-        reward=0.0 if member.reward is None else member.reward,
-        advantage=advantage,
-        member=member.index,
-        attempt=member.attempt,
-        policy_version=member.policy_version,
-        outcome=member.outcome.value,
-        zeroed=member.zeroed,
-    )
 
 
 def trajectory_rows(
@@ -276,7 +270,9 @@ def trajectory_rows(
     rows = []
     for number, segment in enumerate(segments):
         prompt, response, mask, logprobs = _split(segment, session_id)
+        # None, or the trajectory's NO_VERSION (-1) on prompt tokens, is no version.
         versions = [-1 if v is None else int(v) for v in segment.policy_versions]
+        distinct = list(dict.fromkeys(v for v in versions if v >= 0))
         per_token = versions[len(prompt) :] if len(versions) == len(segment.token_ids) else []
         if zeroed:
             mask = [0] * len(mask)
@@ -291,7 +287,7 @@ def trajectory_rows(
                 response_ids=response,
                 loss_mask=mask,
                 logprobs=logprobs,
-                policy_versions=_distinct(segment.policy_versions) or fallback,
+                policy_versions=distinct or fallback,
                 response_versions=per_token,
             )
         )
@@ -327,15 +323,6 @@ def _split(
             session_id=session_id,
         )
     return tokens[:start], tokens[start:], mask[start:], logprobs
-
-
-def _distinct(versions: Iterable[int | None]) -> list[int]:
-    seen: dict[int, None] = {}
-    for v in versions:
-        # None, or the trajectory's NO_VERSION (-1) on prompt tokens, is no version.
-        if v is not None and int(v) >= 0:
-            seen.setdefault(int(v), None)
-    return list(seen)
 
 
 # --- Fitting to a trainer's lengths -----------------------------------------------------------
