@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
-from agentcore_rl.keywords import checked_init
+from agentcore_rl.keywords import check_numbers, checked_init
 
 __all__ = [
     "DEFAULT_FAULT_CHECKS",
@@ -157,17 +157,14 @@ class RequestLimits:
     envelope_payload_max_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_body_bytes <= 0:
-            raise ConfigurationError(f"max_body_bytes must be positive, got {self.max_body_bytes}")
-        if self.max_json_depth < 1:
-            raise ConfigurationError(f"max_json_depth must be >= 1, got {self.max_json_depth}")
+        check_numbers(self, "max_body_bytes", "max_inflight_body_bytes", above=0)
+        check_numbers(self, "max_json_depth", at_least=1, integer=True)
+        check_numbers(self, "envelope_payload_max_bytes", at_least=0, optional=True)
         if self.max_inflight_body_bytes < self.max_body_bytes:
             raise ConfigurationError(
                 f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
                 f"max_body_bytes ({self.max_body_bytes}), or the largest body would never fit"
             )
-        if self.envelope_payload_max_bytes is not None and self.envelope_payload_max_bytes < 0:
-            raise ConfigurationError("envelope_payload_max_bytes must be >= 0 or None")
 
 
 @checked_init
@@ -190,8 +187,7 @@ class ShutdownConfig:
     cancel_timeout: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.grace < 0 or self.stop_wait < 0 or self.cancel_timeout < 0:
-            raise ConfigurationError("grace, stop_wait and cancel_timeout must be >= 0")
+        check_numbers(self, "grace", "stop_wait", "cancel_timeout", at_least=0)
 
 
 @checked_init
@@ -241,12 +237,8 @@ class WorkerConfig:
     gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL
 
     def __post_init__(self) -> None:
-        if self.max_sync_workers < 1:
-            raise ConfigurationError(f"max_sync_workers must be >= 1, got {self.max_sync_workers}")
-        if self.gil_switch_interval is not None and self.gil_switch_interval <= 0:
-            raise ConfigurationError(
-                f"gil_switch_interval must be positive or None, got {self.gil_switch_interval}"
-            )
+        check_numbers(self, "max_sync_workers", at_least=1, integer=True)
+        check_numbers(self, "gil_switch_interval", above=0, optional=True)
 
 
 @checked_init
@@ -278,14 +270,9 @@ class FaultChecks:
     overload_lag: float | None = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("bucket_ttl", "bucket_miss_ttl", "bucket_wait", "lease_interval"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0):
-                raise ConfigurationError(f"FaultChecks.{name} must be > 0, got {value!r}")
-        if self.overload_lag is not None and not self.overload_lag > 0:
-            raise ConfigurationError(
-                f"FaultChecks.overload_lag must be > 0 or None, got {self.overload_lag!r}"
-            )
+        waits = ("bucket_ttl", "bucket_miss_ttl", "bucket_wait", "lease_interval")
+        check_numbers(self, *waits, above=0)
+        check_numbers(self, "overload_lag", above=0, optional=True)
 
 
 DEFAULT_REQUEST_LIMITS: Final = RequestLimits()

@@ -36,12 +36,21 @@ def switch_interval() -> Iterator[None]:
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
-        (lambda: RequestLimits(max_body_bytes=0), "max_body_bytes must be positive"),
+        (
+            lambda: RequestLimits(max_body_bytes=0),
+            "RequestLimits.max_body_bytes must be a number > 0",
+        ),
         (lambda: RequestLimits(max_body_bytes=100, max_inflight_body_bytes=99), "at least"),
-        (lambda: ShutdownConfig(grace=-1), "must be >= 0"),
-        (lambda: WorkerConfig(max_sync_workers=0), "max_sync_workers must be >= 1"),
+        (lambda: ShutdownConfig(grace=-1), "ShutdownConfig.grace must be a number >= 0"),
+        (
+            lambda: WorkerConfig(max_sync_workers=0),
+            "WorkerConfig.max_sync_workers must be an int >= 1",
+        ),
         (lambda: SpoolConfig(retry_interval=0), "retry_interval"),
-        (lambda: WorkerConfig(gil_switch_interval=0), "gil_switch_interval must be positive"),
+        (
+            lambda: WorkerConfig(gil_switch_interval=0),
+            "gil_switch_interval must be a number > 0 or None",
+        ),
         (
             lambda: AgentCoreRLApp(limits=ShutdownConfig()),  # type: ignore[arg-type]
             "limits must be a RequestLimits",
