@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.groups import GroupRules
-from agentcore_rl.keywords import checked_init
+from agentcore_rl.keywords import check_numbers, checked_init
 
 __all__ = ["AdapterFailure", "AgentCoreSettings"]
 
@@ -70,7 +69,7 @@ class AgentCoreSettings:
                 f"on_failure must be one of {', '.join(get_args(AdapterFailure))}, "
                 f"got {self.on_failure!r}"
             )
-        GroupRules(n=1, retry=self.retry, redundancy=self.redundancy)  # their checks
+        check_numbers(self, "retry", "redundancy", at_least=0, integer=True)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> AgentCoreSettings:
