@@ -557,6 +557,11 @@ class GroupTracker:
         """True while the group has not been resolved or dropped."""
         return input_id in self._groups
 
+    def is_running(self, session_id: str) -> bool:
+        """True while the attempt in ``session_id`` has neither ended nor been stopped."""
+        found = self._by_session.get(session_id)
+        return found is not None and found[1].outcome is None
+
     # -- events --
 
     def open(self, input_id: str, rules: GroupRules) -> list[Action]:

@@ -128,12 +128,6 @@ class ResumedGroup:
 
 
 @dataclass(eq=False)
-class _Member:
-    future: RolloutFuture | None = None
-    stopped: bool = False
-
-
-@dataclass(eq=False)
 class _Run:
     input_id: str
     payload: Mapping[str, Any]
@@ -141,7 +135,8 @@ class _Run:
     timeout: float | None
     future: GroupFuture
     journal: MemberJournal | None
-    members: dict[str, _Member] = field(default_factory=dict)
+    #: Each started attempt's rollout future, by session id (StopMember cancels it).
+    members: dict[str, RolloutFuture] = field(default_factory=dict)
     resumed: dict[str, MemberStart] = field(default_factory=dict)
 
 
@@ -249,7 +244,6 @@ class GroupRunner:
     def _start(self, run: _Run, action: StartMember, *, admitted: bool) -> None:
         """Start one member attempt's rollout task (its slot taken, or not yet)."""
         sid = action.session_id
-        member = run.members.setdefault(sid, _Member())
         overrides = dict(run.overrides)
         if action.policy_version is not None:
             overrides[POLICY_VERSION_KEY] = action.policy_version
@@ -261,7 +255,7 @@ class GroupRunner:
         resumed = run.resumed.get(sid)
 
         def started(fut: RolloutFuture) -> None:
-            member.future = fut
+            run.members[sid] = fut
 
         def journaled(fut: RolloutFuture) -> None:
             run.future.session_ids.append(sid)
@@ -292,12 +286,14 @@ class GroupRunner:
             spec.resume = same_key and not late
             spec.attach = not spec.resume
             spec.key = (resumed.s3_bucket, resumed.result_key)
-        self.service.start_soon(self._member, run, member, spec, admitted, name=f"member {sid}")
+        self.service.start_soon(self._member, run, spec, admitted, name=f"member {sid}")
 
-    async def _member(self, run: _Run, member: _Member, spec: RolloutSpec, admitted: bool) -> None:
+    async def _member(self, run: _Run, spec: RolloutSpec, admitted: bool) -> None:
         """One member attempt's task: its rollout, then its outcome to the tracker (from
         this task: what the tracker decides may start tasks)."""
-        if member.stopped:
+        sid = spec.session_id
+        assert sid is not None
+        if not self.tracker.is_running(sid):  # stopped before its task ran
             if admitted:
                 self.rollouts.slots.release()
             return
@@ -306,9 +302,7 @@ class GroupRunner:
         except Exception as exc:  # not admitted (the client closing, a shared limit down...)
             self._close_run(run, exc)
             return
-        sid, fut = spec.session_id, member.future
-        assert sid is not None
-        assert fut is not None
+        fut = run.members[sid]
         if fut.cancelled():
             self._apply(self.tracker.failed(sid, "the member's rollout was cancelled"))
             return
@@ -351,10 +345,9 @@ class GroupRunner:
                 run = self._runs.get(action.input_id)
                 if run is None:
                     continue
-                member = run.members.setdefault(action.session_id, _Member())
-                member.stopped = True
-                if member.future is not None:
-                    member.future.cancel()  # its task stops the session
+                fut = run.members.get(action.session_id)
+                if fut is not None:
+                    fut.cancel()  # its task stops the session
             else:
                 if isinstance(action, GroupDroppedError):
                     # A dropped group trains nothing: say why where a default log level shows it.

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import httpx
+
 from agentcore_rl import protocol
 from agentcore_rl.client.config import GatewayConfig
 from agentcore_rl.client.future import RolloutFuture
@@ -19,8 +21,6 @@ from agentcore_rl.errors import (
 from agentcore_rl.s3 import ResultStore
 
 if TYPE_CHECKING:
-    import httpx
-
     from agentcore_rl.gateway.app import RolloutGateway
     from agentcore_rl.gateway.record import SessionTrace
 
@@ -96,11 +96,9 @@ class InProcessGateway:
 class RemoteGateway:
     """A gateway in another process, driven through its admin routes with ``admin_token``."""
 
-    def __init__(self, url: str, admin_token: str, *, timeout: float = 120.0) -> None:
+    def __init__(self, url: str, admin_token: str) -> None:
         self.url = url.rstrip("/")
         self._token = admin_token
-        # finish waits (bounded, 30 s by default) for the session's calls still in flight.
-        self._timeout = timeout
         self._http: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:
@@ -108,21 +106,16 @@ class RemoteGateway:
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
-            # lazy: httpx is the client extra; a RemoteGateway never called needs none
-            import httpx
-
             self._http = httpx.AsyncClient(
                 base_url=self.url,
                 headers={"authorization": f"Bearer {self._token}"},
-                timeout=httpx.Timeout(self._timeout, connect=10.0),
+                # finish waits (bounded, 30 s by default) for the session's calls in flight.
+                timeout=httpx.Timeout(120.0, connect=10.0),
                 transport=httpx.AsyncHTTPTransport(retries=2),  # connection failures only
             )
         return self._http
 
     async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
-        # lazy: as in _client
-        import httpx
-
         try:
             return await self._client().post(path, **kwargs)
         except httpx.HTTPError as exc:
