@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import anyio
 from anyio.abc import TaskGroup
@@ -50,8 +50,7 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, allow_nan=False).encode()
 
 
-@dataclass(frozen=True)
-class _Failure:
+class _Failure(NamedTuple):
     error_type: str
     reason: str
     traceback: str | None = None

@@ -74,8 +74,8 @@ def _log_lost(bucket: str, key: str, exc: OSError, body: bytes) -> None:
 class Spool:
     """Envelopes waiting on local disk for S3, retried with doubling backoff.
 
-    ``directory`` (given, or set by :meth:`place` before the first envelope) persists: a
-    restarted server delivers what its predecessor could not. Without a task group from
+    Its directory (set by :meth:`place` before the first envelope) persists: a restarted
+    server delivers what its predecessor could not. Without a task group from
     :meth:`attach`, retries happen at :meth:`drain` and :meth:`aclose` only.
     """
 
@@ -83,14 +83,12 @@ class Spool:
         self,
         store: ResultStore,
         *,
-        directory: Path | None = None,
-        owner: str | None = None,
         retry_interval: float = 5.0,
         max_retry_interval: float = 300.0,
     ) -> None:
         self._store = store
-        self.directory = directory
-        self.owner = owner
+        self.directory: Path | None = None
+        self.owner: str | None = None
         self.retry_interval = retry_interval
         self.max_retry_interval = max_retry_interval
         # (bucket, key) per file: a repeated invocation is recognised without reading files.

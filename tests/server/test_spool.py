@@ -202,7 +202,8 @@ async def test_the_spool_retries_in_its_owners_task_group(
     bucket = fresh_bucket()
     before = asyncio.all_tasks()
     async with anyio.create_task_group() as tasks:
-        spool = Spool(store, directory=tmp_path, retry_interval=0.02)
+        spool = Spool(store, retry_interval=0.02)
+        spool.place(tmp_path, owner=None)
         spool.attach(tasks)
         assert not await spool.deliver(bucket, KEY, b'{"status_code": 200}')
         assert spool.pending == 1
@@ -219,7 +220,8 @@ async def test_the_spool_directory_is_made_private_on_first_write(
     store: ResultStore, tmp_path: Path
 ) -> None:
     directory = tmp_path / "state" / "spool" / "math"
-    spool = Spool(store, directory=directory, owner="math")
+    spool = Spool(store)
+    spool.place(directory, owner="math")
     assert not directory.exists()
     assert await spool.add("bucket-x", "exp/q-1/s.json", b"{}", why="a test") is not None
     assert directory.stat().st_mode & 0o777 == 0o700
