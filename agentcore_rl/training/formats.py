@@ -45,16 +45,11 @@ class _Tokens(NamedTuple):
 
 def _tokens(row: TrainingRow, pad_token_id: int) -> _Tokens:
     """The row's arrays as every trainer takes them: no empty response, no missing logprobs."""
+    prompt = list(row.prompt_ids) or [pad_token_id]
     if not row.response_ids:
-        return _Tokens(list(row.prompt_ids) or [pad_token_id], [pad_token_id], [0], [0.0], True)
+        return _Tokens(prompt, [pad_token_id], [0], [0.0], True)
     logprobs = list(row.logprobs) if row.logprobs else [0.0] * len(row.response_ids)
-    return _Tokens(
-        list(row.prompt_ids) or [pad_token_id],
-        list(row.response_ids),
-        list(row.loss_mask),
-        logprobs,
-        False,
-    )
+    return _Tokens(prompt, list(row.response_ids), list(row.loss_mask), logprobs, False)
 
 
 # The token arrays and what every trainer has a field for; the rest goes in _extra.
