@@ -97,7 +97,16 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # Below the tests' priority: while it generates, the CPU build keeps every core
+            # busy, and the gateway under test (in this process) was seen stalled for a whole
+            # generation, so a pause meant to land mid-way came after it. A GPU server takes
+            # no CPU from its gateway.
+            preexec_fn=lambda: os.nice(10),
         )
     root = f"http://127.0.0.1:{port}"
     try:

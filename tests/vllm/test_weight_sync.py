@@ -38,8 +38,8 @@ def _tokens_out(gate: PolicyGate) -> bool:
 # runs), so the pause comes after the time this machine takes for a tenth of the generation,
 # timed just before (speeds differ tenfold between machines; a fixed head start either comes
 # before the first token or after the last). On a loaded machine the pause can still reach
-# vLLM after the last token: that run does not straddle, and runs again, with a shorter head
-# start.
+# vLLM after the last token (or the whole generation passes unseen): that run does not
+# straddle, and runs again, with a shorter head start.
 _PROBE = 100  # tokens timed; the head start is the time of LENGTH / 10 of them
 
 
@@ -110,7 +110,7 @@ async def test_a_suspend_freezes_a_long_generation_that_goes_on_under_the_new_we
                     tg.start_soon(agent)
                     # Running at vLLM, then some tokens out (see _PROBE).
                     with anyio.fail_after(240):
-                        while not (_tokens_out(gate) or any(gate.token_in.values())):  # noqa: ASYNC110
+                        while not (answer or _tokens_out(gate) or any(gate.token_in.values())):  # noqa: ASYNC110
                             await anyio.sleep(0.01)
                     if linear:  # after a loaded run, a shorter head start
                         await anyio.sleep(head_start / 4**attempt)
