@@ -251,7 +251,7 @@ async def run_rollouts(args: argparse.Namespace, info: dict[str, Any]) -> dict[s
         cpu = cpu_seconds() - cpu0
         stats = client.stats
         stops_count = client.stop_finished_sessions
-        watcher = client._watcher
+        watcher = client._rollouts.watcher
         watch = {
             "rounds": watcher.rounds,
             "lists": watcher.lists,

@@ -27,19 +27,8 @@ from agentcore_rl.client.config import (
     Timeouts,
 )
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.groups import (
-    GroupFuture,
-    GroupRunner,
-    MemberJournal,
-    ResumedGroup,
-    run_groups,
-)
-from agentcore_rl.client.liveness import (
-    DEFAULT_LIVENESS,
-    ClientLease,
-    LivenessConfig,
-    LivenessProber,
-)
+from agentcore_rl.client.groups import GroupMethods, GroupRunner
+from agentcore_rl.client.liveness import DEFAULT_LIVENESS, ClientLease, LivenessConfig
 from agentcore_rl.client.outcomes import ClientStats
 from agentcore_rl.client.payload import (
     attached_config,
@@ -49,17 +38,14 @@ from agentcore_rl.client.payload import (
 )
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import ClientState, Service
-from agentcore_rl.client.traces import TraceJoiner, gateway_link
+from agentcore_rl.client.traces import gateway_link
 from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
-from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS as MAX_CONNECTIONS
-from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
 from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
-    InvalidRolloutConfig,
     TraceLostError,
 )
-from agentcore_rl.groups import GroupCounters, GroupRules, RolloutGroup
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.ratelimit import (
     DEFAULT_PACE_TICK,
@@ -78,7 +64,7 @@ __all__ = ["AsyncRolloutClient", "ClientState"]
 _C = TypeVar("_C", bound="AsyncRolloutClient")
 
 
-class AsyncRolloutClient:
+class AsyncRolloutClient(GroupMethods):
     """Drives rollouts on agents (AgentCore Runtime or plain HTTP) and collects results.
 
     Give exactly one of ``agent_runtime_arn`` (ACR; region from the ARN) and ``agent_url``
@@ -87,26 +73,14 @@ class AsyncRolloutClient:
     policy's ``base_url`` and ``model_id``, sampling parameters...); a call's own
     ``rollout=`` overrides its keys.
 
-    The rest is grouped in small config objects (:mod:`agentcore_rl.client.config`):
-    ``limits`` (:class:`Limits`: rollouts at once, the token bucket shared by invocations,
-    probes and stop calls), ``timeouts`` (:class:`Timeouts`: a rollout's, closing's),
-    ``retries`` (:class:`Retries`: of one call, of retryable rollouts, of lost ones),
-    ``watcher`` (:class:`WatcherConfig`: polling S3 for results), ``liveness``
-    (:class:`LivenessConfig`: probing for crashed agents, giving up on unreachable ones,
-    the client's own lease that lets agents cancel its rollouts if it dies) and ``aws``
-    (:class:`AwsConfig`: endpoints, the runtime qualifier). ``store`` (a
-    :class:`~agentcore_rl.s3.ResultStore`, else one from ``aws``) reads the results;
-    ``rate_limiter`` and ``session_limiter`` replace the local ones built from ``limits``,
-    e.g. with limits shared by a cluster of clients. ``stop_finished_sessions`` (default:
-    the transport's choice, True for ACR) sends a stop call after each result.
-
-    Token capture: with ``gateway`` (:class:`GatewayConfig`) each rollout's session is
-    opened at the gateway before the invocation and its ``_rollout`` gets ``base_url`` =
-    the session's gateway URL and ``api_key`` = its session id. When the result arrives
-    the session is finished, its trace written to S3 beside the result
-    (``...{session_id}.trace.json.gz``) and put on the outcome (``fut.trace``,
-    ``BatchItem.trace``, :meth:`trace_of`); a trace that cannot be had ends the rollout in
-    ``TraceLostError``.
+    The rest is in small config objects (:mod:`agentcore_rl.client.config`; every field in
+    docs/client.md, "Configuration"): ``limits``, ``timeouts``, ``retries``, ``watcher``,
+    ``liveness`` and ``aws``. ``store``, ``rate_limiter`` and ``session_limiter`` replace
+    the ones built from them (e.g. limits shared by a cluster of clients);
+    ``stop_finished_sessions`` (default: True for ACR) sends a stop call after each result.
+    With ``gateway`` (:class:`GatewayConfig`) every rollout runs through its own session of
+    a token-capturing gateway, whose trace is put on the outcome (``fut.trace``,
+    :meth:`trace_of`) and in S3 beside the result (docs/gateway.md).
 
     Each rollout is one task in the client's task group (with the S3 watcher, the
     liveness prober and the stop calls): entered by ``async with`` (once: nesting is
@@ -174,7 +148,7 @@ class AsyncRolloutClient:
         self.limits, self.timeouts, self.retries, self.aws = limits, timeouts, retries, aws
         self.liveness = liveness
         self.transport: Transport = make_transport(
-            agent_runtime_arn, agent_url, aws, min(limits.max_concurrent_sessions, MAX_CONNECTIONS)
+            agent_runtime_arn, agent_url, aws, limits.max_concurrent_sessions
         )
         self.rate_limiter: RateLimiter = rate_limiter or TokenBucket(
             limits.tps, limits.burst, tick=DEFAULT_PACE_TICK
@@ -188,29 +162,22 @@ class AsyncRolloutClient:
         self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
         self._service = Service("agentcore-rl client", setup=self._start_workers)
         self._in_block = False  # inside ``async with`` (entered once at a time)
-        self._watcher = CompletionWatcher(self.store, watcher)
-        self._joiner = None if link is None else TraceJoiner(link, self.store)
         self._rollouts = Rollouts(
             transport=self.transport,
             limiter=self.rate_limiter,
             slots=self.session_limiter,
-            watcher=self._watcher,
+            store=self.store,
+            watcher=watcher,
+            liveness=liveness,
             counters=self._counters,
             retries=self.retries,
             service=self._service,
             stop_finished_sessions=stop_finished_sessions,
-            unreachable_after=self.liveness.unreachable_after,
-            joiner=self._joiner,
-        )
-        self._prober = LivenessProber(
-            self.transport,
-            self.rate_limiter,
-            self._rollouts.live,
-            self._counters,
-            config=self.liveness,
+            link=link,
         )
         self._groups = GroupRunner(
             exp_id=self.exp_id,
+            timeout=timeouts.rollout,
             service=self._service,
             rollouts=self._rollouts,
             prepare=self._prepare,
@@ -231,7 +198,7 @@ class AsyncRolloutClient:
     @property
     def stats(self) -> ClientStats:
         """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
-        outages = self._watcher.outages
+        outages = self._rollouts.watcher.outages
         return dataclasses.replace(
             self._counters,
             in_flight=self.in_flight,
@@ -287,7 +254,7 @@ class AsyncRolloutClient:
         """
         body, config = self._prepare(payload, input_id=input_id, overrides=rollout_extras(rollout))
         if session_id is not None:
-            self.check_session_id(session_id)
+            self._rollouts.check_session_id(session_id)
         spec = RolloutSpec(
             body=body,
             config=config,
@@ -340,7 +307,7 @@ class AsyncRolloutClient:
         ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
         """
         self._service.check_open()
-        sid = self.check_session_id(session_id)
+        sid = self._rollouts.check_session_id(session_id)
         bucket = self.s3_bucket if s3_bucket is None else s3_bucket
         config = attached_config(self.defaults, sid, result_key, input_id, bucket)
         bucket = config.s3_bucket
@@ -382,95 +349,10 @@ class AsyncRolloutClient:
             self._service, self._rollouts, prepare, payloads, self._limit(timeout)
         )
 
-    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-    async def invoke_group(
-        self,
-        payload: Mapping[str, Any],
-        *,
-        rules: GroupRules,
-        input_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the rollout's deadline)
-        rollout: Mapping[str, Any] | None = None,
-        journal: MemberJournal | None = None,
-        resume: ResumedGroup | None = None,
-    ) -> GroupFuture:
-        """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
-        its members are admitted (``n + redundancy`` slots taken).
-
-        ``input_id`` is the group key (default: a fresh id): member session ids derive
-        from it, so each group of an experiment needs its own. ``rules``
-        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
-        retried and when the group counts as whole. The future ends in a
-        :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
-        (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
-        cancelling it stops the members. ``timeout`` and ``rollout`` are as in
-        :meth:`invoke`, for each member. ``journal``
-        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
-        its invocation and of each outcome; ``resume``
-        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
-        the group where an earlier process left it: ended members are replayed, started
-        ones resumed by session id, only the others started.
-        """
-        check_config_types(("rules", rules, GroupRules))
-        await self._service.ensure_open()
-        return await self._groups.open(
-            payload,
-            rules=rules,
-            input_id=input_id,
-            timeout=self._limit(timeout),
-            overrides=rollout_extras(rollout),
-            journal=journal,
-            resume=resume,
-        )
-
-    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
-    def run_groups(
-        self,
-        payloads: Iterable[Mapping[str, Any]],
-        *,
-        rules: GroupRules,
-        timeout: float | None = None,
-        rollout: Mapping[str, Any] | None = None,
-    ) -> AsyncGenerator[RolloutGroup, None]:
-        """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
-        groups in completion order.
-
-        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
-        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
-        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
-        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
-        """
-        self._service.check_open()
-        check_config_types(("rules", rules, GroupRules))
-        options = {
-            "rules": rules,
-            "timeout": self._limit(timeout),
-            "overrides": rollout_extras(rollout),
-        }
-        return run_groups(self._groups, payloads, options)
-
-    def set_policy_version(self, version: int) -> None:
-        """Stamp ``_rollout.policy_version = version`` into every member started from now
-        on (retries included). Versions only move forward.
-        """
-        self._groups.tracker.set_policy_version(version)
-
-    def advance_policy(self, version: int, *, max_staleness: int) -> int:
-        """Move to ``version`` and stop every open group with a member started under a
-        version older than ``version - max_staleness``: their futures end in
-        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
-        """
-        return self._groups.advance_policy(version, max_staleness=max_staleness)
-
-    @property
-    def group_stats(self) -> GroupCounters:
-        """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
-        return self._groups.tracker.counters
-
     @property
     def gateway_url(self) -> str | None:
         """The URL of the gateway rollouts run through (None without one)."""
-        return None if self._joiner is None else self._joiner.link.url
+        return None if self._rollouts.joiner is None else self._rollouts.joiner.link.url
 
     def trace_of(self, fut: RolloutFuture) -> SessionTrace:
         """The token trace of a rollout run through this client's gateway.
@@ -480,7 +362,7 @@ class AsyncRolloutClient:
         the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
         the rollout's own error when it failed.
         """
-        if self._joiner is None:
+        if self._rollouts.joiner is None:
             raise ConfigurationError(
                 "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
             )
@@ -488,28 +370,6 @@ class AsyncRolloutClient:
         if fut.trace is None:
             raise TraceLostError(fut.session_id, "this client did not collect it")
         return fut.trace
-
-    def check_session_id(self, session_id: object) -> str:
-        """Return ``session_id`` if this client can use it for a new rollout, else raise.
-
-        ``InvalidRolloutConfig`` when it is not a valid session id (on AgentCore Runtime:
-        33-256 letters, digits and hyphens), ``ConfigurationError`` when a pending rollout
-        of this client already uses it.
-        """
-        sid = protocol.validate_session_id(session_id, name="session_id")
-        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
-            raise InvalidRolloutConfig(
-                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
-                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
-                "(protocol.new_session_id() makes one)",
-                field="session_id",
-            )
-        if sid in self._rollouts.live:
-            raise ConfigurationError(
-                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
-                "yet; wait for it (or cancel it) before reusing the id"
-            )
-        return sid
 
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
@@ -546,8 +406,8 @@ class AsyncRolloutClient:
                     await self._service.aclose()
                     self._rollouts.report_unstopped(self.timeouts.close)
                     await self.transport.aclose()
-                    if self._joiner is not None:
-                        await self._joiner.link.aclose()
+                    if self._rollouts.joiner is not None:
+                        await self._rollouts.joiner.link.aclose()
                     if self._owns_store:
                         await self.store.aclose()
             finally:
@@ -589,8 +449,8 @@ class AsyncRolloutClient:
             await self._service.leave()  # the task that entered the task group leaves it
 
     def _start_workers(self, service: Service) -> None:
-        service.start_soon(self._watcher.run, name="completion watcher")
-        service.start_soon(self._prober.run, name="liveness prober")
+        service.start_soon(self._rollouts.watcher.run, name="completion watcher")
+        service.start_soon(self._rollouts.prober.run, name="liveness prober")
         if self._lease is not None:
             service.start_soon(self._lease.run, name="client lease")
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from agentcore_rl.client.batch import Feed, Prepare, feed_and_read
+from agentcore_rl.client.config import MOVED_CALL_OPTIONS
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.payload import rollout_extras
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import (
@@ -27,6 +29,7 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.groups import (
     Action,
+    GroupCounters,
     GroupDroppedError,
     GroupRules,
     GroupTracker,
@@ -35,9 +38,11 @@ from agentcore_rl.groups import (
     StopMember,
     result_reward,
 )
+from agentcore_rl.keywords import check_config_types, checked
 
 __all__ = [
     "GroupFuture",
+    "GroupMethods",
     "GroupRunner",
     "MemberEnd",
     "MemberJournal",
@@ -145,8 +150,15 @@ class GroupRunner:
     tracker's."""
 
     def __init__(
-        self, *, exp_id: str, service: Service, rollouts: Rollouts, prepare: Prepare
+        self,
+        *,
+        exp_id: str,
+        timeout: float | None,
+        service: Service,
+        rollouts: Rollouts,
+        prepare: Prepare,
     ) -> None:
+        self.timeout = timeout  # a member's, unless a call gives its own
         self.service = service
         self.rollouts = rollouts
         self.prepare = prepare
@@ -172,6 +184,7 @@ class GroupRunner:
         Members wait for slots like any rollout, so this returns when ``n + redundancy``
         slots were taken (the invocations are still on their way)."""
         overrides = dict(overrides or {})
+        timeout = self.timeout if timeout is None else timeout
         # Validates the payload once, and fixes the input id (the group key).
         _, config = self.prepare(
             payload, input_id=input_id, overrides=overrides, default_input_id=default_input_id
@@ -414,3 +427,91 @@ async def run_groups(
                 yield item.result()
             elif not isinstance(error, GroupDroppedError):
                 raise error
+
+
+class GroupMethods:
+    """The GRPO-group half of :class:`~agentcore_rl.client.AsyncRolloutClient`'s API, on
+    the client's :class:`GroupRunner`."""
+
+    _groups: GroupRunner
+
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
+    async def invoke_group(
+        self,
+        payload: Mapping[str, Any],
+        *,
+        rules: GroupRules,
+        input_id: str | None = None,
+        timeout: float | None = None,
+        rollout: Mapping[str, Any] | None = None,
+        journal: MemberJournal | None = None,
+        resume: ResumedGroup | None = None,
+    ) -> GroupFuture:
+        """Start a GRPO group of ``rules.n`` rollouts of ``payload``; return its future once
+        its members are admitted (``n + redundancy`` slots taken).
+
+        ``input_id`` is the group key (default: a fresh id): member session ids derive
+        from it, so each group of an experiment needs its own. ``rules``
+        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
+        retried and when the group counts as whole. The future ends in a
+        :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
+        (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
+        cancelling it stops the members. ``timeout`` and ``rollout`` are as in
+        :meth:`invoke`, for each member. ``journal``
+        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
+        its invocation and of each outcome; ``resume``
+        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
+        the group where an earlier process left it: ended members are replayed, started
+        ones resumed by session id, only the others started.
+        """
+        check_config_types(("rules", rules, GroupRules))
+        await self._groups.service.ensure_open()
+        return await self._groups.open(
+            payload,
+            rules=rules,
+            input_id=input_id,
+            timeout=timeout,
+            overrides=rollout_extras(rollout),
+            journal=journal,
+            resume=resume,
+        )
+
+    @checked(moved=MOVED_CALL_OPTIONS, extras="rollout")
+    def run_groups(
+        self,
+        payloads: Iterable[Mapping[str, Any]],
+        *,
+        rules: GroupRules,
+        timeout: float | None = None,
+        rollout: Mapping[str, Any] | None = None,
+    ) -> AsyncGenerator[RolloutGroup, None]:
+        """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
+        groups in completion order.
+
+        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
+        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
+        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
+        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
+        """
+        self._groups.service.check_open()
+        check_config_types(("rules", rules, GroupRules))
+        options = {"rules": rules, "timeout": timeout, "overrides": rollout_extras(rollout)}
+        return run_groups(self._groups, payloads, options)
+
+    def set_policy_version(self, version: int) -> None:
+        """Stamp ``_rollout.policy_version = version`` into every member started from now
+        on (retries included). Versions only move forward.
+        """
+        self._groups.tracker.set_policy_version(version)
+
+    def advance_policy(self, version: int, *, max_staleness: int) -> int:
+        """Move to ``version`` and stop every open group with a member started under a
+        version older than ``version - max_staleness``: their futures end in
+        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
+        """
+        return self._groups.advance_policy(version, max_staleness=max_staleness)
+
+    @property
+    def group_stats(self) -> GroupCounters:
+        """Counters of the groups: opened, ready, dropped by reason, members by outcome."""
+        return self._groups.tracker.counters

@@ -16,18 +16,22 @@ from anyio.abc import TaskStatus
 from agentcore_rl import protocol
 from agentcore_rl.client.config import Retries
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.liveness import LivenessConfig, LivenessProber
 from agentcore_rl.client.outcomes import ClientStats, count_outcome, is_agent_loss, is_retryable
+from agentcore_rl.client.traces import GatewayLink, TraceJoiner
 from agentcore_rl.client.transports.base import (
     NotConnectedError,
     RetryableError,
     StopUnsupportedError,
     Transport,
 )
-from agentcore_rl.client.watcher import CompletionWatcher
+from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
 from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
     ClientClosedError,
+    ConfigurationError,
+    InvalidRolloutConfig,
     InvocationError,
     RolloutError,
     RolloutTimeoutError,
@@ -37,7 +41,7 @@ from agentcore_rl.ratelimit import Priority, RateLimiter, SessionLimiter
 
 if TYPE_CHECKING:
     from agentcore_rl.client.service import Service
-    from agentcore_rl.client.traces import TraceJoiner
+    from agentcore_rl.s3 import ResultStore
 
 __all__ = ["Rollout", "RolloutSpec", "Rollouts", "as_repeat"]
 
@@ -116,18 +120,18 @@ class Rollouts:
         transport: Transport,
         limiter: RateLimiter,
         slots: SessionLimiter,
-        watcher: CompletionWatcher,
+        store: ResultStore,
+        watcher: WatcherConfig,
+        liveness: LivenessConfig,
         counters: ClientStats,
         retries: Retries,
         service: Service,
         stop_finished_sessions: bool | None,
-        unreachable_after: float,
-        joiner: TraceJoiner | None = None,
+        link: GatewayLink | None,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
         self.slots = slots
-        self.watcher = watcher
         self.counters = counters
         self.retries = retries
         self.service = service
@@ -136,10 +140,13 @@ class Rollouts:
             if stop_finished_sessions is None
             else stop_finished_sessions
         )
-        self.unreachable_after = unreachable_after
-        self.joiner = joiner
-        self.clock: Callable[[], float] = time.monotonic  # the unreachable window's
+        self.unreachable_after = liveness.unreachable_after
         self.live: dict[str, Rollout] = {}
+        # The one watcher for all results, the prober of the live sessions, the gateway's.
+        self.watcher = CompletionWatcher(store, watcher)
+        self.prober = LivenessProber(transport, limiter, self.live, counters, config=liveness)
+        self.joiner = None if link is None else TraceJoiner(link, store)
+        self.clock: Callable[[], float] = time.monotonic  # the unreachable window's
         self.closing = False
         self._running: set[Rollout] = set()
         self._stopping: set[str] = set()
@@ -148,6 +155,25 @@ class Rollouts:
         self._idle.set()
         #: Sessions whose stop failed or never ran before the client closed.
         self.unstopped: list[str] = []
+
+    def check_session_id(self, session_id: object) -> str:
+        """``session_id`` if a new rollout may use it; ``InvalidRolloutConfig`` when it is
+        not a session id (on AgentCore Runtime: 33-256 letters, digits and hyphens),
+        ``ConfigurationError`` when a rollout of this client that has no outcome uses it."""
+        sid = protocol.validate_session_id(session_id, name="session_id")
+        if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
+            raise InvalidRolloutConfig(
+                f"session_id {sid!r} is {len(sid)} characters long; AgentCore Runtime needs "
+                f"{protocol.ACR_MIN_SESSION_ID_LENGTH}-{protocol.MAX_SESSION_ID_LENGTH} "
+                "(protocol.new_session_id() makes one)",
+                field="session_id",
+            )
+        if sid in self.live:
+            raise ConfigurationError(
+                f"session_id {sid!r} belongs to a rollout of this client that has no outcome "
+                "yet; wait for it (or cancel it) before reusing the id"
+            )
+        return sid
 
     # --- admission ------------------------------------------------------------------------
 

@@ -177,7 +177,7 @@ def test_rolloutclient_takes_exactly_the_async_clients_parameters() -> None:
         inspect.signature(AsyncRolloutClient.trace_of).parameters.keys()
     )
     # What only the async client has is its lifecycle (the facade's is close()).
-    assert _public_methods(AsyncRolloutClient) - shared <= {"aclose", "check_session_id"}
+    assert _public_methods(AsyncRolloutClient) - shared <= {"aclose"}
 
 
 # --- rollout= reaches _rollout ----------------------------------------------------------------

@@ -91,7 +91,7 @@ async def test_an_http_agent_killed_for_good_loses_its_rollouts_to_the_other(
     doomed, healthy = agents
     client = make_client(agent_url=[doomed.url, healthy.url], liveness=WATCHFUL)
     clock = FakeClock()
-    client._prober.clock = clock
+    client._rollouts.prober.clock = clock
     url_for = client.transport.url_for  # type: ignore[attr-defined]
     sid = next(s for s in iter(protocol.new_session_id, None) if url_for(s) == doomed.url)
     fut = await client.invoke({"n": 7}, session_id=sid)
@@ -121,7 +121,7 @@ async def test_a_runtime_agent_killed_for_good_loses_its_rollouts_to_the_other(
             liveness=WATCHFUL,
         )
         clock = FakeClock()
-        client._prober.clock = clock
+        client._rollouts.prober.clock = clock
         fut = await client.invoke({"n": 8})  # the first session goes to the first agent
         first = fut.session_id
         await doomed.entered()

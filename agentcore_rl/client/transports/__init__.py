@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from agentcore_rl.client.transports.acr import AcrTransport
 from agentcore_rl.client.transports.base import RetryableError, Transport
-from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
 from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -17,9 +17,11 @@ __all__ = ["AcrTransport", "HttpTransport", "RetryableError", "Transport", "make
 
 
 def make_transport(
-    arn: str | None, urls: str | Sequence[str] | None, aws: AwsConfig, connections: int
+    arn: str | None, urls: str | Sequence[str] | None, aws: AwsConfig, sessions: int
 ) -> Transport:
-    """The transport for a runtime ARN, else for agent URL(s)."""
+    """The transport for a runtime ARN, else for agent URL(s); a connection per session
+    that may be live, up to the pool's cap."""
+    connections = min(sessions, DEFAULT_MAX_CONNECTIONS)
     if arn is not None and urls is None:
         return AcrTransport(
             arn, endpoint_url=aws.endpoint_url, qualifier=aws.qualifier, max_connections=connections
