@@ -183,6 +183,12 @@ def result_key(exp_id: str, input_id: str, session_id: str) -> str:
     return f"{exp_id}/{input_id}/{session_id}.json"
 
 
+def trace_key(result_key: str) -> str:
+    """The S3 key of the gateway trace beside a result: ``exp/q-1/sid.json`` ->
+    ``exp/q-1/sid.trace.json.gz``."""
+    return result_key.removesuffix(".json") + ".trace.json.gz"
+
+
 def parse_result_key(key: str) -> tuple[str, str, str]:
     """Split a result key into ``(exp_id, input_id, session_id)``; raise if it is not one."""
     parts = key.split("/")

@@ -305,7 +305,8 @@ class ResultStore:
         return value
 
     async def put_trace(self, bucket: str, key: str, trace: SessionTrace) -> None:
-        """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at ``trace_key(...)``."""
+        """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at
+        ``protocol.trace_key(result_key)``."""
         # lazy: the S3 door loads the gateway's trace format only when a trace is stored
         from agentcore_rl.gateway.record import dump_trace
 
@@ -315,7 +316,7 @@ class ResultStore:
         """Read a trace written by :meth:`put_trace`; ``None`` when there is none.
 
         A rollout run through a gateway has its trace beside its result: for result key
-        ``exp/q-1/sid.json`` it is ``exp/q-1/sid.trace.json.gz`` (see ``trace_key``).
+        ``exp/q-1/sid.json`` it is ``exp/q-1/sid.trace.json.gz`` (``protocol.trace_key``).
         """
         # lazy: as in put_trace
         from agentcore_rl.gateway.record import load_trace

@@ -33,7 +33,6 @@ from agentcore_rl.client import (
     Timeouts,
 )
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
-from agentcore_rl.client.traces import trace_key_of
 from agentcore_rl.errors import (
     ClientClosedError,
     RolloutError,
@@ -198,7 +197,7 @@ class EvalEngine:
 
     async def _trace(self, bucket: str, result_key: str, what: str) -> SessionTrace | None:
         try:
-            return await self.client.store.get_trace(bucket, trace_key_of(result_key))
+            return await self.client.store.get_trace(bucket, protocol.trace_key(result_key))
         except StorageError as exc:
             logger.warning("reading the trace of %s failed: %s", what, exc)
             return None

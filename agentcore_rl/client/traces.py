@@ -31,19 +31,12 @@ __all__ = [
     "RemoteGateway",
     "TraceJoiner",
     "gateway_link",
-    "trace_key_of",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: The ``_rollout`` field carrying the session id as the agent's OpenAI API key.
 API_KEY: Final = "api_key"
-
-
-def trace_key_of(result_key: str) -> str:
-    """The trace beside a result: ``exp/q-1/sid.json`` -> ``exp/q-1/sid.trace.json.gz``."""
-    stem = result_key[: -len(".json")] if result_key.endswith(".json") else result_key
-    return stem + ".trace.json.gz"
 
 
 # The gateway's header naming its process on ``POST /admin/sessions`` (gateway.app).
@@ -227,7 +220,7 @@ class TraceJoiner:
         try:
             # Durable before the outcome is known: attach(), eval --resume and offline
             # SFT read it from there.
-            await self.store.put_trace(fut.s3_bucket, trace_key_of(fut.result_key), fut.trace)
+            await self.store.put_trace(fut.s3_bucket, protocol.trace_key(fut.result_key), fut.trace)
         except AgentCoreRLError as exc:
             return exc
         return None
@@ -239,7 +232,7 @@ class TraceJoiner:
         try:
             trace = await self.link.finish(sid)
         except TraceLostError:
-            saved = await self.store.get_trace(fut.s3_bucket, trace_key_of(fut.result_key))
+            saved = await self.store.get_trace(fut.s3_bucket, protocol.trace_key(fut.result_key))
             if saved is None:
                 raise
             return saved

@@ -25,7 +25,6 @@ from agentcore_rl.gateway.record import (
     TraceSink,
     dump_trace,
     load_trace,
-    trace_key,
 )
 
 if TYPE_CHECKING:
@@ -68,5 +67,4 @@ __all__ = [
     "TraceSink",
     "dump_trace",
     "load_trace",
-    "trace_key",
 ]

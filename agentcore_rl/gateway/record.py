@@ -27,7 +27,6 @@ __all__ = [
     "TraceSink",
     "dump_trace",
     "load_trace",
-    "trace_key",
 ]
 
 #: The ``format`` field of a serialized trace; bumped when the layout changes.
@@ -271,16 +270,6 @@ def load_trace(blob: bytes) -> SessionTrace:
     """
     raw = gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob
     return SessionTrace.from_json(json.loads(raw))
-
-
-def trace_key(exp_id: str | None, input_id: str | None, session_id: str) -> str:
-    """The S3 key of a trace beside its envelope: ``{exp_id}/{input_id}/{sid}.trace.json.gz``.
-
-    Example::
-
-        trace_key("e1", "q7", "sid-1")   # "e1/q7/sid-1.trace.json.gz"
-    """
-    return f"{exp_id or '_'}/{input_id or '_'}/{session_id}.trace.json.gz"
 
 
 class TraceSink(Protocol):

@@ -29,11 +29,11 @@ from agentcore_rl import (
 )
 from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
 from agentcore_rl.client.traces import RemoteGateway
-from agentcore_rl.gateway import ADMIN_TOKEN_ENV, dump_trace, trace_key
+from agentcore_rl.gateway import ADMIN_TOKEN_ENV, dump_trace
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
-from agentcore_rl.protocol import ROLLOUT_FIELD
+from agentcore_rl.protocol import ROLLOUT_FIELD, result_key, trace_key
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import ShutdownConfig
 from agentcore_rl.training import group_rows
@@ -137,7 +137,7 @@ async def test_the_outcome_carries_the_trace_and_s3_keeps_it(s3_endpoint: str, w
             assert record.completions[0].token_ids.tolist() == choices[0][0]
             assert record.completions[0].logprobs.tolist() == choices[0][1]
 
-        key = trace_key("join", "q-1", fut.session_id)
+        key = trace_key(result_key("join", "q-1", fut.session_id))
         assert key == fut.result_key.removesuffix(".json") + ".trace.json.gz"
         kept = await rig.store.get_trace(rig.stack.bucket, key)
         assert kept is not None
@@ -238,7 +238,7 @@ async def test_a_gateway_restarted_mid_rollout_ends_it_in_trace_lost(s3_endpoint
         assert fut.trace is None
         assert (client.stats.results, client.stats.traces_lost) == (0, 1)
         # Nothing was written as if the rollout had its tokens.
-        key = trace_key("join", "q-r", fut.session_id)
+        key = trace_key(result_key("join", "q-r", fut.session_id))
         assert await rig.store.get_trace(rig.stack.bucket, key) is None
 
 
@@ -369,10 +369,12 @@ async def test_a_retried_rollout_runs_in_a_new_gateway_session(s3_endpoint: str)
         assert trace.session_id == fut.session_id
         assert len(trace.records) == 1
         assert trace.records[0].ok, trace.records[0].error
-        kept = await rig.store.get_trace(rig.stack.bucket, trace_key("join", "q-t", fut.session_id))
+        kept = await rig.store.get_trace(
+            rig.stack.bucket, trace_key(result_key("join", "q-t", fut.session_id))
+        )
         assert kept is not None
         assert dump_trace(kept) == dump_trace(trace)
-        given_up = trace_key("join", "q-t", fut.previous_sessions[0])
+        given_up = trace_key(result_key("join", "q-t", fut.previous_sessions[0]))
         assert await rig.store.get_trace(rig.stack.bucket, given_up) is None
 
 
