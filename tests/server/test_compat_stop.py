@@ -22,11 +22,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, LivenessConfig, Retries
-from agentcore_rl.client.transports.base import StopUnsupportedError
+from agentcore_rl.client.liveness import LivenessProber
+from agentcore_rl.client.outcomes import ClientStats
+from agentcore_rl.client.transports.base import RetryableError, StopUnsupportedError
 from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.errors import InvocationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.protocol import new_session_id, parse_runtime_arn
+from agentcore_rl.ratelimit import TokenBucket
 from agentcore_rl.retry import RetryPolicy
 
 
@@ -137,3 +141,42 @@ async def test_the_local_runtime_applies_the_same_rule(
     assert runtime.counts["AgentStopUnsupported"] == 3
     assert runtime.counts["StopRuntimeSession"] == 3
     assert len(_info_lines(caplog)) == 1
+
+
+async def test_a_server_without_the_status_route_is_up_not_unreachable(
+    agent_url: tuple[SdkLikeAgent, str],
+) -> None:
+    """Its 404 to ``GET /sessions/{id}`` is an answer: the prober never counts the agent as
+    unreachable, so its rollouts are not declared lost after ``lost_after`` and run twice."""
+    _, url = agent_url
+    transport = HttpTransport(url)
+    sid = new_session_id()
+    lost: list[str] = []
+
+    class Waiting:
+        session_id, waiting = sid, True
+
+        def wake(self, kind: str, value: object) -> None:
+            lost.append(kind)
+
+    now = [0.0]
+    config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10, tick=1)
+    prober = LivenessProber(
+        transport,
+        TokenBucket(1000),
+        {sid: Waiting()},
+        ClientStats(),
+        config=config,
+        clock=lambda: now[0],
+    )
+    try:
+        with pytest.raises(InvocationError) as caught:
+            await transport.status(sid)
+        assert not isinstance(caught.value, RetryableError)
+        assert caught.value.status_code == 404
+        for second in range(30):
+            now[0] = float(second)
+            await prober.round()
+    finally:
+        await transport.aclose()
+    assert lost == []

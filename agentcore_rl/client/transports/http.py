@@ -157,10 +157,14 @@ class HttpTransport:
             self._pins.popitem(last=False)
         return url
 
-    async def _post(self, session_id: str, url: str, **kwargs: Any) -> httpx.Response:
+    async def _send(
+        self, session_id: str, url: str, method: str = "POST", **kwargs: Any
+    ) -> httpx.Response:
+        """One request; its failure classified: ``NotConnectedError``, ``RetryableError``
+        (429, 5xx, a read error), ``InvocationError`` (any other 4xx: an answer)."""
         try:
             async with self._limit:
-                response = await self._http.post(url, **kwargs)
+                response = await self._http.request(method, url, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             base = next((u for u in self.urls if url.startswith(u)), None)
             if base is not None and len(self.urls) > 1:
@@ -196,7 +200,7 @@ class HttpTransport:
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
         url = self._assign(session_id) + INVOCATIONS_PATH
-        response = await self._post(
+        response = await self._send(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
         )
         return json_object_answer(
@@ -215,7 +219,7 @@ class HttpTransport:
         try:
             # The server cancels the rollout on receipt, then waits (its stop_wait) for the
             # envelope: the client does not wait for that answer beyond stop_answer_timeout.
-            response = await self._post(
+            response = await self._send(
                 session_id,
                 url + path,
                 timeout=httpx.Timeout(HTTP_TIMEOUT, read=self.stop_answer_timeout),
@@ -244,19 +248,11 @@ class HttpTransport:
 
     async def status(self, session_id: str) -> protocol.SessionState:
         """``GET {url}/sessions/{id}`` on the session's server: running, finished or
-        unknown (a restarted server). Raises ``RetryableError`` when it cannot answer."""
+        unknown (a restarted server). Raises ``RetryableError`` when it cannot answer (not
+        reached, a 5xx), ``InvocationError`` for a 4xx (a server without the route is up)."""
         url = self.url_for(session_id) + protocol.SESSION_STATUS_PATH.format(session_id=session_id)
-        try:
-            async with self._limit:
-                response = await self._http.get(url, headers={SESSION_ID_HEADER: session_id})
-        except httpx.TransportError as exc:
-            raise RetryableError(f"{url}: {type(exc).__name__}", session_id=session_id) from exc
-        if response.status_code != 200:
-            raise RetryableError(
-                f"{url}: {error_message(response)}",
-                session_id=session_id,
-                status_code=response.status_code,
-            )
+        headers = {SESSION_ID_HEADER: session_id}
+        response = await self._send(session_id, url, "GET", headers=headers)
         answer = json_object_answer(response.content, source=url, session_id=session_id)
         return session_state(answer, source=url, session_id=session_id)
 
