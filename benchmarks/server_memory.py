@@ -88,9 +88,12 @@ async def send(
         for i in queue:
             headers = {protocol.SESSION_ID_HEADER: protocol.new_session_id()}
             while True:  # a 503 (overload) is a pause, then the same invocation again
-                response = await http.post(
-                    protocol.INVOCATIONS_PATH, json=payload(i), headers=headers
-                )
+                try:
+                    response = await http.post(
+                        protocol.INVOCATIONS_PATH, json=payload(i), headers=headers
+                    )
+                except (httpx.ReadError, httpx.RemoteProtocolError):
+                    continue  # a kept-alive connection the server closed as it was reused
                 if response.status_code != 503:
                     break
                 refused[0] += 1
