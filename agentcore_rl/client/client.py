@@ -174,10 +174,10 @@ class AsyncRolloutClient(GroupMethods):
             service=self._service,
             stop_finished_sessions=stop_finished_sessions,
             link=link,
+            timeout=timeouts.rollout,
         )
         self._groups = GroupRunner(
             exp_id=self.exp_id,
-            timeout=timeouts.rollout,
             service=self._service,
             rollouts=self._rollouts,
             prepare=self._prepare,
@@ -258,7 +258,7 @@ class AsyncRolloutClient(GroupMethods):
         spec = RolloutSpec(
             body=body,
             config=config,
-            timeout=self._limit(timeout),
+            timeout=self._rollouts.timeout_for(timeout),
             session_id=session_id,
             resume=resume,
             started_at=started_at,
@@ -314,7 +314,7 @@ class AsyncRolloutClient(GroupMethods):
         spec = RolloutSpec(
             body={},
             config=config,
-            timeout=self._limit(timeout),
+            timeout=self._rollouts.timeout_for(timeout),
             session_id=sid,
             key=(bucket, result_key),
             attach=True,
@@ -346,7 +346,7 @@ class AsyncRolloutClient(GroupMethods):
         self._service.check_open()
         prepare = functools.partial(self._prepare, input_id=None, overrides=rollout_extras(rollout))
         return batch.run_batch(
-            self._service, self._rollouts, prepare, payloads, self._limit(timeout)
+            self._service, self._rollouts, prepare, payloads, self._rollouts.timeout_for(timeout)
         )
 
     @property
@@ -459,6 +459,3 @@ class AsyncRolloutClient(GroupMethods):
         await self._service.ensure_open()
         fut: RolloutFuture = await self._service.start(self._rollouts.run, spec, name="rollout")
         return fut
-
-    def _limit(self, timeout: float | None) -> float | None:
-        return self.timeouts.rollout if timeout is None else timeout

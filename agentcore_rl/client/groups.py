@@ -150,15 +150,8 @@ class GroupRunner:
     tracker's."""
 
     def __init__(
-        self,
-        *,
-        exp_id: str,
-        timeout: float | None,
-        service: Service,
-        rollouts: Rollouts,
-        prepare: Prepare,
+        self, *, exp_id: str, service: Service, rollouts: Rollouts, prepare: Prepare
     ) -> None:
-        self.timeout = timeout  # a member's, unless a call gives its own
         self.service = service
         self.rollouts = rollouts
         self.prepare = prepare
@@ -184,7 +177,7 @@ class GroupRunner:
         Members wait for slots like any rollout, so this returns when ``n + redundancy``
         slots were taken (the invocations are still on their way)."""
         overrides = dict(overrides or {})
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.rollouts.timeout_for(timeout)
         # Validates the payload once, and fixes the input id (the group key).
         _, config = self.prepare(
             payload, input_id=input_id, overrides=overrides, default_input_id=default_input_id

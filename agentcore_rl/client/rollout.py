@@ -128,6 +128,7 @@ class Rollouts:
         service: Service,
         stop_finished_sessions: bool | None,
         link: GatewayLink | None,
+        timeout: float | None,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
@@ -141,6 +142,7 @@ class Rollouts:
             else stop_finished_sessions
         )
         self.unreachable_after = liveness.unreachable_after
+        self.timeout = timeout  # a rollout's, unless its call gives its own
         self.live: dict[str, Rollout] = {}
         # The one watcher for all results, the prober of the live sessions, the gateway's.
         self.watcher = CompletionWatcher(store, watcher)
@@ -155,6 +157,10 @@ class Rollouts:
         self._idle.set()
         #: Sessions whose stop failed or never ran before the client closed.
         self.unstopped: list[str] = []
+
+    def timeout_for(self, timeout: float | None) -> float | None:
+        """A call's rollout timeout: its own, else the client's (``None``: no timeout)."""
+        return self.timeout if timeout is None else timeout
 
     def check_session_id(self, session_id: object) -> str:
         """``session_id`` if a new rollout may use it; ``InvalidRolloutConfig`` when it is
