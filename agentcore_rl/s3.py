@@ -1,4 +1,4 @@
-"""ResultStore: the only door to S3 in agentcore-rl (aioboto3). botocore's own retries are
+"""ResultStore: the only door to S3 in agentcore-rl (aiobotocore). botocore's own retries are
 off: one :class:`RetryPolicy` governs every request; what outlasts it, or is not transient,
 raises :class:`~agentcore_rl.errors.StorageError`. Requests are counted per operation.
 """
@@ -14,11 +14,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import aioboto3
 import aiobotocore
 import botocore
-from aiobotocore.session import get_session
-from botocore.config import Config
+from aiobotocore.config import AioConfig
+from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
@@ -137,7 +136,7 @@ class ResultStore:
         *,
         endpoint_url: str | None = None,
         region_name: str | None = None,
-        session: aioboto3.Session | None = None,
+        session: AioSession | None = None,
         retry: RetryPolicy = DEFAULT_S3_RETRY,
         max_pool_connections: int = 64,
         connect_timeout: float = 10.0,
@@ -150,7 +149,7 @@ class ResultStore:
         # botocore's per-request extras cost CPU on every one of thousands of small requests:
         # parameters are already validated by protocol.py, and result envelopes are small
         # JSON that S3 does not require checksums for, so both are switched off.
-        self._config = Config(
+        self._config = AioConfig(
             max_pool_connections=max_pool_connections,
             connect_timeout=connect_timeout,
             read_timeout=30.0,
@@ -221,7 +220,7 @@ class ResultStore:
             entry = self._clients.get(loop)
             if entry is None:
                 holder = _hold_client(
-                    self._session.client(
+                    self._session.create_client(
                         "s3",
                         endpoint_url=self.endpoint_url,
                         region_name=self.region_name,
@@ -406,12 +405,12 @@ class ResultStore:
         await self._call("CreateBucket", bucket, None, request)
 
 
-def _session_keeping_timestamps() -> aioboto3.Session:
-    """An aioboto3 session whose responses keep timestamps as the strings S3 sent.
+def _session_keeping_timestamps() -> AioSession:
+    """An aiobotocore session whose responses keep timestamps as the strings S3 sent.
 
     botocore parses every ``LastModified`` of a listing into a datetime, more than half the
     CPU of a 1,000-key LIST page; the store returns keys only, so it never reads one.
     """
     core = get_session()
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
-    return aioboto3.Session(botocore_session=core)
+    return core

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import aioboto3
 import pytest
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError, EndpointConnectionError
@@ -96,9 +95,7 @@ async def test_requests_carry_the_fixed_user_agent(s3_endpoint: str) -> None:
         sent.append(request.headers["User-Agent"].decode())
 
     core.register("before-send.s3", record)
-    async with ResultStore(
-        endpoint_url=s3_endpoint, session=aioboto3.Session(botocore_session=core)
-    ) as store:
+    async with ResultStore(endpoint_url=s3_endpoint, session=core) as store:
         await store.ensure_bucket("user-agent")
         await store.put_json("user-agent", "k.json", {"a": 1})
         assert await store.get_json("user-agent", "k.json") == {"a": 1}
