@@ -432,16 +432,17 @@ async def run_eval(
     # A group's trajectories go into its rows file instead.
     traced = options.gateway_url is not None and options.group_size is None
     journal = EvalJournal.open(options.out, resume=options.resume, trajectories=traced)
-    run.trajectories = journal.trajectories
-    run.resumed = sum(1 for i in by_id if i in journal.finished)
-    in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
-    fresh = [
-        item
-        for item in inputs
-        if item.input_id not in journal.finished and item.input_id not in journal.in_flight
-    ]
-    engine = EvalEngine(options, client, journal, Progress(len(inputs), run.resumed, progress))
+    engine: EvalEngine | None = None
     try:
+        run.trajectories = journal.trajectories
+        run.resumed = sum(1 for i in by_id if i in journal.finished)
+        in_flight = [e for i, e in journal.in_flight.items() if i in by_id]
+        fresh = [
+            item
+            for item in inputs
+            if item.input_id not in journal.finished and item.input_id not in journal.in_flight
+        ]
+        engine = EvalEngine(options, client, journal, Progress(len(inputs), run.resumed, progress))
         async with client:
             for session_id in journal.unstopped:  # left running by the previous run
                 client.stop_session(session_id)
@@ -452,6 +453,7 @@ async def run_eval(
                 run.trajectories_missing = engine.trajectories_missing
     finally:
         journal.record_unstopped(client.unstopped_sessions)
-        engine.bar.close()
+        if engine is not None:
+            engine.bar.close()
         journal.close()
         run.wall_seconds = time.monotonic() - started
