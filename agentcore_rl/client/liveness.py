@@ -77,8 +77,7 @@ class LivenessConfig:
     seconds between its probes; ``max_rate``: probes per second at most (the share of the
     TPS budget crash detection may take); ``escalate_after``: seconds a probe waits behind
     invocations before it queues among them (``None``: it always waits behind them);
-    ``tick``: seconds between rounds. ``enabled``
-    False turns probing off. With the defaults a crash is seen within about
+    ``enabled`` False turns probing off. With the defaults a crash is seen within about
     ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
     sessions are pending; beyond that, detection slows rather than the probes growing.
     ``lost_after``: seconds a session's agent may stay unreachable to its probes
@@ -104,7 +103,6 @@ class LivenessConfig:
     probe_interval: float = DEFAULT_PROBE_INTERVAL
     max_rate: float = DEFAULT_PROBE_RATE
     escalate_after: float | None = DEFAULT_ESCALATE_AFTER
-    tick: float = 1.0
     enabled: bool = True
     lost_after: float = DEFAULT_LOST_AFTER
     unreachable_after: float = DEFAULT_UNREACHABLE_AFTER
@@ -113,7 +111,7 @@ class LivenessConfig:
     lease_id: str | None = None
 
     def __post_init__(self) -> None:
-        check_numbers(self, "probe_interval", "tick", "max_rate", "lease_renew", above=0)
+        check_numbers(self, "probe_interval", "max_rate", "lease_renew", above=0)
         check_numbers(self, "probe_after", "lost_after", "unreachable_after", at_least=0)
         check_numbers(self, "escalate_after", at_least=0, optional=True)
         if self.lease is not None and not self.lease >= 2 * self.lease_renew:
@@ -172,6 +170,9 @@ class LivenessProber:
         self.counters = counters
         self.config = config
         self.clock = clock
+        # Seconds between rounds: a session is probed at most every probe_interval, and a
+        # round a second keeps the first probe within a second of probe_after.
+        self.tick = min(1.0, config.probe_interval)
         self._seen: dict[str, _Seen] = {}
         self._credit = 0.0
         # HTTP: server URL -> clock time a session there was found lost.
@@ -182,7 +183,7 @@ class LivenessProber:
         if not self.config.enabled:
             return
         while True:
-            await asyncio.sleep(self.config.tick)
+            await asyncio.sleep(self.tick)
             await self.round()
 
     def _url(self, session_id: str) -> str | None:
@@ -195,7 +196,7 @@ class LivenessProber:
         now = self.clock()
         for sid in [s for s in self._seen if s not in self.live]:
             del self._seen[sid]
-        self._credit = min(self._credit + cfg.max_rate * cfg.tick, max(1.0, cfg.max_rate))
+        self._credit = min(self._credit + cfg.max_rate * self.tick, max(1.0, cfg.max_rate))
         candidates: list[tuple[int, float, str]] = []
         for sid, rollout in self.live.items():
             if not rollout.waiting:

@@ -58,7 +58,7 @@ AGENT = textwrap.dedent(
 )
 
 #: Probe every pending session at once and often: the test checks behaviour, not pacing.
-EAGER = LivenessConfig(probe_after=0.0, probe_interval=0.05, tick=0.05, max_rate=100.0)
+EAGER = LivenessConfig(probe_after=0.0, probe_interval=0.05, max_rate=100.0)
 
 
 class Agent:

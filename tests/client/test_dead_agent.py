@@ -42,7 +42,6 @@ PROBE_INTERVAL = 0.05
 WATCHFUL = LivenessConfig(
     probe_after=0.0,
     probe_interval=PROBE_INTERVAL,
-    tick=0.02,
     max_rate=100.0,
     lost_after=LOST_AFTER,
     lease=None,

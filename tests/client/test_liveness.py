@@ -64,7 +64,7 @@ async def test_probes_are_capped_and_only_for_long_pending_sessions() -> None:
     clock = Clock()
     live = _futures(10_000)
     transport = Transport({sid: "http://a" for sid in live})
-    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=2, tick=1)
+    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=2)
     prober = LivenessProber(
         transport, TokenBucket(1000), live, ClientStats(), config=config, clock=clock
     )
@@ -103,7 +103,7 @@ async def test_a_probe_starved_by_invocations_queues_among_them() -> None:
     transport.lost = {"s0"}
     limiter = BusyLimiter()
     counters = ClientStats()
-    config = LivenessConfig(probe_after=0, escalate_after=0, tick=1)
+    config = LivenessConfig(probe_after=0, escalate_after=0)
     prober = LivenessProber(
         transport,
         limiter,
@@ -125,7 +125,7 @@ async def test_the_longest_unconfirmed_session_is_probed_first() -> None:
     futures = _futures(3)
     live: dict[str, Pending] = {}
     transport = Transport({sid: "http://a" for sid in futures})
-    config = LivenessConfig(probe_after=10, probe_interval=60, max_rate=1, tick=1)
+    config = LivenessConfig(probe_after=10, probe_interval=60, max_rate=1)
     prober = LivenessProber(
         transport,
         TokenBucket(1000),
@@ -152,7 +152,7 @@ async def test_a_lost_session_makes_its_servers_sessions_suspects() -> None:
     urls = {sid: ("http://a" if int(sid[1:]) % 2 else "http://b") for sid in live}
     transport = Transport(urls)
     transport.lost = {"s1", "s3", "s5"}  # server a restarted
-    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=1, tick=1)
+    config = LivenessConfig(probe_after=10, probe_interval=5, max_rate=1)
     prober = LivenessProber(
         transport,
         TokenBucket(1000),
@@ -189,7 +189,7 @@ async def test_an_agent_unreachable_for_lost_after_loses_its_sessions() -> None:
     lost: list[str] = []
     live = _futures(2, lost)
     transport = DeadTransport({sid: "http://a" for sid in live})
-    config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10, tick=1)
+    config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10)
     counters = ClientStats()
     prober = LivenessProber(
         transport, TokenBucket(1000), live, counters, config=config, clock=clock

@@ -160,7 +160,7 @@ async def test_a_server_without_the_status_route_is_up_not_unreachable(
             lost.append(kind)
 
     now = [0.0]
-    config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10, tick=1)
+    config = LivenessConfig(probe_after=0, probe_interval=1, lost_after=10, max_rate=10)
     prober = LivenessProber(
         transport,
         TokenBucket(1000),
