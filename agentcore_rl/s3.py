@@ -145,7 +145,8 @@ class ResultStore:
         self.region_name = region_name
         self.retry = retry
         self.request_counts: Counter[str] = Counter()
-        self._session = session or _session_keeping_timestamps()
+        #: The aiobotocore session its clients come from (a client's other AWS clients share it).
+        self.session = session or _session_keeping_timestamps()
         # botocore's per-request extras cost CPU on every one of thousands of small requests:
         # parameters are already validated by protocol.py, and result envelopes are small
         # JSON that S3 does not require checksums for, so both are switched off.
@@ -220,7 +221,7 @@ class ResultStore:
             entry = self._clients.get(loop)
             if entry is None:
                 holder = _hold_client(
-                    self._session.create_client(
+                    self.session.create_client(
                         "s3",
                         endpoint_url=self.endpoint_url,
                         region_name=self.region_name,

@@ -147,8 +147,9 @@ class AsyncRolloutClient(GroupMethods):
         self.exp_id, self.s3_bucket = exp_id, s3_bucket
         self.limits, self.timeouts, self.retries, self.aws = limits, timeouts, retries, aws
         self.liveness = liveness
+        # One AWS session for S3 and the runtime: credentials and endpoint data load once.
         self.transport: Transport = make_transport(
-            agent_runtime_arn, agent_url, aws, limits.max_concurrent_sessions
+            agent_runtime_arn, agent_url, aws, limits.max_concurrent_sessions, self.store.session
         )
         self.rate_limiter: RateLimiter = rate_limiter or TokenBucket(
             limits.tps, limits.burst, tick=DEFAULT_PACE_TICK

@@ -60,7 +60,7 @@ DEFAULT_UNREACHABLE_AFTER: Final = 3.0
 #: Seconds without a renewal after which agent servers cancel the client's rollouts.
 DEFAULT_LEASE: Final = 180.0
 #: Seconds between two renewals of the lease (one small S3 PUT each).
-DEFAULT_LEASE_RENEW: Final = 5.0
+DEFAULT_LEASE_RENEW: Final = 30.0
 
 
 class StatusTransport(Protocol):
