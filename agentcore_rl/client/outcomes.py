@@ -44,7 +44,7 @@ class ClientStats:
     ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
     waited ``escalate_after`` behind invocations and then queued among them;
     ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
-    ``client.unstopped_sessions``). ``in_flight``: accepted rollouts without an outcome yet.
+    ``client.unstopped_sessions``). ``in_flight``: rollouts sent or accepted, no outcome yet.
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
     ``store_unreachable``: whether the result store is down now (new invocations wait);
     ``store_outages`` and ``degraded_seconds``: how often and how long it was.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -96,7 +95,8 @@ class Rollout:
         return self.waiter is not None and not self.waiter.done()
 
     def wake(self, kind: str, value: Any) -> None:
-        """End the wait: ``("result", envelope)``, ``("error", exc)`` or ``("lost", exc)``."""
+        """End the wait: ``("result", envelope)``, ``("error", exc)``, ``("lost", exc)`` or
+        ``("timeout", None)``."""
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result((kind, value))
 
@@ -397,13 +397,22 @@ class Rollouts:
     ) -> tuple[dict[str, Any] | None, BaseException | None]:
         assert r.waiter is not None
         limit = r.spec.timeout
-        remaining = math.inf if limit is None else fut.invoked_at + limit - time.time()
-        with anyio.move_on_after(remaining):
+        # The deadline is one more waker of the waiter (no cancel scope): a result that
+        # arrived in time is not undone by a slow trace join.
+        deadline = None
+        if limit is not None:
+            delay = fut.invoked_at + limit - time.time()
+            deadline = asyncio.get_running_loop().call_later(delay, r.wake, "timeout", None)
+        try:
             kind, value = await r.waiter
-            if kind == "result":
-                return await self._ended(r, value)
-            if kind == "lost" and self.stop_finished_sessions:
-                r.to_stop.append(fut.session_id)  # e.g. the microVM a probe re-created
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        if kind == "result":
+            return await self._ended(r, value)
+        if kind == "lost" and self.stop_finished_sessions:
+            r.to_stop.append(fut.session_id)  # e.g. the microVM a probe re-created
+        if kind != "timeout":
             return None, value
         r.to_stop.append(fut.session_id)
         # An S3 outage is no outcome of its own: the rollout ends at its timeout.
