@@ -410,7 +410,8 @@ def _session_keeping_timestamps() -> AioSession:
     """An aiobotocore session whose responses keep timestamps as the strings S3 sent.
 
     botocore parses every ``LastModified`` of a listing into a datetime, more than half the
-    CPU of a 1,000-key LIST page; the store returns keys only, so it never reads one.
+    CPU of a 1,000-key LIST page; the store returns keys only, so it never reads one. A
+    client's AgentCore Runtime calls share the session: their answers carry no timestamps.
     """
     core = get_session()
     core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
