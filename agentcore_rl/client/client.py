@@ -149,7 +149,11 @@ class AsyncRolloutClient(GroupMethods):
         self.liveness = liveness
         # One AWS session for S3 and the runtime: credentials and endpoint data load once.
         self.transport: Transport = make_transport(
-            agent_runtime_arn, agent_url, aws, limits.max_concurrent_sessions, self.store.session
+            agent_runtime_arn,
+            agent_url,
+            aws,
+            limits.max_concurrent_sessions,
+            session=self.store.session,
         )
         self.rate_limiter: RateLimiter = rate_limiter or TokenBucket(
             limits.tps, limits.burst, tick=DEFAULT_PACE_TICK

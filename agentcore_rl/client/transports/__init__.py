@@ -23,6 +23,7 @@ def make_transport(
     urls: str | Sequence[str] | None,
     aws: AwsConfig,
     sessions: int,
+    *,
     session: AioSession | None = None,
 ) -> Transport:
     """The transport for a runtime ARN (its AWS clients from ``session``), else for agent
