@@ -24,8 +24,12 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.errors import TraceLostError
-from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, backend_named
-from agentcore_rl.gateway.call import JSON_TYPE, Call, Refuse, down_message, error_body, respond
+from agentcore_rl.gateway.backends import backend_named
+from agentcore_rl.gateway.call import Call, Refuse, down_message, respond
+from agentcore_rl.gateway.dialects import route_for
+from agentcore_rl.gateway.dialects.base import Dialect
+from agentcore_rl.gateway.dialects.base import Route as DialectRoute
+from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, error_body
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
@@ -46,7 +50,6 @@ DEFAULT_SESSION_TTL: Final = 8 * 3600.0
 #: The header of ``POST /admin/sessions``'s answer naming the gateway process (its id).
 GATEWAY_ID_HEADER: Final = "x-gateway-id"
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
-_ENDPOINTS: Final = {"chat/completions": CHAT, "completions": COMPLETIONS}
 
 
 def _check_session_id(sid: object) -> None:
@@ -378,21 +381,32 @@ class RolloutGateway:
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root) :]
+        sid: str | None
+        if path.startswith("/sessions/"):
+            sid, _, rest = path[len("/sessions/") :].partition("/")
+        elif path.startswith("/v1/"):
+            sid, rest = None, path[1:]
+        else:
+            await self._admin(scope, receive, send)
+            return
+        route = route_for(rest)
+        dialect: Dialect = CHAT_DIALECT if route is None else route.dialect
         try:
-            if path.startswith("/sessions/"):
-                sid, _, rest = path[len("/sessions/") :].partition("/")
-                _check_session_id(sid)
-                if not rest.startswith("v1/"):
-                    raise Refuse(404, f"no route {path}", "not_found")
-                await self._openai(scope, receive, send, sid, rest[3:])
-            elif path.startswith("/v1/"):
-                await self._openai(scope, receive, send, self._bearer_session(scope), path[4:])
+            sid = self._bearer_session(scope) if sid is None else sid
+            _check_session_id(sid)
+            if route is not None:
+                await self._agent_call(scope, receive, send, sid, route)
+            elif rest == "v1/models" and scope["method"] == "GET":
+                await self._models(send, sid)
             else:
-                await self._admin(scope, receive, send)
+                routes = "v1/chat/completions, v1/completions, v1/models"
+                raise Refuse(404, f"no route {path} (sessions/{{id}}/: {routes})", "not_found")
         except Invalid as exc:  # the session id or the body (jsonio: the door)
-            await respond(send, 400, error_body(400, str(exc), "invalid_request"))
+            body, headers = Refuse(400, str(exc), "invalid_request").render(dialect)
+            await respond(send, 400, body, headers)
         except Refuse as refuse:
-            await respond(send, refuse.status, refuse.body, [JSON_TYPE, *refuse.headers])
+            body, headers = refuse.render(dialect)
+            await respond(send, refuse.status, body, headers)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: object) -> AsyncIterator[None]:
@@ -402,15 +416,18 @@ class RolloutGateway:
         async with self:
             yield
 
-    def _bearer_session(self, scope: Scope) -> str:
+    @staticmethod
+    def _bearer_session(scope: Scope) -> str:
+        """The session id an agent sends as its API key (OpenAI's bearer, Anthropic's
+        ``x-api-key``)."""
         for name, value in scope["headers"]:
+            header: str = value.decode("latin-1")
             if name == b"authorization":
-                header: bytes = value
-                scheme, _, token = header.decode("latin-1").partition(" ")
+                scheme, _, token = header.partition(" ")
                 if scheme.lower() == "bearer" and token.strip():
-                    sid = token.strip()
-                    _check_session_id(sid)
-                    return sid
+                    return token.strip()
+            elif name == b"x-api-key" and header.strip():
+                return header.strip()
         raise Refuse(
             401,
             "no session id: call /sessions/{session_id}/v1/... or send "
@@ -418,32 +435,24 @@ class RolloutGateway:
             "missing_session_id",
         )
 
-    async def _openai(
-        self, scope: Scope, receive: Receive, send: Send, sid: str, rest: str
+    async def _models(self, send: Send, sid: str) -> None:
+        pool = self._upstream_for(sid)
+        try:
+            status, content = await pool.fetch(pool.target("/models", "GET"), None)
+        except UpstreamError as exc:
+            raise Refuse(502, down_message(pool.base, exc), "upstream_unavailable") from None
+        await respond(send, status, content)
+
+    async def _agent_call(
+        self, scope: Scope, receive: Receive, send: Send, sid: str, route: DialectRoute
     ) -> None:
         if not self.running:
             raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
-        method = scope["method"]
-        if rest == "models" and method == "GET":
-            pool = self._upstream_for(sid)
-            try:
-                status, content = await pool.fetch(pool.target("/models", "GET"), None)
-            except UpstreamError as exc:
-                raise Refuse(502, down_message(pool.base, exc), "upstream_unavailable") from None
-            await respond(send, status, content)
-            return
-        endpoint = _ENDPOINTS.get(rest)
-        if endpoint is None:
-            raise Refuse(
-                404, f"no route /v1/{rest} (chat/completions, completions, models)", "not_found"
-            )
-        if method != "POST":
-            raise Refuse(405, f"/v1/{rest} takes POST", "method_not_allowed")
+        if scope["method"] != "POST":
+            raise Refuse(405, f"{scope['path']} takes POST", "method_not_allowed")
         raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
         body = parse_object(raw)
-        key = "messages" if endpoint == CHAT else "prompt"
-        if key not in body:
-            raise Refuse(400, f"request body has no {key!r}", "invalid_request")
+        chat = route.dialect.decode(body, route, self._sessions.get(sid))
         if self.require_open and sid not in self._sessions:
             raise Refuse(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
@@ -457,7 +466,7 @@ class RolloutGateway:
             session = self._sessions.get(sid)
             if session is None:  # opened by its first call (after the gate: a 429 opens none)
                 session = self._sessions[sid] = Session(sid)
-            await self._serve(send, session, endpoint, raw, body, version)
+            await self._serve(send, session, route.dialect, raw, body, chat, version)
         finally:
             self.gate.exit()
 
@@ -465,29 +474,32 @@ class RolloutGateway:
         self,
         send: Send,
         session: Session,
-        endpoint: str,
+        dialect: Dialect,
         raw: bytes,
         body: dict[str, Any],
+        chat: dict[str, Any],
         version: int,
     ) -> None:
-        """Begin the record, hand the call to its mode, commit it if the mode did not."""
+        """Begin the record, hand the call to its mode, commit it if the mode did not. The
+        record keeps the request as chat (``raw`` for a chat agent), the dialect named."""
         start = self._clock()
+        request = raw if chat is body else dumps(chat)
         overrides = dict(session.sampling or {})
         if self.model:
             overrides["model"] = self.model
-        body.update(overrides)
+        chat.update(overrides)
         pool = self._upstream_for(session.session_id)
         record = CallRecord(
             session_id=session.session_id,
             index=session.call_started(start),
-            endpoint=endpoint,
+            endpoint=dialect.name,
             exp_id=session.exp_id,
             input_id=session.input_id,
             policy_version_start=version,
-            request_body=raw,
+            request_body=request,
             overrides=overrides or None,
             started_at=time.time(),
-            stream=bool(body.get("stream")),
+            stream=bool(chat.get("stream")),
             upstream=pool.base,
         )
 
@@ -499,12 +511,13 @@ class RolloutGateway:
             self._counts["failed_calls"] += not record.ok
             session.call_ended(record, self._clock())
 
+        encoder = dialect.encoder(body, chat, session)
         call = Call(
-            *(session, endpoint, raw, body, record, pool, on_commit),
+            *(session, dialect, encoder, raw, chat, record, pool, on_commit),
             gate=self.gate,
             versions=Versions(version),
         )
-        render = self.render if endpoint == CHAT else None
+        render = self.render if not dialect.text else None
         mode: RenderMode | ProxyMode = render or self.proxy
         try:
             await mode.serve(call, send)

@@ -11,7 +11,7 @@ from typing import Any, Final
 from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 
-__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named", "synthesize_sse"]
+__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named"]
 
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
@@ -311,28 +311,3 @@ def backend_named(name: str) -> Backend:
         return _BACKENDS[name]()
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; choose one of {sorted(_BACKENDS)}") from None
-
-
-def synthesize_sse(data: Mapping[str, Any], endpoint: str, include_usage: bool) -> bytes:
-    """A whole (stripped) answer as an OpenAI SSE stream: one chunk per choice."""
-    head = {
-        "id": data.get("id", ""),
-        "object": "chat.completion.chunk" if endpoint == CHAT else "text_completion",
-        "created": data.get("created", 0),
-        "model": data.get("model", ""),
-    }
-    parts = []
-    for ch in data.get("choices") or ():
-        if endpoint == CHAT:
-            message = dict(ch.get("message") or {})
-            for i, call in enumerate(message.get("tool_calls") or ()):
-                call.setdefault("index", i)
-            choice = {"index": ch.get("index", 0), "delta": message}
-        else:
-            choice = {"index": ch.get("index", 0), "text": ch.get("text", "")}
-        choice["logprobs"] = ch.get("logprobs")
-        choice["finish_reason"] = ch.get("finish_reason")
-        parts.append({**head, "choices": [choice]})
-    if include_usage and data.get("usage") is not None:
-        parts.append({**head, "choices": [], "usage": data["usage"]})
-    return b"".join(b"data: " + dumps(p) + b"\n\n" for p in parts) + b"data: [DONE]\n\n"

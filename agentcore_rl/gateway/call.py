@@ -5,36 +5,23 @@ answer's last byte."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.backends import synthesize_sse
-from agentcore_rl.gateway.jsonio import dumps
+from agentcore_rl.gateway.dialects.base import JSON_TYPE, Dialect, Encoder, chunks_of
 from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
-__all__ = [
-    "JSON_TYPE",
-    "SSE_HEADERS",
-    "Call",
-    "Refuse",
-    "down_message",
-    "error_body",
-    "passed_on",
-    "respond",
-]
-
-SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-JSON_TYPE: Final = (b"content-type", b"application/json")
+__all__ = ["Call", "Refuse", "down_message", "passed_on", "respond"]
 
 
 class Refuse(Exception):
-    """Answer the agent with ``status`` and an OpenAI-style JSON error, or ``body``."""
+    """Answer the agent with ``status`` and an error in its dialect's shape (``upstream``: the
+    upstream's own error body, passed on as it is to a chat agent)."""
 
     def __init__(
         self,
@@ -42,24 +29,25 @@ class Refuse(Exception):
         message: str,
         kind: str,
         headers: Sequence[Any] = (),
-        body: bytes | None = None,
+        upstream: bytes | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.kind = kind
         self.headers = list(headers)
-        self.body = error_body(status, message, kind) if body is None else body
+        self.upstream = upstream
+
+    def render(self, dialect: Dialect) -> tuple[bytes, list[Any]]:
+        """The body and headers in ``dialect``'s error shape."""
+        body, headers = dialect.error(self.status, self.message, self.kind, self.upstream)
+        return body, [JSON_TYPE, *headers, *self.headers]
 
 
 def passed_on(status: int, content: bytes) -> Refuse:
-    """An upstream's answer other than 200, for the agent as it is."""
+    """An upstream's answer other than 200, for the agent."""
     text = content[:500].decode("utf-8", "replace")
-    return Refuse(status, f"upstream answered HTTP {status}: {text}", "upstream", body=content)
-
-
-def error_body(status: int, message: str, kind: str) -> bytes:
-    """The OpenAI-style JSON error body."""
-    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+    return Refuse(status, f"upstream answered HTTP {status}: {text}", "upstream", upstream=content)
 
 
 async def respond(
@@ -79,10 +67,12 @@ def down_message(base: str, exc: UpstreamError) -> str:
 @dataclass(slots=True, eq=False)
 class Call:
     """One admitted model call: ``raw`` as sent, ``body`` with the session's overrides, and
-    ``versions``: where each policy version's tokens start (a ``suspend`` can cut in)."""
+    ``versions``: where each policy version's tokens start (a ``suspend`` can cut in);
+    ``encoder`` writes the answer in the agent's dialect."""
 
     session: Session
-    endpoint: str  # "chat.completions" or "completions"
+    dialect: Dialect
+    encoder: Encoder
     raw: bytes
     body: dict[str, Any]
     record: CallRecord
@@ -91,6 +81,11 @@ class Call:
     gate: PolicyGate
     versions: Versions
     committed: bool = False
+
+    @property
+    def text(self) -> bool:
+        """Whether the call is a text completion (``prompt``) rather than chat."""
+        return self.dialect.text
 
     @property
     def stream(self) -> bool:
@@ -105,12 +100,11 @@ class Call:
         self.on_commit(self)
 
     async def answer(self, send: Send, data: dict[str, Any]) -> None:
-        """Commit the record, then send the whole answer (one SSE piece when streaming)."""
+        """Commit the record, then send the whole answer (in one piece when streaming)."""
         self.commit(200)
+        encoder = self.encoder
         if self.stream:
-            options = self.body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            sse = synthesize_sse(data, self.endpoint, usage)
-            await respond(send, 200, sse, SSE_HEADERS)
+            pieces = [encoder.chunk(chunk) for chunk in chunks_of(data, self.text)]
+            await respond(send, 200, b"".join([*pieces, encoder.end()]), encoder.stream_headers)
         else:
-            await respond(send, 200, dumps(data))
+            await respond(send, 200, encoder.whole(data), encoder.headers)

@@ -7,15 +7,8 @@ from typing import Final
 
 from starlette.types import Send
 
-from agentcore_rl.gateway.backends import Backend, Capture
-from agentcore_rl.gateway.call import (
-    SSE_HEADERS,
-    Call,
-    Refuse,
-    down_message,
-    error_body,
-    passed_on,
-)
+from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, Backend, Capture
+from agentcore_rl.gateway.call import Call, Refuse, down_message, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
 
@@ -32,7 +25,7 @@ class ProxyMode:
 
     async def serve(self, call: Call, send: Send) -> None:
         """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
-        endpoint = call.endpoint
+        endpoint = COMPLETIONS if call.text else CHAT
         stream = call.stream
         upstream_body, keep_logprobs = self.backend.prepare(dict(call.body), endpoint)
         payload = dumps(upstream_body)
@@ -43,7 +36,7 @@ class ProxyMode:
         versions = call.versions
         versions.count = lambda: len(capture.ids.get(0, ()))
         pool = call.upstream
-        target = pool.target("/chat/completions" if endpoint != "completions" else "/completions")
+        target = pool.target("/completions" if call.text else "/chat/completions")
         try:
             if stream and self.backend.streams:
                 call.gate.live.add(versions)
@@ -51,7 +44,7 @@ class ProxyMode:
                     del payload
                     status = response.status
                     if status == 200:
-                        await self._relay(send, response, call, capture, keep_logprobs)
+                        await self._relay(send, response, call, capture, keep_logprobs, endpoint)
                         return
                     content = await response.read()
             else:  # the whole answer in one wake-up
@@ -94,6 +87,7 @@ class ProxyMode:
         call: Call,
         capture: Capture,
         keep_logprobs: bool,
+        endpoint: str,
     ) -> None:
         """Forward the upstream's SSE events as they arrive, capturing and stripping each: the
         first event alone, as soon as it is read (time to first byte); after it, whatever
@@ -103,7 +97,7 @@ class ProxyMode:
         newline = False  # whether the last piece ended with a newline
         out: list[bytes] = []  # events not sent yet (held until a chunk carries token ids)
         done = False
-        take, endpoint = self.backend.take, call.endpoint
+        take, encoder = self.backend.take, call.encoder
         try:
             async for piece in content:
                 ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
@@ -122,11 +116,9 @@ class ProxyMode:
                         with memoryview(event) as view:
                             data = loads(view[5:])
                         take(data, capture, keep_logprobs, endpoint)
-                        out += (b"data: ", dumps(data), b"\n\n")
-                    elif event:
-                        out += (event, b"\n\n")
+                        out.append(encoder.chunk(data))
                     if not started and (capture.prompt is not None or capture.finish):
-                        started = await self._start(send, capture)
+                        started = await self._start(send, capture, call)
                         first, out = b"".join(out), []
                         await send({"type": "http.response.body", "body": first, "more_body": True})
                 if done:
@@ -144,27 +136,28 @@ class ProxyMode:
             if not started:
                 raise Refuse(502, message, "upstream_unavailable") from None
             call.commit(502, message)  # the headers are out: end the stream with an error event
-            tail = b"data: " + error_body(502, message, "upstream_unavailable") + b"\n\n"
+            tail = encoder.fail(502, message, "upstream_unavailable")
             await send({"type": "http.response.body", "body": tail})
             return
         if not started:  # a stream without chunks
-            await self._start(send, capture)
-        await self._end_stream(send, out if done else [*out, *unread], capture, call)
+            await self._start(send, capture, call)
+        await self._end_stream(send, out, capture, call)
 
-    async def _start(self, send: Send, capture: Capture) -> bool:
+    async def _start(self, send: Send, capture: Capture, call: Call) -> bool:
         # vLLM sends the prompt ids on the first chunk: without them, refuse before any byte
         if capture.prompt is None:
             what = capture.missing(self.backend) or "no prompt token ids"
             raise Refuse(502, what, "upstream_missing_token_ids")
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        headers = call.encoder.stream_headers
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         return True
 
     async def _end_stream(self, send: Send, out: list[bytes], capture: Capture, call: Call) -> None:
         failed = self._fill(call, capture)
         if failed:
             call.commit(502, failed[0])
-            tail = b"data: " + error_body(502, *failed) + b"\n\n"
+            tail = call.encoder.fail(502, *failed)
         else:
             call.commit(200)  # before the last byte: an envelope never overtakes its last record
-            tail = _DONE + b"\n\n"
+            tail = call.encoder.end()
         await send({"type": "http.response.body", "body": b"".join(out) + tail})

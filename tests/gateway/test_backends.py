@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from agentcore_rl.gateway.backends import Capture, backend_named, synthesize_sse
+from agentcore_rl.gateway.backends import Capture, backend_named
+from agentcore_rl.gateway.dialects.base import chunks_of
 from agentcore_rl.gateway.record import CallRecord
 
 
@@ -42,9 +42,9 @@ def test_sglang_request_flags_and_answer_capture() -> None:
     assert "meta_info" not in choice
     assert "prompt_token_ids" not in choice
     assert choice["logprobs"] is None
-    events = synthesize_sse(answer, "chat.completions", include_usage=True).split(b"\n\n")
-    assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == "hi"
-    assert events[-2] == b"data: [DONE]"
+    chunks = chunks_of(answer)
+    assert chunks[0]["choices"][0]["delta"]["content"] == "hi"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
 
 
 def test_sglang_without_meta_info_names_what_is_missing() -> None:

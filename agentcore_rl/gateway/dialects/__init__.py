@@ -1,0 +1,33 @@
+"""The agent-facing dialects, by route (docs/gateway.md, "Agent dialects"): OpenAI chat and
+text completions (:mod:`.chat`); what a codec is: :mod:`.base`."""
+
+from __future__ import annotations
+
+from typing import Final
+from urllib.parse import unquote
+
+from agentcore_rl.gateway.dialects.base import Dialect, Route
+from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, COMPLETIONS_DIALECT
+
+__all__ = ["PATHS", "route_for"]
+
+#: The routes after ``/sessions/{sid}/`` (and after the bearer form's root) by path.
+PATHS: Final[dict[str, Route]] = {
+    "v1/chat/completions": Route(CHAT_DIALECT),
+    "v1/completions": Route(COMPLETIONS_DIALECT),
+}
+#: Bedrock Converse: ``model/{modelId}/converse`` and ``.../converse-stream``.
+CONVERSE: Final[Dialect | None] = None
+
+
+def route_for(rest: str) -> Route | None:
+    """The route for the path after ``/sessions/{sid}/`` (``v1/chat/completions``,
+    ``model/{modelId}/converse``...), or None."""
+    found = PATHS.get(rest)
+    if found is not None:
+        return found
+    if rest.startswith("model/") and CONVERSE is not None:
+        model, _, action = rest[len("model/") :].rpartition("/")
+        if model and action in ("converse", "converse-stream"):
+            return Route(CONVERSE, stream=action == "converse-stream", model=unquote(model))
+    return None
