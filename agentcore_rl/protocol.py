@@ -263,6 +263,21 @@ class RolloutConfig:
         value = self.extra.get("api_key")
         return value if isinstance(value, str) else None
 
+    @property
+    def session_url(self) -> str | None:
+        """``base_url`` without its ``/v1``: through a gateway, the session's root, which the
+        Anthropic SDK takes as its ``base_url`` and ``boto3.client("bedrock-runtime")`` (or
+        Strands' ``BedrockModel``) as its ``endpoint_url`` (docs/gateway.md, "Agent dialects").
+
+        Example::
+
+            Anthropic(base_url=context.rollout.session_url, api_key=context.rollout.api_key)
+        """
+        if self.base_url is None:
+            return None
+        base = self.base_url.rstrip("/")
+        return base[: -len("/v1")] if base.endswith("/v1") else base
+
     def to_dict(self) -> dict[str, Any]:
         """The block as it goes on the wire (``None`` fields left out)."""
         out: dict[str, Any] = dict(self.extra)
