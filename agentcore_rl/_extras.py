@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Final
 
+from agentcore_rl.errors import AgentCoreRLError
+
 __all__ = ["THIRD_PARTY", "MissingExtraError", "install_hint", "is_ours", "require"]
 
 #: The top-level modules the extras bring (pyproject.toml's optional dependencies).
@@ -53,7 +55,7 @@ def is_ours(exc: BaseException) -> bool:
     )
 
 
-class MissingExtraError(ModuleNotFoundError):
+class MissingExtraError(AgentCoreRLError, ModuleNotFoundError):
     """A part of agentcore-rl was used without the extra that brings its dependencies.
 
     ``name`` is the missing module (as on any ``ModuleNotFoundError``), ``extra`` the extra

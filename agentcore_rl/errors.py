@@ -5,22 +5,38 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
 
     AgentCoreRLError
     ├── ConfigurationError          a constructor or CLI argument is wrong (also ValueError)
+    ├── MissingExtraError           an optional part is not installed (also
+    │                               ModuleNotFoundError); defined in :mod:`agentcore_rl._extras`
     ├── InvalidPayloadError         an invocation body the server refuses (also ValueError)
     │   ├── InvalidRolloutConfig    the ``_rollout`` block is missing a field or has a bad one
     │   └── BucketNotAllowedError   the payload names a bucket outside the allow-list (403)
     ├── StorageError                an S3 operation failed after its retries
     ├── InvocationError             invoking the agent failed after retries
     │   ├── AgentLostError          the agent no longer knows a pending session (it crashed)
-    │   └── AgentUnreachableError   no connection to the agent: nothing was started
+    │   ├── AgentUnreachableError   no connection to the agent: nothing was started
+    │   ├── StopUnsupportedError    the agent has no stop route (a transport's answer)
+    │   └── RetryableError          one attempt failed in a way worth retrying; defined
+    │       │                       with the transports (:mod:`agentcore_rl.client.transports`)
+    │       └── NotConnectedError   ... before any byte reached the agent
     ├── RolloutError                the agent ran and wrote an error envelope
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
     ├── ClientClosedError           the client was closed while the call was pending
     ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``);
     │   │                           defined in :mod:`agentcore_rl.groups` beside the group
     │   └── StaleGroupError         ... because its policy version grew too old
+    ├── MissingTrajectoryError      a row needs a trajectory the rollout has not (also
+    │                               ValueError); defined in :mod:`agentcore_rl.training`
+    ├── InvalidTrajectoryError      a trajectory a trainer cannot take (also ValueError)
+    ├── SampleFailedError           a veRL sample's rollout failed (also RuntimeError);
+    │                               defined in :mod:`agentcore_rl.integrations.verl`
     ├── SharedLimitsUnavailableError  the shared limits' Ray actor stayed unreachable
     └── GatewayError                the rollout gateway was misused or could not do its job
-        └── TraceLostError          a rollout's token trace cannot be had (gateway restarted)
+        ├── TraceLostError          a rollout's token trace cannot be had (gateway restarted)
+        ├── GatewayInputError       a call or an admin request the gateway refuses (400;
+        │   │                       also ValueError)
+        │   └── RenderError         the chat template refused the conversation
+        ├── AlreadyPausedError      a pause asked while one is on (409)
+        └── UpstreamError           an inference server failed: refused, reset, silent (502)
 
 Messages say what happened and what to do about it.
 """
@@ -34,10 +50,12 @@ __all__ = [
     "AgentCoreRLError",
     "AgentLostError",
     "AgentUnreachableError",
+    "AlreadyPausedError",
     "BucketNotAllowedError",
     "ClientClosedError",
     "ConfigurationError",
     "GatewayError",
+    "GatewayInputError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
@@ -46,6 +64,7 @@ __all__ = [
     "SharedLimitsUnavailableError",
     "StorageError",
     "TraceLostError",
+    "UpstreamError",
 ]
 
 
@@ -289,3 +308,35 @@ class TraceLostError(GatewayError):
         self.session_id = session_id
         self.reason = reason
         self.envelope = None if envelope is None else dict(envelope)
+
+
+class GatewayInputError(GatewayError, ValueError):
+    """A model call or an admin request the gateway refuses, with the reason (a 400).
+
+    Example::
+
+        gateway.set_policy_version(-1)   # raises GatewayInputError: must be in 0..
+    """
+
+
+class AlreadyPausedError(GatewayError):
+    """A pause was asked while the gateway is paused (a 409 over HTTP).
+
+    Example::
+
+        async with gateway.paused():
+            await gateway.pause()        # raises AlreadyPausedError
+    """
+
+
+class UpstreamError(GatewayError):
+    """An inference server call failed: refused, reset, cut short or silent past the read
+    timeout (a 502 to the agent or the trainer).
+
+    Example::
+
+        try:
+            await gateway.pause("suspend")
+        except UpstreamError as exc:
+            print("vLLM would not pause:", exc)
+    """

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.errors import TraceLostError
+from agentcore_rl.errors import AlreadyPausedError, ConfigurationError, TraceLostError
 from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.call import Call, Refuse, down_message, respond
 from agentcore_rl.gateway.dialects import route_for
@@ -119,11 +119,11 @@ class RolloutGateway:
     ) -> None:
         urls = [upstreams] if isinstance(upstreams, str) else list(upstreams)
         if not urls:
-            raise ValueError("at least one upstream URL is needed")
+            raise ConfigurationError("at least one upstream URL is needed")
         if session_ttl <= 0:
-            raise ValueError(f"session_ttl must be > 0 seconds, got {session_ttl}")
+            raise ConfigurationError(f"session_ttl must be > 0 seconds, got {session_ttl}")
         if not body_timeout > 0:
-            raise ValueError(f"body_timeout must be > 0 seconds, got {body_timeout}")
+            raise ConfigurationError(f"body_timeout must be > 0 seconds, got {body_timeout}")
         self.upstreams = [checked_url(u.rstrip("/")) for u in urls]
         self.backend = backend_named(backend)
         self.proxy = ProxyMode(self.backend)  # every call that ``render`` does not serve
@@ -274,10 +274,10 @@ class RolloutGateway:
         _check_session_id(session_id)
         for name, value in (("exp_id", exp_id), ("input_id", input_id)):
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+                raise Invalid(f"{name} must be a string, got {type(value).__name__}")
         check_value([exp_id, input_id], "exp_id and input_id")
         if sampling is not None and not isinstance(sampling, Mapping):
-            raise ValueError("sampling must be an object")
+            raise Invalid("sampling must be an object")
         check_value(dict(sampling or {}), "sampling")
         session = self._sessions.get(session_id)
         if session is None:
@@ -544,7 +544,9 @@ def _error(status: int, message: str, kind: str) -> Response:
 
 def _admin_app(gateway: RolloutGateway) -> Starlette:
     """The health and admin routes (docs/gateway.md, "The trainer's API"): every ``/admin/``
-    route needs the admin token (``Authorization: Bearer``, ``X-Admin-Token`` or ``?token=``)."""
+    route needs the admin token in a header (``Authorization: Bearer`` or ``X-Admin-Token``;
+    never in the URL, which access logs write down). Errors answer by their meaning; any other
+    exception is a bug of the gateway's: a 500, logged."""
 
     # A guarded handler gets the request and its JSON body ({} when empty); a dict it returns
     # is answered as JSON.
@@ -554,7 +556,10 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
             if not expected:
                 message = "admin routes are disabled: start the gateway with an admin token"
                 return _error(403, message, "forbidden")
-            given = request.headers.get("x-admin-token") or request.query_params.get("token") or ""
+            if "token" in request.query_params:
+                why = "the admin token goes in a header (X-Admin-Token or Authorization: Bearer)"
+                return _error(400, f"{why}, never in the URL", "token_in_url")
+            given = request.headers.get("x-admin-token") or ""
             auth = request.headers.get("authorization", "")
             if not given and auth.lower().startswith("bearer "):
                 given = auth[7:].strip()
@@ -567,12 +572,15 @@ def _admin_app(gateway: RolloutGateway) -> Starlette:
                 if request.method == "POST":
                     return _error(410, str(exc), "trace_lost")
                 return _error(404, str(exc), "unknown_session")
-            except (ValueError, TypeError) as exc:  # the door (jsonio) and the trainer API's
+            except Invalid as exc:  # the door (jsonio) and the trainer API's checks
                 return _error(400, str(exc), "invalid_request")
-            except RuntimeError as exc:
+            except AlreadyPausedError as exc:
                 return _error(409, str(exc), "already_paused")
             except UpstreamError as exc:  # an upstream that cannot freeze its generations
                 return _error(502, str(exc), "upstream_unavailable")
+            except Exception:
+                log.exception("admin route %s %s failed", request.method, request.url.path)
+                return _error(500, "the gateway failed on this request (see its log)", "internal")
             return answer if isinstance(answer, Response) else JSONResponse(answer)
 
         return check

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 
 __all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named"]

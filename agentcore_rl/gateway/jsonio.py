@@ -10,6 +10,7 @@ import json
 from typing import Any, Final
 
 from agentcore_rl._extras import MissingExtraError
+from agentcore_rl.errors import GatewayInputError
 
 try:
     import orjson
@@ -42,8 +43,8 @@ _ZEROS: Final = bytes.maketrans(b"123456789", b"000000000")
 _LONG_NUMBER: Final = b"0" * 19
 
 
-class Invalid(ValueError):
-    """Input the gateway does not accept (answered 400 with this message)."""
+#: Input the gateway does not accept (answered 400 with its message).
+Invalid = GatewayInputError
 
 
 def _int(text: str) -> int:
@@ -90,9 +91,9 @@ def parse_object(raw: bytes, what: str = "request body") -> dict[str, Any]:
 
 
 def check_version(version: Any) -> int:
-    """A policy version: an int in ``0..MAX_VERSION`` (``TypeError``/:class:`Invalid`)."""
+    """A policy version: an int in ``0..MAX_VERSION`` (:class:`Invalid` otherwise)."""
     if not isinstance(version, int) or isinstance(version, bool):
-        raise TypeError(f"policy version must be an int, got {version!r}")
+        raise Invalid(f"policy version must be an int, got {str(version)[:40]!r}")
     if not 0 <= version <= MAX_VERSION:
         raise Invalid(f"policy version must be in 0..{MAX_VERSION}, got {str(version)[:40]}")
     return version

@@ -8,6 +8,8 @@ from typing import Final, Literal
 
 import anyio
 
+from agentcore_rl.errors import AlreadyPausedError, GatewayInputError
+
 __all__ = ["PauseMode", "PolicyGate", "Versions"]
 
 PauseMode = Literal["hold", "reject", "suspend"]
@@ -77,9 +79,9 @@ class PolicyGate:
     async def pause(self, mode: PauseMode = "hold") -> None:
         """Stop admitting calls; then (``hold``, ``reject``) wait until none is running."""
         if mode not in _MODES:
-            raise ValueError(f"pause mode must be one of {_MODES}, got {mode!r}")
+            raise GatewayInputError(f"pause mode must be one of {_MODES}, got {mode!r}")
         if self.paused is not None:
-            raise RuntimeError("the gateway is already paused")
+            raise AlreadyPausedError("the gateway is already paused")
         self.paused = mode
         self._resumed = anyio.Event()
         if mode == "suspend":

@@ -17,6 +17,8 @@ from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from agentcore_rl.errors import UpstreamError
+
 __all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse", "UpstreamTarget", "checked_url"]
 
 # What a failed exchange raises inside aiohttp: its own errors, a socket's, a timeout.
@@ -41,10 +43,6 @@ def _payload(body: bytes | None) -> bytes | BytesPayload | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         return BytesPayload(body, content_type=_JSON)
-
-
-class UpstreamError(Exception):
-    """An upstream call failed: refused, reset, cut short or silent past the read timeout."""
 
 
 def _failed(exc: BaseException) -> UpstreamError:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentcore_rl._extras import require
+from agentcore_rl.errors import AgentCoreRLError
 from agentcore_rl.integrations._client import run_sample, shared_client
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.training.formats import DEFAULT_PAD_TOKEN_ID, to_verl
@@ -36,7 +37,7 @@ AGENT_NAME = "agentcore"
 _SAMPLING = ("temperature", "top_p")
 
 
-class SampleFailedError(RuntimeError):
+class SampleFailedError(AgentCoreRLError, RuntimeError):
     """A sample failed after its retries under ``on_failure="drop_group"``."""
 
 

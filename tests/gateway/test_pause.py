@@ -104,7 +104,9 @@ async def test_admin_routes_need_the_token_and_drive_versions_and_pauses() -> No
         )
         assert opened.status_code == 204
         assert (await http.post("/sessions/a1/v1/chat/completions", json=body)).status_code == 200
-        peek = await http.get(f"/admin/sessions/a1/trace?token={ADMIN}")
+        in_url = await http.get(f"/admin/sessions/a1/trace?token={ADMIN}")
+        assert (in_url.status_code, in_url.json()["error"]["type"]) == (400, "token_in_url")
+        peek = await http.get("/admin/sessions/a1/trace", headers={"x-admin-token": ADMIN})
         assert [r["policy_version_start"] for r in peek.json()["records"]] == [4]
         finished = await http.post("/admin/sessions/a1/finish?format=json", headers=auth)
         assert finished.json()["input_id"] == "i"
@@ -113,6 +115,33 @@ async def test_admin_routes_need_the_token_and_drive_versions_and_pauses() -> No
         assert again.json()["error"]["type"] == "trace_lost"
         stats = await http.get("/admin/stats", headers=auth)
         assert stats.json()["calls"] == 1  # a refused (429) call is no model call
+
+
+class _BrokenSink:
+    """A trace sink with a bug: whatever it raises is the gateway's fault, not the trainer's."""
+
+    async def save(self, trace: Any) -> None:
+        raise ValueError("a bug in the sink")
+
+    async def load(self, session_id: str) -> Any:
+        raise RuntimeError("a bug in the sink")
+
+
+async def test_admin_errors_answer_by_meaning_and_a_handler_bug_is_a_500() -> None:
+    async with (
+        served(sink=_BrokenSink()) as stack,
+        httpx.AsyncClient(base_url=stack.url) as http,
+    ):
+        auth = {"x-admin-token": ADMIN}
+        # A ValueError or RuntimeError from inside is neither the trainer's 400 nor a 409.
+        bug = await http.post("/admin/sessions/never-seen/finish", headers=auth)
+        assert (bug.status_code, bug.json()["error"]["type"]) == (500, "internal")
+        bad = await http.post("/admin/policy_version", json={"version": "4"}, headers=auth)
+        assert (bad.status_code, bad.json()["error"]["type"]) == (400, "invalid_request")
+        mode = await http.post("/admin/pause", json={"mode": "nap"}, headers=auth)
+        assert mode.status_code == 400
+        in_url = await http.get(f"/admin/stats?token={ADMIN}")
+        assert in_url.status_code == 400
 
 
 async def test_admin_routes_are_off_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:

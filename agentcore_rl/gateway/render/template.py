@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentcore_rl._extras import require
+from agentcore_rl.errors import GatewayInputError
 
 __all__ = ["ChatTemplate", "RenderError"]
 
 
-class RenderError(ValueError):
+class RenderError(GatewayInputError):
     """The template refused the conversation (its own ``raise_exception``, a bad message)."""
 
 
