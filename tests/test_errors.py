@@ -14,7 +14,7 @@ from agentcore_rl import errors
 from agentcore_rl._extras import MissingExtraError
 
 # Raised and caught inside one server, answered there as an HTTP error.
-_INTERNAL = {"Refuse", "_Refusal", "_BadRequest", "_OutOfRange"}
+_INTERNAL = {"Refusal", "_Refusal", "_OutOfRange"}
 
 
 def _library_exceptions() -> dict[str, type[BaseException]]:

@@ -23,9 +23,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl.edge import read_body
 from agentcore_rl.errors import AlreadyPausedError, ConfigurationError, TraceLostError
 from agentcore_rl.gateway.backends import backend_named
-from agentcore_rl.gateway.call import Call, Refuse, down_message, respond
+from agentcore_rl.gateway.call import Call, Refuse, down_message, render, respond
 from agentcore_rl.gateway.dialects import route_for
 from agentcore_rl.gateway.dialects.base import Dialect
 from agentcore_rl.gateway.dialects.base import Route as DialectRoute
@@ -58,30 +59,6 @@ def _check_session_id(sid: object) -> None:
             f"malformed session id {str(sid)[:80]!r}: expected 1-256 characters of letters, "
             "digits and . _ : - (starting with a letter or digit)"
         )
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int, within: float) -> bytes:
-    """The body: 413 past ``limit`` (a declared length before reading), 408 after ``within`` s."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and int(value) > limit:  # the server checked it is a number
-            why = f"request body of {int(value)} bytes is larger than {limit} bytes"
-            raise Refuse(413, why, "request_too_large")
-    chunks: list[bytes] = []
-    size = 0
-    with anyio.move_on_after(within) as deadline:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Refuse(400, "the client disconnected before sending its body", "bad_request")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise Refuse(413, f"request body is larger than {limit} bytes", "request_too_large")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-    assert deadline.cancelled_caught
-    raise Refuse(408, f"request body not received within {within:g} seconds", "request_timeout")
 
 
 class RolloutGateway:
@@ -402,10 +379,10 @@ class RolloutGateway:
                 routes = "v1/chat/completions, v1/completions, v1/models"
                 raise Refuse(404, f"no route {path} (sessions/{{id}}/: {routes})", "not_found")
         except Invalid as exc:  # the session id or the body (jsonio: the door)
-            body, headers = Refuse(400, str(exc), "invalid_request").render(dialect)
+            body, headers = render(Refuse(400, str(exc), "invalid_request"), dialect)
             await respond(send, 400, body, headers)
         except Refuse as refuse:
-            body, headers = refuse.render(dialect)
+            body, headers = render(refuse, dialect)
             await respond(send, refuse.status, body, headers)
 
     @contextlib.asynccontextmanager
@@ -450,7 +427,9 @@ class RolloutGateway:
             raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
         if scope["method"] != "POST":
             raise Refuse(405, f"{scope['path']} takes POST", "method_not_allowed")
-        raw = await _read_body(scope, receive, self.max_body_bytes, self.body_timeout)
+        raw = await read_body(
+            receive, scope["headers"], limit=self.max_body_bytes, within=self.body_timeout
+        )
         body = parse_object(raw)
         chat = route.dialect.decode(body, route, self._sessions.get(sid))
         if self.require_open and sid not in self._sessions:
@@ -459,7 +438,7 @@ class RolloutGateway:
             )
         version = await self.gate.enter()
         if version is None:  # a reject pause
-            retry = [(b"retry-after", str(max(1, round(self.retry_after))).encode())]
+            retry = {"retry-after": str(max(1, round(self.retry_after)))}
             why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
             raise Refuse(429, why, "paused", retry)
         try:

@@ -11,43 +11,31 @@ from typing import Any
 
 from starlette.types import Send
 
+from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.dialects.base import JSON_TYPE, Dialect, Encoder, chunks_of
 from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
-__all__ = ["Call", "Refuse", "down_message", "passed_on", "respond"]
+__all__ = ["Call", "Refuse", "down_message", "passed_on", "render", "respond"]
 
 
-class Refuse(Exception):
-    """Answer the agent with ``status`` and an error in its dialect's shape (``upstream``: the
-    upstream's own error body, passed on as it is to a chat agent)."""
+#: The gateway's name for the edge's one refusal type.
+Refuse = Refusal
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str,
-        headers: Sequence[Any] = (),
-        upstream: bytes | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.headers = list(headers)
-        self.upstream = upstream
 
-    def render(self, dialect: Dialect) -> tuple[bytes, list[Any]]:
-        """The body and headers in ``dialect``'s error shape."""
-        body, headers = dialect.error(self.status, self.message, self.kind, self.upstream)
-        return body, [JSON_TYPE, *headers, *self.headers]
+def render(refusal: Refusal, dialect: Dialect) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """A refusal's body and headers in ``dialect``'s error shape."""
+    body, headers = dialect.error(refusal.status, refusal.message, refusal.kind, refusal.passed_on)
+    extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers.items()]
+    return body, [JSON_TYPE, *headers, *extra]
 
 
 def passed_on(status: int, content: bytes) -> Refuse:
     """An upstream's answer other than 200, for the agent."""
     text = content[:500].decode("utf-8", "replace")
-    return Refuse(status, f"upstream answered HTTP {status}: {text}", "upstream", upstream=content)
+    message = f"upstream answered HTTP {status}: {text}"
+    return Refusal(status, message, "upstream", passed_on=content)
 
 
 async def respond(

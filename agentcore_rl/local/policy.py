@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from agentcore_rl.edge import Refusal, read_body
 from agentcore_rl.local.policy_solver import (
     evaluate_arithmetic,
     fake_token_ids,
@@ -47,6 +48,7 @@ DEFAULT_POLICY_MODEL: Final = "scripted-policy"
 #: Marks every response, so nobody mistakes the stand-in for a real model.
 _FINGERPRINT: Final = "agentcore-rl-scripted-stand-in"
 _MAX_CHOICES: Final = 16
+_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # The fake chat template's special tokens (ids below 100 are reserved by the tokenizer).
 _ROLE_IDS: Final = {"system": 1, "user": 2, "assistant": 3, "tool": 4, "developer": 1}
 _OTHER_ROLE_ID: Final = 5
@@ -58,13 +60,6 @@ _NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 _TOKEN_IN: Final = "token-in needs a tokenizer (ScriptedPolicy(tokenizer=))"
 
 TokenIdsMode = Literal["always", "requested", "never"]
-
-
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -176,7 +171,7 @@ class _ScriptVoice:
         elif isinstance(body["prompt"], str):
             messages, tools = [{"role": "user", "content": body["prompt"]}], []
         else:
-            raise _BadRequest(_TOKEN_IN, "prompt")
+            raise Refusal(400, _TOKEN_IN, field="prompt")
         message, finish = self._choose(index, messages, tools, body.get("seed"))
         text = _assistant_text(message)
         tokens = fake_tokens(text)
@@ -279,7 +274,7 @@ class TemplateVoice:
             )
             return self.template.encode(text)
         except RenderError as exc:
-            raise _BadRequest(str(exc), "messages") from None
+            raise Refusal(400, str(exc), field="messages") from None
 
     def encode(self, text: str) -> list[int]:
         return self.template.encode(text)
@@ -473,7 +468,7 @@ class ScriptedPolicy:
     async def _pause(self, request: Request) -> JSONResponse:
         mode = request.query_params.get("mode", "abort")
         if mode not in ("keep", "abort"):
-            return _error(_BadRequest(f"pause mode {mode!r}: the stand-in keeps or aborts"))
+            return _error(Refusal(400, f"pause mode {mode!r}: the stand-in keeps or aborts"))
         self._paused = True
         if mode == "abort":
             self._aborted.add("*")
@@ -541,9 +536,9 @@ class ScriptedPolicy:
         """SGLang's ``/generate`` with ``input_ids`` (a real template only)."""
         ids = body.get("input_ids")
         if not isinstance(self.voice, TemplateVoice):
-            raise _BadRequest(_TOKEN_IN)
+            raise Refusal(400, _TOKEN_IN)
         if not _is_ids(ids):
-            raise _BadRequest("input_ids must be a non-empty list of token ids")
+            raise Refusal(400, "input_ids must be a non-empty list of token ids")
         params = body.get("sampling_params") or {}
         completion, logprobs, finish, _ = self.voice.generate(ids, params.get("max_new_tokens"))
         self._remember(ids, [(completion, logprobs)])
@@ -576,7 +571,7 @@ class ScriptedPolicy:
         try:
             body = self.last_request = await _body(request)
             response = answer(body)
-        except _BadRequest as exc:
+        except Refusal as exc:
             return _error(exc)
         if self.latency:
             await self._sleep(self.latency)
@@ -606,11 +601,13 @@ class ScriptedPolicy:
         """Answer one chat-completions request body (what the HTTP route serves)."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise _BadRequest("messages must be a non-empty list", "messages")
+            raise Refusal(400, "messages must be a non-empty list", field="messages")
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
-            raise _BadRequest("every message must be an object with a string role", "messages")
+            raise Refusal(
+                400, "every message must be an object with a string role", field="messages"
+            )
         if not isinstance(body.get("tools") or [], list):
-            raise _BadRequest("tools must be a list", "tools")
+            raise Refusal(400, "tools must be a list", field="tools")
         prompt_ids = self.voice.render(body)
         said = [self.voice.say(body, prompt_ids, i, True) for i in range(_choices_wanted(body))]
         choices = []
@@ -631,7 +628,9 @@ class ScriptedPolicy:
         prompt = body.get("prompt")
         prompt_ids = self.voice.encode(prompt) if isinstance(prompt, str) and prompt else prompt
         if not _is_ids(prompt_ids):
-            raise _BadRequest("prompt must be a non-empty string or list of token ids", "prompt")
+            raise Refusal(
+                400, "prompt must be a non-empty string or list of token ids", field="prompt"
+            )
         said = [self.voice.say(body, prompt_ids, i, False) for i in range(_choices_wanted(body))]
         top = body.get("logprobs")
         alternatives = top if isinstance(top, int) else 0
@@ -702,12 +701,13 @@ def _answer_text(value: int | float, draw: _Draw) -> str:
 
 
 async def _body(request: Request) -> Mapping[str, Any]:
+    raw = await read_body(request.receive, request.scope["headers"], limit=_MAX_BODY_BYTES)
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except ValueError:
-        raise _BadRequest("request body is not valid JSON") from None
+        raise Refusal(400, "request body is not valid JSON") from None
     if not isinstance(body, Mapping):
-        raise _BadRequest("request body must be a JSON object")
+        raise Refusal(400, "request body must be a JSON object")
     return body
 
 
@@ -722,7 +722,7 @@ def _is_ids(value: object) -> TypeGuard[list[int]]:
 def _choices_wanted(body: Mapping[str, Any]) -> int:
     n = body.get("n", 1) or 1
     if not isinstance(n, int) or not 1 <= n <= _MAX_CHOICES:
-        raise _BadRequest(f"n must be an integer from 1 to {_MAX_CHOICES}", "n")
+        raise Refusal(400, f"n must be an integer from 1 to {_MAX_CHOICES}", field="n")
     return n
 
 
@@ -796,18 +796,10 @@ async def _sse(
     yield "data: [DONE]\n\n"
 
 
-def _error(exc: _BadRequest) -> JSONResponse:
-    return JSONResponse(
-        {
-            "error": {
-                "message": exc.message,
-                "type": "invalid_request_error",
-                "param": exc.param,
-                "code": None,
-            }
-        },
-        status_code=400,
-    )
+def _error(exc: Refusal) -> JSONResponse:
+    """A refusal in OpenAI's error shape, as vLLM answers."""
+    error = {"message": exc.message, "type": "invalid_request_error", "param": exc.field}
+    return JSONResponse({"error": {**error, "code": None}}, status_code=exc.status)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl import protocol
+from agentcore_rl.edge import Refusal, read_body
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.protocol import (
     INVOCATIONS_PATH,
@@ -109,9 +110,8 @@ def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:
     return unquote(encoded_arn.decode("latin-1")), parts[-1].decode("latin-1")
 
 
-class _Refusal(Exception):
-    """An error answer; ``_dispatch`` turns it into a response exactly as botocore parses it
-    into ``ClientError``."""
+class _Refusal(Refusal):
+    """A refusal under an AWS error code (its ``kind``), and the validation ``reason``."""
 
     def __init__(
         self,
@@ -122,20 +122,22 @@ class _Refusal(Exception):
         field: str | None = None,
         session_id: str | None = None,
     ) -> None:
-        super().__init__(message)
-        self.code, self.message, self.reason = code, message, reason
-        self.field, self.session_id = field, session_id
+        headers = {SESSION_ID_HEADER: session_id} if session_id is not None else None
+        super().__init__(_ERROR_STATUS[code], message, code, headers, field=field)
+        self.reason = reason
 
-    def response(self, request_id: str) -> JSONResponse:
-        body: dict[str, Any] = {"message": self.message}
-        if self.code == _VALIDATION:
-            body["reason"] = self.reason
-            if self.field is not None:
-                body["fieldList"] = [{"name": self.field, "message": self.message}]
-        headers = {_ERROR_TYPE_HEADER: self.code, _AWS_REQUEST_ID_HEADER: request_id}
-        if self.session_id is not None:
-            headers[SESSION_ID_HEADER] = self.session_id
-        return JSONResponse(body, status_code=_ERROR_STATUS[self.code], headers=headers)
+
+def _aws_answer(refusal: Refusal, request_id: str) -> JSONResponse:
+    """A refusal exactly as botocore parses it into ``ClientError`` (the edge's own refusals,
+    a body too large or too slow, are validation errors)."""
+    code = refusal.kind if refusal.kind in _ERROR_STATUS else _VALIDATION
+    body: dict[str, Any] = {"message": refusal.message}
+    if code == _VALIDATION:
+        body["reason"] = getattr(refusal, "reason", "FieldValidationFailed")
+        if refusal.field is not None:
+            body["fieldList"] = [{"name": refusal.field, "message": refusal.message}]
+    headers = {**refusal.headers, _ERROR_TYPE_HEADER: code, _AWS_REQUEST_ID_HEADER: request_id}
+    return JSONResponse(body, status_code=_ERROR_STATUS[code], headers=headers)
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
@@ -370,13 +372,12 @@ class LocalAgentCoreRuntime:
         request_id = str(uuid.uuid4())
         try:
             response = await self._route(request, request_id)
-        except _Refusal as refusal:
-            response = refusal.response(request_id)
+        except Refusal as refusal:
+            response = _aws_answer(refusal, request_id)
         except Exception:
             logger.exception("local AgentCore Runtime failed on %s", request.url.path)
-            response = _Refusal(_INTERNAL, "the local runtime failed; see its log").response(
-                request_id
-            )
+            failed = _Refusal(_INTERNAL, "the local runtime failed; see its log")
+            response = _aws_answer(failed, request_id)
         error = response.headers.get("x-amzn-errortype")
         if error is not None:
             self.counts[error] += 1
@@ -530,20 +531,10 @@ class LocalAgentCoreRuntime:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    size = int(declared) if declared is not None and declared.isdigit() else 0
-    chunks: list[bytes] = []
-    if size <= limit:
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                break
-            chunks.append(chunk)
-    if size > limit:
-        raise _Refusal(
-            _VALIDATION,
-            f"payload of {size} bytes exceeds the limit of {limit} bytes",
-            field="payload",
-        )
-    return b"".join(chunks)
+    return await read_body(
+        request.receive,
+        request.scope["headers"],
+        limit=limit,
+        field="payload",
+        setting="max_payload_bytes",
+    )

@@ -27,13 +27,14 @@ from anyio.abc import TaskGroup
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan
 
 from agentcore_rl import protocol
 from agentcore_rl._unwrap import raise_unwrapped
+from agentcore_rl.edge import BodyBudget, Refusal, read_body
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.protocol import PingStatus
@@ -62,13 +63,11 @@ from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, cal
 from agentcore_rl.server.lease import LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
 from agentcore_rl.server.routes import (
-    BodyBudget,
     control_op,
     error_response,
     parse_payload,
     parse_rollout,
     path_session_id,
-    read_body,
 )
 from agentcore_rl.server.runner import RolloutRunner, ShutdownReport
 from agentcore_rl.server.spool import Spool
@@ -527,7 +526,10 @@ class AgentCoreRLApp(Starlette):
         await self.startup()
         try:
             body = await read_body(
-                request, limit=self.limits.max_body_bytes, budget=self.body_budget
+                request.receive,
+                request.scope["headers"],
+                limit=self.limits.max_body_bytes,
+                budget=self.body_budget,
             )
             try:
                 payload = parse_payload(body, max_depth=self.limits.max_json_depth)
@@ -563,14 +565,13 @@ class AgentCoreRLApp(Starlette):
                     await checked
         except InvalidPayloadError as exc:
             logger.warning("refused an invocation (%d): %s", exc.status_code, exc.message)
-            refusal = error_response(exc.message, exc.status_code, exc.field)
-            if exc.status_code == 503:
-                refusal.headers["Retry-After"] = "1"
-            return refusal
-        except ClientDisconnect:
-            # Routine, so no traceback.
-            logger.info("a client disconnected before sending the whole invocation body")
-            return Response(status_code=400)
+            return error_response(exc.message, exc.status_code, exc.field)
+        except Refusal as refusal:  # the body (the edge); a client that left is routine
+            level = logging.INFO if refusal.kind == "client_disconnected" else logging.WARNING
+            logger.log(level, "refused an invocation (%d): %s", refusal.status, refusal.message)
+            answer = error_response(refusal.message, refusal.status, refusal.field)
+            answer.headers.update(refusal.headers)
+            return answer
         except Exception as exc:
             logger.exception("the payload validator raised")
             return error_response(f"payload validator failed: {exc}", 500)

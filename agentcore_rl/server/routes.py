@@ -19,81 +19,17 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
 
 __all__ = [
-    "BodyBudget",
     "control_op",
     "error_response",
     "parse_payload",
     "parse_rollout",
     "path_session_id",
-    "read_body",
 ]
 
 logger = logging.getLogger("agentcore_rl.server")
 
 # All of them, or none (run without saving).
 _S3_FIELDS: Final = (protocol.EXP_ID, protocol.INPUT_ID, protocol.S3_BUCKET)
-
-
-class BodyBudget:
-    """Request-body bytes held by all invocations being received (one event loop, no lock).
-
-    ``max_body_bytes`` bounds one request, this the sum; a body that does not fit gets 503.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_flight = 0
-
-    def reserve(self, size: int) -> None:
-        if self.in_flight + size > self.limit:
-            raise InvalidPayloadError(
-                f"the server holds {self.in_flight} bytes of request bodies and this one does "
-                f"not fit its budget of {self.limit} bytes (max_inflight_body_bytes); retry "
-                "shortly",
-                status_code=503,
-            )
-        self.in_flight += size
-
-    def release(self, size: int) -> None:
-        self.in_flight = max(0, self.in_flight - size)
-
-
-def _too_large(limit: int, detail: str) -> InvalidPayloadError:
-    return InvalidPayloadError(
-        f"request body {detail}; the limit is {limit} bytes (max_body_bytes)", status_code=413
-    )
-
-
-async def read_body(request: Request, *, limit: int, budget: BodyBudget) -> bytearray:
-    """The body in one buffer; 413 over ``limit``. The caller releases ``len(body)`` from
-    ``budget`` once done with it."""
-    declared = request.headers.get("content-length")
-    reserved = 0
-    if declared is not None:
-        try:
-            reserved = int(declared)
-        except ValueError:
-            raise InvalidPayloadError(
-                f"Content-Length header {declared!r} is not a number", field="content-length"
-            ) from None
-        if reserved > limit:
-            raise _too_large(limit, f"is {reserved} bytes")
-        budget.reserve(reserved)
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            size = len(body) + len(chunk)
-            if size > limit:
-                raise _too_large(limit, f"exceeds {len(body)} + {len(chunk)} bytes")
-            if size > reserved:
-                budget.reserve(size - reserved)
-                reserved = size
-            body += chunk
-    except BaseException:
-        budget.release(reserved)
-        raise
-    budget.release(reserved - len(body))  # shorter than declared
-    return body
 
 
 def _reject_constant(name: str) -> Any:

@@ -56,7 +56,7 @@ async def test_an_oversized_body_is_refused_with_413() -> None:
         big = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}
         response = await h.post("/sessions/s1/v1/chat/completions", json=big)
         assert response.status_code == 413
-        assert "larger than 1000 bytes" in response.json()["error"]["message"]
+        assert "the limit is 1000 bytes" in response.json()["error"]["message"]
 
 
 async def test_unknown_sessions_are_refused_when_the_client_opens_them() -> None:
@@ -310,7 +310,7 @@ async def test_a_body_declared_too_large_is_refused_before_it_is_sent() -> None:
         )
         answer = await _raw_request(stack.url, head)  # no byte of the body is ever sent
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-    assert b"request body of 52428800 bytes is larger than 1000 bytes" in answer
+    assert b"request body is 52428800 bytes; the limit is 1000 bytes" in answer
 
 
 async def test_a_body_that_does_not_arrive_in_time_gets_a_408() -> None:
