@@ -20,11 +20,17 @@ class Versions:
     """``starts``: ``(first token index, policy version)`` of one generation, in order;
     ``count``: how many tokens a stream has so far (where a resume starts a span)."""
 
-    __slots__ = ("count", "starts")
+    __slots__ = ("count", "first", "starts")
 
     def __init__(self, version: int, count: Callable[[], int] = lambda: 0) -> None:
+        self.first = version  # the record's policy_version_start
         self.starts: list[tuple[int, int]] = [(0, version)]
         self.count = count
+
+    def recorded(self) -> list[tuple[int, int]] | None:
+        """The spans a record keeps: None when every token is the call's first version. A
+        call that waited out an update before its first token is all the new version's."""
+        return None if self.starts == [(0, self.first)] else list(self.starts)
 
     def start(self, at: int, version: int) -> None:
         if version == self.starts[-1][1]:

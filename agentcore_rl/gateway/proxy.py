@@ -76,8 +76,8 @@ class ProxyMode:
             capture.fill(call.record)
         except (ValueError, TypeError, OverflowError) as exc:
             return f"the upstream sent {exc}", "upstream_invalid"
-        if len(call.versions.starts) > 1 and call.record.completions:
-            call.record.completions[0].versions = call.versions.starts
+        if call.record.completions:
+            call.record.completions[0].versions = call.versions.recorded()
         return None
 
     async def _relay(

@@ -234,3 +234,51 @@ async def test_suspend_refuses_an_upstream_without_the_pause_routes() -> None:
             async with stack.gateway.paused("suspend"):
                 pass
         assert stack.gateway.gate.paused is None  # not left paused
+
+
+@pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or "")
+@pytest.mark.parametrize(
+    ("linear", "stream"),
+    [(True, False), (True, True), (False, True)],
+    ids=["linear-plain", "linear-stream", "proxy-stream"],
+)
+async def test_a_call_that_has_no_token_yet_when_the_weights_change_is_the_new_version(
+    linear: bool, stream: bool
+) -> None:
+    # Sent, queued, nothing generated when the suspend comes: every token it gets is sampled
+    # by the new weights, and the record, the trajectory and its versions say so.
+    from agentcore_rl.gateway.render.mode import RenderMode
+
+    directory = str(tokenizer_dir("qwen2.5"))
+    ticks = Ticks()
+    policy = ScriptedPolicy(
+        token_ids="requested", tokenizer=directory, token_rate=20.0, sleep=ticks.sleep
+    )
+    options: dict[str, Any] = {"render": RenderMode.load(directory)} if linear else {}
+    async with served(policy, **options) as stack, anyio.create_task_group() as tg:
+        gateway = stack.gateway
+        llm = stack.llm("s1")
+        got: list[Any] = []
+
+        async def agent() -> None:
+            reply = await chat(
+                llm, QUESTION, stream=stream, max_tokens=30, extra_body={"min_tokens": 20}
+            )
+            got.append(reply)
+
+        tg.start_soon(agent)
+        await wait_until(lambda: policy.requests == 1)
+        async with gateway.paused("suspend"):
+            gateway.set_policy_version(3)
+        ticks.run()
+        await wait_until(lambda: bool(got))
+        await llm.close()
+        trace = await gateway.finish_session("s1")
+    (record,) = trace.records
+    assert record.ok, record.error
+    (completion,) = record.completions
+    assert ticks.taken >= len(completion.token_ids) > 0
+    assert completion.versions == [(0, 3)]
+    (segment,) = build_trajectory(trace).segments
+    generated = [v for v, m in zip(segment.policy_versions, segment.loss_mask, strict=True) if m]
+    assert generated == [3] * len(completion.token_ids)

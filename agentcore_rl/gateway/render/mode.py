@@ -98,12 +98,11 @@ class RenderMode:
         # A turn cut off (length, a stop string) is closed in the history as the template
         # closes a turn, so the next request extends it (linear.py).
         history.remember(plan, messages, message, ids, stopped=stopped)
-        starts = call.versions.starts
         record.completions = [
             Completion(
                 *(0, ids_array(ids), logprob_array(served.logprobs), finish),
                 stop_string=cut,
-                versions=starts if len(starts) > 1 else None,
+                versions=call.versions.recorded(),
             )
         ]
         record.usage = {
