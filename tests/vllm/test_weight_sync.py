@@ -33,9 +33,10 @@ def _tokens_out(gate: PolicyGate) -> bool:
     return any(versions.count() for versions in gate.live)
 
 
-# A proxied stream is paused once its first tokens are out. In token-in modes vLLM shows no
-# token of a running request (its /metrics counters moved only when a request ended, in our
-# runs), so the pause comes after the time this machine takes for a tenth of the generation,
+# A proxied stream is paused once its first tokens are out. A token-in request's tokens are
+# not seen by the gateway until it ends (vLLM 0.32's `generation_tokens_total` counter moves
+# every step, but counts every request's tokens together), so the pause comes after the time
+# this machine takes for a tenth of the generation,
 # timed just before (speeds differ tenfold between machines; a fixed head start either comes
 # before the first token or after the last). On a loaded machine the pause can still reach
 # vLLM after the last token (or the whole generation passes unseen): that run does not
