@@ -268,6 +268,16 @@ async def test_a_cancelled_rollout_releases_its_gateway_session(s3_endpoint: str
             latch.release()
             await wait_until(lambda: rig.gateway.stats["live_sessions"] == 0, 15)
         assert fut.cancelled()
+        # The agent's next turn, sent before its stop arrived, is refused (410): it opens no
+        # session again. Its rollout ends in a "cancelled" envelope once the stop lands.
+        with anyio.fail_after(15):
+            while (envelope := await rig.store.get_json(rig.stack.bucket, fut.result_key)) is None:
+                await anyio.sleep(0.01)
+        assert envelope["error_type"] == "cancelled"
+        await wait_until(lambda: rig.gateway.stats["in_flight"] == 0, 15)
+        stats = rig.gateway.stats
+        assert (stats["live_sessions"], stats["sessions_finished"]) == (0, 1)
+        assert stats["late_calls"] <= 1
 
 
 async def test_an_unreachable_gateway_fails_the_invocation_before_the_agent_runs(
