@@ -270,9 +270,11 @@ async def test_a_cancelled_rollout_releases_its_gateway_session(s3_endpoint: str
         assert fut.cancelled()
         # The agent's next turn, sent before its stop arrived, is refused (410): it opens no
         # session again. Its rollout ends in a "cancelled" envelope once the stop lands.
+        envelope = None
         with anyio.fail_after(15):
-            while (envelope := await rig.store.get_json(rig.stack.bucket, fut.result_key)) is None:
+            while envelope is None:
                 await anyio.sleep(0.01)
+                envelope = await rig.store.get_json(rig.stack.bucket, fut.result_key)
         assert envelope["error_type"] == "cancelled"
         await wait_until(lambda: rig.gateway.stats["in_flight"] == 0, 15)
         stats = rig.gateway.stats
@@ -404,3 +406,31 @@ async def test_a_lost_trace_is_final_not_retried(s3_endpoint: str) -> None:
         # The agent's result exists: running the input again would make another one.
         assert (fut.attempts, fut.previous_sessions) == (1, [])
         assert (client.stats.rollout_retries, client.stats.traces_lost) == (0, 1)
+
+
+async def test_a_groups_step_run_again_with_its_exp_id_gives_the_same_groups(
+    s3_endpoint: str,
+) -> None:
+    # A restarted trainer, or one that runs a step again: the members' sessions (derived
+    # from exp_id and input_id) ended in the first run, their results and traces in S3.
+    async with _rig(s3_endpoint) as rig:
+        payloads = [{**PROBLEM, ROLLOUT_FIELD: {"input_id": f"g-{i}"}} for i in range(2)]
+        runs: list[list[Any]] = []
+        for _ in range(2):
+            async with rig.client() as client:
+                groups = [g async for g in client.run_groups(payloads, rules=GroupRules(n=4))]
+            assert rig.gateway.stats["live_sessions"] == 0
+            runs.append([group_rows(g) for g in sorted(groups, key=lambda g: g.input_id)])
+            if len(runs) == 1:
+                requests = rig.policy.requests
+        assert len(runs[0]) == 2
+        assert runs[1] == runs[0]
+        assert rig.policy.requests == requests  # nothing ran again
+        assert rig.gateway.stats["sessions_finished"] == 8
+        # Another prompt under a used input id is a new run meant: refused, saying so.
+        other = [{**payloads[0], "prompt": "What is 2 + 2?"}]
+        async with rig.client() as client:
+            with pytest.raises(ConfigurationError, match="use a new exp_id"):
+                async for _ in client.run_groups(other, rules=GroupRules(n=4)):
+                    pass
+        assert (rig.policy.requests, rig.gateway.stats["live_sessions"]) == (requests, 0)
