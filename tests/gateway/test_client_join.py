@@ -23,6 +23,7 @@ from agentcore_rl import (
     Retries,
     RolloutClient,
     RolloutGateway,
+    StaleGroupError,
     Timeouts,
     TraceLostError,
     build_trajectory,
@@ -268,18 +269,39 @@ async def test_a_cancelled_rollout_releases_its_gateway_session(s3_endpoint: str
             latch.release()
             await wait_until(lambda: rig.gateway.stats["live_sessions"] == 0, 15)
         assert fut.cancelled()
-        # The agent's next turn, sent before its stop arrived, is refused (410): it opens no
-        # session again. Its rollout ends in a "cancelled" envelope once the stop lands.
-        envelope = None
-        with anyio.fail_after(15):
+        await _all_stopped(rig, [fut.result_key])
+        assert rig.gateway.stats["sessions_finished"] == 1
+
+
+async def _all_stopped(rig: Rig, keys: list[str]) -> None:
+    """Wait (bounded) for stopped rollouts' "cancelled" envelopes. An agent's next turn,
+    sent before its stop arrived, meets a finished session: refused (410), it opens none."""
+    with anyio.fail_after(15):
+        for key in keys:
+            envelope = None
             while envelope is None:
                 await anyio.sleep(0.01)
-                envelope = await rig.store.get_json(rig.stack.bucket, fut.result_key)
-        assert envelope["error_type"] == "cancelled"
-        await wait_until(lambda: rig.gateway.stats["in_flight"] == 0, 15)
-        stats = rig.gateway.stats
-        assert (stats["live_sessions"], stats["sessions_finished"]) == (0, 1)
-        assert stats["late_calls"] <= 1
+                envelope = await rig.store.get_json(rig.stack.bucket, key)
+            assert envelope["error_type"] == "cancelled"
+    await wait_until(lambda: rig.gateway.stats["in_flight"] == 0, 15)
+    assert rig.gateway.stats["live_sessions"] == 0
+    assert rig.gateway.stats["late_calls"] <= len(keys)
+
+
+async def test_a_stale_groups_stopped_members_release_their_gateway_sessions(
+    s3_endpoint: str,
+) -> None:
+    latch = Latch()
+    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    async with _rig(s3_endpoint, policy) as rig:
+        async with rig.client() as client:
+            group = await client.invoke_group(PROBLEM, rules=GroupRules(n=2), input_id="g-s")
+            await wait_until(lambda: latch.waiting == 2, 15)
+            assert client.advance_policy(1, max_staleness=0) == 1  # stops both members
+            with pytest.raises(StaleGroupError):
+                await group
+            latch.release()
+        await _all_stopped(rig, [result_key("join", "g-s", sid) for sid in group.session_ids])
 
 
 async def test_an_unreachable_gateway_fails_the_invocation_before_the_agent_runs(
