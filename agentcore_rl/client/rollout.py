@@ -454,9 +454,8 @@ class Rollouts:
                 )
             error: BaseException = RolloutError(envelope, session_id=fut.session_id)
             if self.joiner is not None and fut.session_id in r.gateway:
-                await self.joiner.join(
-                    fut, envelope, kept=kept
-                )  # a bonus: the error is the outcome
+                # Its trace is a bonus: the error is the outcome.
+                await self.joiner.join(fut, envelope, kept=kept)
                 r.gateway.remove(fut.session_id)
             return None, error
         if self.joiner is not None and fut.session_id in r.gateway:

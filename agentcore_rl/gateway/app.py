@@ -119,10 +119,8 @@ class RolloutGateway:
         self.retry_after = retry_after
         # straddled_calls: a weight update came in the middle of the call
         # late_calls: an agent's calls for a session already finished or expired, refused
-        counters = ["calls", "failed_calls", "sessions_finished", "sessions_expired"]
-        self._counts = dict.fromkeys(
-            [*counters, "expired_lost", "straddled_calls", "late_calls"], 0
-        )
+        counters = ["calls", "failed_calls", "late_calls", "sessions_finished", "sessions_expired"]
+        self._counts = dict.fromkeys([*counters, "expired_lost", "straddled_calls"], 0)
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         # Ended sessions (finished or expired) -> when, oldest first: closed to agents' calls
@@ -371,8 +369,8 @@ class RolloutGateway:
             raise Refuse(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
-        session = self._sessions[sid] = Session(sid)
-        return session
+        self._sessions[sid] = Session(sid)
+        return self._sessions[sid]
 
     @property
     def stats(self) -> dict[str, Any]:
