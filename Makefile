@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-trainers test-vllm lint typecheck pytest wheel-demo report-demo bench clean
+.PHONY: demo test test-latest test-trainers test-vllm lint typecheck pytest wheel-demo report-demo bench clean
 
 DEMO_STAMP := $(VENV)/.installed-demo
 
@@ -27,6 +27,12 @@ demo: $(DEMO_STAMP)
 	$(BIN)/agentcore-rl demo
 
 test: lint typecheck pytest wheel-demo
+
+# What a fresh install gets today: every dependency (and theirs) upgraded to the newest
+# version pyproject.toml allows, then the suite; a venv made earlier keeps its day's versions.
+test-latest: $(STAMP)
+	$(BIN)/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[dev]'
+	$(MAKE) test
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -24,6 +24,7 @@ from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import (
     ClientClosedError,
+    ConfigurationError,
     RolloutError,
     RolloutTimeoutError,
 )
@@ -313,7 +314,8 @@ class GroupRunner:
             self._apply(self.tracker.failed(sid, "the member's rollout was cancelled"))
             return
         error = fut.exception()
-        if isinstance(error, ClientClosedError) or self.rollouts.closing:
+        # A ConfigurationError is the caller's to fix (another payload under a used key).
+        if isinstance(error, ClientClosedError | ConfigurationError) or self.rollouts.closing:
             self._close_run(run, error or ClientClosedError("the client closed"))
             return
         end: MemberEnd

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -337,13 +338,19 @@ class Rollouts:
         follow = attempt == 1 and (spec.resume or spec.attach)
         ended = False
         try:
-            if follow:
-                if self.joiner is not None:
-                    r.gateway.append(sid)  # an earlier process opened it; its trace is ours
+            if follow and self.joiner is not None:
+                r.gateway.append(sid)  # an earlier process opened it; its trace is ours
+            # A session id of the caller's (a group member's, derived from exp_id and
+            # input_id) may have ended in an earlier run: its result and trace are in S3.
+            if attempt == 1 and spec.session_id is not None:
                 found = await self._peek(fut)
                 if found is not None:
                     ended = True
-                    return await self._ended(r, found)
+                    if not follow:
+                        same_payload(found, spec.body, fut)
+                        if self.joiner is not None:
+                            r.gateway.append(sid)
+                    return await self._ended(r, found, kept=True)
             if not (attempt == 1 and spec.attach):
                 error = await self._send(r, fut, repeat=attempt == 1 and spec.resume)
                 if error is not None:
@@ -427,9 +434,10 @@ class Rollouts:
         )
 
     async def _ended(
-        self, r: Rollout, envelope: dict[str, Any]
+        self, r: Rollout, envelope: dict[str, Any], *, kept: bool = False
     ) -> tuple[dict[str, Any] | None, BaseException | None]:
-        """The outcome an envelope says (with a gateway: once its trace is kept)."""
+        """The outcome an envelope says (with a gateway: once its trace is kept; ``kept``:
+        the envelope was in S3 before this process looked, and so may its trace be)."""
         fut = r.fut
         assert fut is not None
         if self.stop_finished_sessions:
@@ -446,12 +454,13 @@ class Rollouts:
                 )
             error: BaseException = RolloutError(envelope, session_id=fut.session_id)
             if self.joiner is not None and fut.session_id in r.gateway:
-                await self.joiner.join(fut, envelope)  # a bonus: its own error is the outcome
+                # Its trace is a bonus: the error is the outcome.
+                await self.joiner.join(fut, envelope, kept=kept)
                 r.gateway.remove(fut.session_id)
             return None, error
         if self.joiner is not None and fut.session_id in r.gateway:
             r.gateway.remove(fut.session_id)
-            joined = await self.joiner.join(fut, envelope)
+            joined = await self.joiner.join(fut, envelope, kept=kept)
             if joined is not None:
                 return None, joined
         return envelope, None
@@ -623,6 +632,21 @@ def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
     rollout = dict(block) if isinstance(block, Mapping) else {}
     rollout[protocol.REPEAT] = True
     return {**body, protocol.ROLLOUT_FIELD: rollout}
+
+
+def same_payload(envelope: Mapping[str, Any], body: Mapping[str, Any], fut: RolloutFuture) -> None:
+    """Raise ``ConfigurationError`` when ``envelope`` (found at ``fut``'s key before it was
+    sent) is of another payload than ``body``: a new run under an experiment's old keys."""
+    theirs = envelope.get(protocol.PAYLOAD)
+    if not isinstance(theirs, Mapping) or protocol.PAYLOAD_SHA256 in theirs:
+        return  # not kept, or too large to keep: taken as the same
+    ours = json.loads(json.dumps({**body, protocol.ROLLOUT_FIELD: None}, default=str))
+    if {**theirs, protocol.ROLLOUT_FIELD: None} != ours:
+        raise ConfigurationError(
+            f"s3://{fut.s3_bucket}/{fut.result_key} holds the result of another payload "
+            f"(session {fut.session_id}, input {fut.input_id!r}): an input_id names one "
+            "rollout (or group) per experiment; use a new exp_id (or input_id) for a new run"
+        )
 
 
 def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:

@@ -202,12 +202,21 @@ class TraceJoiner:
         except AgentCoreRLError as exc:
             logger.debug("releasing gateway session %s: %s", sid, exc)
 
-    async def join(self, fut: RolloutFuture, envelope: dict[str, Any]) -> BaseException | None:
+    async def join(
+        self, fut: RolloutFuture, envelope: dict[str, Any], *, kept: bool = False
+    ) -> BaseException | None:
         """Fetch ``fut``'s trace (onto ``fut.trace``) and keep it beside its result; the
         error that leaves the rollout without one. An error envelope is its own outcome:
-        its trace is a bonus, neither fetched with a retry nor kept."""
+        its trace is a bonus, neither fetched with a retry nor kept. ``kept``: the result
+        was in S3 before this process looked: its trace is read from beside it first (the
+        gateway finished that session)."""
         failed = protocol.is_error_envelope(envelope)
+        key = protocol.trace_key(fut.result_key)
         try:
+            saved = await self.store.get_trace(fut.s3_bucket, key) if kept else None
+            if saved is not None:
+                fut.trace = saved
+                return None
             fut.trace = await self._trace(fut)
         except AgentCoreRLError as exc:
             if failed:
@@ -220,7 +229,7 @@ class TraceJoiner:
         try:
             # Durable before the outcome is known: attach(), eval --resume and offline
             # SFT read it from there.
-            await self.store.put_trace(fut.s3_bucket, protocol.trace_key(fut.result_key), fut.trace)
+            await self.store.put_trace(fut.s3_bucket, key, fut.trace)
         except AgentCoreRLError as exc:
             return exc
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import itertools
 import logging
 import os
 import re
@@ -117,10 +118,14 @@ class RolloutGateway:
         self.gate = PolicyGate()
         self.retry_after = retry_after
         # straddled_calls: a weight update came in the middle of the call
-        counters = ["calls", "failed_calls", "sessions_finished", "sessions_expired"]
+        # late_calls: an agent's calls for a session already finished or expired, refused
+        counters = ["calls", "failed_calls", "late_calls", "sessions_finished", "sessions_expired"]
         self._counts = dict.fromkeys([*counters, "expired_lost", "straddled_calls"], 0)
         self._clock = clock
         self._sessions: dict[str, Session] = {}
+        # Ended sessions (finished or expired) -> when, oldest first: closed to agents' calls
+        # for the session TTL, then forgotten by the sweeper.
+        self._ended: dict[str, float] = {}
         self._upstreams: list[UpstreamPool] = []  # while entered
         self._stack: contextlib.AsyncExitStack | None = None
         self._admin = _admin_app(self)
@@ -256,6 +261,7 @@ class RolloutGateway:
         if sampling is not None and not isinstance(sampling, Mapping):
             raise Invalid("sampling must be an object")
         check_value(dict(sampling or {}), "sampling")
+        self._ended.pop(session_id, None)  # the trainer's own: a fresh record set
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = Session(session_id, last_seen=self._clock())
@@ -287,6 +293,9 @@ class RolloutGateway:
                 saved = await self.sink.load(session_id)
                 if saved is not None:
                     return saved
+            if session_id in self._ended:
+                why = "it ended already (finished: its trace was handed out, or expired)"
+                raise TraceLostError(session_id, why)
             raise TraceLostError(
                 session_id,
                 f"gateway {self.gateway_id} has no record of it (it restarted, the session "
@@ -303,13 +312,19 @@ class RolloutGateway:
                     session_id,
                     session.in_flight,
                 )
-        self._sessions.pop(session_id, None)
+        self._end(session_id)
         self._counts["sessions_finished"] += 1
         return session.trace(self.gateway_id)
 
     async def expire_idle(self) -> int:
-        """Persist and release sessions idle for longer than the TTL; -> how many."""
+        """Persist and release sessions idle for longer than the TTL, forget sessions ended
+        longer ago than that; -> how many sessions expired."""
         now = self._clock()
+        forgotten = list(
+            itertools.takewhile(lambda e: now - e[1] > self.session_ttl, self._ended.items())
+        )
+        for sid, _ in forgotten:
+            del self._ended[sid]
         stale = [
             s
             for s in self._sessions.values()
@@ -332,9 +347,30 @@ class RolloutGateway:
                 except Exception:
                     log.exception("could not persist expired session %s", session.session_id)
                     continue  # kept in memory; the next sweep tries again
-            self._sessions.pop(session.session_id, None)
+            self._end(session.session_id)
             self._counts["sessions_expired"] += 1
         return len(stale)
+
+    def _end(self, sid: str) -> None:
+        self._sessions.pop(sid, None)
+        self._ended[sid] = self._clock()
+
+    def _session_for(self, sid: str) -> Session:
+        """The session an agent's admitted call is filed under: opened by its first call,
+        refused once finished or expired (a late call: a retry, a stopped agent's next turn)."""
+        session = self._sessions.get(sid)
+        if session is not None:
+            return session
+        if sid in self._ended:
+            self._counts["late_calls"] += 1
+            why = f"session {sid!r} is finished (or expired): the call is not served"
+            raise Refuse(410, why, "session_finished")
+        if self.require_open:
+            raise Refuse(
+                404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
+            )
+        self._sessions[sid] = Session(sid)
+        return self._sessions[sid]
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -432,20 +468,13 @@ class RolloutGateway:
         )
         body = parse_object(raw)
         chat = route.dialect.decode(body, route, self._sessions.get(sid))
-        if self.require_open and sid not in self._sessions:
-            raise Refuse(
-                404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
-            )
         version = await self.gate.enter()
         if version is None:  # a reject pause
             retry = {"retry-after": str(max(1, round(self.retry_after)))}
             why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
             raise Refuse(429, why, "paused", retry)
-        try:
-            session = self._sessions.get(sid)
-            if session is None:  # opened by its first call (after the gate: a 429 opens none)
-                session = self._sessions[sid] = Session(sid)
-            await self._serve(send, session, route.dialect, raw, body, chat, version)
+        try:  # after the gate: a 429 opens no session, a call held across a finish is refused
+            await self._serve(send, self._session_for(sid), route.dialect, raw, body, chat, version)
         finally:
             self.gate.exit()
 

@@ -152,6 +152,9 @@ async def test_resume_after_sigkill_still_collects_every_trajectory(
 
         gate.opened.set()  # the orphaned rollout finishes; its session is still open
         code = await asyncio.to_thread(main, [*argv, "--resume"])
+        async with httpx.AsyncClient(headers={"x-admin-token": TOKEN}) as http:
+            stats = (await http.get(gateway + "/admin/stats")).json()
+        assert stats["live_sessions"] == 0  # the orphan's too: finished by the resumed run
 
     assert code == 0
     records = _lines(out)

@@ -23,6 +23,7 @@ from agentcore_rl import (
     Retries,
     RolloutClient,
     RolloutGateway,
+    StaleGroupError,
     Timeouts,
     TraceLostError,
     build_trajectory,
@@ -249,7 +250,7 @@ async def test_a_trace_the_gateway_no_longer_has_is_lost(s3_endpoint: str) -> No
             opened_at = await link.open("sess-gone", exp_id="join", input_id="q-g")
             assert opened_at == rig.gateway.gateway_id
             await link.finish("sess-gone")
-            with pytest.raises(TraceLostError, match="no record"):
+            with pytest.raises(TraceLostError, match="ended already"):
                 await link.finish("sess-gone")  # finished already: 410 from the gateway
         finally:
             await link.aclose()
@@ -268,6 +269,39 @@ async def test_a_cancelled_rollout_releases_its_gateway_session(s3_endpoint: str
             latch.release()
             await wait_until(lambda: rig.gateway.stats["live_sessions"] == 0, 15)
         assert fut.cancelled()
+        await _all_stopped(rig, [fut.result_key])
+        assert rig.gateway.stats["sessions_finished"] == 1
+
+
+async def _all_stopped(rig: Rig, keys: list[str]) -> None:
+    """Wait (bounded) for stopped rollouts' "cancelled" envelopes. An agent's next turn,
+    sent before its stop arrived, meets a finished session: refused (410), it opens none."""
+    with anyio.fail_after(15):
+        for key in keys:
+            envelope = None
+            while envelope is None:
+                await anyio.sleep(0.01)
+                envelope = await rig.store.get_json(rig.stack.bucket, key)
+            assert envelope["error_type"] == "cancelled"
+    await wait_until(lambda: rig.gateway.stats["in_flight"] == 0, 15)
+    assert rig.gateway.stats["live_sessions"] == 0
+    assert rig.gateway.stats["late_calls"] <= len(keys)
+
+
+async def test_a_stale_groups_stopped_members_release_their_gateway_sessions(
+    s3_endpoint: str,
+) -> None:
+    latch = Latch()
+    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    async with _rig(s3_endpoint, policy) as rig:
+        async with rig.client() as client:
+            group = await client.invoke_group(PROBLEM, rules=GroupRules(n=2), input_id="g-s")
+            await wait_until(lambda: latch.waiting == 2, 15)
+            assert client.advance_policy(1, max_staleness=0) == 1  # stops both members
+            with pytest.raises(StaleGroupError):
+                await group
+            latch.release()
+        await _all_stopped(rig, [result_key("join", "g-s", sid) for sid in group.session_ids])
 
 
 async def test_an_unreachable_gateway_fails_the_invocation_before_the_agent_runs(
@@ -394,3 +428,31 @@ async def test_a_lost_trace_is_final_not_retried(s3_endpoint: str) -> None:
         # The agent's result exists: running the input again would make another one.
         assert (fut.attempts, fut.previous_sessions) == (1, [])
         assert (client.stats.rollout_retries, client.stats.traces_lost) == (0, 1)
+
+
+async def test_a_groups_step_run_again_with_its_exp_id_gives_the_same_groups(
+    s3_endpoint: str,
+) -> None:
+    # A restarted trainer, or one that runs a step again: the members' sessions (derived
+    # from exp_id and input_id) ended in the first run, their results and traces in S3.
+    async with _rig(s3_endpoint) as rig:
+        payloads = [{**PROBLEM, ROLLOUT_FIELD: {"input_id": f"g-{i}"}} for i in range(2)]
+        runs: list[list[Any]] = []
+        for _ in range(2):
+            async with rig.client() as client:
+                groups = [g async for g in client.run_groups(payloads, rules=GroupRules(n=4))]
+            assert rig.gateway.stats["live_sessions"] == 0
+            runs.append([group_rows(g) for g in sorted(groups, key=lambda g: g.input_id)])
+            if len(runs) == 1:
+                requests = rig.policy.requests
+        assert len(runs[0]) == 2
+        assert runs[1] == runs[0]
+        assert rig.policy.requests == requests  # nothing ran again
+        assert rig.gateway.stats["sessions_finished"] == 8
+        # Another prompt under a used input id is a new run meant: refused, saying so.
+        other = [{**payloads[0], "prompt": "What is 2 + 2?"}]
+        async with rig.client() as client:
+            with pytest.raises(ConfigurationError, match="use a new exp_id"):
+                async for _ in client.run_groups(other, rules=GroupRules(n=4)):
+                    pass
+        assert (rig.policy.requests, rig.gateway.stats["live_sessions"]) == (requests, 0)
