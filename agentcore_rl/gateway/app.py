@@ -1,11 +1,10 @@
 """``RolloutGateway``: admits each model call (session, policy gate, record) and hands it to
 a mode (:mod:`.call`). The session routes are hand-written ASGI (they sit on every model call);
-the admin routes are an ordinary Starlette app (docs/gateway.md)."""
+the admin routes are an ordinary Starlette app (:mod:`.admin`)."""
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import itertools
 import logging
 import os
@@ -18,24 +17,21 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.edge import read_body
-from agentcore_rl.errors import AlreadyPausedError, ConfigurationError, TraceLostError
+from agentcore_rl.errors import ConfigurationError, TraceLostError
+from agentcore_rl.gateway.admin import GATEWAY_ID_HEADER, admin_app
 from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.call import Call, Refuse, down_message, render, respond
 from agentcore_rl.gateway.dialects import route_for
 from agentcore_rl.gateway.dialects.base import Dialect
 from agentcore_rl.gateway.dialects.base import Route as DialectRoute
-from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, error_body
+from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
-from agentcore_rl.gateway.record import CallRecord, Session, SessionTrace, TraceSink, dump_trace
+from agentcore_rl.gateway.record import CallRecord, Session, SessionTrace, TraceSink
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, checked_url
 
 if TYPE_CHECKING:
@@ -49,8 +45,6 @@ log = logging.getLogger("agentcore_rl.gateway")
 ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 #: AgentCore Runtime's longest session (8 hours): a session idle this long has ended.
 DEFAULT_SESSION_TTL: Final = 8 * 3600.0
-#: The header of ``POST /admin/sessions``'s answer naming the gateway process (its id).
-GATEWAY_ID_HEADER: Final = "x-gateway-id"
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 
 
@@ -128,7 +122,7 @@ class RolloutGateway:
         self._ended: dict[str, float] = {}
         self._upstreams: list[UpstreamPool] = []  # while entered
         self._stack: contextlib.AsyncExitStack | None = None
-        self._admin = _admin_app(self)
+        self._admin = admin_app(self)
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> RolloutGateway:
@@ -544,109 +538,3 @@ class RolloutGateway:
 
     def _upstream_for(self, sid: str) -> UpstreamPool:
         return self._upstreams[zlib.crc32(sid.encode()) % len(self._upstreams)]
-
-
-def _error(status: int, message: str, kind: str) -> Response:
-    return Response(error_body(status, message, kind), status, media_type="application/json")
-
-
-def _admin_app(gateway: RolloutGateway) -> Starlette:
-    """The health and admin routes (docs/gateway.md, "The trainer's API"): every ``/admin/``
-    route needs the admin token in a header (``Authorization: Bearer`` or ``X-Admin-Token``;
-    never in the URL, which access logs write down). Errors answer by their meaning; any other
-    exception is a bug of the gateway's: a 500, logged."""
-
-    # A guarded handler gets the request and its JSON body ({} when empty); a dict it returns
-    # is answered as JSON.
-    def guarded(handler: Callable[[Request, dict[str, Any]], Any]) -> Callable[[Request], Any]:
-        async def check(request: Request) -> Response:
-            expected = gateway.admin_token
-            if not expected:
-                message = "admin routes are disabled: start the gateway with an admin token"
-                return _error(403, message, "forbidden")
-            if "token" in request.query_params:
-                why = "the admin token goes in a header (X-Admin-Token or Authorization: Bearer)"
-                return _error(400, f"{why}, never in the URL", "token_in_url")
-            given = request.headers.get("x-admin-token") or ""
-            auth = request.headers.get("authorization", "")
-            if not given and auth.lower().startswith("bearer "):
-                given = auth[7:].strip()
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                return _error(401, "missing or wrong admin token", "unauthorized")
-            try:
-                raw = await request.body()
-                answer = await handler(request, parse_object(raw) if raw else {})
-            except TraceLostError as exc:  # finishing answers 410, a peek 404
-                if request.method == "POST":
-                    return _error(410, str(exc), "trace_lost")
-                return _error(404, str(exc), "unknown_session")
-            except Invalid as exc:  # the door (jsonio) and the trainer API's checks
-                return _error(400, str(exc), "invalid_request")
-            except AlreadyPausedError as exc:
-                return _error(409, str(exc), "already_paused")
-            except UpstreamError as exc:  # an upstream that cannot freeze its generations
-                return _error(502, str(exc), "upstream_unavailable")
-            except Exception:
-                log.exception("admin route %s %s failed", request.method, request.url.path)
-                return _error(500, "the gateway failed on this request (see its log)", "internal")
-            return answer if isinstance(answer, Response) else JSONResponse(answer)
-
-        return check
-
-    async def health(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok" if gateway.running else "stopped",
-                "gateway_id": gateway.gateway_id,
-                "policy_version": gateway.policy_version,
-                "paused": gateway.gate.paused,
-            }
-        )
-
-    async def open_session(request: Request, data: dict[str, Any]) -> Response:
-        gateway.open_session(
-            data.get("session_id", ""),  # checked there
-            exp_id=data.get("exp_id"),
-            input_id=data.get("input_id"),
-            sampling=data.get("sampling"),
-        )
-        # Which gateway process holds the session: a client compares it with the trace's.
-        return Response(status_code=204, headers={GATEWAY_ID_HEADER: gateway.gateway_id})
-
-    async def finish(request: Request, data: dict[str, Any]) -> Any:
-        trace = await gateway.finish_session(request.path_params["sid"])
-        if request.query_params.get("format") == "json":
-            return trace.to_json()
-        return Response(dump_trace(trace), media_type="application/gzip")
-
-    async def peek(request: Request, data: dict[str, Any]) -> Any:
-        return gateway.peek_session(request.path_params["sid"]).to_json()
-
-    async def policy_version(request: Request, data: dict[str, Any]) -> Any:
-        gateway.set_policy_version(data.get("version"))  # type: ignore[arg-type]
-        return {"policy_version": gateway.policy_version}
-
-    async def pause(request: Request, data: dict[str, Any]) -> Any:
-        await gateway.pause(data.get("mode", "hold"))
-        return {"paused": gateway.gate.paused, "in_flight": gateway.gate.in_flight}
-
-    async def resume(request: Request, data: dict[str, Any]) -> Any:
-        await gateway.resume()
-        return {"paused": None}
-
-    async def stats(request: Request, data: dict[str, Any]) -> Any:
-        return gateway.stats
-
-    return Starlette(
-        lifespan=gateway._lifespan,
-        routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/admin/sessions", guarded(open_session), methods=["POST"]),
-            Route("/admin/sessions/{sid}/finish", guarded(finish), methods=["POST"]),
-            Route("/admin/sessions/{sid}/trace", guarded(peek), methods=["GET"]),
-            Route("/admin/policy_version", guarded(policy_version), methods=["POST"]),
-            Route("/admin/pause", guarded(pause), methods=["POST"]),
-            Route("/admin/resume", guarded(resume), methods=["POST"]),
-            Route("/admin/stats", guarded(stats), methods=["GET"]),
-        ],
-    )
