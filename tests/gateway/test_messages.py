@@ -5,6 +5,7 @@ stand-in policy, linear history on real chat templates, errors as the SDK's type
 from __future__ import annotations
 
 import itertools
+import json
 from typing import Any
 
 import anthropic
@@ -350,3 +351,90 @@ async def test_a_stream_that_breaks_midway_raises_the_sdks_error() -> None:
             trace = await gateway.finish_session("b1")
     assert texts == ["Hi"]
     assert [r.status for r in trace.records] == [502]
+
+
+def _vllm_upstream(pieces: list[dict[str, Any]], usage: dict[str, int]) -> Any:
+    """A vLLM-shaped chat upstream that streams ``pieces`` (deltas) one token each, as vLLM
+    streams reasoning, text and tool calls (a call's id and name first, then its arguments in
+    parts), with the prompt ids on the first chunk and the usage last."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    head = {"id": "chatcmpl-v1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+
+    def chunk(delta: dict[str, Any], i: int, finish: str | None = None) -> str:
+        logprobs = {
+            "content": [{"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": []}]
+        }
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        choice |= {"token_ids": [100 + i], "stop_reason": None}
+        extra = {"prompt_token_ids": [1, 2, 3]} if i == 0 else {}
+        return "data: " + json.dumps({**head, "choices": [choice], **extra}) + "\n\n"
+
+    async def chat(request: Request) -> StreamingResponse:
+        async def events() -> Any:
+            for i, delta in enumerate(pieces):
+                yield chunk(delta, i, "tool_calls" if i == len(pieces) - 1 else None)
+            yield "data: " + json.dumps({**head, "choices": [], "usage": usage}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+async def test_vllm_shaped_stream_deltas_become_the_sdks_blocks() -> None:
+    def call(index: int, arguments: str, first: str | None = None) -> dict[str, Any]:
+        head = {"id": first, "type": "function"} if first else {}
+        function = (
+            {"name": "calculator", "arguments": arguments} if first else {"arguments": arguments}
+        )
+        return {"tool_calls": [{"index": index, **head, "function": function}]}
+
+    pieces = [
+        {"role": "assistant", "content": ""},
+        {"reasoning_content": "Two sums"},
+        {"reasoning_content": ", both at once."},
+        {"content": "Asking."},
+        call(0, "", "call_a"),
+        call(0, '{"expression": '),
+        call(0, '"1 + 2"}'),
+        call(1, '{"expression"', "call_b"),
+        call(1, ': "3 + 4"}'),
+    ]
+    usage = {"prompt_tokens": 3, "completion_tokens": len(pieces), "total_tokens": 3 + len(pieces)}
+    async with BackgroundServer(_vllm_upstream(pieces, usage)) as upstream:
+        gateway = RolloutGateway(upstream.url + "/v1", admin_token=ADMIN)
+        async with BackgroundServer(gateway) as server, claude(f"{server.url}/sessions/v1") as llm:
+            kinds = []
+            options: Any = {
+                "model": "m",
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            async with llm.messages.stream(**options, tools=[TOOL]) as events:
+                async for event in events:
+                    kinds.append(event.type)
+                reply = await events.get_final_message()
+            trace = await gateway.finish_session("v1")
+    assert [
+        (b.type, getattr(b, "thinking", None) or getattr(b, "text", None))
+        for b in reply.content[:2]
+    ] == [
+        ("thinking", "Two sums, both at once."),
+        ("text", "Asking."),
+    ]
+    calls = [(b.id, b.input) for b in reply.content if isinstance(b, ToolUseBlock)]
+    assert calls == [("call_a", {"expression": "1 + 2"}), ("call_b", {"expression": "3 + 4"})]
+    assert (reply.stop_reason, reply.usage.input_tokens, reply.usage.output_tokens) == (
+        "tool_use",
+        3,
+        9,
+    )
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 4
+    assert kinds[0] == "message_start"
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    (record,) = trace.records
+    assert record.completions[0].token_ids.tolist() == [100 + i for i in range(len(pieces))]

@@ -61,7 +61,9 @@ def _blocks(content: Any, at: str, kinds: tuple[str, ...]) -> list[tuple[str, st
     out = []
     for j, block in enumerate(content):
         where = f"{at}.{j}"
-        kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(block, dict):
+            raise invalid(f"{where}: must be a content block (an object with a type)")
+        kind = block.get("type")
         if kind not in kinds:
             raise invalid(
                 f"{where}.type: {kind!r} blocks are not supported here (this turn takes "
@@ -157,7 +159,7 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
 def _conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The chat messages: ``system`` first, then each turn's (``system`` turns too)."""
     out = []
-    system = _text(body.get("system", ""), "system")
+    system = _text(body.get("system") or "", "system")
     if system:
         out.append({"role": "system", "content": system})
     turns = body["messages"]
@@ -197,15 +199,15 @@ class _MessageEncoder(Encoder):
 
     def __init__(self) -> None:
         self.started = False
-        self.open: Any = None  # the open block: "thinking", "text" or a tool call's index
+        self.open: str | None = None  # the open block: "thinking", "text" or a tool call's id
         self.index = -1  # the open block's index
         self.finish: str | None = None
         self.stop: Any = None  # the stop string that ended it (vLLM's ``stop_reason``)
-        self.calls = False
+        self.calls: dict[int, str] = {}  # the tool calls begun, by index: their ids
         self.usage: Mapping[str, Any] = {}
 
-    def _ending(self) -> dict[str, Any]:
-        if self.calls and self.finish != "length":  # a named tool_choice finishes "stop"
+    def _ending(self, calls: bool) -> dict[str, Any]:
+        if calls and self.finish != "length":  # a named tool_choice finishes "stop"
             return {"stop_reason": "tool_use", "stop_sequence": None}
         if self.finish == "stop" and isinstance(self.stop, str):
             return {"stop_reason": "stop_sequence", "stop_sequence": self.stop}
@@ -243,13 +245,12 @@ class _MessageEncoder(Encoder):
             content.append(
                 {"type": "tool_use", "id": call.get("id"), "name": name, "input": _input(arguments)}
             )
-        self.calls = bool(message.get("tool_calls"))
         self.finish, self.stop = choice.get("finish_reason"), choice.get("stop_reason")
         self.usage = answer.get("usage") or {}
-        ending, usage = self._ending(), self._usage()
+        ending, usage = self._ending(bool(message.get("tool_calls"))), self._usage()
         return dumps({**self._head(answer), "content": content, **ending, "usage": usage})
 
-    def _start(self, kind: Any, block: dict[str, Any]) -> list[bytes]:
+    def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         out = self._close()
         self.open, self.index = kind, self.index + 1
         start = {"type": "content_block_start", "index": self.index, "content_block": block}
@@ -260,6 +261,10 @@ class _MessageEncoder(Encoder):
             return []
         self.open = None
         return [_event(b"content_block_stop", {"type": "content_block_stop", "index": self.index})]
+
+    def _piece(self, kind: str, block: dict[str, Any], delta: dict[str, Any]) -> list[bytes]:
+        """A delta of a ``kind`` block, opened with ``block`` unless it is the open one."""
+        return [*(self._start(kind, block) if self.open != kind else []), self._delta(delta)]
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         event = {"type": "content_block_delta", "index": self.index, "delta": delta}
@@ -273,32 +278,21 @@ class _MessageEncoder(Encoder):
             delta = choice.get("delta") or {}
             thought = delta.get("reasoning_content") or delta.get("reasoning")
             if thought:
-                if self.open != "thinking":
-                    out += self._start(
-                        "thinking", {"type": "thinking", "thinking": "", "signature": ""}
-                    )
-                out.append(self._delta({"type": "thinking_delta", "thinking": thought}))
+                block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+                piece = {"type": "thinking_delta", "thinking": thought}
+                out += self._piece("thinking", block, piece)
             if delta.get("content"):
-                if self.open != "text":
-                    out += self._start("text", {"type": "text", "text": ""})
-                out.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+                text = {"type": "text_delta", "text": delta["content"]}
+                out += self._piece("text", {"type": "text", "text": ""}, text)
             for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                if call.get("id"):  # a call begins
-                    self.calls = True
-                    block = {
-                        "type": "tool_use",
-                        "id": call["id"],
-                        "name": function.get("name"),
-                        "input": {},
-                    }
-                    out += self._start(call.get("index"), block)
-                if function.get("arguments") and self.open == call.get("index"):
-                    out.append(
-                        self._delta(
-                            {"type": "input_json_delta", "partial_json": function["arguments"]}
-                        )
-                    )
+                function, index = call.get("function") or {}, call.get("index", 0)
+                if call.get("id") and index not in self.calls:  # a call begins
+                    name, self.calls[index] = function.get("name"), call["id"]
+                    block = {"type": "tool_use", "id": call["id"], "name": name, "input": {}}
+                    out += self._start(call["id"], block)
+                if function.get("arguments") and self.open == self.calls.get(index):
+                    partial = {"type": "input_json_delta", "partial_json": function["arguments"]}
+                    out.append(self._delta(partial))
             self.finish = choice.get("finish_reason") or self.finish
             self.stop = choice.get("stop_reason", self.stop)
         if chunk.get("usage"):
@@ -318,7 +312,8 @@ class _MessageEncoder(Encoder):
     def end(self) -> bytes:
         out = [] if self.started else [self._begin({})]
         out += self._close()
-        event = {"type": "message_delta", "delta": self._ending(), "usage": self._usage()}
+        delta = self._ending(bool(self.calls))
+        event = {"type": "message_delta", "delta": delta, "usage": self._usage()}
         out.append(_event(b"message_delta", event))
         out.append(_event(b"message_stop", {"type": "message_stop"}))
         return b"".join(out)
@@ -362,7 +357,7 @@ class MessagesDialect(Dialect):
             if not isinstance(tools, list):
                 raise invalid("tools: must be a list")
             chat["tools"] = [_tool(tool, f"tools.{i}") for i, tool in enumerate(tools)]
-        if "tool_choice" in body:
+        if body.get("tool_choice") is not None:
             _tool_choice(body["tool_choice"], chat)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
