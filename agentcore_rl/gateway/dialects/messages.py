@@ -180,6 +180,12 @@ def _conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+_DELTA: Final = (
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+    b'"delta":{"type":"%s":%s}}\n\n'
+)
+
+
 def _event(name: bytes, data: dict[str, Any]) -> bytes:
     return b"event: " + name + b"\ndata: " + dumps(data) + b"\n\n"
 
@@ -262,42 +268,41 @@ class _MessageEncoder(Encoder):
         self.open = None
         return [_event(b"content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
-    def _piece(self, kind: str, block: dict[str, Any], delta: dict[str, Any]) -> list[bytes]:
-        """A delta of a ``kind`` block, opened with ``block`` unless it is the open one."""
-        return [*(self._start(kind, block) if self.open != kind else []), self._delta(delta)]
-
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        event = {"type": "content_block_delta", "index": self.index, "delta": delta}
-        return _event(b"content_block_delta", event)
+    def _piece(self, kind: str, block: dict[str, Any], delta: bytes, value: Any) -> bytes:
+        """A ``delta`` of a ``kind`` block (opened with ``block`` unless it is the open one):
+        written from a template, as a stream's deltas are most of its work."""
+        start = b"".join(self._start(kind, block)) if self.open != kind else b""
+        return start + _DELTA % (self.index, delta, dumps(value))
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out = []
-        if not self.started:
-            out.append(self._begin(chunk))
+        out = b"" if self.started else self._begin(chunk)
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             thought = delta.get("reasoning_content") or delta.get("reasoning")
             if thought:
                 block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-                piece = {"type": "thinking_delta", "thinking": thought}
-                out += self._piece("thinking", block, piece)
-            if delta.get("content"):
-                text = {"type": "text_delta", "text": delta["content"]}
-                out += self._piece("text", {"type": "text", "text": ""}, text)
+                out += self._piece("thinking", block, b'thinking_delta","thinking', thought)
+            text = delta.get("content")
+            if text:
+                out += self._piece("text", {"type": "text", "text": ""}, b'text_delta","text', text)
             for call in delta.get("tool_calls") or ():
                 function, index = call.get("function") or {}, call.get("index", 0)
                 if call.get("id") and index not in self.calls:  # a call begins
                     name, self.calls[index] = function.get("name"), call["id"]
                     block = {"type": "tool_use", "id": call["id"], "name": name, "input": {}}
-                    out += self._start(call["id"], block)
-                if function.get("arguments") and self.open == self.calls.get(index):
-                    partial = {"type": "input_json_delta", "partial_json": function["arguments"]}
-                    out.append(self._delta(partial))
+                    out += b"".join(self._start(call["id"], block))
+                arguments = function.get("arguments")
+                if arguments and self.open == self.calls.get(index):
+                    out += _DELTA % (
+                        self.index,
+                        b'input_json_delta","partial_json',
+                        dumps(arguments),
+                    )
             self.finish = choice.get("finish_reason") or self.finish
             self.stop = choice.get("stop_reason", self.stop)
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        return b"".join(out)
+        return out
 
     def _begin(self, chunk: Mapping[str, Any]) -> bytes:
         # The input tokens are known at the end (the usage chunk): message_delta's usage,
