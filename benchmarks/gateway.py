@@ -6,7 +6,8 @@ agentcore_rl.gateway``) as separate processes on 127.0.0.1, and drives multi-tur
 sessions from here, each with its own httpx client, every prompt extending the previous turn.
 For each mode (``serial`` / ``serial_stream``: one call at a time; ``nonstream`` /
 ``stream``: ``--sessions`` sessions at once) it runs the same workload direct and through the
-gateway and prints one JSON document:
+gateway and prints one JSON document (``--dialect``: the API the agents call the gateway in;
+direct calls are chat completions):
 
 - ``added_ms``: gateway minus direct latency, p50 and p99 (and time to first byte when
   streaming), from separate runs;
@@ -27,6 +28,7 @@ Example::
 
     python benchmarks/gateway.py                                   # 256 sessions x 4 turns
     python benchmarks/gateway.py --sessions 32 --serial-sessions 8 --turns 3
+    python benchmarks/gateway.py --dialect messages       # the agents call Anthropic Messages
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -210,6 +212,52 @@ async def wait_ready(url: str, limit: float = 60.0) -> None:
 # --- the agents ---------------------------------------------------------------------------------
 
 
+def sse_data(raw: bytes) -> Iterator[Any]:
+    """The JSON ``data:`` of each SSE event (chat's, and those under an ``event:`` line)."""
+    for event in raw.split(b"\n\n"):
+        for line in event.split(b"\n"):
+            if line.startswith(b"data: {"):
+                yield json.loads(line[6:])
+
+
+class AgentDialect:
+    """How an agent of one API asks (its route under ``.../v1/``, its body for a chat
+    conversation) and reads the answer's text, whole or streamed."""
+
+    def __init__(
+        self,
+        route: str,
+        body: Callable[[list[dict[str, Any]], int], dict[str, Any]],
+        whole: Callable[[Any], str],
+        piece: Callable[[Any], str | None],
+    ) -> None:
+        self.route, self.body, self.whole, self.piece = route, body, whole, piece
+
+    def streamed(self, raw: bytes) -> str:
+        return "".join(self.piece(data) or "" for data in sse_data(raw))
+
+
+DIALECTS = {
+    "chat": AgentDialect(
+        "chat/completions",
+        lambda messages, tokens: {"model": "m", "messages": messages, "max_tokens": tokens},
+        lambda data: data["choices"][0]["message"]["content"],
+        lambda data: data["choices"][0]["delta"].get("content") if data["choices"] else None,
+    ),
+    "messages": AgentDialect(  # Anthropic: the system prompt on top, text blocks back
+        "messages",
+        lambda messages, tokens: {
+            "model": "m",
+            "max_tokens": tokens,
+            "system": messages[0]["content"],
+            "messages": messages[1:],
+        },
+        lambda data: data["content"][0]["text"],
+        lambda data: data["delta"].get("text") if data["type"] == "content_block_delta" else None,
+    ),
+}
+
+
 def text(seed: int, n: int) -> str:
     return " ".join(WORDS[(seed * 7919 + j * 31) % len(WORDS)] for j in range(n))
 
@@ -237,9 +285,10 @@ async def session(
         {"role": "system", "content": text(1, a.system_words)},
         {"role": "user", "content": f"[{sid}] " + text(i * 13 + 1, a.user_words)},
     ]
+    dialect = DIALECTS["chat" if direct else a.dialect]  # the upstream speaks chat
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=300) as http:
         for turn in range(a.turns):
-            body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": a.tokens}
+            body = dialect.body(messages, a.tokens)
             if direct:  # the upstream does the same work as behind the gateway
                 body.update(logprobs=True, return_token_ids=True)
             t0 = time.perf_counter()
@@ -247,24 +296,20 @@ async def session(
                 if stream:
                     body["stream"] = True
                     first, parts = None, []
-                    async with http.stream("POST", "chat/completions", json=body) as r:
+                    async with http.stream("POST", dialect.route, json=body) as r:
                         async for piece in r.aiter_bytes():
                             first = first or time.perf_counter()
                             parts.append(piece)
                     raw = b"".join(parts)
                     if r.status_code != 200:
                         raise RuntimeError(f"HTTP {r.status_code}: {raw[:200]!r}")
-                    content = "".join(
-                        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-                        for line in raw.split(b"\n\n")
-                        if line.startswith(b"data: {")
-                    )
+                    content = dialect.streamed(raw)
                     ph.ttfb.append((first or time.perf_counter()) - t0)
                 else:
-                    r = await http.post("chat/completions", json=body)
+                    r = await http.post(dialect.route, json=body)
                     if r.status_code != 200:
                         raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
-                    content = r.json()["choices"][0]["message"]["content"]
+                    content = dialect.whole(r.json())
             except Exception as exc:
                 ph.errors.append(f"{sid} turn {turn}: {type(exc).__name__}: {exc}"[:300])
                 return
@@ -364,6 +409,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         "serial_sessions": a.serial_sessions,
         "turns": a.turns,
         "tokens": a.tokens,
+        "dialect": a.dialect,
         "loadavg_start": os.getloadavg(),
         "modes": {},
     }
@@ -422,6 +468,9 @@ def cli() -> argparse.Namespace:
     p.add_argument("--system-words", type=int, default=500)
     p.add_argument("--user-words", type=int, default=100)
     p.add_argument("--modes", default="serial,serial_stream,nonstream,stream")
+    p.add_argument(
+        "--dialect", choices=sorted(DIALECTS), default="chat", help="the agents' API (gateway)"
+    )
     p.add_argument("--serve-upstream", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args()
 

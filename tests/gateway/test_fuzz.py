@@ -68,6 +68,56 @@ def _agent_body(rng: random.Random) -> tuple[str, bool]:
     return "{" + ", ".join(parts) + "}", big
 
 
+# Anthropic Messages: its fields, and the chat fields each may become (nothing else is sent on)
+MESSAGES_FIELDS = {
+    "system": (),
+    "stop_sequences": ("stop",),
+    "temperature": ("temperature",),
+    "top_p": ("top_p",),
+    "top_k": ("top_k",),
+    "tools": ("tools",),
+    "tool_choice": ("tool_choice", "parallel_tool_calls"),
+    "stream": ("stream", "stream_options"),
+    "metadata": (),
+    "thinking": (),
+    "max_tokens": (),
+    "model": (),
+}
+BLOCKS = [
+    '{"type": "text", "text": "What is 1 + 1?"}',
+    '{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}',
+    '{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "2"}]}',
+    '{"type": "tool_use", "id": "t1", "name": "calculator", "input": {"expression": "1 + 1"}}',
+    '{"type": "thinking", "thinking": "hm", "signature": ""}',
+    '{"type": "document"}',
+]
+
+
+def _messages_body(rng: random.Random) -> tuple[str, set[str], bool]:
+    """An Anthropic body with some fields and blocks odd; -> (text, the agent's fields,
+    whether it holds an integer beyond 64 bits)."""
+    content = '"What is 1 + 1?"'
+    if rng.random() < 0.4:
+        blocks = rng.sample(BLOCKS, rng.randrange(1, 3))
+        content = "[" + ", ".join(_scalar(rng) if rng.random() < 0.1 else b for b in blocks) + "]"
+    role = rng.choice(["user", "user", "assistant", "system", "tool"])
+    parts = [
+        '"model": "m"',
+        '"max_tokens": 16',
+        f'"messages": [{{"role": "{role}", "content": {content}}}]',
+    ]
+    names = {"model", "max_tokens", "messages"}
+    big = False
+    for name in rng.sample(sorted(MESSAGES_FIELDS), rng.randrange(0, 4)):
+        value = _scalar(rng)
+        big = big or any(value == str(i) for i in BIG_INTS)
+        parts.append(f'"{name}": {value}')
+        names.add(name)
+    if rng.random() < 0.1:
+        parts.pop(rng.randrange(3))  # a required field missing
+    return "{" + ", ".join(parts) + "}", names, big
+
+
 def _admin_body(rng: random.Random, sid: str) -> str:
     parts = [f'"session_id": "{sid}"']
     for name in rng.sample(["exp_id", "input_id", "sampling"], rng.randrange(0, 4)):
@@ -86,6 +136,7 @@ async def _ok_or_4xx(response: httpx.Response, what: str) -> None:
 async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> None:
     rng = random.Random(2025)
     accepted: set[str] = set()  # sessions the gateway took (opened, or called)
+    messages_answered = 0
     async with served() as stack, httpx.AsyncClient(base_url=stack.url, timeout=60) as http:
         # the named cases, then generated ones
         fixed = [
@@ -128,16 +179,26 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
                     accepted.add(sid)
             for turn in range(rng.randrange(1, 3)):
                 body, big = _agent_body(rng)
-                route = rng.choice(["chat/completions", "completions"])
+                names: set[str] = set()
+                route = rng.choice(["chat/completions", "completions", "messages"])
                 if route == "completions":
                     body = body.replace('"messages": ', '"prompt": "hi", "x": ', 1)
+                elif route == "messages":
+                    body, names, big = _messages_body(rng)
                 response = await http.post(f"/sessions/{sid}/v1/{route}", content=body.encode())
                 await _ok_or_4xx(response, f"{sid} turn {turn}: {body[:200]}")
                 if big:
                     assert response.status_code == 400, body[:200]
                 with contextlib.suppress(TraceLostError):  # not taken: no session
-                    stack.gateway.peek_session(sid)
+                    records = stack.gateway.peek_session(sid).records
                     accepted.add(sid)
+                    if route == "messages" and response.status_code == 200:
+                        sent = {"model", "messages", "max_tokens"}.union(
+                            *(MESSAGES_FIELDS.get(n, ()) for n in names)
+                        )
+                        forwarded = set(records[-1].request) - set(records[-1].overrides or {})
+                        assert forwarded <= sent, (body[:200], forwarded - sent)
+                        messages_answered += 1
         for sid in sorted(accepted):
             view = await http.get(f"/admin/sessions/{sid}/trace", headers=AUTH)
             assert view.status_code == 200, (sid, view.text[:300])
@@ -149,4 +210,5 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
             assert finish.status_code == 200, (sid, finish.text[:300])
         stats = (await http.get("/admin/stats", headers=AUTH)).json()
     assert accepted
+    assert messages_answered > 5
     assert stats["live_sessions"] == 0

@@ -1,5 +1,6 @@
 """The agent-facing dialects, by route (docs/gateway.md, "Agent dialects"): OpenAI chat and
-text completions (:mod:`.chat`); what a codec is: :mod:`.base`."""
+text completions (:mod:`.chat`), Anthropic Messages (:mod:`.messages`); what a codec is:
+:mod:`.base`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from urllib.parse import unquote
 
 from agentcore_rl.gateway.dialects.base import Dialect, Route
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, COMPLETIONS_DIALECT
+from agentcore_rl.gateway.dialects.messages import MESSAGES_DIALECT
 
 __all__ = ["PATHS", "route_for"]
 
@@ -15,6 +17,7 @@ __all__ = ["PATHS", "route_for"]
 PATHS: Final[dict[str, Route]] = {
     "v1/chat/completions": Route(CHAT_DIALECT),
     "v1/completions": Route(COMPLETIONS_DIALECT),
+    "v1/messages": Route(MESSAGES_DIALECT),
 }
 #: Bedrock Converse: ``model/{modelId}/converse`` and ``.../converse-stream``.
 CONVERSE: Final[Dialect | None] = None

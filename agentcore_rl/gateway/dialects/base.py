@@ -112,6 +112,8 @@ def chunks_of(answer: Mapping[str, Any], text: bool = False) -> list[dict[str, A
             choice = {"index": ch.get("index", 0), "delta": message}
         choice["logprobs"] = ch.get("logprobs")
         choice["finish_reason"] = ch.get("finish_reason")
+        if "stop_reason" in ch:  # vLLM's: the stop string that ended it
+            choice["stop_reason"] = ch["stop_reason"]
         chunks.append({**head, "choices": [choice]})
     if answer.get("usage") is not None:
         chunks.append({**head, "choices": [], "usage": answer["usage"]})

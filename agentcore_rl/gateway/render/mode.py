@@ -117,7 +117,13 @@ class RenderMode:
             "created": int(time.time()),
             "model": body.get("model") or "",
             "choices": [
-                {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": cut or served.stop_reason,  # vLLM's: the stop string
+                }
             ],
             "usage": record.usage,
         }
