@@ -7,7 +7,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -19,9 +19,6 @@ from agentcore_rl.gateway.dialects.chat import error_body
 from agentcore_rl.gateway.jsonio import Invalid, parse_object
 from agentcore_rl.gateway.record import dump_trace
 from agentcore_rl.gateway.upstream import UpstreamError
-
-if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import RolloutGateway
 
 __all__ = ["GATEWAY_ID_HEADER", "admin_app"]
 
@@ -35,11 +32,12 @@ def _error(status: int, message: str, kind: str) -> Response:
     return Response(error_body(status, message, kind), status, media_type="application/json")
 
 
-def admin_app(gateway: RolloutGateway) -> Starlette:
-    """The health and admin routes (docs/gateway.md, "The trainer's API"): every ``/admin/``
-    route needs the admin token in a header (``Authorization: Bearer`` or ``X-Admin-Token``;
-    never in the URL, which access logs write down). Errors answer by their meaning; any other
-    exception is a bug of the gateway's: a 500, logged."""
+def admin_app(gateway: Any) -> Starlette:
+    """The health and admin routes of ``gateway``, a :class:`~agentcore_rl.gateway.RolloutGateway`
+    (typed loosely: the gateway imports this module). Every ``/admin/`` route needs the admin
+    token in a header (``Authorization: Bearer`` or ``X-Admin-Token``; never in the URL, which
+    access logs write down). Errors answer by their meaning; any other exception is a bug of
+    the gateway's: a 500, logged."""
 
     # A guarded handler gets the request and its JSON body ({} when empty); a dict it returns
     # is answered as JSON.
@@ -108,7 +106,7 @@ def admin_app(gateway: RolloutGateway) -> Starlette:
         return gateway.peek_session(request.path_params["sid"]).to_json()
 
     async def policy_version(request: Request, data: dict[str, Any]) -> Any:
-        gateway.set_policy_version(data.get("version"))  # type: ignore[arg-type]
+        gateway.set_policy_version(data.get("version"))
         return {"policy_version": gateway.policy_version}
 
     async def pause(request: Request, data: dict[str, Any]) -> Any:
