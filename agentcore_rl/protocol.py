@@ -333,15 +333,21 @@ ERROR_INVALID_PAYLOAD: Final = "invalid_payload"
 ERROR_AGENT_LOST: Final = "agent_lost"
 
 
-def processing_response(config: RolloutConfig | None, session_id: str) -> dict[str, Any]:
-    """The immediate answer of a rollout entrypoint."""
+def processing_response(
+    config: RolloutConfig | None, session_id: str, heartbeat: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The immediate answer of a rollout entrypoint (``heartbeat``: the accepting process's,
+    see :func:`heartbeat_reference`)."""
     if config is None:
         return {STATUS: STATUS_PROCESSING}
-    return {
+    answer: dict[str, Any] = {
         STATUS: STATUS_PROCESSING,
         S3_BUCKET: config.s3_bucket,
         RESULT_KEY: config.key_for(session_id),
     }
+    if heartbeat is not None:
+        answer[HEARTBEAT] = dict(heartbeat)
+    return answer
 
 
 def envelope_metadata(
@@ -531,6 +537,45 @@ LEASE_LAPSED_REASON: Final = (
     "cancelled: the client's lease lapsed (not renewed for {ttl:g} s: the client crashed "
     "or lost its connection to S3)"
 )
+
+# --- Agent heartbeats -------------------------------------------------------------------------
+# An agent process rewrites one small object per experiment it runs rollouts of, every
+# ``interval`` seconds, and names it in its answer to each rollout it accepts: a client that
+# sees it unchanged for HEARTBEAT_MISSES intervals knows the process is gone.
+
+#: Answer field: ``{"key": ..., "interval": seconds}`` (the bucket is the rollout's).
+HEARTBEAT: Final = "heartbeat"
+#: Folder of the heartbeats under an experiment's prefix (a dot: never an input id).
+HEARTBEAT_FOLDER: Final = ".heartbeats"
+HEARTBEAT_INTERVAL: Final = "interval"
+#: Intervals a heartbeat may stay unchanged before its process counts as gone.
+HEARTBEAT_MISSES: Final = 3
+
+
+def heartbeat_key(exp_id: str, process_id: str) -> str:
+    """The S3 key of a process's heartbeat: ``{exp_id}/.heartbeats/{process_id}.json``."""
+    return f"{exp_id}/{HEARTBEAT_FOLDER}/{process_id}.json"
+
+
+def heartbeat_reference(key: str, interval: float) -> dict[str, Any]:
+    """The answer's ``heartbeat`` value."""
+    return {LEASE_KEY: key, HEARTBEAT_INTERVAL: interval}
+
+
+def parse_heartbeat(answer: Mapping[str, Any], exp_id: str) -> tuple[str, float] | None:
+    """``(key, interval)`` of an answer's heartbeat; ``None`` without a usable one (a
+    server that does not heartbeat, or one naming a key outside the experiment's folder)."""
+    value = answer.get(HEARTBEAT)
+    if not isinstance(value, Mapping):
+        return None
+    key, interval = value.get(LEASE_KEY), value.get(HEARTBEAT_INTERVAL)
+    folder = f"{exp_id}/{HEARTBEAT_FOLDER}/"
+    if not isinstance(key, str) or not key.startswith(folder):
+        return None
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
+        return None
+    return key, float(interval)
+
 
 # --- Defaults shared by client, CLI and local runtime -------------------------------------
 

@@ -346,6 +346,12 @@ class ResultStore:
         )
         return found is not None
 
+    async def delete(self, bucket: str, key: str) -> None:
+        """Delete one object (a missing one is no error)."""
+        await self._call(
+            "DeleteObject", bucket, key, lambda s3: s3.delete_object(Bucket=bucket, Key=key)
+        )
+
     async def head_bucket(self, bucket: str) -> None:
         """Check that the bucket exists and lets us in; raise ``StorageError`` if not.
 
@@ -368,7 +374,13 @@ class ResultStore:
         self, bucket: str, prefix: str, *, start_after: str | None = None
     ) -> list[str]:
         """All keys under ``prefix`` (every page; each page counts as one request)."""
-        keys: list[str] = []
+        return list(await self.list_etags(bucket, prefix, start_after=start_after))
+
+    async def list_etags(
+        self, bucket: str, prefix: str, *, start_after: str | None = None
+    ) -> dict[str, str]:
+        """Every key under ``prefix`` with its ETag, in key order (as :meth:`list_keys`)."""
+        keys: dict[str, str] = {}
         token: str | None = None
         while True:
             # From the page token once there is one, else after ``start_after``.
@@ -383,7 +395,7 @@ class ResultStore:
 
             page = await self._call("ListObjectsV2", bucket, prefix, request)
             assert page is not None
-            keys.extend(obj["Key"] for obj in page.get("Contents", ()))
+            keys.update((obj["Key"], obj.get("ETag", "")) for obj in page.get("Contents", ()))
             if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
                 return keys
             token = page["NextContinuationToken"]

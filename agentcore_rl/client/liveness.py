@@ -1,9 +1,10 @@
-"""Crash detection both ways (docs/client.md, "Crash detection" and "The lease"): the
-prober of long-pending sessions, and :class:`ClientLease`, the client's proof of life that
-agent servers read (:mod:`agentcore_rl.server.lease`).
+"""Crash detection both ways (docs/client.md, "Crash detection" and "The lease"): the one
+crash detector (:class:`LivenessProber`), and :class:`ClientLease`, the client's proof of
+life that agent servers read (:mod:`agentcore_rl.server.lease`).
 
-On HTTP, one lost session makes its server's older sessions suspects, probed next: a
-server crash loses them all.
+A session whose agent named its heartbeat is judged by it, read from S3 (one LIST per
+experiment however many sessions); the others (servers that do not heartbeat) are probed.
+On HTTP, one lost session makes its server's older probed sessions suspects, probed next.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import heapq
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -137,6 +138,12 @@ class _Seen:
     unreachable_since: float | None = None
 
 
+#: ``(bucket, key, interval)`` of the heartbeat a session's agent process named.
+BeatRef = tuple[str, str, float]
+#: Lists a heartbeat folder: ``{key: etag}``, ``None`` when S3 did not answer.
+BeatReader = Callable[[str, str], Awaitable[dict[str, str] | None]]
+
+
 class Probed(Protocol):
     """A pending rollout as the prober sees it (the client's rollout tasks)."""
 
@@ -144,12 +151,19 @@ class Probed(Protocol):
     def waiting(self) -> bool:
         """Whether its session was accepted and has no outcome yet."""
 
+    @property
+    def beat(self) -> BeatRef | None:
+        """The heartbeat of its session's agent process, if it named one."""
+
     def wake(self, kind: str, value: object) -> None:
         """Tell its task: ``("lost", AgentLostError)``."""
 
 
 class LivenessProber:
-    """Probes the long-pending sessions of ``live`` and wakes the lost ones' tasks.
+    """The one crash detector: wakes the tasks of the sessions of ``live`` whose agent is
+    gone. A session with a heartbeat is lost once the heartbeat stays unchanged for
+    :data:`protocol.HEARTBEAT_MISSES` of its intervals (``read`` lists the heartbeats, every
+    half interval; an unanswered listing counts as a change); the others are probed.
 
     ``counters`` gets ``probes``, ``probe_failures``, ``probes_escalated`` and ``agents_lost``.
     """
@@ -163,6 +177,7 @@ class LivenessProber:
         *,
         config: LivenessConfig = DEFAULT_LIVENESS,
         clock: Callable[[], float] = time.monotonic,
+        read: BeatReader | None = None,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
@@ -170,6 +185,10 @@ class LivenessProber:
         self.counters = counters
         self.config = config
         self.clock = clock
+        self.read = read
+        # (bucket, key) -> (etag, clock time it was first seen so); folder -> next read.
+        self._beats: dict[tuple[str, str], tuple[str, float]] = {}
+        self._read_at: dict[tuple[str, str], float] = {}
         # Seconds between rounds: a session is probed at most every probe_interval, and a
         # round a second keeps the first probe within a second of probe_after.
         self.tick = min(1.0, config.probe_interval)
@@ -199,7 +218,7 @@ class LivenessProber:
         self._credit = min(self._credit + cfg.max_rate * self.tick, max(1.0, cfg.max_rate))
         candidates: list[tuple[int, float, str]] = []
         for sid, rollout in self.live.items():
-            if not rollout.waiting:
+            if not rollout.waiting or rollout.beat is not None:
                 continue
             seen = self._seen.get(sid)
             if seen is None:
@@ -225,10 +244,51 @@ class LivenessProber:
         return chosen
 
     async def round(self) -> None:
-        """Probe the due sessions (concurrently, each behind a PROBE token)."""
+        """Judge the heartbeats, then probe the due sessions (concurrently, each behind a
+        PROBE token)."""
+        if self.read is not None:
+            await self._heartbeats()
         async with anyio.create_task_group() as probes:
             for sid in self.due():
                 probes.start_soon(self._probe, sid)
+
+    async def _heartbeats(self) -> None:
+        """Read the heartbeat folders that are due; lose the sessions of silent heartbeats."""
+        assert self.read is not None
+        beating = {sid: r.beat for sid, r in self.live.items() if r.waiting and r.beat}
+        folders: dict[tuple[str, str], float] = {}  # (bucket, prefix) -> shortest interval
+        for bucket, key, interval in beating.values():
+            folder = (bucket, key.rpartition("/")[0] + "/")
+            folders[folder] = min(interval, folders.get(folder, interval))
+        for folder, interval in folders.items():
+            if self.clock() >= self._read_at.get(folder, 0.0):
+                self._read_at[folder] = self.clock() + interval / 2
+                self._note(folder, await self.read(*folder))
+        refs = {(bucket, key) for bucket, key, _ in beating.values()}
+        self._beats = {ref: beat for ref, beat in self._beats.items() if ref in refs}
+        self._read_at = {f: at for f, at in self._read_at.items() if f in folders}
+        now = self.clock()
+        for sid, (bucket, key, interval) in beating.items():
+            seen = self._seen.setdefault(sid, _Seen(first=now))
+            changed = self._beats.get((bucket, key), ("", seen.first))[1]
+            silent = now - max(seen.first, changed)
+            if silent >= protocol.HEARTBEAT_MISSES * interval:
+                why = f"heartbeat unchanged for {silent:.1f} s"
+                self._lose(sid, f"gone with its agent process (it crashed or restarted: {why})")
+
+    def _note(self, folder: tuple[str, str], listing: dict[str, str] | None) -> None:
+        """A listing of ``folder``: a new or changed ETag is a beat; no answer counts as a
+        beat of every heartbeat there (an S3 outage loses nothing)."""
+        now = self.clock()
+        bucket, prefix = folder
+        if listing is None:
+            for (b, key), (etag, _) in self._beats.items():
+                if b == bucket and key.startswith(prefix):
+                    self._beats[b, key] = (etag, now)
+            return
+        for key, etag in listing.items():
+            if self._beats.get((bucket, key), ("",))[0] != etag:
+                self._beats[bucket, key] = (etag, now)
 
     async def _token(self) -> None:
         """A PROBE token; after ``escalate_after`` seconds in line, an INVOKE one."""
@@ -270,13 +330,16 @@ class LivenessProber:
             if state is not protocol.SessionState.UNKNOWN:
                 return
             why = "unknown to its agent (it crashed or restarted)"
+        url = self._url(session_id)
+        if self._lose(session_id, why) and url is not None:
+            self._suspects[url] = self.clock()
+
+    def _lose(self, session_id: str, why: str) -> bool:
+        """Wake a waiting session's task with ``AgentLostError``; False if it is not waiting."""
         rollout = self.live.get(session_id)
         if rollout is None or not rollout.waiting:
-            return
+            return False
         self.counters.agents_lost += 1
-        url = self._url(session_id)
-        if url is not None:
-            self._suspects[url] = self.clock()
         logger.warning("session %s is lost: %s", session_id, why)
         rollout.wake(
             "lost",
@@ -285,6 +348,7 @@ class LivenessProber:
                 session_id=session_id,
             ),
         )
+        return True
 
 
 class ClientLease:

@@ -89,6 +89,8 @@ class Rollout:
     waiter: asyncio.Future[tuple[str, Any]] | None = None
     to_stop: list[str] = field(default_factory=list)
     gateway: list[str] = field(default_factory=list)
+    #: The heartbeat the current session's agent named (the crash detector reads it).
+    beat: tuple[str, str, float] | None = None
 
     @property
     def waiting(self) -> bool:
@@ -147,7 +149,9 @@ class Rollouts:
         self.live: dict[str, Rollout] = {}
         # The one watcher for all results, the prober of the live sessions, the gateway's.
         self.watcher = CompletionWatcher(store, watcher)
-        self.prober = LivenessProber(transport, limiter, self.live, counters, config=liveness)
+        self.prober = LivenessProber(
+            transport, limiter, self.live, counters, config=liveness, read=self.watcher.heartbeats
+        )
         self.joiner = None if link is None else TraceJoiner(link, store)
         self.clock: Callable[[], float] = time.monotonic  # the unreachable window's
         self.closing = False
@@ -337,6 +341,7 @@ class Rollouts:
         self.live[sid] = r
         follow = attempt == 1 and (spec.resume or spec.attach)
         ended = False
+        r.beat = None
         try:
             if follow and self.joiner is not None:
                 r.gateway.append(sid)  # an earlier process opened it; its trace is ours
@@ -351,7 +356,9 @@ class Rollouts:
                         if self.joiner is not None:
                             r.gateway.append(sid)
                     return await self._ended(r, found, kept=True)
-            if not (attempt == 1 and spec.attach):
+            # A resumed rollout past its deadline is not sent again: it is read and stopped.
+            overdue = spec.timeout is not None and fut.invoked_at + spec.timeout <= time.time()
+            if not (follow and (spec.attach or overdue)):
                 error = await self._send(r, fut, repeat=attempt == 1 and spec.resume)
                 if error is not None:
                     ended = True
@@ -393,6 +400,8 @@ class Rollouts:
                 r.spec.on_session(fut)
             answer = await self._invoke(fut, as_repeat(body) if repeat else body)
             check_answer(answer, fut)
+            beat = protocol.parse_heartbeat(answer, r.spec.config.exp_id)
+            r.beat = None if beat is None else (fut.s3_bucket, *beat)
         except Exception as exc:
             if may_have_started(exc):
                 r.to_stop.append(fut.session_id)
@@ -421,14 +430,21 @@ class Rollouts:
             r.to_stop.append(fut.session_id)  # e.g. the microVM a probe re-created
         if kind != "timeout":
             return None, value
-        r.to_stop.append(fut.session_id)
+        # Stopped first, then read: a result written meanwhile is the outcome, so what is
+        # reported and what is in S3 agree.
+        await self._stop(fut.session_id)
+        found = await self._peek(fut)
+        if found is not None and found.get(protocol.ERROR_TYPE) != protocol.ERROR_CANCELLED:
+            outcome = await self._ended(r, found)
+            r.to_stop = [sid for sid in r.to_stop if sid != fut.session_id]
+            return outcome
         # An S3 outage is no outcome of its own: the rollout ends at its timeout.
         outage = self.watcher.outages.describe(fut.s3_bucket)
         why = f" ({outage}: the result may be there and unread)" if outage else ""
         assert limit is not None
         return None, RolloutTimeoutError(
             f"rollout {fut.session_id} (input {fut.input_id}) gave no result within "
-            f"{limit:g} s{why}; its session is being stopped",
+            f"{limit:g} s{why}; its session was stopped",
             session_id=fut.session_id,
             timeout=limit,
         )

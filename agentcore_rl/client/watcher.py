@@ -272,6 +272,18 @@ class CompletionWatcher:
         if group is not None:
             group.pending.pop(key, None)
 
+    async def heartbeats(self, bucket: str, prefix: str) -> dict[str, str] | None:
+        """The agents' heartbeats under ``prefix`` as ``{key: etag}`` (one LIST, for the
+        crash detector); ``None`` when S3 did not answer (an outage, recorded as such)."""
+        self.lists += 1
+        try:
+            listing = await self.store.list_etags(bucket, prefix)
+        except StorageError as exc:
+            self.outages.failed(bucket, prefix, exc)
+            return None
+        self.outages.succeeded(bucket)
+        return listing
+
     # --- the task ---------------------------------------------------------------------
 
     async def run(self) -> None:

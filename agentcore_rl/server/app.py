@@ -60,7 +60,7 @@ from agentcore_rl.server.config import (
     spool_directory,
 )
 from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
-from agentcore_rl.server.lease import LeaseWatcher
+from agentcore_rl.server.lease import Heartbeat, LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
 from agentcore_rl.server.routes import (
     control_op,
@@ -197,6 +197,10 @@ class AgentCoreRLApp(Starlette):
         self.runner = RolloutRunner(spool=self.spool, clock=clock, exists=self.store.head)
         self.bucket_check = BucketCheck(self.store, faults)
         self.leases = LeaseWatcher(self.store, self.runner, faults)
+        interval = faults.heartbeat_interval
+        self.heartbeat = (
+            None if interval is None else Heartbeat(self.store, self.runner, self.spool, interval)
+        )
         self._spec: HandlerSpec | None = None
         self._rollout_mode = False
         self._validator: Callable[[dict[str, Any]], Any] | None = None
@@ -447,6 +451,8 @@ class AgentCoreRLApp(Starlette):
         self.runner.attach(tasks)
         self.spool.attach(tasks)
         tasks.start_soon(self.leases.run, name="lease watcher")
+        if self.heartbeat is not None:
+            tasks.start_soon(self.heartbeat.run, name="heartbeat")
         tasks.start_soon(self.overload.run, name="loop lag")
         try:
             await self.startup()
@@ -606,7 +612,7 @@ class AgentCoreRLApp(Starlette):
             )
         elif self.runner.find(config.s3_bucket, key := config.key_for(context.session_id)):
             logger.info("rollout for s3://%s/%s is already running", config.s3_bucket, key)
-            return JSONResponse(protocol.processing_response(config, context.session_id))
+            return JSONResponse(self._processing(config, context.session_id))
         job = self.runner.start(
             spec,
             payload,
@@ -618,9 +624,14 @@ class AgentCoreRLApp(Starlette):
         )
         # No lifespan task group: run after the answer, in the request's own task.
         background = None if self._tasks is not None else BackgroundTask(self.runner.run, job)
-        return JSONResponse(
-            protocol.processing_response(config, context.session_id), background=background
-        )
+        return JSONResponse(self._processing(config, context.session_id), background=background)
+
+    def _processing(self, config: protocol.RolloutConfig | None, session_id: str) -> dict[str, Any]:
+        """The answer to an accepted rollout, naming this process's heartbeat when it beats."""
+        beat = None
+        if config is not None and self.heartbeat is not None:
+            beat = self.heartbeat.reference(config)
+        return protocol.processing_response(config, session_id, beat)
 
     async def _call_plain(
         self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
@@ -652,13 +663,15 @@ class AgentCoreRLApp(Starlette):
         session_id = path_session_id(request)
         if isinstance(session_id, Response):
             return session_id
+        ending = self.runner.session_jobs(session_id)  # a finished one may still be writing
         stopped = self.runner.stop_session(session_id, _STOP_REASON)
         if stopped:
             logger.info("stopping %d rollout(s) of session %s", len(stopped), session_id)
-            if not await self.runner.wait(stopped, within=self.shutdown.stop_wait):
-                logger.warning(
-                    "session %s: rollout(s) still finishing %.3g s after the stop request",
-                    session_id,
-                    self.shutdown.stop_wait,
-                )
+        # Answered once their envelopes are written, so the caller may read them next.
+        if ending and not await self.runner.wait(ending, within=self.shutdown.stop_wait):
+            logger.warning(
+                "session %s: rollout(s) still finishing %.3g s after the stop request",
+                session_id,
+                self.shutdown.stop_wait,
+            )
         return JSONResponse({"session_id": session_id, "stopped": bool(stopped)})

@@ -255,6 +255,10 @@ class FaultChecks:
     lease counts as renewed). **Overload.** While the event loop runs more than
     ``overload_lag`` seconds behind, new invocations get 503 with ``Retry-After: 1`` before
     their body is read (``None``: never). ``check_buckets`` / ``check_leases`` False: no check.
+    **Heartbeat.** While the process runs rollouts of an experiment it rewrites one small
+    object under that experiment's prefix every ``heartbeat_interval`` seconds (and names it
+    in its answers), so clients see a crash within a few intervals without asking; ``None``:
+    no heartbeat (clients then probe its sessions).
 
     Example::
 
@@ -268,11 +272,12 @@ class FaultChecks:
     check_leases: bool = True
     lease_interval: float = 10.0
     overload_lag: float | None = 1.0
+    heartbeat_interval: float | None = 5.0
 
     def __post_init__(self) -> None:
         waits = ("bucket_ttl", "bucket_miss_ttl", "bucket_wait", "lease_interval")
         check_numbers(self, *waits, above=0)
-        check_numbers(self, "overload_lag", above=0, optional=True)
+        check_numbers(self, "overload_lag", "heartbeat_interval", above=0, optional=True)
 
 
 DEFAULT_REQUEST_LIMITS: Final = RequestLimits()

@@ -1,4 +1,6 @@
-"""LeaseWatcher: cancel the rollouts of clients whose lease (``_rollout.lease``) lapsed.
+"""Liveness both ways, the agent's side: :class:`LeaseWatcher` cancels the rollouts of
+clients whose lease (``_rollout.lease``) lapsed; :class:`Heartbeat` is the process's own
+proof of life to its clients.
 
 A lease lapses when its ``seq`` is unchanged for ``ttl`` of this server's time, or for a
 renewal period plus an interval while its ``renewed_at`` is ``ttl`` old: a skewed clock never
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,8 +26,9 @@ from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import FaultChecks
 from agentcore_rl.server.runner import RolloutJob, RolloutRunner
+from agentcore_rl.server.spool import Spool
 
-__all__ = ["LeaseWatcher"]
+__all__ = ["Heartbeat", "LeaseWatcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -139,3 +143,84 @@ class LeaseWatcher:
             and lease.renewed_at is not None
             and self._wall() - lease.renewed_at >= ttl
         )
+
+
+class Heartbeat:
+    """One object per (bucket, experiment) this process has rollouts of, running or
+    spooled (``{exp_id}/.heartbeats/{process_id}.json``), rewritten every ``interval``
+    seconds and deleted when none is left; a new one is written at once. Clients judge the
+    sessions this process accepted by it (:data:`protocol.HEARTBEAT_MISSES`), so a crash
+    costs no invocation to find. A write that fails is logged and tried at the next beat.
+    """
+
+    def __init__(self, store: ResultStore, runner: RolloutRunner, spool: Spool, interval: float):
+        self.store, self.runner, self.spool, self.interval = store, runner, spool, interval
+        self.process_id = secrets.token_hex(12)
+        self.running = False
+        self.seq = 0
+        self.writes = 0
+        self._written: set[LeaseRef] = set()
+        self._wake = asyncio.Event()
+
+    def reference(self, config: protocol.RolloutConfig) -> dict[str, object] | None:
+        """The answer's ``heartbeat`` for a rollout just accepted (``None`` while not
+        beating); its object is written at once if it is new."""
+        if not self.running:
+            return None
+        key = protocol.heartbeat_key(config.exp_id, self.process_id)
+        if (config.s3_bucket, key) not in self._written:
+            self._wake.set()
+        return protocol.heartbeat_reference(key, self.interval)
+
+    def _targets(self) -> set[LeaseRef]:
+        held = [job.target for job in self.runner.jobs] + self.spool.targets
+        return {
+            (bucket, protocol.heartbeat_key(key.partition("/")[0], self.process_id))
+            for bucket, key in (t for t in held if t is not None)
+        }
+
+    async def run(self) -> None:
+        """Beat until cancelled: all objects every ``interval``, a new one at once."""
+        self.running = True
+        next_all = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                targets = self._targets()
+                due = targets if now >= next_all else targets - self._written
+                if now >= next_all:
+                    next_all = now + self.interval
+                    gone = self._written - targets
+                else:
+                    gone = set()
+                self._wake.clear()
+                await self._beat(due, gone)
+                with anyio.move_on_after(max(0.0, next_all - time.monotonic())):
+                    await self._wake.wait()
+        finally:
+            self.running = False
+
+    async def _beat(self, due: set[LeaseRef], gone: set[LeaseRef]) -> None:
+        self.seq += 1
+        body = {"process_id": self.process_id, protocol.LEASE_SEQ: self.seq}
+        body.update({"written_at": time.time(), protocol.HEARTBEAT_INTERVAL: self.interval})
+        limiter = anyio.CapacityLimiter(_READERS)
+
+        async def one(ref: LeaseRef, write: bool) -> None:
+            async with limiter:
+                try:
+                    if write:
+                        await self.store.put_json(*ref, body)
+                        self._written.add(ref)
+                        self.writes += 1
+                    else:
+                        await self.store.delete(*ref)
+                        self._written.discard(ref)
+                except StorageError as exc:
+                    logger.warning("heartbeat s3://%s/%s not written: %s", *ref, exc.code)
+
+        async with anyio.create_task_group() as tg:
+            for ref in due:
+                tg.start_soon(one, ref, True)
+            for ref in gone:
+                tg.start_soon(one, ref, False)

@@ -373,10 +373,13 @@ class RolloutRunner:
             *job.target,
         )
 
+    def session_jobs(self, session_id: str) -> list[RolloutJob]:
+        """The session's rollouts not yet delivered."""
+        return list(self._by_session.get(session_id, ()))
+
     def stop_session(self, session_id: str, reason: str) -> list[RolloutJob]:
         """Cancel a session's running rollouts; return those that were still running."""
-        jobs = list(self._by_session.get(session_id, ()))
-        return [job for job in jobs if job.cancel(reason)]
+        return [job for job in self.session_jobs(session_id) if job.cancel(reason)]
 
     @staticmethod
     async def wait(jobs: Iterable[RolloutJob], within: float) -> bool:

@@ -113,6 +113,11 @@ class Spool:
     def holds(self, bucket: str, key: str) -> bool:
         return (bucket, key) in self._entries.values()
 
+    @property
+    def targets(self) -> list[tuple[str, str]]:
+        """``(bucket, key)`` of every envelope held."""
+        return list(self._entries.values())
+
     def attach(self, tasks: TaskGroup | None) -> None:
         """Run the retry task in ``tasks``, which must outlive the spool; ``None`` detaches."""
         self._tasks = tasks

@@ -1,6 +1,6 @@
 """Crash detection on real processes: an agent killed with SIGKILL mid-rollout and restarted
-on the same port. A probe finds the session unknown, the rollout ends in AgentLostError and,
-by policy, runs again in a new session; a retryable shutdown envelope does the same."""
+on the same port. Its heartbeat stays unchanged, the rollout ends in AgentLostError and, by
+policy, runs again in a new session; a retryable shutdown envelope does the same."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -21,7 +22,7 @@ from agentcore_rl.cli.eval import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.show import load_run
-from agentcore_rl.client import LivenessConfig
+from agentcore_rl.client import AsyncRolloutClient, LivenessConfig
 from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
 from agentcore_rl.errors import (
     AgentLostError,
@@ -34,6 +35,7 @@ from agentcore_rl.errors import (
 from agentcore_rl.s3 import ResultStore
 from tests.client.agents import Recorder
 from tests.client.conftest import ClientFactory, fast_limits, quick_retries
+from tests.client.fakeclock import FakeClock
 from tests.server.test_sigterm import free_port, read_until
 
 # Generation 1 hangs in its handler (it is about to crash); generation 2 answers at once.
@@ -59,6 +61,22 @@ AGENT = textwrap.dedent(
 
 #: Probe every pending session at once and often: the test checks behaviour, not pacing.
 EAGER = LivenessConfig(probe_after=0.0, probe_interval=0.05, max_rate=100.0)
+#: The agents' heartbeat interval (the server's default).
+HEARTBEAT = 5.0
+
+
+async def lose_when_silent(client: AsyncRolloutClient, fut: Any) -> None:
+    """The agent is dead: move the crash detector's clock (a test clock from now on) a
+    heartbeat interval at a time until the session is lost; its threshold is
+    tests/client/test_liveness.py's."""
+    lost = client.stats.agents_lost
+    client._rollouts.prober.clock = clock = FakeClock(time.monotonic())
+    for _ in range(200):  # bounded: three intervals are enough
+        if client.stats.agents_lost > lost or fut.done():
+            return
+        clock.advance(HEARTBEAT)
+        await asyncio.sleep(0.05)  # a round on the moved clock
+    pytest.fail("the dead agent's session was never lost")
 
 
 class Agent:
@@ -124,7 +142,8 @@ async def test_a_crashed_agent_is_detected_and_the_rollout_runs_again(
     first = fut.session_id
     await agent.entered()
     await agent.kill()
-    await agent.start(2)  # restarted: it does not know the session
+    await agent.start(2)  # restarted: a new process, with a heartbeat of its own
+    await lose_when_silent(client, fut)
     result = await asyncio.wait_for(fut, 30)
     assert result["generation"] == "2"
     assert result["n"] == 3
@@ -147,6 +166,7 @@ async def test_a_lost_session_without_retries_ends_in_agent_lost_error(
     await agent.entered()
     await agent.kill()
     await agent.start(2)
+    await lose_when_silent(client, fut)
     with pytest.raises(AgentLostError, match="crashed or restarted"):
         await asyncio.wait_for(fut, 30)
     assert client.stats.agents_lost == 1

@@ -1,8 +1,9 @@
 """One crash detector that notices the dead: an agent killed with SIGKILL and never restarted
-loses its sessions after ``lost_after`` of failed probes (connection refused over HTTP, the
-runtime's 424 over AgentCore Runtime), and their rollouts end done on the other agent. The
-prober runs on an injected clock, so the test moves time past ``lost_after`` plus one probe
-interval instead of waiting for it. Also: eval's latency counts a rollout's retries, and a
+loses its sessions once its heartbeat has stayed unchanged for three intervals (over HTTP and
+over AgentCore Runtime alike), and their rollouts end done on the other agent. The detector
+runs on an injected clock, so the test moves time past the three intervals instead of
+waiting for them (the probes' ``lost_after`` for servers without a heartbeat is
+tests/client/test_liveness.py's). Also: eval's latency counts a rollout's retries, and a
 resumed eval whose re-send meets a restarting agent runs the rollout in a new session."""
 
 from __future__ import annotations
@@ -24,15 +25,14 @@ from agentcore_rl.cli.eval import EvalEngine, Progress
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.show import load_run
-from agentcore_rl.client import AsyncRolloutClient, AwsConfig, LivenessConfig
+from agentcore_rl.client import AwsConfig, LivenessConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.config import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import ClientFactory
-from tests.client.fakeclock import FakeClock
-from tests.client.test_crash import AGENT, Agent
+from tests.client.test_crash import AGENT, Agent, lose_when_silent
 from tests.conftest import FAST_RETRY
 from tests.server.test_sigterm import free_port
 
@@ -68,35 +68,17 @@ async def agents(tmp_path: Path, s3_endpoint: str) -> AsyncIterator[tuple[Agent,
         await healthy.kill()
 
 
-async def _lose_after_lost_after(client: AsyncRolloutClient, clock: FakeClock, fut: Any) -> None:
-    """With the agent dead: step the prober's clock until a probe has failed, check that
-    nothing is decided yet, then move it by ``lost_after`` plus one probe interval."""
-    failures = client.stats.probe_failures
-    for _ in range(3000):  # bounded: a round runs every 20 ms
-        if client.stats.probe_failures > failures:
-            break
-        clock.advance(PROBE_INTERVAL)
-        await asyncio.sleep(0.01)
-    else:
-        pytest.fail("no probe of the dead agent failed")
-    await asyncio.sleep(0.1)  # more failed probes, on a clock that does not move
-    assert not fut.done()  # unreachable, but not for lost_after yet
-    clock.advance(LOST_AFTER + PROBE_INTERVAL)
-
-
 async def test_an_http_agent_killed_for_good_loses_its_rollouts_to_the_other(
     make_client: ClientFactory, agents: tuple[Agent, Agent]
 ) -> None:
     doomed, healthy = agents
     client = make_client(agent_url=[doomed.url, healthy.url], liveness=WATCHFUL)
-    clock = FakeClock()
-    client._rollouts.prober.clock = clock
     url_for = client.transport.url_for  # type: ignore[attr-defined]
     sid = next(s for s in iter(protocol.new_session_id, None) if url_for(s) == doomed.url)
     fut = await client.invoke({"n": 7}, session_id=sid)
     await doomed.entered()
     await doomed.kill()  # and never restarted
-    await _lose_after_lost_after(client, clock, fut)
+    await lose_when_silent(client, fut)
     result = await asyncio.wait_for(fut, 30)
     assert (result["generation"], result["n"]) == ("2", 7)
     assert fut.previous_sessions == [sid]
@@ -119,13 +101,11 @@ async def test_a_runtime_agent_killed_for_good_loses_its_rollouts_to_the_other(
             aws=AwsConfig(endpoint_url=server.url),
             liveness=WATCHFUL,
         )
-        clock = FakeClock()
-        client._rollouts.prober.clock = clock
         fut = await client.invoke({"n": 8})  # the first session goes to the first agent
         first = fut.session_id
         await doomed.entered()
         await doomed.kill()
-        await _lose_after_lost_after(client, clock, fut)
+        await lose_when_silent(client, fut)
         result = await asyncio.wait_for(fut, 30)
         assert (result["generation"], result["n"]) == ("2", 8)
         assert fut.previous_sessions == [first]

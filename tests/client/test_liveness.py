@@ -48,6 +48,7 @@ class Pending:
         self.session_id = session_id
         self.lost = lost
         self.waiting = True
+        self.beat: tuple[str, str, float] | None = None  # probed: no heartbeat
 
     def wake(self, kind: str, value: object) -> None:
         assert kind == "lost"

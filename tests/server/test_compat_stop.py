@@ -154,7 +154,7 @@ async def test_a_server_without_the_status_route_is_up_not_unreachable(
     lost: list[str] = []
 
     class Waiting:
-        session_id, waiting = sid, True
+        session_id, waiting, beat = sid, True, None
 
         def wake(self, kind: str, value: object) -> None:
             lost.append(kind)
