@@ -3,11 +3,13 @@ agents crash, one is SIGTERMed, and the eval client is SIGKILLed and resumed.
 
 Everything runs as real processes on loopback. In this process: moto (S3), a proxy in
 front of it that fails ``--s3-fail`` of all requests with ``503 SlowDown`` (agents and
-client both go through it), and the local AgentCore Runtime at ``--tps``. Children:
-``--agents`` agent servers (each sleeps ``--min-sleep``..``--max-sleep`` s per rollout and
-appends start/end/cancel lines to a shared log) and ``agentcore-rl eval``. A chaos task
-SIGKILLs a random agent every ``--crash-every`` s and restarts it 1-2 s later on the same
-port; one agent is SIGTERMed once (its rollouts outlive the 1 s grace). When a fraction
+client both go through it), and the local AgentCore Runtime at ``--tps`` (eval asks for
+``--client-tps``, more). Children: ``--agents`` agent servers (each sleeps
+``--min-sleep``..``--max-sleep`` s per rollout and appends start/end/cancel lines to a
+shared log) and ``agentcore-rl eval`` with ``--concurrency`` rollouts in flight. A chaos
+task SIGKILLs a random agent often enough that ``--crash-share`` of the rollouts have their
+agent crash under them, and restarts it 1-2 s later on the same port; one agent is
+SIGTERMed once (its rollouts outlive the 1 s grace). When a fraction
 ``--kill-eval-at`` of the inputs has results, eval is SIGKILLed and run again with
 ``--resume``. Then an outage case: ``--outage-rollouts`` rollouts through the client
 library over HTTP while the S3 proxy answers every request with 503 for ``--outage`` s.
@@ -21,15 +23,21 @@ Prints one JSON document; targets are zero for every count and crash detection <
 - ``sessions_left_running``: rollouts still running on live agents after everything ended;
 - ``permanent_failures_from_transient_faults``: results lines that are not ``done``
   (every fault here is transient);
-- ``crash_detection_s`` p50/max: from a SIGKILL to the rollout it lost starting again in
-  a new session (detection + retry; an upper bound of detection): the client's liveness
-  probes find the session unknown to the restarted agent;
+- ``crash_detection_s`` p50/p95/max: from a SIGKILL to the rollout it lost starting again
+  in a new session (detection + retry; an upper bound of detection): the killed process's
+  heartbeat stops changing;
+- ``timeouts`` (``after_a_crash``: of inputs a killed process had run);
+- ``results_disagreeing_with_s3``: ``done`` lines whose key holds no success envelope with
+  their result, and other lines whose key holds a success envelope;
+- ``liveness_quota_share``: status probes / all invocations the runtime received;
 - ``outage_wrong_failures``: outage-case rollouts that did not succeed.
 
 Example::
 
     python benchmarks/chaos.py                     # full size (a few minutes)
     python benchmarks/chaos.py --inputs 40 --agents 2 --outage-rollouts 20 --outage 10
+    python benchmarks/chaos.py --concurrency 1000 --inputs 6000 --tps 90 --client-tps 120 \
+        --agents 16 --min-sleep 5 --max-sleep 20 --timeout 60
 """
 
 from __future__ import annotations
@@ -54,8 +62,9 @@ import anyio
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
+from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, Timeouts
 from agentcore_rl.local.background import BackgroundServer
@@ -119,6 +128,7 @@ class FlakyS3:
     def __init__(self, upstream: str, fail: float, seed: int) -> None:
         self.fail = fail
         self.down = False
+        self.tally = S3Tally()
         self.failed = 0
         self.rng = random.Random(seed)
         self.http = httpx.AsyncClient(base_url=upstream, timeout=30)
@@ -128,6 +138,7 @@ class FlakyS3:
             return
         request = Request(scope, receive)
         body = await request.body()
+        self.tally.see(request.method, request.url.path, request.url.query)
         if self.down or self.rng.random() < self.fail:
             self.failed += 1
             response = Response(SLOW_DOWN, status_code=503, media_type="application/xml")
@@ -140,6 +151,48 @@ class FlakyS3:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() != "content-length"}
         headers.pop("transfer-encoding", None)
         await Response(upstream.content, upstream.status_code, headers)(scope, receive, send)
+
+
+class Counted:
+    """The runtime, counting the invocations it receives and the status probes among them."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.invocations = 0
+        self.probes = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/invocations"):
+            await self.app(scope, receive, send)
+            return
+        messages = [await receive()]
+        while messages[-1].get("more_body"):
+            messages.append(await receive())
+        self.invocations += 1
+        self.probes += protocol.CONTROL_FIELD.encode() in b"".join(
+            m.get("body", b"") for m in messages
+        )
+        replay = iter(messages)
+
+        async def again() -> Message:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, again, send)
+
+
+class S3Tally:
+    """Heartbeat writes and listings seen by the S3 proxy."""
+
+    def __init__(self) -> None:
+        self.heartbeat_puts = 0
+        self.heartbeat_lists = 0
+        self.requests = 0
+
+    def see(self, method: str, path: str, query: str) -> None:
+        self.requests += 1
+        folder = protocol.HEARTBEAT_FOLDER
+        self.heartbeat_puts += method == "PUT" and f"/{folder}/" in path
+        self.heartbeat_lists += method == "GET" and f"{folder}%2F" in query
 
 
 class Agents:
@@ -195,11 +248,18 @@ class Agents:
         return {p.pid for p in self.procs if p is not None and p.returncode is None}
 
 
+def crash_every(args: argparse.Namespace) -> float:
+    """Seconds between kills for ``--crash-share``: a kill loses ``concurrency / agents``
+    rollouts, and ``concurrency / mean duration`` end per second."""
+    mean = (args.min_sleep + args.max_sleep) / 2
+    return float(mean / (args.agents * args.crash_share))
+
+
 async def chaos(agents: Agents, args: argparse.Namespace, rng: random.Random) -> None:
     """Crash and restart agents until cancelled; SIGTERM one of them once."""
     rounds = 0
     while True:
-        await asyncio.sleep(args.crash_every)
+        await asyncio.sleep(crash_every(args))
         i = rng.randrange(len(agents.ports))
         rounds += 1
         sig = signal.SIGTERM if rounds == 2 else signal.SIGKILL
@@ -250,7 +310,7 @@ async def chaos_phase(
         "--agent-runtime-arn", DEFAULT_AGENT_RUNTIME_ARN,
         "--s3-bucket", BUCKET,
         "--exp-id", "chaos",
-        "--tps", str(args.tps),
+        "--tps", str(args.client_tps),
         "--concurrency", str(args.concurrency),
         "--timeout", str(args.timeout),
         "--out", str(out),
@@ -332,8 +392,21 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
                 latencies.append(min(again) - killed_at)
             else:
                 undetected += 1
+    crashed_inputs = {
+        ev["input"]
+        for ev in events
+        if ev["ev"] == "start" and ev["pid"] in agents.killed_pids and ev["sid"]
+    }
+    timeouts = [line for line in lines if line["outcome"] == "timeout"]
     return {
         "inputs": args.inputs,
+        "concurrency": args.concurrency,
+        "runtime_tps": args.tps,
+        "client_tps": args.client_tps,
+        "lost_runs_share": round(len(latencies) / args.inputs, 4),
+        "timeouts": len(timeouts),
+        "timeouts_after_a_crash": sum(1 for t in timeouts if t["input_id"] in crashed_inputs),
+        "results_disagreeing_with_s3": disagreeing(lines, args),
         "agent_crashes": len(agents.kills),
         "agent_sigterms": agents.sigterms,
         "inputs_lost": sum(1 for i in expected if i not in by_input),
@@ -352,11 +425,35 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
         ][:5],
         "crash_detection_s": {
             "p50": percentile(latencies, 50),
+            "p95": percentile(latencies, 95),
             "max": max(latencies) if latencies else None,
             "n": len(latencies),
             "lost_runs_never_restarted": undetected,
         },
     }
+
+
+def disagreeing(lines: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """Results lines whose key in S3 says otherwise (read past the fault proxy)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=args.s3_direct)
+    count = 0
+    for line in lines:
+        if not line.get("result_key"):
+            continue
+        try:
+            envelope = json.loads(
+                s3.get_object(Bucket=BUCKET, Key=line["result_key"])["Body"].read()
+            )
+        except s3.exceptions.NoSuchKey:
+            envelope = None
+        success = envelope is not None and not protocol.is_error_envelope(envelope)
+        if line["outcome"] == "done":
+            count += not success or envelope.get("n") != (line.get("result") or {}).get("n")
+        else:
+            count += success
+    return count
 
 
 async def outage_phase(
@@ -422,12 +519,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     for i in range(args.agents):
                         await agents.start(i)
-                    runtime = LocalAgentCoreRuntime(
-                        {DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps
+                    runtime = Counted(
+                        LocalAgentCoreRuntime(
+                            {DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps
+                        )
                     )
+                    args.s3_direct = moto.endpoint_url
                     async with BackgroundServer(runtime) as acr:
                         report = await chaos_phase(args, workdir, s3_front.url, acr.url, agents)
-                    report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
+                    report["invocations_at_the_runtime"] = runtime.invocations
+                    report["liveness_probes"] = runtime.probes
+                    report["liveness_quota_share"] = round(
+                        runtime.probes / max(1, runtime.invocations), 4
+                    )
+                    report["heartbeat_puts"] = proxy.tally.heartbeat_puts
+                    report["heartbeat_lists"] = proxy.tally.heartbeat_lists
+                    report["s3_requests"] = proxy.tally.requests
+                    if args.outage_rollouts:
+                        report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
                     report["s3_requests_failed_by_proxy"] = proxy.failed
                 finally:
                     await agents.stop_all()
@@ -442,13 +551,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--inputs", type=int, default=400, help="eval inputs")
     add("--agents", type=int, default=4, help="agent processes behind the runtime")
-    add("--tps", type=float, default=10.0, help="runtime quota and eval --tps")
+    add("--tps", type=float, default=10.0, help="the runtime's quota")
+    add("--client-tps", type=float, default=12.0, help="eval --tps")
     add("--concurrency", type=int, default=64, help="eval --concurrency")
-    add("--timeout", type=float, default=900.0, help="eval --timeout (s)")
+    add("--timeout", type=float, default=60.0, help="eval --timeout (s)")
     add("--min-sleep", type=float, default=2.0, help="shortest rollout (s)")
     add("--max-sleep", type=float, default=8.0, help="longest rollout (s)")
     add("--s3-fail", type=float, default=0.10, help="fraction of S3 requests failed")
-    add("--crash-every", type=float, default=6.0, help="seconds between agent crashes")
+    add("--crash-share", type=float, default=0.05, help="share of rollouts losing their agent")
     add("--kill-eval-at", type=float, default=0.4, help="fraction done when eval is killed")
     add("--deadline", type=float, default=1800.0, help="bound on the resumed eval (s)")
     add("--settle", type=float, default=5.0, help="wait before measuring (s)")

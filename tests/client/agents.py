@@ -4,6 +4,7 @@ recorder of what the agent side saw (sessions, _rollout blocks, concurrency, sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +49,8 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     """An agent server; ``payload["mode"]`` picks the behaviour:
 
     ok (default): return rewards at once; gate: wait until the test opens the gate;
-    hang: never finish; raise: raise ValueError; envelope: return status_code 422;
+    hang: never finish; late: finish only when cancelled (with its result); raise: raise
+    ValueError; envelope: return status_code 422;
     group: a GRPO member (its index and attempt read from the session id) that raises when
     its index is in ``fail``, never finishes when in ``hang``, waits for the gate when in
     ``gate`` (each only for attempts below ``bad_attempts``, default all), and otherwise
@@ -74,6 +76,9 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                 await recorder.gate.wait()
             elif mode == "hang":
                 await asyncio.Event().wait()
+            elif mode == "late":  # finishes as it is stopped: its result, not "cancelled"
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.Event().wait()
             elif mode == "raise":
                 raise ValueError(f"agent failed on {payload.get('n')}")
             elif mode == "envelope":

@@ -1,7 +1,9 @@
-"""The liveness prober's pacing with an injected clock: only long-pending sessions, each
-at most every probe_interval, never more than max_rate per second however many are in
-flight, the longest-unconfirmed first, a probe starved by invocations queued among them,
-and a lost session on one HTTP server makes that server's sessions suspects."""
+"""The crash detector with an injected clock. Probes (servers without a heartbeat): only
+long-pending sessions, each at most every probe_interval, never more than max_rate per
+second however many are in flight, the longest-unconfirmed first, a probe starved by
+invocations queued among them, and a lost session on one HTTP server makes that server's
+sessions suspects. Heartbeats: a session is lost once its process's heartbeat has stayed
+unchanged for three intervals, with one listing per experiment and no probe."""
 
 from __future__ import annotations
 
@@ -205,3 +207,62 @@ async def test_an_agent_unreachable_for_lost_after_loses_its_sessions() -> None:
     assert sorted(lost) == ["s0", "s1"]
     assert counters.agents_lost == 2
     assert counters.probe_failures >= 20
+
+
+class Folder:
+    """A heartbeat folder as listings show it: ``beat`` rewrites one; ``down`` fails reads."""
+
+    def __init__(self) -> None:
+        self.etags: dict[str, str] = {}
+        self.down = False
+        self.reads = 0
+
+    def beat(self, key: str) -> None:
+        self.etags[key] = f"{key}-{self.reads}"
+
+    async def read(self, bucket: str, prefix: str) -> dict[str, str] | None:
+        assert (bucket, prefix) == ("b", "exp/.heartbeats/")
+        self.reads += 1
+        return None if self.down else {k: v for k, v in self.etags.items() if k.startswith(prefix)}
+
+
+async def test_a_heartbeat_unchanged_for_three_intervals_loses_its_sessions_unprobed() -> None:
+    clock, folder, lost = Clock(), Folder(), list[str]()
+    live = _futures(3, lost)
+    keys = {sid: f"exp/.heartbeats/p{sid}.json" for sid in live}
+    for sid, rollout in live.items():
+        rollout.beat = ("b", keys[sid], 5.0)
+    # s0's process dies after its first beat, s1's keeps beating, s2's never writes one.
+    folder.beat(keys["s0"])
+    transport = Transport({})
+    counters = ClientStats()
+    prober = LivenessProber(
+        transport, TokenBucket(1000), live, counters, clock=clock, read=folder.read
+    )
+
+    async def at(second: float, *, beats: bool = True) -> None:
+        clock.now = second
+        if beats:
+            folder.beat(keys["s1"])
+        await prober.round()
+
+    await at(0)
+    for second in range(1, 15):
+        await at(second)
+        assert lost == []
+    await at(15)
+    assert sorted(lost) == ["s0", "s2"]
+    assert transport.asked == []  # a heartbeat costs no invocation
+    assert folder.reads == 6  # one listing per half interval (0, 3, 6... s), for all sessions
+    # s1's process dies as S3 stops answering: an unanswered listing counts as a beat, so
+    # it is lost three intervals after the last one (at 57 s), not during the outage.
+    folder.down = True
+    for second in range(16, 59):
+        await at(second, beats=False)
+    folder.down = False
+    for second in range(59, 72):
+        await at(second, beats=False)
+        assert sorted(lost) == ["s0", "s2"]
+    await at(72, beats=False)
+    assert sorted(lost) == ["s0", "s1", "s2"]
+    assert counters.agents_lost == 3

@@ -12,7 +12,7 @@ from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, FaultChecks, ShutdownConfig, SpoolConfig
 from agentcore_rl.server.lease import LeaseWatcher
 from tests.conftest import FAST_RETRY
-from tests.server.helpers import FakeClock, rollout_app, rollout_payload, served
+from tests.server.helpers import FakeClock, accept, rollout_app, rollout_payload, served
 from tests.server.test_sigterm import free_port
 
 TTL = 60.0
@@ -194,3 +194,61 @@ async def test_a_malformed_lease_reference_is_refused(
         )
         assert response.status_code == 400
         assert response.json()["field"] == "_rollout.lease.key"
+
+
+async def test_a_process_heartbeats_while_it_has_rollouts_and_names_it_in_its_answers(
+    store: ResultStore, bucket: str, tmp_path: Any
+) -> None:
+    gate = anyio.Event()
+
+    async def held(payload: dict[str, Any]) -> dict[str, Any]:
+        await gate.wait()
+        return {"ok": True}
+
+    app = rollout_app(
+        store,
+        held,
+        spool=SpoolConfig(directory=tmp_path),
+        faults=FaultChecks(heartbeat_interval=0.05),
+        shutdown=NO_GRACE,
+    )
+    folder = f"exp/{protocol.HEARTBEAT_FOLDER}/"
+
+    async def etag(key: str) -> str | None:
+        return (await store.list_etags(bucket, folder)).get(key)
+
+    async with served(app) as http:
+        answer = (await accept(http, bucket)).json()
+        assert app.heartbeat is not None
+        key = protocol.heartbeat_key("exp", app.heartbeat.process_id)
+        assert protocol.parse_heartbeat(answer, "exp") == (key, 0.05)
+        seen = set()
+        for _ in range(500):  # bounded: rewritten every 50 ms while the rollout runs
+            seen.add(await etag(key))
+            if len(seen - {None}) >= 2:
+                break
+            await anyio.sleep(0.01)
+        else:
+            raise AssertionError(f"the heartbeat was not rewritten: {seen}")
+        gate.set()
+        for _ in range(500):  # bounded: deleted once the process has no rollout left
+            if await etag(key) is None:
+                break
+            await anyio.sleep(0.01)
+        else:
+            raise AssertionError("the heartbeat outlived the process's last rollout")
+
+
+async def test_without_a_heartbeat_the_answer_names_none(
+    store: ResultStore, bucket: str, tmp_path: Any
+) -> None:
+    app = rollout_app(
+        store,
+        hang,
+        spool=SpoolConfig(directory=tmp_path),
+        faults=FaultChecks(heartbeat_interval=None),
+        shutdown=NO_GRACE,
+    )
+    async with served(app) as http:
+        answer = (await accept(http, bucket)).json()
+    assert protocol.HEARTBEAT not in answer
