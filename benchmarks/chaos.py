@@ -55,6 +55,7 @@ import tempfile
 import textwrap
 import time
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -278,17 +279,29 @@ def results(out: Path) -> list[dict[str, Any]]:
     return lines
 
 
-async def run_eval(argv: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "agentcore_rl.cli",
-        "eval",
-        *argv,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+async def run_eval(argv: list[str], env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    with log.open("ab") as stderr:  # the child keeps its own descriptor
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agentcore_rl.cli",
+            "eval",
+            *argv,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def losses_declared(log: Path) -> list[tuple[float, str]]:
+    """(time, session id) of every "session ... is lost" warning in eval's log."""
+    found = []
+    for line in log.read_text().splitlines() if log.exists() else ():
+        if " is lost: " in line:
+            stamp, _, rest = line.partition(" WARNING ")
+            when = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            found.append((when, rest.split("session ", 1)[1].split(" ", 1)[0]))
+    return found
 
 
 async def chaos_phase(
@@ -320,7 +333,7 @@ async def chaos_phase(
     started = time.monotonic()
     async with anyio.create_task_group() as tg:
         tg.start_soon(chaos, agents, args, rng)
-        proc = await run_eval(argv, env)
+        proc = await run_eval(argv, env, workdir / "eval.log")
         while proc.returncode is None and len(results(out)) < args.kill_eval_at * args.inputs:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 0.5)
@@ -328,7 +341,7 @@ async def chaos_phase(
         if eval_killed:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
-        resumed = await run_eval([*argv, "--resume"], env)
+        resumed = await run_eval([*argv, "--resume"], env, workdir / "eval.log")
         await asyncio.wait_for(resumed.wait(), args.deadline)
         tg.cancel_scope.cancel()
     wall = time.monotonic() - started
@@ -392,6 +405,11 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
                 latencies.append(min(again) - killed_at)
             else:
                 undetected += 1
+    pid_of = {ev["sid"]: ev["pid"] for ev in events if ev["ev"] == "start"}
+    declared = losses_declared(workdir / "eval.log")
+    false_losses = [sid for _, sid in declared if pid_of.get(sid) not in agents.killed_pids]
+    kill_time = {pid: t for t, pid in agents.kills}
+    detection = [t - kill_time[pid_of[sid]] for t, sid in declared if pid_of.get(sid) in kill_time]
     crashed_inputs = {
         ev["input"]
         for ev in events
@@ -423,6 +441,13 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
             for line in lines
             if line["outcome"] != "done"
         ][:5],
+        "losses_declared": len(declared),
+        "losses_of_live_processes": len(false_losses),
+        "loss_declared_after_kill_s": {
+            "p50": percentile(detection, 50),
+            "p95": percentile(detection, 95),
+            "max": max(detection, default=None),
+        },
         "crash_detection_s": {
             "p50": percentile(latencies, 50),
             "p95": percentile(latencies, 95),
@@ -499,6 +524,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     moto = EmbeddedS3().start()
     try:
         with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+            tmp = args.workdir or tmp
             workdir = Path(tmp)
             os.environ.update(LOCAL_AWS_ENV)
             import boto3
@@ -565,6 +591,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--outage", type=float, default=20.0, help="S3 outage length (s)")
     add("--outage-rollouts", type=int, default=100, help="rollouts during the outage")
     add("--seed", type=int, default=9)
+    add("--workdir", default=None, help="keep the logs here (default: a temporary directory)")
     return parser.parse_args(argv)
 
 
