@@ -337,17 +337,15 @@ def processing_response(
     config: RolloutConfig | None, session_id: str, heartbeat: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """The immediate answer of a rollout entrypoint (``heartbeat``: the accepting process's,
-    see :func:`heartbeat_reference`)."""
+    ``{"key", "interval"}``, when it keeps one)."""
     if config is None:
         return {STATUS: STATUS_PROCESSING}
-    answer: dict[str, Any] = {
+    return {
         STATUS: STATUS_PROCESSING,
         S3_BUCKET: config.s3_bucket,
         RESULT_KEY: config.key_for(session_id),
+        **({} if heartbeat is None else {HEARTBEAT: dict(heartbeat)}),
     }
-    if heartbeat is not None:
-        answer[HEARTBEAT] = dict(heartbeat)
-    return answer
 
 
 def envelope_metadata(
@@ -543,7 +541,7 @@ LEASE_LAPSED_REASON: Final = (
 # ``interval`` seconds, and names it in its answer to each rollout it accepts: a client that
 # sees it unchanged for HEARTBEAT_MISSES intervals knows the process is gone.
 
-#: Answer field: ``{"key": ..., "interval": seconds}`` (the bucket is the rollout's).
+#: Answer field: ``{"key": ..., "interval": seconds}`` (in the rollout's bucket).
 HEARTBEAT: Final = "heartbeat"
 #: Folder of the heartbeats under an experiment's prefix (a dot: never an input id).
 HEARTBEAT_FOLDER: Final = ".heartbeats"
@@ -557,20 +555,12 @@ def heartbeat_key(exp_id: str, process_id: str) -> str:
     return f"{exp_id}/{HEARTBEAT_FOLDER}/{process_id}.json"
 
 
-def heartbeat_reference(key: str, interval: float) -> dict[str, Any]:
-    """The answer's ``heartbeat`` value."""
-    return {LEASE_KEY: key, HEARTBEAT_INTERVAL: interval}
-
-
 def parse_heartbeat(answer: Mapping[str, Any], exp_id: str) -> tuple[str, float] | None:
     """``(key, interval)`` of an answer's heartbeat; ``None`` without a usable one (a
     server that does not heartbeat, or one naming a key outside the experiment's folder)."""
     value = answer.get(HEARTBEAT)
-    if not isinstance(value, Mapping):
-        return None
-    key, interval = value.get(LEASE_KEY), value.get(HEARTBEAT_INTERVAL)
-    folder = f"{exp_id}/{HEARTBEAT_FOLDER}/"
-    if not isinstance(key, str) or not key.startswith(folder):
+    key, interval = (value.get(LEASE_KEY), value.get(HEARTBEAT_INTERVAL)) if value else (0, 0)
+    if not isinstance(key, str) or not key.startswith(f"{exp_id}/{HEARTBEAT_FOLDER}/"):
         return None
     if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
         return None

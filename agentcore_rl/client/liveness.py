@@ -253,42 +253,34 @@ class LivenessProber:
                 probes.start_soon(self._probe, sid)
 
     async def _heartbeats(self) -> None:
-        """Read the heartbeat folders that are due; lose the sessions of silent heartbeats."""
+        """Read the heartbeat folders that are due; lose the sessions of silent heartbeats.
+        A new or changed ETag is a beat, and so is a listing S3 did not answer (an outage
+        loses nothing)."""
         assert self.read is not None
         beating = {sid: r.beat for sid, r in self.live.items() if r.waiting and r.beat}
         folders: dict[tuple[str, str], float] = {}  # (bucket, prefix) -> shortest interval
         for bucket, key, interval in beating.values():
             folder = (bucket, key.rpartition("/")[0] + "/")
             folders[folder] = min(interval, folders.get(folder, interval))
+        self._beats = {(b, k): self._beats.get((b, k), ("", 0.0)) for b, k, _ in beating.values()}
+        self._read_at = {f: self._read_at.get(f, 0.0) for f in folders}
         for folder, interval in folders.items():
-            if self.clock() >= self._read_at.get(folder, 0.0):
-                self._read_at[folder] = self.clock() + interval / 2
-                self._note(folder, await self.read(*folder))
-        refs = {(bucket, key) for bucket, key, _ in beating.values()}
-        self._beats = {ref: beat for ref, beat in self._beats.items() if ref in refs}
-        self._read_at = {f: at for f, at in self._read_at.items() if f in folders}
+            if self.clock() < self._read_at[folder]:
+                continue
+            self._read_at[folder] = self.clock() + interval / 2
+            listing = await self.read(*folder)
+            for (bucket, key), (etag, _) in self._beats.items():
+                if (bucket, key.rpartition("/")[0] + "/") == folder:
+                    latest = etag if listing is None else listing.get(key, etag)
+                    if listing is None or latest != etag:
+                        self._beats[bucket, key] = (latest, self.clock())
         now = self.clock()
         for sid, (bucket, key, interval) in beating.items():
             seen = self._seen.setdefault(sid, _Seen(first=now))
-            changed = self._beats.get((bucket, key), ("", seen.first))[1]
-            silent = now - max(seen.first, changed)
+            silent = now - max(seen.first, self._beats[bucket, key][1])
             if silent >= protocol.HEARTBEAT_MISSES * interval:
                 why = f"heartbeat unchanged for {silent:.1f} s"
                 self._lose(sid, f"gone with its agent process (it crashed or restarted: {why})")
-
-    def _note(self, folder: tuple[str, str], listing: dict[str, str] | None) -> None:
-        """A listing of ``folder``: a new or changed ETag is a beat; no answer counts as a
-        beat of every heartbeat there (an S3 outage loses nothing)."""
-        now = self.clock()
-        bucket, prefix = folder
-        if listing is None:
-            for (b, key), (etag, _) in self._beats.items():
-                if b == bucket and key.startswith(prefix):
-                    self._beats[b, key] = (etag, now)
-            return
-        for key, etag in listing.items():
-            if self._beats.get((bucket, key), ("",))[0] != etag:
-                self._beats[bucket, key] = (etag, now)
 
     async def _token(self) -> None:
         """A PROBE token; after ``escalate_after`` seconds in line, an INVOKE one."""

@@ -158,7 +158,6 @@ class Heartbeat:
         self.process_id = secrets.token_hex(12)
         self.running = False
         self.seq = 0
-        self.writes = 0
         self._written: set[LeaseRef] = set()
         self._wake = asyncio.Event()
 
@@ -170,7 +169,7 @@ class Heartbeat:
         key = protocol.heartbeat_key(config.exp_id, self.process_id)
         if (config.s3_bucket, key) not in self._written:
             self._wake.set()
-        return protocol.heartbeat_reference(key, self.interval)
+        return {protocol.LEASE_KEY: key, protocol.HEARTBEAT_INTERVAL: self.interval}
 
     def _targets(self) -> set[LeaseRef]:
         held = [job.target for job in self.runner.jobs] + self.spool.targets
@@ -180,47 +179,35 @@ class Heartbeat:
         }
 
     async def run(self) -> None:
-        """Beat until cancelled: all objects every ``interval``, a new one at once."""
+        """Beat until cancelled: every object each ``interval``, a new one at once."""
         self.running = True
         next_all = 0.0
         try:
             while True:
-                now = time.monotonic()
-                targets = self._targets()
-                due = targets if now >= next_all else targets - self._written
-                if now >= next_all:
-                    next_all = now + self.interval
-                    gone = self._written - targets
-                else:
-                    gone = set()
+                targets, full = self._targets(), time.monotonic() >= next_all
+                if full:
+                    next_all = time.monotonic() + self.interval
                 self._wake.clear()
-                await self._beat(due, gone)
+                self.seq += 1
+                async with anyio.create_task_group() as tg:
+                    for ref in targets if full else targets - self._written:
+                        tg.start_soon(self._write, ref)
+                    for ref in self._written - targets if full else ():
+                        tg.start_soon(self._write, ref, False)
                 with anyio.move_on_after(max(0.0, next_all - time.monotonic())):
                     await self._wake.wait()
         finally:
             self.running = False
 
-    async def _beat(self, due: set[LeaseRef], gone: set[LeaseRef]) -> None:
-        self.seq += 1
+    async def _write(self, ref: LeaseRef, alive: bool = True) -> None:
         body = {"process_id": self.process_id, protocol.LEASE_SEQ: self.seq}
         body.update({"written_at": time.time(), protocol.HEARTBEAT_INTERVAL: self.interval})
-        limiter = anyio.CapacityLimiter(_READERS)
-
-        async def one(ref: LeaseRef, write: bool) -> None:
-            async with limiter:
-                try:
-                    if write:
-                        await self.store.put_json(*ref, body)
-                        self._written.add(ref)
-                        self.writes += 1
-                    else:
-                        await self.store.delete(*ref)
-                        self._written.discard(ref)
-                except StorageError as exc:
-                    logger.warning("heartbeat s3://%s/%s not written: %s", *ref, exc.code)
-
-        async with anyio.create_task_group() as tg:
-            for ref in due:
-                tg.start_soon(one, ref, True)
-            for ref in gone:
-                tg.start_soon(one, ref, False)
+        try:
+            if alive:
+                await self.store.put_json(*ref, body)
+                self._written.add(ref)
+            else:
+                await self.store.delete(*ref)
+                self._written.discard(ref)
+        except StorageError as exc:
+            logger.warning("heartbeat s3://%s/%s not written: %s", *ref, exc.code)
