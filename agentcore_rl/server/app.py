@@ -431,6 +431,8 @@ class AgentCoreRLApp(Starlette):
                 self.shutdown.grace, cancel_timeout=self.shutdown.cancel_timeout
             )
             await self.spool.aclose()
+            if self.heartbeat is not None:
+                await self.heartbeat.aclose()
             if self._owns_store:
                 await self.store.aclose()
             self.last_shutdown = report

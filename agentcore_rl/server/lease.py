@@ -160,6 +160,8 @@ class Heartbeat:
         self.seq = 0
         self._written: set[LeaseRef] = set()
         self._wake = asyncio.Event()
+        self._closing = False
+        self._closed = asyncio.Event()
 
     def reference(self, config: protocol.RolloutConfig) -> dict[str, object] | None:
         """The answer's ``heartbeat`` for a rollout just accepted (``None`` while not
@@ -179,12 +181,14 @@ class Heartbeat:
         }
 
     async def run(self) -> None:
-        """Beat until cancelled: every object each ``interval``, a new one at once."""
+        """Beat until cancelled or closed: every object each ``interval``, a new one at once."""
         self.running = True
         next_all = 0.0
         try:
             while True:
-                targets, full = self._targets(), time.monotonic() >= next_all
+                closing = self._closing
+                targets = set() if closing else self._targets()
+                full = closing or time.monotonic() >= next_all
                 if full:
                     next_all = time.monotonic() + self.interval
                 self._wake.clear()
@@ -194,10 +198,20 @@ class Heartbeat:
                         tg.start_soon(self._write, ref)
                     for ref in self._written - targets if full else ():
                         tg.start_soon(self._write, ref, False)
+                if closing:
+                    self._closed.set()
+                    return
                 with anyio.move_on_after(max(0.0, next_all - time.monotonic())):
                     await self._wake.wait()
         finally:
             self.running = False
+
+    async def aclose(self) -> None:
+        """Stop beating and delete the objects: a process shutting down holds no rollout."""
+        self._closing, running = True, self.running
+        self._wake.set()
+        with anyio.move_on_after(10):
+            await (self._closed.wait() if running else self.run())
 
     async def _write(self, ref: LeaseRef, alive: bool = True) -> None:
         body = {"process_id": self.process_id, protocol.LEASE_SEQ: self.seq}
@@ -209,5 +223,5 @@ class Heartbeat:
             else:
                 await self.store.delete(*ref)
                 self._written.discard(ref)
-        except StorageError as exc:
-            logger.warning("heartbeat s3://%s/%s not written: %s", *ref, exc.code)
+        except Exception as exc:  # S3 or a closed store: tried again at the next beat
+            logger.warning("heartbeat s3://%s/%s not written: %s", *ref, exc)

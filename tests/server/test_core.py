@@ -40,7 +40,11 @@ async def test_rollout_writes_envelope(store: ResultStore, bucket: str) -> None:
         response = await http.post("/invocations", json=payload, headers=session_headers())
         assert response.status_code == 200
         key = f"exp/q-1/{SESSION}.json"
-        assert response.json() == {"status": "processing", "s3_bucket": bucket, "result_key": key}
+        answer, beat = response.json(), app.heartbeat
+        assert beat is not None
+        heartbeat = {"key": f"exp/.heartbeats/{beat.process_id}.json", "interval": 5.0}
+        assert answer.pop("heartbeat") == heartbeat
+        assert answer == {"status": "processing", "s3_bucket": bucket, "result_key": key}
         await settle(app)
     envelope = await store.get_json(bucket, key)
     assert envelope is not None
