@@ -10,7 +10,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 # The stamps re-install when pyproject.toml changes, so a pull never leaves a stale venv.
 # `make test` needs everything (`dev`: linters, Ray, the examples' frameworks); the demo
-# only the `local` extra, a fraction of the download.
+# the `local` extra and `report` (the README's next command), a fraction of the download.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 $(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[local]'
+	$(BIN)/python -m pip install --quiet -e '.[local,report]'
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
 from pathlib import Path
@@ -18,7 +18,14 @@ from typing import Any, Final
 
 from agentcore_rl import protocol
 from agentcore_rl._extras import require
-from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_OK, PROG, run_async
+from agentcore_rl.cli.common import (
+    EXIT_FAILURES,
+    EXIT_OK,
+    PROG,
+    cwd_importable,
+    import_object,
+    run_async,
+)
 
 # Light modules only at the top: `serve` must run with just the `server` extra.
 from agentcore_rl.cli.cost import Prices
@@ -39,42 +46,9 @@ __all__ = [
     "cmd_report",
     "cmd_serve",
     "cmd_show",
-    "import_app",
+    "cmd_up",
     "print_run",
 ]
-
-
-def _cwd_importable() -> None:
-    """Like ``python -m`` and uvicorn."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
-def import_app(target: str) -> Any:
-    """The object named by ``"package.module:attribute"``, else ConfigurationError."""
-    module_name, sep, attribute = target.partition(":")
-    if not sep or not module_name or not attribute:
-        raise ConfigurationError(f"{target!r} must look like 'package.module:app'")
-    _cwd_importable()
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ConfigurationError(
-            f"cannot import {module_name!r}: {exc} (run from the directory that contains it)"
-        ) from None
-    except Exception as exc:
-        raise ConfigurationError(
-            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    value: Any = module
-    for name in attribute.split("."):
-        if not hasattr(value, name):
-            raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
-        value = getattr(value, name)
-    if not callable(value):
-        raise ConfigurationError(f"{target} is not an ASGI app (got {type(value).__name__})")
-    return value
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -118,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # lazy: the server extra
     from agentcore_rl.server import AgentCoreRLApp
 
-    app = import_app(args.target)
+    app = import_object(args.target, "an ASGI app")
     if isinstance(app, AgentCoreRLApp):
         app.tune_process()  # the app owns this process
     banner = f"{PROG}: serving {args.target} on http://{args.host}:{args.port}"
@@ -270,16 +244,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentcore_rl.cli.eval import run_eval
     from agentcore_rl.cli.preflight import check_services
 
+    if args.resume and not args.exp_id:
+        raise ConfigurationError("--resume needs --exp-id: the one of the run to continue")
+    if args.agent_runtime_arn is None and not args.agent_url:
+        _target_up(args)
+    elif args.s3_bucket is None:
+        raise ConfigurationError("--s3-bucket is needed: the bucket your agent writes results to")
     token = args.gateway_admin_token
     if args.gateway_url is not None and not token:
         token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
+    exp_id = args.exp_id or time.strftime("eval-%Y%m%d-%H%M%S")
     # The options the parser names as EvalOptions does, then those it names or holds otherwise.
     same = {f.name: getattr(args, f.name) for f in fields(EvalOptions) if hasattr(args, f.name)}
     options = EvalOptions(
         **{
             **same,
+            "exp_id": exp_id,
             "data": Path(args.data),
-            "out": Path(args.out or f"results-{args.exp_id}.jsonl"),
+            "out": Path(args.out or f"results-{exp_id}.jsonl"),
             "agent_urls": tuple(args.agent_url or ()),
             "runtime_endpoint_url": args.endpoint_url,
             "rollout_extra": _parse_params(args.param),
@@ -309,15 +291,41 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return run_async(work)
 
 
+def _target_up(args: argparse.Namespace) -> None:
+    """Aim ``args`` at the stack ``agentcore-rl up`` runs (its options fill what is unset)."""
+    # lazy: the local extra
+    from agentcore_rl.local.stack import running_stack
+
+    stack = running_stack()
+    args.agent_runtime_arn = stack["agent_runtime_arn"]
+    args.s3_bucket = args.s3_bucket or stack["s3_bucket"]
+    args.endpoint_url = args.endpoint_url or stack["aws"].endpoint_url
+    args.s3_endpoint_url = args.s3_endpoint_url or stack["aws"].s3_endpoint_url
+    args.model_id = args.model_id or stack["rollout"].get("model_id")
+    if "gateway" in stack and args.base_url is None and args.gateway_url is None:
+        args.gateway_url = stack["gateway"].url
+        args.gateway_admin_token = stack["gateway"].admin_token
+    elif args.gateway_url is None:
+        args.base_url = args.base_url or stack["rollout"].get("base_url")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     # Checked before anything prints or starts.
     require("local", f"{PROG} demo", "moto", "a2wsgi", "openai", "orjson", "httpx", "tqdm")
     from agentcore_rl.cli.demo import run_demo
 
-    _cwd_importable()
+    cwd_importable()
     if args.out:
         EvalJournal.check(Path(args.out), resume=False)
     return run_async(lambda: _run_and_report(lambda run: run_demo(args, run), title="demo summary"))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    require("local", f"{PROG} up", "moto", "a2wsgi", "httpx", "aiohttp")
+    from agentcore_rl.cli.up import run_up
+
+    cwd_importable()
+    return run_async(lambda: run_up(args))
 
 
 def _prices(args: argparse.Namespace) -> Prices | None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
+
+from agentcore_rl.errors import ConfigurationError
 
 __all__ = [
     "EXIT_FAILURES",
@@ -20,6 +23,8 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "PROG",
+    "cwd_importable",
+    "import_object",
     "run_async",
 ]
 
@@ -78,3 +83,37 @@ def run_async(work: Callable[[], Awaitable[int]]) -> int:
 
 def _exit_code(signum: int) -> int:
     return EXIT_TERMINATED if signum == signal.SIGTERM else EXIT_INTERRUPTED
+
+
+def cwd_importable() -> None:
+    """Like ``python -m`` and uvicorn."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def import_object(target: str, what: str) -> Any:
+    """The callable named by ``"package.module:attribute"`` (``what`` it should be, for the
+    errors), the current directory importable; else ConfigurationError."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigurationError(f"{target!r} must look like 'package.module:attribute'")
+    cwd_importable()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r}: {exc} (run from the directory that contains it)"
+        ) from None
+    except Exception as exc:
+        raise ConfigurationError(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    value: Any = module
+    for name in attribute.split("."):
+        if not hasattr(value, name):
+            raise ConfigurationError(f"module {module_name!r} has no attribute {attribute!r}")
+        value = getattr(value, name)
+    if not callable(value):
+        raise ConfigurationError(f"{target} is not {what} (got {type(value).__name__})")
+    return value

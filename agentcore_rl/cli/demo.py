@@ -11,7 +11,6 @@ import importlib.util
 import json
 import logging
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
 from agentcore_rl.cli.summary import EvalRun, group_figures
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.stack import LocalStack, state_dir
 
 __all__ = ["DEMO_AGENT", "demo_dir", "demo_package", "run_demo"]
 
@@ -58,11 +57,9 @@ def demo_package() -> str:
 
 def demo_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """Where the demo writes without ``--out``, emptied at each start (only the last run stays)."""
-    state = environ.get("XDG_STATE_HOME", "").strip()
     candidates = [Path(tempfile.gettempdir()) / f"agentcore-rl-demo-{os.getuid()}"]
     with contextlib.suppress(RuntimeError):  # no home directory at all
-        base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
-        candidates.insert(0, base / "agentcore-rl" / "demo")
+        candidates.insert(0, state_dir(environ) / "demo")
     for path in candidates:
         try:
             if path.is_dir():
@@ -122,6 +119,7 @@ async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
         policy_base_url=options.base_url,
         policy_model=options.model_id,
         tps=options.tps,
+        gateway=not options.no_gateway,
     )
     server_log = logging.getLogger("agentcore_rl.server")
     async with contextlib.AsyncExitStack() as scope:
@@ -129,18 +127,9 @@ async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
         scope.callback(server_log.setLevel, server_log.level)
         server_log.setLevel(logging.ERROR)
         await scope.enter_async_context(stack)
-        gateway_url = token = None
-        if not options.no_gateway:
-            # lazy: the gateway extra
-            from agentcore_rl.gateway import RolloutGateway
-            from agentcore_rl.local.background import BackgroundServer
-
-            assert stack.policy_base_url is not None
-            token = secrets.token_urlsafe(16)
-            served = RolloutGateway(stack.policy_base_url, admin_token=token)
-            server = await scope.enter_async_context(BackgroundServer(served, host=stack.host))
-            print(f"  rollout gateway {server.url} -> {stack.policy_base_url}", file=sys.stderr)
-            gateway_url = server.url
+        gateway_url, token = stack.gateway_url, stack.gateway_admin_token
+        if gateway_url is not None:
+            print(f"  rollout gateway {gateway_url} -> {stack.policy_base_url}", file=sys.stderr)
         print(
             f"  S3 {stack.s3_endpoint_url} (bucket {stack.bucket}) | policy "
             f"{stack.policy_base_url} | agents {' '.join(stack.agent_urls)}\n"

@@ -6,6 +6,7 @@ Errors are one line on stderr, never a traceback (unless ``AGENTCORE_RL_DEBUG=1`
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -34,7 +35,26 @@ _DEBUG_ENV: Final = "AGENTCORE_RL_DEBUG"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one clear line."""
+    """argparse, but a bad argument is one clear line, a mistyped option with the closest."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            guesses = [
+                close[0]
+                for extra in extras
+                if extra.startswith("-")
+                and (
+                    close := difflib.get_close_matches(
+                        extra.split("=")[0], self._option_string_actions, 1
+                    )
+                )
+            ]
+            hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -128,8 +148,12 @@ def _add_server(parser: argparse.ArgumentParser, port: int, log_level: str) -> N
 
 def _eval(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("data", metavar="DATA.jsonl", help="inputs, one JSON object per line")
-    target = parser.add_mutually_exclusive_group(required=True)
-    target.add_argument("--agent-runtime-arn", metavar="ARN", help="AgentCore runtime ARN")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
+        "--agent-runtime-arn",
+        metavar="ARN",
+        help=f"AgentCore runtime ARN (without it or --agent-url: the stack {PROG} up runs)",
+    )
     target.add_argument(
         "--agent-url",
         metavar="URL",
@@ -137,8 +161,13 @@ def _eval(parser: argparse.ArgumentParser) -> None:
         type=_url,
         help="agent server URL (HTTP transport); repeat to spread sessions over several",
     )
-    parser.add_argument("--s3-bucket", required=True, help="bucket the agent writes results to")
-    parser.add_argument("--exp-id", required=True, help="experiment id (the S3 key prefix)")
+    parser.add_argument(
+        "--s3-bucket", help="bucket the agent writes results to (needed with a target option)"
+    )
+    parser.add_argument(
+        "--exp-id",
+        help="experiment id, the S3 key prefix (default eval-YYYYMMDD-HHMMSS; --resume needs it)",
+    )
     _add_run(
         parser,
         protocol.DEFAULT_TPS,
@@ -235,7 +264,8 @@ def _demo(parser: argparse.ArgumentParser) -> None:
         "local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
         "use this OpenAI-compatible server (e.g. vLLM at http://host:8000/v1) instead of the "
         "stand-in policy",
-        "results file (default: a temp dir)",
+        "results file (default ~/.local/state/agentcore-rl/demo/results.jsonl, emptied at "
+        "each start; a temp dir without a home)",
     )
     parser.add_argument(
         "--accuracy",
@@ -254,6 +284,40 @@ def _demo(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let the agents call the policy directly instead of through the rollout gateway "
         "(which captures every call's tokens and writes the trajectories)",
+    )
+
+
+def _up(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "app", metavar="MODULE:APP", help="your agent app, importable from this directory"
+    )
+    parser.add_argument(
+        "--agents", type=_positive_int, default=2, help="agent servers to run (default 2)"
+    )
+    policy = parser.add_mutually_exclusive_group()
+    policy.add_argument(
+        "--policy",
+        metavar="MODULE:FUNC",
+        help="the stand-in policy says what FUNC(messages, tools, seed=, temperature=) "
+        "returns (a str, a list of tool calls or an assistant message; docs/local.md) "
+        "instead of its math answers",
+    )
+    policy.add_argument(
+        "--upstream",
+        type=_url,
+        metavar="URL",
+        help="a real OpenAI-compatible server (e.g. vLLM at http://gpu1:8000/v1) instead of "
+        "the stand-in",
+    )
+    parser.add_argument("--model", help="with --upstream: the model id given to the agents")
+    parser.add_argument(
+        "--bucket", help="the embedded S3's bucket for results (default agentcore-rl-local)"
+    )
+    parser.add_argument(
+        "--tps",
+        type=_tps,
+        default=100.0,
+        help="local runtime's invoke+stop quota per second (default 100; 0 = no limit)",
     )
 
 
@@ -386,6 +450,15 @@ _COMMANDS: Final[dict[str, tuple[Callable[[argparse.ArgumentParser], None], str,
         "'input_id' or 'id' field names it) through the agent and write one line per outcome "
         "to --out. --resume continues an interrupted run: finished inputs are skipped, "
         "rollouts in flight resumed by session id, stopped or lost ones run again.",
+    ),
+    "up": (
+        _up,
+        "local",
+        "run the whole local stack around your agent until Ctrl-C",
+        "Start embedded S3 with its bucket, the stand-in policy (or --upstream), the rollout "
+        "gateway, your agent (MODULE:APP) on --agents servers and a local AgentCore Runtime "
+        "in this process, say what runs where and stay in the foreground until Ctrl-C. "
+        f"'{PROG} eval DATA.jsonl' without a target option runs against it.",
     ),
     "serve": (
         _serve,

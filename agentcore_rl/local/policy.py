@@ -10,6 +10,7 @@ It answers the first user message with a pattern-based solver (:mod:`.policy_sol
 offered tools, it first calls the first one with the arithmetic expression, then answers
 ``"The answer is N."``. With probability ``1 - accuracy`` it slips or skips the tool,
 decided by a stable hash of (``seed``, problem, the request's ``seed``, choice index).
+Given a :data:`PlayFunction` (``play=``) it says what that function says instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import random
 import re
 import sys
 import time
@@ -41,7 +43,7 @@ from agentcore_rl.local.policy_solver import (
     solve_word_problem,
 )
 
-__all__ = ["DEFAULT_POLICY_MODEL", "ScriptedPolicy"]
+__all__ = ["DEFAULT_POLICY_MODEL", "PlayFunction", "ScriptedPolicy"]
 
 #: The model name the stand-in reports (any requested name is accepted and echoed).
 DEFAULT_POLICY_MODEL: Final = "scripted-policy"
@@ -60,6 +62,10 @@ _NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 _TOKEN_IN: Final = "token-in needs a tokenizer (ScriptedPolicy(tokenizer=))"
 
 TokenIdsMode = Literal["always", "requested", "never"]
+#: A user's policy: ``play(messages, tools, seed=, temperature=)`` -> the answer's text, a
+#: list of tool calls (``{"name": ..., "arguments": {...}}``) or a whole assistant message.
+#: ``seed`` is the request's (a fresh random one without), plus the choice's index.
+PlayFunction = Callable[..., "str | list[dict[str, Any]] | dict[str, Any]"]
 
 
 @dataclass(frozen=True)
@@ -138,9 +144,10 @@ class _ScriptVoice:
     it, so a conversation's prompts extend each other token for token. Its completions
     stream token by token. Token-in requests need a real tokenizer."""
 
-    def __init__(self, accuracy: float, seed: int) -> None:
+    def __init__(self, accuracy: float, seed: int, play: PlayFunction | None = None) -> None:
         self.accuracy = accuracy
         self.seed = seed
+        self.play = play
         self._pieces: dict[int, str] = {}  # each id said so far -> its text (at most the vocab)
 
     def render(self, body: Mapping[str, Any]) -> list[int]:
@@ -172,7 +179,10 @@ class _ScriptVoice:
             messages, tools = [{"role": "user", "content": body["prompt"]}], []
         else:
             raise Refusal(400, _TOKEN_IN, field="prompt")
-        message, finish = self._choose(index, messages, tools, body.get("seed"))
+        if self.play is not None:
+            message, finish = self._played(index, messages, tools, body)
+        else:
+            message, finish = self._choose(index, messages, tools, body.get("seed"))
         text = _assistant_text(message)
         tokens = fake_tokens(text)
         self._pieces.update((i, piece) for piece, i in tokens)
@@ -180,6 +190,43 @@ class _ScriptVoice:
         logprobs = [_logprob(f"{self.seed}:{index}", pos, i) for pos, i in enumerate(ids)]
         pieces = [piece for piece, _ in tokens]
         return _Said(ids, logprobs, pieces, finish, message=message, text=text)
+
+    def _played(
+        self, index: int, messages: list[Any], tools: list[Any], body: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], str]:
+        """The user's function's answer as a message: a real model samples without a seed."""
+        assert self.play is not None
+        seed = body.get("seed")
+        seed = seed if isinstance(seed, int) else random.randrange(2**31)
+        temperature = body.get("temperature")
+        said = self.play(
+            messages,
+            tools,
+            seed=seed + index,
+            temperature=float(temperature) if isinstance(temperature, int | float) else 1.0,
+        )
+        if isinstance(said, str):
+            return _say(said)
+        if isinstance(said, Mapping):
+            message = {"role": "assistant", "content": said.get("content"), **said}
+            return message, "tool_calls" if message.get("tool_calls") else "stop"
+        if not isinstance(said, list) or not all(isinstance(c, Mapping) for c in said):
+            raise TypeError(
+                f"the policy function returned {type(said).__name__}: give a str, a list of "
+                "tool calls or an assistant message dict"
+            )
+        calls = [
+            {
+                "id": f"call_{seed + index:x}_{i}",
+                "type": "function",
+                "function": {
+                    "name": str(call.get("name", "")),
+                    "arguments": json.dumps(call.get("arguments") or {}),
+                },
+            }
+            for i, call in enumerate(said)
+        ]
+        return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
 
     def _choose(
         self, index: int, messages: list[Any], tools: list[Any], request_seed: object
@@ -378,7 +425,9 @@ class ScriptedPolicy:
     ``/abort_requests``, ``/update_weight_version``): a kept request waits for the resume, an
     aborted one answers its tokens so far (``finish_reason`` ``"abort"``), and each choice
     says which version made which tokens (``weight_versions``; ``made`` keeps them all).
-    ``min_tokens`` is honoured by repeating the answer before its end token.
+    ``min_tokens`` is honoured by repeating the answer before its end token. ``play``: a
+    :data:`PlayFunction` of yours says the answers (your task's voice) in the fake
+    tokenizer's tokens; the math solver is the default.
 
     Example::
 
@@ -401,8 +450,11 @@ class ScriptedPolicy:
         reasoning_parser: str | None = None,
         tool_rounds: int = 1,
         token_rate: float = 0.0,
+        play: PlayFunction | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        if play is not None and tokenizer is not None:
+            raise ValueError("give play (your policy function) or tokenizer, not both")
         if not 0.0 <= accuracy <= 1.0:
             raise ValueError(f"accuracy must be between 0 and 1, got {accuracy}")
         if latency < 0:
@@ -424,7 +476,7 @@ class ScriptedPolicy:
         self.made: list[tuple[list[int], list[int], list[str]]] = []
         self.tokens_made = 0  # so far, the ones being made included
         self.voice: _ScriptVoice | TemplateVoice = (
-            _ScriptVoice(accuracy, seed)
+            _ScriptVoice(accuracy, seed, play)
             if tokenizer is None  # else a real template: render and answer as that model would
             else TemplateVoice(
                 tokenizer,

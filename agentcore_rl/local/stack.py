@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -27,7 +29,7 @@ from agentcore_rl.server.config import SPOOL_DIR_ENV
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app"]
+__all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app", "running_stack", "state_dir"]
 
 #: The bucket the stack creates in embedded S3 unless told otherwise.
 DEFAULT_LOCAL_BUCKET: Final = "agentcore-rl-local"
@@ -81,6 +83,57 @@ def load_app(target: str) -> Any:
     return value
 
 
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where agentcore-rl keeps its state: ``$XDG_STATE_HOME/agentcore-rl`` (default
+    ``~/.local/state/agentcore-rl``)."""
+    state = environ.get("XDG_STATE_HOME", "").strip()
+    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
+    return base / "agentcore-rl"
+
+
+def _up_file(path: Path | None) -> Path:
+    return path if path is not None else state_dir() / "up.json"
+
+
+def running_stack(path: Path | None = None) -> dict[str, Any]:
+    """The client options of the stack ``agentcore-rl up`` runs (its state file, default in
+    :func:`state_dir`); sets this process's AWS credentials and region for it.
+    ConfigurationError when none runs.
+
+    Example::
+
+        client = AsyncRolloutClient(exp_id="try-1", **running_stack())
+    """
+    # lazy: the client's config objects (the client extra), only for a client
+    from agentcore_rl.client.config import AwsConfig, GatewayConfig
+
+    file = _up_file(path)
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigurationError(
+            f"no stack is running ({file}): start one with 'agentcore-rl up MODULE:APP', "
+            "or name the agent (--agent-runtime-arn or --agent-url)"
+        ) from None
+    os.environ.update(state["environment"])
+    options: dict[str, Any] = {
+        "agent_runtime_arn": state["agent_runtime_arn"],
+        "s3_bucket": state["bucket"],
+        "aws": AwsConfig(
+            endpoint_url=state["runtime_endpoint_url"], s3_endpoint_url=state["s3_endpoint_url"]
+        ),
+        "rollout": {"model_id": state["policy_model"]},
+    }
+    if state.get("gateway_url"):
+        options["gateway"] = GatewayConfig(
+            url=state["gateway_url"], admin_token=state["gateway_admin_token"]
+        )
+    else:
+        options["rollout"]["base_url"] = state["policy_base_url"]
+    return options
+
+
 def _set_env(stack: contextlib.AsyncExitStack, name: str, value: str | None) -> None:
     """Set (``None``: unset) an environment variable until ``stack`` closes."""
     stack.callback(_put, name, os.environ.get(name))
@@ -104,6 +157,9 @@ class LocalStack:
     created there); only ``s3="aws"`` reaches real S3, with your credentials and your
     existing ``bucket``. Policy: ``policy`` (default ``ScriptedPolicy()``) is served unless
     ``policy_base_url`` names an OpenAI-compatible server (``policy_model`` its model).
+    ``gateway``: a rollout gateway in front of the policy (``gateway_url``, with the admin
+    token ``gateway_admin_token``), which records every call's tokens. ``save_state(path)``
+    lets another process find the stack (:func:`running_stack`).
 
     Example::
 
@@ -128,6 +184,7 @@ class LocalStack:
         burst: float | None = None,
         host: str = "127.0.0.1",
         shutdown_timeout: float = 10.0,
+        gateway: bool = False,
     ) -> None:
         if (app is None) == (app_factory is None):
             raise ConfigurationError("give the agent as exactly one of app or app_factory")
@@ -162,6 +219,9 @@ class LocalStack:
         self.policy_base_url = policy_base_url
         self.agent_urls: list[str] = []
         self.runtime_endpoint_url: str | None = None
+        self.gateway = gateway
+        self.gateway_url: str | None = None
+        self.gateway_admin_token: str | None = None
         self._make_app = self._app_maker(app, app_factory)
         self._external_policy = policy_base_url is not None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -232,6 +292,17 @@ class LocalStack:
             )
             self.policy_base_url = policy_server.url + "/v1"
             self.policy_model = self.policy.model
+        if self.gateway:
+            assert self.policy_base_url is not None
+            # lazy: the gateway extra
+            from agentcore_rl.gateway import RolloutGateway
+
+            self.gateway_admin_token = secrets.token_urlsafe(16)
+            served = RolloutGateway(self.policy_base_url, admin_token=self.gateway_admin_token)
+            gateway = await stack.enter_async_context(
+                BackgroundServer(served, host=self.host, shutdown_timeout=self.shutdown_timeout)
+            )
+            self.gateway_url = gateway.url
 
         agents = [
             BackgroundServer(
@@ -258,6 +329,40 @@ class LocalStack:
         )
         self.runtime_endpoint_url = runtime_server.url
         _set_env(stack, "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
+
+    def save_state(self, path: Path | None = None) -> Path:
+        """Write where every part runs (for :func:`running_stack`) until the stack closes;
+        ConfigurationError when another live stack wrote it."""
+        assert self._stack is not None, "start the stack first"
+        file = _up_file(path)
+        with contextlib.suppress(ConfigurationError):
+            running_stack(file)
+            raise ConfigurationError(f"a stack is already running (its state: {file})")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "pid": os.getpid(),
+            "environment": dict(self.environment),
+            **{
+                name: getattr(self, name)
+                for name in (
+                    "bucket",
+                    "agent_runtime_arn",
+                    "runtime_endpoint_url",
+                    "s3_endpoint_url",
+                    "agent_urls",
+                    "policy_base_url",
+                    "policy_model",
+                    "gateway_url",
+                    "gateway_admin_token",
+                )
+            },
+        }
+        # Owner-only: the gateway's admin token is in it.
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(state, out, indent=1)
+        self._stack.callback(file.unlink, missing_ok=True)
+        return file
 
     def _remove_spool(self, directory: Path) -> None:
         self.spool_dir = None

@@ -35,7 +35,7 @@ def data(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["demo"], ["eval"], ["serve"], ["local-runtime"], ["gateway"]]
+    "command", [[], ["demo"], ["eval"], ["serve"], ["local-runtime"], ["gateway"], ["up"]]
 )
 def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*command, "--help"]) == 0
@@ -53,7 +53,9 @@ def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixtur
     ("argv", "message"),
     [
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["eval", "in.jsonl", "--s3-bucket", "b", "--exp-id", "e"], "one of the arguments"),
+        (["eval", "in.jsonl", "--agent-url", "http://a:1", "--exp-id", "e"], "--s3-bucket is"),
+        (["eval", "in.jsonl", "--grup-size", "4"], "(did you mean --group-size?)"),
+        (["up", "a:app", "--agnets", "3"], "(did you mean --agents?)"),
         (["eval", "x", "--agent-url", "nope", "--s3-bucket", "b", "--exp-id", "e"], "URL"),
         (["demo", "--accuracy", "1.5"], "must be between 0 and 1"),
         (["demo", "--n", "0"], "must be >= 1"),
