@@ -242,7 +242,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     # lazy: the client extra
     from agentcore_rl.cli.eval import run_eval
-    from agentcore_rl.cli.preflight import check_services
 
     if args.resume and not args.exp_id:
         raise ConfigurationError("--resume needs --exp-id: the one of the run to continue")
@@ -281,7 +280,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     EvalJournal.check(options.out, resume=options.resume)
 
     async def work() -> int:
-        await check_services(options)
         return await _run_and_report(
             lambda run: run_eval(options, inputs, run, progress=not args.no_progress),
             title=f"eval {options.exp_id}",

@@ -89,6 +89,7 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
             s3_endpoint_url=options.s3_endpoint_url,
         ),
         gateway=gateway,
+        preflight=False,  # run_eval checks before it opens any file
     )
 
 
@@ -429,6 +430,7 @@ async def run_eval(
     run.out = options.out
     started = time.monotonic()
     client = make_client(options)  # its refusals come before any file is touched
+    await client.check_services()
     # A group's trajectories go into its rows file instead.
     traced = options.gateway_url is not None and options.group_size is None
     journal = EvalJournal.open(options.out, resume=options.resume, trajectories=traced)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from agentcore_rl import protocol
-from agentcore_rl.client import batch
+from agentcore_rl.client import batch, preflight
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.config import (
     DEFAULT_AWS,
@@ -39,7 +39,7 @@ from agentcore_rl.client.payload import (
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import ClientState, Service
 from agentcore_rl.client.traces import gateway_link
-from agentcore_rl.client.transports import AcrTransport, Transport, make_transport
+from agentcore_rl.client.transports import AcrTransport, HttpTransport, Transport, make_transport
 from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
 from agentcore_rl.errors import (
     ClientClosedError,
@@ -80,7 +80,8 @@ class AsyncRolloutClient(GroupMethods):
     ``stop_finished_sessions`` (default: True for ACR) sends a stop call after each result.
     With ``gateway`` (:class:`GatewayConfig`) every rollout runs through its own session of
     a token-capturing gateway, whose trace is put on the outcome (``fut.trace``,
-    :meth:`trace_of`) and in S3 beside the result (docs/gateway.md).
+    :meth:`trace_of`) and in S3 beside the result (docs/gateway.md). ``preflight``: entering
+    runs :meth:`check_services` first.
 
     Each rollout is one task in the client's task group (with the S3 watcher, the
     liveness prober and the stop calls): entered by ``async with`` (once: nesting is
@@ -123,6 +124,7 @@ class AsyncRolloutClient(GroupMethods):
         session_limiter: SessionLimiter | None = None,
         stop_finished_sessions: bool | None = None,
         gateway: GatewayConfig | None = None,
+        preflight: bool = True,
     ) -> None:
         check_config_types(
             ("limits", limits, Limits),
@@ -133,6 +135,7 @@ class AsyncRolloutClient(GroupMethods):
             ("aws", aws, AwsConfig),
         )
         link = gateway_link(gateway)
+        self._gateway, self._preflight = gateway, preflight
         self.defaults = client_defaults(
             rollout, exp_id=exp_id, s3_bucket=s3_bucket, gateway=link is not None
         )
@@ -376,6 +379,23 @@ class AsyncRolloutClient(GroupMethods):
             raise TraceLostError(fut.session_id, "this client did not collect it")
         return fut.trace
 
+    async def check_services(self) -> None:
+        """One cheap call to each service, in a second or two: the S3 bucket, the runtime
+        (or each agent's ``/ping``), a remote gateway's health and token. Raises the
+        ``StorageError``, ``InvocationError`` or ``GatewayError`` naming the one that fails
+        (``agentcore-rl eval``'s one-line errors)."""
+        await preflight.check_bucket(
+            self.s3_bucket, self.store.endpoint_url, self.store.region_name
+        )
+        if isinstance(self.transport, AcrTransport):
+            await preflight.check_runtime(
+                self.transport.agent_runtime_arn, self.transport.endpoint_url
+            )
+        elif isinstance(self.transport, HttpTransport):
+            await preflight.check_agents(self.transport.urls)
+        if self._gateway is not None and self._gateway.app is None:
+            await preflight.check_gateway(self._gateway.url, self._gateway.admin_token)
+
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
         could not stop: see :attr:`unstopped_sessions`), behind every invocation."""
@@ -434,6 +454,8 @@ class AsyncRolloutClient(GroupMethods):
             )
         self._in_block = True
         try:
+            if self._preflight:
+                await self.check_services()
             if await self._service.enter():
                 # The S3 client now rather than in the first watcher round, so the first
                 # results are not detected late (short timeouts would fire first).

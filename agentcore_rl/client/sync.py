@@ -157,6 +157,10 @@ class RolloutClient:
         trace: SessionTrace = self._portal.call(self._client.trace_of, rollout_future)
         return trace
 
+    def check_services(self) -> None:
+        """See :meth:`AsyncRolloutClient.check_services`."""
+        self._portal.call(self._client.check_services)
+
     def close(self) -> None:
         """Close the async client (stopping live sessions) and its thread. Idempotent."""
         if self._closed:

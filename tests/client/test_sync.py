@@ -119,7 +119,9 @@ def test_unreachable_agent_is_an_invocation_error(
     agent: Agent, sync_bucket: str, s3_endpoint: str
 ) -> None:
     with (
-        make(agent, sync_bucket, s3_endpoint, agent_url="http://127.0.0.1:9") as client,
+        make(
+            agent, sync_bucket, s3_endpoint, agent_url="http://127.0.0.1:9", preflight=False
+        ) as client,
         pytest.raises(InvocationError, match="no connection to the agent"),
     ):
         client.invoke({})

@@ -13,8 +13,11 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
+from agentcore_rl import AsyncRolloutClient, AwsConfig
+from agentcore_rl.errors import AgentCoreRLError
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy
@@ -146,3 +149,39 @@ async def test_the_served_runtime_and_a_good_gateway_pass_the_checks(
     done = await _cli(argv, work)
     assert done.returncode == 0, done.stderr
     assert "mean reward" in done.stdout
+
+
+@pytest.mark.parametrize("wrong", ["runtime", "s3"])
+async def test_entering_a_client_checks_as_eval_does_with_its_one_line_error(
+    stack: LocalStack, work: Path, wrong: str
+) -> None:
+    """The Python client fails on entry with the very line eval prints (no retries, no
+    sessions); ``preflight=False`` leaves the checks out."""
+    data = work / "in.jsonl"
+    _write_problems(data, 1)
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    runtime = closed if wrong == "runtime" else stack.runtime_endpoint_url
+    s3 = closed if wrong == "s3" else stack.s3_endpoint_url
+    assert runtime is not None
+    assert s3 is not None
+    argv = [
+        "eval", str(data), "--agent-runtime-arn", stack.agent_runtime_arn, "--endpoint-url",
+        runtime, "--s3-bucket", stack.bucket, "--exp-id", "pre", "--s3-endpoint-url", s3,
+    ]  # fmt: skip
+    done = await _cli(argv, work)
+    assert done.returncode == 3
+    options = {
+        "agent_runtime_arn": stack.agent_runtime_arn,
+        "s3_bucket": stack.bucket,
+        "exp_id": "pre",
+        "aws": AwsConfig(endpoint_url=runtime, s3_endpoint_url=s3),
+    }
+    client = AsyncRolloutClient(**options)
+    with anyio.fail_after(30):  # a bound, not a figure: docs/benchmarks.md has the time
+        with pytest.raises(AgentCoreRLError) as caught:
+            async with client:
+                pass
+    assert done.stderr.strip() == f"agentcore-rl: error: {caught.value}"
+    assert client.stats.invocations == 0
+    async with AsyncRolloutClient(**options, preflight=False) as unchecked:
+        assert unchecked.stats.invocations == 0

@@ -1,5 +1,5 @@
-"""What ``agentcore-rl eval`` checks before its first rollout: one cheap call per service
-it was given (docs/cli.md); a failure exits 3."""
+"""What a client checks when entered (and ``agentcore-rl eval`` before its first rollout):
+one cheap call per service it was given, each failure one line naming the service."""
 
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ import os
 from typing import Any, Final
 
 from agentcore_rl import protocol
-from agentcore_rl.cli.eval_config import EvalOptions
 from agentcore_rl.errors import GatewayError, InvocationError, StorageError
 from agentcore_rl.retry import RetryPolicy
 from agentcore_rl.s3 import ResultStore
 
-__all__ = ["check_agents", "check_bucket", "check_gateway", "check_runtime", "check_services"]
+__all__ = ["check_agents", "check_bucket", "check_gateway", "check_runtime"]
 
-#: Seconds each check may take: a service that needs longer is not ready for a run.
-_TIMEOUT: Final = 5.0
+#: Seconds each check may take to connect, and to answer: a service that needs longer is not
+#: ready for a run.
+_TIMEOUT: Final = 2.0
+_READ_TIMEOUT: Final = 5.0
 #: The flag the gateway's token comes from (named in errors: the user typed it).
 _TOKEN_FLAG: Final = "--gateway-admin-token"
 #: Fail fast when S3 is unreachable instead of backing off for tens of seconds.
@@ -24,32 +25,27 @@ _QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitte
 _PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 
 
-async def check_services(options: EvalOptions) -> None:
-    """Check the S3 bucket, the agents or the runtime, and the gateway, in that order."""
-    await check_bucket(options)
-    if options.agent_urls:
-        await check_agents(list(options.agent_urls))
-    elif options.agent_runtime_arn is not None:
-        await check_runtime(options.agent_runtime_arn, options.runtime_endpoint_url)
-    if options.gateway_url is not None:
-        await check_gateway(options.gateway_url, options.gateway_admin_token)
-
-
-async def check_bucket(options: EvalOptions) -> None:
-    """Check the bucket is readable."""
+async def check_bucket(
+    bucket: str, endpoint_url: str | None, region: str | None, session: Any = None
+) -> None:
+    """Check the bucket is readable (``session``: an aiobotocore session to share)."""
     store = ResultStore(
-        endpoint_url=options.s3_endpoint_url, retry=_QUICK_S3_RETRY, connect_timeout=5.0
+        endpoint_url=endpoint_url,
+        region_name=region,
+        session=session,
+        retry=_QUICK_S3_RETRY,
+        connect_timeout=_TIMEOUT,
     )
     async with store:
         try:
-            await store.list_keys(options.s3_bucket, _PREFLIGHT_PREFIX)
+            await store.list_keys(bucket, _PREFLIGHT_PREFIX)
         except StorageError as exc:
-            where = options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
+            where = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise StorageError(
-                f"cannot use S3 bucket {options.s3_bucket!r} at {where}: {exc.code}: {cause}",
+                f"cannot use S3 bucket {bucket!r} at {where}: {exc.code}: {cause}",
                 operation=exc.operation,
-                bucket=options.s3_bucket,
+                bucket=bucket,
                 code=exc.code,
             ) from exc
 
@@ -59,7 +55,7 @@ async def check_agents(urls: list[str]) -> None:
     # lazy: httpx is the client extra; the runtime check needs only aiobotocore
     import httpx
 
-    async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(_READ_TIMEOUT, connect=_TIMEOUT)) as http:
         for url in urls:
             try:
                 response = await http.get(url + protocol.PING_PATH)
@@ -74,7 +70,7 @@ async def check_agents(urls: list[str]) -> None:
                 )
 
 
-async def check_runtime(arn: str, endpoint_url: str | None) -> None:
+async def check_runtime(arn: str, endpoint_url: str | None, session: Any = None) -> None:
     """Check the endpoint serves ``arn`` (a ``StopRuntimeSession`` of an unused session)."""
     # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
@@ -85,9 +81,11 @@ async def check_runtime(arn: str, endpoint_url: str | None) -> None:
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_BEDROCK_AGENTCORE")
     where = endpoint or f"AgentCore in {region}"
     session_id = protocol.new_session_id()
-    config = AioConfig(connect_timeout=_TIMEOUT, read_timeout=_TIMEOUT, retries={"max_attempts": 1})
+    config = AioConfig(
+        connect_timeout=_TIMEOUT, read_timeout=_READ_TIMEOUT, retries={"total_max_attempts": 1}
+    )
     try:
-        async with get_session().create_client(
+        async with (session or get_session()).create_client(
             "bedrock-agentcore", region_name=region, endpoint_url=endpoint, config=config
         ) as client:
             await client.stop_runtime_session(agentRuntimeArn=arn, runtimeSessionId=session_id)
@@ -119,7 +117,7 @@ async def check_gateway(url: str, token: str | None) -> None:
     # lazy: as above (the client extra)
     import httpx
 
-    async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(_READ_TIMEOUT, connect=_TIMEOUT)) as http:
         try:
             health = await http.get(url + "/health")
             if health.status_code != 200 or "gateway_id" not in _json(health):
