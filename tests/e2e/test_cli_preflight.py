@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -170,7 +171,7 @@ async def test_entering_a_client_checks_as_eval_does_with_its_one_line_error(
     ]  # fmt: skip
     done = await _cli(argv, work)
     assert done.returncode == 3
-    options = {
+    options: dict[str, Any] = {
         "agent_runtime_arn": stack.agent_runtime_arn,
         "s3_bucket": stack.bucket,
         "exp_id": "pre",
