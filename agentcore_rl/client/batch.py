@@ -18,6 +18,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.payload import default_input_id
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import ClientClosedError, InvalidPayloadError
@@ -219,7 +220,7 @@ async def run_batch(
 
     async def start(feed: Feed, index: int, payload: Mapping[str, Any]) -> None:
         try:
-            body, config = prepare(payload, default_input_id=f"{index:06d}")
+            body, config = prepare(payload, default_input_id=default_input_id(payload, index))
         except InvalidPayloadError as exc:
             feed.put(_error_item(index, exc, None))
             return

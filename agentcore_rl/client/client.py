@@ -341,9 +341,9 @@ class AsyncRolloutClient(GroupMethods):
     ) -> AsyncGenerator[BatchItem, None]:
         """Run many rollouts; iterate over :class:`BatchItem` in completion order.
 
-        Never raises for one rollout (its item carries the error). The default
-        ``input_id`` is the payload's index, zero-padded to 6 digits (``"000017"``),
-        unless the payload's ``_rollout`` or ``rollout`` name one; ``rollout`` is as in
+        Never raises for one rollout (its item carries the error). Unless the payload's
+        ``_rollout`` or ``rollout`` name one, ``input_id`` is the payload's ``input_id`` or
+        ``id`` field, else its index zero-padded to 6 digits (``"000017"``); ``rollout`` is as in
         :meth:`invoke`, for each payload. The work runs in the client's task group and the
         loop only reads its items: leaving the loop early stops every live session the
         batch started (at once with ``aclosing``, else when the dropped generator is

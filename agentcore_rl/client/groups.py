@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 from agentcore_rl.client.batch import Feed, Prepare, feed_and_read
 from agentcore_rl.client.config import MOVED_CALL_OPTIONS
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.payload import rollout_extras
+from agentcore_rl.client.payload import default_input_id, rollout_extras
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
 from agentcore_rl.errors import (
@@ -407,7 +407,9 @@ async def run_groups(
     (and logged) by the runner, not yielded; leaving the loop stops the rest."""
 
     async def start(feed: Feed, index: int, payload: Mapping[str, Any]) -> None:
-        fut = await runner.open(payload, default_input_id=f"{index:06d}", **options)
+        fut = await runner.open(
+            payload, default_input_id=default_input_id(payload, index), **options
+        )
         feed.watch(fut)
 
     opened = feed_and_read(runner.service, payloads, start, name="groups", what="run_groups")
@@ -484,9 +486,9 @@ class GroupMethods:
         groups in completion order.
 
         Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
-        (and logged). The default ``input_id`` is the payload's index, zero-padded to 6
-        digits, unless its ``_rollout`` names one. The work runs in the client's task group,
-        as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
+        (and logged). Unless its ``_rollout`` names one, a group's ``input_id`` is the
+        payload's ``input_id`` or ``id`` field, else its index zero-padded to 6 digits. The
+        work runs in the client's task group, as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
         """
         self._groups.service.check_open()
         check_config_types(("rules", rules, GroupRules))

@@ -21,6 +21,21 @@ __all__ = [
 _NO_EXTRAS: Mapping[str, Any] = {}
 
 
+def default_input_id(payload: Mapping[str, Any], index: int) -> str:
+    """A batch or group item's name when its ``_rollout`` has none: the payload's own
+    ``input_id`` or ``id`` when it fits a key (as ``agentcore-rl eval`` names inputs), else
+    its index, zero-padded (``"000017"``)."""
+    for name in (protocol.INPUT_ID, "id"):
+        value = payload.get(name)
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            text = str(value)
+            if len(text) <= protocol.MAX_KEY_PART_LENGTH and protocol.KEY_PART_PATTERN.fullmatch(
+                text
+            ):
+                return text
+    return f"{index:06d}"
+
+
 def rollout_extras(value: object) -> Mapping[str, Any]:
     """Check a ``rollout=`` argument: a mapping of ``_rollout`` keys (None: no keys)."""
     if value is None:

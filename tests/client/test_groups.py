@@ -82,6 +82,20 @@ async def test_run_groups_yields_whole_groups_in_completion_order(
     assert all(len(g.members) == 2 for g in seen)
 
 
+async def test_run_groups_names_a_group_by_its_payloads_id_as_eval_does(
+    make_client: ClientFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client()
+    payloads = [member(rewards=[1.0], id="q-7"), member(rewards=[1.0], input_id=12), member()]
+    rules = GroupRules(n=2, filter_uniform=True)
+    groups = [g async for g in client.run_groups(payloads, rules=rules, timeout=10)]
+    assert groups == []
+    dropped = sorted(
+        r.getMessage().split("'")[1] for r in caplog.records if "dropped" in r.getMessage()
+    )
+    assert dropped == ["000002", "12", "q-7"]
+
+
 async def test_a_failed_member_is_retried_in_a_fresh_session(
     make_client: ClientFactory, recorder: Recorder
 ) -> None:
