@@ -113,12 +113,14 @@ class Progress:
             total=total, initial=initial, unit="rollout", disable=not enabled, **_bar_shape()
         )
         self.failed = 0
+        self.rollouts = 0
         self.rewards: list[float] = []
 
     def update(self, record: Mapping[str, Any]) -> None:
         """One results line more (a group's counts each of its members)."""
         for line in record.get("members") or [record]:
             outcome = outcome_of(line)
+            self.rollouts += 1
             self.failed += outcome in ("failed", "timeout")
             if outcome == "done" and line.get("reward") is not None:
                 self.rewards.append(line["reward"])
@@ -457,5 +459,6 @@ async def run_eval(
         journal.record_unstopped(client.unstopped_sessions)
         if engine is not None:
             engine.bar.close()
+            run.ran = engine.bar.rollouts
         journal.close()
         run.wall_seconds = time.monotonic() - started

@@ -81,7 +81,8 @@ def _cost_line(cost: Mapping[str, Any]) -> str:
     if cost["usd"] is None:
         return "- (no envelope carried CPU or memory figures; see docs/cli.md)"
     parts = [f"{k[:-4]} {_usd(cost[k])}" for k in ("cpu_usd", "memory_usd", "model_usd") if cost[k]]
-    return f"{_usd(cost['usd'])} for {cost['rollouts']} rollouts ({', '.join(parts)}; docs/cli.md)"
+    n, where = cost["rollouts"], "; ".join(filter(None, [", ".join(parts), "docs/cli.md"]))
+    return f"{_usd(cost['usd'])} for {n} rollout{'s' * (n != 1)} ({where})"
 
 
 def _group_line(data: Mapping[str, Any]) -> str:
@@ -151,12 +152,14 @@ class EvalRun:
     resumed: int = 0  # inputs an earlier run had finished
     trajectories_missing: int = 0  # done rollouts whose trace an earlier run left unread
     groups: dict[str, Any] | None = None  # the demo's group phase, which writes no file
+    ran: int | None = None  # rollouts this run finished (None: all the file has)
 
 
 def render(s: Mapping[str, Any], run: EvalRun) -> str:
     """The summary of a run, its figures ``s`` read from its files, as a small aligned table."""
     total = s["done"] + s["failed"] + s["timeout"]
     wall = run.wall_seconds
+    ran = total if run.ran is None else run.ran  # after --resume: this run's, in its time
     rewards = s["rewards"]
     mean = f"{s['mean_reward']:.3f} ({len(rewards)} finished)" if rewards else None
     rows = [
@@ -177,7 +180,7 @@ def render(s: Mapping[str, Any], run: EvalRun) -> str:
         ("latency p50", _num(s["latency_p50"], ".2f", " s")),
         ("latency p95", _num(s["latency_p95"], ".2f", " s")),
         ("wall time", _num(wall, ".1f", " s")),
-        ("throughput", _num(total / wall if wall > 0 else None, ".1f", " rollouts/s")),
+        ("throughput", _num(ran / wall if wall > 0 else None, ".1f", " rollouts/s")),
         ("S3 requests per rollout", _num(run.s3_requests / total if total else None, ".2f")),
     ]
     if s["trajectories"] or run.trajectories_missing:

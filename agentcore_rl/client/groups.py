@@ -488,7 +488,8 @@ class GroupMethods:
         Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
         (and logged). Unless its ``_rollout`` names one, a group's ``input_id`` is the
         payload's ``input_id`` or ``id`` field, else its index zero-padded to 6 digits. The
-        work runs in the client's task group, as :meth:`run_batch`'s does; leaving the loop stops the groups still running.
+        work runs in the client's task group, as :meth:`run_batch`'s does; leaving the loop
+        stops the groups still running.
         """
         self._groups.service.check_open()
         check_config_types(("rules", rules, GroupRules))

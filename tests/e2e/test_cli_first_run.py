@@ -87,6 +87,9 @@ async def test_summary_after_resume_covers_the_whole_results_file(
     for printed in (first, again):
         assert re.search(r"\nrollouts +3\n", printed)
         assert re.search(rf"\nmean reward +{sum(rewards) / 3:.3f} \(3 finished\)", printed)
+        assert "(;" not in printed
+    # Throughput is this run's rollouts in this run's time: the last one ran none.
+    assert re.search(r"\nthroughput +0\.0 rollouts/s\n", again)
     # Every line has its cost estimate (the runtime from the envelope) and its end time.
     assert all(r["cost"]["runtime_s"] is not None and r["ended_at"] for r in records)
 
