@@ -21,7 +21,7 @@ from agentcore_rl._unwrap import raise_unwrapped
 from agentcore_rl.cli.cost import Prices, price, trace_messages, trace_tokens, usage_of
 from agentcore_rl.cli.eval_config import EvalInput, EvalOptions
 from agentcore_rl.cli.journal import EvalJournal, JournalEntry, rows_path_for
-from agentcore_rl.cli.summary import EvalRun, outcome_of, pass_at_k, reward_of
+from agentcore_rl.cli.summary import EvalRun, correct, outcome_of, pass_at_k, reward_of
 from agentcore_rl.client import (
     AsyncRolloutClient,
     AwsConfig,
@@ -266,6 +266,7 @@ class EvalEngine:
         discarded = (
             [] if group is None else [_member(m, self.options.prices) for m in group.discarded]
         )
+        threshold = self.options.pass_threshold
         record: dict[str, Any] = {
             "input_id": item.input_id,
             "outcome": "done" if error is None else "dropped",
@@ -273,8 +274,9 @@ class EvalEngine:
             "n": None if group is None else group.n,
             "rewards": rewards,
             "reward": sum(rewards) / len(rewards) if rewards else None,
-            "pass@1": sum(1 for r in rewards if r > 0) / len(rewards) if rewards else None,
-            "pass@k": pass_at_k(rewards, len(rewards)) if rewards else None,
+            "pass@1": correct(rewards, threshold) / len(rewards) if rewards else None,
+            "pass@k": pass_at_k(rewards, len(rewards), threshold) if rewards else None,
+            "pass_threshold": threshold,
             "elapsed": round(time.monotonic() - t0, 4),
             "members": members,
             "discarded": discarded,
@@ -433,6 +435,11 @@ async def run_eval(
     started = time.monotonic()
     client = make_client(options)  # its refusals come before any file is touched
     await client.check_services()
+    if options.base_url is None and options.gateway_url is None:
+        logger.warning(
+            "no --base-url or --gateway-url: the agents get no _rollout.base_url, and an "
+            "OpenAI client in them falls back to its own default (the public OpenAI API)"
+        )
     # A group's trajectories go into its rows file instead.
     traced = options.gateway_url is not None and options.group_size is None
     journal = EvalJournal.open(options.out, resume=options.resume, trajectories=traced)

@@ -92,6 +92,7 @@ class EvalOptions:
     group_size: int | None = None  # None: one rollout per input, not a group
     redundancy: int = 0
     group_seed: int | None = None
+    pass_threshold: float | None = None  # None: a reward above 0 passes
     retry_lost: int | None = None  # None: the client's default
     retry_rollouts: int | None = None
     prices: Prices = field(default_factory=Prices)
@@ -109,5 +110,7 @@ class EvalOptions:
             )
         if self.gateway_admin_token is not None and self.gateway_url is None:
             raise ConfigurationError("--gateway-admin-token needs --gateway-url")
+        if self.pass_threshold is not None and self.group_size is None:
+            raise ConfigurationError("--pass-threshold needs --group-size")
         if self.redundancy and self.group_size is None:
             raise ConfigurationError("--redundancy needs --group-size")

@@ -236,6 +236,13 @@ def _eval(parser: argparse.ArgumentParser) -> None:
         help="with --group-size: start N+R members, keep the first N (default 0)",
     )
     parser.add_argument(
+        "--pass-threshold",
+        type=float,
+        metavar="R",
+        help="with --group-size: a member passes (pass@k) when its reward is at least R "
+        "(default: above 0)",
+    )
+    parser.add_argument(
         "--group-seed",
         type=int,
         metavar="S",

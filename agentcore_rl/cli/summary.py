@@ -1,6 +1,7 @@
 """The end-of-run summary of ``demo`` and ``eval``, from the run's files (``show.RunData``).
 
-A group member is correct when its reward is above 0; pass@k is the unbiased estimator
+A group member is correct when its reward is above 0, or at least the run's
+``--pass-threshold`` (each group line carries it); pass@k is the unbiased estimator
 1 - C(m - c, k) / C(m, k) over a group's m kept members, c correct.
 """
 
@@ -18,6 +19,7 @@ from agentcore_rl.groups import result_reward as reward_of
 __all__ = [
     "EvalRun",
     "average",
+    "correct",
     "failure_of",
     "group_figures",
     "outcome_of",
@@ -100,10 +102,15 @@ def _usd(value: float) -> str:
     return f"${value:.6f}" if value >= 5e-7 else "< $0.000001"
 
 
-def pass_at_k(rewards: Sequence[float], k: int) -> float:
-    """The unbiased pass@k of one group's rewards (correct: reward > 0)."""
+def correct(rewards: Sequence[float], threshold: float | None = None) -> int:
+    """How many rewards pass: above 0, or at least ``threshold`` when given."""
+    return sum(1 for r in rewards if (r > 0 if threshold is None else r >= threshold))
+
+
+def pass_at_k(rewards: Sequence[float], k: int, threshold: float | None = None) -> float:
+    """The unbiased pass@k of one group's rewards (correct: see :func:`correct`)."""
     m = len(rewards)
-    c = sum(1 for r in rewards if r > 0)
+    c = correct(rewards, threshold)
     k = min(k, m)
     if m - c < k:
         return 1.0
@@ -125,8 +132,9 @@ def group_figures(size: int, records: Iterable[Mapping[str, Any]]) -> dict[str, 
         whole += 1
         rewards = [float(r) for r in record.get("rewards") or ()]
         if rewards:
-            pass1.append(sum(1 for r in rewards if r > 0) / len(rewards))
-            passk.append(pass_at_k(rewards, size))
+            threshold = record.get("pass_threshold")
+            pass1.append(correct(rewards, threshold) / len(rewards))
+            passk.append(pass_at_k(rewards, size, threshold))
             mean = math.fsum(rewards) / len(rewards)
             spreads.append(math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards)))
             uniform += len(set(rewards)) <= 1

@@ -1,0 +1,97 @@
+"""Rough edges a new user hit on day one, each pinned: partial credit and pass@k, a
+forgotten --base-url, the cost line of one rollout, the report extra after ``make demo``,
+and the commands' help as docs/cli.md quotes it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from agentcore_rl.cli import main
+from agentcore_rl.cli.summary import EvalRun, group_figures, pass_at_k, render
+from agentcore_rl.local.policy import ScriptedPolicy
+from tests.e2e.test_cli_eval import REPO, _common, _stack, _write_problems
+
+
+def test_partial_credit_passes_only_at_the_threshold() -> None:
+    partial = [0.05, 0.39, 0.2, 1.0]
+    assert pass_at_k(partial, 1) == 1.0  # any reward above 0 passes by default
+    assert pass_at_k(partial, 1, threshold=0.5) == 0.25
+    lines = [{"outcome": "done", "rewards": partial, "pass_threshold": 0.5}]
+    figures = group_figures(4, lines)
+    assert figures["pass@1"] == 0.25
+    assert figures["pass@4"] == 1.0
+
+
+def test_pass_threshold_needs_groups(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "d.jsonl").write_text('{"id": "a"}\n')
+    argv = ["eval", str(tmp_path / "d.jsonl"), "--agent-url", "http://127.0.0.1:9"]
+    assert main([*argv, "--s3-bucket", "b-1", "--pass-threshold", "0.5"]) == 2
+    assert "--pass-threshold needs --group-size" in capsys.readouterr().err
+
+
+def test_one_rollouts_cost_line_has_no_empty_parts() -> None:
+    figures = {
+        **{k: 0 for k in ("done", "failed", "timeout", "reattached", "trajectories")},
+        "done": 1,
+        "failures": {},
+        "rewards": [1.0],
+        "mean_reward": 1.0,
+        "latency_p50": 0.1,
+        "latency_p95": 0.1,
+        "groups": None,
+        "cost": {"usd": 0.0, "cpu_usd": 0, "memory_usd": 0, "model_usd": 0, "rollouts": 1},
+    }
+    line = render(figures, EvalRun(wall_seconds=1.0)).splitlines()[-1]
+    assert line.endswith("for 1 rollout (docs/cli.md)")
+
+
+async def test_a_forgotten_base_url_is_named_before_the_first_rollout(
+    s3_endpoint: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with _stack(s3_endpoint, ScriptedPolicy()) as stack:
+        _write_problems(tmp_path / "in.jsonl", 1)
+        argv = _common(stack, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "nobase")
+        at = argv.index("--base-url")
+        del argv[at : at + 2]
+        with caplog.at_level(logging.WARNING):
+            await asyncio.to_thread(main, [*argv, "--agent-url", stack.agent_urls[0]])
+    assert any("no --base-url or --gateway-url" in r.getMessage() for r in caplog.records)
+
+
+def test_make_demo_installs_what_the_readmes_next_commands_need() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    demo_install = re.search(
+        r"\$\(DEMO_STAMP\):.*?pip install --quiet -e '\.\[(.*?)\]'", makefile, re.S
+    )
+    assert demo_install is not None
+    extras = set(demo_install.group(1).split(","))
+    readme = (REPO / "README.md").read_text()
+    if "agentcore-rl report" in readme:
+        assert "report" in extras
+    assert "local" in extras
+
+
+@pytest.mark.parametrize("command", ["demo", "eval", "up"])
+def test_docs_quote_each_options_default_as_help_says(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every option of the command is in docs/cli.md, and --out's default reads alike."""
+    assert main([command, "--help"]) == 0
+    help_text = capsys.readouterr().out
+    docs = (REPO / "docs/cli.md").read_text()
+    for option in set(re.findall(r"(--[a-z][a-z-]+)", help_text)) - {"--help"}:
+        assert option in docs, f"{command} {option} is not in docs/cli.md"
+    if command == "demo":
+        assert "~/.local/state/agentcore-rl/demo/results.jsonl" in "".join(help_text.split())
+
+
+def test_server_docs_name_every_rollout_field_the_client_sends() -> None:
+    from agentcore_rl.client.traces import API_KEY
+
+    table = (REPO / "docs/server.md").read_text()
+    assert f"`{API_KEY}`" in table
