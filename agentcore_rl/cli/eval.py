@@ -396,7 +396,7 @@ class EvalEngine:
             "error_type": None if error is None else type(error).__name__,
             "retryable": error is not None and is_retryable(error),
             "agent_lost": error is not None and is_agent_loss(error),
-            "attempts": 1 if future is None else future.attempts,
+            "attempts": getattr(error, "attempts", 1) if future is None else future.attempts,
             "losses": 0 if future is None else future.losses,
             "result": result,
             "ended_at": round(time.time(), 3),

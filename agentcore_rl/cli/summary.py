@@ -8,6 +8,7 @@ A group member is correct when its reward is above 0, or at least the run's
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,8 +45,13 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 _REASON_CHARS: Final = 90
 
 
+#: A session id in a message (48 hex digits, or a member's longer one): shown by its start.
+_SESSION_ID: Final = re.compile(r"\b([0-9a-f]{8})[0-9a-f-]{24,}\b")
+
+
 def _short(error: str) -> str:
-    line = " ".join(error.split())
+    # The cause comes after the session id: shorten the id, not the cause.
+    line = _SESSION_ID.sub(r"\1...", " ".join(error.split()))
     return line if len(line) <= _REASON_CHARS else line[: _REASON_CHARS - 3] + "..."
 
 

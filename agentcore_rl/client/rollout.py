@@ -281,8 +281,8 @@ class Rollouts:
             if not first:
                 await self.limiter.acquire(Priority.RETRY)
             result, error = await self._session(r, sid, attempt, task_status)
-            if isinstance(error, AgentLostError):
-                error.attempts = attempt
+            if error is not None:  # also an invocation never accepted: no future tells
+                setattr(error, "attempts", attempt)  # noqa: B010
             if error is None or not self._may_retry(r, error, attempt, losses):
                 return result, error
             if is_agent_loss(error):

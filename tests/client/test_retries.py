@@ -116,6 +116,25 @@ async def test_retries_are_bounded(
     assert recorder.sessions == []
 
 
+async def test_an_invocation_never_accepted_counts_its_sessions(
+    make_client: ClientFactory, proxy: tuple[FlakyProxy, str]
+) -> None:
+    """Refused in three sessions: the error says so (eval's results line copies it), and the
+    summary's short reason keeps the cause rather than the session id."""
+    from agentcore_rl.cli.summary import _short
+
+    flaky, url = proxy
+    flaky.failures = [500] * 9
+    client = make_client(agent_url=url, retries=quick_retries(rollouts=2))
+    with pytest.raises(InvocationError) as info:
+        await client.invoke({"n": 1})
+    assert getattr(info.value, "attempts", None) == 3
+    assert len(flaky.seen) == 9
+    short = _short(str(info.value))
+    assert "injected 500" in short, short
+    assert info.value.session_id not in short
+
+
 async def test_a_retry_after_a_lost_answer_is_marked_repeat_and_runs_once(
     make_client: ClientFactory, proxy: tuple[FlakyProxy, str], recorder: Recorder
 ) -> None:
