@@ -50,6 +50,7 @@ class LoopLag:
         self._clock = clock
         self._sleep = sleep
         self._late = 0  # measurements in a row over the threshold
+        self._told_blocked = False
         self.refused = 0
 
     @property
@@ -71,6 +72,16 @@ class LoopLag:
         was = self.overloaded
         over = self.threshold is not None and lag > self.threshold
         self._late = self._late + 1 if over else 0
+        if over and not self._told_blocked:
+            # Once: a handler that blocks does so on every rollout, and each waits for it.
+            self._told_blocked = True
+            logger.warning(
+                "event loop blocked for %.2f s: a blocking call in an async handler (time.sleep, "
+                "a synchronous HTTP client, heavy CPU) holds up every other rollout meanwhile; "
+                "make the handler a plain def (it runs in a worker thread) or await "
+                "asyncio.to_thread(...) around the call",
+                lag,
+            )
         if self.overloaded and not was:
             logger.warning(
                 "event loop %.2f s behind: refusing new invocations (503, Retry-After)", lag

@@ -4,9 +4,11 @@ and Retry-After (the client's cue to pause), never left to queue or be reset."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import anyio
+import pytest
 
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import FaultChecks, SpoolConfig
@@ -34,6 +36,26 @@ async def test_loop_lag_past_the_threshold_is_overload() -> None:
     # One late wake-up (a blocking call) is not overload; two in a row are.
     assert seen == [(2.5, False), (0.5, False), (2.5, False), (3.0, True), (0.25, False)]
     assert not LoopLag(None).overloaded
+
+
+async def test_a_blocked_loop_is_named_once_with_the_way_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A blocking call in an async handler serialises the rollouts: said once, at WARNING."""
+    clock = FakeClock(0.0)
+
+    async def sleep(seconds: float) -> None:
+        clock.advance(seconds + 6.5)  # a 6.5 s time.sleep() in a handler
+        await anyio.lowlevel.checkpoint()
+
+    lag = LoopLag(1.0, interval=0.25, clock=clock, sleep=sleep)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            await lag.measure()
+    told = [r.getMessage() for r in caplog.records if "blocked" in r.getMessage()]
+    assert len(told) == 1
+    assert "event loop blocked for 6.50 s" in told[0]
+    assert "asyncio.to_thread" in told[0]
 
 
 class ScriptedLag:
