@@ -77,8 +77,43 @@ def _segment(seg: dict[str, Any]) -> dict[str, Any]:
     return {**seg, "runs": runs, "generated": generated, "versions": versions}
 
 
+def _metrics(run: RunData) -> dict[str, float]:
+    """The mean of each number (or flag) the agents returned in ``metrics``, over the done
+    rollouts that have it; a rollout's own values are in its envelope."""
+    values: dict[str, list[float]] = {}
+    for r in run.rollouts:
+        found = (r.envelope or {}).get("metrics") if r.outcome == "done" else None
+        for name, value in found.items() if isinstance(found, dict) else ():
+            if isinstance(value, int | float):
+                values.setdefault(str(name), []).append(float(value))
+    return {name: sum(v) / len(v) for name, v in sorted(values.items())}
+
+
+def _groups(run: RunData) -> list[dict[str, Any]]:
+    """A group run's prompts: rewards, pass@1 / pass@k, uniform, why dropped."""
+    return [
+        {
+            **record,
+            "uniform": len(set(record.get("rewards") or ())) == 1,
+            "k": record.get("n") or len(record.get("rewards") or ()),
+        }
+        for record in run.records
+        if isinstance(record.get("members"), list)
+    ]
+
+
 def _view(run: RunData) -> dict[str, Any]:
-    return {"name": run.path.stem, "path": run.path, "s": run.summary(), "rollouts": run.rollouts}
+    # The experiment id names the run (every envelope carries it); else the file's name.
+    exp_ids = (r.envelope.get("exp_id") for r in run.rollouts if r.envelope)
+    name = next((e for e in exp_ids if isinstance(e, str) and e), run.path.stem)
+    return {
+        "name": name,
+        "path": run.path,
+        "s": run.summary(),
+        "rollouts": run.rollouts,
+        "metrics": _metrics(run),
+        "groups": _groups(run),
+    }
 
 
 def _by_input(run: RunData) -> dict[str, float | None]:

@@ -1,6 +1,7 @@
 """Day one with your own agent, as a user runs it (the real CLI in subprocesses): a new agent
 module and a policy function beside a JSONL, ``agentcore-rl up`` and ``agentcore-rl eval
---group-size 4``; the groups have a reward spread, and Ctrl-C on ``up`` leaves nothing."""
+--group-size 4``; the groups have a reward spread, ``report`` shows the agent's metrics and
+the groups, and Ctrl-C on ``up`` leaves nothing."""
 
 from __future__ import annotations
 
@@ -89,6 +90,13 @@ async def test_up_then_eval_in_two_commands_with_a_policy_function(tmp_path: Pat
         # The policy function samples members apart: not every group is uniform.
         assert any(len(set(g["rewards"])) > 1 for g in groups)
         assert "pass@4" in done.stdout
+        report = await asyncio.to_thread(_cli, tmp_path, "report", "r.jsonl", "-o", "r.html")
+        assert report.returncode == 0, report.stderr
+        page = (tmp_path / "r.html").read_text()
+        assert 'data-k="metric-right"' in page  # the agent's own metrics, summed up
+        assert "<th>chars</th>" in page  # and a column each in the rollouts' table
+        assert page.count("<tr><td>w") == len(words)  # a row per group
+        assert "<title>agentcore-rl report: eval-" in page  # the experiment id
         process.send_signal(signal.SIGINT)
         rest = (await asyncio.wait_for(process.communicate(), 60))[1].decode()
     finally:
