@@ -48,7 +48,8 @@ async def run_up(options: argparse.Namespace) -> int:
             f"  gateway  {stack.gateway_url} (records every model call's tokens)\n"
             f"  state    {state}\n"
             f"run: {PROG} eval DATA.jsonl [--group-size 4]; in Python: "
-            "AsyncRolloutClient(exp_id=..., **running_stack()); Ctrl-C stops everything",
+            "AsyncRolloutClient(exp_id=..., **agentcore_rl.local.running_stack()); "
+            "Ctrl-C stops everything",
             file=sys.stderr,
             flush=True,
         )

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from agentcore_rl.local.embedded_s3 import EmbeddedS3
     from agentcore_rl.local.policy import ScriptedPolicy
     from agentcore_rl.local.runtime import LocalAgentCoreRuntime
-    from agentcore_rl.local.stack import LocalStack
+    from agentcore_rl.local.stack import LocalStack, running_stack
 
 # What importing needs; the embedded S3 names the extra again for moto when it starts.
 require("local", "agentcore_rl.local", "starlette", "uvicorn", "httpx")
@@ -33,6 +33,7 @@ _HOMES = {
     "LocalAgentCoreRuntime": "runtime",
     "LocalStack": "stack",
     "ScriptedPolicy": "policy",
+    "running_stack": "stack",
 }
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "LocalAgentCoreRuntime",
     "LocalStack",
     "ScriptedPolicy",
+    "running_stack",
 ]
 
 

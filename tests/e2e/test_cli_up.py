@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from agentcore_rl import AsyncRolloutClient
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.local.stack import running_stack
+from agentcore_rl.local import running_stack
 
 AGENT = """
 from openai import AsyncOpenAI
@@ -80,7 +81,10 @@ async def test_up_then_eval_in_two_commands_with_a_policy_function(tmp_path: Pat
     process, banner = await _start_up(tmp_path)
     try:
         assert "rev_policy:play" in banner
-        assert running_stack()["s3_bucket"] == "agentcore-rl-local"
+        # The Python client in one line, through the same gateway and runtime.
+        async with AsyncRolloutClient(exp_id="py", **running_stack()) as client:
+            result = await client.rollout({"word": "abc"})
+        assert result["metrics"]["chars"] == 3
         done = await asyncio.to_thread(
             _cli, tmp_path, "eval", "words.jsonl", "--group-size", "4", "--out", "r.jsonl"
         )
