@@ -35,6 +35,11 @@ __all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app", "running_stack", "s
 DEFAULT_LOCAL_BUCKET: Final = "agentcore-rl-local"
 #: Credentials for embedded S3: moto accepts any, and fake ones can never reach AWS.
 _FAKE_CREDENTIALS: Final = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+#: What a running stack's state file says (``save_state``), besides its pid and environment.
+_STATE_FIELDS: Final = (
+    *("bucket", "agent_runtime_arn", "runtime_endpoint_url", "s3_endpoint_url", "agent_urls"),
+    *("policy_base_url", "policy_model", "gateway_url", "gateway_admin_token"),
+)
 
 
 def _find_module(target: str) -> tuple[str, str, importlib.machinery.ModuleSpec]:
@@ -339,24 +344,8 @@ class LocalStack:
             running_stack(file)
             raise ConfigurationError(f"a stack is already running (its state: {file})")
         file.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "pid": os.getpid(),
-            "environment": dict(self.environment),
-            **{
-                name: getattr(self, name)
-                for name in (
-                    "bucket",
-                    "agent_runtime_arn",
-                    "runtime_endpoint_url",
-                    "s3_endpoint_url",
-                    "agent_urls",
-                    "policy_base_url",
-                    "policy_model",
-                    "gateway_url",
-                    "gateway_admin_token",
-                )
-            },
-        }
+        state = {name: getattr(self, name) for name in _STATE_FIELDS}
+        state.update(pid=os.getpid(), environment=dict(self.environment))
         # Owner-only: the gateway's admin token is in it.
         fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
