@@ -19,8 +19,8 @@ _TIMEOUT: Final = 2.0
 _READ_TIMEOUT: Final = 5.0
 #: The flag the gateway's token comes from (named in errors: the user typed it).
 _TOKEN_FLAG: Final = "--gateway-admin-token"
-#: Fail fast when S3 is unreachable instead of backing off for tens of seconds.
-_QUICK_S3_RETRY: Final = RetryPolicy(attempts=2, initial=0.2, maximum=1.0, jitter=0.1)
+#: Fail fast when S3 is unreachable: a check makes one attempt and never backs off.
+_QUICK_S3_RETRY: Final = RetryPolicy(attempts=1)
 # Key parts start with a letter or digit: listing this prefix proves the bucket readable.
 _PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 
