@@ -308,8 +308,9 @@ async def test_an_unreachable_gateway_fails_the_invocation_before_the_agent_runs
     s3_endpoint: str,
 ) -> None:
     async with _rig(s3_endpoint) as rig:
+        # Entering checks the gateway first (preflight); without that, the invocation does.
         async with rig.client(
-            gateway=GatewayConfig(url="http://127.0.0.1:9", admin_token=ADMIN)
+            gateway=GatewayConfig(url="http://127.0.0.1:9", admin_token=ADMIN), preflight=False
         ) as client:
             with pytest.raises(Exception, match="cannot reach the gateway"):
                 await client.invoke(PROBLEM, input_id="q-u")
