@@ -88,9 +88,10 @@ async def test_up_then_eval_in_two_commands_with_a_policy_function(tmp_path: Pat
         done = await asyncio.to_thread(
             _cli, tmp_path, "eval", "words.jsonl", "--group-size", "4", "--out", "r.jsonl"
         )
-        assert done.returncode == 0, done.stderr
+        # 1: a member attempt failed and was run again (a loaded machine's 503s); kept apart.
+        assert done.returncode in (0, 1), done.stderr
         groups = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
-        assert len(groups) == len(words)
+        assert [g["outcome"] for g in groups] == ["done"] * len(words), done.stdout
         # The policy function samples members apart: not every group is uniform.
         assert any(len(set(g["rewards"])) > 1 for g in groups)
         assert "pass@4" in done.stdout

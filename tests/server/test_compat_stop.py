@@ -103,6 +103,7 @@ async def test_the_stopper_counts_unsupported_stops_apart_from_failures(
         retries=Retries(call=RetryPolicy(attempts=1)),
         liveness=LivenessConfig(lease=None),
         aws=AwsConfig(s3_endpoint_url="http://127.0.0.1:9"),  # never called
+        preflight=False,  # which checks S3 first
     )
     async with client:
         for _ in range(3):
