@@ -26,15 +26,18 @@ from agentcore_rl.client import (
     AsyncRolloutClient,
     AwsConfig,
     GatewayConfig,
+    InfraStop,
     Limits,
     LivenessConfig,
     Retries,
     RolloutFuture,
     Timeouts,
 )
-from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
+from agentcore_rl.client.outcomes import failure_kind, is_agent_loss, is_retryable
 from agentcore_rl.errors import (
     ClientClosedError,
+    InfraFailureRateError,
+    RewardError,
     RolloutError,
     RolloutTimeoutError,
     StorageError,
@@ -89,6 +92,7 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
             s3_endpoint_url=options.s3_endpoint_url,
         ),
         gateway=gateway,
+        infra_stop=None if options.infra_stop is None else InfraStop(share=options.infra_stop),
     )
 
 
@@ -141,6 +145,7 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
         "zeroed": m.zeroed,
         "drop_reason": None if m.drop_reason is None else m.drop_reason.value,
         "error": m.error,
+        "failure_kind": None if m.failure_kind is None else m.failure_kind.value,
         "cost": price(usage_of({"result": m.result}), prices),
         "result": m.result,
     }
@@ -240,8 +245,8 @@ class EvalEngine:
                     resume=self.journal.groups.get(item.input_id),
                 )
             group = await fut
-        except ClientClosedError:
-            raise  # interrupted: the journal has what --resume needs
+        except (ClientClosedError, InfraFailureRateError):
+            raise  # interrupted or stopped: the journal has what --resume needs
         except Exception as exc:  # the run goes on
             self._record_group(item, None, exc, t0)
             return
@@ -277,6 +282,7 @@ class EvalEngine:
             "discarded": discarded,
             "error": None if error is None else str(error),
             "error_type": None if error is None else type(error).__name__,
+            "failure_kind": getattr(failure_kind(error), "value", None),
         }
         self.journal.record_outcome(record)
         self.bar.update(record)
@@ -293,6 +299,8 @@ class EvalEngine:
             future = await self.client.invoke(
                 item.payload, input_id=item.input_id, on_session=partial(self._journaled, item)
             )
+        except InfraFailureRateError:
+            raise  # the run stops: this input was not started
         except Exception as exc:  # refused, or never reached: nothing runs
             self._finish(item.input_id, "failed", error=exc, elapsed=time.monotonic() - t0)
             return
@@ -323,7 +331,10 @@ class EvalEngine:
         except Exception as exc:
             self._finish(input_id, "failed", future, entry, error=exc)
         else:
-            self._finish(input_id, "done", future, entry, result=result)
+            problem = protocol.reward_problem(result, required=True)  # a score needs one
+            error = None if problem is None else RewardError(problem)
+            outcome = "done" if error is None else "failed"
+            self._finish(input_id, outcome, future, entry, result=result, error=error)
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled: within its deadline re-sent as a repeat
@@ -389,6 +400,7 @@ class EvalEngine:
             "reattached": entry is not None,
             "error": None if error is None else str(error),
             "error_type": None if error is None else type(error).__name__,
+            "failure_kind": getattr(failure_kind(error), "value", None),
             "retryable": error is not None and is_retryable(error),
             "agent_lost": error is not None and is_agent_loss(error),
             "attempts": 1 if future is None else future.attempts,

@@ -94,6 +94,7 @@ class EvalOptions:
     group_seed: int | None = None
     retry_lost: int | None = None  # None: the client's default
     retry_rollouts: int | None = None
+    infra_stop: float | None = 0.2  # the InfraStop share; None: off
     prices: Prices = field(default_factory=Prices)
 
     def __post_init__(self) -> None:
