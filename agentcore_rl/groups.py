@@ -513,9 +513,6 @@ class _Group:
             if a.drop_reason is None and (a.outcome is MemberOutcome.SUCCEEDED or a.zeroed)
         ]
 
-    def succeeded(self) -> int:
-        return sum(a.outcome is MemberOutcome.SUCCEEDED for a in self.kept())
-
     def oldest_version(self) -> int:
         """The oldest version among the attempts that are, or may still be, in the group.
 
@@ -751,7 +748,7 @@ class GroupTracker:
             self._counts.members_zeroed += 1
             return self._check_done(group)
         self._discard(attempt, reason)
-        reachable = group.succeeded() + len(group.active())
+        reachable = len(group.kept()) + len(group.active())  # zeroed members count too
         if reachable < rules.keep_at_least:
             detail = f"at most {reachable} of the {rules.keep_at_least} members needed can succeed"
             return self._drop(group, DropReason.TOO_FEW_MEMBERS, detail)

@@ -159,7 +159,8 @@ def failure_kind(exc: BaseException | None) -> FailureKind | None:
         return FailureKind.AGENT
     if isinstance(exc, RewardError):
         return FailureKind.REWARD
-    if isinstance(exc, ValueError):  # the payload or a setting: the caller's input
+    refused = isinstance(exc, InvocationError) and not is_retryable(exc) and exc.status_code
+    if refused or isinstance(exc, ValueError):  # the agent refused the input (4xx), or we did
         return FailureKind.AGENT
     return FailureKind.INFRA
 
