@@ -83,7 +83,7 @@ def test_the_window_stops_past_its_share_of_infra_failures_and_names_the_causes(
 
 async def test_outcomes_carry_their_kind_end_to_end(make_client: ClientFactory) -> None:
     client = make_client(retries=quick_retries(rollouts=0))
-    payloads = [
+    payloads: list[dict[str, Any]] = [
         {"mode": "raise"},  # the agent's own failure
         {"mode": "infra"},  # the handler raised InfraError
         {"mode": "result", "result": {"rewards": ["1.0"]}},
