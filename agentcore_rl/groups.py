@@ -114,8 +114,10 @@ class GroupRules:
     ``"drop_group"``; an ``infra`` or ``reward`` failure is never zeroed: it is left out,
     as under ``"drop_member"``. ``filter_uniform`` drops a
     group whose rewards are all equal: it carries no learning signal. ``member_seed``
-    gives each attempt its own ``_rollout.seed`` (``member_seed + attempt * (n +
-    redundancy) + index``): a seed shared by every member would make them sample alike.
+    gives each draw of a member its own ``_rollout.seed`` (``member_seed + draw * (n +
+    redundancy) + index``): a seed shared by every member would make them sample alike. A
+    retry after an ``infra`` failure is the same draw again (it never got a fair run), any
+    other retry the next one.
 
     Example::
 
@@ -408,13 +410,15 @@ class StaleGroupError(GroupDroppedError):
 
 @dataclass(frozen=True, kw_only=True)
 class StartMember:
-    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``."""
+    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``;
+    ``draw`` counts its earlier attempts that were not ``infra`` failures (its seed's)."""
 
     input_id: str
     index: int
     attempt: int
     session_id: str
     policy_version: int | None
+    draw: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -823,12 +827,14 @@ class GroupTracker:
         group.attempts.append(attempt)
         self._by_session[session_id] = (group, attempt)
         self._counts.members_started += 1
+        earlier = [a.failure_kind for a in group.attempts if a.index == index]
         return StartMember(
             input_id=group.input_id,
             index=index,
             attempt=attempt_no,
             session_id=session_id,
             policy_version=self._version,
+            draw=sum(kind is not None and kind not in _INFRA_BUDGET for kind in earlier),
         )
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:

@@ -529,6 +529,8 @@ def test_infra_failures_have_their_own_retries_and_are_never_zeroed() -> None:
     [a1] = starts(tracker.failed(sids[1], "ValueError: bad tool call"))
     [a2] = starts(tracker.failed(a1.session_id, "agent lost", kind=FailureKind.INFRA))
     [a3] = starts(tracker.failed(a2.session_id, "throttled", kind=FailureKind.INFRA))
+    # An infra retry is the same draw again (its seed's): it never got a fair run.
+    assert [a1.draw, a2.draw, a3.draw] == [1, 1, 1]
     # The infra budget is spent: left out, not zeroed, though the rule is "zero".
     assert tracker.failed(a3.session_id, "InfraError", kind=FailureKind.INFRA) == []
     tracker.succeeded(sids[0], 1.0)

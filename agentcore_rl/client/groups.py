@@ -266,8 +266,9 @@ class GroupRunner:
             overrides[POLICY_VERSION_KEY] = action.policy_version
         seed = run.future.rules.member_seed
         if seed is not None:
-            # One seed per attempt: members (and retries) sample differently.
-            overrides[SEED_KEY] = seed + action.attempt * run.future.rules.starts + action.index
+            # One seed per draw: members (and retries) sample differently; an infra retry is
+            # the same draw again.
+            overrides[SEED_KEY] = seed + action.draw * run.future.rules.starts + action.index
         body, config = self.prepare(run.payload, input_id=run.input_id, overrides=overrides)
         resumed = run.resumed.get(sid)
 
