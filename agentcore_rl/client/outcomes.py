@@ -207,9 +207,10 @@ class InfraWindow:
     def record(self, exc: BaseException | None) -> None:
         """One session's outcome (a stop is left out: it says nothing of the infrastructure)."""
         kind = failure_kind(exc)
-        if kind is not FailureKind.STOPPED:
-            infra = exc is not None and kind is FailureKind.INFRA
-            self._recent.append(failure_cause(exc) if infra else None)  # type: ignore[arg-type]
+        if exc is not None and kind is FailureKind.INFRA:
+            self._recent.append(failure_cause(exc))
+        elif kind is not FailureKind.STOPPED:
+            self._recent.append(None)
 
     def check(self) -> None:
         """Raise :class:`InfraFailureRateError` when the infrastructure failures among the
