@@ -38,7 +38,14 @@ import anyio
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
+from agentcore_rl.client import (
+    AsyncRolloutClient,
+    AwsConfig,
+    GatewayConfig,
+    Limits,
+    LivenessConfig,
+    Timeouts,
+)
 from agentcore_rl.client.outcomes import UPSTREAM_FAILED
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.groups import GroupRules, RolloutGroup
@@ -183,6 +190,8 @@ async def run_once(
             timeouts=Timeouts(rollout=args.timeout),
             aws=AwsConfig(endpoint_url=acr.url, s3_endpoint_url=s3.url),
             gateway=GatewayConfig(url=gate.url, admin_token=TOKEN),
+            # Crashes found in about a second: the comparison, not detection, is measured.
+            liveness=LivenessConfig(probe_after=1.0, probe_interval=0.5, max_rate=50.0),
             infra_stop=None,  # the faults here are many, and meant
         )
         async with client, anyio.create_task_group() as tg:
@@ -194,25 +203,39 @@ async def run_once(
         stats, group_stats = client.stats, client.group_stats
     events = [json.loads(line) for line in log.read_text().splitlines() if line]
     ended = {(e["sid"], e["pid"]) for e in events if e["ev"] != "start"}
-    killed = sum(
-        1 for e in events if e["ev"] == "start" and e["pid"] in agents.killed_pids
-        and (e["sid"], e["pid"]) not in ended
-    )  # fmt: skip
+    started = {e["sid"] for e in events if e["ev"] == "start"}
+    injected = {
+        "lost": {
+            e["sid"] for e in events if e["ev"] == "start" and e["pid"] in agents.killed_pids
+            and (e["sid"], e["pid"]) not in ended
+        },
+        "infra_error": {e["sid"] for e in events if e["ev"] == "infra"},
+        "upstream": {e["sid"] for e in events if e["ev"] == "upstream"},
+    }  # fmt: skip
     members = [m for g in groups for m in (*g.members, *g.discarded)]
     infra = [m for m in members if m.failure_kind is FailureKind.INFRA]
+    counted: dict[str, set[str]] = {}
+    for m in infra:
+        counted.setdefault(cause(m), set()).add(m.session_id)
+    # A kill between an invocation's acceptance and its handler's start loses a session
+    # that never logged a start.
+    before_start = counted.get("lost", set()) - injected["lost"] - started
+    miscounted = {
+        k: {"injected": len(sids), "counted": len(counted.get(k, set()) - before_start)}
+        for k, sids in injected.items()
+        if counted.get(k, set()) - before_start != sids
+    }
     return {
         "groups": groups,
+        "miscounted": miscounted,
         "report": {
             "groups_whole": len(groups),
             "groups_dropped": group_stats.groups_dropped,
             "failures_by_kind": group_stats.failures,
             "zeroed_for_infra": sum(m.zeroed for m in infra),
-            "infra_by_cause": dict(Counter(cause(m) for m in infra)),
-            "injected_ending_a_session": {
-                "lost": killed,
-                "infra_error": sum(e["ev"] == "infra" for e in events),
-                "upstream": sum(e["ev"] == "upstream" for e in events),
-            },
+            "infra_by_cause": {k: len(v) for k, v in counted.items()},
+            "injected_ending_a_session": {k: len(v) for k, v in injected.items()},
+            "lost_before_the_handler_started": len(before_start),
             "injected_absorbed": {
                 "s3_writes_failed": proxy.failed,
                 "invocations_500_429": sum(acr_faults.injected.values()),
@@ -247,13 +270,11 @@ async def main(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> 
     a, b = rows_by_group(clean["groups"]), rows_by_group(faulty["groups"])
     both = sorted(set(a) & set(b))
     differ = [g for g in both if a[g] != b[g]]
-    injected, counted = (
-        faulty["report"]["injected_ending_a_session"],
-        faulty["report"]["infra_by_cause"],
-    )
-    miscounted = {k: (v, counted.get(k, 0)) for k, v in injected.items() if counted.get(k, 0) != v}
+    miscounted = faulty["miscounted"]
     # What else failed for infrastructure: the crashes' side effects (an agent restarting
     # refuses connections), none of them a fault of the agent's.
+    counted = faulty["report"]["infra_by_cause"]
+    injected = faulty["report"]["injected_ending_a_session"]
     side_effects = {k: v for k, v in counted.items() if k not in injected}
     tokens = sum(len(r["response_ids"]) for rows in b.values() for r in rows)
     return {
