@@ -46,6 +46,7 @@ Messages say what happened and what to do about it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -253,16 +254,12 @@ class InfraFailureRateError(AgentCoreRLError):
         self.counts = dict(counts)
         self.window = window
         self.share = share
-        causes = ", ".join(f"{n} {cause}" for cause, n in sorted(counts.items(), key=_by_count))
+        causes = ", ".join(f"{n} {cause}" for cause, n in Counter(counts).most_common())
         super().__init__(
             f"infrastructure failures in {sum(counts.values())} of the last {window} rollouts "
             f"({causes}), more than {share:.0%}: stopped before training on what survives; "
             "fix the cause and run again (eval: --resume)"
         )
-
-
-def _by_count(item: tuple[str, int]) -> tuple[int, str]:
-    return -item[1], item[0]
 
 
 class RolloutTimeoutError(AgentCoreRLError, TimeoutError):

@@ -152,9 +152,7 @@ def failure_kind(exc: BaseException | None) -> FailureKind | None:
         if said in FailureKind._value2member_map_:
             return FailureKind(said)
         if exc.error_type == protocol.ERROR_CANCELLED:  # a writer that does not say
-            ours = _cancelled_by_server(exc, "shutting down") or _cancelled_by_server(
-                exc, "lease lapsed"
-            )
+            ours = any(_cancelled_by_server(exc, w) for w in ("shutting down", "lease lapsed"))
             return FailureKind.INFRA if ours else FailureKind.STOPPED
         return FailureKind.AGENT
     if isinstance(exc, RewardError):
