@@ -32,9 +32,13 @@ Prints one JSON document; targets are zero for every count and crash detection <
 - ``liveness_quota_share``: status probes / all invocations the runtime received;
 - ``outage_wrong_failures``: outage-case rollouts that did not succeed.
 
+``--groups`` runs another case instead: a clean and a faulty grouped run compared row by
+row (benchmarks/chaos_groups.py).
+
 Example::
 
     python benchmarks/chaos.py                     # full size (a few minutes)
+    python -m benchmarks.chaos --groups --inputs 32 --n 4
     python benchmarks/chaos.py --inputs 40 --agents 2 --outage-rollouts 20 --outage 10
     python benchmarks/chaos.py --concurrency 1000 --inputs 6000 --tps 90 --client-tps 120 \
         --agents 16 --min-sleep 5 --max-sleep 20 --timeout 60

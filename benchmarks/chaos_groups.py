@@ -12,9 +12,12 @@ tokens of the same.
 
 Prints what it compared as JSON and exits 1 when a group both runs completed has rows that
 differ (rewards, advantages, tokens, masks, logprobs), when a member was zeroed for an
-``infra`` failure, or when an injected fault that ended a session was not counted exactly
-once under ``infra`` (faults absorbed by a retry inside the session - a call retried, a
-write retried - end none and are reported apart).
+``infra`` failure, or when a fault is not accounted for session by session: every session
+whose handler raised ``InfraError`` or failed on a 502 is a member failed with kind
+``infra`` for that cause (unless a kill lost it first), every member lost ran on a killed
+agent (or never started its handler), and no session killed mid-run is kept. Faults
+absorbed inside a session (a call or a write retried) end none and are reported apart, as
+are the crashes' side effects (an invocation failing while its agent restarts).
 
 Example::
 
@@ -202,29 +205,31 @@ async def run_once(
             tg.cancel_scope.cancel()
         stats, group_stats = client.stats, client.group_stats
     events = [json.loads(line) for line in log.read_text().splitlines() if line]
-    ended = {(e["sid"], e["pid"]) for e in events if e["ev"] != "start"}
+    on_killed = {e["sid"] for e in events if e["pid"] in agents.killed_pids}
     started = {e["sid"] for e in events if e["ev"] == "start"}
     injected = {
-        "lost": {
-            e["sid"] for e in events if e["ev"] == "start" and e["pid"] in agents.killed_pids
-            and (e["sid"], e["pid"]) not in ended
-        },
         "infra_error": {e["sid"] for e in events if e["ev"] == "infra"},
         "upstream": {e["sid"] for e in events if e["ev"] == "upstream"},
-    }  # fmt: skip
+    }
     members = [m for g in groups for m in (*g.members, *g.discarded)]
     infra = [m for m in members if m.failure_kind is FailureKind.INFRA]
     counted: dict[str, set[str]] = {}
     for m in infra:
         counted.setdefault(cause(m), set()).add(m.session_id)
     # A kill between an invocation's acceptance and its handler's start loses a session
-    # that never logged a start.
-    before_start = counted.get("lost", set()) - injected["lost"] - started
-    miscounted = {
-        k: {"injected": len(sids), "counted": len(counted.get(k, set()) - before_start)}
-        for k, sids in injected.items()
-        if counted.get(k, set()) - before_start != sids
-    }
+    # that never logged a start; a kill after the handler ended and before its envelope
+    # was written loses one that did (an InfraError or a 502 included).
+    lost = counted.get("lost", set())
+    unexplained = {
+        "lost": sorted((lost & started) - on_killed),
+        **{k: sorted(counted.get(k, set()) ^ (injected[k] - lost)) for k in injected},
+        "killed_mid_run_yet_kept": sorted(
+            {e["sid"] for e in events if e["ev"] == "start" and e["pid"] in agents.killed_pids}
+            - {e["sid"] for e in events if e["ev"] == "end"}
+            & {m.session_id for g in groups for m in g.members}
+        ),
+    }  # fmt: skip
+    miscounted = {k: v for k, v in unexplained.items() if v}
     return {
         "groups": groups,
         "miscounted": miscounted,
@@ -234,8 +239,11 @@ async def run_once(
             "failures_by_kind": group_stats.failures,
             "zeroed_for_infra": sum(m.zeroed for m in infra),
             "infra_by_cause": {k: len(v) for k, v in counted.items()},
-            "injected_ending_a_session": {k: len(v) for k, v in injected.items()},
-            "lost_before_the_handler_started": len(before_start),
+            "injected_ending_a_session": {
+                "sessions_on_killed_agents": len(on_killed),
+                "infra_error": len(injected["infra_error"]),
+                "upstream": len(injected["upstream"]),
+            },
             "injected_absorbed": {
                 "s3_writes_failed": proxy.failed,
                 "invocations_500_429": sum(acr_faults.injected.values()),
@@ -274,8 +282,9 @@ async def main(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> 
     # What else failed for infrastructure: the crashes' side effects (an agent restarting
     # refuses connections), none of them a fault of the agent's.
     counted = faulty["report"]["infra_by_cause"]
-    injected = faulty["report"]["injected_ending_a_session"]
-    side_effects = {k: v for k, v in counted.items() if k not in injected}
+    side_effects = {
+        k: v for k, v in counted.items() if k not in ("lost", "infra_error", "upstream")
+    }
     tokens = sum(len(r["response_ids"]) for rows in b.values() for r in rows)
     return {
         "inputs": args.inputs,

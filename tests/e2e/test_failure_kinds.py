@@ -100,6 +100,7 @@ async def test_each_failure_is_classified_in_the_results_summary_groups_and_repo
     report = tmp_path / "report.html"
     assert main(["report", str(out), "-o", str(report)]) == 0
     html = report.read_text()
+    assert "by kind: 1 agent, 1 infra, 2 reward</p>" in html
     for cause in ("agent: RolloutError (ValueError)", "reward: RolloutError",
                   "infra: RolloutError (InfraError)", "reward: RewardError"):  # fmt: skip
         assert f"<b>{cause}</b> &times; 1" in html
