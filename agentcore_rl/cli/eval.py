@@ -187,7 +187,10 @@ class EvalEngine:
                 for n in range(self.options.concurrency):
                     workers.start_soon(self._worker, work, name=f"eval worker {n}")
         except Exception as exc:  # the CLI maps a lone failure's type to an exit code
-            raise_unwrapped(exc)
+            # Workers admitted at once may meet the same stop: it is the run's one error.
+            grouped = getattr(exc, "exceptions", ())
+            stop = next((e for e in grouped if isinstance(e, InfraFailureRateError)), None)
+            raise_unwrapped(stop or exc)
 
     async def _worker(self, work: Iterator[tuple[JournalEntry | None, EvalInput]]) -> None:
         for entry, item in work:  # shared by the workers: each takes the next one
