@@ -304,6 +304,7 @@ async def main(args: argparse.Namespace, env: dict[str, str], workdir: Path) -> 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument_group("--groups").add_argument
     add("--n", type=int, default=4, help="members per group")
+    add("--crash-every", type=float, default=4.0, help="seconds between agent crashes")
     add("--retry-infra", type=int, default=6, help="GroupRules.retry_infra")
     add("--infra-fail", type=float, default=0.05, help="handlers raising InfraError")
     add("--upstream-fail", type=float, default=0.05, help="model calls answered 502")
