@@ -19,6 +19,9 @@ Every exception the library raises on purpose derives from :class:`AgentCoreRLEr
     │       │                       with the transports (:mod:`agentcore_rl.client.transports`)
     │       └── NotConnectedError   ... before any byte reached the agent
     ├── RolloutError                the agent ran and wrote an error envelope
+    ├── InfraError                  a handler's: a service it needs failed (not the agent)
+    ├── RewardError                 a handler's: the run finished, its reward cannot be had
+    ├── InfraFailureRateError       too many recent rollouts failed for infrastructure
     ├── RolloutTimeoutError         no result within the timeout (also TimeoutError)
     ├── ClientClosedError           the client was closed while the call was pending
     ├── GroupDroppedError           a GRPO group was dropped by its rules (``reason``);
@@ -43,6 +46,7 @@ Messages say what happened and what to do about it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,9 +60,12 @@ __all__ = [
     "ConfigurationError",
     "GatewayError",
     "GatewayInputError",
+    "InfraError",
+    "InfraFailureRateError",
     "InvalidPayloadError",
     "InvalidRolloutConfig",
     "InvocationError",
+    "RewardError",
     "RolloutError",
     "RolloutTimeoutError",
     "SharedLimitsUnavailableError",
@@ -207,6 +214,51 @@ class RolloutError(AgentCoreRLError):
         super().__init__(
             f"rollout {self.session_id} failed with status {self.status_code}"
             f" ({self.error_type or 'error'}): {reason}"
+        )
+
+
+class InfraError(AgentCoreRLError):
+    """Raised by a rollout handler when a service the rollout needs failed (a sandbox, a
+    tool backend, a judge): the rollout did not get a fair run, so it is retried in a new
+    session and never trained on (failure kind ``infra``).
+
+    Example::
+
+        except SandboxUnavailable as exc:
+            raise InfraError(f"sandbox down: {exc}") from exc
+    """
+
+
+class RewardError(AgentCoreRLError):
+    """Raised by a rollout handler whose run finished but whose reward cannot be computed
+    (failure kind ``reward``: never trained on as a zero).
+
+    Example::
+
+        raise RewardError("the judge answered without a score")
+    """
+
+
+class InfraFailureRateError(AgentCoreRLError):
+    """More than the allowed share of the recent rollouts failed for infrastructure, so the
+    run stopped admitting new ones. ``counts`` holds the failures by cause, out of
+    ``window`` rollouts.
+
+    Example::
+
+        except InfraFailureRateError as exc:
+            print(exc.counts)   # {"agent lost": 61, "throttled": 12}
+    """
+
+    def __init__(self, counts: Mapping[str, int], *, window: int, share: float) -> None:
+        self.counts = dict(counts)
+        self.window = window
+        self.share = share
+        causes = ", ".join(f"{n} {cause}" for cause, n in Counter(counts).most_common())
+        super().__init__(
+            f"infrastructure failures in {sum(counts.values())} of the last {window} rollouts "
+            f"({causes}), more than {share:.0%}: stopped before training on what survives; "
+            "fix the cause and run again (eval: --resume)"
         )
 
 

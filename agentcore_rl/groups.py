@@ -23,7 +23,7 @@ from typing import Any, Final, Literal, get_args
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
 from agentcore_rl.keywords import check_numbers, checked_init
-from agentcore_rl.protocol import validate_key_part
+from agentcore_rl.protocol import FailureKind, reward_problem, validate_key_part
 
 __all__ = [
     "Action",
@@ -74,6 +74,7 @@ class DropReason(str, Enum):
 
     Member reasons: ``RETRIED`` (failed, re-run in a fresh session), ``FAILED`` /
     ``TIMED_OUT`` (left out under ``on_failure="drop_member"``, or covered by a spare),
+    ``INFRA`` / ``REWARD`` (failed with that kind and left out: never zeroed),
     ``REDUNDANT`` (an extra beyond n, stopped). Group reasons: ``FAILED`` / ``TIMED_OUT``
     (``on_failure="drop_group"``), ``TOO_FEW_MEMBERS``, ``UNIFORM``, ``STALE``, ``CANCELLED``.
 
@@ -85,6 +86,8 @@ class DropReason(str, Enum):
     RETRIED = "retried"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
+    INFRA = "infra"
+    REWARD = "reward"
     REDUNDANT = "redundant"
     TOO_FEW_MEMBERS = "too_few_members"
     UNIFORM = "uniform"
@@ -101,14 +104,20 @@ class GroupRules:
     """How a group of ``n`` members is run and when it counts as whole.
 
     ``redundancy`` extra members start with the group; the first ``n`` to succeed are kept
-    and the rest are stopped. A failed or timed-out member is re-run up to ``retry`` times
-    in a fresh session, unless a spare still running covers it. What then remains failed
-    follows ``on_failure``: ``"drop_member"`` (the group resolves with its survivors if at
-    least ``min_members`` - capped at ``n`` - succeed), ``"zero"`` (the member stays with
-    reward 0 and its tokens masked out) or ``"drop_group"``. ``filter_uniform`` drops a
+    and the rest are stopped. A failed or timed-out member is re-run in a fresh session,
+    unless a spare still running covers it: up to ``retry_infra`` times after failures of
+    kind ``infra``, up to ``retry`` times after any other. What then remains failed follows
+    its kind (docs/groups.md has the table): an ``agent`` failure (and a timeout, unless
+    ``on_timeout`` says otherwise) follows ``on_failure``: ``"drop_member"`` (the group
+    resolves with its survivors if at least ``min_members`` - capped at ``n`` - succeed),
+    ``"zero"`` (the member stays with reward 0 and its tokens masked out) or
+    ``"drop_group"``; an ``infra`` or ``reward`` failure is never zeroed: it is left out,
+    as under ``"drop_member"``. ``filter_uniform`` drops a
     group whose rewards are all equal: it carries no learning signal. ``member_seed``
-    gives each attempt its own ``_rollout.seed`` (``member_seed + attempt * (n +
-    redundancy) + index``): a seed shared by every member would make them sample alike.
+    gives each draw of a member its own ``_rollout.seed`` (``member_seed + draw * (n +
+    redundancy) + index``): a seed shared by every member would make them sample alike. A
+    retry after an ``infra`` failure is the same draw again (it never got a fair run), any
+    other retry the next one.
 
     Example::
 
@@ -118,19 +127,22 @@ class GroupRules:
     n: int
     redundancy: int = 0
     retry: int = 1
+    retry_infra: int = 3
     on_failure: OnFailure = "drop_member"
+    on_timeout: OnFailure | None = None
     min_members: int = 2
     filter_uniform: bool = False
     member_seed: int | None = None
 
     def __post_init__(self) -> None:
         check_numbers(self, "n", "min_members", at_least=1, integer=True)
-        check_numbers(self, "redundancy", "retry", at_least=0, integer=True)
-        if self.on_failure not in get_args(OnFailure):
-            raise ConfigurationError(
-                f"on_failure must be one of {', '.join(get_args(OnFailure))}, "
-                f"got {self.on_failure!r}"
-            )
+        check_numbers(self, "redundancy", "retry", "retry_infra", at_least=0, integer=True)
+        for name in ("on_failure", "on_timeout"):
+            value = getattr(self, name)
+            if value not in get_args(OnFailure) and (name == "on_failure" or value is not None):
+                raise ConfigurationError(
+                    f"{name} must be one of {', '.join(get_args(OnFailure))}, got {value!r}"
+                )
         seed = self.member_seed
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise ConfigurationError(f"member_seed must be an integer or None, got {seed!r}")
@@ -222,15 +234,12 @@ def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[
 
 def result_reward(result: Any) -> float | None:
     """The reward of a result dict: the first of ``rewards: [r, ...]``, else ``reward: r``;
-    ``None`` when there is no finite number there.
+    ``None`` when there is none or it is not usable (``protocol.reward_problem`` says why).
     """
-    if not isinstance(result, Mapping):
+    if not isinstance(result, Mapping) or reward_problem(result, required=True):
         return None
     rewards = result.get("rewards")
-    value = rewards[0] if isinstance(rewards, list) and rewards else result.get("reward")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return float(rewards[0] if rewards else result["reward"])
 
 
 # --- Members and groups ---------------------------------------------------------------------
@@ -244,7 +253,8 @@ class GroupMember:
     ``on_failure="zero"`` (``zeroed`` is then true and its tokens train with mask 0) and
     ``None`` otherwise. ``trajectory`` is the captured token trajectory when a gateway is
     configured; ``result`` the agent's result envelope when there was one; ``error`` a
-    one-line description of a failure; ``drop_reason`` why the attempt is not in the group.
+    one-line description of a failure and ``failure_kind`` its kind; ``drop_reason`` why
+    the attempt is not in the group.
 
     Example::
 
@@ -261,6 +271,7 @@ class GroupMember:
     trajectory: Any = None
     result: Mapping[str, Any] | None = None
     error: str | None = None
+    failure_kind: FailureKind | None = None
     zeroed: bool = False
     drop_reason: DropReason | None = None
 
@@ -399,13 +410,15 @@ class StaleGroupError(GroupDroppedError):
 
 @dataclass(frozen=True, kw_only=True)
 class StartMember:
-    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``."""
+    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``;
+    ``draw`` counts its earlier attempts that were not ``infra`` failures (its seed's)."""
 
     input_id: str
     index: int
     attempt: int
     session_id: str
     policy_version: int | None
+    draw: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -420,6 +433,15 @@ class StopMember:
 #: What the tracker answers an event with; a group's outcome (whole, or dropped) comes last.
 Action = StartMember | StopMember | RolloutGroup | GroupDroppedError
 
+#: A failed attempt's drop reason by kind (else ``FAILED``).
+_REASONS: Final = {
+    FailureKind.INFRA: DropReason.INFRA,
+    FailureKind.REWARD: DropReason.REWARD,
+    FailureKind.TIMEOUT: DropReason.TIMED_OUT,
+}
+#: Kinds retried on ``retry_infra``: the rollout did not get a fair run.
+_INFRA_BUDGET: Final = frozenset({FailureKind.INFRA, FailureKind.STOPPED})
+
 
 # --- Counters -------------------------------------------------------------------------------
 
@@ -428,7 +450,8 @@ Action = StartMember | StopMember | RolloutGroup | GroupDroppedError
 class GroupCounters:
     """A snapshot of what a tracker has decided so far.
 
-    ``members_dropped`` and ``groups_dropped`` count by :class:`DropReason` value;
+    ``members_dropped`` and ``groups_dropped`` count by :class:`DropReason` value,
+    ``failures`` every failed attempt by :class:`~agentcore_rl.FailureKind` value;
     ``ignored_events`` counts outcomes that arrived for an attempt already stopped or
     ended (a late result after a stop), which change nothing.
 
@@ -451,6 +474,7 @@ class GroupCounters:
     ignored_events: int = 0
     members_dropped: dict[str, int] = field(default_factory=dict)
     groups_dropped: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
 
 
 # --- State ----------------------------------------------------------------------------------
@@ -468,6 +492,7 @@ class _Attempt:
     trajectory: Any = None
     result: Mapping[str, Any] | None = None
     error: str | None = None
+    failure_kind: FailureKind | None = None
     zeroed: bool = False
     drop_reason: DropReason | None = None
 
@@ -491,9 +516,6 @@ class _Group:
             for a in self.attempts
             if a.drop_reason is None and (a.outcome is MemberOutcome.SUCCEEDED or a.zeroed)
         ]
-
-    def succeeded(self) -> int:
-        return sum(a.outcome is MemberOutcome.SUCCEEDED for a in self.kept())
 
     def oldest_version(self) -> int:
         """The oldest version among the attempts that are, or may still be, in the group.
@@ -551,6 +573,7 @@ class GroupTracker:
             groups_open=len(self._groups),
             members_dropped=dict(c.members_dropped),
             groups_dropped=dict(c.groups_dropped),
+            failures=dict(c.failures),
         )
 
     def is_open(self, input_id: str) -> bool:
@@ -599,19 +622,22 @@ class GroupTracker:
         session_id: str,
         error: BaseException | str,
         *,
+        kind: FailureKind = FailureKind.AGENT,
         trajectory: Any = None,
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
-        """This attempt failed (agent error, invocation error...): retry it or apply the rule."""
+        """This attempt failed with ``kind``: retry it or apply the rule for its kind."""
         if not isinstance(error, str):
             error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        return self._ended(session_id, MemberOutcome.FAILED, error, trajectory, result)
+        if kind is FailureKind.TIMEOUT:
+            return self.timed_out(session_id, trajectory=trajectory)
+        attempt_kind = (error, FailureKind(kind))
+        return self._ended(session_id, MemberOutcome.FAILED, attempt_kind, trajectory, result)
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
         """This attempt gave no result in time (the client stops its session itself)."""
-        return self._ended(
-            session_id, MemberOutcome.TIMED_OUT, "no result within the timeout", trajectory, None
-        )
+        why = ("no result within the timeout", FailureKind.TIMEOUT)
+        return self._ended(session_id, MemberOutcome.TIMED_OUT, why, trajectory, None)
 
     def cancel(self, input_id: str) -> list[Action]:
         """Give up a group (its future was cancelled, the client closes): stop and drop it."""
@@ -667,7 +693,7 @@ class GroupTracker:
         self,
         session_id: str,
         outcome: MemberOutcome,
-        reward_or_error: float | str,
+        reward_or_error: float | tuple[str, FailureKind],
         trajectory: Any,
         result: Mapping[str, Any] | None,
     ) -> list[Action]:
@@ -684,33 +710,49 @@ class GroupTracker:
             self._counts.members_succeeded += 1
             attempt.reward = reward_or_error
             return self._check_done(group)
-        error = attempt.error = reward_or_error
-        timed_out = outcome is MemberOutcome.TIMED_OUT
-        if timed_out:
+        error, kind = reward_or_error
+        attempt.error, attempt.failure_kind = error, kind
+        failures = self._counts.failures
+        failures[kind.value] = failures.get(kind.value, 0) + 1
+        if kind is FailureKind.TIMEOUT:
             self._counts.members_timed_out += 1
         else:
             self._counts.members_failed += 1
-        reason = DropReason.TIMED_OUT if timed_out else DropReason.FAILED
+        reason = _REASONS.get(kind, DropReason.FAILED)
         rules = group.rules
         needed = rules.n - len(group.kept())
         if len(group.active()) >= needed:
             # Spares still running can fill every open place: no retry needed.
             self._discard(attempt, reason)
             return self._check_done(group)
-        if attempt.attempt < rules.retry:
+        # Infrastructure failures have a budget of their own: they say nothing of the input.
+        infra = kind in _INFRA_BUDGET
+        same = [
+            a
+            for a in group.attempts
+            if a.index == attempt.index
+            and a.failure_kind is not None
+            and (a.failure_kind in _INFRA_BUDGET) == infra
+        ]
+        if len(same) <= (rules.retry_infra if infra else rules.retry):
             self._discard(attempt, DropReason.RETRIED)
             self._counts.members_retried += 1
             return [self._start(group, attempt.index, attempt.attempt + 1)]
-        if rules.on_failure == "drop_group":
+        rule = rules.on_failure
+        if kind is FailureKind.TIMEOUT and rules.on_timeout is not None:
+            rule = rules.on_timeout
+        elif kind not in (FailureKind.AGENT, FailureKind.TIMEOUT):
+            rule = "drop_member"  # infra and reward: never trained on, never a group's end
+        if rule == "drop_group":
             self._discard(attempt, reason)
             return self._drop(group, reason, error)
-        if rules.on_failure == "zero":
+        if rule == "zero":
             attempt.zeroed = True
             attempt.reward = 0.0
             self._counts.members_zeroed += 1
             return self._check_done(group)
         self._discard(attempt, reason)
-        reachable = group.succeeded() + len(group.active())
+        reachable = len(group.kept()) + len(group.active())  # zeroed members count too
         if reachable < rules.keep_at_least:
             detail = f"at most {reachable} of the {rules.keep_at_least} members needed can succeed"
             return self._drop(group, DropReason.TOO_FEW_MEMBERS, detail)
@@ -785,12 +827,14 @@ class GroupTracker:
         group.attempts.append(attempt)
         self._by_session[session_id] = (group, attempt)
         self._counts.members_started += 1
+        earlier = [a.failure_kind for a in group.attempts if a.index == index]
         return StartMember(
             input_id=group.input_id,
             index=index,
             attempt=attempt_no,
             session_id=session_id,
             policy_version=self._version,
+            draw=sum(kind is not None and kind not in _INFRA_BUDGET for kind in earlier),
         )
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:

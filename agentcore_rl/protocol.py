@@ -10,6 +10,7 @@ the payload, result keys ``{exp_id}/{input_id}/{session_id}.json``, and an envel
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -331,6 +332,56 @@ ERROR_INVALID_PAYLOAD: Final = "invalid_payload"
 #: The process running the rollout died (``status_code`` 503, written by an agent or a
 #: supervisor; our client's probes detect it otherwise): retryable in a new session.
 ERROR_AGENT_LOST: Final = "agent_lost"
+#: The handler raised ``InfraError``: a service it depends on failed, not the agent.
+ERROR_INFRA: Final = "infra_error"
+#: The handler raised ``RewardError``, or its result's reward is not usable.
+ERROR_INVALID_REWARD: Final = "invalid_reward"
+
+#: Envelope field: the :class:`FailureKind` of an error envelope.
+FAILURE_KIND: Final = "failure_kind"
+
+
+class FailureKind(str, Enum):
+    """What a rollout's failure was, in one word a trainer can act on (docs/failure-model.md).
+
+    ``infra``: the rollout did not get a fair run (never trained on); ``agent``: the agent's
+    own run failed; ``reward``: it finished but its reward cannot be used; ``timeout``: it
+    passed its deadline; ``stopped``: the trainer stopped it.
+
+    Example::
+
+        if item.kind is FailureKind.INFRA: ...
+    """
+
+    INFRA = "infra"
+    AGENT = "agent"
+    REWARD = "reward"
+    TIMEOUT = "timeout"
+    STOPPED = "stopped"
+
+
+def reward_problem(result: Mapping[str, Any], *, required: bool = False) -> str | None:
+    """What makes ``result``'s reward unusable, one line naming the field (``rewards[0]``
+    is not a number...), or ``None``: ``rewards`` must be a list of finite numbers and
+    ``reward`` a finite number; with ``required`` one of them must hold a value."""
+
+    def problem(name: str, value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{name} must be a number, got {type(value).__name__} {_describe(value)}"
+        return None if math.isfinite(value) else f"{name} must be finite, got {value!r}"
+
+    rewards = result.get("rewards")
+    if rewards is not None:
+        if not isinstance(rewards, list):
+            return f"rewards must be a list of numbers, got {type(rewards).__name__}"
+        for index, value in enumerate(rewards):
+            if found := problem(f"rewards[{index}]", value):
+                return found
+    if result.get("reward") is not None and (found := problem("reward", result["reward"])):
+        return found
+    if required and not rewards and result.get("reward") is None:
+        return "the result has no reward: return rewards: [r, ...] or reward: r"
+    return None
 
 
 def processing_response(
@@ -400,12 +451,14 @@ def error_envelope(
     metadata: Mapping[str, Any],
     traceback: str | None = None,
     status_code: int = ERROR_STATUS_CODE,
+    kind: FailureKind = FailureKind.AGENT,
 ) -> dict[str, Any]:
     """The envelope written when a rollout fails (``status_code`` 500 by default)."""
     envelope: dict[str, Any] = {
         STATUS_CODE: status_code,
         STOP_REASON: stop_reason,
         ERROR_TYPE: error_type,
+        FAILURE_KIND: kind.value,
         TRACEBACK: traceback,
     }
     envelope.update(metadata)

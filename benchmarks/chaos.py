@@ -32,9 +32,13 @@ Prints one JSON document; targets are zero for every count and crash detection <
 - ``liveness_quota_share``: status probes / all invocations the runtime received;
 - ``outage_wrong_failures``: outage-case rollouts that did not succeed.
 
+``--groups`` runs another case instead: a clean and a faulty grouped run compared row by
+row (benchmarks/chaos_groups.py).
+
 Example::
 
     python benchmarks/chaos.py                     # full size (a few minutes)
+    python -m benchmarks.chaos --groups --inputs 32 --n 4
     python benchmarks/chaos.py --inputs 40 --agents 2 --outage-rollouts 20 --outage 10
     python benchmarks/chaos.py --concurrency 1000 --inputs 6000 --tps 90 --client-tps 120 \
         --agents 16 --min-sleep 5 --max-sleep 20 --timeout 60
@@ -71,6 +75,7 @@ from agentcore_rl.client import AsyncRolloutClient, AwsConfig, Limits, Timeouts
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
+from benchmarks import chaos_groups
 
 BUCKET = "chaos-rollouts"
 LOCAL_AWS_ENV = {
@@ -124,10 +129,12 @@ def free_port() -> int:
 
 
 class FlakyS3:
-    """ASGI proxy to moto failing a fraction of requests (503), or all during an outage."""
+    """ASGI proxy to moto failing a fraction of requests (503; ``only`` those of one
+    method), or all during an outage."""
 
-    def __init__(self, upstream: str, fail: float, seed: int) -> None:
+    def __init__(self, upstream: str, fail: float, seed: int, only: str | None = None) -> None:
         self.fail = fail
+        self.only = only
         self.down = False
         self.tally = S3Tally()
         self.failed = 0
@@ -140,7 +147,8 @@ class FlakyS3:
         request = Request(scope, receive)
         body = await request.body()
         self.tally.see(request.method, request.url.path, request.url.query)
-        if self.down or self.rng.random() < self.fail:
+        chosen = self.only in (None, request.method) and self.rng.random() < self.fail
+        if self.down or chosen:
             self.failed += 1
             response = Response(SLOW_DOWN, status_code=503, media_type="application/xml")
             await response(scope, receive, send)
@@ -199,9 +207,9 @@ class S3Tally:
 class Agents:
     """Agent processes on fixed ports; kill/restart by index; log who was killed when."""
 
-    def __init__(self, count: int, workdir: Path, env: dict[str, str]) -> None:
+    def __init__(self, count: int, workdir: Path, env: dict[str, str], script: str = AGENT) -> None:
         self.script = workdir / "chaos_agent.py"
-        self.script.write_text(AGENT)
+        self.script.write_text(script)
         self.workdir = workdir
         self.env = env
         self.ports = [free_port() for _ in range(count)]
@@ -592,8 +600,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--outage-rollouts", type=int, default=100, help="rollouts during the outage")
     add("--seed", type=int, default=9)
     add("--workdir", default=None, help="keep the logs here (default: a temporary directory)")
+    add("--groups", action="store_true", help="compare a clean and a faulty grouped run")
+    chaos_groups.add_arguments(parser)
     return parser.parse_args(argv)
 
 
+async def groups_main(args: argparse.Namespace) -> dict[str, Any]:
+    """``--groups``: see benchmarks/chaos_groups.py."""
+    moto = EmbeddedS3().start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="chaos-groups-") as tmp:
+            os.environ.update(LOCAL_AWS_ENV)
+            import boto3
+
+            boto3.client("s3", endpoint_url=moto.endpoint_url).create_bucket(Bucket=BUCKET)
+            env = {
+                **os.environ,
+                **LOCAL_AWS_ENV,
+                "CHAOS_MOTO": moto.endpoint_url,
+                "CHAOS_MIN_SLEEP": str(args.min_sleep),
+                "CHAOS_MAX_SLEEP": str(args.max_sleep),
+                "PYTHONUNBUFFERED": "1",
+            }
+            return await chaos_groups.main(args, env, Path(tmp))
+    finally:
+        moto.stop()
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(parse_args())), indent=2))
+    arguments = parse_args()
+    if arguments.groups:
+        report = asyncio.run(groups_main(arguments))
+        print(json.dumps(report, indent=2))
+        sys.exit(0 if report["ok"] else 1)
+    print(json.dumps(asyncio.run(main(arguments)), indent=2))

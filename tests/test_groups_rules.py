@@ -23,7 +23,7 @@ from agentcore_rl.groups import (
     member_session_id,
     parse_member_session_id,
 )
-from agentcore_rl.protocol import is_acr_session_id
+from agentcore_rl.protocol import FailureKind, is_acr_session_id
 
 
 def starts(actions: list[Action]) -> list[StartMember]:
@@ -517,3 +517,63 @@ def test_random_event_orders_resolve_every_group_exactly_once(seed: int) -> None
     assert counters.groups_ready + sum(counters.groups_dropped.values()) == len(rules_of)
     ended = counters.members_succeeded + counters.members_failed + counters.members_timed_out
     assert ended + counters.members_stopped == counters.members_started
+
+
+# --- failure kinds --------------------------------------------------------------------------
+
+
+def test_infra_failures_have_their_own_retries_and_are_never_zeroed() -> None:
+    tracker = GroupTracker(exp_id="e1")
+    sids = open_group(tracker, n=3, retry=1, retry_infra=2, on_failure="zero")
+    # Member 1: an agent failure and two infra failures are all retried (two budgets).
+    [a1] = starts(tracker.failed(sids[1], "ValueError: bad tool call"))
+    [a2] = starts(tracker.failed(a1.session_id, "agent lost", kind=FailureKind.INFRA))
+    [a3] = starts(tracker.failed(a2.session_id, "throttled", kind=FailureKind.INFRA))
+    # An infra retry is the same draw again (its seed's): it never got a fair run.
+    assert [a1.draw, a2.draw, a3.draw] == [1, 1, 1]
+    # The infra budget is spent: left out, not zeroed, though the rule is "zero".
+    assert tracker.failed(a3.session_id, "InfraError", kind=FailureKind.INFRA) == []
+    tracker.succeeded(sids[0], 1.0)
+    group = ready(tracker.succeeded(sids[2], 0.0))
+    assert group.rewards == [1.0, 0.0]
+    assert [m.index for m in group.members] == [0, 2]
+    left_out = group.discarded[-1]
+    assert (left_out.failure_kind, left_out.drop_reason, left_out.zeroed) == (
+        FailureKind.INFRA,
+        DropReason.INFRA,
+        False,
+    )
+    assert tracker.counters.failures == {"agent": 1, "infra": 3}
+    assert tracker.counters.members_zeroed == 0
+
+
+@pytest.mark.parametrize("on_failure", ["zero", "drop_group"])
+def test_reward_and_infra_failures_leave_the_member_out_whatever_on_failure_says(
+    on_failure: str,
+) -> None:
+    tracker = GroupTracker(exp_id="e1")
+    sids = open_group(tracker, n=4, retry=0, retry_infra=0, on_failure=on_failure)
+    assert tracker.failed(sids[0], "rewards[0] must be finite", kind=FailureKind.REWARD) == []
+    assert tracker.failed(sids[1], "agent lost", kind="infra") == []  # type: ignore[arg-type]
+    tracker.succeeded(sids[2], 1.0)
+    group = ready(tracker.succeeded(sids[3], 0.0))
+    assert [m.index for m in group.members] == [2, 3]
+    assert [m.drop_reason for m in group.discarded] == [DropReason.REWARD, DropReason.INFRA]
+    assert tracker.counters.members_dropped == {"reward": 1, "infra": 1}
+
+
+def test_an_agent_failure_follows_on_failure_and_a_timeout_on_timeout() -> None:
+    tracker = GroupTracker(exp_id="e1")
+    sids = open_group(tracker, n=3, retry=0, on_failure="zero", on_timeout="drop_member")
+    tracker.failed(sids[0], "KeyError: 'tool'")
+    tracker.failed(sids[1], "no result", kind=FailureKind.TIMEOUT)
+    group = ready(tracker.succeeded(sids[2], 1.0))
+    assert [(m.index, m.zeroed, m.failure_kind) for m in group.members] == [
+        (0, True, FailureKind.AGENT),
+        (2, False, None),
+    ]
+    assert [(m.drop_reason, m.failure_kind) for m in group.discarded] == [
+        (DropReason.TIMED_OUT, FailureKind.TIMEOUT)
+    ]
+    with pytest.raises(ConfigurationError, match="on_timeout must be one of"):
+        GroupRules(n=2, on_timeout="skip")  # type: ignore[arg-type]

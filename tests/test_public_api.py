@@ -67,7 +67,7 @@ def test_serve_needs_only_the_server_extra() -> None:
 
 def test_the_top_level_holds_what_the_docs_use_and_no_more() -> None:
     # Everything else stays importable from its own module (agentcore_rl.client, ...).
-    assert len(agentcore_rl.__all__) <= 30
+    assert len(agentcore_rl.__all__) <= 32
     from agentcore_rl.client import TokenBucket, WatcherConfig
 
     assert "TokenBucket" not in agentcore_rl.__all__

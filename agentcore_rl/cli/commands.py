@@ -34,7 +34,7 @@ from agentcore_rl.cli.journal import EvalJournal
 from agentcore_rl.cli.show import load_run, render, write_example
 from agentcore_rl.cli.summary import EvalRun
 from agentcore_rl.cli.summary import render as render_summary
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, InfraFailureRateError
 
 _GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
@@ -230,6 +230,10 @@ async def _run_and_report(
             print_run(run, title=f"{title} (interrupted)")
         if on_interrupt:
             print(f"{PROG}: {on_interrupt}", file=sys.stderr)
+        raise
+    except InfraFailureRateError:
+        if run.out is not None:
+            print_run(run, title=f"{title} (stopped: its infrastructure is failing)")
         raise
     figures = print_run(run, title=title)
     return EXIT_FAILURES if figures["failed"] or figures["timeout"] else EXIT_OK

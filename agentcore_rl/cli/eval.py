@@ -26,15 +26,18 @@ from agentcore_rl.client import (
     AsyncRolloutClient,
     AwsConfig,
     GatewayConfig,
+    InfraStop,
     Limits,
     LivenessConfig,
     Retries,
     RolloutFuture,
     Timeouts,
 )
-from agentcore_rl.client.outcomes import is_agent_loss, is_retryable
+from agentcore_rl.client.outcomes import failure_kind, is_agent_loss, is_retryable
 from agentcore_rl.errors import (
     ClientClosedError,
+    InfraFailureRateError,
+    RewardError,
     RolloutError,
     RolloutTimeoutError,
     StorageError,
@@ -90,6 +93,7 @@ def make_client(options: EvalOptions) -> AsyncRolloutClient:
         ),
         gateway=gateway,
         preflight=False,  # run_eval checks before it opens any file
+        infra_stop=None if options.infra_stop is None else InfraStop(share=options.infra_stop),
     )
 
 
@@ -144,6 +148,7 @@ def _member(m: GroupMember, prices: Prices) -> dict[str, Any]:
         "zeroed": m.zeroed,
         "drop_reason": None if m.drop_reason is None else m.drop_reason.value,
         "error": m.error,
+        "failure_kind": None if m.failure_kind is None else m.failure_kind.value,
         "cost": price(usage_of({"result": m.result}), prices),
         "result": m.result,
     }
@@ -185,7 +190,10 @@ class EvalEngine:
                 for n in range(self.options.concurrency):
                     workers.start_soon(self._worker, work, name=f"eval worker {n}")
         except Exception as exc:  # the CLI maps a lone failure's type to an exit code
-            raise_unwrapped(exc)
+            # Workers admitted at once may meet the same stop: it is the run's one error.
+            grouped = getattr(exc, "exceptions", ())
+            stop = next((e for e in grouped if isinstance(e, InfraFailureRateError)), None)
+            raise_unwrapped(stop or exc)
 
     async def _worker(self, work: Iterator[tuple[JournalEntry | None, EvalInput]]) -> None:
         for entry, item in work:  # shared by the workers: each takes the next one
@@ -243,8 +251,8 @@ class EvalEngine:
                     resume=self.journal.groups.get(item.input_id),
                 )
             group = await fut
-        except ClientClosedError:
-            raise  # interrupted: the journal has what --resume needs
+        except (ClientClosedError, InfraFailureRateError):
+            raise  # interrupted or stopped: the journal has what --resume needs
         except Exception as exc:  # the run goes on
             self._record_group(item, None, exc, t0)
             return
@@ -282,6 +290,7 @@ class EvalEngine:
             "discarded": discarded,
             "error": None if error is None else str(error),
             "error_type": None if error is None else type(error).__name__,
+            "failure_kind": getattr(failure_kind(error), "value", None),
         }
         self.journal.record_outcome(record)
         self.bar.update(record)
@@ -298,6 +307,8 @@ class EvalEngine:
             future = await self.client.invoke(
                 item.payload, input_id=item.input_id, on_session=partial(self._journaled, item)
             )
+        except InfraFailureRateError:
+            raise  # the run stops: this input was not started
         except Exception as exc:  # refused, or never reached: nothing runs
             self._finish(item.input_id, "failed", error=exc, elapsed=time.monotonic() - t0)
             return
@@ -328,7 +339,10 @@ class EvalEngine:
         except Exception as exc:
             self._finish(input_id, "failed", future, entry, error=exc)
         else:
-            self._finish(input_id, "done", future, entry, result=result)
+            problem = protocol.reward_problem(result, required=True)  # a score needs one
+            error = None if problem is None else RewardError(problem)
+            outcome = "done" if error is None else "failed"
+            self._finish(input_id, outcome, future, entry, result=result, error=error)
 
     async def _resume_one(self, entry: JournalEntry, item: EvalInput) -> None:
         """Finish a rollout an earlier run journaled: within its deadline re-sent as a repeat
@@ -394,6 +408,7 @@ class EvalEngine:
             "reattached": entry is not None,
             "error": None if error is None else str(error),
             "error_type": None if error is None else type(error).__name__,
+            "failure_kind": getattr(failure_kind(error), "value", None),
             "retryable": error is not None and is_retryable(error),
             "agent_lost": error is not None and is_agent_loss(error),
             "attempts": getattr(error, "attempts", 1) if future is None else future.attempts,

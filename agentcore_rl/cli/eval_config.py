@@ -95,6 +95,7 @@ class EvalOptions:
     pass_threshold: float | None = None  # None: a reward above 0 passes
     retry_lost: int | None = None  # None: the client's default
     retry_rollouts: int | None = None
+    infra_stop: float | None = 0.2  # the InfraStop share; None: off
     prices: Prices = field(default_factory=Prices)
 
     def __post_init__(self) -> None:

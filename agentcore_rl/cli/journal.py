@@ -200,7 +200,14 @@ class EvalJournal:
             group.started[sid] = MemberStart(input_id, sid, *where, float(record["started_at"]))
         else:
             reward = None if record.get("reward") is None else float(record["reward"])
-            end = MemberEnd(input_id, sid, record["kind"], reward=reward, error=record.get("error"))
+            end = MemberEnd(
+                input_id,
+                sid,
+                record["kind"],
+                reward=reward,
+                error=record.get("error"),
+                failure_kind=record.get("failure_kind"),
+            )
             group.ended.append(end)
 
     def record_started(self, entry: JournalEntry) -> None:
@@ -222,7 +229,7 @@ class EvalJournal:
 
     def member_ended(self, end: MemberEnd) -> None:
         """Journal how a group member's attempt ended (the client calls this)."""
-        fields = ("input_id", "session_id", "kind", "reward", "error")
+        fields = ("input_id", "session_id", "kind", "reward", "error", "failure_kind")
         _write(self._journal, {_EVENT: _MEMBER_ENDED, **{f: getattr(end, f) for f in fields}})
 
     def record_outcome(self, record: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from agentcore_rl.cli.common import (
 from agentcore_rl.errors import (
     ConfigurationError,
     GatewayError,
+    InfraFailureRateError,
     InvalidPayloadError,
     InvocationError,
     StorageError,
@@ -95,6 +96,13 @@ _fraction = _number(float, "a number", lambda v: 0 <= v <= 1, "between 0 and 1")
 _non_negative_float = _number(float, "a number", lambda v: v >= 0, ">= 0")
 _non_negative_int = _number(int, "a whole number", lambda v: v >= 0, ">= 0")
 _port = _number(int, "a port number", lambda v: 0 <= v <= 65535, "0-65535")
+
+
+_share = _number(float, "a share or off", lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def _share_or_off(text: str) -> float | None:
+    return None if text == "off" else _share(text)
 
 
 def _url(text: str) -> str:
@@ -210,6 +218,14 @@ def _eval(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run an input again in a new session when the agent could not be reached or "
         "kept refusing, up to N times (default: the client's, 2)",
+    )
+    parser.add_argument(
+        "--infra-stop",
+        type=_share_or_off,
+        default=0.2,
+        metavar="SHARE",
+        help="stop the run once infrastructure failures (agent lost, invocations failing, "
+        "results unwritten...) pass SHARE of the last 100 rollouts (default 0.2; off: never)",
     )
     parser.add_argument(
         "--gateway-url",
@@ -581,7 +597,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (ConfigurationError, InvalidPayloadError) as exc:
         return _fail(str(exc), EXIT_USAGE)
-    except (StorageError, InvocationError, GatewayError, OSError) as exc:
+    except (StorageError, InvocationError, GatewayError, InfraFailureRateError, OSError) as exc:
         return _fail(str(exc), EXIT_UNAVAILABLE)
     except Exception as exc:  # a bug
         if is_ours(exc):  # a missing extra

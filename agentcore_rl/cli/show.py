@@ -7,6 +7,7 @@ import json
 import math
 import statistics
 import textwrap
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -119,6 +120,11 @@ class RunData:
             kind = kind or ("RolloutTimeoutError" if r.outcome == "timeout" else "error")
             first = {"count": 0, "reason": reason, "traceback": r.traceback}
             failures.setdefault(kind, first)["count"] += 1
+        kinds = Counter(
+            str(r.record.get("failure_kind") or r.outcome)
+            for r in rollouts
+            if r.outcome in ("failed", "timeout")
+        )
         traced = [r.tokens for r in rollouts if r.tokens]  # the trajectories file's lines
         counts = {k: sum(r.outcome == k for r in rollouts) for k in ("done", "failed", "timeout")}
         return {
@@ -135,6 +141,7 @@ class RunData:
             "lost": sum(int(r.get("losses") or 0) for r in self.records),
             "reattached": sum(bool(r.get("reattached")) for r in self.records),
             "failures": failures,
+            "failure_kinds": dict(kinds),
             "groups": group_figures(self.group_size, self.records) if self.group_size else None,
             "cost": total(r.cost for r in rollouts),
             "trajectories": len(traced),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl.groups import result_reward as reward_of
+from agentcore_rl.protocol import is_error_envelope
 
 __all__ = [
     "EvalRun",
@@ -56,18 +57,19 @@ def _short(error: str) -> str:
 
 
 def failure_of(record: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """A failure's kind and reason; the envelope's ``stop_reason`` tells apart failures the
-    client reports alike."""
+    """A failure's cause (its failure kind, then its type) and reason; an error envelope's
+    ``stop_reason`` tells apart failures the client reports alike."""
     error_type, error = record.get("error_type"), record.get("error")
     envelope = record.get("result")
-    if isinstance(envelope, Mapping):
+    if isinstance(envelope, Mapping) and is_error_envelope(envelope):
         reason = envelope.get("stop_reason")
         if isinstance(reason, str) and reason:
             cause = reason.split(":", 1)[0].strip()
             if cause.isidentifier():
                 error_type = f"{error_type} ({cause})" if error_type else cause
-            return error_type, reason
-    return error_type, error
+            error = reason
+    kind = record.get("failure_kind")
+    return (f"{kind}: {error_type}" if kind and error_type else error_type or kind), error
 
 
 def outcome_of(line: Mapping[str, Any]) -> str:
@@ -182,6 +184,9 @@ def render(s: Mapping[str, Any], run: EvalRun) -> str:
         ("  failed", f"{s['failed']}"),
         ("  timed out", f"{s['timeout']}"),
     ]
+    if s["failure_kinds"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(s["failure_kinds"].items()))
+        rows.append(("  failures by kind", kinds))
     for kind, failure in sorted(s["failures"].items(), key=lambda item: -item[1]["count"]):
         reason = failure["reason"] and _short(failure["reason"])
         rows.append((f"    {kind}", f"{failure['count']}" + (f"  ({reason})" if reason else "")))

@@ -15,6 +15,7 @@ from agentcore_rl.client.client import AsyncRolloutClient, ClientState
 from agentcore_rl.client.config import (
     AwsConfig,
     GatewayConfig,
+    InfraStop,
     Limits,
     Retries,
     Timeouts,
@@ -43,6 +44,7 @@ __all__ = [
     "CompletionWatcher",
     "GatewayConfig",
     "GroupFuture",
+    "InfraStop",
     "Limits",
     "LivenessConfig",
     "LocalSessionLimiter",

@@ -18,11 +18,12 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.outcomes import failure_kind
 from agentcore_rl.client.payload import default_input_id
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
-from agentcore_rl.errors import ClientClosedError, InvalidPayloadError
-from agentcore_rl.protocol import RolloutConfig
+from agentcore_rl.errors import ClientClosedError, InfraFailureRateError, InvalidPayloadError
+from agentcore_rl.protocol import FailureKind, RolloutConfig
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.record import SessionTrace
@@ -39,7 +40,8 @@ class BatchItem:
     ``StorageError``, ``InvalidPayloadError``...). ``elapsed`` is seconds from the
     invocation to the outcome; ``resolved_at`` the epoch time the outcome was known.
     ``session_id`` and ``result_key`` are ``None`` when the payload never reached an agent.
-    ``trace`` is the rollout's token trace when the client runs through a gateway.
+    ``trace`` is the rollout's token trace when the client runs through a gateway;
+    ``kind`` the failure's :class:`~agentcore_rl.protocol.FailureKind`.
 
     Example::
 
@@ -57,6 +59,11 @@ class BatchItem:
     result_key: str | None = None
     resolved_at: float | None = None
     trace: SessionTrace | None = None
+
+    @property
+    def kind(self) -> FailureKind | None:
+        """Its failure's kind (``None`` for a success)."""
+        return failure_kind(self.error)
 
     def __repr__(self) -> str:
         outcome = "ok" if self.success else f"{type(self.error).__name__}: {self.error}"
@@ -144,8 +151,9 @@ async def feed_and_read(
     """The shape of ``run_batch`` and ``run_groups``: a feeder task in the client's task
     group calls ``start`` for each payload (which waits for slots: that paces it); the
     loop reads the items it puts, one per payload, in completion order, then raises what
-    ended the feeding early. Whatever ends the loop ends the feeding and cancels what is
-    watched; a client closing meanwhile ends it with ``ClientClosedError``."""
+    ended the feeding early (``InfraFailureRateError`` at once). Whatever ends the loop
+    ends the feeding and cancels what is watched; a client closing meanwhile ends it with
+    ``ClientClosedError``."""
     send, receive = anyio.create_memory_object_stream[Any](math.inf)
     feed = Feed(send)
 
@@ -181,6 +189,8 @@ async def feed_and_read(
                 raise ClientClosedError(f"the client was closed during {what}") from None
             if isinstance(item, _Fed):
                 fed = item
+                if isinstance(fed.error, InfraFailureRateError):
+                    raise fed.error  # at once: what still runs meets the same infrastructure
                 continue
             read += 1
             yield item

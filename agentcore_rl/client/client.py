@@ -15,6 +15,7 @@ from agentcore_rl.client import batch, preflight
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.config import (
     DEFAULT_AWS,
+    DEFAULT_INFRA_STOP,
     DEFAULT_LIMITS,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUTS,
@@ -22,6 +23,7 @@ from agentcore_rl.client.config import (
     MOVED_CLIENT_OPTIONS,
     AwsConfig,
     GatewayConfig,
+    InfraStop,
     Limits,
     Retries,
     Timeouts,
@@ -29,7 +31,7 @@ from agentcore_rl.client.config import (
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.groups import GroupMethods, GroupRunner
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, ClientLease, LivenessConfig
-from agentcore_rl.client.outcomes import ClientStats
+from agentcore_rl.client.outcomes import ClientStats, InfraWindow
 from agentcore_rl.client.payload import (
     attached_config,
     build_invocation,
@@ -81,7 +83,9 @@ class AsyncRolloutClient(GroupMethods):
     With ``gateway`` (:class:`GatewayConfig`) every rollout runs through its own session of
     a token-capturing gateway, whose trace is put on the outcome (``fut.trace``,
     :meth:`trace_of`) and in S3 beside the result (docs/gateway.md). ``preflight``: entering
-    runs :meth:`check_services` first.
+    runs :meth:`check_services` first. ``infra_stop`` (:class:`InfraStop`; ``None``: off) stops
+    admitting rollouts once too many recent ones failed for infrastructure
+    (``InfraFailureRateError``).
 
     Each rollout is one task in the client's task group (with the S3 watcher, the
     liveness prober and the stop calls): entered by ``async with`` (once: nesting is
@@ -125,6 +129,7 @@ class AsyncRolloutClient(GroupMethods):
         stop_finished_sessions: bool | None = None,
         gateway: GatewayConfig | None = None,
         preflight: bool = True,
+        infra_stop: InfraStop | None = DEFAULT_INFRA_STOP,
     ) -> None:
         check_config_types(
             ("limits", limits, Limits),
@@ -133,6 +138,7 @@ class AsyncRolloutClient(GroupMethods):
             ("watcher", watcher, WatcherConfig),
             ("liveness", liveness, LivenessConfig),
             ("aws", aws, AwsConfig),
+            *((("infra_stop", infra_stop, InfraStop),) if infra_stop is not None else ()),
         )
         link = gateway_link(gateway)
         self._gateway, self._preflight = gateway, preflight
@@ -183,6 +189,7 @@ class AsyncRolloutClient(GroupMethods):
             stop_finished_sessions=stop_finished_sessions,
             link=link,
             timeout=timeouts.rollout,
+            infra=None if infra_stop is None else InfraWindow(**dataclasses.asdict(infra_stop)),
         )
         self._groups = GroupRunner(
             exp_id=self.exp_id,
@@ -212,6 +219,7 @@ class AsyncRolloutClient(GroupMethods):
             in_flight=self.in_flight,
             unstopped=len(self._rollouts.unstopped),
             s3_requests=dict(self.store.request_counts),
+            failures=dict(self._counters.failures),
             store_unreachable=outages.unreachable,
             store_outages=outages.outages,
             degraded_seconds=outages.degraded_seconds,

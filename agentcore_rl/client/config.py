@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_AWS",
+    "DEFAULT_INFRA_STOP",
     "DEFAULT_LIMITS",
     "DEFAULT_RETRIES",
     "DEFAULT_RETRY_LOST",
@@ -30,6 +31,7 @@ __all__ = [
     "MOVED_CLIENT_OPTIONS",
     "AwsConfig",
     "GatewayConfig",
+    "InfraStop",
     "Limits",
     "Retries",
     "Timeouts",
@@ -119,6 +121,27 @@ class Retries:
 
 @checked_init
 @dataclass(frozen=True, kw_only=True)
+class InfraStop:
+    """When a run stops for its infrastructure: once more than ``share`` of the last
+    ``window`` rollout sessions failed with kind ``infra`` (the agent lost, invocations
+    failing, results unwritten...), the client admits no new rollout and raises
+    ``InfraFailureRateError`` naming the counts by cause. ``infra_stop=None`` turns it off.
+
+    Example::
+
+        AsyncRolloutClient(..., infra_stop=InfraStop(share=0.1, window=200))
+    """
+
+    share: float = 0.2
+    window: int = 100
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "share", above=0, finite=True)
+        check_numbers(self, "window", at_least=1, integer=True)
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
 class AwsConfig:
     """Where the client's AWS calls go (default: the environment's settings).
 
@@ -192,6 +215,7 @@ DEFAULT_LIMITS: Final = Limits()
 DEFAULT_TIMEOUTS: Final = Timeouts()
 DEFAULT_RETRIES: Final = Retries()
 DEFAULT_AWS: Final = AwsConfig()
+DEFAULT_INFRA_STOP: Final = InfraStop()
 
 #: Where the reference toolkit's keywords live here (named by the TypeError): a migration aid.
 MOVED_CLIENT_OPTIONS: Final = {

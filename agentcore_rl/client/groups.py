@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 from agentcore_rl.client.batch import Feed, Prepare, feed_and_read
 from agentcore_rl.client.config import MOVED_CALL_OPTIONS
 from agentcore_rl.client.future import RolloutFuture
+from agentcore_rl.client.outcomes import failure_kind
 from agentcore_rl.client.payload import default_input_id, rollout_extras
 from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import Service
@@ -26,7 +27,7 @@ from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
     RolloutError,
-    RolloutTimeoutError,
+    TraceLostError,
 )
 from agentcore_rl.groups import (
     Action,
@@ -40,6 +41,7 @@ from agentcore_rl.groups import (
     result_reward,
 )
 from agentcore_rl.keywords import check_config_types, checked
+from agentcore_rl.protocol import FailureKind, reward_problem
 
 __all__ = [
     "GroupFuture",
@@ -110,6 +112,8 @@ class MemberEnd:
     reward: float | None = None
     error: str | None = None
     result: Mapping[str, Any] | None = None
+    #: A failure's kind (``FailureKind`` value).
+    failure_kind: str | None = None
     #: On resume, a succeeded member's trajectory rebuilt from the trace kept in S3.
     trajectory: Any = None
 
@@ -243,8 +247,14 @@ class GroupRunner:
             )
         if end.kind == "timed_out":
             return self.tracker.timed_out(end.session_id, trajectory=trajectory)
-        error = end.error or "failed"
-        return self.tracker.failed(end.session_id, error, trajectory=trajectory, result=end.result)
+        kind = FailureKind(end.failure_kind or FailureKind.AGENT)
+        return self.tracker.failed(
+            end.session_id,
+            end.error or "failed",
+            kind=kind,
+            trajectory=trajectory,
+            result=end.result,
+        )
 
     # -- members --
 
@@ -256,8 +266,9 @@ class GroupRunner:
             overrides[POLICY_VERSION_KEY] = action.policy_version
         seed = run.future.rules.member_seed
         if seed is not None:
-            # One seed per attempt: members (and retries) sample differently.
-            overrides[SEED_KEY] = seed + action.attempt * run.future.rules.starts + action.index
+            # One seed per draw: members (and retries) sample differently; an infra retry is
+            # the same draw again.
+            overrides[SEED_KEY] = seed + action.draw * run.future.rules.starts + action.index
         body, config = self.prepare(run.payload, input_id=run.input_id, overrides=overrides)
         resumed = run.resumed.get(sid)
 
@@ -311,7 +322,8 @@ class GroupRunner:
             return
         fut = run.members[sid]
         if fut.cancelled():
-            self._apply(self.tracker.failed(sid, "the member's rollout was cancelled"))
+            why = "the member's rollout was cancelled"
+            self._apply(self.tracker.failed(sid, why, kind=FailureKind.STOPPED))
             return
         error = fut.exception()
         # A ConfigurationError is the caller's to fix (another payload under a used key).
@@ -319,23 +331,27 @@ class GroupRunner:
             self._close_run(run, error or ClientClosedError("the client closed"))
             return
         end: MemberEnd
+        kind = failure_kind(error)
         if error is None:
             result = fut.result()
-            reward = result_reward(result)
-            if reward is None:
-                end = MemberEnd(run.input_id, sid, "failed", error="result has no reward")
-            else:
+            problem = reward_problem(result, required=True)
+            if problem is None:
+                reward = result_reward(result)
                 end = MemberEnd(run.input_id, sid, "succeeded", reward=reward, result=result)
-        elif isinstance(error, RolloutTimeoutError):
+            else:  # the rules need a reward: say which field lacks one
+                bad = FailureKind.REWARD.value
+                end = MemberEnd(run.input_id, sid, "failed", error=problem, failure_kind=bad)
+        elif kind is FailureKind.TIMEOUT:
             end = MemberEnd(run.input_id, sid, "timed_out", error=str(error))
         else:
-            envelope = error.envelope if isinstance(error, RolloutError) else None
+            envelope = error.envelope if isinstance(error, RolloutError | TraceLostError) else None
             end = MemberEnd(
                 run.input_id,
                 sid,
                 "failed",
                 error=f"{type(error).__name__}: {error}",
                 result=envelope,
+                failure_kind=None if kind is None else kind.value,
             )
         if run.journal is not None:
             run.journal.member_ended(end)  # before the decisions it leads to, as on replay

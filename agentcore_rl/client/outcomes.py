@@ -1,26 +1,40 @@
-"""Which rollout outcomes are final and which are worth a new session (the table is in
-docs/failure-model.md), and the client's counters of them (:class:`ClientStats`)."""
+"""Which rollout outcomes are final and which are worth a new session, the failure kind of
+each (the tables are in docs/failure-model.md), the client's counters of them
+(:class:`ClientStats`) and the share of recent infrastructure failures
+(:class:`InfraWindow`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import (
+    AgentCoreRLError,
     AgentLostError,
     AgentUnreachableError,
     ClientClosedError,
     GatewayError,
+    InfraFailureRateError,
     InvocationError,
+    RewardError,
     RolloutError,
     RolloutTimeoutError,
+    StorageError,
 )
+from agentcore_rl.protocol import FailureKind
+
+#: Envelope field the client adds: the gateway's upstream failed this many of its calls.
+UPSTREAM_FAILED = "gateway_upstream_failed"
 
 __all__ = [
     "ClientStats",
+    "InfraWindow",
     "count_outcome",
+    "failure_cause",
+    "failure_kind",
     "is_agent_loss",
     "is_retryable",
 ]
@@ -48,6 +62,7 @@ class ClientStats:
     ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
     ``store_unreachable``: whether the result store is down now (new invocations wait);
     ``store_outages`` and ``degraded_seconds``: how often and how long it was.
+    ``failures``: the rollouts that did not succeed, by :class:`~agentcore_rl.FailureKind`.
 
     Example::
 
@@ -81,6 +96,7 @@ class ClientStats:
     store_unreachable: bool = False
     store_outages: int = 0
     degraded_seconds: float = 0.0
+    failures: dict[str, int] = field(default_factory=dict)
 
     @property
     def s3_total(self) -> int:
@@ -116,16 +132,102 @@ def is_retryable(exc: BaseException) -> bool:
         status = exc.status_code
         # No status: the agent was not reached (connection refused, reset, timeout).
         return status is None or status in (424, 429) or status >= 500
-    # A lapsed lease: the client stalled or lost S3 for the whole lease, not the input's fault.
-    return _cancelled_by_server(exc, "shutting down") or _cancelled_by_server(exc, "lease lapsed")
+    # An infra failure the agent reported: a shutdown, a lapsed lease (the client stalled or
+    # lost S3 for the whole lease), InfraError, the gateway's upstream: not the input's fault.
+    return isinstance(exc, RolloutError) and failure_kind(exc) is FailureKind.INFRA
+
+
+def failure_kind(exc: BaseException | None) -> FailureKind | None:
+    """The failure kind of an outcome (``None``: a success). An error envelope says its
+    own (the agent server decided it); the client decides the rest: its own failures to
+    run a rollout (invoking, S3, the agent lost, the gateway) are ``infra``."""
+    if exc is None:
+        return None
+    if isinstance(exc, asyncio.CancelledError | ClientClosedError):
+        return FailureKind.STOPPED
+    if isinstance(exc, RolloutTimeoutError):
+        return FailureKind.TIMEOUT
+    if isinstance(exc, RolloutError):
+        said = exc.envelope.get(protocol.FAILURE_KIND)
+        if said in FailureKind._value2member_map_:
+            return FailureKind(said)
+        if exc.error_type == protocol.ERROR_CANCELLED:  # a writer that does not say
+            ours = any(_cancelled_by_server(exc, w) for w in ("shutting down", "lease lapsed"))
+            return FailureKind.INFRA if ours else FailureKind.STOPPED
+        return FailureKind.AGENT
+    if isinstance(exc, RewardError):
+        return FailureKind.REWARD
+    refused = isinstance(exc, InvocationError) and not is_retryable(exc) and exc.status_code
+    if refused or isinstance(exc, ValueError):  # the agent refused the input (4xx), or we did
+        return FailureKind.AGENT
+    return FailureKind.INFRA
+
+
+def failure_cause(exc: BaseException) -> str:
+    """A few words naming an ``infra`` failure's cause, to count failures by."""
+    if isinstance(exc, AgentLostError):
+        return "agent lost"
+    if isinstance(exc, AgentUnreachableError):
+        return "agent unreachable"
+    if isinstance(exc, InvocationError):
+        status = exc.status_code
+        return "throttled" if status == 429 else f"invocation failed ({status or 'no answer'})"
+    if isinstance(exc, StorageError):
+        return "result store failed"
+    if isinstance(exc, GatewayError):
+        return "trace lost"
+    if isinstance(exc, RolloutError):
+        if exc.error_type == protocol.ERROR_INFRA:
+            return "InfraError"
+        if exc.error_type == protocol.ERROR_CANCELLED:
+            return "agent shut down" if "shutting down" in str(exc) else "lease lapsed"
+        upstream = exc.envelope.get(UPSTREAM_FAILED)
+        return "gateway upstream failed" if upstream else str(exc.error_type)
+    return type(exc).__name__ if isinstance(exc, AgentCoreRLError) else "unexpected error"
+
+
+class InfraWindow:
+    """The outcomes of the last ``window`` rollout sessions: each an infrastructure
+    failure's cause, or ``None``. :meth:`check` raises once the failures pass ``share``.
+
+    Example::
+
+        window = InfraWindow(share=0.2, window=100)
+        window.record(AgentLostError("gone"))
+        window.check()   # raises InfraFailureRateError past 20 of the last 100
+    """
+
+    def __init__(self, *, share: float, window: int) -> None:
+        self.share = share
+        self.window = window
+        self._recent: deque[str | None] = deque(maxlen=window)
+
+    def record(self, exc: BaseException | None) -> None:
+        """One session's outcome (a stop is left out: it says nothing of the infrastructure)."""
+        kind = failure_kind(exc)
+        if exc is not None and kind is FailureKind.INFRA:
+            self._recent.append(failure_cause(exc))
+        elif kind is not FailureKind.STOPPED:
+            self._recent.append(None)
+
+    def check(self) -> None:
+        """Raise :class:`InfraFailureRateError` when the infrastructure failures among the
+        last ``window`` passed ``share`` of it (judged once the window is full, or earlier
+        once they pass the share of a full window)."""
+        counts = Counter(cause for cause in self._recent if cause is not None)
+        if sum(counts.values()) > self.share * self.window:
+            raise InfraFailureRateError(counts, window=len(self._recent), share=self.share)
 
 
 def count_outcome(counters: ClientStats, fut: asyncio.Future[Any]) -> None:
     """Count the outcome of a settled rollout future in ``counters``."""
     if fut.cancelled():
         counters.cancelled += 1
+        counters.failures["stopped"] = counters.failures.get("stopped", 0) + 1
         return
     exc = fut.exception()
+    if (kind := failure_kind(exc)) is not None:
+        counters.failures[kind.value] = counters.failures.get(kind.value, 0) + 1
     if exc is None:
         counters.results += 1
     elif type(exc) is RolloutError:

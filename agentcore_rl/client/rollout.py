@@ -17,7 +17,14 @@ from agentcore_rl import protocol
 from agentcore_rl.client.config import Retries
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.liveness import LivenessConfig, LivenessProber
-from agentcore_rl.client.outcomes import ClientStats, count_outcome, is_agent_loss, is_retryable
+from agentcore_rl.client.outcomes import (
+    UPSTREAM_FAILED,
+    ClientStats,
+    InfraWindow,
+    count_outcome,
+    is_agent_loss,
+    is_retryable,
+)
 from agentcore_rl.client.traces import GatewayLink, TraceJoiner
 from agentcore_rl.client.transports.base import (
     NotConnectedError,
@@ -132,6 +139,7 @@ class Rollouts:
         stop_finished_sessions: bool | None,
         link: GatewayLink | None,
         timeout: float | None,
+        infra: InfraWindow | None = None,
     ) -> None:
         self.transport = transport
         self.limiter = limiter
@@ -146,6 +154,7 @@ class Rollouts:
         )
         self.unreachable_after = liveness.unreachable_after
         self.timeout = timeout  # a rollout's, unless its call gives its own
+        self.infra = infra  # the recent sessions' infrastructure failures (None: not watched)
         self.live: dict[str, Rollout] = {}
         # The one watcher for all results, the prober of the live sessions, the gateway's.
         self.watcher = CompletionWatcher(store, watcher)
@@ -189,7 +198,8 @@ class Rollouts:
     # --- admission ------------------------------------------------------------------------
 
     async def admit(self, *, token: bool = True) -> None:
-        """Take a slot, then (``token``) a token; ``ClientClosedError`` once closing."""
+        """Take a slot, then (``token``) a token; ``ClientClosedError`` once closing,
+        ``InfraFailureRateError`` once too many recent sessions failed for infrastructure."""
         if self.closing:
             raise ClientClosedError("the client is closed; create a new one")
         await self.slots.acquire()
@@ -198,6 +208,8 @@ class Rollouts:
                 await self.limiter.acquire(Priority.INVOKE)
             if self.closing:
                 raise ClientClosedError("the client was closed while this invocation waited")
+            if self.infra is not None:
+                self.infra.check()
         except BaseException:
             self.slots.release()
             raise
@@ -281,6 +293,8 @@ class Rollouts:
             if not first:
                 await self.limiter.acquire(Priority.RETRY)
             result, error = await self._session(r, sid, attempt, task_status)
+            if self.infra is not None:
+                self.infra.record(error)
             if error is not None:  # also an invocation never accepted: no future tells
                 setattr(error, "attempts", attempt)  # noqa: B010
             if error is None or not self._may_retry(r, error, attempt, losses):
@@ -468,12 +482,17 @@ class Rollouts:
                     attempts=fut.attempts,
                     envelope=envelope,
                 )
-            error: BaseException = RolloutError(envelope, session_id=fut.session_id)
             if self.joiner is not None and fut.session_id in r.gateway:
                 # Its trace is a bonus: the error is the outcome.
                 await self.joiner.join(fut, envelope, kept=kept)
                 r.gateway.remove(fut.session_id)
-            return None, error
+                calls = fut.trace.records if fut.trace else []
+                upstream = [call.status for call in calls if call.status >= 500]
+                if upstream and envelope.get(protocol.FAILURE_KIND) == protocol.FailureKind.AGENT:
+                    # The agent failed because its model calls did: not the agent's failure.
+                    envelope = {**envelope, UPSTREAM_FAILED: len(upstream)}
+                    envelope[protocol.FAILURE_KIND] = protocol.FailureKind.INFRA.value
+            return None, RolloutError(envelope, session_id=fut.session_id)
         if self.joiner is not None and fut.session_id in r.gateway:
             r.gateway.remove(fut.session_id)
             joined = await self.joiner.join(fut, envelope, kept=kept)

@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InvalidPayloadError
+from agentcore_rl.errors import InfraError, InvalidPayloadError, RewardError
 from agentcore_rl.server.invoke import HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.spool import Spool
 
@@ -55,6 +55,21 @@ class _Failure(NamedTuple):
     reason: str
     traceback: str | None = None
     status_code: int = protocol.ERROR_STATUS_CODE
+    kind: protocol.FailureKind = protocol.FailureKind.AGENT
+
+
+#: Handler exceptions that are not the agent's failure: their error type and kind.
+_RAISED: Final = {
+    InfraError: (protocol.ERROR_INFRA, protocol.FailureKind.INFRA),
+    RewardError: (protocol.ERROR_INVALID_REWARD, protocol.FailureKind.REWARD),
+}
+
+
+def _cancelled(reason: str) -> _Failure:
+    """A cancel's failure: a stop's is ``stopped``; the server going away is ``infra``."""
+    ours = reason == SHUTDOWN_REASON or "lease lapsed" in reason
+    kind = protocol.FailureKind.INFRA if ours else protocol.FailureKind.STOPPED
+    return _Failure(protocol.ERROR_CANCELLED, reason, kind=kind)
 
 
 @dataclass(eq=False)
@@ -230,6 +245,9 @@ class RolloutRunner:
             failure = _Failure(
                 protocol.ERROR_NOT_A_DICT, f"handler returned {kind}, expected a dict"
             )
+        elif failure is None and (problem := protocol.reward_problem(result)):  # type: ignore[arg-type]
+            reward = protocol.FailureKind.REWARD
+            failure = _Failure(protocol.ERROR_INVALID_REWARD, problem, kind=reward)
         config = job.context.rollout
         if config is None:
             return None, failure
@@ -257,6 +275,7 @@ class RolloutRunner:
             metadata=metadata,
             traceback=failure.traceback,
             status_code=failure.status_code,
+            kind=failure.kind,
         )
         try:
             return _dumps(envelope), failure
@@ -291,7 +310,7 @@ class RolloutRunner:
                     with anyio.CancelScope(shield=True):
                         if await self._already_written(job):
                             return
-                failure = _Failure(protocol.ERROR_CANCELLED, job.cancel_reason)
+                failure = _cancelled(job.cancel_reason)
             except InvalidPayloadError as exc:
                 invalid = protocol.ERROR_INVALID_PAYLOAD
                 failure = _Failure(invalid, exc.message, status_code=exc.status_code)
@@ -299,7 +318,11 @@ class RolloutRunner:
                 tb = traceback.format_exc()
                 # The type always ("KeyError: 'a'"): some messages mean nothing alone.
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                failure = _Failure(protocol.ERROR_HANDLER_RAISED, reason, tb)
+                error_type, kind = next(
+                    (v for t, v in _RAISED.items() if isinstance(exc, t)),
+                    (protocol.ERROR_HANDLER_RAISED, protocol.FailureKind.AGENT),
+                )
+                failure = _Failure(error_type, reason, tb, kind=kind)
                 logger.error(
                     "rollout handler %s raised in session %s: %s\n%s",
                     job.spec.name,
@@ -422,7 +445,7 @@ class RolloutRunner:
         body = job.body
         if body is None:
             reason = "the agent server shut down and the handler did not stop"
-            body, _ = self._envelope(job, None, _Failure(protocol.ERROR_CANCELLED, reason))
+            body, _ = self._envelope(job, None, _cancelled(reason))
         job.body = body if body is not None else b""
         job.delivered = True
         if body is not None and job.target is not None:

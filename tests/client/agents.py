@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentcore_rl.errors import InfraError
 from agentcore_rl.groups import parse_member_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
@@ -58,6 +59,10 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
     stubborn: like gate, and a cancel waits for the gate too;
     shutdown: the first ``payload["shutdowns"]`` (default 1) rollouts end like one
     cancelled by a server shutting down (with ``hold``, once the test opens the gate).
+    lost: with ``lose``, end as a rollout whose agent process died (an ``agent_lost``
+    envelope), else return rewards; infra: raise InfraError; result: return
+    ``payload["result"]``. A group member raises InfraError when its index is in ``infra``,
+    returns no reward when in ``no_reward`` and a NaN reward when in ``nan``.
     """
     app = AgentCoreRLApp(
         store=store, **app_options, shutdown=ShutdownConfig(grace=0.0, cancel_timeout=1.0)
@@ -94,6 +99,12 @@ def make_agent(store: ResultStore, recorder: Recorder, **app_options: Any) -> Ag
                 }
             elif mode == "group":
                 return await _member(payload, context.session_id, recorder)
+            elif mode == "lost" and payload.get("lose"):
+                return {"status_code": 503, "error_type": "agent_lost", "stop_reason": "killed"}
+            elif mode == "infra":
+                raise InfraError("the sandbox is down")
+            elif mode == "result":
+                return dict(payload["result"])
             return {"rewards": [1.0], "n": payload.get("n")}
         except asyncio.CancelledError:
             recorder.cancelled.add(context.session_id)
@@ -118,5 +129,11 @@ async def _member(payload: dict[str, Any], session_id: str, recorder: Recorder) 
         await asyncio.Event().wait()
     if bad and key.index in payload.get("gate", ()):
         await recorder.gate.wait()
+    if bad and key.index in payload.get("infra", ()):
+        raise InfraError(f"member {key.index}'s sandbox is down")
+    if key.index in payload.get("no_reward", ()):
+        return {"answer": "4"}
+    if key.index in payload.get("nan", ()):
+        return {"rewards": [float("nan")]}
     rewards = payload.get("rewards") or [1.0]
     return {"rewards": [rewards[key.index % len(rewards)]]}

@@ -40,8 +40,9 @@ async def test_the_summary_shows_failures_by_type_and_the_reward_s_basis(
         rows[label] = value.strip()
     assert rows["mean reward"] == "1.000 (3 finished)"
     assert rows["failed"] == "1"
-    assert rows["InvocationError"].startswith("1  (")
-    assert "prompt must be a string" in rows["InvocationError"], done.stdout
+    assert rows["failures by kind"] == "1 agent"  # the agent refused the input: not infra
+    assert rows["agent: InvocationError"].startswith("1  (")
+    assert "prompt must be a string" in rows["agent: InvocationError"], done.stdout
 
 
 def test_agent_failures_are_told_apart_by_what_failed_in_the_agent(tmp_path: Path) -> None:

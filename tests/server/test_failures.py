@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InvalidPayloadError, RolloutError
+from agentcore_rl.errors import InfraError, InvalidPayloadError, RewardError, RolloutError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
 
@@ -76,10 +76,57 @@ async def test_handler_returned_non_dict(store: ResultStore, bucket: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("result", "reason"),
+    [
+        ({"rewards": [float("nan")]}, "rewards[0] must be finite, got nan"),
+        ({"rewards": [1.0, float("-inf")]}, "rewards[1] must be finite, got -inf"),
+        ({"rewards": 1.0}, "rewards must be a list of numbers, got float"),
+        ({"rewards": ["1.0"]}, "rewards[0] must be a number, got str '1.0'"),
+        ({"rewards": [True]}, "rewards[0] must be a number, got bool True"),
+        ({"reward": None, "rewards": [None]}, "rewards[0] must be a number, got NoneType None"),
+        ({"reward": "high"}, "reward must be a number, got str 'high'"),
+    ],
+)
+async def test_a_reward_that_cannot_be_used_is_a_reward_failure_naming_its_field(
+    store: ResultStore, bucket: str, result: dict[str, Any], reason: str
+) -> None:
+    envelope = await run_one(store, bucket, lambda payload: result)
+    assert envelope[protocol.ERROR_TYPE] == protocol.ERROR_INVALID_REWARD
+    assert envelope[protocol.FAILURE_KIND] == "reward"
+    assert envelope[protocol.STOP_REASON] == reason
+
+
+@pytest.mark.parametrize(
+    ("raised", "error_type", "kind"),
+    [
+        (InfraError("sandbox down"), protocol.ERROR_INFRA, "infra"),
+        (RewardError("the judge gave no score"), protocol.ERROR_INVALID_REWARD, "reward"),
+        (KeyError("tool_call"), protocol.ERROR_HANDLER_RAISED, "agent"),
+    ],
+)
+async def test_what_a_handler_raises_says_the_failure_kind(
+    store: ResultStore, bucket: str, raised: Exception, error_type: str, kind: str
+) -> None:
+    def solve(payload: dict[str, Any]) -> dict[str, Any]:
+        raise raised
+
+    envelope = await run_one(store, bucket, solve)
+    assert (envelope[protocol.ERROR_TYPE], envelope[protocol.FAILURE_KIND]) == (error_type, kind)
+    assert type(raised).__name__ in envelope[protocol.TRACEBACK]
+
+
+async def test_a_result_without_a_reward_is_no_failure_of_the_server(
+    store: ResultStore, bucket: str
+) -> None:
+    # Whether a reward is needed is the caller's rule (a group's, eval's): not the server's.
+    await run_to_end(rollout_app(store, lambda payload: {"answer": 4}), bucket)
+    envelope = await read_envelope(store, bucket, KEY)
+    assert not protocol.is_error_envelope(envelope)
+
+
+@pytest.mark.parametrize(
     ("result", "fragment"),
     [
-        ({"rewards": [float("nan")]}, "Out of range float values are not JSON compliant"),
-        ({"rewards": [float("inf")]}, "Out of range float values"),
         ({"tokens": {1, 2}}, "Object of type set is not JSON serializable"),
         ({"obj": object()}, "Object of type object is not JSON serializable"),
     ],
