@@ -184,6 +184,8 @@ async def test_store_false_keeps_no_response() -> None:
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type 'item_reference'"),
         ({"input": "hi", "background": True}, "background is not supported"),
         ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "hi", "reasoning": 5}, "reasoning must be an object"),
+        ({"input": "hi", "previous_response_id": [1]}, "previous_response_id must be a string"),
         ({"input": "hi", "tool_choice": {"type": "web_search"}}, "tool_choice"),
         ({"input": "hi", "text": {"format": {"type": "xml"}}}, "text.format"),
         ({"input": []}, "input: the request has no input"),
@@ -208,7 +210,10 @@ async def test_harmless_fields_are_accepted_and_nothing_else_is_forwarded() -> N
         stack.gateway.open_session("r6", sampling={"temperature": 0.5})
         response = await llm.responses.create(
             model="p",
-            input=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "2 + 3?"}],
+            input=[
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "2 + 3?"},
+            ],
             store=True,
             metadata={"k": "v"},
             parallel_tool_calls=False,
@@ -242,7 +247,9 @@ async def test_an_upstream_failure_is_the_sdks_error(stream: bool) -> None:
     async with served() as stack:
         gateway = RolloutGateway("http://127.0.0.1:9/v1")  # nothing listens there
         async with BackgroundServer(gateway) as server:
-            llm = openai.AsyncOpenAI(base_url=f"{server.url}/sessions/x/v1", api_key="k", max_retries=0)
+            llm = openai.AsyncOpenAI(
+                base_url=f"{server.url}/sessions/x/v1", api_key="k", max_retries=0
+            )
             with pytest.raises(openai.InternalServerError, match="upstream"):
                 await respond(llm, stream=stream, input="What is 2 + 3?")
             await llm.close()

@@ -142,6 +142,8 @@ class ResponsesDialect(Dialect):
             if body.get(key):
                 raise invalid(f"{key} is not supported by the gateway's Responses API")
         reasoning = body.get("reasoning")
+        if not isinstance(reasoning, dict | None):
+            raise invalid("reasoning must be an object")
         if reasoning and any(v is not None for k, v in reasoning.items() if k != "summary"):
             raise invalid("reasoning: the model's reasoning effort cannot be set here")
         messages: list[dict[str, Any]] = []
@@ -151,6 +153,8 @@ class ResponsesDialect(Dialect):
             )
         previous = body.get("previous_response_id")
         if previous is not None:
+            if not isinstance(previous, str):
+                raise invalid("previous_response_id must be a string")
             kept = session.dialect.get(_KEPT, {}) if session is not None else {}
             if previous not in kept:
                 raise invalid(
