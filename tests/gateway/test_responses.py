@@ -231,7 +231,10 @@ async def test_harmless_fields_are_accepted_and_nothing_else_is_forwarded() -> N
         assert response.max_output_tokens == 64
         trace = await stack.gateway.finish_session("r6")
     assert trace.records[0].request == {
-        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 3?"}],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2 + 3?"},
+        ],
         "model": "pinned",
         "parallel_tool_calls": False,
         "max_tokens": 64,
