@@ -35,6 +35,11 @@ _SAMPLING: Final = {
 _MAPPED: Final = {"model", "input", "instructions", "tools", "tool_choice", "stream", "text"}
 _KNOWN: Final = _HARMLESS | set(_SAMPLING) | set(_PASSED) | _MAPPED
 _KNOWN_ALSO: Final = {"previous_response_id", "parallel_tool_calls", "top_logprobs", "reasoning"}
+_DELTAS: Final = {
+    "message": "response.output_text.delta",
+    "reasoning": "response.reasoning_text.delta",
+    "function_call": "response.function_call_arguments.delta",
+}
 _TEXT_PARTS: Final = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
@@ -247,6 +252,9 @@ class _ResponseEncoder(Encoder):
         self.calls: dict[int, dict[str, Any]] = {}  # streamed function calls by chat index
         self.finish: str | None = None
         self.usage: Any = None
+        self.prefix = b""  # the streamed item's delta events up to the delta
+        self.pieces: list[str] = []  # its text so far
+        self.logprobs: list[Any] = []
 
     def _item(self, kind: str, text: str = "", logprobs: Any = None, **call: str) -> dict[str, Any]:
         """A new output item (``reasoning``, ``message``, ``function_call``) at the end."""
@@ -312,92 +320,94 @@ class _ResponseEncoder(Encoder):
         return b"event: " + kind.encode() + b"\ndata: " + dumps(fields) + b"\n\n"
 
     def _open(self, kind: str, out: list[bytes], **call: str) -> dict[str, Any]:
-        """Finish the item being streamed; start a ``kind`` item (and its content part)."""
+        """Finish the item being streamed; start a ``kind`` item (and its content part). Its
+        deltas are written from a prefix made here: a token's event costs one string's dump."""
         self._done(out)
         item = self.item = self._item(kind, logprobs=[], **call)
-        index = len(self.output) - 1
+        self.pieces, self.logprobs = [], []
+        at = {"output_index": len(self.output) - 1, "item_id": item["id"]}
         added = {**item, "status": "in_progress"}
         if kind != "function_call":
             added["content"] = []
-        out.append(self._event("response.output_item.added", output_index=index, item=added))
+        out.append(
+            self._event("response.output_item.added", output_index=at["output_index"], item=added)
+        )
         if kind != "function_call":
-            at = {"output_index": index, "item_id": item["id"], "content_index": 0}
+            at["content_index"] = 0
             part = dict(item["content"][0])
             out.append(self._event("response.content_part.added", **at, part=part))
+        name = _DELTAS[kind]
+        head = dumps({"type": name, **at})[:-1]
+        self.prefix = b"event: " + name.encode() + b"\ndata: " + head + b',"delta":'
         return item
+
+    def _delta(self, text: str, out: list[bytes], logprobs: Any = None) -> None:
+        self.pieces.append(text)
+        tail = b""
+        if logprobs is not None:
+            self.logprobs += logprobs
+            tail = b',"logprobs":' + dumps(logprobs)
+        number = str(self.seq).encode()
+        self.seq += 1
+        out.append(self.prefix + dumps(text) + tail + b',"sequence_number":' + number + b"}\n\n")
 
     def _done(self, out: list[bytes]) -> None:
         """The events that finish the item being streamed."""
         item, self.item = self.item, None
         if item is None:
             return
-        index = len(self.output) - 1
-        at = {"output_index": index, "item_id": item["id"]}
+        at = {"output_index": len(self.output) - 1, "item_id": item["id"]}
         item["status"] = "incomplete" if self.finish == "length" else "completed"
+        text = "".join(self.pieces)
         if item["type"] == "function_call":
-            arguments = item["arguments"]
-            out.append(
-                self._event("response.function_call_arguments.done", **at, arguments=arguments)
-            )
+            item["arguments"] = text
+            out.append(self._event("response.function_call_arguments.done", **at, arguments=text))
         else:
             part = item["content"][0]
-            text = {"content_index": 0, "text": part["text"]}
+            part["text"], at["content_index"] = text, 0
             if item["type"] == "message":
-                logprobs = part["logprobs"]
-                out.append(
-                    self._event("response.output_text.done", **at, **text, logprobs=logprobs)
+                part["logprobs"] = self.logprobs
+                done = self._event(
+                    "response.output_text.done", **at, text=text, logprobs=self.logprobs
                 )
             else:
-                out.append(self._event("response.reasoning_text.done", **at, **text))
-            out.append(self._event("response.content_part.done", **at, content_index=0, part=part))
-        out.append(self._event("response.output_item.done", output_index=index, item=item))
-
-    def _delta(self, kind: str, text: str, out: list[bytes], **extra: Any) -> None:
-        item = self.item
-        if item is None or item["type"] != kind:
-            item = self._open(kind, out)
-        part = item["content"][0]
-        part["text"] += text
-        at = {"output_index": len(self.output) - 1, "item_id": item["id"], "content_index": 0}
-        event = (
-            "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+                done = self._event("response.reasoning_text.done", **at, text=text)
+            out += [done, self._event("response.content_part.done", **at, part=part)]
+        out.append(
+            self._event("response.output_item.done", output_index=at["output_index"], item=item)
         )
-        if "logprobs" in extra:
-            part["logprobs"] += extra["logprobs"]
-        out.append(self._event(event, **at, delta=text, **extra))
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
         out: list[bytes] = []
         if self.seq == 0:
+            self.response["model"] = chunk.get("model") or self.response["model"]
             out.append(self._event("response.created", response=self.response))
             out.append(self._event("response.in_progress", response=self.response))
-        if chunk.get("model"):
-            self.response["model"] = chunk["model"]
         if chunk.get("usage") is not None:
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if reasoning:
-                self._delta("reasoning", reasoning, out)
+                if self.item is None or self.item["type"] != "reasoning":
+                    self._open("reasoning", out)
+                self._delta(reasoning, out)
             if delta.get("content"):
-                logprobs = (choice.get("logprobs") or {}).get("content") or []
-                self._delta("message", delta["content"], out, logprobs=logprobs)
+                if self.item is None or self.item["type"] != "message":
+                    self._open("message", out)
+                logprobs = choice.get("logprobs")
+                self._delta(delta["content"], out, (logprobs or {}).get("content") or [])
             for call in delta.get("tool_calls") or ():
                 function = call.get("function") or {}
                 item = self.calls.get(call.get("index", 0))
                 if item is None:
                     named = {"call_id": call.get("id") or "", "name": function.get("name") or ""}
-                    item = self.calls[call.get("index", 0)] = self._open(
-                        "function_call", out, **named
-                    )
+                    item = self._open("function_call", out, **named)
+                    self.calls[call.get("index", 0)] = item
                 elif item is not self.item:
                     raise ValueError("a tool call's arguments came after the next item began")
                 if function.get("arguments"):
-                    item["arguments"] += function["arguments"]
-                    at = {"output_index": len(self.output) - 1, "item_id": item["id"]}
-                    delta_event = "response.function_call_arguments.delta"
-                    out.append(self._event(delta_event, **at, delta=function["arguments"]))
+                    self._delta(function["arguments"], out)
             self.finish = choice.get("finish_reason") or self.finish
         return b"".join(out)
 
