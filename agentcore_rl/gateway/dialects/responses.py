@@ -21,20 +21,23 @@ __all__ = ["RESPONSES_DIALECT", "ResponsesDialect"]
 
 _KEPT: Final = "responses"  # the session's responses by id: the conversation each ended
 _LOGPROBS: Final = "message.output_text.logprobs"
-# Accepted and echoed or without effect here (no hosted state, no caching, no tiers).
-_HARMLESS: Final = frozenset(
-    {"store", "metadata", "user", "safety_identifier", "service_tier", "include", "truncation"}
-) | {"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "stream_options"}
-# Chat's own sampling fields, passed on as the agent sent them (an SDK's ``extra_body``).
-_PASSED: Final = ("seed", "stop", "top_k", "min_p", "presence_penalty", "frequency_penalty")
-_SAMPLING: Final = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "max_output_tokens": "max_tokens",
+# Fields passed on under chat's name: sampling, and chat's own fields sent in ``extra_body``.
+_PASSED: Final = {"max_output_tokens": "max_tokens"} | {
+    k: k
+    for k in (
+        *("model", "temperature", "top_p", "seed", "stop", "top_k", "min_p"),
+        *("presence_penalty", "frequency_penalty", "parallel_tool_calls"),
+    )
 }
-_MAPPED: Final = {"model", "input", "instructions", "tools", "tool_choice", "stream", "text"}
-_KNOWN: Final = _HARMLESS | set(_SAMPLING) | set(_PASSED) | _MAPPED
-_KNOWN_ALSO: Final = {"previous_response_id", "parallel_tool_calls", "top_logprobs", "reasoning"}
+# Refused unless empty or false: the service's own state and features.
+_REFUSED: Final = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
+# What decoding reads, and what has no effect here (no hosted state, caching or tiers).
+_FIELDS: Final = {
+    *(*_PASSED, *_REFUSED, "input", "instructions", "tools", "tool_choice", "stream", "text"),
+    *("previous_response_id", "include", "top_logprobs", "reasoning", "store", "metadata"),
+    *("user", "safety_identifier", "service_tier", "truncation", "stream_options"),
+    *("prompt_cache_key", "prompt_cache_retention", "prompt_cache_options"),
+}
 _DELTAS: Final = {
     "message": "response.output_text.delta",
     "reasoning": "response.reasoning_text.delta",
@@ -141,10 +144,7 @@ class ResponsesDialect(Dialect):
 
     def decode(self, body: dict[str, Any], route: Route, session: Session | None) -> dict[str, Any]:
         for key in body:
-            if key not in _KNOWN and key not in _KNOWN_ALSO:
-                raise invalid(f"{key} is not supported by the gateway's Responses API")
-        for key in ("background", "conversation", "prompt", "max_tool_calls", "context_management"):
-            if body.get(key):
+            if key not in _FIELDS or (key in _REFUSED and body[key]):
                 raise invalid(f"{key} is not supported by the gateway's Responses API")
         reasoning = body.get("reasoning")
         if not isinstance(reasoning, dict | None):
@@ -170,18 +170,11 @@ class ResponsesDialect(Dialect):
         if not messages:
             raise invalid("input: the request has no input")
         chat: dict[str, Any] = {"messages": messages}
-        if "model" in body:
-            chat["model"] = body["model"]
+        chat.update((to, body[key]) for key, to in _PASSED.items() if body.get(key) is not None)
         if body.get("tools"):
             chat["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
             chat["tool_choice"] = _tool_choice(body["tool_choice"])
-        if body.get("parallel_tool_calls") is not None:
-            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
-        for key, chat_key in _SAMPLING.items():
-            if body.get(key) is not None:
-                chat[chat_key] = body[key]
-        chat.update((key, body[key]) for key in _PASSED if body.get(key) is not None)
         include = body.get("include") or []
         if not isinstance(include, list):
             raise invalid("include must be a list")
@@ -189,15 +182,16 @@ class ResponsesDialect(Dialect):
             chat["logprobs"] = True
             if body.get("top_logprobs"):
                 chat["top_logprobs"] = body["top_logprobs"]
-        form = (
-            (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
-        )
-        if isinstance(form, dict) and form.get("type") == "json_schema":
+        text = body.get("text")
+        form = text.get("format") if isinstance(text, dict) else None
+        form = form if isinstance(form, dict) else {"type": form}
+        kind = form.get("type")
+        if kind == "json_schema":
             schema = {k: v for k, v in form.items() if k != "type"}
             chat["response_format"] = {"type": "json_schema", "json_schema": schema}
-        elif isinstance(form, dict) and form.get("type") == "json_object":
-            chat["response_format"] = {"type": "json_object"}
-        elif form is not None and form != {"type": "text"}:
+        elif kind == "json_object":
+            chat["response_format"] = {"type": kind}
+        elif kind not in (None, "text"):
             raise invalid("text.format must be text, json_schema or json_object")
         if body.get("stream"):
             chat["stream"] = True
