@@ -315,7 +315,7 @@ async def test_a_thinking_template_with_reasoning_sent_back(stream: bool, histor
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_a_cut_off_answer_is_incomplete(stream: bool) -> None:
     async with template_stack("qwen2.5", history="linear") as rig, rig.llm("t2") as llm:
-        options = {"model": "p", "input": QUESTION, "max_output_tokens": 3}
+        options: Any = {"model": "p", "input": QUESTION, "max_output_tokens": 3}
         if stream:
             events = [e async for e in await llm.responses.create(**options, stream=True)]
             assert events[-1].type == "response.incomplete"
