@@ -271,9 +271,9 @@ class _ResponseEncoder(Encoder):
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if reasoning:
             self._item("reasoning", reasoning)
-        if message.get("content"):
+        if message.get("content") or not message.get("tool_calls"):  # a turn has its message
             logprobs = (choice.get("logprobs") or {}).get("content") or []
-            self._item("message", message["content"], logprobs)
+            self._item("message", message.get("content") or "", logprobs)
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             arguments, name = function.get("arguments") or "", function.get("name") or ""
@@ -407,6 +407,8 @@ class _ResponseEncoder(Encoder):
 
     def end(self) -> bytes:
         out = [self.chunk({})] if self.seq == 0 else []
+        if not self.calls and all(item["type"] != "message" for item in self.output):
+            self._open("message", out)
         self._done(out)
         self._close(None, self.finish, self.usage)
         done = self.response["status"] == "completed"
