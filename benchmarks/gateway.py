@@ -29,6 +29,7 @@ Example::
     python benchmarks/gateway.py                                   # 256 sessions x 4 turns
     python benchmarks/gateway.py --sessions 32 --serial-sessions 8 --turns 3
     python benchmarks/gateway.py --dialect messages       # the agents call Anthropic Messages
+    python benchmarks/gateway.py --dialect responses      # the agents call OpenAI Responses
 """
 
 from __future__ import annotations
@@ -254,6 +255,22 @@ DIALECTS = {
         },
         lambda data: data["content"][0]["text"],
         lambda data: data["delta"].get("text") if data["type"] == "content_block_delta" else None,
+    ),
+    "responses": AgentDialect(  # OpenAI Responses: instructions, input items, output items
+        "responses",
+        lambda messages, tokens: {
+            "model": "m",
+            "max_output_tokens": tokens,
+            "instructions": messages[0]["content"],
+            "input": messages[1:],
+        },
+        lambda data: "".join(
+            part["text"]
+            for item in data["output"]
+            if item["type"] == "message"
+            for part in item["content"]
+        ),
+        lambda data: data["delta"] if data["type"] == "response.output_text.delta" else None,
     ),
 }
 

@@ -24,7 +24,7 @@ from agentcore_rl.errors import ConfigurationError, TraceLostError
 from agentcore_rl.gateway.admin import GATEWAY_ID_HEADER, admin_app
 from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.call import Call, Refuse, down_message, render, respond
-from agentcore_rl.gateway.dialects import route_for
+from agentcore_rl.gateway.dialects import PATHS, route_for
 from agentcore_rl.gateway.dialects.base import Dialect
 from agentcore_rl.gateway.dialects.base import Route as DialectRoute
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT
@@ -406,7 +406,7 @@ class RolloutGateway:
             elif rest == "v1/models" and scope["method"] == "GET":
                 await self._models(send, sid)
             else:
-                routes = "v1/chat/completions, v1/completions, v1/models"
+                routes = ", ".join([*PATHS, "v1/models"])
                 raise Refuse(404, f"no route {path} (sessions/{{id}}/: {routes})", "not_found")
         except Invalid as exc:  # the session id or the body (jsonio: the door)
             body, headers = render(Refuse(400, str(exc), "invalid_request"), dialect)

@@ -336,6 +336,7 @@ class Session:
     in_flight: int = 0
     idle: anyio.Event | None = None  # set when in_flight drops to 0 while someone waits
     render: Any = None  # linear mode's LinearHistory (render/linear.py)
+    dialect: dict[str, Any] = field(default_factory=dict)  # what a dialect keeps (by its name)
 
     def call_started(self, now: float) -> int:
         self.last_seen = now

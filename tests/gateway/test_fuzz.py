@@ -31,6 +31,29 @@ FIELDS = [
     "min_tokens",
 ]
 
+# The Responses API's fields, and the chat fields each may become (nothing else is forwarded).
+RESPONSES_FIELDS = {
+    "model": {"model"},
+    "input": {"messages"},
+    "instructions": {"messages"},
+    "stream": {"stream", "stream_options"},
+    "tools": {"tools"},
+    "tool_choice": {"tool_choice"},
+    "max_output_tokens": {"max_tokens"},
+    "temperature": {"temperature"},
+    "top_p": {"top_p"},
+    "previous_response_id": {"messages"},
+    "include": {"logprobs", "top_logprobs"},
+    "top_logprobs": set(),
+    "text": {"response_format"},
+    "reasoning": set(),
+    "metadata": set(),
+    "store": set(),
+    "parallel_tool_calls": {"parallel_tool_calls"},
+    "seed": {"seed"},
+    "stop": {"stop"},
+}
+
 
 def _nested(depth: int, inner: str = "1") -> str:
     return "[" * depth + inner + "]" * depth
@@ -54,11 +77,11 @@ def _scalar(rng: random.Random) -> str:
     return json.dumps(rng.choice(["x", "", "e", "\n"]))
 
 
-def _agent_body(rng: random.Random) -> tuple[str, bool]:
+def _agent_body(rng: random.Random, fields: list[str] = FIELDS) -> tuple[str, bool]:
     """A chat body with some fields odd; -> (text, whether it holds an integer beyond 64 bits)."""
     parts = ['"messages": [{"role": "user", "content": "What is 1 + 1?"}]']
     big = False
-    for name in rng.sample(FIELDS, rng.randrange(1, 4)):
+    for name in rng.sample(fields, rng.randrange(1, 4)):
         value = _scalar(rng)
         big = big or any(value == str(i) for i in BIG_INTS)
         parts.append(f'"{name}": {value}')
@@ -178,9 +201,13 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
                 if response.status_code == 204:
                     accepted.add(sid)
             for turn in range(rng.randrange(1, 3)):
-                body, big = _agent_body(rng)
                 names: set[str] = set()
-                route = rng.choice(["chat/completions", "completions", "messages"])
+                route = rng.choice(["chat/completions", "completions", "messages", "responses"])
+                if route == "responses":
+                    body, big = _agent_body(rng, list(RESPONSES_FIELDS)[1:])
+                    body = body.replace('"messages": ', '"input": ', 1)
+                else:
+                    body, big = _agent_body(rng)
                 if route == "completions":
                     body = body.replace('"messages": ', '"prompt": "hi", "x": ', 1)
                 elif route == "messages":
@@ -189,6 +216,12 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
                 await _ok_or_4xx(response, f"{sid} turn {turn}: {body[:200]}")
                 if big:
                     assert response.status_code == 400, body[:200]
+                if route == "responses" and response.status_code == 200:
+                    sent = json.loads(body)
+                    implied = set().union(*(RESPONSES_FIELDS[k] for k in sent))
+                    record = stack.gateway.peek_session(sid).records[-1]
+                    forwarded = set(json.loads(record.request_body))
+                    assert forwarded <= implied, (body[:200], forwarded - implied)
                 with contextlib.suppress(TraceLostError):  # not taken: no session
                     records = stack.gateway.peek_session(sid).records
                     accepted.add(sid)

@@ -1,6 +1,6 @@
 """The agent-facing dialects, by route (docs/gateway.md, "Agent dialects"): OpenAI chat and
-text completions (:mod:`.chat`), Anthropic Messages (:mod:`.messages`); what a codec is:
-:mod:`.base`."""
+text completions (:mod:`.chat`), OpenAI Responses (:mod:`.responses`), Anthropic Messages
+(:mod:`.messages`); what a codec is: :mod:`.base`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from urllib.parse import unquote
 from agentcore_rl.gateway.dialects.base import Dialect, Route
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, COMPLETIONS_DIALECT
 from agentcore_rl.gateway.dialects.messages import MESSAGES_DIALECT
+from agentcore_rl.gateway.dialects.responses import RESPONSES_DIALECT
 
 __all__ = ["PATHS", "route_for"]
 
@@ -18,6 +19,7 @@ PATHS: Final[dict[str, Route]] = {
     "v1/chat/completions": Route(CHAT_DIALECT),
     "v1/completions": Route(COMPLETIONS_DIALECT),
     "v1/messages": Route(MESSAGES_DIALECT),
+    "v1/responses": Route(RESPONSES_DIALECT),
 }
 #: Bedrock Converse: ``model/{modelId}/converse`` and ``.../converse-stream``.
 CONVERSE: Final[Dialect | None] = None

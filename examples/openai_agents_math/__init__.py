@@ -1,0 +1,1 @@
+"""The math agent written with the OpenAI Agents SDK (see README.md)."""
