@@ -1,6 +1,6 @@
 """The agent-facing dialects, by route (docs/gateway.md, "Agent dialects"): OpenAI chat and
 text completions (:mod:`.chat`), OpenAI Responses (:mod:`.responses`), Anthropic Messages
-(:mod:`.messages`); what a codec is: :mod:`.base`."""
+(:mod:`.messages`), Bedrock Converse (:mod:`.converse`); what a codec is: :mod:`.base`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from urllib.parse import unquote
 
 from agentcore_rl.gateway.dialects.base import Dialect, Route
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, COMPLETIONS_DIALECT
+from agentcore_rl.gateway.dialects.converse import CONVERSE_DIALECT
 from agentcore_rl.gateway.dialects.messages import MESSAGES_DIALECT
 from agentcore_rl.gateway.dialects.responses import RESPONSES_DIALECT
 
@@ -22,7 +23,7 @@ PATHS: Final[dict[str, Route]] = {
     "v1/responses": Route(RESPONSES_DIALECT),
 }
 #: Bedrock Converse: ``model/{modelId}/converse`` and ``.../converse-stream``.
-CONVERSE: Final[Dialect | None] = None
+CONVERSE: Final[Dialect | None] = CONVERSE_DIALECT
 
 
 def route_for(rest: str) -> Route | None:

@@ -1,0 +1,400 @@
+"""Bedrock Converse (``model/{modelId}/converse`` and ``converse-stream``), as boto3's
+``bedrock-runtime`` client and Strands' ``BedrockModel`` call it: content blocks to chat
+messages and tools, the chat answer to Converse's JSON, or its stream to the AWS event-stream
+binary framing botocore reads (``botocore/eventstream.py``; shapes from the ``bedrock-runtime``
+service model). Errors carry ``x-amzn-errortype`` so botocore raises its typed exception."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any, Final
+
+from agentcore_rl.gateway.dialects.base import JSON_TYPE, Dialect, Encoder, Headers, Route, invalid
+from agentcore_rl.gateway.jsonio import dumps
+from agentcore_rl.gateway.record import Session
+
+__all__ = ["CONVERSE_DIALECT", "ConverseDialect", "event_message"]
+
+# Accepted and without effect on the answer: request tags, a latency tier, a service tier.
+_IGNORED: Final = frozenset({"requestMetadata", "performanceConfig", "serviceTier"})
+_SAMPLING: Final = {
+    "maxTokens": "max_tokens",
+    "temperature": "temperature",
+    "topP": "top_p",
+    "stopSequences": "stop",
+}
+_STOP: Final = {
+    "stop": "end_turn",
+    "tool_calls": "tool_use",
+    "length": "max_tokens",
+    "content_filter": "content_filtered",
+}
+# Each status's exception, as bedrock-runtime names them (the service model's error shapes).
+_ERRORS: Final = {
+    400: "ValidationException",
+    401: "AccessDeniedException",
+    403: "AccessDeniedException",
+    404: "ResourceNotFoundException",
+    405: "ValidationException",
+    408: "ModelTimeoutException",
+    413: "ValidationException",
+    429: "ThrottlingException",
+    502: "ModelErrorException",
+    503: "ServiceUnavailableException",
+}
+# A stream's exception events (members of ConverseStreamOutput), by status.
+_STREAM_ERRORS: Final = {
+    400: "validationException",
+    429: "throttlingException",
+    502: "modelStreamErrorException",
+    503: "serviceUnavailableException",
+}
+_MEDIA: Final = ("image", "document", "video", "audio")
+
+
+def _header(name: str, value: str) -> bytes:
+    raw_name, raw = name.encode(), value.encode()
+    return struct.pack("!B", len(raw_name)) + raw_name + struct.pack("!BH", 7, len(raw)) + raw
+
+
+def event_message(headers: bytes, payload: bytes) -> bytes:
+    """One AWS event-stream message: prelude (total and headers length, their CRC32), the
+    headers, the payload, the CRC32 of all before it.
+
+    Written here because the format is small and fixed, and no pure-Python encoder installs
+    on this Python: ``smithy-aws-event-stream`` needs Python 3.12 or later, ``awscrt`` is a
+    large native build; botocore has only the decoder. The tests read it with botocore's.
+
+    Example::
+
+        event_message(_header(":event-type", "messageStop"), b'{"stopReason":"end_turn"}')
+    """
+    prelude = struct.pack("!II", 16 + len(headers) + len(payload), len(headers))
+    head = prelude + struct.pack("!I", zlib.crc32(prelude)) + headers
+    return head + payload + struct.pack("!I", zlib.crc32(payload, zlib.crc32(head)))
+
+
+_EVENT_HEADERS: Final = {
+    kind: _header(":event-type", kind)
+    + _header(":content-type", "application/json")
+    + _header(":message-type", "event")
+    for kind in (
+        "messageStart",
+        "contentBlockStart",
+        "contentBlockDelta",
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+    )
+}
+
+
+def _event(kind: str, payload: Mapping[str, Any]) -> bytes:
+    return event_message(_EVENT_HEADERS[kind], dumps(payload))
+
+
+def _usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
+    usage = usage or {}
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(
+        usage.get("completion_tokens") or 0
+    )
+    return {"inputTokens": prompt, "outputTokens": completion, "totalTokens": prompt + completion}
+
+
+class _ConverseEncoder(Encoder):
+    headers: Headers = [JSON_TYPE]
+    stream_headers: Headers = [(b"content-type", b"application/vnd.amazon.eventstream")]
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.started = time.perf_counter()  # metrics.latencyMs: from the call's decoding
+        self.index = -1  # the open content block's contentBlockIndex (-1: none yet)
+        self.kind: str | int | None = None  # its kind: "text", "reasoning", a tool call's index
+        self.finish: str = "end_turn"
+        self.usage: Mapping[str, Any] | None = None
+        self.begun = False
+
+    def _latency(self) -> dict[str, int]:
+        return {"latencyMs": round((time.perf_counter() - self.started) * 1000)}
+
+    def _stop_reason(self, choice: Mapping[str, Any]) -> str:
+        reason = choice.get("finish_reason")
+        if reason == "stop" and choice.get("stop_reason") in self.stops:
+            return "stop_sequence"  # vLLM names the stop string it met
+        return _STOP.get(str(reason), "end_turn")
+
+    def whole(self, answer: dict[str, Any]) -> bytes:
+        choice = (answer.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        content: list[dict[str, Any]] = []
+        if message.get("reasoning_content"):
+            text = message["reasoning_content"]
+            content.append({"reasoningContent": {"reasoningText": {"text": text}}})
+        if message.get("content"):
+            content.append({"text": message["content"]})
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            tool = {"toolUseId": call.get("id"), "name": function.get("name")}
+            content.append({"toolUse": {**tool, "input": _arguments(function.get("arguments"))}})
+        return dumps(
+            {
+                "output": {"message": {"role": "assistant", "content": content or [{"text": ""}]}},
+                "stopReason": self._stop_reason(choice),
+                "usage": _usage(answer.get("usage")),
+                "metrics": self._latency(),
+            }
+        )
+
+    def _open(self, kind: str | int, start: dict[str, Any] | None = None) -> list[bytes]:
+        out = self._close()
+        self.index += 1
+        self.kind = kind
+        if start is not None:
+            out.append(_event("contentBlockStart", {"start": start, "contentBlockIndex": self.index}))
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.kind is None:
+            return []
+        self.kind = None
+        return [_event("contentBlockStop", {"contentBlockIndex": self.index})]
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _event("contentBlockDelta", {"delta": delta, "contentBlockIndex": self.index})
+
+    def _begin(self) -> list[bytes]:
+        if self.begun:
+            return []
+        self.begun = True
+        return [_event("messageStart", {"role": "assistant"})]
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        out = self._begin()
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            thought, text = delta.get("reasoning_content"), delta.get("content")
+            if thought:
+                out += self._open("reasoning") if self.kind != "reasoning" else []
+                out.append(self._delta({"reasoningContent": {"text": thought}}))
+            if text:
+                out += self._open("text") if self.kind != "text" else []
+                out.append(self._delta({"text": text}))
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                if self.kind != call.get("index", 0) or call.get("id"):
+                    tool = {"toolUseId": call.get("id") or "", "name": function.get("name") or ""}
+                    out += self._open(call.get("index", 0), {"toolUse": tool})
+                arguments = function.get("arguments")
+                if arguments:
+                    out.append(self._delta({"toolUse": {"input": arguments}}))
+            if choice.get("finish_reason"):
+                self.finish = self._stop_reason(choice)
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        out = [*self._begin(), *self._close()]
+        out.append(_event("messageStop", {"stopReason": self.finish}))
+        out.append(_event("metadata", {"usage": _usage(self.usage), "metrics": self._latency()}))
+        return b"".join(out)
+
+    def fail(self, status: int, message: str, kind: str) -> bytes:
+        name = _STREAM_ERRORS.get(status, "internalServerException")
+        headers = (
+            _header(":exception-type", name)
+            + _header(":content-type", "application/json")
+            + _header(":message-type", "exception")
+        )
+        return event_message(headers, dumps({"message": message}))
+
+
+def _arguments(arguments: Any) -> Any:
+    """A tool call's JSON arguments as the ``input`` object (text that is not JSON: as is)."""
+    if not isinstance(arguments, str):
+        return arguments if arguments is not None else {}
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return arguments
+
+
+def _items(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise invalid(f"{where} must be a list")
+    return value
+
+
+def _fields(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise invalid(f"{where} must be an object")
+    return value
+
+
+def _string(fields: Mapping[str, Any], name: str, where: str) -> str:
+    value = fields.get(name)
+    if not isinstance(value, str):
+        raise invalid(f"{where}.{name} must be a string")
+    return value
+
+
+def _text(block: Any, where: str) -> str | None:
+    """A text block's text; None for a cache point (a hint without content); any other block
+    is refused, naming it."""
+    block = _fields(block, where)
+    if "text" in block:
+        if not isinstance(block["text"], str):
+            raise invalid(f"{where}.text must be a string")
+        return block["text"]
+    if "cachePoint" in block:
+        return None
+    kind = next(iter(block), "(empty)")
+    if kind in _MEDIA:
+        raise invalid(f"{where}.{kind}: {kind} blocks are not supported (text only)")
+    raise invalid(f"{where}.{kind} is not supported")
+
+
+def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``toolResult`` block as a chat tool message: its text and JSON parts as one text
+    (its ``status`` has no place in a chat template)."""
+    result = _fields(block["toolResult"], where)
+    parts = []
+    for i, part in enumerate(_items(result.get("content", []), f"{where}.content")):
+        if isinstance(part, dict) and "json" in part:
+            parts.append(json.dumps(part["json"], ensure_ascii=False))
+        else:
+            parts.append(_text(part, f"{where}.content[{i}]") or "")
+    call = _string(result, "toolUseId", where)
+    return {"role": "tool", "tool_call_id": call, "content": "\n".join(parts)}
+
+
+def _message(message: Any, where: str) -> list[dict[str, Any]]:
+    """One Converse message as chat messages (a user turn's tool results become tool
+    messages, in their place among its text)."""
+    message = _fields(message, where)
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        raise invalid(f"{where}.role must be 'user' or 'assistant'")
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for i, block in enumerate(_items(message.get("content"), f"{where}.content")):
+        at = f"{where}.content[{i}]"
+        if isinstance(block, dict) and "toolResult" in block and role == "user":
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_result(block, f"{at}.toolResult"))
+        elif isinstance(block, dict) and "toolUse" in block and role == "assistant":
+            use = _fields(block["toolUse"], f"{at}.toolUse")
+            arguments = json.dumps(use.get("input", {}), ensure_ascii=False)
+            function = {"name": _string(use, "name", f"{at}.toolUse"), "arguments": arguments}
+            call = _string(use, "toolUseId", f"{at}.toolUse")
+            calls.append({"id": call, "type": "function", "function": function})
+        elif isinstance(block, dict) and "reasoningContent" in block and role == "assistant":
+            thought = _fields(block["reasoningContent"], f"{at}.reasoningContent")
+            if "reasoningText" not in thought:
+                raise invalid(f"{at}.reasoningContent: only reasoningText is supported")
+            reasoning.append(str(_fields(thought["reasoningText"], at).get("text", "")))
+        else:
+            text = _text(block, at)
+            if text is not None:
+                texts.append(text)
+    if role == "user":
+        return out + [{"role": "user", "content": "\n".join(texts)}] if texts or not out else out
+    said: dict[str, Any] = {"role": "assistant"}
+    if texts or not calls:
+        said["content"] = "".join(texts)
+    if reasoning:
+        said["reasoning_content"] = "".join(reasoning)
+    if calls:
+        said["tool_calls"] = calls
+    return [said]
+
+
+def _tools(config: Any) -> dict[str, Any]:
+    """``toolConfig`` as chat's ``tools`` and ``tool_choice``."""
+    config = _fields(config, "toolConfig")
+    tools = []
+    for i, tool in enumerate(_items(config.get("tools"), "toolConfig.tools")):
+        tool = _fields(tool, f"toolConfig.tools[{i}]")
+        if "cachePoint" in tool:
+            continue
+        spec = _fields(tool.get("toolSpec"), f"toolConfig.tools[{i}].toolSpec")
+        where = f"toolConfig.tools[{i}].toolSpec"
+        schema = _fields(spec.get("inputSchema"), f"{where}.inputSchema")
+        function = {"name": _string(spec, "name", where)}
+        if "description" in spec:
+            function["description"] = _string(spec, "description", where)
+        parameters = _fields(schema.get("json"), f"{where}.inputSchema.json")
+        tools.append({"type": "function", "function": {**function, "parameters": parameters}})
+    out: dict[str, Any] = {"tools": tools}
+    if "toolChoice" in config:
+        choice = _fields(config["toolChoice"], "toolConfig.toolChoice")
+        if "auto" in choice:
+            out["tool_choice"] = "auto"
+        elif "any" in choice:
+            out["tool_choice"] = "required"
+        elif "tool" in choice:
+            name = _string(_fields(choice["tool"], "toolConfig.toolChoice.tool"), "name", "toolConfig.toolChoice.tool")
+            out["tool_choice"] = {"type": "function", "function": {"name": name}}
+        else:
+            raise invalid("toolConfig.toolChoice must be one of auto, any, tool")
+    return out
+
+
+class ConverseDialect(Dialect):
+    """``POST /sessions/{sid}/model/{modelId}/converse`` (and ``converse-stream``)."""
+
+    name = "converse"
+
+    def decode(self, body: dict[str, Any], route: Route, session: Session | None) -> dict[str, Any]:
+        for field in body:
+            if field not in _IGNORED and field not in (
+                *("messages", "system", "inferenceConfig", "toolConfig"),
+                "additionalModelRequestFields",
+            ):
+                raise invalid(f"{field} is not supported")
+        for field in _fields(body.get("additionalModelRequestFields", {}), "additionalModelRequestFields"):
+            raise invalid(f"additionalModelRequestFields.{field} is not supported")
+        messages: list[dict[str, Any]] = []
+        system = [
+            _text(block, f"system[{i}]")
+            for i, block in enumerate(_items(body.get("system", []), "system"))
+        ]
+        if any(text is not None for text in system):
+            messages.append({"role": "system", "content": "\n".join(filter(None, system))})
+        if "messages" not in body:
+            raise invalid("request body has no 'messages'")
+        for i, message in enumerate(_items(body["messages"], "messages")):
+            messages += _message(message, f"messages[{i}]")
+        chat: dict[str, Any] = {"model": route.model, "messages": messages}
+        for field, value in _fields(body.get("inferenceConfig", {}), "inferenceConfig").items():
+            if field not in _SAMPLING:
+                raise invalid(f"inferenceConfig.{field} is not supported")
+            chat[_SAMPLING[field]] = value
+        if "toolConfig" in body:
+            chat.update(_tools(body["toolConfig"]))
+        if route.stream:
+            chat.update(stream=True, stream_options={"include_usage": True})
+        return chat
+
+    def encoder(
+        self, body: Mapping[str, Any], chat: Mapping[str, Any], session: Session
+    ) -> Encoder:
+        stops = chat.get("stop")
+        return _ConverseEncoder(stops if isinstance(stops, list) else [])
+
+    def error(
+        self, status: int, message: str, kind: str, upstream: bytes | None
+    ) -> tuple[bytes, Headers]:
+        name = _ERRORS.get(status, "InternalServerException")
+        return dumps({"message": message}), [(b"x-amzn-errortype", f"{name}:".encode())]
+
+
+CONVERSE_DIALECT: Final = ConverseDialect()
