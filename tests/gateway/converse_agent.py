@@ -94,7 +94,7 @@ def tool_loop(client: Any, problem: str, *, stream: bool) -> tuple[list[Any], li
     """The math agent's loop in Converse -> (the conversation, each call's answer)."""
     messages: list[Any] = [{"role": "user", "content": [{"text": problem}]}]
     answers = []
-    for _ in range(4):  # bounded
+    for _ in range(6):  # bounded
         answer = converse(client, messages, stream=stream)
         answers.append(answer)
         message = answer["output"]["message"]
@@ -108,4 +108,4 @@ def tool_loop(client: Any, problem: str, *, stream: bool) -> tuple[list[Any], li
                 result = {"toolUseId": block["toolUse"]["toolUseId"], "content": [{"text": str(value)}]}
                 results.append({"toolResult": {**result, "status": "success"}})
         messages.append({"role": "user", "content": results})
-    raise AssertionError("the agent did not finish in 4 turns")
+    raise AssertionError("the agent did not finish in 6 turns")

@@ -12,12 +12,15 @@ import httpx
 import pytest
 from botocore.eventstream import EventStreamBuffer
 from botocore.exceptions import ClientError, EventStreamError
+from strands import Agent, tool
+from strands.models.bedrock import BedrockModel
 
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.gateway.dialects.base import Route
 from agentcore_rl.gateway.dialects.converse import CONVERSE_DIALECT
 from agentcore_rl.gateway.record import Session
 from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.local.policy_solver import evaluate_arithmetic
 from agentcore_rl.trajectory import build_trajectory
 from tests.gateway.converse_agent import CALCULATOR_SPEC, MODEL, SYSTEM, bedrock, converse, tool_loop
 from tests.gateway.helpers import CALCULATOR, PROBLEM, served
@@ -282,3 +285,48 @@ async def test_the_routes_take_post_and_a_model() -> None:
         assert got.headers["x-amzn-errortype"].startswith("ValidationException")
         nothing = await http.post("/sessions/c7/model//converse", json={"messages": []})
         assert nothing.status_code == 404
+
+
+@tool
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: for example (12 + 5) * 3
+    """
+    return str(evaluate_arithmetic(expression))
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "whole"])
+async def test_a_strands_agent_on_its_default_bedrock_model(streaming: bool) -> None:
+    async with served() as stack:
+        model = BedrockModel(endpoint_url=session_url(stack.url, "c9"), streaming=streaming)
+        agent = Agent(model=model, tools=[calculator], system_prompt=SYSTEM, callback_handler=None)
+        result = await agent.invoke_async(PROBLEM)
+        trace = await stack.gateway.finish_session("c9")
+    assert [b.get("text") for b in result.message["content"]] == ["The answer is 14."]
+    assert result.metrics.tool_metrics["calculator"].success_count == 1
+    usage = result.metrics.accumulated_usage
+    assert usage["inputTokens"] == sum(len(p) for p, _ in stack.policy.answers)
+    assert usage["outputTokens"] == sum(len(c[0][0]) for _, c in stack.policy.answers)
+    assert [(r.endpoint, r.stream, r.ok) for r in trace.records] == [("converse", streaming, True)] * 2
+    for record, (prompt_ids, choices) in zip(trace.records, stack.policy.answers, strict=True):
+        assert record.prompt_ids.tolist() == prompt_ids
+        assert record.completions[0].token_ids.tolist() == choices[0][0]
+        assert record.completions[0].logprobs.tolist() == choices[0][1]
+    assert trace.records[0].request["tool_choice"] == "auto"  # Strands always sends it
+    trajectory = build_trajectory(trace, reward=1.0)
+    assert (len(trajectory.segments), trajectory.merges, trajectory.splits) == (1, 1, 0)
+
+
+async def test_strands_gets_botocores_validation_exception() -> None:
+    async with served() as stack:
+        model = BedrockModel(
+            endpoint_url=session_url(stack.url, "c10"),
+            additional_request_fields={"thinking": {"type": "enabled", "budget_tokens": 1024}},
+        )
+        agent = Agent(model=model, callback_handler=None)
+        with pytest.raises(ClientError) as caught:
+            await agent.invoke_async(PROBLEM)
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
+    assert "additionalModelRequestFields.thinking" in caught.value.response["Error"]["Message"]
