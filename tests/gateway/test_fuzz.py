@@ -245,3 +245,59 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
     assert accepted
     assert messages_answered > 5
     assert stats["live_sessions"] == 0
+
+
+CONVERSE_MODELS = ["m", "us.anthropic.claude-sonnet-4-20250514-v1%3A0", "arn%3Aaws%3Ab%2Fx", "%FF", "%00"]
+CONVERSE_FIELDS = {
+    "system": ['[{"text": "Be brief."}]', '[{"cachePoint": {"type": "default"}}]', '[{"x": 1}]'],
+    "inferenceConfig": ['{"maxTokens": %s}', '{"temperature": %s, "topP": 0.5}', '{"stopSequences": %s}'],
+    "toolConfig": [
+        '{"tools": [{"toolSpec": {"name": "calc", "inputSchema": {"json": %s}}}]}',
+        '{"tools": [], "toolChoice": %s}',
+        '{"tools": [{"cachePoint": {}}], "toolChoice": {"any": {}}}',
+    ],
+    "additionalModelRequestFields": ["{}", '{"top_k": %s}'],
+    "requestMetadata": ['{"k": %s}'],
+    "messages": [
+        '[{"role": "assistant", "content": [{"toolUse": {"toolUseId": "t", "name": "calc", "input": %s}}]}]',
+        '[{"role": "user", "content": [{"toolResult": {"toolUseId": "t", "content": [{"json": %s}]}}]}]',
+        '[{"role": "assistant", "content": [{"reasoningContent": {"reasoningText": {"text": %s}}}]}]',
+        '[{"role": "user", "content": [{"image": %s}]}]',
+        '[{"role": %s, "content": []}]',
+    ],
+    "guardrailConfig": ["%s"],
+}
+# The chat fields each Converse field may become (the model always; a stream its options).
+IMPLIED = {
+    "system": {"messages"},
+    "messages": {"messages"},
+    "inferenceConfig": {"max_tokens", "temperature", "top_p", "stop"},
+    "toolConfig": {"tools", "tool_choice"},
+}
+
+
+async def test_hostile_converse_input_gets_no_5xx_and_forwards_only_what_was_sent() -> None:
+    rng = random.Random(34)
+    taken = 0
+    async with served() as stack, httpx.AsyncClient(base_url=stack.url, timeout=60) as http:
+        for i in range(150):
+            sid = f"c{i}"
+            fields = {'"messages"': '[{"role": "user", "content": [{"text": "What is 1 + 1?"}]}]'}
+            for name in rng.sample(sorted(CONVERSE_FIELDS), rng.randrange(0, 4)):
+                template = rng.choice(CONVERSE_FIELDS[name])
+                fields[f'"{name}"'] = template.replace("%s", _scalar(rng)) if "%s" in template else template
+            body = "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
+            action = rng.choice(["converse", "converse-stream"])
+            path = f"/sessions/{sid}/model/{rng.choice(CONVERSE_MODELS)}/{action}"
+            response = await http.post(path, content=body.encode())
+            await _ok_or_4xx(response, f"{path}: {body[:200]}")
+            if response.status_code >= 400:
+                assert response.headers["x-amzn-errortype"].endswith(":"), body[:200]
+                continue
+            taken += 1
+            (record,) = (await stack.gateway.finish_session(sid)).records
+            allowed = {"model"}.union(*(IMPLIED.get(k.strip('"'), ()) for k in fields))
+            if action == "converse-stream":
+                allowed |= {"stream", "stream_options"}
+            assert set(record.request) <= allowed, (body[:200], record.request)
+    assert 30 < taken < 150, taken  # both answered and refused calls
