@@ -1,0 +1,1 @@
+"""The Strands math agent on Strands' default model provider, Bedrock Converse."""
