@@ -33,7 +33,8 @@ async def _trained(s3_endpoint: str, accuracy: float) -> AsyncIterator[tuple[Any
         tps=None,
     )
     async with stack:
-        assert stack.policy_base_url is not None and stack.s3_endpoint_url is not None
+        assert stack.policy_base_url is not None
+        assert stack.s3_endpoint_url is not None
         gateway = RolloutGateway(stack.policy_base_url, admin_token=ADMIN, model=policy.model)
         async with gateway, BackgroundServer(gateway) as server:
             client = AsyncRolloutClient(
@@ -82,9 +83,13 @@ async def test_the_production_agent_calls_bedrock_where_boto3_is_pointed(
         async with BackgroundServer(gateway) as front:
             # boto3's standard variable, as a VPC endpoint would be configured
             monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", f"{front.url}/sessions/prod")
-            async with BackgroundServer(app) as server, httpx.AsyncClient(base_url=server.url) as http:
+            async with (
+                BackgroundServer(app) as server,
+                httpx.AsyncClient(base_url=server.url) as http,
+            ):
                 response = await http.post("/invocations", json={"prompt": PROBLEM})
                 refused = await http.post("/invocations", json={"prompt": ""})
     assert response.status_code == 200, response.text
     assert response.json() == {"answer": "The answer is 14."}
-    assert refused.status_code == 400 and "prompt" in refused.text
+    assert refused.status_code == 400
+    assert "prompt" in refused.text

@@ -45,7 +45,7 @@ def collect(stream: Any) -> dict[str, Any]:
     blocks: dict[int, dict[str, Any]] = {}
     answer: dict[str, Any] = {"events": []}
     for event in stream["stream"]:
-        (kind, body), = event.items()
+        ((kind, body),) = event.items()
         answer["events"].append(kind)
         if kind == "messageStart":
             answer["role"] = body["role"]
@@ -105,7 +105,10 @@ def tool_loop(client: Any, problem: str, *, stream: bool) -> tuple[list[Any], li
         for block in message["content"]:
             if "toolUse" in block:
                 value = evaluate_arithmetic(block["toolUse"]["input"]["expression"])
-                result = {"toolUseId": block["toolUse"]["toolUseId"], "content": [{"text": str(value)}]}
+                result = {
+                    "toolUseId": block["toolUse"]["toolUseId"],
+                    "content": [{"text": str(value)}],
+                }
                 results.append({"toolResult": {**result, "status": "success"}})
         messages.append({"role": "user", "content": results})
     raise AssertionError("the agent did not finish in 6 turns")

@@ -22,7 +22,14 @@ from agentcore_rl.gateway.record import Session
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy_solver import evaluate_arithmetic
 from agentcore_rl.trajectory import build_trajectory
-from tests.gateway.converse_agent import CALCULATOR_SPEC, MODEL, SYSTEM, bedrock, converse, tool_loop
+from tests.gateway.converse_agent import (
+    CALCULATOR_SPEC,
+    MODEL,
+    SYSTEM,
+    bedrock,
+    converse,
+    tool_loop,
+)
 from tests.gateway.helpers import CALCULATOR, PROBLEM, served
 from tests.gateway.test_bad_input import _broken_upstream
 
@@ -106,7 +113,10 @@ async def test_turn_one_feeds_the_upstream_what_chat_feeds_it() -> None:
         async with stack.llm("c2") as llm:
             await llm.chat.completions.create(
                 model="policy",
-                messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROBLEM}],
+                messages=[
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": PROBLEM},
+                ],
                 tools=[CALCULATOR],
             )
     (converse_prompt, _), (chat_prompt, _) = stack.policy.answers
@@ -125,7 +135,10 @@ async def test_sampling_stops_and_tool_choice_translate_to_chat() -> None:
                 "topP": 0.9,
                 "stopSequences": ["###"],
             },
-            "toolConfig": {"tools": [CALCULATOR_SPEC], "toolChoice": {"tool": {"name": "calculator"}}},
+            "toolConfig": {
+                "tools": [CALCULATOR_SPEC],
+                "toolChoice": {"tool": {"name": "calculator"}},
+            },
             "requestMetadata": {"team": "math"},
         }
         await anyio.to_thread.run_sync(lambda: converse(client, question, stream=False, **fields))
@@ -140,7 +153,7 @@ async def test_sampling_stops_and_tool_choice_translate_to_chat() -> None:
     }
     assert request["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
     assert request["model"] == "pinned"
-    assert "requestMetadata" not in request and "team" not in json.dumps(request)
+    assert "team" not in json.dumps(request)  # requestMetadata: accepted, not forwarded
 
 
 def _reasoning_history() -> list[Any]:
@@ -175,18 +188,53 @@ async def test_reasoning_sent_back_becomes_reasoning_content() -> None:
     ("fields", "named"),
     [
         (
-            {"messages": [{"role": "user", "content": [{"image": {"format": "png", "source": {"bytes": b"x"}}}]}]},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"image": {"format": "png", "source": {"bytes": b"x"}}}],
+                    }
+                ]
+            },
             "messages[0].content[0].image",
         ),
         (
-            {"messages": [{"role": "user", "content": [{"document": {"format": "txt", "name": "d", "source": {"bytes": b"x"}}}]}]},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"document": {"format": "txt", "name": "d", "source": {"bytes": b"x"}}}
+                        ],
+                    }
+                ]
+            },
             "messages[0].content[0].document",
         ),
         ({"additionalModelRequestFields": {"top_k": 5}}, "additionalModelRequestFields.top_k"),
-        ({"guardrailConfig": {"guardrailIdentifier": "g", "guardrailVersion": "1"}}, "guardrailConfig"),
+        (
+            {"guardrailConfig": {"guardrailIdentifier": "g", "guardrailVersion": "1"}},
+            "guardrailConfig",
+        ),
         ({"promptVariables": {"x": {"text": "y"}}}, "promptVariables"),
         (
-            {"messages": [{"role": "user", "content": [{"toolResult": {"toolUseId": "t", "content": [{"image": {"format": "png", "source": {"bytes": b"x"}}}]}}]}]},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "toolResult": {
+                                    "toolUseId": "t",
+                                    "content": [
+                                        {"image": {"format": "png", "source": {"bytes": b"x"}}}
+                                    ],
+                                }
+                            }
+                        ],
+                    }
+                ]
+            },
             "messages[0].content[0].toolResult.content[0].image",
         ),
     ],
@@ -227,7 +275,10 @@ async def test_a_stream_that_breaks_midway_raises_botocores_event_stream_error()
         gateway = RolloutGateway(upstream.url + "/v1")
         async with BackgroundServer(gateway) as server:
             client = bedrock(session_url(server.url, "c8"))
-            request = {"modelId": MODEL, "messages": [{"role": "user", "content": [{"text": "Hi"}]}]}
+            request = {
+                "modelId": MODEL,
+                "messages": [{"role": "user", "content": [{"text": "Hi"}]}],
+            }
 
             def read() -> list[Any]:
                 events = []
@@ -253,7 +304,8 @@ def test_the_event_stream_framing_is_what_botocore_reads() -> None:
         Route(CONVERSE_DIALECT, stream=True, model="m"),
         None,
     )
-    assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
+    assert chat["stream"] is True
+    assert chat["stream_options"] == {"include_usage": True}
     encoder = CONVERSE_DIALECT.encoder({}, chat, Session("s"))
     delta = {"role": "assistant", "reasoning_content": "Hm.", "content": "Hé"}
     raw = encoder.chunk({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
@@ -261,7 +313,7 @@ def test_the_event_stream_framing_is_what_botocore_reads() -> None:
     raw += encoder.end()
     buffer = EventStreamBuffer()
     buffer.add_data(raw)
-    messages = list(buffer)  # checks both CRCs of every message
+    messages: list[Any] = list(buffer)  # checks both CRCs of every message
     assert [m.headers[":event-type"] for m in messages] == [
         "messageStart",
         "contentBlockDelta",
@@ -309,7 +361,9 @@ async def test_a_strands_agent_on_its_default_bedrock_model(streaming: bool) -> 
     usage = result.metrics.accumulated_usage
     assert usage["inputTokens"] == sum(len(p) for p, _ in stack.policy.answers)
     assert usage["outputTokens"] == sum(len(c[0][0]) for _, c in stack.policy.answers)
-    assert [(r.endpoint, r.stream, r.ok) for r in trace.records] == [("converse", streaming, True)] * 2
+    assert [(r.endpoint, r.stream, r.ok) for r in trace.records] == [
+        ("converse", streaming, True)
+    ] * 2
     for record, (prompt_ids, choices) in zip(trace.records, stack.policy.answers, strict=True):
         assert record.prompt_ids.tolist() == prompt_ids
         assert record.completions[0].token_ids.tolist() == choices[0][0]

@@ -24,7 +24,9 @@ pytestmark = TEMPLATE_MARKS
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("history", ["linear", "proxy"])
 @pytest.mark.parametrize("name", ["qwen3", "llama3.1", "gpt-oss"])
-async def test_a_converse_tool_loop_is_one_exact_sequence(name: str, history: str, stream: bool) -> None:
+async def test_a_converse_tool_loop_is_one_exact_sequence(
+    name: str, history: str, stream: bool
+) -> None:
     async with template_stack(name, history=history, tool_rounds=3) as rig:
         client = bedrock(f"{rig.url}/sessions/s1")
         _, answers = await anyio.to_thread.run_sync(
@@ -35,12 +37,17 @@ async def test_a_converse_tool_loop_is_one_exact_sequence(name: str, history: st
     assert [a["stopReason"] for a in answers] == ["tool_use"] * 3 + ["end_turn"]
     for step, answer in enumerate(answers[:3], start=1):
         (use,) = [b["toolUse"] for b in answer["output"]["message"]["content"] if "toolUse" in b]
-        assert (use["name"], use["input"]) == ("calculator", {"expression": f"{10 * step} + {step}", "step": step})
+        assert (use["name"], use["input"]) == (
+            "calculator",
+            {"expression": f"{10 * step} + {step}", "step": step},
+        )
     final = answers[-1]["output"]["message"]["content"]
     assert final[-1] == {"text": "The answer is 33."}
     thoughts = [b for b in final if "reasoningContent" in b]
     if name != "llama3.1":
-        assert thoughts == [{"reasoningContent": {"reasoningText": {"text": "The tool has answered."}}}]
+        assert thoughts == [
+            {"reasoningContent": {"reasoningText": {"text": "The tool has answered."}}}
+        ]
 
     records = trace.records
     assert [r.endpoint for r in records] == ["converse"] * 4

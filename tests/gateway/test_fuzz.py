@@ -247,10 +247,20 @@ async def test_hostile_input_on_every_route_gets_no_5xx_and_loses_no_trace() -> 
     assert stats["live_sessions"] == 0
 
 
-CONVERSE_MODELS = ["m", "us.anthropic.claude-sonnet-4-20250514-v1%3A0", "arn%3Aaws%3Ab%2Fx", "%FF", "%00"]
+CONVERSE_MODELS = [
+    "m",
+    "us.anthropic.claude-sonnet-4-20250514-v1%3A0",
+    "arn%3Aaws%3Ab%2Fx",
+    "%FF",
+    "%00",
+]
 CONVERSE_FIELDS = {
     "system": ['[{"text": "Be brief."}]', '[{"cachePoint": {"type": "default"}}]', '[{"x": 1}]'],
-    "inferenceConfig": ['{"maxTokens": %s}', '{"temperature": %s, "topP": 0.5}', '{"stopSequences": %s}'],
+    "inferenceConfig": [
+        '{"maxTokens": %s}',
+        '{"temperature": %s, "topP": 0.5}',
+        '{"stopSequences": %s}',
+    ],
     "toolConfig": [
         '{"tools": [{"toolSpec": {"name": "calc", "inputSchema": {"json": %s}}}]}',
         '{"tools": [], "toolChoice": %s}',
@@ -259,9 +269,12 @@ CONVERSE_FIELDS = {
     "additionalModelRequestFields": ["{}", '{"top_k": %s}'],
     "requestMetadata": ['{"k": %s}'],
     "messages": [
-        '[{"role": "assistant", "content": [{"toolUse": {"toolUseId": "t", "name": "calc", "input": %s}}]}]',
-        '[{"role": "user", "content": [{"toolResult": {"toolUseId": "t", "content": [{"json": %s}]}}]}]',
-        '[{"role": "assistant", "content": [{"reasoningContent": {"reasoningText": {"text": %s}}}]}]',
+        '[{"role": "assistant", "content": [{"toolUse": {"toolUseId": "t", "name": "c", '
+        '"input": %s}}]}]',
+        '[{"role": "user", "content": [{"toolResult": {"toolUseId": "t", '
+        '"content": [{"json": %s}]}}]}]',
+        '[{"role": "assistant", "content": [{"reasoningContent": {"reasoningText": '
+        '{"text": %s}}}]}]',
         '[{"role": "user", "content": [{"image": %s}]}]',
         '[{"role": %s, "content": []}]',
     ],
@@ -285,7 +298,9 @@ async def test_hostile_converse_input_gets_no_5xx_and_forwards_only_what_was_sen
             fields = {'"messages"': '[{"role": "user", "content": [{"text": "What is 1 + 1?"}]}]'}
             for name in rng.sample(sorted(CONVERSE_FIELDS), rng.randrange(0, 4)):
                 template = rng.choice(CONVERSE_FIELDS[name])
-                fields[f'"{name}"'] = template.replace("%s", _scalar(rng)) if "%s" in template else template
+                fields[f'"{name}"'] = (
+                    template.replace("%s", _scalar(rng)) if "%s" in template else template
+                )
             body = "{" + ", ".join(f"{k}: {v}" for k, v in fields.items()) + "}"
             action = rng.choice(["converse", "converse-stream"])
             path = f"/sessions/{sid}/model/{rng.choice(CONVERSE_MODELS)}/{action}"

@@ -56,6 +56,10 @@ _STREAM_ERRORS: Final = {
 _MEDIA: Final = ("image", "document", "video", "audio")
 
 
+_LENGTHS: Final = struct.Struct("!II")
+_CRC: Final = struct.Struct("!I")
+
+
 def _header(name: str, value: str) -> bytes:
     raw_name, raw = name.encode(), value.encode()
     return struct.pack("!B", len(raw_name)) + raw_name + struct.pack("!BH", 7, len(raw)) + raw
@@ -73,9 +77,9 @@ def event_message(headers: bytes, payload: bytes) -> bytes:
 
         event_message(_header(":event-type", "messageStop"), b'{"stopReason":"end_turn"}')
     """
-    prelude = struct.pack("!II", 16 + len(headers) + len(payload), len(headers))
-    head = prelude + struct.pack("!I", zlib.crc32(prelude)) + headers
-    return head + payload + struct.pack("!I", zlib.crc32(payload, zlib.crc32(head)))
+    prelude = _LENGTHS.pack(16 + len(headers) + len(payload), len(headers))
+    message = prelude + _CRC.pack(zlib.crc32(prelude)) + headers + payload
+    return message + _CRC.pack(zlib.crc32(message))
 
 
 _EVENT_HEADERS: Final = {
@@ -99,8 +103,9 @@ def _event(kind: str, payload: Mapping[str, Any]) -> bytes:
 
 def _usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
     usage = usage or {}
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(
-        usage.get("completion_tokens") or 0
+    prompt, completion = (
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or 0),
     )
     return {"inputTokens": prompt, "outputTokens": completion, "totalTokens": prompt + completion}
 
@@ -117,6 +122,7 @@ class _ConverseEncoder(Encoder):
         self.finish: str = "end_turn"
         self.usage: Mapping[str, Any] | None = None
         self.begun = False
+        self.tail = b""  # a text delta's JSON after the text, for the open block
 
     def _latency(self) -> dict[str, int]:
         return {"latencyMs": round((time.perf_counter() - self.started) * 1000)}
@@ -153,8 +159,11 @@ class _ConverseEncoder(Encoder):
         out = self._close()
         self.index += 1
         self.kind = kind
+        self.tail = b'},"contentBlockIndex":%d}' % self.index
         if start is not None:
-            out.append(_event("contentBlockStart", {"start": start, "contentBlockIndex": self.index}))
+            out.append(
+                _event("contentBlockStart", {"start": start, "contentBlockIndex": self.index})
+            )
         return out
 
     def _close(self) -> list[bytes]:
@@ -173,29 +182,41 @@ class _ConverseEncoder(Encoder):
         return [_event("messageStart", {"role": "assistant"})]
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out = self._begin()
+        out = [] if self.begun else self._begin()
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            thought, text = delta.get("reasoning_content"), delta.get("content")
+            thought = delta.get("reasoning_content")
             if thought:
-                out += self._open("reasoning") if self.kind != "reasoning" else []
+                if self.kind != "reasoning":
+                    out += self._open("reasoning")
                 out.append(self._delta({"reasoningContent": {"text": thought}}))
-            if text:
-                out += self._open("text") if self.kind != "text" else []
-                out.append(self._delta({"text": text}))
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                if self.kind != call.get("index", 0) or call.get("id"):
-                    tool = {"toolUseId": call.get("id") or "", "name": function.get("name") or ""}
-                    out += self._open(call.get("index", 0), {"toolUse": tool})
-                arguments = function.get("arguments")
-                if arguments:
-                    out.append(self._delta({"toolUse": {"input": arguments}}))
+            text = delta.get("content")
+            if text:  # the most frequent event: its JSON written around the text's
+                if self.kind != "text":
+                    out += self._open("text")
+                payload = b'{"delta":{"text":' + dumps(text) + self.tail
+                out.append(event_message(_EVENT_HEADERS["contentBlockDelta"], payload))
+            calls = delta.get("tool_calls")
+            if calls:
+                out += self._calls(calls)
             if choice.get("finish_reason"):
                 self.finish = self._stop_reason(choice)
         return b"".join(out)
+
+    def _calls(self, calls: list[dict[str, Any]]) -> list[bytes]:
+        """Tool call deltas: a call's first (its id and name) opens a toolUse block, its
+        arguments' pieces are the block's ``input`` deltas."""
+        out = []
+        for call in calls:
+            function = call.get("function") or {}
+            if self.kind != call.get("index", 0) or call.get("id"):
+                tool = {"toolUseId": call.get("id") or "", "name": function.get("name") or ""}
+                out += self._open(call.get("index", 0), {"toolUse": tool})
+            if function.get("arguments"):
+                out.append(self._delta({"toolUse": {"input": function["arguments"]}}))
+        return out
 
     def end(self) -> bytes:
         out = [*self._begin(), *self._close()]
@@ -306,7 +327,7 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
             if text is not None:
                 texts.append(text)
     if role == "user":
-        return out + [{"role": "user", "content": "\n".join(texts)}] if texts or not out else out
+        return [*out, {"role": "user", "content": "\n".join(texts)}] if texts or not out else out
     said: dict[str, Any] = {"role": "assistant"}
     if texts or not calls:
         said["content"] = "".join(texts)
@@ -341,7 +362,11 @@ def _tools(config: Any) -> dict[str, Any]:
         elif "any" in choice:
             out["tool_choice"] = "required"
         elif "tool" in choice:
-            name = _string(_fields(choice["tool"], "toolConfig.toolChoice.tool"), "name", "toolConfig.toolChoice.tool")
+            name = _string(
+                _fields(choice["tool"], "toolConfig.toolChoice.tool"),
+                "name",
+                "toolConfig.toolChoice.tool",
+            )
             out["tool_choice"] = {"type": "function", "function": {"name": name}}
         else:
             raise invalid("toolConfig.toolChoice must be one of auto, any, tool")
@@ -360,7 +385,9 @@ class ConverseDialect(Dialect):
                 "additionalModelRequestFields",
             ):
                 raise invalid(f"{field} is not supported")
-        for field in _fields(body.get("additionalModelRequestFields", {}), "additionalModelRequestFields"):
+        for field in _fields(
+            body.get("additionalModelRequestFields", {}), "additionalModelRequestFields"
+        ):
             raise invalid(f"additionalModelRequestFields.{field} is not supported")
         messages: list[dict[str, Any]] = []
         system = [
