@@ -1,6 +1,7 @@
 """The Strands math agent on Bedrock, made trainable: ``production_agent.py`` with the
 decorator swapped, a reward added, and its ``BedrockModel`` pointed at the gateway with one
-argument, ``endpoint_url=context.rollout.session_url``. Nothing else in the agent changes:
+argument, ``endpoint_url=context.rollout.session_url`` (and closed after the rollout, as a
+model made per rollout should be). Nothing else in the agent changes:
 the gateway speaks Bedrock Converse (docs/gateway.md, "Agent dialects"), ignores the AWS
 signature, and ``--model`` names the policy whatever model id Strands sends.
 
@@ -15,6 +16,8 @@ A payload is ``{"prompt": ..., "answer": ..., "_rollout": {...}}``; the rollout 
 from __future__ import annotations
 
 from typing import Any
+
+from strands.models.bedrock import BedrockModel
 
 from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
@@ -40,8 +43,11 @@ async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, A
     """
     if context.rollout is None or context.rollout.session_url is None:
         raise InvalidPayloadError("_rollout.base_url is required", field="_rollout.base_url")
-    agent = bedrock_agent(endpoint_url=context.rollout.session_url)
-    result = await agent.invoke_async(prompt_of(payload))
+    model = BedrockModel(endpoint_url=context.rollout.session_url)
+    try:
+        result = await bedrock_agent(model).invoke_async(prompt_of(payload))
+    finally:  # one boto3 client per rollout (its session's URL): its connections go with it
+        model.client.close()
     final = final_text(result.message)
     reward = reward_fn(final, str(payload.get("answer", "")))
     usage = result.metrics.accumulated_usage

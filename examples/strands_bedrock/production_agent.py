@@ -10,7 +10,7 @@ Written for AWS's ``BedrockAgentCoreApp``; to train it, the import changes and t
     app = AgentCoreRLApp()
 
     @app.entrypoint            # agent.py: @app.rollout_entrypoint, and a reward returned
-    bedrock_agent()            # agent.py: bedrock_agent(endpoint_url=context.rollout.session_url)
+    BedrockModel()             # agent.py: BedrockModel(endpoint_url=context.rollout.session_url)
 
 Example::
 
@@ -36,15 +36,15 @@ __all__ = ["answer", "app", "bedrock_agent", "prompt_of"]
 app = AgentCoreRLApp()
 
 
-def bedrock_agent(**model_options: Any) -> Agent:
-    """The Strands agent with the calculator on ``BedrockModel(**model_options)``.
+def bedrock_agent(model: BedrockModel) -> Agent:
+    """The Strands agent with the calculator on ``model``.
 
     Example::
 
-        result = await bedrock_agent().invoke_async("What is 6 * 7?")
+        result = await bedrock_agent(BedrockModel()).invoke_async("What is 6 * 7?")
     """
     return Agent(
-        model=BedrockModel(**model_options),
+        model=model,
         tools=[calculator],
         system_prompt=SYSTEM_PROMPT,
         callback_handler=None,  # no printing of every event to stdout
@@ -73,5 +73,5 @@ async def answer(payload: dict[str, Any]) -> dict[str, Any]:
 
         await answer({"prompt": "What is 6 * 7?"})   # {"answer": "The answer is 42."}
     """
-    result = await bedrock_agent().invoke_async(prompt_of(payload))
+    result = await bedrock_agent(BedrockModel()).invoke_async(prompt_of(payload))
     return {"answer": final_text(result.message)}

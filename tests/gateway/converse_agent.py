@@ -29,15 +29,31 @@ CALCULATOR_SPEC: Any = {
 }
 
 
+_OPEN: list[Any] = []  # the clients made, closed by ``closed_clients`` after each test
+
+
 def bedrock(session_url: str) -> Any:
     """The agent's client: only ``endpoint_url`` points at the gateway (no retries: a test
     sees each error once)."""
-    return boto3.client(
+    client = boto3.client(
         "bedrock-runtime",
         endpoint_url=session_url,
         region_name="us-east-1",
         config=Config(retries={"max_attempts": 1, "mode": "standard"}),
     )
+    return keep(client)
+
+
+def keep(client: Any) -> Any:
+    """``client``, to be closed after the test (its pooled sockets are not left to the GC)."""
+    _OPEN.append(client)
+    return client
+
+
+def close_clients() -> None:
+    """Close the clients made so far (each test module's autouse fixture, after each test)."""
+    while _OPEN:
+        _OPEN.pop().close()
 
 
 def collect(stream: Any) -> dict[str, Any]:

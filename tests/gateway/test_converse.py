@@ -5,6 +5,7 @@ uvicorn: the math agent's tool loop recorded exactly, in proxy mode; typed error
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -27,11 +28,19 @@ from tests.gateway.converse_agent import (
     MODEL,
     SYSTEM,
     bedrock,
+    close_clients,
     converse,
+    keep,
     tool_loop,
 )
 from tests.gateway.helpers import CALCULATOR, PROBLEM, served
 from tests.gateway.test_bad_input import _broken_upstream
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    close_clients()
 
 
 def session_url(url: str, sid: str) -> str:
@@ -353,6 +362,7 @@ def calculator(expression: str) -> str:
 async def test_a_strands_agent_on_its_default_bedrock_model(streaming: bool) -> None:
     async with served() as stack:
         model = BedrockModel(endpoint_url=session_url(stack.url, "c9"), streaming=streaming)
+        keep(model.client)
         agent = Agent(model=model, tools=[calculator], system_prompt=SYSTEM, callback_handler=None)
         result = await agent.invoke_async(PROBLEM)
         trace = await stack.gateway.finish_session("c9")
@@ -379,6 +389,7 @@ async def test_strands_gets_botocores_validation_exception() -> None:
             endpoint_url=session_url(stack.url, "c10"),
             additional_request_fields={"thinking": {"type": "enabled", "budget_tokens": 1024}},
         )
+        keep(model.client)
         agent = Agent(model=model, callback_handler=None)
         with pytest.raises(ClientError) as caught:
             await agent.invoke_async(PROBLEM)

@@ -4,10 +4,12 @@ and template (tool calls and reasoning parsed by the template's parsers)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import anyio
 import pytest
 
-from tests.gateway.converse_agent import bedrock, tool_loop
+from tests.gateway.converse_agent import bedrock, close_clients, converse, tool_loop
 from tests.gateway.template_rig import (
     QUESTION,
     TEMPLATE_MARKS,
@@ -19,6 +21,12 @@ from tests.gateway.template_rig import (
 )
 
 pytestmark = TEMPLATE_MARKS
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    close_clients()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -68,8 +76,6 @@ async def test_turn_one_is_the_prompt_chat_gives(history: str) -> None:
     async with template_stack("qwen3", history=history) as rig:
         client = bedrock(f"{rig.url}/sessions/conv")
         question = [{"role": "user", "content": [{"text": QUESTION}]}]
-        from tests.gateway.converse_agent import converse
-
         await anyio.to_thread.run_sync(lambda: converse(client, question, stream=False, system=[]))
         async with rig.llm("chat") as llm:
             await chat(llm, [{"role": "user", "content": QUESTION}], stream=False)
