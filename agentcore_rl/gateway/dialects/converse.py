@@ -19,8 +19,18 @@ from agentcore_rl.gateway.record import Session
 
 __all__ = ["CONVERSE_DIALECT", "ConverseDialect", "event_message"]
 
-# Accepted and without effect on the answer: request tags, a latency tier, a service tier.
-_IGNORED: Final = frozenset({"requestMetadata", "performanceConfig", "serviceTier"})
+# The request's fields; request tags, a latency tier and a service tier are accepted without
+# effect on the answer.
+_KNOWN: Final = {
+    "messages",
+    "system",
+    "inferenceConfig",
+    "toolConfig",
+    "additionalModelRequestFields",
+    "requestMetadata",
+    "performanceConfig",
+    "serviceTier",
+}
 _SAMPLING: Final = {
     "maxTokens": "max_tokens",
     "temperature": "temperature",
@@ -33,25 +43,22 @@ _STOP: Final = {
     "length": "max_tokens",
     "content_filter": "content_filtered",
 }
-# Each status's exception, as bedrock-runtime names them (the service model's error shapes).
+# A status's exception as bedrock-runtime names it (the service model's error shapes; other
+# 4xx: ValidationException, 5xx: InternalServerException), and in a stream's exception event
+# (ConverseStreamOutput's members).
 _ERRORS: Final = {
-    400: "ValidationException",
-    401: "AccessDeniedException",
-    403: "AccessDeniedException",
-    404: "ResourceNotFoundException",
-    405: "ValidationException",
-    408: "ModelTimeoutException",
-    413: "ValidationException",
-    429: "ThrottlingException",
-    502: "ModelErrorException",
-    503: "ServiceUnavailableException",
+    403: "AccessDenied",
+    404: "ResourceNotFound",
+    408: "ModelTimeout",
+    429: "Throttling",
+    502: "ModelError",
+    503: "ServiceUnavailable",
 }
-# A stream's exception events (members of ConverseStreamOutput), by status.
 _STREAM_ERRORS: Final = {
-    400: "validationException",
-    429: "throttlingException",
-    502: "modelStreamErrorException",
-    503: "serviceUnavailableException",
+    400: "validation",
+    429: "throttling",
+    502: "modelStreamError",
+    503: "serviceUnavailable",
 }
 _MEDIA: Final = ("image", "document", "video", "audio")
 
@@ -225,7 +232,7 @@ class _ConverseEncoder(Encoder):
         return b"".join(out)
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
-        name = _STREAM_ERRORS.get(status, "internalServerException")
+        name = _STREAM_ERRORS.get(status, "internalServer") + "Exception"
         headers = (
             _header(":exception-type", name)
             + _header(":content-type", "application/json")
@@ -380,10 +387,7 @@ class ConverseDialect(Dialect):
 
     def decode(self, body: dict[str, Any], route: Route, session: Session | None) -> dict[str, Any]:
         for field in body:
-            if field not in _IGNORED and field not in (
-                *("messages", "system", "inferenceConfig", "toolConfig"),
-                "additionalModelRequestFields",
-            ):
+            if field not in _KNOWN:
                 raise invalid(f"{field} is not supported")
         for field in _fields(
             body.get("additionalModelRequestFields", {}), "additionalModelRequestFields"
@@ -420,8 +424,8 @@ class ConverseDialect(Dialect):
     def error(
         self, status: int, message: str, kind: str, upstream: bytes | None
     ) -> tuple[bytes, Headers]:
-        name = _ERRORS.get(status, "InternalServerException")
-        return dumps({"message": message}), [(b"x-amzn-errortype", f"{name}:".encode())]
+        name = _ERRORS.get(status) or ("Validation" if status < 500 else "InternalServer")
+        return dumps({"message": message}), [(b"x-amzn-errortype", f"{name}Exception:".encode())]
 
 
 CONVERSE_DIALECT: Final = ConverseDialect()
