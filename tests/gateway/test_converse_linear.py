@@ -8,8 +8,10 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
+from strands import Agent, tool
+from strands.models.bedrock import BedrockModel
 
-from tests.gateway.converse_agent import bedrock, close_clients, converse, tool_loop
+from tests.gateway.converse_agent import bedrock, close_clients, converse, keep, tool_loop
 from tests.gateway.template_rig import (
     QUESTION,
     TEMPLATE_MARKS,
@@ -82,3 +84,32 @@ async def test_turn_one_is_the_prompt_chat_gives(history: str) -> None:
         by_converse = await rig.gateway.finish_session("conv")
         by_chat = await rig.gateway.finish_session("chat")
     assert by_converse.records[0].prompt_ids.tolist() == by_chat.records[0].prompt_ids.tolist()
+
+
+@tool
+def calculator(expression: str, step: int = 0) -> str:
+    """Evaluate an addition.
+
+    Args:
+        expression: for example 10 + 1
+        step: which step of the sum this is
+    """
+    a, _, b = expression.partition(" + ")
+    return str(int(a) + int(b))
+
+
+@pytest.mark.parametrize("streaming", [True, False], ids=["stream", "whole"])
+async def test_a_strands_agent_in_linear_history_is_one_exact_sequence(streaming: bool) -> None:
+    async with template_stack("qwen3", history="linear", tool_rounds=3) as rig:
+        model = BedrockModel(endpoint_url=f"{rig.url}/sessions/s2", streaming=streaming)
+        keep(model.client)
+        agent = Agent(model=model, tools=[calculator], callback_handler=None)
+        result = await agent.invoke_async(QUESTION)
+        trace = await rig.gateway.finish_session("s2")
+    assert result.message["content"][-1] == {"text": "The answer is 33."}
+    assert result.metrics.tool_metrics["calculator"].success_count == 3
+    assert exactness(trace, rig.policy) == (4, 4)
+    trajectory = trajectory_of(trace)
+    assert (len(trajectory.segments), trajectory.merges, trajectory.splits) == (1, 3, 0)
+    assert trained_tokens_exact(trajectory, trace)
+    assert rig.render.forks == 0
