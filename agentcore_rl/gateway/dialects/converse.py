@@ -6,6 +6,7 @@ service model). Errors carry ``x-amzn-errortype`` so botocore raises its typed e
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import time
@@ -84,9 +85,17 @@ def event_message(headers: bytes, payload: bytes) -> bytes:
 
         event_message(_header(":event-type", "messageStop"), b'{"stopReason":"end_turn"}')
     """
-    prelude = _LENGTHS.pack(16 + len(headers) + len(payload), len(headers))
-    message = prelude + _CRC.pack(zlib.crc32(prelude)) + headers + payload
-    return message + _CRC.pack(zlib.crc32(message))
+    head, crc = _head(headers, len(payload))
+    return head + payload + _CRC.pack(zlib.crc32(payload, crc))
+
+
+@functools.lru_cache(maxsize=4096)
+def _head(headers: bytes, length: int) -> tuple[bytes, int]:
+    """A message's bytes before a payload of ``length`` bytes, and their CRC32: the same for
+    every such payload (a stream's deltas are mostly of a few lengths)."""
+    prelude = _LENGTHS.pack(16 + len(headers) + length, len(headers))
+    head = prelude + _CRC.pack(zlib.crc32(prelude)) + headers
+    return head, zlib.crc32(head)
 
 
 _EVENT_HEADERS: Final = {
