@@ -4,6 +4,7 @@ botocore parsed, and the math agent's tool loop."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import boto3
@@ -60,30 +61,32 @@ def collect(stream: Any) -> dict[str, Any]:
     """A ``converse_stream`` response's events as the non-streamed answer's shape."""
     blocks: dict[int, dict[str, Any]] = {}
     answer: dict[str, Any] = {"events": []}
-    for event in stream["stream"]:
-        ((kind, body),) = event.items()
-        answer["events"].append(kind)
-        if kind == "messageStart":
-            answer["role"] = body["role"]
-        elif kind == "contentBlockStart":
-            blocks[body["contentBlockIndex"]] = {"toolUse": {**body["start"]["toolUse"]}}
-        elif kind == "contentBlockDelta":
-            block = blocks.setdefault(body["contentBlockIndex"], {})
-            delta = body["delta"]
-            if "text" in delta:
-                block["text"] = block.get("text", "") + delta["text"]
-            elif "toolUse" in delta:
-                use = block["toolUse"]
-                use["input"] = use.get("input", "") + delta["toolUse"]["input"]
-            else:
-                thought = block.setdefault("reasoningContent", {"reasoningText": {"text": ""}})
-                thought["reasoningText"]["text"] += delta["reasoningContent"]["text"]
-        elif kind == "messageStop":
-            answer["stopReason"] = body["stopReason"]
-        elif kind == "metadata":
-            answer["usage"], answer["metrics"] = body["usage"], body["metrics"]
-    import json
-
+    events = stream["stream"]
+    try:
+        for event in events:
+            ((kind, body),) = event.items()
+            answer["events"].append(kind)
+            if kind == "messageStart":
+                answer["role"] = body["role"]
+            elif kind == "contentBlockStart":
+                blocks[body["contentBlockIndex"]] = {"toolUse": {**body["start"]["toolUse"]}}
+            elif kind == "contentBlockDelta":
+                block = blocks.setdefault(body["contentBlockIndex"], {})
+                delta = body["delta"]
+                if "text" in delta:
+                    block["text"] = block.get("text", "") + delta["text"]
+                elif "toolUse" in delta:
+                    use = block["toolUse"]
+                    use["input"] = use.get("input", "") + delta["toolUse"]["input"]
+                else:
+                    thought = block.setdefault("reasoningContent", {"reasoningText": {"text": ""}})
+                    thought["reasoningText"]["text"] += delta["reasoningContent"]["text"]
+            elif kind == "messageStop":
+                answer["stopReason"] = body["stopReason"]
+            elif kind == "metadata":
+                answer["usage"], answer["metrics"] = body["usage"], body["metrics"]
+    finally:  # a stream an error cut short leaves its connection unread
+        events.close()
     for block in blocks.values():
         if "toolUse" in block:
             block["toolUse"]["input"] = json.loads(block["toolUse"].get("input") or "{}")

@@ -291,9 +291,13 @@ async def test_a_stream_that_breaks_midway_raises_botocores_event_stream_error()
 
             def read() -> list[Any]:
                 events = []
-                for event in client.converse_stream(**request)["stream"]:
-                    events.append(event)
-                    anyio.from_thread.run_sync(agent_saw_first.set)
+                stream = client.converse_stream(**request)["stream"]
+                try:
+                    for event in stream:
+                        events.append(event)
+                        anyio.from_thread.run_sync(agent_saw_first.set)
+                finally:  # its connection, left unread by the error, closed now
+                    stream.close()
                 return events
 
             seen: list[Any] = []
