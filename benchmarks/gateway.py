@@ -30,6 +30,7 @@ Example::
     python benchmarks/gateway.py --sessions 32 --serial-sessions 8 --turns 3
     python benchmarks/gateway.py --dialect messages       # the agents call Anthropic Messages
     python benchmarks/gateway.py --dialect responses      # the agents call OpenAI Responses
+    python benchmarks/gateway.py --dialect converse       # the agents call Bedrock Converse
 """
 
 from __future__ import annotations
@@ -221,9 +222,22 @@ def sse_data(raw: bytes) -> Iterator[Any]:
                 yield json.loads(line[6:])
 
 
+def event_stream_data(raw: bytes) -> Iterator[Any]:
+    """Each AWS event-stream message's JSON payload (Converse's), its ``:event-type`` as
+    ``event``; read by botocore's parser."""
+    from botocore.eventstream import EventStreamBuffer
+
+    buffer = EventStreamBuffer()
+    buffer.add_data(raw)
+    messages: list[Any] = list(buffer)
+    for message in messages:
+        yield {"event": message.headers[":event-type"], **json.loads(message.payload)}
+
+
 class AgentDialect:
-    """How an agent of one API asks (its route under ``.../v1/``, its body for a chat
-    conversation) and reads the answer's text, whole or streamed."""
+    """How an agent of one API asks (its route under the session's root, its body for a chat
+    conversation) and reads the answer's text, whole or streamed (``stream_route``: a route
+    of its own for a stream, as Converse's, rather than ``"stream": true`` in the body)."""
 
     def __init__(
         self,
@@ -231,22 +245,25 @@ class AgentDialect:
         body: Callable[[list[dict[str, Any]], int], dict[str, Any]],
         whole: Callable[[Any], str],
         piece: Callable[[Any], str | None],
+        stream_route: str | None = None,
+        events: Callable[[bytes], Iterator[Any]] = sse_data,
     ) -> None:
         self.route, self.body, self.whole, self.piece = route, body, whole, piece
+        self.stream_route, self.events = stream_route, events
 
     def streamed(self, raw: bytes) -> str:
-        return "".join(self.piece(data) or "" for data in sse_data(raw))
+        return "".join(self.piece(data) or "" for data in self.events(raw))
 
 
 DIALECTS = {
     "chat": AgentDialect(
-        "chat/completions",
+        "v1/chat/completions",
         lambda messages, tokens: {"model": "m", "messages": messages, "max_tokens": tokens},
         lambda data: data["choices"][0]["message"]["content"],
         lambda data: data["choices"][0]["delta"].get("content") if data["choices"] else None,
     ),
     "messages": AgentDialect(  # Anthropic: the system prompt on top, text blocks back
-        "messages",
+        "v1/messages",
         lambda messages, tokens: {
             "model": "m",
             "max_tokens": tokens,
@@ -257,7 +274,7 @@ DIALECTS = {
         lambda data: data["delta"].get("text") if data["type"] == "content_block_delta" else None,
     ),
     "responses": AgentDialect(  # OpenAI Responses: instructions, input items, output items
-        "responses",
+        "v1/responses",
         lambda messages, tokens: {
             "model": "m",
             "max_output_tokens": tokens,
@@ -271,6 +288,20 @@ DIALECTS = {
             for part in item["content"]
         ),
         lambda data: data["delta"] if data["type"] == "response.output_text.delta" else None,
+    ),
+    "converse": AgentDialect(  # Bedrock: system and text blocks, the stream its own route
+        "model/m/converse",
+        lambda messages, tokens: {
+            "system": [{"text": messages[0]["content"]}],
+            "messages": [
+                {"role": m["role"], "content": [{"text": m["content"]}]} for m in messages[1:]
+            ],
+            "inferenceConfig": {"maxTokens": tokens},
+        },
+        lambda data: data["output"]["message"]["content"][0]["text"],
+        lambda data: data["delta"].get("text") if data["event"] == "contentBlockDelta" else None,
+        stream_route="model/m/converse-stream",
+        events=event_stream_data,
     ),
 }
 
@@ -311,9 +342,11 @@ async def session(
             t0 = time.perf_counter()
             try:
                 if stream:
-                    body["stream"] = True
+                    route = dialect.stream_route or dialect.route
+                    if dialect.stream_route is None:
+                        body["stream"] = True
                     first, parts = None, []
-                    async with http.stream("POST", dialect.route, json=body) as r:
+                    async with http.stream("POST", route, json=body) as r:
                         async for piece in r.aiter_bytes():
                             first = first or time.perf_counter()
                             parts.append(piece)
@@ -346,7 +379,7 @@ async def run_phase(
     stream = mode in ("stream", "serial_stream")
 
     async def one(i: int, sid: str) -> None:
-        base = f"{url}/v1/" if direct else f"{url}/sessions/{sid}/v1/"
+        base = f"{url}/" if direct else f"{url}/sessions/{sid}/"
         await session(base, {}, sid, i, a, ph, stream=stream, direct=direct)
 
     t0 = time.perf_counter()
