@@ -39,6 +39,7 @@ def test_one_rollouts_cost_line_has_no_empty_parts() -> None:
         **{k: 0 for k in ("done", "failed", "timeout", "reattached", "trajectories")},
         "done": 1,
         "failures": {},
+        "failure_kinds": {},
         "rewards": [1.0],
         "mean_reward": 1.0,
         "latency_p50": 0.1,
