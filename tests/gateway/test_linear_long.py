@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,9 @@ def _converse(directory: str, name: str, turns: int, check: set[int]) -> tuple[A
         message = parse_completion(
             text[: text.find(reason)] if reason else text, voice.reasoning, voice.tools, str(turn)
         )
-        history.remember(plan, messages, message, ids, stopped=stopped)
+        history.remember(
+            plan, message, array("i", plan.prompt_ids), array("i", ids), stopped=stopped
+        )
         echo = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
         messages = [*messages, echo]
         for call in message.get("tool_calls") or ():

@@ -49,6 +49,7 @@ class Plan:
 
     prompt_ids: list[int]
     key: str
+    messages: list[Any]  # the request's, the kept turn's own objects standing in for its part
     extends: Turn | None = None  # the turn it extends (None: rendered afresh)
     fork: str | None = None  # why it was rendered afresh although the session had turns
     retry: bool = False  # the same request as a kept turn's: its prompt again
@@ -165,8 +166,10 @@ class LinearHistory:
                 continue
             if len(messages) == n:  # the answer is all it lacks: a retry, or no extension
                 if messages == turn.messages:
-                    ids = turn.prompt_ids.tolist()
-                    return Plan(ids, key, turn, retry=True, head=turn.head, scanned=turn.scanned)
+                    ids, kept = turn.prompt_ids.tolist(), turn.messages
+                    return Plan(
+                        ids, key, kept, turn, retry=True, head=turn.head, scanned=turn.scanned
+                    )
                 continue
             # the answer first (one message), then the one comparison of the kept messages
             answered = same_answer(messages[n], turn.answer)
@@ -182,9 +185,11 @@ class LinearHistory:
                 break
             close, tail = found
             ids = [*turn.prompt_ids, *turn.completion_ids, *close, *template.encode(tail)]
-            return Plan(ids, key, turn, head=head, scanned=scanned)
+            # the turn's message objects, not their equal copies: one copy per session alive
+            kept = [*turn.messages, *messages[n:]]
+            return Plan(ids, key, kept, turn, head=head, scanned=scanned)
         full = template.render(messages, tools=tools, kwargs=kwargs)
-        return Plan(template.encode(full), key, fork=reason if self.turns else None)
+        return Plan(template.encode(full), key, messages, fork=reason if self.turns else None)
 
     @staticmethod
     def _extend(
@@ -237,18 +242,18 @@ class LinearHistory:
     def remember(
         self,
         plan: Plan,
-        messages: list[Any],
         answer: dict[str, Any],
-        completion_ids: list[int],
+        prompt_ids: array[int],
+        completion_ids: array[int],
         *,
         stopped: bool,
     ) -> None:
-        """Keep an answered request as a turn later requests can extend."""
+        """Keep an answered request (its ids as sent and served) as a turn to extend."""
         turn = Turn(
-            messages,
+            plan.messages,
             plan.key,
-            array("i", plan.prompt_ids),
-            array("i", completion_ids),
+            prompt_ids,
+            completion_ids,
             answer,
             stopped,
             plan.head,

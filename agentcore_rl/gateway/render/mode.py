@@ -84,7 +84,7 @@ class RenderMode:
         if plan.fork is not None:
             self.forks += 1
             log.info("session %s forks: %s", call.session.session_id, plan.fork)
-        record.prompt_ids = ids_array(plan.prompt_ids)
+        record.prompt_ids = prompt = ids_array(plan.prompt_ids)
         served = await self._generate(call, plan.prompt_ids)
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
@@ -97,10 +97,11 @@ class RenderMode:
             finish = "tool_calls"
         # A turn cut off (length, a stop string) is closed in the history as the template
         # closes a turn, so the next request extends it (linear.py).
-        history.remember(plan, messages, message, ids, stopped=stopped)
+        completion = ids_array(ids)
+        history.remember(plan, message, prompt, completion, stopped=stopped)
         record.completions = [
             Completion(
-                *(0, ids_array(ids), logprob_array(served.logprobs), finish),
+                *(0, completion, logprob_array(served.logprobs), finish),
                 stop_string=cut,
                 versions=call.versions.recorded(),
             )
