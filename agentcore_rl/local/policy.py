@@ -339,9 +339,9 @@ class TemplateVoice:
         min_tokens: int = 0,
     ) -> tuple[list[int], list[float], str, str | None]:
         """-> (completion ids, logprobs, finish reason, the stop string that ended it), as vLLM:
-        a stop string ends it with the token that holds it; a ``logit_bias`` of -100 on the
-        stop token means it never stops by itself; ``min_tokens`` repeats the answer before
-        its end token."""
+        a stop string ends it with the token that holds it (one ending within the first
+        ``min_tokens`` tokens does not); a ``logit_bias`` of -100 on the stop token means it
+        never stops by itself; ``min_tokens`` repeats the answer before its end token."""
         text = self.template.decode(prompt_ids)
         steps = [int(s) for s in _STEP_RE.findall(text)]
         done = max(steps, default=0)
@@ -368,14 +368,17 @@ class TemplateVoice:
         finish, reason = "stop", None
         if float((logit_bias or {}).get(str(end_id), 0)) <= -100:  # it cannot stop: it rambles
             ids, finish = ids[:-1] + self.template.encode(" and so on") * 16, "length"
-        for end in range(1, len(ids) + 1) if stop else ():
-            text = self.decode(ids[:end], skip_special_tokens=True)
-            found = [s for s in stop if s and s in text]
-            if found:
-                ids, reason, finish = ids[:end], min(found, key=text.find), "stop"
-                break
-        if finish == "stop" and reason is None and 1 < len(ids) <= min_tokens:
+        if finish == "stop" and 1 < len(ids) <= min_tokens:
             ids = [*(ids[:-1] * (min_tokens // (len(ids) - 1) + 1))[:min_tokens], ids[-1]]
+        # vLLM looks for stop strings (in order) ending in each new token's text once
+        # min_tokens are out
+        for end in range(min_tokens + 1, len(ids) + 1) if stop else ():
+            seen = len(self.decode(ids[: end - 1], skip_special_tokens=True))
+            text = self.decode(ids[:end], skip_special_tokens=True)
+            found = [s for s in stop if s and text.find(s, max(seen - len(s) + 1, 0)) >= 0]
+            if found:
+                ids, reason, finish = ids[:end], found[0], "stop"
+                break
         if max_tokens is not None and len(ids) > max_tokens:
             ids, finish, reason = ids[:max_tokens], "length", None
         return ids, [_logprob(str(self.seed), i, t) for i, t in enumerate(ids)], finish, reason
@@ -396,13 +399,14 @@ class TemplateVoice:
         )
         tokens = [str(t) for t in self.template.tokenizer.convert_ids_to_tokens(ids)]
         said = _Said(ids, logprobs, tokens, finish, reason)
+        skip = not chat and bool(body.get("skip_special_tokens", True))
+        text = self.decode(ids[:-1] if chat and ids and ids[-1] in self._stops else ids, skip)
+        if reason:  # the occurrence that ends in the last token's text, as vLLM cuts
+            before = len(self.decode(ids[:-1], skip)) - len(reason) + 1
+            text = text[: text.find(reason, max(before, 0))]
         if not chat:
-            text = self.decode(ids, skip_special_tokens=body.get("skip_special_tokens", True))
-            said.text = text[: text.find(reason)] if reason else text
+            said.text = text
             return said
-        text = self.template.decode(ids[:-1] if ids and ids[-1] in self._stops else ids)
-        if reason:
-            text = text[: text.find(reason)]
         seed = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
         said.message = parse_completion(text, self.reasoning, self.tools, seed)
         if said.message.get("tool_calls"):

@@ -147,3 +147,28 @@ async def test_linear_logprobs_go_back_to_an_agent_that_asks(stream: bool) -> No
     assert all(len(e["top_logprobs"]) == 2 for e in entries)
     assert all(e["top_logprobs"][0]["logprob"] >= e["top_logprobs"][1]["logprob"] for e in entries)
     assert not (plain.get("logprobs") or {}).get("content")
+
+
+@pytest.mark.parametrize(("least", "cut"), [(8, False), (1, True)], ids=["none", "later"])
+async def test_linear_no_stop_string_within_min_tokens(least: int, cut: bool) -> None:
+    """The server looks for stop strings ending past the first ``min_tokens`` tokens only; the
+    agent's text in linear mode is the server's own (proxy mode's): not cut at an "e" inside
+    them, cut at a later one."""
+    texts = {}
+    for history in ("proxy", "linear"):
+        async with template_stack("llama3.1", history=history, tool_rounds=0) as rig:
+            async with rig.llm("m6") as llm:
+                messages: list[Any] = [{"role": "user", "content": QUESTION}]
+                first = await _ask(llm, messages, stop=["e"], extra_body={"min_tokens": least})
+            trace = await rig.gateway.finish_session("m6")
+        texts[history] = first["message"]["content"]
+        completion = trace.records[0].completions[0]
+        assert (completion.finish_reason, completion.stop_string) == (
+            ("stop", "e") if cut else ("stop", None)
+        )
+    assert texts["linear"] == texts["proxy"]
+    if cut:
+        assert texts["linear"] == "The answ"
+    else:  # the answer, repeated up to eight tokens: with every "e" in it
+        assert texts["linear"].startswith("The answer is ")
+        assert texts["linear"].endswith(".The")

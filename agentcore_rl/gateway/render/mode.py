@@ -84,7 +84,7 @@ class RenderMode:
         if plan.fork is not None:
             self.forks += 1
             log.info("session %s forks: %s", call.session.session_id, plan.fork)
-        record.prompt_ids = ids_array(plan.prompt_ids)
+        record.prompt_ids = prompt = ids_array(plan.prompt_ids)
         served = await self._generate(call, plan.prompt_ids)
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
@@ -97,10 +97,11 @@ class RenderMode:
             finish = "tool_calls"
         # A turn cut off (length, a stop string) is closed in the history as the template
         # closes a turn, so the next request extends it (linear.py).
-        history.remember(plan, messages, message, ids, stopped=stopped)
+        completion = ids_array(ids)
+        history.remember(plan, message, prompt, completion, stopped=stopped)
         record.completions = [
             Completion(
-                *(0, ids_array(ids), logprob_array(served.logprobs), finish),
+                *(0, completion, logprob_array(served.logprobs), finish),
                 stop_string=cut,
                 versions=call.versions.recorded(),
             )
@@ -132,17 +133,17 @@ class RenderMode:
     def _text(
         self, ids: list[int], served: Served, body: Mapping[str, Any]
     ) -> tuple[str, str | None]:
-        """The text as vLLM's chat endpoint cuts it at its stop string; -> (text, that string
-        when the cut falls inside the served ids' text)."""
+        """The text as the server's chat endpoint gives it; -> (text, the stop string that cut
+        it when the cut falls inside the served ids' text). The server names the stop string
+        it stopped on, found where it looked: ending past the first ``min_tokens`` tokens."""
         text = self.template.decode(ids)
         stop = served.stop_reason
-        if stop is None and served.finish_reason == "stop" and ids:
-            asked = body.get("stop")
-            asked = [asked] if isinstance(asked, str) else asked or []
-            found = [s for s in asked if isinstance(s, str) and s and s in text]
-            stop = min(found, key=text.find) if found else None
-        at = text.find(stop) if stop else -1
-        if stop is None or at < 0:
+        if not stop:
+            return text, None
+        least = int(body.get("min_tokens") or 0)
+        start = len(self.template.decode(ids[:least])) - len(stop) + 1 if least else 0
+        at = text.find(stop, max(start, 0))
+        if at < 0:
             return text, None
         end = at + len(stop) if body.get("include_stop_str_in_output") else at
         return text[:end], stop if end < len(text) else None

@@ -68,6 +68,11 @@ class ChatTemplate:
         self._special: dict[int, str] = {
             int(i): str(t.content) for i, t in tokenizer.added_tokens_decoder.items()
         }
+        # What linear history learned of it (render/linear.py): per shape of conversation, the
+        # context that renders new messages as the whole conversation does (-1: none does);
+        # False once a context rendered them differently.
+        self.contexts: dict[Any, int] = {}
+        self.incremental = True
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ChatTemplate:
