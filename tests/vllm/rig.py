@@ -86,3 +86,22 @@ async def vllm_prompt_ids(
         answer.raise_for_status()
         tokens: list[int] = answer.json()["tokens"]
         return tokens
+
+
+async def assert_logprobs_are_vllms(server: VLLMServer, record: Any) -> None:
+    """The record's logprobs are the served model's for its ids: vLLM scores the whole
+    sequence afresh (``prompt_logprobs``), equal to bf16 noise. For the dialects whose answer
+    carries no logprobs, the independent check that the recorded ones are vLLM's."""
+    (completion,) = record.completions
+    prompt, ids = record.prompt_ids.tolist(), completion.token_ids.tolist()
+    async with httpx.AsyncClient(base_url=server.root, timeout=60) as http:
+        answer = await http.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": prompt + ids, "max_tokens": 1, "prompt_logprobs": 0},
+        )
+        answer.raise_for_status()
+    entries = answer.json()["choices"][0]["prompt_logprobs"][len(prompt) :]
+    scored = [entry[str(token)]["logprob"] for entry, token in zip(entries, ids, strict=True)]
+    recorded = completion.logprobs.tolist()
+    assert len(recorded) == len(ids)
+    assert all(abs(a - b) < 0.1 for a, b in zip(recorded, scored, strict=True)), (recorded, scored)

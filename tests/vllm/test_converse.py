@@ -15,7 +15,7 @@ import pytest
 from agentcore_rl import build_trajectory
 from tests.gateway.converse_agent import bedrock, close_clients, collect
 from tests.vllm.conftest import MODEL, VLLMServer
-from tests.vllm.rig import ask, gateway_on, vllm_prompt_ids
+from tests.vllm.rig import ask, assert_logprobs_are_vllms, gateway_on, vllm_prompt_ids
 
 pytestmark = pytest.mark.timeout(300)
 SYSTEM = "You are a poet."
@@ -68,6 +68,7 @@ async def test_converse_records_what_vllm_was_fed_and_served(
     for record, text in zip(records, texts, strict=True):
         (completion,) = record.completions
         assert len(completion.token_ids) == len(completion.logprobs) > 0
+        await assert_logprobs_are_vllms(vllm_server, record)
         decoded = await _detokenize(vllm_server, completion.token_ids.tolist())
         assert decoded.removesuffix("<|im_end|>") == text
     assert records[0].prompt_ids.tolist() == await vllm_prompt_ids(

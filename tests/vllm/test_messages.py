@@ -16,7 +16,7 @@ from anthropic.types import Message, TextBlock
 
 from agentcore_rl import build_trajectory
 from tests.vllm.conftest import MODEL, VLLMServer
-from tests.vllm.rig import Rig, gateway_on, vllm_prompt_ids
+from tests.vllm.rig import Rig, assert_logprobs_are_vllms, gateway_on, vllm_prompt_ids
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -133,6 +133,7 @@ async def test_messages_records_what_vllm_was_fed_and_served(
         (completion,) = record.completions
         ids = completion.token_ids.tolist()
         assert len(ids) == len(completion.logprobs) > 0
+        await assert_logprobs_are_vllms(vllm_server, record)
         assert (reply.usage.input_tokens, reply.usage.output_tokens) == (
             len(record.prompt_ids),
             len(ids),
