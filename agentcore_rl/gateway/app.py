@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.edge import read_body
+from agentcore_rl.edge import Refusal, read_body
 from agentcore_rl.errors import ConfigurationError, TraceLostError
 from agentcore_rl.gateway.admin import GATEWAY_ID_HEADER, admin_app
 from agentcore_rl.gateway.backends import backend_named
-from agentcore_rl.gateway.call import Call, Refuse, down_message, render, respond
+from agentcore_rl.gateway.call import Call, down_message, render, respond
 from agentcore_rl.gateway.dialects import PATHS, route_for
 from agentcore_rl.gateway.dialects.base import Dialect
 from agentcore_rl.gateway.dialects.base import Route as DialectRoute
@@ -358,9 +358,9 @@ class RolloutGateway:
         if sid in self._ended:
             self._counts["late_calls"] += 1
             why = f"session {sid!r} is finished (or expired): the call is not served"
-            raise Refuse(410, why, "session_finished")
+            raise Refusal(410, why, "session_finished")
         if self.require_open:
-            raise Refuse(
+            raise Refusal(
                 404, f"unknown session {sid!r}: not opened by the client", "unknown_session"
             )
         self._sessions[sid] = Session(sid)
@@ -407,11 +407,11 @@ class RolloutGateway:
                 await self._models(send, sid)
             else:
                 routes = ", ".join([*PATHS, "v1/models"])
-                raise Refuse(404, f"no route {path} (sessions/{{id}}/: {routes})", "not_found")
+                raise Refusal(404, f"no route {path} (sessions/{{id}}/: {routes})", "not_found")
         except Invalid as exc:  # the session id or the body (jsonio: the door)
-            body, headers = render(Refuse(400, str(exc), "invalid_request"), dialect)
+            body, headers = render(Refusal(400, str(exc), "invalid_request"), dialect)
             await respond(send, 400, body, headers)
-        except Refuse as refuse:
+        except Refusal as refuse:
             body, headers = render(refuse, dialect)
             await respond(send, refuse.status, body, headers)
 
@@ -435,7 +435,7 @@ class RolloutGateway:
                     return token.strip()
             elif name == b"x-api-key" and header.strip():
                 return header.strip()
-        raise Refuse(
+        raise Refusal(
             401,
             "no session id: call /sessions/{session_id}/v1/... or send "
             "'Authorization: Bearer <session id>'",
@@ -447,16 +447,16 @@ class RolloutGateway:
         try:
             status, content = await pool.fetch(pool.target("/models", "GET"), None)
         except UpstreamError as exc:
-            raise Refuse(502, down_message(pool.base, exc), "upstream_unavailable") from None
+            raise Refusal(502, down_message(pool.base, exc), "upstream_unavailable") from None
         await respond(send, status, content)
 
     async def _agent_call(
         self, scope: Scope, receive: Receive, send: Send, sid: str, route: DialectRoute
     ) -> None:
         if not self.running:
-            raise Refuse(503, "the gateway is not started (enter it or serve it)", "not_ready")
+            raise Refusal(503, "the gateway is not started (enter it or serve it)", "not_ready")
         if scope["method"] != "POST":
-            raise Refuse(405, f"{scope['path']} takes POST", "method_not_allowed")
+            raise Refusal(405, f"{scope['path']} takes POST", "method_not_allowed")
         raw = await read_body(
             receive, scope["headers"], limit=self.max_body_bytes, within=self.body_timeout
         )
@@ -466,7 +466,7 @@ class RolloutGateway:
         if version is None:  # a reject pause
             retry = {"retry-after": str(max(1, round(self.retry_after)))}
             why = f"the gateway is paused for a weight update; retry in {self.retry_after}s"
-            raise Refuse(429, why, "paused", retry)
+            raise Refusal(429, why, "paused", retry)
         try:  # after the gate: a 429 opens no session, a call held across a finish is refused
             await self._serve(send, self._session_for(sid), route.dialect, raw, body, chat, version)
         finally:
@@ -523,7 +523,7 @@ class RolloutGateway:
         mode: RenderMode | ProxyMode = render or self.proxy
         try:
             await mode.serve(call, send)
-        except Refuse as refuse:
+        except Refusal as refuse:
             call.commit(refuse.status, refuse.message)
             raise
         except UpstreamError as exc:
@@ -531,7 +531,7 @@ class RolloutGateway:
                 raise
             message = down_message(pool.base, exc)
             call.commit(502, message)
-            raise Refuse(502, message, "upstream_unavailable") from None
+            raise Refusal(502, message, "upstream_unavailable") from None
         except BaseException as exc:
             call.commit(499, f"call abandoned: {type(exc).__name__}: {exc}")
             raise

@@ -1,6 +1,6 @@
 """The seam between the gateway and its two modes, proxy (:mod:`.proxy`) and linear
 (:mod:`.render.mode`): one admitted :class:`Call`, and how an agent is answered. A mode's
-``serve(call, send)`` answers (or raises :class:`Refuse`), committing the record before the
+``serve(call, send)`` answers (or raises :class:`Refusal`), committing the record before the
 answer's last byte."""
 
 from __future__ import annotations
@@ -17,11 +17,7 @@ from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
-__all__ = ["Call", "Refuse", "down_message", "passed_on", "render", "respond"]
-
-
-#: The gateway's name for the edge's one refusal type.
-Refuse = Refusal
+__all__ = ["Call", "down_message", "passed_on", "render", "respond"]
 
 
 def render(refusal: Refusal, dialect: Dialect) -> tuple[bytes, list[tuple[bytes, bytes]]]:
@@ -31,7 +27,7 @@ def render(refusal: Refusal, dialect: Dialect) -> tuple[bytes, list[tuple[bytes,
     return body, [JSON_TYPE, *headers, *extra]
 
 
-def passed_on(status: int, content: bytes) -> Refuse:
+def passed_on(status: int, content: bytes) -> Refusal:
     """An upstream's answer other than 200, for the agent."""
     text = content[:500].decode("utf-8", "replace")
     message = f"upstream answered HTTP {status}: {text}"

@@ -7,8 +7,9 @@ from typing import Final
 
 from starlette.types import Send
 
+from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, Backend, Capture
-from agentcore_rl.gateway.call import Call, Refuse, down_message, passed_on
+from agentcore_rl.gateway.call import Call, down_message, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
 
@@ -60,10 +61,10 @@ class ProxyMode:
             self.backend.take(data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
-            raise Refuse(502, message, "upstream_invalid") from None
+            raise Refusal(502, message, "upstream_invalid") from None
         failed = self._fill(call, capture)
         if failed:
-            raise Refuse(502, *failed)
+            raise Refusal(502, *failed)
         await call.answer(send, data)  # streamed too when the upstream cannot stream
 
     def _fill(self, call: Call, capture: Capture) -> tuple[str, str] | None:
@@ -134,7 +135,7 @@ class ProxyMode:
             else:
                 message = f"upstream sent an invalid stream event: {exc}"
             if not started:
-                raise Refuse(502, message, "upstream_unavailable") from None
+                raise Refusal(502, message, "upstream_unavailable") from None
             call.commit(502, message)  # the headers are out: end the stream with an error event
             tail = encoder.fail(502, message, "upstream_unavailable")
             await send({"type": "http.response.body", "body": tail})
@@ -147,7 +148,7 @@ class ProxyMode:
         # vLLM sends the prompt ids on the first chunk: without them, refuse before any byte
         if capture.prompt is None:
             what = capture.missing(self.backend) or "no prompt token ids"
-            raise Refuse(502, what, "upstream_missing_token_ids")
+            raise Refusal(502, what, "upstream_missing_token_ids")
         headers = call.encoder.stream_headers
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         return True

@@ -14,8 +14,9 @@ from typing import Any
 
 from starlette.types import Send
 
+from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.backends import Served, backend_named
-from agentcore_rl.gateway.call import Call, Refuse, passed_on
+from agentcore_rl.gateway.call import Call, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
@@ -80,7 +81,7 @@ class RenderMode:
             self.backend.check(body, self.stop_ids)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
         except ValueError as exc:  # RenderError included
-            raise Refuse(400, str(exc), "invalid_request") from None
+            raise Refusal(400, str(exc), "invalid_request") from None
         if plan.fork is not None:
             self.forks += 1
             log.info("session %s forks: %s", call.session.session_id, plan.fork)
@@ -202,13 +203,13 @@ class RenderMode:
                 served = self.backend.read(loads(content))
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
-                raise Refuse(502, why, "upstream_invalid") from None
+                raise Refusal(502, why, "upstream_invalid") from None
             if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids + ids:
-                raise Refuse(
+                raise Refusal(
                     502, "the upstream fed the model other ids than sent", "upstream_mismatch"
                 )
             if len(served.logprobs) != len(served.token_ids):
-                raise Refuse(502, "the upstream sent no logprob per token", "upstream_invalid")
+                raise Refusal(502, "the upstream sent no logprob per token", "upstream_invalid")
             cut = (
                 served.finish_reason == "abort"
                 and (gate.paused == "suspend" or gate.resumes != resumes)
@@ -231,13 +232,13 @@ class RenderMode:
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise Refuse(400, "messages must be a non-empty list", "invalid_request")
+            raise Refusal(400, "messages must be a non-empty list", "invalid_request")
         if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
-            raise Refuse(400, "every message must be an object with a role", "invalid_request")
+            raise Refusal(400, "every message must be an object with a role", "invalid_request")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
-            raise Refuse(400, "tools must be a list", "invalid_request")
+            raise Refusal(400, "tools must be a list", "invalid_request")
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise Refuse(400, "chat_template_kwargs must be an object", "invalid_request")
+            raise Refusal(400, "chat_template_kwargs must be an object", "invalid_request")
         return messages, tools or None, kwargs
