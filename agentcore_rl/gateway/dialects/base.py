@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentcore_rl.gateway.jsonio import Invalid
+from agentcore_rl.gateway.jsonio import Invalid, loads
 from agentcore_rl.gateway.record import Session
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Route",
     "chunks_of",
     "invalid",
+    "tool_input",
 ]
 
 SSE_HEADERS: Final = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -118,6 +119,17 @@ def chunks_of(answer: Mapping[str, Any], text: bool = False) -> list[dict[str, A
     if answer.get("usage") is not None:
         chunks.append({**head, "choices": [], "usage": answer["usage"]})
     return chunks
+
+
+def tool_input(arguments: Any) -> Any:
+    """A chat tool call's JSON ``arguments`` as the object the Anthropic and Bedrock answers
+    carry as its ``input`` (none: ``{}``; text that is not JSON: as the model wrote it)."""
+    if not isinstance(arguments, str):
+        return arguments if arguments is not None else {}
+    try:
+        return loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return arguments
 
 
 def invalid(message: str) -> Invalid:

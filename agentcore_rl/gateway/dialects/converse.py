@@ -14,7 +14,15 @@ import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentcore_rl.gateway.dialects.base import JSON_TYPE, Dialect, Encoder, Headers, Route, invalid
+from agentcore_rl.gateway.dialects.base import (
+    JSON_TYPE,
+    Dialect,
+    Encoder,
+    Headers,
+    Route,
+    invalid,
+    tool_input,
+)
 from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import Session
 
@@ -161,7 +169,7 @@ class _ConverseEncoder(Encoder):
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             tool = {"toolUseId": call.get("id"), "name": function.get("name")}
-            content.append({"toolUse": {**tool, "input": _arguments(function.get("arguments"))}})
+            content.append({"toolUse": {**tool, "input": tool_input(function.get("arguments"))}})
         return dumps(
             {
                 "output": {"message": {"role": "assistant", "content": content or [{"text": ""}]}},
@@ -248,16 +256,6 @@ class _ConverseEncoder(Encoder):
             + _header(":message-type", "exception")
         )
         return event_message(headers, dumps({"message": message}))
-
-
-def _arguments(arguments: Any) -> Any:
-    """A tool call's JSON arguments as the ``input`` object (text that is not JSON: as is)."""
-    if not isinstance(arguments, str):
-        return arguments if arguments is not None else {}
-    try:
-        return json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return arguments
 
 
 def _items(value: Any, where: str) -> list[Any]:

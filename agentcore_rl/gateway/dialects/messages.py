@@ -17,8 +17,8 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentcore_rl.gateway.dialects.base import Dialect, Encoder, Headers, Route, invalid
-from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.dialects.base import Dialect, Encoder, Headers, Route, invalid, tool_input
+from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import Session
 
 __all__ = ["MESSAGES_DIALECT", "MessagesDialect"]
@@ -190,15 +190,6 @@ def _event(name: bytes, data: dict[str, Any]) -> bytes:
     return b"event: " + name + b"\ndata: " + dumps(data) + b"\n\n"
 
 
-def _input(arguments: Any) -> Any:
-    """A tool call's JSON arguments as its ``input`` (text that is not JSON passed on as the
-    model wrote it: the SDK's stream raises on it, so a whole answer shows it too)."""
-    try:
-        return loads(arguments)
-    except (TypeError, ValueError):
-        return arguments
-
-
 class _MessageEncoder(Encoder):
     """One answer as a ``message``, or its events: content blocks open as the chat deltas
     change kind (thinking, text, each tool call), the stop and usage come at the end."""
@@ -249,7 +240,12 @@ class _MessageEncoder(Encoder):
             function = call.get("function") or {}
             name, arguments = function.get("name"), function.get("arguments")
             content.append(
-                {"type": "tool_use", "id": call.get("id"), "name": name, "input": _input(arguments)}
+                {
+                    "type": "tool_use",
+                    "id": call.get("id"),
+                    "name": name,
+                    "input": tool_input(arguments),
+                }
             )
         self.finish, self.stop = choice.get("finish_reason"), choice.get("stop_reason")
         self.usage = answer.get("usage") or {}
