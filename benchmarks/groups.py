@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl.cli.summary import percentile
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 from benchmarks.rollouts import LOCAL_AWS_ENV, cpu_seconds, stop_stack
 
 BUCKET = "bench-groups"

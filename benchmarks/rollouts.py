@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcore_rl.cli.summary import percentile
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 
 BUCKET = "bench-rollouts"
 # The stack is local: fixed fake credentials keep real ones out of the picture.

@@ -46,7 +46,7 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import DEFAULT_GIL_SWITCH_INTERVAL, ShutdownConfig, WorkerConfig
+from agentcore_rl.server.options import DEFAULT_GIL_SWITCH_INTERVAL, ShutdownConfig, WorkerConfig
 from agentcore_rl.server.overload import serve_options
 
 BUCKET = "bench-rollouts"

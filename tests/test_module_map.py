@@ -88,3 +88,13 @@ def test_no_import_cycles() -> None:
 
 def test_a_cycle_is_found() -> None:
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+def test_no_two_modules_share_a_name() -> None:
+    # A module's name says its one concept; two `config.py` would be two concepts under one
+    # name (and a grep for one finds the other).
+    seen: dict[str, list[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        if path.stem not in ("__init__", "__main__"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {short: names for short, names in seen.items() if len(names) > 1} == {}

@@ -14,7 +14,7 @@ from typing import IO, TYPE_CHECKING, Any, Final
 from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
+    from agentcore_rl.client.group_runner import MemberEnd, MemberStart, ResumedGroup
     from agentcore_rl.trajectory import Trajectory
 
 __all__ = [
@@ -191,7 +191,7 @@ class EvalJournal:
 
     def _replay_member(self, input_id: str, record: dict[str, Any]) -> None:
         # lazy: the client extra (commands check --out without it)
-        from agentcore_rl.client.groups import MemberEnd, MemberStart, ResumedGroup
+        from agentcore_rl.client.group_runner import MemberEnd, MemberStart, ResumedGroup
 
         group = self.groups.setdefault(input_id, ResumedGroup())
         sid = str(record["session_id"])

@@ -9,10 +9,13 @@ Example::
         result = await client.rollout({"prompt": "2+2?"})
 """
 
-from agentcore_rl.client import _extra  # noqa: F401  (first: a missing extra is named)
-from agentcore_rl.client.batch import BatchItem
-from agentcore_rl.client.client import AsyncRolloutClient, ClientState
-from agentcore_rl.client.config import (
+from agentcore_rl._extras import require
+
+require("client", "agentcore_rl.client", "httpx")  # first: a missing extra is named
+
+from agentcore_rl.client.batch import BatchItem  # noqa: E402
+from agentcore_rl.client.client import AsyncRolloutClient, ClientState  # noqa: E402
+from agentcore_rl.client.config import (  # noqa: E402
     AwsConfig,
     GatewayConfig,
     InfraStop,
@@ -20,20 +23,20 @@ from agentcore_rl.client.config import (
     Retries,
     Timeouts,
 )
-from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.groups import GroupFuture
-from agentcore_rl.client.liveness import LivenessConfig
-from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.client.sync import RolloutClient
-from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
-from agentcore_rl.ratelimit import (
+from agentcore_rl.client.future import RolloutFuture  # noqa: E402
+from agentcore_rl.client.group_runner import GroupFuture  # noqa: E402
+from agentcore_rl.client.liveness import LivenessConfig  # noqa: E402
+from agentcore_rl.client.outcomes import ClientStats  # noqa: E402
+from agentcore_rl.client.sync import RolloutClient  # noqa: E402
+from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig  # noqa: E402
+from agentcore_rl.ratelimit import (  # noqa: E402
     LocalSessionLimiter,
     Priority,
     RateLimiter,
     SessionLimiter,
     TokenBucket,
 )
-from agentcore_rl.retry import RetryPolicy
+from agentcore_rl.retry import RetryPolicy  # noqa: E402
 
 __all__ = [
     "AsyncRolloutClient",

@@ -29,7 +29,7 @@ from agentcore_rl.client.config import (
     Timeouts,
 )
 from agentcore_rl.client.future import RolloutFuture
-from agentcore_rl.client.groups import GroupMethods, GroupRunner
+from agentcore_rl.client.group_runner import GroupMethods, GroupRunner
 from agentcore_rl.client.liveness import DEFAULT_LIVENESS, ClientLease, LivenessConfig
 from agentcore_rl.client.outcomes import ClientStats, InfraWindow
 from agentcore_rl.client.payload import (

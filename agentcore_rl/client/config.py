@@ -16,7 +16,7 @@ from agentcore_rl.protocol import DEFAULT_TPS
 from agentcore_rl.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import RolloutGateway
+    from agentcore_rl.gateway.gateway import RolloutGateway
 
 __all__ = [
     "DEFAULT_AWS",

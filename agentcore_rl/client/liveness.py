@@ -22,7 +22,7 @@ import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.client.transports.base import RetryableError
+from agentcore_rl.client.transports.transport import RetryableError
 from agentcore_rl.errors import (
     AgentLostError,
     ConfigurationError,

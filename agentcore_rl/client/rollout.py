@@ -26,7 +26,7 @@ from agentcore_rl.client.outcomes import (
     is_retryable,
 )
 from agentcore_rl.client.traces import GatewayLink, TraceJoiner
-from agentcore_rl.client.transports.base import (
+from agentcore_rl.client.transports.transport import (
     NotConnectedError,
     RetryableError,
     StopUnsupportedError,

@@ -21,7 +21,7 @@ from agentcore_rl.errors import (
 from agentcore_rl.s3 import ResultStore
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import RolloutGateway
+    from agentcore_rl.gateway.gateway import RolloutGateway
     from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = [
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 API_KEY: Final = "api_key"
 
 
-# The gateway's header naming its process on ``POST /admin/sessions`` (gateway.app).
+# The gateway's header naming its process on ``POST /admin/sessions`` (gateway.gateway).
 _GATEWAY_ID_HEADER: Final = "x-gateway-id"
 
 

@@ -28,14 +28,14 @@ from agentcore_rl.gateway.record import (
 )
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.app import ADMIN_TOKEN_ENV, RolloutGateway
+    from agentcore_rl.gateway.gateway import ADMIN_TOKEN_ENV, RolloutGateway
     from agentcore_rl.gateway.render.mode import RenderMode
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
 # neither Starlette nor uvicorn, which the gateway app does.
 _LAZY: dict[str, str] = {
-    "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.app",
-    "RolloutGateway": "agentcore_rl.gateway.app",
+    "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.gateway",
+    "RolloutGateway": "agentcore_rl.gateway.gateway",
     "RenderMode": "agentcore_rl.gateway.render.mode",
 }
 

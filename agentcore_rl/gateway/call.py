@@ -12,7 +12,7 @@ from typing import Any
 from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
-from agentcore_rl.gateway.dialects.base import JSON_TYPE, Dialect, Encoder, chunks_of
+from agentcore_rl.gateway.dialects.codec import JSON_TYPE, Dialect, Encoder, chunks_of
 from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool

@@ -25,7 +25,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.protocol import DEFAULT_TPS, parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import SPOOL_DIR_ENV
+from agentcore_rl.server.options import SPOOL_DIR_ENV
 
 logger = logging.getLogger(__name__)
 

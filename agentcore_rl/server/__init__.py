@@ -1,16 +1,19 @@
 """The agent side: :class:`AgentCoreRLApp`, an ASGI rollout server, its config objects
 and its request context (docs/server.md)."""
 
-from agentcore_rl.server import _extra  # noqa: F401  (first: a missing extra is named)
-from agentcore_rl.server.app import AgentCoreRLApp
-from agentcore_rl.server.config import (
+from agentcore_rl._extras import require
+
+require("server", "agentcore_rl.server", "starlette", "uvicorn")  # first: a missing extra is named
+
+from agentcore_rl.server.app import AgentCoreRLApp  # noqa: E402
+from agentcore_rl.server.invoke import RequestContext  # noqa: E402
+from agentcore_rl.server.options import (  # noqa: E402
     FaultChecks,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
     WorkerConfig,
 )
-from agentcore_rl.server.invoke import RequestContext
 
 __all__ = [
     "AgentCoreRLApp",

@@ -40,7 +40,9 @@ from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.buckets import BucketCheck
-from agentcore_rl.server.config import (
+from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
+from agentcore_rl.server.lease import Heartbeat, LeaseWatcher
+from agentcore_rl.server.options import (
     APP_NAME_ENV,
     DEFAULT_FAULT_CHECKS,
     DEFAULT_REQUEST_LIMITS,
@@ -59,8 +61,6 @@ from agentcore_rl.server.config import (
     handler_app_name,
     spool_directory,
 )
-from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
-from agentcore_rl.server.lease import Heartbeat, LeaseWatcher
 from agentcore_rl.server.overload import LoopLag, OverloadGuard, serve_options
 from agentcore_rl.server.routes import (
     control_op,
@@ -102,11 +102,11 @@ class AgentCoreRLApp(Starlette):
     ``store`` is the S3 door (default: a ``ResultStore()``), ``allowed_buckets`` the
     buckets a payload may name, ``app_name`` the agent's identity (its spool's directory
     and owner); the rest is grouped by concern: ``limits``
-    (:class:`~agentcore_rl.server.config.RequestLimits`), ``shutdown``
-    (:class:`~agentcore_rl.server.config.ShutdownConfig`), ``spool``
-    (:class:`~agentcore_rl.server.config.SpoolConfig`), ``workers``
-    (:class:`~agentcore_rl.server.config.WorkerConfig`) and ``faults``
-    (:class:`~agentcore_rl.server.config.FaultChecks`). ``clock`` (epoch seconds) stamps
+    (:class:`~agentcore_rl.server.options.RequestLimits`), ``shutdown``
+    (:class:`~agentcore_rl.server.options.ShutdownConfig`), ``spool``
+    (:class:`~agentcore_rl.server.options.SpoolConfig`), ``workers``
+    (:class:`~agentcore_rl.server.options.WorkerConfig`) and ``faults``
+    (:class:`~agentcore_rl.server.options.FaultChecks`). ``clock`` (epoch seconds) stamps
     envelopes and ``/ping``; ``debug``, ``lifespan`` (run inside the app's own) and
     ``middleware`` are Starlette's, as in AWS's ``BedrockAgentCoreApp``, whose public
     surface it keeps. It is an ordinary Starlette app: add routes, or mount it (then enter

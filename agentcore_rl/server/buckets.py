@@ -18,7 +18,7 @@ import anyio
 from agentcore_rl import protocol
 from agentcore_rl.errors import InvalidPayloadError, StorageError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import FaultChecks
+from agentcore_rl.server.options import FaultChecks
 from agentcore_rl.server.spool import s3_destination
 
 __all__ = ["BucketCheck"]

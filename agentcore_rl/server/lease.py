@@ -24,7 +24,7 @@ import anyio
 from agentcore_rl import protocol
 from agentcore_rl.errors import StorageError
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import FaultChecks
+from agentcore_rl.server.options import FaultChecks
 from agentcore_rl.server.runner import RolloutJob, RolloutRunner
 from agentcore_rl.server.spool import Spool
 

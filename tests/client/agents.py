@@ -13,7 +13,7 @@ from agentcore_rl.errors import InfraError
 from agentcore_rl.groups import parse_member_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 
 
 @dataclass

@@ -18,7 +18,7 @@ from agentcore_rl.client import (
 )
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.options import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.conftest import FAST_RETRY
 

@@ -29,7 +29,7 @@ from agentcore_rl.client import AwsConfig, LivenessConfig
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.options import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import ClientFactory
 from tests.client.test_crash import AGENT, Agent, lose_when_silent

@@ -13,7 +13,7 @@ from agentcore_rl import protocol
 from agentcore_rl.client import LivenessConfig
 from agentcore_rl.client.liveness import LivenessProber
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.client.transports.base import NotConnectedError
+from agentcore_rl.client.transports.transport import NotConnectedError
 from agentcore_rl.ratelimit import Priority, TokenBucket
 
 

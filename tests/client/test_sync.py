@@ -25,7 +25,7 @@ from agentcore_rl.errors import (
 from agentcore_rl.groups import GroupRules, StaleGroupError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.options import SpoolConfig
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import FAST_WATCH, fast_limits, quick_retries, short_timeouts
 from tests.conftest import FAST_RETRY

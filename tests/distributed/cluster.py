@@ -24,7 +24,7 @@ from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 
 ARN = DEFAULT_AGENT_RUNTIME_ARN
 FAST_WATCH = WatcherConfig(min_interval=0.05, max_interval=0.2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentcore_rl.gateway.backends import Capture, backend_named
-from agentcore_rl.gateway.dialects.base import chunks_of
+from agentcore_rl.gateway.dialects.codec import chunks_of
 from agentcore_rl.gateway.record import CallRecord
 
 

@@ -36,7 +36,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.protocol import ROLLOUT_FIELD, result_key, trace_key
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 from agentcore_rl.training import group_rows
 from agentcore_rl.trajectory import Trajectory
 from tests.conftest import FAST_RETRY

@@ -17,7 +17,7 @@ from strands import Agent, tool
 from strands.models.bedrock import BedrockModel
 
 from agentcore_rl.gateway import RolloutGateway
-from agentcore_rl.gateway.dialects.base import Route
+from agentcore_rl.gateway.dialects.codec import Route
 from agentcore_rl.gateway.dialects.converse import CONVERSE_DIALECT
 from agentcore_rl.gateway.record import Session
 from agentcore_rl.local.background import BackgroundServer

@@ -21,7 +21,7 @@ from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.protocol import new_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
-from agentcore_rl.server.config import default_spool_dir, handler_app_name
+from agentcore_rl.server.options import default_spool_dir, handler_app_name
 
 
 async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:

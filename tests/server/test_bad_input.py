@@ -16,7 +16,7 @@ from agentcore_rl.errors import InvalidPayloadError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.config import RequestLimits
+from agentcore_rl.server.options import RequestLimits
 
 from .helpers import rollout_payload, served, session_headers
 

@@ -15,7 +15,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.config import RequestLimits
+from agentcore_rl.server.options import RequestLimits
 
 from .helpers import SESSION, read_envelope, rollout_payload, served, session_headers, settle
 

@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.options import SpoolConfig
 from tests.conftest import FAST_RETRY
 from tests.server.helpers import rollout_payload, session_headers
 

@@ -24,8 +24,8 @@ from starlette.types import Receive, Scope, Send
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, LivenessConfig, Retries
 from agentcore_rl.client.liveness import LivenessProber
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.client.transports.base import RetryableError, StopUnsupportedError
 from agentcore_rl.client.transports.http import HttpTransport
+from agentcore_rl.client.transports.transport import RetryableError, StopUnsupportedError
 from agentcore_rl.errors import InvocationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime

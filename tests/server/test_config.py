@@ -13,7 +13,8 @@ import pytest
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
-from agentcore_rl.server.config import (
+from agentcore_rl.server.invoke import HandlerSpec
+from agentcore_rl.server.options import (
     DEFAULT_REQUEST_LIMITS,
     RequestLimits,
     ShutdownConfig,
@@ -21,7 +22,6 @@ from agentcore_rl.server.config import (
     WorkerConfig,
     default_host,
 )
-from agentcore_rl.server.invoke import HandlerSpec
 
 
 @pytest.fixture

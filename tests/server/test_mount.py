@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 
 from .helpers import SESSION, rollout_payload, served, session_headers, settle
 

@@ -13,7 +13,7 @@ import httpx
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import FaultChecks
-from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.options import SpoolConfig
 from agentcore_rl.server.runner import RolloutRunner
 from agentcore_rl.server.spool import Spool
 

@@ -8,7 +8,7 @@ import httpx
 
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 
 from .helpers import (
     SESSION,

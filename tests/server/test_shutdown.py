@@ -13,7 +13,7 @@ import pytest
 from agentcore_rl import protocol
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
-from agentcore_rl.server.config import ShutdownConfig
+from agentcore_rl.server.options import ShutdownConfig
 
 from .helpers import (
     SESSION,

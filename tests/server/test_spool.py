@@ -18,7 +18,7 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, FaultChecks
-from agentcore_rl.server.config import SpoolConfig, default_spool_dir
+from agentcore_rl.server.options import SpoolConfig, default_spool_dir
 from agentcore_rl.server.spool import Spool
 
 from ..conftest import FAST_RETRY

@@ -12,7 +12,7 @@ import pytest
 
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import FaultChecks
-from agentcore_rl.server.config import SpoolConfig
+from agentcore_rl.server.options import SpoolConfig
 
 from ..conftest import FAST_RETRY
 from .helpers import SESSION, rollout_app, run_to_end

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentcore_rl.client.transports.acr import AcrTransport
-from agentcore_rl.client.transports.base import RetryableError, Transport
 from agentcore_rl.client.transports.http import DEFAULT_MAX_CONNECTIONS, HttpTransport
+from agentcore_rl.client.transports.transport import RetryableError, Transport
 from agentcore_rl.errors import ConfigurationError
 
 if TYPE_CHECKING:

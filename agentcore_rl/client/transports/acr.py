@@ -15,7 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, Rea
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from agentcore_rl import protocol
-from agentcore_rl.client.transports.base import (
+from agentcore_rl.client.transports.transport import (
     RetryableError,
     json_object_answer,
     session_state,

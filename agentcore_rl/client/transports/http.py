@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from agentcore_rl import protocol
-from agentcore_rl.client.transports.base import (
+from agentcore_rl.client.transports.transport import (
     NotConnectedError,
     RetryableError,
     StopUnsupportedError,

@@ -1,14 +1,14 @@
 """The agent-facing dialects, by route (docs/gateway.md, "Agent dialects"): OpenAI chat and
 text completions (:mod:`.chat`), OpenAI Responses (:mod:`.responses`), Anthropic Messages
-(:mod:`.messages`), Bedrock Converse (:mod:`.converse`); what a codec is: :mod:`.base`."""
+(:mod:`.messages`), Bedrock Converse (:mod:`.converse`); what a codec is: :mod:`.codec`."""
 
 from __future__ import annotations
 
 from typing import Final
 from urllib.parse import unquote
 
-from agentcore_rl.gateway.dialects.base import Dialect, Route
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT, COMPLETIONS_DIALECT
+from agentcore_rl.gateway.dialects.codec import Dialect, Route
 from agentcore_rl.gateway.dialects.converse import CONVERSE_DIALECT
 from agentcore_rl.gateway.dialects.messages import MESSAGES_DIALECT
 from agentcore_rl.gateway.dialects.responses import RESPONSES_DIALECT

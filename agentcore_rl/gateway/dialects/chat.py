@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentcore_rl.gateway.dialects.base import Dialect, Encoder, Headers, Route, invalid
+from agentcore_rl.gateway.dialects.codec import Dialect, Encoder, Headers, Route, invalid
 from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import Session
 

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentcore_rl.gateway.dialects.base import (
+from agentcore_rl.gateway.dialects.codec import (
     JSON_TYPE,
     Dialect,
     Encoder,

@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from agentcore_rl.gateway.dialects.base import Dialect, Encoder, Headers, Route, invalid
 from agentcore_rl.gateway.dialects.chat import error_body
+from agentcore_rl.gateway.dialects.codec import Dialect, Encoder, Headers, Route, invalid
 from agentcore_rl.gateway.jsonio import dumps
 from agentcore_rl.gateway.record import Session
 

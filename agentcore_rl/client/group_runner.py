@@ -471,9 +471,9 @@ class GroupMethods:
         (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
         cancelling it stops the members. ``timeout`` and ``rollout`` are as in
         :meth:`invoke`, for each member. ``journal``
-        (:class:`~agentcore_rl.client.groups.MemberJournal`) is told of each member before
+        (:class:`~agentcore_rl.client.group_runner.MemberJournal`) is told of each member before
         its invocation and of each outcome; ``resume``
-        (:class:`~agentcore_rl.client.groups.ResumedGroup`, what a journal recorded) opens
+        (:class:`~agentcore_rl.client.group_runner.ResumedGroup`, what a journal recorded) opens
         the group where an earlier process left it: ended members are replayed, started
         ones resumed by session id, only the others started.
         """

@@ -25,9 +25,9 @@ from agentcore_rl.gateway.admin import GATEWAY_ID_HEADER, admin_app
 from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.call import Call, down_message, render, respond
 from agentcore_rl.gateway.dialects import PATHS, route_for
-from agentcore_rl.gateway.dialects.base import Dialect
-from agentcore_rl.gateway.dialects.base import Route as DialectRoute
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT
+from agentcore_rl.gateway.dialects.codec import Dialect
+from agentcore_rl.gateway.dialects.codec import Route as DialectRoute
 from agentcore_rl.gateway.jsonio import Invalid, check_value, check_version, dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
