@@ -46,7 +46,12 @@ from agentcore_rl import protocol
 from agentcore_rl.cli.summary import percentile
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.options import DEFAULT_GIL_SWITCH_INTERVAL, ShutdownConfig, WorkerConfig
+from agentcore_rl.server.options import (
+    DEFAULT_GIL_SWITCH_INTERVAL,
+    FaultChecks,
+    RequestLimits,
+    ShutdownConfig,
+)
 from agentcore_rl.server.overload import serve_options
 
 BUCKET = "bench-rollouts"
@@ -80,7 +85,8 @@ def build_app(handler_kind: str, workers: int, switch_interval: float | None) ->
 
     app = AgentCoreRLApp(
         shutdown=ShutdownConfig(grace=5),
-        workers=WorkerConfig(max_sync_workers=workers, gil_switch_interval=switch_interval),
+        limits=RequestLimits(max_sync_workers=workers),
+        faults=FaultChecks(gil_switch_interval=switch_interval),
     )
     release_sync = threading.Event()
     release_async: list[asyncio.Event] = []

@@ -12,7 +12,6 @@ from agentcore_rl.server.options import (  # noqa: E402
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
-    WorkerConfig,
 )
 
 __all__ = [
@@ -22,5 +21,4 @@ __all__ = [
     "RequestLimits",
     "ShutdownConfig",
     "SpoolConfig",
-    "WorkerConfig",
 ]

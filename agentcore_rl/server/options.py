@@ -23,12 +23,10 @@ __all__ = [
     "DEFAULT_REQUEST_LIMITS",
     "DEFAULT_SHUTDOWN",
     "DEFAULT_SPOOL",
-    "DEFAULT_WORKERS",
     "FaultChecks",
     "RequestLimits",
     "ShutdownConfig",
     "SpoolConfig",
-    "WorkerConfig",
 ]
 
 #: GIL hand-off interval set at startup: at Python's 5 ms, CPU-bound handler threads push
@@ -115,38 +113,46 @@ def spool_directory(configured: Path | str | None, name: str) -> Path:
     return Path(chosen) if chosen is not None else default_spool_dir() / check_app_name(name)
 
 
-def allowed_buckets_from(allowed: Iterable[str] | None) -> frozenset[str] | None:
-    """The argument, else ``$AGENTCORE_RL_ALLOWED_BUCKETS``, else None; checked."""
-    source = "allowed_buckets"
-    if allowed is None:
-        raw = os.environ.get(ALLOWED_BUCKETS_ENV, "")
-        names = [part.strip() for part in raw.split(",") if part.strip()]
-        if not names:
-            return None
-        allowed, source = names, ALLOWED_BUCKETS_ENV
-    elif isinstance(allowed, str):
-        # A lone string would otherwise be taken as a set of one-letter buckets.
-        allowed = [allowed]
+def _bucket_set(allowed: Iterable[str], source: str) -> frozenset[str]:
+    # A lone string would otherwise be taken as a set of one-letter buckets.
+    names = [allowed] if isinstance(allowed, str) else allowed
     try:
-        return frozenset(protocol.validate_bucket(b, name="allowed bucket") for b in allowed)
+        return frozenset(protocol.validate_bucket(b, name="allowed bucket") for b in names)
     except InvalidPayloadError as exc:
         raise ConfigurationError(f"{source}: {exc.message}") from None
+
+
+def allowed_buckets_from(limits: RequestLimits) -> frozenset[str] | None:
+    """``limits.allowed_buckets``, else ``$AGENTCORE_RL_ALLOWED_BUCKETS``, else None."""
+    if limits.allowed_buckets is not None:
+        return frozenset(limits.allowed_buckets)
+    names = [part.strip() for part in os.environ.get(ALLOWED_BUCKETS_ENV, "").split(",")]
+    return _bucket_set([n for n in names if n], ALLOWED_BUCKETS_ENV) if any(names) else None
+
+
+def app_name_from(spool: SpoolConfig) -> str | None:
+    """``spool.app_name``, else ``$AGENTCORE_RL_APP_NAME``, else None (the handler's)."""
+    name = spool.app_name or os.environ.get(APP_NAME_ENV, "").strip()
+    return check_app_name(name) if name else None
 
 
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class RequestLimits:
-    """What one invocation body may be.
+    """What an invocation may be, and how many sync handlers run at once.
 
     A body over ``max_body_bytes`` (default: ACR's 100 MB) gets 413, nesting deeper than
     ``max_json_depth`` 400; once the bodies being received hold
     ``max_inflight_body_bytes`` together, more get 503 with ``Retry-After``. A body over
     ``envelope_payload_max_bytes`` (``None``: never) is stored in its envelope as its
-    SHA-256 and size instead of a copy of the payload.
+    SHA-256 and size instead of a copy of the payload. A payload naming a bucket outside
+    ``allowed_buckets`` (default: ``$AGENTCORE_RL_ALLOWED_BUCKETS``, else any) gets 403.
+    Sync handlers run in up to ``max_sync_workers`` threads (more than anyio's default of
+    40: rollout handlers mostly wait on a model server).
 
     Example::
 
-        RequestLimits(max_body_bytes=10 * 1024 * 1024, envelope_payload_max_bytes=65536)
+        RequestLimits(allowed_buckets=["rollouts"], max_body_bytes=10 * 1024 * 1024)
     """
 
     max_body_bytes: int = 100 * 1024 * 1024
@@ -155,8 +161,14 @@ class RequestLimits:
     # Room for two bodies of ACR's 100 MB maximum, plus change.
     max_inflight_body_bytes: int = 256 * 1024 * 1024
     envelope_payload_max_bytes: int | None = None
+    allowed_buckets: Iterable[str] | None = None
+    max_sync_workers: int = 64
 
     def __post_init__(self) -> None:
+        if self.allowed_buckets is not None:
+            allowed = _bucket_set(self.allowed_buckets, "allowed_buckets")
+            object.__setattr__(self, "allowed_buckets", allowed)
+        check_numbers(self, "max_sync_workers", at_least=1, integer=True)
         check_numbers(self, "max_body_bytes", "max_inflight_body_bytes", above=0)
         check_numbers(self, "max_json_depth", at_least=1, integer=True)
         check_numbers(self, "envelope_payload_max_bytes", at_least=0, optional=True)
@@ -193,52 +205,33 @@ class ShutdownConfig:
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class SpoolConfig:
-    """Where envelopes S3 refused wait, and how often they are retried.
+    """Where envelopes S3 refused wait, whose they are, and how often they are retried.
 
-    ``directory`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else this app's own directory
-    under :func:`default_spool_dir`, named after its app
-    name or its handler) is drained at startup; share one between apps only on purpose.
-    Spooled envelopes are retried every ``retry_interval`` seconds, doubling up to
-    ``max_retry_interval``.
+    ``app_name`` is the agent's identity (default: ``$AGENTCORE_RL_APP_NAME``, else the
+    handler's module and name): it marks what the app spools and names its directory.
+    ``directory`` (default: ``$AGENTCORE_RL_SPOOL_DIR``, else ``app_name`` under
+    :func:`default_spool_dir`) is drained at startup; share one between apps only on
+    purpose. Spooled envelopes are retried every ``retry_interval`` seconds, doubling up
+    to ``max_retry_interval``.
 
     Example::
 
-        SpoolConfig(directory="/var/spool/math-agent", retry_interval=1.0)
+        SpoolConfig(app_name="math", directory="/var/spool/math-agent", retry_interval=1.0)
     """
 
+    app_name: str | None = None
     directory: Path | str | None = None
     retry_interval: float = 5.0
     max_retry_interval: float = 300.0
 
     def __post_init__(self) -> None:
+        if self.app_name is not None:
+            check_app_name(self.app_name)
         if not 0 < self.retry_interval <= self.max_retry_interval:
             raise ConfigurationError(
                 "need 0 < retry_interval <= max_retry_interval, got "
                 f"{self.retry_interval} and {self.max_retry_interval}"
             )
-
-
-@checked_init
-@dataclass(frozen=True, kw_only=True)
-class WorkerConfig:
-    """Threads for sync handlers, and the GIL setting that keeps ``/ping`` fast beside them.
-
-    Sync handlers run in up to ``max_sync_workers`` threads (more than anyio's default of
-    40: rollout handlers mostly wait on a model server). When the app owns the process
-    (``app.run()``, ``agentcore-rl serve``) the GIL switch interval is lowered to
-    ``gil_switch_interval`` (``None``: leave it).
-
-    Example::
-
-        WorkerConfig(max_sync_workers=16, gil_switch_interval=None)
-    """
-
-    max_sync_workers: int = 64
-    gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "max_sync_workers", at_least=1, integer=True)
-        check_numbers(self, "gil_switch_interval", above=0, optional=True)
 
 
 @checked_init
@@ -258,7 +251,10 @@ class FaultChecks:
     **Heartbeat.** While the process runs rollouts of an experiment it rewrites one small
     object under that experiment's prefix every ``heartbeat_interval`` seconds (and names it
     in its answers), so clients see a crash within a few intervals without asking; ``None``:
-    no heartbeat (clients then probe its sessions).
+    no heartbeat (clients then probe its sessions). **GIL.** When the app owns the process
+    (``app.run()``, ``agentcore-rl serve``) the GIL switch interval is lowered to
+    ``gil_switch_interval`` (``None``: leave it), so ``/ping`` answers fast beside sync
+    handlers that burn CPU, and the agent is not taken for a dead one.
 
     Example::
 
@@ -273,17 +269,18 @@ class FaultChecks:
     lease_interval: float = 10.0
     overload_lag: float | None = 1.0
     heartbeat_interval: float | None = 5.0
+    gil_switch_interval: float | None = DEFAULT_GIL_SWITCH_INTERVAL
 
     def __post_init__(self) -> None:
         waits = ("bucket_ttl", "bucket_miss_ttl", "bucket_wait", "lease_interval")
         check_numbers(self, *waits, above=0)
-        check_numbers(self, "overload_lag", "heartbeat_interval", above=0, optional=True)
+        optional = ("overload_lag", "heartbeat_interval", "gil_switch_interval")
+        check_numbers(self, *optional, above=0, optional=True)
 
 
 DEFAULT_REQUEST_LIMITS: Final = RequestLimits()
 DEFAULT_SHUTDOWN: Final = ShutdownConfig()
 DEFAULT_SPOOL: Final = SpoolConfig()
-DEFAULT_WORKERS: Final = WorkerConfig()
 DEFAULT_FAULT_CHECKS: Final = FaultChecks()
 
 #: A config field given to the app itself (``grace=``) gets a TypeError naming its home.
@@ -291,11 +288,15 @@ _CONFIGS: Final[dict[str, type[object]]] = {
     "limits": RequestLimits,
     "shutdown": ShutdownConfig,
     "spool": SpoolConfig,
-    "workers": WorkerConfig,
+    "faults": FaultChecks,
 }
 MOVED_KEYWORDS: Final = {
     name: f"{param}={cls.__name__}({field}=...)"
     for param, cls in _CONFIGS.items()
     for field in (f.name for f in fields(cls))  # type: ignore[arg-type]
     for name in (field, f"{param}_{field}")
+} | {
+    "workers": "limits=RequestLimits(max_sync_workers=...), "
+    "faults=FaultChecks(gil_switch_interval=...)",
+    "clock": "app.clock = ... (an attribute)",
 }

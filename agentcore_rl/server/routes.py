@@ -1,29 +1,38 @@
 """Reading and checking an invocation: its body within the bytes in flight, its JSON, its
-``_rollout`` block and control requests. Refusals are
-:class:`~agentcore_rl.errors.InvalidPayloadError`, answered as ``{"error": <message>,
-"field": <field>}``.
+session, its ``_rollout`` block (and its bucket), control requests and the user's validator.
+:func:`read_invocation` decides: this request is that :class:`Invocation`, or a refusal
+(:class:`~agentcore_rl.errors.InvalidPayloadError`, or the edge's
+:class:`~agentcore_rl.edge.Refusal`), answered as ``{"error": <message>, "field": <field>}``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agentcore_rl import protocol
+from agentcore_rl.edge import BodyBudget, Refusal, read_body
 from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
+from agentcore_rl.server.options import RequestLimits
 
 __all__ = [
+    "Invocation",
     "control_op",
     "error_response",
     "parse_payload",
     "parse_rollout",
     "path_session_id",
+    "read_invocation",
+    "refused",
 ]
 
 logger = logging.getLogger("agentcore_rl.server")
@@ -36,16 +45,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-class _OutOfRange(ValueError):
-    """A JSON number too large for a float: Python would read it as infinity."""
-
-
 def _finite_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
         # Accepted, it would make the envelope unserialisable long after the caller's 200.
         shown = text if len(text) <= 40 else text[:37] + "..."
-        raise _OutOfRange(
+        raise InvalidPayloadError(
             f"number {shown} in the request body is out of range for a 64-bit float "
             "(it would become infinity)"
         )
@@ -80,8 +85,8 @@ def parse_payload(body: bytes | bytearray, *, max_depth: int) -> dict[str, Any]:
     """The body as a JSON object, else 400 (also NaN, ``1e400``, nesting over ``max_depth``)."""
     try:
         payload = _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
-    except _OutOfRange as exc:
-        raise InvalidPayloadError(str(exc)) from None
+    except InvalidPayloadError:
+        raise
     except RecursionError:
         raise _too_deep(max_depth) from None
     except ValueError as exc:  # UnicodeDecodeError included
@@ -151,6 +156,72 @@ def control_op(payload: Mapping[str, Any]) -> str | None:
 
 def error_response(message: str, status_code: int, field: str | None = None) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status_code=status_code)
+
+
+def refused(refusal: InvalidPayloadError | Refusal) -> JSONResponse:
+    """A refused invocation's answer, logged (a client that left, routinely)."""
+    if isinstance(refusal, InvalidPayloadError):
+        refusal = Refusal(refusal.status_code, refusal.message, field=refusal.field)
+    level = logging.INFO if refusal.kind == "client_disconnected" else logging.WARNING
+    logger.log(level, "refused an invocation (%d): %s", refusal.status, refusal.message)
+    answer = error_response(refusal.message, refusal.status, refusal.field)
+    answer.headers.update(refusal.headers)
+    return answer
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """An accepted invocation: its payload, session, ``_rollout`` block (None: run without
+    saving) and, over ``envelope_payload_max_bytes``, the digest its envelope holds instead
+    of the payload; ``status_only`` for a status control request."""
+
+    payload: dict[str, Any]
+    session_id: str
+    rollout: protocol.RolloutConfig | None = None
+    envelope_payload: dict[str, Any] | None = None
+    status_only: bool = False
+
+
+async def read_invocation(
+    request: Request,
+    *,
+    limits: RequestLimits,
+    budget: BodyBudget,
+    rollout_mode: bool,
+    allowed_buckets: frozenset[str] | None,
+    require_bucket: Callable[[str], Awaitable[None]],
+    validator: Callable[[dict[str, Any]], Any] | None,
+) -> Invocation:
+    """What the request asks, or a refusal (``InvalidPayloadError``, ``Refusal``)."""
+    body = await read_body(
+        request.receive, request.scope["headers"], limit=limits.max_body_bytes, budget=budget
+    )
+    try:
+        payload = parse_payload(body, max_depth=limits.max_json_depth)
+        cap = limits.envelope_payload_max_bytes
+        digest = None  # the envelope copies the payload, unless over the cap
+        if rollout_mode and cap is not None and len(body) > cap:
+            sha256 = hashlib.sha256(body).hexdigest()
+            digest = protocol.payload_digest(sha256, len(body), payload.get(protocol.ROLLOUT_FIELD))
+    finally:
+        budget.release(len(body))
+        del body
+    header = request.headers.get(protocol.SESSION_ID_HEADER.lower())
+    session_id = (
+        protocol.new_session_id()
+        if header is None
+        else protocol.validate_session_id(header, name=f"{protocol.SESSION_ID_HEADER} header")
+    )
+    if control_op(payload) == protocol.CONTROL_OP_STATUS:
+        return Invocation(payload, session_id, status_only=True)
+    config = parse_rollout(payload, allowed_buckets=allowed_buckets) if rollout_mode else None
+    if config is not None:
+        await require_bucket(config.s3_bucket)
+    if validator is not None:
+        checked = validator(payload)
+        if inspect.isawaitable(checked):
+            await checked
+    return Invocation(payload, session_id, config, digest)
 
 
 def path_session_id(request: Request) -> str | Response:

@@ -18,6 +18,7 @@ from agentcore_rl.errors import (
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.protocol import is_acr_session_id
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.server import RequestLimits
 from tests.client.agents import Recorder, make_agent
 from tests.client.conftest import ClientFactory, fast_limits, quick_retries, short_timeouts
 from tests.conftest import FAST_RETRY
@@ -135,7 +136,7 @@ async def test_refused_invocation_fails_at_once_with_the_servers_message(
     make_client: ClientFactory, s3_endpoint: str, recorder: Recorder
 ) -> None:
     store = ResultStore(endpoint_url=s3_endpoint, retry=FAST_RETRY)
-    app = make_agent(store, recorder, allowed_buckets=["only-this-bucket"])
+    app = make_agent(store, recorder, limits=RequestLimits(allowed_buckets=["only-this-bucket"]))
     async with BackgroundServer(app) as server:
         client = make_client(agent_url=server.url)
         with pytest.raises(InvocationError, match=r"HTTP 403.*allow-list") as info:

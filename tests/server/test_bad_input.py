@@ -40,8 +40,7 @@ async def http(
 ) -> AsyncIterator[httpx.AsyncClient]:
     app = AgentCoreRLApp(
         store=ResultStore(endpoint_url=s3_endpoint),
-        allowed_buckets=[bucket, "other-ok"],
-        limits=RequestLimits(max_body_bytes=LIMIT),
+        limits=RequestLimits(max_body_bytes=LIMIT, allowed_buckets=[bucket, "other-ok"]),
     )
 
     @app.rollout_entrypoint

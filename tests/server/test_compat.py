@@ -21,8 +21,7 @@ from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.protocol import PingStatus
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server import AgentCoreRLApp, RequestContext
-from agentcore_rl.server import app as app_module
+from agentcore_rl.server import AgentCoreRLApp, RequestContext, lifecycle
 from tests.server.helpers import SESSION, FakeClock, served, session_headers, settle
 
 # --- handlers ------------------------------------------------------------------------------
@@ -87,7 +86,7 @@ def test_run_takes_port_then_host_like_the_sdk(
 ) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr("uvicorn.run", lambda app, **kw: calls.append(kw))
-    monkeypatch.setattr(app_module, "default_host", lambda: "127.0.0.1")
+    monkeypatch.setattr(lifecycle, "default_host", lambda: "127.0.0.1")
     AgentCoreRLApp().run(*args, **kwargs)
     assert (calls[0]["port"], calls[0]["host"]) == (port, host)
 
@@ -97,7 +96,8 @@ def test_run_takes_port_then_host_like_the_sdk(
 
 async def test_ping_precedence_forced_then_custom_then_automatic(store: ResultStore) -> None:
     clock = FakeClock()
-    app = AgentCoreRLApp(store=store, clock=clock)
+    app = AgentCoreRLApp(store=store)
+    app.clock = clock
     wanted: list[Any] = [PingStatus.HEALTHY_BUSY]
 
     @app.ping

@@ -16,10 +16,10 @@ from agentcore_rl.server import AgentCoreRLApp, RequestContext
 from agentcore_rl.server.invoke import HandlerSpec
 from agentcore_rl.server.options import (
     DEFAULT_REQUEST_LIMITS,
+    FaultChecks,
     RequestLimits,
     ShutdownConfig,
     SpoolConfig,
-    WorkerConfig,
     default_host,
 )
 
@@ -43,12 +43,12 @@ def switch_interval() -> Iterator[None]:
         (lambda: RequestLimits(max_body_bytes=100, max_inflight_body_bytes=99), "at least"),
         (lambda: ShutdownConfig(grace=-1), "ShutdownConfig.grace must be a number >= 0"),
         (
-            lambda: WorkerConfig(max_sync_workers=0),
-            "WorkerConfig.max_sync_workers must be an int >= 1",
+            lambda: RequestLimits(max_sync_workers=0),
+            "RequestLimits.max_sync_workers must be an int >= 1",
         ),
         (lambda: SpoolConfig(retry_interval=0), "retry_interval"),
         (
-            lambda: WorkerConfig(gil_switch_interval=0),
+            lambda: FaultChecks(gil_switch_interval=0),
             "gil_switch_interval must be a number > 0 or None",
         ),
         (
@@ -66,9 +66,9 @@ def test_an_unknown_keyword_names_the_closest_known_one() -> None:
     with pytest.raises(
         TypeError,
         match=r"AgentCoreRLApp\(\) got an unexpected keyword argument "
-        r"'allowed_bucket' \(did you mean 'allowed_buckets'\?\)",
+        r"'fault' \(did you mean 'faults'\?\)",
     ):
-        AgentCoreRLApp(allowed_bucket=["rollouts"])  # type: ignore[call-arg]
+        AgentCoreRLApp(fault=FaultChecks())  # type: ignore[call-arg]
     with pytest.raises(
         TypeError,
         match=r"RequestLimits\(\) got .* 'max_body' \(did you mean 'max_body_bytes'\?\)",
@@ -89,10 +89,18 @@ def test_a_moved_keyword_says_where_it_lives_now() -> None:
         AgentCoreRLApp(grace=60)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match=r"spool=SpoolConfig\(directory=...\)"):
         AgentCoreRLApp(spool_dir="/tmp/x")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"limits=RequestLimits\(allowed_buckets=...\)"):
+        AgentCoreRLApp(allowed_buckets=["rollouts"])  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"spool=SpoolConfig\(app_name=...\)"):
+        AgentCoreRLApp(app_name="math")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"RequestLimits\(max_sync_workers=...\), faults="):
+        AgentCoreRLApp(workers=None)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"app.clock = "):
+        AgentCoreRLApp(clock=lambda: 0.0)  # type: ignore[call-arg]
 
 
-def test_at_most_sixteen_parameters_and_readable_configs() -> None:
-    assert len(inspect.signature(AgentCoreRLApp).parameters) <= 16
+def test_at_most_eight_parameters_and_readable_configs() -> None:
+    assert len(inspect.signature(AgentCoreRLApp).parameters) <= 8
     assert repr(ShutdownConfig(grace=60.0)) == (
         "ShutdownConfig(grace=60.0, stop_wait=5.0, cancel_timeout=5.0)"
     )
@@ -103,14 +111,15 @@ def test_at_most_sixteen_parameters_and_readable_configs() -> None:
 
 def test_bad_allowed_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigurationError, match="allowed_buckets: allowed bucket 'Not_A_"):
-        AgentCoreRLApp(allowed_buckets=["Not_A_Bucket"])
+        RequestLimits(allowed_buckets=["Not_A_Bucket"])
     monkeypatch.setenv("AGENTCORE_RL_ALLOWED_BUCKETS", "ok-bucket,Bad_One")
     with pytest.raises(ConfigurationError, match="AGENTCORE_RL_ALLOWED_BUCKETS: allowed bucket"):
         AgentCoreRLApp()
 
 
 def test_allowed_buckets_as_one_string() -> None:
-    assert AgentCoreRLApp(allowed_buckets="rollouts").allowed_buckets == frozenset({"rollouts"})
+    limits = RequestLimits(allowed_buckets="rollouts")
+    assert AgentCoreRLApp(limits=limits).allowed_buckets == frozenset({"rollouts"})
 
 
 def test_one_entrypoint_per_app() -> None:
@@ -146,12 +155,12 @@ def test_handler_signatures() -> None:
 
 def test_owning_the_process_lowers_gil_switch_interval(switch_interval: None) -> None:
     sys.setswitchinterval(0.005)
-    AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=0.002)).tune_process()
+    AgentCoreRLApp(faults=FaultChecks(gil_switch_interval=0.002)).tune_process()
     assert sys.getswitchinterval() == pytest.approx(0.002)
     sys.setswitchinterval(0.0005)
-    AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=0.002)).tune_process()
+    AgentCoreRLApp(faults=FaultChecks(gil_switch_interval=0.002)).tune_process()
     assert sys.getswitchinterval() == pytest.approx(0.0005)  # never raised
-    AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=None)).tune_process()
+    AgentCoreRLApp(faults=FaultChecks(gil_switch_interval=None)).tune_process()
     assert sys.getswitchinterval() == pytest.approx(0.0005)
 
 
@@ -159,7 +168,7 @@ async def test_a_mounted_app_leaves_the_process_alone(switch_interval: None) -> 
     # Entered from someone else's lifespan (or served without run()): the process is
     # not the app's to tune.
     sys.setswitchinterval(0.005)
-    async with AgentCoreRLApp(workers=WorkerConfig(gil_switch_interval=0.001)) as app:
+    async with AgentCoreRLApp(faults=FaultChecks(gil_switch_interval=0.001)) as app:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
             assert (await http.get("/ping")).status_code == 200

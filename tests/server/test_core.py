@@ -29,7 +29,8 @@ from .helpers import (
 
 async def test_rollout_writes_envelope(store: ResultStore, bucket: str) -> None:
     clock = FakeClock()
-    app = AgentCoreRLApp(store=store, clock=clock)
+    app = AgentCoreRLApp(store=store)
+    app.clock = clock
 
     @app.rollout_entrypoint
     async def solve(payload: dict[str, Any], context: RequestContext) -> dict[str, Any]:
@@ -92,7 +93,8 @@ async def test_fresh_session_id_without_header(store: ResultStore, bucket: str) 
 async def test_ping_transitions_with_changing_time(store: ResultStore, bucket: str) -> None:
     clock = FakeClock()
     held = HeldRollout()
-    app = rollout_app(store, held.solve, clock=clock)
+    app = rollout_app(store, held.solve)
+    app.clock = clock
 
     async with served(app) as http:
         first = (await http.get("/ping")).json()

@@ -171,15 +171,15 @@ def test_named_agents_keep_their_default_spools_apart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = tmp_path / "xdg-state" / "agentcore-rl" / "spool"
-    math = AgentCoreRLApp(app_name="math")
+    math = AgentCoreRLApp(spool=SpoolConfig(app_name="math"))
     assert math.spool.directory == base / "math"
     math.rollout_entrypoint(lambda payload: {})
     assert not base.exists()  # building and registering an agent (its import) writes nothing
-    assert AgentCoreRLApp(app_name="code").spool.directory == base / "code"
+    assert AgentCoreRLApp(spool=SpoolConfig(app_name="code")).spool.directory == base / "code"
     monkeypatch.setenv("AGENTCORE_RL_APP_NAME", "math")
     assert AgentCoreRLApp().spool.directory == base / "math"  # a restart finds it
     with pytest.raises(ConfigurationError, match="app name"):
-        AgentCoreRLApp(app_name="../up")
+        AgentCoreRLApp(spool=SpoolConfig(app_name="../up"))
 
 
 def test_default_spool_dir_falls_back_to_tmp(
