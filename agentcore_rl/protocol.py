@@ -384,86 +384,9 @@ def reward_problem(result: Mapping[str, Any], *, required: bool = False) -> str 
     return None
 
 
-def processing_response(
-    config: RolloutConfig | None, session_id: str, heartbeat: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The immediate answer of a rollout entrypoint (``heartbeat``: the accepting process's,
-    ``{"key", "interval"}``, when it keeps one)."""
-    if config is None:
-        return {STATUS: STATUS_PROCESSING}
-    return {
-        STATUS: STATUS_PROCESSING,
-        S3_BUCKET: config.s3_bucket,
-        RESULT_KEY: config.key_for(session_id),
-        **({} if heartbeat is None else {HEARTBEAT: dict(heartbeat)}),
-    }
-
-
-def envelope_metadata(
-    config: RolloutConfig,
-    *,
-    session_id: str,
-    payload: Mapping[str, Any],
-    started_at: float,
-    finished_at: float,
-) -> dict[str, Any]:
-    """The metadata fields every envelope carries (timestamps are epoch seconds)."""
-    return {
-        EXP_ID: config.exp_id,
-        INPUT_ID: config.input_id,
-        S3_BUCKET: config.s3_bucket,
-        RESULT_KEY: config.key_for(session_id),
-        SESSION_ID: session_id,
-        STARTED_AT: started_at,
-        FINISHED_AT: finished_at,
-        PAYLOAD: dict(payload),
-    }
-
-
 #: What an envelope carries instead of a payload over ``envelope_payload_max_bytes``.
 PAYLOAD_SHA256: Final = "payload_sha256"
 PAYLOAD_BYTES: Final = "payload_bytes"
-
-
-def payload_digest(sha256_hex: str, size: int, rollout: object = None) -> dict[str, Any]:
-    """An envelope's ``payload`` when it was too large to copy (its ``_rollout`` kept)."""
-    digest: dict[str, Any] = {PAYLOAD_SHA256: sha256_hex, PAYLOAD_BYTES: size}
-    if rollout is not None:
-        digest[ROLLOUT_FIELD] = rollout
-    return digest
-
-
-def success_envelope(result: Mapping[str, Any], metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The handler's result plus defaults and metadata (metadata wins over handler keys)."""
-    envelope: dict[str, Any] = {
-        STATUS_CODE: DEFAULT_STATUS_CODE,
-        STOP_REASON: DEFAULT_STOP_REASON,
-    }
-    envelope.update(result)
-    envelope.update(metadata)
-    return envelope
-
-
-def error_envelope(
-    *,
-    error_type: str,
-    stop_reason: str,
-    metadata: Mapping[str, Any],
-    traceback: str | None = None,
-    status_code: int = ERROR_STATUS_CODE,
-    kind: FailureKind = FailureKind.AGENT,
-) -> dict[str, Any]:
-    """The envelope written when a rollout fails (``status_code`` 500 by default)."""
-    envelope: dict[str, Any] = {
-        STATUS_CODE: status_code,
-        STOP_REASON: stop_reason,
-        ERROR_TYPE: error_type,
-        FAILURE_KIND: kind.value,
-        TRACEBACK: traceback,
-    }
-    envelope.update(metadata)
-    return envelope
-
 
 # --- Control requests and session status -------------------------------------------------
 

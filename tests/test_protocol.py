@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agentcore_rl.errors import InvalidRolloutConfig
 from agentcore_rl.protocol import (
     RolloutConfig,
-    envelope_metadata,
-    error_envelope,
     is_acr_session_id,
     is_error_envelope,
     new_session_id,
     parse_result_key,
-    processing_response,
     result_key,
-    success_envelope,
     validate_bucket,
     validate_key_part,
     validate_session_id,
 )
+from agentcore_rl.server.envelope import cancelled, envelope_bytes, processing
 
 BLOCK = {"exp_id": "exp-1", "input_id": "q-17", "s3_bucket": "rollouts"}
 
@@ -89,16 +88,23 @@ def test_result_keys() -> None:
 
 def test_envelopes() -> None:
     cfg = RolloutConfig.from_dict(BLOCK)
-    assert processing_response(None, "s") == {"status": "processing"}
-    assert processing_response(cfg, "s")["result_key"] == "exp-1/q-17/s.json"
-    meta = envelope_metadata(cfg, session_id="s", payload={"p": 1}, started_at=1.0, finished_at=2.0)
-    ok = success_envelope({"rewards": [1.0], "session_id": "spoofed"}, meta)
+    assert processing(None, "s", None) == {"status": "processing"}
+    assert processing(cfg, "s", None)["result_key"] == "exp-1/q-17/s.json"
+    meta = {"payload": {"p": 1}, "started_at": 1.0}
+    body, failure = envelope_bytes(
+        cfg, "s", meta, {"rewards": [1.0], "session_id": "spoofed"}, None
+    )
+    ok = json.loads(body)
+    assert failure is None
     assert ok["status_code"] == 200
     assert ok["stop_reason"] == "end_turn"
     assert ok["session_id"] == "s"
     assert not is_error_envelope(ok)
-    assert is_error_envelope(success_envelope({"status_code": 503}, meta))
-    bad = error_envelope(error_type="cancelled", stop_reason="shutdown", metadata=meta)
+    assert is_error_envelope(
+        json.loads(envelope_bytes(cfg, "s", meta, {"status_code": 503}, None)[0])
+    )
+    body, failure = envelope_bytes(cfg, "s", meta, None, cancelled("shutdown"))
+    bad = json.loads(body)
     assert bad["status_code"] == 500
     assert is_error_envelope(bad)
     assert is_error_envelope({"status_code": "200"})

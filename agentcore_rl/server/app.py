@@ -25,6 +25,7 @@ from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.compat import BedrockSurface
+from agentcore_rl.server.envelope import processing
 from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.lifecycle import Lifecycle
 from agentcore_rl.server.options import (
@@ -278,7 +279,7 @@ class AgentCoreRLApp(BedrockSurface, Lifecycle, Starlette):
         beat = None
         if config is not None and self.heartbeat is not None:
             beat = self.heartbeat.reference(config)
-        return protocol.processing_response(config, session_id, beat)
+        return processing(config, session_id, beat)
 
     async def _call_plain(
         self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext

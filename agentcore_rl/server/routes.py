@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from agentcore_rl import protocol
 from agentcore_rl.edge import BodyBudget, Refusal, read_body
 from agentcore_rl.errors import BucketNotAllowedError, InvalidPayloadError, InvalidRolloutConfig
+from agentcore_rl.server.envelope import payload_digest
 from agentcore_rl.server.options import RequestLimits
 
 __all__ = [
@@ -202,7 +203,7 @@ async def read_invocation(
         digest = None  # the envelope copies the payload, unless over the cap
         if rollout_mode and cap is not None and len(body) > cap:
             sha256 = hashlib.sha256(body).hexdigest()
-            digest = protocol.payload_digest(sha256, len(body), payload.get(protocol.ROLLOUT_FIELD))
+            digest = payload_digest(sha256, len(body), payload.get(protocol.ROLLOUT_FIELD))
     finally:
         budget.release(len(body))
         del body

@@ -8,20 +8,24 @@ by result key (so a retried invocation does not start a second copy).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import sys
 import time
-import traceback
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import anyio
 from anyio.abc import TaskGroup
 
 from agentcore_rl import protocol
-from agentcore_rl.errors import InfraError, InvalidPayloadError, RewardError
+from agentcore_rl.server.envelope import (
+    SHUTDOWN_REASON,
+    Failure,
+    cancelled,
+    envelope_bytes,
+    judge,
+    raised,
+)
 from agentcore_rl.server.invoke import HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.spool import Spool
 
@@ -29,47 +33,8 @@ __all__ = ["RolloutJob", "RolloutRunner", "ShutdownReport"]
 
 logger = logging.getLogger(__name__)
 
-# Reasons of "cancelled" envelopes: the error type already says "cancelled".
-SHUTDOWN_REASON: Final = "the agent server is shutting down"
 #: Finished sessions remembered for status probes: at 100 rollouts/s, the last 100 s.
 DEFAULT_REMEMBERED_SESSIONS: Final = 10_000
-
-
-def peak_memory_bytes() -> int | None:
-    """The process's peak resident memory so far (``ru_maxrss``), or None without it."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # macOS counts bytes
-
-
-def _dumps(obj: Any) -> bytes:
-    # NaN and infinities refused: readers of the envelope choke on them.
-    return json.dumps(obj, allow_nan=False).encode()
-
-
-class _Failure(NamedTuple):
-    error_type: str
-    reason: str
-    traceback: str | None = None
-    status_code: int = protocol.ERROR_STATUS_CODE
-    kind: protocol.FailureKind = protocol.FailureKind.AGENT
-
-
-#: Handler exceptions that are not the agent's failure: their error type and kind.
-_RAISED: Final = {
-    InfraError: (protocol.ERROR_INFRA, protocol.FailureKind.INFRA),
-    RewardError: (protocol.ERROR_INVALID_REWARD, protocol.FailureKind.REWARD),
-}
-
-
-def _cancelled(reason: str) -> _Failure:
-    """A cancel's failure: a stop's is ``stopped``; the server going away is ``infra``."""
-    ours = reason == SHUTDOWN_REASON or "lease lapsed" in reason
-    kind = protocol.FailureKind.INFRA if ours else protocol.FailureKind.STOPPED
-    return _Failure(protocol.ERROR_CANCELLED, reason, kind=kind)
 
 
 @dataclass(eq=False)
@@ -237,59 +202,29 @@ class RolloutRunner:
         job._done.set()
 
     def _envelope(
-        self, job: RolloutJob, result: object, failure: _Failure | None
-    ) -> tuple[bytes | None, _Failure | None]:
+        self, job: RolloutJob, result: object, failure: Failure | None
+    ) -> tuple[bytes | None, Failure | None]:
         """The envelope's bytes (None without an S3 location) and the failure it reports."""
-        if failure is None and not isinstance(result, Mapping):
-            kind = type(result).__name__
-            failure = _Failure(
-                protocol.ERROR_NOT_A_DICT, f"handler returned {kind}, expected a dict"
-            )
-        elif failure is None and (problem := protocol.reward_problem(result)):  # type: ignore[arg-type]
-            reward = protocol.FailureKind.REWARD
-            failure = _Failure(protocol.ERROR_INVALID_REWARD, problem, kind=reward)
+        failure = failure or judge(result)
         config = job.context.rollout
         if config is None:
             return None, failure
-        metadata = protocol.envelope_metadata(
-            config,
-            session_id=job.session_id,
-            payload=job.payload if job.envelope_payload is None else job.envelope_payload,
-            started_at=job.started_at,
-            finished_at=self._clock(),
-        )
         alone = job.start_count == self._starts
-        metadata[protocol.RUNTIME_SECONDS] = round(time.monotonic() - job.began, 6)
-        cpu = round(time.process_time() - job.cpu_began, 6) if alone else None
-        metadata[protocol.CPU_SECONDS] = cpu
-        metadata[protocol.PEAK_MEMORY_BYTES] = peak_memory_bytes()
-        if failure is None:
-            try:
-                return _dumps(protocol.success_envelope(result, metadata)), None  # type: ignore[arg-type]
-            except (TypeError, ValueError) as exc:
-                reason = f"handler result is not JSON-serialisable: {exc}"
-                failure = _Failure(protocol.ERROR_NOT_JSON, reason)
-        envelope = protocol.error_envelope(
-            error_type=failure.error_type,
-            stop_reason=failure.reason,
-            metadata=metadata,
-            traceback=failure.traceback,
-            status_code=failure.status_code,
-            kind=failure.kind,
-        )
-        try:
-            return _dumps(envelope), failure
-        except (TypeError, ValueError):
-            # The payload came from JSON, but a handler may have put anything into it since.
-            envelope[protocol.PAYLOAD] = {"unserialisable_payload": repr(metadata["payload"])}
-            return _dumps(envelope), failure
+        metadata = {
+            protocol.STARTED_AT: job.started_at,
+            protocol.FINISHED_AT: self._clock(),
+            protocol.PAYLOAD: dict(job.envelope_payload or job.payload),
+            protocol.RUNTIME_SECONDS: round(time.monotonic() - job.began, 6),
+            protocol.CPU_SECONDS: round(time.process_time() - job.cpu_began, 6) if alone else None,
+        }
+        return envelope_bytes(config, job.session_id, metadata, result, failure)
 
     async def run(self, job: RolloutJob) -> None:
         """Run an accepted job to its one envelope."""
         job.task = asyncio.current_task()
         foreign_cancel: asyncio.CancelledError | None = None
         result: object = None
-        failure: _Failure | None = None
+        failure: Failure | None = None
         try:
             try:
                 if job.cancel_reason is not None:
@@ -310,26 +245,17 @@ class RolloutRunner:
                     with anyio.CancelScope(shield=True):
                         if await self._already_written(job):
                             return
-                failure = _cancelled(job.cancel_reason)
-            except InvalidPayloadError as exc:
-                invalid = protocol.ERROR_INVALID_PAYLOAD
-                failure = _Failure(invalid, exc.message, status_code=exc.status_code)
+                failure = cancelled(job.cancel_reason)
             except Exception as exc:
-                tb = traceback.format_exc()
-                # The type always ("KeyError: 'a'"): some messages mean nothing alone.
-                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                error_type, kind = next(
-                    (v for t, v in _RAISED.items() if isinstance(exc, t)),
-                    (protocol.ERROR_HANDLER_RAISED, protocol.FailureKind.AGENT),
-                )
-                failure = _Failure(error_type, reason, tb, kind=kind)
-                logger.error(
-                    "rollout handler %s raised in session %s: %s\n%s",
-                    job.spec.name,
-                    job.session_id,
-                    failure.reason,
-                    tb,
-                )
+                failure = raised(exc)
+                if failure.traceback is not None:
+                    logger.error(
+                        "rollout handler %s raised in session %s: %s\n%s",
+                        job.spec.name,
+                        job.session_id,
+                        failure.reason,
+                        failure.traceback,
+                    )
             body, failure = self._envelope(job, result, failure)
             job.handler_done = True
             # Shielded so the envelope is written under cancellation; store retries bound it.
@@ -368,7 +294,7 @@ class RolloutRunner:
             job.body = b""
         return found
 
-    async def _deliver(self, job: RolloutJob, body: bytes | None, failure: _Failure | None) -> None:
+    async def _deliver(self, job: RolloutJob, body: bytes | None, failure: Failure | None) -> None:
         if job.body is not None or job.delivered:
             return  # the shutdown path already took care of this job
         elapsed = self._clock() - job.started_at
@@ -445,7 +371,7 @@ class RolloutRunner:
         body = job.body
         if body is None:
             reason = "the agent server shut down and the handler did not stop"
-            body, _ = self._envelope(job, None, _cancelled(reason))
+            body, _ = self._envelope(job, None, cancelled(reason))
         job.body = body if body is not None else b""
         job.delivered = True
         if body is not None and job.target is not None:
