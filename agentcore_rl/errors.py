@@ -128,14 +128,14 @@ class BucketNotAllowedError(InvalidPayloadError):
 
     Example::
 
-        AgentCoreRLApp(allowed_buckets=["rollouts"])  # a payload naming "other" gets a 403
+        AgentCoreRLApp(limits=RequestLimits(allowed_buckets=["rollouts"]))  # "other": 403
     """
 
     def __init__(self, bucket: str, allowed: frozenset[str], *, field: str = "s3_bucket"):
         super().__init__(
             f"bucket {bucket!r} is not in this server's allow-list "
             f"({', '.join(sorted(allowed))}); ask the agent's operator to add it "
-            "(AgentCoreRLApp(allowed_buckets=...) or AGENTCORE_RL_ALLOWED_BUCKETS)",
+            "(RequestLimits(allowed_buckets=...) or AGENTCORE_RL_ALLOWED_BUCKETS)",
             status_code=403,
             field=field,
         )
