@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, Protocol, runtime_checkable
 
 __all__ = ["NO_VERSION", "Segment", "Trajectory", "build_trajectory"]
@@ -93,13 +93,7 @@ class Segment:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form."""
-        return {
-            "token_ids": self.token_ids.tolist(),
-            "loss_mask": self.loss_mask.tolist(),
-            "logprobs": self.logprobs.tolist(),
-            "policy_versions": self.policy_versions.tolist(),
-            "calls": list(self.calls),
-        }
+        return {f.name: list(getattr(self, f.name)) for f in fields(self)}
 
 
 @dataclass(slots=True)
@@ -135,17 +129,8 @@ class Trajectory:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-ready form (one trajectory for a person to look at, or JSONL rows)."""
-        return {
-            "session_id": self.session_id,
-            "input_id": self.input_id,
-            "reward": self.reward,
-            "metrics": self.metrics,
-            "merges": self.merges,
-            "splits": self.splits,
-            "duplicates": self.duplicates,
-            "failed_calls": self.failed_calls,
-            "segments": [s.to_json() for s in self.segments],
-        }
+        scalars = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "segments"}
+        return {**scalars, "segments": [s.to_json() for s in self.segments]}
 
 
 def _versions(completion: Any, version: int, n: int) -> array[int]:

@@ -7,6 +7,7 @@ adapter: its construction, its entrypoint and its routes). Its parts and their l
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -24,7 +25,7 @@ from agentcore_rl.edge import BodyBudget, Refusal
 from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.compat import BedrockSurface
+from agentcore_rl.server.compat import BedrockSurface, plain_answer
 from agentcore_rl.server.envelope import processing
 from agentcore_rl.server.invoke import Handler, HandlerSpec, RequestContext, call_handler
 from agentcore_rl.server.lifecycle import Lifecycle
@@ -155,10 +156,8 @@ class AgentCoreRLApp(BedrockSurface, Lifecycle, Starlette):
                 context = RequestContext(session_id=protocol.new_session_id())
             return await call_handler(spec, payload, context, limiter=self._get_limiter())
 
-        # No __wrapped__: inspect.signature reports (payload, context) like the SDK's.
-        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
-            with contextlib.suppress(AttributeError):
-                setattr(main, name, getattr(spec.func, name))
+        functools.update_wrapper(main, spec.func, updated=())
+        del main.__wrapped__  # type: ignore[attr-defined]  # signature: (payload, context)
         self.handlers["main"] = main
         with contextlib.suppress(AttributeError, TypeError):
             func.run = self.run  # type: ignore[attr-defined]
@@ -242,7 +241,7 @@ class AgentCoreRLApp(BedrockSurface, Lifecycle, Starlette):
         )
         if self._rollout_mode:
             return self._accept_rollout(spec, invocation, context)
-        return await self._call_plain(spec, invocation.payload, context)
+        return await plain_answer(spec, invocation.payload, context, self._get_limiter())
 
     def _accept_rollout(
         self, spec: HandlerSpec, invocation: Invocation, context: RequestContext
@@ -276,29 +275,8 @@ class AgentCoreRLApp(BedrockSurface, Lifecycle, Starlette):
 
     def _processing(self, config: protocol.RolloutConfig | None, session_id: str) -> dict[str, Any]:
         """The answer to an accepted rollout, naming this process's heartbeat when it beats."""
-        beat = None
-        if config is not None and self.heartbeat is not None:
-            beat = self.heartbeat.reference(config)
+        beat = self.heartbeat.reference(config) if config and self.heartbeat else None
         return processing(config, session_id, beat)
-
-    async def _call_plain(
-        self, spec: HandlerSpec, payload: dict[str, Any], context: RequestContext
-    ) -> Response:
-        try:
-            result = await call_handler(spec, payload, context, limiter=self._get_limiter())
-        except InvalidPayloadError as exc:
-            return refused(exc)
-        except Exception as exc:
-            logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
-            # The message alone, as BedrockAgentCoreApp's clients parse it.
-            return error_response(str(exc) or type(exc).__name__, 500)
-        if isinstance(result, Response):
-            return result
-        try:
-            return JSONResponse(result)
-        except (TypeError, ValueError) as exc:
-            logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
-            return error_response(f"handler result is not JSON-serialisable: {exc}", 500)
 
     async def _session_status(self, request: Request) -> Response:
         session_id = path_session_id(request)

@@ -16,10 +16,12 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.errors import ConfigurationError, InvalidPayloadError
 from agentcore_rl.protocol import PingStatus
+from agentcore_rl.server.invoke import HandlerSpec, RequestContext, call_handler
+from agentcore_rl.server.routes import error_response, refused
 
-__all__ = ["BedrockSurface", "PingHandler"]
+__all__ = ["BedrockSurface", "PingHandler", "plain_answer"]
 
 logger = logging.getLogger("agentcore_rl.server")
 
@@ -33,6 +35,29 @@ A = TypeVar("A", bound=Callable[..., Awaitable[Any]])
 def _status(value: Any) -> PingStatus:
     # An enum of AWS's SDK or a plain string: both carry the wire value.
     return PingStatus(getattr(value, "value", value))
+
+
+async def plain_answer(
+    spec: HandlerSpec, payload: dict[str, Any], context: RequestContext, limiter: Any
+) -> Response:
+    """A plain ``@app.entrypoint``'s answer, as ``BedrockAgentCoreApp`` gives it: the
+    handler's value as JSON (a ``Response`` as it is), ``500 {"error": <message>}`` if it
+    raised."""
+    try:
+        result = await call_handler(spec, payload, context, limiter=limiter)
+    except InvalidPayloadError as exc:
+        return refused(exc)
+    except Exception as exc:
+        logger.exception("entrypoint %s raised in session %s", spec.name, context.session_id)
+        # The message alone, as BedrockAgentCoreApp's clients parse it.
+        return error_response(str(exc) or type(exc).__name__, 500)
+    if isinstance(result, Response):
+        return result
+    try:
+        return JSONResponse(result)
+    except (TypeError, ValueError) as exc:
+        logger.error("entrypoint %s returned a value JSON cannot hold: %s", spec.name, exc)
+        return error_response(f"handler result is not JSON-serialisable: {exc}", 500)
 
 
 class BedrockSurface:
