@@ -389,20 +389,22 @@ class AsyncRolloutClient(GroupMethods):
 
     async def check_services(self) -> None:
         """One cheap call to each service, in a second or two: the S3 bucket, the runtime
-        (or each agent's ``/ping``), a remote gateway's health and token. Raises the
+        (or each agent's ``/ping``), a remote gateway's health and token, each given
+        ``timeouts.check`` seconds. Raises the
         ``StorageError``, ``InvocationError`` or ``GatewayError`` naming the one that fails
         (``agentcore-rl eval``'s one-line errors)."""
+        within, session = self.timeouts.check, self.store.session
+        store = self.store
         await preflight.check_bucket(
-            self.s3_bucket, self.store.endpoint_url, self.store.region_name
+            self.s3_bucket, store.endpoint_url, store.region_name, session, within
         )
         if isinstance(self.transport, AcrTransport):
-            await preflight.check_runtime(
-                self.transport.agent_runtime_arn, self.transport.endpoint_url
-            )
+            arn, endpoint = self.transport.agent_runtime_arn, self.transport.endpoint_url
+            await preflight.check_runtime(arn, endpoint, session, within)
         elif isinstance(self.transport, HttpTransport):
-            await preflight.check_agents(self.transport.urls)
+            await preflight.check_agents(self.transport.urls, within)
         if self._gateway is not None and self._gateway.app is None:
-            await preflight.check_gateway(self._gateway.url, self._gateway.admin_token)
+            await preflight.check_gateway(self._gateway.url, self._gateway.admin_token, within)
 
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process

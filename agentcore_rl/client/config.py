@@ -79,7 +79,9 @@ class Timeouts:
 
     ``rollout``: for a rollout's outcome, counted from when the agent accepted it (``None``
     for no limit; a call's own ``timeout=`` overrides it). ``close``: for ``aclose`` to stop
-    the live sessions; sessions not stopped by then are listed, not waited for.
+    the live sessions; sessions not stopped by then are listed, not waited for. ``check``:
+    for the connection to each service the client checks when entered (a wrong endpoint
+    fails within it; a connected service has five seconds to answer).
 
     Example::
 
@@ -88,10 +90,13 @@ class Timeouts:
 
     rollout: float | None = 3600.0
     close: float = 30.0
+    # A wrong endpoint then fails the client's entry well within two seconds on a loaded
+    # machine (docs/benchmarks.md); a loopback or regional service connects in milliseconds.
+    check: float = 1.0
 
     def __post_init__(self) -> None:
         check_numbers(self, "rollout", above=0, optional=True)
-        check_numbers(self, "close", above=0)
+        check_numbers(self, "close", "check", above=0)
 
 
 @checked_init

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any, Final
 
+import anyio
+
 from agentcore_rl import protocol
 from agentcore_rl.errors import GatewayError, InvocationError, StorageError
 from agentcore_rl.retry import RetryPolicy
@@ -13,10 +15,9 @@ from agentcore_rl.s3 import ResultStore
 
 __all__ = ["check_agents", "check_bucket", "check_gateway", "check_runtime"]
 
-#: Seconds each check may take to connect, and to answer: a service that needs longer is not
-#: ready for a run.
-_TIMEOUT: Final = 2.0
-_READ_TIMEOUT: Final = 5.0
+#: Seconds a service has to answer a check once connected (connecting has
+#: ``Timeouts.check``): a service that needs longer is not ready for a run.
+_ANSWER_SECONDS: Final = 5.0
 #: The flag the gateway's token comes from (named in errors: the user typed it).
 _TOKEN_FLAG: Final = "--gateway-admin-token"
 #: Fail fast when S3 is unreachable: a check makes one attempt and never backs off.
@@ -26,21 +27,30 @@ _PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 
 
 async def check_bucket(
-    bucket: str, endpoint_url: str | None, region: str | None, session: Any = None
+    bucket: str, endpoint_url: str | None, region: str | None, session: Any, within: float
 ) -> None:
-    """Check the bucket is readable (``session``: an aiobotocore session to share)."""
+    """Check the bucket is readable, connecting within ``within`` seconds (``session``: an
+    aiobotocore session to share: its loaded service models are most of a client's CPU)."""
     store = ResultStore(
         endpoint_url=endpoint_url,
         region_name=region,
         session=session,
         retry=_QUICK_S3_RETRY,
-        connect_timeout=_TIMEOUT,
+        connect_timeout=within,
     )
+    where = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
     async with store:
         try:
-            await store.list_keys(bucket, _PREFLIGHT_PREFIX)
+            with anyio.fail_after(_ANSWER_SECONDS):
+                await store.list_keys(bucket, _PREFLIGHT_PREFIX)
+        except TimeoutError:
+            raise StorageError(
+                f"cannot use S3 bucket {bucket!r} at {where}: no answer within "
+                f"{_ANSWER_SECONDS:g} s",
+                operation="ListObjectsV2",
+                bucket=bucket,
+            ) from None
         except StorageError as exc:
-            where = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or "AWS S3"
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise StorageError(
                 f"cannot use S3 bucket {bucket!r} at {where}: {exc.code}: {cause}",
@@ -50,12 +60,13 @@ async def check_bucket(
             ) from exc
 
 
-async def check_agents(urls: list[str]) -> None:
-    """Each agent answers ``GET /ping``, or InvocationError names the one that does not."""
+async def check_agents(urls: list[str], within: float) -> None:
+    """Each agent answers ``GET /ping`` (connecting within ``within`` seconds), or
+    InvocationError names the one that does not."""
     # lazy: httpx is the client extra; the runtime check needs only aiobotocore
     import httpx
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(_READ_TIMEOUT, connect=_TIMEOUT)) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(_ANSWER_SECONDS, connect=within)) as http:
         for url in urls:
             try:
                 response = await http.get(url + protocol.PING_PATH)
@@ -70,11 +81,11 @@ async def check_agents(urls: list[str]) -> None:
                 )
 
 
-async def check_runtime(arn: str, endpoint_url: str | None, session: Any = None) -> None:
-    """Check the endpoint serves ``arn`` (a ``StopRuntimeSession`` of an unused session)."""
+async def check_runtime(arn: str, endpoint_url: str | None, session: Any, within: float) -> None:
+    """Check the endpoint serves ``arn`` (a ``StopRuntimeSession`` of an unused session;
+    ``session`` and ``within`` as for :func:`check_bucket`)."""
     # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
-    from aiobotocore.session import get_session
     from botocore.exceptions import BotoCoreError, ClientError
 
     region = protocol.parse_runtime_arn(arn).region
@@ -82,10 +93,10 @@ async def check_runtime(arn: str, endpoint_url: str | None, session: Any = None)
     where = endpoint or f"AgentCore in {region}"
     session_id = protocol.new_session_id()
     config = AioConfig(
-        connect_timeout=_TIMEOUT, read_timeout=_READ_TIMEOUT, retries={"total_max_attempts": 1}
+        connect_timeout=within, read_timeout=_ANSWER_SECONDS, retries={"total_max_attempts": 1}
     )
     try:
-        async with (session or get_session()).create_client(
+        async with session.create_client(
             "bedrock-agentcore", region_name=region, endpoint_url=endpoint, config=config
         ) as client:
             await client.stop_runtime_session(agentRuntimeArn=arn, runtimeSessionId=session_id)
@@ -112,12 +123,13 @@ async def check_runtime(arn: str, endpoint_url: str | None, session: Any = None)
         ) from None
 
 
-async def check_gateway(url: str, token: str | None) -> None:
-    """Check the gateway answers ``/health`` and accepts ``token``."""
+async def check_gateway(url: str, token: str | None, within: float) -> None:
+    """Check the gateway answers ``/health`` and accepts ``token`` (``within`` as for
+    :func:`check_agents`)."""
     # lazy: as above (the client extra)
     import httpx
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(_READ_TIMEOUT, connect=_TIMEOUT)) as http:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(_ANSWER_SECONDS, connect=within)) as http:
         try:
             health = await http.get(url + "/health")
             if health.status_code != 200 or "gateway_id" not in _json(health):

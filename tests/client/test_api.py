@@ -113,7 +113,7 @@ def test_config_objects_name_unknown_keywords_and_bad_values() -> None:
 
 def test_config_objects_are_frozen_keyword_only_with_readable_reprs() -> None:
     assert repr(DEFAULT_LIMITS) == "Limits(max_concurrent_sessions=100, tps=25.0, burst=None)"
-    assert repr(DEFAULT_TIMEOUTS) == "Timeouts(rollout=3600.0, close=30.0)"
+    assert repr(DEFAULT_TIMEOUTS) == "Timeouts(rollout=3600.0, close=30.0, check=1.0)"
     assert repr(DEFAULT_RETRIES) == (
         "Retries(call=RetryPolicy(attempts=5, initial=0.5, maximum=10.0, jitter=0.5), "
         "rollouts=2, lost=5)"
