@@ -9,16 +9,13 @@ import logging
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import unquote
 
 import httpx
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from agentcore_rl import protocol
@@ -91,7 +88,8 @@ _FORWARDED_HEADERS: Final = (
     "tracestate",
     "baggage",
 )
-_ALL_METHODS: Final = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+# Below uvicorn's default keep-alive (5 s), the agents' in a local stack.
+_KEEPALIVE_EXPIRY: Final = 2.0
 
 
 def parse_runtime_path(raw_path: bytes) -> tuple[str, str] | None:
@@ -304,15 +302,13 @@ class LocalAgentCoreRuntime:
             parse_runtime_arn(arn)
             if isinstance(urls, str) or not urls:
                 raise ConfigurationError(f"runtime {arn} needs a non-empty list of agent URLs")
-            clean = []
             for url in urls:
                 if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                     raise ConfigurationError(
                         f"agent URL {url!r} of runtime {arn} must start with http:// or https://"
                     )
-                clean.append(url.rstrip("/"))
             bucket = None if tps is None else TokenBucket(tps, burst, clock=clock)
-            self._runtimes[arn] = _Runtime(arn, clean, bucket)
+            self._runtimes[arn] = _Runtime(arn, [url.rstrip("/") for url in urls], bucket)
         self.tps = tps
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self.max_payload_bytes = max_payload_bytes
@@ -322,10 +318,6 @@ class LocalAgentCoreRuntime:
         # Agent URLs that answered 404/405 to a stop (no stop route): not asked again.
         self._stop_unsupported: set[str] = set()
         self._http: httpx.AsyncClient | None = None
-        self._app = Starlette(
-            routes=[Route("/{path:path}", self._dispatch, methods=_ALL_METHODS)],
-            lifespan=self._lifespan,
-        )
 
     def session_agent(self, arn: str, session_id: str) -> str | None:
         """The agent URL a live session is bound to; ``None`` if unknown or stopped."""
@@ -338,7 +330,15 @@ class LocalAgentCoreRuntime:
         return len(self._runtimes[arn].sessions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        # Every path is one of two operations, told apart by _route: no router in between.
+        if scope["type"] == "http":
+            response = await self._dispatch(Request(scope, receive))
+            await response(scope, receive, send)
+        elif scope["type"] == "lifespan":  # the forwarding client is closed at shutdown
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await self.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
 
     async def aclose(self) -> None:
         """Close the forwarding HTTP client. Idempotent."""
@@ -346,27 +346,21 @@ class LocalAgentCoreRuntime:
         if http is not None:
             await http.aclose()
 
-    @asynccontextmanager
-    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        try:
-            yield
-        finally:
-            await self.aclose()
-
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
             # trust_env=False: a developer's HTTP(S)_PROXY must not capture loopback agents.
+            # An idle connection is dropped before an agent's keep-alive (uvicorn's 5 s) ends
+            # it: reusing one the agent is closing fails the invocation with a 424.
             self._http = httpx.AsyncClient(
                 timeout=self.timeout,
                 limits=httpx.Limits(
                     max_connections=self.max_connections,
                     max_keepalive_connections=self.max_connections,
+                    keepalive_expiry=_KEEPALIVE_EXPIRY,
                 ),
                 trust_env=False,
             )
         return self._http
-
-    # --- dispatch ----------------------------------------------------------------------------
 
     async def _dispatch(self, request: Request) -> Response:
         request_id = str(uuid.uuid4())
@@ -375,7 +369,7 @@ class LocalAgentCoreRuntime:
         except Refusal as refusal:
             response = _aws_answer(refusal, request_id)
         except Exception:
-            logger.exception("local AgentCore Runtime failed on %s", request.url.path)
+            logger.exception("local AgentCore Runtime failed on %s", request.scope["path"])
             failed = _Refusal(_INTERNAL, "the local runtime failed; see its log")
             response = _aws_answer(failed, request_id)
         error = response.headers.get("x-amzn-errortype")
@@ -384,16 +378,15 @@ class LocalAgentCoreRuntime:
         return response
 
     async def _route(self, request: Request, request_id: str) -> Response:
-        raw_path = request.scope.get("raw_path") or request.scope["path"].encode()
-        parsed = parse_runtime_path(raw_path)
-        operation = parsed[1] if parsed is not None else None
-        if parsed is None or request.method != "POST" or operation not in (_INVOKE, _STOP):
+        scope, method = request.scope, request.scope["method"]
+        parsed = parse_runtime_path(scope.get("raw_path") or scope["path"].encode())
+        if parsed is None or method != "POST" or parsed[1] not in (_INVOKE, _STOP):
             raise _Refusal(
                 _UNKNOWN_OPERATION,
-                f"{request.method} {request.url.path} is not an operation of this runtime; "
+                f"{method} {scope['path']} is not an operation of this runtime; "
                 "use POST /runtimes/{arn}/invocations or /runtimes/{arn}/stopruntimesession",
             )
-        arn = parsed[0]
+        arn, operation = parsed
         runtime = self._runtimes.get(arn)
         if runtime is None:
             raise _Refusal(
@@ -409,8 +402,6 @@ class LocalAgentCoreRuntime:
             return await self._invoke(request, runtime, request_id)
         return await self._stop(request, runtime, request_id)
 
-    # --- InvokeAgentRuntime --------------------------------------------------------------------
-
     async def _invoke(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
         # botocore always sends a session id (an idempotency token); a raw HTTP caller may not.
         session_id = _check_session_id(request.headers.get(SESSION_ID_HEADER, new_session_id()))
@@ -419,27 +410,19 @@ class LocalAgentCoreRuntime:
             raise _Refusal(_VALIDATION, "payload must not be empty", field="payload")
         index, is_new = runtime.bind(session_id)
         url = runtime.agent_urls[index]
-        headers = {
-            name: value
-            for name in _FORWARDED_HEADERS
-            if (value := request.headers.get(name)) is not None
-        }
+        headers = {k: v for k in _FORWARDED_HEADERS if (v := request.headers.get(k)) is not None}
         # identity: the body is passed through byte for byte, Content-Length included.
-        headers.update(
-            {
-                SESSION_ID_HEADER: session_id,
-                REQUEST_ID_HEADER: request_id,
-                "accept-encoding": "identity",
-            }
-        )
+        headers |= {
+            SESSION_ID_HEADER: session_id,
+            REQUEST_ID_HEADER: request_id,
+            "accept-encoding": "identity",
+        }
         http = self._client()
+        forward = http.build_request(
+            "POST", url + INVOCATIONS_PATH, content=payload, headers=headers
+        )
         try:
-            upstream = await http.send(
-                http.build_request(
-                    "POST", url + INVOCATIONS_PATH, content=payload, headers=headers
-                ),
-                stream=True,
-            )
+            upstream = await http.send(forward, stream=True)
         except httpx.HTTPError as exc:
             if is_new:
                 runtime.release(session_id)
@@ -464,8 +447,6 @@ class LocalAgentCoreRuntime:
         if "content-length" in upstream.headers:
             out_headers["content-length"] = upstream.headers["content-length"]
         return _ProxiedResponse(upstream, out_headers)
-
-    # --- StopRuntimeSession --------------------------------------------------------------------
 
     async def _stop(self, request: Request, runtime: _Runtime, request_id: str) -> Response:
         session_id = _check_session_id(request.headers.get(SESSION_ID_HEADER))
