@@ -1,10 +1,12 @@
 """Rough edges a new user hit on day one, each pinned: partial credit and pass@k, a
-forgotten --base-url, the cost line of one rollout, the report extra after ``make demo``,
+forgotten --base-url, the cost line of one rollout, a failure's cause past its session id,
+the sessions a rollout took, the report extra after ``make demo``,
 and the commands' help as docs/cli.md quotes it."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from pathlib import Path
@@ -12,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.cli import main
+from agentcore_rl.cli.show import load_run
 from agentcore_rl.cli.summary import EvalRun, group_figures, pass_at_k, render
 from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.stack import LocalStack
 from tests.e2e.test_cli_eval import REPO, _common, _stack, _write_problems
 
 
@@ -77,7 +81,9 @@ def test_make_demo_installs_what_the_readmes_next_commands_need() -> None:
     assert "local" in extras
 
 
-@pytest.mark.parametrize("command", ["demo", "eval", "up"])
+@pytest.mark.parametrize(
+    "command", ["demo", "eval", "up", "serve", "local-runtime", "gateway", "show", "report"]
+)
 def test_docs_quote_each_options_default_as_help_says(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -96,3 +102,37 @@ def test_server_docs_name_every_rollout_field_the_client_sends() -> None:
 
     table = (REPO / "docs/server.md").read_text()
     assert f"`{API_KEY}`" in table
+
+
+def test_a_failure_reason_keeps_its_cause_past_the_session_id(tmp_path: Path) -> None:
+    sid = "be474db4" + "0" * 40
+    error = f"invoking session {sid} failed after 5 attempts: ConnectError: connection refused"
+    out = tmp_path / "r.jsonl"
+    line = {"input_id": "a", "outcome": "failed", "error_type": "InvocationError", "error": error}
+    out.write_text(json.dumps(line) + "\n")
+    table = render(load_run(out).summary(), EvalRun(wall_seconds=1.0))
+    row = next(r for r in table.splitlines() if "InvocationError" in r)
+    assert "be474db4..." in row and sid not in row
+    assert row.rstrip().endswith("ConnectError: connection refused)"), row
+
+
+@pytest.mark.timeout(180)
+async def test_the_results_line_counts_every_session_a_rollout_took(
+    s3_endpoint: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "in.jsonl"
+    problem = {"id": "down", "prompt": "What is 2 + 2?", "answer": "4", "infra": True}
+    data.write_text(json.dumps(problem) + "\n")
+    async with LocalStack(
+        "tests.e2e.failing_agent:app",
+        agents=1,
+        s3_endpoint_url=s3_endpoint,
+        bucket="first-day-attempts",
+        policy=ScriptedPolicy(),
+        tps=None,
+    ) as stack:
+        argv = _common(stack, data, tmp_path / "out.jsonl", "attempts")
+        argv += ["--agent-url", stack.agent_urls[0], "--retry-rollouts", "2", "--no-progress"]
+        await asyncio.to_thread(main, argv)
+    (line,) = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert (line["outcome"], line["failure_kind"], line["attempts"]) == ("failed", "infra", 3)
