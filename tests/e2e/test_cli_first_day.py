@@ -112,7 +112,8 @@ def test_a_failure_reason_keeps_its_cause_past_the_session_id(tmp_path: Path) ->
     out.write_text(json.dumps(line) + "\n")
     table = render(load_run(out).summary(), EvalRun(wall_seconds=1.0))
     row = next(r for r in table.splitlines() if "InvocationError" in r)
-    assert "be474db4..." in row and sid not in row
+    assert "be474db4..." in row
+    assert sid not in row
     assert row.rstrip().endswith("ConnectError: connection refused)"), row
 
 
