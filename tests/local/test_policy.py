@@ -15,8 +15,9 @@ import pytest
 from openai import AsyncOpenAI, BadRequestError
 
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.policy_solver import (
+from agentcore_rl.local.policy import (
+    ScriptedPolicy,
+    ScriptVoice,
     evaluate_arithmetic,
     fake_token_ids,
     solve_word_problem,
@@ -114,11 +115,11 @@ async def test_wrong_answers_are_reproducible_and_wrong(
 
 
 def test_accuracy_knob_controls_the_share_of_right_answers() -> None:
-    policy = ScriptedPolicy(accuracy=0.5, seed=3)
+    voice = ScriptVoice(accuracy=0.5, seed=3)
     right = 0
     for i in range(200):
         body = {"messages": [{"role": "user", "content": f"What is {i} + 1?"}]}
-        text = policy.complete(body)["choices"][0]["message"]["content"]
+        text = voice.say(body, [], 0, chat=True).message["content"]
         right += text == f"The answer is {i + 1}."
     assert 60 < right < 140
 
