@@ -4,6 +4,7 @@ reached through the standard AWS environment variables it sets meanwhile (docs/l
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -54,13 +55,11 @@ def _find_module(target: str) -> tuple[str, str, importlib.machinery.ModuleSpec]
     try:
         spec = importlib.util.find_spec(module_name)
     except ImportError as exc:
-        raise ConfigurationError(
-            f"cannot import {module_name!r} for app {target!r}: {exc}"
-        ) from exc
+        why = f"cannot import {module_name!r} for app {target!r}: {exc}"
+        raise ConfigurationError(why) from exc
     if spec is None or spec.loader is None:
-        raise ConfigurationError(
-            f"no module {module_name!r} for app {target!r} (is its directory on sys.path?)"
-        )
+        why = f"no module {module_name!r} for app {target!r} (is its directory on sys.path?)"
+        raise ConfigurationError(why)
     return module_name, attribute, spec
 
 
@@ -82,15 +81,11 @@ def load_app(target: str) -> Any:
             sys.modules.pop(module_name, None)
         else:
             sys.modules[module_name] = previous
-    value: Any = module
-    for name in attribute.split("."):
-        try:
-            value = getattr(value, name)
-        except AttributeError:
-            raise ConfigurationError(
-                f"module {module_name!r} has no attribute {attribute!r} (app {target!r})"
-            ) from None
-    return value
+    try:
+        return functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        why = f"module {module_name!r} has no attribute {attribute!r} (app {target!r})"
+        raise ConfigurationError(why) from None
 
 
 def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -256,8 +251,8 @@ class LocalStack:
         self.policy_model = policy.model if isinstance(policy, PolicyEndpoint) else None
         self.runtime: LocalAgentCoreRuntime | None = None
         self.agent_urls: list[str] = []
-        self.runtime_endpoint_url: str | None = None
         self.gateway = gateway
+        self.runtime_endpoint_url: str | None = None
         self.gateway_url: str | None = None
         self.gateway_admin_token: str | None = None
         self._make_app = self._app_maker(app, app_factory)

@@ -1,7 +1,7 @@
 """The wire shapes the stand-in speaks, as vLLM writes them: a request's checks, chat and text
 completion answers with vLLM's capture fields (``prompt_token_ids``, ``token_ids``), their SSE
 stream, errors in OpenAI's shape, and SGLang's ``/generate`` answer. Pure: what to say is the
-voice's (:class:`~agentcore_rl.local.policy.voice.Said`)."""
+voice's (:class:`~agentcore_rl.local.policy.voices.Said`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The stand-in policy server: :class:`ScriptedPolicy`, the ASGI adapter between the OpenAI
-routes (:mod:`.openai_wire`) and a :class:`~agentcore_rl.local.policy.voice.Voice`, with
+routes (:mod:`.openai_wire`) and a :class:`~agentcore_rl.local.policy.voices.Voice`, with
 vLLM's weight-sync routes, and :class:`Serving`, how it serves whatever the voice says."""
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ class ScriptedPolicy:
     capture fields, and with a real template token-in (``/v1/completions`` with token ids,
     SGLang's ``/generate``). What it says is its ``voice``'s: by default
     ``ScriptVoice(accuracy=accuracy, seed=seed)``, the math solver;
-    :class:`~agentcore_rl.local.policy.fake_voice.PlayVoice` plays a function of yours,
-    :class:`~agentcore_rl.local.policy.template_voice.TemplateVoice` a real chat template.
+    :class:`~agentcore_rl.local.policy.voices.PlayVoice` plays a function of yours,
+    :class:`~agentcore_rl.local.policy.voices.TemplateVoice` a real chat template.
     ``serving`` (:class:`Serving`) says how it serves; ``sleep`` is injectable.
 
     ``requests`` counts completion requests, bad ones included; ``last_request`` is the last
