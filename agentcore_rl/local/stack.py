@@ -33,8 +33,13 @@ from agentcore_rl.server.options import SPOOL_DIR_ENV
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    *("DEFAULT_LOCAL_BUCKET", "LocalStack", "PolicyEndpoint", "StackS3", "load_app"),
-    *("running_stack", "state_dir"),
+    "DEFAULT_LOCAL_BUCKET",
+    "LocalStack",
+    "PolicyEndpoint",
+    "StackS3",
+    "load_app",
+    "running_stack",
+    "state_dir",
 ]
 
 #: The bucket the stack creates in embedded S3 unless told otherwise.

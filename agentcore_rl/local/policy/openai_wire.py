@@ -18,7 +18,16 @@ from starlette.responses import JSONResponse
 from agentcore_rl.edge import Refusal
 from agentcore_rl.local.policy.voices import Said
 
-__all__ = ["FINGERPRINT", "answer", "check_chat", "choices_wanted", "generate_answer", "sse"]
+__all__ = [
+    "FINGERPRINT",
+    "answer",
+    "check_chat",
+    "choices_wanted",
+    "generate_answer",
+    "is_ids",
+    "refused",
+    "sse",
+]
 
 #: Marks every answer, so nobody mistakes the stand-in for a real model.
 FINGERPRINT: Final = "agentcore-rl-scripted-stand-in"
