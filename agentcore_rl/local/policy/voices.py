@@ -317,12 +317,9 @@ class TemplateVoice:
         eos = self.template.tokenizer.eos_token_id
         if not isinstance(eos, int):
             raise ConfigurationError(f"the tokenizer in {tokenizer!r} names no EOS token")
-        self.stop_id = eos
-        self._call_stop = eos
-        if self.tools is not None and self.tools.call_stop is not None:
-            found = self.template.tokenizer.convert_tokens_to_ids(self.tools.call_stop)
-            if isinstance(found, int):
-                self._call_stop = found
+        call_stop = self.tools and self.tools.call_stop
+        found = call_stop and self.template.tokenizer.convert_tokens_to_ids(call_stop)
+        self.stop_id, self._call_stop = eos, found if isinstance(found, int) else eos
         self._stops = self.template.stop_ids()
 
     def render(self, body: Mapping[str, Any]) -> list[int]:
