@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `tests` 
 
 from agentcore_rl.gateway.record import SessionTrace, load_trace  # noqa: E402
 from agentcore_rl.local.background import BackgroundServer  # noqa: E402
-from agentcore_rl.local.policy import ScriptedPolicy  # noqa: E402
+from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice  # noqa: E402
 from benchmarks.gateway import child, cpu_seconds, free_port, wait_ready  # noqa: E402
 from tests.gateway.template_fixtures import FIXTURES, fixture_dir  # noqa: E402
 from tests.gateway.template_rig import (  # noqa: E402
@@ -129,12 +129,13 @@ async def run_mode(
 async def run_template(name: str, a: argparse.Namespace) -> dict[str, Any]:
     fixture = FIXTURES[name]
     policy = ScriptedPolicy(
-        token_ids="requested",
-        keep_answers=1_000_000,
-        tokenizer=str(fixture_dir(name)),
-        tool_call_parser=fixture.tool_parser,
-        reasoning_parser=fixture.reasoning_parser,
-        tool_rounds=a.turns - 1,
+        TemplateVoice(
+            str(fixture_dir(name)),
+            tool_call_parser=fixture.tool_parser,
+            reasoning_parser=fixture.reasoning_parser,
+            tool_rounds=a.turns - 1,
+        ),
+        serving=Serving(token_ids="requested", keep_answers=1_000_000),
     )
     out: dict[str, Any] = {
         "template": fixture.template,

@@ -52,7 +52,7 @@ from agentcore_rl.cli.summary import percentile
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.gateway.render.mode import RenderMode
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
 
 _GENERATED = re.compile(rb"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.M)
 
@@ -82,7 +82,8 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
         upstream_url, root = args.vllm.rstrip("/"), args.vllm.rstrip("/").removesuffix("/v1")
     else:
         policy = ScriptedPolicy(
-            token_ids="requested", tokenizer=tokenizer, token_rate=args.token_rate
+            TemplateVoice(tokenizer),
+            serving=Serving(token_ids="requested", token_rate=args.token_rate),
         )
     render = RenderMode.load(tokenizer)
     async with contextlib.AsyncExitStack() as stack:

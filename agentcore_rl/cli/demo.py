@@ -26,7 +26,7 @@ from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
 from agentcore_rl.cli.summary import EvalRun, group_figures
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
-from agentcore_rl.local.stack import LocalStack, state_dir
+from agentcore_rl.local.stack import LocalStack, PolicyEndpoint, state_dir
 
 __all__ = ["DEMO_AGENT", "demo_dir", "demo_package", "run_demo"]
 
@@ -90,7 +90,7 @@ async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
     """Start the local stack, run the problems (``agentcore-rl demo``'s parsed ``options``)
     into ``run``, stop everything."""
     # lazy: the local extra
-    from agentcore_rl.local.policy import ScriptedPolicy
+    from agentcore_rl.local.policy import ScriptedPolicy, Serving
 
     prices = Prices.parse(options.price)
     out = Path(options.out) if options.out else demo_dir() / "results.jsonl"
@@ -99,11 +99,11 @@ async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
         package, options.n, out.with_name(out.name.removesuffix(".jsonl") + ".problems.jsonl")
     )
     policy = (
-        None
+        PolicyEndpoint(options.base_url, model=options.model_id)
         if options.base_url
-        else ScriptedPolicy(accuracy=options.accuracy, latency=options.latency, seed=0)
+        else ScriptedPolicy(accuracy=options.accuracy, serving=Serving(latency=options.latency))
     )
-    if policy is not None:
+    if isinstance(policy, ScriptedPolicy):
         which = f"the scripted stand-in policy (not a language model; accuracy {options.accuracy})"
     else:
         which = f"the policy at {options.base_url}"
@@ -116,8 +116,6 @@ async def run_demo(options: argparse.Namespace, run: EvalRun) -> None:
         f"{package}.{DEMO_AGENT}",
         agents=_AGENT_SERVERS,
         policy=policy,
-        policy_base_url=options.base_url,
-        policy_model=options.model_id,
         tps=options.tps,
         gateway=not options.no_gateway,
     )

@@ -8,25 +8,26 @@ import asyncio
 import sys
 
 from agentcore_rl.cli.common import PROG, import_object
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.policy import PlayVoice, ScriptedPolicy
+from agentcore_rl.local.stack import LocalStack, PolicyEndpoint, StackS3
 
 __all__ = ["run_up"]
 
 
 async def run_up(options: argparse.Namespace) -> int:
     """Start the stack ``options`` describe, say what runs where, wait for a cancellation."""
-    policy = None
-    if options.upstream is None:
+    if options.upstream is not None:
+        policy: ScriptedPolicy | PolicyEndpoint = PolicyEndpoint(
+            options.upstream, model=options.model
+        )
+    else:
         play = import_object(options.policy, "a policy function") if options.policy else None
-        policy = ScriptedPolicy(play=play, seed=0)
+        policy = ScriptedPolicy(PlayVoice(play) if play else None)
     stack = LocalStack(
         options.app,
         agents=options.agents,
-        bucket=options.bucket,
+        s3=StackS3(bucket=options.bucket),
         policy=policy,
-        policy_base_url=options.upstream,
-        policy_model=options.model,
         tps=options.tps,
         gateway=True,
     )

@@ -1,8 +1,7 @@
 """What makes one machine a whole stack: embedded S3, a local AgentCore Runtime stand-in, a
 scripted policy server for demos and tests, and :class:`LocalStack` tying them together.
 
-Its names are imported on first use, so ``python -m agentcore_rl.local.policy`` runs that
-module once, as ``__main__``.
+Its names are imported on first use: each part costs its imports only when used.
 
 Example::
 

@@ -59,8 +59,8 @@ class BackgroundServer:
         self.port = port
         self.shutdown_timeout = shutdown_timeout
         options = {"lifespan": "auto", **uvicorn_options}
-        self._config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **options)
-        self._server = _EmbeddedUvicorn(self._config)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **options)
+        self._server = _EmbeddedUvicorn(config)
         self._task: asyncio.Task[None] | None = None
         self._socket: socket.socket | None = None
 
@@ -78,13 +78,8 @@ class BackgroundServer:
         """Bind, start uvicorn and wait until it accepts connections."""
         if self._task is not None:
             return self
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except BaseException:
-            sock.close()
-            raise
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, self.port), family=family)  # SO_REUSEADDR
         self.port = sock.getsockname()[1]
         self._socket = sock
         self._task = asyncio.create_task(

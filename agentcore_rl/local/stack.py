@@ -4,6 +4,7 @@ reached through the standard AWS environment variables it sets meanwhile (docs/l
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -14,11 +15,13 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
+from agentcore_rl.keywords import check_config_types, checked, checked_init
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.embedded_s3 import EmbeddedS3
 from agentcore_rl.local.policy import ScriptedPolicy
@@ -29,7 +32,15 @@ from agentcore_rl.server.options import SPOOL_DIR_ENV
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_LOCAL_BUCKET", "LocalStack", "load_app", "running_stack", "state_dir"]
+__all__ = [
+    "DEFAULT_LOCAL_BUCKET",
+    "LocalStack",
+    "PolicyEndpoint",
+    "StackS3",
+    "load_app",
+    "running_stack",
+    "state_dir",
+]
 
 #: The bucket the stack creates in embedded S3 unless told otherwise.
 DEFAULT_LOCAL_BUCKET: Final = "agentcore-rl-local"
@@ -49,13 +60,11 @@ def _find_module(target: str) -> tuple[str, str, importlib.machinery.ModuleSpec]
     try:
         spec = importlib.util.find_spec(module_name)
     except ImportError as exc:
-        raise ConfigurationError(
-            f"cannot import {module_name!r} for app {target!r}: {exc}"
-        ) from exc
+        why = f"cannot import {module_name!r} for app {target!r}: {exc}"
+        raise ConfigurationError(why) from exc
     if spec is None or spec.loader is None:
-        raise ConfigurationError(
-            f"no module {module_name!r} for app {target!r} (is its directory on sys.path?)"
-        )
+        why = f"no module {module_name!r} for app {target!r} (is its directory on sys.path?)"
+        raise ConfigurationError(why)
     return module_name, attribute, spec
 
 
@@ -77,15 +86,11 @@ def load_app(target: str) -> Any:
             sys.modules.pop(module_name, None)
         else:
             sys.modules[module_name] = previous
-    value: Any = module
-    for name in attribute.split("."):
-        try:
-            value = getattr(value, name)
-        except AttributeError:
-            raise ConfigurationError(
-                f"module {module_name!r} has no attribute {attribute!r} (app {target!r})"
-            ) from None
-    return value
+    try:
+        return functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        why = f"module {module_name!r} has no attribute {attribute!r} (app {target!r})"
+        raise ConfigurationError(why) from None
 
 
 def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -139,17 +144,68 @@ def running_stack(path: Path | None = None) -> dict[str, Any]:
     return options
 
 
-def _set_env(stack: contextlib.AsyncExitStack, name: str, value: str | None) -> None:
-    """Set (``None``: unset) an environment variable until ``stack`` closes."""
-    stack.callback(_put, name, os.environ.get(name))
-    _put(name, value)
+def _set_env(stack: contextlib.AsyncExitStack, values: Mapping[str, str | None]) -> None:
+    """Set (``None``: unset) environment variables until ``stack`` closes."""
+    stack.callback(_put, {name: os.environ.get(name) for name in values})
+    _put(values)
 
 
-def _put(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
+def _put(values: Mapping[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class StackS3:
+    """Where a :class:`LocalStack`'s results go: embedded moto (the default), with ``bucket``
+    (default ``agentcore-rl-local``) created in it; ``endpoint_url``, an S3 of yours (MinIO, a
+    shared moto), the bucket created there; or ``aws=True``, real S3 with your credentials
+    and your existing ``bucket``. Nothing reaches AWS unless ``aws`` says so.
+
+    Example::
+
+        StackS3(endpoint_url="http://127.0.0.1:5000", bucket="rollouts")
+    """
+
+    bucket: str | None = None
+    endpoint_url: str | None = None
+    aws: bool = False
+
+    def __post_init__(self) -> None:
+        if self.aws and self.endpoint_url is not None:
+            raise ConfigurationError("give StackS3.aws or StackS3.endpoint_url, not both")
+        if self.aws and self.bucket is None:
+            raise ConfigurationError("StackS3(aws=True) needs the bucket= of yours results go to")
+        try:
+            validate_bucket(self.bucket or DEFAULT_LOCAL_BUCKET, name="StackS3.bucket")
+        except InvalidRolloutConfig as exc:
+            raise ConfigurationError(exc.message) from None
+
+
+@checked_init
+@dataclass(frozen=True)
+class PolicyEndpoint:
+    """An OpenAI-compatible server of yours (vLLM, SGLang) as a :class:`LocalStack`'s policy:
+    ``base_url`` (``.../v1``) and the ``model`` it serves.
+
+    Example::
+
+        LocalStack(app, policy=PolicyEndpoint("http://127.0.0.1:8000/v1", model="Qwen/Qwen3-0.6B"))
+    """
+
+    base_url: str
+    model: str | None = None
+
+
+DEFAULT_S3: Final = StackS3()
+_MOVED: Final = {
+    **{name: "s3=StackS3(...)" for name in ("bucket", "s3_endpoint_url")},
+    **{name: "policy=PolicyEndpoint(...)" for name in ("policy_base_url", "policy_model")},
+}
 
 
 class LocalStack:
@@ -157,14 +213,13 @@ class LocalStack:
 
     ``app`` is the agent: an ASGI app (served by every agent server), a
     ``"module:attribute"`` string (imported afresh for each agent server), or ``None`` with
-    ``app_factory`` (called once per agent server). S3: embedded moto with ``bucket``
-    (default ``agentcore-rl-local``) created in it; or ``s3_endpoint_url`` (the bucket is
-    created there); only ``s3="aws"`` reaches real S3, with your credentials and your
-    existing ``bucket``. Policy: ``policy`` (default ``ScriptedPolicy()``) is served unless
-    ``policy_base_url`` names an OpenAI-compatible server (``policy_model`` its model).
-    ``gateway``: a rollout gateway in front of the policy (``gateway_url``, with the admin
-    token ``gateway_admin_token``), which records every call's tokens. ``save_state(path)``
-    lets another process find the stack (:func:`running_stack`).
+    ``app_factory`` (called once per agent server). ``s3``: where results go
+    (:class:`StackS3`). ``policy``: a :class:`~agentcore_rl.local.policy.ScriptedPolicy`
+    served in the stack (default ``ScriptedPolicy()``) or a :class:`PolicyEndpoint` of yours.
+    ``tps``: the local runtime's quota (``None``: none). ``gateway``: a rollout gateway in
+    front of the policy (``gateway_url``, with the admin token ``gateway_admin_token``),
+    which records every call's tokens. ``save_state(path)`` lets another process find the
+    stack (:func:`running_stack`).
 
     Example::
 
@@ -172,63 +227,40 @@ class LocalStack:
             print(stack.runtime_endpoint_url, stack.agent_runtime_arn, stack.bucket)
     """
 
+    @checked(moved=_MOVED)
     def __init__(
         self,
         app: Any = None,
         *,
         app_factory: Callable[[], Any] | None = None,
         agents: int = 2,
-        bucket: str | None = None,
-        s3: Literal["embedded", "aws"] = "embedded",
-        s3_endpoint_url: str | None = None,
-        policy: ScriptedPolicy | None = None,
-        policy_base_url: str | None = None,
-        policy_model: str | None = None,
+        s3: StackS3 = DEFAULT_S3,
+        policy: ScriptedPolicy | PolicyEndpoint | None = None,
         agent_runtime_arn: str = DEFAULT_AGENT_RUNTIME_ARN,
         tps: float | None = DEFAULT_TPS,
-        burst: float | None = None,
-        host: str = "127.0.0.1",
-        shutdown_timeout: float = 10.0,
         gateway: bool = False,
     ) -> None:
+        check_config_types(("s3", s3, StackS3))
         if (app is None) == (app_factory is None):
             raise ConfigurationError("give the agent as exactly one of app or app_factory")
         if agents < 1:
             raise ConfigurationError(f"agents must be >= 1, got {agents}")
-        if policy is not None and policy_base_url is not None:
-            raise ConfigurationError("give policy or policy_base_url, not both")
-        if s3 not in ("embedded", "aws"):
-            raise ConfigurationError(f"s3 must be 'embedded' or 'aws', got {s3!r}")
-        if s3 == "aws" and s3_endpoint_url is not None:
-            raise ConfigurationError("give s3='aws' or s3_endpoint_url, not both")
-        if s3 == "aws" and bucket is None:
-            raise ConfigurationError("s3='aws' needs the bucket= of yours the results go to")
         self.region = parse_runtime_arn(agent_runtime_arn).region
-        self.embedded_s3 = s3 == "embedded" and s3_endpoint_url is None
+        self.embedded_s3 = not s3.aws and s3.endpoint_url is None
         #: The agents' private spool directory while the stack runs.
         self.spool_dir: Path | None = None
-        try:
-            self.bucket = validate_bucket(bucket or DEFAULT_LOCAL_BUCKET, name="bucket")
-        except InvalidRolloutConfig as exc:
-            raise ConfigurationError(exc.message) from None
-        self.agent_runtime_arn = agent_runtime_arn
-        self.agents = agents
-        self.tps = tps
-        self.burst = burst
-        self.host = host
-        self.shutdown_timeout = shutdown_timeout
-        self.policy = policy
-        self.policy_model = policy_model
+        self.bucket, self.s3_endpoint_url = s3.bucket or DEFAULT_LOCAL_BUCKET, s3.endpoint_url
+        self.agent_runtime_arn, self.agents, self.tps = agent_runtime_arn, agents, tps
+        self.policy = policy if isinstance(policy, ScriptedPolicy | None) else None
+        self.policy_base_url = policy.base_url if isinstance(policy, PolicyEndpoint) else None
+        self.policy_model = policy.model if isinstance(policy, PolicyEndpoint) else None
         self.runtime: LocalAgentCoreRuntime | None = None
-        self.s3_endpoint_url = s3_endpoint_url
-        self.policy_base_url = policy_base_url
         self.agent_urls: list[str] = []
-        self.runtime_endpoint_url: str | None = None
         self.gateway = gateway
+        self.runtime_endpoint_url: str | None = None
         self.gateway_url: str | None = None
         self.gateway_admin_token: str | None = None
         self._make_app = self._app_maker(app, app_factory)
-        self._external_policy = policy_base_url is not None
         self._stack: contextlib.AsyncExitStack | None = None
 
     @staticmethod
@@ -265,56 +297,44 @@ class LocalStack:
         return self
 
     async def _start_parts(self, stack: contextlib.AsyncExitStack) -> None:
+        async def serve(app: Any) -> str:
+            return (await stack.enter_async_context(BackgroundServer(app))).url
+
         if self.embedded_s3:
             # Blocking, but short, and nothing else runs on the loop yet.
-            s3 = EmbeddedS3(host=self.host).start()
+            s3 = EmbeddedS3().start()
             stack.callback(s3.stop)
             self.s3_endpoint_url = s3.endpoint_url
 
         self.spool_dir = Path(tempfile.mkdtemp(prefix="agentcore-rl-stack-spool-"))
         stack.callback(self._remove_spool, self.spool_dir)
-        _set_env(stack, SPOOL_DIR_ENV, str(self.spool_dir))
+        environment: dict[str, str | None] = {SPOOL_DIR_ENV: str(self.spool_dir)}
         if self.embedded_s3:
-            for name, value in _FAKE_CREDENTIALS.items():
-                _set_env(stack, name, value)
-            _set_env(stack, "AWS_SESSION_TOKEN", None)
-            _set_env(stack, "AWS_DEFAULT_REGION", self.region)
+            environment.update(_FAKE_CREDENTIALS, AWS_SESSION_TOKEN=None)
+            environment["AWS_DEFAULT_REGION"] = self.region
         if self.s3_endpoint_url is not None:
-            _set_env(stack, "AWS_ENDPOINT_URL_S3", self.s3_endpoint_url)
+            environment["AWS_ENDPOINT_URL_S3"] = self.s3_endpoint_url
+        _set_env(stack, environment)
+        if self.s3_endpoint_url is not None:
             # Real S3 buckets are the user's to create; local ones are ours.
             async with ResultStore(
                 endpoint_url=self.s3_endpoint_url, region_name=self.region
             ) as store:
                 await store.ensure_bucket(self.bucket)
 
-        if not self._external_policy:
-            if self.policy is None:
-                self.policy = ScriptedPolicy()
-            policy_server = await stack.enter_async_context(
-                BackgroundServer(
-                    self.policy, host=self.host, shutdown_timeout=self.shutdown_timeout
-                )
-            )
-            self.policy_base_url = policy_server.url + "/v1"
+        if self.policy_base_url is None:
+            self.policy = self.policy or ScriptedPolicy()
+            self.policy_base_url = await serve(self.policy) + "/v1"
             self.policy_model = self.policy.model
         if self.gateway:
-            assert self.policy_base_url is not None
             # lazy: the gateway extra
             from agentcore_rl.gateway import RolloutGateway
 
             self.gateway_admin_token = secrets.token_urlsafe(16)
-            served = RolloutGateway(self.policy_base_url, admin_token=self.gateway_admin_token)
-            gateway = await stack.enter_async_context(
-                BackgroundServer(served, host=self.host, shutdown_timeout=self.shutdown_timeout)
-            )
-            self.gateway_url = gateway.url
+            gateway = RolloutGateway(self.policy_base_url, admin_token=self.gateway_admin_token)
+            self.gateway_url = await serve(gateway)
 
-        agents = [
-            BackgroundServer(
-                self._make_app(), host=self.host, shutdown_timeout=self.shutdown_timeout
-            )
-            for _ in range(self.agents)
-        ]
+        agents = [BackgroundServer(self._make_app()) for _ in range(self.agents)]
         for agent in agents:
             stack.push_async_callback(agent.aclose)
         # All are told first (callbacks run last in, first out), so the slowest agent's shutdown
@@ -326,14 +346,11 @@ class LocalStack:
         self.agent_urls = [agent.url for agent in agents]
 
         self.runtime = LocalAgentCoreRuntime(
-            {self.agent_runtime_arn: self.agent_urls}, tps=self.tps, burst=self.burst
+            {self.agent_runtime_arn: self.agent_urls}, tps=self.tps
         )
         stack.push_async_callback(self.runtime.aclose)
-        runtime_server = await stack.enter_async_context(
-            BackgroundServer(self.runtime, host=self.host, shutdown_timeout=self.shutdown_timeout)
-        )
-        self.runtime_endpoint_url = runtime_server.url
-        _set_env(stack, "AWS_ENDPOINT_URL_BEDROCK_AGENTCORE", self.runtime_endpoint_url)
+        self.runtime_endpoint_url = await serve(self.runtime)
+        _set_env(stack, {"AWS_ENDPOINT_URL_BEDROCK_AGENTCORE": self.runtime_endpoint_url})
 
     def save_state(self, path: Path | None = None) -> Path:
         """Write where every part runs (for :func:`running_stack`) until the stack closes;
@@ -359,9 +376,7 @@ class LocalStack:
         if left and not self.embedded_s3:
             # Meant for an S3 that outlives the stack: a server with this spool delivers them.
             logger.warning(
-                "%d envelope(s) could not be written to S3 and remain in %s",
-                len(left),
-                directory,
+                "%d envelope(s) could not be written to S3 and remain in %s", len(left), directory
             )
             return
         shutil.rmtree(directory, ignore_errors=True)

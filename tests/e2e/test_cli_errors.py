@@ -216,10 +216,10 @@ async def test_demo_base_url_uses_another_policy_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from agentcore_rl.local.background import BackgroundServer
-    from agentcore_rl.local.policy import ScriptedPolicy
+    from agentcore_rl.local.policy import ScriptedPolicy, Serving
 
     # Any OpenAI-compatible server: here a second stand-in that is always right.
-    policy = ScriptedPolicy(accuracy=1.0, model="other-model")
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(model="other-model"))
     out = tmp_path / "demo.jsonl"
     async with BackgroundServer(policy) as server:
         argv = ["demo", "--n", "4", "--no-progress", "--out", str(out)]

@@ -26,8 +26,8 @@ from agentcore_rl.cli import main
 from agentcore_rl.cli.eval import make_client
 from agentcore_rl.cli.eval_config import EvalOptions
 from agentcore_rl.client.config import DEFAULT_RETRY_LOST
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
+from agentcore_rl.local.stack import LocalStack, StackS3
 from agentcore_rl.s3 import ResultStore
 from tests.conftest import FAST_RETRY
 
@@ -97,8 +97,7 @@ async def _stack(s3_endpoint: str, policy: ScriptedPolicy) -> AsyncIterator[Loca
     stack = LocalStack(
         "examples.math_agent.agent:app",
         agents=2,
-        s3_endpoint_url=s3_endpoint,
-        bucket=f"cli-eval-{next(_buckets)}",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket=f"cli-eval-{next(_buckets)}"),
         policy=policy,
         tps=None,
     )
@@ -176,7 +175,7 @@ async def test_resume_after_sigkill_collects_every_outcome_exactly_once(
 ) -> None:
     # Two rollouts (two policy requests each) go through; the third blocks at the policy.
     gate = Gate(free=4)
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=gate.sleep)
     n = 6
     async with _stack(s3_endpoint, policy) as stack:
         ids = _write_problems(tmp_path / "in.jsonl", n)
@@ -237,7 +236,7 @@ async def test_ctrl_c_stops_in_flight_rollouts_and_resume_runs_them_again(
     s3_endpoint: str, tmp_path: Path
 ) -> None:
     gate = Gate(free=2)  # one rollout goes through; the second blocks at the policy
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=gate.sleep)
     n = 3
     async with _stack(s3_endpoint, policy) as stack:
         ids = _write_problems(tmp_path / "in.jsonl", n)

@@ -19,7 +19,7 @@ import pytest
 
 from agentcore_rl.cli import main
 from agentcore_rl.cli.journal import trajectories_path_for
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from tests.e2e.test_cli_eval import REPO, Gate, _lines, _spawn_eval, _stack, _wait_until
 from tests.e2e.test_cli_eval import _write_problems as write_problems
 
@@ -122,7 +122,7 @@ async def test_resume_after_sigkill_still_collects_every_trajectory(
     s3_endpoint: str, tmp_path: Path
 ) -> None:
     gate = Gate(free=4)  # two rollouts (two calls each) go through; the third blocks
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=gate.sleep)
     n = 5
     async with (
         _stack(s3_endpoint, policy) as stack,

@@ -14,7 +14,7 @@ import pytest
 
 from agentcore_rl.cli import main
 from agentcore_rl.cli.journal import rows_path_for
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from agentcore_rl.local.stack import LocalStack
 from agentcore_rl.training import read_jsonl
 from tests.e2e.test_cli_eval import (
@@ -63,7 +63,7 @@ async def test_resume_after_sigkill_runs_every_group_once_and_no_member_twice(
 ) -> None:
     # Group 1 (two members, two policy requests each) goes through; group 2 blocks.
     gate = Gate(free=4)
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=gate.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=gate.sleep)
     n = 3
     async with _stack(s3_endpoint, policy) as local:
         ids = _write_problems(tmp_path / "in.jsonl", n)

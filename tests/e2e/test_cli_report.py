@@ -21,7 +21,7 @@ from agentcore_rl.cli.journal import rows_path_for
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.stack import LocalStack, StackS3
 from tests.e2e.test_cli_eval import _lines, _write_problems
 
 TOKEN = "report-admin-token"
@@ -37,8 +37,7 @@ async def stack(s3_endpoint: str) -> AsyncIterator[LocalStack]:
     async with LocalStack(
         "tests.e2e.failing_agent:app",
         agents=2,
-        s3_endpoint_url=s3_endpoint,
-        bucket="cli-report",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket="cli-report"),
         policy=ScriptedPolicy(accuracy=0.5, seed=3),
         tps=None,
     ) as value:

@@ -17,7 +17,7 @@ import pytest
 from agentcore_rl.cli import main
 from agentcore_rl.cli.common import EXIT_FAILURES, EXIT_UNAVAILABLE
 from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.stack import LocalStack, StackS3
 from tests.e2e.test_cli_eval import _lines
 
 
@@ -26,8 +26,7 @@ async def stack(s3_endpoint: str) -> AsyncIterator[LocalStack]:
     async with LocalStack(
         "tests.e2e.failing_agent:app",
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket="failure-kinds",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket="failure-kinds"),
         policy=ScriptedPolicy(accuracy=1.0),
         tps=None,
     ) as value:

@@ -9,8 +9,8 @@ import pytest
 
 from agentcore_rl import AsyncRolloutClient, AwsConfig, GatewayConfig, RolloutGateway, Timeouts
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
+from agentcore_rl.local.stack import LocalStack, StackS3
 from agentcore_rl.protocol import ROLLOUT_FIELD
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp
@@ -22,12 +22,11 @@ ANSWER = {"prompt": PROBLEM, "answer": "14"}
 
 
 async def test_a_claude_rollout_is_trained_on_its_exact_tokens(s3_endpoint: str) -> None:
-    policy = ScriptedPolicy(accuracy=1.0, token_ids="requested", keep_answers=100)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(token_ids="requested", keep_answers=100))
     stack = LocalStack(
         "examples.claude_math.agent:app",
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket="claude-math",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket="claude-math"),
         policy=policy,
         tps=None,
     )

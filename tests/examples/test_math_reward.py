@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentcore_rl.local.policy_solver import evaluate_arithmetic, solve_word_problem
+from agentcore_rl.local.policy import evaluate_arithmetic, solve_word_problem
 from examples.math_agent.calculator import calculate
 from examples.math_agent.dataset import DEFAULT_DATA_PATH, generate, load_problems, main
 from examples.math_agent.reward import RewardFunction

@@ -13,8 +13,8 @@ import pytest
 
 from agentcore_rl import AsyncRolloutClient, AwsConfig, GatewayConfig, RolloutGateway, Timeouts
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
+from agentcore_rl.local.stack import LocalStack, StackS3
 from agentcore_rl.server import AgentCoreRLApp
 from agentcore_rl.trajectory import build_trajectory
 from examples.strands_bedrock import production_agent
@@ -23,12 +23,13 @@ from tests.gateway.helpers import ADMIN, PROBLEM
 
 @contextlib.asynccontextmanager
 async def _trained(s3_endpoint: str, accuracy: float) -> AsyncIterator[tuple[Any, ScriptedPolicy]]:
-    policy = ScriptedPolicy(accuracy=accuracy, token_ids="requested", keep_answers=100)
+    policy = ScriptedPolicy(
+        accuracy=accuracy, serving=Serving(token_ids="requested", keep_answers=100)
+    )
     stack = LocalStack(
         "examples.strands_bedrock.agent:app",
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket=f"bedrock-{int(accuracy)}",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket=f"bedrock-{int(accuracy)}"),
         policy=policy,
         tps=None,
     )

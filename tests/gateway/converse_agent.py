@@ -10,7 +10,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from agentcore_rl.local.policy_solver import evaluate_arithmetic
+from agentcore_rl.local.policy import evaluate_arithmetic
 
 #: A Bedrock inference profile id, as agents name their model (URL-encoded in the path).
 MODEL = "us.anthropic.claude-sonnet-4-20250514-v1:0"

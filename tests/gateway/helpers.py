@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 
 ADMIN = "test-admin-token"
 CALCULATOR: Any = {
@@ -53,7 +53,9 @@ async def served(
     policy: ScriptedPolicy | None = None, **gateway_options: Any
 ) -> AsyncIterator[Stack]:
     """The stand-in policy (vLLM-like: ids only when asked) and a gateway, both on uvicorn."""
-    policy = policy or ScriptedPolicy(accuracy=1.0, token_ids="requested", keep_answers=1000)
+    policy = policy or ScriptedPolicy(
+        accuracy=1.0, serving=Serving(token_ids="requested", keep_answers=1000)
+    )
     gateway_options.setdefault("admin_token", ADMIN)
     async with BackgroundServer(policy) as upstream:
         gateway = RolloutGateway(upstream.url + "/v1", **gateway_options)
@@ -112,7 +114,7 @@ async def tool_rollout(llm: AsyncOpenAI, *, stream: bool) -> list[Any]:
 
 
 def eval_plain(expression: str) -> int | float:
-    from agentcore_rl.local.policy_solver import evaluate_arithmetic
+    from agentcore_rl.local.policy import evaluate_arithmetic
 
     return evaluate_arithmetic(expression)
 

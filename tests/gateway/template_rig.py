@@ -22,7 +22,7 @@ from openai import AsyncOpenAI
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.gateway.record import SessionTrace
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
 from agentcore_rl.trajectory import Trajectory, build_trajectory
 from tests.gateway.helpers import ADMIN, CALCULATOR
 
@@ -76,12 +76,13 @@ async def template_stack(
     fixture = FIXTURES[name]
     directory = str(tokenizer_dir(name))
     policy = ScriptedPolicy(
-        token_ids="requested",
-        keep_answers=100_000,
-        tokenizer=directory,
-        tool_call_parser=fixture.tool_parser,
-        reasoning_parser=fixture.reasoning_parser,
-        tool_rounds=tool_rounds,
+        TemplateVoice(
+            directory,
+            tool_call_parser=fixture.tool_parser,
+            reasoning_parser=fixture.reasoning_parser,
+            tool_rounds=tool_rounds,
+        ),
+        serving=Serving(token_ids="requested", keep_answers=100_000),
     )
     render = None
     if history == "linear":

@@ -14,7 +14,7 @@ from openai import APIStatusError
 
 from agentcore_rl.gateway import DirectorySink, RolloutGateway, TraceLostError
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from tests.gateway.helpers import chat, served
 
 BODY: Any = {"model": "m", "messages": [{"role": "user", "content": "What is 1 + 1?"}]}
@@ -90,7 +90,7 @@ async def test_upstream_down_is_a_502_and_a_failed_record(stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 async def test_an_upstream_without_token_ids_is_named(stream: bool) -> None:
-    policy = ScriptedPolicy(accuracy=1.0, token_ids="never")
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(token_ids="never"))
     async with served(policy) as stack, httpx.AsyncClient(base_url=stack.url) as http:
         response = await http.post(
             "/sessions/n1/v1/chat/completions", json={**BODY, "stream": stream}

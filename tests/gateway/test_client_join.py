@@ -32,8 +32,8 @@ from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
 from agentcore_rl.client.traces import RemoteGateway
 from agentcore_rl.gateway import ADMIN_TOKEN_ENV, dump_trace
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
+from agentcore_rl.local.stack import LocalStack, StackS3
 from agentcore_rl.protocol import ROLLOUT_FIELD, result_key, trace_key
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server.options import ShutdownConfig
@@ -91,12 +91,13 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def _rig(s3_endpoint: str, policy: ScriptedPolicy | None = None) -> AsyncIterator[Rig]:
-    policy = policy or ScriptedPolicy(accuracy=1.0, token_ids="requested", keep_answers=100)
+    policy = policy or ScriptedPolicy(
+        accuracy=1.0, serving=Serving(token_ids="requested", keep_answers=100)
+    )
     stack = LocalStack(
         "examples.math_agent.agent:app",
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket=f"join-{next(_buckets)}",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket=f"join-{next(_buckets)}"),
         policy=policy,
         tps=None,
     )
@@ -221,7 +222,7 @@ async def test_the_sync_client_gives_traces_too(s3_endpoint: str) -> None:
 
 async def test_a_gateway_restarted_mid_rollout_ends_it_in_trace_lost(s3_endpoint: str) -> None:
     latch = Latch()
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=latch.sleep)
     async with _rig(s3_endpoint, policy) as rig:
         async with rig.client() as client:
             fut = await client.invoke(PROBLEM, input_id="q-r")
@@ -258,7 +259,7 @@ async def test_a_trace_the_gateway_no_longer_has_is_lost(s3_endpoint: str) -> No
 
 async def test_a_cancelled_rollout_releases_its_gateway_session(s3_endpoint: str) -> None:
     latch = Latch()
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=latch.sleep)
     async with _rig(s3_endpoint, policy) as rig:
         async with rig.client() as client:
             fut = await client.invoke(PROBLEM, input_id="q-c")
@@ -292,7 +293,7 @@ async def test_a_stale_groups_stopped_members_release_their_gateway_sessions(
     s3_endpoint: str,
 ) -> None:
     latch = Latch()
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=latch.sleep)
     async with _rig(s3_endpoint, policy) as rig:
         async with rig.client() as client:
             group = await client.invoke_group(PROBLEM, rules=GroupRules(n=2), input_id="g-s")
@@ -415,7 +416,7 @@ async def test_a_retried_rollout_runs_in_a_new_gateway_session(s3_endpoint: str)
 
 async def test_a_lost_trace_is_final_not_retried(s3_endpoint: str) -> None:
     latch = Latch()
-    policy = ScriptedPolicy(accuracy=1.0, latency=0.001, sleep=latch.sleep)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(latency=0.001), sleep=latch.sleep)
     async with _rig(s3_endpoint, policy) as rig:
         async with rig.client(retries=Retries(rollouts=2)) as client:
             fut = await client.invoke(PROBLEM, input_id="q-f")

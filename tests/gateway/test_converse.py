@@ -21,7 +21,7 @@ from agentcore_rl.gateway.dialects.codec import Route
 from agentcore_rl.gateway.dialects.converse import CONVERSE_DIALECT
 from agentcore_rl.gateway.record import Session
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy_solver import evaluate_arithmetic
+from agentcore_rl.local.policy import evaluate_arithmetic
 from agentcore_rl.trajectory import build_trajectory
 from tests.gateway.converse_agent import (
     CALCULATOR_SPEC,

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agentcore_rl.gateway.upstream import UpstreamError
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
 from agentcore_rl.trajectory import build_trajectory
 from tests.gateway.helpers import ADMIN, Latch, chat, served, wait_until
 from tests.gateway.template_rig import RENDER_MISSING, tokenizer_dir
@@ -25,7 +25,9 @@ async def _ask(llm: Any, stream: bool) -> None:
 async def test_pause_drains_in_flight_calls_holds_new_ones_then_resumes(stream: bool) -> None:
     latch = Latch()
     policy = ScriptedPolicy(
-        accuracy=1.0, token_ids="requested", latency=1.0, sleep=latch.sleep, keep_answers=10
+        accuracy=1.0,
+        serving=Serving(token_ids="requested", latency=1.0, keep_answers=10),
+        sleep=latch.sleep,
     )
     async with served(policy) as stack, anyio.create_task_group() as tg:
         gateway = stack.gateway
@@ -187,7 +189,9 @@ async def test_suspend_returns_at_once_and_the_generation_goes_on_with_two_versi
     ticks = Ticks()
     # 20 tokens a second: one token per wake-up, so each tick is one token.
     policy = ScriptedPolicy(
-        token_ids="requested", tokenizer=directory, token_rate=20.0, sleep=ticks.sleep
+        TemplateVoice(directory),
+        serving=Serving(token_ids="requested", token_rate=20.0),
+        sleep=ticks.sleep,
     )
     render = RenderMode.load(directory)
     async with served(policy, render=render) as stack, anyio.create_task_group() as tg:
@@ -252,7 +256,9 @@ async def test_a_call_that_has_no_token_yet_when_the_weights_change_is_the_new_v
     directory = str(tokenizer_dir("qwen2.5"))
     ticks = Ticks()
     policy = ScriptedPolicy(
-        token_ids="requested", tokenizer=directory, token_rate=20.0, sleep=ticks.sleep
+        TemplateVoice(directory),
+        serving=Serving(token_ids="requested", token_rate=20.0),
+        sleep=ticks.sleep,
     )
     options: dict[str, Any] = {"render": RenderMode.load(directory)} if linear else {}
     async with served(policy, **options) as stack, anyio.create_task_group() as tg:

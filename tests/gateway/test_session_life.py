@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from agentcore_rl.gateway import RolloutGateway, TraceLostError
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from tests.gateway.helpers import ADMIN, Latch, chat, served, wait_until
 
 QUESTION: Any = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -117,7 +117,8 @@ class _BodiesSeen:
 
 @contextlib.asynccontextmanager
 async def _watched(**options: Any) -> AsyncIterator[tuple[ScriptedPolicy, _BodiesSeen, str]]:
-    policy = ScriptedPolicy(accuracy=1.0, token_ids="requested", **options.pop("policy", {}))
+    serving = {"serving": Serving(token_ids="requested")}
+    policy = ScriptedPolicy(accuracy=1.0, **(serving | options.pop("policy", {})))
     async with BackgroundServer(policy) as upstream:
         gateway = RolloutGateway(upstream.url + "/v1", admin_token=ADMIN, **options)
         front = _BodiesSeen(gateway)
@@ -152,7 +153,10 @@ async def test_a_call_held_across_its_sessions_finish_leaves_no_session() -> Non
 async def test_a_call_that_outlives_finish_wait_leaves_no_session() -> None:
     latch = Latch()
     async with (
-        _watched(finish_wait=0.0, policy={"latency": 1.0, "sleep": latch.sleep}) as (
+        _watched(
+            finish_wait=0.0,
+            policy={"serving": Serving(token_ids="requested", latency=1.0), "sleep": latch.sleep},
+        ) as (
             policy,
             front,
             url,

@@ -14,9 +14,12 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 
+from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.policy_solver import (
+from agentcore_rl.local.policy import (
+    ScriptedPolicy,
+    ScriptVoice,
+    Serving,
     evaluate_arithmetic,
     fake_token_ids,
     solve_word_problem,
@@ -114,11 +117,11 @@ async def test_wrong_answers_are_reproducible_and_wrong(
 
 
 def test_accuracy_knob_controls_the_share_of_right_answers() -> None:
-    policy = ScriptedPolicy(accuracy=0.5, seed=3)
+    voice = ScriptVoice(accuracy=0.5, seed=3)
     right = 0
     for i in range(200):
         body = {"messages": [{"role": "user", "content": f"What is {i} + 1?"}]}
-        text = policy.complete(body)["choices"][0]["message"]["content"]
+        text = voice.say(body, [], 0, chat=True).message["content"]
         right += text == f"The answer is {i + 1}."
     assert 60 < right < 140
 
@@ -186,3 +189,25 @@ async def test_run_as_a_module_it_says_where_it_listens() -> None:
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 30)
+
+
+def test_serving_and_voice_options_are_checked() -> None:
+    with pytest.raises(ConfigurationError, match=r"Serving\.token_ids"):
+        Serving(token_ids="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"Serving\.latency"):
+        Serving(latency=-1.0)
+    with pytest.raises(ConfigurationError, match="default voice's"):
+        ScriptedPolicy(ScriptVoice(), accuracy=0.5)
+    with pytest.raises(ConfigurationError, match="serving must be a Serving"):
+        ScriptedPolicy(serving={"latency": 1.0})  # type: ignore[arg-type]
+
+
+async def test_token_in_needs_a_real_tokenizer(right: tuple[ScriptedPolicy, AsyncOpenAI]) -> None:
+    _, llm = right
+    root = str(llm.base_url).removesuffix("/v1/")
+    async with httpx.AsyncClient(base_url=root) as http:
+        completion = await http.post("/v1/completions", json={"model": "m", "prompt": [5, 6]})
+        generate = await http.post("/generate", json={"input_ids": [5, 6]})
+    for answer in (completion, generate):
+        assert answer.status_code == 400
+        assert "token-in needs a tokenizer" in answer.json()["error"]["message"]

@@ -19,7 +19,8 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.local.stack import LocalStack, load_app
+from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.stack import LocalStack, PolicyEndpoint, StackS3, load_app
 from agentcore_rl.protocol import new_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
@@ -116,7 +117,7 @@ async def test_import_string_math_agent_end_to_end(
     sessions = [new_session_id() for _ in range(4)]
     keys = []
     async with LocalStack(
-        MATH_AGENT, agents=2, s3_endpoint_url=s3_endpoint, bucket=bucket, tps=None
+        MATH_AGENT, agents=2, s3=StackS3(endpoint_url=s3_endpoint, bucket=bucket), tps=None
     ) as stack:
         assert not stack.embedded_s3
         async with get_session().create_client(
@@ -194,10 +195,8 @@ async def test_external_policy_and_s3_endpoint_leave_credentials_alone(
     async with LocalStack(
         app_factory=EchoAgents(),
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket=bucket,
-        policy_base_url="http://127.0.0.1:9/v1",
-        policy_model="my-model",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket=bucket),
+        policy=PolicyEndpoint("http://127.0.0.1:9/v1", model="my-model"),
     ) as stack:
         assert stack.policy is None
         assert stack.policy_base_url == "http://127.0.0.1:9/v1"
@@ -227,17 +226,21 @@ def test_load_app_makes_a_fresh_app_each_time() -> None:
         ({"app": "examples.math_agent.agent"}, "package.module:attribute"),
         ({"app": "no_such_module_here:app"}, "no module 'no_such_module_here'"),
         ({"app": 42}, "ASGI app"),
-        ({"app": MATH_AGENT, "bucket": "Bad_Bucket"}, "not a valid S3 bucket"),
         ({"app": MATH_AGENT, "agent_runtime_arn": "arn:nope"}, "not an AgentCore Runtime ARN"),
-        (
-            {"app": MATH_AGENT, "policy_base_url": "http://x/v1", "policy": object()},
-            "not both",
-        ),
     ],
 )
 def test_bad_configuration_is_refused(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ConfigurationError, match=words):
         LocalStack(**kwargs)
+    with pytest.raises(ConfigurationError, match="not a valid S3 bucket"):
+        StackS3(bucket="Bad_Bucket")
+
+
+def test_a_moved_keyword_says_where_it_lives_now() -> None:
+    with pytest.raises(TypeError, match=r"policy=PolicyEndpoint\(\.\.\.\)"):
+        LocalStack(MATH_AGENT, policy_base_url="http://127.0.0.1:9/v1")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"serving=Serving\(latency=\.\.\.\)"):
+        ScriptedPolicy(latency=1.0)  # type: ignore[call-arg]
 
 
 # --- the embedded S3 on its own (the session's server, tests/conftest.py) ------------------

@@ -17,7 +17,7 @@ import pytest
 
 from agentcore_rl import protocol
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.stack import LocalStack, StackS3
 from agentcore_rl.protocol import new_session_id
 from agentcore_rl.s3 import ResultStore
 from agentcore_rl.server import AgentCoreRLApp, RequestContext
@@ -69,7 +69,7 @@ async def run_one(stack: LocalStack, app: AgentCoreRLApp, x: int) -> dict[str, A
 
 async def test_naming_a_bucket_keeps_the_embedded_s3() -> None:
     app = agent()
-    async with LocalStack(app, agents=1, bucket="mine", tps=None) as stack:
+    async with LocalStack(app, agents=1, s3=StackS3(bucket="mine"), tps=None) as stack:
         assert stack.embedded_s3
         assert stack.s3_endpoint_url is not None
         assert stack.s3_endpoint_url.startswith("http://127.0.0.1:")
@@ -88,12 +88,12 @@ async def test_an_app_built_before_the_stack_writes_to_the_stacks_s3() -> None:
 
 def test_real_s3_only_when_asked_for() -> None:
     with pytest.raises(ConfigurationError, match="needs the bucket"):
-        LocalStack(agent(), s3="aws")
+        StackS3(aws=True)
     with pytest.raises(ConfigurationError, match="not both"):
-        LocalStack(agent(), s3="aws", bucket="mine", s3_endpoint_url="http://127.0.0.1:9")
-    with pytest.raises(ConfigurationError, match="'embedded' or 'aws'"):
-        LocalStack(agent(), s3="s3.amazonaws.com")  # type: ignore[arg-type]
-    assert not LocalStack(agent(), s3="aws", bucket="mine").embedded_s3
+        StackS3(endpoint_url="http://127.0.0.1:9", bucket="mine", aws=True)
+    with pytest.raises(ConfigurationError, match="s3 must be a StackS3"):
+        LocalStack(agent(), s3="aws")  # type: ignore[arg-type]
+    assert not LocalStack(agent(), s3=StackS3(bucket="mine", aws=True)).embedded_s3
 
 
 def foreign_record(owner: str | None) -> bytes:

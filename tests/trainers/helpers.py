@@ -16,7 +16,7 @@ from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.groups import advantages
 from agentcore_rl.integrations.settings import AgentCoreSettings
 from agentcore_rl.local.background import BackgroundServer
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from agentcore_rl.local.stack import LocalStack
 
 ADMIN = "trainer-tests-admin"
@@ -69,7 +69,7 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def local_rig(agents: int = 2, latency: float = 0.0) -> AsyncIterator[Rig]:
-    policy = ScriptedPolicy(accuracy=1.0, token_ids="requested", latency=latency)
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(token_ids="requested", latency=latency))
     stack = LocalStack("tests.trainers.agent:app", agents=agents, policy=policy, tps=None)
     # The agents' spool of undelivered results is this rig's own, not the user's.
     spool = tempfile.TemporaryDirectory(prefix="agentcore-rl-spool-")

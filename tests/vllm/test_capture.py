@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentcore_rl import AsyncRolloutClient, AwsConfig, GatewayConfig, Timeouts, build_trajectory
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.stack import LocalStack, PolicyEndpoint, StackS3
 from tests.vllm.conftest import MODEL, VLLMServer
 from tests.vllm.rig import ADMIN, ask, gateway_on, vllm_prompt_ids
 
@@ -87,10 +87,8 @@ async def test_a_rollout_through_the_client_and_an_agent_server_carries_its_trac
     stack = LocalStack(
         "examples.math_agent.agent:app",
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket="vllm-rollouts",
-        policy_base_url=vllm_server.base_url,
-        policy_model=MODEL,
+        s3=StackS3(endpoint_url=s3_endpoint, bucket="vllm-rollouts"),
+        policy=PolicyEndpoint(vllm_server.base_url, model=MODEL),
         tps=None,
     )
     problem = {"prompt": "Maya has 12 apples and eats 3. How many are left?", "answer": "9"}

@@ -1,6 +1,6 @@
-"""The scripted policy's "reasoning": a pattern-based solver for simple arithmetic word
-problems (the phrase language of ``examples/math_agent/dataset.py``), a safe arithmetic
-evaluator and a deterministic fake tokeniser. Not a language model.
+"""The scripted voice's "reasoning": a pattern-based solver for simple arithmetic word
+problems (the phrase language of ``examples/math_agent/dataset.py``) and a safe arithmetic
+evaluator. Not a language model.
 
 The first sentence with a number and no operation word sets the starting value; ``more``,
 ``buys``, ``finds``... add; ``gives away``, ``loses``, ``eats``... subtract; ``times as
@@ -15,26 +15,14 @@ Example::
 from __future__ import annotations
 
 import ast
-import hashlib
 import operator
 import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Final
 
-__all__ = [
-    "evaluate_arithmetic",
-    "fake_token_ids",
-    "fake_tokens",
-    "solve_word_problem",
-]
+__all__ = ["evaluate_arithmetic", "solve_word_problem"]
 
-# The fake vocabulary's size, like a small real tokenizer's; ids below 100 are kept free
-# for special tokens.
-_VOCAB_SIZE: Final = 32_000
-_FIRST_ORDINARY_ID: Final = 100
-
-_TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]|\s+")
 _SENTENCE_RE: Final = re.compile(r"[^.?!]+[.?!]?")
 _NUMBER_RE: Final = re.compile(r"\d+(?:\.\d+)?")
 # An explicit expression: two or more numbers joined by operators (parentheses allowed).
@@ -46,16 +34,8 @@ _EXPRESSION_RE: Final = re.compile(
 # "gives away" (subtract) is not read as "gives ... more" (add).
 _DIVIDE: Final = ("equally among", "equally between", "split", "splits", "divide", "divides")
 _MULTIPLY: Final = ("times as many", "times as much", "times more")
-_SUBTRACT: Final = (
-    "gives away",
-    "give away",
-    "loses",
-    "eats",
-    "sells",
-    "spends",
-    "uses",
-    "breaks",
-    "fewer",
+_SUBTRACT: Final = tuple(
+    ["gives away", "give away", "loses", "eats", "sells", "spends", "uses", "breaks", "fewer"]
 )
 _ADD: Final = ("more", "buys", "finds", "receives", "earns", "picks", "gets", "collects")
 _IMPLIED_FACTORS: Final = {"doubles": 2, "triples": 3, "half": 2, "halves": 2}
@@ -150,19 +130,3 @@ def evaluate_arithmetic(expression: str) -> int | float:
         raise ValueError(f"not an arithmetic expression: {expression!r}") from exc
     value = _eval_node(tree)
     return int(value) if value.denominator == 1 else float(value)
-
-
-def fake_tokens(text: str) -> list[tuple[str, int]]:
-    """The stand-in tokenizer: (piece, id) per word, punctuation mark or space run, by a
-    stable hash (not Python's salted ``hash``), so the same text always gives the same ids."""
-    span = _VOCAB_SIZE - _FIRST_ORDINARY_ID
-    out = []
-    for piece in _TOKEN_RE.findall(text):
-        digest = hashlib.blake2b(piece.encode(), digest_size=4).digest()
-        out.append((piece, _FIRST_ORDINARY_ID + int.from_bytes(digest, "big") % span))
-    return out
-
-
-def fake_token_ids(text: str) -> list[int]:
-    """Deterministic stand-in token ids of ``text`` (the ids of :func:`fake_tokens`)."""
-    return [token_id for _, token_id in fake_tokens(text)]
