@@ -11,7 +11,7 @@ default rules (retry once, then drop the member, at least 2 kept), once per
 - ``groups``: complete, dropped by reason, and ``resolved`` (complete + dropped; the
   target is every prompt);
 - ``wall_s`` and ``ideal_wall_s``: the ideal is the same plan run by the same
-  :class:`~agentcore_rl.groups.GroupTracker` in a zero-latency simulation under the
+  :class:`~agentcore_rl.group_tracker.GroupTracker` in a zero-latency simulation under the
   same token bucket (rate ``--tps``, burst one second's worth) and concurrency (retries
   queue ahead of members not started yet, as in the client; stop calls are not paced);
 - ``first_group_s`` (and its ideal): time to the first complete group;
@@ -145,14 +145,8 @@ def start_stack(agents: int, verbose: bool) -> tuple[Any, dict[str, Any]]:
 
 def ideal(args: argparse.Namespace, plan: dict[str, Any], redundancy: int) -> dict[str, Any]:
     """The plan under the real GroupTracker with zero latency (see the module docstring)."""
-    from agentcore_rl.groups import (
-        GroupDroppedError,
-        GroupRules,
-        GroupTracker,
-        RolloutGroup,
-        StartMember,
-        StopMember,
-    )
+    from agentcore_rl.group_tracker import GroupTracker, StartMember, StopMember
+    from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup
 
     tracker = GroupTracker(exp_id="ideal")
     rules = GroupRules(n=args.n, redundancy=redundancy)

@@ -7,17 +7,14 @@ import random
 import pytest
 
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
+from agentcore_rl.group_tracker import Action, GroupTracker, StartMember, StopMember
 from agentcore_rl.groups import (
-    Action,
     DropReason,
     GroupDroppedError,
     GroupRules,
-    GroupTracker,
     MemberOutcome,
     RolloutGroup,
     StaleGroupError,
-    StartMember,
-    StopMember,
     advantages,
     group_digest,
     member_session_id,

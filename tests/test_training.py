@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.errors import ConfigurationError
-from agentcore_rl.groups import GroupRules, GroupTracker, RolloutGroup, StartMember
+from agentcore_rl.group_tracker import GroupTracker, StartMember
+from agentcore_rl.groups import GroupRules, RolloutGroup
 from agentcore_rl.integrations import AgentCoreSettings
 from agentcore_rl.training import (
     InvalidTrajectoryError,

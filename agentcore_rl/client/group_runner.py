@@ -29,17 +29,8 @@ from agentcore_rl.errors import (
     RolloutError,
     TraceLostError,
 )
-from agentcore_rl.groups import (
-    Action,
-    GroupCounters,
-    GroupDroppedError,
-    GroupRules,
-    GroupTracker,
-    RolloutGroup,
-    StartMember,
-    StopMember,
-    result_reward,
-)
+from agentcore_rl.group_tracker import Action, GroupCounters, GroupTracker, StartMember, StopMember
+from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.protocol import FailureKind, reward_problem
 

@@ -21,7 +21,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from agentcore_rl.client.client import AsyncRolloutClient
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.outcomes import ClientStats
-from agentcore_rl.groups import GroupCounters
+from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.keywords import same_parameters
 
 if TYPE_CHECKING:
