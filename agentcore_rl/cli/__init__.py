@@ -7,6 +7,7 @@ Example::
     exit_code = main(["demo", "--n", "20"])
 """
 
-from agentcore_rl.cli.main import build_parser, main
+from agentcore_rl.cli.main import main
+from agentcore_rl.cli.parser import build_parser
 
 __all__ = ["build_parser", "main"]

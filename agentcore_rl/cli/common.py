@@ -15,6 +15,7 @@ from typing import Any, Final
 from agentcore_rl.errors import ConfigurationError
 
 __all__ = [
+    "DEBUG_ENV",
     "EXIT_FAILURES",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
@@ -29,6 +30,8 @@ __all__ = [
 ]
 
 PROG: Final = "agentcore-rl"
+#: Set, an internal error shows its traceback.
+DEBUG_ENV: Final = "AGENTCORE_RL_DEBUG"
 
 EXIT_OK: Final = 0
 EXIT_FAILURES: Final = 1

@@ -12,6 +12,7 @@ import anyio
 
 from agentcore_rl import protocol
 from agentcore_rl.client import batch, preflight
+from agentcore_rl.client.agent_calls import AgentCalls
 from agentcore_rl.client.batch import BatchItem
 from agentcore_rl.client.config import (
     DEFAULT_AWS,
@@ -42,7 +43,7 @@ from agentcore_rl.client.rollout import Rollouts, RolloutSpec
 from agentcore_rl.client.service import ClientState, Service
 from agentcore_rl.client.traces import gateway_link
 from agentcore_rl.client.transports import AcrTransport, HttpTransport, Transport, make_transport
-from agentcore_rl.client.watcher import DEFAULT_WATCHER, WatcherConfig
+from agentcore_rl.client.watcher import DEFAULT_WATCHER, CompletionWatcher, WatcherConfig
 from agentcore_rl.errors import (
     ClientClosedError,
     ConfigurationError,
@@ -176,16 +177,21 @@ class AsyncRolloutClient(GroupMethods):
         self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
         self._service = Service("agentcore-rl client", setup=self._start_workers)
         self._in_block = False  # inside ``async with`` (entered once at a time)
-        self._rollouts = Rollouts(
+        calls = AgentCalls(
             transport=self.transport,
             limiter=self.rate_limiter,
-            slots=self.session_limiter,
-            store=self.store,
-            watcher=watcher,
-            liveness=liveness,
             counters=self._counters,
             retries=self.retries,
             service=self._service,
+            unreachable_after=liveness.unreachable_after,
+        )
+        if stop_finished_sessions is None:
+            stop_finished_sessions = self.transport.stop_after_result
+        self._rollouts = Rollouts(
+            calls=calls,
+            slots=self.session_limiter,
+            watcher=CompletionWatcher(self.store, watcher),
+            liveness=liveness,
             stop_finished_sessions=stop_finished_sessions,
             link=link,
             timeout=timeouts.rollout,
@@ -217,7 +223,7 @@ class AsyncRolloutClient(GroupMethods):
         return dataclasses.replace(
             self._counters,
             in_flight=self.in_flight,
-            unstopped=len(self._rollouts.unstopped),
+            unstopped=len(self._rollouts.calls.unstopped),
             s3_requests=dict(self.store.request_counts),
             failures=dict(self._counters.failures),
             store_unreachable=outages.unreachable,
@@ -409,13 +415,13 @@ class AsyncRolloutClient(GroupMethods):
     def stop_session(self, session_id: str) -> None:
         """Stop ``session_id`` on its agent in the background (e.g. one an earlier process
         could not stop: see :attr:`unstopped_sessions`), behind every invocation."""
-        self._rollouts.stop_soon(session_id)
+        self._rollouts.calls.stop_soon(session_id)
 
     @property
     def unstopped_sessions(self) -> list[str]:
         """Session ids this client meant to stop and could not (the stop failed, or
         ``aclose`` ran out of ``timeouts.close``): they may still run on their agents."""
-        return list(self._rollouts.unstopped)
+        return list(self._rollouts.calls.unstopped)
 
     async def aclose(self) -> None:
         """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
@@ -439,7 +445,7 @@ class AsyncRolloutClient(GroupMethods):
                 # Shielded: a close that was itself cancelled still ends the work it owns.
                 with anyio.CancelScope(shield=True):
                     await self._service.aclose()
-                    self._rollouts.report_unstopped(self.timeouts.close)
+                    self._rollouts.calls.report_unstopped(self.timeouts.close)
                     await self.transport.aclose()
                     if self._rollouts.joiner is not None:
                         await self._rollouts.joiner.link.aclose()

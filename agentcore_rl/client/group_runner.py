@@ -224,7 +224,7 @@ class GroupRunner:
                 elif isinstance(action, StopMember):
                     was_pending = pending.pop(action.session_id, None) is not None
                     if was_pending and action.session_id in run.resumed:
-                        self.rollouts.stop_soon(action.session_id)  # it may still run
+                        self.rollouts.calls.stop_soon(action.session_id)  # it may still run
                 else:
                     left.append(action)
         return list(pending.values()) + left

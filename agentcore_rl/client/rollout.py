@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -14,25 +14,18 @@ import anyio
 from anyio.abc import TaskStatus
 
 from agentcore_rl import protocol
-from agentcore_rl.client.config import Retries
+from agentcore_rl.client.agent_calls import AgentCalls, as_repeat
 from agentcore_rl.client.future import RolloutFuture
 from agentcore_rl.client.liveness import LivenessConfig, LivenessProber
 from agentcore_rl.client.outcomes import (
     UPSTREAM_FAILED,
-    ClientStats,
     InfraWindow,
     count_outcome,
     is_agent_loss,
     is_retryable,
 )
 from agentcore_rl.client.traces import GatewayLink, TraceJoiner
-from agentcore_rl.client.transports.transport import (
-    NotConnectedError,
-    RetryableError,
-    StopUnsupportedError,
-    Transport,
-)
-from agentcore_rl.client.watcher import CompletionWatcher, WatcherConfig
+from agentcore_rl.client.watcher import CompletionWatcher
 from agentcore_rl.errors import (
     AgentLostError,
     AgentUnreachableError,
@@ -44,13 +37,12 @@ from agentcore_rl.errors import (
     RolloutTimeoutError,
     StorageError,
 )
-from agentcore_rl.ratelimit import Priority, RateLimiter, SessionLimiter
+from agentcore_rl.ratelimit import Priority, SessionLimiter
 
 if TYPE_CHECKING:
-    from agentcore_rl.client.service import Service
-    from agentcore_rl.s3 import ResultStore
+    pass
 
-__all__ = ["Rollout", "RolloutSpec", "Rollouts", "as_repeat"]
+__all__ = ["Rollout", "RolloutSpec", "Rollouts"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,50 +119,40 @@ class Rollouts:
     def __init__(
         self,
         *,
-        transport: Transport,
-        limiter: RateLimiter,
+        calls: AgentCalls,
         slots: SessionLimiter,
-        store: ResultStore,
-        watcher: WatcherConfig,
+        watcher: CompletionWatcher,
         liveness: LivenessConfig,
-        counters: ClientStats,
-        retries: Retries,
-        service: Service,
-        stop_finished_sessions: bool | None,
+        stop_finished_sessions: bool,
         link: GatewayLink | None,
         timeout: float | None,
         infra: InfraWindow | None = None,
     ) -> None:
-        self.transport = transport
-        self.limiter = limiter
+        self.calls = calls
+        self.transport = calls.transport
+        self.limiter = calls.limiter
+        self.counters = calls.counters
         self.slots = slots
-        self.counters = counters
-        self.retries = retries
-        self.service = service
-        self.stop_finished_sessions = (
-            transport.stop_after_result
-            if stop_finished_sessions is None
-            else stop_finished_sessions
-        )
-        self.unreachable_after = liveness.unreachable_after
+        self.stop_finished_sessions = stop_finished_sessions
         self.timeout = timeout  # a rollout's, unless its call gives its own
         self.infra = infra  # the recent sessions' infrastructure failures (None: not watched)
         self.live: dict[str, Rollout] = {}
         # The one watcher for all results, the prober of the live sessions, the gateway's.
-        self.watcher = CompletionWatcher(store, watcher)
+        self.watcher = watcher
         self.prober = LivenessProber(
-            transport, limiter, self.live, counters, config=liveness, read=self.watcher.heartbeats
+            calls.transport,
+            calls.limiter,
+            self.live,
+            calls.counters,
+            config=liveness,
+            read=watcher.heartbeats,
         )
-        self.joiner = None if link is None else TraceJoiner(link, store)
-        self.clock: Callable[[], float] = time.monotonic  # the unreachable window's
+        self.joiner = None if link is None else TraceJoiner(link, watcher.store)
         self.closing = False
         self._running: set[Rollout] = set()
-        self._stopping: set[str] = set()
-        # No rollout task and no stop call (asyncio's: clearable, made before the loop runs).
+        # No rollout task (asyncio's: clearable, made before the loop runs).
         self._idle = asyncio.Event()
         self._idle.set()
-        #: Sessions whose stop failed or never ran before the client closed.
-        self.unstopped: list[str] = []
 
     def timeout_for(self, timeout: float | None) -> float | None:
         """A call's rollout timeout: its own, else the client's (``None``: no timeout)."""
@@ -253,9 +235,10 @@ class Rollouts:
             if slot:
                 self.slots.release()
             for sid in r.to_stop:
-                self.stop_soon(sid)
+                self.calls.stop_soon(sid)
             self._running.discard(r)
-            self._check_idle()
+            if not self._running:
+                self._idle.set()
             if r.gateway and self.joiner is not None:
                 await self._release_gateway(r)
 
@@ -317,8 +300,8 @@ class Rollouts:
         if not r.spec.retry or self.closing or not is_retryable(exc):
             return False
         if is_agent_loss(exc):
-            return losses < self.retries.lost
-        return attempt - losses <= self.retries.rollouts
+            return losses < self.calls.retries.lost
+        return attempt - losses <= self.calls.retries.rollouts
 
     def _future(self, r: Rollout, sid: str, attempt: int) -> RolloutFuture:
         spec = r.spec
@@ -412,7 +395,7 @@ class Rollouts:
                     r.gateway.append(fut.session_id)
             if r.spec.on_session is not None:
                 r.spec.on_session(fut)
-            answer = await self._invoke(fut, as_repeat(body) if repeat else body)
+            answer = await self.calls.invoke(fut.session_id, as_repeat(body) if repeat else body)
             check_answer(answer, fut)
             beat = protocol.parse_heartbeat(answer, r.spec.config.exp_id)
             r.beat = None if beat is None else (fut.s3_bucket, *beat)
@@ -446,7 +429,7 @@ class Rollouts:
             return None, value
         # Stopped first, then read: a result written meanwhile is the outcome, so what is
         # reported and what is in S3 agree.
-        await self._stop(fut.session_id)
+        await self.calls.stop(fut.session_id)
         found = await self._peek(fut)
         if found is not None and found.get(protocol.ERROR_TYPE) != protocol.ERROR_CANCELLED:
             outcome = await self._ended(r, found)
@@ -500,135 +483,6 @@ class Rollouts:
                 return None, joined
         return envelope, None
 
-    # --- calls to the agent -------------------------------------------------------------
-
-    async def _invoke(self, fut: RolloutFuture, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Send ``body`` for ``fut``'s session with the call retries. While no attempt
-        connected, failed ones are retried for ``unreachable_after`` seconds at most, each
-        on another agent if the transport has one; then ``AgentUnreachableError``."""
-        sid = fut.session_id
-        reached = False
-        first_failure: float | None = None
-        sends = 0
-
-        async def send() -> dict[str, Any]:
-            nonlocal reached, first_failure, sends
-            self.counters.invocations += 1
-            sends += 1
-            # A re-send may follow an answer lost after the agent ran it: marked, the agent
-            # checks for an earlier run first.
-            try:
-                answer = await self.transport.invoke(sid, body if sends == 1 else as_repeat(body))
-            except NotConnectedError as exc:
-                if reached:
-                    raise
-                now = self.clock()
-                first_failure = now if first_failure is None else first_failure
-                if now - first_failure >= self.unreachable_after:
-                    raise _unreachable(sid, sends, now - first_failure, exc) from exc
-                reassign = getattr(self.transport, "reassign", None)
-                if reassign is not None:
-                    reassign(sid)
-                raise
-            except BaseException:
-                reached = True  # the request may have reached the agent
-                raise
-            reached = True
-            return answer
-
-        try:
-            answer: dict[str, Any] = await self.call(
-                send, what=f"invoking session {sid}", priority=Priority.INVOKE
-            )
-            return answer
-        except InvocationError as exc:
-            cause = exc.__cause__
-            if not reached and isinstance(cause, NotConnectedError):
-                spent = 0.0 if first_failure is None else self.clock() - first_failure
-                raise _unreachable(sid, sends, spent, cause) from cause
-            raise
-
-    async def call(self, send: Callable[[], Awaitable[Any]], *, what: str, priority: int) -> Any:
-        """Run ``send``; on :class:`RetryableError` wait, take a token and try again.
-
-        The caller took the first token. A throttle is reported to the limiter (which slows
-        down), and so is the final success. ``retry_after`` (an overloaded server) is a
-        pause: waited out and sent again without using an attempt. When the attempts run
-        out, ``InvocationError`` naming ``what``."""
-        policy = self.retries.call
-        tries = 0
-
-        async def attempt(number: int) -> Any:
-            nonlocal tries
-            tries = number
-            if number > 1:
-                self.counters.retries += 1
-                await self.limiter.acquire(priority)
-            while True:
-                try:
-                    answer = await send()
-                except RetryableError as exc:
-                    if exc.throttled or exc.retry_after is not None:
-                        self.counters.throttles += 1
-                        self.limiter.on_throttle()
-                    if exc.retry_after is None:
-                        raise
-                    await policy.sleep(exc.retry_after)  # a pause, not a failed attempt
-                    await self.limiter.acquire(priority)
-                    continue
-                self.limiter.on_success()
-                return answer
-
-        try:
-            return await policy.run(attempt, lambda exc: isinstance(exc, RetryableError))
-        except RetryableError as exc:
-            raise InvocationError(
-                f"{what} failed after {tries} attempt{'s' if tries > 1 else ''}: {exc}",
-                session_id=exc.session_id,
-                status_code=exc.status_code,
-            ) from exc
-
-    # --- stops ----------------------------------------------------------------------------
-
-    def stop_soon(self, session_id: str) -> None:
-        """Stop ``session_id`` in a task of its own, behind every invocation; never blocks."""
-        if session_id in self._stopping:
-            return
-        if not self.service.running:
-            logger.warning("session %s not stopped: the client is closed", session_id)
-            self.unstopped.append(session_id)
-            return
-        self._stopping.add(session_id)
-        self._idle.clear()
-        self.service.start_soon(self._stop, session_id, name=f"stop {session_id}")
-
-    async def _stop(self, session_id: str) -> None:
-        stopped = False
-        try:
-            await self.limiter.acquire(Priority.STOP)
-            await self.call(
-                lambda: self.transport.stop(session_id),
-                what=f"stopping session {session_id}",
-                priority=Priority.STOP,
-            )
-            self.counters.stops += 1
-            stopped = True
-        except StopUnsupportedError:
-            self.counters.stops_unsupported += 1  # the transport said so once, at INFO
-            stopped = True
-        except Exception as exc:
-            self.counters.stop_failures += 1
-            logger.warning("could not stop session %s: %s", session_id, exc)
-        finally:
-            self._stopping.discard(session_id)
-            if not stopped:
-                self.unstopped.append(session_id)
-            self._check_idle()
-
-    def _check_idle(self) -> None:
-        if not self._running and not self._stopping:
-            self._idle.set()
-
     async def _release_gateway(self, r: Rollout) -> None:
         assert self.joiner is not None
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
@@ -647,26 +501,7 @@ class Rollouts:
     async def wait_closed(self) -> None:
         """Wait until every rollout task and stop call has ended (the caller bounds it)."""
         await self._idle.wait()
-
-    def report_unstopped(self, close_timeout: float) -> None:
-        """Log the sessions that may still run (if any)."""
-        if self.unstopped:
-            logger.warning(
-                "%d session(s) could not be stopped (within %s s of closing, or their stop "
-                "failed) and may still run: client.unstopped_sessions lists them, e.g. %s",
-                len(self.unstopped),
-                close_timeout,
-                ", ".join(self.unstopped[:3]),
-            )
-
-
-def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``body`` with ``_rollout.repeat: true``: a re-send of an invocation that may have
-    run (a retry after a lost answer, a resumed run's re-invoke)."""
-    block = body.get(protocol.ROLLOUT_FIELD)
-    rollout = dict(block) if isinstance(block, Mapping) else {}
-    rollout[protocol.REPEAT] = True
-    return {**body, protocol.ROLLOUT_FIELD: rollout}
+        await self.calls.idle.wait()  # the rollouts' stops began before they ended
 
 
 def same_payload(envelope: Mapping[str, Any], body: Mapping[str, Any], fut: RolloutFuture) -> None:
@@ -716,14 +551,3 @@ def may_have_started(exc: BaseException) -> bool:
         return False
     status = getattr(exc, "status_code", None)
     return not isinstance(exc, InvocationError) or status is None or status >= 500
-
-
-def _unreachable(
-    sid: str, attempts: int, spent: float, exc: NotConnectedError
-) -> AgentUnreachableError:
-    return AgentUnreachableError(
-        f"invoking session {sid}: no connection to the agent in {attempts} "
-        f"attempt{'s' if attempts > 1 else ''} over {spent:.1f} s ({exc}); nothing was "
-        "started. Is the agent running at that address?",
-        session_id=sid,
-    )

@@ -39,7 +39,7 @@ async def test_refused_connection_ends_after_the_window_without_stops(
         retries=Retries(call=retry, rollouts=2),
         liveness=LivenessConfig(unreachable_after=3.0, lease=None),
     )
-    client._rollouts.clock = time  # the window's clock: retries advance it, not real time
+    client._rollouts.calls.clock = time  # the window's clock: retries advance it, not real time
     with caplog.at_level(logging.WARNING), pytest.raises(AgentUnreachableError) as info:
         await client.invoke({"n": 1})
     assert "nothing was started" in str(info.value)
