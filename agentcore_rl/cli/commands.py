@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from agentcore_rl import protocol
 from agentcore_rl._extras import require
@@ -35,8 +35,6 @@ from agentcore_rl.cli.show import load_run, render, write_example
 from agentcore_rl.cli.summary import EvalRun
 from agentcore_rl.cli.summary import render as render_summary
 from agentcore_rl.errors import ConfigurationError, InfraFailureRateError
-
-_GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
 __all__ = [
     "cmd_demo",
@@ -246,6 +244,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     # lazy: the client extra
     from agentcore_rl.cli.eval import run_eval
+    from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
 
     if args.resume and not args.exp_id:
         raise ConfigurationError("--resume needs --exp-id: the one of the run to continue")
@@ -255,7 +254,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigurationError("--s3-bucket is needed: the bucket your agent writes results to")
     token = args.gateway_admin_token
     if args.gateway_url is not None and not token:
-        token = os.environ.get(_GATEWAY_TOKEN_ENV) or None
+        token = os.environ.get(GATEWAY_TOKEN_ENV) or None
     exp_id = args.exp_id or time.strftime("eval-%Y%m%d-%H%M%S")
     # The options the parser names as EvalOptions does, then those it names or holds otherwise.
     same = {f.name: getattr(args, f.name) for f in fields(EvalOptions) if hasattr(args, f.name)}
@@ -275,7 +274,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if options.gateway_url is not None and token is None:
         raise ConfigurationError(
             "--gateway-url needs the gateway's admin token: --gateway-admin-token T "
-            f"(or env {_GATEWAY_TOKEN_ENV})"
+            f"(or env {GATEWAY_TOKEN_ENV})"
         )
     if options.agent_runtime_arn is not None:
         protocol.parse_runtime_arn(options.agent_runtime_arn)
@@ -331,8 +330,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _prices(args: argparse.Namespace) -> Prices | None:
-    """``--price`` re-prices every cost; without it, as the run had it."""
-    return Prices.parse(args.price) if args.price else None
+    return Prices.parse(args.price) if args.price else None  # else as the run had it
 
 
 def cmd_show(args: argparse.Namespace) -> int:

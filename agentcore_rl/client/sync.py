@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import functools
 from collections.abc import AsyncGenerator, Callable, Iterator
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
@@ -145,6 +144,7 @@ class RolloutClient:
     stop_session = _forward(AsyncRolloutClient.stop_session, _as_is)
     set_policy_version = _forward(AsyncRolloutClient.set_policy_version, _as_is)
     advance_policy = _forward(AsyncRolloutClient.advance_policy, _as_is)
+    check_services = _forward(AsyncRolloutClient.check_services, _as_is)
 
     def trace_of(self, fut: concurrent.futures.Future[dict[str, Any]]) -> SessionTrace:
         """The token trace of a finished rollout run through the client's gateway (see
@@ -157,10 +157,6 @@ class RolloutClient:
         trace: SessionTrace = self._portal.call(self._client.trace_of, rollout_future)
         return trace
 
-    def check_services(self) -> None:
-        """See :meth:`AsyncRolloutClient.check_services`."""
-        self._portal.call(self._client.check_services)
-
     def close(self) -> None:
         """Close the async client (stopping live sessions) and its thread. Idempotent."""
         if self._closed:
@@ -171,10 +167,5 @@ class RolloutClient:
     def __enter__(self) -> RolloutClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

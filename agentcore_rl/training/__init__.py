@@ -13,54 +13,8 @@ Example::
     outputs = [to_verl(row) for row in rows]
 """
 
-from agentcore_rl.training.formats import (
-    DEFAULT_PAD_TOKEN_ID,
-    SkyRLGeneratorOutput,
-    SlimeSampleFields,
-    VerlAgentLoopOutput,
-    to_skyrl,
-    to_slime,
-    to_verl,
-)
-from agentcore_rl.training.rows import (
-    FitReport,
-    InvalidTrajectoryError,
-    MissingTrajectoryError,
-    SegmentLike,
-    TrainingRow,
-    TrajectoryLike,
-    fit_row,
-    fit_rows,
-    group_rows,
-    read_jsonl,
-    read_parquet,
-    rows_from_groups,
-    trajectory_rows,
-    write_jsonl,
-    write_parquet,
-)
+from agentcore_rl.training import formats, rows
+from agentcore_rl.training.formats import *  # noqa: F403
+from agentcore_rl.training.rows import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_PAD_TOKEN_ID",
-    "FitReport",
-    "InvalidTrajectoryError",
-    "MissingTrajectoryError",
-    "SegmentLike",
-    "SkyRLGeneratorOutput",
-    "SlimeSampleFields",
-    "TrainingRow",
-    "TrajectoryLike",
-    "VerlAgentLoopOutput",
-    "fit_row",
-    "fit_rows",
-    "group_rows",
-    "read_jsonl",
-    "read_parquet",
-    "rows_from_groups",
-    "to_skyrl",
-    "to_slime",
-    "to_verl",
-    "trajectory_rows",
-    "write_jsonl",
-    "write_parquet",
-]
+__all__ = [*formats.__all__, *rows.__all__]
