@@ -24,6 +24,7 @@ from agentcore_rl.groups import (
     MemberOutcome,
     RolloutGroup,
     StaleGroupError,
+    check_whole,
     group_digest,
     member_session_id,
     parse_member_session_id,
@@ -276,8 +277,7 @@ class GroupTracker:
 
     def set_policy_version(self, version: int) -> None:
         """Stamp ``version`` into every member started from now on (retries included)."""
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ConfigurationError(f"policy version must be an integer >= 0, got {version!r}")
+        check_whole("policy version", version)
         if self._version is not None and version < self._version:
             raise ConfigurationError(
                 f"policy version {version} is older than the current {self._version}; "
@@ -290,14 +290,7 @@ class GroupTracker:
         ``version - max_staleness`` (running or kept members count, discarded attempts do
         not; a member started before any version counts as 0).
         """
-        if (
-            isinstance(max_staleness, bool)
-            or not isinstance(max_staleness, int)
-            or max_staleness < 0
-        ):
-            raise ConfigurationError(
-                f"max_staleness must be an integer >= 0, got {max_staleness!r}"
-            )
+        check_whole("max_staleness", max_staleness)
         self.set_policy_version(version)
         actions: list[Action] = []
         for group in list(self._groups.values()):

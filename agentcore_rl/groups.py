@@ -32,6 +32,7 @@ __all__ = [
     "RolloutGroup",
     "StaleGroupError",
     "advantages",
+    "check_whole",
     "group_digest",
     "member_session_id",
     "parse_member_session_id",
@@ -180,10 +181,15 @@ def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -
     valid for AgentCore Runtime (letters, digits and hyphens; at least 33 characters).
     The ids are hashed because ``input_id`` may hold characters session ids may not.
     """
-    for name, value in (("index", index), ("attempt", attempt)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigurationError(f"member {name} must be an integer >= 0, got {value!r}")
+    check_whole("member index", index)
+    check_whole("member attempt", attempt)
     return f"{_SESSION_PREFIX}-{group_digest(exp_id, input_id)}-m{index}-a{attempt}"
+
+
+def check_whole(what: str, value: object) -> None:
+    """``ConfigurationError`` naming ``what`` unless ``value`` is an integer >= 0."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigurationError(f"{what} must be an integer >= 0, got {value!r}")
 
 
 def parse_member_session_id(session_id: str) -> MemberKey | None:
