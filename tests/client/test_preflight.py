@@ -12,7 +12,7 @@ import pytest
 
 from agentcore_rl import AsyncRolloutClient, AwsConfig
 from agentcore_rl.client import Timeouts
-from agentcore_rl.errors import InvocationError, StorageError
+from agentcore_rl.errors import AgentCoreRLError, InvocationError, StorageError
 from tests.server.test_sigterm import free_port
 
 ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/preflight"
@@ -56,6 +56,7 @@ async def test_a_wrong_endpoint_fails_the_entry_in_one_line(
     s3_endpoint: str, bucket: str, silent_url: str, service: str, problem: str
 ) -> None:
     wrong = silent_url if problem == "silent" else f"http://127.0.0.1:{free_port()}"
+    error: type[AgentCoreRLError]
     if service == "runtime":
         client = _client(s3_endpoint, wrong, bucket, check=0.2)
         error, words = InvocationError, f"cannot reach the AgentCore endpoint {wrong}: "

@@ -17,7 +17,7 @@ from agentcore_rl.cli import main
 from agentcore_rl.cli.show import load_run
 from agentcore_rl.cli.summary import EvalRun, group_figures, pass_at_k, render
 from agentcore_rl.local.policy import ScriptedPolicy
-from agentcore_rl.local.stack import LocalStack
+from agentcore_rl.local.stack import LocalStack, StackS3
 from tests.e2e.test_cli_eval import REPO, _common, _stack, _write_problems
 
 
@@ -127,8 +127,7 @@ async def test_the_results_line_counts_every_session_a_rollout_took(
     async with LocalStack(
         "tests.e2e.failing_agent:app",
         agents=1,
-        s3_endpoint_url=s3_endpoint,
-        bucket="first-day-attempts",
+        s3=StackS3(endpoint_url=s3_endpoint, bucket="first-day-attempts"),
         policy=ScriptedPolicy(),
         tps=None,
     ) as stack:
