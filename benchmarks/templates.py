@@ -93,10 +93,11 @@ async def run_mode(
             await asyncio.gather(*(rollout(i) for i in batch))
         cpu = cpu_seconds(gw.pid) - cpu0
         wall = time.perf_counter() - wall
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        headers = {"X-Admin-Token": TOKEN}
+        async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
             for i in range(a.rollouts):
                 sid = f"{name}-{history}-{i}"
-                reply = await http.post(f"/admin/sessions/{sid}/finish?token={TOKEN}")
+                reply = await http.post(f"/admin/sessions/{sid}/finish")
                 reply.raise_for_status()
                 traces.append(load_trace(reply.content))
     calls = sum(len(t.records) for t in traces)
