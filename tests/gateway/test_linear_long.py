@@ -54,16 +54,17 @@ def _converse(directory: str, name: str, turns: int, check: set[int]) -> tuple[A
         if plan.fork is not None:
             forks.append(turn)
         if turn in check:
+            whole.ends.clear()  # the reference renders up to the answer too
             assert plan.prompt_ids == history.plan(whole, messages, tools=[CALCULATOR]).prompt_ids
         budget, stop = {3: (5, ()), 5: (None, ('"step"',))}.get(turn % 7, (None, ()))
-        ids, _, _, reason = voice.generate(plan.prompt_ids, budget, stop=stop)
+        ids, _, _, reason = voice.generate(plan.prompt_ids.tolist(), budget, stop=stop)
         stopped = ids[-1] in stop_ids
         text = template.decode(ids[:-1] if stopped else ids)
         message = parse_completion(
             text[: text.find(reason)] if reason else text, voice.reasoning, voice.tools, str(turn)
         )
         history.remember(
-            plan, message, array("i", plan.prompt_ids), array("i", ids), stopped=stopped
+            plan, message, plan.prompt_ids, array("i", ids), stopped=stopped
         )
         echo = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
         messages = [*messages, echo]

@@ -47,7 +47,7 @@ class Turn:
 class Plan:
     """What to send for one request: the prompt ids and how they were made."""
 
-    prompt_ids: list[int]
+    prompt_ids: array[int]
     key: str
     messages: list[Any]  # the request's, the kept turn's own objects standing in for its part
     extends: Turn | None = None  # the turn it extends (None: rendered afresh)
@@ -120,8 +120,24 @@ def _tail(
 ) -> tuple[list[int], str] | str:
     """What the rendering of ``messages`` puts after the answer ``messages[at]`` (the turn's
     served ids stand in for the rendering up to its last stop token): (the end-of-turn id that
-    closes a cut-off answer, the text after the answer's end), or why there is none."""
+    closes a cut-off answer, the text after the answer's end), or why there is none.
+
+    Found once per kind of answer and new messages by also rendering up to the answer; then
+    by one rendering, counting the answer's end back from the tail's end: the template writes
+    as many of it after the answer as it did then, unless a new message's own text holds one."""
     full = template.render(messages, tools=tools, kwargs=kwargs)
+    kinds = tuple(
+        (m["role"], len(m.get("tool_calls") or ()), bool(m.get("content"))) for m in messages[at:]
+    )
+    known = (turn.key, turn.stopped and turn.completion_ids[-1], kinds)
+    learned = template.ends.get(known)
+    if learned is not None and learned[1] not in repr(messages[at + 1 :]):
+        close, stop_text, after = learned
+        cut = len(full)
+        for _ in range(after + 1):
+            cut = full.rfind(stop_text, 0, cut)
+        if cut >= 0:
+            return close, full[cut + len(stop_text) :]
     upto = template.render(
         messages[: at + 1], tools=tools, add_generation_prompt=False, kwargs=kwargs
     )
@@ -140,6 +156,9 @@ def _tail(
     parts = full.split(stop_text, count)  # the last: what follows the answer's end
     if not count or len(parts) <= count:
         return f"the template does not render the answer's end {stop_text!r} as served"
+    if len(template.ends) >= _SHAPES:
+        template.ends.clear()
+    template.ends[known] = (close, stop_text, parts[-1].count(stop_text))
     return close, parts[-1]
 
 
@@ -166,7 +185,7 @@ class LinearHistory:
                 continue
             if len(messages) == n:  # the answer is all it lacks: a retry, or no extension
                 if messages == turn.messages:
-                    ids, kept = turn.prompt_ids.tolist(), turn.messages
+                    ids, kept = turn.prompt_ids, turn.messages
                     return Plan(
                         ids, key, kept, turn, retry=True, head=turn.head, scanned=turn.scanned
                     )
@@ -184,12 +203,13 @@ class LinearHistory:
                 reason = found
                 break
             close, tail = found
-            ids = [*turn.prompt_ids, *turn.completion_ids, *close, *template.encode(tail)]
+            ids = turn.prompt_ids + turn.completion_ids + array("i", close + template.encode(tail))
             # the turn's message objects, not their equal copies: one copy per session alive
             kept = [*turn.messages, *messages[n:]]
             return Plan(ids, key, kept, turn, head=head, scanned=scanned)
         full = template.render(messages, tools=tools, kwargs=kwargs)
-        return Plan(template.encode(full), key, messages, fork=reason if self.turns else None)
+        ids = array("i", template.encode(full))
+        return Plan(ids, key, messages, fork=reason if self.turns else None)
 
     @staticmethod
     def _extend(

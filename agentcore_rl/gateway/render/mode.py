@@ -85,8 +85,8 @@ class RenderMode:
         if plan.fork is not None:
             self.forks += 1
             log.info("session %s forks: %s", call.session.session_id, plan.fork)
-        record.prompt_ids = prompt = ids_array(plan.prompt_ids)
-        served = await self._generate(call, plan.prompt_ids)
+        record.prompt_ids = prompt = plan.prompt_ids
+        served = await self._generate(call, prompt.tolist())
         ids = served.token_ids
         stopped = bool(ids) and ids[-1] in self.stop_ids
         shown = ids[:-1] if stopped else ids
@@ -108,9 +108,9 @@ class RenderMode:
             )
         ]
         record.usage = {
-            "prompt_tokens": len(plan.prompt_ids),
+            "prompt_tokens": len(prompt),
             "completion_tokens": len(ids),
-            "total_tokens": len(plan.prompt_ids) + len(ids),
+            "total_tokens": len(prompt) + len(ids),
         }
         logprobs = self._logprobs(shown, served, body) if body.get("logprobs") else None
         answer = {
@@ -185,7 +185,8 @@ class RenderMode:
             resumes = gate.resumes
             least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
             rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
-            request = self.backend.request(prompt_ids + ids, rest, budget - len(ids))
+            sent = prompt_ids + ids if ids else prompt_ids
+            request = self.backend.request(sent, rest, budget - len(ids))
             # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
             # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
             request_id = uuid.uuid4().hex
@@ -204,7 +205,7 @@ class RenderMode:
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
                 raise Refusal(502, why, "upstream_invalid") from None
-            if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids + ids:
+            if served.prompt_ids is not None and list(served.prompt_ids) != sent:
                 raise Refusal(
                     502, "the upstream fed the model other ids than sent", "upstream_mismatch"
                 )

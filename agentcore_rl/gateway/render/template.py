@@ -70,8 +70,10 @@ class ChatTemplate:
         }
         # What linear history learned of it (render/linear.py): per shape of conversation, the
         # context that renders new messages as the whole conversation does (-1: none does);
-        # False once a context rendered them differently.
+        # False once a context rendered them differently; per kind of answer and new messages,
+        # the id closing a cut-off answer, the answer's end and how often the rest holds it.
         self.contexts: dict[Any, int] = {}
+        self.ends: dict[Any, tuple[list[int], str, int]] = {}
         self.incremental = True
 
     @classmethod
