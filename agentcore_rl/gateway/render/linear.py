@@ -12,12 +12,13 @@ differently in every context is rendered whole from then on (logged once)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from agentcore_rl.gateway.render.template import ChatTemplate, RenderError, prepare_messages
 
@@ -34,7 +35,7 @@ class Turn:
     """One answered request: its messages, its served ids, the answer the agent got."""
 
     messages: list[Any]
-    key: str  # the tools and template kwargs it was rendered with
+    key: bytes  # the tools and template kwargs it was rendered with
     prompt_ids: array[int]  # compact: a session keeps several long prompts
     completion_ids: array[int]
     answer: dict[str, Any]
@@ -48,7 +49,7 @@ class Plan:
     """What to send for one request: the prompt ids and how they were made."""
 
     prompt_ids: array[int]
-    key: str
+    key: bytes
     messages: list[Any]  # the request's, the kept turn's own objects standing in for its part
     extends: Turn | None = None  # the turn it extends (None: rendered afresh)
     fork: str | None = None  # why it was rendered afresh although the session had turns
@@ -57,8 +58,8 @@ class Plan:
     scanned: int = 0
 
 
-def _key(tools: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
-    return json.dumps([tools or [], kwargs or {}], sort_keys=True, default=str)
+def _key(tools: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> bytes:
+    return orjson.dumps([tools or [], kwargs or {}], option=orjson.OPT_SORT_KEYS)
 
 
 def _gist(message: Mapping[str, Any]) -> tuple[str, list[tuple[Any, Any]]]:

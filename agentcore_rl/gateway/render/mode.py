@@ -205,7 +205,7 @@ class RenderMode:
             except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
                 why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
                 raise Refusal(502, why, "upstream_invalid") from None
-            if served.prompt_ids is not None and list(served.prompt_ids) != sent:
+            if served.prompt_ids is not None and served.prompt_ids != sent:
                 raise Refusal(
                     502, "the upstream fed the model other ids than sent", "upstream_mismatch"
                 )
