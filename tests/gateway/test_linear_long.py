@@ -24,7 +24,8 @@ pytestmark = TEMPLATE_MARKS
 def _converse(directory: str, name: str, turns: int, check: set[int]) -> tuple[Any, list[int]]:
     """An agent's ``turns + 1`` calls through linear history, each answer generated token-in
     by the stand-in; every third answer of seven cut off by ``max_tokens``, every fifth by a
-    stop string (the agent then says "Go on."). At the calls in ``check`` the prompt is
+    stop string (the agent then says "Go on."); every fourth answer the agent echoes with its
+    reasoning, the others without. At the calls in ``check`` the prompt is
     also planned with the whole conversation rendered, and must be the same.
     -> (the template, the calls rendered afresh)."""
     from agentcore_rl.gateway.render.linear import LinearHistory
@@ -63,10 +64,9 @@ def _converse(directory: str, name: str, turns: int, check: set[int]) -> tuple[A
         message = parse_completion(
             text[: text.find(reason)] if reason else text, voice.reasoning, voice.tools, str(turn)
         )
-        history.remember(
-            plan, message, plan.prompt_ids, array("i", ids), stopped=stopped
-        )
-        echo = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
+        history.remember(plan, message, plan.prompt_ids, array("i", ids), stopped=stopped)
+        kept = ("role", "content", "tool_calls", *(("reasoning_content",) if turn % 4 == 2 else ()))
+        echo = {k: v for k, v in message.items() if k in kept}
         messages = [*messages, echo]
         for call in message.get("tool_calls") or ():
             step = json.loads(call["function"]["arguments"])["step"]

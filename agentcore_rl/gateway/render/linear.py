@@ -133,12 +133,11 @@ def _tail(
     known = (turn.key, turn.stopped and turn.completion_ids[-1], kinds)
     learned = template.ends.get(known)
     if learned is not None and learned[1] not in repr(messages[at + 1 :]):
-        close, stop_text, after = learned
-        cut = len(full)
-        for _ in range(after + 1):
-            cut = full.rfind(stop_text, 0, cut)
+        cut, end = len(full), learned[1]
+        for _ in range(learned[2] + 1):
+            cut = full.rfind(end, 0, cut)
         if cut >= 0:
-            return close, full[cut + len(stop_text) :]
+            return learned[0], full[cut + len(end) :]
     upto = template.render(
         messages[: at + 1], tools=tools, add_generation_prompt=False, kwargs=kwargs
     )
