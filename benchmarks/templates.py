@@ -76,7 +76,7 @@ async def run_mode(
     from openai import AsyncOpenAI
 
     with child(argv) as gw:
-        await wait_ready(f"{url}/health")
+        await wait_ready(f"{url}/health", limit=600)  # importing transformers on a busy machine
         traces: list[SessionTrace] = []
 
         async def rollout(i: int | str) -> None:
