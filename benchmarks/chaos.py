@@ -1,10 +1,10 @@
 """Chaos benchmark: rollouts through the local AgentCore Runtime while S3 fails,
 agents crash, one is SIGTERMed, and the eval client is SIGKILLed and resumed.
 
-Everything runs as real processes on loopback. In this process: moto (S3), a proxy in
-front of it that fails ``--s3-fail`` of all requests with ``503 SlowDown`` (agents and
-client both go through it), and the local AgentCore Runtime at ``--tps`` (eval asks for
-``--client-tps``, more). Children: ``--agents`` agent servers (each sleeps
+Everything runs as real processes on loopback. In this process the local AgentCore
+Runtime at ``--tps`` (eval asks for ``--client-tps``, more); in a child of its own moto
+(S3) behind a layer that fails ``--s3-fail`` of all requests with ``503 SlowDown`` (agents
+and client both go through it). Other children: ``--agents`` agent servers (each sleeps
 ``--min-sleep``..``--max-sleep`` s per rollout and appends start/end/cancel lines to a
 shared log) and ``agentcore-rl eval`` with ``--concurrency`` rollouts in flight. A chaos
 task SIGKILLs a random agent often enough that ``--crash-share`` of the rollouts have their
@@ -52,6 +52,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import sys
@@ -62,10 +63,10 @@ from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import anyio
 import httpx
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
@@ -116,6 +117,8 @@ AGENT = textwrap.dedent(
         return {"rewards": [1.0], "n": payload["n"]}
 
     if __name__ == "__main__":
+        if not sys.stdin.readline():  # a warm spare binds its port when told, or never
+            sys.exit()
         app.run(host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
     """
 )
@@ -129,37 +132,94 @@ def free_port() -> int:
 
 
 class FlakyS3:
-    """ASGI proxy to moto failing a fraction of requests (503; ``only`` those of one
-    method), or all during an outage."""
+    """moto's S3 app failing a fraction of requests (503; ``only`` those of one method), or
+    all during an outage. ``/_chaos/set?down=1&fail=0.1`` sets them and answers the tallies
+    (the bench runs it in a child process of its own)."""
 
-    def __init__(self, upstream: str, fail: float, seed: int, only: str | None = None) -> None:
+    def __init__(self, app: Any, fail: float, seed: int, only: str | None = None) -> None:
+        self.app = app
         self.fail = fail
         self.only = only
         self.down = False
         self.tally = S3Tally()
         self.failed = 0
         self.rng = random.Random(seed)
-        self.http = httpx.AsyncClient(base_url=upstream, timeout=30)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        request = Request(scope, receive)
-        body = await request.body()
-        self.tally.see(request.method, request.url.path, request.url.query)
-        chosen = self.only in (None, request.method) and self.rng.random() < self.fail
+        path, method = scope["path"], scope["method"]
+        if path == "/_chaos/set":
+            query = dict(parse_qsl(scope["query_string"].decode()))
+            self.down = query.get("down", str(int(self.down))) == "1"
+            self.fail = float(query.get("fail", self.fail))
+            stats = {**vars(self.tally), "failed": self.failed}
+            await Response(json.dumps(stats), media_type="application/json")(scope, receive, send)
+            return
+        self.tally.see(method, path, scope["query_string"].decode())
+        chosen = self.only in (None, method) and self.rng.random() < self.fail
         if self.down or chosen:
             self.failed += 1
             response = Response(SLOW_DOWN, status_code=503, media_type="application/xml")
             await response(scope, receive, send)
             return
-        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        upstream = await self.http.request(
-            request.method, path, content=body, headers=dict(request.headers)
-        )
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() != "content-length"}
-        headers.pop("transfer-encoding", None)
-        await Response(upstream.content, upstream.status_code, headers)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def moto_app() -> Any:
+    """moto's S3 as one ASGI app, as EmbeddedS3 serves it (in this process's memory)."""
+    from a2wsgi import WSGIMiddleware
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    from agentcore_rl.local.embedded_s3 import _with_werkzeug_environ
+
+    moto: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
+    return WSGIMiddleware(moto, workers=8)
+
+
+async def serve_s3(fail: float, seed: int) -> None:
+    """``--serve-s3``: S3 with faults and S3 without (the same state) on two ports, named on
+    stdout, until stdin closes. A process of its own: moto's CPU is not the runtime's."""
+    app = moto_app()
+    flaky = FlakyS3(app, fail, seed)
+    options: dict[str, Any] = {"access_log": False, "lifespan": "off", "backlog": 4096}
+    options["timeout_keep_alive"] = 60
+    async with (
+        BackgroundServer(flaky, **options) as front,
+        BackgroundServer(app, **options) as direct,
+    ):
+        print(json.dumps({"flaky": front.url, "direct": direct.url}), flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.read)
+
+
+class S3Child:
+    """The ``--serve-s3`` child: its URLs, its outage switch, its tallies."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, urls: dict[str, str]) -> None:
+        self.proc, self.url, self.direct = proc, urls["flaky"], urls["direct"]
+        self.http = httpx.AsyncClient(base_url=self.url, timeout=30)
+
+    @classmethod
+    async def start(cls, args: argparse.Namespace) -> S3Child:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.chaos", "--serve-s3",
+            "--s3-fail", str(args.s3_fail), "--seed", str(args.seed),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        return cls(proc, json.loads(line))
+
+    async def set(self, **changes: float) -> dict[str, int]:
+        """Set ``down`` and ``fail``; the tallies so far."""
+        stats: dict[str, int] = (await self.http.get("/_chaos/set", params=changes)).json()
+        return stats
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        await asyncio.wait_for(self.proc.wait(), 30)
 
 
 class Counted:
@@ -195,6 +255,7 @@ class S3Tally:
     def __init__(self) -> None:
         self.heartbeat_puts = 0
         self.heartbeat_lists = 0
+        self.lists = 0
         self.requests = 0
 
     def see(self, method: str, path: str, query: str) -> None:
@@ -202,18 +263,33 @@ class S3Tally:
         folder = protocol.HEARTBEAT_FOLDER
         self.heartbeat_puts += method == "PUT" and f"/{folder}/" in path
         self.heartbeat_lists += method == "GET" and f"{folder}%2F" in query
+        self.lists += method == "GET" and "list-type=2" in query
 
 
 class Agents:
-    """Agent processes on fixed ports; kill/restart by index; log who was killed when."""
+    """Agent processes on fixed ports; kill/restart by index; log who was killed when.
 
-    def __init__(self, count: int, workdir: Path, env: dict[str, str], script: str = AGENT) -> None:
+    ``warm``: each index keeps a spare process with its imports done, which binds the port
+    when told: a restart takes about a second whatever the machine's load (the script
+    reads one line from stdin before it serves, as ``AGENT`` does)."""
+
+    def __init__(
+        self,
+        count: int,
+        workdir: Path,
+        env: dict[str, str],
+        script: str = AGENT,
+        *,
+        warm: bool = False,
+    ) -> None:
         self.script = workdir / "chaos_agent.py"
         self.script.write_text(script)
         self.workdir = workdir
         self.env = env
+        self.warm = warm
         self.ports = [free_port() for _ in range(count)]
         self.procs: list[asyncio.subprocess.Process | None] = [None] * count
+        self.spares: dict[int, asyncio.subprocess.Process] = {}
         self._stopping = False
         self.kills: list[tuple[float, int]] = []  # (time, pid) of SIGKILLs
         self.killed_pids: set[int] = set()
@@ -223,15 +299,23 @@ class Agents:
     def urls(self) -> list[str]:
         return [f"http://127.0.0.1:{p}" for p in self.ports]
 
-    async def start(self, i: int) -> None:
+    async def _spawn(self, i: int) -> asyncio.subprocess.Process:
         env = {**self.env, "AGENTCORE_RL_SPOOL_DIR": str(self.workdir / f"spool-{i}")}
-        self.procs[i] = await asyncio.create_subprocess_exec(
-            sys.executable, str(self.script), str(self.ports[i]), env=env
-        )
+        return await asyncio.create_subprocess_exec(
+            sys.executable, str(self.script), str(self.ports[i]), env=env,
+            stdin=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    async def start(self, i: int) -> None:
+        proc = self.procs[i] = self.spares.pop(i, None) or await self._spawn(i)
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
         async with httpx.AsyncClient() as http:
-            for _ in range(300):  # bounded: 30 s
+            for _ in range(600):  # bounded: 60 s
                 with contextlib.suppress(httpx.TransportError):
                     if (await http.get(self.urls[i] + "/ping")).status_code == 200:
+                        if self.warm and not self._stopping:
+                            self.spares[i] = await self._spawn(i)
                         return
                 await asyncio.sleep(0.1)
         raise RuntimeError(f"agent {i} did not start")
@@ -250,6 +334,10 @@ class Agents:
 
     async def stop_all(self) -> None:
         self._stopping = True
+        for spare in self.spares.values():
+            assert spare.stdin is not None
+            spare.stdin.close()  # it exits without serving
+            await asyncio.wait_for(spare.wait(), 60)
         for i in range(len(self.procs)):
             await self.kill(i, signal.SIGTERM)
 
@@ -336,6 +424,9 @@ async def chaos_phase(
         "--timeout", str(args.timeout),
         "--out", str(out),
         "--no-progress",
+        # A kill loses every session of one agent process at once (concurrency / agents):
+        # a burst the infrastructure stop is right to stop a real run for.
+        "--infra-stop", "off",
     ]  # fmt: skip
     rng = random.Random(args.seed)
     started = time.monotonic()
@@ -362,6 +453,7 @@ async def chaos_phase(
 
 
 def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) -> dict[str, Any]:
+    (workdir / "kills.json").write_text(json.dumps(agents.kills))
     lines = results(out)
     by_input: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for line in lines:
@@ -489,11 +581,8 @@ def disagreeing(lines: list[dict[str, Any]], args: argparse.Namespace) -> int:
     return count
 
 
-async def outage_phase(
-    args: argparse.Namespace, proxy: FlakyS3, s3_url: str, agents: Agents
-) -> dict[str, Any]:
-    saved = proxy.fail
-    proxy.fail = 0.0
+async def outage_phase(args: argparse.Namespace, s3: S3Child, agents: Agents) -> dict[str, Any]:
+    await s3.set(fail=0.0)
     failures = 0
     async with AsyncRolloutClient(
         agent_url=agents.urls,
@@ -501,15 +590,15 @@ async def outage_phase(
         exp_id="outage",
         limits=Limits(max_concurrent_sessions=args.outage_rollouts, tps=100.0),
         timeouts=Timeouts(rollout=args.outage + 120.0),
-        aws=AwsConfig(s3_endpoint_url=s3_url),
+        aws=AwsConfig(s3_endpoint_url=s3.url),
     ) as client:
         futures = [
             await client.invoke({"n": n}, input_id=f"o{n:05d}") for n in range(args.outage_rollouts)
         ]
         await asyncio.sleep(0.5)
-        proxy.down = True
+        await s3.set(down=1)
         await asyncio.sleep(args.outage)
-        proxy.down = False
+        await s3.set(down=0)
         for fut, n in zip(futures, range(args.outage_rollouts), strict=True):
             try:
                 result = await fut
@@ -518,7 +607,7 @@ async def outage_phase(
             else:
                 failures += result.get("n") != n
         stats = client.stats
-    proxy.fail = saved
+    await s3.set(fail=args.s3_fail)
     return {
         "rollouts": args.outage_rollouts,
         "outage_s": args.outage,
@@ -528,56 +617,60 @@ async def outage_phase(
     }
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
-    moto = EmbeddedS3().start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
-            tmp = args.workdir or tmp
-            workdir = Path(tmp)
-            os.environ.update(LOCAL_AWS_ENV)
-            import boto3
+def cpu_seconds() -> float:
+    """CPU of this process and of its children that ended (agents, eval, S3)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
-            boto3.client("s3", endpoint_url=moto.endpoint_url).create_bucket(Bucket=BUCKET)
-            proxy = FlakyS3(moto.endpoint_url, args.s3_fail, args.seed)
-            async with BackgroundServer(proxy) as s3_front:
-                env = {
-                    **os.environ,
-                    **LOCAL_AWS_ENV,
-                    "AWS_ENDPOINT_URL_S3": s3_front.url,
-                    "CHAOS_LOG": str(workdir / "runs.log"),
-                    "CHAOS_MIN_SLEEP": str(args.min_sleep),
-                    "CHAOS_MAX_SLEEP": str(args.max_sleep),
-                    "PYTHONUNBUFFERED": "1",
-                }
-                agents = Agents(args.agents, workdir, env)
-                try:
-                    for i in range(args.agents):
-                        await agents.start(i)
-                    runtime = Counted(
-                        LocalAgentCoreRuntime(
-                            {DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps
-                        )
-                    )
-                    args.s3_direct = moto.endpoint_url
-                    async with BackgroundServer(runtime) as acr:
-                        report = await chaos_phase(args, workdir, s3_front.url, acr.url, agents)
-                    report["invocations_at_the_runtime"] = runtime.invocations
-                    report["liveness_probes"] = runtime.probes
-                    report["liveness_quota_share"] = round(
-                        runtime.probes / max(1, runtime.invocations), 4
-                    )
-                    report["heartbeat_puts"] = proxy.tally.heartbeat_puts
-                    report["heartbeat_lists"] = proxy.tally.heartbeat_lists
-                    report["s3_requests"] = proxy.tally.requests
-                    if args.outage_rollouts:
-                        report["outage"] = await outage_phase(args, proxy, s3_front.url, agents)
-                    report["s3_requests_failed_by_proxy"] = proxy.failed
-                finally:
-                    await agents.stop_all()
-                    await proxy.http.aclose()
-        return report
-    finally:
-        moto.stop()
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
+        workdir = Path(args.workdir or tmp)
+        os.environ.update(LOCAL_AWS_ENV)
+        import boto3
+
+        s3 = await S3Child.start(args)
+        args.s3_direct = s3.direct
+        boto3.client("s3", endpoint_url=s3.direct).create_bucket(Bucket=BUCKET)
+        env = {
+            **os.environ,
+            **LOCAL_AWS_ENV,
+            "AWS_ENDPOINT_URL_S3": s3.url,
+            "CHAOS_LOG": str(workdir / "runs.log"),
+            "CHAOS_MIN_SLEEP": str(args.min_sleep),
+            "CHAOS_MAX_SLEEP": str(args.max_sleep),
+            "PYTHONUNBUFFERED": "1",
+        }
+        agents = Agents(args.agents, workdir, env, warm=True)
+        try:
+            for i in range(args.agents):
+                await agents.start(i)
+            runtime = Counted(
+                LocalAgentCoreRuntime({DEFAULT_AGENT_RUNTIME_ARN: agents.urls}, tps=args.tps)
+            )
+            async with BackgroundServer(runtime, backlog=4096) as acr:
+                report = await chaos_phase(args, workdir, s3.url, acr.url, agents)
+            report["invocations_at_the_runtime"] = runtime.invocations
+            report["liveness_probes"] = runtime.probes
+            report["liveness_quota_share"] = round(runtime.probes / max(1, runtime.invocations), 4)
+            tally = await s3.set()
+            report["heartbeat_puts"] = tally["heartbeat_puts"]
+            report["heartbeat_lists"] = tally["heartbeat_lists"]
+            report["s3_lists"] = tally["lists"]
+            report["s3_requests"] = tally["requests"]
+            if args.outage_rollouts:
+                report["outage"] = await outage_phase(args, s3, agents)
+            report["s3_requests_failed_by_proxy"] = (await s3.set())["failed"]
+        finally:
+            await agents.stop_all()
+            await s3.aclose()
+        report["cpu_s"] = round(cpu_seconds(), 1)
+        report["cpu_ms_per_rollout"] = round(1000 * report["cpu_s"] / args.inputs, 1)
+        report["load_average"] = os.getloadavg()
+    return report
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -601,6 +694,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=9)
     add("--workdir", default=None, help="keep the logs here (default: a temporary directory)")
     add("--groups", action="store_true", help="compare a clean and a faulty grouped run")
+    add("--serve-s3", action="store_true", help=argparse.SUPPRESS)  # the S3 child
     chaos_groups.add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -629,6 +723,9 @@ async def groups_main(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     arguments = parse_args()
+    if arguments.serve_s3:
+        asyncio.run(serve_s3(arguments.s3_fail, arguments.seed))
+        sys.exit(0)
     if arguments.groups:
         report = asyncio.run(groups_main(arguments))
         print(json.dumps(report, indent=2))

@@ -152,10 +152,10 @@ async def run_once(
     args: argparse.Namespace, name: str, faulty: bool, env: dict[str, str], workdir: Path
 ) -> dict[str, Any]:
     # Lazily: chaos.py's helpers (one copy of the S3 proxy and the agent processes).
-    from benchmarks.chaos import BUCKET, Agents, FlakyS3
+    from benchmarks.chaos import BUCKET, Agents, FlakyS3, moto_app
 
     rng = random.Random(args.seed)
-    proxy = FlakyS3(env["CHAOS_MOTO"], args.s3_fail if faulty else 0.0, args.seed, only="PUT")
+    proxy = FlakyS3(moto_app(), args.s3_fail if faulty else 0.0, args.seed, only="PUT")
     policy = Faults(ScriptedPolicy(accuracy=0.5, seed=args.seed), 0.0, args.seed, methods={"POST"})
     if faulty:
         policy.rate = args.upstream_fail
