@@ -521,6 +521,16 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
         if ev["ev"] == "start" and ev["pid"] in agents.killed_pids and ev["sid"]
     }
     timeouts = [line for line in lines if line["outcome"] == "timeout"]
+    # From a rollout's first invocation to its agent starting it: the machine's queueing.
+    first_start: dict[str, float] = {}
+    for ev in events:
+        if ev["ev"] == "start":
+            first_start.setdefault(ev["input"], ev["t"])
+    invoked: dict[str, float] = {}
+    for record in results(out.with_name(out.name + ".journal")):
+        if record.get("event") == "started" and record.get("started_at"):
+            invoked.setdefault(record["input_id"], record["started_at"])
+    to_agent = [first_start[i] - t for i, t in invoked.items() if i in first_start]
     return {
         "inputs": args.inputs,
         "concurrency": args.concurrency,
@@ -552,6 +562,11 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
             "p50": percentile(detection, 50),
             "p95": percentile(detection, 95),
             "max": max(detection, default=None),
+        },
+        "invocation_to_agent_s": {
+            "p50": percentile(to_agent, 50),
+            "p95": percentile(to_agent, 95),
+            "max": max(to_agent, default=None),
         },
         "crash_detection_s": {
             "p50": percentile(latencies, 50),
