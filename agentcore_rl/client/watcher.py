@@ -51,9 +51,6 @@ FINAL_CODES: Final = frozenset(
 #: Client CPU of parsing one listed key, in requests: a GET costs about as much as 50 keys
 #: of a listing, so re-listing hundreds of finished keys for one straggler is not free.
 LISTED_KEY_COST: Final = 0.02
-#: Listed keys per second at most: a round listing more waits longer, so the cost of
-#: watching stays flat however many rollouts are in flight (at 1,000, a round in 1-2 s).
-LISTED_KEYS_PER_SECOND: Final = 1000
 
 #: ``callback(envelope, None)`` when the result arrived, ``callback(None, error)`` on failure.
 Callback = Callable[[dict[str, Any] | None, BaseException | None], None]
@@ -305,7 +302,6 @@ class CompletionWatcher:
                 if self.outages.unreachable
                 else interval
             )
-            listed = self.listed_keys
             try:
                 found = await self._round()
                 await self._check_idle_outages()
@@ -315,7 +311,6 @@ class CompletionWatcher:
                 self._fail_all(error if isinstance(error, Exception) else exc)
                 found = 0
             interval = cfg.min_interval if found else min(cfg.max_interval, interval * _BACKOFF)
-            interval = max(interval, (self.listed_keys - listed) / LISTED_KEYS_PER_SECOND)
 
     async def _round(self) -> int:
         self.rounds += 1
