@@ -60,6 +60,7 @@ import tempfile
 import textwrap
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -579,26 +580,24 @@ def measure(args: argparse.Namespace, workdir: Path, out: Path, agents: Agents) 
 
 
 def disagreeing(lines: list[dict[str, Any]], args: argparse.Namespace) -> int:
-    """Results lines whose key in S3 says otherwise (read past the fault proxy)."""
+    """Results lines whose key in S3 says otherwise (read past the fault layer)."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=args.s3_direct)
-    count = 0
-    for line in lines:
-        if not line.get("result_key"):
-            continue
+
+    def wrong(line: dict[str, Any]) -> bool:
+        done = line["outcome"] == "done"
         try:
-            envelope = json.loads(
-                s3.get_object(Bucket=BUCKET, Key=line["result_key"])["Body"].read()
-            )
+            body = s3.get_object(Bucket=BUCKET, Key=line["result_key"])["Body"].read()
         except s3.exceptions.NoSuchKey:
-            envelope = None
-        success = envelope is not None and not protocol.is_error_envelope(envelope)
-        if line["outcome"] == "done":
-            count += not success or envelope.get("n") != (line.get("result") or {}).get("n")
-        else:
-            count += success
-    return count
+            return done
+        envelope = json.loads(body)
+        if protocol.is_error_envelope(envelope):
+            return done
+        return not done or bool(envelope.get("n") != (line.get("result") or {}).get("n"))
+
+    with ThreadPoolExecutor(16) as pool:  # a GET waits on the S3 child: overlap them
+        return sum(pool.map(wrong, [line for line in lines if line.get("result_key")]))
 
 
 async def outage_phase(args: argparse.Namespace, s3: S3Child, agents: Agents) -> dict[str, Any]:
