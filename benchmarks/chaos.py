@@ -586,7 +586,7 @@ def disagreeing(lines: list[dict[str, Any]], args: argparse.Namespace) -> int:
     s3 = boto3.client("s3", endpoint_url=args.s3_direct)
 
     def wrong(line: dict[str, Any]) -> bool:
-        done = line["outcome"] == "done"
+        done: bool = line["outcome"] == "done"
         try:
             body = s3.get_object(Bucket=BUCKET, Key=line["result_key"])["Body"].read()
         except s3.exceptions.NoSuchKey:
