@@ -170,16 +170,10 @@ class FlakyS3:
 def moto_app() -> Any:
     """moto's S3 as one ASGI app, as EmbeddedS3 serves it (in this process's memory)."""
     from a2wsgi import WSGIMiddleware
-    from moto import backends
-    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    from agentcore_rl.local.embedded_s3 import _with_werkzeug_environ
+    from agentcore_rl.local.embedded_s3 import moto_wsgi_app
 
-    # moto lists its own package directory on every request to route it (a third of its
-    # CPU per request): the list never changes while it runs.
-    modules = tuple(backends.list_of_moto_modules())
-    backends.list_of_moto_modules = lambda: modules
-    moto: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
+    moto = moto_wsgi_app()
     return WSGIMiddleware(moto, workers=8)
 
 

@@ -76,6 +76,23 @@ def _with_werkzeug_environ(app: _WSGIApp) -> _WSGIApp:
     return wrapped
 
 
+def moto_wsgi_app() -> Any:
+    """What moto's ThreadedMotoServer serves, as a WSGI app (Any: a2wsgi's environ type is
+    too narrow)."""
+    try:  # lazy: moto is the local extra
+        from moto import backends
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigurationError(
+            "embedded S3 needs moto and a2wsgi: pip install 'agentcore-rl[local]'"
+        ) from exc
+    # moto lists its own package directory on every request to route it (half its CPU per
+    # request); the list cannot change while it runs.
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules
+    return _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
+
+
 class EmbeddedS3:
     """A real S3 API (moto's) on ``127.0.0.1`` and a free port, with HTTP/1.1 keep-alive.
 
@@ -113,17 +130,11 @@ class EmbeddedS3:
             return self
         try:  # lazy: a2wsgi and moto are the local extra
             from a2wsgi import WSGIMiddleware
-            from moto.moto_server.werkzeug_app import (
-                DomainDispatcherApplication,
-                create_backend_app,
-            )
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ConfigurationError(
                 "embedded S3 needs moto and a2wsgi: pip install 'agentcore-rl[local]'"
             ) from exc
-
-        # What moto's ThreadedMotoServer serves (Any: a2wsgi's environ type is too narrow).
-        moto_app: Any = _with_werkzeug_environ(DomainDispatcherApplication(create_backend_app))
+        moto_app = moto_wsgi_app()
         wsgi = WSGIMiddleware(moto_app, workers=_WORKERS)
         server = BackgroundServer(
             wsgi,
