@@ -1,16 +1,23 @@
 """How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode
 (:meth:`Backend.prepare`, :meth:`Backend.take`: capture flags on, ids stripped from the answer)
-and linear mode (:meth:`Backend.request`, :meth:`Backend.read`: token-in, token-out)."""
+and linear mode (:meth:`Backend.token_in`: one token-in, token-out exchange)."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from agentcore_rl.edge import Refusal
+from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
+from agentcore_rl.gateway.upstream import UpstreamPool, UpstreamTarget
 
-__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named"]
+log = logging.getLogger("agentcore_rl.gateway")
+
+__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named", "passed_on"]
 
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
@@ -94,6 +101,16 @@ class Served:
     stop_reason: str | None = None  # the stop string that ended it
     tokens: list[str] | None = None
     top: list[dict[str, float]] | None = None
+    #: The upstream's own record of which weights sampled each token: ``(first token index,
+    #: weight version label)``, None when it keeps none.
+    spans: list[tuple[int, str]] | None = None
+
+
+def passed_on(status: int, content: bytes) -> Refusal:
+    """An upstream's answer other than 200, for the agent."""
+    text = content[:500].decode("utf-8", "replace")
+    message = f"upstream answered HTTP {status}: {text}"
+    return Refusal(status, message, "upstream", passed_on=content)
 
 
 def _top(body: Mapping[str, Any]) -> int:
@@ -115,9 +132,13 @@ class Backend:
     flags: Mapping[str, bool] = {}
     streams = True
     hint = ""
-    #: Linear mode: the token-in route, and the sampling fields forwarded (see ``_OWN``).
-    path = "?"
+    #: Linear mode: the sampling fields forwarded (see ``_OWN``).
     fields: Mapping[str, str] = {}
+
+    def __init__(self) -> None:
+        #: upstream base URL -> whose spans a linear call's token versions are, learnt on its
+        #: first call: ``upstream`` (the server's own), or ``gateway`` (docs/gateway.md).
+        self.sources: dict[str, str] = {}
 
     def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
         """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
@@ -184,25 +205,62 @@ class Backend:
         """The agent's sampling fields under the server's names."""
         return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
 
-    def request(
-        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
-    ) -> dict[str, Any]:
-        """The token-in request for ``prompt_ids``: the agent's sampling (:meth:`check`ed),
-        ``budget`` tokens."""
+    async def token_in(
+        self,
+        pool: UpstreamPool,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        budget: int,
+        running: set[str],
+    ) -> Served:
+        """Generate from ``prompt_ids`` (the agent's sampling, :meth:`check`ed; ``budget``
+        tokens); while it runs, its id at the server is in ``running`` (what a suspend aborts)."""
+        target, request, engine_id = self._request(pool, prompt_ids, body, budget)
+        running.add(engine_id)
+        try:
+            status, content = await pool.fetch(target, dumps(request))
+        finally:
+            running.discard(engine_id)
+        if status != 200:
+            if self._refused(pool, status, content):
+                return await self.token_in(pool, prompt_ids, body, budget, running)
+            raise passed_on(status, content)
+        try:
+            served = self._read(loads(content))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            why = f"the {self.name} upstream sent a malformed answer: {exc!r}"
+            raise Refusal(502, why, "upstream_invalid") from None
+        if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids:
+            raise Refusal(
+                502, "the upstream fed the model other ids than sent", "upstream_mismatch"
+            )
+        if len(served.logprobs) != len(served.token_ids):
+            raise Refusal(502, "the upstream sent no logprob per token", "upstream_invalid")
+        self.sources.setdefault(pool.base, "gateway" if served.spans is None else "upstream")
+        return served
+
+    def _refused(self, pool: UpstreamPool, status: int, content: bytes) -> bool:
+        """Whether a refused route has a fallback to retry on (this upstream's first call)."""
+        return False
+
+    def _request(
+        self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
+    ) -> tuple[UpstreamTarget, dict[str, Any], str]:
+        """-> (the route, the request, the request's id at the server) for :meth:`token_in`."""
         raise NotImplementedError
 
-    def read(self, data: Mapping[str, Any]) -> Served:
+    def _read(self, data: Mapping[str, Any]) -> Served:
         """The token-in answer's ids and logprobs (ValueError/KeyError/TypeError when malformed)."""
         raise NotImplementedError
 
 
 class VLLMBackend(Backend):
-    """vLLM >= 0.10.2 (``return_token_ids``)."""
+    """vLLM >= 0.10.2 (``return_token_ids``); linear mode calls vLLM >= 0.32's token-in route,
+    which returns the weight version of every token, where it is on (``--enable-scale-out``)."""
 
     name = "vllm"
     flags = {"return_token_ids": True}
     hint = "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
-    path = "/completions"
     fields = _VLLM_FIELDS
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
@@ -214,32 +272,62 @@ class VLLMBackend(Backend):
         # vLLM names the stop string that cut the text inside the last token
         return choice.pop("token_ids", None), items, choice.get("stop_reason")
 
-    def request(
-        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
-    ) -> dict[str, Any]:
-        out = self._sampling(body)
-        out.update(
-            model=body.get("model"),
-            prompt=prompt_ids,
+    def _refused(self, pool: UpstreamPool, status: int, content: bytes) -> bool:
+        if self.sources.get(pool.base) == "gateway" or status not in (403, 404, 405):
+            return False
+        self.sources[pool.base] = "gateway"
+        log.warning(
+            "%s has no token-in route with weight versions (HTTP %d on /inference/v1/generate: "
+            "vLLM >= 0.32 started with --enable-scale-out has it); linear mode calls "
+            "/v1/completions there, and each token's version is the gateway's own (approximate "
+            "for the tokens in transit when a weight update comes)",
+            pool.base,
+            status,
+        )
+        return True
+
+    def _request(
+        self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
+    ) -> tuple[UpstreamTarget, dict[str, Any], str]:
+        sampling = self._sampling(body)
+        top, rid = _top(body), uuid.uuid4().hex
+        sampling.update(
             max_tokens=budget,
             n=1,
-            logprobs=_top(body),
-            return_token_ids=True,
+            logprobs=top,
             skip_special_tokens=False,
             stop_token_ids=body["stop_token_ids"],
-            stream=False,
         )
-        return out
+        if self.sources.get(pool.base) != "gateway":
+            request = {
+                "model": body.get("model"),
+                "request_id": rid,
+                "token_ids": prompt_ids,
+                "sampling_params": sampling,
+                "return_token_ids": True,
+                "output_mode": "text" if body.get("logprobs") else "tokens",  # token texts
+            }
+            # the server's id: ``generate-tokens-{request_id}`` (scale_out/token_in_token_out)
+            return (
+                pool.target("/inference/v1/generate", root=True),
+                request,
+                f"generate-tokens-{rid}",
+            )
+        sampling.update(model=body.get("model"), prompt=prompt_ids, request_id=rid)
+        sampling.update(return_token_ids=True, stream=False)
+        # a completions request's only prompt is ``cmpl-{request_id}-0``
+        # (``vllm/entrypoints/openai/completion/serving.py``)
+        return pool.target("/completions"), sampling, f"cmpl-{rid}-0"
 
-    def read(self, data: Mapping[str, Any]) -> Served:
+    def _read(self, data: Mapping[str, Any]) -> Served:
         choice = data["choices"][0]
         ids = choice.get("token_ids")
         if ids is None:
             raise ValueError("no token_ids (is it vLLM >= 0.10.2, given return_token_ids?)")
         logprobs = choice.get("logprobs") or {}
         reason = choice.get("stop_reason")
-        return Served(
-            prompt_ids=choice.get("prompt_token_ids"),
+        served = Served(
+            prompt_ids=data.get("prompt_token_ids", choice.get("prompt_token_ids")),
             token_ids=[int(i) for i in ids],
             logprobs=[float(x) for x in logprobs.get("token_logprobs") or ()],
             finish_reason=choice.get("finish_reason"),
@@ -247,6 +335,23 @@ class VLLMBackend(Backend):
             tokens=logprobs.get("tokens"),
             top=logprobs.get("top_logprobs"),
         )
+        spans = choice.get("weight_versions")
+        if "content" in logprobs:  # the token-in route: entries, as in a chat answer
+            entries = logprobs["content"] or ()
+            served.logprobs = [float(e["logprob"]) for e in entries]
+            served.tokens = (
+                [e["token"] for e in entries] if entries and "token" in entries[0] else None
+            )
+            served.top = (
+                [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]
+                if served.tokens
+                else None
+            )
+        if spans is not None:
+            served.spans = [
+                (int(s["start"]), str(s["version"])) for s in spans if s["end"] > s["start"]
+            ]
+        return served
 
 
 class SGLangBackend(Backend):
@@ -256,7 +361,6 @@ class SGLangBackend(Backend):
     flags = {"return_prompt_token_ids": True, "return_meta_info": True}
     streams = False
     hint = "does this SGLang accept return_prompt_token_ids and return_meta_info?"
-    path = "/generate"
     fields = _SGLANG_FIELDS
 
     def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
@@ -266,9 +370,9 @@ class SGLangBackend(Backend):
             return None, [], None
         return [e[1] for e in entries], [float(e[0]) for e in entries], None
 
-    def request(
-        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
-    ) -> dict[str, Any]:
+    def _request(
+        self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
+    ) -> tuple[UpstreamTarget, dict[str, Any], str]:
         params = self._sampling(body)
         params.update(
             max_new_tokens=budget,
@@ -279,9 +383,9 @@ class SGLangBackend(Backend):
         top = _top(body)
         if top:
             out.update(top_logprobs_num=top, return_text_in_logprobs=True)
-        return {**out, "stream": False}
+        return pool.target("/generate"), {**out, "stream": False}, ""
 
-    def read(self, data: Mapping[str, Any]) -> Served:
+    def _read(self, data: Mapping[str, Any]) -> Served:
         meta = data["meta_info"]
         entries = meta.get("output_token_logprobs")
         if entries is None:

@@ -369,9 +369,13 @@ class RolloutGateway:
     @property
     def stats(self) -> dict[str, Any]:
         """What ``GET /admin/stats`` answers: the counters, live sessions, calls in flight."""
-        live = {"live_sessions": len(self._sessions), "in_flight": self.gate.in_flight}
+        live: dict[str, Any] = {
+            "live_sessions": len(self._sessions),
+            "in_flight": self.gate.in_flight,
+        }
         if self.render is not None:  # requests that did not extend their history
             live["linear_forks"] = self.render.forks
+            live["linear_versions"] = dict(self.render.backend.sources)
         return {**self._counts, **live, "policy_version": self.gate.version}
 
     @staticmethod

@@ -32,6 +32,15 @@ class Versions:
         call that waited out an update before its first token is all the new version's."""
         return None if self.starts == [(0, self.first)] else list(self.starts)
 
+    def adopt(self, spans: list[tuple[int, str]]) -> None:
+        """The upstream's own spans, ``(first token index, weight label)``, for the gateway's:
+        a label is a version a resume during this call gave the upstream
+        (``/update_weight_version``), else the call's first (the upstream's label before)."""
+        known = {str(v): v for _, v in self.starts}
+        self.starts = [(0, self.first)]
+        for at, label in spans:
+            self.start(at, known.get(label, self.first))
+
     def start(self, at: int, version: int) -> None:
         if version == self.starts[-1][1]:
             return

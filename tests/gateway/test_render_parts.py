@@ -18,6 +18,7 @@ from agentcore_rl.gateway.render.parsers import (
     reasoning_parser_named,
     tool_parser_named,
 )
+from agentcore_rl.gateway.upstream import UpstreamPool
 
 CALL = ToolCall("calculator", {"expression": "1 + 2", "step": 1})
 
@@ -75,16 +76,30 @@ def test_unknown_names_are_errors_that_list_the_choices() -> None:
 
 def test_token_in_request_shapes() -> None:
     body: dict[str, Any] = {"model": "m", "messages": [], "temperature": 0.5, "seed": 3}
-    backend_named("vllm").check(body, [9])
-    vllm = backend_named("vllm").request([1, 2], body, 7)
+    backend, pool = backend_named("vllm"), UpstreamPool("http://vllm:8000/v1")
+    backend.check(body, [9])
+    target, generate, rid = backend._request(pool, [1, 2], body, 7)
+    assert (str(target.url), rid) == (
+        "http://vllm:8000/inference/v1/generate",
+        f"generate-tokens-{generate['request_id']}",
+    )
+    assert generate["token_ids"] == [1, 2]
+    sampling = generate["sampling_params"]
+    assert (sampling["max_tokens"], sampling["logprobs"], sampling["stop_token_ids"]) == (7, 0, [9])
+    backend.sources[pool.base] = "gateway"  # an upstream without the route: completions
+    target, vllm, rid = backend._request(pool, [1, 2], body, 7)
+    assert (str(target.url), rid) == (
+        "http://vllm:8000/v1/completions",
+        f"cmpl-{vllm['request_id']}-0",
+    )
     assert vllm["prompt"] == [1, 2]
     assert vllm["return_token_ids"] is True
     assert (vllm["max_tokens"], vllm["logprobs"], vllm["stop_token_ids"]) == (7, 0, [9])
-    sglang = backend_named("sglang").request([1, 2], body, 7)
+    sglang = backend_named("sglang")._request(pool, [1, 2], body, 7)[1]
     assert sglang["input_ids"] == [1, 2]
     assert sglang["return_logprob"] is True
     assert sglang["sampling_params"]["max_new_tokens"] == 7
-    served = backend_named("sglang").read(
+    served = backend_named("sglang")._read(
         {
             "meta_info": {
                 "output_token_logprobs": [[-0.5, 4, None]],

@@ -8,7 +8,6 @@ import hashlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,8 +15,7 @@ from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.backends import Served, backend_named
-from agentcore_rl.gateway.call import Call, passed_on
-from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.call import Call
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
@@ -173,7 +171,8 @@ class RenderMode:
 
     async def _generate(self, call: Call, prompt_ids: list[int]) -> Served:
         """The completion of ``prompt_ids``, token-in; a ``suspend`` cuts it (vLLM aborts) and
-        the resume continues it from the tokens so far, ``call.versions`` marking each span."""
+        the resume continues it from the tokens so far, ``call.versions`` marking each span:
+        the upstream's own spans where it keeps them, else the gateway's."""
         gate, pool, versions = call.gate, call.upstream, call.versions
         body = call.body  # the agent's budget, or 4,096 tokens
         budget = int(body.get("max_completion_tokens") or body.get("max_tokens") or 4096)
@@ -181,35 +180,15 @@ class RenderMode:
         logprobs: list[float] = []
         tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
         top: list[dict[str, float]] | None = []
+        spans: list[tuple[int, str]] | None = []
+        running = gate.token_in.setdefault(pool.base, set())
         while True:
             resumes = gate.resumes
             least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
             rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
-            request = self.backend.request(prompt_ids + ids, rest, budget - len(ids))
-            # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
-            # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
-            request_id = uuid.uuid4().hex
-            running = gate.token_in.setdefault(pool.base, set())
-            if self.backend.name == "vllm":
-                request["request_id"] = request_id
-                running.add(f"cmpl-{request_id}-0")
-            try:
-                status, content = await pool.fetch(pool.target(self.backend.path), dumps(request))
-            finally:
-                running.discard(f"cmpl-{request_id}-0")
-            if status != 200:
-                raise passed_on(status, content)
-            try:
-                served = self.backend.read(loads(content))
-            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-                why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
-                raise Refusal(502, why, "upstream_invalid") from None
-            if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids + ids:
-                raise Refusal(
-                    502, "the upstream fed the model other ids than sent", "upstream_mismatch"
-                )
-            if len(served.logprobs) != len(served.token_ids):
-                raise Refusal(502, "the upstream sent no logprob per token", "upstream_invalid")
+            served = await self.backend.token_in(
+                pool, prompt_ids + ids, rest, budget - len(ids), running
+            )
             cut = (
                 served.finish_reason == "abort"
                 and (gate.paused == "suspend" or gate.resumes != resumes)
@@ -217,11 +196,17 @@ class RenderMode:
             )
             if gate.resumes != resumes and not cut:  # it waited out the pause in the queue
                 versions.start(len(ids), gate.version)
+            if spans is not None and served.spans is not None:
+                spans += [(len(ids) + at, label) for at, label in served.spans]
+            else:
+                spans = None
             ids += served.token_ids
             logprobs += served.logprobs
             tokens = None if served.tokens is None or tokens is None else tokens + served.tokens
             top = None if served.top is None or top is None else top + served.top
             if not cut:
+                if spans is not None:
+                    versions.adopt(spans)
                 return Served(
                     prompt_ids, ids, logprobs, served.finish_reason, served.stop_reason, tokens, top
                 )
