@@ -1,23 +1,22 @@
-"""How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode
-(:meth:`Backend.prepare`, :meth:`Backend.take`: capture flags on, ids stripped from the answer)
-and linear mode (:meth:`Backend.token_in`: one token-in, token-out exchange)."""
+"""How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode's
+capture flags (:attr:`Backend.flags`, read by :mod:`.proxy`) and linear mode's token-in,
+token-out exchange (:meth:`Backend.check` before any work, then :meth:`Backend.token_in`)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.jsonio import dumps, loads
-from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 from agentcore_rl.gateway.upstream import UpstreamPool, UpstreamTarget
 
 log = logging.getLogger("agentcore_rl.gateway")
 
-__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named", "passed_on"]
+__all__ = ["CHAT", "COMPLETIONS", "Backend", "Served", "backend_named", "passed_on"]
 
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
@@ -47,47 +46,6 @@ _SGLANG_FIELDS: Final = {
     "min_tokens": "min_new_tokens",
     "include_stop_str_in_output": "no_stop_trim",
 }
-
-
-@dataclass(slots=True)
-class Capture:
-    """Token ids and logprobs gathered from one answer (or its chunks), for :meth:`fill`; per
-    choice index: token ids, logprobs, finish reason, the stop string it ended on."""
-
-    prompt: Any = None  # the first prompt ids seen, as the upstream sent them
-    usage: dict[str, Any] | None = None
-    ids: dict[int, list[Any]] = field(default_factory=dict)
-    logprobs: dict[int, list[Any]] = field(default_factory=dict)
-    finish: dict[int, str | None] = field(default_factory=dict)
-    stop: dict[int, str] = field(default_factory=dict)
-
-    def fill(self, record: CallRecord) -> None:
-        """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""
-        record.usage = self.usage
-        record.prompt_ids = ids_array(self.prompt)
-        record.completions = [
-            Completion(
-                i,
-                ids_array(self.ids.get(i, [])),
-                logprob_array(self.logprobs[i]),
-                self.finish[i],
-                self.stop.get(i),
-            )
-            for i in sorted(self.finish)
-        ]
-
-    def missing(self, backend: Backend) -> str | None:
-        """What the upstream failed to return, in words, or None."""
-        what = []
-        if self.prompt is None:
-            what.append("prompt token ids")
-        if any(i not in self.ids for i in self.finish):
-            what.append("completion token ids")
-        elif any(len(self.ids[i]) != len(self.logprobs[i]) for i in self.finish):
-            what.append("one logprob per completion token")
-        if not what:
-            return None
-        return f"the {backend.name} upstream returned no {' and no '.join(what)}; {backend.hint}"
 
 
 @dataclass(slots=True)
@@ -139,48 +97,6 @@ class Backend:
         #: upstream base URL -> whose spans a linear call's token versions are, learnt on its
         #: first call: ``upstream`` (the server's own), or ``gateway`` (docs/gateway.md).
         self.sources: dict[str, str] = {}
-
-    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
-        """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
-        body.update(self.flags)
-        if not self.streams:  # asked whole: the gateway streams the answer to the agent
-            body.pop("stream", None)
-            body.pop("stream_options", None)
-        asked = body.get("logprobs")
-        keep = bool(asked) if endpoint == CHAT else asked is not None
-        if not keep:  # completions: 0, the sampled token's logprob only
-            body["logprobs"] = True if endpoint == CHAT else 0
-        return body, keep
-
-    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        """A choice's token ids, logprobs (floats) and stop string, its capture fields popped."""
-        raise NotImplementedError
-
-    def take(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        """Read ids and logprobs from an answer or a chunk, stripping them in place."""
-        prompt = data.pop("prompt_token_ids", None)  # vLLM chat: at the root
-        if capture.prompt is None:  # the first prompt ids seen
-            capture.prompt = prompt
-        for ch in data.get("choices") or ():
-            prompt = ch.pop("prompt_token_ids", None)  # per choice
-            if capture.prompt is None:
-                capture.prompt = prompt
-            i, finish = int(ch.get("index", 0)), ch.get("finish_reason")
-            ids, logprobs, stop = self._tokens(ch, endpoint)
-            if ids is not None:
-                capture.ids.setdefault(i, []).extend(ids)
-            capture.logprobs.setdefault(i, []).extend(logprobs)
-            if finish is not None or i not in capture.finish:
-                capture.finish[i] = finish
-            if type(stop) is str:
-                capture.stop[i] = stop
-            if not keep_logprobs:
-                ch["logprobs"] = None
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            capture.usage = usage
 
     def check(self, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
         """Refuse (ValueError) a request linear mode cannot serve as asked, before any work;
@@ -262,15 +178,6 @@ class VLLMBackend(Backend):
     flags = {"return_token_ids": True}
     hint = "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
     fields = _VLLM_FIELDS
-
-    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        logprobs = choice.get("logprobs")
-        key = "content" if endpoint == CHAT else "token_logprobs"
-        items = (logprobs.get(key) if type(logprobs) is dict else None) or []
-        if items and type(items[0]) is dict:  # chat: entries
-            items = [float(e["logprob"]) for e in items]
-        # vLLM names the stop string that cut the text inside the last token
-        return choice.pop("token_ids", None), items, choice.get("stop_reason")
 
     def _refused(self, pool: UpstreamPool, status: int, content: bytes) -> bool:
         if self.sources.get(pool.base) == "gateway" or status not in (403, 404, 405):
@@ -362,13 +269,6 @@ class SGLangBackend(Backend):
     streams = False
     hint = "does this SGLang accept return_prompt_token_ids and return_meta_info?"
     fields = _SGLANG_FIELDS
-
-    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        meta = choice.pop("meta_info", None)
-        entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
-        if entries is None:
-            return None, [], None
-        return [e[1] for e in entries], [float(e[0]) for e in entries], None
 
     def _request(
         self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int

@@ -207,7 +207,7 @@ class RolloutGateway:
         if self.gate.paused != "suspend":
             self.gate.resume()
             return
-        version = {"new_version": str(self.gate.version)}
+        version = {"new_version": self.gate.label()}
         with anyio.CancelScope(shield=True):  # a cancelled trainer must not leave vLLM paused
             try:
                 await self._drive("/update_weight_version", version)
@@ -521,7 +521,7 @@ class RolloutGateway:
         call = Call(
             *(session, dialect, encoder, raw, chat, record, pool, on_commit),
             gate=self.gate,
-            versions=Versions(version),
+            versions=Versions(version, self.gate.resumes),
         )
         render = self.render if not dialect.text else None
         mode: RenderMode | ProxyMode = render or self.proxy

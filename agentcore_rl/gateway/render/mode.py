@@ -206,7 +206,7 @@ class RenderMode:
             top = None if served.top is None or top is None else top + served.top
             if not cut:
                 if spans is not None:
-                    versions.adopt(spans)
+                    versions.adopt(spans, gate.labels)
                 return Served(
                     prompt_ids, ids, logprobs, served.finish_reason, served.stop_reason, tokens, top
                 )
