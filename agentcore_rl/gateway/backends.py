@@ -1,12 +1,12 @@
 """How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode's
 capture flags (:attr:`Backend.flags`, read by :mod:`.proxy`) and linear mode's token-in,
-token-out exchange (:meth:`Backend.check` before any work, then :meth:`Backend.token_in`)."""
+token-out exchange (:meth:`Backend.token_in`; :attr:`Backend.fields` are what it forwards)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,14 +21,6 @@ __all__ = ["CHAT", "COMPLETIONS", "Backend", "Served", "backend_named", "passed_
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
 
-# The chat request's fields linear mode serves itself: the conversation, the answer's form,
-# the budget, bookkeeping.
-_OWN: Final = frozenset[str]().union(
-    ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
-    ("stream", "stream_options", "n", "logprobs", "top_logprobs"),
-    ("max_tokens", "max_completion_tokens", "stop_token_ids"),
-    ("model", "user", "metadata", "store"),
-)
 # The sampling fields linear mode forwards (the agent's name -> the server's): sampling,
 # penalties, stopping, vLLM's own.
 _VLLM_FIELDS: Final = {
@@ -72,13 +64,8 @@ def passed_on(status: int, content: bytes) -> Refusal:
 
 
 def _top(body: Mapping[str, Any]) -> int:
-    """How many alternatives per token the agent asked for (0: none)."""
-    top = body.get("top_logprobs")
-    if not body.get("logprobs") or top is None:
-        return 0
-    if type(top) is not int or not 0 <= top <= 20:
-        raise ValueError("top_logprobs must be an integer in 0..20")
-    return top
+    """How many alternatives per token the agent asked for (0: none; checked by linear mode)."""
+    return int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
 
 
 class Backend:
@@ -90,32 +77,13 @@ class Backend:
     flags: Mapping[str, bool] = {}
     streams = True
     hint = ""
-    #: Linear mode: the sampling fields forwarded (see ``_OWN``).
+    #: Linear mode: the sampling fields forwarded (the agent's name -> the server's).
     fields: Mapping[str, str] = {}
 
     def __init__(self) -> None:
         #: upstream base URL -> whose spans a linear call's token versions are, learnt on its
         #: first call: ``upstream`` (the server's own), or ``gateway`` (docs/gateway.md).
         self.sources: dict[str, str] = {}
-
-    def check(self, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
-        """Refuse (ValueError) a request linear mode cannot serve as asked, before any work;
-        ``stop_token_ids`` become the agent's and ``stop_ids``."""
-        for name in body:
-            if name not in _OWN and name not in self.fields:
-                raise ValueError(
-                    f"linear history cannot forward {name!r} to {self.name} (it forwards "
-                    f"{', '.join(sorted(self.fields))})"
-                )
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
-        if body.get("n", 1) not in (1, None):
-            raise ValueError("linear history follows one choice: n must be 1")
-        _top(body)
-        extra = body.get("stop_token_ids") or []
-        if not isinstance(extra, list) or not all(type(i) is int for i in extra):
-            raise ValueError("stop_token_ids must be a list of token ids")
-        body["stop_token_ids"] = sorted({*stop_ids, *extra})
 
     def _sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The agent's sampling fields under the server's names."""
@@ -184,10 +152,9 @@ class VLLMBackend(Backend):
             return False
         self.sources[pool.base] = "gateway"
         log.warning(
-            "%s has no token-in route with weight versions (HTTP %d on /inference/v1/generate: "
-            "vLLM >= 0.32 started with --enable-scale-out has it); linear mode calls "
-            "/v1/completions there, and each token's version is the gateway's own (approximate "
-            "for the tokens in transit when a weight update comes)",
+            "%s answered HTTP %d on /inference/v1/generate (vLLM >= 0.32 has it when started with "
+            "--enable-scale-out): linear mode calls /v1/completions there, each token's version "
+            "the gateway's own (docs/gateway.md, Weight-sync recipe)",
             pool.base,
             status,
         )
@@ -215,11 +182,8 @@ class VLLMBackend(Backend):
                 "output_mode": "text" if body.get("logprobs") else "tokens",  # token texts
             }
             # the server's id: ``generate-tokens-{request_id}`` (scale_out/token_in_token_out)
-            return (
-                pool.target("/inference/v1/generate", root=True),
-                request,
-                f"generate-tokens-{rid}",
-            )
+            target = pool.target("/inference/v1/generate", root=True)
+            return target, request, f"generate-tokens-{rid}"
         sampling.update(model=body.get("model"), prompt=prompt_ids, request_id=rid)
         sampling.update(return_token_ids=True, stream=False)
         # a completions request's only prompt is ``cmpl-{request_id}-0``
@@ -243,17 +207,14 @@ class VLLMBackend(Backend):
             top=logprobs.get("top_logprobs"),
         )
         spans = choice.get("weight_versions")
-        if "content" in logprobs:  # the token-in route: entries, as in a chat answer
+        if "content" in logprobs:  # the token-in route's entries (token texts: output_mode text)
             entries = logprobs["content"] or ()
             served.logprobs = [float(e["logprob"]) for e in entries]
-            served.tokens = (
-                [e["token"] for e in entries] if entries and "token" in entries[0] else None
-            )
-            served.top = (
-                [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries]
-                if served.tokens
-                else None
-            )
+            if all("token" in e for e in entries):
+                served.tokens = [e["token"] for e in entries]
+                served.top = [
+                    {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
+                ]
         if spans is not None:
             served.spans = [
                 (int(s["start"]), str(s["version"])) for s in spans if s["end"] > s["start"]

@@ -75,9 +75,11 @@ def test_unknown_names_are_errors_that_list_the_choices() -> None:
 
 
 def test_token_in_request_shapes() -> None:
+    from agentcore_rl.gateway.render.mode import _check
+
     body: dict[str, Any] = {"model": "m", "messages": [], "temperature": 0.5, "seed": 3}
     backend, pool = backend_named("vllm"), UpstreamPool("http://vllm:8000/v1")
-    backend.check(body, [9])
+    _check(backend, body, [9])
     target, generate, rid = backend._request(pool, [1, 2], body, 7)
     assert (str(target.url), rid) == (
         "http://vllm:8000/inference/v1/generate",

@@ -8,13 +8,13 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
-from agentcore_rl.gateway.backends import Served, backend_named
+from agentcore_rl.gateway.backends import Backend, Served, backend_named
 from agentcore_rl.gateway.call import Call
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
@@ -76,7 +76,7 @@ class RenderMode:
         history: LinearHistory = call.session.render
         messages, tools, kwargs = self._conversation(body)
         try:  # every field forwarded or refused before any work; a template that refuses
-            self.backend.check(body, self.stop_ids)
+            _check(self.backend, body, self.stop_ids)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
         except ValueError as exc:  # RenderError included
             raise Refusal(400, str(exc), "invalid_request") from None
@@ -227,3 +227,35 @@ class RenderMode:
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise Refusal(400, "chat_template_kwargs must be an object", "invalid_request")
         return messages, tools or None, kwargs
+
+
+# The chat request's fields linear mode serves itself: the conversation, the answer's form,
+# the budget, bookkeeping.
+_OWN: Final = frozenset[str]().union(
+    ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
+    ("stream", "stream_options", "n", "logprobs", "top_logprobs"),
+    ("max_tokens", "max_completion_tokens", "stop_token_ids"),
+    ("model", "user", "metadata", "store"),
+)
+
+
+def _check(backend: Backend, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
+    """Refuse (ValueError) a request linear mode cannot serve as asked through ``backend``,
+    before any work; ``stop_token_ids`` become the agent's and ``stop_ids``."""
+    for name in body:
+        if name not in _OWN and name not in backend.fields:
+            raise ValueError(
+                f"linear history cannot forward {name!r} to {backend.name} (it forwards "
+                f"{', '.join(sorted(backend.fields))})"
+            )
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+    if body.get("n", 1) not in (1, None):
+        raise ValueError("linear history follows one choice: n must be 1")
+    top = body.get("top_logprobs")
+    if body.get("logprobs") and top is not None and (type(top) is not int or not 0 <= top <= 20):
+        raise ValueError("top_logprobs must be an integer in 0..20")
+    extra = body.get("stop_token_ids") or []
+    if not isinstance(extra, list) or not all(type(i) is int for i in extra):
+        raise ValueError("stop_token_ids must be a list of token ids")
+    body["stop_token_ids"] = sorted({*stop_ids, *extra})
