@@ -206,8 +206,10 @@ class VLLMBackend(Backend):
             tokens=logprobs.get("tokens"),
             top=logprobs.get("top_logprobs"),
         )
-        spans = choice.get("weight_versions")
-        if "content" in logprobs:  # the token-in route's entries (token texts: output_mode text)
+        if "content" in logprobs:  # the token-in route: entries (texts with output_mode text)
+            spans = choice.get("weight_versions")  # None: vLLM labelled none
+            if spans is not None:
+                served.spans = [(int(s["start"]), str(s["version"])) for s in spans]
             entries = logprobs["content"] or ()
             served.logprobs = [float(e["logprob"]) for e in entries]
             if all("token" in e for e in entries):
@@ -215,10 +217,6 @@ class VLLMBackend(Backend):
                 served.top = [
                     {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
                 ]
-        if spans is not None:
-            served.spans = [
-                (int(s["start"]), str(s["version"])) for s in spans if s["end"] > s["start"]
-            ]
         return served
 
 
