@@ -145,6 +145,8 @@ class ProxyMode:
         # A stream's tokens are counted as they arrive: those before a suspend's resume are
         # the old version's; a whole answer's are all unknown when a resume comes during it.
         versions, resumes = call.versions, call.gate.resumes
+        if resumes != versions.since:  # sent after an update that came since it was admitted
+            versions.start(0, call.gate.version)
         versions.count = lambda: len(capture.ids.get(0, ()))
         pool = call.upstream
         target = pool.target("/completions" if call.text else "/chat/completions")

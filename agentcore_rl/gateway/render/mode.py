@@ -182,6 +182,8 @@ class RenderMode:
         top: list[dict[str, float]] | None = []
         spans: list[tuple[int, str]] | None = []
         running = gate.token_in.setdefault(pool.base, set())
+        if gate.resumes != versions.since:  # sent after an update that came since it was admitted
+            versions.start(0, gate.version)
         while True:
             resumes = gate.resumes
             least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
