@@ -260,6 +260,8 @@ def _check(
     bad = exact = unknown = total = 0
     for trace in traces:
         for record in trace.records:
+            if not record.ok:  # counted in agent_errors
+                continue
             completion = record.completions[0]
             prompt = record.prompt_ids.tolist()
             ids: list[int] = []

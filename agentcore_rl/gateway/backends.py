@@ -106,7 +106,7 @@ class Backend:
         finally:
             running.discard(engine_id)
         if status != 200:
-            if self._refused(pool, status, content):
+            if self._refused(pool, target, status):
                 return await self.token_in(pool, prompt_ids, body, budget, running)
             raise passed_on(status, content)
         try:
@@ -123,8 +123,8 @@ class Backend:
         self.sources.setdefault(pool.base, "gateway" if served.spans is None else "upstream")
         return served
 
-    def _refused(self, pool: UpstreamPool, status: int, content: bytes) -> bool:
-        """Whether a refused route has a fallback to retry on (this upstream's first call)."""
+    def _refused(self, pool: UpstreamPool, target: UpstreamTarget, status: int) -> bool:
+        """Whether ``target`` is a route the upstream lacks, with a fallback to retry on."""
         return False
 
     def _request(
@@ -147,9 +147,11 @@ class VLLMBackend(Backend):
     hint = "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
     fields = _VLLM_FIELDS
 
-    def _refused(self, pool: UpstreamPool, status: int, content: bytes) -> bool:
-        if self.sources.get(pool.base) == "gateway" or status not in (403, 404, 405):
+    def _refused(self, pool: UpstreamPool, target: UpstreamTarget, status: int) -> bool:
+        if status not in (403, 404, 405) or not target.url.path.endswith("/v1/generate"):
             return False
+        if self.sources.get(pool.base) == "gateway":  # a call beside the first one to learn it
+            return True
         self.sources[pool.base] = "gateway"
         log.warning(
             "%s answered HTTP %d on /inference/v1/generate (vLLM >= 0.32 has it when started with "

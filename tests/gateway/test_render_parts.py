@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+import anyio
 import pytest
 
 from agentcore_rl.gateway.backends import backend_named
@@ -19,6 +20,9 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.upstream import UpstreamPool
+from agentcore_rl.local.policy import ScriptedPolicy
+from tests.gateway.helpers import chat, served
+from tests.gateway.template_rig import RENDER_MISSING, tokenizer_dir
 
 CALL = ToolCall("calculator", {"expression": "1 + 2", "step": 1})
 
@@ -129,3 +133,29 @@ def test_render_options_need_linear_history() -> None:
     linear.tokenizer, linear.backend = "/does/not/exist", "vllm"
     with pytest.raises(ConfigurationError, match="does not exist"):
         _render_mode(linear)
+
+
+@pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or "")
+async def test_an_upstream_without_the_token_in_route_serves_every_first_call_through_completions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The stand-in has no /inference/v1/generate: the calls that race to learn it all fall back.
+    from agentcore_rl.gateway.render.mode import RenderMode
+
+    directory = str(tokenizer_dir("qwen2.5"))
+    policy = ScriptedPolicy(token_ids="requested", tokenizer=directory)
+    async with served(policy, render=RenderMode.load(directory)) as stack:
+        llms = [stack.llm(f"s{n}") for n in range(4)]
+
+        async def ask(llm: Any) -> None:
+            await chat(llm, [{"role": "user", "content": "Hi"}], stream=False)
+
+        async with anyio.create_task_group() as tg:
+            for llm in llms:
+                tg.start_soon(ask, llm)
+        for llm in llms:
+            await llm.close()
+        assert stack.gateway.stats["linear_versions"] == {stack.gateway.upstreams[0]: "gateway"}
+        traces = [await stack.gateway.finish_session(f"s{n}") for n in range(4)]
+    assert all(record.ok for trace in traces for record in trace.records)
+    assert sum("--enable-scale-out" in r.message for r in caplog.records) == 1  # said once
