@@ -20,7 +20,7 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.upstream import UpstreamPool
-from agentcore_rl.local.policy import ScriptedPolicy
+from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
 from tests.gateway.helpers import chat, served
 from tests.gateway.template_rig import RENDER_MISSING, tokenizer_dir
 
@@ -143,7 +143,7 @@ async def test_an_upstream_without_the_token_in_route_serves_every_first_call_th
     from agentcore_rl.gateway.render.mode import RenderMode
 
     directory = str(tokenizer_dir("qwen2.5"))
-    policy = ScriptedPolicy(token_ids="requested", tokenizer=directory)
+    policy = ScriptedPolicy(TemplateVoice(directory), serving=Serving(token_ids="requested"))
     async with served(policy, render=RenderMode.load(directory)) as stack:
         llms = [stack.llm(f"s{n}") for n in range(4)]
 
