@@ -18,14 +18,19 @@ document:
 - ``tokens_discarded``: tokens the stand-in made that no record holds (target 0);
 - ``agent_errors``: calls that failed at the agent (target 0), and ``agent_error_kinds`` what
   they saw;
-- ``exact``: every completion's tokens and per-token versions in the records equal what the
-  stand-in made, under which weight version (``mismatched`` counts the others);
+- ``exact``: ``share``, the share of recorded tokens whose version is the version of the
+  weights that sampled them (``unknown``: the share recorded as unknown, -1), and
+  ``mismatched``, records whose ids or versions differ from what the upstream made;
 - ``straddled_calls``: calls an update came in the middle of.
 
+``--history proxy`` serves the calls in proxy mode instead, ``--stream`` streams them.
 ``--vllm URL`` runs the same, small (``--sessions 4``), against a real vLLM started with
-``VLLM_SERVER_DEV_MODE=1`` serving the model in ``--model-dir`` (its tokenizer renders); there
-the truth is vLLM's: ``tokens_discarded`` from its ``vllm:generation_tokens_total``, and the
-version check is skipped (its OpenAI routes do not report per-token versions).
+``VLLM_SERVER_DEV_MODE=1`` and ``--enable-scale-out`` serving the model in ``--model-dir`` (its
+tokenizer renders); there the truth is vLLM's: ``tokens_discarded`` from its
+``vllm:generation_tokens_total``, and with ``--other-model-dir`` (the two models of
+``tests/vllm/model.py``) each update reloads the other model, whose tokens' logprobs tell them
+apart (about -12 under the first, -14 under the second, with ``min_tokens``): a token's
+version is exact when its parity names the model that sampled it.
 
 Example::
 
@@ -76,6 +81,13 @@ async def _made(policy: ScriptedPolicy | None, vllm: httpx.AsyncClient | None) -
     return float(policy.tokens_made) if policy is not None else await _vllm_generated(vllm)
 
 
+async def _reload(control: httpx.AsyncClient, directory: str) -> None:
+    """Replace vLLM's weights from ``directory`` and drop its prefix cache."""
+    body = {"method": "reload_weights", "kwargs": {"weights_path": directory}}
+    (await control.post("/collective_rpc", json=body)).raise_for_status()
+    (await control.post("/reset_prefix_cache")).raise_for_status()
+
+
 async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]:
     policy = None
     if args.vllm:
@@ -85,7 +97,7 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
             TemplateVoice(tokenizer),
             serving=Serving(token_ids="requested", token_rate=args.token_rate),
         )
-    render = RenderMode.load(tokenizer)
+    render = RenderMode.load(tokenizer) if args.history == "linear" else None
     async with contextlib.AsyncExitStack() as stack:
         if policy is not None:
             served = await stack.enter_async_context(BackgroundServer(policy))
@@ -119,12 +131,16 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
                         ask = f"Tell me story {n}, part {calls}."  # every prompt its own
                         messages: Any = [{"role": "user", "content": ask}]
                         try:
-                            await llm.chat.completions.create(
+                            answer = await llm.chat.completions.create(
                                 model=args.model,
                                 messages=messages,
                                 max_tokens=length + 1,
                                 extra_body={"min_tokens": length},
+                                stream=args.stream,
                             )
+                            if args.stream:
+                                async for _ in answer:
+                                    pass
                         except Exception as exc:  # counted: the agent saw an error
                             errors[f"{type(exc).__name__}: {exc}"[:300]] += 1
                         calls += 1
@@ -147,7 +163,11 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
                         updates += 1
                         version = {"new_version": str(updates)}
                         await control.post("/update_weight_version", json=version)
-                        await asyncio.sleep(args.push)  # the weight transfer
+                        if args.other_model_dir:  # the weight transfer: the other model
+                            models = (args.model_dir, args.other_model_dir)
+                            await _reload(control, models[updates % 2])
+                        else:
+                            await asyncio.sleep(args.push)  # the weight transfer
                         gateway.set_policy_version(updates)
 
             async def steady_state() -> None:  # while every session is still generating
@@ -164,12 +184,15 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
             wall = time.monotonic() - wall0
             traces = [await gateway.finish_session(sid) for sid in sids]
             made_after = await _vllm_generated(vllm)
+            if args.other_model_dir and updates % 2:
+                await _reload(control, args.model_dir)  # the next run's weights
     recorded = sum(len(r.completions[0].token_ids) for t in traces for r in t.records if r.ok)
     if policy is not None:
         made = sum(len(ids) for _, ids, _ in policy.made)
-        mismatched = _check(traces, policy.made)
+        mismatched, exact, unknown, total = _check(traces, policy.made)
     else:
         made, mismatched = int(made_after - made_before), None
+        exact, unknown, total = _by_logprob(traces) if args.other_model_dir else (0, 0, 0)
     return {
         "calls": calls,
         "updates": updates,
@@ -187,7 +210,13 @@ async def run_mode(mode: str, args: argparse.Namespace, tokenizer: str) -> dict[
         "agent_errors": sum(errors.values()),
         "agent_error_kinds": dict(errors),
         "straddled_calls": gateway.stats["straddled_calls"],
-        "exact": {"checked": sum(len(t.records) for t in traces), "mismatched": mismatched},
+        "exact": {
+            "checked": sum(len(t.records) for t in traces),
+            "mismatched": mismatched,
+            "tokens": total,
+            "share": round(exact / total, 4) if total else None,
+            "unknown": round(unknown / total, 4) if total else None,
+        },
     }
 
 
@@ -195,13 +224,44 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _check(traces: list[Any], made: list[tuple[list[int], list[int], list[str]]]) -> int:
-    """Records whose completion ids or per-token versions differ from what the stand-in made
-    (its pieces chained: each continuation's prompt is the last prompt plus the tokens so far)."""
-    pieces = {tuple(prompt): (ids, versions) for prompt, ids, versions in made}
-    bad = 0
+def _versions(record: Any) -> list[int]:
+    """Each completion token's recorded version."""
+    completion = record.completions[0]
+    spans = completion.versions or [(0, record.policy_version_start)]
+    ends = [at for at, _ in spans[1:]] + [len(completion.token_ids)]
+    return [v for (at, v), end in zip(spans, ends, strict=True) for _ in range(end - at)]
+
+
+def _by_logprob(traces: list[Any]) -> tuple[int, int, int]:
+    """-> (tokens whose version is exact, unknown, checked) against a real vLLM whose updates
+    alternate two models: under ``min_tokens`` an ordinary token's logprob says which sampled
+    it (about -12: the first, even versions; -14: the second, odd ones)."""
+    exact = unknown = total = 0
     for trace in traces:
         for record in trace.records:
+            if not record.ok:
+                continue
+            forced = int(record.request.get("min_tokens") or 0)  # the end token not allowed
+            logprobs = record.completions[0].logprobs.tolist()[:forced]
+            for version, lp in zip(_versions(record), logprobs, strict=False):
+                total += 1
+                unknown += version < 0
+                exact += version >= 0 and (version % 2 == 0) == (lp > -13.0)
+    return exact, unknown, total
+
+
+def _check(
+    traces: list[Any], made: list[tuple[list[int], list[int], list[str]]]
+) -> tuple[int, int, int, int]:
+    """-> (records whose completion ids or per-token versions differ from what the stand-in
+    made, tokens whose version is exact, unknown, all): its pieces chained, each
+    continuation's prompt the last prompt plus the tokens so far."""
+    pieces = {tuple(prompt): (ids, versions) for prompt, ids, versions in made}
+    bad = exact = unknown = total = 0
+    for trace in traces:
+        for record in trace.records:
+            if not record.ok:  # counted in agent_errors
+                continue
             completion = record.completions[0]
             prompt = record.prompt_ids.tolist()
             ids: list[int] = []
@@ -212,12 +272,13 @@ def _check(traces: list[Any], made: list[tuple[list[int], list[int], list[str]]]
                 if piece is None:
                     break
                 ids += piece[0]
-                versions += [int(v) for v in piece[1]]
-            spans = completion.versions or [(0, record.policy_version_start)]
-            ends = [at for at, _ in spans[1:]] + [len(want)]
-            got = [v for (at, v), end in zip(spans, ends, strict=True) for _ in range(end - at)]
+                versions += [int(v.split("-")[0]) for v in piece[1]]  # the gateway's labels
+            got = _versions(record)
             bad += ids != want or versions != got
-    return bad
+            total += len(got)
+            unknown += sum(v < 0 for v in got)
+            exact += sum(a == b for a, b in zip(versions, got, strict=False))
+    return bad, exact, unknown, total
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -270,6 +331,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=1500)
     parser.add_argument("--vllm", help="a real vLLM's OpenAI base URL instead of the stand-in")
     parser.add_argument("--model-dir", help="with --vllm: the served model's directory")
+    parser.add_argument(
+        "--other-model-dir", help="with --vllm: a second model each update swaps in (see above)"
+    )
+    parser.add_argument("--history", choices=("linear", "proxy"), default="linear")
+    parser.add_argument("--stream", action="store_true", help="the agents stream their calls")
     parser.add_argument("--model", default="policy", help="the model name to ask for")
     return parser.parse_args(argv)
 

@@ -1,28 +1,26 @@
-"""How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode
-(:meth:`Backend.prepare`, :meth:`Backend.take`: capture flags on, ids stripped from the answer)
-and linear mode (:meth:`Backend.request`, :meth:`Backend.read`: token-in, token-out)."""
+"""How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode's
+capture flags (:attr:`Backend.flags`, read by :mod:`.proxy`) and linear mode's token-in,
+token-out exchange (:meth:`Backend.token_in`; :attr:`Backend.fields` are what it forwards)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
-from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
+from agentcore_rl.edge import Refusal
+from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.upstream import UpstreamPool, UpstreamTarget
 
-__all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named"]
+log = logging.getLogger("agentcore_rl.gateway")
+
+__all__ = ["CHAT", "COMPLETIONS", "Backend", "Served", "backend_named", "passed_on"]
 
 CHAT: Final = "chat.completions"
 COMPLETIONS: Final = "completions"
 
-# The chat request's fields linear mode serves itself: the conversation, the answer's form,
-# the budget, bookkeeping.
-_OWN: Final = frozenset[str]().union(
-    ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
-    ("stream", "stream_options", "n", "logprobs", "top_logprobs"),
-    ("max_tokens", "max_completion_tokens", "stop_token_ids"),
-    ("model", "user", "metadata", "store"),
-)
 # The sampling fields linear mode forwards (the agent's name -> the server's): sampling,
 # penalties, stopping, vLLM's own.
 _VLLM_FIELDS: Final = {
@@ -43,47 +41,6 @@ _SGLANG_FIELDS: Final = {
 
 
 @dataclass(slots=True)
-class Capture:
-    """Token ids and logprobs gathered from one answer (or its chunks), for :meth:`fill`; per
-    choice index: token ids, logprobs, finish reason, the stop string it ended on."""
-
-    prompt: Any = None  # the first prompt ids seen, as the upstream sent them
-    usage: dict[str, Any] | None = None
-    ids: dict[int, list[Any]] = field(default_factory=dict)
-    logprobs: dict[int, list[Any]] = field(default_factory=dict)
-    finish: dict[int, str | None] = field(default_factory=dict)
-    stop: dict[int, str] = field(default_factory=dict)
-
-    def fill(self, record: CallRecord) -> None:
-        """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""
-        record.usage = self.usage
-        record.prompt_ids = ids_array(self.prompt)
-        record.completions = [
-            Completion(
-                i,
-                ids_array(self.ids.get(i, [])),
-                logprob_array(self.logprobs[i]),
-                self.finish[i],
-                self.stop.get(i),
-            )
-            for i in sorted(self.finish)
-        ]
-
-    def missing(self, backend: Backend) -> str | None:
-        """What the upstream failed to return, in words, or None."""
-        what = []
-        if self.prompt is None:
-            what.append("prompt token ids")
-        if any(i not in self.ids for i in self.finish):
-            what.append("completion token ids")
-        elif any(len(self.ids[i]) != len(self.logprobs[i]) for i in self.finish):
-            what.append("one logprob per completion token")
-        if not what:
-            return None
-        return f"the {backend.name} upstream returned no {' and no '.join(what)}; {backend.hint}"
-
-
-@dataclass(slots=True)
 class Served:
     """A token-in answer: ids, a logprob per generated id, why it ended, maybe texts and tops."""
 
@@ -94,16 +51,21 @@ class Served:
     stop_reason: str | None = None  # the stop string that ended it
     tokens: list[str] | None = None
     top: list[dict[str, float]] | None = None
+    #: The upstream's own record of which weights sampled each token: ``(first token index,
+    #: weight version label)``, None when it keeps none.
+    spans: list[tuple[int, str]] | None = None
+
+
+def passed_on(status: int, content: bytes) -> Refusal:
+    """An upstream's answer other than 200, for the agent."""
+    text = content[:500].decode("utf-8", "replace")
+    message = f"upstream answered HTTP {status}: {text}"
+    return Refusal(status, message, "upstream", passed_on=content)
 
 
 def _top(body: Mapping[str, Any]) -> int:
-    """How many alternatives per token the agent asked for (0: none)."""
-    top = body.get("top_logprobs")
-    if not body.get("logprobs") or top is None:
-        return 0
-    if type(top) is not int or not 0 <= top <= 20:
-        raise ValueError("top_logprobs must be an integer in 0..20")
-    return top
+    """How many alternatives per token the agent asked for (0: none; checked by linear mode)."""
+    return int(body.get("top_logprobs") or 0) if body.get("logprobs") else 0
 
 
 class Backend:
@@ -115,131 +77,130 @@ class Backend:
     flags: Mapping[str, bool] = {}
     streams = True
     hint = ""
-    #: Linear mode: the token-in route, and the sampling fields forwarded (see ``_OWN``).
-    path = "?"
+    #: Linear mode: the sampling fields forwarded (the agent's name -> the server's).
     fields: Mapping[str, str] = {}
 
-    def prepare(self, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
-        """Add the capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
-        body.update(self.flags)
-        if not self.streams:  # asked whole: the gateway streams the answer to the agent
-            body.pop("stream", None)
-            body.pop("stream_options", None)
-        asked = body.get("logprobs")
-        keep = bool(asked) if endpoint == CHAT else asked is not None
-        if not keep:  # completions: 0, the sampled token's logprob only
-            body["logprobs"] = True if endpoint == CHAT else 0
-        return body, keep
-
-    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        """A choice's token ids, logprobs (floats) and stop string, its capture fields popped."""
-        raise NotImplementedError
-
-    def take(
-        self, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
-    ) -> None:
-        """Read ids and logprobs from an answer or a chunk, stripping them in place."""
-        prompt = data.pop("prompt_token_ids", None)  # vLLM chat: at the root
-        if capture.prompt is None:  # the first prompt ids seen
-            capture.prompt = prompt
-        for ch in data.get("choices") or ():
-            prompt = ch.pop("prompt_token_ids", None)  # per choice
-            if capture.prompt is None:
-                capture.prompt = prompt
-            i, finish = int(ch.get("index", 0)), ch.get("finish_reason")
-            ids, logprobs, stop = self._tokens(ch, endpoint)
-            if ids is not None:
-                capture.ids.setdefault(i, []).extend(ids)
-            capture.logprobs.setdefault(i, []).extend(logprobs)
-            if finish is not None or i not in capture.finish:
-                capture.finish[i] = finish
-            if type(stop) is str:
-                capture.stop[i] = stop
-            if not keep_logprobs:
-                ch["logprobs"] = None
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            capture.usage = usage
-
-    def check(self, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
-        """Refuse (ValueError) a request linear mode cannot serve as asked, before any work;
-        ``stop_token_ids`` become the agent's and ``stop_ids``."""
-        for name in body:
-            if name not in _OWN and name not in self.fields:
-                raise ValueError(
-                    f"linear history cannot forward {name!r} to {self.name} (it forwards "
-                    f"{', '.join(sorted(self.fields))})"
-                )
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
-        if body.get("n", 1) not in (1, None):
-            raise ValueError("linear history follows one choice: n must be 1")
-        _top(body)
-        extra = body.get("stop_token_ids") or []
-        if not isinstance(extra, list) or not all(type(i) is int for i in extra):
-            raise ValueError("stop_token_ids must be a list of token ids")
-        body["stop_token_ids"] = sorted({*stop_ids, *extra})
+    def __init__(self) -> None:
+        #: upstream base URL -> whose spans a linear call's token versions are, learnt on its
+        #: first call: ``upstream`` (the server's own), or ``gateway`` (docs/gateway.md).
+        self.sources: dict[str, str] = {}
 
     def _sampling(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """The agent's sampling fields under the server's names."""
         return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
 
-    def request(
-        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
-    ) -> dict[str, Any]:
-        """The token-in request for ``prompt_ids``: the agent's sampling (:meth:`check`ed),
-        ``budget`` tokens."""
+    async def token_in(
+        self,
+        pool: UpstreamPool,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        budget: int,
+        running: set[str],
+    ) -> Served:
+        """Generate from ``prompt_ids`` (the agent's sampling, :meth:`check`ed; ``budget``
+        tokens); while it runs, its id at the server is in ``running`` (what a suspend aborts)."""
+        target, request, engine_id = self._request(pool, prompt_ids, body, budget)
+        running.add(engine_id)
+        try:
+            status, content = await pool.fetch(target, dumps(request))
+        finally:
+            running.discard(engine_id)
+        if status != 200:
+            if self._refused(pool, target, status):
+                return await self.token_in(pool, prompt_ids, body, budget, running)
+            raise passed_on(status, content)
+        try:
+            served = self._read(loads(content))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            why = f"the {self.name} upstream sent a malformed answer: {exc!r}"
+            raise Refusal(502, why, "upstream_invalid") from None
+        if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids:
+            raise Refusal(
+                502, "the upstream fed the model other ids than sent", "upstream_mismatch"
+            )
+        if len(served.logprobs) != len(served.token_ids):
+            raise Refusal(502, "the upstream sent no logprob per token", "upstream_invalid")
+        self.sources.setdefault(pool.base, "gateway" if served.spans is None else "upstream")
+        return served
+
+    def _refused(self, pool: UpstreamPool, target: UpstreamTarget, status: int) -> bool:
+        """Whether ``target`` is a route the upstream lacks, with a fallback to retry on."""
+        return False
+
+    def _request(
+        self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
+    ) -> tuple[UpstreamTarget, dict[str, Any], str]:
+        """-> (the route, the request, the request's id at the server) for :meth:`token_in`."""
         raise NotImplementedError
 
-    def read(self, data: Mapping[str, Any]) -> Served:
+    def _read(self, data: Mapping[str, Any]) -> Served:
         """The token-in answer's ids and logprobs (ValueError/KeyError/TypeError when malformed)."""
         raise NotImplementedError
 
 
 class VLLMBackend(Backend):
-    """vLLM >= 0.10.2 (``return_token_ids``)."""
+    """vLLM >= 0.10.2 (``return_token_ids``); linear mode calls vLLM >= 0.32's token-in route,
+    which returns the weight version of every token, where it is on (``--enable-scale-out``)."""
 
     name = "vllm"
     flags = {"return_token_ids": True}
     hint = "is it vLLM >= 0.10.2 (which returns them for return_token_ids=true)?"
-    path = "/completions"
     fields = _VLLM_FIELDS
 
-    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        logprobs = choice.get("logprobs")
-        key = "content" if endpoint == CHAT else "token_logprobs"
-        items = (logprobs.get(key) if type(logprobs) is dict else None) or []
-        if items and type(items[0]) is dict:  # chat: entries
-            items = [float(e["logprob"]) for e in items]
-        # vLLM names the stop string that cut the text inside the last token
-        return choice.pop("token_ids", None), items, choice.get("stop_reason")
+    def _refused(self, pool: UpstreamPool, target: UpstreamTarget, status: int) -> bool:
+        if status not in (403, 404, 405) or not target.url.path.endswith("/v1/generate"):
+            return False
+        if self.sources.get(pool.base) == "gateway":  # a call beside the first one to learn it
+            return True
+        self.sources[pool.base] = "gateway"
+        log.warning(
+            "%s answered HTTP %d on /inference/v1/generate (vLLM >= 0.32 has it when started with "
+            "--enable-scale-out): linear mode calls /v1/completions there, each token's version "
+            "the gateway's own (docs/gateway.md, Weight-sync recipe)",
+            pool.base,
+            status,
+        )
+        return True
 
-    def request(
-        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
-    ) -> dict[str, Any]:
-        out = self._sampling(body)
-        out.update(
-            model=body.get("model"),
-            prompt=prompt_ids,
+    def _request(
+        self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
+    ) -> tuple[UpstreamTarget, dict[str, Any], str]:
+        sampling = self._sampling(body)
+        top, rid = _top(body), uuid.uuid4().hex
+        sampling.update(
             max_tokens=budget,
             n=1,
-            logprobs=_top(body),
-            return_token_ids=True,
+            logprobs=top,
             skip_special_tokens=False,
             stop_token_ids=body["stop_token_ids"],
-            stream=False,
         )
-        return out
+        if self.sources.get(pool.base) != "gateway":
+            request = {
+                "model": body.get("model"),
+                "request_id": rid,
+                "token_ids": prompt_ids,
+                "sampling_params": sampling,
+                "return_token_ids": True,
+                "output_mode": "text" if body.get("logprobs") else "tokens",  # token texts
+            }
+            # the server's id: ``generate-tokens-{request_id}`` (scale_out/token_in_token_out)
+            target = pool.target("/inference/v1/generate", root=True)
+            return target, request, f"generate-tokens-{rid}"
+        sampling.update(model=body.get("model"), prompt=prompt_ids, request_id=rid)
+        sampling.update(return_token_ids=True, stream=False)
+        # a completions request's only prompt is ``cmpl-{request_id}-0``
+        # (``vllm/entrypoints/openai/completion/serving.py``)
+        return pool.target("/completions"), sampling, f"cmpl-{rid}-0"
 
-    def read(self, data: Mapping[str, Any]) -> Served:
+    def _read(self, data: Mapping[str, Any]) -> Served:
         choice = data["choices"][0]
         ids = choice.get("token_ids")
         if ids is None:
             raise ValueError("no token_ids (is it vLLM >= 0.10.2, given return_token_ids?)")
         logprobs = choice.get("logprobs") or {}
         reason = choice.get("stop_reason")
-        return Served(
-            prompt_ids=choice.get("prompt_token_ids"),
+        served = Served(
+            prompt_ids=data.get("prompt_token_ids", choice.get("prompt_token_ids")),
             token_ids=[int(i) for i in ids],
             logprobs=[float(x) for x in logprobs.get("token_logprobs") or ()],
             finish_reason=choice.get("finish_reason"),
@@ -247,6 +208,18 @@ class VLLMBackend(Backend):
             tokens=logprobs.get("tokens"),
             top=logprobs.get("top_logprobs"),
         )
+        if "content" in logprobs:  # the token-in route: entries (texts with output_mode text)
+            spans = choice.get("weight_versions")  # None: vLLM labelled none
+            if spans is not None:
+                served.spans = [(int(s["start"]), str(s["version"])) for s in spans]
+            entries = logprobs["content"] or ()
+            served.logprobs = [float(e["logprob"]) for e in entries]
+            if all("token" in e for e in entries):
+                served.tokens = [e["token"] for e in entries]
+                served.top = [
+                    {t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries
+                ]
+        return served
 
 
 class SGLangBackend(Backend):
@@ -256,19 +229,11 @@ class SGLangBackend(Backend):
     flags = {"return_prompt_token_ids": True, "return_meta_info": True}
     streams = False
     hint = "does this SGLang accept return_prompt_token_ids and return_meta_info?"
-    path = "/generate"
     fields = _SGLANG_FIELDS
 
-    def _tokens(self, choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
-        meta = choice.pop("meta_info", None)
-        entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
-        if entries is None:
-            return None, [], None
-        return [e[1] for e in entries], [float(e[0]) for e in entries], None
-
-    def request(
-        self, prompt_ids: list[int], body: Mapping[str, Any], budget: int
-    ) -> dict[str, Any]:
+    def _request(
+        self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
+    ) -> tuple[UpstreamTarget, dict[str, Any], str]:
         params = self._sampling(body)
         params.update(
             max_new_tokens=budget,
@@ -279,9 +244,9 @@ class SGLangBackend(Backend):
         top = _top(body)
         if top:
             out.update(top_logprobs_num=top, return_text_in_logprobs=True)
-        return {**out, "stream": False}
+        return pool.target("/generate"), {**out, "stream": False}, ""
 
-    def read(self, data: Mapping[str, Any]) -> Served:
+    def _read(self, data: Mapping[str, Any]) -> Served:
         meta = data["meta_info"]
         entries = meta.get("output_token_logprobs")
         if entries is None:

@@ -17,7 +17,7 @@ from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.record import CallRecord, Session
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
 
-__all__ = ["Call", "down_message", "passed_on", "render", "respond"]
+__all__ = ["Call", "down_message", "render", "respond"]
 
 
 def render(refusal: Refusal, dialect: Dialect) -> tuple[bytes, list[tuple[bytes, bytes]]]:
@@ -25,13 +25,6 @@ def render(refusal: Refusal, dialect: Dialect) -> tuple[bytes, list[tuple[bytes,
     body, headers = dialect.error(refusal.status, refusal.message, refusal.kind, refusal.passed_on)
     extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in refusal.headers.items()]
     return body, [JSON_TYPE, *headers, *extra]
-
-
-def passed_on(status: int, content: bytes) -> Refusal:
-    """An upstream's answer other than 200, for the agent."""
-    text = content[:500].decode("utf-8", "replace")
-    message = f"upstream answered HTTP {status}: {text}"
-    return Refusal(status, message, "upstream", passed_on=content)
 
 
 async def respond(

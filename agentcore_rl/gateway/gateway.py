@@ -207,7 +207,7 @@ class RolloutGateway:
         if self.gate.paused != "suspend":
             self.gate.resume()
             return
-        version = {"new_version": str(self.gate.version)}
+        version = {"new_version": self.gate.label()}
         with anyio.CancelScope(shield=True):  # a cancelled trainer must not leave vLLM paused
             try:
                 await self._drive("/update_weight_version", version)
@@ -369,9 +369,13 @@ class RolloutGateway:
     @property
     def stats(self) -> dict[str, Any]:
         """What ``GET /admin/stats`` answers: the counters, live sessions, calls in flight."""
-        live = {"live_sessions": len(self._sessions), "in_flight": self.gate.in_flight}
+        live: dict[str, Any] = {
+            "live_sessions": len(self._sessions),
+            "in_flight": self.gate.in_flight,
+        }
         if self.render is not None:  # requests that did not extend their history
             live["linear_forks"] = self.render.forks
+            live["linear_versions"] = dict(self.render.backend.sources)
         return {**self._counts, **live, "policy_version": self.gate.version}
 
     @staticmethod
@@ -517,7 +521,7 @@ class RolloutGateway:
         call = Call(
             *(session, dialect, encoder, raw, chat, record, pool, on_commit),
             gate=self.gate,
-            versions=Versions(version),
+            versions=Versions(version, self.gate.resumes),
         )
         render = self.render if not dialect.text else None
         mode: RenderMode | ProxyMode = render or self.proxy

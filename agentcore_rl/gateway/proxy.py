@@ -1,21 +1,131 @@
 """Proxy mode: the inference server renders; the gateway records what it fed the model (the
-backend's capture flags, :mod:`.backends`) and strips the ids from the answer it relays."""
+backend's capture flags, :mod:`.backends`, on the way up; its ids and logprobs, captured and
+stripped, on the way down) and relays the answer."""
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
-from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, Backend, Capture
-from agentcore_rl.gateway.call import Call, down_message, passed_on
+from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, Backend, passed_on
+from agentcore_rl.gateway.call import Call, down_message
 from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.policy_gate import UNKNOWN
+from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
 
-__all__ = ["ProxyMode"]
+__all__ = ["Capture", "ProxyMode", "prepare", "take"]
 
 _DONE: Final = b"data: [DONE]"
+
+
+@dataclass(slots=True)
+class Capture:
+    """Token ids and logprobs gathered from one answer (or its chunks), for :meth:`fill`; per
+    choice index: token ids, logprobs, finish reason, the stop string it ended on."""
+
+    prompt: Any = None  # the first prompt ids seen, as the upstream sent them
+    usage: dict[str, Any] | None = None
+    ids: dict[int, list[Any]] = field(default_factory=dict)
+    logprobs: dict[int, list[Any]] = field(default_factory=dict)
+    finish: dict[int, str | None] = field(default_factory=dict)
+    stop: dict[int, str] = field(default_factory=dict)
+
+    def fill(self, record: CallRecord) -> None:
+        """Put the arrays into ``record`` (ValueError/TypeError/OverflowError: not numbers)."""
+        record.usage = self.usage
+        record.prompt_ids = ids_array(self.prompt)
+        record.completions = [
+            Completion(
+                i,
+                ids_array(self.ids.get(i, [])),
+                logprob_array(self.logprobs[i]),
+                self.finish[i],
+                self.stop.get(i),
+            )
+            for i in sorted(self.finish)
+        ]
+
+    def missing(self, backend: Backend) -> str | None:
+        """What the upstream failed to return, in words, or None."""
+        what = []
+        if self.prompt is None:
+            what.append("prompt token ids")
+        if any(i not in self.ids for i in self.finish):
+            what.append("completion token ids")
+        elif any(len(self.ids[i]) != len(self.logprobs[i]) for i in self.finish):
+            what.append("one logprob per completion token")
+        if not what:
+            return None
+        return f"the {backend.name} upstream returned no {' and no '.join(what)}; {backend.hint}"
+
+
+def prepare(backend: Backend, body: dict[str, Any], endpoint: str) -> tuple[dict[str, Any], bool]:
+    """Add ``backend``'s capture flags to ``body`` (a copy); -> (body, agent asked for logprobs)."""
+    body.update(backend.flags)
+    if not backend.streams:  # asked whole: the gateway streams the answer to the agent
+        body.pop("stream", None)
+        body.pop("stream_options", None)
+    asked = body.get("logprobs")
+    keep = bool(asked) if endpoint == CHAT else asked is not None
+    if not keep:  # completions: 0, the sampled token's logprob only
+        body["logprobs"] = True if endpoint == CHAT else 0
+    return body, keep
+
+
+def _vllm_tokens(choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
+    """A vLLM choice's token ids, logprobs (floats) and stop string, its capture fields popped."""
+    logprobs = choice.get("logprobs")
+    key = "content" if endpoint == CHAT else "token_logprobs"
+    items = (logprobs.get(key) if type(logprobs) is dict else None) or []
+    if items and type(items[0]) is dict:  # chat: entries
+        items = [float(e["logprob"]) for e in items]
+    # vLLM names the stop string that cut the text inside the last token
+    return choice.pop("token_ids", None), items, choice.get("stop_reason")
+
+
+def _sglang_tokens(choice: dict[str, Any], endpoint: str) -> tuple[Any, list[Any], Any]:
+    """The same from SGLang's ``meta_info``."""
+    meta = choice.pop("meta_info", None)
+    entries = meta.get("output_token_logprobs") if isinstance(meta, Mapping) else None
+    if entries is None:
+        return None, [], None
+    return [e[1] for e in entries], [float(e[0]) for e in entries], None
+
+
+_TOKENS: Final = {"vllm": _vllm_tokens, "sglang": _sglang_tokens}
+
+
+def take(
+    backend: Backend, data: dict[str, Any], capture: Capture, keep_logprobs: bool, endpoint: str
+) -> None:
+    """Read ids and logprobs from an answer or a chunk, stripping them in place."""
+    tokens = _TOKENS[backend.name]
+    prompt = data.pop("prompt_token_ids", None)  # vLLM chat: at the root
+    if capture.prompt is None:  # the first prompt ids seen
+        capture.prompt = prompt
+    for ch in data.get("choices") or ():
+        prompt = ch.pop("prompt_token_ids", None)  # per choice
+        if capture.prompt is None:
+            capture.prompt = prompt
+        i, finish = int(ch.get("index", 0)), ch.get("finish_reason")
+        ids, logprobs, stop = tokens(ch, endpoint)
+        if ids is not None:
+            capture.ids.setdefault(i, []).extend(ids)
+        capture.logprobs.setdefault(i, []).extend(logprobs)
+        if finish is not None or i not in capture.finish:
+            capture.finish[i] = finish
+        if type(stop) is str:
+            capture.stop[i] = stop
+        if not keep_logprobs:
+            ch["logprobs"] = None
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        capture.usage = usage
 
 
 class ProxyMode:
@@ -28,13 +138,15 @@ class ProxyMode:
         """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
         endpoint = COMPLETIONS if call.text else CHAT
         stream = call.stream
-        upstream_body, keep_logprobs = self.backend.prepare(dict(call.body), endpoint)
+        upstream_body, keep_logprobs = prepare(self.backend, dict(call.body), endpoint)
         payload = dumps(upstream_body)
         del upstream_body
         capture = Capture()
-        # A stream's tokens are counted as they arrive: the resume after a suspend starts the
-        # new version's span at the count (a whole answer's tokens keep the call's version).
-        versions = call.versions
+        # A stream's tokens are counted as they arrive: those before a suspend's resume are
+        # the old version's; a whole answer's are all unknown when a resume comes during it.
+        versions, resumes = call.versions, call.gate.resumes
+        if resumes != versions.since:  # sent after an update that came since it was admitted
+            versions.start(0, call.gate.version)
         versions.count = lambda: len(capture.ids.get(0, ()))
         pool = call.upstream
         target = pool.target("/completions" if call.text else "/chat/completions")
@@ -51,6 +163,8 @@ class ProxyMode:
             else:  # the whole answer in one wake-up
                 status, content = await pool.fetch(target, payload)
                 del payload
+                if call.gate.resumes != resumes:
+                    versions.start(0, UNKNOWN)
         finally:
             call.gate.live.discard(versions)
         if status != 200:
@@ -58,7 +172,7 @@ class ProxyMode:
         try:  # not JSON, not an object (an AttributeError), or malformed
             data = loads(content)
             del content
-            self.backend.take(data, capture, keep_logprobs, endpoint)
+            take(self.backend, data, capture, keep_logprobs, endpoint)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             message = f"upstream sent a malformed answer: {exc!r}"
             raise Refusal(502, message, "upstream_invalid") from None
@@ -98,7 +212,7 @@ class ProxyMode:
         newline = False  # whether the last piece ended with a newline
         out: list[bytes] = []  # events not sent yet (held until a chunk carries token ids)
         done = False
-        take, encoder = self.backend.take, call.encoder
+        backend, encoder = self.backend, call.encoder
         try:
             async for piece in content:
                 ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
@@ -116,7 +230,7 @@ class ProxyMode:
                     elif event.startswith(b"data:"):
                         with memoryview(event) as view:
                             data = loads(view[5:])
-                        take(data, capture, keep_logprobs, endpoint)
+                        take(backend, data, capture, keep_logprobs, endpoint)
                         out.append(encoder.chunk(data))
                     if not started and (capture.prompt is not None or capture.finish):
                         started = await self._start(send, capture, call)

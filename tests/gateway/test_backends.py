@@ -1,17 +1,18 @@
-"""The backends' capture rules on answers shaped like each server's (vLLM, SGLang)."""
+"""Proxy mode's capture rules on answers shaped like each server's (vLLM, SGLang)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentcore_rl.gateway.backends import Capture, backend_named
+from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.dialects.codec import chunks_of
+from agentcore_rl.gateway.proxy import Capture, prepare, take
 from agentcore_rl.gateway.record import CallRecord
 
 
 def test_sglang_request_flags_and_answer_capture() -> None:
     backend = backend_named("sglang")
-    body, keep = backend.prepare({"messages": [], "stream": True}, "chat.completions")
+    body, keep = prepare(backend, {"messages": [], "stream": True}, "chat.completions")
     assert (keep, body["return_prompt_token_ids"], body["return_meta_info"]) == (False, True, True)
     assert body["logprobs"] is True
     assert "stream" not in body
@@ -30,7 +31,7 @@ def test_sglang_request_flags_and_answer_capture() -> None:
         "usage": {"prompt_tokens": 3, "completion_tokens": 2},
     }
     capture = Capture()
-    backend.take(answer, capture, keep, "chat.completions")
+    take(backend, answer, capture, keep, "chat.completions")
     assert capture.missing(backend) is None
     record = CallRecord("s", 0, "chat.completions")
     capture.fill(record)
@@ -51,7 +52,7 @@ def test_sglang_without_meta_info_names_what_is_missing() -> None:
     backend = backend_named("sglang")
     capture = Capture()
     answer = {"choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
-    backend.take(answer, capture, False, "chat.completions")
+    take(backend, answer, capture, False, "chat.completions")
     message = capture.missing(backend)
     assert message is not None
     assert "no prompt token ids and no completion token ids" in message
@@ -60,10 +61,10 @@ def test_sglang_without_meta_info_names_what_is_missing() -> None:
 
 def test_vllm_keeps_logprobs_the_agent_asked_for() -> None:
     backend = backend_named("vllm")
-    body, keep = backend.prepare({"prompt": "x", "logprobs": 2}, "completions")
+    body, keep = prepare(backend, {"prompt": "x", "logprobs": 2}, "completions")
     assert keep
     assert body["logprobs"] == 2
     assert body["return_token_ids"] is True
-    body, keep = backend.prepare({"prompt": "x"}, "completions")
+    body, keep = prepare(backend, {"prompt": "x"}, "completions")
     assert not keep
     assert body["logprobs"] == 0

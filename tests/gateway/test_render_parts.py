@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+import anyio
 import pytest
 
 from agentcore_rl.gateway.backends import backend_named
@@ -18,6 +19,10 @@ from agentcore_rl.gateway.render.parsers import (
     reasoning_parser_named,
     tool_parser_named,
 )
+from agentcore_rl.gateway.upstream import UpstreamPool
+from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
+from tests.gateway.helpers import chat, served
+from tests.gateway.template_rig import RENDER_MISSING, tokenizer_dir
 
 CALL = ToolCall("calculator", {"expression": "1 + 2", "step": 1})
 
@@ -74,17 +79,33 @@ def test_unknown_names_are_errors_that_list_the_choices() -> None:
 
 
 def test_token_in_request_shapes() -> None:
+    from agentcore_rl.gateway.render.mode import _check
+
     body: dict[str, Any] = {"model": "m", "messages": [], "temperature": 0.5, "seed": 3}
-    backend_named("vllm").check(body, [9])
-    vllm = backend_named("vllm").request([1, 2], body, 7)
+    backend, pool = backend_named("vllm"), UpstreamPool("http://vllm:8000/v1")
+    _check(backend, body, [9])
+    target, generate, rid = backend._request(pool, [1, 2], body, 7)
+    assert (str(target.url), rid) == (
+        "http://vllm:8000/inference/v1/generate",
+        f"generate-tokens-{generate['request_id']}",
+    )
+    assert generate["token_ids"] == [1, 2]
+    sampling = generate["sampling_params"]
+    assert (sampling["max_tokens"], sampling["logprobs"], sampling["stop_token_ids"]) == (7, 0, [9])
+    backend.sources[pool.base] = "gateway"  # an upstream without the route: completions
+    target, vllm, rid = backend._request(pool, [1, 2], body, 7)
+    assert (str(target.url), rid) == (
+        "http://vllm:8000/v1/completions",
+        f"cmpl-{vllm['request_id']}-0",
+    )
     assert vllm["prompt"] == [1, 2]
     assert vllm["return_token_ids"] is True
     assert (vllm["max_tokens"], vllm["logprobs"], vllm["stop_token_ids"]) == (7, 0, [9])
-    sglang = backend_named("sglang").request([1, 2], body, 7)
+    sglang = backend_named("sglang")._request(pool, [1, 2], body, 7)[1]
     assert sglang["input_ids"] == [1, 2]
     assert sglang["return_logprob"] is True
     assert sglang["sampling_params"]["max_new_tokens"] == 7
-    served = backend_named("sglang").read(
+    served = backend_named("sglang")._read(
         {
             "meta_info": {
                 "output_token_logprobs": [[-0.5, 4, None]],
@@ -112,3 +133,29 @@ def test_render_options_need_linear_history() -> None:
     linear.tokenizer, linear.backend = "/does/not/exist", "vllm"
     with pytest.raises(ConfigurationError, match="does not exist"):
         _render_mode(linear)
+
+
+@pytest.mark.skipif(RENDER_MISSING is not None, reason=RENDER_MISSING or "")
+async def test_an_upstream_without_the_token_in_route_serves_every_first_call_through_completions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The stand-in has no /inference/v1/generate: the calls that race to learn it all fall back.
+    from agentcore_rl.gateway.render.mode import RenderMode
+
+    directory = str(tokenizer_dir("qwen2.5"))
+    policy = ScriptedPolicy(TemplateVoice(directory), serving=Serving(token_ids="requested"))
+    async with served(policy, render=RenderMode.load(directory)) as stack:
+        llms = [stack.llm(f"s{n}") for n in range(4)]
+
+        async def ask(llm: Any) -> None:
+            await chat(llm, [{"role": "user", "content": "Hi"}], stream=False)
+
+        async with anyio.create_task_group() as tg:
+            for llm in llms:
+                tg.start_soon(ask, llm)
+        for llm in llms:
+            await llm.close()
+        assert stack.gateway.stats["linear_versions"] == {stack.gateway.upstreams[0]: "gateway"}
+        traces = [await stack.gateway.finish_session(f"s{n}") for n in range(4)]
+    assert all(record.ok for trace in traces for record in trace.records)
+    assert sum("--enable-scale-out" in r.message for r in caplog.records) == 1  # said once

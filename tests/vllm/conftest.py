@@ -4,7 +4,8 @@
 One server per test session, on loopback, serving the tiny random Qwen3 of
 :mod:`tests.vllm.model` with its dev routes on (``VLLM_SERVER_DEV_MODE=1``: ``/pause``,
 ``/resume``, ``/update_weight_version``, ``/collective_rpc``), which the weight-sync tests
-drive. When vLLM is not installed, every test skips saying so.
+drive, and its token-in route with weight versions (``--enable-scale-out``), which linear
+mode calls. When vLLM is not installed, every test skips saying so.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         *("--dtype", "bfloat16", "--max-model-len", "4096", "--seed", "0"),
         *("--kv-cache-memory-bytes", str(1 << 30)),
         *("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),  # the math agent's tools
+        "--enable-scale-out",  # /inference/v1/generate: each token's weight version
     ]
     with log.open("wb") as out:
         process = subprocess.Popen(

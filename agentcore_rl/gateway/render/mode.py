@@ -8,16 +8,14 @@ import hashlib
 import logging
 import os
 import time
-import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
-from agentcore_rl.gateway.backends import Served, backend_named
-from agentcore_rl.gateway.call import Call, passed_on
-from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.backends import Backend, Served, backend_named
+from agentcore_rl.gateway.call import Call
 from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
@@ -78,7 +76,7 @@ class RenderMode:
         history: LinearHistory = call.session.render
         messages, tools, kwargs = self._conversation(body)
         try:  # every field forwarded or refused before any work; a template that refuses
-            self.backend.check(body, self.stop_ids)
+            _check(self.backend, body, self.stop_ids)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
         except ValueError as exc:  # RenderError included
             raise Refusal(400, str(exc), "invalid_request") from None
@@ -173,7 +171,8 @@ class RenderMode:
 
     async def _generate(self, call: Call, prompt_ids: list[int]) -> Served:
         """The completion of ``prompt_ids``, token-in; a ``suspend`` cuts it (vLLM aborts) and
-        the resume continues it from the tokens so far, ``call.versions`` marking each span."""
+        the resume continues it from the tokens so far, ``call.versions`` marking each span:
+        the upstream's own spans where it keeps them, else the gateway's."""
         gate, pool, versions = call.gate, call.upstream, call.versions
         body = call.body  # the agent's budget, or 4,096 tokens
         budget = int(body.get("max_completion_tokens") or body.get("max_tokens") or 4096)
@@ -181,36 +180,17 @@ class RenderMode:
         logprobs: list[float] = []
         tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
         top: list[dict[str, float]] | None = []
+        spans: list[tuple[int, str]] | None = []
+        running = gate.token_in.setdefault(pool.base, set())
+        if gate.resumes != versions.since:  # sent after an update that came since it was admitted
+            versions.start(0, gate.version)
         while True:
             resumes = gate.resumes
             least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
             rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
-            sent = prompt_ids + ids if ids else prompt_ids
-            request = self.backend.request(sent, rest, budget - len(ids))
-            # vLLM names a completions request's only prompt ``cmpl-{request_id}-0``
-            # (``vllm/entrypoints/openai/completion/serving.py``): the id a suspend aborts.
-            request_id = uuid.uuid4().hex
-            running = gate.token_in.setdefault(pool.base, set())
-            if self.backend.name == "vllm":
-                request["request_id"] = request_id
-                running.add(f"cmpl-{request_id}-0")
-            try:
-                status, content = await pool.fetch(pool.target(self.backend.path), dumps(request))
-            finally:
-                running.discard(f"cmpl-{request_id}-0")
-            if status != 200:
-                raise passed_on(status, content)
-            try:
-                served = self.backend.read(loads(content))
-            except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-                why = f"the {self.backend.name} upstream sent a malformed answer: {exc!r}"
-                raise Refusal(502, why, "upstream_invalid") from None
-            if served.prompt_ids is not None and served.prompt_ids != sent:
-                raise Refusal(
-                    502, "the upstream fed the model other ids than sent", "upstream_mismatch"
-                )
-            if len(served.logprobs) != len(served.token_ids):
-                raise Refusal(502, "the upstream sent no logprob per token", "upstream_invalid")
+            served = await self.backend.token_in(
+                pool, prompt_ids + ids, rest, budget - len(ids), running
+            )
             cut = (
                 served.finish_reason == "abort"
                 and (gate.paused == "suspend" or gate.resumes != resumes)
@@ -218,11 +198,17 @@ class RenderMode:
             )
             if gate.resumes != resumes and not cut:  # it waited out the pause in the queue
                 versions.start(len(ids), gate.version)
+            if spans is not None and served.spans is not None:
+                spans += [(len(ids) + at, label) for at, label in served.spans]
+            else:
+                spans = None
             ids += served.token_ids
             logprobs += served.logprobs
             tokens = None if served.tokens is None or tokens is None else tokens + served.tokens
             top = None if served.top is None or top is None else top + served.top
             if not cut:
+                if spans is not None:
+                    versions.adopt(spans, gate.labels)
                 return Served(
                     prompt_ids, ids, logprobs, served.finish_reason, served.stop_reason, tokens, top
                 )
@@ -243,3 +229,35 @@ class RenderMode:
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise Refusal(400, "chat_template_kwargs must be an object", "invalid_request")
         return messages, tools or None, kwargs
+
+
+# The chat request's fields linear mode serves itself: the conversation, the answer's form,
+# the budget, bookkeeping.
+_OWN: Final = frozenset[str]().union(
+    ("messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"),
+    ("stream", "stream_options", "n", "logprobs", "top_logprobs"),
+    ("max_tokens", "max_completion_tokens", "stop_token_ids"),
+    ("model", "user", "metadata", "store"),
+)
+
+
+def _check(backend: Backend, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
+    """Refuse (ValueError) a request linear mode cannot serve as asked through ``backend``,
+    before any work; ``stop_token_ids`` become the agent's and ``stop_ids``."""
+    for name in body:
+        if name not in _OWN and name not in backend.fields:
+            raise ValueError(
+                f"linear history cannot forward {name!r} to {backend.name} (it forwards "
+                f"{', '.join(sorted(backend.fields))})"
+            )
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+    if body.get("n", 1) not in (1, None):
+        raise ValueError("linear history follows one choice: n must be 1")
+    top = body.get("top_logprobs")
+    if body.get("logprobs") and top is not None and (type(top) is not int or not 0 <= top <= 20):
+        raise ValueError("top_logprobs must be an integer in 0..20")
+    extra = body.get("stop_token_ids") or []
+    if not isinstance(extra, list) or not all(type(i) is int for i in extra):
+        raise ValueError("stop_token_ids must be a list of token ids")
+    body["stop_token_ids"] = sorted({*stop_ids, *extra})
