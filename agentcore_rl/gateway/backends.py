@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
+from agentcore_rl.trace import CallRecord, Completion, ids_array, logprob_array
 
 __all__ = ["CHAT", "COMPLETIONS", "Backend", "Capture", "Served", "backend_named"]
 

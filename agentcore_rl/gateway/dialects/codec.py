@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agentcore_rl.gateway.jsonio import Invalid, loads
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = [
     "JSON_TYPE",

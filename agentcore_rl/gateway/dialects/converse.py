@@ -24,7 +24,7 @@ from agentcore_rl.gateway.dialects.codec import (
     tool_input,
 )
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["CONVERSE_DIALECT", "ConverseDialect", "event_message"]
 

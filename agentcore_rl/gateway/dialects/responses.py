@@ -15,7 +15,7 @@ from typing import Any, Final
 from agentcore_rl.gateway.dialects.chat import error_body
 from agentcore_rl.gateway.dialects.codec import Dialect, Encoder, Headers, Route, invalid
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["RESPONSES_DIALECT", "ResponsesDialect"]
 
