@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentcore_rl.gateway.jsonio import Invalid, loads
+from agentcore_rl.gateway.jsonio import Invalid, dumps, loads
 from agentcore_rl.gateway.sessions import Session
 
 __all__ = [
@@ -23,8 +23,17 @@ __all__ = [
     "Encoder",
     "Headers",
     "Route",
+    "assistant",
+    "chat_call",
+    "chat_tool",
     "chunks_of",
+    "first_choice",
     "invalid",
+    "need",
+    "reasoning",
+    "sse",
+    "stream_usage",
+    "tokens",
     "tool_input",
 ]
 
@@ -135,3 +144,73 @@ def tool_input(arguments: Any) -> Any:
 def invalid(message: str) -> Invalid:
     """A request the dialect cannot translate (a 400 naming the field)."""
     return Invalid(message)
+
+
+_KINDS: Final = {dict: "an object", list: "a list", str: "a string"}
+
+
+def need(value: Any, kind: type, where: str) -> Any:
+    """``value`` when it is a ``kind`` (dict, list or str), else the 400 naming ``where``."""
+    if not isinstance(value, kind):
+        raise invalid(f"{where}: must be {_KINDS[kind]}")
+    return value
+
+
+# The chat request's side: what each dialect's turns and tools become.
+
+
+def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A chat assistant message's tool call."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_tool(name: str, description: Any, parameters: Any) -> dict[str, Any]:
+    """A chat function tool (``description`` None: none)."""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def assistant(texts: list[str], thoughts: list[str], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat assistant message from a turn's text, reasoning and tool calls: no content when
+    it only calls tools, as a chat agent echoes such an answer."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if texts or not calls:
+        message["content"] = "".join(texts)
+    if thoughts:
+        message["reasoning_content"] = "".join(thoughts)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def stream_usage(chat: dict[str, Any]) -> None:
+    """Ask for a stream whose last chunk carries the usage (every dialect's stream ends with it)."""
+    chat.update(stream=True, stream_options={"include_usage": True})
+
+
+# The answer's side.
+
+
+def first_choice(answer: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """A whole chat answer's first choice and its message."""
+    choice = (answer.get("choices") or [{}])[0]
+    return choice, choice.get("message") or {}
+
+
+def reasoning(message: Mapping[str, Any]) -> Any:
+    """A message's or delta's reasoning (vLLM's ``reasoning_content``, or ``reasoning``)."""
+    return message.get("reasoning_content") or message.get("reasoning")
+
+
+def tokens(usage: Any) -> tuple[int, int]:
+    """A chat usage's prompt and completion tokens (0 when missing)."""
+    usage = usage if isinstance(usage, Mapping) else {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def sse(name: str, data: Mapping[str, Any]) -> bytes:
+    """One server-sent event under its ``event:`` line."""
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"

@@ -20,7 +20,15 @@ from agentcore_rl.gateway.dialects.codec import (
     Encoder,
     Headers,
     Route,
+    assistant,
+    chat_call,
+    chat_tool,
+    first_choice,
     invalid,
+    need,
+    reasoning,
+    stream_usage,
+    tokens,
     tool_input,
 )
 from agentcore_rl.gateway.jsonio import dumps
@@ -126,11 +134,7 @@ def _event(kind: str, payload: Mapping[str, Any]) -> bytes:
 
 
 def _usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
-    usage = usage or {}
-    prompt, completion = (
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-    )
+    prompt, completion = tokens(usage)
     return {"inputTokens": prompt, "outputTokens": completion, "totalTokens": prompt + completion}
 
 
@@ -158,12 +162,11 @@ class _ConverseEncoder(Encoder):
         return _STOP.get(str(reason), "end_turn")
 
     def whole(self, answer: dict[str, Any]) -> bytes:
-        choice = (answer.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
+        choice, message = first_choice(answer)
         content: list[dict[str, Any]] = []
-        if message.get("reasoning_content"):
-            text = message["reasoning_content"]
-            content.append({"reasoningContent": {"reasoningText": {"text": text}}})
+        thought = reasoning(message)
+        if thought:
+            content.append({"reasoningContent": {"reasoningText": {"text": thought}}})
         if message.get("content"):
             content.append({"text": message["content"]})
         for call in message.get("tool_calls") or ():
@@ -211,7 +214,7 @@ class _ConverseEncoder(Encoder):
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content")
+            thought = reasoning(delta)
             if thought:
                 if self.kind != "reasoning":
                     out += self._open("reasoning")
@@ -259,21 +262,17 @@ class _ConverseEncoder(Encoder):
 
 
 def _items(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise invalid(f"{where} must be a list")
-    return value
+    items: list[Any] = need(value, list, where)
+    return items
 
 
 def _fields(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise invalid(f"{where} must be an object")
-    return value
+    fields: dict[str, Any] = need(value, dict, where)
+    return fields
 
 
 def _string(fields: Mapping[str, Any], name: str, where: str) -> str:
-    value = fields.get(name)
-    if not isinstance(value, str):
-        raise invalid(f"{where}.{name} must be a string")
+    value: str = need(fields.get(name), str, f"{where}.{name}")
     return value
 
 
@@ -282,9 +281,7 @@ def _text(block: Any, where: str) -> str | None:
     is refused, naming it."""
     block = _fields(block, where)
     if "text" in block:
-        if not isinstance(block["text"], str):
-            raise invalid(f"{where}.text must be a string")
-        return block["text"]
+        return _string(block, "text", where)
     if "cachePoint" in block:
         return None
     kind = next(iter(block), "(empty)")
@@ -317,7 +314,7 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    reasoning: list[str] = []
+    thoughts: list[str] = []
     for i, block in enumerate(_items(message.get("content"), f"{where}.content")):
         at = f"{where}.content[{i}]"
         if isinstance(block, dict) and "toolResult" in block and role == "user":
@@ -326,30 +323,22 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
                 texts = []
             out.append(_tool_result(block, f"{at}.toolResult"))
         elif isinstance(block, dict) and "toolUse" in block and role == "assistant":
-            use = _fields(block["toolUse"], f"{at}.toolUse")
+            use, at = _fields(block["toolUse"], f"{at}.toolUse"), f"{at}.toolUse"
             arguments = json.dumps(use.get("input", {}), ensure_ascii=False)
-            function = {"name": _string(use, "name", f"{at}.toolUse"), "arguments": arguments}
-            call = _string(use, "toolUseId", f"{at}.toolUse")
-            calls.append({"id": call, "type": "function", "function": function})
+            name = _string(use, "name", at)
+            calls.append(chat_call(_string(use, "toolUseId", at), name, arguments))
         elif isinstance(block, dict) and "reasoningContent" in block and role == "assistant":
             thought = _fields(block["reasoningContent"], f"{at}.reasoningContent")
             if "reasoningText" not in thought:
                 raise invalid(f"{at}.reasoningContent: only reasoningText is supported")
-            reasoning.append(str(_fields(thought["reasoningText"], at).get("text", "")))
+            thoughts.append(str(_fields(thought["reasoningText"], at).get("text", "")))
         else:
             text = _text(block, at)
             if text is not None:
                 texts.append(text)
     if role == "user":
         return [*out, {"role": "user", "content": "\n".join(texts)}] if texts or not out else out
-    said: dict[str, Any] = {"role": "assistant"}
-    if texts or not calls:
-        said["content"] = "".join(texts)
-    if reasoning:
-        said["reasoning_content"] = "".join(reasoning)
-    if calls:
-        said["tool_calls"] = calls
-    return [said]
+    return [assistant(texts, thoughts, calls)]
 
 
 def _tools(config: Any) -> dict[str, Any]:
@@ -363,11 +352,9 @@ def _tools(config: Any) -> dict[str, Any]:
         spec = _fields(tool.get("toolSpec"), f"toolConfig.tools[{i}].toolSpec")
         where = f"toolConfig.tools[{i}].toolSpec"
         schema = _fields(spec.get("inputSchema"), f"{where}.inputSchema")
-        function = {"name": _string(spec, "name", where)}
-        if "description" in spec:
-            function["description"] = _string(spec, "description", where)
+        about = _string(spec, "description", where) if "description" in spec else None
         parameters = _fields(schema.get("json"), f"{where}.inputSchema.json")
-        tools.append({"type": "function", "function": {**function, "parameters": parameters}})
+        tools.append(chat_tool(_string(spec, "name", where), about, parameters))
     out: dict[str, Any] = {"tools": tools}
     if "toolChoice" in config:
         choice = _fields(config["toolChoice"], "toolConfig.toolChoice")
@@ -419,7 +406,7 @@ class ConverseDialect(Dialect):
         if "toolConfig" in body:
             chat.update(_tools(body["toolConfig"]))
         if route.stream:
-            chat.update(stream=True, stream_options={"include_usage": True})
+            stream_usage(chat)
         return chat
 
     def encoder(

@@ -22,7 +22,16 @@ from agentcore_rl.gateway.dialects.codec import (
     Encoder,
     Headers,
     Route,
+    assistant,
+    chat_call,
+    chat_tool,
+    first_choice,
     invalid,
+    need,
+    reasoning,
+    sse,
+    stream_usage,
+    tokens,
     tool_input,
 )
 from agentcore_rl.gateway.jsonio import dumps
@@ -54,9 +63,7 @@ _ASSISTANT: Final = ("text", "thinking", "redacted_thinking", "tool_use")
 
 
 def _string(block: Mapping[str, Any], key: str, at: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise invalid(f"{at}.{key}: must be a string")
+    value: str = need(block.get(key), str, f"{at}.{key}")
     return value
 
 
@@ -116,45 +123,29 @@ def _assistant(content: Any, at: str) -> dict[str, Any]:
         elif kind == "thinking":
             thoughts.append(_string(block, "thinking", where))
         elif kind == "tool_use":
-            arguments = block.get("input", {})
-            if not isinstance(arguments, dict):
-                raise invalid(f"{where}.input: must be an object")
+            arguments = need(block.get("input", {}), dict, f"{where}.input")
             # json's spacing, as the gateway's tool-call parsers write a call's arguments
-            function = {"name": _string(block, "name", where), "arguments": json.dumps(arguments)}
-            calls.append(
-                {"id": _string(block, "id", where), "type": "function", "function": function}
-            )
-    message: dict[str, Any] = {"role": "assistant"}
-    if texts or not calls:  # as a chat agent echoes a tool-calling answer: no content
-        message["content"] = "".join(texts)
-    if thoughts:
-        message["reasoning_content"] = "".join(thoughts)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+            name = _string(block, "name", where)
+            calls.append(chat_call(_string(block, "id", where), name, json.dumps(arguments)))
+    return assistant(texts, thoughts, calls)
 
 
 def _tool(tool: Any, at: str) -> dict[str, Any]:
     """A client tool (``name``, ``description``, ``input_schema``) as a chat function tool."""
-    if not isinstance(tool, dict):
-        raise invalid(f"{at}: must be an object")
+    need(tool, dict, at)
     if tool.get("type", "custom") not in ("custom", None):
         raise invalid(f"{at}.type: server tool {tool.get('type')!r} is not supported")
-    schema = tool.get("input_schema")
-    if not isinstance(schema, dict):
-        raise invalid(f"{at}.input_schema: must be an object")
-    function: dict[str, Any] = {"name": _string(tool, "name", at)}
-    if "description" in tool:
-        function["description"] = tool["description"]
-    function["parameters"] = schema
-    return {"type": "function", "function": function}
+    schema = need(tool.get("input_schema"), dict, f"{at}.input_schema")
+    return chat_tool(_string(tool, "name", at), tool.get("description"), schema)
 
 
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind == "tool":
-        name = _string(choice, "name", "tool_choice")
-        chat["tool_choice"] = {"type": "function", "function": {"name": name}}
+        chat["tool_choice"] = {
+            "type": "function",
+            "function": {"name": _string(choice, "name", "tool_choice")},
+        }
     elif kind in _CHOICES:
         chat["tool_choice"] = _CHOICES[kind]
     else:
@@ -169,10 +160,7 @@ def _conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     system = _text(body.get("system") or "", "system")
     if system:
         out.append({"role": "system", "content": system})
-    turns = body["messages"]
-    if not isinstance(turns, list):
-        raise invalid("messages: must be a list")
-    for i, turn in enumerate(turns):
+    for i, turn in enumerate(need(body["messages"], list, "messages")):
         at = f"messages.{i}"
         role = turn.get("role") if isinstance(turn, dict) else None
         if role not in ("user", "assistant", "system"):
@@ -191,10 +179,6 @@ _DELTA: Final = (
     b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
     b'"delta":{"type":"%s":%s}}\n\n'
 )
-
-
-def _event(name: bytes, data: dict[str, Any]) -> bytes:
-    return b"event: " + name + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 class _MessageEncoder(Encoder):
@@ -218,11 +202,8 @@ class _MessageEncoder(Encoder):
         return {"stop_reason": _STOPS.get(self.finish or "", "end_turn"), "stop_sequence": None}
 
     def _usage(self) -> dict[str, int]:
-        usage = self.usage
-        return {
-            "input_tokens": usage.get("prompt_tokens") or 0,
-            "output_tokens": usage.get("completion_tokens") or 0,
-        }
+        prompt, completion = tokens(self.usage)
+        return {"input_tokens": prompt, "output_tokens": completion}
 
     @staticmethod
     def _head(answer: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,25 +216,18 @@ class _MessageEncoder(Encoder):
         }
 
     def whole(self, answer: dict[str, Any]) -> bytes:
-        choice = (answer.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
+        choice, message = first_choice(answer)
         content: list[dict[str, Any]] = []
-        thought = message.get("reasoning_content") or message.get("reasoning")
+        thought = reasoning(message)
         if thought:
             content.append({"type": "thinking", "thinking": thought, "signature": ""})
         if message.get("content"):
             content.append({"type": "text", "text": message["content"]})
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
-            name, arguments = function.get("name"), function.get("arguments")
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": call.get("id"),
-                    "name": name,
-                    "input": tool_input(arguments),
-                }
-            )
+            arguments = tool_input(function.get("arguments"))
+            use = {"type": "tool_use", "id": call.get("id"), "name": function.get("name")}
+            content.append({**use, "input": arguments})
         self.finish, self.stop = choice.get("finish_reason"), choice.get("stop_reason")
         self.usage = answer.get("usage") or {}
         ending, usage = self._ending(bool(message.get("tool_calls"))), self._usage()
@@ -263,13 +237,13 @@ class _MessageEncoder(Encoder):
         out = self._close()
         self.open, self.index = kind, self.index + 1
         start = {"type": "content_block_start", "index": self.index, "content_block": block}
-        return [*out, _event(b"content_block_start", start)]
+        return [*out, sse("content_block_start", start)]
 
     def _close(self) -> list[bytes]:
         if self.open is None:
             return []
         self.open = None
-        return [_event(b"content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def _piece(self, kind: str, block: dict[str, Any], delta: bytes, value: Any) -> bytes:
         """A ``delta`` of a ``kind`` block (opened with ``block`` unless it is the open one):
@@ -281,7 +255,7 @@ class _MessageEncoder(Encoder):
         out = b"" if self.started else self._begin(chunk)
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            thought = reasoning(delta)
             if thought:
                 block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
                 out += self._piece("thinking", block, b'thinking_delta","thinking', thought)
@@ -313,8 +287,8 @@ class _MessageEncoder(Encoder):
         self.started = True
         usage = {"input_tokens": 0, "output_tokens": 0}
         message = {**self._head(chunk), "content": [], "stop_reason": None, "stop_sequence": None}
-        return _event(
-            b"message_start", {"type": "message_start", "message": {**message, "usage": usage}}
+        return sse(
+            "message_start", {"type": "message_start", "message": {**message, "usage": usage}}
         )
 
     def end(self) -> bytes:
@@ -322,8 +296,8 @@ class _MessageEncoder(Encoder):
         out += self._close()
         delta = self._ending(bool(self.calls))
         event = {"type": "message_delta", "delta": delta, "usage": self._usage()}
-        out.append(_event(b"message_delta", event))
-        out.append(_event(b"message_stop", {"type": "message_stop"}))
+        out.append(sse("message_delta", event))
+        out.append(sse("message_stop", {"type": "message_stop"}))
         return b"".join(out)
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
@@ -360,10 +334,8 @@ class MessagesDialect(Dialect):
             if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
                 raise invalid("stop_sequences: must be a list of strings")
             chat["stop"] = stops
-        tools = body.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list):
-                raise invalid("tools: must be a list")
+        if body.get("tools") is not None:
+            tools = need(body["tools"], list, "tools")
             chat["tools"] = [_tool(tool, f"tools.{i}") for i, tool in enumerate(tools)]
         if body.get("tool_choice") is not None:
             _tool_choice(body["tool_choice"], chat)
@@ -371,7 +343,7 @@ class MessagesDialect(Dialect):
         if not isinstance(stream, bool):
             raise invalid("stream: must be a boolean")
         if stream:  # the usage chunk: message_delta's usage
-            chat.update(stream=True, stream_options={"include_usage": True})
+            stream_usage(chat)
         return chat
 
     def encoder(
