@@ -110,7 +110,9 @@ class Admission:
             raise Refusal(502, down_message(pool.base, exc), "upstream_unavailable") from None
         await respond(send, status, content)
 
-    async def call(self, scope: Scope, receive: Receive, send: Send, sid: str, route: Route) -> None:
+    async def call(
+        self, scope: Scope, receive: Receive, send: Send, sid: str, route: Route
+    ) -> None:
         if not self.pools:
             raise Refusal(503, "the gateway is not started (enter it or serve it)", "not_ready")
         if scope["method"] != "POST":
@@ -127,7 +129,9 @@ class Admission:
             why = f"the gateway is paused for a weight update; retry in {options.retry_after}s"
             raise Refusal(429, why, "paused", retry)
         try:  # after the gate: a 429 opens no session, a call held across a finish is refused
-            await self._serve(send, self.sessions.admit(sid), route.dialect, raw, body, chat, version)
+            await self._serve(
+                send, self.sessions.admit(sid), route.dialect, raw, body, chat, version
+            )
         finally:
             self.gate.exit()
 

@@ -40,8 +40,7 @@ __all__ = ["ADMIN_TOKEN_ENV", "GATEWAY_ID_HEADER", "MOVED_KEYWORDS", "RolloutGat
 ADMIN_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 #: Where the limits the constructor took as keywords live now (named by the TypeError).
 MOVED_KEYWORDS: Final = {
-    name: f"options=GatewayOptions({name}=...)"
-    for name in GatewayOptions.__dataclass_fields__
+    name: f"options=GatewayOptions({name}=...)" for name in GatewayOptions.__dataclass_fields__
 }
 _DEFAULTS: Final = GatewayOptions()
 

@@ -53,7 +53,10 @@ async def test_bad_requests_get_a_json_error_naming_the_problem(
 
 
 async def test_an_oversized_body_is_refused_with_413() -> None:
-    async with served(options=GatewayOptions(max_body_bytes=1000)) as stack, httpx.AsyncClient(base_url=stack.url) as h:
+    async with (
+        served(options=GatewayOptions(max_body_bytes=1000)) as stack,
+        httpx.AsyncClient(base_url=stack.url) as h,
+    ):
         big = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}
         response = await h.post("/sessions/s1/v1/chat/completions", json=big)
         assert response.status_code == 413
@@ -61,7 +64,10 @@ async def test_an_oversized_body_is_refused_with_413() -> None:
 
 
 async def test_unknown_sessions_are_refused_when_the_client_opens_them() -> None:
-    async with served(options=GatewayOptions(require_open=True)) as stack, httpx.AsyncClient(base_url=stack.url) as h:
+    async with (
+        served(options=GatewayOptions(require_open=True)) as stack,
+        httpx.AsyncClient(base_url=stack.url) as h,
+    ):
         response = await h.post("/sessions/never-opened/v1/chat/completions", json=BODY)
         assert response.status_code == 404
         assert "unknown session" in response.json()["error"]["message"]

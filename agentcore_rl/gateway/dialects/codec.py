@@ -146,7 +146,7 @@ def invalid(message: str) -> Invalid:
     return Invalid(message)
 
 
-_KINDS: Final = {dict: "an object", list: "a list", str: "a string"}
+_KINDS: Final[dict[type, str]] = {dict: "an object", list: "a list", str: "a string"}
 
 
 def need(value: Any, kind: type, where: str) -> Any:
@@ -214,3 +214,81 @@ def tokens(usage: Any) -> tuple[int, int]:
 def sse(name: str, data: Mapping[str, Any]) -> bytes:
     """One server-sent event under its ``event:`` line."""
     return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+
+class BlockEncoder(Encoder):
+    """The stream of a dialect whose answer is a list of content blocks (reasoning, text, each
+    tool call), in the chat answer's order: a block opens when the deltas change kind, takes
+    their pieces, and closes when the next opens or the stream ends. A subclass writes the
+    bytes: :meth:`begin`, :meth:`open`, :meth:`piece`, :meth:`close`, and its :meth:`end`
+    (after :meth:`wind_up`). ``kind`` is the open block's: ``"reasoning"``, ``"text"`` or a tool
+    call's chat index; ``index`` its place among the answer's blocks."""
+
+    def __init__(self) -> None:
+        self.begun = False
+        self.kind: str | int | None = None
+        self.index = -1
+        self.calls: dict[int, Mapping[str, Any]] = {}  # the tool calls begun (first delta)
+        self.finish: str | None = None
+        self.stop: Any = None  # the stop string that ended it (vLLM's ``stop_reason``)
+        self.usage: Any = None
+
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
+        """The stream's first bytes (``chunk``: the first, or {} when none came)."""
+        return b""
+
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
+        """Open a block (``call``: a tool call's first delta, with its id and name)."""
+        raise NotImplementedError
+
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
+        """A piece of the open block: its reasoning, text, or tool call arguments."""
+        raise NotImplementedError
+
+    def close(self) -> bytes:
+        """Close the open block."""
+        raise NotImplementedError
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        out = b"" if self.begun else self._begin(chunk)
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            thought = reasoning(delta)
+            if thought:
+                out += self._enter("reasoning") + self.piece("reasoning", thought, choice)
+            if delta.get("content"):
+                out += self._enter("text") + self.piece("text", delta["content"], choice)
+            for call in delta.get("tool_calls") or ():
+                index = call.get("index", 0)
+                if index not in self.calls:  # a call begins
+                    self.calls[index] = call
+                    out += self._enter(index, call)
+                arguments = (call.get("function") or {}).get("arguments")
+                if arguments:
+                    if self.kind != index:
+                        raise ValueError("a tool call's arguments came after the next block began")
+                    out += self.piece(index, arguments, choice)
+            self.finish = choice.get("finish_reason") or self.finish
+            self.stop = choice.get("stop_reason", self.stop)
+        return out
+
+    def _begin(self, chunk: Mapping[str, Any]) -> bytes:
+        self.begun = True
+        return self.begin(chunk)
+
+    def _enter(self, kind: str | int, call: Mapping[str, Any] | None = None) -> bytes:
+        if self.kind == kind:
+            return b""
+        out = self.wind_up()
+        self.kind, self.index = kind, self.index + 1
+        return out + self.open(kind, call)
+
+    def wind_up(self) -> bytes:
+        """The stream's beginning if it has none yet, and the open block's close."""
+        out = b"" if self.begun else self._begin({})
+        if self.kind is not None:
+            out += self.close()
+            self.kind = None
+        return out

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from agentcore_rl.gateway.dialects.codec import (
     JSON_TYPE,
+    BlockEncoder,
     Dialect,
     Encoder,
     Headers,
@@ -129,6 +130,14 @@ _EVENT_HEADERS: Final = {
 }
 
 
+# A delta's JSON before and after its value (then the block's index), by the block's kind.
+_PIECES: Final = {
+    "text": (b'{"delta":{"text":', b""),
+    "reasoning": (b'{"delta":{"reasoningContent":{"text":', b"}"),
+    "call": (b'{"delta":{"toolUse":{"input":', b"}"),
+}
+
+
 def _event(kind: str, payload: Mapping[str, Any]) -> bytes:
     return event_message(_EVENT_HEADERS[kind], dumps(payload))
 
@@ -138,26 +147,21 @@ def _usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
     return {"inputTokens": prompt, "outputTokens": completion, "totalTokens": prompt + completion}
 
 
-class _ConverseEncoder(Encoder):
+class _ConverseEncoder(BlockEncoder):
     headers: Headers = [JSON_TYPE]
     stream_headers: Headers = [(b"content-type", b"application/vnd.amazon.eventstream")]
 
     def __init__(self, stops: list[str]) -> None:
+        super().__init__()
         self.stops = stops
         self.started = time.perf_counter()  # metrics.latencyMs: from the call's decoding
-        self.index = -1  # the open content block's contentBlockIndex (-1: none yet)
-        self.kind: str | int | None = None  # its kind: "text", "reasoning", a tool call's index
-        self.finish: str = "end_turn"
-        self.usage: Mapping[str, Any] | None = None
-        self.begun = False
-        self.tail = b""  # a text delta's JSON after the text, for the open block
+        self.tail = b""  # a delta's JSON after its value, for the open block
 
     def _latency(self) -> dict[str, int]:
         return {"latencyMs": round((time.perf_counter() - self.started) * 1000)}
 
-    def _stop_reason(self, choice: Mapping[str, Any]) -> str:
-        reason = choice.get("finish_reason")
-        if reason == "stop" and choice.get("stop_reason") in self.stops:
+    def _stop_reason(self, reason: Any, stop: Any) -> str:
+        if reason == "stop" and stop in self.stops:
             return "stop_sequence"  # vLLM names the stop string it met
         return _STOP.get(str(reason), "end_turn")
 
@@ -173,83 +177,40 @@ class _ConverseEncoder(Encoder):
             function = call.get("function") or {}
             tool = {"toolUseId": call.get("id"), "name": function.get("name")}
             content.append({"toolUse": {**tool, "input": tool_input(function.get("arguments"))}})
+        stop = self._stop_reason(choice.get("finish_reason"), choice.get("stop_reason"))
         return dumps(
             {
                 "output": {"message": {"role": "assistant", "content": content or [{"text": ""}]}},
-                "stopReason": self._stop_reason(choice),
+                "stopReason": stop,
                 "usage": _usage(answer.get("usage")),
                 "metrics": self._latency(),
             }
         )
 
-    def _open(self, kind: str | int, start: dict[str, Any] | None = None) -> list[bytes]:
-        out = self._close()
-        self.index += 1
-        self.kind = kind
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
+        return _event("messageStart", {"role": "assistant"})
+
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
         self.tail = b'},"contentBlockIndex":%d}' % self.index
-        if start is not None:
-            out.append(
-                _event("contentBlockStart", {"start": start, "contentBlockIndex": self.index})
-            )
-        return out
+        if call is None:  # text and reasoning blocks start with their first delta
+            return b""
+        name = (call.get("function") or {}).get("name") or ""
+        start = {"toolUse": {"toolUseId": call.get("id") or "", "name": name}}
+        return _event("contentBlockStart", {"start": start, "contentBlockIndex": self.index})
 
-    def _close(self) -> list[bytes]:
-        if self.kind is None:
-            return []
-        self.kind = None
-        return [_event("contentBlockStop", {"contentBlockIndex": self.index})]
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
+        # the most frequent event: its JSON written around the value's
+        head, shut = _PIECES[kind if isinstance(kind, str) else "call"]
+        payload = head + dumps(text) + shut + self.tail
+        return event_message(_EVENT_HEADERS["contentBlockDelta"], payload)
 
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        return _event("contentBlockDelta", {"delta": delta, "contentBlockIndex": self.index})
-
-    def _begin(self) -> list[bytes]:
-        if self.begun:
-            return []
-        self.begun = True
-        return [_event("messageStart", {"role": "assistant"})]
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out = [] if self.begun else self._begin()
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            thought = reasoning(delta)
-            if thought:
-                if self.kind != "reasoning":
-                    out += self._open("reasoning")
-                out.append(self._delta({"reasoningContent": {"text": thought}}))
-            text = delta.get("content")
-            if text:  # the most frequent event: its JSON written around the text's
-                if self.kind != "text":
-                    out += self._open("text")
-                payload = b'{"delta":{"text":' + dumps(text) + self.tail
-                out.append(event_message(_EVENT_HEADERS["contentBlockDelta"], payload))
-            calls = delta.get("tool_calls")
-            if calls:
-                out += self._calls(calls)
-            if choice.get("finish_reason"):
-                self.finish = self._stop_reason(choice)
-        return b"".join(out)
-
-    def _calls(self, calls: list[dict[str, Any]]) -> list[bytes]:
-        """Tool call deltas: a call's first (its id and name) opens a toolUse block, its
-        arguments' pieces are the block's ``input`` deltas."""
-        out = []
-        for call in calls:
-            function = call.get("function") or {}
-            if self.kind != call.get("index", 0) or call.get("id"):
-                tool = {"toolUseId": call.get("id") or "", "name": function.get("name") or ""}
-                out += self._open(call.get("index", 0), {"toolUse": tool})
-            if function.get("arguments"):
-                out.append(self._delta({"toolUse": {"input": function["arguments"]}}))
-        return out
+    def close(self) -> bytes:
+        return _event("contentBlockStop", {"contentBlockIndex": self.index})
 
     def end(self) -> bytes:
-        out = [*self._begin(), *self._close()]
-        out.append(_event("messageStop", {"stopReason": self.finish}))
-        out.append(_event("metadata", {"usage": _usage(self.usage), "metrics": self._latency()}))
-        return b"".join(out)
+        out = self.wind_up()
+        out += _event("messageStop", {"stopReason": self._stop_reason(self.finish, self.stop)})
+        return out + _event("metadata", {"usage": _usage(self.usage), "metrics": self._latency()})
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
         name = _STREAM_ERRORS.get(status, "internalServer") + "Exception"

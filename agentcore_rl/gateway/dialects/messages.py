@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agentcore_rl.gateway.dialects.codec import (
+    BlockEncoder,
     Dialect,
     Encoder,
     Headers,
@@ -179,20 +180,12 @@ _DELTA: Final = (
     b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
     b'"delta":{"type":"%s":%s}}\n\n'
 )
+_PIECES: Final = {"reasoning": b'thinking_delta","thinking', "text": b'text_delta","text'}
 
 
-class _MessageEncoder(Encoder):
+class _MessageEncoder(BlockEncoder):
     """One answer as a ``message``, or its events: content blocks open as the chat deltas
     change kind (thinking, text, each tool call), the stop and usage come at the end."""
-
-    def __init__(self) -> None:
-        self.started = False
-        self.open: str | None = None  # the open block: "thinking", "text" or a tool call's id
-        self.index = -1  # the open block's index
-        self.finish: str | None = None
-        self.stop: Any = None  # the stop string that ended it (vLLM's ``stop_reason``)
-        self.calls: dict[int, str] = {}  # the tool calls begun, by index: their ids
-        self.usage: Mapping[str, Any] = {}
 
     def _ending(self, calls: bool) -> dict[str, Any]:
         if calls and self.finish != "length":  # a named tool_choice finishes "stop"
@@ -229,76 +222,43 @@ class _MessageEncoder(Encoder):
             use = {"type": "tool_use", "id": call.get("id"), "name": function.get("name")}
             content.append({**use, "input": arguments})
         self.finish, self.stop = choice.get("finish_reason"), choice.get("stop_reason")
-        self.usage = answer.get("usage") or {}
+        self.usage = answer.get("usage")
         ending, usage = self._ending(bool(message.get("tool_calls"))), self._usage()
         return dumps({**self._head(answer), "content": content, **ending, "usage": usage})
 
-    def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
-        out = self._close()
-        self.open, self.index = kind, self.index + 1
-        start = {"type": "content_block_start", "index": self.index, "content_block": block}
-        return [*out, sse("content_block_start", start)]
-
-    def _close(self) -> list[bytes]:
-        if self.open is None:
-            return []
-        self.open = None
-        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
-
-    def _piece(self, kind: str, block: dict[str, Any], delta: bytes, value: Any) -> bytes:
-        """A ``delta`` of a ``kind`` block (opened with ``block`` unless it is the open one):
-        written from a template, as a stream's deltas are most of its work."""
-        start = b"".join(self._start(kind, block)) if self.open != kind else b""
-        return start + _DELTA % (self.index, delta, dumps(value))
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out = b"" if self.started else self._begin(chunk)
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            thought = reasoning(delta)
-            if thought:
-                block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-                out += self._piece("thinking", block, b'thinking_delta","thinking', thought)
-            text = delta.get("content")
-            if text:
-                out += self._piece("text", {"type": "text", "text": ""}, b'text_delta","text', text)
-            for call in delta.get("tool_calls") or ():
-                function, index = call.get("function") or {}, call.get("index", 0)
-                if call.get("id") and index not in self.calls:  # a call begins
-                    name, self.calls[index] = function.get("name"), call["id"]
-                    block = {"type": "tool_use", "id": call["id"], "name": name, "input": {}}
-                    out += b"".join(self._start(call["id"], block))
-                arguments = function.get("arguments")
-                if arguments and self.open == self.calls.get(index):
-                    out += _DELTA % (
-                        self.index,
-                        b'input_json_delta","partial_json',
-                        dumps(arguments),
-                    )
-            self.finish = choice.get("finish_reason") or self.finish
-            self.stop = choice.get("stop_reason", self.stop)
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        return out
-
-    def _begin(self, chunk: Mapping[str, Any]) -> bytes:
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
         # The input tokens are known at the end (the usage chunk): message_delta's usage,
         # which the SDK's accumulator takes over message_start's.
-        self.started = True
         usage = {"input_tokens": 0, "output_tokens": 0}
         message = {**self._head(chunk), "content": [], "stop_reason": None, "stop_sequence": None}
         return sse(
             "message_start", {"type": "message_start", "message": {**message, "usage": usage}}
         )
 
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
+        if kind == "reasoning":
+            block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+        elif kind == "text":
+            block = {"type": "text", "text": ""}
+        else:
+            name = ((call or {}).get("function") or {}).get("name")
+            block = {"type": "tool_use", "id": (call or {}).get("id"), "name": name, "input": {}}
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return sse("content_block_start", start)
+
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
+        # written from a template, as a stream's deltas are most of its work
+        name = _PIECES[kind] if isinstance(kind, str) else b'input_json_delta","partial_json'
+        return _DELTA % (self.index, name, dumps(text))
+
+    def close(self) -> bytes:
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+
     def end(self) -> bytes:
-        out = [] if self.started else [self._begin({})]
-        out += self._close()
-        delta = self._ending(bool(self.calls))
-        event = {"type": "message_delta", "delta": delta, "usage": self._usage()}
-        out.append(sse("message_delta", event))
-        out.append(sse("message_stop", {"type": "message_stop"}))
-        return b"".join(out)
+        out = self.wind_up()
+        event = {"type": "message_delta", "delta": self._ending(bool(self.calls))}
+        out += sse("message_delta", {**event, "usage": self._usage()})
+        return out + sse("message_stop", {"type": "message_stop"})
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
         return b"event: error\ndata: " + _error_body(status, message) + b"\n\n"

@@ -18,7 +18,6 @@ from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.backends import Served, backend_named
 from agentcore_rl.gateway.call import Call, passed_on
 from agentcore_rl.gateway.jsonio import dumps, loads
-from agentcore_rl.trace import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
     parse_completion,
@@ -26,6 +25,7 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.render.template import ChatTemplate
+from agentcore_rl.trace import Completion, ids_array, logprob_array
 
 __all__ = ["RenderMode"]
 
