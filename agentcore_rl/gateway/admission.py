@@ -102,6 +102,24 @@ class Admission:
         """A session's upstream: a hash of its id (its prefix cache is reused turn after turn)."""
         return self.pools[zlib.crc32(sid.encode()) % len(self.pools)]
 
+    async def drive(
+        self, path: str, body: dict[str, Any] | None = None, pools: list[UpstreamPool] | None = None
+    ) -> None:
+        """A control call to each upstream's root (vLLM's ``VLLM_SERVER_DEV_MODE`` routes)."""
+        for pool in self.pools if pools is None else pools:
+            try:
+                status, content = await pool.fetch(
+                    pool.target(path, root=True), None if body is None else dumps(body)
+                )
+            except UpstreamError as exc:
+                raise UpstreamError(down_message(pool.base, exc)) from None
+            if status != 200:
+                raise UpstreamError(
+                    f"{pool.base} answered {path} with HTTP {status} "
+                    f"({content[:200].decode('utf-8', 'replace')}); a suspend needs vLLM >= 0.32 "
+                    "started with VLLM_SERVER_DEV_MODE=1 (or pause with mode hold)"
+                )
+
     async def models(self, send: Send, sid: str) -> None:
         pool = self.pool_for(sid)
         try:

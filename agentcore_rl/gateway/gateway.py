@@ -20,14 +20,14 @@ from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.gateway.admin import GATEWAY_ID_HEADER, admin_app
 from agentcore_rl.gateway.admission import Admission, GatewayOptions, bearer_session
 from agentcore_rl.gateway.backends import backend_named
-from agentcore_rl.gateway.call import down_message, render, respond
+from agentcore_rl.gateway.call import render, respond
 from agentcore_rl.gateway.dialects import PATHS, route_for
 from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT
-from agentcore_rl.gateway.jsonio import Invalid, check_version, dumps
+from agentcore_rl.gateway.jsonio import Invalid, check_version
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate
 from agentcore_rl.gateway.proxy import ProxyMode
 from agentcore_rl.gateway.sessions import Sessions, TraceSink, check_session_id
-from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool, checked_url
+from agentcore_rl.gateway.upstream import UpstreamPool, checked_url
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.trace import SessionTrace
 
@@ -169,11 +169,13 @@ class RolloutGateway:
         if mode != "suspend":
             return
         try:
-            await self._drive("/pause?mode=keep")
+            await self.calls.drive("/pause?mode=keep")
             for pool in self.calls.pools:  # token-in calls: cut there, continued after the resume
                 running = self.gate.token_in.get(pool.base)
                 if running:
-                    await self._drive("/abort_requests", {"request_ids": sorted(running)}, [pool])
+                    await self.calls.drive(
+                        "/abort_requests", {"request_ids": sorted(running)}, [pool]
+                    )
         except BaseException:
             await self.resume()
             raise
@@ -187,28 +189,10 @@ class RolloutGateway:
         version = {"new_version": str(self.gate.version)}
         with anyio.CancelScope(shield=True):  # a cancelled trainer must not leave vLLM paused
             try:
-                await self._drive("/update_weight_version", version)
+                await self.calls.drive("/update_weight_version", version)
             finally:
                 self.gate.resume()  # the tokens from here on are the new version's
-                await self._drive("/resume")
-
-    async def _drive(
-        self, path: str, body: dict[str, Any] | None = None, pools: list[UpstreamPool] | None = None
-    ) -> None:
-        """A control call to each upstream's root (vLLM's ``VLLM_SERVER_DEV_MODE`` routes)."""
-        for pool in self.calls.pools if pools is None else pools:
-            try:
-                status, content = await pool.fetch(
-                    pool.target(path, root=True), None if body is None else dumps(body)
-                )
-            except UpstreamError as exc:
-                raise UpstreamError(down_message(pool.base, exc)) from None
-            if status != 200:
-                raise UpstreamError(
-                    f"{pool.base} answered {path} with HTTP {status} "
-                    f"({content[:200].decode('utf-8', 'replace')}); a suspend needs vLLM >= 0.32 "
-                    "started with VLLM_SERVER_DEV_MODE=1 (or pause with mode hold)"
-                )
+                await self.calls.drive("/resume")
 
     def open_session(
         self,
