@@ -20,10 +20,9 @@ from agentcore_rl.gateway.dialects.codec import (
     Headers,
     Route,
     chat_call,
-    first_choice,
+    chunks_of,
     invalid,
     need,
-    reasoning,
     sse,
     stream_usage,
     tokens,
@@ -255,34 +254,27 @@ class _ResponseEncoder(BlockEncoder):
         self.pieces: list[str] = []  # its text so far
         self.logprobs: list[Any] = []
 
-    def _item(self, kind: str, text: str = "", logprobs: Any = None, **call: str) -> dict[str, Any]:
-        """A new output item (``reasoning``, ``message``, ``function_call``) at the end."""
+    def _item(self, kind: str, **call: str) -> dict[str, Any]:
+        """A new output item (``reasoning``, ``message``, ``function_call``) at the end; its
+        text comes when it closes."""
         n = len(self.output)
         if kind == "reasoning":
-            content = {"type": "reasoning_text", "text": text}
+            content = {"type": "reasoning_text", "text": ""}
             item = {"id": f"rs_{self.hex}_{n}", "type": kind, "summary": [], "content": [content]}
         elif kind == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             item = {"id": f"msg_{self.hex}_{n}", "type": kind, "role": "assistant"}
             item["content"] = [part]
         else:
-            item = {"id": f"fc_{self.hex}_{n}", "type": kind, **call, "arguments": text}
+            item = {"id": f"fc_{self.hex}_{n}", "type": kind, **call, "arguments": ""}
         self.output.append(item)
         return item
 
     def whole(self, answer: dict[str, Any]) -> bytes:
-        choice, message = first_choice(answer)
-        thought = reasoning(message)
-        if thought:
-            self._item("reasoning", thought)
-        if message.get("content") or not message.get("tool_calls"):  # a turn has its message
-            logprobs = (choice.get("logprobs") or {}).get("content") or []
-            self._item("message", message.get("content") or "", logprobs)
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
-            arguments, name = function.get("arguments") or "", function.get("name") or ""
-            self._item("function_call", arguments, call_id=call.get("id") or "", name=name)
-        self._complete(answer.get("model"), choice.get("finish_reason"), answer.get("usage"))
+        # the answer as its one-chunk stream: the same items, the events unsent
+        for chunk in chunks_of(answer):
+            self.chunk(chunk)
+        self.end()
         return dumps(self.response)
 
     def _complete(self, model: Any, finish: str | None, usage: Any) -> None:
@@ -330,7 +322,7 @@ class _ResponseEncoder(BlockEncoder):
             function = call.get("function") or {}
             named = {"call_id": call.get("id") or "", "name": function.get("name") or ""}
         name = _ITEMS.get(kind, "function_call") if isinstance(kind, str) else "function_call"
-        item = self.item = self._item(name, logprobs=[], **named)
+        item = self.item = self._item(name, **named)
         self.pieces, self.logprobs = [], []
         at = {"output_index": len(self.output) - 1, "item_id": item["id"]}
         added = {**item, "status": "in_progress"}
