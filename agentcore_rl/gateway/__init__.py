@@ -20,17 +20,16 @@ from agentcore_rl.errors import GatewayError, TraceLostError
 from agentcore_rl.trace import CallRecord, Completion, SessionTrace, dump_trace, load_trace
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.admission import GatewayOptions
     from agentcore_rl.gateway.gateway import ADMIN_TOKEN_ENV, RolloutGateway
     from agentcore_rl.gateway.render.mode import RenderMode
-    from agentcore_rl.gateway.sessions import DirectorySink, TraceSink
+    from agentcore_rl.gateway.sessions import DirectorySink, GatewayOptions, TraceSink
 
 # Imported on first use (PEP 562): a trainer that only reads traces (``agentcore_rl.trace``)
 # needs neither Starlette nor uvicorn, which the gateway app does.
 _LAZY: dict[str, str] = {
     "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.gateway",
     "DirectorySink": "agentcore_rl.gateway.sessions",
-    "GatewayOptions": "agentcore_rl.gateway.admission",
+    "GatewayOptions": "agentcore_rl.gateway.sessions",
     "TraceSink": "agentcore_rl.gateway.sessions",
     "RolloutGateway": "agentcore_rl.gateway.gateway",
     "RenderMode": "agentcore_rl.gateway.render.mode",

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -18,44 +17,14 @@ from agentcore_rl.gateway.dialects.codec import Dialect, Route
 from agentcore_rl.gateway.jsonio import dumps, parse_object
 from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.proxy import ProxyMode
-from agentcore_rl.gateway.sessions import Session, Sessions
+from agentcore_rl.gateway.sessions import GatewayOptions, Session, Sessions
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamPool
-from agentcore_rl.keywords import check_numbers, checked_init
 from agentcore_rl.trace import CallRecord
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.render.mode import RenderMode
 
-__all__ = ["DEFAULT_SESSION_TTL", "Admission", "GatewayOptions", "bearer_session"]
-
-#: AgentCore Runtime's longest session (8 hours): a session idle this long has ended.
-DEFAULT_SESSION_TTL: Final = 8 * 3600.0
-
-
-@checked_init
-@dataclass(frozen=True, kw_only=True)
-class GatewayOptions:
-    """The gateway's limits: ``session_ttl`` (seconds idle before a session expires, and how
-    long an ended session's id refuses late calls), ``require_open`` (refuse calls for sessions
-    the trainer did not open), an agent's body (``max_body_bytes``, received within
-    ``body_timeout`` seconds), ``finish_wait`` (how long finishing a session waits for its calls
-    in flight), ``retry_after`` (what a ``reject`` pause tells agents).
-
-    Example::
-
-        RolloutGateway(url, options=GatewayOptions(session_ttl=3600, require_open=True))
-    """
-
-    session_ttl: float = DEFAULT_SESSION_TTL
-    require_open: bool = False
-    max_body_bytes: int = 32 * 1024 * 1024
-    body_timeout: float = 60.0
-    finish_wait: float = 30.0
-    retry_after: float = 1.0
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "session_ttl", "max_body_bytes", "body_timeout", above=0)
-        check_numbers(self, "finish_wait", "retry_after", at_least=0)
+__all__ = ["Admission", "bearer_session"]
 
 
 def bearer_session(scope: Scope) -> str:

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from agentcore_rl.edge import Refusal
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.gateway.admin import GATEWAY_ID_HEADER, admin_app
-from agentcore_rl.gateway.admission import Admission, GatewayOptions, bearer_session
+from agentcore_rl.gateway.admission import Admission, bearer_session
 from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.call import render, respond
 from agentcore_rl.gateway.dialects import PATHS, route_for
@@ -26,7 +26,7 @@ from agentcore_rl.gateway.dialects.chat import CHAT_DIALECT
 from agentcore_rl.gateway.jsonio import Invalid, check_version
 from agentcore_rl.gateway.policy_gate import PauseMode, PolicyGate
 from agentcore_rl.gateway.proxy import ProxyMode
-from agentcore_rl.gateway.sessions import Sessions, TraceSink, check_session_id
+from agentcore_rl.gateway.sessions import GatewayOptions, Sessions, TraceSink, check_session_id
 from agentcore_rl.gateway.upstream import UpstreamPool, checked_url
 from agentcore_rl.keywords import check_config_types, checked
 from agentcore_rl.trace import SessionTrace
@@ -87,14 +87,7 @@ class RolloutGateway:
         self.options, self.sink = options, sink
         self.gateway_id = uuid.uuid4().hex
         self.gate = PolicyGate()
-        self.sessions = Sessions(
-            self.gateway_id,
-            ttl=options.session_ttl,
-            sink=sink,
-            require_open=options.require_open,
-            finish_wait=options.finish_wait,
-            clock=clock,
-        )
+        self.sessions = Sessions(self.gateway_id, options, sink, clock)
         # every call that ``render`` does not serve goes through the proxy mode
         modes = (ProxyMode(self.backend), render)
         self.calls = Admission(options, self.sessions, self.gate, modes, model, clock)

@@ -1,5 +1,6 @@
 """The gateway's sessions: each live session's records so far, the ended ones' ids (closed to
-late calls for the session TTL), and where expired sessions' traces go (a :class:`TraceSink`)."""
+late calls for the session TTL), and where expired sessions' traces go (a :class:`TraceSink`);
+the gateway's limits (:class:`GatewayOptions`), which its sessions and its admission read."""
 
 from __future__ import annotations
 
@@ -18,13 +19,52 @@ import anyio
 from agentcore_rl.edge import Refusal
 from agentcore_rl.errors import TraceLostError
 from agentcore_rl.gateway.jsonio import Invalid, check_value
+from agentcore_rl.keywords import check_numbers, checked_init
 from agentcore_rl.trace import CallRecord, SessionTrace, dump_trace, load_trace
 
-__all__ = ["DirectorySink", "Session", "Sessions", "TraceSink", "check_session_id"]
+__all__ = [
+    "DEFAULT_SESSION_TTL",
+    "DirectorySink",
+    "GatewayOptions",
+    "Session",
+    "Sessions",
+    "TraceSink",
+    "check_session_id",
+]
 
 log = logging.getLogger("agentcore_rl.gateway")
 
 _SESSION_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
+
+
+#: AgentCore Runtime's longest session (8 hours): a session idle this long has ended.
+DEFAULT_SESSION_TTL: Final = 8 * 3600.0
+
+
+@checked_init
+@dataclass(frozen=True, kw_only=True)
+class GatewayOptions:
+    """The gateway's limits: ``session_ttl`` (seconds idle before a session expires, and how
+    long an ended session's id refuses late calls), ``require_open`` (refuse calls for sessions
+    the trainer did not open), an agent's body (``max_body_bytes``, received within
+    ``body_timeout`` seconds), ``finish_wait`` (how long finishing a session waits for its calls
+    in flight), ``retry_after`` (what a ``reject`` pause tells agents).
+
+    Example::
+
+        RolloutGateway(url, options=GatewayOptions(session_ttl=3600, require_open=True))
+    """
+
+    session_ttl: float = DEFAULT_SESSION_TTL
+    require_open: bool = False
+    max_body_bytes: int = 32 * 1024 * 1024
+    body_timeout: float = 60.0
+    finish_wait: float = 30.0
+    retry_after: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "session_ttl", "max_body_bytes", "body_timeout", above=0)
+        check_numbers(self, "finish_wait", "retry_after", at_least=0)
 
 
 def check_session_id(sid: object) -> None:
@@ -137,15 +177,13 @@ class Sessions:
     def __init__(
         self,
         gateway_id: str,
-        *,
-        ttl: float,
+        options: GatewayOptions,
         sink: TraceSink | None,
-        require_open: bool,
-        finish_wait: float,
         clock: Callable[[], float],
     ) -> None:
-        self.gateway_id, self.ttl, self.sink = gateway_id, ttl, sink
-        self.require_open, self.finish_wait, self._clock = require_open, finish_wait, clock
+        self.gateway_id, self.ttl, self.sink = gateway_id, options.session_ttl, sink
+        self.require_open, self.finish_wait = options.require_open, options.finish_wait
+        self._clock = clock
         self.live: dict[str, Session] = {}
         # Ended sessions (finished or expired) -> when, oldest first.
         self.ended: dict[str, float] = {}
