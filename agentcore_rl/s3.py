@@ -12,7 +12,7 @@ import platform
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import aiobotocore
 import botocore
@@ -23,9 +23,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from agentcore_rl.errors import StorageError
 from agentcore_rl.retry import RetryPolicy
-
-if TYPE_CHECKING:  # imported when used: the agent's container does not need the gateway
-    from agentcore_rl.gateway.record import SessionTrace
+from agentcore_rl.trace import SessionTrace, dump_trace, load_trace
 
 __all__ = [
     "AWS_USER_AGENT",
@@ -307,9 +305,6 @@ class ResultStore:
     async def put_trace(self, bucket: str, key: str, trace: SessionTrace) -> None:
         """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at
         ``protocol.trace_key(result_key)``."""
-        # lazy: the S3 door loads the gateway's trace format only when a trace is stored
-        from agentcore_rl.gateway.record import dump_trace
-
         await self.put_bytes(bucket, key, dump_trace(trace), content_type="application/gzip")
 
     async def get_trace(self, bucket: str, key: str) -> SessionTrace | None:
@@ -318,9 +313,6 @@ class ResultStore:
         A rollout run through a gateway has its trace beside its result: for result key
         ``exp/q-1/sid.json`` it is ``exp/q-1/sid.trace.json.gz`` (``protocol.trace_key``).
         """
-        # lazy: as in put_trace
-        from agentcore_rl.gateway.record import load_trace
-
         blob = await self.get_bytes(bucket, key)
         if blob is None:
             return None

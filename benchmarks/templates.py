@@ -46,9 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` and `tests` importable
     sys.path.insert(0, str(ROOT))
 
-from agentcore_rl.gateway.record import SessionTrace, load_trace  # noqa: E402
 from agentcore_rl.local.background import BackgroundServer  # noqa: E402
 from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice  # noqa: E402
+from agentcore_rl.trace import SessionTrace, load_trace  # noqa: E402
 from benchmarks.gateway import child, cpu_seconds, free_port, wait_ready  # noqa: E402
 from tests.gateway.template_fixtures import FIXTURES, fixture_dir  # noqa: E402
 from tests.gateway.template_rig import (  # noqa: E402

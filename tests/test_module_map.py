@@ -98,3 +98,18 @@ def test_no_two_modules_share_a_name() -> None:
         if path.stem not in ("__init__", "__main__"):
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert {short: names for short, names in seen.items() if len(names) > 1} == {}
+
+
+def test_only_the_cli_local_and_the_clients_gateway_link_import_the_gateway() -> None:
+    modules = _modules()
+    allowed = ("agentcore_rl.cli", "agentcore_rl.local", "agentcore_rl.gateway")
+    # the package's lazy public names, and the client's in-process gateway link
+    links = {"agentcore_rl", "agentcore_rl.client.traces", "agentcore_rl.client.config"}
+    importers = {
+        name
+        for name, path in modules.items()
+        if not name.startswith(allowed)
+        and name not in links
+        and any(t.startswith("agentcore_rl.gateway") for t in _imports(name, path, modules))
+    }
+    assert importers == set()

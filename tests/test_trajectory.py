@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agentcore_rl.gateway.record import (
+from agentcore_rl.trace import (
     CallRecord,
     Completion,
     ids_array,

@@ -113,7 +113,7 @@ def cmd_local_runtime(args: argparse.Namespace) -> int:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     # lazy: the gateway extra
-    from agentcore_rl.gateway import DirectorySink, RolloutGateway
+    from agentcore_rl.gateway import ADMIN_TOKEN_ENV, DirectorySink, GatewayOptions, RolloutGateway
 
     render = _render_mode(args)
     try:
@@ -121,11 +121,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
             args.upstream,
             backend=args.backend,
             model=args.model,
-            admin_token=args.admin_token,
-            session_ttl=args.session_ttl,
+            admin_token=args.admin_token or os.environ.get(ADMIN_TOKEN_ENV) or None,
             sink=DirectorySink(args.sink_dir) if args.sink_dir else None,
-            require_open=args.require_open,
             render=render,
+            options=GatewayOptions(session_ttl=args.session_ttl, require_open=args.require_open),
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None

@@ -48,7 +48,7 @@ from agentcore_rl.training import group_rows, write_jsonl
 from agentcore_rl.trajectory import build_trajectory
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trace import SessionTrace
 
 __all__ = ["EvalEngine", "Progress", "make_client", "run_eval"]
 

@@ -26,7 +26,7 @@ from agentcore_rl.errors import ClientClosedError, InfraFailureRateError, Invali
 from agentcore_rl.protocol import FailureKind, RolloutConfig
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trace import SessionTrace
 
 __all__ = ["BatchItem", "Feed", "Prepare", "feed_and_read", "run_batch"]
 

@@ -60,7 +60,7 @@ from agentcore_rl.ratelimit import (
 from agentcore_rl.s3 import ResultStore
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trace import SessionTrace
 
 __all__ = ["AsyncRolloutClient", "ClientState"]
 

@@ -6,7 +6,6 @@ naming the closest known one, and a bad value a ``ConfigurationError`` naming th
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -43,7 +42,7 @@ DEFAULT_RETRY_ROLLOUTS: Final = 2
 #: Extra attempts for a rollout whose agent process went away under it (crash, restart,
 #: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
 DEFAULT_RETRY_LOST: Final = 5
-#: Where a remote gateway's admin token is read from when none is given.
+#: Where the command line and the trainer adapters read a gateway's admin token when given none.
 GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 
 
@@ -182,9 +181,11 @@ class GatewayConfig:
 
     ``url``: where agents reach it. A gateway in another process (``agentcore-rl
     gateway``) is driven over its admin routes with ``admin_token``, the token it was
-    started with (else ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN``, read here; never shown in the
-    repr). ``app``: a :class:`~agentcore_rl.gateway.RolloutGateway` running on the client's
-    event loop and served at ``url``, called directly (no token).
+    started with (never shown in the repr; the command line and the trainer adapters take
+    it from ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN`` when given none: the process's
+    environment is read where the process starts, not here). ``app``: a
+    :class:`~agentcore_rl.gateway.RolloutGateway` running on the client's event loop and
+    served at ``url``, called directly (no token).
 
     Example::
 
@@ -199,12 +200,10 @@ class GatewayConfig:
         _check_url(self, "url", "the http(s) URL agents reach the gateway at")
         if self.app is not None:
             return
-        if self.admin_token is None:
-            object.__setattr__(self, "admin_token", os.environ.get(GATEWAY_TOKEN_ENV) or None)
         if not self.admin_token:
             raise ConfigurationError(
-                f"a remote gateway needs its admin token: GatewayConfig(admin_token=...) or "
-                f"{GATEWAY_TOKEN_ENV} (the token it was started with, --admin-token)"
+                "a remote gateway needs its admin token: GatewayConfig(admin_token=...), the "
+                f"token it was started with (--admin-token or {GATEWAY_TOKEN_ENV})"
             )
 
 

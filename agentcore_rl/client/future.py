@@ -10,7 +10,7 @@ from agentcore_rl.groups import result_reward
 from agentcore_rl.trajectory import Trajectory, build_trajectory
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trace import SessionTrace
 
 __all__ = ["RolloutFuture"]
 

@@ -24,7 +24,7 @@ from agentcore_rl.group_tracker import GroupCounters
 from agentcore_rl.keywords import same_parameters
 
 if TYPE_CHECKING:
-    from agentcore_rl.gateway.record import SessionTrace
+    from agentcore_rl.trace import SessionTrace
 
 __all__ = ["RolloutClient"]
 

@@ -19,10 +19,10 @@ from agentcore_rl.errors import (
     TraceLostError,
 )
 from agentcore_rl.s3 import ResultStore
+from agentcore_rl.trace import SessionTrace, load_trace
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.gateway import RolloutGateway
-    from agentcore_rl.gateway.record import SessionTrace
 
 __all__ = [
     "API_KEY",
@@ -137,9 +137,6 @@ class RemoteGateway:
         return gateway_id
 
     async def finish(self, session_id: str) -> SessionTrace:
-        # lazy: the gateway package stays unloaded until a trace is read
-        from agentcore_rl.gateway.record import load_trace
-
         response = await self._post(f"/admin/sessions/{session_id}/finish")
         if response.status_code == 410:
             raise TraceLostError(session_id, f"{self.url}: {self._message(response)}")

@@ -17,24 +17,20 @@ from typing import TYPE_CHECKING
 
 from agentcore_rl._extras import require
 from agentcore_rl.errors import GatewayError, TraceLostError
-from agentcore_rl.gateway.record import (
-    CallRecord,
-    Completion,
-    DirectorySink,
-    SessionTrace,
-    TraceSink,
-    dump_trace,
-    load_trace,
-)
+from agentcore_rl.trace import CallRecord, Completion, SessionTrace, dump_trace, load_trace
 
 if TYPE_CHECKING:
     from agentcore_rl.gateway.gateway import ADMIN_TOKEN_ENV, RolloutGateway
     from agentcore_rl.gateway.render.mode import RenderMode
+    from agentcore_rl.gateway.sessions import DirectorySink, GatewayOptions, TraceSink
 
-# Imported on first use (PEP 562): a trainer that only reads traces (``record``) needs
-# neither Starlette nor uvicorn, which the gateway app does.
+# Imported on first use (PEP 562): a trainer that only reads traces (``agentcore_rl.trace``)
+# needs neither Starlette nor uvicorn, which the gateway app does.
 _LAZY: dict[str, str] = {
     "ADMIN_TOKEN_ENV": "agentcore_rl.gateway.gateway",
+    "DirectorySink": "agentcore_rl.gateway.sessions",
+    "GatewayOptions": "agentcore_rl.gateway.sessions",
+    "TraceSink": "agentcore_rl.gateway.sessions",
     "RolloutGateway": "agentcore_rl.gateway.gateway",
     "RenderMode": "agentcore_rl.gateway.render.mode",
 }
@@ -60,6 +56,7 @@ __all__ = [
     "Completion",
     "DirectorySink",
     "GatewayError",
+    "GatewayOptions",
     "RenderMode",
     "RolloutGateway",
     "SessionTrace",

@@ -17,8 +17,8 @@ from starlette.routing import Route
 from agentcore_rl.errors import AlreadyPausedError, TraceLostError
 from agentcore_rl.gateway.dialects.chat import error_body
 from agentcore_rl.gateway.jsonio import Invalid, parse_object
-from agentcore_rl.gateway.record import dump_trace
 from agentcore_rl.gateway.upstream import UpstreamError
+from agentcore_rl.trace import dump_trace
 
 __all__ = ["GATEWAY_ID_HEADER", "admin_app"]
 

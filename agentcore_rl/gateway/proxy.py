@@ -15,8 +15,8 @@ from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, Backend, passed_on
 from agentcore_rl.gateway.call import Call, down_message
 from agentcore_rl.gateway.jsonio import dumps, loads
 from agentcore_rl.gateway.policy_gate import UNKNOWN
-from agentcore_rl.gateway.record import CallRecord, Completion, ids_array, logprob_array
 from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
+from agentcore_rl.trace import CallRecord, Completion, ids_array, logprob_array
 
 __all__ = ["Capture", "ProxyMode", "prepare", "take"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import anyio
 
 from agentcore_rl.client import AsyncRolloutClient, AwsConfig, GatewayConfig, Limits, Timeouts
+from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
 from agentcore_rl.errors import ConfigurationError, GatewayError, InvocationError
 from agentcore_rl.groups import GroupDroppedError, GroupRules, RolloutGroup, result_reward
 from agentcore_rl.integrations.settings import AgentCoreSettings
@@ -86,7 +88,11 @@ async def _open_client(
         limits=Limits(max_concurrent_sessions=settings.max_concurrent_sessions, tps=settings.tps),
         timeouts=Timeouts(rollout=settings.timeout),
         aws=AwsConfig(endpoint_url=settings.endpoint_url, s3_endpoint_url=settings.s3_endpoint_url),
-        gateway=GatewayConfig(url=settings.gateway_url, admin_token=settings.gateway_admin_token),
+        # the trainer's process: its environment is read here, where the client is made
+        gateway=GatewayConfig(
+            url=settings.gateway_url,
+            admin_token=settings.gateway_admin_token or os.environ.get(GATEWAY_TOKEN_ENV),
+        ),
         **limiters,
     )
     return await stack.enter_async_context(client)

@@ -20,9 +20,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from agentcore_rl.gateway import RolloutGateway
-from agentcore_rl.gateway.record import SessionTrace
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
+from agentcore_rl.trace import SessionTrace
 from agentcore_rl.trajectory import Trajectory, build_trajectory
 from tests.gateway.helpers import ADMIN, CALCULATOR
 

@@ -7,7 +7,7 @@ from typing import Any
 from agentcore_rl.gateway.backends import backend_named
 from agentcore_rl.gateway.dialects.codec import chunks_of
 from agentcore_rl.gateway.proxy import Capture, prepare, take
-from agentcore_rl.gateway.record import CallRecord
+from agentcore_rl.trace import CallRecord
 
 
 def test_sglang_request_flags_and_answer_capture() -> None:

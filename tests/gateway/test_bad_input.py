@@ -12,7 +12,8 @@ import httpx
 import pytest
 from openai import APIStatusError
 
-from agentcore_rl.gateway import DirectorySink, RolloutGateway, TraceLostError
+from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.gateway import DirectorySink, GatewayOptions, RolloutGateway, TraceLostError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from tests.gateway.helpers import chat, served
@@ -52,7 +53,10 @@ async def test_bad_requests_get_a_json_error_naming_the_problem(
 
 
 async def test_an_oversized_body_is_refused_with_413() -> None:
-    async with served(max_body_bytes=1000) as stack, httpx.AsyncClient(base_url=stack.url) as h:
+    async with (
+        served(options=GatewayOptions(max_body_bytes=1000)) as stack,
+        httpx.AsyncClient(base_url=stack.url) as h,
+    ):
         big = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}
         response = await h.post("/sessions/s1/v1/chat/completions", json=big)
         assert response.status_code == 413
@@ -60,7 +64,10 @@ async def test_an_oversized_body_is_refused_with_413() -> None:
 
 
 async def test_unknown_sessions_are_refused_when_the_client_opens_them() -> None:
-    async with served(require_open=True) as stack, httpx.AsyncClient(base_url=stack.url) as h:
+    async with (
+        served(options=GatewayOptions(require_open=True)) as stack,
+        httpx.AsyncClient(base_url=stack.url) as h,
+    ):
         response = await h.post("/sessions/never-opened/v1/chat/completions", json=BODY)
         assert response.status_code == 404
         assert "unknown session" in response.json()["error"]["message"]
@@ -137,7 +144,7 @@ class _Clock:
 async def test_idle_sessions_expire_into_the_sink_and_finish_from_it(tmp_path: Path) -> None:
     clock = _Clock()
     sink = DirectorySink(tmp_path / "expired")
-    async with served(session_ttl=60.0, sink=sink, clock=clock) as stack:
+    async with served(options=GatewayOptions(session_ttl=60.0), sink=sink, clock=clock) as stack:
         async with stack.llm("e1") as llm:
             await chat(llm, BODY["messages"], stream=False)
         stack.gateway.open_session("e2")
@@ -157,7 +164,7 @@ async def test_without_a_sink_expiry_is_counted_and_the_trace_lost(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = _Clock()
-    async with served(session_ttl=60.0, clock=clock) as stack:
+    async with served(options=GatewayOptions(session_ttl=60.0), clock=clock) as stack:
         stack.gateway.open_session("x1")
         clock.now += 61
         assert await stack.gateway.expire_idle() == 1
@@ -303,7 +310,7 @@ async def _raw_request(url: str, head: bytes, body: bytes = b"") -> bytes:
 
 
 async def test_a_body_declared_too_large_is_refused_before_it_is_sent() -> None:
-    async with served(max_body_bytes=1000) as stack:
+    async with served(options=GatewayOptions(max_body_bytes=1000)) as stack:
         head = (
             b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
             b"content-type: application/json\r\ncontent-length: 52428800\r\n\r\n"
@@ -314,7 +321,7 @@ async def test_a_body_declared_too_large_is_refused_before_it_is_sent() -> None:
 
 
 async def test_a_body_that_does_not_arrive_in_time_gets_a_408() -> None:
-    async with served(body_timeout=0.5) as stack:
+    async with served(options=GatewayOptions(body_timeout=0.5)) as stack:
         head = (
             b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
             b"content-type: application/json\r\ncontent-length: 100\r\n\r\n"
@@ -322,5 +329,11 @@ async def test_a_body_that_does_not_arrive_in_time_gets_a_408() -> None:
         answer = await _raw_request(stack.url, head, b'{"messages": ')  # and then nothing
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"request body not received within 0.5 seconds" in answer
-    with pytest.raises(ValueError, match="body_timeout"):
-        RolloutGateway("http://127.0.0.1:9/v1", body_timeout=0)
+    with pytest.raises(ConfigurationError, match=r"GatewayOptions\.body_timeout must be"):
+        GatewayOptions(body_timeout=0)
+    with pytest.raises(TypeError, match=r"options=GatewayOptions\(body_timeout=\.\.\.\)"):
+        RolloutGateway("http://127.0.0.1:9/v1", body_timeout=60.0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="did you mean 'model'"):
+        RolloutGateway("http://127.0.0.1:9/v1", modle="m")  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="options must be a GatewayOptions"):
+        RolloutGateway("http://127.0.0.1:9/v1", options={"session_ttl": 5})  # type: ignore[arg-type]

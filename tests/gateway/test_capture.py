@@ -163,7 +163,7 @@ async def test_models_route_and_sticky_upstreams() -> None:
     gateway_cls = type(stack.gateway)
     several = gateway_cls([f"http://127.0.0.1:{p}/v1" for p in (1, 2, 3)])
     async with several:
-        picks = {several._upstream_for("sess-a").base for _ in range(5)}
+        picks = {several.calls.pool_for("sess-a").base for _ in range(5)}
     assert len(picks) == 1
 
 

@@ -348,8 +348,13 @@ async def test_gateway_options_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ConfigurationError, match="http\\(s\\) URL"):
         GatewayConfig(url="127.0.0.1:9000", admin_token="t")
     assert "s3cret" not in repr(GatewayConfig(url="http://127.0.0.1:9000", admin_token="s3cret"))
-    monkeypatch.setenv(GATEWAY_TOKEN_ENV, "from-env")
-    client = AsyncRolloutClient(gateway=GatewayConfig(url="http://127.0.0.1:9000"), **common)
+    monkeypatch.setenv(GATEWAY_TOKEN_ENV, "from-env")  # read where the process starts only
+    with pytest.raises(ConfigurationError, match="admin token"):
+        GatewayConfig(url="http://127.0.0.1:9000")
+    assert RolloutGateway("http://127.0.0.1:8000/v1").admin_token is None
+    client = AsyncRolloutClient(
+        gateway=GatewayConfig(url="http://127.0.0.1:9000", admin_token="t"), **common
+    )
     assert client.gateway_url == "http://127.0.0.1:9000"
     await client.aclose()
     without = AsyncRolloutClient(**common)

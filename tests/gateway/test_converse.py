@@ -19,7 +19,7 @@ from strands.models.bedrock import BedrockModel
 from agentcore_rl.gateway import RolloutGateway
 from agentcore_rl.gateway.dialects.codec import Route
 from agentcore_rl.gateway.dialects.converse import CONVERSE_DIALECT
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import evaluate_arithmetic
 from agentcore_rl.trajectory import build_trajectory

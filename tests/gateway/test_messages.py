@@ -15,7 +15,7 @@ import pytest
 from anthropic import AsyncAnthropic
 from anthropic.types import Message, TextBlock, ThinkingBlock, ToolUseBlock
 
-from agentcore_rl.gateway import RolloutGateway
+from agentcore_rl.gateway import GatewayOptions, RolloutGateway
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.trajectory import build_trajectory
 from tests.gateway.helpers import ADMIN, CALCULATOR, PROBLEM, eval_plain, served
@@ -246,7 +246,7 @@ async def test_stop_sequences_and_max_tokens_are_anthropic_stop_reasons(
 
 
 async def test_bad_requests_are_anthropic_errors_naming_the_field() -> None:
-    async with served(require_open=True) as stack:
+    async with served(options=GatewayOptions(require_open=True)) as stack:
         stack.gateway.open_session("e1")
         async with claude(f"{stack.url}/sessions/e1") as llm:
             image = {

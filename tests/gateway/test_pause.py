@@ -8,6 +8,7 @@ import anyio
 import httpx
 import pytest
 
+from agentcore_rl.gateway import GatewayOptions
 from agentcore_rl.gateway.upstream import UpstreamError
 from agentcore_rl.local.policy import ScriptedPolicy, Serving, TemplateVoice
 from agentcore_rl.trajectory import build_trajectory
@@ -68,7 +69,10 @@ async def test_pause_drains_in_flight_calls_holds_new_ones_then_resumes(stream: 
 
 
 async def test_reject_mode_answers_429_with_retry_after() -> None:
-    async with served(retry_after=3.0) as stack, httpx.AsyncClient(base_url=stack.url) as http:
+    async with (
+        served(options=GatewayOptions(retry_after=3.0)) as stack,
+        httpx.AsyncClient(base_url=stack.url) as http,
+    ):
         body = {"model": "m", "messages": QUESTION}
         async with stack.gateway.paused("reject"):
             refused = await http.post("/sessions/r1/v1/chat/completions", json=body)

@@ -172,7 +172,7 @@ async def test_store_false_keeps_no_response() -> None:
         assert first.output_text == "The answer is 5."
         with pytest.raises(openai.BadRequestError, match="previous_response_id"):
             await llm.responses.create(model="p", input="and?", previous_response_id=first.id)
-        assert stack.gateway._sessions["r4"].dialect == {}
+        assert stack.gateway.sessions.live["r4"].dialect == {}
 
 
 @pytest.mark.parametrize(

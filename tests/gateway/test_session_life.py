@@ -12,7 +12,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from agentcore_rl.gateway import RolloutGateway, TraceLostError
+from agentcore_rl.gateway import GatewayOptions, RolloutGateway, TraceLostError
 from agentcore_rl.local.background import BackgroundServer
 from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from tests.gateway.helpers import ADMIN, Latch, chat, served, wait_until
@@ -79,7 +79,7 @@ async def test_the_trainer_may_open_a_finished_id_again_with_a_fresh_record_set(
 
 async def test_expired_sessions_are_closed_and_ended_ids_are_forgotten_after_the_ttl() -> None:
     clock = _Clock()
-    async with served(session_ttl=60.0, clock=clock) as stack:
+    async with served(options=GatewayOptions(session_ttl=60.0), clock=clock) as stack:
         gateway = stack.gateway
         async with stack.llm("x1") as llm, stack.llm("x2") as llm2:
             await chat(llm, QUESTION, stream=False)
@@ -154,7 +154,7 @@ async def test_a_call_that_outlives_finish_wait_leaves_no_session() -> None:
     latch = Latch()
     async with (
         _watched(
-            finish_wait=0.0,
+            options=GatewayOptions(finish_wait=0.0),
             policy={"serving": Serving(token_ids="requested", latency=1.0), "sleep": latch.sleep},
         ) as (
             policy,

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from agentcore_rl.gateway.dialects.codec import Dialect, Encoder, Headers, Route, invalid
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["CHAT_DIALECT", "COMPLETIONS_DIALECT", "ChatDialect", "error_body"]
 

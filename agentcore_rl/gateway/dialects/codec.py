@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentcore_rl.gateway.jsonio import Invalid, loads
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.jsonio import Invalid, dumps, loads
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = [
     "JSON_TYPE",
@@ -23,8 +23,17 @@ __all__ = [
     "Encoder",
     "Headers",
     "Route",
+    "assistant",
+    "chat_call",
+    "chat_tool",
     "chunks_of",
+    "first_choice",
     "invalid",
+    "need",
+    "reasoning",
+    "sse",
+    "stream_usage",
+    "tokens",
     "tool_input",
 ]
 
@@ -135,3 +144,151 @@ def tool_input(arguments: Any) -> Any:
 def invalid(message: str) -> Invalid:
     """A request the dialect cannot translate (a 400 naming the field)."""
     return Invalid(message)
+
+
+_KINDS: Final[dict[type, str]] = {dict: "an object", list: "a list", str: "a string"}
+
+
+def need(value: Any, kind: type, where: str) -> Any:
+    """``value`` when it is a ``kind`` (dict, list or str), else the 400 naming ``where``."""
+    if not isinstance(value, kind):
+        raise invalid(f"{where}: must be {_KINDS[kind]}")
+    return value
+
+
+# The chat request's side: what each dialect's turns and tools become.
+
+
+def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A chat assistant message's tool call."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def chat_tool(name: str, description: Any, parameters: Any) -> dict[str, Any]:
+    """A chat function tool (``description`` None: none)."""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def assistant(texts: list[str], thoughts: list[str], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chat assistant message from a turn's text, reasoning and tool calls: no content when
+    it only calls tools, as a chat agent echoes such an answer."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if texts or not calls:
+        message["content"] = "".join(texts)
+    if thoughts:
+        message["reasoning_content"] = "".join(thoughts)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def stream_usage(chat: dict[str, Any]) -> None:
+    """Ask for a stream whose last chunk carries the usage (every dialect's stream ends with it)."""
+    chat.update(stream=True, stream_options={"include_usage": True})
+
+
+# The answer's side.
+
+
+def first_choice(answer: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """A whole chat answer's first choice and its message."""
+    choice = (answer.get("choices") or [{}])[0]
+    return choice, choice.get("message") or {}
+
+
+def reasoning(message: Mapping[str, Any]) -> Any:
+    """A message's or delta's reasoning (vLLM's ``reasoning_content``, or ``reasoning``)."""
+    return message.get("reasoning_content") or message.get("reasoning")
+
+
+def tokens(usage: Any) -> tuple[int, int]:
+    """A chat usage's prompt and completion tokens (0 when missing)."""
+    usage = usage if isinstance(usage, Mapping) else {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def sse(name: str, data: Mapping[str, Any]) -> bytes:
+    """One server-sent event under its ``event:`` line."""
+    return b"event: " + name.encode() + b"\ndata: " + dumps(data) + b"\n\n"
+
+
+class BlockEncoder(Encoder):
+    """The stream of a dialect whose answer is a list of content blocks (reasoning, text, each
+    tool call), in the chat answer's order: a block opens when the deltas change kind, takes
+    their pieces, and closes when the next opens or the stream ends. A subclass writes the
+    bytes: :meth:`begin`, :meth:`open`, :meth:`piece`, :meth:`close`, and its :meth:`end`
+    (after :meth:`wind_up`). ``kind`` is the open block's: ``"reasoning"``, ``"text"`` or a tool
+    call's chat index; ``index`` its place among the answer's blocks."""
+
+    def __init__(self) -> None:
+        self.begun = False
+        self.kind: str | int | None = None
+        self.index = -1
+        self.calls: dict[int, Mapping[str, Any]] = {}  # the tool calls begun (first delta)
+        self.finish: str | None = None
+        self.stop: Any = None  # the stop string that ended it (vLLM's ``stop_reason``)
+        self.usage: Any = None
+
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
+        """The stream's first bytes (``chunk``: the first, or {} when none came)."""
+        return b""
+
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
+        """Open a block (``call``: a tool call's first delta, with its id and name)."""
+        raise NotImplementedError
+
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
+        """A piece of the open block: its reasoning, text, or tool call arguments."""
+        raise NotImplementedError
+
+    def close(self) -> bytes:
+        """Close the open block."""
+        raise NotImplementedError
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        out = b"" if self.begun else self._begin(chunk)
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") or {}
+            thought = reasoning(delta)
+            if thought:
+                out += self._enter("reasoning") + self.piece("reasoning", thought, choice)
+            if delta.get("content"):
+                out += self._enter("text") + self.piece("text", delta["content"], choice)
+            for call in delta.get("tool_calls") or ():
+                index = call.get("index", 0)
+                if index not in self.calls:  # a call begins
+                    self.calls[index] = call
+                    out += self._enter(index, call)
+                arguments = (call.get("function") or {}).get("arguments")
+                if arguments:
+                    if self.kind != index:
+                        raise ValueError("a tool call's arguments came after the next block began")
+                    out += self.piece(index, arguments, choice)
+            self.finish = choice.get("finish_reason") or self.finish
+            self.stop = choice.get("stop_reason", self.stop)
+        return out
+
+    def _begin(self, chunk: Mapping[str, Any]) -> bytes:
+        self.begun = True
+        return self.begin(chunk)
+
+    def _enter(self, kind: str | int, call: Mapping[str, Any] | None = None) -> bytes:
+        if self.kind == kind:
+            return b""
+        out = self.wind_up()
+        self.kind, self.index = kind, self.index + 1
+        return out + self.open(kind, call)
+
+    def wind_up(self) -> bytes:
+        """The stream's beginning if it has none yet, and the open block's close."""
+        out = b"" if self.begun else self._begin({})
+        if self.kind is not None:
+            out += self.close()
+            self.kind = None
+        return out

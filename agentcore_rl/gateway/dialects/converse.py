@@ -16,15 +16,24 @@ from typing import Any, Final
 
 from agentcore_rl.gateway.dialects.codec import (
     JSON_TYPE,
+    BlockEncoder,
     Dialect,
     Encoder,
     Headers,
     Route,
+    assistant,
+    chat_call,
+    chat_tool,
+    first_choice,
     invalid,
+    need,
+    reasoning,
+    stream_usage,
+    tokens,
     tool_input,
 )
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["CONVERSE_DIALECT", "ConverseDialect", "event_message"]
 
@@ -121,132 +130,87 @@ _EVENT_HEADERS: Final = {
 }
 
 
+# A delta's JSON before and after its value (then the block's index), by the block's kind.
+_PIECES: Final = {
+    "text": (b'{"delta":{"text":', b""),
+    "reasoning": (b'{"delta":{"reasoningContent":{"text":', b"}"),
+    "call": (b'{"delta":{"toolUse":{"input":', b"}"),
+}
+
+
 def _event(kind: str, payload: Mapping[str, Any]) -> bytes:
     return event_message(_EVENT_HEADERS[kind], dumps(payload))
 
 
 def _usage(usage: Mapping[str, Any] | None) -> dict[str, int]:
-    usage = usage or {}
-    prompt, completion = (
-        int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or 0),
-    )
+    prompt, completion = tokens(usage)
     return {"inputTokens": prompt, "outputTokens": completion, "totalTokens": prompt + completion}
 
 
-class _ConverseEncoder(Encoder):
+class _ConverseEncoder(BlockEncoder):
     headers: Headers = [JSON_TYPE]
     stream_headers: Headers = [(b"content-type", b"application/vnd.amazon.eventstream")]
 
     def __init__(self, stops: list[str]) -> None:
+        super().__init__()
         self.stops = stops
         self.started = time.perf_counter()  # metrics.latencyMs: from the call's decoding
-        self.index = -1  # the open content block's contentBlockIndex (-1: none yet)
-        self.kind: str | int | None = None  # its kind: "text", "reasoning", a tool call's index
-        self.finish: str = "end_turn"
-        self.usage: Mapping[str, Any] | None = None
-        self.begun = False
-        self.tail = b""  # a text delta's JSON after the text, for the open block
+        self.tail = b""  # a delta's JSON after its value, for the open block
 
     def _latency(self) -> dict[str, int]:
         return {"latencyMs": round((time.perf_counter() - self.started) * 1000)}
 
-    def _stop_reason(self, choice: Mapping[str, Any]) -> str:
-        reason = choice.get("finish_reason")
-        if reason == "stop" and choice.get("stop_reason") in self.stops:
+    def _stop_reason(self, reason: Any, stop: Any) -> str:
+        if reason == "stop" and stop in self.stops:
             return "stop_sequence"  # vLLM names the stop string it met
         return _STOP.get(str(reason), "end_turn")
 
     def whole(self, answer: dict[str, Any]) -> bytes:
-        choice = (answer.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
+        choice, message = first_choice(answer)
         content: list[dict[str, Any]] = []
-        if message.get("reasoning_content"):
-            text = message["reasoning_content"]
-            content.append({"reasoningContent": {"reasoningText": {"text": text}}})
+        thought = reasoning(message)
+        if thought:
+            content.append({"reasoningContent": {"reasoningText": {"text": thought}}})
         if message.get("content"):
             content.append({"text": message["content"]})
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             tool = {"toolUseId": call.get("id"), "name": function.get("name")}
             content.append({"toolUse": {**tool, "input": tool_input(function.get("arguments"))}})
+        stop = self._stop_reason(choice.get("finish_reason"), choice.get("stop_reason"))
         return dumps(
             {
                 "output": {"message": {"role": "assistant", "content": content or [{"text": ""}]}},
-                "stopReason": self._stop_reason(choice),
+                "stopReason": stop,
                 "usage": _usage(answer.get("usage")),
                 "metrics": self._latency(),
             }
         )
 
-    def _open(self, kind: str | int, start: dict[str, Any] | None = None) -> list[bytes]:
-        out = self._close()
-        self.index += 1
-        self.kind = kind
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
+        return _event("messageStart", {"role": "assistant"})
+
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
         self.tail = b'},"contentBlockIndex":%d}' % self.index
-        if start is not None:
-            out.append(
-                _event("contentBlockStart", {"start": start, "contentBlockIndex": self.index})
-            )
-        return out
+        if call is None:  # text and reasoning blocks start with their first delta
+            return b""
+        name = (call.get("function") or {}).get("name") or ""
+        start = {"toolUse": {"toolUseId": call.get("id") or "", "name": name}}
+        return _event("contentBlockStart", {"start": start, "contentBlockIndex": self.index})
 
-    def _close(self) -> list[bytes]:
-        if self.kind is None:
-            return []
-        self.kind = None
-        return [_event("contentBlockStop", {"contentBlockIndex": self.index})]
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
+        # the most frequent event: its JSON written around the value's
+        head, shut = _PIECES[kind if isinstance(kind, str) else "call"]
+        payload = head + dumps(text) + shut + self.tail
+        return event_message(_EVENT_HEADERS["contentBlockDelta"], payload)
 
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        return _event("contentBlockDelta", {"delta": delta, "contentBlockIndex": self.index})
-
-    def _begin(self) -> list[bytes]:
-        if self.begun:
-            return []
-        self.begun = True
-        return [_event("messageStart", {"role": "assistant"})]
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out = [] if self.begun else self._begin()
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content")
-            if thought:
-                if self.kind != "reasoning":
-                    out += self._open("reasoning")
-                out.append(self._delta({"reasoningContent": {"text": thought}}))
-            text = delta.get("content")
-            if text:  # the most frequent event: its JSON written around the text's
-                if self.kind != "text":
-                    out += self._open("text")
-                payload = b'{"delta":{"text":' + dumps(text) + self.tail
-                out.append(event_message(_EVENT_HEADERS["contentBlockDelta"], payload))
-            calls = delta.get("tool_calls")
-            if calls:
-                out += self._calls(calls)
-            if choice.get("finish_reason"):
-                self.finish = self._stop_reason(choice)
-        return b"".join(out)
-
-    def _calls(self, calls: list[dict[str, Any]]) -> list[bytes]:
-        """Tool call deltas: a call's first (its id and name) opens a toolUse block, its
-        arguments' pieces are the block's ``input`` deltas."""
-        out = []
-        for call in calls:
-            function = call.get("function") or {}
-            if self.kind != call.get("index", 0) or call.get("id"):
-                tool = {"toolUseId": call.get("id") or "", "name": function.get("name") or ""}
-                out += self._open(call.get("index", 0), {"toolUse": tool})
-            if function.get("arguments"):
-                out.append(self._delta({"toolUse": {"input": function["arguments"]}}))
-        return out
+    def close(self) -> bytes:
+        return _event("contentBlockStop", {"contentBlockIndex": self.index})
 
     def end(self) -> bytes:
-        out = [*self._begin(), *self._close()]
-        out.append(_event("messageStop", {"stopReason": self.finish}))
-        out.append(_event("metadata", {"usage": _usage(self.usage), "metrics": self._latency()}))
-        return b"".join(out)
+        out = self.wind_up()
+        out += _event("messageStop", {"stopReason": self._stop_reason(self.finish, self.stop)})
+        return out + _event("metadata", {"usage": _usage(self.usage), "metrics": self._latency()})
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
         name = _STREAM_ERRORS.get(status, "internalServer") + "Exception"
@@ -259,21 +223,17 @@ class _ConverseEncoder(Encoder):
 
 
 def _items(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise invalid(f"{where} must be a list")
-    return value
+    items: list[Any] = need(value, list, where)
+    return items
 
 
 def _fields(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise invalid(f"{where} must be an object")
-    return value
+    fields: dict[str, Any] = need(value, dict, where)
+    return fields
 
 
 def _string(fields: Mapping[str, Any], name: str, where: str) -> str:
-    value = fields.get(name)
-    if not isinstance(value, str):
-        raise invalid(f"{where}.{name} must be a string")
+    value: str = need(fields.get(name), str, f"{where}.{name}")
     return value
 
 
@@ -282,9 +242,7 @@ def _text(block: Any, where: str) -> str | None:
     is refused, naming it."""
     block = _fields(block, where)
     if "text" in block:
-        if not isinstance(block["text"], str):
-            raise invalid(f"{where}.text must be a string")
-        return block["text"]
+        return _string(block, "text", where)
     if "cachePoint" in block:
         return None
     kind = next(iter(block), "(empty)")
@@ -317,7 +275,7 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    reasoning: list[str] = []
+    thoughts: list[str] = []
     for i, block in enumerate(_items(message.get("content"), f"{where}.content")):
         at = f"{where}.content[{i}]"
         if isinstance(block, dict) and "toolResult" in block and role == "user":
@@ -326,30 +284,22 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
                 texts = []
             out.append(_tool_result(block, f"{at}.toolResult"))
         elif isinstance(block, dict) and "toolUse" in block and role == "assistant":
-            use = _fields(block["toolUse"], f"{at}.toolUse")
+            use, at = _fields(block["toolUse"], f"{at}.toolUse"), f"{at}.toolUse"
             arguments = json.dumps(use.get("input", {}), ensure_ascii=False)
-            function = {"name": _string(use, "name", f"{at}.toolUse"), "arguments": arguments}
-            call = _string(use, "toolUseId", f"{at}.toolUse")
-            calls.append({"id": call, "type": "function", "function": function})
+            name = _string(use, "name", at)
+            calls.append(chat_call(_string(use, "toolUseId", at), name, arguments))
         elif isinstance(block, dict) and "reasoningContent" in block and role == "assistant":
             thought = _fields(block["reasoningContent"], f"{at}.reasoningContent")
             if "reasoningText" not in thought:
                 raise invalid(f"{at}.reasoningContent: only reasoningText is supported")
-            reasoning.append(str(_fields(thought["reasoningText"], at).get("text", "")))
+            thoughts.append(str(_fields(thought["reasoningText"], at).get("text", "")))
         else:
             text = _text(block, at)
             if text is not None:
                 texts.append(text)
     if role == "user":
         return [*out, {"role": "user", "content": "\n".join(texts)}] if texts or not out else out
-    said: dict[str, Any] = {"role": "assistant"}
-    if texts or not calls:
-        said["content"] = "".join(texts)
-    if reasoning:
-        said["reasoning_content"] = "".join(reasoning)
-    if calls:
-        said["tool_calls"] = calls
-    return [said]
+    return [assistant(texts, thoughts, calls)]
 
 
 def _tools(config: Any) -> dict[str, Any]:
@@ -363,11 +313,9 @@ def _tools(config: Any) -> dict[str, Any]:
         spec = _fields(tool.get("toolSpec"), f"toolConfig.tools[{i}].toolSpec")
         where = f"toolConfig.tools[{i}].toolSpec"
         schema = _fields(spec.get("inputSchema"), f"{where}.inputSchema")
-        function = {"name": _string(spec, "name", where)}
-        if "description" in spec:
-            function["description"] = _string(spec, "description", where)
+        about = _string(spec, "description", where) if "description" in spec else None
         parameters = _fields(schema.get("json"), f"{where}.inputSchema.json")
-        tools.append({"type": "function", "function": {**function, "parameters": parameters}})
+        tools.append(chat_tool(_string(spec, "name", where), about, parameters))
     out: dict[str, Any] = {"tools": tools}
     if "toolChoice" in config:
         choice = _fields(config["toolChoice"], "toolConfig.toolChoice")
@@ -419,7 +367,7 @@ class ConverseDialect(Dialect):
         if "toolConfig" in body:
             chat.update(_tools(body["toolConfig"]))
         if route.stream:
-            chat.update(stream=True, stream_options={"include_usage": True})
+            stream_usage(chat)
         return chat
 
     def encoder(

@@ -18,15 +18,25 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agentcore_rl.gateway.dialects.codec import (
+    BlockEncoder,
     Dialect,
     Encoder,
     Headers,
     Route,
+    assistant,
+    chat_call,
+    chat_tool,
+    first_choice,
     invalid,
+    need,
+    reasoning,
+    sse,
+    stream_usage,
+    tokens,
     tool_input,
 )
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["MESSAGES_DIALECT", "MessagesDialect"]
 
@@ -54,9 +64,7 @@ _ASSISTANT: Final = ("text", "thinking", "redacted_thinking", "tool_use")
 
 
 def _string(block: Mapping[str, Any], key: str, at: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise invalid(f"{at}.{key}: must be a string")
+    value: str = need(block.get(key), str, f"{at}.{key}")
     return value
 
 
@@ -116,45 +124,29 @@ def _assistant(content: Any, at: str) -> dict[str, Any]:
         elif kind == "thinking":
             thoughts.append(_string(block, "thinking", where))
         elif kind == "tool_use":
-            arguments = block.get("input", {})
-            if not isinstance(arguments, dict):
-                raise invalid(f"{where}.input: must be an object")
+            arguments = need(block.get("input", {}), dict, f"{where}.input")
             # json's spacing, as the gateway's tool-call parsers write a call's arguments
-            function = {"name": _string(block, "name", where), "arguments": json.dumps(arguments)}
-            calls.append(
-                {"id": _string(block, "id", where), "type": "function", "function": function}
-            )
-    message: dict[str, Any] = {"role": "assistant"}
-    if texts or not calls:  # as a chat agent echoes a tool-calling answer: no content
-        message["content"] = "".join(texts)
-    if thoughts:
-        message["reasoning_content"] = "".join(thoughts)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+            name = _string(block, "name", where)
+            calls.append(chat_call(_string(block, "id", where), name, json.dumps(arguments)))
+    return assistant(texts, thoughts, calls)
 
 
 def _tool(tool: Any, at: str) -> dict[str, Any]:
     """A client tool (``name``, ``description``, ``input_schema``) as a chat function tool."""
-    if not isinstance(tool, dict):
-        raise invalid(f"{at}: must be an object")
+    need(tool, dict, at)
     if tool.get("type", "custom") not in ("custom", None):
         raise invalid(f"{at}.type: server tool {tool.get('type')!r} is not supported")
-    schema = tool.get("input_schema")
-    if not isinstance(schema, dict):
-        raise invalid(f"{at}.input_schema: must be an object")
-    function: dict[str, Any] = {"name": _string(tool, "name", at)}
-    if "description" in tool:
-        function["description"] = tool["description"]
-    function["parameters"] = schema
-    return {"type": "function", "function": function}
+    schema = need(tool.get("input_schema"), dict, f"{at}.input_schema")
+    return chat_tool(_string(tool, "name", at), tool.get("description"), schema)
 
 
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     kind = choice.get("type") if isinstance(choice, dict) else None
     if kind == "tool":
-        name = _string(choice, "name", "tool_choice")
-        chat["tool_choice"] = {"type": "function", "function": {"name": name}}
+        chat["tool_choice"] = {
+            "type": "function",
+            "function": {"name": _string(choice, "name", "tool_choice")},
+        }
     elif kind in _CHOICES:
         chat["tool_choice"] = _CHOICES[kind]
     else:
@@ -169,10 +161,7 @@ def _conversation(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     system = _text(body.get("system") or "", "system")
     if system:
         out.append({"role": "system", "content": system})
-    turns = body["messages"]
-    if not isinstance(turns, list):
-        raise invalid("messages: must be a list")
-    for i, turn in enumerate(turns):
+    for i, turn in enumerate(need(body["messages"], list, "messages")):
         at = f"messages.{i}"
         role = turn.get("role") if isinstance(turn, dict) else None
         if role not in ("user", "assistant", "system"):
@@ -191,24 +180,12 @@ _DELTA: Final = (
     b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
     b'"delta":{"type":"%s":%s}}\n\n'
 )
+_PIECES: Final = {"reasoning": b'thinking_delta","thinking', "text": b'text_delta","text'}
 
 
-def _event(name: bytes, data: dict[str, Any]) -> bytes:
-    return b"event: " + name + b"\ndata: " + dumps(data) + b"\n\n"
-
-
-class _MessageEncoder(Encoder):
+class _MessageEncoder(BlockEncoder):
     """One answer as a ``message``, or its events: content blocks open as the chat deltas
     change kind (thinking, text, each tool call), the stop and usage come at the end."""
-
-    def __init__(self) -> None:
-        self.started = False
-        self.open: str | None = None  # the open block: "thinking", "text" or a tool call's id
-        self.index = -1  # the open block's index
-        self.finish: str | None = None
-        self.stop: Any = None  # the stop string that ended it (vLLM's ``stop_reason``)
-        self.calls: dict[int, str] = {}  # the tool calls begun, by index: their ids
-        self.usage: Mapping[str, Any] = {}
 
     def _ending(self, calls: bool) -> dict[str, Any]:
         if calls and self.finish != "length":  # a named tool_choice finishes "stop"
@@ -218,11 +195,8 @@ class _MessageEncoder(Encoder):
         return {"stop_reason": _STOPS.get(self.finish or "", "end_turn"), "stop_sequence": None}
 
     def _usage(self) -> dict[str, int]:
-        usage = self.usage
-        return {
-            "input_tokens": usage.get("prompt_tokens") or 0,
-            "output_tokens": usage.get("completion_tokens") or 0,
-        }
+        prompt, completion = tokens(self.usage)
+        return {"input_tokens": prompt, "output_tokens": completion}
 
     @staticmethod
     def _head(answer: Mapping[str, Any]) -> dict[str, Any]:
@@ -235,96 +209,56 @@ class _MessageEncoder(Encoder):
         }
 
     def whole(self, answer: dict[str, Any]) -> bytes:
-        choice = (answer.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
+        choice, message = first_choice(answer)
         content: list[dict[str, Any]] = []
-        thought = message.get("reasoning_content") or message.get("reasoning")
+        thought = reasoning(message)
         if thought:
             content.append({"type": "thinking", "thinking": thought, "signature": ""})
         if message.get("content"):
             content.append({"type": "text", "text": message["content"]})
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
-            name, arguments = function.get("name"), function.get("arguments")
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": call.get("id"),
-                    "name": name,
-                    "input": tool_input(arguments),
-                }
-            )
+            arguments = tool_input(function.get("arguments"))
+            use = {"type": "tool_use", "id": call.get("id"), "name": function.get("name")}
+            content.append({**use, "input": arguments})
         self.finish, self.stop = choice.get("finish_reason"), choice.get("stop_reason")
-        self.usage = answer.get("usage") or {}
+        self.usage = answer.get("usage")
         ending, usage = self._ending(bool(message.get("tool_calls"))), self._usage()
         return dumps({**self._head(answer), "content": content, **ending, "usage": usage})
 
-    def _start(self, kind: str, block: dict[str, Any]) -> list[bytes]:
-        out = self._close()
-        self.open, self.index = kind, self.index + 1
-        start = {"type": "content_block_start", "index": self.index, "content_block": block}
-        return [*out, _event(b"content_block_start", start)]
-
-    def _close(self) -> list[bytes]:
-        if self.open is None:
-            return []
-        self.open = None
-        return [_event(b"content_block_stop", {"type": "content_block_stop", "index": self.index})]
-
-    def _piece(self, kind: str, block: dict[str, Any], delta: bytes, value: Any) -> bytes:
-        """A ``delta`` of a ``kind`` block (opened with ``block`` unless it is the open one):
-        written from a template, as a stream's deltas are most of its work."""
-        start = b"".join(self._start(kind, block)) if self.open != kind else b""
-        return start + _DELTA % (self.index, delta, dumps(value))
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out = b"" if self.started else self._begin(chunk)
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if thought:
-                block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-                out += self._piece("thinking", block, b'thinking_delta","thinking', thought)
-            text = delta.get("content")
-            if text:
-                out += self._piece("text", {"type": "text", "text": ""}, b'text_delta","text', text)
-            for call in delta.get("tool_calls") or ():
-                function, index = call.get("function") or {}, call.get("index", 0)
-                if call.get("id") and index not in self.calls:  # a call begins
-                    name, self.calls[index] = function.get("name"), call["id"]
-                    block = {"type": "tool_use", "id": call["id"], "name": name, "input": {}}
-                    out += b"".join(self._start(call["id"], block))
-                arguments = function.get("arguments")
-                if arguments and self.open == self.calls.get(index):
-                    out += _DELTA % (
-                        self.index,
-                        b'input_json_delta","partial_json',
-                        dumps(arguments),
-                    )
-            self.finish = choice.get("finish_reason") or self.finish
-            self.stop = choice.get("stop_reason", self.stop)
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        return out
-
-    def _begin(self, chunk: Mapping[str, Any]) -> bytes:
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
         # The input tokens are known at the end (the usage chunk): message_delta's usage,
         # which the SDK's accumulator takes over message_start's.
-        self.started = True
         usage = {"input_tokens": 0, "output_tokens": 0}
         message = {**self._head(chunk), "content": [], "stop_reason": None, "stop_sequence": None}
-        return _event(
-            b"message_start", {"type": "message_start", "message": {**message, "usage": usage}}
+        return sse(
+            "message_start", {"type": "message_start", "message": {**message, "usage": usage}}
         )
 
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
+        if kind == "reasoning":
+            block: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
+        elif kind == "text":
+            block = {"type": "text", "text": ""}
+        else:
+            name = ((call or {}).get("function") or {}).get("name")
+            block = {"type": "tool_use", "id": (call or {}).get("id"), "name": name, "input": {}}
+        start = {"type": "content_block_start", "index": self.index, "content_block": block}
+        return sse("content_block_start", start)
+
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
+        # written from a template, as a stream's deltas are most of its work
+        name = _PIECES[kind] if isinstance(kind, str) else b'input_json_delta","partial_json'
+        return _DELTA % (self.index, name, dumps(text))
+
+    def close(self) -> bytes:
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.index})
+
     def end(self) -> bytes:
-        out = [] if self.started else [self._begin({})]
-        out += self._close()
-        delta = self._ending(bool(self.calls))
-        event = {"type": "message_delta", "delta": delta, "usage": self._usage()}
-        out.append(_event(b"message_delta", event))
-        out.append(_event(b"message_stop", {"type": "message_stop"}))
-        return b"".join(out)
+        out = self.wind_up()
+        event = {"type": "message_delta", "delta": self._ending(bool(self.calls))}
+        out += sse("message_delta", {**event, "usage": self._usage()})
+        return out + sse("message_stop", {"type": "message_stop"})
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
         return b"event: error\ndata: " + _error_body(status, message) + b"\n\n"
@@ -360,10 +294,8 @@ class MessagesDialect(Dialect):
             if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
                 raise invalid("stop_sequences: must be a list of strings")
             chat["stop"] = stops
-        tools = body.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list):
-                raise invalid("tools: must be a list")
+        if body.get("tools") is not None:
+            tools = need(body["tools"], list, "tools")
             chat["tools"] = [_tool(tool, f"tools.{i}") for i, tool in enumerate(tools)]
         if body.get("tool_choice") is not None:
             _tool_choice(body["tool_choice"], chat)
@@ -371,7 +303,7 @@ class MessagesDialect(Dialect):
         if not isinstance(stream, bool):
             raise invalid("stream: must be a boolean")
         if stream:  # the usage chunk: message_delta's usage
-            chat.update(stream=True, stream_options={"include_usage": True})
+            stream_usage(chat)
         return chat
 
     def encoder(

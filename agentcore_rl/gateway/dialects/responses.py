@@ -13,9 +13,22 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from agentcore_rl.gateway.dialects.chat import error_body
-from agentcore_rl.gateway.dialects.codec import Dialect, Encoder, Headers, Route, invalid
+from agentcore_rl.gateway.dialects.codec import (
+    BlockEncoder,
+    Dialect,
+    Encoder,
+    Headers,
+    Route,
+    chat_call,
+    chunks_of,
+    invalid,
+    need,
+    sse,
+    stream_usage,
+    tokens,
+)
 from agentcore_rl.gateway.jsonio import dumps
-from agentcore_rl.gateway.record import Session
+from agentcore_rl.gateway.sessions import Session
 
 __all__ = ["RESPONSES_DIALECT", "ResponsesDialect"]
 
@@ -43,6 +56,7 @@ _DELTAS: Final = {
     "reasoning": "response.reasoning_text.delta",
     "function_call": "response.function_call_arguments.delta",
 }
+_ITEMS: Final = {"reasoning": "reasoning", "text": "message"}  # the others: function calls
 _TEXT_PARTS: Final = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
 
@@ -99,8 +113,7 @@ def _messages(items: Any, messages: list[dict[str, Any]]) -> None:
             name, arguments, call_id = (item.get(k) for k in ("name", "arguments", "call_id"))
             if not all(isinstance(v, str) for v in (name, arguments, call_id)):
                 raise invalid(f"{where}: a function_call needs string name, arguments, call_id")
-            call = {"id": call_id, "type": "function"}
-            call["function"] = {"name": name, "arguments": arguments}
+            call = chat_call(str(call_id), str(name), str(arguments))
             _assistant(messages, fresh=False).setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
@@ -115,15 +128,12 @@ def _messages(items: Any, messages: list[dict[str, Any]]) -> None:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise invalid("tools must be a list")
     out = []
-    for i, tool in enumerate(tools):
+    for i, tool in enumerate(need(tools, list, "tools")):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else tool
             raise invalid(f"tools[{i}].type {kind!r} is not supported: function tools only")
-        if not isinstance(tool.get("name"), str):
-            raise invalid(f"tools[{i}].name must be a string")
+        need(tool.get("name"), str, f"tools[{i}].name")
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         out.append({"type": "function", "function": function})
     return out
@@ -175,10 +185,7 @@ class ResponsesDialect(Dialect):
             chat["tools"] = _tools(body["tools"])
         if body.get("tool_choice") is not None:
             chat["tool_choice"] = _tool_choice(body["tool_choice"])
-        include = body.get("include") or []
-        if not isinstance(include, list):
-            raise invalid("include must be a list")
-        if _LOGPROBS in include:
+        if _LOGPROBS in need(body.get("include") or [], list, "include"):
             chat["logprobs"] = True
             if body.get("top_logprobs"):
                 chat["top_logprobs"] = body["top_logprobs"]
@@ -194,8 +201,7 @@ class ResponsesDialect(Dialect):
         elif kind not in (None, "text"):
             raise invalid("text.format must be text, json_schema or json_object")
         if body.get("stream"):
-            chat["stream"] = True
-            chat["stream_options"] = {"include_usage": True}
+            stream_usage(chat)
         return chat
 
     def encoder(
@@ -209,10 +215,11 @@ class ResponsesDialect(Dialect):
         return error_body(status, message, kind), []
 
 
-class _ResponseEncoder(Encoder):
+class _ResponseEncoder(BlockEncoder):
     """A ``Response`` from the chat answer; streamed, its events as the chat chunks come."""
 
     def __init__(self, body: Mapping[str, Any], chat: Mapping[str, Any], session: Session) -> None:
+        super().__init__()
         self.hex = uuid.uuid4().hex
         self.body, self.session = body, session
         self.history = chat["messages"][1 if body.get("instructions") is not None else 0 :]
@@ -242,46 +249,35 @@ class _ResponseEncoder(Encoder):
         }
         self.output: list[dict[str, Any]] = self.response["output"]
         self.seq = 0  # the stream's next sequence number
-        self.item: dict[str, Any] | None = None  # the output item being streamed
-        self.calls: dict[int, dict[str, Any]] = {}  # streamed function calls by chat index
-        self.finish: str | None = None
-        self.usage: Any = None
+        self.item: dict[str, Any] = {}  # the output item being streamed
         self.prefix = b""  # the streamed item's delta events up to the delta
         self.pieces: list[str] = []  # its text so far
         self.logprobs: list[Any] = []
 
-    def _item(self, kind: str, text: str = "", logprobs: Any = None, **call: str) -> dict[str, Any]:
-        """A new output item (``reasoning``, ``message``, ``function_call``) at the end."""
+    def _item(self, kind: str, **call: str) -> dict[str, Any]:
+        """A new output item (``reasoning``, ``message``, ``function_call``) at the end; its
+        text comes when it closes."""
         n = len(self.output)
         if kind == "reasoning":
-            content = {"type": "reasoning_text", "text": text}
+            content = {"type": "reasoning_text", "text": ""}
             item = {"id": f"rs_{self.hex}_{n}", "type": kind, "summary": [], "content": [content]}
         elif kind == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
             item = {"id": f"msg_{self.hex}_{n}", "type": kind, "role": "assistant"}
             item["content"] = [part]
         else:
-            item = {"id": f"fc_{self.hex}_{n}", "type": kind, **call, "arguments": text}
+            item = {"id": f"fc_{self.hex}_{n}", "type": kind, **call, "arguments": ""}
         self.output.append(item)
         return item
 
     def whole(self, answer: dict[str, Any]) -> bytes:
-        choice = (answer.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        reasoning = message.get("reasoning_content") or message.get("reasoning")
-        if reasoning:
-            self._item("reasoning", reasoning)
-        if message.get("content") or not message.get("tool_calls"):  # a turn has its message
-            logprobs = (choice.get("logprobs") or {}).get("content") or []
-            self._item("message", message.get("content") or "", logprobs)
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {}
-            arguments, name = function.get("arguments") or "", function.get("name") or ""
-            self._item("function_call", arguments, call_id=call.get("id") or "", name=name)
-        self._close(answer.get("model"), choice.get("finish_reason"), answer.get("usage"))
+        # the answer as its one-chunk stream: the same items, the events unsent
+        for chunk in chunks_of(answer):
+            self.chunk(chunk)
+        self.end()
         return dumps(self.response)
 
-    def _close(self, model: Any, finish: str | None, usage: Any) -> None:
+    def _complete(self, model: Any, finish: str | None, usage: Any) -> None:
         """Finish the response (status, usage, its items' status) and keep its conversation."""
         response = self.response
         if model:
@@ -293,7 +289,7 @@ class _ResponseEncoder(Encoder):
         for item in self.output:
             item["status"] = status
         if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            prompt, completion = tokens(usage)
             response["usage"] = {
                 "input_tokens": prompt,
                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -311,113 +307,80 @@ class _ResponseEncoder(Encoder):
     def _event(self, kind: str, **fields: Any) -> bytes:
         fields["type"], fields["sequence_number"] = kind, self.seq
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + dumps(fields) + b"\n\n"
+        return sse(kind, fields)
 
-    def _open(self, kind: str, out: list[bytes], **call: str) -> dict[str, Any]:
-        """Finish the item being streamed; start a ``kind`` item (and its content part). Its
-        deltas are written from a prefix made here: a token's event costs one string's dump."""
-        self._done(out)
-        item = self.item = self._item(kind, logprobs=[], **call)
+    def begin(self, chunk: Mapping[str, Any]) -> bytes:
+        self.response["model"] = chunk.get("model") or self.response["model"]
+        created = self._event("response.created", response=self.response)
+        return created + self._event("response.in_progress", response=self.response)
+
+    def open(self, kind: str | int, call: Mapping[str, Any] | None) -> bytes:
+        """Start an item (and its content part). Its deltas are written from a prefix made
+        here: a token's event costs one string's dump."""
+        named = {}
+        if call is not None:
+            function = call.get("function") or {}
+            named = {"call_id": call.get("id") or "", "name": function.get("name") or ""}
+        name = _ITEMS.get(kind, "function_call") if isinstance(kind, str) else "function_call"
+        item = self.item = self._item(name, **named)
         self.pieces, self.logprobs = [], []
         at = {"output_index": len(self.output) - 1, "item_id": item["id"]}
         added = {**item, "status": "in_progress"}
-        if kind != "function_call":
+        if name != "function_call":
             added["content"] = []
-        out.append(
-            self._event("response.output_item.added", output_index=at["output_index"], item=added)
-        )
-        if kind != "function_call":
+        out = self._event("response.output_item.added", output_index=at["output_index"], item=added)
+        if name != "function_call":
             at["content_index"] = 0
             part = dict(item["content"][0])
-            out.append(self._event("response.content_part.added", **at, part=part))
-        name = _DELTAS[kind]
-        head = dumps({"type": name, **at})[:-1]
-        self.prefix = b"event: " + name.encode() + b"\ndata: " + head + b',"delta":'
-        return item
+            out += self._event("response.content_part.added", **at, part=part)
+        delta = _DELTAS[name]
+        head = dumps({"type": delta, **at})[:-1]
+        self.prefix = b"event: " + delta.encode() + b"\ndata: " + head + b',"delta":'
+        return out
 
-    def _delta(self, text: str, out: list[bytes], logprobs: Any = None) -> None:
+    def piece(self, kind: str | int, text: str, choice: Mapping[str, Any]) -> bytes:
         self.pieces.append(text)
         tail = b""
-        if logprobs is not None:
+        if kind == "text":
+            logprobs = (choice.get("logprobs") or {}).get("content") or []
             self.logprobs += logprobs
             tail = b',"logprobs":' + dumps(logprobs)
         number = str(self.seq).encode()
         self.seq += 1
-        out.append(self.prefix + dumps(text) + tail + b',"sequence_number":' + number + b"}\n\n")
+        return self.prefix + dumps(text) + tail + b',"sequence_number":' + number + b"}\n\n"
 
-    def _done(self, out: list[bytes]) -> None:
+    def close(self) -> bytes:
         """The events that finish the item being streamed."""
-        item, self.item = self.item, None
-        if item is None:
-            return
+        item = self.item
         at = {"output_index": len(self.output) - 1, "item_id": item["id"]}
         item["status"] = "incomplete" if self.finish == "length" else "completed"
         text = "".join(self.pieces)
         if item["type"] == "function_call":
             item["arguments"] = text
-            out.append(self._event("response.function_call_arguments.done", **at, arguments=text))
+            out = self._event("response.function_call_arguments.done", **at, arguments=text)
         else:
             part = item["content"][0]
             part["text"], at["content_index"] = text, 0
             if item["type"] == "message":
                 part["logprobs"] = self.logprobs
-                done = self._event(
+                out = self._event(
                     "response.output_text.done", **at, text=text, logprobs=self.logprobs
                 )
             else:
-                done = self._event("response.reasoning_text.done", **at, text=text)
-            out += [done, self._event("response.content_part.done", **at, part=part)]
-        out.append(
-            self._event("response.output_item.done", output_index=at["output_index"], item=item)
+                out = self._event("response.reasoning_text.done", **at, text=text)
+            out += self._event("response.content_part.done", **at, part=part)
+        return out + self._event(
+            "response.output_item.done", output_index=at["output_index"], item=item
         )
-
-    def chunk(self, chunk: dict[str, Any]) -> bytes:
-        out: list[bytes] = []
-        if self.seq == 0:
-            self.response["model"] = chunk.get("model") or self.response["model"]
-            out.append(self._event("response.created", response=self.response))
-            out.append(self._event("response.in_progress", response=self.response))
-        if chunk.get("usage") is not None:
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                if self.item is None or self.item["type"] != "reasoning":
-                    self._open("reasoning", out)
-                self._delta(reasoning, out)
-            if delta.get("content"):
-                if self.item is None or self.item["type"] != "message":
-                    self._open("message", out)
-                logprobs = choice.get("logprobs")
-                self._delta(delta["content"], out, (logprobs or {}).get("content") or [])
-            for call in delta.get("tool_calls") or ():
-                function = call.get("function") or {}
-                item = self.calls.get(call.get("index", 0))
-                if item is None:
-                    named = {"call_id": call.get("id") or "", "name": function.get("name") or ""}
-                    item = self._open("function_call", out, **named)
-                    self.calls[call.get("index", 0)] = item
-                elif item is not self.item:
-                    raise ValueError("a tool call's arguments came after the next item began")
-                if function.get("arguments"):
-                    self._delta(function["arguments"], out)
-            self.finish = choice.get("finish_reason") or self.finish
-        return b"".join(out)
 
     def end(self) -> bytes:
-        out = [self.chunk({})] if self.seq == 0 else []
+        out = self.wind_up()
         if not self.calls and all(item["type"] != "message" for item in self.output):
-            self._open("message", out)
-        self._done(out)
-        self._close(None, self.finish, self.usage)
+            out += self._enter("text") + self.wind_up()  # a turn has its message
+        self._complete(None, self.finish, self.usage)
         done = self.response["status"] == "completed"
-        out.append(
-            self._event(
-                "response.completed" if done else "response.incomplete", response=self.response
-            )
-        )
-        return b"".join(out)
+        kind = "response.completed" if done else "response.incomplete"
+        return out + self._event(kind, response=self.response)
 
     def fail(self, status: int, message: str, kind: str) -> bytes:
         self.response["status"] = "failed"

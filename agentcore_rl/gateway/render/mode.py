@@ -16,7 +16,6 @@ from starlette.types import Send
 from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.backends import Backend, Served, backend_named
 from agentcore_rl.gateway.call import Call
-from agentcore_rl.gateway.record import Completion, ids_array, logprob_array
 from agentcore_rl.gateway.render.linear import LinearHistory
 from agentcore_rl.gateway.render.parsers import (
     parse_completion,
@@ -24,6 +23,7 @@ from agentcore_rl.gateway.render.parsers import (
     tool_parser_named,
 )
 from agentcore_rl.gateway.render.template import ChatTemplate
+from agentcore_rl.trace import Completion, ids_array, logprob_array
 
 __all__ = ["RenderMode"]
 

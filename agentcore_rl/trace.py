@@ -1,32 +1,28 @@
-"""What the gateway keeps per model call and per session, and how a trace is stored
-(docs/gateway.md, "The record format")."""
+"""A session's trace, the wire format the gateway writes, S3 stores and the client and
+trainers read: each model call's record (request, prompt ids, completions with their logprobs
+and policy versions) and a session's records in call order, as gzip JSON (docs/gateway.md,
+"The record format")."""
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import gzip
 import json
-import os
 import struct
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Final, Protocol
-
-import anyio
+from typing import Any, Final
 
 __all__ = [
     "TRACE_FORMAT",
     "CallRecord",
     "Completion",
-    "DirectorySink",
-    "Session",
     "SessionTrace",
-    "TraceSink",
     "dump_trace",
+    "ids_array",
     "load_trace",
+    "logprob_array",
 ]
 
 #: The ``format`` field of a serialized trace; bumped when the layout changes.
@@ -270,95 +266,3 @@ def load_trace(blob: bytes) -> SessionTrace:
     """
     raw = gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob
     return SessionTrace.from_json(json.loads(raw))
-
-
-class TraceSink(Protocol):
-    """Where traces of expired sessions are persisted (a directory, S3, ...).
-
-    Example::
-
-        class S3Sink:
-            async def save(self, trace): await store.put(key_of(trace), dump_trace(trace))
-            async def load(self, session_id): ...
-    """
-
-    async def save(self, trace: SessionTrace) -> None:
-        """Persist ``trace`` durably (raise if that is impossible)."""
-
-    async def load(self, session_id: str) -> SessionTrace | None:
-        """The trace saved for ``session_id``, or None."""
-
-
-class DirectorySink:
-    """Expired traces as ``{root}/{session_id}.trace.json.gz`` files.
-
-    Example::
-
-        sink = DirectorySink(tmp_path)
-        await sink.save(trace)
-        assert (await sink.load(trace.session_id)) is not None
-    """
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-
-    def _path(self, session_id: str) -> Path:
-        if not session_id or "/" in session_id or session_id.startswith("."):
-            raise ValueError(f"not a session id: {session_id!r}")  # never a path outside root
-        return self.root / f"{session_id}.trace.json.gz"
-
-    async def save(self, trace: SessionTrace) -> None:
-        path = anyio.Path(self._path(trace.session_id))
-        await path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        await tmp.write_bytes(dump_trace(trace))
-        await tmp.replace(path)  # readers never see half a file
-
-    async def load(self, session_id: str) -> SessionTrace | None:
-        try:
-            blob = await anyio.Path(self._path(session_id)).read_bytes()
-        except FileNotFoundError:
-            return None
-        return load_trace(blob)
-
-
-@dataclass(slots=True, eq=False)
-class Session:
-    """One session's metadata and records so far."""
-
-    session_id: str
-    exp_id: str | None = None
-    input_id: str | None = None
-    sampling: dict[str, Any] | None = None
-    records: list[CallRecord] = field(default_factory=list)
-    next_index: int = 0
-    last_seen: float = 0.0
-    in_flight: int = 0
-    idle: anyio.Event | None = None  # set when in_flight drops to 0 while someone waits
-    render: Any = None  # linear mode's LinearHistory (render/linear.py)
-    dialect: dict[str, Any] = field(default_factory=dict)  # what a dialect keeps (by its name)
-
-    def call_started(self, now: float) -> int:
-        self.last_seen = now
-        self.in_flight += 1
-        index = self.next_index
-        self.next_index += 1
-        return index
-
-    def call_ended(self, record: CallRecord, now: float) -> None:
-        bisect.insort(self.records, record, key=lambda r: r.index)  # concurrent calls end unordered
-        self.last_seen = now
-        self.in_flight -= 1
-        if self.in_flight == 0 and self.idle is not None:
-            self.idle.set()
-
-    def trace(self, gateway_id: str, *, complete: bool = True) -> SessionTrace:
-        """The records so far as a :class:`SessionTrace` (sharing the record objects)."""
-        return SessionTrace(
-            session_id=self.session_id,
-            exp_id=self.exp_id,
-            input_id=self.input_id,
-            records=list(self.records),
-            gateway_id=gateway_id,
-            complete=complete,
-        )
