@@ -113,3 +113,13 @@ def test_only_the_cli_local_and_the_clients_gateway_link_import_the_gateway() ->
         and any(t.startswith("agentcore_rl.gateway") for t in _imports(name, path, modules))
     }
     assert importers == set()
+
+
+def test_no_module_over_600_lines() -> None:
+    # One concept per module: past 600 lines a module has become two.
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in ROOT.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert long == {}

@@ -14,6 +14,7 @@ from typing import Any, Final
 from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
+from agentcore_rl.errors import GatewayInputError
 from agentcore_rl.gateway.backends import Backend, Served, backend_named
 from agentcore_rl.gateway.call import Call
 from agentcore_rl.gateway.render.linear import LinearHistory
@@ -78,7 +79,7 @@ class RenderMode:
         try:  # every field forwarded or refused before any work; a template that refuses
             _check(self.backend, body, self.stop_ids)
             plan = history.plan(self.template, messages, tools=tools, kwargs=kwargs)
-        except ValueError as exc:  # RenderError included
+        except GatewayInputError as exc:  # RenderError included
             raise Refusal(400, str(exc), "invalid_request") from None
         if plan.fork is not None:
             self.forks += 1
@@ -242,22 +243,22 @@ _OWN: Final = frozenset[str]().union(
 
 
 def _check(backend: Backend, body: dict[str, Any], stop_ids: Iterable[int]) -> None:
-    """Refuse (ValueError) a request linear mode cannot serve as asked through ``backend``,
-    before any work; ``stop_token_ids`` become the agent's and ``stop_ids``."""
+    """Refuse (``GatewayInputError``) a request linear mode cannot serve as asked through
+    ``backend``, before any work; ``stop_token_ids`` become the agent's and ``stop_ids``."""
     for name in body:
         if name not in _OWN and name not in backend.fields:
-            raise ValueError(
+            raise GatewayInputError(
                 f"linear history cannot forward {name!r} to {backend.name} (it forwards "
                 f"{', '.join(sorted(backend.fields))})"
             )
     if body.get("tool_choice") not in (None, "auto", "none"):
-        raise ValueError("linear history serves tool_choice 'auto' (or 'none') only")
+        raise GatewayInputError("linear history serves tool_choice 'auto' (or 'none') only")
     if body.get("n", 1) not in (1, None):
-        raise ValueError("linear history follows one choice: n must be 1")
+        raise GatewayInputError("linear history follows one choice: n must be 1")
     top = body.get("top_logprobs")
     if body.get("logprobs") and top is not None and (type(top) is not int or not 0 <= top <= 20):
-        raise ValueError("top_logprobs must be an integer in 0..20")
+        raise GatewayInputError("top_logprobs must be an integer in 0..20")
     extra = body.get("stop_token_ids") or []
     if not isinstance(extra, list) or not all(type(i) is int for i in extra):
-        raise ValueError("stop_token_ids must be a list of token ids")
+        raise GatewayInputError("stop_token_ids must be a list of token ids")
     body["stop_token_ids"] = sorted({*stop_ids, *extra})
