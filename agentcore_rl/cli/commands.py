@@ -352,6 +352,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
     compare = Path(args.compare) if args.compare else None
-    out.write_text(build_report(results, compare=compare, prices=_prices(args)), "utf-8")
+    if args.tokenizer and not Path(args.tokenizer).is_dir():
+        raise ConfigurationError(f"--tokenizer: {args.tokenizer} is not a directory")
+    if args.tokenizer:
+        require("render", f"{PROG} report --tokenizer", "transformers")
+    html = build_report(results, compare=compare, prices=_prices(args), tokenizer=args.tokenizer)
+    out.write_text(html, "utf-8")
     print(f"report: {out.resolve()}")
     return EXIT_OK

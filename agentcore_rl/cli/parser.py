@@ -429,6 +429,12 @@ def _report(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o", "--out", metavar="FILE", help="where to write it (default: RESULTS.report.html)"
     )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the model's Hugging Face tokenizer directory (the 'render' extra): tokens shown "
+        "as text where the trajectories carry none (default: as ids)",
+    )
     _add_price(parser)
 
 

@@ -4,13 +4,15 @@ offline (clusters without internet), so charts are inline SVG drawn at build tim
 from __future__ import annotations
 
 import io
+import json
+from collections import defaultdict
 from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Final
 
 from agentcore_rl.cli.cost import Prices
-from agentcore_rl.cli.show import RunData, load_run, token_runs
+from agentcore_rl.cli.show import Rollout, RunData, load_run, token_runs
 
 __all__ = ["build_report"]
 
@@ -70,11 +72,71 @@ def _charts(views: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     return charts
 
 
-def _segment(seg: dict[str, Any]) -> dict[str, Any]:
-    runs = token_runs(seg)
-    versions = sorted({v for part in runs for v in part["versions"]})
-    generated = sum(seg.get("loss_mask") or [])
-    return {**seg, "runs": runs, "generated": generated, "versions": versions}
+def _num(v: float | None, d: int) -> str:
+    return "-" if v is None else f"{v:.{d}f}"
+
+
+def _usd(v: float | None) -> str:
+    return "-" if v is None else f"${v:.4f}" if v >= 0.01 else f"{v * 1e6:.3g} µUSD"
+
+
+def _texts(rollouts: Sequence[Rollout], tokenizer: str | None) -> dict[int, str]:
+    """Each token id's text, once for the whole page: the trace's own texts (a segment's
+    ``tokens``), else the tokenizer's, decoded one by one; none: the page shows ids."""
+    segments = [s for r in rollouts for s in r.segments]
+    texts = {
+        t: x for s in segments for t, x in zip(s["token_ids"], s.get("tokens") or (), strict=False)
+    }
+    if tokenizer is not None:
+        # lazy: the render extra
+        from transformers import AutoTokenizer
+
+        decoder = AutoTokenizer.from_pretrained(tokenizer)
+        ids = {t for s in segments for t in s["token_ids"]} - texts.keys()
+        texts.update((t, decoder.decode([t])) for t in ids)
+    return texts
+
+
+def _message(m: dict[str, Any]) -> list[Any]:
+    content, fns = (
+        m.get("content") or "",
+        [c.get("function") or {} for c in m.get("tool_calls") or []],
+    )
+    text = content if isinstance(content, str) else json.dumps(content)
+    return [m.get("role"), text, [f"{f.get('name')}({f.get('arguments', '')})" for f in fns]]
+
+
+def _page(r: Rollout) -> dict[str, Any]:
+    """What a rollout's page shows, as data its script renders (escaped by textContent)."""
+    segments = []
+    for number, seg in enumerate(r.segments, 1):
+        runs, adv = token_runs(seg), seg.get("advantage")
+        versions = sorted({v for part in runs for v in part["versions"]})
+        head = f"segment {number} of {len(r.segments)}: {len(seg['token_ids'])} tokens, "
+        head += f"{sum(seg.get('loss_mask') or [])} generated (loss mask 1)"
+        head += f", calls {', '.join(map(str, seg['calls']))}" if seg.get("calls") else ""
+        head += f", advantage {adv:.3f}" if isinstance(adv, int | float) else ""
+        head += f", policy versions {', '.join(map(str, versions))}" if versions else ""
+        parts = [
+            [1, [[t, round(lp, 4), v] for t, lp, v in part["tokens"]]] if part["mask"] else
+            [0, part["ids"]] for part in runs
+        ]  # fmt: skip
+        segments.append({"head": head, "runs": parts})
+    kind, reason = r.failure
+    cost = defaultdict(lambda: "-", {k: v for k, v in r.cost.items() if v is not None})
+    return {
+        "key": r.key,
+        "outcome": r.outcome,
+        "head": f"reward {_num(r.reward, 3)} · {_num(r.elapsed, 2)} s · session {r.session_id}"
+        f" · cost (estimate) {_usd(r.cost.get('usd'))}: "
+        + "runtime {runtime_s} s, CPU {cpu_s} s, peak memory {peak_memory_gb} GB, "
+        "tokens {prompt_tokens} in / {completion_tokens} out".format_map(cost),
+        "failure": f"{kind}: {reason}" if kind else "",
+        "messages": [_message(m) for m in r.messages if isinstance(m, dict)],
+        "segments": segments,
+        "traceback": r.traceback or "",
+        "envelope": json.loads(r.envelope_text),  # the script indents it: a smaller page
+    }
 
 
 def _metrics(run: RunData) -> dict[str, float]:
@@ -126,8 +188,15 @@ def _by_input(run: RunData) -> dict[str, float | None]:
     return {k: sum(v) / len(v) if v else None for k, v in rewards.items()}
 
 
-def build_report(path: Path, *, compare: Path | None = None, prices: Prices | None = None) -> str:
-    """The report of the run in ``path`` (and ``compare``, side by side) as HTML text."""
+def build_report(
+    path: Path,
+    *,
+    compare: Path | None = None,
+    prices: Prices | None = None,
+    tokenizer: str | None = None,
+) -> str:
+    """The report of the run in ``path`` (and ``compare``, side by side) as HTML text;
+    ``tokenizer``, a Hugging Face tokenizer directory, shows token ids as text."""
     # lazy: the report extra
     import jinja2
 
@@ -147,16 +216,16 @@ def build_report(path: Path, *, compare: Path | None = None, prices: Prices | No
         autoescape=True,
         trim_blocks=True,
     )
-    env.filters["segment"] = _segment
-    env.globals.update(
-        num=lambda v, d: "-" if v is None else f"{v:.{d}f}",
-        val=lambda v: "-" if v is None else v,
-        usd=lambda v: "-" if v is None else f"${v:.4f}" if v >= 0.01 else f"{v * 1e6:.3g} µUSD",
-    )
+    env.policies["json.dumps_kwargs"] = {"separators": (",", ":")}  # tojson escapes < > &
+    env.globals.update(num=_num, usd=_usd)
     return env.get_template("report.html.j2").render(
         run=views[0],
         other=views[1] if compare else None,
         charts=_charts(views),
         compare=rows,
         prices=(prices or Prices()).describe(),
+        data={
+            "texts": _texts(views[0]["rollouts"], tokenizer),
+            "pages": [_page(r) for r in views[0]["rollouts"]],
+        },
     )

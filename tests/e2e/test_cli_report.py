@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,6 +63,13 @@ async def _eval(stack: LocalStack, gateway: str, data: Path, out: Path, *extra: 
         "--retry-rollouts", "0", *extra,
     ]  # fmt: skip
     return await asyncio.to_thread(main, argv)
+
+
+def _data_of(html: str) -> dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="data">(.*?)</script>', html, re.S)
+    assert found is not None
+    value: dict[str, Any] = json.loads(found.group(1))
+    return value
 
 
 # Chromium's own background calls (its clock, component updates, sign-in), made for an
@@ -146,18 +154,73 @@ async def test_report_of_an_eval_opens_offline_in_chromium(
     assert "the calculator exploded on boom" in dom  # failures by cause, with the traceback
     assert "boom" in dom.split('id="compare"')[1]
 
-    # A rollout's page: its transcript and its tokens (generated ones carry their logprob).
+    # Each rollout's page is data in the page, rendered by its script for the #r-N asked.
+    blob = _data_of(html)
+    assert [p["key"] for p in blob["pages"]] == [r["input_id"] for r in plain]
+    assert 'class="rollout"' not in dom  # no page asked, none drawn
     number = next(
         i
         for i, r in enumerate(plain, 1)
         if r["outcome"] == "done" and any(m["role"] == "tool" for m in r["result"]["messages"])
     )
-    page = dom.split(f'id="r-{number}"')[1].split("</section>")[0]
+    page_url = f"{report.as_uri()}#r-{number}"
+    shown = await _chromium(page_url, tmp_path / "profile-4", "--dump-dom")
+    page = shown.split(f'id="r-{number}"')[1].split("</section>")[0]
+    assert 'body class="page"' in shown
     assert '<div class="msg tool">' in page
-    assert re.search(r'<span class="m1" title="id \d+ · logprob -?\d+\.\d{4}', page)
+    assert re.search(r'<span class="m1" title="id (\d+) · logprob -?\d+\.\d{4}[^"]*">\1<', page)
     summary_png, rollout_png = tmp_path / "summary.png", tmp_path / "rollout.png"
     await _chromium(report.as_uri(), tmp_path / "profile-2", f"--screenshot={summary_png}")
-    page_url = f"{report.as_uri()}#r-{number}"
     await _chromium(page_url, tmp_path / "profile-3", f"--screenshot={rollout_png}")
     assert summary_png.stat().st_size > 20_000
     assert summary_png.read_bytes() != rollout_png.read_bytes()  # the page is the rollout's
+
+
+HOSTILE = "</script><script>document.title='pwned'</script><!-- <b>bold</b>"
+
+
+async def test_token_text_from_a_tokenizer_and_a_message_that_closes_the_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tokenizer directory names each token; an agent's message that tries to end the data
+    script stays text, in the data and on the page Chromium draws."""
+    from tests.gateway.template_rig import RENDER_MISSING, tokenizer_dir
+
+    if RENDER_MISSING:
+        pytest.skip(RENDER_MISSING)
+    from transformers import AutoTokenizer
+
+    directory = tokenizer_dir("qwen2.5")
+    prompt, answer = "What is 2 + 2?", " The answer is 4."
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    ids = tokenizer.encode(prompt) + tokenizer.encode(answer)
+    mask = [0] * len(tokenizer.encode(prompt)) + [1] * len(tokenizer.encode(answer))
+    results = tmp_path / "run.jsonl"
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": HOSTILE}]
+    line = {"input_id": "q1", "outcome": "done", "reward": 1.0, "session_id": "s1",
+            "result": {"exp_id": "tok", "messages": messages}}  # fmt: skip
+    results.write_text(json.dumps(line) + "\n")
+    segment = {"token_ids": ids, "loss_mask": mask, "logprobs": [-0.5] * len(ids),
+               "policy_versions": [0] * len(ids)}  # fmt: skip
+    trajectories = tmp_path / "run.trajectories.jsonl"
+    trajectories.write_text(json.dumps({"session_id": "s1", "segments": [segment]}) + "\n")
+    report = tmp_path / "tok.html"
+    argv = ["report", str(results), "-o", str(report), "--tokenizer", str(directory)]
+    assert main(argv) == 0
+    html = report.read_text()
+    assert html.count("</script>") == 2  # the data's and the script's: none from the message
+    data = _data_of(html)
+    assert data["pages"][0]["messages"][1][1] == HOSTILE
+    assert "".join(data["texts"][str(t)] for t in ids) == prompt + answer
+    capsys.readouterr()
+    argv[-1] = str(tmp_path / "missing")
+    assert main(argv) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+
+    dom = await _chromium(f"{report.as_uri()}#r-1", tmp_path / "profile", "--dump-dom")
+    assert "pwned" not in dom.split("<title>")[1].split("</title>")[0]
+    page = dom.split('id="r-1"')[1]
+    assert "&lt;/script&gt;&lt;script&gt;document.title=" in page
+    assert "<b>bold</b>" not in page
+    assert ">What is 2 + 2?</span>" in page  # the prompt's tokens, as text
+    assert '">The</span>' in page or '"> The</span>' in page
