@@ -216,6 +216,16 @@ async def test_token_text_from_a_tokenizer_and_a_message_that_closes_the_script(
     argv[-1] = str(tmp_path / "missing")
     assert main(argv) == 2
     assert "--tokenizer" in capsys.readouterr().err
+    # A trace that carries its tokens' text needs no tokenizer; without either, ids.
+    plain = tmp_path / "plain.html"
+    assert main(["report", str(results), "-o", str(plain)]) == 0
+    assert _data_of(plain.read_text())["texts"] == {}
+    words = [f"w{t}" for t in ids]
+    trajectories.write_text(
+        json.dumps({"session_id": "s1", "segments": [{**segment, "tokens": words}]})
+    )
+    assert main(["report", str(results), "-o", str(plain)]) == 0
+    assert _data_of(plain.read_text())["texts"] == {str(t): f"w{t}" for t in ids}
 
     dom = await _chromium(f"{report.as_uri()}#r-1", tmp_path / "profile", "--dump-dom")
     assert "pwned" not in dom.split("<title>")[1].split("</title>")[0]
