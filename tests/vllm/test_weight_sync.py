@@ -25,7 +25,9 @@ from tests.vllm.rig import ask, gateway_on
 
 pytestmark = pytest.mark.timeout(600)
 
-LENGTH = 400  # tokens: the pause lands after the first few dozen
+# Tokens per call: the pause lands after the first few dozen; a machine that finishes the call
+# before the pause arrives gets a longer one (the model's context is 4,096).
+_LENGTHS = (400, 1200, 3600)
 _OLD_OR_NEW = -13.0  # between the two models' logprobs of an ordinary token
 _HEAD = 24  # tokens vLLM has made before the pause (its counter moves every step)
 
@@ -51,19 +53,19 @@ async def _load(http: httpx.AsyncClient, directory: Any) -> None:
     (await http.post("/reset_prefix_cache")).raise_for_status()
 
 
-@pytest.mark.parametrize("kind", ["plain", "stream", "queued"])
-@pytest.mark.parametrize("linear", [True, False], ids=["linear", "proxy"])
-async def test_every_token_carries_the_version_of_the_weights_that_sampled_it(
-    vllm_server: VLLMServer, linear: bool, kind: str
-) -> None:
+async def _suspended_call(
+    server: VLLMServer, http: httpx.AsyncClient, *, linear: bool, kind: str, length: int
+) -> tuple[Any, Any] | None:
+    """One call of ``length`` tokens with a suspend, a weight swap and a resume in its middle ->
+    (the agent's answer, the session's trace); None when the call ended before the pause came
+    (a machine fast enough to finish it while the test was asking for the pause)."""
     messages: Any = [{"role": "user", "content": "Tell me a long story."}]
-    http = httpx.AsyncClient(base_url=vllm_server.root, timeout=120)
     answer: list[Any] = []
-    async with http, gateway_on(vllm_server, linear=linear) as rig:
+    async with gateway_on(server, linear=linear) as rig:
         gateway, llm = rig.gateway, rig.llm("s")
 
         async def agent(llm: AsyncOpenAI = llm) -> None:
-            options = {"max_tokens": LENGTH, "extra_body": {"min_tokens": LENGTH}}
+            options = {"max_tokens": length, "extra_body": {"min_tokens": length}}
             answer.append(await ask(llm, messages, stream=kind == "stream", **options))
 
         try:
@@ -80,28 +82,44 @@ async def test_every_token_carries_the_version_of_the_weights_that_sampled_it(
                     ):
                         await anyio.sleep(0.01)
                 async with gateway.paused("suspend"):
-                    assert gateway.gate.in_flight == 1  # the call still running
-                    await _load(http, vllm_server.other_model_dir)
+                    if gateway.gate.in_flight == 0:  # already whole: nothing to cut
+                        return None
+                    await _load(http, server.other_model_dir)
                     gateway.set_policy_version(1)
             await llm.close()
             trace = await gateway.finish_session("s")
         finally:
             await http.post("/resume")
-            await _load(http, vllm_server.model_dir)  # the next tests' weights
+            await _load(http, server.model_dir)  # the next tests' weights
         if linear:
-            assert gateway.stats["linear_versions"] == {vllm_server.base_url: "upstream"}
-
+            assert gateway.stats["linear_versions"] == {server.base_url: "upstream"}
     ((_, finish, _),) = answer
     assert finish == "length"  # one ordinary, whole completion: no error, no cut
+    return answer[0], trace
+
+
+@pytest.mark.parametrize("kind", ["plain", "stream", "queued"])
+@pytest.mark.parametrize("linear", [True, False], ids=["linear", "proxy"])
+async def test_every_token_carries_the_version_of_the_weights_that_sampled_it(
+    vllm_server: VLLMServer, linear: bool, kind: str
+) -> None:
+    async with httpx.AsyncClient(base_url=vllm_server.root, timeout=120) as http:
+        for length in _LENGTHS:  # a longer call where the machine outran the pause
+            done = await _suspended_call(vllm_server, http, linear=linear, kind=kind, length=length)
+            if done is not None:
+                break
+        else:
+            pytest.fail(f"every call ended before the pause reached vLLM (up to {length} tokens)")
+    _, trace = done
     (record,) = trace.records
     assert record.ok, record.error
     assert (record.policy_version_start, record.policy_version_end) == (0, 1)
     (completion,) = record.completions
     logprobs = completion.logprobs.tolist()
-    assert len(logprobs) == LENGTH
+    assert len(logprobs) == length
     truth = [0 if lp > _OLD_OR_NEW else 1 for lp in logprobs]
     cut = truth.index(1)
-    assert truth == [0] * cut + [1] * (LENGTH - cut)
+    assert truth == [0] * cut + [1] * (length - cut)
     assert (cut == 0) == (kind == "queued")
     (segment,) = build_trajectory(trace).segments
     generated = [v for v, m in zip(segment.policy_versions, segment.loss_mask, strict=True) if m]
