@@ -26,7 +26,12 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/agentcore-rl demo
 
-test: lint typecheck pytest wheel-demo
+# Lint first (seconds, and the commonest failure); then the type check, the suite and the
+# installed wheel's demo side by side: the suite mostly waits on loopback servers, so mypy's
+# minute of CPU and the wheel's install fit in its idle time. Each part's output is printed
+# whole when it ends.
+test: lint
+	$(MAKE) --no-print-directory -j3 --output-sync=target typecheck pytest wheel-demo
 
 # What a fresh install gets today: every dependency (and theirs) upgraded to the newest
 # version pyproject.toml allows, then the suite; a venv made earlier keeps its day's versions.
