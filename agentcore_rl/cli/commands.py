@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -69,11 +72,8 @@ def _serve_asgi(
 
     from agentcore_rl.server.overload import serve_options
 
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=getattr(logging, log_level.upper(), logging.INFO),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+    # A no-op where the program set up logging already.
+    logging.basicConfig(level=log_level.upper(), format=_LOG_FORMAT)
     sock = _bind(host, port)
     print(banner, file=sys.stderr)
     try:
@@ -238,9 +238,7 @@ async def _run_and_report(
 
 def cmd_eval(args: argparse.Namespace) -> int:
     level = args.log_level or ("info" if args.verbose else "warning")
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=level.upper(), format=_LOG_FORMAT)
     # lazy: the client extra
     from agentcore_rl.cli.eval import run_eval
     from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
