@@ -153,8 +153,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def _render_mode(args: argparse.Namespace) -> Any:
     """``--history linear``'s RenderMode (None in proxy mode)."""
-    history = getattr(args, "history", "proxy")
-    if history == "proxy":
+    if args.history == "proxy":
         if args.tokenizer or args.tool_call_parser or args.reasoning_parser:
             raise ConfigurationError(
                 "--tokenizer, --tool-call-parser and --reasoning-parser need --history linear"
@@ -349,11 +348,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
     if not out.parent.is_dir():
         raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
-    compare = Path(args.compare) if args.compare else None
-    if args.tokenizer and not Path(args.tokenizer).is_dir():
-        raise ConfigurationError(f"--tokenizer: {args.tokenizer} is not a directory")
     if args.tokenizer:
+        if not Path(args.tokenizer).is_dir():
+            raise ConfigurationError(f"--tokenizer: {args.tokenizer} is not a directory")
         require("render", f"{PROG} report --tokenizer", "transformers")
+    compare = Path(args.compare) if args.compare else None
     html = build_report(results, compare=compare, prices=_prices(args), tokenizer=args.tokenizer)
     out.write_text(html, "utf-8")
     print(f"report: {out.resolve()}")
