@@ -49,6 +49,9 @@ __all__ = [
 ]
 
 
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -69,11 +72,8 @@ def _serve_asgi(
 
     from agentcore_rl.server.overload import serve_options
 
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=getattr(logging, log_level.upper(), logging.INFO),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+    # A no-op where the program set up logging already.
+    logging.basicConfig(level=log_level.upper(), format=_LOG_FORMAT)
     sock = _bind(host, port)
     print(banner, file=sys.stderr)
     try:
@@ -153,8 +153,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def _render_mode(args: argparse.Namespace) -> Any:
     """``--history linear``'s RenderMode (None in proxy mode)."""
-    history = getattr(args, "history", "proxy")
-    if history == "proxy":
+    if args.history == "proxy":
         if args.tokenizer or args.tool_call_parser or args.reasoning_parser:
             raise ConfigurationError(
                 "--tokenizer, --tool-call-parser and --reasoning-parser need --history linear"
@@ -238,9 +237,7 @@ async def _run_and_report(
 
 def cmd_eval(args: argparse.Namespace) -> int:
     level = args.log_level or ("info" if args.verbose else "warning")
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=level.upper(), format=_LOG_FORMAT)
     # lazy: the client extra
     from agentcore_rl.cli.eval import run_eval
     from agentcore_rl.client.config import GATEWAY_TOKEN_ENV
@@ -351,11 +348,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else results.with_name(results.stem + ".report.html")
     if not out.parent.is_dir():
         raise ConfigurationError(f"cannot write {out}: {out.parent} is not a directory")
-    compare = Path(args.compare) if args.compare else None
-    if args.tokenizer and not Path(args.tokenizer).is_dir():
-        raise ConfigurationError(f"--tokenizer: {args.tokenizer} is not a directory")
     if args.tokenizer:
+        if not Path(args.tokenizer).is_dir():
+            raise ConfigurationError(f"--tokenizer: {args.tokenizer} is not a directory")
         require("render", f"{PROG} report --tokenizer", "transformers")
+    compare = Path(args.compare) if args.compare else None
     html = build_report(results, compare=compare, prices=_prices(args), tokenizer=args.tokenizer)
     out.write_text(html, "utf-8")
     print(f"report: {out.resolve()}")

@@ -26,7 +26,8 @@ from agentcore_rl.cli.eval_config import EvalOptions, load_inputs
 from agentcore_rl.cli.summary import EvalRun, group_figures
 from agentcore_rl.errors import ConfigurationError
 from agentcore_rl.groups import GroupRules
-from agentcore_rl.local.stack import LocalStack, PolicyEndpoint, state_dir
+from agentcore_rl.local.stack import LocalStack, PolicyEndpoint
+from agentcore_rl.server.options import state_dir
 
 __all__ = ["DEMO_AGENT", "demo_dir", "demo_package", "run_demo"]
 

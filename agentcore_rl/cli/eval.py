@@ -401,10 +401,8 @@ class EvalEngine:
             "outcome": outcome,
             "reward": reward_of(result) if outcome == "done" else None,
             "elapsed": None if elapsed is None else round(elapsed, 4),
-            "session_id": where.session_id
-            if where is not None
-            else getattr(error, "session_id", None),
-            "result_key": where.result_key if where is not None else None,
+            "session_id": getattr(where or error, "session_id", None),
+            "result_key": getattr(where, "result_key", None),
             "reattached": entry is not None,
             "error": None if error is None else str(error),
             "error_type": None if error is None else type(error).__name__,

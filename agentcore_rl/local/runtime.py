@@ -234,11 +234,6 @@ class _Runtime:
         if index is not None:
             self.load[index] -= 1
 
-    def remember_stop(self, token: str) -> None:
-        self.stop_tokens[token] = None
-        if len(self.stop_tokens) > _STOP_TOKEN_MEMORY:
-            self.stop_tokens.popitem(last=False)
-
 
 class _ProxiedResponse(Response):
     """Streams the agent's response body through, closing it whatever happens."""
@@ -474,7 +469,9 @@ class LocalAgentCoreRuntime:
                 self.counts["AgentStopUnsupported"] += 1
             runtime.release(session_id)
             if token is not None:
-                runtime.remember_stop(token)
+                runtime.stop_tokens[token] = None
+                if len(runtime.stop_tokens) > _STOP_TOKEN_MEMORY:
+                    runtime.stop_tokens.popitem(last=False)
         self.counts["StopRuntimeSession"] += 1
         return JSONResponse(
             {}, headers={SESSION_ID_HEADER: session_id, _AWS_REQUEST_ID_HEADER: request_id}

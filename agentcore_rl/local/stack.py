@@ -28,7 +28,7 @@ from agentcore_rl.local.policy import ScriptedPolicy
 from agentcore_rl.local.runtime import DEFAULT_AGENT_RUNTIME_ARN, LocalAgentCoreRuntime
 from agentcore_rl.protocol import DEFAULT_TPS, parse_runtime_arn, validate_bucket
 from agentcore_rl.s3 import ResultStore
-from agentcore_rl.server.options import SPOOL_DIR_ENV
+from agentcore_rl.server.options import SPOOL_DIR_ENV, state_dir
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,6 @@ __all__ = [
     "StackS3",
     "load_app",
     "running_stack",
-    "state_dir",
 ]
 
 #: The bucket the stack creates in embedded S3 unless told otherwise.
@@ -91,14 +90,6 @@ def load_app(target: str) -> Any:
     except AttributeError:
         why = f"module {module_name!r} has no attribute {attribute!r} (app {target!r})"
         raise ConfigurationError(why) from None
-
-
-def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where agentcore-rl keeps its state: ``$XDG_STATE_HOME/agentcore-rl`` (default
-    ``~/.local/state/agentcore-rl``)."""
-    state = environ.get("XDG_STATE_HOME", "").strip()
-    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
-    return base / "agentcore-rl"
 
 
 def _up_file(path: Path | None) -> Path:

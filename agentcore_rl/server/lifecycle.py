@@ -227,9 +227,9 @@ class Lifecycle:
         """
         chosen = host or default_host()
         self.tune_process()
-        if not logging.getLogger().handlers:
-            logging.basicConfig(
-                level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-            )
+        # A no-op where the program set up logging already.
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
         logger.info("agent server listening on http://%s:%d", chosen, port)
         uvicorn.run(self, host=chosen, port=port, **serve_options(options))  # type: ignore[arg-type]

@@ -89,16 +89,22 @@ def _usable(directory: Path) -> bool:
         return False
 
 
+def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where agentcore-rl keeps its state: ``$XDG_STATE_HOME/agentcore-rl`` (default
+    ``~/.local/state/agentcore-rl``)."""
+    state = environ.get("XDG_STATE_HOME", "").strip()
+    base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
+    return base / "agentcore-rl"
+
+
 def default_spool_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """``$XDG_STATE_HOME/agentcore-rl/spool`` (XDG state survives restarts), else
+    """``spool`` in :func:`state_dir` (state survives restarts), else
     ``<tempdir>/agentcore-rl-spool-<uid>`` when the home directory is not writable."""
     fallback = Path(tempfile.gettempdir()) / f"agentcore-rl-spool-{os.getuid()}"
-    state = environ.get("XDG_STATE_HOME", "").strip()
     try:
-        base = Path(state) if state and Path(state).is_absolute() else Path.home() / ".local/state"
+        preferred = state_dir(environ) / "spool"
     except RuntimeError:  # no home directory at all
         return fallback
-    preferred = base / "agentcore-rl" / "spool"
     if _usable(preferred):
         return preferred
     if _usable(fallback):

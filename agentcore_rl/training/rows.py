@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import IO, Any, Protocol, runtime_checkable
 
 from agentcore_rl.errors import AgentCoreRLError, ConfigurationError
@@ -387,25 +387,16 @@ def fit_rows(
 
         report = fit_rows(rows, max_prompt_length=1024, max_response_length=2048)
     """
-    out: list[TrainingRow] = []
-    truncated = masked = response_cut = prompt_cut = 0
-    for row in rows:
-        fitted = fit_row(
-            row, max_prompt_length=max_prompt_length, max_response_length=max_response_length
-        )
-        if len(fitted.response_ids) < len(row.response_ids):
-            truncated += 1
-            response_cut += len(row.response_ids) - len(fitted.response_ids)
-        if len(fitted.prompt_ids) < len(row.prompt_ids):
-            masked += 1
-            prompt_cut += len(row.prompt_ids) - len(fitted.prompt_ids)
-        out.append(fitted)
+    limits = {"max_prompt_length": max_prompt_length, "max_response_length": max_response_length}
+    pairs = [(row, fit_row(row, **limits)) for row in rows]
+    response_cut = [len(row.response_ids) - len(fitted.response_ids) for row, fitted in pairs]
+    prompt_cut = [len(row.prompt_ids) - len(fitted.prompt_ids) for row, fitted in pairs]
     return FitReport(
-        rows=out,
-        responses_truncated=truncated,
-        prompts_masked=masked,
-        response_tokens_cut=response_cut,
-        prompt_tokens_cut=prompt_cut,
+        rows=[fitted for _, fitted in pairs],
+        responses_truncated=sum(cut > 0 for cut in response_cut),
+        prompts_masked=sum(cut > 0 for cut in prompt_cut),
+        response_tokens_cut=sum(response_cut),
+        prompt_tokens_cut=sum(prompt_cut),
     )
 
 
@@ -471,25 +462,19 @@ def _pyarrow() -> Any:
 
 
 def _schema(pa: Any) -> Any:
+    """The Parquet columns of :class:`TrainingRow`'s fields, in order (the mask as int8)."""
+    kinds = {
+        "str": pa.string(),
+        "int": pa.int64(),
+        "float": pa.float64(),
+        "bool": pa.bool_(),
+        "list[int]": pa.list_(pa.int64()),
+        "list[float] | None": pa.list_(pa.float64()),
+    }
     return pa.schema(
         [
-            ("exp_id", pa.string()),
-            ("group_id", pa.string()),
-            ("session_id", pa.string()),
-            ("member", pa.int64()),
-            ("attempt", pa.int64()),
-            ("segment", pa.int64()),
-            ("num_segments", pa.int64()),
-            ("prompt_ids", pa.list_(pa.int64())),
-            ("response_ids", pa.list_(pa.int64())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("logprobs", pa.list_(pa.float64())),
-            ("reward", pa.float64()),
-            ("advantage", pa.float64()),
-            ("policy_versions", pa.list_(pa.int64())),
-            ("response_versions", pa.list_(pa.int64())),
-            ("outcome", pa.string()),
-            ("zeroed", pa.bool_()),
+            (f.name, pa.list_(pa.int8()) if f.name == "loss_mask" else kinds[str(f.type)])
+            for f in fields(TrainingRow)
         ]
     )
 
