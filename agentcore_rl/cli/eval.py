@@ -109,12 +109,12 @@ def _bar_shape() -> dict[str, int]:
 class Progress:
     """The progress bar on stderr, with the failures and the mean reward so far."""
 
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+    def __init__(self, total: int, initial: int, enabled: bool, *, unit: str = "rollout") -> None:
         # lazy: tqdm is the cli extra
         from tqdm import tqdm
 
         self.bar = tqdm(
-            total=total, initial=initial, unit="rollout", disable=not enabled, **_bar_shape()
+            total=total, initial=initial, unit=unit, disable=not enabled, **_bar_shape()
         )
         self.failed = 0
         self.rollouts = 0
@@ -466,7 +466,9 @@ async def run_eval(
             for item in inputs
             if item.input_id not in journal.finished and item.input_id not in journal.in_flight
         ]
-        engine = EvalEngine(options, client, journal, Progress(len(inputs), run.resumed, progress))
+        unit = "rollout" if options.group_size is None else "group"  # a bar step is an input
+        bar = Progress(len(inputs), run.resumed, progress, unit=unit)
+        engine = EvalEngine(options, client, journal, bar)
         async with client:
             for session_id in journal.unstopped:  # left running by the previous run
                 client.stop_session(session_id)

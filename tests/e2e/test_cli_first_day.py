@@ -1,6 +1,6 @@
 """Rough edges a new user hit on day one, each pinned: partial credit and pass@k, a
 forgotten --base-url, the cost line of one rollout, a failure's cause past its session id,
-the sessions a rollout took, the report extra after ``make demo``,
+the sessions a rollout took, the report extra after ``make demo``, the progress bar's unit,
 and the commands' help as docs/cli.md quotes it."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentcore_rl.cli import main
+from agentcore_rl.cli.eval import Progress
 from agentcore_rl.cli.show import load_run
 from agentcore_rl.cli.summary import EvalRun, group_figures, pass_at_k, render
 from agentcore_rl.local.policy import ScriptedPolicy
@@ -136,3 +137,12 @@ async def test_the_results_line_counts_every_session_a_rollout_took(
         await asyncio.to_thread(main, argv)
     (line,) = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert (line["outcome"], line["failure_kind"], line["attempts"]) == ("failed", "infra", 3)
+
+
+def test_a_group_run_s_progress_counts_groups(capsys: pytest.CaptureFixture[str]) -> None:
+    bar = Progress(2, 0, True, unit="group")  # eval --group-size: one step per input's group
+    bar.update({"members": [{"outcome": "done", "reward": 1.0}] * 4})
+    bar.close()
+    shown = capsys.readouterr().err
+    assert "1/2" in shown
+    assert "group/s" in shown or "s/group" in shown
