@@ -1,9 +1,8 @@
 """The pure state machine deciding what happens to a group's members (:class:`GroupTracker`).
 
-The client tells it how each attempt ended (``succeeded``, ``failed``, ``timed_out``) and
-carries out the actions it answers with, in order: :class:`StartMember`,
-:class:`StopMember` (always before the resolution they lead to), then the group's outcome
-itself, a :class:`~agentcore_rl.groups.RolloutGroup` or a
+The client tells it how each attempt ended and carries out the actions it answers with, in
+order: :class:`StartMember`, :class:`StopMember` (always before the resolution they lead
+to), then the group's outcome, a :class:`~agentcore_rl.groups.RolloutGroup` or a
 :class:`~agentcore_rl.groups.GroupDroppedError`. Nothing here awaits or reads a clock.
 """
 
@@ -34,12 +33,9 @@ from agentcore_rl.protocol import FailureKind
 __all__ = ["Action", "GroupCounters", "GroupTracker", "StartMember", "StopMember"]
 
 
-# --- GroupTracker's actions ----------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class StartMember:
-    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``;
+    """Run one attempt of one member in ``session_id``, stamped ``policy_version``;
     ``draw`` counts its earlier attempts that were not ``infra`` failures (its seed's)."""
 
     input_id: str
@@ -70,9 +66,6 @@ _REASONS: Final = {
 }
 #: Kinds retried on ``retry_infra``: the rollout did not get a fair run.
 _INFRA_BUDGET: Final = frozenset({FailureKind.INFRA, FailureKind.STOPPED})
-
-
-# --- Counters -------------------------------------------------------------------------------
 
 
 @dataclass(kw_only=True)
@@ -106,11 +99,14 @@ class GroupCounters:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-# --- State ----------------------------------------------------------------------------------
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 @dataclass(kw_only=True)
 class _Attempt:
+    """A :class:`GroupMember` while the tracker still decides about it."""
+
     index: int
     attempt: int
     session_id: str
@@ -147,17 +143,10 @@ class _Group:
         ]
 
     def oldest_version(self) -> int:
-        """The oldest version among the attempts that are, or may still be, in the group.
-
-        Discarded attempts (retried, redundant) no longer count: a group whose old
-        members were all replaced by retries under a newer policy is not stale. A member
-        started before any version was set counts as version 0.
-        """
+        # Discarded attempts (retried, redundant) no longer count: a group whose old members
+        # were all replaced by retries under a newer policy is not stale.
         live = self.active() + self.kept()
         return min((a.policy_version or 0) for a in live or self.attempts)
-
-
-# --- The tracker ----------------------------------------------------------------------------
 
 
 class GroupTracker:
@@ -165,13 +154,18 @@ class GroupTracker:
 
     One tracker serves all groups of one experiment (``exp_id``); ``input_id`` names a
     group and may be used once per tracker, since member session ids derive from it.
-    ``policy_version`` is stamped into every member started from now on; see
-    :meth:`set_policy_version` and :meth:`advance_policy`.
+    ``policy_version`` is stamped into every member started from now on.
 
     Every method that takes an event returns the actions to carry out, in order. An event
     for a session the tracker never started raises ``KeyError``; one for an attempt that
     already ended (a result racing its stop) is counted in ``ignored_events`` and changes
     nothing.
+
+    Example::
+
+        tracker = GroupTracker(exp_id="e1")
+        actions = tracker.open("q-17", GroupRules(n=4))    # four StartMember
+        actions = tracker.succeeded(actions[0].session_id, 1.0)
     """
 
     def __init__(self, *, exp_id: str, policy_version: int | None = None) -> None:
@@ -186,8 +180,6 @@ class GroupTracker:
         self._seen: set[str] = set()
         self._counts = GroupCounters()
 
-    # -- inspection --
-
     @property
     def policy_version(self) -> int | None:
         """The version stamped into members started from now on (``None``: not set)."""
@@ -195,7 +187,6 @@ class GroupTracker:
 
     @property
     def counters(self) -> GroupCounters:
-        """A snapshot of the counters."""
         c = self._counts
         return replace(
             c,
@@ -206,11 +197,9 @@ class GroupTracker:
         )
 
     def is_open(self, input_id: str) -> bool:
-        """True while the group has not been resolved or dropped."""
         return input_id in self._groups
 
     def is_running(self, session_id: str) -> bool:
-        """True while the attempt in ``session_id`` has neither ended nor been stopped."""
         found = self._by_session.get(session_id)
         return found is not None and found[1].outcome is None
 
@@ -244,7 +233,13 @@ class GroupTracker:
             raise ValueError(f"reward must be a number, got {type(reward).__name__}")
         if not math.isfinite(reward):
             raise ValueError(f"reward must be finite, got {reward!r}")
-        return self._ended(session_id, MemberOutcome.SUCCEEDED, float(reward), trajectory, result)
+        found = self._end(session_id, MemberOutcome.SUCCEEDED, trajectory, result)
+        if found is None:
+            return []
+        group, attempt = found
+        self._counts.members_succeeded += 1
+        attempt.reward = float(reward)
+        return self._check_done(group)
 
     def failed(
         self,
@@ -256,24 +251,25 @@ class GroupTracker:
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
         """This attempt failed with ``kind``: retry it or apply the rule for its kind."""
-        if not isinstance(error, str):
-            error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        kind = FailureKind(kind)
         if kind is FailureKind.TIMEOUT:
             return self.timed_out(session_id, trajectory=trajectory)
-        attempt_kind = (error, FailureKind(kind))
-        return self._ended(session_id, MemberOutcome.FAILED, attempt_kind, trajectory, result)
+        if not isinstance(error, str):
+            error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        found = self._end(session_id, MemberOutcome.FAILED, trajectory, result)
+        return [] if found is None else self._failure(*found, error, kind)
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
         """This attempt gave no result in time (the client stops its session itself)."""
-        why = ("no result within the timeout", FailureKind.TIMEOUT)
-        return self._ended(session_id, MemberOutcome.TIMED_OUT, why, trajectory, None)
+        found = self._end(session_id, MemberOutcome.TIMED_OUT, trajectory, None)
+        if found is None:
+            return []
+        return self._failure(*found, "no result within the timeout", FailureKind.TIMEOUT)
 
     def cancel(self, input_id: str) -> list[Action]:
         """Give up a group (its future was cancelled, the client closes): stop and drop it."""
         group = self._groups.get(input_id)
-        if group is None:
-            return []
-        return self._drop(group, DropReason.CANCELLED)
+        return [] if group is None else self._drop(group, DropReason.CANCELLED)
 
     def set_policy_version(self, version: int) -> None:
         """Stamp ``version`` into every member started from now on (retries included)."""
@@ -296,53 +292,45 @@ class GroupTracker:
         for group in list(self._groups.values()):
             oldest = group.oldest_version()
             if oldest < version - max_staleness:
-                actions += self._drop(
-                    group,
-                    DropReason.STALE,
-                    make_error=partial(
-                        StaleGroupError,
-                        policy_version=oldest,
-                        current=version,
-                        max_staleness=max_staleness,
-                    ),
+                stale = partial(
+                    StaleGroupError,
+                    policy_version=oldest,
+                    current=version,
+                    max_staleness=max_staleness,
                 )
+                actions += self._drop(group, DropReason.STALE, make_error=stale)
         return actions
 
     # -- decisions --
 
-    def _ended(
+    def _end(
         self,
         session_id: str,
         outcome: MemberOutcome,
-        reward_or_error: float | tuple[str, FailureKind],
         trajectory: Any,
         result: Mapping[str, Any] | None,
-    ) -> list[Action]:
-        """Record how an attempt ended (a late event is ignored), then decide."""
+    ) -> tuple[_Group, _Attempt] | None:
+        """Record how an attempt ended; ``None`` for a late event (ignored)."""
         found = self._lookup(session_id)
         if found is None or found[1].outcome is not None:
             self._counts.ignored_events += 1
-            return []
-        group, attempt = found
-        attempt.outcome = outcome
-        attempt.trajectory = trajectory
-        attempt.result = result
-        if isinstance(reward_or_error, float):
-            self._counts.members_succeeded += 1
-            attempt.reward = reward_or_error
-            return self._check_done(group)
-        error, kind = reward_or_error
+            return None
+        attempt = found[1]
+        attempt.outcome, attempt.trajectory, attempt.result = outcome, trajectory, result
+        return found
+
+    def _failure(
+        self, group: _Group, attempt: _Attempt, error: str, kind: FailureKind
+    ) -> list[Action]:
         attempt.error, attempt.failure_kind = error, kind
-        failures = self._counts.failures
-        failures[kind.value] = failures.get(kind.value, 0) + 1
+        _count(self._counts.failures, kind.value)
         if kind is FailureKind.TIMEOUT:
             self._counts.members_timed_out += 1
         else:
             self._counts.members_failed += 1
         reason = _REASONS.get(kind, DropReason.FAILED)
         rules = group.rules
-        needed = rules.n - len(group.kept())
-        if len(group.active()) >= needed:
+        if len(group.active()) >= rules.n - len(group.kept()):
             # Spares still running can fill every open place: no retry needed.
             self._discard(attempt, reason)
             return self._check_done(group)
@@ -418,8 +406,7 @@ class GroupTracker:
         snapshot = self._snapshot(group)
         error = make_error(snapshot) if make_error else GroupDroppedError(snapshot, reason, detail)
         self._close(group)
-        dropped = self._counts.groups_dropped
-        dropped[error.reason.value] = dropped.get(error.reason.value, 0) + 1
+        _count(self._counts.groups_dropped, error.reason.value)
         return [*actions, error]
 
     def _stop_active(
@@ -460,8 +447,7 @@ class GroupTracker:
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:
         attempt.drop_reason = reason
-        dropped = self._counts.members_dropped
-        dropped[reason.value] = dropped.get(reason.value, 0) + 1
+        _count(self._counts.members_dropped, reason.value)
 
     def _lookup(self, session_id: str) -> tuple[_Group, _Attempt] | None:
         """The open attempt, or ``None`` for a session of a group already closed."""
@@ -483,11 +469,10 @@ class GroupTracker:
     def _snapshot(self, group: _Group) -> RolloutGroup:
         kept = sorted(group.kept(), key=lambda a: (a.index, a.attempt))
         kept_ids = {id(a) for a in kept}
-        other = [a for a in group.attempts if id(a) not in kept_ids]
         return RolloutGroup(
             exp_id=self.exp_id,
             input_id=group.input_id,
             n=group.rules.n,
             members=tuple(a.frozen() for a in kept[: group.rules.n]),
-            discarded=tuple(a.frozen() for a in other),
+            discarded=tuple(a.frozen() for a in group.attempts if id(a) not in kept_ids),
         )
