@@ -76,9 +76,7 @@ __all__ = [
 
 
 class AgentCoreRLError(Exception):
-    """Base class of every error agentcore-rl raises on purpose.
-
-    Example::
+    """Example::
 
         try:
             ...
@@ -88,19 +86,14 @@ class AgentCoreRLError(Exception):
 
 
 class ConfigurationError(AgentCoreRLError, ValueError):
-    """An argument given to a constructor or to the CLI is invalid.
-
-    Example::
+    """Example::
 
         AsyncRolloutClient(s3_bucket="b", exp_id="e")  # raises: no ARN and no URL
     """
 
 
 class InvalidPayloadError(AgentCoreRLError, ValueError):
-    """The server refuses an invocation body.
-
-    ``status_code`` is the HTTP status the server answers with (400, 403 or 413) and
-    ``field`` names the offending field where there is one.
+    """``status_code``: the HTTP status the server answers with (400, 403 or 413).
 
     Example::
 
@@ -115,18 +108,14 @@ class InvalidPayloadError(AgentCoreRLError, ValueError):
 
 
 class InvalidRolloutConfig(InvalidPayloadError):
-    """The ``_rollout`` block is missing a required field or a field has a bad value.
-
-    Example::
+    """Example::
 
         RolloutConfig.from_dict({"exp_id": "e"})  # raises: input_id is required
     """
 
 
 class BucketNotAllowedError(InvalidPayloadError):
-    """The payload names an S3 bucket that the server's allow-list does not contain.
-
-    Example::
+    """Example::
 
         AgentCoreRLApp(limits=RequestLimits(allowed_buckets=["rollouts"]))  # "other": 403
     """
@@ -143,10 +132,8 @@ class BucketNotAllowedError(InvalidPayloadError):
 
 
 class StorageError(AgentCoreRLError):
-    """An S3 operation failed after its retries.
-
-    ``operation``, ``bucket`` and ``key`` say which one; ``code`` is the S3 error code
-    (``NoSuchBucket``, ``SlowDown``...) when S3 answered, else the exception type.
+    """``code``: the S3 error code (``NoSuchBucket``, ``SlowDown``...) when S3 answered, else
+    the exception type.
 
     Example::
 
@@ -165,9 +152,7 @@ class StorageError(AgentCoreRLError):
 
 
 class InvocationError(AgentCoreRLError):
-    """Invoking the agent failed (after retries, where the failure was retryable).
-
-    Example::
+    """Example::
 
         except InvocationError as exc:
             print(exc.session_id, exc.status_code)
@@ -182,9 +167,8 @@ class InvocationError(AgentCoreRLError):
 
 
 class AgentUnreachableError(InvocationError):
-    """No attempt reached the agent (connection refused or timed out while connecting):
-    no session was started, so there is nothing to stop and no point in a new session on
-    the same agent.
+    """No session was started, so there is nothing to stop and no point in a new session
+    on the same agent.
 
     Example::
 
@@ -194,9 +178,7 @@ class AgentUnreachableError(InvocationError):
 
 
 class RolloutError(AgentCoreRLError):
-    """The agent ran and reported failure: its result envelope has ``status_code`` >= 400.
-
-    The whole envelope is kept, with the agent's traceback when it sent one.
+    """The agent's result ``envelope`` has ``status_code`` >= 400.
 
     Example::
 
@@ -218,9 +200,8 @@ class RolloutError(AgentCoreRLError):
 
 
 class InfraError(AgentCoreRLError):
-    """Raised by a rollout handler when a service the rollout needs failed (a sandbox, a
-    tool backend, a judge): the rollout did not get a fair run, so it is retried in a new
-    session and never trained on (failure kind ``infra``).
+    """For a handler whose rollout did not get a fair run (a sandbox, a tool backend, a judge
+    failed): it is retried in a new session and never trained on (failure kind ``infra``).
 
     Example::
 
@@ -230,8 +211,7 @@ class InfraError(AgentCoreRLError):
 
 
 class RewardError(AgentCoreRLError):
-    """Raised by a rollout handler whose run finished but whose reward cannot be computed
-    (failure kind ``reward``: never trained on as a zero).
+    """Failure kind ``reward``: never trained on as a zero.
 
     Example::
 
@@ -240,8 +220,7 @@ class RewardError(AgentCoreRLError):
 
 
 class InfraFailureRateError(AgentCoreRLError):
-    """More than the allowed share of the recent rollouts failed for infrastructure, so the
-    run stopped admitting new ones. ``counts`` holds the failures by cause, out of
+    """The run stopped admitting rollouts; ``counts``: the failures by cause, out of
     ``window`` rollouts.
 
     Example::
@@ -263,7 +242,7 @@ class InfraFailureRateError(AgentCoreRLError):
 
 
 class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
-    """No result arrived within the timeout; the session has been stopped.
+    """The session has been stopped.
 
     Example::
 
@@ -280,9 +259,7 @@ class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
 
 
 class ClientClosedError(AgentCoreRLError):
-    """The client was closed, or is closing, so it takes no new invocations.
-
-    Example::
+    """Example::
 
         await client.aclose()
         await client.invoke(payload)  # raises ClientClosedError
@@ -290,11 +267,9 @@ class ClientClosedError(AgentCoreRLError):
 
 
 class AgentLostError(InvocationError):
-    """The process (or microVM) running a pending rollout crashed or restarted, so no
-    result will come: its agent answered a probe that it does not know the session, or
-    its restarted successor wrote an ``agent_lost`` envelope (kept in ``envelope``).
-    Retryable: the client runs it again with a new session (``Retries.lost``) before
-    reporting this.
+    """A probe found the session unknown to its agent, or the restarted successor wrote an
+    ``agent_lost`` envelope (kept in ``envelope``). The client first runs it again in new
+    sessions (``Retries.lost``).
 
     Example::
 
@@ -316,8 +291,7 @@ class AgentLostError(InvocationError):
 
 
 class SharedLimitsUnavailableError(AgentCoreRLError):
-    """The shared limits' actor (``agentcore_rl.distributed``) could not be reached for
-    longer than the client waits.
+    """The actor of ``agentcore_rl.distributed`` stayed unreachable.
 
     Example::
 
@@ -329,9 +303,7 @@ class SharedLimitsUnavailableError(AgentCoreRLError):
 
 
 class GatewayError(AgentCoreRLError):
-    """The rollout gateway was misused or could not do its job (the message says which).
-
-    Example::
+    """Example::
 
         except GatewayError as exc:
             log.error("gateway: %s", exc)
@@ -339,11 +311,8 @@ class GatewayError(AgentCoreRLError):
 
 
 class TraceLostError(GatewayError):
-    """A session's trace cannot be had: the gateway restarted, or it expired without a sink.
-
-    A rollout whose trace is lost must not end as a success without tokens: with a gateway,
-    the client makes this the rollout's outcome (the agent's result is in ``envelope`` when
-    it had arrived).
+    """A rollout must not end as a success without tokens: with a gateway, the client makes
+    this its outcome (with the agent's result in ``envelope`` when it had arrived).
 
     Example::
 
@@ -363,18 +332,14 @@ class TraceLostError(GatewayError):
 
 
 class GatewayInputError(GatewayError, ValueError):
-    """A model call or an admin request the gateway refuses, with the reason (a 400).
-
-    Example::
+    """Example::
 
         gateway.set_policy_version(-1)   # raises GatewayInputError: must be in 0..
     """
 
 
 class AlreadyPausedError(GatewayError):
-    """A pause was asked while the gateway is paused (a 409 over HTTP).
-
-    Example::
+    """Example::
 
         async with gateway.paused():
             await gateway.pause()        # raises AlreadyPausedError
@@ -382,8 +347,7 @@ class AlreadyPausedError(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """An inference server call failed: refused, reset, cut short or silent past the read
-    timeout (a 502 to the agent or the trainer).
+    """Refused, reset, cut short or silent past the read timeout (a 502 over HTTP).
 
     Example::
 
