@@ -78,17 +78,17 @@ __all__ = [
 class AgentCoreRLError(Exception):
     """Example::
 
-        try:
-            ...
-        except AgentCoreRLError as exc:
-            log.error("agentcore-rl failed: %s", exc)
+    try:
+        ...
+    except AgentCoreRLError as exc:
+        log.error("agentcore-rl failed: %s", exc)
     """
 
 
 class ConfigurationError(AgentCoreRLError, ValueError):
     """Example::
 
-        AsyncRolloutClient(s3_bucket="b", exp_id="e")  # raises: no ARN and no URL
+    AsyncRolloutClient(s3_bucket="b", exp_id="e")  # raises: no ARN and no URL
     """
 
 
@@ -110,14 +110,14 @@ class InvalidPayloadError(AgentCoreRLError, ValueError):
 class InvalidRolloutConfig(InvalidPayloadError):
     """Example::
 
-        RolloutConfig.from_dict({"exp_id": "e"})  # raises: input_id is required
+    RolloutConfig.from_dict({"exp_id": "e"})  # raises: input_id is required
     """
 
 
 class BucketNotAllowedError(InvalidPayloadError):
     """Example::
 
-        AgentCoreRLApp(limits=RequestLimits(allowed_buckets=["rollouts"]))  # "other": 403
+    AgentCoreRLApp(limits=RequestLimits(allowed_buckets=["rollouts"]))  # "other": 403
     """
 
     def __init__(self, bucket: str, allowed: frozenset[str], *, field: str = "s3_bucket"):
@@ -154,8 +154,8 @@ class StorageError(AgentCoreRLError):
 class InvocationError(AgentCoreRLError):
     """Example::
 
-        except InvocationError as exc:
-            print(exc.session_id, exc.status_code)
+    except InvocationError as exc:
+        print(exc.session_id, exc.status_code)
     """
 
     def __init__(
@@ -261,8 +261,8 @@ class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
 class ClientClosedError(AgentCoreRLError):
     """Example::
 
-        await client.aclose()
-        await client.invoke(payload)  # raises ClientClosedError
+    await client.aclose()
+    await client.invoke(payload)  # raises ClientClosedError
     """
 
 
@@ -305,8 +305,8 @@ class SharedLimitsUnavailableError(AgentCoreRLError):
 class GatewayError(AgentCoreRLError):
     """Example::
 
-        except GatewayError as exc:
-            log.error("gateway: %s", exc)
+    except GatewayError as exc:
+        log.error("gateway: %s", exc)
     """
 
 
@@ -334,15 +334,15 @@ class TraceLostError(GatewayError):
 class GatewayInputError(GatewayError, ValueError):
     """Example::
 
-        gateway.set_policy_version(-1)   # raises GatewayInputError: must be in 0..
+    gateway.set_policy_version(-1)   # raises GatewayInputError: must be in 0..
     """
 
 
 class AlreadyPausedError(GatewayError):
     """Example::
 
-        async with gateway.paused():
-            await gateway.pause()        # raises AlreadyPausedError
+    async with gateway.paused():
+        await gateway.pause()        # raises AlreadyPausedError
     """
 
 

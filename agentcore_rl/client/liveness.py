@@ -43,6 +43,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 class StatusTransport(Protocol):
     async def status(self, session_id: str) -> protocol.SessionState: ...
 
