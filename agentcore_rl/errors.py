@@ -76,19 +76,23 @@ __all__ = [
 
 
 class AgentCoreRLError(Exception):
-    """Example::
+    """Base class of every error agentcore-rl raises on purpose.
 
-    try:
-        ...
-    except AgentCoreRLError as exc:
-        log.error("agentcore-rl failed: %s", exc)
+    Example::
+
+        try:
+            ...
+        except AgentCoreRLError as exc:
+            log.error("agentcore-rl failed: %s", exc)
     """
 
 
 class ConfigurationError(AgentCoreRLError, ValueError):
-    """Example::
+    """A constructor or CLI argument is invalid.
 
-    AsyncRolloutClient(s3_bucket="b", exp_id="e")  # raises: no ARN and no URL
+    Example::
+
+        AsyncRolloutClient(s3_bucket="b", exp_id="e")  # raises: no ARN and no URL
     """
 
 
@@ -108,16 +112,20 @@ class InvalidPayloadError(AgentCoreRLError, ValueError):
 
 
 class InvalidRolloutConfig(InvalidPayloadError):
-    """Example::
+    """The ``_rollout`` block lacks a field or has a bad one.
 
-    RolloutConfig.from_dict({"exp_id": "e"})  # raises: input_id is required
+    Example::
+
+        RolloutConfig.from_dict({"exp_id": "e"})  # raises: input_id is required
     """
 
 
 class BucketNotAllowedError(InvalidPayloadError):
-    """Example::
+    """The payload names a bucket outside the server's allow-list.
 
-    AgentCoreRLApp(limits=RequestLimits(allowed_buckets=["rollouts"]))  # "other": 403
+    Example::
+
+        AgentCoreRLApp(limits=RequestLimits(allowed_buckets=["rollouts"]))  # "other": 403
     """
 
     def __init__(self, bucket: str, allowed: frozenset[str], *, field: str = "s3_bucket"):
@@ -152,10 +160,12 @@ class StorageError(AgentCoreRLError):
 
 
 class InvocationError(AgentCoreRLError):
-    """Example::
+    """Invoking the agent failed (after retries, where retryable).
 
-    except InvocationError as exc:
-        print(exc.session_id, exc.status_code)
+    Example::
+
+        except InvocationError as exc:
+            print(exc.session_id, exc.status_code)
     """
 
     def __init__(
@@ -259,10 +269,12 @@ class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
 
 
 class ClientClosedError(AgentCoreRLError):
-    """Example::
+    """The client was closed, or is closing.
 
-    await client.aclose()
-    await client.invoke(payload)  # raises ClientClosedError
+    Example::
+
+        await client.aclose()
+        await client.invoke(payload)  # raises ClientClosedError
     """
 
 
@@ -303,10 +315,12 @@ class SharedLimitsUnavailableError(AgentCoreRLError):
 
 
 class GatewayError(AgentCoreRLError):
-    """Example::
+    """The rollout gateway was misused or could not do its job.
 
-    except GatewayError as exc:
-        log.error("gateway: %s", exc)
+    Example::
+
+        except GatewayError as exc:
+            log.error("gateway: %s", exc)
     """
 
 
@@ -332,17 +346,21 @@ class TraceLostError(GatewayError):
 
 
 class GatewayInputError(GatewayError, ValueError):
-    """Example::
+    """A model call or an admin request the gateway refuses (a 400).
 
-    gateway.set_policy_version(-1)   # raises GatewayInputError: must be in 0..
+    Example::
+
+        gateway.set_policy_version(-1)   # raises GatewayInputError: must be in 0..
     """
 
 
 class AlreadyPausedError(GatewayError):
-    """Example::
+    """A pause was asked while the gateway is paused (a 409).
 
-    async with gateway.paused():
-        await gateway.pause()        # raises AlreadyPausedError
+    Example::
+
+        async with gateway.paused():
+            await gateway.pause()        # raises AlreadyPausedError
     """
 
 
