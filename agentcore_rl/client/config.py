@@ -36,11 +36,8 @@ __all__ = [
     "Timeouts",
 ]
 
-#: Extra attempts (each with a new session) for a rollout whose outcome is retryable and
-#: not an agent loss (the agent unreachable, failing or throttling past the retries).
 DEFAULT_RETRY_ROLLOUTS: Final = 2
-#: Extra attempts for a rollout whose agent process went away under it (crash, restart,
-#: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
+#: With one loss in five rollouts, six in a row happen once in 15,000.
 DEFAULT_RETRY_LOST: Final = 5
 #: Where the command line and the trainer adapters read a gateway's admin token when given none.
 GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
@@ -107,7 +104,7 @@ class Retries:
     connection (each retry takes a token). ``rollouts``: extra attempts, each in a new
     session, for a rollout whose outcome is retryable (an agent unreachable, restarting or
     throttling past ``call``'s retries). ``lost``: extra attempts for a rollout whose agent
-    process went away under it (a crash, a restart), counted apart.
+    process went away under it (a crash, a restart, a shutdown), counted apart.
 
     Example::
 
