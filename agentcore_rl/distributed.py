@@ -35,11 +35,8 @@ DEFAULT_SLOT_TTL: Final = 30.0
 
 @dataclass(frozen=True, kw_only=True)
 class LimitsConfig:
-    """One shared quota: ``tps`` calls per second and ``sessions`` live sessions.
-
-    ``burst``: what the shared bucket hands out at once (default half a second's worth);
-    the runtime's own bucket holds a second's worth, the rest absorbs uneven delays.
-    """
+    """One shared quota. ``burst`` defaults to half a second's worth: the runtime's own
+    bucket holds a second's worth, the rest absorbs uneven delays."""
 
     tps: float
     sessions: int
@@ -232,9 +229,8 @@ class _Sessions:
 
 
 class SharedLimits:
-    """This process's handle on one cluster-wide quota (what ``shared_limits`` yields):
-    ``rate`` and ``sessions`` for the rollout client. Its calls to the actor are retried
-    with back-off while Ray restarts it, up to ``unavailable_timeout`` seconds.
+    """This process's handle on one cluster-wide quota (what ``shared_limits`` yields); its
+    calls to the actor are retried with back-off while Ray restarts it.
 
     Example::
 
@@ -348,12 +344,10 @@ def shared_limits(
     namespace: str = DEFAULT_NAMESPACE,
     unavailable_timeout: float = 60.0,
 ) -> contextlib.AbstractAsyncContextManager[SharedLimits]:
-    """The cluster-wide limits called ``name`` (created on first use): ``tps`` calls per
-    second and ``sessions`` live sessions, shared by every process that asks by name with
-    the same settings (see :class:`LimitsConfig`). Callers fail with
+    """The cluster-wide limits called ``name`` (created on first use), shared by every
+    process that asks by name with the same settings. Callers fail with
     ``SharedLimitsUnavailableError`` once the actor stayed unreachable for
-    ``unavailable_timeout`` seconds. Needs Ray initialised (``pip install
-    'agentcore-rl[ray]'``).
+    ``unavailable_timeout`` seconds. Needs Ray initialised.
 
     Example::
 

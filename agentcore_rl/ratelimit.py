@@ -62,11 +62,9 @@ class Priority(IntEnum):
 
 @runtime_checkable
 class RateLimiter(Protocol):
-    """What a rollout client needs from a rate limiter (``rate_limiter=``).
-
-    ``acquire`` waits for permission to make one call; waiters with a lower ``priority``
-    (:class:`Priority`) go first. ``on_throttle`` reports a throttle answer (429 /
-    ``ThrottlingException``), ``on_success`` a call the runtime accepted.
+    """What a rollout client needs from a rate limiter (``rate_limiter=``): ``acquire`` one
+    call's permission, lower ``priority`` values first; ``on_throttle`` after a 429 /
+    ``ThrottlingException``, ``on_success`` after a call the runtime accepted.
 
     Example::
 
@@ -140,7 +138,7 @@ class TokenBucket:
 
     @property
     def rate(self) -> float:
-        """The current refill rate in tokens per second (lower after a throttle)."""
+        """Lower after a throttle."""
         if self._throttled_at is None:
             return self.max_rate
         regained = _RECOVERY * self.max_rate * (self._clock() - self._throttled_at)
@@ -237,10 +235,8 @@ class TokenBucket:
 
 @runtime_checkable
 class SessionLimiter(Protocol):
-    """What a rollout client needs from a concurrency limit (``session_limiter=``).
-
-    ``acquire`` waits for a free slot; cancelling the wait takes none. ``release`` gives
-    one back; it must not block, as outcomes (future callbacks) call it.
+    """What a rollout client needs from a concurrency limit (``session_limiter=``):
+    cancelling ``acquire`` takes no slot; ``release`` must not block (outcomes call it).
 
     Example::
 

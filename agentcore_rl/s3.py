@@ -11,7 +11,6 @@ import logging
 import platform
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import aiobotocore
@@ -112,9 +111,9 @@ async def _close(holder: AsyncGenerator[Any, None]) -> None:
 class ResultStore:
     """Async access to the S3 objects that carry rollout results.
 
-    ``endpoint_url`` points at a non-AWS S3 (moto, MinIO); by default botocore decides,
-    which honours ``AWS_ENDPOINT_URL_S3``. ``max_pool_connections`` bounds the concurrent
-    HTTP connections to S3, so hundreds of simultaneous writes queue instead of failing.
+    ``endpoint_url``: a non-AWS S3 (moto, MinIO; default: botocore's choice, which honours
+    ``AWS_ENDPOINT_URL_S3``). ``max_pool_connections`` bounds the connections to S3, so
+    hundreds of simultaneous writes queue instead of failing.
 
     Example::
 
@@ -169,21 +168,12 @@ class ResultStore:
         await self._get_client()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the S3 clients. Idempotent; a closed store refuses further requests.
-
-        The current event loop's client is closed here; one made on another loop that is
-        still running is closed on that loop; one whose loop has stopped was closed when
-        the loop shut down.
-        """
+        """Close the S3 clients, each on its own loop (one whose loop has stopped was closed
+        when the loop shut down); a closed store refuses further requests."""
         self._closed = True
         current = asyncio.get_running_loop()
         entries, self._clients = self._clients, {}

@@ -76,16 +76,11 @@ class AsyncRolloutClient(GroupMethods):
     policy's ``base_url`` and ``model_id``, sampling parameters...); a call's own
     ``rollout=`` overrides its keys.
 
-    The rest is in small config objects (:mod:`agentcore_rl.client.config`; every field in
-    docs/client.md, "Configuration"): ``limits``, ``timeouts``, ``retries``, ``watcher``,
-    ``liveness`` and ``aws``. ``store``, ``rate_limiter`` and ``session_limiter`` replace
-    the ones built from them (e.g. limits shared by a cluster of clients);
-    ``stop_finished_sessions`` (default: True for ACR) sends a stop call after each result.
-    With ``gateway`` every rollout runs through its own session of a token-capturing
-    gateway, whose trace is put on the outcome (``fut.trace``) and in S3 beside the result
-    (docs/gateway.md). ``preflight``: entering runs :meth:`check_services` first.
-    ``infra_stop`` (``None``: off) stops admitting rollouts once too many recent ones failed
-    for infrastructure.
+    The rest is in small config objects (every field: docs/client.md, "Configuration").
+    ``store``, ``rate_limiter`` and ``session_limiter`` replace the ones built from them
+    (e.g. limits shared by a cluster of clients). With ``gateway`` every rollout runs
+    through its own session of a token-capturing gateway, whose trace is put on the
+    outcome (``fut.trace``) and in S3 beside the result (docs/gateway.md).
 
     Each rollout is one task in the client's task group, entered by ``async with`` (once),
     else opened by the first rollout; ``aclose`` ends it.

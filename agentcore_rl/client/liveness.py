@@ -52,11 +52,9 @@ class StatusTransport(Protocol):
 class LivenessConfig:
     """How the client and its agents tell that the other is gone.
 
-    ``probe_after``: seconds pending before a session's first probe; ``probe_interval``:
-    seconds between its probes; ``max_rate``: probes per second at most (the share of the
-    TPS budget crash detection may take); ``escalate_after``: seconds a probe waits behind
-    invocations before it queues among them (``None``: it always waits behind them);
-    ``enabled`` False turns probing off. With the defaults a crash is seen within about
+    ``max_rate``: probes per second at most (the share of the TPS budget crash detection
+    may take); ``escalate_after``: seconds a probe waits behind invocations before it
+    queues among them (``None``: always behind). A crash is seen within about
     ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
     sessions are pending; beyond that, detection slows rather than the probes growing.
     ``lost_after``: seconds a session's agent may stay unreachable to its probes
