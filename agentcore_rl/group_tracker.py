@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
@@ -103,27 +103,16 @@ def _count(counts: dict[str, int], key: str) -> None:
     counts[key] = counts.get(key, 0) + 1
 
 
-@dataclass(kw_only=True)
+@dataclass(eq=False)
 class _Attempt:
-    """A :class:`GroupMember` while the tracker still decides about it."""
+    """One attempt's :class:`GroupMember`, replaced as the tracker decides about it; once it
+    no longer ``runs`` (stopped included), no further event matters."""
 
-    index: int
-    attempt: int
-    session_id: str
-    policy_version: int | None
-    #: None while it runs; once set (stopped included), no further event matters.
-    outcome: MemberOutcome | None = None
-    reward: float | None = None
-    trajectory: Any = None
-    result: Mapping[str, Any] | None = None
-    error: str | None = None
-    failure_kind: FailureKind | None = None
-    zeroed: bool = False
-    drop_reason: DropReason | None = None
+    member: GroupMember
+    runs: bool = True
 
-    def frozen(self) -> GroupMember:
-        named = {f.name: getattr(self, f.name) for f in fields(GroupMember)}
-        return GroupMember(**{**named, "outcome": self.outcome or MemberOutcome.STOPPED})
+    def set(self, **changes: Any) -> None:
+        self.member = replace(self.member, **changes)
 
 
 @dataclass(kw_only=True)
@@ -133,20 +122,21 @@ class _Group:
     attempts: list[_Attempt] = field(default_factory=list)
 
     def active(self) -> list[_Attempt]:
-        return [a for a in self.attempts if a.outcome is None]
+        return [a for a in self.attempts if a.runs]
 
     def kept(self) -> list[_Attempt]:
         return [
             a
             for a in self.attempts
-            if a.drop_reason is None and (a.outcome is MemberOutcome.SUCCEEDED or a.zeroed)
+            if a.member.drop_reason is None
+            and (a.member.outcome is MemberOutcome.SUCCEEDED or a.member.zeroed)
         ]
 
     def oldest_version(self) -> int:
         # Discarded attempts (retried, redundant) no longer count: a group whose old members
         # were all replaced by retries under a newer policy is not stale.
         live = self.active() + self.kept()
-        return min((a.policy_version or 0) for a in live or self.attempts)
+        return min((a.member.policy_version or 0) for a in live or self.attempts)
 
 
 class GroupTracker:
@@ -201,7 +191,7 @@ class GroupTracker:
 
     def is_running(self, session_id: str) -> bool:
         found = self._by_session.get(session_id)
-        return found is not None and found[1].outcome is None
+        return found is not None and found[1].runs
 
     # -- events --
 
@@ -238,7 +228,7 @@ class GroupTracker:
             return []
         group, attempt = found
         self._counts.members_succeeded += 1
-        attempt.reward = float(reward)
+        attempt.set(reward=float(reward))
         return self._check_done(group)
 
     def failed(
@@ -312,17 +302,17 @@ class GroupTracker:
     ) -> tuple[_Group, _Attempt] | None:
         """Record how an attempt ended; ``None`` for a late event (ignored)."""
         found = self._lookup(session_id)
-        if found is None or found[1].outcome is not None:
+        if found is None or not found[1].runs:
             self._counts.ignored_events += 1
             return None
-        attempt = found[1]
-        attempt.outcome, attempt.trajectory, attempt.result = outcome, trajectory, result
+        found[1].runs = False
+        found[1].set(outcome=outcome, trajectory=trajectory, result=result)
         return found
 
     def _failure(
         self, group: _Group, attempt: _Attempt, error: str, kind: FailureKind
     ) -> list[Action]:
-        attempt.error, attempt.failure_kind = error, kind
+        attempt.set(error=error, failure_kind=kind)
         _count(self._counts.failures, kind.value)
         if kind is FailureKind.TIMEOUT:
             self._counts.members_timed_out += 1
@@ -336,17 +326,18 @@ class GroupTracker:
             return self._check_done(group)
         # Infrastructure failures have a budget of their own: they say nothing of the input.
         infra = kind in _INFRA_BUDGET
+        member = attempt.member
         same = [
-            a
+            a.member
             for a in group.attempts
-            if a.index == attempt.index
-            and a.failure_kind is not None
-            and (a.failure_kind in _INFRA_BUDGET) == infra
+            if a.member.index == member.index
+            and a.member.failure_kind is not None
+            and (a.member.failure_kind in _INFRA_BUDGET) == infra
         ]
         if len(same) <= (rules.retry_infra if infra else rules.retry):
             self._discard(attempt, DropReason.RETRIED)
             self._counts.members_retried += 1
-            return [self._start(group, attempt.index, attempt.attempt + 1)]
+            return [self._start(group, member.index, member.attempt + 1)]
         rule = rules.on_failure
         if kind is FailureKind.TIMEOUT and rules.on_timeout is not None:
             rule = rules.on_timeout
@@ -356,8 +347,7 @@ class GroupTracker:
             self._discard(attempt, reason)
             return self._drop(group, reason, error)
         if rule == "zero":
-            attempt.zeroed = True
-            attempt.reward = 0.0
+            attempt.set(zeroed=True, reward=0.0)
             self._counts.members_zeroed += 1
             return self._check_done(group)
         self._discard(attempt, reason)
@@ -414,28 +404,32 @@ class GroupTracker:
     ) -> list[Action]:
         actions: list[Action] = []
         for attempt in group.active():
-            attempt.outcome = MemberOutcome.STOPPED
+            attempt.runs = False
+            attempt.set(outcome=MemberOutcome.STOPPED, drop_reason=reason)
             if count_as_drop:
                 self._discard(attempt, reason)
-            else:
-                attempt.drop_reason = reason
             self._counts.members_stopped += 1
-            actions.append(
-                StopMember(input_id=group.input_id, session_id=attempt.session_id, reason=reason)
-            )
+            sid = attempt.member.session_id
+            actions.append(StopMember(input_id=group.input_id, session_id=sid, reason=reason))
         return actions
 
     # -- bookkeeping --
 
     def _start(self, group: _Group, index: int, attempt_no: int) -> StartMember:
         session_id = member_session_id(self.exp_id, group.input_id, index=index, attempt=attempt_no)
-        attempt = _Attempt(
-            index=index, attempt=attempt_no, session_id=session_id, policy_version=self._version
+        # STOPPED until it ends: the outcome of an attempt that never does.
+        member = GroupMember(
+            index=index,
+            attempt=attempt_no,
+            session_id=session_id,
+            outcome=MemberOutcome.STOPPED,
+            policy_version=self._version,
         )
+        attempt = _Attempt(member)
         group.attempts.append(attempt)
         self._by_session[session_id] = (group, attempt)
         self._counts.members_started += 1
-        earlier = [a.failure_kind for a in group.attempts if a.index == index]
+        earlier = [a.member.failure_kind for a in group.attempts if a.member.index == index]
         return StartMember(
             input_id=group.input_id,
             index=index,
@@ -446,7 +440,7 @@ class GroupTracker:
         )
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:
-        attempt.drop_reason = reason
+        attempt.set(drop_reason=reason)
         _count(self._counts.members_dropped, reason.value)
 
     def _lookup(self, session_id: str) -> tuple[_Group, _Attempt] | None:
@@ -464,15 +458,15 @@ class GroupTracker:
         # run; its sessions stay recognisable through the group's digest in _seen.
         del self._groups[group.input_id]
         for attempt in group.attempts:
-            self._by_session.pop(attempt.session_id, None)
+            self._by_session.pop(attempt.member.session_id, None)
 
     def _snapshot(self, group: _Group) -> RolloutGroup:
-        kept = sorted(group.kept(), key=lambda a: (a.index, a.attempt))
+        kept = sorted(group.kept(), key=lambda a: (a.member.index, a.member.attempt))
         kept_ids = {id(a) for a in kept}
         return RolloutGroup(
             exp_id=self.exp_id,
             input_id=group.input_id,
             n=group.rules.n,
-            members=tuple(a.frozen() for a in kept[: group.rules.n]),
-            discarded=tuple(a.frozen() for a in group.attempts if id(a) not in kept_ids),
+            members=tuple(a.member for a in kept[: group.rules.n]),
+            discarded=tuple(a.member for a in group.attempts if id(a) not in kept_ids),
         )
