@@ -41,9 +41,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         s3_bucket: str,
         result_key: str,
         index: int | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        super().__init__(loop=loop or asyncio.get_running_loop())
+        super().__init__(loop=asyncio.get_running_loop())
         self.session_id = session_id
         self.input_id = input_id
         self.s3_bucket = s3_bucket
