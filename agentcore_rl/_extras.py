@@ -42,12 +42,10 @@ THIRD_PARTY: Final = frozenset(
 
 
 def install_hint(extra: str) -> str:
-    """``pip install 'agentcore-rl[EXTRA]'``."""
     return f"pip install 'agentcore-rl[{extra}]'"
 
 
 def is_ours(exc: BaseException) -> bool:
-    """Whether ``exc`` is a dependency of one of our extras missing."""
     return (
         isinstance(exc, ModuleNotFoundError)
         and exc.name is not None
@@ -56,11 +54,8 @@ def is_ours(exc: BaseException) -> bool:
 
 
 class MissingExtraError(AgentCoreRLError, ModuleNotFoundError):
-    """A part of agentcore-rl was used without the extra that brings its dependencies.
-
-    ``name`` is the missing module (as on any ``ModuleNotFoundError``), ``extra`` the extra
-    to install.
-    """
+    """``name`` is the missing module (as on any ``ModuleNotFoundError``), ``extra`` the
+    extra to install."""
 
     def __init__(self, part: str, extra: str, module: str) -> None:
         super().__init__(
@@ -72,9 +67,6 @@ class MissingExtraError(AgentCoreRLError, ModuleNotFoundError):
 
 
 def require(extra: str, part: str, *modules: str) -> None:
-    """Import ``modules`` (what ``part`` needs from ``extra``); one that is not installed
-    raises :class:`MissingExtraError` naming the extra.
-    """
     for module in modules:
         try:
             imported = importlib.import_module(module)

@@ -35,11 +35,8 @@ DEFAULT_SLOT_TTL: Final = 30.0
 
 @dataclass(frozen=True, kw_only=True)
 class LimitsConfig:
-    """One shared quota: ``tps`` calls per second and ``sessions`` live sessions.
-
-    ``burst``: what the shared bucket hands out at once (default half a second's worth);
-    the runtime's own bucket holds a second's worth, the rest absorbs uneven delays.
-    """
+    """One shared quota. ``burst`` defaults to half a second's worth: the runtime's own
+    bucket holds a second's worth, the rest absorbs uneven delays."""
 
     tps: float
     sessions: int
@@ -119,11 +116,9 @@ class LimitsActor:
         return known
 
     async def acquire_token(self, priority: int) -> None:
-        """Wait for one call's token; lower ``priority`` values go first, cluster-wide."""
         await self.bucket.acquire(priority)
 
     async def throttled(self) -> None:
-        """A process was answered "too many requests": the shared rate backs off."""
         self.bucket.on_throttle()
 
     async def sync(self, holder: str, in_use: int, seen: int) -> None:
@@ -147,7 +142,6 @@ class LimitsActor:
         return True
 
     async def status(self) -> dict[str, Any]:
-        """The configuration and a snapshot of the books (for checks and benchmarks)."""
         return {
             "config": asdict(self.config),
             "restarted": self.restarted,
@@ -159,7 +153,6 @@ class LimitsActor:
 
 
 def _reconstructed() -> bool:
-    """Whether this runs in a Ray actor that Ray has restarted."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return False
@@ -173,15 +166,13 @@ class _Rate:
         self._actor = actor
 
     async def acquire(self, priority: int = Priority.INVOKE) -> None:
-        """Wait for one call's token."""
         await self._actor.call("acquire_token", int(priority))
 
     def on_throttle(self) -> None:
-        """The runtime throttled a call: the shared rate backs off."""
         self._actor.send("throttled")
 
     def on_success(self) -> None:
-        """Nothing to do: the shared rate recovers with time."""
+        """The shared rate recovers with time."""
 
 
 class _Sessions:
@@ -202,7 +193,6 @@ class _Sessions:
         return self.holder, self.in_use, self._seen
 
     async def acquire(self) -> None:
-        """Wait for a slot of the shared budget."""
         while not await self._actor.call("acquire_slot", view=self._view, abandoned=self._lost):
             pass  # this holder had lapsed at the actor (a long outage): ask again
         self._seen += 1
@@ -221,30 +211,26 @@ class _Sessions:
                 self._actor.send("sync", *self._view())
 
     def release(self) -> None:
-        """Give a slot back (an actor call nobody waits for)."""
         if self.in_use <= 0:
             raise RuntimeError("release() without a matching acquire()")
         self.in_use -= 1
         self._actor.send("sync", *self._view())
 
     async def report(self, group: anyio.abc.TaskGroup) -> None:
-        """Tell the actor what this process holds every ``slot_ttl / 3`` seconds."""
         self._group = group
         while True:
             await anyio.sleep(self._actor.config.slot_ttl / 3)
             await self._actor.call("sync", view=self._view)
 
     async def aclose(self) -> None:
-        """Tell the actor what is still in use (it lapses after ``slot_ttl``)."""
         self._group = None
         with anyio.move_on_after(5.0, shield=True):
             await self._actor.call("sync", view=self._view)
 
 
 class SharedLimits:
-    """This process's handle on one cluster-wide quota (what ``shared_limits`` yields):
-    ``rate`` and ``sessions`` for the rollout client. Its calls to the actor are retried
-    with back-off while Ray restarts it, up to ``unavailable_timeout`` seconds.
+    """This process's handle on one cluster-wide quota (what ``shared_limits`` yields); its
+    calls to the actor are retried with back-off while Ray restarts it.
 
     Example::
 
@@ -256,7 +242,6 @@ class SharedLimits:
         self.config = config
         self._handle = handle
         self._timeout = timeout
-        #: Calls this process made to the shared actor so far.
         self.actor_calls = 0
         self.rate = _Rate(self)
         self.sessions = _Sessions(self)
@@ -359,12 +344,10 @@ def shared_limits(
     namespace: str = DEFAULT_NAMESPACE,
     unavailable_timeout: float = 60.0,
 ) -> contextlib.AbstractAsyncContextManager[SharedLimits]:
-    """The cluster-wide limits called ``name`` (created on first use): ``tps`` calls per
-    second and ``sessions`` live sessions, shared by every process that asks by name with
-    the same settings (see :class:`LimitsConfig`). Callers fail with
+    """The cluster-wide limits called ``name`` (created on first use), shared by every
+    process that asks by name with the same settings. Callers fail with
     ``SharedLimitsUnavailableError`` once the actor stayed unreachable for
-    ``unavailable_timeout`` seconds. Needs Ray initialised (``pip install
-    'agentcore-rl[ray]'``).
+    ``unavailable_timeout`` seconds. Needs Ray initialised.
 
     Example::
 

@@ -88,7 +88,7 @@ class AgentCoreRLError(Exception):
 
 
 class ConfigurationError(AgentCoreRLError, ValueError):
-    """An argument given to a constructor or to the CLI is invalid.
+    """A constructor or CLI argument is invalid.
 
     Example::
 
@@ -97,10 +97,7 @@ class ConfigurationError(AgentCoreRLError, ValueError):
 
 
 class InvalidPayloadError(AgentCoreRLError, ValueError):
-    """The server refuses an invocation body.
-
-    ``status_code`` is the HTTP status the server answers with (400, 403 or 413) and
-    ``field`` names the offending field where there is one.
+    """``status_code``: the HTTP status the server answers with (400, 403 or 413).
 
     Example::
 
@@ -115,7 +112,7 @@ class InvalidPayloadError(AgentCoreRLError, ValueError):
 
 
 class InvalidRolloutConfig(InvalidPayloadError):
-    """The ``_rollout`` block is missing a required field or a field has a bad value.
+    """The ``_rollout`` block lacks a field or has a bad one.
 
     Example::
 
@@ -124,7 +121,7 @@ class InvalidRolloutConfig(InvalidPayloadError):
 
 
 class BucketNotAllowedError(InvalidPayloadError):
-    """The payload names an S3 bucket that the server's allow-list does not contain.
+    """The payload names a bucket outside the server's allow-list.
 
     Example::
 
@@ -143,10 +140,8 @@ class BucketNotAllowedError(InvalidPayloadError):
 
 
 class StorageError(AgentCoreRLError):
-    """An S3 operation failed after its retries.
-
-    ``operation``, ``bucket`` and ``key`` say which one; ``code`` is the S3 error code
-    (``NoSuchBucket``, ``SlowDown``...) when S3 answered, else the exception type.
+    """``code``: the S3 error code (``NoSuchBucket``, ``SlowDown``...) when S3 answered, else
+    the exception type.
 
     Example::
 
@@ -165,7 +160,7 @@ class StorageError(AgentCoreRLError):
 
 
 class InvocationError(AgentCoreRLError):
-    """Invoking the agent failed (after retries, where the failure was retryable).
+    """Invoking the agent failed (after retries, where retryable).
 
     Example::
 
@@ -182,9 +177,8 @@ class InvocationError(AgentCoreRLError):
 
 
 class AgentUnreachableError(InvocationError):
-    """No attempt reached the agent (connection refused or timed out while connecting):
-    no session was started, so there is nothing to stop and no point in a new session on
-    the same agent.
+    """No session was started, so there is nothing to stop and no point in a new session
+    on the same agent.
 
     Example::
 
@@ -194,9 +188,7 @@ class AgentUnreachableError(InvocationError):
 
 
 class RolloutError(AgentCoreRLError):
-    """The agent ran and reported failure: its result envelope has ``status_code`` >= 400.
-
-    The whole envelope is kept, with the agent's traceback when it sent one.
+    """The agent's result ``envelope`` has ``status_code`` >= 400.
 
     Example::
 
@@ -218,9 +210,8 @@ class RolloutError(AgentCoreRLError):
 
 
 class InfraError(AgentCoreRLError):
-    """Raised by a rollout handler when a service the rollout needs failed (a sandbox, a
-    tool backend, a judge): the rollout did not get a fair run, so it is retried in a new
-    session and never trained on (failure kind ``infra``).
+    """For a handler whose rollout did not get a fair run (a sandbox, a tool backend, a judge
+    failed): it is retried in a new session and never trained on (failure kind ``infra``).
 
     Example::
 
@@ -230,8 +221,7 @@ class InfraError(AgentCoreRLError):
 
 
 class RewardError(AgentCoreRLError):
-    """Raised by a rollout handler whose run finished but whose reward cannot be computed
-    (failure kind ``reward``: never trained on as a zero).
+    """Failure kind ``reward``: never trained on as a zero.
 
     Example::
 
@@ -240,8 +230,7 @@ class RewardError(AgentCoreRLError):
 
 
 class InfraFailureRateError(AgentCoreRLError):
-    """More than the allowed share of the recent rollouts failed for infrastructure, so the
-    run stopped admitting new ones. ``counts`` holds the failures by cause, out of
+    """The run stopped admitting rollouts; ``counts``: the failures by cause, out of
     ``window`` rollouts.
 
     Example::
@@ -263,7 +252,7 @@ class InfraFailureRateError(AgentCoreRLError):
 
 
 class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
-    """No result arrived within the timeout; the session has been stopped.
+    """The session has been stopped.
 
     Example::
 
@@ -280,7 +269,7 @@ class RolloutTimeoutError(AgentCoreRLError, TimeoutError):
 
 
 class ClientClosedError(AgentCoreRLError):
-    """The client was closed, or is closing, so it takes no new invocations.
+    """The client was closed, or is closing.
 
     Example::
 
@@ -290,11 +279,9 @@ class ClientClosedError(AgentCoreRLError):
 
 
 class AgentLostError(InvocationError):
-    """The process (or microVM) running a pending rollout crashed or restarted, so no
-    result will come: its agent answered a probe that it does not know the session, or
-    its restarted successor wrote an ``agent_lost`` envelope (kept in ``envelope``).
-    Retryable: the client runs it again with a new session (``Retries.lost``) before
-    reporting this.
+    """A probe found the session unknown to its agent, or the restarted successor wrote an
+    ``agent_lost`` envelope (kept in ``envelope``). The client first runs it again in new
+    sessions (``Retries.lost``).
 
     Example::
 
@@ -316,8 +303,7 @@ class AgentLostError(InvocationError):
 
 
 class SharedLimitsUnavailableError(AgentCoreRLError):
-    """The shared limits' actor (``agentcore_rl.distributed``) could not be reached for
-    longer than the client waits.
+    """The actor of ``agentcore_rl.distributed`` stayed unreachable.
 
     Example::
 
@@ -329,7 +315,7 @@ class SharedLimitsUnavailableError(AgentCoreRLError):
 
 
 class GatewayError(AgentCoreRLError):
-    """The rollout gateway was misused or could not do its job (the message says which).
+    """The rollout gateway was misused or could not do its job.
 
     Example::
 
@@ -339,11 +325,8 @@ class GatewayError(AgentCoreRLError):
 
 
 class TraceLostError(GatewayError):
-    """A session's trace cannot be had: the gateway restarted, or it expired without a sink.
-
-    A rollout whose trace is lost must not end as a success without tokens: with a gateway,
-    the client makes this the rollout's outcome (the agent's result is in ``envelope`` when
-    it had arrived).
+    """A rollout must not end as a success without tokens: with a gateway, the client makes
+    this its outcome (with the agent's result in ``envelope`` when it had arrived).
 
     Example::
 
@@ -363,7 +346,7 @@ class TraceLostError(GatewayError):
 
 
 class GatewayInputError(GatewayError, ValueError):
-    """A model call or an admin request the gateway refuses, with the reason (a 400).
+    """A model call or an admin request the gateway refuses (a 400).
 
     Example::
 
@@ -372,7 +355,7 @@ class GatewayInputError(GatewayError, ValueError):
 
 
 class AlreadyPausedError(GatewayError):
-    """A pause was asked while the gateway is paused (a 409 over HTTP).
+    """A pause was asked while the gateway is paused (a 409).
 
     Example::
 
@@ -382,8 +365,7 @@ class AlreadyPausedError(GatewayError):
 
 
 class UpstreamError(GatewayError):
-    """An inference server call failed: refused, reset, cut short or silent past the read
-    timeout (a 502 to the agent or the trainer).
+    """Refused, reset, cut short or silent past the read timeout (a 502 over HTTP).
 
     Example::
 

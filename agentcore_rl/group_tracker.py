@@ -1,9 +1,8 @@
 """The pure state machine deciding what happens to a group's members (:class:`GroupTracker`).
 
-The client tells it how each attempt ended (``succeeded``, ``failed``, ``timed_out``) and
-carries out the actions it answers with, in order: :class:`StartMember`,
-:class:`StopMember` (always before the resolution they lead to), then the group's outcome
-itself, a :class:`~agentcore_rl.groups.RolloutGroup` or a
+The client tells it how each attempt ended and carries out the actions it answers with, in
+order: :class:`StartMember`, :class:`StopMember` (always before the resolution they lead
+to), then the group's outcome, a :class:`~agentcore_rl.groups.RolloutGroup` or a
 :class:`~agentcore_rl.groups.GroupDroppedError`. Nothing here awaits or reads a clock.
 """
 
@@ -11,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
@@ -34,12 +33,9 @@ from agentcore_rl.protocol import FailureKind
 __all__ = ["Action", "GroupCounters", "GroupTracker", "StartMember", "StopMember"]
 
 
-# --- GroupTracker's actions ----------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class StartMember:
-    """Run one attempt of one member: invoke in ``session_id`` stamped ``policy_version``;
+    """Run one attempt of one member in ``session_id``, stamped ``policy_version``;
     ``draw`` counts its earlier attempts that were not ``infra`` failures (its seed's)."""
 
     input_id: str
@@ -70,9 +66,6 @@ _REASONS: Final = {
 }
 #: Kinds retried on ``retry_infra``: the rollout did not get a fair run.
 _INFRA_BUDGET: Final = frozenset({FailureKind.INFRA, FailureKind.STOPPED})
-
-
-# --- Counters -------------------------------------------------------------------------------
 
 
 @dataclass(kw_only=True)
@@ -106,28 +99,20 @@ class GroupCounters:
     failures: dict[str, int] = field(default_factory=dict)
 
 
-# --- State ----------------------------------------------------------------------------------
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
-@dataclass(kw_only=True)
+@dataclass(eq=False)
 class _Attempt:
-    index: int
-    attempt: int
-    session_id: str
-    policy_version: int | None
-    #: None while it runs; once set (stopped included), no further event matters.
-    outcome: MemberOutcome | None = None
-    reward: float | None = None
-    trajectory: Any = None
-    result: Mapping[str, Any] | None = None
-    error: str | None = None
-    failure_kind: FailureKind | None = None
-    zeroed: bool = False
-    drop_reason: DropReason | None = None
+    """One attempt's :class:`GroupMember`, replaced as the tracker decides about it; once it
+    no longer ``runs`` (stopped included), no further event matters."""
 
-    def frozen(self) -> GroupMember:
-        named = {f.name: getattr(self, f.name) for f in fields(GroupMember)}
-        return GroupMember(**{**named, "outcome": self.outcome or MemberOutcome.STOPPED})
+    member: GroupMember
+    runs: bool = True
+
+    def set(self, **changes: Any) -> None:
+        self.member = replace(self.member, **changes)
 
 
 @dataclass(kw_only=True)
@@ -137,27 +122,21 @@ class _Group:
     attempts: list[_Attempt] = field(default_factory=list)
 
     def active(self) -> list[_Attempt]:
-        return [a for a in self.attempts if a.outcome is None]
+        return [a for a in self.attempts if a.runs]
 
     def kept(self) -> list[_Attempt]:
         return [
             a
             for a in self.attempts
-            if a.drop_reason is None and (a.outcome is MemberOutcome.SUCCEEDED or a.zeroed)
+            if a.member.drop_reason is None
+            and (a.member.outcome is MemberOutcome.SUCCEEDED or a.member.zeroed)
         ]
 
     def oldest_version(self) -> int:
-        """The oldest version among the attempts that are, or may still be, in the group.
-
-        Discarded attempts (retried, redundant) no longer count: a group whose old
-        members were all replaced by retries under a newer policy is not stale. A member
-        started before any version was set counts as version 0.
-        """
+        # Discarded attempts (retried, redundant) no longer count: a group whose old members
+        # were all replaced by retries under a newer policy is not stale.
         live = self.active() + self.kept()
-        return min((a.policy_version or 0) for a in live or self.attempts)
-
-
-# --- The tracker ----------------------------------------------------------------------------
+        return min((a.member.policy_version or 0) for a in live or self.attempts)
 
 
 class GroupTracker:
@@ -165,13 +144,18 @@ class GroupTracker:
 
     One tracker serves all groups of one experiment (``exp_id``); ``input_id`` names a
     group and may be used once per tracker, since member session ids derive from it.
-    ``policy_version`` is stamped into every member started from now on; see
-    :meth:`set_policy_version` and :meth:`advance_policy`.
+    ``policy_version`` is stamped into every member started from now on.
 
     Every method that takes an event returns the actions to carry out, in order. An event
     for a session the tracker never started raises ``KeyError``; one for an attempt that
     already ended (a result racing its stop) is counted in ``ignored_events`` and changes
     nothing.
+
+    Example::
+
+        tracker = GroupTracker(exp_id="e1")
+        actions = tracker.open("q-17", GroupRules(n=4))    # four StartMember
+        actions = tracker.succeeded(actions[0].session_id, 1.0)
     """
 
     def __init__(self, *, exp_id: str, policy_version: int | None = None) -> None:
@@ -186,8 +170,6 @@ class GroupTracker:
         self._seen: set[str] = set()
         self._counts = GroupCounters()
 
-    # -- inspection --
-
     @property
     def policy_version(self) -> int | None:
         """The version stamped into members started from now on (``None``: not set)."""
@@ -195,7 +177,6 @@ class GroupTracker:
 
     @property
     def counters(self) -> GroupCounters:
-        """A snapshot of the counters."""
         c = self._counts
         return replace(
             c,
@@ -206,13 +187,11 @@ class GroupTracker:
         )
 
     def is_open(self, input_id: str) -> bool:
-        """True while the group has not been resolved or dropped."""
         return input_id in self._groups
 
     def is_running(self, session_id: str) -> bool:
-        """True while the attempt in ``session_id`` has neither ended nor been stopped."""
         found = self._by_session.get(session_id)
-        return found is not None and found[1].outcome is None
+        return found is not None and found[1].runs
 
     # -- events --
 
@@ -244,7 +223,13 @@ class GroupTracker:
             raise ValueError(f"reward must be a number, got {type(reward).__name__}")
         if not math.isfinite(reward):
             raise ValueError(f"reward must be finite, got {reward!r}")
-        return self._ended(session_id, MemberOutcome.SUCCEEDED, float(reward), trajectory, result)
+        found = self._end(session_id, MemberOutcome.SUCCEEDED, trajectory, result)
+        if found is None:
+            return []
+        group, attempt = found
+        self._counts.members_succeeded += 1
+        attempt.set(reward=float(reward))
+        return self._check_done(group)
 
     def failed(
         self,
@@ -256,24 +241,25 @@ class GroupTracker:
         result: Mapping[str, Any] | None = None,
     ) -> list[Action]:
         """This attempt failed with ``kind``: retry it or apply the rule for its kind."""
-        if not isinstance(error, str):
-            error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        kind = FailureKind(kind)
         if kind is FailureKind.TIMEOUT:
             return self.timed_out(session_id, trajectory=trajectory)
-        attempt_kind = (error, FailureKind(kind))
-        return self._ended(session_id, MemberOutcome.FAILED, attempt_kind, trajectory, result)
+        if not isinstance(error, str):
+            error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        found = self._end(session_id, MemberOutcome.FAILED, trajectory, result)
+        return [] if found is None else self._failure(*found, error, kind)
 
     def timed_out(self, session_id: str, *, trajectory: Any = None) -> list[Action]:
         """This attempt gave no result in time (the client stops its session itself)."""
-        why = ("no result within the timeout", FailureKind.TIMEOUT)
-        return self._ended(session_id, MemberOutcome.TIMED_OUT, why, trajectory, None)
+        found = self._end(session_id, MemberOutcome.TIMED_OUT, trajectory, None)
+        if found is None:
+            return []
+        return self._failure(*found, "no result within the timeout", FailureKind.TIMEOUT)
 
     def cancel(self, input_id: str) -> list[Action]:
         """Give up a group (its future was cancelled, the client closes): stop and drop it."""
         group = self._groups.get(input_id)
-        if group is None:
-            return []
-        return self._drop(group, DropReason.CANCELLED)
+        return [] if group is None else self._drop(group, DropReason.CANCELLED)
 
     def set_policy_version(self, version: int) -> None:
         """Stamp ``version`` into every member started from now on (retries included)."""
@@ -296,69 +282,62 @@ class GroupTracker:
         for group in list(self._groups.values()):
             oldest = group.oldest_version()
             if oldest < version - max_staleness:
-                actions += self._drop(
-                    group,
-                    DropReason.STALE,
-                    make_error=partial(
-                        StaleGroupError,
-                        policy_version=oldest,
-                        current=version,
-                        max_staleness=max_staleness,
-                    ),
+                stale = partial(
+                    StaleGroupError,
+                    policy_version=oldest,
+                    current=version,
+                    max_staleness=max_staleness,
                 )
+                actions += self._drop(group, DropReason.STALE, make_error=stale)
         return actions
 
     # -- decisions --
 
-    def _ended(
+    def _end(
         self,
         session_id: str,
         outcome: MemberOutcome,
-        reward_or_error: float | tuple[str, FailureKind],
         trajectory: Any,
         result: Mapping[str, Any] | None,
-    ) -> list[Action]:
-        """Record how an attempt ended (a late event is ignored), then decide."""
+    ) -> tuple[_Group, _Attempt] | None:
+        """Record how an attempt ended; ``None`` for a late event (ignored)."""
         found = self._lookup(session_id)
-        if found is None or found[1].outcome is not None:
+        if found is None or not found[1].runs:
             self._counts.ignored_events += 1
-            return []
-        group, attempt = found
-        attempt.outcome = outcome
-        attempt.trajectory = trajectory
-        attempt.result = result
-        if isinstance(reward_or_error, float):
-            self._counts.members_succeeded += 1
-            attempt.reward = reward_or_error
-            return self._check_done(group)
-        error, kind = reward_or_error
-        attempt.error, attempt.failure_kind = error, kind
-        failures = self._counts.failures
-        failures[kind.value] = failures.get(kind.value, 0) + 1
+            return None
+        found[1].runs = False
+        found[1].set(outcome=outcome, trajectory=trajectory, result=result)
+        return found
+
+    def _failure(
+        self, group: _Group, attempt: _Attempt, error: str, kind: FailureKind
+    ) -> list[Action]:
+        attempt.set(error=error, failure_kind=kind)
+        _count(self._counts.failures, kind.value)
         if kind is FailureKind.TIMEOUT:
             self._counts.members_timed_out += 1
         else:
             self._counts.members_failed += 1
         reason = _REASONS.get(kind, DropReason.FAILED)
         rules = group.rules
-        needed = rules.n - len(group.kept())
-        if len(group.active()) >= needed:
+        if len(group.active()) >= rules.n - len(group.kept()):
             # Spares still running can fill every open place: no retry needed.
             self._discard(attempt, reason)
             return self._check_done(group)
         # Infrastructure failures have a budget of their own: they say nothing of the input.
         infra = kind in _INFRA_BUDGET
+        member = attempt.member
         same = [
-            a
+            a.member
             for a in group.attempts
-            if a.index == attempt.index
-            and a.failure_kind is not None
-            and (a.failure_kind in _INFRA_BUDGET) == infra
+            if a.member.index == member.index
+            and a.member.failure_kind is not None
+            and (a.member.failure_kind in _INFRA_BUDGET) == infra
         ]
         if len(same) <= (rules.retry_infra if infra else rules.retry):
             self._discard(attempt, DropReason.RETRIED)
             self._counts.members_retried += 1
-            return [self._start(group, attempt.index, attempt.attempt + 1)]
+            return [self._start(group, member.index, member.attempt + 1)]
         rule = rules.on_failure
         if kind is FailureKind.TIMEOUT and rules.on_timeout is not None:
             rule = rules.on_timeout
@@ -368,8 +347,7 @@ class GroupTracker:
             self._discard(attempt, reason)
             return self._drop(group, reason, error)
         if rule == "zero":
-            attempt.zeroed = True
-            attempt.reward = 0.0
+            attempt.set(zeroed=True, reward=0.0)
             self._counts.members_zeroed += 1
             return self._check_done(group)
         self._discard(attempt, reason)
@@ -418,8 +396,7 @@ class GroupTracker:
         snapshot = self._snapshot(group)
         error = make_error(snapshot) if make_error else GroupDroppedError(snapshot, reason, detail)
         self._close(group)
-        dropped = self._counts.groups_dropped
-        dropped[error.reason.value] = dropped.get(error.reason.value, 0) + 1
+        _count(self._counts.groups_dropped, error.reason.value)
         return [*actions, error]
 
     def _stop_active(
@@ -427,28 +404,32 @@ class GroupTracker:
     ) -> list[Action]:
         actions: list[Action] = []
         for attempt in group.active():
-            attempt.outcome = MemberOutcome.STOPPED
+            attempt.runs = False
+            attempt.set(outcome=MemberOutcome.STOPPED, drop_reason=reason)
             if count_as_drop:
                 self._discard(attempt, reason)
-            else:
-                attempt.drop_reason = reason
             self._counts.members_stopped += 1
-            actions.append(
-                StopMember(input_id=group.input_id, session_id=attempt.session_id, reason=reason)
-            )
+            sid = attempt.member.session_id
+            actions.append(StopMember(input_id=group.input_id, session_id=sid, reason=reason))
         return actions
 
     # -- bookkeeping --
 
     def _start(self, group: _Group, index: int, attempt_no: int) -> StartMember:
         session_id = member_session_id(self.exp_id, group.input_id, index=index, attempt=attempt_no)
-        attempt = _Attempt(
-            index=index, attempt=attempt_no, session_id=session_id, policy_version=self._version
+        # STOPPED until it ends: the outcome of an attempt that never does.
+        member = GroupMember(
+            index=index,
+            attempt=attempt_no,
+            session_id=session_id,
+            outcome=MemberOutcome.STOPPED,
+            policy_version=self._version,
         )
+        attempt = _Attempt(member)
         group.attempts.append(attempt)
         self._by_session[session_id] = (group, attempt)
         self._counts.members_started += 1
-        earlier = [a.failure_kind for a in group.attempts if a.index == index]
+        earlier = [a.member.failure_kind for a in group.attempts if a.member.index == index]
         return StartMember(
             input_id=group.input_id,
             index=index,
@@ -459,9 +440,8 @@ class GroupTracker:
         )
 
     def _discard(self, attempt: _Attempt, reason: DropReason) -> None:
-        attempt.drop_reason = reason
-        dropped = self._counts.members_dropped
-        dropped[reason.value] = dropped.get(reason.value, 0) + 1
+        attempt.set(drop_reason=reason)
+        _count(self._counts.members_dropped, reason.value)
 
     def _lookup(self, session_id: str) -> tuple[_Group, _Attempt] | None:
         """The open attempt, or ``None`` for a session of a group already closed."""
@@ -478,16 +458,15 @@ class GroupTracker:
         # run; its sessions stay recognisable through the group's digest in _seen.
         del self._groups[group.input_id]
         for attempt in group.attempts:
-            self._by_session.pop(attempt.session_id, None)
+            self._by_session.pop(attempt.member.session_id, None)
 
     def _snapshot(self, group: _Group) -> RolloutGroup:
-        kept = sorted(group.kept(), key=lambda a: (a.index, a.attempt))
+        kept = sorted(group.kept(), key=lambda a: (a.member.index, a.member.attempt))
         kept_ids = {id(a) for a in kept}
-        other = [a for a in group.attempts if id(a) not in kept_ids]
         return RolloutGroup(
             exp_id=self.exp_id,
             input_id=group.input_id,
             n=group.rules.n,
-            members=tuple(a.frozen() for a in kept[: group.rules.n]),
-            discarded=tuple(a.frozen() for a in other),
+            members=tuple(a.member for a in kept[: group.rules.n]),
+            discarded=tuple(a.member for a in group.attempts if id(a) not in kept_ids),
         )

@@ -1,8 +1,5 @@
-"""GRPO groups: n rollouts of one input, their rewards, advantages and the rules they follow.
-
-Pure: the rules (:class:`GroupRules`), the result (:class:`RolloutGroup`), drop reasons and
-errors, and member session ids (docs/groups.md, "Session ids"). The state machine that
-runs groups by these rules is :class:`~agentcore_rl.group_tracker.GroupTracker`.
+"""GRPO groups: n rollouts of one input, their rules, results, advantages and session ids
+(docs/groups.md). :class:`~agentcore_rl.group_tracker.GroupTracker` runs them by the rules.
 """
 
 from __future__ import annotations
@@ -46,12 +43,7 @@ Normalize = Literal["mean", "mean_std"]
 ADVANTAGE_EPSILON: Final = 1e-6
 
 
-# --- Outcomes and reasons -------------------------------------------------------------------
-
-
 class MemberOutcome(str, Enum):
-    """How one attempt of a member ended."""
-
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     TIMED_OUT = "timed_out"
@@ -60,13 +52,8 @@ class MemberOutcome(str, Enum):
 
 
 class DropReason(str, Enum):
-    """Why an attempt is not in its group, or why a whole group was dropped.
-
-    Member reasons: ``RETRIED`` (failed, re-run in a fresh session), ``FAILED`` /
-    ``TIMED_OUT`` (left out under ``on_failure="drop_member"``, or covered by a spare),
-    ``INFRA`` / ``REWARD`` (failed with that kind and left out: never zeroed),
-    ``REDUNDANT`` (an extra beyond n, stopped). Group reasons: ``FAILED`` / ``TIMED_OUT``
-    (``on_failure="drop_group"``), ``TOO_FEW_MEMBERS``, ``UNIFORM``, ``STALE``, ``CANCELLED``.
+    """Why an attempt is not in its group, or why a whole group was dropped (the table is
+    in docs/groups.md, "Failures").
 
     Example::
 
@@ -85,29 +72,19 @@ class DropReason(str, Enum):
     CANCELLED = "cancelled"
 
 
-# --- Rules ----------------------------------------------------------------------------------
-
-
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class GroupRules:
-    """How a group of ``n`` members is run and when it counts as whole.
+    """How a group of ``n`` members is run and when it counts as whole (each field and the
+    failure table: docs/groups.md, "Rules").
 
-    ``redundancy`` extra members start with the group; the first ``n`` to succeed are kept
-    and the rest are stopped. A failed or timed-out member is re-run in a fresh session,
-    unless a spare still running covers it: up to ``retry_infra`` times after failures of
-    kind ``infra``, up to ``retry`` times after any other. What then remains failed follows
-    its kind (docs/groups.md has the table): an ``agent`` failure (and a timeout, unless
-    ``on_timeout`` says otherwise) follows ``on_failure``: ``"drop_member"`` (the group
-    resolves with its survivors if at least ``min_members`` - capped at ``n`` - succeed),
-    ``"zero"`` (the member stays with reward 0 and its tokens masked out) or
-    ``"drop_group"``; an ``infra`` or ``reward`` failure is never zeroed: it is left out,
-    as under ``"drop_member"``. ``filter_uniform`` drops a
-    group whose rewards are all equal: it carries no learning signal. ``member_seed``
-    gives each draw of a member its own ``_rollout.seed`` (``member_seed + draw * (n +
-    redundancy) + index``): a seed shared by every member would make them sample alike. A
-    retry after an ``infra`` failure is the same draw again (it never got a fair run), any
-    other retry the next one.
+    ``redundancy`` extra members start with the group; the first ``n`` to succeed are kept.
+    A failure is retried in a fresh session (``retry_infra`` times for kind ``infra``,
+    ``retry`` for the others), then follows its rule: ``on_failure`` (``on_timeout`` for a
+    timeout) for an ``agent`` failure; an ``infra`` or ``reward`` failure is never zeroed,
+    only left out. ``filter_uniform`` drops a group whose rewards are all equal (no
+    learning signal). ``member_seed`` gives each draw of a member its own ``_rollout.seed``:
+    a seed shared by every member would make them sample alike.
 
     Example::
 
@@ -139,16 +116,12 @@ class GroupRules:
 
     @property
     def keep_at_least(self) -> int:
-        """Survivors a ``drop_member`` group needs: ``min_members`` capped at ``n``."""
         return min(self.min_members, self.n)
 
     @property
     def starts(self) -> int:
-        """Members started with the group: ``n + redundancy``."""
         return self.n + self.redundancy
 
-
-# --- Session ids ----------------------------------------------------------------------------
 
 _SESSION_PREFIX: Final = "grp"
 _DIGEST_CHARS: Final = 32
@@ -159,15 +132,12 @@ _MEMBER_SESSION: Final = re.compile(
 
 @dataclass(frozen=True)
 class MemberKey:
-    """What a member session id encodes (see :func:`parse_member_session_id`)."""
-
     digest: str
     index: int
     attempt: int
 
 
 def group_digest(exp_id: str, input_id: str) -> str:
-    """The 32 hex characters naming one group in its members' session ids."""
     validate_key_part("exp_id", exp_id)
     validate_key_part("input_id", input_id)
     # Key parts never contain "/", so the joined text is unambiguous.
@@ -175,32 +145,24 @@ def group_digest(exp_id: str, input_id: str) -> str:
 
 
 def member_session_id(exp_id: str, input_id: str, *, index: int, attempt: int) -> str:
-    """The session id of one attempt of one member: ``grp-<digest>-m<index>-a<attempt>``.
-
-    Deterministic, so a restarted process finds the same sessions (and result keys), and
-    valid for AgentCore Runtime (letters, digits and hyphens; at least 33 characters).
-    The ids are hashed because ``input_id`` may hold characters session ids may not.
-    """
+    """``grp-<digest>-m<index>-a<attempt>``: deterministic, so a restarted process finds the
+    same sessions (and result keys); hashed, as ``input_id`` may hold characters session ids
+    may not (AgentCore Runtime's: letters, digits and hyphens, at least 33)."""
     check_whole("member index", index)
     check_whole("member attempt", attempt)
     return f"{_SESSION_PREFIX}-{group_digest(exp_id, input_id)}-m{index}-a{attempt}"
 
 
 def check_whole(what: str, value: object) -> None:
-    """``ConfigurationError`` naming ``what`` unless ``value`` is an integer >= 0."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigurationError(f"{what} must be an integer >= 0, got {value!r}")
 
 
 def parse_member_session_id(session_id: str) -> MemberKey | None:
-    """``(digest, index, attempt)`` of a member session id, ``None`` for any other id."""
     match = _MEMBER_SESSION.fullmatch(session_id)
     if match is None:
         return None
     return MemberKey(match["digest"], int(match["index"]), int(match["attempt"]))
-
-
-# --- Advantages -----------------------------------------------------------------------------
 
 
 def advantages(rewards: Sequence[float], normalize: Normalize = "mean") -> list[float]:
@@ -237,19 +199,13 @@ def result_reward(result: Any) -> float | None:
     return float(rewards[0] if rewards else result["reward"])
 
 
-# --- Members and groups ---------------------------------------------------------------------
-
-
 @dataclass(frozen=True, kw_only=True)
 class GroupMember:
     """One attempt of one member of a group, as it ended.
 
-    ``reward`` is the agent's reward for a success, 0.0 for a member zeroed under
-    ``on_failure="zero"`` (``zeroed`` is then true and its tokens train with mask 0) and
-    ``None`` otherwise. ``trajectory`` is the captured token trajectory when a gateway is
-    configured; ``result`` the agent's result envelope when there was one; ``error`` a
-    one-line description of a failure and ``failure_kind`` its kind; ``drop_reason`` why
-    the attempt is not in the group.
+    ``reward``: the agent's for a success, 0.0 for a member ``zeroed`` under
+    ``on_failure="zero"`` (its tokens train with mask 0), else ``None``. ``trajectory``: the
+    captured tokens (with a gateway); ``drop_reason``: why it is not in the group.
 
     Example::
 
@@ -273,7 +229,7 @@ class GroupMember:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupStats:
-    """Figures of one group: counts, and rewards over the kept members (population std)."""
+    """Counts, and rewards over the kept members (population std)."""
 
     n: int
     size: int
@@ -291,11 +247,8 @@ class GroupStats:
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutGroup:
-    """The members of one input that count, and every attempt that does not.
-
-    ``members`` are the kept members in index order (at most ``n``; fewer only under
-    ``on_failure="drop_member"``); ``discarded`` holds every other attempt with its
-    ``drop_reason``, so no session goes unaccounted for.
+    """The kept ``members`` of one input, in index order (fewer than ``n`` only under
+    ``"drop_member"``), and every other attempt in ``discarded`` with its ``drop_reason``.
 
     Example::
 
@@ -313,26 +266,21 @@ class RolloutGroup:
 
     @property
     def rewards(self) -> list[float]:
-        """Rewards of the kept members, in member order (zeroed members count 0.0)."""
         return [0.0 if m.reward is None else m.reward for m in self.members]
 
     @property
     def session_ids(self) -> list[str]:
-        """Session ids of the kept members, in member order."""
         return [m.session_id for m in self.members]
 
     def advantages(self, normalize: Normalize = "mean") -> list[float]:
-        """Advantages of the kept members, in member order (see :func:`advantages`)."""
         return advantages(self.rewards, normalize)
 
     @property
     def is_uniform(self) -> bool:
-        """True when all kept rewards are equal (no GRPO learning signal)."""
         return len(set(self.rewards)) <= 1
 
     @property
     def stats(self) -> GroupStats:
-        """Counts, reward figures and the min/max policy version of the kept members."""
         rewards = self.rewards
         versions = [m.policy_version for m in self.members if m.policy_version is not None]
         mean = math.fsum(rewards) / len(rewards) if rewards else None
@@ -375,10 +323,8 @@ class GroupDroppedError(AgentCoreRLError):
 
 
 class StaleGroupError(GroupDroppedError):
-    """A group started under a policy version too old for the trainer was stopped.
-
-    ``policy_version`` is the oldest version among its members, ``current`` the version
-    :meth:`advance_policy` moved to and ``max_staleness`` the allowed lag.
+    """A group with a member started under ``policy_version``, older than ``current``
+    (what :meth:`advance_policy` moved to) minus ``max_staleness``, was stopped.
 
     Example::
 

@@ -25,9 +25,9 @@ _NAMED: Final = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR
 def checked(
     *, moved: Mapping[str, str] | None = None, extras: str | None = None
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorate a function whose keywords are fixed: an unknown one raises a ``TypeError``
-    naming the closest known one (or, for a ``moved`` one, where it lives now; else a hint
-    that ``extras``, a mapping parameter, takes free-form keys) before the call."""
+    """An unknown keyword raises a ``TypeError`` naming the closest known one (or, for a
+    ``moved`` one, where it lives now; else a hint that the mapping parameter ``extras``
+    takes free-form keys) before the call."""
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         return _guard(func, inspect.signature(func), func.__qualname__, moved, extras)
@@ -36,7 +36,7 @@ def checked(
 
 
 def checked_init(cls: C) -> C:
-    """Class decorator: the class's ``__init__`` checks its keywords (see :func:`checked`)."""
+    """The class's ``__init__`` checks its keywords (see :func:`checked`)."""
     # setattr, as mypy refuses assigning __init__; a generated one is qualified by its class.
     setattr(cls, "__init__", checked()(cls.__dict__["__init__"]))  # noqa: B010
     return cls
@@ -83,10 +83,8 @@ def _guard(
 def same_parameters(
     source: Callable[Concatenate[Any, P], Any],
 ) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
-    """Give the decorated method ``source``'s parameters (its own return annotation is
-    kept) and check its keywords against them: a facade that forwards ``*args, **kwargs``
-    then takes exactly ``source``'s parameters, for callers and type checkers, and cannot
-    drift."""
+    """``source``'s parameters (and keyword checks) for a facade that forwards ``*args,
+    **kwargs``: it takes exactly those, for callers and type checkers, and cannot drift."""
     source_signature = inspect.signature(source)
     moved, extras = getattr(source, "_keyword_hints", (None, None))
 
@@ -99,7 +97,6 @@ def same_parameters(
 
 
 def check_config_types(*configs: tuple[str, object, type]) -> None:
-    """Raise ``ConfigurationError`` for a config object given as something else."""
     for name, value, kind in configs:
         if not isinstance(value, kind):
             raise ConfigurationError(

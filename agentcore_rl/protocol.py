@@ -1,6 +1,5 @@
-"""The wire contract between the agent server, the trainer's client and S3: the single
-source of every header, route, key layout and envelope field. Pure (no I/O), so anything
-may import it.
+"""The wire contract between the agent server, the trainer's client and S3: every header,
+route, key layout and envelope field. Pure (no I/O), so anything may import it.
 
 Compatible with the reference toolkit (agentcore-rl-toolkit 0.1.3): a ``_rollout`` block in
 the payload, result keys ``{exp_id}/{input_id}/{session_id}.json``, and an envelope with
@@ -20,11 +19,8 @@ from typing import Any, Final, NamedTuple
 
 from agentcore_rl.errors import ConfigurationError, InvalidRolloutConfig
 
-# --- HTTP: routes and headers -------------------------------------------------------------
-
 #: Session id header, set by AgentCore Runtime on every call to the container.
 SESSION_ID_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id"
-#: Request id header (absent when running locally).
 REQUEST_ID_HEADER: Final = "X-Amzn-Bedrock-AgentCore-Runtime-Request-Id"
 
 INVOCATIONS_PATH: Final = "/invocations"
@@ -34,7 +30,6 @@ STOP_SESSION_PATH: Final = "/sessions/{session_id}/stop"
 #: Our extension: ``GET`` answers :func:`session_status`.
 SESSION_STATUS_PATH: Final = "/sessions/{session_id}"
 
-#: The container port AgentCore Runtime talks to.
 DEFAULT_PORT: Final = 8080
 
 
@@ -49,8 +44,6 @@ class PingStatus(str, Enum):
     HEALTHY = "Healthy"
     HEALTHY_BUSY = "HealthyBusy"
 
-
-# --- The _rollout block ---------------------------------------------------------------------
 
 ROLLOUT_FIELD: Final = "_rollout"
 
@@ -82,8 +75,6 @@ def _describe(value: object) -> str:
 
 
 def validate_key_part(name: str, value: object, *, max_length: int = MAX_KEY_PART_LENGTH) -> str:
-    """Return ``value`` if it is safe as one segment of a result key (1 to ``max_length``
-    characters of ``[A-Za-z0-9._=+@:-]``, starting with a letter or digit), else raise."""
     if not isinstance(value, str):
         raise InvalidRolloutConfig(
             f"{name} must be a string, got {type(value).__name__}", field=name
@@ -106,8 +97,7 @@ def validate_key_part(name: str, value: object, *, max_length: int = MAX_KEY_PAR
 
 
 def validate_session_id(value: object, *, name: str = "session id") -> str:
-    """Return ``value`` if it is a session id usable in a result key (ACR's alphabet, up to
-    256 characters; shorter than ACR's 33 is accepted locally), else raise."""
+    """ACR's alphabet and upper bound; shorter than ACR's 33 is accepted locally."""
     if not isinstance(value, str) or not value:
         raise InvalidRolloutConfig(f"{name} must be a non-empty string", field="session_id")
     if len(value) > MAX_SESSION_ID_LENGTH:
@@ -125,7 +115,6 @@ def validate_session_id(value: object, *, name: str = "session id") -> str:
 
 
 def is_acr_session_id(value: str) -> bool:
-    """True when ``value`` satisfies AgentCore Runtime's session-id rules (33-256 chars)."""
     return (
         ACR_MIN_SESSION_ID_LENGTH <= len(value) <= MAX_SESSION_ID_LENGTH
         and SESSION_ID_PATTERN.fullmatch(value) is not None
@@ -133,7 +122,6 @@ def is_acr_session_id(value: str) -> bool:
 
 
 def new_session_id() -> str:
-    """A fresh random session id that satisfies ACR's rules (48 hex characters)."""
     return secrets.token_hex(24)
 
 
@@ -145,8 +133,6 @@ RUNTIME_ARN_PATTERN: Final = re.compile(
 
 
 class RuntimeArn(NamedTuple):
-    """The fields of an AgentCore Runtime ARN (see :func:`parse_runtime_arn`)."""
-
     partition: str
     region: str
     account: str
@@ -154,7 +140,6 @@ class RuntimeArn(NamedTuple):
 
 
 def parse_runtime_arn(arn: object) -> RuntimeArn:
-    """Split an AgentCore Runtime ARN into its fields, or raise ``ConfigurationError``."""
     match = RUNTIME_ARN_PATTERN.fullmatch(arn) if isinstance(arn, str) else None
     if match is None:
         raise ConfigurationError(
@@ -165,7 +150,6 @@ def parse_runtime_arn(arn: object) -> RuntimeArn:
 
 
 def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:
-    """Return ``value`` if it is a valid S3 bucket name, else raise."""
     if not isinstance(value, str):
         raise InvalidRolloutConfig(
             f"{name} must be a string, got {type(value).__name__}", field=name
@@ -180,18 +164,14 @@ def validate_bucket(value: object, *, name: str = S3_BUCKET) -> str:
 
 
 def result_key(exp_id: str, input_id: str, session_id: str) -> str:
-    """The S3 key of one rollout's result: ``{exp_id}/{input_id}/{session_id}.json``."""
     return f"{exp_id}/{input_id}/{session_id}.json"
 
 
 def trace_key(result_key: str) -> str:
-    """The S3 key of the gateway trace beside a result: ``exp/q-1/sid.json`` ->
-    ``exp/q-1/sid.trace.json.gz``."""
     return result_key.removesuffix(".json") + ".trace.json.gz"
 
 
 def parse_result_key(key: str) -> tuple[str, str, str]:
-    """Split a result key into ``(exp_id, input_id, session_id)``; raise if it is not one."""
     parts = key.split("/")
     if len(parts) != 3 or not parts[2].endswith(".json"):
         raise InvalidRolloutConfig(f"{key!r} is not a result key", field="result_key")
@@ -235,7 +215,6 @@ class RolloutConfig:
 
     @classmethod
     def from_dict(cls, block: object) -> RolloutConfig:
-        """Validate a ``_rollout`` block from a payload; raise naming the bad field."""
         if not isinstance(block, Mapping):
             raise InvalidRolloutConfig(
                 f"{ROLLOUT_FIELD} must be a JSON object, got {type(block).__name__}",
@@ -260,7 +239,7 @@ class RolloutConfig:
 
     @property
     def api_key(self) -> str | None:
-        """The model API key the trainer set (through a gateway: the session's key)."""
+        """Through a gateway: the session's key."""
         value = self.extra.get("api_key")
         return value if isinstance(value, str) else None
 
@@ -280,7 +259,6 @@ class RolloutConfig:
         return base[: -len("/v1")] if base.endswith("/v1") else base
 
     def to_dict(self) -> dict[str, Any]:
-        """The block as it goes on the wire (``None`` fields left out)."""
         out: dict[str, Any] = dict(self.extra)
         out.update({EXP_ID: self.exp_id, INPUT_ID: self.input_id, S3_BUCKET: self.s3_bucket})
         if self.base_url is not None:
@@ -290,11 +268,8 @@ class RolloutConfig:
         return out
 
     def key_for(self, session_id: str) -> str:
-        """The result key of this rollout in the given session."""
         return result_key(self.exp_id, self.input_id, session_id)
 
-
-# --- Responses and envelopes ----------------------------------------------------------------
 
 #: Fields of the immediate answer to a rollout invocation.
 STATUS: Final = "status"
@@ -388,8 +363,6 @@ def reward_problem(result: Mapping[str, Any], *, required: bool = False) -> str 
 PAYLOAD_SHA256: Final = "payload_sha256"
 PAYLOAD_BYTES: Final = "payload_bytes"
 
-# --- Control requests and session status -------------------------------------------------
-
 #: A payload with only this reserved key, ``{"op": <operation>}``, is a control request to
 #: the agent server itself (over ACR the only way to reach a session's process); with other
 #: keys beside it the payload is refused (400).
@@ -419,14 +392,13 @@ class SessionState(str, Enum):
 
 
 def status_request() -> dict[str, Any]:
-    """The payload of a status control request (send it with the session's id header)."""
+    """Sent with the session's id header."""
     return {CONTROL_FIELD: {CONTROL_OP: CONTROL_OP_STATUS}}
 
 
 def session_status(
     session_id: str, state: SessionState, result_keys: list[str] | None = None
 ) -> dict[str, Any]:
-    """The answer to a status request: ``{"session_id", "state", "result_keys"}``."""
     return {
         SESSION_ID: session_id,
         SESSION_STATE: state.value,
@@ -435,7 +407,7 @@ def session_status(
 
 
 def is_error_envelope(envelope: Mapping[str, Any]) -> bool:
-    """True when the envelope reports a failure (``status_code`` >= 400 or not an int)."""
+    """``status_code`` >= 400 or not an int."""
     code = envelope.get(STATUS_CODE, DEFAULT_STATUS_CODE)
     return not isinstance(code, int) or isinstance(code, bool) or code >= 400
 
@@ -465,20 +437,18 @@ _LEASE_KEY: Final = re.compile(
 
 
 def lease_key(exp_id: str, lease_id: str) -> str:
-    """The S3 key of a client's lease: ``{exp_id}/.leases/{lease_id}.json``."""
     validate_key_part(EXP_ID, exp_id)
     validate_key_part(LEASE_ID, lease_id)
     return f"{exp_id}/{LEASE_FOLDER}/{lease_id}.json"
 
 
 def lease_reference(bucket: str, key: str) -> dict[str, str]:
-    """The ``_rollout.lease`` value naming a lease."""
     return {S3_BUCKET: bucket, LEASE_KEY: key}
 
 
 def parse_lease_reference(value: object) -> tuple[str, str]:
-    """``(bucket, key)`` of a ``_rollout.lease`` value; raise ``InvalidRolloutConfig``
-    unless it names a lease key (so a payload cannot point the server at other objects)."""
+    """``(bucket, key)``, refused unless a lease key: a payload cannot point the server at
+    other objects."""
     name = f"{ROLLOUT_FIELD}.{LEASE}"
     if not isinstance(value, Mapping):
         raise InvalidRolloutConfig(f"{name} must be a JSON object", field=name)
@@ -496,7 +466,6 @@ def parse_lease_reference(value: object) -> tuple[str, str]:
 def lease_body(
     lease_id: str, *, seq: int, renewed_at: float, ttl: float, renew: float
 ) -> dict[str, Any]:
-    """The content of a lease object, as the client writes it at each renewal."""
     return {
         LEASE_ID: lease_id,
         LEASE_SEQ: seq,
@@ -527,7 +496,6 @@ HEARTBEAT_MISSES: Final = 3
 
 
 def heartbeat_key(exp_id: str, process_id: str) -> str:
-    """The S3 key of a process's heartbeat: ``{exp_id}/.heartbeats/{process_id}.json``."""
     return f"{exp_id}/{HEARTBEAT_FOLDER}/{process_id}.json"
 
 
@@ -542,8 +510,6 @@ def parse_heartbeat(answer: Mapping[str, Any], exp_id: str) -> tuple[str, float]
         return None
     return key, float(interval)
 
-
-# --- Defaults shared by client, CLI and local runtime -------------------------------------
 
 #: AgentCore Runtime's published default quota: invoke + stop calls per second per endpoint.
 DEFAULT_TPS: Final = 25.0

@@ -62,11 +62,9 @@ class Priority(IntEnum):
 
 @runtime_checkable
 class RateLimiter(Protocol):
-    """What a rollout client needs from a rate limiter (``rate_limiter=``).
-
-    ``acquire`` waits for permission to make one call; waiters with a lower ``priority``
-    (:class:`Priority`) go first. ``on_throttle`` reports a throttle answer (429 /
-    ``ThrottlingException``), ``on_success`` a call the runtime accepted.
+    """What a rollout client needs from a rate limiter (``rate_limiter=``): ``acquire`` one
+    call's permission, lower ``priority`` values first; ``on_throttle`` after a 429 /
+    ``ThrottlingException``, ``on_success`` after a call the runtime accepted.
 
     Example::
 
@@ -78,14 +76,11 @@ class RateLimiter(Protocol):
         AsyncRolloutClient(..., rate_limiter=SharedLimiter())
     """
 
-    async def acquire(self, priority: int = Priority.INVOKE) -> None:
-        """Wait until one call may be made."""
+    async def acquire(self, priority: int = Priority.INVOKE) -> None: ...
 
-    def on_throttle(self) -> None:
-        """The runtime answered a call with "too many requests"."""
+    def on_throttle(self) -> None: ...
 
-    def on_success(self) -> None:
-        """The runtime accepted a call."""
+    def on_success(self) -> None: ...
 
 
 @dataclass(order=True)
@@ -99,11 +94,8 @@ class TokenBucket:
     """An asyncio token bucket with priorities and multiplicative throttle back-off.
 
     ``rate`` tokens per second, at most ``burst`` stored (the bucket starts full, or with
-    ``tokens``).
-    ``clock`` returns monotonic seconds; ``sleep`` waits that many seconds. Both default to
-    the real ones; tests pass a fake clock whose sleep advances it. ``tick`` (seconds,
-    0 = exact) is the grid waits end on (docs/client.md); the rollout client uses
-    :data:`DEFAULT_PACE_TICK`.
+    ``tokens``). ``clock`` and ``sleep`` are injectable for tests. ``tick`` (seconds,
+    0 = exact) is the grid waits end on (docs/client.md).
 
     Example::
 
@@ -146,7 +138,7 @@ class TokenBucket:
 
     @property
     def rate(self) -> float:
-        """The current refill rate in tokens per second (lower after a throttle)."""
+        """Lower after a throttle."""
         if self._throttled_at is None:
             return self.max_rate
         regained = _RECOVERY * self.max_rate * (self._clock() - self._throttled_at)
@@ -158,13 +150,11 @@ class TokenBucket:
 
     @property
     def tokens(self) -> float:
-        """Tokens available now (after refilling)."""
         self._refill()
         return self._tokens
 
     @property
     def waiting(self) -> int:
-        """How many ``acquire`` calls are queued."""
         return len(self._waiters)
 
     def _refill(self) -> None:
@@ -177,7 +167,7 @@ class TokenBucket:
             self._last = now
 
     def try_acquire(self) -> bool:
-        """Take a token if one is available now and nobody is queued; never waits."""
+        """Take a token if one is there and nobody is queued."""
         if self._waiters:
             return False
         self._refill()
@@ -187,10 +177,7 @@ class TokenBucket:
         return False
 
     async def acquire(self, priority: int = Priority.INVOKE) -> None:
-        """Wait for a token. Lower ``priority`` values are served first, FIFO within one.
-
-        Cancelling the wait leaves the queue intact for everyone else.
-        """
+        """Lower ``priority`` values are served first, FIFO within one."""
         if self.try_acquire():
             return
         waiter = _Waiter(int(priority), next(self._seq))
@@ -219,7 +206,6 @@ class TokenBucket:
                 self._waiters[0].wake.set()
 
     def _until_token(self) -> float:
-        """Seconds until a token is there, rounded up to the ``tick`` grid."""
         rate = self.rate
         delay = (1 - self._tokens) / rate
         # Tokens past the burst are lost: a tick longer than the burst's worth would cut
@@ -232,9 +218,8 @@ class TokenBucket:
         return delay
 
     def on_throttle(self) -> None:
-        """The runtime said "too many requests" (429 / ``ThrottlingException``): cut the
-        rate in half and empty the bucket. Throttles within a second of the last cut are
-        one event."""
+        """Cut the rate in half and empty the bucket; throttles within a second of the last
+        cut are one event."""
         now = self._clock()
         self.throttles += 1
         self._refill()
@@ -250,10 +235,8 @@ class TokenBucket:
 
 @runtime_checkable
 class SessionLimiter(Protocol):
-    """What a rollout client needs from a concurrency limit (``session_limiter=``).
-
-    ``acquire`` waits for a free slot; cancelling the wait takes none. ``release`` gives
-    one back; it must not block, as outcomes (future callbacks) call it.
+    """What a rollout client needs from a concurrency limit (``session_limiter=``):
+    cancelling ``acquire`` takes no slot; ``release`` must not block (outcomes call it).
 
     Example::
 
@@ -264,11 +247,9 @@ class SessionLimiter(Protocol):
         AsyncRolloutClient(..., session_limiter=SharedSlots())
     """
 
-    async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
+    async def acquire(self) -> None: ...
 
-    def release(self) -> None:
-        """Give one slot back, without blocking."""
+    def release(self) -> None: ...
 
 
 class LocalSessionLimiter:
@@ -288,9 +269,7 @@ class LocalSessionLimiter:
         return f"LocalSessionLimiter(slots={self.slots})"
 
     async def acquire(self) -> None:
-        """Wait for a free slot and take it."""
         await self._semaphore.acquire()
 
     def release(self) -> None:
-        """Give one slot back."""
         self._semaphore.release()

@@ -16,7 +16,7 @@ from tenacity import (
     wait_random,
 )
 
-from agentcore_rl.errors import ConfigurationError
+from agentcore_rl.keywords import check_numbers
 
 __all__ = ["RetryPolicy"]
 
@@ -26,9 +26,8 @@ T = TypeVar("T")
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     """``attempts`` tries in all, with exponential backoff from ``initial`` seconds up to
-    ``maximum``, plus up to ``jitter`` seconds. ``sleep`` is injectable so tests need not
-    wait. The defaults suit calls to the agent runtime; S3 requests default to
-    :data:`agentcore_rl.s3.DEFAULT_S3_RETRY`.
+    ``maximum``, plus up to ``jitter`` seconds (``sleep`` injectable for tests). The
+    defaults suit calls to the agent runtime; S3's are :data:`agentcore_rl.s3.DEFAULT_S3_RETRY`.
 
     Example::
 
@@ -42,19 +41,16 @@ class RetryPolicy:
     sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ConfigurationError(f"RetryPolicy.attempts must be >= 1, got {self.attempts}")
-        if min(self.initial, self.maximum, self.jitter) < 0:
-            raise ConfigurationError("RetryPolicy delays must be >= 0")
+        check_numbers(self, "attempts", at_least=1, integer=True)
+        check_numbers(self, "initial", "maximum", "jitter", at_least=0)
 
     async def run(
         self,
         attempt: Callable[[int], Awaitable[T]],
         retryable: Callable[[BaseException], bool],
     ) -> T:
-        """``attempt(1)``, then ``attempt(2)``... until one returns, one raises what
-        ``retryable`` refuses, or the attempts run out (the last error is raised), waiting
-        with exponential waits from ``initial`` up to ``maximum`` plus the jitter.
+        """``attempt(1)``, ``attempt(2)``... until one returns, one raises what ``retryable``
+        refuses, or the attempts run out (the last error is raised).
 
         The first attempt runs without tenacity: building its loop costs about 35 us of
         CPU, paid on every one of the client's requests although few are retried.

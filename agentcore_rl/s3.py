@@ -11,7 +11,6 @@ import logging
 import platform
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import aiobotocore
@@ -33,9 +32,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-# Seconds to wait for a client on another (running) event loop to close.
-_CLOSE_TIMEOUT: Final = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +83,7 @@ def _http_status(exc: ClientError) -> int:
 
 
 def is_transient_s3_error(exc: BaseException) -> bool:
-    """True for failures worth retrying: throttling, 5xx, timeouts, dropped connections."""
+    """Throttling, 5xx, timeouts, dropped connections."""
     if isinstance(exc, ClientError):
         return _error_code(exc) in _TRANSIENT_CODES or _http_status(exc) >= 500
     return isinstance(exc, BotoConnectionError | HTTPClientError | asyncio.TimeoutError)
@@ -100,7 +96,6 @@ def _unreadable(bucket: str, key: str, problem: str, code: str) -> StorageError:
 
 
 async def _hold_client(context: Any) -> AsyncGenerator[Any, None]:
-    """Enter the client's context and stay suspended until closed (see ResultStore)."""
     async with context as client:
         yield client
 
@@ -116,9 +111,9 @@ async def _close(holder: AsyncGenerator[Any, None]) -> None:
 class ResultStore:
     """Async access to the S3 objects that carry rollout results.
 
-    ``endpoint_url`` points at a non-AWS S3 (moto, MinIO); by default botocore decides,
-    which honours ``AWS_ENDPOINT_URL_S3``. ``max_pool_connections`` bounds the concurrent
-    HTTP connections to S3, so hundreds of simultaneous writes queue instead of failing.
+    ``endpoint_url``: a non-AWS S3 (moto, MinIO; default: botocore's choice, which honours
+    ``AWS_ENDPOINT_URL_S3``). ``max_pool_connections`` bounds the connections to S3, so
+    hundreds of simultaneous writes queue instead of failing.
 
     Example::
 
@@ -173,21 +168,12 @@ class ResultStore:
         await self._get_client()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the S3 clients. Idempotent; a closed store refuses further requests.
-
-        The current event loop's client is closed here; one made on another loop that is
-        still running is closed on that loop; one whose loop has stopped was closed when
-        the loop shut down.
-        """
+        """Close the S3 clients, each on its own loop (one whose loop has stopped was closed
+        when the loop shut down); a closed store refuses further requests."""
         self._closed = True
         current = asyncio.get_running_loop()
         entries, self._clients = self._clients, {}
@@ -198,7 +184,7 @@ class ResultStore:
             elif loop.is_running() and not loop.is_closed():
                 closing = asyncio.run_coroutine_threadsafe(_close(holder), loop)
                 try:
-                    await asyncio.wait_for(asyncio.wrap_future(closing), _CLOSE_TIMEOUT)
+                    await asyncio.wait_for(asyncio.wrap_future(closing), 10.0)
                 except asyncio.TimeoutError:
                     logger.warning("an S3 client on another event loop did not close in time")
 
@@ -238,7 +224,6 @@ class ResultStore:
         *,
         missing_ok: bool = False,
     ) -> T | None:
-        """Run ``request(client)`` with the retry policy; map failures to StorageError."""
         client = await self._get_client()
 
         async def attempt(_: int) -> T:
@@ -262,7 +247,6 @@ class ResultStore:
     async def put_bytes(
         self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json"
     ) -> None:
-        """Write one object (retried on transient errors)."""
         await self._call(
             "PutObject",
             bucket,
@@ -271,11 +255,10 @@ class ResultStore:
         )
 
     async def put_json(self, bucket: str, key: str, obj: Mapping[str, Any]) -> None:
-        """Serialise ``obj`` as JSON and write it. Raises ``TypeError`` for non-JSON values."""
         await self.put_bytes(bucket, key, json.dumps(obj, allow_nan=False).encode())
 
     async def get_bytes(self, bucket: str, key: str) -> bytes | None:
-        """Read one object; ``None`` when the key does not exist (a missing bucket raises)."""
+        """``None`` when the key does not exist (a missing bucket raises)."""
 
         async def request(s3: Any) -> bytes:
             response = await s3.get_object(Bucket=bucket, Key=key)
@@ -286,10 +269,7 @@ class ResultStore:
         return await self._call("GetObject", bucket, key, request, missing_ok=True)
 
     async def get_json(self, bucket: str, key: str) -> dict[str, Any] | None:
-        """Read one JSON object; ``None`` when the key does not exist.
-
-        A missing bucket is not a missing key: it raises ``StorageError`` (``NoSuchBucket``).
-        """
+        """``None`` when the key does not exist (a missing bucket raises)."""
         body = await self.get_bytes(bucket, key)
         if body is None:
             return None
@@ -303,16 +283,10 @@ class ResultStore:
         return value
 
     async def put_trace(self, bucket: str, key: str, trace: SessionTrace) -> None:
-        """Write a gateway trace as gzip JSON (``dump_trace``), e.g. at
-        ``protocol.trace_key(result_key)``."""
         await self.put_bytes(bucket, key, dump_trace(trace), content_type="application/gzip")
 
     async def get_trace(self, bucket: str, key: str) -> SessionTrace | None:
-        """Read a trace written by :meth:`put_trace`; ``None`` when there is none.
-
-        A rollout run through a gateway has its trace beside its result: for result key
-        ``exp/q-1/sid.json`` it is ``exp/q-1/sid.trace.json.gz`` (``protocol.trace_key``).
-        """
+        """``None`` when there is none."""
         blob = await self.get_bytes(bucket, key)
         if blob is None:
             return None
@@ -323,12 +297,7 @@ class ResultStore:
             raise _unreadable(bucket, key, problem, "InvalidTrace") from exc
 
     async def head(self, bucket: str, key: str) -> bool:
-        """True when the object exists.
-
-        S3 answers HEAD without a body, so a missing bucket also reads as ``False`` here;
-        :meth:`get_json` and :meth:`list_keys` report it as ``NoSuchBucket``.
-        """
-
+        """S3 answers HEAD without a body, so a missing bucket also reads as ``False``."""
         found = await self._call(
             "HeadObject",
             bucket,
@@ -339,17 +308,13 @@ class ResultStore:
         return found is not None
 
     async def delete(self, bucket: str, key: str) -> None:
-        """Delete one object (a missing one is no error)."""
         await self._call(
             "DeleteObject", bucket, key, lambda s3: s3.delete_object(Bucket=bucket, Key=key)
         )
 
     async def head_bucket(self, bucket: str) -> None:
-        """Check that the bucket exists and lets us in; raise ``StorageError`` if not.
-
-        HEAD answers carry no body, so the code is derived from the status: ``NoSuchBucket``
-        (404), ``AccessDenied`` (403) or ``PermanentRedirect`` (301: another region).
-        """
+        """``StorageError`` unless the bucket exists and lets us in (HEAD answers carry no
+        body: the code is derived from the status)."""
 
         async def request(s3: Any) -> None:
             try:
@@ -365,13 +330,11 @@ class ResultStore:
     async def list_keys(
         self, bucket: str, prefix: str, *, start_after: str | None = None
     ) -> list[str]:
-        """All keys under ``prefix`` (every page; each page counts as one request)."""
         return list(await self.list_etags(bucket, prefix, start_after=start_after))
 
     async def list_etags(
         self, bucket: str, prefix: str, *, start_after: str | None = None
     ) -> dict[str, str]:
-        """Every key under ``prefix`` with its ETag, in key order (as :meth:`list_keys`)."""
         keys: dict[str, str] = {}
         token: str | None = None
         while True:
@@ -393,7 +356,6 @@ class ResultStore:
             token = page["NextContinuationToken"]
 
     async def ensure_bucket(self, bucket: str) -> None:
-        """Create the bucket if it does not exist yet (for local stacks and tests)."""
 
         async def request(s3: Any) -> None:
             params: dict[str, Any] = {"Bucket": bucket}

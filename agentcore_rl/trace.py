@@ -75,7 +75,6 @@ class Completion:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-ready form."""
         out = {
             "index": self.index,
             "token_ids": self.token_ids.tolist(),
@@ -89,7 +88,6 @@ class Completion:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Completion:
-        """Inverse of :meth:`to_json`."""
         return cls(
             index=int(data.get("index", 0)),
             token_ids=ids_array(data.get("token_ids") or ()),
@@ -137,7 +135,6 @@ class CallRecord:
 
     @property
     def ok(self) -> bool:
-        """Whether the call succeeded and its tokens were captured."""
         return self.status == 200 and self.error is None
 
     @property
@@ -157,21 +154,17 @@ class CallRecord:
 
     @property
     def messages(self) -> list[Any]:
-        """The chat messages (empty for ``/v1/completions``)."""
         return list(self.request.get("messages") or [])
 
     @property
     def tools(self) -> list[Any]:
-        """The tools offered to the model."""
         return list(self.request.get("tools") or [])
 
     @property
     def sampling(self) -> dict[str, Any]:
-        """The sampling parameters (temperature, max_tokens, seed, ...)."""
         return {k: v for k, v in self.request.items() if k not in _NOT_SAMPLING}
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-ready form (the request embedded as JSON, not as bytes)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_JSON}
         out.update(
             request=self.request,
@@ -182,7 +175,6 @@ class CallRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CallRecord:
-        """Inverse of :meth:`to_json`."""
         names = {f.name for f in fields(cls)} - _NOT_JSON
         return cls(
             **{k: v for k, v in data.items() if k in names},
@@ -212,7 +204,6 @@ class SessionTrace:
 
     @property
     def failed_calls(self) -> int:
-        """How many calls failed (their records are kept, with ``error`` set)."""
         return sum(1 for r in self.records if not r.ok)
 
     @property
@@ -222,7 +213,6 @@ class SessionTrace:
 
     @property
     def tokens_captured(self) -> int:
-        """Prompt plus completion tokens over the successful calls."""
         return sum(
             len(r.prompt_ids) + sum(len(c.token_ids) for c in r.completions)
             for r in self.records
@@ -230,7 +220,6 @@ class SessionTrace:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-ready form."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         return {"format": TRACE_FORMAT, **out, "records": [r.to_json() for r in self.records]}
 

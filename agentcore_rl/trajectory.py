@@ -13,39 +13,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final
+
+from agentcore_rl.trace import CallRecord, Completion, SessionTrace
 
 __all__ = ["NO_VERSION", "Segment", "Trajectory", "build_trajectory"]
 
 #: The policy version of tokens the policy did not generate (prompt, tool results).
 NO_VERSION: Final = -1
-
-
-class _Record(Protocol):
-    """What a trajectory needs of a call record (``gateway.CallRecord`` has it)."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def prompt_ids(self) -> array[int]: ...
-    @property
-    def completions(self) -> list[Any]: ...
-    @property
-    def request_body(self) -> bytes: ...
-    @property
-    def policy_version_start(self) -> int | None: ...
-
-
-@runtime_checkable
-class _Trace(Protocol):
-    @property
-    def session_id(self) -> str: ...
-    @property
-    def input_id(self) -> str | None: ...
-    @property
-    def records(self) -> list[Any]: ...
 
 
 @dataclass(slots=True)
@@ -75,7 +50,6 @@ class Segment:
 
     @property
     def generated_tokens(self) -> int:
-        """How many tokens have loss mask 1."""
         return sum(self.loss_mask)
 
     def _append(
@@ -92,7 +66,6 @@ class Segment:
             self.policy_versions.extend(array("i", [NO_VERSION]) * n)
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-ready form."""
         return {f.name: list(getattr(self, f.name)) for f in fields(self)}
 
 
@@ -118,7 +91,6 @@ class Trajectory:
 
     @property
     def generated_tokens(self) -> int:
-        """Tokens the policy generated (loss mask 1), over all segments."""
         return sum(s.generated_tokens for s in self.segments)
 
     @property
@@ -128,15 +100,13 @@ class Trajectory:
         return min(versions) if versions else None
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-ready form (one trajectory for a person to look at, or JSONL rows)."""
         scalars = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "segments"}
         return {**scalars, "segments": [s.to_json() for s in self.segments]}
 
 
-def _versions(completion: Any, version: int, n: int) -> array[int]:
-    """The version of each of a completion's ``n`` tokens: its own spans (a weight update came
-    while it was generated), else the call's starting ``version``."""
-    spans = getattr(completion, "versions", None)
+def _versions(completion: Completion, version: int, n: int) -> array[int]:
+    """Its own spans where a weight update came while it was generated, else ``version``."""
+    spans = completion.versions
     if not spans:
         return array("i", [version]) * n
     out = array("i")
@@ -146,12 +116,8 @@ def _versions(completion: Any, version: int, n: int) -> array[int]:
     return out
 
 
-def _is_retry(record: _Record, previous: _Record) -> bool:
-    return record.prompt_ids == previous.prompt_ids and record.request_body == previous.request_body
-
-
 def build_trajectory(
-    trace: _Trace | Iterable[_Record],
+    trace: SessionTrace | Iterable[CallRecord],
     *,
     reward: float | None = None,
     metrics: Mapping[str, Any] | None = None,
@@ -167,8 +133,8 @@ def build_trajectory(
 
         build_trajectory(trace, reward=1.0, metrics={"turns": 3})
     """
-    records: list[Any]
-    if isinstance(trace, _Trace):
+    records: list[CallRecord]
+    if isinstance(trace, SessionTrace):
         records = list(trace.records)
         session_id = session_id if session_id is not None else trace.session_id
         input_id = input_id if input_id is not None else trace.input_id
@@ -178,12 +144,16 @@ def build_trajectory(
 
     failed = 0
     duplicates = 0
-    kept: list[Any] = []
+    kept: list[CallRecord] = []
     for record in records:
         if not record.ok or len(record.completions) <= choice:
             failed += 1
             continue
-        if kept and _is_retry(record, kept[-1]):
+        last = kept[-1] if kept else None
+        if last and (record.prompt_ids, record.request_body) == (
+            last.prompt_ids,
+            last.request_body,
+        ):
             kept[-1] = record  # the agent went on with the retry's answer
             duplicates += 1
             continue

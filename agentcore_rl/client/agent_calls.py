@@ -30,11 +30,8 @@ logger = logging.getLogger(__name__)
 
 
 class AgentCalls:
-    """Every call one client makes to its agents, paced by its limiter and counted.
-
-    ``unstopped`` lists the sessions whose stop failed or never ran (the client closed);
-    ``idle`` is set while no stop call runs.
-    """
+    """Every call one client makes to its agents, paced by its limiter and counted;
+    ``unstopped``: the sessions whose stop failed or never ran (the client closed)."""
 
     def __init__(
         self,
@@ -105,12 +102,9 @@ class AgentCalls:
             raise
 
     async def call(self, send: Callable[[], Awaitable[Any]], *, what: str, priority: int) -> Any:
-        """Run ``send``; on :class:`RetryableError` wait, take a token and try again.
-
-        The caller took the first token. A throttle is reported to the limiter (which slows
-        down), and so is the final success. ``retry_after`` (an overloaded server) is a
-        pause: waited out and sent again without using an attempt. When the attempts run
-        out, ``InvocationError`` naming ``what``."""
+        """Run ``send`` (the caller took its first token); on :class:`RetryableError` wait,
+        take a token and try again; when the attempts run out, ``InvocationError`` naming
+        ``what``. ``retry_after`` (an overloaded server) is a pause, not an attempt."""
         policy = self.retries.call
         tries = 0
 
@@ -145,7 +139,7 @@ class AgentCalls:
             ) from exc
 
     def stop_soon(self, session_id: str) -> None:
-        """Stop ``session_id`` in a task of its own, behind every invocation; never blocks."""
+        """In a task of its own, behind every invocation; never blocks."""
         if session_id in self._stopping:
             return
         if not self.service.running:
@@ -177,14 +171,10 @@ class AgentCalls:
             self._stopping.discard(session_id)
             if not stopped:
                 self.unstopped.append(session_id)
-            self._check_idle()
-
-    def _check_idle(self) -> None:
-        if not self._stopping:
-            self.idle.set()
+            if not self._stopping:
+                self.idle.set()
 
     def report_unstopped(self, close_timeout: float) -> None:
-        """Log the sessions that may still run (if any)."""
         if self.unstopped:
             logger.warning(
                 "%d session(s) could not be stopped (within %s s of closing, or their stop "
@@ -196,8 +186,7 @@ class AgentCalls:
 
 
 def as_repeat(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``body`` with ``_rollout.repeat: true``: a re-send of an invocation that may have
-    run (a retry after a lost answer, a resumed run's re-invoke)."""
+    """``_rollout.repeat: true``: a re-send of an invocation that may have run."""
     block = body.get(protocol.ROLLOUT_FIELD)
     rollout = dict(block) if isinstance(block, Mapping) else {}
     rollout[protocol.REPEAT] = True

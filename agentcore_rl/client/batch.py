@@ -33,15 +33,11 @@ __all__ = ["BatchItem", "Feed", "Prepare", "feed_and_read", "run_batch"]
 
 @dataclass(frozen=True, kw_only=True)
 class BatchItem:
-    """The outcome of one payload of a batch.
+    """The outcome of one payload of a batch: ``result`` on ``success``, else ``error``.
 
-    ``success`` is True when ``result`` holds the result dict; otherwise ``error`` holds
-    the exception (``RolloutError``, ``RolloutTimeoutError``, ``InvocationError``,
-    ``StorageError``, ``InvalidPayloadError``...). ``elapsed`` is seconds from the
-    invocation to the outcome; ``resolved_at`` the epoch time the outcome was known.
-    ``session_id`` and ``result_key`` are ``None`` when the payload never reached an agent.
-    ``trace`` is the rollout's token trace when the client runs through a gateway;
-    ``kind`` the failure's :class:`~agentcore_rl.protocol.FailureKind`.
+    ``elapsed`` is seconds from the invocation to the outcome; ``resolved_at`` the epoch
+    time the outcome was known. ``session_id`` and ``result_key`` are ``None`` when the
+    payload never reached an agent. ``trace``: the token trace, through a gateway.
 
     Example::
 
@@ -62,7 +58,6 @@ class BatchItem:
 
     @property
     def kind(self) -> FailureKind | None:
-        """Its failure's kind (``None`` for a success)."""
         return failure_kind(self.error)
 
     def __repr__(self) -> str:
@@ -74,7 +69,6 @@ class BatchItem:
 
     @classmethod
     def from_future(cls, fut: RolloutFuture) -> BatchItem:
-        """The item of a resolved (or cancelled) rollout future."""
         error: BaseException | None
         if fut.cancelled():
             error = asyncio.CancelledError(f"rollout {fut.session_id} was cancelled")
@@ -122,16 +116,14 @@ class Feed:
 
     @property
     def abandoned(self) -> bool:
-        """Whether the loop was left (work not started yet should not start)."""
         return self.scope.cancel_called
 
     def put(self, item: object) -> None:
-        """Hand ``item`` to the loop (dropped once nobody reads)."""
+        """Dropped once nobody reads."""
         with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             self.send.send_nowait(item)
 
     def watch(self, fut: asyncio.Future[Any]) -> None:
-        """Hand ``fut`` to the loop once it is done."""
         self.live.add(fut)
         fut.add_done_callback(self._done)
 
@@ -148,12 +140,8 @@ async def feed_and_read(
     name: str,
     what: str,
 ) -> AsyncGenerator[Any, None]:
-    """The shape of ``run_batch`` and ``run_groups``: a feeder task in the client's task
-    group calls ``start`` for each payload (which waits for slots: that paces it); the
-    loop reads the items it puts, one per payload, in completion order, then raises what
-    ended the feeding early (``InfraFailureRateError`` at once). Whatever ends the loop
-    ends the feeding and cancels what is watched; a client closing meanwhile ends it with
-    ``ClientClosedError``."""
+    """The shape of ``run_batch`` and ``run_groups`` (see the module docstring): one item
+    per payload, then what ended the feeding early (``InfraFailureRateError`` at once)."""
     send, receive = anyio.create_memory_object_stream[Any](math.inf)
     feed = Feed(send)
 
@@ -217,7 +205,6 @@ async def run_batch(
     payloads: Iterable[Mapping[str, Any]],
     timeout: float | None,  # noqa: ASYNC109 (each rollout's deadline)
 ) -> AsyncGenerator[BatchItem, None]:
-    """The loop of ``run_batch`` (see the module text)."""
 
     async def one(feed: Feed, index: int, spec: RolloutSpec) -> None:
         if feed.abandoned:  # the loop left before this task ran

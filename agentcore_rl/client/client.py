@@ -76,22 +76,14 @@ class AsyncRolloutClient(GroupMethods):
     policy's ``base_url`` and ``model_id``, sampling parameters...); a call's own
     ``rollout=`` overrides its keys.
 
-    The rest is in small config objects (:mod:`agentcore_rl.client.config`; every field in
-    docs/client.md, "Configuration"): ``limits``, ``timeouts``, ``retries``, ``watcher``,
-    ``liveness`` and ``aws``. ``store``, ``rate_limiter`` and ``session_limiter`` replace
-    the ones built from them (e.g. limits shared by a cluster of clients);
-    ``stop_finished_sessions`` (default: True for ACR) sends a stop call after each result.
-    With ``gateway`` (:class:`GatewayConfig`) every rollout runs through its own session of
-    a token-capturing gateway, whose trace is put on the outcome (``fut.trace``,
-    :meth:`trace_of`) and in S3 beside the result (docs/gateway.md). ``preflight``: entering
-    runs :meth:`check_services` first. ``infra_stop`` (:class:`InfraStop`; ``None``: off) stops
-    admitting rollouts once too many recent ones failed for infrastructure
-    (``InfraFailureRateError``).
+    The rest is in small config objects (every field: docs/client.md, "Configuration").
+    ``store``, ``rate_limiter`` and ``session_limiter`` replace the ones built from them
+    (e.g. limits shared by a cluster of clients). With ``gateway`` every rollout runs
+    through its own session of a token-capturing gateway, whose trace is put on the
+    outcome (``fut.trace``) and in S3 beside the result (docs/gateway.md).
 
-    Each rollout is one task in the client's task group (with the S3 watcher, the
-    liveness prober and the stop calls): entered by ``async with`` (once: nesting is
-    refused), else opened by the first rollout; ``aclose`` ends it. An exception raised
-    inside the block leaves it as itself.
+    Each rollout is one task in the client's task group, entered by ``async with`` (once),
+    else opened by the first rollout; ``aclose`` ends it.
 
     Example::
 
@@ -173,7 +165,6 @@ class AsyncRolloutClient(GroupMethods):
         )
         self._closed = asyncio.Event()
         self._counters = ClientStats()
-        #: Builds a call's body and its validated ``_rollout`` block (no I/O).
         self._prepare: batch.Prepare = functools.partial(build_invocation, self.defaults)
         self._service = Service("agentcore-rl client", setup=self._start_workers)
         self._in_block = False  # inside ``async with`` (entered once at a time)
@@ -204,21 +195,17 @@ class AsyncRolloutClient(GroupMethods):
             prepare=self._prepare,
         )
 
-    # --- public API ----------------------------------------------------------------------
-
     @property
     def state(self) -> ClientState:
-        """Where the client is in its life (see :class:`ClientState`)."""
         return self._service.state
 
     @property
     def stop_finished_sessions(self) -> bool:
-        """Whether a stop call follows every result too (not only timeouts, cancels...)."""
         return self._rollouts.stop_finished_sessions
 
     @property
     def stats(self) -> ClientStats:
-        """A snapshot of the counters (invocations, retries, stops, outcomes, S3 requests)."""
+        """A snapshot of the counters (see :class:`ClientStats`)."""
         outages = self._rollouts.watcher.outages
         return dataclasses.replace(
             self._counters,
@@ -253,26 +240,22 @@ class AsyncRolloutClient(GroupMethods):
 
         Waits for a concurrency slot, then a token. ``_rollout`` is the client's
         ``rollout``, then the payload's own ``_rollout`` keys, then this call's ``rollout``
-        and ``input_id``. ``input_id`` defaults to a fresh time-ordered id. ``session_id``
-        (the first session's) defaults to a fresh
-        :func:`~agentcore_rl.protocol.new_session_id`; it must be letters, digits and
-        hyphens, 33-256 characters on AgentCore Runtime, and not belong to a pending
-        rollout of this client. ``timeout`` (seconds from the first invocation, or from
-        ``started_at``, epoch seconds; ``math.inf`` for none) overrides the client's.
+        and ``input_id`` (default: a fresh time-ordered id). ``session_id`` (the first
+        session's; default :func:`~agentcore_rl.protocol.new_session_id`) must not belong to
+        a pending rollout of this client. ``timeout``: seconds from the first invocation, or
+        from ``started_at`` (epoch seconds); ``math.inf`` for none.
 
         A retryable outcome (see :class:`Retries`) runs the rollout again in a new
-        session, before or after the agent accepted it; the future's ``session_id`` and
-        ``result_key`` then name the new one. ``on_session(fut)`` is called before each
-        session's invocation is sent: journal ``fut.session_id`` and ``fut.result_key``
-        there to find the rollout again from another process. ``resume``: an earlier
-        process may have sent this session already (``session_id`` is the one it
-        journaled): its result is read first, else the invocation is sent marked as a
-        repeat, which an agent still running it does not run twice.
+        session; the future's ``session_id`` and ``result_key`` then name the new one.
+        ``on_session(fut)`` is called before each session's invocation is sent: journal
+        ``fut.session_id`` and ``fut.result_key`` there to find the rollout again from
+        another process. ``resume``: an earlier process may have sent this session already:
+        its result is read first, else the invocation is sent marked as a repeat, which an
+        agent still running it does not run twice.
 
-        Raises ``InvalidPayloadError`` (``InvalidRolloutConfig``) for a bad payload,
-        ``rollout`` key or session id, ``ConfigurationError`` for a session id already
-        pending here, ``InvocationError`` when the agent refused or could not be reached,
-        ``ClientClosedError`` after ``aclose``.
+        Raises ``InvalidPayloadError`` for a bad payload, ``rollout`` key or session id,
+        ``ConfigurationError`` for a session id pending here, ``InvocationError`` when the
+        agent refused or could not be reached, ``ClientClosedError`` after ``aclose``.
         """
         body, config = self._prepare(payload, input_id=input_id, overrides=rollout_extras(rollout))
         if session_id is not None:
@@ -317,16 +300,11 @@ class AsyncRolloutClient(GroupMethods):
         """Follow a rollout that is already running (started by another client or an
         earlier process): return a future for the result at ``s3://s3_bucket/result_key``.
 
-        Nothing is sent to the agent. The outcome, timeout and stop semantics are those of
-        an invoked rollout: the result dict or ``RolloutError``; ``RolloutTimeoutError``
-        ``timeout`` seconds (default: the client's) after ``started_at`` (epoch seconds,
-        default now), then the session is stopped; cancelling the future or closing the
-        client stops the session too. An attached rollout holds a concurrency slot until
-        its outcome, like an invoked one (it does run on an agent), so ``attach`` first
-        waits for a slot, but not for a token: it makes no call to the agent. The key is
-        read at once: a result already there (even past the deadline) resolves the
-        future before it is returned; then the client's completion watcher takes over.
-        ``input_id`` defaults to the one in the key; ``s3_bucket`` to the client's.
+        Nothing is sent to the agent; outcome, timeout (from ``started_at``, default now)
+        and stops are those of an invoked rollout. It holds a concurrency slot until its
+        outcome (it does run on an agent), but takes no token. A result already there (even
+        past the deadline) resolves the future before it is returned. ``input_id`` defaults
+        to the one in the key; ``s3_bucket`` to the client's.
         """
         self._service.check_open()
         sid = self._rollouts.check_session_id(session_id)
@@ -357,13 +335,10 @@ class AsyncRolloutClient(GroupMethods):
 
         Never raises for one rollout (its item carries the error). Unless the payload's
         ``_rollout`` or ``rollout`` name one, ``input_id`` is the payload's ``input_id`` or
-        ``id`` field, else its index zero-padded to 6 digits (``"000017"``); ``rollout`` is as in
-        :meth:`invoke`, for each payload. The work runs in the client's task group and the
-        loop only reads its items: leaving the loop early stops every live session the
-        batch started (at once with ``aclosing``, else when the dropped generator is
-        finalized, which CPython does immediately); a loop abandoned without either leaves
-        its rollouts to run until ``aclose``. Raises ``ClientClosedError`` (after the items
-        of the rollouts already started) when the client closes meanwhile.
+        ``id`` field, else its index zero-padded to 6 digits (``"000017"``). The work runs in
+        the client's task group and the loop only reads its items: leaving the loop stops
+        every live session the batch started (at once with ``aclosing``, else when the
+        generator is finalized). Raises ``ClientClosedError`` when the client closes meanwhile.
         """
         self._service.check_open()
         prepare = functools.partial(self._prepare, input_id=None, overrides=rollout_extras(rollout))
@@ -373,17 +348,12 @@ class AsyncRolloutClient(GroupMethods):
 
     @property
     def gateway_url(self) -> str | None:
-        """The URL of the gateway rollouts run through (None without one)."""
         return None if self._rollouts.joiner is None else self._rollouts.joiner.link.url
 
     def trace_of(self, fut: RolloutFuture) -> SessionTrace:
-        """The token trace of a rollout run through this client's gateway.
-
-        Available once ``fut`` has succeeded (the trace is then also in S3 beside the
-        result, see :meth:`ResultStore.get_trace`). Raises ``ConfigurationError`` when
-        the client has no gateway, ``InvalidStateError`` while ``fut`` is pending, and
-        the rollout's own error when it failed.
-        """
+        """The token trace of a rollout that succeeded through this client's gateway (also in
+        S3 beside the result). Raises ``ConfigurationError`` without a gateway,
+        ``InvalidStateError`` while ``fut`` is pending, and the rollout's own error."""
         if self._rollouts.joiner is None:
             raise ConfigurationError(
                 "this client runs no gateway (gateway=GatewayConfig(...)): no traces"
@@ -394,11 +364,10 @@ class AsyncRolloutClient(GroupMethods):
         return fut.trace
 
     async def check_services(self) -> None:
-        """One cheap call to each service, in a second or two: the S3 bucket, the runtime
-        (or each agent's ``/ping``), a remote gateway's health and token, each given
-        ``timeouts.check`` seconds. Raises the
-        ``StorageError``, ``InvocationError`` or ``GatewayError`` naming the one that fails
-        (``agentcore-rl eval``'s one-line errors)."""
+        """One cheap call to each service (the S3 bucket, the runtime or each agent's
+        ``/ping``, a remote gateway's health and token), each connecting within
+        ``timeouts.check`` seconds. Raises the ``StorageError``, ``InvocationError`` or
+        ``GatewayError`` naming the one that fails."""
         within, session = self.timeouts.check, self.store.session
         store = self.store
         await preflight.check_bucket(
@@ -424,13 +393,9 @@ class AsyncRolloutClient(GroupMethods):
         return list(self._rollouts.calls.unstopped)
 
     async def aclose(self) -> None:
-        """Stop taking work, end pending rollouts with ``ClientClosedError``, stop their
-        sessions (all within ``timeouts.close`` seconds, as fast as the rate limiter
-        allows), end the client's background work and release everything. Sessions not
-        stopped in time are not waited for: :attr:`unstopped_sessions` lists them (and
-        ``stats.unstopped`` counts them). Idempotent; a closed client cannot be used
-        again.
-        """
+        """End pending rollouts with ``ClientClosedError`` and stop their sessions within
+        ``timeouts.close`` seconds (the rest are listed in :attr:`unstopped_sessions`), then
+        release everything. Idempotent; a closed client cannot be used again."""
         if self._service.state is ClientState.CLOSED:
             await self._closed.wait()
             return
@@ -484,7 +449,6 @@ class AsyncRolloutClient(GroupMethods):
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        """Close; the block's exception, if any, goes on as itself."""
         self._in_block = False
         try:
             await self.aclose()
@@ -498,7 +462,6 @@ class AsyncRolloutClient(GroupMethods):
             service.start_soon(self._lease.run, name="client lease")
 
     async def _start(self, spec: RolloutSpec) -> RolloutFuture:
-        """Run ``spec``'s rollout as a task of the client's; its future once accepted."""
         await self._service.ensure_open()
         fut: RolloutFuture = await self._service.start(self._rollouts.run, spec, name="rollout")
         return fut

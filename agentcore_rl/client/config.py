@@ -1,8 +1,5 @@
-"""The rollout client's configuration: small frozen keyword-only objects and their defaults.
-
-Each object groups the settings of one concern; an unknown keyword is a ``TypeError``
-naming the closest known one, and a bad value a ``ConfigurationError`` naming the field.
-"""
+"""The rollout client's configuration: small frozen keyword-only objects, one per concern,
+and their defaults (every field: docs/client.md, "Configuration")."""
 
 from __future__ import annotations
 
@@ -36,11 +33,8 @@ __all__ = [
     "Timeouts",
 ]
 
-#: Extra attempts (each with a new session) for a rollout whose outcome is retryable and
-#: not an agent loss (the agent unreachable, failing or throttling past the retries).
 DEFAULT_RETRY_ROLLOUTS: Final = 2
-#: Extra attempts for a rollout whose agent process went away under it (crash, restart,
-#: shutdown): with one loss in five rollouts, six in a row happen once in 15,000.
+#: With one loss in five rollouts, six in a row happen once in 15,000.
 DEFAULT_RETRY_LOST: Final = 5
 #: Where the command line and the trainer adapters read a gateway's admin token when given none.
 GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
@@ -49,12 +43,9 @@ GATEWAY_TOKEN_ENV: Final = "AGENTCORE_RL_GATEWAY_ADMIN_TOKEN"
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """How much the client asks of the agents at once.
-
-    ``max_concurrent_sessions`` rollouts run at once (a slot is held from ``invoke`` until
-    the outcome). Invocations, probes and stop calls share one token bucket of ``tps``
-    tokens per second and ``burst`` tokens (default: one second's worth); stop calls wait
-    behind invocations.
+    """How much the client asks of the agents at once: ``max_concurrent_sessions`` rollouts
+    (a slot is held from ``invoke`` until the outcome); invocations, probes and stop calls
+    share one token bucket of ``tps`` tokens per second and ``burst`` tokens.
 
     Example::
 
@@ -74,13 +65,9 @@ class Limits:
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """Seconds the client waits.
-
-    ``rollout``: for a rollout's outcome, counted from when the agent accepted it (``None``
-    for no limit; a call's own ``timeout=`` overrides it). ``close``: for ``aclose`` to stop
-    the live sessions; sessions not stopped by then are listed, not waited for. ``check``:
-    for the connection to each service the client checks when entered (a wrong endpoint
-    fails within it; a connected service has five seconds to answer).
+    """Seconds the client waits: ``rollout`` for a rollout's outcome (``None``: no limit),
+    ``close`` for ``aclose`` to stop the live sessions, ``check`` for the connection to
+    each service the client checks when entered (a connected one has five seconds to answer).
 
     Example::
 
@@ -101,13 +88,10 @@ class Timeouts:
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class Retries:
-    """What the client tries again.
-
-    ``call``: one invocation or stop call that hit throttling, a 5xx or a dropped
-    connection (each retry takes a token). ``rollouts``: extra attempts, each in a new
-    session, for a rollout whose outcome is retryable (an agent unreachable, restarting or
-    throttling past ``call``'s retries). ``lost``: extra attempts for a rollout whose agent
-    process went away under it (a crash, a restart), counted apart.
+    """What the client tries again: ``call``, one invocation or stop call that hit
+    throttling, a 5xx or a dropped connection (each retry takes a token); ``rollouts``,
+    extra attempts in new sessions after a retryable outcome; ``lost``, extra attempts for
+    a rollout whose agent process went away under it, counted apart.
 
     Example::
 
@@ -127,9 +111,8 @@ class Retries:
 @dataclass(frozen=True, kw_only=True)
 class InfraStop:
     """When a run stops for its infrastructure: once more than ``share`` of the last
-    ``window`` rollout sessions failed with kind ``infra`` (the agent lost, invocations
-    failing, results unwritten...), the client admits no new rollout and raises
-    ``InfraFailureRateError`` naming the counts by cause. ``infra_stop=None`` turns it off.
+    ``window`` rollout sessions failed with kind ``infra``, the client admits no new
+    rollout and raises ``InfraFailureRateError``.
 
     Example::
 
@@ -147,12 +130,9 @@ class InfraStop:
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class AwsConfig:
-    """Where the client's AWS calls go (default: the environment's settings).
-
-    ``endpoint_url``: the AgentCore Runtime endpoint (else
-    ``AWS_ENDPOINT_URL_BEDROCK_AGENTCORE`` or the region's); ``s3_endpoint_url``: S3's,
-    for reading results (else ``AWS_ENDPOINT_URL_S3`` or the region's); ``qualifier``: the
-    runtime endpoint's name (else the default endpoint).
+    """Where the client's AWS calls go (default: the environment's settings):
+    ``endpoint_url`` AgentCore Runtime's, ``s3_endpoint_url`` S3's; ``qualifier``: the
+    runtime endpoint's name.
 
     Example::
 
@@ -177,15 +157,12 @@ class AwsConfig:
 @checked_init
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
-    """The rollout gateway that captures the rollouts' tokens.
+    """The rollout gateway that captures the rollouts' tokens, which agents reach at ``url``.
 
-    ``url``: where agents reach it. A gateway in another process (``agentcore-rl
-    gateway``) is driven over its admin routes with ``admin_token``, the token it was
-    started with (never shown in the repr; the command line and the trainer adapters take
-    it from ``AGENTCORE_RL_GATEWAY_ADMIN_TOKEN`` when given none: the process's
-    environment is read where the process starts, not here). ``app``: a
-    :class:`~agentcore_rl.gateway.RolloutGateway` running on the client's event loop and
-    served at ``url``, called directly (no token).
+    A gateway in another process is driven over its admin routes with ``admin_token``
+    (never shown in the repr; the environment is read where the process starts, not
+    here). ``app``: a :class:`~agentcore_rl.gateway.RolloutGateway` running on the
+    client's event loop and served at ``url``, called directly (no token).
 
     Example::
 

@@ -18,16 +18,11 @@ __all__ = ["RolloutFuture"]
 class RolloutFuture(asyncio.Future[dict[str, Any]]):
     """The outcome of one accepted rollout: a result dict, or an exception.
 
-    Besides being a plain :class:`asyncio.Future` it carries where the result will appear
-    (``s3_bucket``, ``result_key``) and which session runs it (``session_id``).
-    ``invoked_at`` and ``resolved_at`` are epoch seconds (``resolved_at`` is ``None``
-    until the outcome is known). ``attempts``: the sessions it ran in (a retryable
-    outcome, such as a crashed agent, runs it again in a new session; ``session_id`` and
-    ``result_key`` then name the new one). Cancelling it stops the session on the agent side.
-    ``trace`` is the session's token trace when the client runs rollouts through a
-    gateway (the final attempt's; set before a successful outcome; ``None`` otherwise), and
-    ``trajectory`` the training data built from it with the result's reward (what a group
-    member carries).
+    It carries where the result will appear (``s3_bucket``, ``result_key``) and which
+    session runs it (``session_id``; a retryable outcome runs it again in a new session,
+    named then). ``invoked_at`` and ``resolved_at`` are epoch seconds. Cancelling it stops
+    the session. ``trace``: the final session's token trace, through a gateway (set
+    before a successful outcome); ``trajectory`` the training data built from it.
 
     Example::
 
@@ -46,9 +41,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         s3_bucket: str,
         result_key: str,
         index: int | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        super().__init__(loop=loop or asyncio.get_running_loop())
+        super().__init__(loop=asyncio.get_running_loop())
         self.session_id = session_id
         self.input_id = input_id
         self.s3_bucket = s3_bucket
@@ -58,11 +52,8 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
         self.resolved_at: float | None = None
         self.trace: SessionTrace | None = None
         self._trajectory: Trajectory | None = None
-        #: Sessions this rollout ran in (1 + retries with a new session after a
-        #: retryable outcome); ``previous_sessions`` are the ones given up.
-        self.attempts = 1
-        #: How many of those sessions its agent lost (crash, restart, shutdown).
-        self.losses = 0
+        self.attempts = 1  # sessions it ran in; previous_sessions: the ones given up
+        self.losses = 0  # sessions its agent lost (crash, restart, shutdown)
         self.previous_sessions: list[str] = []
 
     def __repr__(self) -> str:
@@ -80,14 +71,13 @@ class RolloutFuture(asyncio.Future[dict[str, Any]]):
 
     @property
     def elapsed(self) -> float:
-        """Seconds from the invocation to the outcome (or to now while pending)."""
+        """Seconds from the invocation to the outcome (or to now)."""
         end = self.resolved_at if self.resolved_at is not None else time.time()
         return end - self.invoked_at
 
     @property
     def trajectory(self) -> Trajectory | None:
-        """The trace as a :class:`~agentcore_rl.trajectory.Trajectory` with the result's
-        reward and metrics, once succeeded; ``None`` without a gateway (built once)."""
+        """With the result's reward and metrics, once succeeded (built once)."""
         if self._trajectory is not None:
             return self._trajectory
         if self.trace is None or not self.done() or self.cancelled() or self.exception():

@@ -1,9 +1,7 @@
-"""The client side of GRPO groups (docs/groups.md, "How it works" and "--resume").
-
-:class:`GroupRunner` carries out a :class:`~agentcore_rl.groups.GroupTracker`'s actions:
-``StartMember`` becomes a rollout task, ``StopMember`` cancels the member's future, the
-group's outcome settles its :class:`GroupFuture`. A :class:`MemberJournal` is told of each
-start and end; a :class:`ResumedGroup` replays them in a new process.
+"""The client side of GRPO groups (docs/groups.md, "How it works" and "--resume"):
+:class:`GroupRunner` carries out a :class:`~agentcore_rl.group_tracker.GroupTracker`'s
+actions; a :class:`MemberJournal` is told of each start and end, which a
+:class:`ResumedGroup` replays in a new process.
 """
 
 from __future__ import annotations
@@ -47,11 +45,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The ``_rollout`` key a member's policy version is stamped under.
-POLICY_VERSION_KEY = "policy_version"
-#: The ``_rollout`` key of the sampling seed (passed to the policy by agents that do).
-SEED_KEY = "seed"
-
 EndKind = Literal["succeeded", "failed", "timed_out"]
 
 
@@ -79,13 +72,8 @@ class GroupFuture(asyncio.Future[RolloutGroup]):
         return f"<GroupFuture {state} input_id={self.input_id!r} n={self.rules.n}>"
 
 
-# --- Journal and resume ---------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class MemberStart:
-    """A member attempt about to be invoked: where its result will be."""
-
     input_id: str
     session_id: str
     s3_bucket: str
@@ -95,7 +83,8 @@ class MemberStart:
 
 @dataclass(frozen=True)
 class MemberEnd:
-    """How a member attempt ended, as the tracker was told (replayed on resume)."""
+    """How a member attempt ended, as the tracker was told (replayed on resume); on
+    resume, ``trajectory`` is rebuilt from the trace kept in S3."""
 
     input_id: str
     session_id: str
@@ -103,9 +92,7 @@ class MemberEnd:
     reward: float | None = None
     error: str | None = None
     result: Mapping[str, Any] | None = None
-    #: A failure's kind (``FailureKind`` value).
     failure_kind: str | None = None
-    #: On resume, a succeeded member's trajectory rebuilt from the trace kept in S3.
     trajectory: Any = None
 
 
@@ -119,13 +106,10 @@ class MemberJournal(Protocol):
 
 @dataclass
 class ResumedGroup:
-    """What an earlier process journaled for one group: its starts and ends, in order."""
+    """What an earlier process journaled for one group."""
 
     started: dict[str, MemberStart] = field(default_factory=dict)
     ended: list[MemberEnd] = field(default_factory=list)
-
-
-# --- The runner -----------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
@@ -142,8 +126,8 @@ class _Run:
 
 
 class GroupRunner:
-    """Runs the groups of one client (see the module docstring); ``counters`` are the
-    tracker's."""
+    """Runs the groups of one client: ``StartMember`` becomes a rollout task,
+    ``StopMember`` cancels the member's future, the outcome settles its :class:`GroupFuture`."""
 
     def __init__(
         self, *, exp_id: str, service: Service, rollouts: Rollouts, prepare: Prepare
@@ -153,8 +137,6 @@ class GroupRunner:
         self.prepare = prepare
         self.tracker = GroupTracker(exp_id=exp_id)
         self._runs: dict[str, _Run] = {}
-
-    # -- opening --
 
     async def open(
         self,
@@ -168,10 +150,7 @@ class GroupRunner:
         journal: MemberJournal | None = None,
         resume: ResumedGroup | None = None,
     ) -> GroupFuture:
-        """Open a group and return its future once its first members are admitted.
-
-        Members wait for slots like any rollout, so this returns when ``n + redundancy``
-        slots were taken (the invocations are still on their way)."""
+        """The group's future, once its first ``n + redundancy`` members took slots."""
         overrides = dict(overrides or {})
         timeout = self.rollouts.timeout_for(timeout)
         # Validates the payload once, and fixes the input id (the group key).
@@ -247,19 +226,16 @@ class GroupRunner:
             result=end.result,
         )
 
-    # -- members --
-
     def _start(self, run: _Run, action: StartMember, *, admitted: bool) -> None:
-        """Start one member attempt's rollout task (its slot taken, or not yet)."""
         sid = action.session_id
         overrides = dict(run.overrides)
         if action.policy_version is not None:
-            overrides[POLICY_VERSION_KEY] = action.policy_version
+            overrides["policy_version"] = action.policy_version
         seed = run.future.rules.member_seed
         if seed is not None:
             # One seed per draw: members (and retries) sample differently; an infra retry is
             # the same draw again.
-            overrides[SEED_KEY] = seed + action.draw * run.future.rules.starts + action.index
+            overrides["seed"] = seed + action.draw * run.future.rules.starts + action.index
         body, config = self.prepare(run.payload, input_id=run.input_id, overrides=overrides)
         resumed = run.resumed.get(sid)
 
@@ -348,8 +324,6 @@ class GroupRunner:
             run.journal.member_ended(end)  # before the decisions it leads to, as on replay
         self._apply(self._feed(end, fut.trajectory))  # a gateway's capture, if any
 
-    # -- actions --
-
     def _apply(self, actions: Iterable[Action]) -> None:
         for action in actions:
             if isinstance(action, StartMember):
@@ -385,33 +359,23 @@ class GroupRunner:
         self._runs.pop(fut.input_id, None)
 
     def _close_run(self, run: _Run, error: BaseException) -> None:
-        """End a group with ``error`` (the client closing): stop what still runs."""
         self._apply(a for a in self.tracker.cancel(run.input_id) if isinstance(a, StopMember))
         self._settle(run.input_id, error)
 
-    # -- policy and closing --
-
     def advance_policy(self, version: int, *, max_staleness: int) -> int:
-        """Move to ``version``; stop the groups that went stale. Returns how many."""
         actions = self.tracker.advance_policy(version, max_staleness=max_staleness)
         self._apply(actions)
         return sum(isinstance(a, GroupDroppedError) for a in actions)
 
     def close(self, error: BaseException) -> None:
-        """The client closes (its rollouts first): every open group ends in ``error``."""
         for run in list(self._runs.values()):
             self._close_run(run, error)
-
-
-# --- run_groups -----------------------------------------------------------------------------
 
 
 async def run_groups(
     runner: GroupRunner, payloads: Iterable[Mapping[str, Any]], options: Mapping[str, Any]
 ) -> AsyncGenerator[RolloutGroup, None]:
-    """The loop of ``run_groups``: a group opened per payload (waiting for its members'
-    slots paces it); whole groups yielded in completion order. Dropped ones are counted
-    (and logged) by the runner, not yielded; leaving the loop stops the rest."""
+    """The loop of ``run_groups``; dropped groups are counted (and logged) by the runner."""
 
     async def start(feed: Feed, index: int, payload: Mapping[str, Any]) -> None:
         fut = await runner.open(
@@ -434,8 +398,7 @@ async def run_groups(
 
 
 class GroupMethods:
-    """The GRPO-group half of :class:`~agentcore_rl.client.AsyncRolloutClient`'s API, on
-    the client's :class:`GroupRunner`."""
+    """The GRPO-group half of :class:`~agentcore_rl.client.AsyncRolloutClient`'s API."""
 
     _groups: GroupRunner
 
@@ -455,18 +418,14 @@ class GroupMethods:
         its members are admitted (``n + redundancy`` slots taken).
 
         ``input_id`` is the group key (default: a fresh id): member session ids derive
-        from it, so each group of an experiment needs its own. ``rules``
-        (:class:`~agentcore_rl.groups.GroupRules`) say how many members, how failures are
-        retried and when the group counts as whole. The future ends in a
+        from it, so each group of an experiment needs its own. The future ends in a
         :class:`~agentcore_rl.groups.RolloutGroup`, a ``GroupDroppedError``
         (``StaleGroupError`` after :meth:`advance_policy`) or ``ClientClosedError``;
         cancelling it stops the members. ``timeout`` and ``rollout`` are as in
-        :meth:`invoke`, for each member. ``journal``
-        (:class:`~agentcore_rl.client.group_runner.MemberJournal`) is told of each member before
-        its invocation and of each outcome; ``resume``
-        (:class:`~agentcore_rl.client.group_runner.ResumedGroup`, what a journal recorded) opens
-        the group where an earlier process left it: ended members are replayed, started
-        ones resumed by session id, only the others started.
+        :meth:`invoke`, for each member. ``journal`` (a :class:`MemberJournal`) is told of
+        each member before its invocation and of each outcome; ``resume`` (a
+        :class:`ResumedGroup`) opens the group where an earlier process left it: ended
+        members are replayed, started ones resumed by session id, only the others started.
         """
         check_config_types(("rules", rules, GroupRules))
         await self._groups.service.ensure_open()
@@ -490,14 +449,8 @@ class GroupMethods:
         rollout: Mapping[str, Any] | None = None,
     ) -> AsyncGenerator[RolloutGroup, None]:
         """Run a group per payload (``rules`` as in :meth:`invoke_group`); yield the whole
-        groups in completion order.
-
-        Dropped groups are not yielded: each is counted by reason in :attr:`group_stats`
-        (and logged). Unless its ``_rollout`` names one, a group's ``input_id`` is the
-        payload's ``input_id`` or ``id`` field, else its index zero-padded to 6 digits. The
-        work runs in the client's task group, as :meth:`run_batch`'s does; leaving the loop
-        stops the groups still running.
-        """
+        groups in completion order, as :meth:`run_batch` yields items (and names inputs).
+        Dropped groups are counted by reason in :attr:`group_stats` (and logged)."""
         self._groups.service.check_open()
         check_config_types(("rules", rules, GroupRules))
         options = {"rules": rules, "timeout": timeout, "overrides": rollout_extras(rollout)}
@@ -505,15 +458,13 @@ class GroupMethods:
 
     def set_policy_version(self, version: int) -> None:
         """Stamp ``_rollout.policy_version = version`` into every member started from now
-        on (retries included). Versions only move forward.
-        """
+        on (retries included). Versions only move forward."""
         self._groups.tracker.set_policy_version(version)
 
     def advance_policy(self, version: int, *, max_staleness: int) -> int:
         """Move to ``version`` and stop every open group with a member started under a
         version older than ``version - max_staleness``: their futures end in
-        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many.
-        """
+        ``StaleGroupError`` (counted under ``groups_dropped["stale"]``). Returns how many."""
         return self._groups.advance_policy(version, max_staleness=max_staleness)
 
     @property

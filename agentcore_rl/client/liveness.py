@@ -43,30 +43,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Seconds a session is pending before its first probe.
-DEFAULT_PROBE_AFTER: Final = 10.0
-#: Seconds between two probes of one session.
-DEFAULT_PROBE_INTERVAL: Final = 5.0
-#: Probes per second at most, whatever the number of sessions in flight.
-DEFAULT_PROBE_RATE: Final = 2.0
-#: Seconds a probe waits behind invocations before it queues among them.
-DEFAULT_ESCALATE_AFTER: Final = 3.0
-#: Seconds an agent may stay unreachable to probes before its sessions count as lost:
-#: long enough for a restart, short against a rollout's timeout.
-DEFAULT_LOST_AFTER: Final = 60.0
-#: Seconds of failed connection attempts (refused, or the connect timed out) after which
-#: an invocation ends in ``AgentUnreachableError``: an agent that is down stays down for
-#: longer than a retry can wait out, and a typo in a URL is never cured.
-DEFAULT_UNREACHABLE_AFTER: Final = 3.0
-#: Seconds without a renewal after which agent servers cancel the client's rollouts.
-DEFAULT_LEASE: Final = 180.0
-#: Seconds between two renewals of the lease (one small S3 PUT each).
-DEFAULT_LEASE_RENEW: Final = 30.0
-
 
 class StatusTransport(Protocol):
-    """What the prober needs of a transport: asking an agent about one session."""
-
     async def status(self, session_id: str) -> protocol.SessionState: ...
 
 
@@ -74,41 +52,39 @@ class StatusTransport(Protocol):
 class LivenessConfig:
     """How the client and its agents tell that the other is gone.
 
-    ``probe_after``: seconds pending before a session's first probe; ``probe_interval``:
-    seconds between its probes; ``max_rate``: probes per second at most (the share of the
-    TPS budget crash detection may take); ``escalate_after``: seconds a probe waits behind
-    invocations before it queues among them (``None``: it always waits behind them);
-    ``enabled`` False turns probing off. With the defaults a crash is seen within about
+    ``max_rate``: probes per second at most (the share of the TPS budget crash detection
+    may take); ``escalate_after``: seconds a probe waits behind invocations before it
+    queues among them (``None``: always behind). A crash is seen within about
     ``probe_after + probe_interval`` seconds while fewer than ``max_rate * probe_interval``
     sessions are pending; beyond that, detection slows rather than the probes growing.
     ``lost_after``: seconds a session's agent may stay unreachable to its probes
     (connection refused, a 424 or 5xx) before the session counts as lost, as an
-    ``unknown`` answer does at once.
+    ``unknown`` answer does at once: long enough for a restart, short against a timeout.
 
     ``unreachable_after``: seconds of failed connection attempts (nothing listens, a
     wrong URL) before an invocation ends in
-    :class:`~agentcore_rl.errors.AgentUnreachableError`; nothing was started, so nothing
-    is stopped. ``lease``: the client keeps a lease (one small S3 object under the
-    experiment's prefix, rewritten every ``lease_renew`` seconds) and names it in every
-    invocation; agent servers cancel, with a ``cancelled`` envelope, the rollouts of a
-    lease not renewed for ``lease`` seconds, so a crashed trainer leaves nothing running
-    for long (``None``: no lease). ``lease_id``: renew an existing lease (a process taking
-    over rollouts an earlier one started), else a new one per client.
+    :class:`~agentcore_rl.errors.AgentUnreachableError`: an agent that is down stays down
+    longer than a retry can wait out, and a typo in a URL is never cured. ``lease``: the
+    client keeps a lease (one small S3 object, rewritten every ``lease_renew`` seconds)
+    and names it in every invocation; agent servers cancel the rollouts of a lease not
+    renewed for ``lease`` seconds, so a crashed trainer leaves nothing running for long
+    (``None``: no lease). ``lease_id``: renew an existing lease (a process taking over
+    rollouts an earlier one started), else a new one per client.
 
     Example::
 
         AsyncRolloutClient(..., liveness=LivenessConfig(probe_after=30, max_rate=1))
     """
 
-    probe_after: float = DEFAULT_PROBE_AFTER
-    probe_interval: float = DEFAULT_PROBE_INTERVAL
-    max_rate: float = DEFAULT_PROBE_RATE
-    escalate_after: float | None = DEFAULT_ESCALATE_AFTER
+    probe_after: float = 10.0
+    probe_interval: float = 5.0
+    max_rate: float = 2.0
+    escalate_after: float | None = 3.0
     enabled: bool = True
-    lost_after: float = DEFAULT_LOST_AFTER
-    unreachable_after: float = DEFAULT_UNREACHABLE_AFTER
-    lease: float | None = DEFAULT_LEASE
-    lease_renew: float = DEFAULT_LEASE_RENEW
+    lost_after: float = 60.0
+    unreachable_after: float = 3.0
+    lease: float | None = 180.0
+    lease_renew: float = 30.0
     lease_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -148,15 +124,12 @@ class Probed(Protocol):
     """A pending rollout as the prober sees it (the client's rollout tasks)."""
 
     @property
-    def waiting(self) -> bool:
-        """Whether its session was accepted and has no outcome yet."""
+    def waiting(self) -> bool: ...
 
     @property
-    def beat(self) -> BeatRef | None:
-        """The heartbeat of its session's agent process, if it named one."""
+    def beat(self) -> BeatRef | None: ...
 
-    def wake(self, kind: str, value: object) -> None:
-        """Tell its task: ``("lost", AgentLostError)``."""
+    def wake(self, kind: str, value: object) -> None: ...
 
 
 class LivenessProber:
@@ -198,7 +171,6 @@ class LivenessProber:
         self._suspects: dict[str, float] = {}
 
     async def run(self) -> None:
-        """Probe every ``tick`` until cancelled (no-op when disabled)."""
         if not self.config.enabled:
             return
         while True:
@@ -244,8 +216,6 @@ class LivenessProber:
         return chosen
 
     async def round(self) -> None:
-        """Judge the heartbeats, then probe the due sessions (concurrently, each behind a
-        PROBE token)."""
         if self.read is not None:
             await self._heartbeats()
         async with anyio.create_task_group() as probes:
@@ -253,9 +223,8 @@ class LivenessProber:
                 probes.start_soon(self._probe, sid)
 
     async def _heartbeats(self) -> None:
-        """Read the heartbeat folders that are due; lose the sessions of silent heartbeats.
-        A new or changed ETag is a beat, and so is a listing S3 did not answer (an outage
-        loses nothing)."""
+        # A new or changed ETag is a beat, and so is a listing S3 did not answer (an outage
+        # loses nothing).
         assert self.read is not None
         beating = {sid: r.beat for sid, r in self.live.items() if r.waiting and r.beat}
         folders: dict[tuple[str, str], float] = {}  # (bucket, prefix) -> shortest interval
@@ -283,7 +252,6 @@ class LivenessProber:
                 self._lose(sid, f"gone with its agent process (it crashed or restarted: {why})")
 
     async def _token(self) -> None:
-        """A PROBE token; after ``escalate_after`` seconds in line, an INVOKE one."""
         wait = self.config.escalate_after
         if wait is None:
             await self.limiter.acquire(Priority.PROBE)
@@ -327,7 +295,6 @@ class LivenessProber:
             self._suspects[url] = self.clock()
 
     def _lose(self, session_id: str, why: str) -> bool:
-        """Wake a waiting session's task with ``AgentLostError``; False if it is not waiting."""
         rollout = self.live.get(session_id)
         if rollout is None or not rollout.waiting:
             return False
@@ -344,10 +311,7 @@ class LivenessProber:
 
 
 class ClientLease:
-    """One client's lease: where it lives, and the task that renews it.
-
-    ``config.lease`` must not be ``None`` (no lease: do not create one).
-    """
+    """One client's lease (``config.lease`` set): where it lives, and the task renewing it."""
 
     def __init__(
         self, store: ResultStore, bucket: str, exp_id: str, config: LivenessConfig
@@ -366,7 +330,7 @@ class ClientLease:
         self.reference: dict[str, str] = protocol.lease_reference(bucket, self.key)
 
     async def renew_once(self) -> bool:
-        """Write the next renewal; False (logged once per run of failures) when S3 refused."""
+        """False (logged once per run of failures) when S3 refused."""
         try:
             body = protocol.lease_body(
                 self.lease_id,
@@ -396,7 +360,6 @@ class ClientLease:
         return True
 
     async def run(self) -> None:
-        """Renew every ``renew`` seconds until cancelled (the client's task group owns it)."""
         while True:
             await self.renew_once()
             await asyncio.sleep(self.renew)

@@ -45,23 +45,13 @@ class ClientStats:
     """A client's counters, written by its parts; ``client.stats`` is a snapshot (a copy).
 
     ``invocations`` counts every invocation request sent (retries included), ``retries``
-    the repeated ones, ``throttles`` the 429 / ThrottlingException answers; ``stops`` the
-    stop calls that completed, ``stop_failures`` those given up and ``stops_unsupported``
-    those an agent server without a stop route could not take. Outcomes: ``results``,
-    ``rollout_errors``, ``timeouts``, ``invocation_errors``, ``storage_errors``,
-    ``cancelled``, ``closed``, ``traces_lost`` (through a gateway: the result arrived
-    but its token trace could not be had), ``agents_lost`` (a probe found the session unknown
-    to its agent, or its agent unreachable for ``lost_after``, or an ``agent_lost``
-    envelope came: crashed).
-    ``rollout_retries``: rollouts run again in a new session after a retryable outcome,
-    ``lost_retries`` those of them after an agent loss (``Retries.lost``); ``probes`` /
-    ``probe_failures``: liveness probes sent / unanswered, ``probes_escalated`` those that
-    waited ``escalate_after`` behind invocations and then queued among them;
-    ``unstopped``: sessions ``aclose`` could not stop in time (their ids are in
-    ``client.unstopped_sessions``). ``in_flight``: rollouts sent or accepted, no outcome yet.
-    ``s3_requests``: all S3 requests of the client's ResultStore, by operation.
-    ``store_unreachable``: whether the result store is down now (new invocations wait);
-    ``store_outages`` and ``degraded_seconds``: how often and how long it was.
+    the repeated ones; ``stops_unsupported`` the stops an agent server without a stop
+    route could not take. ``traces_lost``: through a gateway, the result arrived but its
+    token trace could not be had. ``rollout_retries``: rollouts run again in a new session
+    after a retryable outcome, ``lost_retries`` those after an agent loss;
+    ``probes_escalated``: probes that waited ``escalate_after`` behind invocations and then
+    queued among them. ``unstopped``: sessions ``aclose`` could not stop in time.
+    ``store_unreachable``: the result store is down now (new invocations wait).
     ``failures``: the rollouts that did not succeed, by :class:`~agentcore_rl.FailureKind`.
 
     Example::
@@ -100,13 +90,11 @@ class ClientStats:
 
     @property
     def s3_total(self) -> int:
-        """All S3 requests."""
         return sum(self.s3_requests.values())
 
 
 def _cancelled_by_server(exc: BaseException, words: str) -> bool:
-    """Whether ``exc`` is the ``cancelled`` envelope of a server whose stop reason says
-    ``words`` (not a user's or client's cancel)."""
+    """A ``cancelled`` envelope of a server that says why (not a user's or client's cancel)."""
     if not isinstance(exc, RolloutError):
         return False
     envelope = exc.envelope
@@ -115,15 +103,14 @@ def _cancelled_by_server(exc: BaseException, words: str) -> bool:
 
 
 def is_agent_loss(exc: BaseException) -> bool:
-    """Whether ``exc`` says the process running the rollout went away under it (a crash
-    or restart found by a probe or a successor's ``agent_lost`` envelope, or the server's
-    shutdown cancelling it): retryable, on the ``Retries.lost`` budget."""
+    """The process running the rollout went away under it (crashed, restarted, shut down):
+    retryable, on the ``Retries.lost`` budget."""
     return isinstance(exc, AgentLostError) or _cancelled_by_server(exc, "shutting down")
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Whether a rollout that ended with ``exc`` is worth running again with a new session
-    (the rule and its reasons: docs/failure-model.md)."""
+    """Worth running again in a new session (the rule and its reasons:
+    docs/failure-model.md)."""
     if isinstance(exc, AgentLostError):
         return True
     if isinstance(exc, AgentUnreachableError):
@@ -138,9 +125,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def failure_kind(exc: BaseException | None) -> FailureKind | None:
-    """The failure kind of an outcome (``None``: a success). An error envelope says its
-    own (the agent server decided it); the client decides the rest: its own failures to
-    run a rollout (invoking, S3, the agent lost, the gateway) are ``infra``."""
+    """An error envelope says its own kind; the client's own failures to run a rollout
+    (invoking, S3, the agent lost, the gateway) are ``infra``; ``None``: a success."""
     if exc is None:
         return None
     if isinstance(exc, asyncio.CancelledError | ClientClosedError):
@@ -164,7 +150,6 @@ def failure_kind(exc: BaseException | None) -> FailureKind | None:
 
 
 def failure_cause(exc: BaseException) -> str:
-    """A few words naming an ``infra`` failure's cause, to count failures by."""
     if isinstance(exc, AgentLostError):
         return "agent lost"
     if isinstance(exc, AgentUnreachableError):
@@ -188,14 +173,7 @@ def failure_cause(exc: BaseException) -> str:
 
 class InfraWindow:
     """The outcomes of the last ``window`` rollout sessions: each an infrastructure
-    failure's cause, or ``None``. :meth:`check` raises once the failures pass ``share``.
-
-    Example::
-
-        window = InfraWindow(share=0.2, window=100)
-        window.record(AgentLostError("gone"))
-        window.check()   # raises InfraFailureRateError past 20 of the last 100
-    """
+    failure's cause, or ``None``. :meth:`check` raises once the failures pass ``share``."""
 
     def __init__(self, *, share: float, window: int) -> None:
         self.share = share
@@ -203,7 +181,7 @@ class InfraWindow:
         self._recent: deque[str | None] = deque(maxlen=window)
 
     def record(self, exc: BaseException | None) -> None:
-        """One session's outcome (a stop is left out: it says nothing of the infrastructure)."""
+        """A stop is left out: it says nothing of the infrastructure."""
         kind = failure_kind(exc)
         if exc is not None and kind is FailureKind.INFRA:
             self._recent.append(failure_cause(exc))
@@ -211,16 +189,13 @@ class InfraWindow:
             self._recent.append(None)
 
     def check(self) -> None:
-        """Raise :class:`InfraFailureRateError` when the infrastructure failures among the
-        last ``window`` passed ``share`` of it (judged once the window is full, or earlier
-        once they pass the share of a full window)."""
+        """Judged before the window is full too, against the share of a full window."""
         counts = Counter(cause for cause in self._recent if cause is not None)
         if sum(counts.values()) > self.share * self.window:
             raise InfraFailureRateError(counts, window=len(self._recent), share=self.share)
 
 
 def count_outcome(counters: ClientStats, fut: asyncio.Future[Any]) -> None:
-    """Count the outcome of a settled rollout future in ``counters``."""
     if fut.cancelled():
         counters.cancelled += 1
         counters.failures["stopped"] = counters.failures.get("stopped", 0) + 1

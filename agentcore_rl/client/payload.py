@@ -37,7 +37,6 @@ def default_input_id(payload: Mapping[str, Any], index: int) -> str:
 
 
 def rollout_extras(value: object) -> Mapping[str, Any]:
-    """Check a ``rollout=`` argument: a mapping of ``_rollout`` keys (None: no keys)."""
     if value is None:
         return _NO_EXTRAS
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
@@ -52,8 +51,6 @@ def rollout_extras(value: object) -> Mapping[str, Any]:
 def client_defaults(
     rollout: object, *, exp_id: str, s3_bucket: str, gateway: bool
 ) -> protocol.RolloutConfig:
-    """A client's ``_rollout`` defaults from its ``rollout=`` mapping, or the
-    ``ConfigurationError`` that says what is wrong with them."""
     try:
         extra = dict(rollout_extras(rollout))
     except InvalidRolloutConfig as exc:
@@ -82,8 +79,7 @@ def attached_config(
     input_id: str | None,
     s3_bucket: object,
 ) -> protocol.RolloutConfig:
-    """The config of a rollout followed by ``attach``: its coordinates checked
-    (``InvalidRolloutConfig`` names a bad one); ``input_id`` defaults to the key's."""
+    """``input_id`` defaults to the key's."""
     bucket = protocol.validate_bucket(s3_bucket, name="s3_bucket")
     if not isinstance(result_key, str) or not result_key:
         raise InvalidRolloutConfig(
@@ -126,13 +122,11 @@ def build_invocation(
     overrides: Mapping[str, Any],
     default_input_id: str | None = None,
 ) -> tuple[dict[str, Any], protocol.RolloutConfig]:
-    """The body to send and its ``_rollout`` config (no I/O; raises on bad input).
-
-    ``_rollout`` = ``defaults`` (its ``input_id`` ignored), then the payload's own
-    ``_rollout`` keys, then ``overrides``, then ``input_id``; without any input id,
-    ``default_input_id`` or microseconds since the epoch: unique enough (result keys also
-    hold the session id) and time-ordered, so the watcher's LIST skips older results.
-    """
+    """The body to send and its ``_rollout`` config: ``defaults`` (its ``input_id``
+    ignored), then the payload's own ``_rollout`` keys, then ``overrides``, then
+    ``input_id``; without any input id, ``default_input_id`` or microseconds since the
+    epoch: unique enough (result keys also hold the session id) and time-ordered, so the
+    watcher's LIST skips older results."""
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(
             f"a payload must be a JSON object (a dict), got {type(payload).__name__}"

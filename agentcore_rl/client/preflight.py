@@ -18,8 +18,6 @@ __all__ = ["check_agents", "check_bucket", "check_gateway", "check_runtime"]
 #: Seconds a service has to answer a check once connected (connecting has
 #: ``Timeouts.check``): a service that needs longer is not ready for a run.
 _ANSWER_SECONDS: Final = 5.0
-#: The flag the gateway's token comes from (named in errors: the user typed it).
-_TOKEN_FLAG: Final = "--gateway-admin-token"
 #: Fail fast when S3 is unreachable: a check makes one attempt and never backs off.
 _QUICK_S3_RETRY: Final = RetryPolicy(attempts=1)
 # Key parts start with a letter or digit: listing this prefix proves the bucket readable.
@@ -29,8 +27,8 @@ _PREFLIGHT_PREFIX: Final = ".agentcore-rl-preflight/"
 async def check_bucket(
     bucket: str, endpoint_url: str | None, region: str | None, session: Any, within: float
 ) -> None:
-    """Check the bucket is readable, connecting within ``within`` seconds (``session``: an
-    aiobotocore session to share: its loaded service models are most of a client's CPU)."""
+    """``session``: an aiobotocore session to share (its loaded service models are most of a
+    client's CPU)."""
     store = ResultStore(
         endpoint_url=endpoint_url,
         region_name=region,
@@ -61,8 +59,6 @@ async def check_bucket(
 
 
 async def check_agents(urls: list[str], within: float) -> None:
-    """Each agent answers ``GET /ping`` (connecting within ``within`` seconds), or
-    InvocationError names the one that does not."""
     # lazy: httpx is the client extra; the runtime check needs only aiobotocore
     import httpx
 
@@ -82,8 +78,7 @@ async def check_agents(urls: list[str], within: float) -> None:
 
 
 async def check_runtime(arn: str, endpoint_url: str | None, session: Any, within: float) -> None:
-    """Check the endpoint serves ``arn`` (a ``StopRuntimeSession`` of an unused session;
-    ``session`` and ``within`` as for :func:`check_bucket`)."""
+    """A ``StopRuntimeSession`` of an unused session."""
     # lazy: only the runtime check talks to AWS
     from aiobotocore.config import AioConfig
     from botocore.exceptions import BotoCoreError, ClientError
@@ -124,8 +119,6 @@ async def check_runtime(arn: str, endpoint_url: str | None, session: Any, within
 
 
 async def check_gateway(url: str, token: str | None, within: float) -> None:
-    """Check the gateway answers ``/health`` and accepts ``token`` (``within`` as for
-    :func:`check_agents`)."""
     # lazy: as above (the client extra)
     import httpx
 
@@ -146,7 +139,7 @@ async def check_gateway(url: str, token: str | None, within: float) -> None:
                 f"cannot reach the gateway at {url}: {type(exc).__name__}: {exc}"
             ) from None
     if stats.status_code == 401:
-        raise GatewayError(f"the gateway at {url} refuses the admin token ({_TOKEN_FLAG})")
+        raise GatewayError(f"the gateway at {url} refuses the admin token (--gateway-admin-token)")
     if stats.status_code == 403:
         raise GatewayError(
             f"the gateway at {url} has its admin routes off: start it with --admin-token"

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import anyio
 from anyio.abc import TaskStatus
@@ -39,9 +39,6 @@ from agentcore_rl.errors import (
 )
 from agentcore_rl.ratelimit import Priority, SessionLimiter
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["Rollout", "RolloutSpec", "Rollouts"]
 
 logger = logging.getLogger(__name__)
@@ -51,17 +48,11 @@ _CLOSED: Final = "the client was closed before this rollout finished"
 
 @dataclass(eq=False, kw_only=True)
 class RolloutSpec:
-    """What to run: the body and its ``_rollout`` config, and how.
-
-    ``session_id``: the first session's (default: a fresh one), ``key`` its result's
-    (bucket, key) when not the config's. ``resume``: an earlier process may have sent it:
-    its result key is read first and the invocation is marked as a repeat. ``attach``:
-    follow the first session, send nothing. ``started_at``: the epoch time its deadline
-    counts from (default: its first invocation). ``retry`` False: a retryable
-    outcome is final (a group's members: their group retries them). ``on_future`` is told
-    of the future once (a failure before acceptance then settles it instead of being
-    raised), ``on_session`` before each session's invocation.
-    """
+    """What to run: the body and its ``_rollout`` config, and how (as ``invoke``'s and
+    ``attach``'s parameters). ``key``: the first session's (bucket, key) when not the
+    config's. ``retry`` False: a retryable outcome is final (a group retries its members
+    itself). ``on_future`` is told of the future once: a failure before acceptance then
+    settles it instead of being raised."""
 
     body: dict[str, Any]
     config: protocol.RolloutConfig
@@ -93,7 +84,6 @@ class Rollout:
 
     @property
     def waiting(self) -> bool:
-        """Whether its session was accepted and it waits for the outcome (probes ask then)."""
         return self.waiter is not None and not self.waiter.done()
 
     def wake(self, kind: str, value: Any) -> None:
@@ -103,11 +93,10 @@ class Rollout:
             self.waiter.set_result((kind, value))
 
     def arrived(self, envelope: dict[str, Any] | None, error: BaseException | None) -> None:
-        """The watcher's callback."""
         self.wake("error", error) if error is not None else self.wake("result", envelope)
 
     def cancelled(self, fut: asyncio.Future[Any]) -> None:
-        """The future's done callback: a cancelled future ends the task too."""
+        """A cancelled future ends the task too."""
         if fut.cancelled():
             self.scope.cancel()
 
@@ -137,7 +126,6 @@ class Rollouts:
         self.timeout = timeout  # a rollout's, unless its call gives its own
         self.infra = infra  # the recent sessions' infrastructure failures (None: not watched)
         self.live: dict[str, Rollout] = {}
-        # The one watcher for all results, the prober of the live sessions, the gateway's.
         self.watcher = watcher
         self.prober = LivenessProber(
             calls.transport,
@@ -155,13 +143,9 @@ class Rollouts:
         self._idle.set()
 
     def timeout_for(self, timeout: float | None) -> float | None:
-        """A call's rollout timeout: its own, else the client's (``None``: no timeout)."""
         return self.timeout if timeout is None else timeout
 
     def check_session_id(self, session_id: object) -> str:
-        """``session_id`` if a new rollout may use it; ``InvalidRolloutConfig`` when it is
-        not a session id (on AgentCore Runtime: 33-256 letters, digits and hyphens),
-        ``ConfigurationError`` when a rollout of this client that has no outcome uses it."""
         sid = protocol.validate_session_id(session_id, name="session_id")
         if self.transport.name == "acr" and not protocol.is_acr_session_id(sid):
             raise InvalidRolloutConfig(
@@ -176,8 +160,6 @@ class Rollouts:
                 "yet; wait for it (or cancel it) before reusing the id"
             )
         return sid
-
-    # --- admission ------------------------------------------------------------------------
 
     async def admit(self, *, token: bool = True) -> None:
         """Take a slot, then (``token``) a token; ``ClientClosedError`` once closing,
@@ -195,8 +177,6 @@ class Rollouts:
         except BaseException:
             self.slots.release()
             raise
-
-    # --- one rollout ----------------------------------------------------------------------
 
     async def run(
         self,
@@ -245,7 +225,7 @@ class Rollouts:
     def _settle(
         self, r: Rollout, result: dict[str, Any] | None, error: BaseException | None
     ) -> None:
-        """Settle ``r``'s future (neither result nor error: cancelled) and count it."""
+        """Neither result nor error: cancelled."""
         fut = r.fut
         if fut is None:
             return
@@ -265,7 +245,6 @@ class Rollouts:
     async def _attempts(
         self, r: Rollout, task_status: TaskStatus[RolloutFuture]
     ) -> tuple[dict[str, Any] | None, BaseException | None]:
-        """The one retry loop: sessions until an outcome that is not retried."""
         spec = r.spec
         losses = 0
         attempt = 0
@@ -296,7 +275,6 @@ class Rollouts:
             )
 
     def _may_retry(self, r: Rollout, exc: BaseException, attempt: int, losses: int) -> bool:
-        """Each kind of retryable outcome has its own budget (see :class:`Retries`)."""
         if not r.spec.retry or self.closing or not is_retryable(exc):
             return False
         if is_agent_loss(exc):
@@ -332,7 +310,6 @@ class Rollouts:
     async def _session(
         self, r: Rollout, sid: str, attempt: int, task_status: TaskStatus[RolloutFuture]
     ) -> tuple[dict[str, Any] | None, BaseException | None]:
-        """One session of ``r``: send (unless attached), wait, and say how it ended."""
         spec = r.spec
         fut = self._future(r, sid, attempt)
         self.live[sid] = r
@@ -383,7 +360,6 @@ class Rollouts:
             return None
 
     async def _send(self, r: Rollout, fut: RolloutFuture, *, repeat: bool) -> BaseException | None:
-        """Send ``fut``'s invocation in its current session; the error that ended it."""
         body = r.spec.body
         # A result store that is down would read no result: hold rollouts until it answers.
         await self.watcher.outages.wait_reachable(fut.s3_bucket)
@@ -489,8 +465,6 @@ class Rollouts:
             for sid in r.gateway:
                 await self.joiner.release(sid)
 
-    # --- closing --------------------------------------------------------------------------
-
     def close(self) -> None:
         """End every rollout with ``ClientClosedError`` (waiting ones, sending ones and
         ones waiting for a slot alike); their tasks then stop their sessions."""
@@ -499,14 +473,14 @@ class Rollouts:
             r.scope.cancel()
 
     async def wait_closed(self) -> None:
-        """Wait until every rollout task and stop call has ended (the caller bounds it)."""
+        """The caller bounds it."""
         await self._idle.wait()
         await self.calls.idle.wait()  # the rollouts' stops began before they ended
 
 
 def same_payload(envelope: Mapping[str, Any], body: Mapping[str, Any], fut: RolloutFuture) -> None:
-    """Raise ``ConfigurationError`` when ``envelope`` (found at ``fut``'s key before it was
-    sent) is of another payload than ``body``: a new run under an experiment's old keys."""
+    """``ConfigurationError`` when ``envelope``, found at ``fut``'s key before it was sent,
+    is of another payload than ``body``: a new run under an experiment's old keys."""
     theirs = envelope.get(protocol.PAYLOAD)
     if not isinstance(theirs, Mapping) or protocol.PAYLOAD_SHA256 in theirs:
         return  # not kept, or too large to keep: taken as the same
@@ -520,8 +494,8 @@ def same_payload(envelope: Mapping[str, Any], body: Mapping[str, Any], fut: Roll
 
 
 def check_answer(answer: Mapping[str, Any], fut: RolloutFuture) -> None:
-    """Raise ``InvocationError`` unless the agent accepted the rollout; point ``fut`` at
-    the bucket and key the agent says it writes to (with a warning when they differ)."""
+    """``InvocationError`` unless the agent accepted the rollout; ``fut`` follows the bucket
+    and key the agent says it writes to."""
     if answer.get(protocol.STATUS) != protocol.STATUS_PROCESSING:
         raise InvocationError(
             f"the agent answered {str(answer)[:200]} instead of "

@@ -29,8 +29,7 @@ __all__ = ["ClientState", "Service"]
 
 
 class ClientState(enum.Enum):
-    """Where a client is in its life: not opened yet, open (entered with ``async with``,
-    or opened by its first rollout), or closed for good."""
+    """Open: entered with ``async with``, or opened by its first rollout."""
 
     UNOPENED = 1
     OPENED = 2
@@ -54,16 +53,14 @@ class Service:
 
     @property
     def running(self) -> bool:
-        """Whether work can be started."""
         return self._workers is not None
 
     def check_open(self) -> None:
-        """``ClientClosedError`` once closed."""
         if self.state is ClientState.CLOSED:
             raise ClientClosedError("the client is closed; create a new one")
 
     async def enter(self) -> bool:
-        """Open the task group in this task (``async with``); False when already open."""
+        """In this task (``async with``); False when already open."""
         self.check_open()
         if self.state is not ClientState.UNOPENED:
             return False
@@ -75,7 +72,6 @@ class Service:
         return True
 
     async def leave(self) -> None:
-        """Close the work, then exit the task group if this task entered it."""
         outer, self._outer = self._outer, None
         try:
             await self.aclose()
@@ -88,8 +84,7 @@ class Service:
                     raise unwrap(group) from None
 
     async def ensure_open(self) -> None:
-        """Open the task group if ``async with`` has not: hosted by one task until
-        :meth:`aclose`. Raises what stopped it from starting."""
+        """Unless ``async with`` did, one host task opens the task group until :meth:`aclose`."""
         self.check_open()
         if self.state is ClientState.UNOPENED:
             self.state = ClientState.OPENED
@@ -126,7 +121,6 @@ class Service:
     def start_soon(
         self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
     ) -> None:
-        """Run ``func(*args)`` in the service's task group."""
         if self._workers is None:
             raise RuntimeError(f"{self.name}: the service is not running")
         self._workers.start_soon(func, *args, name=name)
@@ -134,14 +128,12 @@ class Service:
     async def start(
         self, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, name: str
     ) -> Any:
-        """Run ``func(*args, task_status=...)`` in the task group; return what it reports
-        through ``task_status.started()``."""
+        """What ``func(*args, task_status=...)`` reports through ``task_status.started()``."""
         if self._workers is None:
             raise ClientClosedError("the client is closed; create a new one")
         return await self._workers.start(func, *args, name=name)
 
     async def aclose(self) -> None:
-        """Cancel the work and wait until it has ended (and the host task, if any). Idempotent."""
         if self._ready is not None and not self._ready.done():
             await asyncio.wait([self._ready])  # a host not running yet: let it start first
         if self._scope is not None:

@@ -37,8 +37,7 @@ def _forward(
     source: Callable[Concatenate[AsyncRolloutClient, P], Any],
     adapt: Callable[[RolloutClient, Any], T],
 ) -> Callable[Concatenate[RolloutClient, P], T]:
-    """The facade's method for the async client's ``source``: called (and awaited) on the
-    loop thread, its value handed to ``adapt``."""
+    """Called (and awaited) on the loop thread, its value handed to ``adapt``."""
     name = source.__name__
 
     def method(self: RolloutClient, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -65,11 +64,9 @@ class RolloutClient:
 
     ``invoke`` and ``attach`` return a :class:`concurrent.futures.Future` (with ``session_id``,
     ``input_id``, ``s3_bucket`` and ``result_key`` attributes; ``cancel()`` stops the
-    session); ``rollout`` returns the result dict; ``run_batch`` is a plain iterator.
-    Its parameters are the async client's, taken from it. Use it as a context manager or
-    call ``close()``; an exception raised in the ``with`` block leaves it as itself.
-    Through a gateway, prefer a remote one (an in-process gateway must run on this
-    client's own loop thread); ``trace_of(fut)`` and ``BatchItem.trace`` give the traces.
+    session); ``run_batch`` is a plain iterator. Use it as a context manager or call
+    ``close()``. Through a gateway, prefer a remote one (an in-process gateway must run on
+    this client's own loop thread).
 
     Example::
 
@@ -109,12 +106,10 @@ class RolloutClient:
 
     @property
     def group_stats(self) -> GroupCounters:
-        """See :attr:`AsyncRolloutClient.group_stats`."""
         counters: GroupCounters = self._portal.call(getattr, self._client, "group_stats")
         return counters
 
     def _future(self, fut: asyncio.Future[T]) -> concurrent.futures.Future[T]:
-        """``fut`` as a concurrent future, with its coordinates (``session_id``...)."""
         outcome: concurrent.futures.Future[T] = self._portal.start_task_soon(_outcome, fut)
         for name in ("session_id", "input_id", "s3_bucket", "result_key", "session_ids"):
             if hasattr(fut, name):
@@ -147,9 +142,7 @@ class RolloutClient:
     check_services = _forward(AsyncRolloutClient.check_services, _as_is)
 
     def trace_of(self, fut: concurrent.futures.Future[dict[str, Any]]) -> SessionTrace:
-        """The token trace of a finished rollout run through the client's gateway (see
-        :meth:`AsyncRolloutClient.trace_of`).
-        """
+        """See :meth:`AsyncRolloutClient.trace_of`."""
         rollout_future = getattr(fut, "source", None)
         if not isinstance(rollout_future, RolloutFuture):
             raise TypeError("trace_of takes a future returned by this client's invoke/attach")
@@ -158,7 +151,7 @@ class RolloutClient:
         return trace
 
     def close(self) -> None:
-        """Close the async client (stopping live sessions) and its thread. Idempotent."""
+        """Close the async client (stopping live sessions) and its thread."""
         if self._closed:
             return
         self._closed = True

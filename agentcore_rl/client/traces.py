@@ -44,24 +44,20 @@ _GATEWAY_ID_HEADER: Final = "x-gateway-id"
 
 
 class GatewayLink(Protocol):
-    """What the client needs of a gateway: its URL for agents, open, finish, close."""
+    """What the client needs of a gateway: ``open`` answers the id of the gateway process
+    holding the session, ``finish`` its trace (``TraceLostError`` when it is gone)."""
 
     url: str
 
-    async def open(self, session_id: str, *, exp_id: str | None, input_id: str) -> str | None:
-        """Register the session; -> the id of the gateway process holding it."""
+    async def open(self, session_id: str, *, exp_id: str | None, input_id: str) -> str | None: ...
 
-    async def finish(self, session_id: str) -> SessionTrace:
-        """Release the session; -> its trace (``TraceLostError`` when it is gone)."""
+    async def finish(self, session_id: str) -> SessionTrace: ...
 
-    async def aclose(self) -> None:
-        """Release the link's connections."""
+    async def aclose(self) -> None: ...
 
 
 class InProcessGateway:
-    """A :class:`RolloutGateway` running on the client's event loop, which agents reach
-    at ``url`` (where it is served).
-    """
+    """A :class:`RolloutGateway` running on the client's event loop, served at ``url``."""
 
     def __init__(self, gateway: RolloutGateway, url: str) -> None:
         self.gateway = gateway
@@ -159,7 +155,6 @@ class RemoteGateway:
 
 
 def gateway_link(config: GatewayConfig | None) -> GatewayLink | None:
-    """The link for the client's ``gateway=`` option (None: no gateway)."""
     if config is None:
         return None
     if not isinstance(config, GatewayConfig):
@@ -182,7 +177,6 @@ class TraceJoiner:
         self._gateway_ids: dict[str, str | None] = {}  # sessions we owe a finish, by id
 
     async def open(self, fut: RolloutFuture, body: dict[str, Any]) -> None:
-        """Open ``fut``'s session at the gateway and point ``body``'s ``_rollout`` at it."""
         sid = fut.session_id
         exp_id = _exp_id_of(fut)
         self._gateway_ids[sid] = await self.link.open(sid, exp_id=exp_id, input_id=fut.input_id)
@@ -192,7 +186,7 @@ class TraceJoiner:
         block[API_KEY] = sid
 
     async def release(self, sid: str) -> None:
-        """``sid`` ended without its trace (timeout, cancel...): release its session."""
+        """``sid`` ended without its trace (timeout, cancel...)."""
         self._gateway_ids.pop(sid, None)
         try:
             await self.link.finish(sid)
@@ -232,7 +226,7 @@ class TraceJoiner:
         return None
 
     async def _trace(self, fut: RolloutFuture) -> SessionTrace:
-        """Finish the session at the gateway (or read the trace an earlier process kept)."""
+        """Or read the trace an earlier process kept."""
         sid = fut.session_id
         expected = self._gateway_ids.pop(sid, None)
         try:

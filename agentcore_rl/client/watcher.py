@@ -25,8 +25,6 @@ from agentcore_rl.keywords import check_numbers
 from agentcore_rl.s3 import ResultStore
 
 __all__ = [
-    "DEFAULT_MAX_INTERVAL",
-    "DEFAULT_MIN_INTERVAL",
     "FINAL_CODES",
     "CompletionWatcher",
     "StoreOutages",
@@ -35,12 +33,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Pause between rounds while results keep arriving.
-DEFAULT_MIN_INTERVAL: Final = 0.4
-#: Longest pause between rounds when nothing changes: bounds the detection delay.
-DEFAULT_MAX_INTERVAL: Final = 0.8
-#: Failed polls of one group in a row before its futures fail.
-DEFAULT_ERROR_THRESHOLD: Final = 3
 #: Keys per LIST page (S3's maximum and default).
 LIST_PAGE_SIZE: Final = 1000
 #: S3 error codes that fail the affected keys (after ``error_threshold`` polls): waiting
@@ -75,7 +67,6 @@ class StoreOutages:
 
     @property
     def unreachable(self) -> bool:
-        """Whether some bucket is down now."""
         return bool(self._down)
 
     @property
@@ -116,7 +107,6 @@ class StoreOutages:
         )
 
     def describe(self, bucket: str) -> str | None:
-        """Why ``bucket`` is down, for error messages; ``None`` when it is not."""
         down = self._down.get(bucket)
         if down is None:
             return None
@@ -124,12 +114,10 @@ class StoreOutages:
         return f"s3://{bucket} unreachable for {seconds:.0f} s ({down.last_error})"
 
     async def wait_reachable(self, bucket: str) -> None:
-        """Return once ``bucket`` is not down."""
         if bucket in self._down:
             await self._back[bucket].wait()
 
     def backoff(self, initial: float, maximum: float) -> float:
-        """The pause before the next poll while something is down: doubling per failure."""
         failures = min((d.failures for d in self._down.values()), default=1)
         return min(maximum, initial * 2.0 ** min(failures - 1, 30))
 
@@ -144,22 +132,20 @@ class WatcherConfig:
     """How the completion watcher paces itself and copes with S3 errors.
 
     ``min_interval``..``max_interval``: pause between rounds, growing by half per round
-    that found nothing. While a bucket is unreachable its polls (each already
-    retried by the ResultStore) wait ``error_backoff`` seconds, doubling up to
-    ``error_backoff_max``. ``error_threshold``: failed polls (LISTs or GETs) of one
-    experiment prefix in a row with an error in :data:`FINAL_CODES` (access denied...)
-    before its pending futures fail. A GET tells a
-    missing key (not written yet) from a missing bucket (``NoSuchBucket``, a failure), so
-    probing by GET alone notices a deleted bucket.
+    that found nothing (the longest bounds the detection delay). While a bucket is
+    unreachable its polls (each already retried by the ResultStore) wait
+    ``error_backoff`` seconds, doubling up to ``error_backoff_max``. ``error_threshold``:
+    failed polls of one experiment prefix in a row with an error in :data:`FINAL_CODES`
+    (access denied...) before its pending futures fail.
 
     Example::
 
         AsyncRolloutClient(..., watcher=WatcherConfig(max_interval=0.5, error_threshold=5))
     """
 
-    min_interval: float = DEFAULT_MIN_INTERVAL
-    max_interval: float = DEFAULT_MAX_INTERVAL
-    error_threshold: int = DEFAULT_ERROR_THRESHOLD
+    min_interval: float = 0.4
+    max_interval: float = 0.8
+    error_threshold: int = 3
     error_backoff: float = 0.5
     error_backoff_max: float = 10.0
 
@@ -177,8 +163,6 @@ _MAX_PARALLEL: Final = 32
 
 @dataclass(eq=False)
 class _Group:
-    """The pending keys of one (bucket, prefix) and what the watcher knows about it."""
-
     bucket: str
     prefix: str
     pending: dict[str, Callback] = field(default_factory=dict)
@@ -254,7 +238,6 @@ class CompletionWatcher:
 
     @property
     def pending(self) -> int:
-        """How many keys are being watched."""
         return sum(len(g.pending) for g in self._groups.values())
 
     def track(self, bucket: str, key: str, callback: Callback) -> None:
@@ -267,7 +250,6 @@ class CompletionWatcher:
         self._wakeup.set()
 
     def untrack(self, bucket: str, key: str) -> None:
-        """Stop watching a key (no callback). Unknown keys are ignored."""
         group = self._groups.get((bucket, _prefix_of(key)))
         if group is not None:
             group.pending.pop(key, None)
@@ -284,10 +266,7 @@ class CompletionWatcher:
         self.outages.succeeded(bucket)
         return listing
 
-    # --- the task ---------------------------------------------------------------------
-
     async def run(self) -> None:
-        """Watch until cancelled (run by the watcher's owner, in its task group)."""
         cfg = self.config
         interval = cfg.min_interval
         while True:

@@ -26,9 +26,6 @@ from agentcore_rl.s3 import AWS_USER_AGENT
 __all__ = ["AcrTransport"]
 
 
-#: The botocore service name of AgentCore's data plane.
-SERVICE_NAME: Final = "bedrock-agentcore"
-
 # Error codes (x-amzn-ErrorType) worth another try with the same session id.
 _THROTTLED: Final = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
 _RETRYABLE: Final = frozenset(
@@ -109,7 +106,7 @@ class AcrTransport:
                 stack = contextlib.AsyncExitStack()
                 client = await stack.enter_async_context(
                     self._session.create_client(
-                        SERVICE_NAME,
+                        "bedrock-agentcore",
                         region_name=self.region,
                         endpoint_url=self.endpoint_url,
                         config=self._config,
@@ -128,7 +125,6 @@ class AcrTransport:
         return params
 
     async def _call(self, session_id: str, operation: str, params: dict[str, Any]) -> Any:
-        """One call under the connection limit, its streamed body read; failures classified."""
         client = await self._get_client()
         try:
             async with self._limit:
@@ -150,7 +146,6 @@ class AcrTransport:
             ) from exc
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """``InvokeAgentRuntime`` with the payload as JSON; return the agent's JSON answer."""
         params = self._common(session_id)
         params.update(
             payload=json.dumps(payload).encode(),
@@ -162,13 +157,12 @@ class AcrTransport:
         return json_object_answer(raw, source="InvokeAgentRuntime", session_id=session_id)
 
     async def status(self, session_id: str) -> protocol.SessionState:
-        """A status control request on the session (an invocation): a microVM that
-        restarted, or a new one, answers unknown."""
+        """A control request: a microVM that restarted, or a new one, answers unknown."""
         answer = await self.invoke(session_id, protocol.status_request())
         return session_state(answer, source="InvokeAgentRuntime", session_id=session_id)
 
     async def stop(self, session_id: str) -> bool:
-        """``StopRuntimeSession``; False when ACR no longer knows the session."""
+        """False when ACR no longer knows the session."""
         try:
             await self._call(session_id, "stop_runtime_session", self._common(session_id))
         except InvocationError as exc:
@@ -178,7 +172,6 @@ class AcrTransport:
         return True
 
     async def aclose(self) -> None:
-        """Close the aiobotocore client. Idempotent."""
         self._closed = True
         stack, self._stack, self._client = self._stack, None, None
         if stack is not None:

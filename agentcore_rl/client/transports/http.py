@@ -36,21 +36,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_CONNECTIONS: Final = 16
 #: Seconds for read/write of one call (invocations answer at once: "processing").
 HTTP_TIMEOUT: Final = 60.0
-#: Seconds a stop call waits for its answer; a stop delivered without one counts as done
-#: (the server cancels on receipt and only then waits for the rollout to end).
-DEFAULT_STOP_ANSWER_TIMEOUT: Final = 1.0
-#: Seconds to establish a connection (a refused one fails at once; this bounds a black hole).
-DEFAULT_CONNECT_TIMEOUT: Final = 10.0
-#: Seconds a server that refused a connection gets no new session.
-DEFAULT_COOLDOWN: Final = 10.0
-#: Longest pause a ``Retry-After`` answer is honoured with (seconds).
-MAX_RETRY_AFTER: Final = 60.0
 #: Sessions whose server is remembered (older ones fall back to the hash of their id).
 MAX_PINNED_SESSIONS: Final = 200_000
 
 
 def error_message(response: httpx.Response) -> str:
-    """The server's own words for a failed call: its JSON ``error``/``message`` or text."""
     detail: Any = None
     try:
         body = response.json()
@@ -67,8 +57,7 @@ def error_message(response: httpx.Response) -> str:
 
 
 def retry_after(response: httpx.Response) -> float | None:
-    """The pause a ``Retry-After`` header asks for, in seconds (capped), if it gives one
-    in seconds (the HTTP-date form is not used by agent servers)."""
+    """Seconds, capped at a minute (agent servers do not use the HTTP-date form)."""
     value = response.headers.get("Retry-After")
     if value is None:
         return None
@@ -76,7 +65,7 @@ def retry_after(response: httpx.Response) -> float | None:
         seconds = float(value)
     except ValueError:
         return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER) if seconds == seconds else None
+    return min(max(seconds, 0.0), 60.0) if seconds == seconds else None
 
 
 def _check_url(url: str) -> str:
@@ -93,7 +82,8 @@ class HttpTransport:
     ``POST {url}/sessions/{session_id}/stop`` and status as ``GET {url}/sessions/{id}``
     (AgentCoreRLApp extensions). A new session goes to a server chosen by its id among
     those that have not refused a connection in the last ``cooldown`` seconds, and stays
-    there.
+    there. A stop delivered without an answer within ``stop_answer_timeout`` counts as
+    done: the server cancels on receipt, then waits for the rollout to end.
 
     Example::
 
@@ -109,15 +99,13 @@ class HttpTransport:
         urls: str | Sequence[str],
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        cooldown: float = DEFAULT_COOLDOWN,
-        stop_answer_timeout: float = DEFAULT_STOP_ANSWER_TIMEOUT,
+        cooldown: float = 10.0,
+        stop_answer_timeout: float = 1.0,
     ) -> None:
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise ConfigurationError("agent_url needs at least one URL")
         self.urls = [_check_url(u) for u in url_list]
-        # Failover: a server that refused a connection gets no new session for
-        # ``cooldown`` seconds; every session stays on the server it started on.
         self.cooldown = cooldown
         self.stop_answer_timeout = stop_answer_timeout
         self._unhealthy: dict[str, float] = {}  # url -> clock time it may be used again
@@ -128,7 +116,8 @@ class HttpTransport:
         # cost quadratic CPU. Queue here instead, in an O(1) semaphore.
         self._limit = asyncio.Semaphore(max_connections)
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(HTTP_TIMEOUT, connect=DEFAULT_CONNECT_TIMEOUT),
+            # A refused connection fails at once; the connect timeout bounds a black hole.
+            timeout=httpx.Timeout(HTTP_TIMEOUT, connect=10.0),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
@@ -138,14 +127,11 @@ class HttpTransport:
         return f"HttpTransport(urls={self.urls!r})"
 
     def url_for(self, session_id: str) -> str:
-        """The server that runs ``session_id`` (stable: same id, same server)."""
+        """Stable: same id, same server."""
         pinned = self._pins.get(session_id)
-        if pinned is not None:
-            return pinned
-        return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
+        return pinned or self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
 
     def _assign(self, session_id: str) -> str:
-        """The server of ``session_id``: its own if it has one, else a healthy one."""
         pinned = self._pins.get(session_id)
         if pinned is not None:
             return pinned
@@ -160,8 +146,6 @@ class HttpTransport:
     async def _send(
         self, session_id: str, url: str, method: str = "POST", **kwargs: Any
     ) -> httpx.Response:
-        """One request; its failure classified: ``NotConnectedError``, ``RetryableError``
-        (429, 5xx, a read error), ``InvocationError`` (any other 4xx: an answer)."""
         try:
             async with self._limit:
                 response = await self._http.request(method, url, **kwargs)
@@ -198,7 +182,6 @@ class HttpTransport:
         self._assign(session_id)
 
     async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """POST the payload; return the JSON answer (``{"status": "processing", ...}``)."""
         url = self._assign(session_id) + INVOCATIONS_PATH
         response = await self._send(
             session_id, url, json=payload, headers={SESSION_ID_HEADER: session_id}
@@ -211,14 +194,11 @@ class HttpTransport:
         )
 
     async def stop(self, session_id: str) -> bool:
-        """Cancel the session's rollout on its server; True when one was running."""
         url = self.url_for(session_id)
         if url in self._stop_unsupported:
             raise StopUnsupportedError(f"{url} has no stop route", session_id=session_id)
         path = STOP_SESSION_PATH.format(session_id=session_id)
         try:
-            # The server cancels the rollout on receipt, then waits (its stop_wait) for the
-            # envelope: the client does not wait for that answer beyond stop_answer_timeout.
             response = await self._send(
                 session_id,
                 url + path,
@@ -247,9 +227,8 @@ class HttpTransport:
             return False
 
     async def status(self, session_id: str) -> protocol.SessionState:
-        """``GET {url}/sessions/{id}`` on the session's server: running, finished or
-        unknown (a restarted server). Raises ``RetryableError`` when it cannot answer (not
-        reached, a 5xx), ``InvocationError`` for a 4xx (a server without the route is up)."""
+        """``RetryableError`` when it cannot answer (not reached, a 5xx), ``InvocationError``
+        for a 4xx (a server without the route is up)."""
         url = self.url_for(session_id) + protocol.SESSION_STATUS_PATH.format(session_id=session_id)
         headers = {SESSION_ID_HEADER: session_id}
         response = await self._send(session_id, url, "GET", headers=headers)
@@ -257,5 +236,4 @@ class HttpTransport:
         return session_state(answer, source=url, session_id=session_id)
 
     async def aclose(self) -> None:
-        """Close the connection pool. Idempotent."""
         await self._http.aclose()

@@ -40,7 +40,6 @@ class RetryableError(InvocationError):
     ) -> None:
         super().__init__(message, session_id=session_id, status_code=status_code)
         self.throttled = throttled
-        #: Seconds the server asked us to wait (``Retry-After``): a pause, not a failure.
         self.retry_after = retry_after
 
 
@@ -63,8 +62,6 @@ def json_object_answer(
     session_id: str,
     status_code: int | None = None,
 ) -> dict[str, Any]:
-    """Parse an agent's answer, which must be a JSON object; else raise ``InvocationError``
-    naming ``source`` (and ``status_code``) and showing its first 200 bytes."""
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -94,24 +91,21 @@ class Transport(Protocol):
     name: str
     stop_after_result: bool
 
-    async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one invocation; return the JSON object the agent answered."""
+    async def invoke(self, session_id: str, payload: Mapping[str, Any]) -> dict[str, Any]: ...
 
     async def stop(self, session_id: str) -> bool:
-        """Stop the session; True when something was running."""
+        """True when something was running."""
 
     async def status(self, session_id: str) -> protocol.SessionState:
-        """Ask the agent about the session (a restarted agent answers unknown)."""
+        """A restarted agent answers unknown."""
 
-    async def aclose(self) -> None:
-        """Release connections. Idempotent."""
+    async def aclose(self) -> None: ...
 
 
 def session_state(
     answer: Mapping[str, Any], *, source: str, session_id: str
 ) -> protocol.SessionState:
-    """The ``state`` of a session status answer; ``InvocationError`` for anything else
-    (an agent server without the status route answers no state)."""
+    """``InvocationError`` without one (an agent server without the status route)."""
     try:
         return protocol.SessionState(answer.get(protocol.SESSION_STATE))
     except ValueError:
