@@ -141,11 +141,13 @@ class Backend:
             piece = None
             asked = self._exchange(pool, prompt_ids + ids, rest, budget - start, running)
             async with aclosing(asked) as pieces:
-                async for piece in pieces:
-                    if piece.finish_reason is None:
-                        ids += piece.token_ids
-                        yield piece
-            if piece is None or piece.finish_reason is None:
+                async for each in pieces:
+                    if each.finish_reason is not None:
+                        piece = each
+                    elif each.token_ids:
+                        ids += each.token_ids
+                        yield each
+            if piece is None:
                 raise Refusal(
                     502, "the upstream's stream ended before its generation", "upstream_invalid"
                 )
@@ -289,8 +291,10 @@ class VLLMBackend(Backend):
         target = pool.target("/inference/v1/generate", root=True)
         if "sampling_params" in body:  # vLLM's rendering: its sampling, the logprobs recorded
             sampling = dict(body["sampling_params"])
+            asked = sampling.get("logprobs") is not None  # the agent's: their texts too
             sampling["logprobs"] = sampling.get("logprobs") or 0
-            request = {**body, "request_id": rid, "token_ids": prompt_ids, "output_mode": "tokens"}
+            mode = "text" if asked else "tokens"
+            request = {**body, "request_id": rid, "token_ids": prompt_ids, "output_mode": mode}
             request.update(sampling_params=sampling, return_token_ids=True, stream_options=None)
             return target, request, f"generate-tokens-{rid}"
         sampling = self._sampling(body)

@@ -72,12 +72,13 @@ async def serve(call: Call, send: Send, backend: Backend, rendered: dict[str, An
         async with aclosing(pieces):
             async for piece in pieces:
                 whole.extend(piece)
-        sent = _sent(rid, whole, keep, include)
+        sent = _sent(rid, whole, include)
         alone = not sent["choices"][0]["token_ids"]  # the stop token alone: an empty answer
         if alone:  # vLLM derenders no answer without ids
-            sent = _sent(rid, whole, keep, True)
+            sent = _sent(rid, whole, True)
         answer = await _derender(call.upstream, {**head, "generate_response": sent})
         choice = answer["choices"][0]
+        choice["logprobs"] = {"content": whole.entries} if keep else None
         if alone:
             choice["message"]["content"] = ""
         _cut(choice.get("message") or {}, whole.stop_reason, include)
@@ -107,14 +108,13 @@ async def _stream(
                 whole.extend(piece)
                 if not piece.token_ids and piece.finish_reason is None:
                     continue
-                sent = _sent(rid, piece, keep, include)
+                sent = _sent(rid, piece, include)
                 body = {**head, "stream": True, "generate_chunk": sent, "stream_state": state}
                 answer = await _derender(call.upstream, body)
                 state, chunk = answer["stream_state"], answer["chunk"]
                 for choice in chunk.get("choices") or ():
                     finish = choice.get("finish_reason") or finish
-                    if not keep:
-                        choice["logprobs"] = None
+                    choice["logprobs"] = {"content": piece.entries} if keep else None
                 out = encoder.chunk(chunk)
                 if not started:
                     headers = encoder.stream_headers
@@ -153,20 +153,20 @@ def _context(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "messages": calls}
 
 
-def _sent(rid: str, served: Served, keep: bool, include: bool) -> dict[str, Any]:
+def _sent(rid: str, served: Served, include: bool) -> dict[str, Any]:
     """``served`` as a generate answer (or chunk) for derendering: a stop token that ended it
-    left out of the text unless asked for, as vLLM's chat route leaves it out; logprobs only
-    when the agent asked for them."""
-    ids, entries = served.token_ids, served.entries
+    left out of the text unless asked for, as vLLM's chat route leaves it out (its logprob
+    stays in the answer, as there). The logprobs the agent asked for are vLLM's own entries
+    (generated with their texts), not derendered: a parser's stream derenders none."""
+    ids = served.token_ids
     stopped = served.finish_reason == "stop" and not isinstance(served.stop_reason, str)
     if stopped and not include and ids:
-        ids, entries = ids[:-1], (entries or [])[:-1]
+        ids = ids[:-1]
     choice = {
         "index": 0,
         "token_ids": ids,
         "finish_reason": served.finish_reason,
         "stop_reason": served.stop_reason,
-        "logprobs": {"content": entries} if keep else None,
     }
     return {"request_id": rid, "choices": [choice]}
 

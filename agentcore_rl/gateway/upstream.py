@@ -99,7 +99,10 @@ class UpstreamResponse:
             del pending
             datas = [memoryview(e)[5:] for e in events.split(b"\n\n") if e.startswith(b"data:")]
             done = b"data: [DONE]" in events[-16:]
-            yield datas[:-1] if done else datas
+            if done:
+                datas.pop()
+            if datas:
+                yield datas
             if done:
                 return
 
