@@ -99,15 +99,20 @@ async def _stream(
     keep: bool,
     include: bool,
 ) -> None:
-    """Answer a streamed call: each piece derendered (with the state vLLM hands back) and sent
-    as it comes; after the headers, a failure ends the stream with an error event."""
+    """Answer a streamed call: its pieces derendered (with the state vLLM hands back) and sent
+    as they come, in batches of at least the square root of the tokens so far (vLLM's parser
+    replays the whole answer on each derender call: a stream costs it work linear in its
+    length, not quadratic); after the headers, a failure ends the stream with an error event."""
     encoder, state, started, finish = call.encoder, None, False, None
+    batch = Served(None, [], [], None, entries=[])
     try:
         async with aclosing(pieces):
             async for piece in pieces:
                 whole.extend(piece)
-                if not piece.token_ids and piece.finish_reason is None:
+                batch.extend(piece)
+                if batch.finish_reason is None and len(batch.token_ids) ** 2 < len(whole.token_ids):
                     continue
+                piece, batch = batch, Served(None, [], [], None, entries=[])
                 sent = _sent(rid, piece, include)
                 body = {**head, "stream": True, "generate_chunk": sent, "stream_state": state}
                 answer = await _derender(call.upstream, body)
