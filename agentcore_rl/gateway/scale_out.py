@@ -3,8 +3,8 @@ vLLM renders the chat request (``/chat/completions/render``: the ids its chat ro
 the gateway generates from them token-in (:meth:`.backends.Backend.generate`, linear mode's
 exchange: a suspend aborts it and the resume continues it, each token's version from vLLM's own
 spans) and vLLM makes the answer (``/chat/completions/derender``: text, tool calls and reasoning
-parsed as its chat route would). A stream's pieces are derendered as they arrive, each batch
-what arrived while the last was derendered. docs/gateway.md, "How a token's version is known"."""
+parsed as its chat route would), a stream's pieces as they arrive (see :func:`_stream`).
+docs/gateway.md, "Weight-sync recipe"."""
 
 from __future__ import annotations
 
