@@ -207,11 +207,10 @@ class Backend:
                     status, content = response.status, await response.read()
                 elif request.get("stream"):
                     async for events in response.events():
-                        datas = [loads(e) for e in events]
-                        yield self._checked(pool, prompt_ids, datas)
+                        yield self._checked(pool, prompt_ids, events, stream=True)
                     return
                 else:
-                    served = self._checked(pool, prompt_ids, [loads(await response.read())])
+                    served = self._checked(pool, prompt_ids, [await response.read()])
                     served.finish_reason = served.finish_reason or "stop"
                     yield served
                     return
@@ -223,12 +222,16 @@ class Backend:
             async for piece in again:
                 yield piece
 
-    def _checked(self, pool: UpstreamPool, prompt_ids: list[int], datas: list[Any]) -> Served:
-        """One piece from the answer (or a read's stream events), checked."""
+    def _checked(
+        self, pool: UpstreamPool, prompt_ids: list[int], raw: list[Any], *, stream: bool = False
+    ) -> Served:
+        """One piece from the answer (or a read's stream events: those with a choice), checked."""
         try:
-            if any("error" in d for d in datas):
-                raise ValueError(next(d["error"] for d in datas if "error" in d))
-            pieces = [self._read(d) for d in datas if d.get("choices") or "meta_info" in d]
+            datas = [loads(r) for r in raw]
+            for data in datas:
+                if "error" in data:  # a stream's failure after its 200
+                    raise ValueError(data["error"])
+            pieces = [self._read(d) for d in datas if not stream or d.get("choices")]
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             why = f"the {self.name} upstream sent a malformed answer: {exc!r}"
             raise Refusal(502, why, "upstream_invalid") from None
