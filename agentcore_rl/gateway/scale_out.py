@@ -205,10 +205,15 @@ def _fill(call: Call, whole: Served, finish: Any) -> None:
 
 
 async def _derender(pool: UpstreamPool, body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's answer (``choices``) or stream chunk (``chunk``, ``stream_state``) for ``body``."""
     status, content = await pool.fetch(pool.target("/chat/completions/derender"), dumps(body))
     if status != 200:
         raise passed_on(status, content)
-    return _parsed(content, "derender")
+    data = _parsed(content, "derender")
+    part = data.get("chunk") if body.get("stream") else (data.get("choices") or [None])[0]
+    if not isinstance(part, dict) or not isinstance(part.get("message", {}), dict):
+        raise Refusal(502, "the upstream derendered no answer", "upstream_invalid")
+    return data
 
 
 def _parsed(content: bytes, route: str) -> dict[str, Any]:
