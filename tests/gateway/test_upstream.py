@@ -62,7 +62,7 @@ async def test_a_malformed_or_incomplete_answer_is_a_502_and_a_failed_record() -
         w.write(answer(json.dumps(answers[len(sent) - 1]).encode()))
         return True
 
-    async with loopback(handler) as (origin, counts):
+    async with loopback(handler) as (origin, _):
         gateway = RolloutGateway(f"{origin}/v1")
         transport = httpx.ASGITransport(app=gateway)
         async with gateway, httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
