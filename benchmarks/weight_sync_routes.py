@@ -1,32 +1,38 @@
-"""What proxy mode would pay to get vLLM's per-token weight versions: one chat call
-(``/v1/chat/completions`` with ``return_token_ids``, what proxy mode sends) against the three
-calls of vLLM's scale-out routes (``/v1/chat/completions/render``, ``/inference/v1/generate``,
-``/v1/chat/completions/derender``), which return the versions.
+"""What proxy mode pays for every token's exact version: a chat call through the gateway on
+vLLM's scale-out routes (``/v1/chat/completions/render``, ``/inference/v1/generate``,
+``/v1/chat/completions/derender``, which give each token's weight version) against the same
+call through the gateway on vLLM's chat route (what proxy mode does where the routes are off).
 
 Against a real vLLM >= 0.32 started with ``--enable-scale-out`` (and the tool parser of
-``tests/vllm/conftest.py``), ``--calls`` calls each way, ``--concurrency`` at a time, through
-the gateway's own client (:class:`UpstreamPool`, the gateway's JSON). One JSON document: per
-way, upstream calls per agent call, latency p50/p99, the client's CPU seconds per call (what
-the gateway would spend), and ``same_answer``: the share of calls whose derendered message
-equals the chat route's for the same seed (``same_but_end_text``: equal once the text of the
-end token, which vLLM 0.32's derender leaves at the end of ``content``, is dropped).
+``tests/vllm/conftest.py``): the gateway runs in a process of its own (its CPU read from
+``/proc``), once per way, ``--calls`` calls with the math agent's tool offered, ``--concurrency``
+at a time, streamed with ``--stream``. One JSON document: per way, upstream calls per agent call
+(a stream's: render, generate, then one derender per chunk the agent got), latency p50/p99,
+wall time, the gateway's CPU per call, and ``same_answer``: the share of calls whose message
+(content, reasoning, tool calls) equals the chat route's for the same seed.
 
 Example::
 
     python benchmarks/weight_sync_routes.py --vllm http://127.0.0.1:8000/v1 --calls 200
+    python benchmarks/weight_sync_routes.py --vllm http://127.0.0.1:8000/v1 --stream --min-tokens 64
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import socket
+import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
+
 from agentcore_rl.cli.summary import percentile
-from agentcore_rl.gateway.jsonio import dumps, loads
-from agentcore_rl.gateway.upstream import UpstreamPool
 
 _TOOLS = [
     {
@@ -39,6 +45,17 @@ _TOOLS = [
     }
 ]
 
+# The gateway, on the chat route when told (as where vLLM has no scale-out routes).
+_GATEWAY = """
+import sys, uvicorn
+from agentcore_rl.gateway import RolloutGateway
+url, port, way = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+gateway = RolloutGateway(url)
+if way == "chat_route":
+    gateway.backend.sources[url] = "gateway"
+uvicorn.run(gateway, host="127.0.0.1", port=port, log_level="warning")
+"""
+
 
 def _body(args: argparse.Namespace, n: int) -> dict[str, Any]:
     return {
@@ -46,89 +63,116 @@ def _body(args: argparse.Namespace, n: int) -> dict[str, Any]:
         "messages": [{"role": "user", "content": f"Tell me story {n}."}],
         "tools": _TOOLS,
         "max_tokens": args.tokens,
+        "min_tokens": args.min_tokens,
         "seed": n,
         "logprobs": True,
+        "stream": args.stream,
     }
 
 
-async def _post(pool: UpstreamPool, path: str, body: Any) -> Any:
-    status, content = await pool.fetch(pool.target(path, root=True), dumps(body))
-    if status != 200:
-        raise RuntimeError(f"{path}: HTTP {status}: {content[:300]!r}")
-    return loads(content)
+def _cpu(pid: int) -> float:
+    """A process's CPU seconds so far (user + system)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _chat(pool: UpstreamPool, body: dict[str, Any]) -> Any:
-    answer = await _post(pool, "/v1/chat/completions", {**body, "return_token_ids": True})
-    return answer["choices"][0]["message"]
+@contextlib.asynccontextmanager
+async def _gateway(args: argparse.Namespace, way: str) -> AsyncIterator[tuple[str, int]]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _GATEWAY, args.vllm, str(port), way
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as http:
+            for _ in range(200):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(url + "/health")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        await process.wait()
 
 
-async def _scale_out(pool: UpstreamPool, body: dict[str, Any]) -> Any:
-    request = await _post(pool, "/v1/chat/completions/render", body)
-    request.update(return_token_ids=True)
-    request["sampling_params"]["logprobs"] = 0
-    generated = await _post(pool, "/inference/v1/generate", request)
-    assert generated["choices"][0]["weight_versions"]  # what proxy mode would gain
-    derender = {
-        "generate_response": generated,
-        "prompt_token_ids": request["token_ids"],
-        "prompt_tokens": len(request["token_ids"]),
-        "chat_request": body,
-    }
-    answer = await _post(pool, "/v1/chat/completions/derender", derender)
-    return answer["choices"][0]["message"]
+async def _call(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[Any, int]:
+    """One agent call -> (its message, the chunks it came in: 1 when whole)."""
+    if not body["stream"]:
+        answer = await http.post(url, json=body)
+        answer.raise_for_status()
+        return answer.json()["choices"][0]["message"], 1
+    message: dict[str, Any] = {"content": "", "reasoning": "", "tool_calls": {}}
+    chunks = 0
+    async with http.stream("POST", url, json=body) as answer:
+        answer.raise_for_status()
+        async for line in answer.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices") or ():
+                chunks += 1
+                delta = choice.get("delta") or {}
+                message["content"] += delta.get("content") or ""
+                message["reasoning"] += delta.get("reasoning") or ""
+                for call in delta.get("tool_calls") or ():
+                    slot = message["tool_calls"].setdefault(call["index"], {"function": {}})
+                    function = call.get("function") or {}
+                    slot["function"]["name"] = function.get("name") or slot["function"].get("name")
+                    arguments = slot["function"].get("arguments", "")
+                    slot["function"]["arguments"] = arguments + (function.get("arguments") or "")
+    message["tool_calls"] = [message["tool_calls"][i] for i in sorted(message["tool_calls"])]
+    return message, chunks
 
 
-async def _run(way: Any, args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
-    pool = UpstreamPool(args.vllm)
+async def _run(way: str, args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
     latencies: list[float] = []
     messages: list[Any] = [None] * args.calls
+    chunks: list[int] = []
     gate = asyncio.Semaphore(args.concurrency)
+    async with _gateway(args, way) as (url, pid), httpx.AsyncClient(timeout=600) as http:
 
-    async def one(n: int) -> None:
-        async with gate:
-            started = time.perf_counter()
-            messages[n] = await way(pool, _body(args, n))
-            latencies.append(time.perf_counter() - started)
+        async def one(n: int) -> None:
+            async with gate:
+                started = time.perf_counter()
+                target = f"{url}/sessions/bench-{n}/v1/chat/completions"
+                messages[n], count = await _call(http, target, _body(args, n))
+                latencies.append(time.perf_counter() - started)
+                chunks.append(count)
 
-    cpu, wall = time.process_time(), time.perf_counter()
-    try:
+        cpu, wall = _cpu(pid), time.perf_counter()
         await asyncio.gather(*(one(n) for n in range(args.calls)))
-    finally:
-        await pool.aclose()
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        cpu, wall = _cpu(pid) - cpu, time.perf_counter() - wall
+    calls = 1.0 if way == "chat_route" else 2 + sum(chunks) / len(chunks)
     return {
-        "upstream_calls_per_call": 1 if way is _chat else 3,
+        "upstream_calls_per_call": round(calls, 2),
         "latency_s": {
             "p50": round(percentile(latencies, 50) or 0, 4),
             "p99": round(percentile(latencies, 99) or 0, 4),
         },
         "wall_s": round(wall, 2),
-        "client_cpu_ms_per_call": round(cpu / args.calls * 1000, 3),
+        "gateway_cpu_ms_per_call": round(cpu / args.calls * 1000, 3),
     }, messages
 
 
 def _gist(message: Any) -> dict[str, Any]:
     """A message's content, reasoning and tool calls (their random ids left out)."""
-    for call in message.get("tool_calls") or ():
-        call.pop("id", None)
-    return {k: message.get(k) or None for k in ("content", "tool_calls", "reasoning")}
-
-
-def _same(a: Any, b: Any, *, end: str = "") -> bool:
-    mine = _gist(b)
-    mine["content"] = (mine["content"] or "").removesuffix(end) or None
-    return _gist(a) == mine
+    calls = [{"function": c["function"]} for c in message.get("tool_calls") or ()]
+    return {
+        "content": message.get("content") or None,
+        "reasoning": message.get("reasoning") or None,
+        "tool_calls": calls or None,
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
-    chat, by_chat = await _run(_chat, args)
-    scale_out, by_scale_out = await _run(_scale_out, args)
-    pairs = list(zip(by_chat, by_scale_out, strict=True))
-    same = sum(_same(a, b) for a, b in pairs)
+    chat, by_chat = await _run("chat_route", args)
+    scale_out, by_scale_out = await _run("scale_out", args)
+    pairs = zip(by_chat, by_scale_out, strict=True)
+    same = sum(_gist(a) == _gist(b) for a, b in pairs)
     scale_out["same_answer"] = round(same / args.calls, 4)
-    same = sum(_same(a, b, end=args.end_text) for a, b in pairs)
-    scale_out["same_but_end_text"] = round(same / args.calls, 4)
     report = {
         "benchmark": "weight_sync_routes",
         "config": vars(args),
@@ -145,7 +189,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens per call")
-    parser.add_argument("--end-text", default="<|im_end|>", help="the end token's text")
+    parser.add_argument("--min-tokens", type=int, default=0, help="min_tokens per call")
+    parser.add_argument("--stream", action="store_true", help="the agents stream their calls")
     return parser.parse_args(argv)
 
 

@@ -1,17 +1,20 @@
 """How each inference server is asked for token ids and logprobs (docs/gateway.md): proxy mode's
-capture flags (:attr:`Backend.flags`, read by :mod:`.proxy`) and linear mode's token-in,
-token-out exchange (:meth:`Backend.token_in`; :attr:`Backend.fields` are what it forwards)."""
+capture flags (:attr:`Backend.flags`, read by :mod:`.proxy`) and the token-in, token-out
+exchange (:meth:`Backend.generate`: linear mode's, and proxy mode's on a vLLM that renders;
+:attr:`Backend.fields` are what linear mode forwards)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Final
 
 from agentcore_rl.edge import Refusal
 from agentcore_rl.gateway.jsonio import dumps, loads
+from agentcore_rl.gateway.policy_gate import PolicyGate, Versions
 from agentcore_rl.gateway.upstream import UpstreamPool, UpstreamTarget
 
 log = logging.getLogger("agentcore_rl.gateway")
@@ -54,6 +57,22 @@ class Served:
     #: The upstream's own record of which weights sampled each token: ``(first token index,
     #: weight version label)``, None when it keeps none.
     spans: list[tuple[int, str]] | None = None
+    entries: list[Any] | None = None  # vLLM's logprob entries as it sent them
+
+    def extend(self, piece: Served) -> None:
+        """Append the next piece of the same generation (its end is the whole's)."""
+        self.prompt_ids = self.prompt_ids or piece.prompt_ids
+        self.token_ids += piece.token_ids
+        self.logprobs += piece.logprobs
+        self.tokens = (
+            None if self.tokens is None or piece.tokens is None else self.tokens + piece.tokens
+        )
+        self.top = None if self.top is None or piece.top is None else self.top + piece.top
+        self.entries = (
+            None if self.entries is None or piece.entries is None else self.entries + piece.entries
+        )
+        self.finish_reason, self.stop_reason = piece.finish_reason, piece.stop_reason
+        self.spans = piece.spans or self.spans
 
 
 def passed_on(status: int, content: bytes) -> Refusal:
@@ -89,6 +108,71 @@ class Backend:
         """The agent's sampling fields under the server's names."""
         return {self.fields[k]: v for k, v in body.items() if k in self.fields and v is not None}
 
+    async def generate(
+        self,
+        gate: PolicyGate,
+        pool: UpstreamPool,
+        versions: Versions,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        *,
+        rendered: dict[str, Any] | None = None,
+    ) -> AsyncGenerator[Served, None]:
+        """The completion of ``prompt_ids`` token-in, in pieces (as a stream's events arrive
+        when ``rendered``, vLLM's rendering of a streamed call, asks to stream; else one per
+        request), the last with the finish reason. A ``suspend`` cuts it (vLLM aborts) and the
+        resume continues it from the tokens so far, ``versions`` marking each span: the
+        upstream's own spans where it keeps them, else the gateway's. ``body``: the agent's
+        sampling (linear mode's, :meth:`check`ed) when not ``rendered``."""
+        sampling = body if rendered is None else rendered["sampling_params"]
+        budget = int(sampling.get("max_completion_tokens") or sampling.get("max_tokens") or 4096)
+        ids: list[int] = []
+        spans: list[tuple[int, str]] | None = []
+        running = gate.token_in.setdefault(pool.base, set())
+        if gate.resumes != versions.since:  # sent after an update that came since it was admitted
+            versions.start(0, gate.version)
+        while True:
+            resumes, start = gate.resumes, len(ids)
+            least = int(sampling.get("min_tokens") or 0) - start  # a continuation's share
+            rest = {**sampling, "min_tokens": least if least > 0 else None} if ids else sampling
+            if rendered is not None:  # vLLM's own sampling, its budget what is left
+                left = {"max_tokens": budget - start, "min_tokens": max(least, 0)}
+                rest = {**rendered, "sampling_params": {**sampling, **left}}
+            piece = None
+            asked = self._exchange(pool, prompt_ids + ids, rest, budget - start, running)
+            async with aclosing(asked) as pieces:
+                async for each in pieces:
+                    if each.finish_reason is not None:
+                        piece = each
+                    elif each.token_ids:
+                        ids += each.token_ids
+                        yield each
+            if piece is None:
+                raise Refusal(
+                    502, "the upstream's stream ended before its generation", "upstream_invalid"
+                )
+            cut = (
+                piece.finish_reason == "abort"
+                and (gate.paused == "suspend" or gate.resumes != resumes)
+                and len(ids) + len(piece.token_ids) < budget
+            )
+            if gate.resumes != resumes and not cut:  # it waited out the pause in the queue
+                versions.start(start, gate.version)
+            if spans is not None and piece.spans is not None:
+                spans += [(start + at, label) for at, label in piece.spans]
+            else:
+                spans = None
+            ids += piece.token_ids
+            if not cut:
+                if spans is not None:
+                    versions.adopt(spans, gate.labels)
+                yield piece
+                return
+            piece.finish_reason = piece.stop_reason = None
+            yield piece
+            await gate.flowing()
+            versions.start(len(ids), gate.version)
+
     async def token_in(
         self,
         pool: UpstreamPool,
@@ -97,30 +181,71 @@ class Backend:
         budget: int,
         running: set[str],
     ) -> Served:
-        """Generate from ``prompt_ids`` (the agent's sampling, :meth:`check`ed; ``budget``
-        tokens); while it runs, its id at the server is in ``running`` (what a suspend aborts)."""
+        """One request's whole generation (:meth:`_exchange`)."""
+        whole = Served(None, [], [], None, tokens=[], top=[], entries=[])
+        async with aclosing(self._exchange(pool, prompt_ids, body, budget, running)) as pieces:
+            async for piece in pieces:
+                whole.extend(piece)
+        return whole
+
+    async def _exchange(
+        self,
+        pool: UpstreamPool,
+        prompt_ids: list[int],
+        body: Mapping[str, Any],
+        budget: int,
+        running: set[str],
+    ) -> AsyncGenerator[Served, None]:
+        """One request's generation from ``prompt_ids`` (``body``: the agent's sampling, or
+        vLLM's rendered request; ``budget`` tokens), one piece per read of a stream; while it
+        runs, its id at the server is in ``running`` (what a suspend aborts)."""
         target, request, engine_id = self._request(pool, prompt_ids, body, budget)
         running.add(engine_id)
         try:
-            status, content = await pool.fetch(target, dumps(request))
+            async with pool.stream(target, dumps(request)) as response:
+                if response.status != 200:
+                    status, content = response.status, await response.read()
+                elif request.get("stream"):
+                    async for events in response.events():
+                        yield self._checked(pool, prompt_ids, events, stream=True)
+                    return
+                else:
+                    served = self._checked(pool, prompt_ids, [await response.read()])
+                    served.finish_reason = served.finish_reason or "stop"
+                    yield served
+                    return
         finally:
             running.discard(engine_id)
-        if status != 200:
-            if self._refused(pool, target, status):
-                return await self.token_in(pool, prompt_ids, body, budget, running)
+        if not self._refused(pool, target, status):
             raise passed_on(status, content)
+        async with aclosing(self._exchange(pool, prompt_ids, body, budget, running)) as again:
+            async for piece in again:
+                yield piece
+
+    def _checked(
+        self, pool: UpstreamPool, prompt_ids: list[int], raw: list[Any], *, stream: bool = False
+    ) -> Served:
+        """One piece from the answer (or a read's stream events: those with a choice), checked."""
         try:
-            served = self._read(loads(content))
+            datas = [loads(r) for r in raw]
+            for data in datas:
+                if "error" in data:  # a stream's failure after its 200
+                    raise ValueError(data["error"])
+            pieces = [self._read(d) for d in datas if not stream or d.get("choices")]
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             why = f"the {self.name} upstream sent a malformed answer: {exc!r}"
             raise Refusal(502, why, "upstream_invalid") from None
+        served = pieces[0] if pieces else Served(None, [], [], None, tokens=[], top=[], entries=[])
+        for piece in pieces[1:]:
+            served.extend(piece)
         if served.prompt_ids is not None and list(served.prompt_ids) != prompt_ids:
             raise Refusal(
                 502, "the upstream fed the model other ids than sent", "upstream_mismatch"
             )
         if len(served.logprobs) != len(served.token_ids):
             raise Refusal(502, "the upstream sent no logprob per token", "upstream_invalid")
-        self.sources.setdefault(pool.base, "gateway" if served.spans is None else "upstream")
+        if served.finish_reason is not None:
+            self.sources.setdefault(pool.base, "gateway" if served.spans is None else "upstream")
         return served
 
     def _refused(self, pool: UpstreamPool, target: UpstreamTarget, status: int) -> bool:
@@ -165,8 +290,18 @@ class VLLMBackend(Backend):
     def _request(
         self, pool: UpstreamPool, prompt_ids: list[int], body: Mapping[str, Any], budget: int
     ) -> tuple[UpstreamTarget, dict[str, Any], str]:
+        rid = uuid.uuid4().hex
+        target = pool.target("/inference/v1/generate", root=True)
+        if "sampling_params" in body:  # vLLM's rendering: its sampling, the logprobs recorded
+            sampling = dict(body["sampling_params"])
+            asked = sampling.get("logprobs") is not None  # the agent's: their texts too
+            sampling["logprobs"] = sampling.get("logprobs") or 0
+            mode = "text" if asked else "tokens"
+            request = {**body, "request_id": rid, "token_ids": prompt_ids, "output_mode": mode}
+            request.update(sampling_params=sampling, return_token_ids=True, stream_options=None)
+            return target, request, f"generate-tokens-{rid}"
         sampling = self._sampling(body)
-        top, rid = _top(body), uuid.uuid4().hex
+        top = _top(body)
         sampling.update(
             max_tokens=budget,
             n=1,
@@ -184,7 +319,6 @@ class VLLMBackend(Backend):
                 "output_mode": "text" if body.get("logprobs") else "tokens",  # token texts
             }
             # the server's id: ``generate-tokens-{request_id}`` (scale_out/token_in_token_out)
-            target = pool.target("/inference/v1/generate", root=True)
             return target, request, f"generate-tokens-{rid}"
         sampling.update(model=body.get("model"), prompt=prompt_ids, request_id=rid)
         sampling.update(return_token_ids=True, stream=False)
@@ -212,7 +346,7 @@ class VLLMBackend(Backend):
             spans = choice.get("weight_versions")  # None: vLLM labelled none
             if spans is not None:
                 served.spans = [(int(s["start"]), str(s["version"])) for s in spans]
-            entries = logprobs["content"] or ()
+            entries = served.entries = logprobs["content"] or []
             served.logprobs = [float(e["logprob"]) for e in entries]
             if all("token" in e for e in entries):
                 served.tokens = [e["token"] for e in entries]

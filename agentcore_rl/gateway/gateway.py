@@ -230,6 +230,8 @@ class RolloutGateway:
         live: dict[str, Any] = {
             "live_sessions": len(self.sessions.live),
             "in_flight": self.gate.in_flight,
+            # per upstream: whose spans proxy mode's token versions are (docs/gateway.md)
+            "proxy_versions": dict(self.backend.sources),
         }
         if self.render is not None:  # requests that did not extend their history
             live["linear_forks"] = self.render.forks

@@ -1,6 +1,8 @@
-"""Proxy mode: the inference server renders; the gateway records what it fed the model (the
-backend's capture flags, :mod:`.backends`, on the way up; its ids and logprobs, captured and
-stripped, on the way down) and relays the answer."""
+"""Proxy mode: the inference server renders. On a vLLM with its scale-out routes a chat call goes
+through :mod:`.scale_out` (rendered, generated token-in, derendered: every token's version
+vLLM's own); elsewhere the gateway records what the server's chat (or completions) route fed
+the model (the backend's capture flags, :mod:`.backends`, on the way up; its ids and logprobs,
+captured and stripped, on the way down) and relays the answer."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, Final
 from starlette.types import Send
 
 from agentcore_rl.edge import Refusal
+from agentcore_rl.gateway import scale_out
 from agentcore_rl.gateway.backends import CHAT, COMPLETIONS, Backend, passed_on
 from agentcore_rl.gateway.call import Call, down_message
 from agentcore_rl.gateway.jsonio import dumps, loads
@@ -19,8 +22,6 @@ from agentcore_rl.gateway.upstream import UpstreamError, UpstreamResponse
 from agentcore_rl.trace import CallRecord, Completion, ids_array, logprob_array
 
 __all__ = ["Capture", "ProxyMode", "prepare", "take"]
-
-_DONE: Final = b"data: [DONE]"
 
 
 @dataclass(slots=True)
@@ -135,7 +136,21 @@ class ProxyMode:
         self.backend = backend
 
     async def serve(self, call: Call, send: Send) -> None:
-        """Forward ``call`` upstream, capture its ids, answer the agent (see the module doc)."""
+        """Serve ``call`` through vLLM's scale-out routes where it has them (one choice; a
+        stream without stop strings, which only the chat route holds back), else forward it
+        to the chat route, capture its ids, answer the agent (see the module doc)."""
+        backend, body = self.backend, call.body
+        if (
+            backend.name == "vllm"
+            and not call.text
+            and body.get("n") in (None, 1)
+            and not (call.stream and body.get("stop"))
+            and backend.sources.get(call.upstream.base) != "gateway"
+        ):
+            rendered = await scale_out.render(call, backend)
+            if rendered is not None:
+                await scale_out.serve(call, send, backend, rendered)
+                return
         endpoint = COMPLETIONS if call.text else CHAT
         stream = call.stream
         upstream_body, keep_logprobs = prepare(self.backend, dict(call.body), endpoint)
@@ -208,36 +223,18 @@ class ProxyMode:
         first event alone, as soon as it is read (time to first byte); after it, whatever
         arrived in one read in one write (under load the upstream's events coalesce)."""
         started = False
-        unread: list[bytes] = []  # what arrived after the last complete event
-        newline = False  # whether the last piece ended with a newline
         out: list[bytes] = []  # events not sent yet (held until a chunk carries token ids)
-        done = False
         backend, encoder = self.backend, call.encoder
         try:
-            async for piece in content:
-                ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
-                newline = piece[-1:] == b"\n"
-                unread.append(piece)
-                if not ends:
-                    continue
-                pending = unread[0] if len(unread) == 1 else b"".join(unread)
-                cut = pending.rfind(b"\n\n") + 2
-                events, unread = pending[:cut], [pending[cut:]] if cut < len(pending) else []
-                del pending
-                for event in events.split(b"\n\n"):
-                    if event.startswith(_DONE):
-                        done = True
-                    elif event.startswith(b"data:"):
-                        with memoryview(event) as view:
-                            data = loads(view[5:])
-                        take(backend, data, capture, keep_logprobs, endpoint)
-                        out.append(encoder.chunk(data))
+            async for events in content.events():
+                for event in events:
+                    data = loads(event)
+                    take(backend, data, capture, keep_logprobs, endpoint)
+                    out.append(encoder.chunk(data))
                     if not started and (capture.prompt is not None or capture.finish):
                         started = await self._start(send, capture, call)
                         first, out = b"".join(out), []
                         await send({"type": "http.response.body", "body": first, "more_body": True})
-                if done:
-                    break
                 if started and out:
                     await send(
                         {"type": "http.response.body", "body": b"".join(out), "more_body": True}

@@ -82,6 +82,30 @@ class UpstreamResponse:
         except _FAILURES as exc:
             raise _failed(exc) from exc
 
+    async def events(self) -> AsyncIterator[list[memoryview]]:
+        """The ``data:`` payloads of a server-sent event stream, as many as each read completes
+        (under load the server's events coalesce in a read), up to ``[DONE]``."""
+        unread: list[bytes] = []  # what arrived after the last complete event
+        newline = False  # whether the last piece ended with a newline
+        async for piece in self:
+            ends = b"\n\n" in piece or (newline and piece[:1] == b"\n")
+            newline = piece[-1:] == b"\n"
+            unread.append(piece)
+            if not ends:
+                continue
+            pending = unread[0] if len(unread) == 1 else b"".join(unread)
+            cut = pending.rfind(b"\n\n") + 2
+            events, unread = pending[:cut], [pending[cut:]] if cut < len(pending) else []
+            del pending
+            datas = [memoryview(e)[5:] for e in events.split(b"\n\n") if e.startswith(b"data:")]
+            done = b"data: [DONE]" in events[-16:]
+            if done:
+                datas.pop()
+            if datas:
+                yield datas
+            if done:
+                return
+
     async def read(self) -> bytes:
         """The rest of the body."""
         try:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from agentcore_rl.gateway import dump_trace, load_trace
+from agentcore_rl.gateway import RolloutGateway, dump_trace, load_trace
+from agentcore_rl.local.background import BackgroundServer
+from agentcore_rl.local.policy import ScriptedPolicy, Serving
 from agentcore_rl.trajectory import build_trajectory
-from tests.gateway.helpers import CALCULATOR, PROBLEM, chat, served, tool_rollout
+from tests.gateway.helpers import CALCULATOR, PROBLEM, Stack, chat, served, tool_rollout
 
 
 def _captured_equals_served(trace: Any, answers: list[Any]) -> None:
@@ -178,3 +185,40 @@ async def test_every_choice_of_a_multi_choice_call_is_captured() -> None:
     _captured_equals_served(trace, stack.policy.answers)
     assert [c.index for c in trace.records[0].completions] == [0, 1]
     assert build_trajectory(trace, choice=1).segments[0].calls == [0]
+
+
+@pytest.mark.parametrize("status", [404, 403])
+async def test_an_upstream_without_the_render_route_is_proxied_through_its_chat_route(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The stand-in has no /v1/chat/completions/render (404); a vLLM started without
+    # --enable-scale-out refuses it (403). The calls that race to learn it all fall back.
+    policy = ScriptedPolicy(accuracy=1.0, serving=Serving(token_ids="requested"))
+    app: Any = policy
+    if status == 403:
+        refused = Starlette(
+            routes=[Route("/v1/chat/completions/render", _forbidden, methods=["POST"])]
+        )
+        refused.mount("/", policy)
+        app = refused
+    async with BackgroundServer(app) as upstream:
+        gateway = RolloutGateway(upstream.url + "/v1", admin_token="a")
+        async with BackgroundServer(gateway) as front:
+            stack = Stack(policy, gateway, front.url, upstream.url)
+            llms = [stack.llm(f"s{n}") for n in range(4)]
+
+            async def ask(llm: Any) -> None:
+                async with llm:
+                    await chat(llm, [{"role": "user", "content": PROBLEM}], stream=False)
+
+            async with anyio.create_task_group() as tg:
+                for llm in llms:
+                    tg.start_soon(ask, llm)
+            assert gateway.stats["proxy_versions"] == {gateway.upstreams[0]: "gateway"}
+            traces = [await gateway.finish_session(f"s{n}") for n in range(4)]
+    assert all(record.ok for trace in traces for record in trace.records)
+    assert sum("--enable-scale-out" in r.message for r in caplog.records) == 1  # said once
+
+
+async def _forbidden(request: Request) -> Response:
+    return JSONResponse({"error": {"message": "scale-out routes are off", "code": 403}}, 403)

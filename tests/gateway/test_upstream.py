@@ -52,11 +52,17 @@ async def test_a_malformed_or_incomplete_answer_is_a_502_and_a_failed_record() -
         },
     ]
 
+    sent: list[bytes] = []
+
     async def handler(_: asyncio.StreamReader, w: asyncio.StreamWriter, n: int, h: bytes) -> bool:
-        w.write(answer(json.dumps(answers[sum(counts) - 1]).encode()))
+        if b"/render " in h:  # a server without vLLM's scale-out routes: the chat route
+            w.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+            return True
+        sent.append(h)
+        w.write(answer(json.dumps(answers[len(sent) - 1]).encode()))
         return True
 
-    async with loopback(handler) as (origin, counts):
+    async with loopback(handler) as (origin, _):
         gateway = RolloutGateway(f"{origin}/v1")
         transport = httpx.ASGITransport(app=gateway)
         async with gateway, httpx.AsyncClient(transport=transport, base_url="http://gw") as http:

@@ -38,7 +38,7 @@ async def _metric(http: httpx.AsyncClient, name: str) -> float:
 
 
 def _sent(gateway: Any) -> bool:
-    """Whether linear mode's token-in request is on its way to vLLM."""
+    """Whether the call's token-in request is on its way to vLLM."""
     return any(gateway.gate.token_in.values())
 
 
@@ -76,7 +76,7 @@ async def _suspended_call(
                 tg.start_soon(agent)
                 with anyio.fail_after(240):  # a paused vLLM's metrics stand still: the gateway's
                     while not (  # noqa: ASYNC110
-                        (gateway.gate.in_flight == 1 and (not linear or _sent(gateway)))
+                        (gateway.gate.in_flight == 1 and _sent(gateway))
                         if kind == "queued"
                         else await _metric(http, "generation_tokens_total") - made >= _HEAD
                     ):
@@ -91,8 +91,8 @@ async def _suspended_call(
         finally:
             await http.post("/resume")
             await _load(http, server.model_dir)  # the next tests' weights
-        if linear:
-            assert gateway.stats["linear_versions"] == {server.base_url: "upstream"}
+        stats = gateway.stats["linear_versions" if linear else "proxy_versions"]
+        assert stats == {server.base_url: "upstream"}
     ((_, finish, _),) = answer
     assert finish == "length"  # one ordinary, whole completion: no error, no cut
     return answer[0], trace
@@ -128,19 +128,7 @@ async def test_every_token_carries_the_version_of_the_weights_that_sampled_it(
     )
     in_row = [v for v, m in zip(row.response_versions, row.loss_mask, strict=True) if m]
     assert generated == in_row
-    if linear:  # vLLM's own spans: every token exact
-        assert completion.versions == ([(0, 1)] if cut == 0 else [(0, 0), (cut, 1)])
-        assert generated == truth
-        return
-    # Proxy mode, vLLM's chat route: a stream's tokens that arrived before the resume are the
-    # old weights'; after it, and in a whole answer, they are unknown (-1), never guessed.
-    assert all(v in (t, -1) for v, t in zip(generated, truth, strict=True))
-    if kind == "queued":  # in vLLM's queue: unknown; still on its way there: the new version
-        assert completion.versions in ([(0, -1)], [(0, 1)])
-    elif kind == "stream":
-        assert completion.versions is not None
-        (_, old), (known, unknown) = completion.versions
-        assert (old, unknown) == (0, -1)
-        assert 0 < known <= cut
-    else:
-        assert completion.versions == [(0, -1)]
+    # vLLM's own spans, in both modes (proxy mode generates vLLM's rendering token-in): every
+    # token exact
+    assert completion.versions == ([(0, 1)] if cut == 0 else [(0, 0), (cut, 1)])
+    assert generated == truth
