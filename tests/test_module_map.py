@@ -123,3 +123,16 @@ def test_no_module_over_600_lines() -> None:
         if (n := len(path.read_text().splitlines())) > 600
     }
     assert long == {}
+
+
+def test_a_chat_call_goes_down_its_path_without_coming_back() -> None:
+    # The ASGI entry, the admission of a call, the mode, vLLM's scale-out exchange, the
+    # backend's request shapes and the HTTP pool: each module on the way to the upstream
+    # imports only those after it, so no step calls back into one the call already left.
+    path = [
+        f"agentcore_rl.gateway.{name}"
+        for name in ("gateway", "admission", "proxy", "scale_out", "backends", "upstream")
+    ]
+    modules = _modules()
+    for i, name in enumerate(path):
+        assert _imports(name, modules[name], modules) & set(path) <= set(path[i + 1 :]), name
