@@ -221,7 +221,7 @@ class RenderMode:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise Refusal(400, "messages must be a non-empty list", "invalid_request")
-        if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise Refusal(400, "every message must be an object with a role", "invalid_request")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
