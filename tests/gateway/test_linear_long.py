@@ -124,8 +124,8 @@ def test_the_template_renders_and_encodes_as_transformers_does(name: str) -> Non
     from agentcore_rl.gateway.render.template import ChatTemplate, prepare_messages
 
     template = ChatTemplate.load(tokenizer_dir(name))
-    call = {"id": "call00001", "type": "function"}  # Mistral: 9 alphanumerics
-    call["function"] = {"name": "calculator", "arguments": '{"expression": "1 + 2"}'}
+    function = {"name": "calculator", "arguments": '{"expression": "1 + 2"}'}
+    call = {"id": "call00001", "type": "function", "function": function}  # Mistral: 9 alnum
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You add numbers."},
         {"role": "user", "content": QUESTION},
