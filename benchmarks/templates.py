@@ -20,7 +20,8 @@ Per template and mode (JSON on stdout):
   completion ids and logprobs are what it generated, and of trajectories whose every mask-1
   token is a served token with its logprob;
 - ``gw_cpu_ms_per_call``: the gateway process's CPU per call (rendering included in linear),
-  after one rollout that is not counted (first uses: the template's compilation).
+  after one rollout that is not counted (first uses: the template's compilation); the two
+  modes' rollouts run at the same time, so both gateways are read under the same load.
 
 Targets: linear 1 segment per rollout where the history only grows; training tokens per
 rollout <= 0.3x proxy mode's on the thinking templates at 10 turns; 100% exact in both; at
@@ -33,10 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
-import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +63,11 @@ from tests.gateway.template_rig import (  # noqa: E402
 TOKEN = "bench-admin-token"
 
 
-async def run_mode(
-    name: str, history: str, a: argparse.Namespace, policy: ScriptedPolicy, upstream: str
-) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def started(
+    name: str, history: str, a: argparse.Namespace, upstream: str
+) -> AsyncIterator[tuple[str, int]]:
+    """The gateway in ``history`` mode as its own process, warmed up: -> (url, pid)."""
     fixture = FIXTURES[name]
     port = free_port()
     argv = [sys.executable, "-m", "agentcore_rl.gateway", "--upstream", upstream + "/v1"]
@@ -73,33 +77,28 @@ async def run_mode(
         if fixture.reasoning_parser:
             argv += ["--reasoning-parser", fixture.reasoning_parser]
     url = f"http://127.0.0.1:{port}"
-    from openai import AsyncOpenAI
-
     with child(argv) as gw:
         await wait_ready(f"{url}/health", limit=600)  # importing transformers on a busy machine
-        traces: list[SessionTrace] = []
+        await rollout(url, f"{name}-{history}-warm-up", False, a)  # first uses, not counted
+        yield url, gw.pid
 
-        async def rollout(i: int | str) -> None:
-            sid = f"{name}-{history}-{i}"
-            base = f"{url}/sessions/{sid}/v1"
-            async with AsyncOpenAI(base_url=base, api_key="x", max_retries=0) as llm:
-                await agent(llm, stream=i in range(1, a.rollouts, 2), max_turns=a.turns + 2)
 
-        await rollout("warm-up")  # first uses (the template's compilation), not counted
-        cpu0 = cpu_seconds(gw.pid)
-        wall = time.perf_counter()
-        for start in range(0, a.rollouts, a.concurrency):
-            batch = range(start, min(a.rollouts, start + a.concurrency))
-            await asyncio.gather(*(rollout(i) for i in batch))
-        cpu = cpu_seconds(gw.pid) - cpu0
-        wall = time.perf_counter() - wall
-        headers = {"X-Admin-Token": TOKEN}
-        async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
-            for i in range(a.rollouts):
-                sid = f"{name}-{history}-{i}"
-                reply = await http.post(f"/admin/sessions/{sid}/finish")
-                reply.raise_for_status()
-                traces.append(load_trace(reply.content))
+async def rollout(url: str, sid: str, stream: bool, a: argparse.Namespace) -> None:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="x", max_retries=0) as llm:
+        await agent(llm, stream=stream, max_turns=a.turns + 2)
+
+
+async def finished(url: str, sids: list[str], policy: ScriptedPolicy) -> dict[str, Any]:
+    """The traces' figures (see the module doc)."""
+    traces: list[SessionTrace] = []
+    headers = {"X-Admin-Token": TOKEN}
+    async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
+        for sid in sids:
+            reply = await http.post(f"/admin/sessions/{sid}/finish")
+            reply.raise_for_status()
+            traces.append(load_trace(reply.content))
     calls = sum(len(t.records) for t in traces)
     exact_calls = 0
     exact_trajectories = 0
@@ -122,8 +121,6 @@ async def run_mode(
         "exact_calls": f"{exact_calls}/{calls}",
         "exact_trajectories": f"{exact_trajectories}/{n}",
         "exact": exact_calls == calls and exact_trajectories == n,
-        "gw_cpu_ms_per_call": round(cpu * 1000 / max(1, calls), 2),
-        "wall_s": round(wall, 2),
     }
 
 
@@ -144,9 +141,28 @@ async def run_template(name: str, a: argparse.Namespace) -> dict[str, Any]:
         "reasoning_parser": fixture.reasoning_parser,
         "thinking": fixture.thinking,
     }
-    async with BackgroundServer(policy) as upstream:
-        for history in ("proxy", "linear"):
-            out[history] = await run_mode(name, history, a, policy, upstream.url)
+    modes = ("proxy", "linear")
+    async with BackgroundServer(policy) as upstream, contextlib.AsyncExitStack() as stack:
+        gateways = [
+            await stack.enter_async_context(started(name, m, a, upstream.url)) for m in modes
+        ]
+        # both modes' rollouts at once: each gateway's CPU is read over the same minutes
+        cpu0 = [cpu_seconds(pid) for _, pid in gateways]
+        for start in range(0, a.rollouts, a.concurrency):
+            batch = range(start, min(a.rollouts, start + a.concurrency))
+            await asyncio.gather(
+                *(
+                    rollout(url, f"{name}-{mode}-{i}", i % 2 == 1, a)
+                    for i in batch
+                    for mode, (url, _) in zip(modes, gateways, strict=True)
+                )
+            )
+        cpu = [cpu_seconds(pid) - c for (_, pid), c in zip(gateways, cpu0, strict=True)]
+        for mode, (url, _), seconds in zip(modes, gateways, cpu, strict=True):
+            sids = [f"{name}-{mode}-{i}" for i in range(a.rollouts)]
+            out[mode] = figures = await finished(url, sids, policy)
+            calls = figures["calls_per_rollout"] * figures["rollouts"]
+            figures["gw_cpu_ms_per_call"] = round(seconds * 1000 / max(1, calls), 2)
     proxy, linear = out["proxy"], out["linear"]
     out["tokens_linear_over_proxy"] = round(
         linear["training_tokens_per_rollout"] / proxy["training_tokens_per_rollout"], 3

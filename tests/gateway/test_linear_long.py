@@ -114,3 +114,36 @@ def test_a_template_that_needs_the_earlier_messages_is_rendered_whole(
     assert not template.incremental
     (warning,) = [r for r in caplog.records if "renders whole conversations" in r.message]
     assert "numbered" in warning.getMessage()
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_the_template_renders_and_encodes_as_transformers_does(name: str) -> None:
+    """The gateway renders through the compiled template and the Rust tokenizer itself: the
+    ids are transformers' ``apply_chat_template`` ones (with and without tools, reasoning
+    echoed, a JSON-string arguments object, null fields; the tools' JSON kept per list)."""
+    from agentcore_rl.gateway.render.template import ChatTemplate, prepare_messages
+
+    template = ChatTemplate.load(tokenizer_dir(name))
+    function = {"name": "calculator", "arguments": '{"expression": "1 + 2"}'}
+    call = {"id": "call00001", "type": "function", "function": function}  # Mistral: 9 alnum
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You add numbers."},
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "reasoning_content": "Add.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "3", "name": None},
+        {"role": "assistant", "content": [{"type": "text", "text": "It is 3."}]},
+        {"role": "user", "content": "Go on."},
+    ]
+    other = json.loads(json.dumps(CALCULATOR).replace("arithmetic", "an"))
+    for tools in ([CALCULATOR], None, [other], [CALCULATOR, other]):
+        for upto in (2, 4, 6):
+            reference = template.tokenizer.apply_chat_template(
+                prepare_messages(messages[:upto]),
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+            text = template.render(messages[:upto], tools=tools)
+            assert template.encode(text) == list(reference), (tools, upto)
+            assert template.decode(template.encode(text)) == text

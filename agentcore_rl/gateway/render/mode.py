@@ -90,14 +90,16 @@ class RenderMode:
         stopped = bool(ids) and ids[-1] in self.stop_ids
         shown = ids[:-1] if stopped else ids
         text, cut = self._text(shown, served, body)
-        seed = hashlib.sha256(call.raw).hexdigest()[:16]
+        completion = ids_array(ids)
+        # the answer's and its calls' ids: one call of one session, whatever its length
+        which = f"{call.session.session_id}:{record.index}:".encode() + completion.tobytes()
+        seed = hashlib.sha256(which).hexdigest()[:16]
         message = parse_completion(text, self.reasoning, self.tools, seed)
         finish = served.finish_reason or "stop"
         if message.get("tool_calls"):
             finish = "tool_calls"
         # A turn cut off (length, a stop string) is closed in the history as the template
         # closes a turn, so the next request extends it (linear.py).
-        completion = ids_array(ids)
         history.remember(plan, message, prompt, completion, stopped=stopped)
         record.completions = [
             Completion(
@@ -190,7 +192,7 @@ class RenderMode:
             least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
             rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
             served = await self.backend.token_in(
-                pool, prompt_ids + ids, rest, budget - len(ids), running
+                pool, prompt_ids + ids if ids else prompt_ids, rest, budget - len(ids), running
             )
             cut = (
                 served.finish_reason == "abort"
@@ -221,7 +223,7 @@ class RenderMode:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise Refusal(400, "messages must be a non-empty list", "invalid_request")
-        if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) for m in messages):
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise Refusal(400, "every message must be an object with a role", "invalid_request")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
