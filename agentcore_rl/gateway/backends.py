@@ -173,21 +173,6 @@ class Backend:
             await gate.flowing()
             versions.start(len(ids), gate.version)
 
-    async def token_in(
-        self,
-        pool: UpstreamPool,
-        prompt_ids: list[int],
-        body: Mapping[str, Any],
-        budget: int,
-        running: set[str],
-    ) -> Served:
-        """One request's whole generation (:meth:`_exchange`)."""
-        whole = Served(None, [], [], None, tokens=[], top=[], entries=[])
-        async with aclosing(self._exchange(pool, prompt_ids, body, budget, running)) as pieces:
-            async for piece in pieces:
-                whole.extend(piece)
-        return whole
-
     async def _exchange(
         self,
         pool: UpstreamPool,

@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import aclosing
 from typing import Any, Final
 
 from starlette.types import Send
@@ -173,50 +174,16 @@ class RenderMode:
         return {"content": content}
 
     async def _generate(self, call: Call, prompt_ids: list[int]) -> Served:
-        """The completion of ``prompt_ids``, token-in; a ``suspend`` cuts it (vLLM aborts) and
-        the resume continues it from the tokens so far, ``call.versions`` marking each span:
-        the upstream's own spans where it keeps them, else the gateway's."""
-        gate, pool, versions = call.gate, call.upstream, call.versions
-        body = call.body  # the agent's budget, or 4,096 tokens
-        budget = int(body.get("max_completion_tokens") or body.get("max_tokens") or 4096)
-        ids: list[int] = []
-        logprobs: list[float] = []
-        tokens: list[str] | None = []  # with ``top``: what the agent's logprobs are made of
-        top: list[dict[str, float]] | None = []
-        spans: list[tuple[int, str]] | None = []
-        running = gate.token_in.setdefault(pool.base, set())
-        if gate.resumes != versions.since:  # sent after an update that came since it was admitted
-            versions.start(0, gate.version)
-        while True:
-            resumes = gate.resumes
-            least = int(body.get("min_tokens") or 0) - len(ids)  # a continuation's share
-            rest = dict(body, min_tokens=least if least > 0 else None) if ids else body
-            served = await self.backend.token_in(
-                pool, prompt_ids + ids if ids else prompt_ids, rest, budget - len(ids), running
-            )
-            cut = (
-                served.finish_reason == "abort"
-                and (gate.paused == "suspend" or gate.resumes != resumes)
-                and len(ids) + len(served.token_ids) < budget
-            )
-            if gate.resumes != resumes and not cut:  # it waited out the pause in the queue
-                versions.start(len(ids), gate.version)
-            if spans is not None and served.spans is not None:
-                spans += [(len(ids) + at, label) for at, label in served.spans]
-            else:
-                spans = None
-            ids += served.token_ids
-            logprobs += served.logprobs
-            tokens = None if served.tokens is None or tokens is None else tokens + served.tokens
-            top = None if served.top is None or top is None else top + served.top
-            if not cut:
-                if spans is not None:
-                    versions.adopt(spans, gate.labels)
-                return Served(
-                    prompt_ids, ids, logprobs, served.finish_reason, served.stop_reason, tokens, top
-                )
-            await gate.flowing()
-            versions.start(len(ids), gate.version)
+        """The completion of ``prompt_ids``, token-in, through the backend's exchange (a
+        ``suspend`` cuts it, the resume continues it; ``call.versions`` marks each span)."""
+        whole = Served(prompt_ids, [], [], None, tokens=[], top=[])
+        pieces = self.backend.generate(
+            call.gate, call.upstream, call.versions, prompt_ids, call.body
+        )
+        async with aclosing(pieces):
+            async for piece in pieces:
+                whole.extend(piece)
+        return whole
 
     @staticmethod
     def _conversation(body: Mapping[str, Any]) -> tuple[list[Any], list[Any] | None, Any]:
