@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -52,29 +51,18 @@ __all__ = [
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
-
-
 def _serve_asgi(
     app: Any, host: str, port: int, log_level: str, banner: str, **uvicorn_options: Any
 ) -> int:
     # lazy: the server extra
     import uvicorn
 
+    from agentcore_rl.local.background import bound_socket
     from agentcore_rl.server.overload import serve_options
 
     # A no-op where the program set up logging already.
     logging.basicConfig(level=log_level.upper(), format=_LOG_FORMAT)
-    sock = _bind(host, port)
+    sock = bound_socket(host, port)
     print(banner, file=sys.stderr)
     try:
         # uvicorn owns SIGINT/SIGTERM: the lifespan shutdown gives rollouts their grace.

@@ -17,9 +17,24 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["BackgroundServer"]
+__all__ = ["BackgroundServer", "bound_socket"]
 
 _STARTUP_TIMEOUT = 10.0  # seconds
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: a free port) for uvicorn's ``sockets=``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so, and
+    # without it a keep-alive answer written in two parts waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -78,8 +93,7 @@ class BackgroundServer:
         """Bind, start uvicorn and wait until it accepts connections."""
         if self._task is not None:
             return self
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.create_server((self.host, self.port), family=family)  # SO_REUSEADDR
+        sock = bound_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self._socket = sock
         self._task = asyncio.create_task(
